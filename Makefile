@@ -1,0 +1,23 @@
+GO ?= go
+PKGS ?= ./...
+BENCHTIME ?= 1x
+COUNT ?= 1
+
+.PHONY: test lint bench build
+
+## test: vet and run every test with the race detector (what CI runs)
+test: lint
+	$(GO) test -race -count=1 -timeout 20m $(PKGS)
+
+## lint: formatting and vet
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+
+## bench: every benchmark, benchstat-friendly output in bench.txt
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem -count $(COUNT) -benchtime $(BENCHTIME) -timeout 60m $(PKGS) | tee bench.txt
+
+## build: the cronstream binary into ./bin
+build:
+	$(GO) build -o bin/cronstream ./cmd/cronstream

@@ -1,0 +1,61 @@
+package events
+
+import "time"
+
+// Fired is the data of cronstream.entry.fired: one tick of an entry became
+// one asynq task.
+type Fired struct {
+	Entry       string    `json:"entry"`
+	ScheduledAt time.Time `json:"scheduled_at"`
+	EnqueuedAt  time.Time `json:"enqueued_at"`
+	TaskID      string    `json:"task_id"`
+	Queue       string    `json:"queue"`
+	Revision    uint64    `json:"revision"`
+	Replica     string    `json:"replica"`
+	// Trigger is set for a manual trigger (its request id) and Backfill for
+	// a backfilled tick, so the audit log tells them from scheduled fires.
+	Trigger  string `json:"trigger,omitempty"`
+	Backfill bool   `json:"backfill,omitempty"`
+}
+
+// Skip reasons.
+const (
+	SkipMissed  = "missed"
+	SkipOverlap = "overlap"
+)
+
+// Skipped is the data of cronstream.entry.skipped. When many consecutive
+// ticks are skipped at once, one event covers them: ScheduledAt is the first
+// and Until the last, Count how many.
+type Skipped struct {
+	Entry       string     `json:"entry"`
+	ScheduledAt time.Time  `json:"scheduled_at"`
+	Until       *time.Time `json:"until,omitempty"`
+	Count       int        `json:"count,omitempty"`
+	Reason      string     `json:"reason"`
+	Revision    uint64     `json:"revision,omitempty"`
+	Replica     string     `json:"replica,omitempty"`
+}
+
+// TaskRecovered is the data of cronstream.task.retried and
+// cronstream.task.archived (RetryAt is only set for retried).
+type TaskRecovered struct {
+	TaskID   string     `json:"task_id"`
+	Queue    string     `json:"queue"`
+	Type     string     `json:"type"`
+	Retried  int        `json:"retried"`
+	MaxRetry int        `json:"max_retry"`
+	RetryAt  *time.Time `json:"retry_at,omitempty"`
+	Error    string     `json:"error"`
+	Replica  string     `json:"replica"`
+}
+
+// AggregationReclaimed is the data of cronstream.aggregation.reclaimed: a
+// stale aggregation set's tasks went back to their group.
+type AggregationReclaimed struct {
+	Queue   string `json:"queue"`
+	Group   string `json:"group"`
+	Set     string `json:"set"`
+	Tasks   int    `json:"tasks"`
+	Replica string `json:"replica,omitempty"`
+}
