@@ -1,0 +1,121 @@
+// Package testenv starts real Redis and NATS servers for tests: private
+// redis-server processes (single node or a three-master cluster) and embedded
+// nats-server instances with JetStream (single node or a routed cluster). Every
+// server lives in the test's temporary directory, listens only on 127.0.0.1 and
+// is stopped and waited for at t.Cleanup, so tests can run in parallel and leave
+// nothing behind.
+//
+// When REDIS_URL is set, StartRedis uses that server instead of starting one and
+// isolates each call on its own logical database (1..15), claimed across test
+// processes through keys in database 0. Redis clusters always run locally.
+//
+// It also owns Eventually, the project's one way for a test to wait for a
+// condition.
+//
+// It never mocks a server and never touches a server it did not start, except
+// the one named by REDIS_URL. It is for tests only; non-test code must not
+// import it.
+package testenv
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+// pollInterval is how often Eventually and the internal waits re-check their
+// condition: short enough that tests do not idle, long enough not to spin.
+const pollInterval = 10 * time.Millisecond
+
+// Eventually polls cond every ~10ms until it returns true or timeout passes,
+// then fails the test with the formatted message. It is the project's one way
+// to wait for a condition; use it instead of time.Sleep.
+func Eventually(t testing.TB, timeout time.Duration, cond func() bool, format string, args ...any) {
+	t.Helper()
+	if waitFor(timeout, cond) {
+		return
+	}
+	t.Fatalf("condition not met within %s: %s", timeout, fmt.Sprintf(format, args...))
+}
+
+// waitFor reports whether cond became true before timeout. cond is always
+// evaluated at least once, and once more after the deadline has passed, so a
+// slow cond still gets its last chance.
+func waitFor(timeout time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(timeout)
+	ticker := time.NewTicker(pollInterval)
+	defer ticker.Stop()
+	for {
+		if cond() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		<-ticker.C
+	}
+}
+
+// lazyString defers formatting to when a failure message is printed, so a
+// message can report the last state a wait observed.
+type lazyString func() string
+
+func (f lazyString) String() string { return f() }
+
+// freePorts returns n distinct loopback TCP ports that were free a moment ago.
+// All n listeners are held open together so the ports differ from each other;
+// another process can still take one before the caller binds it, which is why
+// callers retry on a bind conflict.
+func freePorts(n int) ([]int, error) {
+	listeners := make([]net.Listener, 0, n)
+	defer func() {
+		for _, l := range listeners {
+			_ = l.Close()
+		}
+	}()
+	ports := make([]int, 0, n)
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("reserve loopback port: %w", err)
+		}
+		listeners = append(listeners, l)
+		addr, ok := l.Addr().(*net.TCPAddr)
+		if !ok {
+			return nil, fmt.Errorf("reserve loopback port: unexpected address %v", l.Addr())
+		}
+		ports = append(ports, addr.Port)
+	}
+	return ports, nil
+}
+
+// tailFile returns the last maxLines lines of the file at path, starting no
+// earlier than byte offset from, for failure messages.
+func tailFile(path string, from int64, maxLines int) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Sprintf("(cannot read %s: %v)", path, err)
+	}
+	if from > 0 && from <= int64(len(data)) {
+		data = data[from:]
+	}
+	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	if len(lines) > maxLines {
+		lines = lines[len(lines)-maxLines:]
+	}
+	if len(lines) == 1 && lines[0] == "" {
+		return "(empty log)"
+	}
+	return strings.Join(lines, "\n")
+}
+
+// errBindConflict marks a start that failed only because a port picked by
+// freePorts was taken in the meantime; callers pick new ports and retry.
+var errBindConflict = errors.New("port already in use")
+
+// startAttempts bounds retries after bind conflicts.
+const startAttempts = 4
