@@ -1,0 +1,200 @@
+package deploycheck
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"gopkg.in/yaml.v3"
+)
+
+type composeFile struct {
+	Services map[string]struct {
+		Image       string                   `yaml:"image"`
+		Build       *struct{ Target string } `yaml:"build"`
+		Command     []string                 `yaml:"command"`
+		Environment map[string]string        `yaml:"environment"`
+		Volumes     []string                 `yaml:"volumes"`
+		Healthcheck *struct {
+			Test []string `yaml:"test"`
+		} `yaml:"healthcheck"`
+		DependsOn map[string]struct {
+			Condition string `yaml:"condition"`
+		} `yaml:"depends_on"`
+	} `yaml:"services"`
+	Volumes map[string]any `yaml:"volumes"`
+}
+
+func root(t *testing.T) string {
+	t.Helper()
+	dir, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func loadCompose(t *testing.T) composeFile {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(root(t), "docker-compose.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c composeFile
+	if err := yaml.Unmarshal(b, &c); err != nil {
+		t.Fatalf("docker-compose.yml does not parse: %v", err)
+	}
+	return c
+}
+
+func argAfter(cmd []string, flag string) string {
+	for i, a := range cmd {
+		if a == flag && i+1 < len(cmd) {
+			return cmd[i+1]
+		}
+	}
+	return ""
+}
+
+func TestComposeNATSCluster(t *testing.T) {
+	c := loadCompose(t)
+	nodes := []string{"nats-1", "nats-2", "nats-3"}
+	for _, n := range nodes {
+		s, ok := c.Services[n]
+		if !ok {
+			t.Fatalf("service %s missing", n)
+		}
+		if !strings.HasPrefix(s.Image, "nats:") {
+			t.Errorf("%s: image %q is not the official nats image", n, s.Image)
+		}
+		if !slices.Contains(s.Command, "--jetstream") || argAfter(s.Command, "--store_dir") == "" {
+			t.Errorf("%s: JetStream with a store dir is not enabled: %v", n, s.Command)
+		}
+		if argAfter(s.Command, "--cluster_name") != "cronstream" {
+			t.Errorf("%s: cluster name: %v", n, s.Command)
+		}
+		routes := argAfter(s.Command, "--routes")
+		for _, other := range nodes {
+			if other != n && !strings.Contains(routes, other+":6222") {
+				t.Errorf("%s: no route to %s (%q)", n, other, routes)
+			}
+		}
+		if len(s.Volumes) == 0 || s.Healthcheck == nil {
+			t.Errorf("%s: needs a volume for its store and a health check", n)
+		}
+	}
+}
+
+func TestComposeRedisIsDurable(t *testing.T) {
+	s, ok := loadCompose(t).Services["redis"]
+	if !ok {
+		t.Fatal("service redis missing")
+	}
+	if !strings.HasPrefix(s.Image, "redis:") {
+		t.Errorf("redis image %q", s.Image)
+	}
+	if argAfter(s.Command, "--appendonly") != "yes" || argAfter(s.Command, "--maxmemory-policy") != "noeviction" {
+		t.Errorf("redis must run with AOF and noeviction (asynq and exactly-once depend on it): %v", s.Command)
+	}
+	if len(s.Volumes) == 0 || s.Healthcheck == nil {
+		t.Error("redis needs a volume and a health check")
+	}
+}
+
+func TestComposeReplicas(t *testing.T) {
+	c := loadCompose(t)
+	ids := map[string]bool{}
+	for _, n := range []string{"cronstream-1", "cronstream-2", "cronstream-3"} {
+		s, ok := c.Services[n]
+		if !ok {
+			t.Fatalf("service %s missing", n)
+		}
+		if len(s.Command) == 0 || s.Command[0] != "run" {
+			t.Errorf("%s: command %v does not run a replica", n, s.Command)
+		}
+		if argAfter(s.Command, "--replicas") != "3" {
+			t.Errorf("%s: streams must be R3 in this deployment: %v", n, s.Command)
+		}
+		id := argAfter(s.Command, "--replica-id")
+		if id == "" || ids[id] {
+			t.Errorf("%s: replica id %q missing or repeated", n, id)
+		}
+		ids[id] = true
+		if s.Build == nil || s.Build.Target != "cronstream" {
+			t.Errorf("%s: must build the Dockerfile's cronstream stage", n)
+		}
+		nats := s.Environment["CRONSTREAM_NATS"]
+		for _, node := range []string{"nats-1", "nats-2", "nats-3"} {
+			if !strings.Contains(nats, node) {
+				t.Errorf("%s: CRONSTREAM_NATS %q lacks %s", n, nats, node)
+			}
+		}
+		if s.Environment["CRONSTREAM_REDIS"] == "" {
+			t.Errorf("%s: no CRONSTREAM_REDIS", n)
+		}
+		if s.Healthcheck == nil || !strings.Contains(strings.Join(s.Healthcheck.Test, " "), "/readyz") {
+			t.Errorf("%s: health check must probe /readyz", n)
+		}
+		if s.DependsOn["redis"].Condition != "service_healthy" {
+			t.Errorf("%s: must wait for a healthy redis", n)
+		}
+	}
+}
+
+func TestComposeSyncAndWorker(t *testing.T) {
+	c := loadCompose(t)
+	sync, ok := c.Services["sync"]
+	if !ok || len(sync.Command) == 0 || sync.Command[0] != "sync" || argAfter(sync.Command, "-f") == "" {
+		t.Fatalf("sync service must run `cronstream sync -f FILE`: %+v", sync.Command)
+	}
+	mounted := false
+	for _, v := range sync.Volumes {
+		if strings.HasPrefix(v, "./examples/schedules.yaml:") && strings.Contains(v, argAfter(sync.Command, "-f")) {
+			mounted = true
+		}
+	}
+	if !mounted {
+		t.Errorf("sync service does not mount examples/schedules.yaml at %s: %v", argAfter(sync.Command, "-f"), sync.Volumes)
+	}
+	w, ok := c.Services["worker"]
+	if !ok || w.Build == nil || w.Build.Target != "example-worker" {
+		t.Fatalf("worker service must build the example-worker stage")
+	}
+	for _, v := range []string{"nats-1", "nats-2", "nats-3", "redis"} {
+		if _, ok := c.Volumes[v]; !ok {
+			t.Errorf("named volume %s not declared", v)
+		}
+	}
+}
+
+func TestDockerfile(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(root(t), "Dockerfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	df := string(b)
+	for _, want := range []string{
+		"AS build", "CGO_ENABLED=0", "AS cronstream", "USER nonroot", "HEALTHCHECK", "healthcheck",
+		`ENTRYPOINT ["/usr/local/bin/cronstream"]`, `CMD ["run"]`, "AS example-worker", "./examples/worker",
+	} {
+		if !strings.Contains(df, want) {
+			t.Errorf("Dockerfile lacks %q", want)
+		}
+	}
+}
+
+// TestComposeConfig asks docker compose itself when it is installed (it
+// needs no engine for `config`).
+func TestComposeConfig(t *testing.T) {
+	if exec.Command("docker", "compose", "version").Run() != nil {
+		t.Log("docker compose not installed; the structural checks above stand in for it")
+		return
+	}
+	cmd := exec.Command("docker", "compose", "-f", filepath.Join(root(t), "docker-compose.yml"), "config", "--quiet")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("docker compose config: %v\n%s", err, out)
+	}
+}
