@@ -22,6 +22,9 @@ type Fired struct {
 const (
 	SkipMissed  = "missed"
 	SkipOverlap = "overlap"
+	// SkipUnique: the entry's unique option found its previous task still
+	// holding asynq's unique lock.
+	SkipUnique = "unique"
 )
 
 // Skipped is the data of cronstream.entry.skipped. When many consecutive

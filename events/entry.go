@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"regexp"
 	"strings"
 	"time"
 	_ "time/tzdata" // zones must load on minimal images with no zoneinfo
@@ -186,6 +185,11 @@ func (e Entry) Location() (*time.Location, error) {
 	if tz == "" {
 		tz = DefaultTimezone
 	}
+	if tz == "Local" {
+		// LoadLocation accepts it, but it is each host's own zone:
+		// replicas would compute different fire times.
+		return nil, fmt.Errorf("timezone %q is the host's zone, not an IANA zone", tz)
+	}
 	loc, err := time.LoadLocation(tz)
 	if err != nil {
 		return nil, fmt.Errorf("unknown timezone %q", tz)
@@ -213,12 +217,14 @@ func (e *FieldError) Error() string {
 // Unwrap makes errors.Is(err, ErrInvalidEntry) true for field errors.
 func (e *FieldError) Unwrap() error { return ErrInvalidEntry }
 
-var idPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
-
 // ValidateID checks an entry id: 1-128 characters of [A-Za-z0-9_-], so an id
 // is always exactly one subject token.
 func ValidateID(id string) error {
-	if !idPattern.MatchString(id) {
+	ok := len(id) >= 1 && len(id) <= maxIDLen
+	for i := 0; ok && i < len(id); i++ {
+		ok = isTokenByte(id[i])
+	}
+	if !ok {
 		return &FieldError{Field: "id", Value: shorten(id), Reason: fmt.Sprintf("must be 1-%d characters of A-Z a-z 0-9 _ -", maxIDLen)}
 	}
 	return nil
@@ -333,6 +339,13 @@ func ParseCron(spec string, loc *time.Location) (sched cron.Schedule, err error)
 	}()
 	if strings.TrimSpace(spec) != spec || spec == "" {
 		return nil, fmt.Errorf("must not be empty or have surrounding spaces")
+	}
+	for _, p := range []string{"CRON_TZ=", "TZ="} {
+		if rest, ok := strings.CutPrefix(spec, p); ok {
+			if zone, _, _ := strings.Cut(rest, " "); zone == "Local" {
+				return nil, fmt.Errorf("%sLocal is each host's own zone: name an IANA zone", p)
+			}
+		}
 	}
 	if every, ok := strings.CutPrefix(spec, "@every "); ok {
 		d, err := time.ParseDuration(every)

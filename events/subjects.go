@@ -58,6 +58,10 @@ func (n Names) ConfigStream() string { return n.streamPrefix() + "_CONFIG" }
 // ActivityStream is the name of the activity stream, <P>_ACTIVITY.
 func (n Names) ActivityStream() string { return n.streamPrefix() + "_ACTIVITY" }
 
+// ReplicasBucket is the name of the KV bucket where live replicas keep
+// their heartbeat, <P>_REPLICAS.
+func (n Names) ReplicasBucket() string { return n.streamPrefix() + "_REPLICAS" }
+
 // ConfigSubject is the subject of one entry's config events.
 func (n Names) ConfigSubject(entryID string) string { return n.Prefix() + ".config." + entryID }
 

@@ -1,0 +1,969 @@
+package events
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// DefaultSource is the CloudEvents source of events a Client publishes
+// when no WithSource option is given.
+const DefaultSource = "cronstream/client"
+
+const (
+	// defaultRetryBudget bounds how long a write or read keeps retrying
+	// transient answers. A replicated stream elects a new leader within a
+	// few seconds (NATS raft election timeouts are 4-9 s), so the budget
+	// must outlast one election.
+	defaultRetryBudget = 30 * time.Second
+	// attemptTimeout bounds one request; a request that times out is
+	// retried unchanged.
+	attemptTimeout = 5 * time.Second
+	// conflictRetries bounds read-modify-write rounds when another writer
+	// keeps winning.
+	conflictRetries = 10
+	firstBackoff    = 20 * time.Millisecond
+	maxBackoff      = time.Second
+)
+
+// ErrNotFound is returned when an entry does not exist or was removed.
+var ErrNotFound = errors.New("entry not found")
+
+// ErrRevisionConflict is matched (errors.Is) by every *ConflictError.
+var ErrRevisionConflict = errors.New("revision conflict")
+
+// ConflictError says a write expected an entry at one revision and found
+// it at another. Revision 0 means "no live entry".
+type ConflictError struct {
+	Entry    string
+	Expected uint64
+	Current  uint64
+}
+
+func (e *ConflictError) Error() string {
+	want := fmt.Sprintf("revision %d", e.Expected)
+	if e.Expected == 0 {
+		want = "no live entry (revision 0)"
+	}
+	return fmt.Sprintf("entry %q: revision conflict: expected %s, current revision is %d", e.Entry, want, e.Current)
+}
+
+// Is makes errors.Is(err, ErrRevisionConflict) true.
+func (e *ConflictError) Is(target error) bool { return target == ErrRevisionConflict }
+
+// Client publishes config changes to <P>_CONFIG with per-entry optimistic
+// concurrency and reads entries back. It is safe for concurrent use.
+//
+// Reads come in two kinds. The read before a write is allowed to be
+// stale: it uses the state this client last saw of the entry (its own last
+// write or read) or, for an entry it has not seen, a Direct Get, which any
+// replica may answer — a follower may not yet have applied the latest
+// write. That is harmless when the write publishes: the server checks the
+// expected revision, a stale state becomes a conflict, and the client reads
+// again from the leader. Whenever the read alone decides the outcome
+// (nothing to change, not found, an IfRevision mismatch) and whenever Get
+// answers, the read goes to the stream leader through the message-get API,
+// so a client always sees its own and everybody's completed writes.
+//
+// A write whose context ends, or whose retries run out, while its outcome
+// is unknown returns an error although the event may have been stored;
+// read the entry again to know.
+type Client struct {
+	js     jetstream.JetStream
+	names  Names
+	source string
+	now    func() time.Time
+	budget time.Duration
+	// apiPrefix is the JetStream API prefix of js ($JS.API. unless js was
+	// made with a domain or prefix).
+	apiPrefix string
+	seen      stateCache
+}
+
+// ClientOption configures a Client.
+type ClientOption func(*Client)
+
+// WithSource sets the CloudEvents source of published events, e.g.
+// "cronstream/cli/alice" (default "cronstream/client").
+func WithSource(source string) ClientOption {
+	return func(c *Client) {
+		if source != "" {
+			c.source = source
+		}
+	}
+}
+
+// WithClock sets the clock that stamps event times (tests).
+func WithClock(now func() time.Time) ClientOption {
+	return func(c *Client) {
+		if now != nil {
+			c.now = now
+		}
+	}
+}
+
+// WithRetryBudget bounds how long one call keeps retrying transient
+// answers (timeouts, leader elections, a publish still in process) before
+// it gives up (default 30s). The context's deadline bounds it too.
+func WithRetryBudget(d time.Duration) ClientOption {
+	return func(c *Client) {
+		if d > 0 {
+			c.budget = d
+		}
+	}
+}
+
+// NewClient returns a client for the config stream named by names.
+func NewClient(js jetstream.JetStream, names Names, opts ...ClientOption) *Client {
+	c := &Client{js: js, names: names, source: DefaultSource, now: time.Now, budget: defaultRetryBudget}
+	for _, o := range opts {
+		o(c)
+	}
+	jo := js.Options()
+	switch {
+	case jo.APIPrefix != "":
+		c.apiPrefix = strings.TrimSuffix(jo.APIPrefix, ".") + "."
+	case jo.Domain != "":
+		c.apiPrefix = "$JS." + jo.Domain + ".API."
+	default:
+		c.apiPrefix = jetstream.DefaultAPIPrefix
+	}
+	return c
+}
+
+// WriteOption modifies one write.
+type WriteOption func(*writeOptions)
+
+type writeOptions struct {
+	rev    uint64
+	hasRev bool
+}
+
+// IfRevision makes a write conditional: it succeeds only if the entry's
+// current revision is rev, and otherwise returns a *ConflictError carrying
+// the current revision, without retrying. IfRevision(0) means "only if
+// there is no live entry": the entry never existed or was removed.
+//
+// Without IfRevision a write is read-modify-write: it applies the change
+// to the state it just read and, when another writer got in between, reads
+// again and recomputes, a bounded number of times.
+func IfRevision(rev uint64) WriteOption {
+	return func(o *writeOptions) { o.rev, o.hasRev = rev, true }
+}
+
+// Result is the outcome of a write.
+type Result struct {
+	// Revision is the entry's revision after the write: the new event's
+	// stream sequence, or the current revision when nothing changed.
+	Revision uint64
+	// Type is the event type published, "" when nothing changed.
+	Type string
+	// Entry is the state after the write.
+	Entry Entry
+}
+
+// Current is one entry as List sees it.
+type Current struct {
+	ID       string
+	Revision uint64
+	Time     time.Time // when the revision was stored
+	Type     string    // the last event's type ("" if the envelope is bad)
+	Entry    Entry     // zero when Err is set
+	// Err is set when the last event of the entry does not decode or
+	// validate: replicas quarantine such an entry until a valid event
+	// arrives. It wraps ErrMalformedEvent.
+	Err error
+}
+
+// Record is one config event of an entry's history.
+type Record struct {
+	Seq   uint64    // stream sequence: the entry's revision after this event
+	Time  time.Time // when the stream stored it
+	Event *Event    // nil when the envelope does not decode
+	Entry *Entry    // nil when the event cannot be applied
+	Err   error     // why Event or Entry is nil; wraps ErrMalformedEvent
+}
+
+// Put registers or updates an entry with the full state e. It validates e
+// first (nothing is published for an invalid entry) and stores it with
+// every default written out. The event is registered when the entry does
+// not exist or was removed, updated otherwise; when the content is the same
+// as the current state nothing is published and the current revision is
+// returned. A removed flag in e is ignored: use Remove.
+func (c *Client) Put(ctx context.Context, e Entry, opts ...WriteOption) (Result, error) {
+	e.Removed = false
+	if err := e.Validate(); err != nil {
+		return Result{}, fmt.Errorf("put: %w", err)
+	}
+	want := e.Normalize()
+	// The normalized state's JSON is both what the event carries and what
+	// "same content" compares: SameContent without encoding twice per put.
+	wantJSON, err := json.Marshal(want)
+	if err != nil {
+		return Result{}, fmt.Errorf("put: encode entry %q: %w", want.ID, err)
+	}
+	return c.write(ctx, "put", want.ID, opts, func(cur state) (change, error) {
+		switch {
+		case !cur.exists() || cur.removed():
+			return change{typ: TypeEntryRegistered, next: want, data: wantJSON}, nil
+		case cur.entry != nil && bytes.Equal(cur.canon, wantJSON):
+			return change{next: cur.entry.Clone()}, nil
+		default:
+			// Also the way to repair an entry whose last event is bad.
+			return change{typ: TypeEntryUpdated, next: want, data: wantJSON}, nil
+		}
+	})
+}
+
+// Remove removes an entry. Its event carries the last state with removed
+// set, so history keeps what was removed. ErrNotFound when the entry does
+// not exist or is already removed.
+func (c *Client) Remove(ctx context.Context, id string, opts ...WriteOption) (Result, error) {
+	return c.write(ctx, "remove", id, opts, func(cur state) (change, error) {
+		e, err := cur.live(id)
+		if err != nil {
+			return change{}, err
+		}
+		e.Removed = true
+		return change{typ: TypeEntryRemoved, next: e}, nil
+	})
+}
+
+// Pause stops an entry from firing; note (may be empty) says why and
+// replaces any earlier note. Pausing a paused entry with the same note
+// changes nothing.
+func (c *Client) Pause(ctx context.Context, id, note string, opts ...WriteOption) (Result, error) {
+	return c.write(ctx, "pause", id, opts, func(cur state) (change, error) {
+		e, err := cur.live(id)
+		if err != nil {
+			return change{}, err
+		}
+		if e.Paused && e.Note == note {
+			return change{next: e}, nil
+		}
+		e.Paused, e.Note = true, note
+		return change{typ: TypeEntryPaused, next: e}, nil
+	})
+}
+
+// Resume lets a paused entry fire again and clears its pause note. Resuming
+// an entry that is not paused changes nothing.
+func (c *Client) Resume(ctx context.Context, id string, opts ...WriteOption) (Result, error) {
+	return c.write(ctx, "resume", id, opts, func(cur state) (change, error) {
+		e, err := cur.live(id)
+		if err != nil {
+			return change{}, err
+		}
+		if !e.Paused {
+			return change{next: e}, nil
+		}
+		e.Paused, e.Note = false, ""
+		return change{typ: TypeEntryResumed, next: e}, nil
+	})
+}
+
+// Get returns an entry and its revision. ErrNotFound when it does not
+// exist or was removed; an error wrapping ErrMalformedEvent when its last
+// event cannot be applied.
+func (c *Client) Get(ctx context.Context, id string) (Entry, uint64, error) {
+	if err := ValidateID(id); err != nil {
+		return Entry{}, 0, fmt.Errorf("get: %w", err)
+	}
+	cur, err := c.read(ctx, id, true)
+	if err != nil {
+		return Entry{}, 0, fmt.Errorf("get entry %q: %w", id, err)
+	}
+	e, err := cur.live(id)
+	if err != nil {
+		return Entry{}, 0, err
+	}
+	return e, cur.rev, nil
+}
+
+// change is what a write decided: the event type to publish ("" for
+// none), the entry state after the change, and optionally that state's
+// JSON already encoded.
+type change struct {
+	typ  string
+	next Entry
+	data []byte
+}
+
+// decide computes a change from the current state.
+type decide func(cur state) (change, error)
+
+// write is the read-modify-write loop shared by every change.
+func (c *Client) write(ctx context.Context, op, id string, opts []WriteOption, decide decide) (Result, error) {
+	var wo writeOptions
+	for _, o := range opts {
+		o(&wo)
+	}
+	if err := ValidateID(id); err != nil {
+		return Result{}, fmt.Errorf("%s: %w", op, err)
+	}
+	subject := c.names.ConfigSubject(id)
+	fresh := false // whether the next read must come from the leader
+	for round := 0; ; {
+		cur, err := c.read(ctx, id, fresh)
+		if err != nil {
+			return Result{}, fmt.Errorf("%s entry %q: %w", op, id, err)
+		}
+		var outcome error
+		if wo.hasRev && (wo.rev == 0 && cur.exists() && !cur.removed() || wo.rev != 0 && wo.rev != cur.rev) {
+			outcome = &ConflictError{Entry: id, Expected: wo.rev, Current: cur.rev}
+		}
+		ch, err := decide(cur)
+		typ, next := ch.typ, ch.next
+		if outcome == nil {
+			outcome = err
+		}
+		if (outcome != nil || typ == "") && !fresh {
+			// The read alone decides: make sure it was not stale.
+			fresh = true
+			continue
+		}
+		if outcome != nil {
+			return Result{}, outcome
+		}
+		if typ == "" {
+			return Result{Revision: cur.rev, Entry: next}, nil
+		}
+		// Put validated its entry before the loop; what the other changes
+		// derive (a pause note, say) is checked here: nothing invalid is
+		// ever published.
+		if op != "put" {
+			if err := next.Validate(); err != nil {
+				return Result{}, fmt.Errorf("%s: %w", op, err)
+			}
+		}
+		data := ch.data
+		if data == nil {
+			if data, err = json.Marshal(next); err != nil {
+				return Result{}, fmt.Errorf("%s: encode entry %q: %w", op, id, err)
+			}
+		}
+		ev, err := NewEventAt(NewEventID(), c.now(), typ, c.source, id, json.RawMessage(data))
+		if err != nil {
+			return Result{}, err
+		}
+		seq, err := c.publish(ctx, subject, ev, cur.rev, false)
+		if err == nil {
+			stored := next.Clone()
+			c.seen.put(id, state{rev: seq, ev: ev, entry: &stored, canon: data})
+			return Result{Revision: seq, Type: typ, Entry: next}, nil
+		}
+		c.seen.drop(id)
+		var ce *ConflictError
+		if !errors.As(err, &ce) {
+			return Result{}, fmt.Errorf("%s entry %q: %w", op, id, err)
+		}
+		if wo.hasRev {
+			ce.Expected = wo.rev
+			return Result{}, ce
+		}
+		if round >= conflictRetries {
+			return Result{}, fmt.Errorf("%s: gave up after %d concurrent changes: %w", op, round+1, ce)
+		}
+		// Someone else wrote in between (or the read was stale):
+		// recompute against the leader's state.
+		round++
+		fresh = true
+		if err := sleep(ctx, jitter(firstBackoff<<min(round, 5))); err != nil {
+			return Result{}, fmt.Errorf("%s entry %q: %w", op, id, err)
+		}
+	}
+}
+
+// publish stores ev on subject if the subject's last sequence is still
+// expected, and returns the event's stream sequence.
+//
+// Transient answers are retried unchanged (same Nats-Msg-Id, same expected
+// sequence) with backoff: timeouts, no responders, no leader or quorum, and
+// "in process" answers of a replicated stream. A "wrong last sequence"
+// answer is a conflict, unless an earlier attempt of this same event may
+// have landed (mayHaveLanded: set by the caller for a retry, and after any
+// attempt whose outcome is unknown). Then it is ambiguous and resolved by
+// reading the first message on the subject after expected: if it is ours,
+// the write succeeded.
+//
+// Why both checks are needed — how nats-server v2.15.2 answers a retried
+// publish carrying a Nats-Msg-Id already stored plus
+// Nats-Expected-Last-Subject-Sequence:
+//
+//   - R1 stream (stream.go, processJetStreamMsgWithBatch): the expected
+//     last-subject-sequence check runs before the duplicate check, so the
+//     retry is refused with 10071 "wrong last sequence: N", N being the
+//     sequence our first attempt got. Only reading the subject tells it
+//     from a real conflict.
+//   - R3 stream (jetstream_batching.go, checkMsgHeadersPreClusteredProposal,
+//     run by the leader before proposing): the duplicate check runs first,
+//     so the retry gets a normal ack with "duplicate": true and the
+//     original sequence. While the first attempt is proposed but not yet
+//     applied the answer is 10158 "duplicate message id is in process"; a
+//     publish on a subject that has another expected-sequence publish in
+//     flight gets 10164 "wrong last sequence" without a sequence. Both are
+//     transient: retried, they become a duplicate ack, a success or a real
+//     10071. After a leader change the new leader rebuilds its dedupe map
+//     from the stored messages, so a retry may also meet the R1-style 10071.
+func (c *Client) publish(ctx context.Context, subject string, ev *Event, expected uint64, mayHaveLanded bool) (uint64, error) {
+	data, err := ev.Marshal()
+	if err != nil {
+		return 0, fmt.Errorf("encode %s event: %w", ev.Type, err)
+	}
+	if max := c.js.Conn().MaxPayload(); max > 0 && int64(len(data))+256 > max {
+		return 0, fmt.Errorf("%s event for %q is %d bytes, more than the server's max_payload %d: make the payload smaller or raise max_payload", ev.Type, ev.Subject, len(data), max)
+	}
+	var seq uint64
+	err = c.retry(ctx, "publish to "+subject, func(actx context.Context) (bool, error) {
+		ack, err := c.js.PublishMsg(actx, &nats.Msg{Subject: subject, Data: data, Header: nats.Header{}},
+			jetstream.WithMsgID(ev.ID), jetstream.WithExpectLastSequencePerSubject(expected))
+		if err == nil {
+			// A duplicate ack (R3) carries the sequence our earlier
+			// attempt got.
+			seq = ack.Sequence
+			return false, nil
+		}
+		if current, ok := wrongLastSequence(err); ok {
+			if mayHaveLanded {
+				if own, found, rerr := c.findOwn(actx, subject, expected, ev.ID); rerr != nil {
+					return isTransient(rerr), rerr
+				} else if found {
+					seq = own
+					return false, nil
+				}
+			}
+			if current == 0 {
+				// The answer did not carry it: ask.
+				cur, rerr := c.readRaw(actx, subject)
+				if rerr != nil {
+					return isTransient(rerr), rerr
+				}
+				current = cur.rev
+			}
+			return false, &ConflictError{Entry: ev.Subject, Expected: expected, Current: current}
+		}
+		if errors.Is(err, jetstream.ErrNoStreamResponse) {
+			if _, serr := c.js.Stream(actx, c.names.ConfigStream()); errors.Is(serr, jetstream.ErrStreamNotFound) {
+				return false, fmt.Errorf("config stream %s does not exist (create it with EnsureStreams): %w", c.names.ConfigStream(), serr)
+			}
+		}
+		if outcomeUnknown(err) {
+			mayHaveLanded = true
+		}
+		return isTransient(err), err
+	})
+	return seq, err
+}
+
+// findOwn reads the first message on subject after expected and reports
+// whether it is the event with id eventID. Only a publish that expected
+// this sequence can be stored right after it, so if ours landed, it is that
+// one.
+func (c *Client) findOwn(ctx context.Context, subject string, expected uint64, eventID string) (uint64, bool, error) {
+	m, err := c.msgGet(ctx, msgGetRequest{Seq: expected + 1, NextFor: subject})
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("resolve ambiguous publish: %w", err)
+	}
+	if m.Subject != subject {
+		return 0, false, nil
+	}
+	if m.Header.Get(jetstream.MsgIDHeader) == eventID {
+		return m.Sequence, true, nil
+	}
+	// A message published without our header: compare the event id.
+	if ev, err := DecodeEvent(m.Data); err == nil && ev.ID == eventID {
+		return m.Sequence, true, nil
+	}
+	return 0, false, nil
+}
+
+// wrongLastSequence reports whether err is the definite 10071 "wrong last
+// sequence: N" answer, and N when the answer carries it.
+func wrongLastSequence(err error) (uint64, bool) {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) || apiErr.ErrorCode != jetstream.JSErrCodeStreamWrongLastSequence {
+		return 0, false
+	}
+	_, num, ok := strings.Cut(apiErr.Description, ":")
+	if !ok {
+		return 0, true
+	}
+	n, perr := strconv.ParseUint(strings.TrimSpace(num), 10, 64)
+	if perr != nil {
+		return 0, true
+	}
+	return n, true
+}
+
+// JetStream error codes that mean "not now" rather than "no".
+const (
+	errCodeClusterNotAvailable    = 10008 // no meta leader
+	errCodeClusterNotLeader       = 10009
+	errCodeInsufficientResources  = 10023 // the leader steps down
+	errCodeStreamOffline          = 10118
+	errCodeDuplicateInProcess     = 10158 // our own earlier attempt is being proposed
+	errCodeWrongLastSeqInProcess  = 10164 // another expected-sequence publish on the subject is in flight
+	errCodeClusterNoPeers         = 10005 // placement or quorum not possible right now
+	errCodeStreamSequenceNotMatch = 10063 // clustered sequence mismatch while catching up
+)
+
+// isTransient reports whether a request may succeed if sent again
+// unchanged.
+func isTransient(err error) bool {
+	switch {
+	case err == nil:
+		return false
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout),
+		errors.Is(err, nats.ErrNoResponders), errors.Is(err, jetstream.ErrNoStreamResponse),
+		errors.Is(err, nats.ErrConnectionReconnecting), errors.Is(err, nats.ErrDisconnected):
+		return true
+	}
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		switch apiErr.ErrorCode {
+		case errCodeClusterNotAvailable, errCodeClusterNotLeader, errCodeInsufficientResources,
+			errCodeStreamOffline, errCodeDuplicateInProcess, errCodeWrongLastSeqInProcess,
+			errCodeClusterNoPeers, errCodeStreamSequenceNotMatch:
+			return true
+		}
+		return apiErr.Code == 503
+	}
+	return false
+}
+
+// outcomeUnknown reports whether a failed publish attempt may still have
+// been stored: no answer came (timeout, lost connection), or the server
+// says an earlier attempt with our id is being stored right now. Any other
+// error answer means this attempt was not stored.
+func outcomeUnknown(err error) bool {
+	switch {
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout),
+		errors.Is(err, nats.ErrConnectionReconnecting), errors.Is(err, nats.ErrDisconnected),
+		errors.Is(err, nats.ErrConnectionClosed):
+		return true
+	}
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeDuplicateInProcess
+}
+
+// retry runs attempt until it succeeds, fails for good, the retry budget is
+// spent or ctx ends. Each attempt gets its own timeout.
+func (c *Client) retry(ctx context.Context, what string, attempt func(ctx context.Context) (transient bool, err error)) error {
+	deadline := time.Now().Add(c.budget)
+	backoff := firstBackoff
+	for n := 1; ; n++ {
+		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
+		transient, err := attempt(actx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if !transient {
+			return err
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("%s: %w (last answer: %v)", what, ctx.Err(), err)
+		}
+		if time.Now().Add(backoff).After(deadline) {
+			return fmt.Errorf("%s: still failing after %d attempts in %s: %w", what, n, c.budget, err)
+		}
+		if serr := sleep(ctx, jitter(backoff)); serr != nil {
+			return fmt.Errorf("%s: %w (last answer: %v)", what, serr, err)
+		}
+		backoff = min(backoff*2, maxBackoff)
+	}
+}
+
+func jitter(d time.Duration) time.Duration {
+	return d/2 + rand.N(d/2+1)
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// maxSeen bounds the states a Client remembers.
+const maxSeen = 4096
+
+// stateCache remembers the last state a client saw of each entry, so a
+// write can skip its read. A state that is no longer current costs one
+// conflict and a fresh read; a result decided without publishing is always
+// confirmed by a fresh read (see Client.write).
+type stateCache struct {
+	mu sync.Mutex
+	m  map[string]state
+}
+
+func (sc *stateCache) get(id string) (state, bool) {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	s, ok := sc.m[id]
+	return s, ok
+}
+
+func (sc *stateCache) put(id string, s state) {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	if sc.m == nil {
+		sc.m = make(map[string]state)
+	}
+	if _, ok := sc.m[id]; !ok && len(sc.m) >= maxSeen {
+		for k := range sc.m { // forget an arbitrary one
+			delete(sc.m, k)
+			break
+		}
+	}
+	sc.m[id] = s
+}
+
+func (sc *stateCache) drop(id string) {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	delete(sc.m, id)
+}
+
+// state is an entry's subject as the last read saw it.
+type state struct {
+	rev   uint64 // last sequence on the subject, 0 when none
+	time  time.Time
+	ev    *Event
+	entry *Entry // nil when there is no event or it is bad
+	canon []byte // entry's JSON as json.Marshal writes it (it is normalized)
+	err   error  // why the last event is bad
+}
+
+func (s state) exists() bool  { return s.rev != 0 }
+func (s state) removed() bool { return s.entry != nil && s.entry.Removed }
+
+// live returns the entry if it exists, is not removed and is applicable.
+func (s state) live(id string) (Entry, error) {
+	switch {
+	case !s.exists() || s.removed():
+		return Entry{}, fmt.Errorf("entry %q: %w", id, ErrNotFound)
+	case s.err != nil:
+		return Entry{}, fmt.Errorf("entry %q at revision %d: %w", id, s.rev, s.err)
+	}
+	return s.entry.Clone(), nil
+}
+
+// read returns the state of entry id: from the leader when fresh;
+// otherwise the state this client remembers or, failing that, from
+// whichever replica answers a Direct Get first (from the leader when the
+// stream does not allow direct reads). Only fresh reads are current.
+func (c *Client) read(ctx context.Context, id string, fresh bool) (state, error) {
+	if !fresh {
+		if cur, ok := c.seen.get(id); ok {
+			return cur, nil
+		}
+	}
+	var cur state
+	subject := c.names.ConfigSubject(id)
+	err := c.retry(ctx, "read entry "+id, func(actx context.Context) (bool, error) {
+		var err error
+		if !fresh {
+			cur, err = c.readDirect(actx, subject)
+			if !errors.Is(err, nats.ErrNoResponders) {
+				return isTransient(err), err
+			}
+		}
+		cur, err = c.readRaw(actx, subject)
+		return isTransient(err), err
+	})
+	if err == nil {
+		c.seen.put(id, cur)
+	}
+	return cur, err
+}
+
+// readDirect is one Direct Get of a subject's last message. Without
+// AllowDirect on the stream nobody answers: nats.ErrNoResponders.
+func (c *Client) readDirect(ctx context.Context, subject string) (state, error) {
+	resp, err := c.js.Conn().RequestWithContext(ctx, c.apiPrefix+"DIRECT.GET."+c.names.ConfigStream()+"."+subject, nil)
+	if err != nil {
+		return state{}, err
+	}
+	if status := resp.Header.Get("Status"); status != "" && len(resp.Data) == 0 {
+		if status == "404" {
+			return state{}, nil
+		}
+		return state{}, fmt.Errorf("direct get %s: status %s %s", subject, status, resp.Header.Get("Description"))
+	}
+	seq, err := strconv.ParseUint(resp.Header.Get(jetstream.SequenceHeader), 10, 64)
+	if err != nil {
+		return state{}, fmt.Errorf("direct get %s: bad sequence header: %w", subject, err)
+	}
+	at, err := time.Parse(time.RFC3339Nano, resp.Header.Get(jetstream.TimeStampHeaer))
+	if err != nil {
+		return state{}, fmt.Errorf("direct get %s: bad time header: %w", subject, err)
+	}
+	return c.decodeState(resp.Header.Get(jetstream.SubjectHeader), seq, at, resp.Data), nil
+}
+
+// readRaw is one leader read of a subject's last message.
+func (c *Client) readRaw(ctx context.Context, subject string) (state, error) {
+	m, err := c.msgGet(ctx, msgGetRequest{LastFor: subject})
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return state{}, nil
+	}
+	if err != nil {
+		return state{}, err
+	}
+	return c.decodeState(m.Subject, m.Sequence, m.Time, m.Data), nil
+}
+
+func (c *Client) decodeState(subject string, seq uint64, at time.Time, data []byte) state {
+	s := state{rev: seq, time: at}
+	ev, e, err := DecodeConfigEvent(data)
+	s.ev = ev
+	if err == nil {
+		if id, ok := c.names.EntryFromConfigSubject(subject); !ok || id != e.ID {
+			err = fmt.Errorf("%w: event for entry %q on subject %s", ErrMalformedEvent, e.ID, subject)
+		}
+	}
+	if err == nil {
+		s.canon, err = json.Marshal(e)
+	}
+	if err != nil {
+		s.err = err
+		return s
+	}
+	s.entry = e
+	return s
+}
+
+// DecodeConfigEvent decodes a config event and the entry state it
+// carries, normalized. The event is returned whenever the envelope decodes,
+// so audit can show a bad event as it is; the error (wrapping
+// ErrMalformedEvent, and ErrInvalidEntry when the state fails validation)
+// says why the state cannot be applied: an unknown type, data that does not
+// decode or validate, an id that is not the event's subject (when it has
+// one), or a type that contradicts the state (removed, paused, resumed).
+// The caller checks that the id matches the NATS subject the event was
+// stored on.
+func DecodeConfigEvent(b []byte) (*Event, *Entry, error) {
+	ev, err := DecodeEvent(b)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !IsConfigType(ev.Type) {
+		return ev, nil, fmt.Errorf("%w: event %s has unknown config event type %q", ErrMalformedEvent, ev.ID, ev.Type)
+	}
+	var e Entry
+	if err := ev.DecodeData(&e); err != nil {
+		return ev, nil, err
+	}
+	if err := e.Validate(); err != nil {
+		return ev, nil, fmt.Errorf("%w: %s event %s: %w", ErrMalformedEvent, ev.Type, ev.ID, err)
+	}
+	switch {
+	case ev.Subject != "" && ev.Subject != e.ID:
+		return ev, nil, fmt.Errorf("%w: %s event %s: subject %q but entry id %q", ErrMalformedEvent, ev.Type, ev.ID, ev.Subject, e.ID)
+	case (ev.Type == TypeEntryRemoved) != e.Removed:
+		return ev, nil, fmt.Errorf("%w: %s event %s: removed is %t", ErrMalformedEvent, ev.Type, ev.ID, e.Removed)
+	case ev.Type == TypeEntryPaused && !e.Paused, ev.Type == TypeEntryResumed && e.Paused:
+		return ev, nil, fmt.Errorf("%w: %s event %s: paused is %t", ErrMalformedEvent, ev.Type, ev.ID, e.Paused)
+	}
+	n := e.Normalize()
+	return ev, &n, nil
+}
+
+// List returns every live entry, sorted by id, as of the moment it starts
+// (entries changed while it runs may show their newer state). Entries
+// whose last event cannot be applied are included with Err set; removed
+// entries are not.
+func (c *Client) List(ctx context.Context) ([]Current, error) {
+	byID := map[string]Current{}
+	err := c.scan(ctx, c.names.ConfigFilter(), jetstream.DeliverLastPerSubjectPolicy, func(m jetstream.Msg, md *jetstream.MsgMetadata) {
+		id, ok := c.names.EntryFromConfigSubject(m.Subject())
+		if !ok {
+			// A subject with more tokens than an entry id: no entry of ours.
+			return
+		}
+		s := c.decodeState(m.Subject(), md.Sequence.Stream, md.Timestamp, m.Data())
+		cur := Current{ID: id, Revision: s.rev, Time: s.time, Err: s.err}
+		if s.ev != nil {
+			cur.Type = s.ev.Type
+		}
+		if s.entry != nil {
+			if s.entry.Removed {
+				delete(byID, id)
+				return
+			}
+			cur.Entry = *s.entry
+		}
+		byID[id] = cur
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list entries: %w", err)
+	}
+	out := make([]Current, 0, len(byID))
+	for _, cur := range byID {
+		out = append(out, cur)
+	}
+	slices.SortFunc(out, func(a, b Current) int { return strings.Compare(a.ID, b.ID) })
+	return out, nil
+}
+
+// History returns every config event of entry id, oldest first, including
+// those that cannot be applied (with Err set). ErrNotFound when the entry
+// has no events at all.
+func (c *Client) History(ctx context.Context, id string) ([]Record, error) {
+	if err := ValidateID(id); err != nil {
+		return nil, fmt.Errorf("history: %w", err)
+	}
+	subject := c.names.ConfigSubject(id)
+	var out []Record
+	err := c.scan(ctx, subject, jetstream.DeliverAllPolicy, func(m jetstream.Msg, md *jetstream.MsgMetadata) {
+		s := c.decodeState(m.Subject(), md.Sequence.Stream, md.Timestamp, m.Data())
+		out = append(out, Record{Seq: s.rev, Time: s.time, Event: s.ev, Entry: s.entry, Err: s.err})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("history of entry %q: %w", id, err)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("entry %q: %w", id, ErrNotFound)
+	}
+	return out, nil
+}
+
+// scan delivers the messages of the config stream matching filter under
+// policy, up to the last one stored when it starts, through an ordered
+// consumer (which detects gaps and recreates itself). The consumer is
+// stopped and deleted before scan returns.
+func (c *Client) scan(ctx context.Context, filter string, policy jetstream.DeliverPolicy, each func(jetstream.Msg, *jetstream.MsgMetadata)) error {
+	var last uint64
+	err := c.retry(ctx, "find last message on "+filter, func(actx context.Context) (bool, error) {
+		m, err := c.msgGet(actx, msgGetRequest{LastFor: filter})
+		switch {
+		case errors.Is(err, jetstream.ErrMsgNotFound):
+			last = 0
+			return false, nil
+		case err != nil:
+			return isTransient(err), err
+		}
+		last = m.Sequence
+		return false, nil
+	})
+	if err != nil || last == 0 {
+		return err
+	}
+	stream := c.names.ConfigStream()
+	cons, err := c.js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
+		FilterSubjects:    []string{filter},
+		DeliverPolicy:     policy,
+		InactiveThreshold: time.Minute,
+	})
+	if err != nil {
+		return fmt.Errorf("consumer on %s: %w", stream, err)
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		return fmt.Errorf("consume %s: %w", stream, err)
+	}
+	defer func() {
+		it.Stop()
+		// The server would drop the consumer after its inactive threshold;
+		// deleting it now keeps `consumer ls` clean.
+		if info := cons.CachedInfo(); info != nil {
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), attemptTimeout)
+			_ = c.js.DeleteConsumer(dctx, stream, info.Name)
+			cancel()
+		}
+	}()
+	for {
+		m, err := it.Next(jetstream.NextContext(ctx))
+		if err != nil {
+			return fmt.Errorf("read %s: %w", stream, err)
+		}
+		md, err := m.Metadata()
+		if err != nil {
+			return fmt.Errorf("read %s: %w", stream, err)
+		}
+		each(m, md)
+		if md.Sequence.Stream >= last || md.NumPending == 0 {
+			return nil
+		}
+	}
+}
+
+// msgGetRequest is the JetStream STREAM.MSG.GET request.
+type msgGetRequest struct {
+	Seq     uint64 `json:"seq,omitempty"`
+	LastFor string `json:"last_by_subj,omitempty"`
+	NextFor string `json:"next_by_subj,omitempty"`
+}
+
+type storedMsg struct {
+	Subject  string
+	Sequence uint64
+	Header   nats.Header
+	Data     []byte
+	Time     time.Time
+}
+
+// msgGet reads one message of the config stream from the stream leader
+// (the STREAM.MSG.GET API, answered only by the leader, unlike Direct Get).
+func (c *Client) msgGet(ctx context.Context, req msgGetRequest) (*storedMsg, error) {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, err
+	}
+	subj := c.apiPrefix + "STREAM.MSG.GET." + c.names.ConfigStream()
+	resp, err := c.js.Conn().RequestWithContext(ctx, subj, body)
+	if err != nil {
+		return nil, err
+	}
+	var r struct {
+		Error   *jetstream.APIError `json:"error,omitempty"`
+		Message *struct {
+			Subject  string    `json:"subject"`
+			Sequence uint64    `json:"seq"`
+			Header   []byte    `json:"hdrs,omitempty"`
+			Data     []byte    `json:"data,omitempty"`
+			Time     time.Time `json:"time"`
+		} `json:"message,omitempty"`
+	}
+	if err := json.Unmarshal(resp.Data, &r); err != nil {
+		return nil, fmt.Errorf("decode message get response: %w", err)
+	}
+	if r.Error != nil {
+		if r.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound {
+			return nil, jetstream.ErrMsgNotFound
+		}
+		if r.Error.ErrorCode == jetstream.JSErrCodeStreamNotFound {
+			return nil, fmt.Errorf("config stream %s does not exist (create it with EnsureStreams): %w", c.names.ConfigStream(), jetstream.ErrStreamNotFound)
+		}
+		return nil, r.Error
+	}
+	if r.Message == nil {
+		return nil, fmt.Errorf("message get on %s: answer has neither message nor error", c.names.ConfigStream())
+	}
+	m := &storedMsg{Subject: r.Message.Subject, Sequence: r.Message.Sequence, Data: r.Message.Data, Time: r.Message.Time}
+	if len(r.Message.Header) > 0 {
+		if m.Header, err = nats.DecodeHeadersMsg(r.Message.Header); err != nil {
+			return nil, fmt.Errorf("decode message headers: %w", err)
+		}
+	}
+	return m, nil
+}

@@ -1,0 +1,258 @@
+package events
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Stream defaults.
+const (
+	// DefaultActivityMaxAge is how long activity events are kept.
+	DefaultActivityMaxAge = 30 * 24 * time.Hour
+	// DefaultDuplicateWindow is the activity stream's Nats-Msg-Id window. An
+	// hour covers a relay that restarts, waits out a NATS outage of many
+	// minutes and republishes its outbox; the cost is one dedupe entry per
+	// event of the last hour in the server's memory.
+	DefaultDuplicateWindow = time.Hour
+	// MinDuplicateWindow is the shortest window EnsureStreams accepts: below
+	// it a relay restart could republish outside the window and write an
+	// activity event twice.
+	MinDuplicateWindow = 10 * time.Minute
+	// maxReplicas is JetStream's limit.
+	maxReplicas = 5
+)
+
+// ErrStreamConflict is wrapped by the error EnsureStreams returns when an
+// existing stream cannot be brought to the wanted configuration without
+// changing what it is (its subjects, storage, retention, or the guarantees
+// of the audit log).
+var ErrStreamConflict = errors.New("stream conflicts with the wanted configuration")
+
+// StreamConflictError names the stream and the field that conflict.
+type StreamConflictError struct {
+	Stream   string
+	Field    string
+	Existing string
+	Wanted   string
+}
+
+func (e *StreamConflictError) Error() string {
+	return fmt.Sprintf("stream %s: %s is %s, want %s; it cannot be changed in place: fix or remove the stream by hand (or use another prefix)",
+		e.Stream, e.Field, e.Existing, e.Wanted)
+}
+
+// Unwrap makes errors.Is(err, ErrStreamConflict) true.
+func (e *StreamConflictError) Unwrap() error { return ErrStreamConflict }
+
+// StreamConfig is what EnsureStreams makes. Zero values mean the defaults.
+type StreamConfig struct {
+	// Names gives the stream names and subjects (zero value: the default
+	// prefix).
+	Names Names
+	// Replicas of both streams: 1 (the default) for development, 3 for
+	// production.
+	Replicas int
+	// ActivityMaxAge is how long activity events are kept (default 30 days).
+	ActivityMaxAge time.Duration
+	// DuplicateWindow is the activity stream's deduplication window
+	// (default 1h, at least 10m, at most ActivityMaxAge).
+	DuplicateWindow time.Duration
+}
+
+func (c StreamConfig) withDefaults() (StreamConfig, error) {
+	if c.Replicas == 0 {
+		c.Replicas = 1
+	}
+	if c.ActivityMaxAge == 0 {
+		c.ActivityMaxAge = DefaultActivityMaxAge
+	}
+	if c.DuplicateWindow == 0 {
+		c.DuplicateWindow = DefaultDuplicateWindow
+	}
+	switch {
+	case c.Replicas < 1 || c.Replicas > maxReplicas:
+		return c, fmt.Errorf("stream replicas %d: must be between 1 and %d", c.Replicas, maxReplicas)
+	case c.ActivityMaxAge < 0:
+		return c, fmt.Errorf("activity max age %s: must not be negative", c.ActivityMaxAge)
+	case c.DuplicateWindow < MinDuplicateWindow:
+		return c, fmt.Errorf("duplicate window %s: must be at least %s so a relay restart cannot write an event twice", c.DuplicateWindow, MinDuplicateWindow)
+	case c.DuplicateWindow > c.ActivityMaxAge:
+		return c, fmt.Errorf("duplicate window %s: must not exceed the activity max age %s", c.DuplicateWindow, c.ActivityMaxAge)
+	}
+	return c, nil
+}
+
+// ConfigStreamConfig is the JetStream configuration of <P>_CONFIG: an audit
+// log that cannot be rewritten (no age or count limit, no delete, no
+// purge), every revision of every entry kept, cheap direct reads. Its
+// duplicate window stays the server's default (2m): config writes retry
+// within seconds, and a retry after the window is still resolved by the
+// expected-sequence check and the client's read of the subject.
+func (c StreamConfig) ConfigStreamConfig() (jetstream.StreamConfig, error) {
+	c, err := c.withDefaults()
+	if err != nil {
+		return jetstream.StreamConfig{}, err
+	}
+	return jetstream.StreamConfig{
+		Name:              c.Names.ConfigStream(),
+		Description:       "cronstream configuration events (audit log: no delete, no purge)",
+		Subjects:          []string{c.Names.ConfigFilter()},
+		Retention:         jetstream.LimitsPolicy,
+		Storage:           jetstream.FileStorage,
+		Replicas:          c.Replicas,
+		MaxAge:            0,
+		MaxMsgs:           -1,
+		MaxBytes:          -1,
+		MaxMsgsPerSubject: -1,
+		Discard:           jetstream.DiscardOld,
+		DenyDelete:        true,
+		DenyPurge:         true,
+		AllowDirect:       true,
+	}, nil
+}
+
+// ActivityStreamConfig is the JetStream configuration of <P>_ACTIVITY.
+func (c StreamConfig) ActivityStreamConfig() (jetstream.StreamConfig, error) {
+	c, err := c.withDefaults()
+	if err != nil {
+		return jetstream.StreamConfig{}, err
+	}
+	return jetstream.StreamConfig{
+		Name:        c.Names.ActivityStream(),
+		Description: "cronstream activity events: fires, skips, recoveries",
+		Subjects:    c.Names.ActivitySubjects(),
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		Replicas:    c.Replicas,
+		MaxAge:      c.ActivityMaxAge,
+		Duplicates:  c.DuplicateWindow,
+		Discard:     jetstream.DiscardOld,
+		AllowDirect: true,
+	}, nil
+}
+
+// EnsureStreams creates <P>_CONFIG and <P>_ACTIVITY, or updates them to cfg.
+// It is idempotent: when both already match, it changes nothing. It updates
+// only the fields it owns (replicas, limits, duplicate window, direct
+// reads) and keeps everything else an operator set (description,
+// placement, metadata). An existing stream that differs in what cannot or
+// must not be changed in place — subjects, storage, retention, a config
+// stream that allows deletes, purges or message TTLs, a sealed stream or a
+// mirror — is left alone and reported as a *StreamConflictError.
+func EnsureStreams(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) error {
+	configCfg, err := cfg.ConfigStreamConfig()
+	if err != nil {
+		return err
+	}
+	activityCfg, err := cfg.ActivityStreamConfig()
+	if err != nil {
+		return err
+	}
+	if err := ensureStream(ctx, js, configCfg, true); err != nil {
+		return err
+	}
+	return ensureStream(ctx, js, activityCfg, false)
+}
+
+func ensureStream(ctx context.Context, js jetstream.JetStream, want jetstream.StreamConfig, auditLog bool) error {
+	// Two passes at most: when several replicas start together, another one
+	// may create the stream between our lookup and our create.
+	for pass := 0; ; pass++ {
+		s, err := js.Stream(ctx, want.Name)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			_, err = js.CreateStream(ctx, want)
+			if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) && pass == 0 {
+				continue
+			}
+			if err != nil {
+				return fmt.Errorf("create stream %s: %w", want.Name, err)
+			}
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("look up stream %s: %w", want.Name, err)
+		}
+		have := s.CachedInfo().Config
+		if err := checkStreamConflicts(have, want, auditLog); err != nil {
+			return err
+		}
+		next, changed := reconcileStream(have, want, auditLog)
+		if !changed {
+			return nil
+		}
+		if _, err := js.UpdateStream(ctx, next); err != nil {
+			return fmt.Errorf("update stream %s: %w", want.Name, err)
+		}
+		return nil
+	}
+}
+
+// checkStreamConflicts refuses an existing stream that is not the stream
+// we would have made, in a way an update cannot or must not fix.
+func checkStreamConflicts(have, want jetstream.StreamConfig, auditLog bool) error {
+	conflict := func(field string, existing, wanted any) error {
+		return &StreamConflictError{Stream: want.Name, Field: field, Existing: fmt.Sprint(existing), Wanted: fmt.Sprint(wanted)}
+	}
+	haveSubjects, wantSubjects := slices.Sorted(slices.Values(have.Subjects)), slices.Sorted(slices.Values(want.Subjects))
+	switch {
+	case !slices.Equal(haveSubjects, wantSubjects):
+		return conflict("subjects", haveSubjects, wantSubjects)
+	case have.Storage != want.Storage:
+		return conflict("storage", have.Storage, want.Storage)
+	case have.Retention != want.Retention:
+		return conflict("retention", have.Retention, want.Retention)
+	case have.Mirror != nil:
+		return conflict("mirror", have.Mirror.Name, "none")
+	case have.Sealed:
+		return conflict("sealed", true, false)
+	case have.AllowMsgCounter:
+		return conflict("allow_msg_counter", true, false)
+	}
+	if auditLog {
+		// The server could turn these on, but a config stream that ever
+		// allowed deletes or purges may already have lost history; hiding
+		// that by switching them on would make the audit log lie.
+		switch {
+		case !have.DenyDelete:
+			return conflict("deny_delete", false, true)
+		case !have.DenyPurge:
+			return conflict("deny_purge", false, true)
+		case have.AllowMsgTTL:
+			// Per-message TTLs would let a publisher make history expire,
+			// and the server cannot switch them off again.
+			return conflict("allow_msg_ttl", true, false)
+		}
+	}
+	return nil
+}
+
+// reconcileStream returns have with the fields we own set as in want, and
+// whether anything changed. Limits of zero and -1 both mean unlimited.
+func reconcileStream(have, want jetstream.StreamConfig, auditLog bool) (jetstream.StreamConfig, bool) {
+	next := have
+	changed := false
+	set := func(differ bool, apply func()) {
+		if differ {
+			apply()
+			changed = true
+		}
+	}
+	unlimited := func(v int64) bool { return v <= 0 }
+	set(have.Replicas != want.Replicas, func() { next.Replicas = want.Replicas })
+	set(have.MaxAge != want.MaxAge, func() { next.MaxAge = want.MaxAge })
+	set(have.Discard != want.Discard, func() { next.Discard = want.Discard })
+	set(have.AllowDirect != want.AllowDirect, func() { next.AllowDirect = want.AllowDirect })
+	if auditLog {
+		set(!unlimited(have.MaxMsgs), func() { next.MaxMsgs = -1 })
+		set(!unlimited(have.MaxBytes), func() { next.MaxBytes = -1 })
+		set(!unlimited(have.MaxMsgsPerSubject), func() { next.MaxMsgsPerSubject = -1 })
+	} else {
+		set(have.Duplicates != want.Duplicates, func() { next.Duplicates = want.Duplicates })
+	}
+	return next, changed
+}
