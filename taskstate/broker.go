@@ -1,0 +1,121 @@
+package taskstate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Store is cronstream's handle on asynq-compatible task state in one Redis
+// deployment (single node, Sentinel or Cluster). It is safe for concurrent
+// use and holds no state of its own besides configuration: everything lives
+// in Redis, so any number of replicas may use Stores on the same data.
+//
+// Every script a Store runs touches the keys of one queue only (one cluster
+// slot). Scripts are sent with EVALSHA and fall back to EVAL when Redis does
+// not know them yet (redis.Script.Run).
+type Store struct {
+	client redis.UniversalClient
+	now    func() time.Time
+
+	recoverChunk int // decisions per RecoverBatch script call
+	listPage     int // lease entries per ListLeaseExpired script call
+	trimBudget   int // archive members trimmed per script call
+}
+
+// Option configures a Store.
+type Option func(*Store)
+
+// WithClock replaces time.Now as the Store's wall clock (the "now" of asynq
+// counters, archive scores and orphan leases). Tests use it; production
+// code should not need it.
+func WithClock(now func() time.Time) Option {
+	return func(s *Store) {
+		if now != nil {
+			s.now = now
+		}
+	}
+}
+
+// WithRecoverChunk sets how many decisions RecoverBatch sends per script
+// call. The default keeps every call well under 10 ms of Redis time.
+func WithRecoverChunk(n int) Option {
+	return func(s *Store) {
+		if n > 0 {
+			s.recoverChunk = n
+		}
+	}
+}
+
+// Defaults chosen by measurement (recover_bench_test.go): a recover chunk
+// costs roughly 10–20 µs of Redis time per task, so 128 tasks stay well under
+// 10 ms even on a busy server; a listing page of 500 costs ~1 ms.
+const (
+	defaultRecoverChunk = 128
+	defaultListPage     = 500
+	defaultTrimBudget   = 1000
+)
+
+// New returns a Store on client.
+func New(client redis.UniversalClient, opts ...Option) *Store {
+	s := &Store{
+		client:       client,
+		now:          time.Now,
+		recoverChunk: defaultRecoverChunk,
+		listPage:     defaultListPage,
+		trimBudget:   defaultTrimBudget,
+	}
+	for _, o := range opts {
+		if o != nil {
+			o(s)
+		}
+	}
+	return s
+}
+
+// Client is the Redis client the Store uses.
+func (s *Store) Client() redis.UniversalClient { return s.client }
+
+// ErrInvalidQueue reports a queue name that cannot be used: blank, or (on
+// Redis Cluster) starting with '}', which gives an empty hash tag and spreads
+// the queue's keys over several slots, breaking every script.
+var ErrInvalidQueue = errors.New("invalid queue name")
+
+// CheckQueue validates a queue name for use with this Store.
+func (s *Store) CheckQueue(queue string) error {
+	if strings.TrimSpace(queue) == "" {
+		return fmt.Errorf("%w: %q is blank", ErrInvalidQueue, queue)
+	}
+	if _, cluster := s.client.(*redis.ClusterClient); cluster && strings.HasPrefix(queue, "}") {
+		return fmt.Errorf("%w: %q starts with '}' (empty Redis Cluster hash tag)", ErrInvalidQueue, queue)
+	}
+	return nil
+}
+
+// Queues returns every queue listed in asynq:queues, sorted.
+func (s *Store) Queues(ctx context.Context) ([]string, error) {
+	qs, err := s.client.SMembers(ctx, AllQueuesKey).Result()
+	if err != nil {
+		return nil, fmt.Errorf("list queues: %w", err)
+	}
+	slices.Sort(qs)
+	return qs, nil
+}
+
+// runScript runs script on one queue's keys and returns its array reply.
+func runScript(ctx context.Context, c redis.UniversalClient, script *redis.Script, keys []string, args ...any) ([]any, error) {
+	v, err := script.Run(ctx, c, keys, args...).Result()
+	if err != nil {
+		return nil, err
+	}
+	arr, ok := v.([]any)
+	if !ok {
+		return nil, fmt.Errorf("unexpected script reply %T", v)
+	}
+	return arr, nil
+}

@@ -1,0 +1,170 @@
+package taskstate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// asynq cron visibility: the records asynq's Scheduler writes so that
+// `asynq cron ls`, `asynq cron history`, asynqmon and the Inspector show
+// periodic entries (asynq-compat.md §3.20, §4.4). cronstream writes them for
+// its own entries. All replicas of one tenant share one scheduler id, so each
+// entry is listed once however many replicas run; every replica rewrites the
+// same list on its heartbeat, and the last writer wins with the same content.
+
+// MaxSchedulerHistory is asynq's cap on enqueue events kept per entry.
+const MaxSchedulerHistory = 1000
+
+// SchedulerID is the scheduler id all replicas of tenant prefix write their
+// entries under.
+func SchedulerID(prefix string) string {
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
+	return "cronstream:" + prefix
+}
+
+// writeSchedulerEntriesScript: KEYS 1 entries list; ARGV 1 ttl secs, then
+// encoded entries. As asynq: DEL, LPUSH each (the list ends up reversed),
+// EXPIRE.
+var writeSchedulerEntriesScript = redis.NewScript(`
+redis.call('DEL', KEYS[1])
+for i = 2, #ARGV do
+  redis.call('LPUSH', KEYS[1], ARGV[i])
+end
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+return 1
+`)
+
+// recordSchedulerEventScript: KEYS 1 history zset; ARGV 1 score secs,
+// 2 encoded event, 3 cap. As asynq: trim to cap-1, then add.
+var recordSchedulerEventScript = redis.NewScript(`
+redis.call('ZREMRANGEBYRANK', KEYS[1], 0, -tonumber(ARGV[3]))
+redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])
+return 1
+`)
+
+// WriteSchedulerEntries publishes entries under schedulerID for ttl, as
+// asynq's scheduler heartbeat does: a plain ZADD of the list key into
+// asynq:schedulers scored now+ttl (readers drop it after that), then one
+// script replacing the list. ttl is rounded up to whole seconds. An entry that
+// cannot be encoded is left out and reported in the returned error (wrapping
+// ErrMalformed) after the others were written.
+//
+// Replicas sharing schedulerID should write the same entries; calling this on
+// every replica's heartbeat is what keeps them listed.
+func (s *Store) WriteSchedulerEntries(ctx context.Context, schedulerID string, entries []SchedulerEntry, ttl time.Duration) error {
+	secs := int64(math.Ceil(ttl.Seconds()))
+	if secs < 1 {
+		return fmt.Errorf("write scheduler entries of %q: ttl %s below 1s", schedulerID, ttl)
+	}
+	args := make([]any, 0, len(entries)+1)
+	args = append(args, secs)
+	var bad []error
+	for i := range entries {
+		b, err := EncodeSchedulerEntry(&entries[i])
+		if err != nil {
+			bad = append(bad, fmt.Errorf("entry %q: %w", entries[i].ID, err))
+			continue
+		}
+		args = append(args, b)
+	}
+	key := SchedulerEntriesKey(schedulerID)
+	expiry := time.Now().Add(time.Duration(secs) * time.Second).Unix()
+	if err := s.client.ZAdd(ctx, AllSchedulersKey, redis.Z{Score: float64(expiry), Member: key}).Err(); err != nil {
+		return fmt.Errorf("write scheduler entries of %q: %w", schedulerID, err)
+	}
+	if err := writeSchedulerEntriesScript.Run(ctx, s.client, []string{key}, args...).Err(); err != nil {
+		return fmt.Errorf("write scheduler entries of %q: %w", schedulerID, err)
+	}
+	if len(bad) > 0 {
+		return fmt.Errorf("write scheduler entries of %q: skipped %d: %w", schedulerID, len(bad), errors.Join(bad...))
+	}
+	return nil
+}
+
+// ClearSchedulerEntries removes schedulerID's entries at once (asynq does so
+// at scheduler shutdown). With a shared scheduler id only the last replica to
+// stop should call it; otherwise the entries simply expire after their ttl.
+func (s *Store) ClearSchedulerEntries(ctx context.Context, schedulerID string) error {
+	key := SchedulerEntriesKey(schedulerID)
+	if err := s.client.ZRem(ctx, AllSchedulersKey, key).Err(); err != nil {
+		return fmt.Errorf("clear scheduler entries of %q: %w", schedulerID, err)
+	}
+	if err := s.client.Del(ctx, key).Err(); err != nil {
+		return fmt.Errorf("clear scheduler entries of %q: %w", schedulerID, err)
+	}
+	return nil
+}
+
+// RecordSchedulerEnqueueEvent appends ev to entryID's enqueue history, keeping
+// the newest MaxSchedulerHistory events, as asynq's scheduler does after each
+// successful enqueue.
+func (s *Store) RecordSchedulerEnqueueEvent(ctx context.Context, entryID string, ev SchedulerEnqueueEvent) error {
+	b, err := EncodeSchedulerEnqueueEvent(&ev)
+	if err != nil {
+		return fmt.Errorf("record enqueue event of entry %q: %w", entryID, err)
+	}
+	err = recordSchedulerEventScript.Run(ctx, s.client, []string{SchedulerHistoryKey(entryID)},
+		ev.EnqueueTime.Unix(), b, MaxSchedulerHistory).Err()
+	if err != nil {
+		return fmt.Errorf("record enqueue event of entry %q: %w", entryID, err)
+	}
+	return nil
+}
+
+// ClearSchedulerHistory deletes entryID's enqueue history (for a removed
+// entry; asynq itself leaks these keys).
+func (s *Store) ClearSchedulerHistory(ctx context.Context, entryID string) error {
+	if err := s.client.Del(ctx, SchedulerHistoryKey(entryID)).Err(); err != nil {
+		return fmt.Errorf("clear enqueue history of entry %q: %w", entryID, err)
+	}
+	return nil
+}
+
+// EnqueueOptions are an entry's task options as asynq's Scheduler would show
+// them. Strings formats them in asynq's Option.String() form.
+type EnqueueOptions struct {
+	Queue     string
+	MaxRetry  int
+	Timeout   time.Duration
+	Deadline  time.Time
+	Unique    time.Duration
+	Retention time.Duration
+	Group     string
+}
+
+// Strings returns the options in asynq's Option.String() forms, in asynq's
+// option order: Queue("x"), MaxRetry(3), Timeout(30m0s), Deadline(<UnixDate>),
+// Unique(1h0m0s), Retention(24h0m0s), Group("g"). Zero values are left out,
+// except MaxRetry. Every string contains '(' — asynq's Inspector panics on
+// one that does not.
+func (o EnqueueOptions) Strings() []string {
+	var out []string
+	if o.Queue != "" {
+		out = append(out, "Queue("+strconv.Quote(o.Queue)+")")
+	}
+	out = append(out, "MaxRetry("+strconv.Itoa(max(o.MaxRetry, 0))+")")
+	if o.Timeout > 0 {
+		out = append(out, "Timeout("+o.Timeout.String()+")")
+	}
+	if !o.Deadline.IsZero() {
+		out = append(out, "Deadline("+o.Deadline.Format(time.UnixDate)+")")
+	}
+	if o.Unique > 0 {
+		out = append(out, "Unique("+o.Unique.String()+")")
+	}
+	if o.Retention > 0 {
+		out = append(out, "Retention("+o.Retention.String()+")")
+	}
+	if o.Group != "" {
+		out = append(out, "Group("+strconv.Quote(o.Group)+")")
+	}
+	return out
+}

@@ -1,0 +1,974 @@
+package taskstate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// This file is the firing side of the package: one atomic script per queue
+// slot that decides whether a tick may fire, creates the asynq task exactly as
+// asynq's client would, records the outcome in the queue's outbox and moves the
+// entry's watermark, all in one step (DESIGN.md "Exactly once, in detail").
+
+// Freshness is the STRING holding the highest fresh_as_of (unix ms) any fire
+// into this slot has presented (the staleness fence).
+func (o OwnKeys) Freshness() string { return o.head + "fresh" }
+
+// FireKind says which rules a fire follows.
+type FireKind uint8
+
+const (
+	// FireTick is a scheduled tick: compare-and-set on the entry's watermark,
+	// which it advances to the tick.
+	FireTick FireKind = iota
+	// FireTrigger is a manual trigger: idempotent per request id, never moves
+	// the watermark.
+	FireTrigger
+	// FireBackfill fires a past tick that has no fired event: idempotent by
+	// task id (StatusAlreadyExists is success), never moves the watermark.
+	FireBackfill
+)
+
+func (k FireKind) String() string {
+	switch k {
+	case FireTick:
+		return "tick"
+	case FireTrigger:
+		return "trigger"
+	case FireBackfill:
+		return "backfill"
+	}
+	return "FireKind(" + strconv.Itoa(int(k)) + ")"
+}
+
+// Record is one outbox record: an already-encoded CloudEvent and its event id,
+// which the relay later uses as Nats-Msg-Id.
+type Record struct {
+	ID   string
+	Data []byte
+}
+
+func (r Record) empty() bool { return r.ID == "" && len(r.Data) == 0 }
+
+// Fire is one request to enqueue an entry's task for one tick.
+type Fire struct {
+	// Prefix is the tenant prefix of cronstream's own keys ("" = DefaultPrefix).
+	Prefix string
+	// Entry is the entry id; Queue the asynq queue the task goes to.
+	Entry string
+	Queue string
+	Kind  FireKind
+	// Tick is the scheduled time being fired. For FireTick it becomes the
+	// watermark. Watermarks keep millisecond precision.
+	Tick time.Time
+	// Expected is the watermark the caller believes is stored: the entry's
+	// previous fired or skipped tick in this slot. ExpectNone says the entry
+	// never fired in this slot. Only FireTick compares them.
+	Expected   time.Time
+	ExpectNone bool
+	// ConfigSeq is the projection's config stream sequence (revision fence).
+	// Sequences above 2^53 lose precision inside the script.
+	ConfigSeq uint64
+	// FreshAsOf is when this replica's projection last heard the config
+	// stream; MaxStaleness how far it may lag the freshest replica firing
+	// into this slot. A zero FreshAsOf presents nothing and is not checked;
+	// a zero MaxStaleness records FreshAsOf without checking it.
+	FreshAsOf    time.Time
+	MaxStaleness time.Duration
+	// ProcessAt, when later than Redis's clock at the moment of the fire,
+	// schedules the task (asynq's Schedule) instead of enqueuing it.
+	ProcessAt time.Time
+	// Msg is the task message. Msg.Queue may be empty (it is set to Queue);
+	// Msg.GroupKey selects asynq's AddToGroup; Msg.UniqueKey is derived when
+	// UniqueTTL is set. Msg is not modified.
+	Msg *TaskMessage
+	// UniqueTTL > 0 takes asynq's unique lock (at least one second).
+	UniqueTTL time.Duration
+	// OverlapSkip skips the tick while the previous task (PrevTaskID, or the
+	// task id stored with the watermark when empty) is still pending,
+	// scheduled, retrying, active or aggregating.
+	OverlapSkip bool
+	PrevTaskID  string
+	// RequestID makes a FireTrigger idempotent for TriggerTTL (default 24h);
+	// derive the trigger's Msg.ID from it, so a retried trigger is also the
+	// same task.
+	RequestID  string
+	TriggerTTL time.Duration
+	// SkippedRecords are the skipped records of a gap the caller resolved by
+	// catch-up policy; they are appended before the outcome's record whenever
+	// the fire is not refused.
+	SkippedRecords []Record
+	// FiredRecord is appended when the task is created (required).
+	FiredRecord Record
+	// OverlapRecord is appended when OverlapSkip skips the tick (required
+	// with OverlapSkip).
+	OverlapRecord Record
+	// DuplicateRecord is appended when asynq's unique lock is held by
+	// another task (required with UniqueTTL).
+	DuplicateRecord Record
+}
+
+// DefaultTriggerTTL is how long a trigger's request id is remembered.
+const DefaultTriggerTTL = 24 * time.Hour
+
+// FireStatus is the outcome of one fire.
+type FireStatus int
+
+const (
+	// StatusFired: the task was created and the fired record appended.
+	StatusFired FireStatus = iota + 1
+	// StatusAlreadyExists: the task id already exists (or the trigger's
+	// request id was already served). Nothing was created and no fired record
+	// appended. For a tick, the watermark still advanced and the gap's
+	// skipped records were appended (the watermark moves past those ticks, so
+	// their skipped events must exist; event ids make a repeat harmless).
+	// For a backfill this is success: the tick already fired.
+	StatusAlreadyExists
+	// StatusDuplicate: asynq's unique lock is held by another task; the
+	// duplicate record was appended and a tick's watermark advanced.
+	StatusDuplicate
+	// StatusSkippedOverlap: the previous task is still running; the overlap
+	// record was appended and a tick's watermark advanced.
+	StatusSkippedOverlap
+	// StatusWatermarkMismatch: the stored watermark is not the expected one.
+	// FireResult carries the current one; recompute and retry.
+	StatusWatermarkMismatch
+	// StatusMoved: the entry was handed over to another queue; FireResult
+	// carries the revision of the move and this slot's last watermark.
+	StatusMoved
+	// StatusRevisionFenced: another replica already fired into this slot
+	// from a newer configuration; FireResult.Fence is its sequence.
+	StatusRevisionFenced
+	// StatusStale: this replica's projection lags the freshest one seen in
+	// this slot by more than MaxStaleness; FireResult.FreshestAsOf says by
+	// how much.
+	StatusStale
+)
+
+var statusNames = map[FireStatus]string{
+	StatusFired:             "fired",
+	StatusAlreadyExists:     "already-exists",
+	StatusDuplicate:         "duplicate",
+	StatusSkippedOverlap:    "skipped-overlap",
+	StatusWatermarkMismatch: "watermark-mismatch",
+	StatusMoved:             "moved",
+	StatusRevisionFenced:    "revision-fenced",
+	StatusStale:             "stale",
+}
+
+func (s FireStatus) String() string {
+	if n, ok := statusNames[s]; ok {
+		return n
+	}
+	return "FireStatus(" + strconv.Itoa(int(s)) + ")"
+}
+
+// Refused reports whether the fire changed nothing because one of its
+// preconditions failed.
+func (s FireStatus) Refused() bool { return s >= StatusWatermarkMismatch }
+
+// FireResult is what one fire did.
+type FireResult struct {
+	Status FireStatus
+	// TaskID is the created task (Fired), the existing one (AlreadyExists;
+	// for a trigger the task its request id first fired), the previous task
+	// still running (SkippedOverlap), or the unique lock's holder (Duplicate).
+	TaskID string
+	// State is the created task's asynq state: pending, scheduled or
+	// aggregating.
+	State string
+	// Watermark is the slot's watermark after the fire (for refusals: the
+	// current one). HasWatermark is false when the entry never fired here.
+	Watermark       time.Time
+	WatermarkTaskID string
+	HasWatermark    bool
+	// Fence is the slot's highest config sequence (StatusRevisionFenced).
+	Fence uint64
+	// MovedAt is the revision the entry left this queue at (StatusMoved).
+	MovedAt uint64
+	// FreshestAsOf is the freshest fresh_as_of seen in the slot (StatusStale).
+	FreshestAsOf time.Time
+	// Err is set when this fire's outcome is unknown because Redis failed;
+	// retrying the same fire is safe.
+	Err error
+}
+
+// Errors callers branch on.
+var (
+	// ErrInvalidFire reports a Fire that cannot be sent (missing fields,
+	// inconsistent queue, missing records).
+	ErrInvalidFire = errors.New("invalid fire")
+)
+
+// Script return codes, mirrored in fireScript.
+const (
+	codeFired         = 1
+	codeExists        = 2
+	codeDuplicate     = 3
+	codeOverlap       = 4
+	codeMismatch      = -1
+	codeMoved         = -2
+	codeFenced        = -3
+	codeStale         = -4
+	fireKeysCommon    = 6
+	fireKeysPerFire   = 6
+	maxFiresPerCall   = 16
+	maxFiresPerFlight = 1024
+)
+
+// maxFiresPerCall was chosen with BenchmarkFireOnce on a 2-core machine: 8–16
+// fires per script call, several calls per pipeline, beat both one call per
+// fire in a pipeline (~30% fewer fires/s, more Redis time per fire) and larger
+// calls (64–256 fires: the server idles until a whole call has arrived and
+// spends more time per fire). maxFiresPerFlight bounds one pipeline's memory.
+
+// fireScript fires a chunk of fires that all go to one queue, in order. A fire
+// later in the chunk sees the effects of earlier ones, so consecutive ticks of
+// one entry (catch-up "all") may share a call.
+//
+// KEYS (common): 1 fence, 2 freshness, 3 outbox, 4 pending, 5 scheduled,
+// 6 groups. Then per fire: watermark, moved-marker, task, unique lock, group
+// zset, trigger key. Unused per-fire keys are the fire's task key (a real key
+// of the same slot: Redis Cluster rejects empty names).
+//
+// ARGV (common): 1 task-key prefix, 2 number of fires. Then per fire:
+//
+//	1 kind (t tick, r trigger, b backfill)   2 tick ms   3 expected ms ("" = none)
+//	4 config seq   5 fresh_as_of ms ("" = not presented)   6 max staleness ms
+//	7 process_at ms (0 = now)   8 unique ttl ms (0 = none)   9 group
+//	10 msg   11 task id   12 overlap-skip (1/0)   13 previous task id
+//	14 trigger ttl ms   15/16 fired record   17/18 overlap record
+//	19/20 duplicate record   21 n skipped records, then n id/data pairs.
+//
+// Returns one array per fire: {code, watermark ms, watermark task id, extra,
+// task id, state}; extra is the fence, moved revision or freshest ms.
+//
+// Order of checks: moved marker, revision fence, staleness fence, watermark
+// CAS, trigger request id, then (before any write) task id conflict, overlap,
+// unique lock. Every check reads; writes come after the checks passed, so a
+// refusal writes nothing except raising the fences, which only ever record
+// what some replica truthfully presented.
+//
+// Why the staleness fence compares fires with each other and not with Redis
+// TIME: fresh_as_of is when a replica's projection last heard the config
+// stream. The slot keeps the highest fresh_as_of any fire has presented. A
+// replica that lags it by more than max staleness either lost the stream while
+// another replica still hears it, or stalled (GC, VM pause) while others moved
+// on — in both cases a config change may have been published that it has not
+// seen, so it must not fire. When nobody hears NATS, nobody can publish a
+// change either (DESIGN invariant 7): every replica's fresh_as_of stops at
+// about the same instant, none lags the maximum, and all keep firing on the
+// last known configuration. A comparison with Redis TIME would instead stop
+// every replica during a NATS outage, which is exactly what invariant 7
+// forbids.
+var fireScript = redis.NewScript(fireScriptSrc)
+
+const fireScriptSrc = `
+local t = redis.call('TIME')
+local now_s = t[1]
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now_ns = t[1] .. string.format('%06d', tonumber(t[2])) .. '000'
+local task_prefix = ARGV[1]
+local nfires = tonumber(ARGV[2])
+local busy = {pending=true, scheduled=true, retry=true, active=true, aggregating=true}
+-- The fences are read once per call and written when raised.
+local fence = redis.call('GET', KEYS[1])
+local freshest = redis.call('GET', KEYS[2])
+
+local function split(v) -- "<a> <b>": watermark "<ms> <task>", marker "<rev> <in|out>"
+  if not v then return nil, nil end
+  local sp = string.find(v, ' ', 1, true)
+  if not sp then return v, '' end
+  return string.sub(v, 1, sp - 1), string.sub(v, sp + 1)
+end
+
+-- res builds one fire's reply; a nil would cut a Lua array short.
+local function res(code, wm, wmtask, extra, taskid, state)
+  return {code, wm or '', wmtask or '', extra or '', taskid or '', state or ''}
+end
+
+local function append(from, n)
+  for i = 0, n - 1 do
+    redis.call('XADD', KEYS[3], '*', 'id', ARGV[from + 2*i], 'data', ARGV[from + 2*i + 1])
+  end
+end
+
+local function fire(k, a)
+  local kind, tick, expected = ARGV[a], ARGV[a+1], ARGV[a+2]
+  local seq, fresh = ARGV[a+3], ARGV[a+4]
+  local kwm, ktask, ktrigger = KEYS[k], KEYS[k+2], KEYS[k+5]
+
+  local wm, wmtask = split(redis.call('GET', kwm))
+  local rev, dir = split(redis.call('GET', KEYS[k+1]))
+  if dir == 'out' then return res(-2, wm, wmtask, rev) end
+
+  if fence and tonumber(seq) < tonumber(fence) then return res(-3, wm, wmtask, fence) end
+  if not fence or tonumber(seq) > tonumber(fence) then
+    fence = seq
+    redis.call('SET', KEYS[1], seq)
+  end
+
+  if fresh ~= '' then
+    local maxstale = tonumber(ARGV[a+5])
+    if freshest and maxstale > 0 and tonumber(fresh) < tonumber(freshest) - maxstale then
+      return res(-4, wm, wmtask, freshest)
+    end
+    if not freshest or tonumber(fresh) > tonumber(freshest) then
+      freshest = fresh
+      redis.call('SET', KEYS[2], fresh)
+    end
+  end
+
+  if kind == 't' then
+    if expected == '' then
+      if wm then return res(-1, wm, wmtask) end
+    elseif wm ~= expected then
+      return res(-1, wm, wmtask)
+    end
+  elseif kind == 'r' then
+    local served = redis.call('GET', ktrigger)
+    if served then return res(2, wm, wmtask, '', served) end
+  end
+
+  local id = ARGV[a+10]
+  -- Checks done; from here every outcome appends the gap's skipped records
+  -- and its own record, moves a tick's watermark and remembers a trigger's
+  -- request id.
+  local code, rec, wm_task, taskid, state
+  if redis.call('EXISTS', ktask) == 1 then
+    code, wm_task, taskid = 2, id, id
+  end
+
+  if not code and ARGV[a+11] == '1' then
+    local prev = ARGV[a+12]
+    if prev == '' then prev = wmtask or '' end
+    if prev ~= '' then
+      local st = redis.call('HGET', task_prefix .. prev, 'state')
+      if st and busy[st] then
+        code, rec, wm_task, taskid, state = 4, a + 16, prev, prev, st
+      end
+    end
+  end
+
+  if not code then
+    local process_at, uttl = tonumber(ARGV[a+6]), tonumber(ARGV[a+7])
+    local delayed = process_at > now_ms
+    local kunique = KEYS[k+3]
+    if uttl > 0 then
+      local ttl_s
+      if delayed then
+        ttl_s = math.floor((process_at + uttl - now_ms) / 1000)
+      else
+        ttl_s = math.floor(uttl / 1000)
+      end
+      if ttl_s < 1 then ttl_s = 1 end
+      if not redis.call('SET', kunique, id, 'NX', 'EX', string.format('%d', ttl_s)) then
+        code, rec, wm_task, taskid = 3, a + 18, wmtask or '', redis.call('GET', kunique)
+      end
+    end
+    if not code then
+      local msg, group = ARGV[a+9], ARGV[a+8]
+      if delayed then
+        -- asynq's Schedule(Unique): no pending_since, and no group field
+        -- even when the message has a group (the forwarder then sends it
+        -- to pending).
+        state = 'scheduled'
+        if uttl > 0 then
+          redis.call('HSET', ktask, 'msg', msg, 'state', state, 'unique_key', kunique)
+        else
+          redis.call('HSET', ktask, 'msg', msg, 'state', state)
+        end
+        redis.call('ZADD', KEYS[5], string.format('%d', math.floor(process_at / 1000)), id)
+      elseif group ~= '' then
+        -- asynq's AddToGroup(Unique): the unique variant writes no unique_key.
+        state = 'aggregating'
+        redis.call('HSET', ktask, 'msg', msg, 'state', state, 'group', group)
+        redis.call('ZADD', KEYS[k+4], now_s, id)
+        redis.call('SADD', KEYS[6], group)
+      else
+        state = 'pending'
+        if uttl > 0 then
+          redis.call('HSET', ktask, 'msg', msg, 'state', state, 'pending_since', now_ns, 'unique_key', kunique)
+        else
+          redis.call('HSET', ktask, 'msg', msg, 'state', state, 'pending_since', now_ns)
+        end
+        redis.call('LPUSH', KEYS[4], id)
+      end
+      code, rec, wm_task, taskid = 1, a + 14, id, id
+    end
+  end
+
+  append(a + 21, tonumber(ARGV[a+20]))
+  if rec then append(rec, 1) end
+  if kind == 't' then
+    redis.call('SET', kwm, tick .. ' ' .. wm_task)
+    wm, wmtask = tick, wm_task
+  elseif kind == 'r' then
+    redis.call('SET', ktrigger, taskid or '', 'PX', ARGV[a+13])
+  end
+  return res(code, wm, wmtask, '', taskid, state)
+end
+
+local out = {}
+local k, a = 7, 3
+for i = 1, nfires do
+  out[i] = fire(k, a)
+  a = a + 21 + 2 * tonumber(ARGV[a + 20])
+  k = k + 6
+end
+return out
+`
+
+// preparedFire is a validated fire with its encoded message.
+type preparedFire struct {
+	f     *Fire
+	msg   []byte
+	id    string
+	group string
+	own   OwnKeys
+	keys  QueueKeys
+}
+
+// prepare validates f and encodes its message.
+func prepare(f *Fire) (preparedFire, error) {
+	bad := func(format string, args ...any) (preparedFire, error) {
+		return preparedFire{}, fmt.Errorf("%w: entry %q tick %s: %s", ErrInvalidFire, f.Entry, f.Tick.UTC().Format(time.RFC3339), fmt.Sprintf(format, args...))
+	}
+	if f.Entry == "" {
+		return bad("empty entry id")
+	}
+	if f.Queue == "" {
+		return bad("empty queue")
+	}
+	if f.Msg == nil {
+		return bad("no task message")
+	}
+	if strings.TrimSpace(f.Msg.Type) == "" {
+		return bad("blank task type")
+	}
+	if f.Msg.ID == "" {
+		return bad("empty task id")
+	}
+	if f.Msg.Queue != "" && f.Msg.Queue != f.Queue {
+		return bad("message queue %q differs from fire queue %q", f.Msg.Queue, f.Queue)
+	}
+	if f.Tick.IsZero() {
+		return bad("zero tick")
+	}
+	switch f.Kind {
+	case FireTick:
+		if !f.ExpectNone && f.Expected.IsZero() {
+			return bad("no expected watermark (set ExpectNone for an entry that never fired)")
+		}
+		if !f.ExpectNone && f.Tick.UnixMilli() <= f.Expected.UnixMilli() {
+			return bad("tick is not after the expected watermark %s", f.Expected.UTC().Format(time.RFC3339Nano))
+		}
+	case FireTrigger:
+		if f.RequestID == "" {
+			return bad("trigger without request id")
+		}
+	case FireBackfill:
+	default:
+		return bad("unknown kind %d", f.Kind)
+	}
+	if f.UniqueTTL != 0 && f.UniqueTTL < time.Second {
+		return bad("unique TTL %s is below asynq's minimum of 1s", f.UniqueTTL)
+	}
+	if f.MaxStaleness < 0 || f.TriggerTTL < 0 {
+		return bad("negative duration")
+	}
+	if f.ConfigSeq > 1<<53 {
+		return bad("config sequence %d above 2^53", f.ConfigSeq)
+	}
+	if err := checkRecord("fired", f.FiredRecord, true); err != nil {
+		return bad("%v", err)
+	}
+	if err := checkRecord("overlap", f.OverlapRecord, f.OverlapSkip); err != nil {
+		return bad("%v", err)
+	}
+	if err := checkRecord("duplicate", f.DuplicateRecord, f.UniqueTTL > 0); err != nil {
+		return bad("%v", err)
+	}
+	for i, r := range f.SkippedRecords {
+		if err := checkRecord(fmt.Sprintf("skipped[%d]", i), r, true); err != nil {
+			return bad("%v", err)
+		}
+	}
+	keys := Keys(f.Queue)
+	msg := *f.Msg
+	msg.Queue = f.Queue
+	if f.UniqueTTL > 0 {
+		msg.UniqueKey = keys.Unique(msg.Type, msg.Payload)
+	}
+	enc, err := EncodeTaskMessage(&msg)
+	if err != nil {
+		return bad("%v", err)
+	}
+	return preparedFire{f: f, msg: enc, id: msg.ID, group: msg.GroupKey, own: Own(f.Prefix, f.Queue), keys: keys}, nil
+}
+
+func checkRecord(name string, r Record, required bool) error {
+	if r.empty() {
+		if required {
+			return fmt.Errorf("missing %s record", name)
+		}
+		return nil
+	}
+	if r.ID == "" || len(r.Data) == 0 {
+		return fmt.Errorf("%s record needs both an event id and data", name)
+	}
+	return nil
+}
+
+// appendFire adds p's keys and arguments to a chunk's KEYS and ARGV.
+func appendFire(keys []string, args []any, p preparedFire) ([]string, []any) {
+	f := p.f
+	task := p.keys.Task(p.id)
+	unique, group, trigger := task, task, task
+	if f.UniqueTTL > 0 {
+		unique = p.keys.Unique(f.Msg.Type, f.Msg.Payload)
+	}
+	if p.group != "" {
+		group = p.keys.Group(p.group)
+	}
+	kind := "t"
+	switch f.Kind {
+	case FireTrigger:
+		kind = "r"
+		trigger = p.own.Trigger(f.RequestID)
+	case FireBackfill:
+		kind = "b"
+	}
+	keys = append(keys, p.own.Watermark(f.Entry), p.own.Handover(f.Entry), task, unique, group, trigger)
+
+	expected := ""
+	if f.Kind == FireTick && !f.ExpectNone {
+		expected = strconv.FormatInt(f.Expected.UnixMilli(), 10)
+	}
+	fresh := ""
+	if !f.FreshAsOf.IsZero() {
+		fresh = strconv.FormatInt(f.FreshAsOf.UnixMilli(), 10)
+	}
+	var processAt int64
+	if !f.ProcessAt.IsZero() {
+		processAt = f.ProcessAt.UnixMilli()
+	}
+	overlap := "0"
+	if f.OverlapSkip {
+		overlap = "1"
+	}
+	triggerTTL := f.TriggerTTL
+	if triggerTTL == 0 {
+		triggerTTL = DefaultTriggerTTL
+	}
+	args = append(args,
+		kind,
+		strconv.FormatInt(f.Tick.UnixMilli(), 10),
+		expected,
+		strconv.FormatUint(f.ConfigSeq, 10),
+		fresh,
+		strconv.FormatInt(f.MaxStaleness.Milliseconds(), 10),
+		strconv.FormatInt(processAt, 10),
+		strconv.FormatInt(f.UniqueTTL.Milliseconds(), 10),
+		p.group,
+		p.msg,
+		p.id,
+		overlap,
+		f.PrevTaskID,
+		strconv.FormatInt(max(triggerTTL.Milliseconds(), 1), 10),
+		f.FiredRecord.ID, f.FiredRecord.Data,
+		f.OverlapRecord.ID, f.OverlapRecord.Data,
+		f.DuplicateRecord.ID, f.DuplicateRecord.Data,
+		len(f.SkippedRecords),
+	)
+	for _, r := range f.SkippedRecords {
+		args = append(args, r.ID, r.Data)
+	}
+	return keys, args
+}
+
+// fireCall is one script call: a chunk of fires into one queue.
+type fireCall struct {
+	prefix  string
+	queue   string
+	indexes []int // positions in the caller's slice
+	keys    []string
+	args    []any
+	cmd     *redis.Cmd
+}
+
+func newFireCall(p preparedFire) *fireCall {
+	own := p.own
+	keys := make([]string, 0, fireKeysCommon+fireKeysPerFire)
+	keys = append(keys, own.Fence(), own.Freshness(), own.Outbox(), p.keys.Pending(), p.keys.Scheduled(), p.keys.Groups())
+	prefix := p.f.Prefix
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
+	return &fireCall{prefix: prefix, queue: p.f.Queue, keys: keys, args: []any{p.keys.TaskPrefix(), 0}}
+}
+
+// FireOnce fires f in one atomic script call. Refusals are statuses, not
+// errors; an error means the fire was invalid or Redis failed (the outcome is
+// then unknown, and firing the same Fire again is safe).
+func (s *Store) FireOnce(ctx context.Context, f Fire) (FireResult, error) {
+	res, err := s.fireBatch(ctx, []Fire{f}, maxFiresPerCall)
+	if err != nil {
+		return FireResult{}, err
+	}
+	if res[0].Err != nil {
+		return res[0], res[0].Err
+	}
+	return res[0], nil
+}
+
+// FireBatch fires many fires, grouped per queue (and per tenant prefix) into
+// script calls of up to maxFiresPerCall fires each, sent in pipelines. Fires
+// of one queue run in the order given, so a later fire sees the watermark an
+// earlier one moved. The results are in the order of fires. A fire whose call
+// failed has Err set; FireBatch then also returns an error. An invalid fire
+// fails the whole batch before anything is sent.
+//
+// FireBatch does not look at the outbox backlog: the scheduler pauses firing
+// on OutboxLen.
+func (s *Store) FireBatch(ctx context.Context, fires []Fire) ([]FireResult, error) {
+	return s.fireBatch(ctx, fires, maxFiresPerCall)
+}
+
+// fireBatch is FireBatch with the chunk size as a parameter: 1 sends a
+// pipeline of one script call per fire (the benchmark's comparison).
+func (s *Store) fireBatch(ctx context.Context, fires []Fire, perCall int) ([]FireResult, error) {
+	prepared := make([]preparedFire, len(fires))
+	for i := range fires {
+		if err := s.CheckQueue(fires[i].Queue); err != nil {
+			return nil, fmt.Errorf("%w: entry %q: %w", ErrInvalidFire, fires[i].Entry, err)
+		}
+		p, err := prepare(&fires[i])
+		if err != nil {
+			return nil, err
+		}
+		prepared[i] = p
+	}
+	results := make([]FireResult, len(fires))
+	var failed int
+	var firstErr error
+	for start := 0; start < len(prepared); start += maxFiresPerFlight {
+		end := min(start+maxFiresPerFlight, len(prepared))
+		calls := chunkFires(prepared[start:end], start, perCall)
+		runFireCalls(ctx, s.client, calls)
+		for _, call := range calls {
+			decodeFireCall(call, results)
+		}
+		for i := start; i < end; i++ {
+			if results[i].Err != nil {
+				failed++
+				if firstErr == nil {
+					firstErr = results[i].Err
+				}
+			}
+		}
+	}
+	if firstErr != nil {
+		return results, fmt.Errorf("fire batch: %d of %d fires failed: %w", failed, len(fires), firstErr)
+	}
+	return results, nil
+}
+
+// chunkFires groups fires by (prefix, queue) in first-seen order, keeping the
+// caller's order inside each group, and cuts each group into calls of up to
+// perCall fires.
+func chunkFires(prepared []preparedFire, offset, perCall int) []*fireCall {
+	type slot struct{ prefix, queue string }
+	open := make(map[slot]*fireCall)
+	var calls []*fireCall
+	for i, p := range prepared {
+		key := slot{p.f.Prefix, p.f.Queue}
+		if key.prefix == "" {
+			key.prefix = DefaultPrefix
+		}
+		call := open[key]
+		if call == nil || len(call.indexes) >= perCall {
+			call = newFireCall(p)
+			open[key] = call
+			calls = append(calls, call)
+		}
+		call.keys, call.args = appendFire(call.keys, call.args, p)
+		call.indexes = append(call.indexes, offset+i)
+	}
+	for _, call := range calls {
+		call.args[1] = len(call.indexes)
+	}
+	return calls
+}
+
+// runFireCalls sends the queue registrations and every call in one pipeline.
+// The registrations are plain commands beside the scripts: asynq:queues (so
+// the Inspector and CLI see the queue, as asynq's client does before each
+// enqueue) and the tenant's set of queues with an outbox (so the relay finds
+// every outbox). Re-adding is cheap inside a pipeline, so nothing is cached.
+func runFireCalls(ctx context.Context, c redis.UniversalClient, calls []*fireCall) {
+	send := func(calls []*fireCall, eval func(redis.Pipeliner, *fireCall) *redis.Cmd) error {
+		pipe := c.Pipeline()
+		registered := make(map[[2]string]bool)
+		for _, call := range calls {
+			if slot := [2]string{call.prefix, call.queue}; !registered[slot] {
+				registered[slot] = true
+				pipe.SAdd(ctx, AllQueuesKey, call.queue)
+				pipe.SAdd(ctx, OutboxesKey(call.prefix), call.queue)
+			}
+			call.cmd = eval(pipe, call)
+		}
+		_, err := pipe.Exec(ctx)
+		return err
+	}
+	evalSha := func(pipe redis.Pipeliner, call *fireCall) *redis.Cmd {
+		return pipe.EvalSha(ctx, fireScript.Hash(), call.keys, call.args...)
+	}
+	_ = send(calls, evalSha)
+	var missing []*fireCall
+	for _, call := range calls {
+		if isNoScript(call.cmd.Err()) {
+			missing = append(missing, call)
+		}
+	}
+	if len(missing) == 0 {
+		return
+	}
+	// The script cache was empty (a fresh or restarted server): NOSCRIPT
+	// means the call did not run, so sending it again with EVAL is safe.
+	eval := func(pipe redis.Pipeliner, call *fireCall) *redis.Cmd {
+		return pipe.Eval(ctx, fireScriptSrc, call.keys, call.args...)
+	}
+	_ = send(missing, eval)
+}
+
+func isNoScript(err error) bool { return redis.HasErrorPrefix(err, "NOSCRIPT") }
+
+// decodeFireCall stores call's per-fire outcomes in results.
+func decodeFireCall(call *fireCall, results []FireResult) {
+	fail := func(err error) {
+		for _, i := range call.indexes {
+			results[i] = FireResult{Err: fmt.Errorf("fire into queue %q: %w", call.queue, err)}
+		}
+	}
+	raw, err := call.cmd.Slice()
+	if err != nil {
+		fail(err)
+		return
+	}
+	if len(raw) != len(call.indexes) {
+		fail(fmt.Errorf("fire script returned %d results for %d fires", len(raw), len(call.indexes)))
+		return
+	}
+	for n, i := range call.indexes {
+		r, err := parseFireReply(raw[n])
+		if err != nil {
+			r = FireResult{Err: fmt.Errorf("fire into queue %q: %w", call.queue, err)}
+		}
+		results[i] = r
+	}
+}
+
+func parseFireReply(v any) (FireResult, error) {
+	row, ok := v.([]any)
+	if !ok || len(row) != 6 {
+		return FireResult{}, fmt.Errorf("unexpected fire script reply %v", v)
+	}
+	code, ok := row[0].(int64)
+	if !ok {
+		return FireResult{}, fmt.Errorf("unexpected fire script code %v", row[0])
+	}
+	str := func(i int) string { s, _ := row[i].(string); return s }
+	var r FireResult
+	if wm := str(1); wm != "" {
+		ms, err := strconv.ParseInt(wm, 10, 64)
+		if err != nil {
+			return FireResult{}, fmt.Errorf("stored watermark %q: %w", wm, err)
+		}
+		r.Watermark, r.WatermarkTaskID, r.HasWatermark = time.UnixMilli(ms).UTC(), str(2), true
+	}
+	r.TaskID, r.State = str(4), str(5)
+	extra := str(3)
+	switch code {
+	case codeFired:
+		r.Status = StatusFired
+	case codeExists:
+		r.Status = StatusAlreadyExists
+	case codeDuplicate:
+		r.Status = StatusDuplicate
+	case codeOverlap:
+		r.Status = StatusSkippedOverlap
+	case codeMismatch:
+		r.Status = StatusWatermarkMismatch
+	case codeMoved:
+		r.Status = StatusMoved
+		r.MovedAt, _ = strconv.ParseUint(extra, 10, 64)
+	case codeFenced:
+		r.Status = StatusRevisionFenced
+		r.Fence, _ = strconv.ParseUint(extra, 10, 64)
+	case codeStale:
+		r.Status = StatusStale
+		if ms, err := strconv.ParseInt(extra, 10, 64); err == nil {
+			r.FreshestAsOf = time.UnixMilli(ms).UTC()
+		}
+	default:
+		return FireResult{}, fmt.Errorf("unknown fire script code %d", code)
+	}
+	return r, nil
+}
+
+// Watermark returns entry's watermark in queue's slot: its last fired or
+// skipped tick and the task id stored with it. ok is false when the entry
+// never fired there.
+func (s *Store) Watermark(ctx context.Context, prefix, queue, entry string) (tick time.Time, taskID string, ok bool, err error) {
+	v, err := s.client.Get(ctx, Own(prefix, queue).Watermark(entry)).Result()
+	if errors.Is(err, redis.Nil) {
+		return time.Time{}, "", false, nil
+	}
+	if err != nil {
+		return time.Time{}, "", false, fmt.Errorf("read watermark of entry %q in queue %q: %w", entry, queue, err)
+	}
+	tick, taskID, err = parseWatermark(v)
+	if err != nil {
+		return time.Time{}, "", false, fmt.Errorf("read watermark of entry %q in queue %q: %w", entry, queue, err)
+	}
+	return tick, taskID, true, nil
+}
+
+// parseWatermark reads the stored form "<tick unix ms> <task id>".
+func parseWatermark(v string) (time.Time, string, error) {
+	msPart, taskID, _ := strings.Cut(v, " ")
+	ms, err := strconv.ParseInt(msPart, 10, 64)
+	if err != nil {
+		return time.Time{}, "", fmt.Errorf("malformed watermark %q", v)
+	}
+	return time.UnixMilli(ms).UTC(), taskID, nil
+}
+
+// Queue change = handover (DESIGN.md). The watermark lives in the queue's
+// slot, so when an entry moves from queue A to queue B at config revision R:
+//
+//  1. CloseForHandover(A, R) writes the marker "R out" in A's slot: fires into
+//     A refuse from then on (StatusMoved, with A's last watermark), so a
+//     replica still on the old configuration cannot fire a tick there.
+//  2. SeedWatermark(B, A's watermark, R) writes "R in" in B's slot and raises
+//     B's watermark to A's when B's is absent or older.
+//
+// The marker ("<revision> <in|out>" in the Handover key) only ever moves to a
+// higher revision, so both steps are idempotent, a crash between them is
+// harmless (repeat both), and a late, repeated step of an older handover
+// changes nothing: after A→B at R1 and B→A at R2, A holds "R2 in", and a
+// stale CloseForHandover(A, R1) or SeedWatermark(B, …, R1) is ignored.
+//
+// Both steps also raise the slot's revision fence to R: whoever hands over has
+// seen revision R, so a replica whose projection is older than R must not
+// fire into either slot. Without this, after A→B→A a replica still on a
+// configuration from before the first move (queue A) could fire into A again.
+
+// ErrHandoverSuperseded reports a SeedWatermark for a revision that a later
+// (or the same) handover already moved the entry away from.
+var ErrHandoverSuperseded = errors.New("handover superseded by a later revision")
+
+// raiseFenceLua raises the revision fence in KEYS[3] to ARGV[1].
+const raiseFenceLua = `
+local fence = redis.call('GET', KEYS[3])
+if not fence or tonumber(fence) < tonumber(ARGV[1]) then redis.call('SET', KEYS[3], ARGV[1]) end
+`
+
+// closeForHandoverScript: KEYS 1 marker, 2 watermark, 3 fence; ARGV 1
+// revision. Returns {watermark or "", marker}.
+var closeForHandoverScript = redis.NewScript(raiseFenceLua + `
+local marker = redis.call('GET', KEYS[1])
+if not marker or tonumber(string.match(marker, '^(%d+)')) < tonumber(ARGV[1]) then
+  marker = ARGV[1] .. ' out'
+  redis.call('SET', KEYS[1], marker)
+end
+return {redis.call('GET', KEYS[2]) or '', marker}
+`)
+
+// seedWatermarkScript: KEYS 1 marker, 2 watermark, 3 fence; ARGV 1
+// revision, 2 watermark ms ("" = none), 3 its task id. Returns {1 seeded | 0
+// superseded, marker}.
+var seedWatermarkScript = redis.NewScript(`
+local marker = redis.call('GET', KEYS[1])
+if marker then
+  local rev = tonumber(string.match(marker, '^(%d+)'))
+  local rev_in = tonumber(ARGV[1])
+  if rev > rev_in or (rev == rev_in and string.sub(marker, -4) == ' out') then
+    return {0, marker}
+  end
+end
+marker = ARGV[1] .. ' in'
+redis.call('SET', KEYS[1], marker)
+` + raiseFenceLua + `
+if ARGV[2] ~= '' then
+  local cur = redis.call('GET', KEYS[2])
+  if not cur or tonumber(string.match(cur, '^(-?%d+)')) < tonumber(ARGV[2]) then
+    redis.call('SET', KEYS[2], ARGV[2] .. ' ' .. ARGV[3])
+  end
+end
+return {1, marker}
+`)
+
+// CloseForHandover closes entry in oldQueue's slot at config revision: fires
+// there refuse with StatusMoved from now on, and the slot's revision fence is
+// raised to revision. It returns the slot's watermark
+// (ok false when the entry never fired there), to be passed to SeedWatermark.
+// It is idempotent, and a close for a revision older than the slot's marker
+// changes nothing.
+func (s *Store) CloseForHandover(ctx context.Context, prefix, oldQueue, entry string, revision uint64) (tick time.Time, taskID string, ok bool, err error) {
+	if entry == "" || oldQueue == "" {
+		return time.Time{}, "", false, fmt.Errorf("close entry %q in queue %q for handover: %w: empty entry or queue", entry, oldQueue, ErrInvalidFire)
+	}
+	own := Own(prefix, oldQueue)
+	reply, err := closeForHandoverScript.Run(ctx, s.client, []string{own.Handover(entry), own.Watermark(entry), own.Fence()}, revision).Slice()
+	if err != nil {
+		return time.Time{}, "", false, fmt.Errorf("close entry %q in queue %q for handover at revision %d: %w", entry, oldQueue, revision, err)
+	}
+	wm, _ := reply[0].(string)
+	if wm == "" {
+		return time.Time{}, "", false, nil
+	}
+	tick, taskID, err = parseWatermark(wm)
+	if err != nil {
+		return time.Time{}, "", false, fmt.Errorf("close entry %q in queue %q for handover: %w", entry, oldQueue, err)
+	}
+	return tick, taskID, true, nil
+}
+
+// SeedWatermark opens entry in newQueue's slot at config revision: it records
+// the handover, raises the slot's revision fence to revision, and raises the
+// slot's watermark to tick (with taskID) when the slot has none or an older
+// one. A zero tick seeds nothing but still opens the
+// slot (the entry never fired in its old queue). It clears a "moved out"
+// marker of an older revision, so an entry moved A→B→A fires in A again. It
+// returns ErrHandoverSuperseded when the slot was closed at this or a later
+// revision. It is idempotent.
+//
+// It also serves to restore a lost watermark from the last fired event in the
+// stream (revision 0 then, so it never overrides a handover).
+func (s *Store) SeedWatermark(ctx context.Context, prefix, newQueue, entry string, tick time.Time, taskID string, revision uint64) error {
+	if entry == "" || newQueue == "" {
+		return fmt.Errorf("seed watermark of entry %q in queue %q: %w: empty entry or queue", entry, newQueue, ErrInvalidFire)
+	}
+	own := Own(prefix, newQueue)
+	ms := ""
+	if !tick.IsZero() {
+		ms = strconv.FormatInt(tick.UnixMilli(), 10)
+	}
+	reply, err := seedWatermarkScript.Run(ctx, s.client, []string{own.Handover(entry), own.Watermark(entry), own.Fence()}, revision, ms, taskID).Slice()
+	if err != nil {
+		return fmt.Errorf("seed watermark of entry %q in queue %q at revision %d: %w", entry, newQueue, revision, err)
+	}
+	if seeded, _ := reply[0].(int64); seeded != 1 {
+		marker, _ := reply[1].(string)
+		return fmt.Errorf("seed watermark of entry %q in queue %q at revision %d (slot marker %q): %w", entry, newQueue, revision, marker, ErrHandoverSuperseded)
+	}
+	return nil
+}

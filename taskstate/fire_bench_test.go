@@ -1,0 +1,119 @@
+package taskstate
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cronstream/cronstream/internal/testenv"
+)
+
+// BenchmarkFireOnce compares, on one Redis in one run, the ways of firing a
+// tick's worth of due entries (benchFiresPerOp distinct entries of one queue,
+// each op the next tick of all of them):
+//
+//   - once: one FireOnce call (one round trip) per fire;
+//   - pipeline: FireBatch shape with one script call per fire, all in one
+//     pipeline;
+//   - batch-N: FireBatch with N fires per script call (N = maxFiresPerCall is
+//     what FireBatch uses).
+//
+// Run: go test -run '^$' -bench BenchmarkFireOnce -benchtime 3x ./taskstate/
+func BenchmarkFireOnce(b *testing.B) {
+	const benchFiresPerOp = 256
+	rc := testenv.StartRedis(b).Client(b)
+	s := New(rc)
+	ctx := context.Background()
+
+	run := func(b *testing.B, fire func(fires []Fire) ([]FireResult, error)) {
+		if err := rc.FlushDB(ctx).Err(); err != nil {
+			b.Fatal(err)
+		}
+		entries := make([]string, benchFiresPerOp)
+		for i := range entries {
+			entries[i] = fmt.Sprintf("bench-%04d", i)
+		}
+		fires := make([]Fire, benchFiresPerOp)
+		tick := 0
+		if err := rc.ConfigResetStat(ctx).Err(); err != nil {
+			b.Fatal(err)
+		}
+		b.ResetTimer()
+		for b.Loop() {
+			tick++
+			var prev time.Time
+			if tick > 1 {
+				prev = tickAt(tick - 1)
+			}
+			for i, e := range entries {
+				fires[i] = tickFire(e, "bench", tickAt(tick), prev)
+			}
+			res, err := fire(fires)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for i := range res {
+				if res[i].Status != StatusFired {
+					b.Fatalf("fire %d: %s", i, res[i].Status)
+				}
+			}
+		}
+		b.StopTimer()
+		fired := float64(tick * benchFiresPerOp)
+		b.ReportMetric(fired/b.Elapsed().Seconds(), "fires/s")
+		b.ReportMetric(scriptMicros(b, rc)/fired, "redis-µs/fire")
+	}
+
+	b.Run("once", func(b *testing.B) {
+		run(b, func(fires []Fire) ([]FireResult, error) {
+			out := make([]FireResult, len(fires))
+			for i := range fires {
+				r, err := s.FireOnce(ctx, fires[i])
+				if err != nil {
+					return nil, err
+				}
+				out[i] = r
+			}
+			return out, nil
+		})
+	})
+	b.Run("pipeline", func(b *testing.B) {
+		run(b, func(fires []Fire) ([]FireResult, error) { return s.fireBatch(ctx, fires, 1) })
+	})
+	for _, n := range []int{maxFiresPerCall, 64, 256} {
+		b.Run(fmt.Sprintf("batch-%d", n), func(b *testing.B) {
+			run(b, func(fires []Fire) ([]FireResult, error) { return s.fireBatch(ctx, fires, n) })
+		})
+	}
+}
+
+// scriptMicros is the Redis CPU time spent in scripts since the last
+// CONFIG RESETSTAT, in microseconds (INFO commandstats).
+func scriptMicros(b *testing.B, rc *redis.Client) float64 {
+	info, err := rc.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var total float64
+	for _, line := range strings.Split(info, "\n") {
+		line = strings.TrimSpace(line)
+		if !strings.HasPrefix(line, "cmdstat_evalsha:") && !strings.HasPrefix(line, "cmdstat_eval:") {
+			continue
+		}
+		for _, field := range strings.Split(line[strings.Index(line, ":")+1:], ",") {
+			if v, ok := strings.CutPrefix(field, "usec="); ok {
+				us, err := strconv.ParseFloat(v, 64)
+				if err != nil {
+					b.Fatal(err)
+				}
+				total += us
+			}
+		}
+	}
+	return total
+}

@@ -1,0 +1,185 @@
+package taskstate
+
+import (
+	"crypto/md5"
+	"encoding/hex"
+	"time"
+)
+
+// This file is the one place where Redis key names are built. asynq's names
+// follow asynq v0.26.0 internal/base exactly (asynq-compat.md §1); cronstream's
+// own keys carry the same {<queue>} hash tag so that a script may touch both
+// in one Redis Cluster slot.
+
+// Global asynq keys. They have no hash tag and are only ever written with plain
+// commands, never from inside a script.
+const (
+	// AllQueuesKey is the SET of every queue name known to asynq's Inspector.
+	AllQueuesKey = "asynq:queues"
+	// AllSchedulersKey is the ZSET of scheduler-entry list keys, scored by expiry secs.
+	AllSchedulersKey = "asynq:schedulers"
+)
+
+// SchedulerEntriesKey is the LIST holding one encoded SchedulerEntry per
+// registered entry of the scheduler with the given id.
+func SchedulerEntriesKey(schedulerID string) string {
+	return "asynq:schedulers:{" + schedulerID + "}"
+}
+
+// SchedulerHistoryKey is the ZSET of encoded SchedulerEnqueueEvents of one
+// entry. It deliberately has no hash tag, as in asynq.
+func SchedulerHistoryKey(entryID string) string {
+	return "asynq:scheduler_history:" + entryID
+}
+
+// Task states as stored in the task hash's "state" field. Each one is also the
+// suffix of the queue key that holds the task (for the zset states and
+// pending), which asynq's Inspector relies on.
+const (
+	StatePending     = "pending"
+	StateActive      = "active"
+	StateScheduled   = "scheduled"
+	StateRetry       = "retry"
+	StateArchived    = "archived"
+	StateCompleted   = "completed"
+	StateAggregating = "aggregating"
+)
+
+// QueueKeys builds the asynq keys of one queue. The zero value is not useful;
+// use Keys.
+type QueueKeys struct {
+	queue  string
+	prefix string // "asynq:{<queue>}:"
+}
+
+// Keys returns the asynq key builder for queue. The queue name is used
+// verbatim and case-sensitively, as asynq does.
+func Keys(queue string) QueueKeys {
+	return QueueKeys{queue: queue, prefix: "asynq:{" + queue + "}:"}
+}
+
+// Queue is the queue name the keys were built for.
+func (k QueueKeys) Queue() string { return k.queue }
+
+// Prefix is "asynq:{<queue>}:", the head of every per-queue asynq key.
+func (k QueueKeys) Prefix() string { return k.prefix }
+
+// TaskPrefix is "asynq:{<queue>}:t:"; a task key is this plus the task id.
+func (k QueueKeys) TaskPrefix() string { return k.prefix + "t:" }
+
+// Task is the HASH of one task: "asynq:{<queue>}:t:<id>".
+func (k QueueKeys) Task(id string) string { return k.prefix + "t:" + id }
+
+// Pending is the LIST of pending task ids (LPUSH in, RPOPLPUSH out).
+func (k QueueKeys) Pending() string { return k.prefix + "pending" }
+
+// Active is the LIST of ids being processed.
+func (k QueueKeys) Active() string { return k.prefix + "active" }
+
+// Lease is the ZSET of active ids scored by lease expiry secs.
+func (k QueueKeys) Lease() string { return k.prefix + "lease" }
+
+// Scheduled is the ZSET of scheduled ids scored by process-at secs.
+func (k QueueKeys) Scheduled() string { return k.prefix + "scheduled" }
+
+// Retry is the ZSET of ids waiting for a retry, scored by next attempt secs.
+func (k QueueKeys) Retry() string { return k.prefix + "retry" }
+
+// Archived is the ZSET of archived ids scored by archive time secs.
+func (k QueueKeys) Archived() string { return k.prefix + "archived" }
+
+// Completed is the ZSET of completed ids scored by expiry secs.
+func (k QueueKeys) Completed() string { return k.prefix + "completed" }
+
+// Paused is the STRING whose existence pauses the queue.
+func (k QueueKeys) Paused() string { return k.prefix + "paused" }
+
+// Groups is the SET of group names that have aggregating tasks.
+func (k QueueKeys) Groups() string { return k.prefix + "groups" }
+
+// GroupPrefix is "asynq:{<queue>}:g:".
+func (k QueueKeys) GroupPrefix() string { return k.prefix + "g:" }
+
+// Group is the ZSET of ids waiting to be aggregated in group g.
+func (k QueueKeys) Group(g string) string { return k.prefix + "g:" + g }
+
+// AggregationSet is the ZSET of one aggregation run of group g.
+func (k QueueKeys) AggregationSet(g, setID string) string {
+	return k.prefix + "g:" + g + ":" + setID
+}
+
+// AggregationSets is the ZSET of aggregation-set keys scored by deadline secs.
+func (k QueueKeys) AggregationSets() string { return k.prefix + "aggregation_sets" }
+
+// ProcessedTotal is the STRING counter of all processed tasks.
+func (k QueueKeys) ProcessedTotal() string { return k.prefix + "processed" }
+
+// FailedTotal is the STRING counter of all failed tasks.
+func (k QueueKeys) FailedTotal() string { return k.prefix + "failed" }
+
+// Processed is the daily processed counter for the UTC date of t.
+func (k QueueKeys) Processed(t time.Time) string {
+	return k.prefix + "processed:" + t.UTC().Format(time.DateOnly)
+}
+
+// Failed is the daily failure counter for the UTC date of t.
+func (k QueueKeys) Failed(t time.Time) string {
+	return k.prefix + "failed:" + t.UTC().Format(time.DateOnly)
+}
+
+// Unique is the unique-lock key for a task type and payload. A nil payload
+// gives a key ending in "<type>:" with nothing after it, while an empty
+// non-nil payload hashes like any other (asynq-compat.md §7.5).
+func (k QueueKeys) Unique(taskType string, payload []byte) string {
+	if payload == nil {
+		return k.prefix + "unique:" + taskType + ":"
+	}
+	sum := md5.Sum(payload)
+	return k.prefix + "unique:" + taskType + ":" + hex.EncodeToString(sum[:])
+}
+
+// DefaultPrefix is cronstream's default tenant prefix.
+const DefaultPrefix = "cronstream"
+
+// OwnKeys builds cronstream's own keys in one queue's slot. The layout is
+// "cronstream:{<queue>}:<prefix>:<kind>…": the fixed head keeps the hash tag
+// first, so the tag is exactly asynq's tag for the queue whatever the tenant
+// prefix contains (a '{' in the prefix could otherwise move the tag).
+type OwnKeys struct {
+	head string // "cronstream:{<queue>}:<prefix>:"
+}
+
+// Own returns cronstream's key builder for tenant prefix and queue. An empty
+// prefix means DefaultPrefix.
+func Own(prefix, queue string) OwnKeys {
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
+	return OwnKeys{head: "cronstream:{" + queue + "}:" + prefix + ":"}
+}
+
+// Watermark is the STRING holding the last fired or skipped tick of entry in
+// this queue's slot (the fire script's compare-and-set value).
+func (o OwnKeys) Watermark(entry string) string { return o.head + "wm:" + entry }
+
+// Handover is the STRING recording entry's last queue handover in this slot,
+// "<revision> out" (moved away: fires here refuse) or "<revision> in"
+// (moved here). It only ever moves to a higher revision (see
+// CloseForHandover and SeedWatermark).
+func (o OwnKeys) Handover(entry string) string { return o.head + "moved:" + entry }
+
+// Fence is the STRING holding the highest config sequence applied by any
+// replica firing into this slot (the revision fence).
+func (o OwnKeys) Fence() string { return o.head + "fence" }
+
+// Trigger is the STRING remembering a manual trigger's request id, so a
+// retried trigger does not enqueue twice.
+func (o OwnKeys) Trigger(requestID string) string { return o.head + "trigger:" + requestID }
+
+// Outbox is the STREAM of outcome records (fired, skipped, retried, archived,
+// reclaimed) waiting to be published to JetStream.
+func (o OwnKeys) Outbox() string { return o.head + "outbox" }
+
+// OutboxOwner is the STRING lease naming the one relay that currently
+// publishes this slot's outbox.
+func (o OwnKeys) OutboxOwner() string { return o.head + "outbox:owner" }

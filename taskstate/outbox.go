@@ -1,0 +1,184 @@
+package taskstate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Each queue slot has one outbox: a Redis Stream (OwnKeys.Outbox) of records
+// appended by the same scripts that change task state, so "task changed in
+// Redis" and "record to publish" are one fact. Records carry two fields: "id"
+// (the event id, later the Nats-Msg-Id) and "data" (the CloudEvent JSON).
+//
+// One relay at a time owns an outbox (a lease key, OwnKeys.OutboxOwner, in
+// the same slot). It reads records in stream order, publishes them, and
+// deletes them only after JetStream acknowledged them. The stream is read
+// with XRANGE and trimmed with XDEL, not through a consumer group: the lease
+// already gives one reader, and a new owner resumes from the first record
+// still in the stream, which is by construction the first unacknowledged one.
+// Acknowledging checks the lease inside the script, so an owner that lost its
+// lease cannot delete records the new owner has not published yet.
+
+// ErrNotOwner reports an outbox operation by a relay that does not hold the
+// outbox's lease (it expired, or another relay took it).
+var ErrNotOwner = errors.New("not the outbox owner")
+
+// OutboxRecord is one record read from an outbox.
+type OutboxRecord struct {
+	// StreamID is the record's Redis Stream id, used to acknowledge it.
+	StreamID string
+	// EventID is the CloudEvent id (Nats-Msg-Id).
+	EventID string
+	// Data is the encoded CloudEvent.
+	Data []byte
+}
+
+// OutboxesKey is the SET of queues that have (or had) an outbox under tenant
+// prefix, so a relay can find every outbox. It has no hash tag and is only
+// written with plain commands beside scripts.
+func OutboxesKey(prefix string) string {
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
+	return "cronstream:outboxes:" + prefix
+}
+
+// RegisterOutbox adds queue to the tenant's set of queues with an outbox.
+// FireOnce and FireBatch do it themselves; other writers of an outbox (the
+// recoverer) call it beside their script.
+func (s *Store) RegisterOutbox(ctx context.Context, prefix, queue string) error {
+	if err := s.client.SAdd(ctx, OutboxesKey(prefix), queue).Err(); err != nil {
+		return fmt.Errorf("register outbox of queue %q: %w", queue, err)
+	}
+	return nil
+}
+
+// OutboxQueues lists the queues with an outbox under prefix.
+func (s *Store) OutboxQueues(ctx context.Context, prefix string) ([]string, error) {
+	qs, err := s.client.SMembers(ctx, OutboxesKey(prefix)).Result()
+	if err != nil {
+		return nil, fmt.Errorf("list outbox queues: %w", err)
+	}
+	return qs, nil
+}
+
+// OutboxLen is the number of records in queue's outbox not yet acknowledged.
+func (s *Store) OutboxLen(ctx context.Context, prefix, queue string) (int64, error) {
+	n, err := s.client.XLen(ctx, Own(prefix, queue).Outbox()).Result()
+	if err != nil {
+		return 0, fmt.Errorf("outbox length of queue %q: %w", queue, err)
+	}
+	return n, nil
+}
+
+// acquireOutboxScript: KEYS 1 owner lease; ARGV 1 owner, 2 ttl ms.
+var acquireOutboxScript = redis.NewScript(`
+local cur = redis.call('GET', KEYS[1])
+if not cur then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+if cur == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+`)
+
+// releaseOutboxScript: KEYS 1 owner lease; ARGV 1 owner.
+var releaseOutboxScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+`)
+
+// ackOutboxScript: KEYS 1 owner lease, 2 outbox; ARGV 1 owner, then stream
+// ids. Returns the number deleted, or -1 when ARGV[1] is not the owner.
+var ackOutboxScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return -1
+end
+local n = 0
+for i = 2, #ARGV, 500 do
+  n = n + redis.call('XDEL', KEYS[2], unpack(ARGV, i, math.min(i + 499, #ARGV)))
+end
+return n
+`)
+
+// AcquireOutbox takes queue's outbox lease for owner for ttl, or renews it
+// when owner already holds it. It reports whether owner holds it now.
+func (s *Store) AcquireOutbox(ctx context.Context, prefix, queue, owner string, ttl time.Duration) (bool, error) {
+	if owner == "" || ttl < time.Millisecond {
+		return false, fmt.Errorf("acquire outbox of queue %q: empty owner or ttl below 1ms", queue)
+	}
+	own := Own(prefix, queue)
+	n, err := acquireOutboxScript.Run(ctx, s.client, []string{own.OutboxOwner()}, owner, ttl.Milliseconds()).Int64()
+	if err != nil {
+		return false, fmt.Errorf("acquire outbox of queue %q for %q: %w", queue, owner, err)
+	}
+	return n == 1, nil
+}
+
+// ReleaseOutbox gives up owner's lease on queue's outbox (a no-op when owner
+// does not hold it), so another relay can take over at once.
+func (s *Store) ReleaseOutbox(ctx context.Context, prefix, queue, owner string) error {
+	own := Own(prefix, queue)
+	if err := releaseOutboxScript.Run(ctx, s.client, []string{own.OutboxOwner()}, owner).Err(); err != nil {
+		return fmt.Errorf("release outbox of queue %q by %q: %w", queue, owner, err)
+	}
+	return nil
+}
+
+// ReadOutbox returns up to count records of queue's outbox in order, starting
+// after stream id after ("" = from the first record still there).
+func (s *Store) ReadOutbox(ctx context.Context, prefix, queue, after string, count int) ([]OutboxRecord, error) {
+	if count <= 0 {
+		return nil, nil
+	}
+	start := "-"
+	if after != "" {
+		start = "(" + after
+	}
+	msgs, err := s.client.XRangeN(ctx, Own(prefix, queue).Outbox(), start, "+", int64(count)).Result()
+	if err != nil {
+		return nil, fmt.Errorf("read outbox of queue %q: %w", queue, err)
+	}
+	out := make([]OutboxRecord, 0, len(msgs))
+	for _, m := range msgs {
+		// Records are only written by this package's scripts, so both
+		// fields are strings; a record missing one is still returned (with
+		// empty fields) so the relay can report it instead of stalling.
+		id, _ := m.Values["id"].(string)
+		data, _ := m.Values["data"].(string)
+		out = append(out, OutboxRecord{StreamID: m.ID, EventID: id, Data: []byte(data)})
+	}
+	return out, nil
+}
+
+// AckOutbox deletes published records from queue's outbox, but only while
+// owner still holds the outbox's lease; otherwise it returns ErrNotOwner and
+// deletes nothing.
+func (s *Store) AckOutbox(ctx context.Context, prefix, queue, owner string, streamIDs ...string) error {
+	if len(streamIDs) == 0 {
+		return nil
+	}
+	own := Own(prefix, queue)
+	args := make([]any, 0, len(streamIDs)+1)
+	args = append(args, owner)
+	for _, id := range streamIDs {
+		args = append(args, id)
+	}
+	n, err := ackOutboxScript.Run(ctx, s.client, []string{own.OutboxOwner(), own.Outbox()}, args...).Int64()
+	if err != nil {
+		return fmt.Errorf("ack %d outbox records of queue %q: %w", len(streamIDs), queue, err)
+	}
+	if n < 0 {
+		return fmt.Errorf("ack %d outbox records of queue %q by %q: %w", len(streamIDs), queue, owner, ErrNotOwner)
+	}
+	return nil
+}

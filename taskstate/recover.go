@@ -1,0 +1,815 @@
+package taskstate
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"crypto/sha1"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The recovery side of asynq's task life cycle (asynq-compat.md §3.10, §3.12,
+// §3.15, §3.16, §4.2), made batch-wise, re-checked and audited:
+//
+//   - ListLeaseExpired reads lease-expired tasks in bounded pages; a task that
+//     cannot be decoded is reported, never fatal.
+//   - RecoverBatch applies the caller's retry/archive decisions, each one
+//     re-checked inside the script (lease still expired, message unchanged)
+//     and written together with its outbox record.
+//   - RecoverOrphans gives a lease to active tasks that lost theirs and drops
+//     stray ids from the active list.
+//   - ReclaimStaleAggregationSets returns stale aggregation sets to their
+//     group, re-registers the group and records the reclaim.
+//
+// Removing ids from the active list is the expensive part of recovery:
+// asynq's LREM with count 0 scans the whole list for every task, which is why
+// asynq falls to ~1,000 tasks/s at 100k active tasks. RecoverBatch instead
+// learns where its tasks sit (one read of the list, from the tail, per call),
+// sends them to Redis in list order, oldest first, and inside each script
+// overwrites each found element with a per-call tombstone (LINDEX check +
+// LSET, both cheap at any depth because the list is a quicklist) and removes
+// all tombstones with one LREM counted from the tail. Processing in tail
+// order keeps that LREM short: the tombstones of a chunk are the elements
+// nearest the tail. Positions counted from the tail do not change when
+// workers push new tasks at the head, and a stale position (another client
+// removed something meanwhile) is detected by the LINDEX check and falls back
+// to LPOS. The cost per task is therefore the same whatever order the caller
+// found its tasks in.
+//
+// Measured on Redis 7.0 with a 100k-element active list, which decided the
+// design: LREM or LPOS for one id scans ~100 elements per µs (~0.5–0.9 ms per
+// task at 100k, asynq's cost); LINDEX and LSET at any depth take 1–2 µs;
+// loading the list into Lua costs 0.3–0.5 µs per element (30–50 ms per pass
+// at 100k, so a "mark and rebuild in one script" pass breaks the 10 ms budget
+// of a script call); reading it from Go in LRANGE pages of 5,000 costs Redis
+// ~0.3 ms per page and blocks nothing for long.
+
+// LeaseExpired is one task whose lease expired at or before the scan's cutoff.
+type LeaseExpired struct {
+	// Msg is the decoded task message.
+	Msg *TaskMessage
+	// LeaseExpiry is the task's score in the lease set (whole seconds).
+	LeaseExpiry time.Time
+	// MsgHash is the lowercase hex SHA-1 of the stored msg bytes, as Redis'
+	// redis.sha1hex computes it; RecoverBatch re-checks it.
+	MsgHash string
+}
+
+// BadTask is a lease-expired id that cannot be recovered as it is: its
+// message is missing (ErrNoMessage), undecodable (ErrMalformed) or belongs to
+// another id or queue (ErrMismatch). It is reported and left untouched.
+type BadTask struct {
+	ID  string
+	Err error
+}
+
+var (
+	// ErrNoMessage reports a task id whose hash has no msg field.
+	ErrNoMessage = errors.New("task has no message")
+	// ErrMismatch reports a message whose id or queue differs from the key
+	// it is stored under; asynq workers would act on the wrong keys.
+	ErrMismatch = errors.New("task message does not match its key")
+	// ErrInvalidDecision reports a Decision RecoverBatch cannot apply.
+	ErrInvalidDecision = errors.New("invalid recovery decision")
+)
+
+// ErrLeaseExpiredText is the error text asynq's recoverer records for a task
+// whose lease expired (asynq's ErrLeaseExpired).
+const ErrLeaseExpiredText = "asynq: task lease expired"
+
+// Action is what a Decision does with a task.
+type Action uint8
+
+const (
+	// ActionRetry moves the task to the retry set (asynq's Retry).
+	ActionRetry Action = iota + 1
+	// ActionArchive moves the task to the archive (asynq's Archive).
+	ActionArchive
+)
+
+func (a Action) String() string {
+	switch a {
+	case ActionRetry:
+		return "retry"
+	case ActionArchive:
+		return "archive"
+	}
+	return "Action(" + strconv.Itoa(int(a)) + ")"
+}
+
+// Decision is the caller's verdict on one LeaseExpired task. Build it with
+// LeaseExpired.Retry or LeaseExpired.Archive and set Record.
+type Decision struct {
+	TaskID string
+	// MsgHash is LeaseExpired.MsgHash: the move only happens while the
+	// stored message is still the one the decision was made on.
+	MsgHash string
+	Action  Action
+	// RetryAt is when the task becomes due again (ActionRetry only).
+	RetryAt time.Time
+	// IsFailure counts the retry as a failure (processed and failed
+	// counters); archives always count.
+	IsFailure bool
+	// NewMsg is the re-encoded message to store (retried, error_msg and
+	// last_failed_at updated as asynq does).
+	NewMsg []byte
+	// Record is the outbox record written with the move (event id + data).
+	Record Record
+}
+
+// Retry builds asynq's Retry decision for le: retried+1 only when
+// isFailure, error_msg = errMsg, last_failed_at = now, due at retryAt.
+func (le LeaseExpired) Retry(retryAt time.Time, errMsg string, isFailure bool, now time.Time) (Decision, error) {
+	m := *le.Msg
+	if isFailure {
+		m.Retried++
+	}
+	m.ErrorMsg = errMsg
+	m.LastFailedAt = now.Unix()
+	b, err := EncodeTaskMessage(&m)
+	if err != nil {
+		return Decision{}, fmt.Errorf("retry task %q: %w", le.Msg.ID, err)
+	}
+	return Decision{TaskID: le.Msg.ID, MsgHash: le.MsgHash, Action: ActionRetry, RetryAt: retryAt,
+		IsFailure: isFailure, NewMsg: b}, nil
+}
+
+// Archive builds asynq's Archive decision for le: error_msg = errMsg,
+// last_failed_at = now, retried unchanged.
+func (le LeaseExpired) Archive(errMsg string, now time.Time) (Decision, error) {
+	m := *le.Msg
+	m.ErrorMsg = errMsg
+	m.LastFailedAt = now.Unix()
+	b, err := EncodeTaskMessage(&m)
+	if err != nil {
+		return Decision{}, fmt.Errorf("archive task %q: %w", le.Msg.ID, err)
+	}
+	return Decision{TaskID: le.Msg.ID, MsgHash: le.MsgHash, Action: ActionArchive, NewMsg: b}, nil
+}
+
+// RecoverStatus is what RecoverBatch did with one decision.
+type RecoverStatus uint8
+
+const (
+	// RecoverNotAttempted: the decision's script call did not run (the
+	// call failed or the context ended first). The task is untouched.
+	RecoverNotAttempted RecoverStatus = iota
+	// RecoverRetried: moved to the retry set, record written.
+	RecoverRetried
+	// RecoverArchived: moved to the archive, record written.
+	RecoverArchived
+	// RecoverSkippedGone: no longer in the lease set (finished, or recovered
+	// by someone else).
+	RecoverSkippedGone
+	// RecoverSkippedLeaseExtended: its lease now ends after the cutoff.
+	RecoverSkippedLeaseExtended
+	// RecoverSkippedMessageChanged: its stored message is missing or is not
+	// the one the decision was made on.
+	RecoverSkippedMessageChanged
+	// RecoverSkippedNotActive: its state field is not "active".
+	RecoverSkippedNotActive
+)
+
+var recoverStatusNames = [...]string{
+	RecoverNotAttempted:          "not attempted",
+	RecoverRetried:               "retried",
+	RecoverArchived:              "archived",
+	RecoverSkippedGone:           "skipped: gone",
+	RecoverSkippedLeaseExtended:  "skipped: lease extended",
+	RecoverSkippedMessageChanged: "skipped: message changed",
+	RecoverSkippedNotActive:      "skipped: not active",
+}
+
+func (s RecoverStatus) String() string {
+	if int(s) < len(recoverStatusNames) {
+		return recoverStatusNames[s]
+	}
+	return "RecoverStatus(" + strconv.Itoa(int(s)) + ")"
+}
+
+// Moved reports whether the task was retried or archived.
+func (s RecoverStatus) Moved() bool { return s == RecoverRetried || s == RecoverArchived }
+
+// Outcome is the result of one Decision, in the order of the decisions.
+type Outcome struct {
+	TaskID string
+	Status RecoverStatus
+	// StreamID is the outbox stream id of the record (moved tasks only).
+	StreamID string
+}
+
+// asynq constants (asynq-compat.md §3.0, §3.12, §4.1).
+const (
+	statsTTL             = 90 * 24 * time.Hour
+	archiveMaxAgeDays    = 90
+	archiveMaxSize       = 10000
+	defaultLeaseDuration = 30 * time.Second
+)
+
+// MsgHash returns the lowercase hex SHA-1 of raw msg bytes, the value
+// redis.sha1hex computes inside a script.
+func MsgHash(msg []byte) string {
+	sum := sha1.Sum(msg)
+	return hex.EncodeToString(sum[:])
+}
+
+// listLeaseExpiredScript returns id, lease score and msg (false when the
+// hash has no msg) for one page of the lease set up to the cutoff, then 1
+// when the page was cut by the cutoff (nothing more to list). It pages by
+// rank: expired entries are the lowest ranks, and ZRANGE by rank finds an
+// offset in O(log n), where ZRANGEBYSCORE … LIMIT walks to it.
+//
+// KEYS[1] lease, KEYS[2] task-key prefix (declared for cluster routing)
+// ARGV[1] cutoff secs, ARGV[2] offset, ARGV[3] count
+var listLeaseExpiredScript = redis.NewScript(`
+local off = tonumber(ARGV[2])
+local page = redis.call('ZRANGE', KEYS[1], off, off + tonumber(ARGV[3]) - 1, 'WITHSCORES')
+local cutoff = tonumber(ARGV[1])
+local res = {}
+local ended = 0
+if #page < 2 * tonumber(ARGV[3]) then ended = 1 end
+for i = 1, #page, 2 do
+  if tonumber(page[i+1]) > cutoff then
+    ended = 1
+    break
+  end
+  res[#res+1] = page[i]
+  res[#res+1] = page[i+1]
+  res[#res+1] = redis.call('HGET', KEYS[2] .. page[i], 'msg')
+end
+res[#res+1] = ended
+return res
+`)
+
+// ListLeaseExpired returns up to limit tasks of queue whose lease score is at
+// or before cutoff, lowest score first, with the ids that cannot be
+// recovered reported in the second slice. It is ListLeaseExpiredFrom with
+// offset 0.
+func (s *Store) ListLeaseExpired(ctx context.Context, queue string, cutoff time.Time, limit int) ([]LeaseExpired, []BadTask, error) {
+	return s.ListLeaseExpiredFrom(ctx, queue, cutoff, 0, limit)
+}
+
+// ListLeaseExpiredFrom is ListLeaseExpired starting at the offset-th entry of
+// the lease range. Bad tasks stay in the lease set, so a caller that pages
+// through a pass skips them with offset += len(bad) (plus the decisions that
+// RecoverBatch left in place). Each script call reads at most 500 entries; a
+// page may overlap or miss entries that others remove meanwhile, which the
+// re-checks of RecoverBatch and the next pass make harmless.
+func (s *Store) ListLeaseExpiredFrom(ctx context.Context, queue string, cutoff time.Time, offset, limit int) ([]LeaseExpired, []BadTask, error) {
+	if err := s.CheckQueue(queue); err != nil {
+		return nil, nil, err
+	}
+	if limit <= 0 {
+		return nil, nil, nil
+	}
+	k := Keys(queue)
+	keys := []string{k.Lease(), k.TaskPrefix()}
+	var (
+		tasks []LeaseExpired
+		bad   []BadTask
+		seen  = make(map[string]struct{})
+	)
+	for got := 0; got < limit; {
+		n := min(s.listPage, limit-got)
+		reply, err := runScript(ctx, s.client, listLeaseExpiredScript, keys, cutoff.Unix(), offset, n)
+		if err != nil {
+			return tasks, bad, fmt.Errorf("list lease-expired tasks of queue %q: %w", queue, err)
+		}
+		if len(reply)%3 != 1 {
+			return tasks, bad, fmt.Errorf("list lease-expired tasks of queue %q: reply has %d values", queue, len(reply))
+		}
+		for i := 0; i+2 < len(reply); i += 3 {
+			id, _ := reply[i].(string)
+			if _, dup := seen[id]; dup {
+				continue
+			}
+			seen[id] = struct{}{}
+			got++
+			score, _ := reply[i+1].(string)
+			raw, ok := reply[i+2].(string)
+			if !ok {
+				bad = append(bad, BadTask{ID: id, Err: fmt.Errorf("queue %q task %q: %w", queue, id, ErrNoMessage)})
+				continue
+			}
+			le, err := decodeLeaseExpired(queue, id, score, raw)
+			if err != nil {
+				bad = append(bad, BadTask{ID: id, Err: err})
+				continue
+			}
+			tasks = append(tasks, le)
+		}
+		if ended, _ := reply[len(reply)-1].(int64); ended == 1 {
+			break
+		}
+		offset += n
+	}
+	return tasks, bad, nil
+}
+
+func decodeLeaseExpired(queue, id, score, raw string) (LeaseExpired, error) {
+	msg, err := DecodeTaskMessage([]byte(raw))
+	if err != nil {
+		return LeaseExpired{}, fmt.Errorf("queue %q task %q: %w", queue, id, err)
+	}
+	if msg.ID != id || msg.Queue != queue {
+		return LeaseExpired{}, fmt.Errorf("queue %q task %q: message says id %q queue %q: %w",
+			queue, id, msg.ID, msg.Queue, ErrMismatch)
+	}
+	secs, err := strconv.ParseFloat(score, 64)
+	if err != nil {
+		return LeaseExpired{}, fmt.Errorf("queue %q task %q: lease score %q: %w", queue, id, score, err)
+	}
+	return LeaseExpired{Msg: msg, LeaseExpiry: time.Unix(int64(secs), 0), MsgHash: MsgHash([]byte(raw))}, nil
+}
+
+// recoverScriptTemplate applies one chunk of decisions. Per decision it re-checks
+// the lease (still present, score <= cutoff), the message (sha1 unchanged)
+// and the state (active); then it writes the outbox record, replaces the
+// task's active-list element with the tombstone (at the hinted tail depth
+// when LINDEX confirms it, else where LPOS finds it from the tail), and does
+// asynq's Retry or Archive. After the loop: one LREM of the tombstones from
+// the tail, the counters (asynq's daily keys, EXPIREAT on creation, totals
+// reset at MaxInt64), and a bounded archive trim.
+//
+// KEYS: 1 lease, 2 active, 3 retry, 4 archived, 5 processed:<day>,
+// 6 failed:<day>, 7 processed, 8 failed, 9 task-key prefix, 10 outbox
+// ARGV: 1 cutoff, 2 now, 3 stats expire-at, 4 archive age cutoff,
+// 5 archive max size, 6 trim budget, 7 tombstone, 8 MaxInt64, then per
+// decision 9 values: id, sha1, action (r|a), retry-at, is-failure (1|0),
+// new msg, event id, record data, tail-depth hint (0 = none)
+//
+// Reply: per decision status, stream id, removed-from-list (0|1); then
+// 1 when the archive trim ran out of budget.
+const recoverScriptTemplate = `
+local cutoff = tonumber(ARGV[1])
+local now = ARGV[2]
+local tomb = ARGV[7]
+local res = {}
+local tombs, counted, archived = 0, 0, 0
+local llen = redis.call('LLEN', KEYS[2])
+local mind, maxd = llen + 1, 0
+local moved, unlease, toretry, toarchive = {}, {}, {}, {}
+for b = 9, #ARGV, 9 do
+  local id = ARGV[b]
+  local status, xid, removed = 0, '', 0
+  local score = false
+  if not moved[id] then
+    score = redis.call('ZSCORE', KEYS[1], id)
+  end
+  local tkey = KEYS[9] .. id
+  if not score then
+    status = 3
+  elseif tonumber(score) > cutoff then
+    status = 4
+  else
+    local h = redis.call('HMGET', tkey, 'msg', 'state')
+    if not h[1] or redis.sha1hex(h[1]) ~= ARGV[b+1] then
+      status = 5
+    elseif h[2] ~= 'active' then
+      status = 6
+    else
+      moved[id] = true
+      xid = redis.call('XADD', KEYS[10], '*', 'id', ARGV[b+6], 'data', ARGV[b+7])
+      local hint = tonumber(ARGV[b+8])
+      local depth = false
+      if hint > 0 and redis.call('LINDEX', KEYS[2], -hint) == id then
+        depth = hint
+      else
+        local idx = redis.call('LPOS', KEYS[2], id, 'RANK', -1)
+        if idx then depth = llen - idx end
+      end
+      if depth then
+        redis.call('LSET', KEYS[2], -depth, tomb)
+        tombs = tombs + 1
+        removed = 1
+        if depth < mind then mind = depth end
+        if depth > maxd then maxd = depth end
+      end
+      unlease[#unlease+1] = id
+      if ARGV[b+2] == 'r' then
+        toretry[#toretry+1] = ARGV[b+3]
+        toretry[#toretry+1] = id
+        redis.call('HSET', tkey, 'msg', ARGV[b+5], 'state', 'retry')
+        if ARGV[b+4] == '1' then counted = counted + 1 end
+        status = 1
+      else
+        toarchive[#toarchive+1] = now
+        toarchive[#toarchive+1] = id
+        redis.call('HSET', tkey, 'msg', ARGV[b+5], 'state', 'archived')
+        counted = counted + 1
+        archived = archived + 1
+        status = 2
+      end
+    end
+  end
+  res[#res+1] = status
+  res[#res+1] = xid
+  res[#res+1] = removed
+end
+-- One command per container instead of one per task, in slices that stay
+-- far below Lua's unpack limit.
+local function each(cmd, key, args)
+  for i = 1, #args, 500 do
+    redis.call(cmd, key, unpack(args, i, math.min(i + 499, #args)))
+  end
+end
+each('ZREM', KEYS[1], unlease)
+each('ZADD', KEYS[3], toretry)
+each('ZADD', KEYS[4], toarchive)
+-- Remove the tombstones scanning from the nearer end: from the tail the
+-- scan reaches depth maxd, from the head it reaches depth mind.
+if tombs > 0 then
+  if maxd <= llen - mind + 1 then
+    redis.call('LREM', KEYS[2], -tombs, tomb)
+  else
+    redis.call('LREM', KEYS[2], tombs, tomb)
+  end
+end
+if counted > 0 then
+  for _, day in ipairs({KEYS[5], KEYS[6]}) do
+    if redis.call('INCRBY', day, counted) == counted then
+      redis.call('EXPIREAT', day, ARGV[3])
+    end
+  end
+  local maxint = tonumber(ARGV[8])
+  local p = tonumber(redis.call('GET', KEYS[7]) or '0') or 0
+  local f = tonumber(redis.call('GET', KEYS[8]) or '0') or 0
+  if p < maxint - counted - 1024 and f < maxint - counted - 1024 then
+    redis.call('INCRBY', KEYS[7], counted)
+    redis.call('INCRBY', KEYS[8], counted)
+  else
+    -- Near MaxInt64: asynq's rule task by task, the processed total
+    -- deciding for both totals.
+    for _ = 1, counted do
+      if tonumber(redis.call('GET', KEYS[7])) == maxint then
+        redis.call('SET', KEYS[7], 1)
+        redis.call('SET', KEYS[8], 1)
+      else
+        redis.call('INCR', KEYS[7])
+        redis.call('INCR', KEYS[8])
+      end
+    end
+  end
+end
+local more = 0
+if archived > 0 then
+  more = __TRIM__
+end
+res[#res+1] = more
+return res
+`
+
+// trimArchiveLua is asynq's archive trim (age first, then size, deleting
+// the hashes of trimmed tasks), limited to ARGV[6] members per call so that
+// a huge backlog cannot make one script slow or overflow unpack. It
+// evaluates to 1 when members were left for another call.
+const trimArchiveLua = `(function()
+  local budget = tonumber(ARGV[6])
+  local more = 0
+  local old = redis.call('ZRANGE', KEYS[4], '-inf', ARGV[4], 'BYSCORE', 'LIMIT', 0, budget)
+  for i = 1, #old, 500 do
+    local last = math.min(i + 499, #old)
+    for j = i, last do redis.call('DEL', KEYS[9] .. old[j]) end
+    redis.call('ZREM', KEYS[4], unpack(old, i, last))
+  end
+  if #old == budget then return 1 end
+  budget = budget - #old
+  local excess = redis.call('ZCARD', KEYS[4]) - (tonumber(ARGV[5]) - 1)
+  if excess > 0 then
+    local m = math.min(excess, budget)
+    if m > 0 then
+      local ids = redis.call('ZRANGE', KEYS[4], 0, m - 1)
+      for j = 1, #ids do redis.call('DEL', KEYS[9] .. ids[j]) end
+      redis.call('ZREMRANGEBYRANK', KEYS[4], 0, m - 1)
+    end
+    if m < excess then more = 1 end
+  end
+  return more
+end)()`
+
+// recoverScript is recoverScriptTemplate with trimArchiveLua spliced in
+// for __TRIM__, so that the trim's Lua exists once.
+var recoverScript = redis.NewScript(strings.Replace(recoverScriptTemplate, "__TRIM__", trimArchiveLua, 1))
+
+// trimArchiveScript runs the bounded trim alone, with the same KEYS and
+// ARGV layout as recoverScript (unused entries may be empty).
+var trimArchiveScript = redis.NewScript("return " + trimArchiveLua)
+
+// Store-side tuning of RecoverBatch's list positioning.
+const (
+	// Positions are read when LPOS from the tail would cost more: LPOS
+	// scans ~100 list elements per µs, so decisions × list length below
+	// positionMinWork keeps every LPOS of a call under ~1 ms in total.
+	positionMinWork = 200_000
+	positionMinList = 2048
+	// positionPage is how many list elements one LRANGE reads.
+	positionPage = 5000
+	// maxTrimCalls bounds the extra trim-only calls after a batch.
+	maxTrimCalls = 1000
+)
+
+// RecoverBatch applies decisions to queue's tasks and writes one outbox
+// record (prefix's outbox of queue) per moved task, atomically with the move.
+// Each decision is re-checked inside the script: the task must still be in
+// the lease set with a score at or before cutoff, its stored message must
+// still hash to MsgHash, and its state must be "active"; otherwise it is left
+// alone and the outcome says why.
+//
+// Decisions may be many (thousands): they are sent in chunks of at most
+// WithRecoverChunk decisions per script call, ordered by their position in
+// the active list (oldest first). The outcomes are in the order of
+// decisions. On error, outcomes of chunks that did not run are
+// RecoverNotAttempted; chunks that ran are reported as they happened.
+func (s *Store) RecoverBatch(ctx context.Context, prefix, queue string, cutoff time.Time, decisions []Decision) ([]Outcome, error) {
+	if err := s.CheckQueue(queue); err != nil {
+		return nil, err
+	}
+	for i := range decisions {
+		if err := checkDecision(&decisions[i]); err != nil {
+			return nil, fmt.Errorf("recover queue %q: decision %d: %w", queue, i, err)
+		}
+	}
+	outcomes := make([]Outcome, len(decisions))
+	for i := range decisions {
+		outcomes[i].TaskID = decisions[i].TaskID
+	}
+	if len(decisions) == 0 {
+		return outcomes, nil
+	}
+	if err := s.RegisterOutbox(ctx, prefix, queue); err != nil {
+		return outcomes, err
+	}
+	depth, err := s.listDepths(ctx, Keys(queue), decisions)
+	if err != nil {
+		return outcomes, fmt.Errorf("recover queue %q: %w", queue, err)
+	}
+	return outcomes, s.recoverInListOrder(ctx, prefix, queue, cutoff, decisions, depth, outcomes)
+}
+
+// recoverInListOrder runs the chunks of RecoverBatch. depth holds the
+// decisions' tail depths in the active list (missing = unknown); a wrong
+// depth only costs an LPOS, never correctness.
+func (s *Store) recoverInListOrder(ctx context.Context, prefix, queue string, cutoff time.Time, decisions []Decision, depth map[string]int, outcomes []Outcome) error {
+	k := Keys(queue)
+	// Tail order: known positions ascending, unknown ones last.
+	order := make([]int, len(decisions))
+	depths := make([]int, len(decisions))
+	for i := range order {
+		order[i] = i
+		depths[i] = depth[decisions[i].TaskID]
+	}
+	slices.SortStableFunc(order, func(a, b int) int {
+		da, db := depths[a], depths[b]
+		switch {
+		case da == db:
+			return 0
+		case da == 0:
+			return 1
+		case db == 0:
+			return -1
+		}
+		return cmp.Compare(da, db)
+	})
+
+	now := s.now()
+	tomb, err := tombstone()
+	if err != nil {
+		return err
+	}
+	keys := []string{
+		k.Lease(), k.Active(), k.Retry(), k.Archived(), k.Processed(now), k.Failed(now),
+		k.ProcessedTotal(), k.FailedTotal(), k.TaskPrefix(), Own(prefix, queue).Outbox(),
+	}
+	head := []any{
+		cutoff.Unix(), now.Unix(), now.Add(statsTTL).Unix(), now.AddDate(0, 0, -archiveMaxAgeDays).Unix(),
+		archiveMaxSize, s.trimBudget, tomb, int64(math.MaxInt64),
+	}
+	removedBefore := 0 // list elements removed by earlier chunks (all nearer the tail)
+	trimMore := false
+	for start := 0; start < len(order); start += s.recoverChunk {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("recover queue %q: %w", queue, err)
+		}
+		chunk := order[start:min(start+s.recoverChunk, len(order))]
+		args := append(make([]any, 0, len(head)+9*len(chunk)), head...)
+		for _, i := range chunk {
+			d := &decisions[i]
+			hint := 0
+			if dp := depths[i]; dp > 0 && dp-removedBefore >= 1 {
+				hint = dp - removedBefore
+			}
+			action, fail := "r", "0"
+			if d.Action == ActionArchive {
+				action = "a"
+			}
+			if d.IsFailure {
+				fail = "1"
+			}
+			args = append(args, d.TaskID, d.MsgHash, action, d.RetryAt.Unix(), fail, d.NewMsg,
+				d.Record.ID, d.Record.Data, hint)
+		}
+		reply, err := runScript(ctx, s.client, recoverScript, keys, args...)
+		if err != nil {
+			return fmt.Errorf("recover queue %q: %d tasks: %w", queue, len(chunk), err)
+		}
+		if len(reply) != 3*len(chunk)+1 {
+			return fmt.Errorf("recover queue %q: reply has %d values for %d tasks", queue, len(reply), len(chunk))
+		}
+		for j, i := range chunk {
+			st, _ := reply[3*j].(int64)
+			xid, _ := reply[3*j+1].(string)
+			if rm, _ := reply[3*j+2].(int64); rm == 1 && depths[i] > 0 {
+				removedBefore++
+			}
+			outcomes[i].Status, outcomes[i].StreamID = RecoverStatus(st), xid
+		}
+		if more, _ := reply[len(reply)-1].(int64); more == 1 {
+			trimMore = true
+		}
+	}
+	for n := 0; trimMore && n < maxTrimCalls; n++ {
+		more, err := trimArchiveScript.Run(ctx, s.client, keys, head...).Int64()
+		if err != nil {
+			return fmt.Errorf("trim archive of queue %q: %w", queue, err)
+		}
+		trimMore = more == 1
+	}
+	return nil
+}
+
+func checkDecision(d *Decision) error {
+	switch {
+	case d.TaskID == "":
+		return fmt.Errorf("%w: empty task id", ErrInvalidDecision)
+	case len(d.MsgHash) != 40:
+		return fmt.Errorf("%w: task %q: message hash %q is not a hex SHA-1", ErrInvalidDecision, d.TaskID, d.MsgHash)
+	case d.Action != ActionRetry && d.Action != ActionArchive:
+		return fmt.Errorf("%w: task %q: action %v", ErrInvalidDecision, d.TaskID, d.Action)
+	case len(d.NewMsg) == 0:
+		return fmt.Errorf("%w: task %q: no new message", ErrInvalidDecision, d.TaskID)
+	case d.Record.ID == "" || len(d.Record.Data) == 0:
+		return fmt.Errorf("%w: task %q: outbox record needs an event id and data", ErrInvalidDecision, d.TaskID)
+	}
+	return nil
+}
+
+// listDepths finds the tail depth (1 = last element) of the decisions' ids
+// in the active list by reading it from the tail in pages, stopping once
+// every id is found. Depths counted from the tail stay valid while workers
+// push at the head. It reads nothing when the list is short or the batch so
+// small that LPOS is cheaper.
+func (s *Store) listDepths(ctx context.Context, k QueueKeys, decisions []Decision) (map[string]int, error) {
+	depth := make(map[string]int, len(decisions))
+	n, err := s.client.LLen(ctx, k.Active()).Result()
+	if err != nil {
+		return nil, fmt.Errorf("active list length: %w", err)
+	}
+	if n < positionMinList || int64(len(decisions))*n < positionMinWork {
+		return depth, nil
+	}
+	want := make(map[string]struct{}, len(decisions))
+	for i := range decisions {
+		want[decisions[i].TaskID] = struct{}{}
+	}
+	for off := 0; len(want) > 0 && off < int(n); off += positionPage {
+		page, err := s.client.LRange(ctx, k.Active(), int64(-(off + positionPage)), int64(-(off + 1))).Result()
+		if err != nil {
+			return nil, fmt.Errorf("read active list: %w", err)
+		}
+		for j := len(page) - 1; j >= 0; j-- {
+			id := page[j]
+			if _, ok := want[id]; ok {
+				depth[id] = off + len(page) - j
+				delete(want, id)
+			}
+		}
+		if len(page) < positionPage {
+			break
+		}
+	}
+	return depth, nil
+}
+
+// tombstone returns a value that stands for "removed" in the active list
+// during one RecoverBatch call. It is random, so it can never equal a task
+// id, and each script removes its own tombstones before it returns.
+func tombstone() (string, error) {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("tombstone: %w", err)
+	}
+	return "cronstream:tombstone:" + hex.EncodeToString(b[:]), nil
+}
+
+// OrphanReport is what RecoverOrphans found.
+type OrphanReport struct {
+	// Examined is the number of active-list entries looked at.
+	Examined int
+	// Leased are ids that were active without a lease entry and got one.
+	Leased []string
+	// Removed are ids dropped from the active list: their hash is gone,
+	// has no message, or its state is not "active".
+	Removed []string
+}
+
+// recoverOrphansScript examines one page of the active list, counted from
+// the tail, and repairs the ids that have no lease entry.
+//
+// KEYS: 1 active, 2 lease, 3 task-key prefix
+// ARGV: 1 tail offset, 2 page size, 3 lease expiry secs, 4 tombstone
+var recoverOrphansScript = redis.NewScript(`
+local off = tonumber(ARGV[1])
+local page = tonumber(ARGV[2])
+local ids = redis.call('LRANGE', KEYS[1], -(off + page), -(off + 1))
+local n = #ids
+local leased, removed = {}, {}
+for j = 1, n do
+  local id = ids[j]
+  if not redis.call('ZSCORE', KEYS[2], id) then
+    local h = redis.call('HMGET', KEYS[3] .. id, 'state', 'msg')
+    if h[1] == 'active' and h[2] then
+      redis.call('ZADD', KEYS[2], 'NX', ARGV[3], id)
+      leased[#leased+1] = id
+    else
+      redis.call('LSET', KEYS[1], -(off + 1 + n - j), ARGV[4])
+      removed[#removed+1] = id
+    end
+  end
+end
+if #removed > 0 then
+  redis.call('LREM', KEYS[1], -#removed, ARGV[4])
+end
+return {n, leased, removed}
+`)
+
+// RecoverOrphans walks queue's whole active list, limit entries per script
+// call (0 = 1000), and repairs what asynq leaves stuck (asynq issues 1144,
+// 1051): an id with no lease entry whose hash says state "active" gets a
+// lease at now + leaseDuration (0 = asynq's 30 s; never in the past), so a
+// worker still holding it extends it with its next heartbeat and only a dead
+// worker's task is recovered later; an id whose hash is missing, has no
+// message or is not active is removed from the active list. All checks run
+// inside the script.
+func (s *Store) RecoverOrphans(ctx context.Context, queue string, now time.Time, leaseDuration time.Duration, limit int) (OrphanReport, error) {
+	var rep OrphanReport
+	if err := s.CheckQueue(queue); err != nil {
+		return rep, err
+	}
+	if leaseDuration <= 0 {
+		leaseDuration = defaultLeaseDuration
+	}
+	if limit <= 0 {
+		limit = 1000
+	}
+	// Round up to whole seconds so that the lease never ends before
+	// now + leaseDuration.
+	expiry := now.Add(leaseDuration + time.Second - 1).Unix()
+	tomb, err := tombstone()
+	if err != nil {
+		return rep, err
+	}
+	k := Keys(queue)
+	keys := []string{k.Active(), k.Lease(), k.TaskPrefix()}
+	for off := 0; ; {
+		if err := ctx.Err(); err != nil {
+			return rep, fmt.Errorf("recover orphans of queue %q: %w", queue, err)
+		}
+		reply, err := runScript(ctx, s.client, recoverOrphansScript, keys, off, limit, expiry, tomb)
+		if err != nil {
+			return rep, fmt.Errorf("recover orphans of queue %q: %w", queue, err)
+		}
+		if len(reply) != 3 {
+			return rep, fmt.Errorf("recover orphans of queue %q: reply has %d values", queue, len(reply))
+		}
+		n, _ := reply[0].(int64)
+		leased, removed := stringSlice(reply[1]), stringSlice(reply[2])
+		rep.Examined += int(n)
+		rep.Leased = append(rep.Leased, leased...)
+		rep.Removed = append(rep.Removed, removed...)
+		if int(n) < limit {
+			return rep, nil
+		}
+		// Removed elements were nearer the tail than the next page.
+		off += int(n) - len(removed)
+	}
+}
+
+func stringSlice(v any) []string {
+	arr, _ := v.([]any)
+	out := make([]string, 0, len(arr))
+	for _, x := range arr {
+		if s, ok := x.(string); ok {
+			out = append(out, s)
+		}
+	}
+	return out
+}

@@ -1,0 +1,103 @@
+package taskstate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// WatermarkInfo is one entry's watermark as Watermarks reads it.
+type WatermarkInfo struct {
+	Tick   time.Time
+	TaskID string
+	OK     bool // false: the entry never fired in this queue
+}
+
+// watermarkChunk bounds the keys of one MGET.
+const watermarkChunk = 1000
+
+// Watermarks reads the watermarks of many entries of one queue, in one
+// round trip per thousand entries (the keys share the queue's slot, so a
+// single MGET works on a cluster too). The result is in the order of
+// entries.
+func (s *Store) Watermarks(ctx context.Context, prefix, queue string, entries []string) ([]WatermarkInfo, error) {
+	own := Own(prefix, queue)
+	out := make([]WatermarkInfo, len(entries))
+	for start := 0; start < len(entries); start += watermarkChunk {
+		end := min(start+watermarkChunk, len(entries))
+		keys := make([]string, 0, end-start)
+		for _, e := range entries[start:end] {
+			keys = append(keys, own.Watermark(e))
+		}
+		vals, err := s.client.MGet(ctx, keys...).Result()
+		if err != nil {
+			return nil, fmt.Errorf("read %d watermarks in queue %q: %w", len(keys), queue, err)
+		}
+		for i, v := range vals {
+			str, ok := v.(string)
+			if !ok {
+				continue
+			}
+			tick, task, err := parseWatermark(str)
+			if err != nil {
+				return nil, fmt.Errorf("watermark of entry %q in queue %q: %w", entries[start+i], queue, err)
+			}
+			out[start+i] = WatermarkInfo{Tick: tick, TaskID: task, OK: true}
+		}
+	}
+	return out, nil
+}
+
+// EnqueueEventRecord is one asynq enqueue-history event of one entry.
+type EnqueueEventRecord struct {
+	Entry string
+	Event SchedulerEnqueueEvent
+}
+
+// RecordSchedulerEnqueueEvents appends many history events in one pipeline,
+// with RecordSchedulerEnqueueEvent's semantics for each (history keys are
+// global, so each is its own single-key script, as in asynq).
+func (s *Store) RecordSchedulerEnqueueEvents(ctx context.Context, recs []EnqueueEventRecord) error {
+	if len(recs) == 0 {
+		return nil
+	}
+	run := func(useSha bool) ([]redis.Cmder, error) {
+		pipe := s.client.Pipeline()
+		for _, r := range recs {
+			b, err := EncodeSchedulerEnqueueEvent(&r.Event)
+			if err != nil {
+				continue // a task id that is not UTF-8 cannot come from us
+			}
+			keys := []string{SchedulerHistoryKey(r.Entry)}
+			args := []any{r.Event.EnqueueTime.Unix(), b, MaxSchedulerHistory}
+			if useSha {
+				recordSchedulerEventScript.EvalSha(ctx, pipe, keys, args...)
+			} else {
+				recordSchedulerEventScript.Eval(ctx, pipe, keys, args...)
+			}
+		}
+		return pipe.Exec(ctx)
+	}
+	_, err := run(true)
+	if err != nil && strings.Contains(err.Error(), "NOSCRIPT") {
+		_, err = run(false)
+	}
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("record %d enqueue events: %w", len(recs), err)
+	}
+	return nil
+}
+
+// Time returns Redis's clock (TIME), the one clock every replica corrects
+// its own by.
+func (s *Store) Time(ctx context.Context) (time.Time, error) {
+	t, err := s.client.Time(ctx).Result()
+	if err != nil {
+		return time.Time{}, fmt.Errorf("redis TIME: %w", err)
+	}
+	return t, nil
+}

@@ -1,0 +1,434 @@
+package taskstate
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+	"unicode/utf8"
+
+	"google.golang.org/protobuf/encoding/protowire"
+)
+
+// The codecs below write and read asynq v0.26.0's protobuf messages
+// (internal/proto/asynq.proto, asynq-compat.md §2) with protowire directly, so
+// cronstream needs no generated code and controls determinism: fields are
+// written in ascending field-number order, proto3 defaults are omitted, and map
+// entries are sorted by key (asynq's own encoder writes maps in random order,
+// which is why nothing may ever compare msg bytes across writers).
+//
+// Decoding follows the Go protobuf runtime that asynq uses: unknown fields and
+// known fields with an unexpected wire type are skipped, the last occurrence of
+// a scalar wins, embedded messages merge, and proto3 string fields must be
+// valid UTF-8. Every failure is an error wrapping ErrMalformed, never a panic.
+
+// ErrMalformed reports bytes that are not a valid encoding of the expected
+// message, or a message whose string fields are not valid UTF-8.
+var ErrMalformed = errors.New("malformed protobuf message")
+
+// TaskMessage is asynq's TaskMessage, stored in the task hash's "msg" field.
+// Times are Unix seconds, 0 meaning unset, exactly as on the wire.
+type TaskMessage struct {
+	Type         string            // 1
+	Payload      []byte            // 2
+	ID           string            // 3
+	Queue        string            // 4
+	Retry        int32             // 5: maximum retries
+	Retried      int32             // 6: retries done so far
+	ErrorMsg     string            // 7
+	Timeout      int64             // 8: per-attempt timeout, seconds
+	Deadline     int64             // 9: absolute deadline, Unix seconds
+	UniqueKey    string            // 10
+	LastFailedAt int64             // 11: Unix seconds
+	Retention    int64             // 12: seconds
+	CompletedAt  int64             // 13: Unix seconds
+	GroupKey     string            // 14
+	Headers      map[string]string // 15 (new in asynq v0.26.0)
+}
+
+// SchedulerEntry is asynq's SchedulerEntry, one element of the list under
+// SchedulerEntriesKey. Next and Prev are always written; the Go zero time is
+// written as seconds -62135596800, as asynq does (asynq-compat.md §2.5).
+type SchedulerEntry struct {
+	ID             string    // 1
+	Spec           string    // 2
+	TaskType       string    // 3
+	TaskPayload    []byte    // 4
+	EnqueueOptions []string  // 5: Option.String() forms, each "Name(arg)"
+	Next           time.Time // 6
+	Prev           time.Time // 7
+}
+
+// SchedulerEnqueueEvent is asynq's SchedulerEnqueueEvent, a member of the
+// ZSET under SchedulerHistoryKey.
+type SchedulerEnqueueEvent struct {
+	TaskID      string    // 1
+	EnqueueTime time.Time // 2
+}
+
+// EncodeTaskMessage encodes m as asynq's TaskMessage. It fails when a string
+// field or header is not valid UTF-8, because asynq could not decode it.
+func EncodeTaskMessage(m *TaskMessage) ([]byte, error) {
+	if m == nil {
+		return nil, fmt.Errorf("encode task message: nil message")
+	}
+	var e encoder
+	e.str(1, "type", m.Type)
+	e.bytes(2, m.Payload)
+	e.str(3, "id", m.ID)
+	e.str(4, "queue", m.Queue)
+	e.varint(5, uint64(int64(m.Retry)))
+	e.varint(6, uint64(int64(m.Retried)))
+	e.str(7, "error_msg", m.ErrorMsg)
+	e.varint(8, uint64(m.Timeout))
+	e.varint(9, uint64(m.Deadline))
+	e.str(10, "unique_key", m.UniqueKey)
+	e.varint(11, uint64(m.LastFailedAt))
+	e.varint(12, uint64(m.Retention))
+	e.varint(13, uint64(m.CompletedAt))
+	e.str(14, "group_key", m.GroupKey)
+	keys := make([]string, 0, len(m.Headers))
+	for k := range m.Headers {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		v := m.Headers[k]
+		if !utf8.ValidString(k) || !utf8.ValidString(v) {
+			e.fail(fmt.Errorf("header %q: %w", k, errInvalidUTF8))
+			continue
+		}
+		// Map entries always carry both key and value, even empty ones, as
+		// the protobuf runtime writes them.
+		var entry []byte
+		entry = protowire.AppendTag(entry, 1, protowire.BytesType)
+		entry = protowire.AppendString(entry, k)
+		entry = protowire.AppendTag(entry, 2, protowire.BytesType)
+		entry = protowire.AppendString(entry, v)
+		e.message(15, entry)
+	}
+	if e.err != nil {
+		return nil, fmt.Errorf("encode task message: %w", e.err)
+	}
+	return e.b, nil
+}
+
+// DecodeTaskMessage decodes asynq's TaskMessage.
+func DecodeTaskMessage(b []byte) (*TaskMessage, error) {
+	m := &TaskMessage{}
+	err := walk(b, func(num protowire.Number, typ protowire.Type, v []byte, x uint64) error {
+		var err error
+		switch {
+		case typ == protowire.BytesType:
+			switch num {
+			case 1:
+				m.Type, err = utf8Field("type", v)
+			case 2:
+				m.Payload = append([]byte{}, v...)
+			case 3:
+				m.ID, err = utf8Field("id", v)
+			case 4:
+				m.Queue, err = utf8Field("queue", v)
+			case 7:
+				m.ErrorMsg, err = utf8Field("error_msg", v)
+			case 10:
+				m.UniqueKey, err = utf8Field("unique_key", v)
+			case 14:
+				m.GroupKey, err = utf8Field("group_key", v)
+			case 15:
+				err = decodeHeader(m, v)
+			}
+		case typ == protowire.VarintType:
+			switch num {
+			case 5:
+				m.Retry = int32(x)
+			case 6:
+				m.Retried = int32(x)
+			case 8:
+				m.Timeout = int64(x)
+			case 9:
+				m.Deadline = int64(x)
+			case 11:
+				m.LastFailedAt = int64(x)
+			case 12:
+				m.Retention = int64(x)
+			case 13:
+				m.CompletedAt = int64(x)
+			}
+		}
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("decode task message: %w", err)
+	}
+	return m, nil
+}
+
+func decodeHeader(m *TaskMessage, b []byte) error {
+	var k, v string
+	err := walk(b, func(num protowire.Number, typ protowire.Type, raw []byte, _ uint64) error {
+		if typ != protowire.BytesType {
+			return nil
+		}
+		var err error
+		switch num {
+		case 1:
+			k, err = utf8Field("header key", raw)
+		case 2:
+			v, err = utf8Field("header value", raw)
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("headers: %w", err)
+	}
+	if m.Headers == nil {
+		m.Headers = make(map[string]string)
+	}
+	m.Headers[k] = v
+	return nil
+}
+
+// EncodeSchedulerEntry encodes e as asynq's SchedulerEntry.
+func EncodeSchedulerEntry(se *SchedulerEntry) ([]byte, error) {
+	if se == nil {
+		return nil, fmt.Errorf("encode scheduler entry: nil entry")
+	}
+	var e encoder
+	e.str(1, "id", se.ID)
+	e.str(2, "spec", se.Spec)
+	e.str(3, "task_type", se.TaskType)
+	e.bytes(4, se.TaskPayload)
+	for _, opt := range se.EnqueueOptions {
+		// Repeated strings are written even when empty: presence is the element.
+		if !utf8.ValidString(opt) {
+			e.fail(fmt.Errorf("enqueue option %q: %w", opt, errInvalidUTF8))
+			continue
+		}
+		e.b = protowire.AppendTag(e.b, 5, protowire.BytesType)
+		e.b = protowire.AppendString(e.b, opt)
+	}
+	e.message(6, encodeTimestamp(se.Next))
+	e.message(7, encodeTimestamp(se.Prev))
+	if e.err != nil {
+		return nil, fmt.Errorf("encode scheduler entry: %w", e.err)
+	}
+	return e.b, nil
+}
+
+// DecodeSchedulerEntry decodes asynq's SchedulerEntry. An absent timestamp
+// decodes as the Unix epoch, as asynq's readers see it.
+func DecodeSchedulerEntry(b []byte) (*SchedulerEntry, error) {
+	se := &SchedulerEntry{}
+	var next, prev timestamp
+	err := walk(b, func(num protowire.Number, typ protowire.Type, v []byte, _ uint64) error {
+		if typ != protowire.BytesType {
+			return nil
+		}
+		var err error
+		switch num {
+		case 1:
+			se.ID, err = utf8Field("id", v)
+		case 2:
+			se.Spec, err = utf8Field("spec", v)
+		case 3:
+			se.TaskType, err = utf8Field("task_type", v)
+		case 4:
+			se.TaskPayload = append([]byte{}, v...)
+		case 5:
+			var s string
+			if s, err = utf8Field("enqueue_options", v); err == nil {
+				se.EnqueueOptions = append(se.EnqueueOptions, s)
+			}
+		case 6:
+			err = next.merge("next_enqueue_time", v)
+		case 7:
+			err = prev.merge("prev_enqueue_time", v)
+		}
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("decode scheduler entry: %w", err)
+	}
+	se.Next, se.Prev = next.time(), prev.time()
+	return se, nil
+}
+
+// EncodeSchedulerEnqueueEvent encodes ev as asynq's SchedulerEnqueueEvent.
+func EncodeSchedulerEnqueueEvent(ev *SchedulerEnqueueEvent) ([]byte, error) {
+	if ev == nil {
+		return nil, fmt.Errorf("encode scheduler enqueue event: nil event")
+	}
+	var e encoder
+	e.str(1, "task_id", ev.TaskID)
+	e.message(2, encodeTimestamp(ev.EnqueueTime))
+	if e.err != nil {
+		return nil, fmt.Errorf("encode scheduler enqueue event: %w", e.err)
+	}
+	return e.b, nil
+}
+
+// DecodeSchedulerEnqueueEvent decodes asynq's SchedulerEnqueueEvent.
+func DecodeSchedulerEnqueueEvent(b []byte) (*SchedulerEnqueueEvent, error) {
+	ev := &SchedulerEnqueueEvent{}
+	var at timestamp
+	err := walk(b, func(num protowire.Number, typ protowire.Type, v []byte, _ uint64) error {
+		if typ != protowire.BytesType {
+			return nil
+		}
+		var err error
+		switch num {
+		case 1:
+			ev.TaskID, err = utf8Field("task_id", v)
+		case 2:
+			err = at.merge("enqueue_time", v)
+		}
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("decode scheduler enqueue event: %w", err)
+	}
+	ev.EnqueueTime = at.time()
+	return ev, nil
+}
+
+var errInvalidUTF8 = fmt.Errorf("%w: string field contains invalid UTF-8", ErrMalformed)
+
+// encoder appends proto3 fields, omitting defaults, and remembers the first
+// error so call sites stay linear.
+type encoder struct {
+	b   []byte
+	err error
+}
+
+func (e *encoder) fail(err error) {
+	if e.err == nil {
+		e.err = err
+	}
+}
+
+func (e *encoder) str(num protowire.Number, name, s string) {
+	if s == "" {
+		return
+	}
+	if !utf8.ValidString(s) {
+		e.fail(fmt.Errorf("field %s: %w", name, errInvalidUTF8))
+		return
+	}
+	e.b = protowire.AppendTag(e.b, num, protowire.BytesType)
+	e.b = protowire.AppendString(e.b, s)
+}
+
+func (e *encoder) bytes(num protowire.Number, v []byte) {
+	if len(v) == 0 {
+		return
+	}
+	e.b = protowire.AppendTag(e.b, num, protowire.BytesType)
+	e.b = protowire.AppendBytes(e.b, v)
+}
+
+func (e *encoder) varint(num protowire.Number, v uint64) {
+	if v == 0 {
+		return
+	}
+	e.b = protowire.AppendTag(e.b, num, protowire.VarintType)
+	e.b = protowire.AppendVarint(e.b, v)
+}
+
+// message writes an embedded message; unlike scalars it is present even when
+// empty, as a set message field is in proto3.
+func (e *encoder) message(num protowire.Number, body []byte) {
+	e.b = protowire.AppendTag(e.b, num, protowire.BytesType)
+	e.b = protowire.AppendBytes(e.b, body)
+}
+
+// encodeTimestamp encodes google.protobuf.Timestamp the way timestamppb.New
+// does: seconds = t.Unix(), nanos = t.Nanosecond(). The Go zero time therefore
+// becomes seconds -62135596800.
+func encodeTimestamp(t time.Time) []byte {
+	var e encoder
+	e.varint(1, uint64(t.Unix()))
+	e.varint(2, uint64(int64(int32(t.Nanosecond()))))
+	return e.b
+}
+
+type timestamp struct {
+	seconds int64
+	nanos   int32
+}
+
+// merge applies one occurrence of an embedded Timestamp; repeated occurrences
+// merge field by field, as the protobuf runtime does.
+func (ts *timestamp) merge(name string, b []byte) error {
+	err := walk(b, func(num protowire.Number, typ protowire.Type, _ []byte, x uint64) error {
+		if typ != protowire.VarintType {
+			return nil
+		}
+		switch num {
+		case 1:
+			ts.seconds = int64(x)
+		case 2:
+			ts.nanos = int32(x)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	return nil
+}
+
+// time converts like timestamppb's AsTime: Unix(seconds, nanos) in UTC, so
+// seconds -62135596800 gives back the Go zero time (IsZero is true).
+func (ts timestamp) time() time.Time {
+	return time.Unix(ts.seconds, int64(ts.nanos)).UTC()
+}
+
+func utf8Field(name string, v []byte) (string, error) {
+	if !utf8.Valid(v) {
+		return "", fmt.Errorf("field %s: %w", name, errInvalidUTF8)
+	}
+	return string(v), nil
+}
+
+// walk calls fn for every field of one message level. v holds the value of
+// length-delimited fields, x the value of varint and fixed fields. Groups are
+// skipped as unknown fields. Any structural error wraps ErrMalformed.
+func walk(b []byte, fn func(num protowire.Number, typ protowire.Type, v []byte, x uint64) error) error {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return fmt.Errorf("%w: bad tag: %v", ErrMalformed, protowire.ParseError(n))
+		}
+		if num > protowire.MaxValidNumber {
+			return fmt.Errorf("%w: field number %d out of range", ErrMalformed, num)
+		}
+		b = b[n:]
+		var (
+			v []byte
+			x uint64
+		)
+		switch typ {
+		case protowire.VarintType:
+			x, n = protowire.ConsumeVarint(b)
+		case protowire.Fixed32Type:
+			var f uint32
+			f, n = protowire.ConsumeFixed32(b)
+			x = uint64(f)
+		case protowire.Fixed64Type:
+			x, n = protowire.ConsumeFixed64(b)
+		case protowire.BytesType:
+			v, n = protowire.ConsumeBytes(b)
+		default:
+			n = protowire.ConsumeFieldValue(num, typ, b)
+		}
+		if n < 0 {
+			return fmt.Errorf("%w: field %d: %v", ErrMalformed, num, protowire.ParseError(n))
+		}
+		b = b[n:]
+		if err := fn(num, typ, v, x); err != nil {
+			return err
+		}
+	}
+	return nil
+}
