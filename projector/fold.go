@@ -1,0 +1,328 @@
+package projector
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cronstream/cronstream/events"
+)
+
+// State is one registered entry as a projection holds it. States are shared
+// between the projection, its readers and its subscribers: treat them, and
+// the maps and slices inside Entry, as read-only (Entry.Clone before
+// changing one).
+type State struct {
+	// Entry is the entry's state with every default written out
+	// (events.Entry.Normalize), so it says exactly what fires.
+	Entry events.Entry
+	// Revision is the stream sequence of the entry's last config event.
+	Revision uint64
+	// Time is when the stream stored that event (the JetStream timestamp,
+	// not the publisher's CloudEvents time).
+	Time time.Time
+}
+
+// Change is one change to the set of registered entries. Old and New are nil
+// where the entry is absent: registered (Old nil), removed (New nil), or
+// quarantined by a bad event (New nil, Quarantined true).
+type Change struct {
+	ID  string
+	Old *State
+	New *State
+	// Seq is the stream sequence of the event behind the change (of the
+	// latest one, when a subscription coalesced several).
+	Seq uint64
+	// Quarantined says New is nil because a bad event quarantined the entry,
+	// not because it was removed.
+	Quarantined bool
+}
+
+// Quarantine is an entry that does not fire because its last config event
+// could not be applied. It stays quarantined until a valid event for it
+// arrives.
+type Quarantine struct {
+	ID     string
+	Seq    uint64    // stream sequence of the bad event
+	Time   time.Time // when the stream stored it
+	Reason string
+}
+
+// Stats counts what a fold did with the messages it was given.
+type Stats struct {
+	LastSeq     uint64 // highest stream sequence processed, good or bad
+	Applied     uint64 // valid config events applied
+	Bad         uint64 // bad events on an entry's subject; each quarantined its entry
+	Ignored     uint64 // messages on a subject without a valid entry id
+	Duplicates  uint64 // messages at or below LastSeq, skipped
+	Entries     int    // registered entries now (quarantined ones excluded)
+	Quarantined int    // quarantined entries now
+	Resets      uint64 // consumer re-created after an error (Projector only)
+}
+
+// ErrBadEvent is wrapped by every *BadEventError.
+var ErrBadEvent = errors.New("bad config event")
+
+// BadEventError describes a message of the config stream that could not be
+// applied. Entry is empty when the subject names no valid entry id (the
+// message is ignored); otherwise the entry was quarantined.
+type BadEventError struct {
+	Seq     uint64
+	Subject string
+	Entry   string
+	Reason  string
+}
+
+func (e *BadEventError) Error() string {
+	if e.Entry == "" {
+		return fmt.Sprintf("%v at seq %d on %q: %s", ErrBadEvent, e.Seq, e.Subject, e.Reason)
+	}
+	return fmt.Sprintf("%v at seq %d for entry %q: %s", ErrBadEvent, e.Seq, e.Entry, e.Reason)
+}
+
+// Unwrap makes errors.Is(err, ErrBadEvent) true.
+func (e *BadEventError) Unwrap() error { return ErrBadEvent }
+
+// Fold is the one function from config events to the registered-entry map.
+// The live Projector and the point-in-time replays (AsOfSeq, AsOfTime) both
+// apply messages through it, so they cannot disagree. Apply is two steps,
+// decode (pure, so the projector and the replays run it on several messages
+// in parallel) and commit (in stream order); nothing else changes a Fold.
+//
+// The result for an entry depends only on the entry's last event: a valid
+// event sets (or, if removed, deletes) its state whatever came before, and a
+// bad one quarantines it. This is what lets the live projection start from
+// the last message per subject instead of the whole history.
+//
+// A Fold is not safe for concurrent use.
+type Fold struct {
+	names       events.Names
+	entries     map[string]*State
+	quarantined map[string]Quarantine
+	stats       Stats
+}
+
+// NewFold returns an empty fold for the config stream named by names.
+func NewFold(names events.Names) *Fold {
+	return &Fold{
+		names:       names,
+		entries:     make(map[string]*State),
+		quarantined: make(map[string]Quarantine),
+	}
+}
+
+// Apply folds one message of the config stream: its subject, stream sequence,
+// stream timestamp and data. Messages must come in stream order; one at or
+// below the last sequence applied is a duplicate and is skipped.
+//
+// It returns the change to the registered-entry map and whether there was
+// one, and a *BadEventError (wrapping ErrBadEvent) when the message could not
+// be applied: then the entry it names was quarantined (the returned change
+// takes it out of the map), or, for a subject without a valid entry id, the
+// message was ignored. A bad message never stops the fold.
+func (f *Fold) Apply(subject string, seq uint64, at time.Time, data []byte) (Change, bool, error) {
+	return f.commit(decode(f.names, message{subject, seq, at, data}))
+}
+
+// message is one message of the config stream as the fold needs it.
+type message struct {
+	subject string
+	seq     uint64
+	at      time.Time // stream timestamp
+	data    []byte
+}
+
+// minDecodePerWorker keeps small batches (live traffic) on the caller's
+// goroutine, where starting workers would cost more than it saves.
+const minDecodePerWorker = 32
+
+// decodeBatch decodes msgs in order of the result, on up to GOMAXPROCS
+// goroutines: decoding needs no fold state and is most of the work of a cold
+// start or a replay, while committing must stay sequential.
+func decodeBatch(names events.Names, msgs []message) []decoded {
+	out := make([]decoded, len(msgs))
+	workers := min(runtime.GOMAXPROCS(0), len(msgs)/minDecodePerWorker)
+	if workers <= 1 {
+		for i, m := range msgs {
+			out[i] = decode(names, m)
+		}
+		return out
+	}
+	chunk := (len(msgs) + workers - 1) / workers
+	var wg sync.WaitGroup
+	for lo := 0; lo < len(msgs); lo += chunk {
+		hi := min(lo+chunk, len(msgs))
+		wg.Go(func() {
+			for i := lo; i < hi; i++ {
+				out[i] = decode(names, msgs[i])
+			}
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+// decoded is a message parsed and checked, ready to commit. Decoding needs no
+// fold state, so the projector does it outside its lock.
+type decoded struct {
+	seq     uint64
+	at      time.Time
+	subject string
+	id      string // "" when the subject has no valid entry id
+	state   *State // nil for removals and bad events
+	bad     *BadEventError
+}
+
+func decode(names events.Names, m message) decoded {
+	subject, seq, at := m.subject, m.seq, m.at
+	d := decoded{seq: seq, at: at, subject: subject}
+	id, ok := names.EntryFromConfigSubject(subject)
+	if !ok || events.ValidateID(id) != nil {
+		d.bad = &BadEventError{Seq: seq, Subject: subject, Reason: "subject has no valid entry id"}
+		return d
+	}
+	// The id is a substring of the subject; a copy lets the subject go.
+	d.id = strings.Clone(id)
+	fail := func(format string, args ...any) decoded {
+		d.bad = &BadEventError{Seq: seq, Subject: subject, Entry: d.id, Reason: fmt.Sprintf(format, args...)}
+		return d
+	}
+	ev, err := events.DecodeEvent(m.data)
+	if err != nil {
+		return fail("%v", err)
+	}
+	if !events.IsConfigType(ev.Type) {
+		return fail("unknown config event type %q", ev.Type)
+	}
+	if ev.Subject != "" && ev.Subject != d.id {
+		return fail("event subject %q does not match the entry of the NATS subject", ev.Subject)
+	}
+	var e events.Entry
+	if err := ev.DecodeData(&e); err != nil {
+		return fail("%v", err)
+	}
+	if e.ID != d.id {
+		return fail("data.id %q does not match the entry of the subject", e.ID)
+	}
+	if err := e.Validate(); err != nil {
+		return fail("%v", err)
+	}
+	// The data is the state after the change, so it must agree with the
+	// change the type names; a contradiction is a writer bug and fails closed.
+	switch {
+	case ev.Type == events.TypeEntryRemoved && !e.Removed:
+		return fail("%s event without removed=true", ev.Type)
+	case ev.Type != events.TypeEntryRemoved && e.Removed:
+		return fail("%s event with removed=true", ev.Type)
+	case ev.Type == events.TypeEntryPaused && !e.Paused:
+		return fail("%s event with paused=false", ev.Type)
+	case ev.Type == events.TypeEntryResumed && e.Paused:
+		return fail("%s event with paused=true", ev.Type)
+	}
+	if e.Removed {
+		return d
+	}
+	d.state = &State{Entry: e.Normalize(), Revision: seq, Time: at}
+	// Share the key with the state instead of keeping a second copy.
+	d.id = d.state.Entry.ID
+	return d
+}
+
+func (f *Fold) commit(d decoded) (Change, bool, error) {
+	if d.seq <= f.stats.LastSeq {
+		f.stats.Duplicates++
+		return Change{}, false, nil
+	}
+	f.stats.LastSeq = d.seq
+	if d.id == "" {
+		f.stats.Ignored++
+		return Change{}, false, d.bad
+	}
+	old := f.entries[d.id]
+	ch := Change{ID: d.id, Old: old, Seq: d.seq}
+	if d.bad != nil {
+		f.stats.Bad++
+		delete(f.entries, d.id)
+		f.quarantined[d.id] = Quarantine{ID: d.id, Seq: d.seq, Time: d.at, Reason: d.bad.Reason}
+		ch.Quarantined = true
+		return ch, old != nil, d.bad
+	}
+	f.stats.Applied++
+	delete(f.quarantined, d.id)
+	if d.state == nil {
+		delete(f.entries, d.id)
+		return ch, old != nil, nil
+	}
+	f.entries[d.id] = d.state
+	ch.New = d.state
+	return ch, true, nil
+}
+
+// Get returns the registered entry id; quarantined and removed entries are
+// absent.
+func (f *Fold) Get(id string) (State, bool) {
+	s, ok := f.entries[id]
+	if !ok {
+		return State{}, false
+	}
+	return *s, true
+}
+
+// Len returns the number of registered entries.
+func (f *Fold) Len() int { return len(f.entries) }
+
+// Map returns a copy of the registered-entry map.
+func (f *Fold) Map() map[string]State {
+	m := make(map[string]State, len(f.entries))
+	for id, s := range f.entries {
+		m[id] = *s
+	}
+	return m
+}
+
+// Entries returns the registered entries sorted by id.
+func (f *Fold) Entries() []State {
+	out := make([]State, 0, len(f.entries))
+	for _, s := range f.entries {
+		out = append(out, *s)
+	}
+	slices.SortFunc(out, func(a, b State) int { return cmp.Compare(a.Entry.ID, b.Entry.ID) })
+	return out
+}
+
+// Quarantined returns the quarantined entries sorted by id.
+func (f *Fold) Quarantined() []Quarantine {
+	out := make([]Quarantine, 0, len(f.quarantined))
+	for _, q := range f.quarantined {
+		out = append(out, q)
+	}
+	slices.SortFunc(out, func(a, b Quarantine) int { return cmp.Compare(a.ID, b.ID) })
+	return out
+}
+
+// LastSeq returns the highest stream sequence processed.
+func (f *Fold) LastSeq() uint64 { return f.stats.LastSeq }
+
+// Stats returns the fold's counters.
+func (f *Fold) Stats() Stats {
+	s := f.stats
+	s.Entries = len(f.entries)
+	s.Quarantined = len(f.quarantined)
+	return s
+}
+
+// snapshot returns every registered entry as a change from nothing, in
+// stream order: what a new subscriber has not seen yet.
+func (f *Fold) snapshot() []Change {
+	out := make([]Change, 0, len(f.entries))
+	for id, s := range f.entries {
+		out = append(out, Change{ID: id, New: s, Seq: s.Revision})
+	}
+	slices.SortFunc(out, func(a, b Change) int { return cmp.Compare(a.Seq, b.Seq) })
+	return out
+}

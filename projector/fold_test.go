@@ -1,0 +1,142 @@
+package projector
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cronstream/cronstream/events"
+)
+
+func validEntry(id string) events.Entry {
+	return events.Entry{ID: id, Cron: "*/5 * * * *", Task: events.Task{Type: "t:" + id}}
+}
+
+func TestFoldRefusesBadEvents(t *testing.T) {
+	paused := validEntry("a")
+	paused.Paused = true
+	removed := validEntry("a")
+	removed.Removed = true
+	cases := []struct {
+		name    string
+		subject string
+		data    func(t *testing.T) []byte
+		entry   string // quarantined entry; "" = ignored
+		reason  string
+	}{
+		{"garbage", "pt.config.a", func(*testing.T) []byte { return []byte{0xff, 0x00, '{'} }, "a", "malformed event"},
+		{"empty", "pt.config.a", func(*testing.T) []byte { return nil }, "a", "malformed event"},
+		{"unknown type", "pt.config.a", func(t *testing.T) []byte { return rawEvent(t, "cronstream.entry.frozen", "a", validEntry("a")) }, "a", "unknown config event type"},
+		{"activity type on config subject", "pt.config.a", func(t *testing.T) []byte { return rawEvent(t, events.TypeEntryFired, "a", validEntry("a")) }, "a", "unknown config event type"},
+		{"no data", "pt.config.a", func(t *testing.T) []byte { return rawEvent(t, events.TypeEntryUpdated, "a", nil) }, "a", "data"},
+		{"data not an entry", "pt.config.a", func(t *testing.T) []byte { return rawEvent(t, events.TypeEntryUpdated, "a", []int{1}) }, "a", "data"},
+		{"bad cron", "pt.config.a", func(t *testing.T) []byte {
+			e := validEntry("a")
+			e.Cron = "every tuesday"
+			return rawEvent(t, events.TypeEntryUpdated, "a", e)
+		}, "a", "cron"},
+		{"enum from a newer version", "pt.config.a", func(t *testing.T) []byte {
+			e := validEntry("a")
+			e.Catchup.Policy = "smart"
+			return rawEvent(t, events.TypeEntryUpdated, "a", e)
+		}, "a", "catchup.policy"},
+		{"data.id mismatch", "pt.config.a", func(t *testing.T) []byte { return rawEvent(t, events.TypeEntryUpdated, "a", validEntry("b")) }, "a", "does not match"},
+		{"event subject mismatch", "pt.config.a", func(t *testing.T) []byte { return rawEvent(t, events.TypeEntryUpdated, "b", validEntry("a")) }, "a", "does not match"},
+		{"paused without paused", "pt.config.a", func(t *testing.T) []byte { return rawEvent(t, events.TypeEntryPaused, "a", validEntry("a")) }, "a", "paused=false"},
+		{"resumed still paused", "pt.config.a", func(t *testing.T) []byte { return rawEvent(t, events.TypeEntryResumed, "a", paused) }, "a", "paused=true"},
+		{"removed without removed", "pt.config.a", func(t *testing.T) []byte { return rawEvent(t, events.TypeEntryRemoved, "a", validEntry("a")) }, "a", "removed=true"},
+		{"updated with removed", "pt.config.a", func(t *testing.T) []byte { return rawEvent(t, events.TypeEntryUpdated, "a", removed) }, "a", "removed=true"},
+		{"subject with two tokens", "pt.config.a.b", func(t *testing.T) []byte { return rawEvent(t, events.TypeEntryUpdated, "a", validEntry("a")) }, "", "no valid entry id"},
+		{"subject token not an id", "pt.config.a~b", func(t *testing.T) []byte { return rawEvent(t, events.TypeEntryUpdated, "a", validEntry("a")) }, "", "no valid entry id"},
+		{"other prefix", "other.config.a", func(t *testing.T) []byte { return rawEvent(t, events.TypeEntryUpdated, "a", validEntry("a")) }, "", "no valid entry id"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			f := NewFold(testNames)
+			if _, _, err := f.Apply("pt.config.a", 1, time.Now(), rawEvent(t, events.TypeEntryRegistered, "a", validEntry("a"))); err != nil {
+				t.Fatalf("register: %v", err)
+			}
+			ch, changed, err := f.Apply(tc.subject, 2, time.Now(), tc.data(t))
+			var bad *BadEventError
+			if !errors.As(err, &bad) || !errors.Is(err, ErrBadEvent) {
+				t.Fatalf("err %v, want a *BadEventError", err)
+			}
+			if bad.Seq != 2 || bad.Entry != tc.entry || !strings.Contains(bad.Reason, tc.reason) {
+				t.Fatalf("bad event %+v, want seq 2, entry %q, reason containing %q", bad, tc.entry, tc.reason)
+			}
+			st := f.Stats()
+			if tc.entry == "" {
+				// Ignored: nothing changes, the entry keeps firing.
+				if changed || st.Ignored != 1 || st.Bad != 0 || f.Len() != 1 {
+					t.Fatalf("ignored message changed the fold: changed %v, stats %+v", changed, st)
+				}
+				return
+			}
+			if !changed || ch.New != nil || ch.Old == nil || !ch.Quarantined || ch.Seq != 2 {
+				t.Fatalf("change %+v, want the entry taken out as quarantined", ch)
+			}
+			if _, ok := f.Get("a"); ok {
+				t.Fatal("quarantined entry still in the map")
+			}
+			if q := f.Quarantined(); len(q) != 1 || q[0].ID != "a" || q[0].Seq != 2 || st.Bad != 1 {
+				t.Fatalf("quarantined %+v, stats %+v", q, st)
+			}
+			// A valid event brings it back.
+			ch, changed, err = f.Apply("pt.config.a", 3, time.Now(), rawEvent(t, events.TypeEntryUpdated, "a", validEntry("a")))
+			if err != nil || !changed || ch.Old != nil || ch.New == nil || ch.New.Revision != 3 {
+				t.Fatalf("recovery: change %+v, changed %v, err %v", ch, changed, err)
+			}
+			if len(f.Quarantined()) != 0 {
+				t.Fatalf("still quarantined: %+v", f.Quarantined())
+			}
+		})
+	}
+}
+
+func TestFoldAppliesByType(t *testing.T) {
+	f := NewFold(testNames)
+	apply := func(seq uint64, typ string, e events.Entry) Change {
+		t.Helper()
+		ch, _, err := f.Apply(testNames.ConfigSubject(e.ID), seq, time.Unix(int64(seq), 0), rawEvent(t, typ, e.ID, e))
+		if err != nil {
+			t.Fatalf("seq %d: %v", seq, err)
+		}
+		return ch
+	}
+	e := validEntry("a")
+	if ch := apply(1, events.TypeEntryRegistered, e); ch.Old != nil || ch.New.Revision != 1 || ch.New.Entry.Options.QueueName() != "default" {
+		t.Fatalf("registered: %+v", ch)
+	}
+	got, _ := f.Get("a")
+	if got.Entry.Timezone != "UTC" || got.Entry.Options.Retries() != 25 || !got.Time.Equal(time.Unix(1, 0)) {
+		t.Fatalf("state not normalized or time wrong: %+v", got)
+	}
+	e.Paused = true
+	if ch := apply(2, events.TypeEntryPaused, e); ch.Old.Revision != 1 || !ch.New.Entry.Paused {
+		t.Fatalf("paused: %+v", ch)
+	}
+	if got, ok := f.Get("a"); !ok || !got.Entry.Paused {
+		t.Fatal("a paused entry must stay in the map, marked paused")
+	}
+	e.Paused = false
+	apply(3, events.TypeEntryResumed, e)
+	e.Removed = true
+	if ch := apply(4, events.TypeEntryRemoved, e); ch.New != nil || ch.Old.Revision != 3 || ch.Quarantined {
+		t.Fatalf("removed: %+v", ch)
+	}
+	if f.Len() != 0 {
+		t.Fatal("removed entry still in the map")
+	}
+	// Duplicates and stale messages are skipped without an error.
+	if _, changed, err := f.Apply("pt.config.a", 2, time.Now(), []byte("garbage")); changed || err != nil || f.Stats().Duplicates != 1 {
+		t.Fatalf("duplicate: changed %v err %v stats %+v", changed, err, f.Stats())
+	}
+	e.Removed = false
+	if ch := apply(5, events.TypeEntryRegistered, e); ch.Old != nil || ch.New.Revision != 5 {
+		t.Fatalf("re-registered: %+v", ch)
+	}
+	if st := f.Stats(); st.Applied != 5 || st.LastSeq != 5 || st.Entries != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+}

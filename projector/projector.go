@@ -1,0 +1,501 @@
+// Package projector is the read side of the config stream: the map of
+// registered entries, live and as of any moment (DESIGN.md "Flow",
+// invariant 3).
+//
+// It owns the one fold from config events to entry states (Fold), the live
+// Projector every replica runs, its change notifications, and the
+// point-in-time replays AsOfSeq and AsOfTime. It never writes to NATS
+// (beyond creating and deleting its own ephemeral consumers), never touches
+// Redis and never decides whether an entry fires: a paused entry is in the
+// map with Paused set, and the scheduler decides.
+//
+// # Live projection
+//
+// Start reads the last message per subject of <p>.config.> (cost grows with
+// the number of entries, not the length of history) and then follows new
+// events, in stream order, through an ephemeral ordered consumer. After a
+// NATS restart, a reconnect or a stream leader change (noticed by a missed
+// heartbeat, a consumer sequence gap or an error) it makes a new consumer
+// that resumes after the last sequence applied, and the fold skips anything
+// at or below it, so no event is lost or applied twice. The projection is caught up once it has
+// applied the stream's last sequence as of Start.
+//
+// # Bad events fail closed per entry
+//
+// A message on <p>.config.<id> that does not decode, has a type or enum value
+// this version does not know, fails validation, contradicts its type, or
+// whose ids do not match the subject is counted, logged once with its stream
+// sequence, and quarantines entry <id>: the entry leaves the map (a skipped
+// "removed" must never leave an entry firing) until a valid event for it
+// arrives. Other entries carry on. A message whose subject names no valid
+// entry id is counted, logged and ignored. Nothing in a message stops the
+// projection.
+//
+// # Change notifications
+//
+// A Subscription receives changes in stream order without ever blocking the
+// projector: each subscription keeps at most one pending change per entry.
+// A subscriber that reads slower than changes arrive gets, per entry, one
+// change from the state it last saw (Old) to the latest state (New) with the
+// latest sequence; a change that cancels out (registered then removed before
+// it was read) is dropped. Memory per subscription is bounded by the number
+// of entries, never by the rate of events. A new subscription starts from
+// nothing: its first changes register every entry already in the map.
+//
+// # Point in time
+//
+// AsOfSeq and AsOfTime fold the full history (DeliverAll) up to a bound with
+// a fresh Fold, independently of any live projection. The time bound is the
+// stream's own timestamp (when JetStream stored the event), which is what
+// "the configuration at moment T" means for an audit log: the fold stops at
+// the first event stored after T.
+package projector
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/cronstream/cronstream/events"
+)
+
+// Errors callers branch on.
+var (
+	// ErrStopped is returned by waits and subscriptions once the projector
+	// has stopped (by Stop, or because its connection was closed; Err says
+	// which).
+	ErrStopped = errors.New("projector stopped")
+	// ErrAlreadyStarted is returned by a second Start.
+	ErrAlreadyStarted = errors.New("projector already started")
+	// ErrClosed is returned by Next on a closed subscription.
+	ErrClosed = errors.New("subscription closed")
+)
+
+// Option configures a Projector.
+type Option func(*Projector)
+
+// WithLogger sets the logger for bad events and consumer resets (default
+// slog.Default()).
+func WithLogger(l *slog.Logger) Option {
+	return func(p *Projector) {
+		if l != nil {
+			p.log = l
+		}
+	}
+}
+
+// WithHeartbeat sets the consumer's idle heartbeat (default
+// DefaultHeartbeat, allowed 500ms to 15s). It bounds how stale LastHeard can
+// be on a silent stream and how fast a dead consumer is noticed (two missed
+// heartbeats).
+func WithHeartbeat(d time.Duration) Option {
+	return func(p *Projector) {
+		p.hb = min(max(d, 500*time.Millisecond), 15*time.Second)
+	}
+}
+
+// Projector holds the live registered-entry map of one config stream. Its
+// methods are safe for concurrent use.
+type Projector struct {
+	js    jetstream.JetStream
+	names events.Names
+	log   *slog.Logger
+	hb    time.Duration
+
+	mu       sync.RWMutex
+	fold     *Fold
+	subs     map[*Subscription]struct{}
+	target   uint64        // stream's last sequence at Start
+	caughtUp bool          // guarded by mu; also signalled by ready
+	advanced chan struct{} // made by a waiter, closed when LastSeq moves
+	err      error         // why the projection ended by itself
+	started  bool
+	// stopRequested makes Stop final, even when it races a Start.
+	stopRequested bool
+
+	ready     chan struct{} // closed once caught up
+	stopped   chan struct{} // closed when the run goroutine has ended, or at Stop if it never ran
+	stopOnce  sync.Once
+	cancel    context.CancelFunc
+	lastHeard atomic.Int64 // unix nanoseconds
+	resets    atomic.Uint64
+}
+
+// New returns a projector of the config stream named by names. It does
+// nothing until Start.
+func New(js jetstream.JetStream, names events.Names, opts ...Option) *Projector {
+	p := &Projector{
+		js:      js,
+		names:   names,
+		log:     slog.Default(),
+		hb:      DefaultHeartbeat,
+		fold:    NewFold(names),
+		subs:    make(map[*Subscription]struct{}),
+		ready:   make(chan struct{}),
+		stopped: make(chan struct{}),
+	}
+	for _, o := range opts {
+		o(p)
+	}
+	return p
+}
+
+// Start looks up the config stream and creates the consumer, then loads and
+// follows the stream in a goroutine owned by the projector until Stop. It
+// returns once the consumer exists, before the initial load is applied: use
+// WaitCaughtUp or CaughtUp. ctx bounds only this setup. An error (the stream
+// does not exist, NATS is unreachable) leaves the projector unstarted, and
+// Start may be called again.
+func (p *Projector) Start(ctx context.Context) error {
+	p.mu.Lock()
+	switch {
+	case p.stopRequested:
+		p.mu.Unlock()
+		return ErrStopped
+	case p.started:
+		p.mu.Unlock()
+		return ErrAlreadyStarted
+	}
+	p.started = true
+	p.mu.Unlock()
+
+	r, target, err := p.open(ctx)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err == nil && p.stopRequested {
+		r.close()
+		err = ErrStopped
+	}
+	if err != nil {
+		p.started = false
+		return err
+	}
+	runCtx, cancel := context.WithCancel(context.Background())
+	p.target = target
+	p.cancel = cancel
+	p.heard(time.Now())
+	if target == 0 {
+		p.markCaughtUpLocked()
+	}
+	go p.run(runCtx, r)
+	return nil
+}
+
+func (p *Projector) open(ctx context.Context) (*orderedReader, uint64, error) {
+	name := p.names.ConfigStream()
+	stream, err := p.js.Stream(ctx, name)
+	if err != nil {
+		return nil, 0, fmt.Errorf("projector: look up stream %s: %w", name, err)
+	}
+	// The last sequence is read before the consumer is created, so every
+	// event up to it is in what the consumer delivers or superseded there.
+	target := stream.CachedInfo().State.LastSeq
+	r := &orderedReader{
+		js:     p.js,
+		stream: name,
+		filter: p.names.ConfigFilter(),
+		policy: jetstream.DeliverLastPerSubjectPolicy,
+		hb:     p.hb,
+		log:    p.log,
+	}
+	if err := r.open(ctx, maxCreateTimeout); err != nil {
+		return nil, 0, fmt.Errorf("projector: %w", err)
+	}
+	return r, target, nil
+}
+
+// Stop ends the projection and waits for its goroutine. The map stays
+// readable; waits and subscriptions return ErrStopped. Stop before Start, or
+// twice, is harmless, and a Start after Stop returns ErrStopped.
+func (p *Projector) Stop() {
+	p.mu.Lock()
+	p.stopRequested = true
+	cancel := p.cancel
+	p.cancel = nil
+	p.mu.Unlock()
+	if cancel == nil {
+		// Never ran (or already stopped): nothing to wait for.
+		p.stopOnce.Do(func() { close(p.stopped) })
+		return
+	}
+	cancel()
+	<-p.stopped
+}
+
+// maxBatch bounds how many messages are decoded together and applied under
+// one lock; batchQueue is how many read batches may wait for the applier.
+const (
+	maxBatch   = 512
+	batchQueue = 2
+)
+
+// batch is messages read in stream order, handed from the reading loop to
+// the applier.
+type batch struct {
+	msgs []message
+	// pending is the consumer's count of messages after the last one.
+	pending uint64
+}
+
+// run reads the stream and hands batches to an applier goroutine it owns, so
+// reading the next messages overlaps with decoding the previous ones (on a
+// cold start both take about as long).
+func (p *Projector) run(ctx context.Context, r *orderedReader) {
+	defer p.stopOnce.Do(func() { close(p.stopped) })
+	batches := make(chan batch, batchQueue)
+	applied := make(chan struct{})
+	go func() {
+		defer close(applied)
+		for b := range batches {
+			p.apply(b)
+		}
+	}()
+	err := p.read(ctx, r, batches)
+	close(batches)
+	<-applied
+	r.close()
+	p.mu.Lock()
+	if ctx.Err() == nil {
+		p.err = fmt.Errorf("projector: %w", err)
+		p.log.Error("projector: stopped following the config stream", "stream", p.names.ConfigStream(), "after_seq", r.last, "err", err)
+	}
+	p.wakeLocked()
+	p.mu.Unlock()
+}
+
+// read follows the stream until ctx ends or a terminal error, sending what
+// it reads to batches.
+func (p *Projector) read(ctx context.Context, r *orderedReader, batches chan<- batch) error {
+	// A wait just over two heartbeats: if it passes without the iterator
+	// reporting a missed heartbeat, one arrived within the last two.
+	wait := 2*p.hb + p.hb/4
+	cur := batch{msgs: make([]message, 0, maxBatch)}
+	var behind bool // the consumer said more messages were waiting
+	for {
+		// Behind the stream the next message is due at once; only at its
+		// head is a wait needed (and its timer worth paying for).
+		w := wait
+		if behind {
+			w = 0
+		}
+		msg, meta, err := r.next(ctx, w)
+		behind = err == nil && meta.NumPending > 0
+		p.resets.Store(r.resets)
+		if err == nil {
+			p.heard(time.Now())
+			cur.msgs = append(cur.msgs, message{msg.Subject(), meta.Sequence.Stream, meta.Timestamp, msg.Data()})
+			cur.pending = meta.NumPending
+			// More messages are already waiting (a cold start, a burst):
+			// gather them so they are decoded in parallel. The last one
+			// goes at once, so a live event is never held back.
+			if cur.pending > 0 && len(cur.msgs) < maxBatch {
+				continue
+			}
+		}
+		if len(cur.msgs) > 0 {
+			// The applier always drains the channel, so this send
+			// cannot block forever.
+			batches <- cur
+			cur = batch{msgs: make([]message, 0, maxBatch)}
+		}
+		switch {
+		case err == nil:
+		case errors.Is(err, errIdle):
+			p.heard(time.Now().Add(-2 * p.hb))
+		default:
+			return err
+		}
+	}
+}
+
+// apply commits a batch of messages in stream order.
+func (p *Projector) apply(b batch) {
+	decoded := decodeBatch(p.names, b.msgs)
+	var bad []*BadEventError
+	p.mu.Lock()
+	for _, d := range decoded {
+		ch, changed, err := p.fold.commit(d)
+		if changed {
+			for s := range p.subs {
+				s.push(ch)
+			}
+		}
+		if err != nil {
+			bad = append(bad, d.bad)
+		}
+	}
+	if !p.caughtUp && (p.fold.LastSeq() >= p.target || b.pending == 0) {
+		p.markCaughtUpLocked()
+	}
+	p.wakeLocked()
+	p.mu.Unlock()
+	// The fold skips duplicates without an error, so each bad event is
+	// logged once.
+	for _, b := range bad {
+		if b.Entry != "" {
+			p.log.Warn("projector: bad config event, entry quarantined", "seq", b.Seq, "subject", b.Subject, "entry", b.Entry, "reason", b.Reason)
+		} else {
+			p.log.Warn("projector: config event on a subject without an entry id, ignored", "seq", b.Seq, "subject", b.Subject, "reason", b.Reason)
+		}
+	}
+}
+
+func (p *Projector) markCaughtUpLocked() {
+	if !p.caughtUp {
+		p.caughtUp = true
+		close(p.ready)
+	}
+}
+
+// wakeLocked wakes every WaitFor and Subscription.Next waiting for progress.
+func (p *Projector) wakeLocked() {
+	if p.advanced != nil {
+		close(p.advanced)
+		p.advanced = nil
+	}
+}
+
+func (p *Projector) heard(t time.Time) {
+	n := t.UnixNano()
+	for {
+		old := p.lastHeard.Load()
+		if n <= old || p.lastHeard.CompareAndSwap(old, n) {
+			return
+		}
+	}
+}
+
+// Get returns the registered entry id. Removed and quarantined entries are
+// absent; a paused entry is present with Entry.Paused set.
+func (p *Projector) Get(id string) (State, bool) {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return p.fold.Get(id)
+}
+
+// Entries returns every registered entry, sorted by id.
+func (p *Projector) Entries() []State {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return p.fold.Entries()
+}
+
+// Len returns the number of registered entries.
+func (p *Projector) Len() int {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return p.fold.Len()
+}
+
+// LastSeq returns the highest stream sequence applied (good or bad). It is
+// the projection's revision fence: every event up to it is reflected.
+func (p *Projector) LastSeq() uint64 {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return p.fold.LastSeq()
+}
+
+// Quarantined returns the entries held back by a bad event, sorted by id.
+func (p *Projector) Quarantined() []Quarantine {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return p.fold.Quarantined()
+}
+
+// Stats returns the projection's counters.
+func (p *Projector) Stats() Stats {
+	p.mu.RLock()
+	s := p.fold.Stats()
+	p.mu.RUnlock()
+	s.Resets = p.resets.Load()
+	return s
+}
+
+// CaughtUp reports whether the projection has applied the stream's last
+// sequence as of Start. It stays true afterwards.
+func (p *Projector) CaughtUp() bool {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return p.caughtUp
+}
+
+// WaitCaughtUp returns once CaughtUp is true, or with ctx's error, or
+// ErrStopped.
+func (p *Projector) WaitCaughtUp(ctx context.Context) error {
+	select {
+	case <-p.ready:
+		return nil
+	default:
+	}
+	select {
+	case <-p.ready:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-p.stopped:
+		return ErrStopped
+	}
+}
+
+// LastHeard returns when the projection last heard from the stream: a
+// message, or a consumer heartbeat proving the stream alive but silent. It
+// lags by up to about four heartbeats (8.5 s by default) on an idle stream,
+// where only heartbeats prove the stream alive, and stops moving
+// while NATS is unreachable (DESIGN.md invariant 7).
+func (p *Projector) LastHeard() time.Time {
+	n := p.lastHeard.Load()
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n)
+}
+
+// Err returns why the projection stopped by itself (its connection was
+// closed), or nil while it runs or after Stop.
+func (p *Projector) Err() error {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return p.err
+}
+
+// WaitFor returns once the projection has applied at least stream sequence
+// seq (a writer that just published can read its own write), or with ctx's
+// error, or ErrStopped.
+func (p *Projector) WaitFor(ctx context.Context, seq uint64) error {
+	for {
+		p.mu.Lock()
+		if p.fold.LastSeq() >= seq {
+			p.mu.Unlock()
+			return nil
+		}
+		ch := p.progressLocked()
+		p.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-p.stopped:
+			p.mu.RLock()
+			done := p.fold.LastSeq() >= seq
+			p.mu.RUnlock()
+			if done {
+				return nil
+			}
+			return ErrStopped
+		}
+	}
+}
+
+// progressLocked returns a channel closed at the next progress.
+func (p *Projector) progressLocked() <-chan struct{} {
+	if p.advanced == nil {
+		p.advanced = make(chan struct{})
+	}
+	return p.advanced
+}

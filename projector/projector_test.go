@@ -1,0 +1,344 @@
+package projector
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/testenv"
+)
+
+func TestPoisonEventsQuarantineOnlyTheirEntry(t *testing.T) {
+	_, js := startNATS(t)
+	logs := &logCapture{}
+	p := startProjector(t, js, WithLogger(slog.New(logs)))
+	ctx := testCtx(t, 30*time.Second)
+
+	victims := []string{"garbage", "unknowntype", "badcron", "mismatch", "oversized", "badremove", "newenum"}
+	for _, id := range append([]string{"g1", "g2"}, victims...) {
+		publishEvent(t, js, events.TypeEntryRegistered, validEntry(id))
+	}
+	withCron := func(id, cron string) events.Entry { e := validEntry(id); e.Cron = cron; return e }
+	newEnum := validEntry("newenum")
+	newEnum.Catchup.Policy = "smart"
+	oversized := validEntry("oversized")
+	oversized.Note = strings.Repeat("n", 1000*1000) // near the 1 MiB max payload; too long a note
+	big := validEntry("g2")
+	big.Task.Payload = make([]byte, 700*1000) // valid: 933 kB of base64 in the event
+
+	badSeqs := map[uint64]string{}
+	bad := func(id string, data []byte) { badSeqs[publishRaw(t, js, testNames.ConfigSubject(id), data)] = id }
+	bad("garbage", []byte("\x00\x01 definitely not an event"))
+	publishEvent(t, js, events.TypeEntryUpdated, withCron("g1", "@hourly"))
+	bad("unknowntype", rawEvent(t, "cronstream.entry.hibernated", "unknowntype", validEntry("unknowntype")))
+	bad("badcron", rawEvent(t, events.TypeEntryUpdated, "badcron", withCron("badcron", "* * * * * * *")))
+	bad("mismatch", rawEvent(t, events.TypeEntryUpdated, "mismatch", validEntry("g1")))
+	bad("oversized", rawEvent(t, events.TypeEntryUpdated, "oversized", oversized))
+	bigSeq := publishEvent(t, js, events.TypeEntryUpdated, big)
+	bad("badremove", []byte(`{"specversion":"1.0","id":"r1","type":"cronstream.entry.removed","data":{"id":"badremove","removed":tru`))
+	bad("newenum", rawEvent(t, events.TypeEntryUpdated, "newenum", newEnum))
+	ignoredSeqs := []uint64{
+		publishRaw(t, js, "pt.config.not~an~id", rawEvent(t, events.TypeEntryUpdated, "x", validEntry("x"))),
+		publishRaw(t, js, "pt.config.two.tokens", []byte("garbage")),
+	}
+	last := publishEvent(t, js, events.TypeEntryUpdated, withCron("g1", "@daily"))
+	if err := p.WaitFor(ctx, last); err != nil {
+		t.Fatalf("projector stalled: %v (at %d, stats %+v)", err, p.LastSeq(), p.Stats())
+	}
+
+	if g1, ok := p.Get("g1"); !ok || g1.Revision != last || g1.Entry.Cron != "@daily" {
+		t.Fatalf("g1 = %+v, %v: good events after bad ones must apply", g1, ok)
+	}
+	if g2, ok := p.Get("g2"); !ok || g2.Revision != bigSeq || len(g2.Entry.Task.Payload) != 700*1000 {
+		t.Fatalf("g2 at rev %d, want the large valid event %d applied", g2.Revision, bigSeq)
+	}
+	for _, id := range victims {
+		if _, ok := p.Get(id); ok {
+			t.Errorf("%s still in the map after a bad event", id)
+		}
+	}
+	q := p.Quarantined()
+	if len(q) != len(victims) {
+		t.Fatalf("quarantined %+v, want %v", q, victims)
+	}
+	for _, e := range q {
+		if badSeqs[e.Seq] != e.ID || e.Reason == "" {
+			t.Errorf("quarantine %+v does not name its bad event", e)
+		}
+	}
+	st := p.Stats()
+	if st.Bad != uint64(len(victims)) || st.Ignored != 2 || st.Entries != 2 || st.Quarantined != len(victims) {
+		t.Fatalf("stats %+v", st)
+	}
+	logged := logs.seqsLogged()
+	for seq := range badSeqs {
+		if logged[seq] != 1 {
+			t.Errorf("bad event %d logged %d times, want once", seq, logged[seq])
+		}
+	}
+	for _, seq := range ignoredSeqs {
+		if logged[seq] != 1 {
+			t.Errorf("ignored message %d logged %d times, want once", seq, logged[seq])
+		}
+	}
+
+	// Point in time agrees with the live view.
+	asOf, asOfQ, err := AsOfSeq(ctx, js, testNames, last)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(asOf) != 2 || fmt.Sprint(asOfQ) != fmt.Sprint(q) {
+		t.Fatalf("AsOfSeq: %d entries, quarantined %+v; live %+v", len(asOf), asOfQ, q)
+	}
+
+	// A valid event for each brings it back (a valid removal clears it too).
+	var fixed uint64
+	for _, id := range victims {
+		if id == "badremove" {
+			e := validEntry(id)
+			e.Removed = true
+			fixed = publishEvent(t, js, events.TypeEntryRemoved, e)
+			continue
+		}
+		fixed = publishEvent(t, js, events.TypeEntryUpdated, validEntry(id))
+	}
+	if err := p.WaitFor(ctx, fixed); err != nil {
+		t.Fatal(err)
+	}
+	if q := p.Quarantined(); len(q) != 0 {
+		t.Fatalf("still quarantined after valid events: %+v", q)
+	}
+	if n := p.Len(); n != 2+len(victims)-1 {
+		t.Fatalf("%d entries, want %d", n, 2+len(victims)-1)
+	}
+}
+
+func TestWaitForReadsOwnWrite(t *testing.T) {
+	_, js := startNATS(t)
+	p := startProjector(t, js)
+	ctx := testCtx(t, 10*time.Second)
+	for i := range 20 {
+		e := validEntry(fmt.Sprintf("w%d", i%3))
+		typ := events.TypeEntryUpdated
+		if i%2 == 1 {
+			e.Paused, typ = true, events.TypeEntryPaused
+		}
+		seq := publishEvent(t, js, typ, e)
+		if err := p.WaitFor(ctx, seq); err != nil {
+			t.Fatal(err)
+		}
+		got, ok := p.Get(e.ID)
+		if !ok || got.Revision != seq || got.Entry.Paused != e.Paused {
+			t.Fatalf("after WaitFor(%d): %+v, %v", seq, got, ok)
+		}
+	}
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	if err := p.WaitFor(short, p.LastSeq()+1); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("WaitFor beyond the stream: %v, want deadline exceeded", err)
+	}
+}
+
+func TestCaughtUp(t *testing.T) {
+	_, js := startNATS(t)
+	empty := startProjector(t, js)
+	if !empty.CaughtUp() {
+		t.Fatal("a projector of an empty stream must be caught up at once")
+	}
+
+	const entries, perEntry = 1000, 3
+	ctx := testCtx(t, 60*time.Second)
+	for round := range perEntry {
+		for i := range entries {
+			e := validEntry(fmt.Sprintf("cu%04d", i))
+			e.Note = fmt.Sprint("round ", round)
+			ev, err := events.NewEvent(events.TypeEntryUpdated, "test", e.ID, e)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := ev.Marshal()
+			if _, err := js.PublishAsync(testNames.ConfigSubject(e.ID), b); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-ctx.Done():
+		t.Fatal("async publishes not acknowledged")
+	}
+	if err := empty.WaitFor(ctx, entries*perEntry); err != nil {
+		t.Fatal(err)
+	}
+
+	p := startProjector(t, js)
+	if p.CaughtUp() {
+		t.Fatal("caught up right after Start, before loading 1000 entries")
+	}
+	if err := p.WaitCaughtUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	st := p.Stats()
+	if !p.CaughtUp() || p.Len() != entries || st.LastSeq != entries*perEntry {
+		t.Fatalf("caught up with %d entries at seq %d", p.Len(), st.LastSeq)
+	}
+	// The initial load read the last message per entry, not the history.
+	if st.Applied != entries {
+		t.Fatalf("initial load applied %d events for %d entries: it read history", st.Applied, entries)
+	}
+	if got, _ := p.Get("cu0007"); got.Entry.Note != "round 2" {
+		t.Fatalf("cu0007 = %+v, want its last state", got)
+	}
+}
+
+func TestSlowSubscriberDoesNotBlockAndGetsCoalescedChanges(t *testing.T) {
+	_, js := startNATS(t)
+	p := startProjector(t, js)
+	ctx := testCtx(t, 30*time.Second)
+	sub := p.Subscribe()
+	defer sub.Close()
+
+	// The subscriber reads nothing while 300 events are applied.
+	var last uint64
+	for i := range 300 {
+		e := validEntry(fmt.Sprintf("s%d", i%5))
+		e.Note = fmt.Sprint(i)
+		last = publishEvent(t, js, events.TypeEntryUpdated, e)
+	}
+	tmp := validEntry("tmp")
+	publishEvent(t, js, events.TypeEntryRegistered, tmp)
+	tmp.Removed = true
+	last = publishEvent(t, js, events.TypeEntryRemoved, tmp)
+	if err := p.WaitFor(ctx, last); err != nil {
+		t.Fatalf("projector blocked by a subscriber that does not read: %v", err)
+	}
+
+	batch, err := sub.Next(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(batch) != 5 {
+		t.Fatalf("got %d changes, want one per entry (5); tmp came and went unseen: %+v", len(batch), batch)
+	}
+	for i, c := range batch {
+		cur, _ := p.Get(c.ID)
+		if c.Old != nil || c.New == nil || c.New.Revision != cur.Revision || c.Seq != cur.Revision {
+			t.Fatalf("change %+v, want from nothing to the current state rev %d", c, cur.Revision)
+		}
+		if i > 0 && c.Seq <= batch[i-1].Seq {
+			t.Fatalf("changes not in stream order: %+v", batch)
+		}
+	}
+	prev, _ := p.Get("s0")
+	e := validEntry("s0")
+	seq := publishEvent(t, js, events.TypeEntryUpdated, e)
+	batch, err = sub.Next(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(batch) != 1 || batch[0].Old == nil || batch[0].Old.Revision != prev.Revision || batch[0].New.Revision != seq {
+		t.Fatalf("next change %+v, want s0 from rev %d to %d", batch, prev.Revision, seq)
+	}
+
+	sub.Close()
+	if _, err := sub.Next(ctx); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Next after Close: %v", err)
+	}
+}
+
+func TestLastHeardFollowsHeartbeatsAndOutage(t *testing.T) {
+	n, js := startNATS(t)
+	p := startProjector(t, n.JetStream(t), WithHeartbeat(500*time.Millisecond))
+	ctx := testCtx(t, 60*time.Second)
+	if err := p.WaitCaughtUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	start := p.LastHeard()
+	testenv.Eventually(t, 10*time.Second, func() bool { return p.LastHeard().After(start.Add(time.Second)) },
+		"LastHeard moves on a silent stream (heartbeats)")
+
+	n.Shutdown()
+	down := time.Now()
+	testenv.Eventually(t, 10*time.Second, func() bool { return time.Since(p.LastHeard()) > 3*time.Second },
+		"LastHeard stops moving while the server is down (last %s)", lazy(func() string { return p.LastHeard().String() }))
+	if h := p.LastHeard(); h.After(down) {
+		t.Fatalf("LastHeard %s claims the stream was heard after the server went down at %s", h, down)
+	}
+
+	n.Restart(t)
+	testenv.Eventually(t, 15*time.Second, func() bool { return time.Since(p.LastHeard()) < 2*time.Second },
+		"LastHeard moves again after the restart")
+	seq := publishEvent(t, js, events.TypeEntryRegistered, validEntry("after"))
+	if err := p.WaitFor(ctx, seq); err != nil {
+		t.Fatal(err)
+	}
+	if p.Err() != nil {
+		t.Fatalf("projector ended: %v", p.Err())
+	}
+}
+
+func TestClosedConnectionEndsProjection(t *testing.T) {
+	n, js := startNATS(t)
+	publishEvent(t, js, events.TypeEntryRegistered, validEntry("a"))
+	nc := n.Connect(t)
+	pjs, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startProjector(t, pjs)
+	ctx := testCtx(t, 10*time.Second)
+	if err := p.WaitCaughtUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sub := p.Subscribe()
+	defer sub.Close()
+	nc.Close()
+	testenv.Eventually(t, 10*time.Second, func() bool { return p.Err() != nil }, "projector reports its closed connection")
+	// The change pushed before the end is still delivered, then ErrStopped.
+	if batch, err := sub.Next(ctx); err != nil || len(batch) != 1 {
+		t.Fatalf("Next: %v, %v", batch, err)
+	}
+	if _, err := sub.Next(ctx); !errors.Is(err, ErrStopped) {
+		t.Fatalf("Next after the end: %v, want ErrStopped", err)
+	}
+	if err := p.WaitFor(ctx, 99); !errors.Is(err, ErrStopped) {
+		t.Fatalf("WaitFor after the end: %v, want ErrStopped", err)
+	}
+	if _, ok := p.Get("a"); !ok {
+		t.Fatal("the map must stay readable after the end")
+	}
+}
+
+func TestStartAndStop(t *testing.T) {
+	_, js := startNATS(t)
+	ctx := testCtx(t, 10*time.Second)
+
+	missing := New(js, events.MustNames("nostream"))
+	if err := missing.Start(ctx); !errors.Is(err, jetstream.ErrStreamNotFound) {
+		t.Fatalf("Start without a stream: %v, want ErrStreamNotFound", err)
+	}
+	missing.Stop()
+
+	p := New(js, testNames, WithLogger(testLogger(t)))
+	p.Stop() // before Start: harmless
+	if err := p.Start(ctx); !errors.Is(err, ErrStopped) {
+		t.Fatalf("Start after Stop: %v, want ErrStopped", err)
+	}
+
+	q := startProjector(t, js)
+	if err := q.Start(ctx); !errors.Is(err, ErrAlreadyStarted) {
+		t.Fatalf("second Start: %v", err)
+	}
+	q.Stop()
+	q.Stop()
+	if err := q.WaitFor(ctx, 1); !errors.Is(err, ErrStopped) {
+		t.Fatalf("WaitFor after Stop: %v", err)
+	}
+}

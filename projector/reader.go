@@ -1,0 +1,227 @@
+package projector
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+const (
+	// DefaultHeartbeat is the consumer's idle heartbeat. A dead consumer is
+	// noticed after two missed heartbeats, and LastHeard lags the stream by
+	// at most about four heartbeats on an idle stream.
+	DefaultHeartbeat = 2 * time.Second
+
+	// pullBatch is how many messages one pull request asks for. Counted in
+	// messages, not bytes: a byte limit below one message's size would stall
+	// the consumer on that message forever.
+	pullBatch = 1024
+
+	// consumerInactive lets the server delete a consumer whose reader died
+	// without deleting it; a reader that was merely disconnected that long
+	// makes a new one.
+	consumerInactive = time.Minute
+
+	// createTimeout is the first consumer create attempt's timeout; it
+	// doubles per failed attempt up to maxCreateTimeout. A request that
+	// lands while a cluster elects a leader is never answered, so a short
+	// first timeout is what makes fail-over fast.
+	createTimeout    = 2 * time.Second
+	maxCreateTimeout = 16 * time.Second
+
+	minBackoff = 50 * time.Millisecond
+	maxBackoff = 5 * time.Second
+
+	// cleanupTimeout bounds the best-effort delete of a consumer we are done
+	// with; the server removes it after consumerInactive anyway.
+	cleanupTimeout = 2 * time.Second
+)
+
+// errIdle is returned by orderedReader.next when a wait passed with no
+// message but with the consumer's heartbeats arriving: the stream is alive.
+var errIdle = errors.New("no message, heartbeats arriving")
+
+// orderedReader reads a stream in order, without gap or duplicate, through
+// an ephemeral in-memory consumer (what the jetstream package calls an
+// ordered consumer). It checks that consumer sequences follow each other and
+// that heartbeats arrive; on a gap, a missed heartbeat, a deleted consumer
+// or any other failure it makes a new consumer that starts after the last
+// stream sequence it returned, retrying with backoff until it succeeds or
+// its context ends.
+//
+// It does this itself rather than use jetstream.OrderedConsumer, whose
+// recovery runs inside Next with a fixed 10 s request timeout that no
+// context can cut short: measured on a 3-node cluster, losing the node that
+// led both the stream and the JetStream meta group stalled it for 10 s,
+// where retrying with short timeouts recovers in about two seconds.
+//
+// One goroutine owns a reader.
+type orderedReader struct {
+	js     jetstream.JetStream
+	stream string
+	filter string
+	// policy applies while nothing has been read; after that the reader
+	// always resumes by sequence.
+	policy jetstream.DeliverPolicy
+	hb     time.Duration
+	log    *slog.Logger
+
+	cons      jetstream.Consumer
+	it        jetstream.MessagesContext
+	delivered uint64 // consumer sequence of the last message from cons
+	last      uint64 // stream sequence of the last message returned
+	resets    uint64
+}
+
+func (r *orderedReader) open(ctx context.Context, timeout time.Duration) error {
+	cfg := jetstream.ConsumerConfig{
+		DeliverPolicy:     r.policy,
+		AckPolicy:         jetstream.AckNonePolicy,
+		FilterSubject:     r.filter,
+		InactiveThreshold: consumerInactive,
+		Replicas:          1,
+		MemoryStorage:     true,
+	}
+	if r.last > 0 {
+		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
+		cfg.OptStartSeq = r.last + 1
+	}
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	cons, err := r.js.CreateOrUpdateConsumer(cctx, r.stream, cfg)
+	if err != nil {
+		return fmt.Errorf("create consumer on %s after seq %d: %w", r.stream, r.last, err)
+	}
+	it, err := cons.Messages(
+		jetstream.PullMaxMessages(pullBatch),
+		jetstream.PullHeartbeat(r.hb),
+		jetstream.WithMessagesErrOnMissingHeartbeat(true),
+	)
+	if err != nil {
+		r.deleteConsumer(cons)
+		return fmt.Errorf("consume %s: %w", r.stream, err)
+	}
+	r.cons, r.it, r.delivered = cons, it, 0
+	return nil
+}
+
+// next returns the next message and its metadata.
+//
+// With wait > 0 it returns errIdle when wait passes without a message while
+// the connection stayed up: wait must exceed two heartbeats, so a heartbeat
+// must have arrived within the last two (the iterator reports a missed one
+// after two, and that makes a new consumer). Other errors are the context's
+// or terminal (the connection is closed for good).
+func (r *orderedReader) next(ctx context.Context, wait time.Duration) (jetstream.Msg, *jetstream.MsgMetadata, error) {
+	backoff, timeout := minBackoff, createTimeout
+	for {
+		if r.it == nil {
+			if err := r.open(ctx, timeout); err != nil {
+				if ctx.Err() != nil {
+					return nil, nil, ctx.Err()
+				}
+				if r.closedConn(err) {
+					return nil, nil, err
+				}
+				r.log.Warn("projector: cannot create consumer, retrying", "stream", r.stream, "after_seq", r.last, "backoff", backoff, "err", err)
+				if err := sleep(ctx, backoff); err != nil {
+					return nil, nil, err
+				}
+				backoff = min(2*backoff, maxBackoff)
+				timeout = min(2*timeout, maxCreateTimeout)
+				continue
+			}
+		}
+		var reconnects uint64
+		if wait > 0 {
+			reconnects = r.js.Conn().Stats().Reconnects
+		}
+		msg, err := r.nextMsg(ctx, wait)
+		if err == nil {
+			meta, merr := msg.Metadata()
+			switch {
+			case merr != nil:
+				err = fmt.Errorf("message metadata: %w", merr)
+			case meta.Sequence.Consumer != r.delivered+1:
+				// A message was lost between server and client (or the
+				// consumer was re-created under us): start again from what
+				// was applied rather than skip anything.
+				err = fmt.Errorf("consumer sequence %d after %d", meta.Sequence.Consumer, r.delivered)
+			default:
+				r.delivered = meta.Sequence.Consumer
+				r.last = meta.Sequence.Stream
+				return msg, meta, nil
+			}
+		}
+		switch {
+		case ctx.Err() != nil:
+			return nil, nil, ctx.Err()
+		case wait > 0 && errors.Is(err, context.DeadlineExceeded):
+			// While disconnected the iterator does not watch heartbeats, so
+			// a quiet wait proves the stream alive only if the connection
+			// was up all along.
+			conn := r.js.Conn()
+			if conn.IsConnected() && conn.Stats().Reconnects == reconnects {
+				return nil, nil, errIdle
+			}
+			continue
+		case r.closedConn(err):
+			return nil, nil, err
+		}
+		r.resets++
+		r.log.Warn("projector: consumer failed, resuming after last sequence", "stream", r.stream, "after_seq", r.last, "err", err)
+		r.close()
+	}
+}
+
+func (r *orderedReader) nextMsg(ctx context.Context, wait time.Duration) (jetstream.Msg, error) {
+	if wait <= 0 {
+		return r.it.Next(jetstream.NextContext(ctx))
+	}
+	wctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	return r.it.Next(jetstream.NextContext(wctx))
+}
+
+// close stops the iterator and deletes its consumer, best effort.
+func (r *orderedReader) close() {
+	if r.it == nil {
+		return
+	}
+	r.it.Stop()
+	r.deleteConsumer(r.cons)
+	r.it, r.cons = nil, nil
+}
+
+func (r *orderedReader) deleteConsumer(cons jetstream.Consumer) {
+	info := cons.CachedInfo()
+	if info == nil || !r.js.Conn().IsConnected() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	defer cancel()
+	_ = r.js.DeleteConsumer(ctx, r.stream, info.Name)
+}
+
+// closedConn reports a failure no retry can cure: a closed connection never
+// reopens. Everything else, even "stream not found" (a cluster recovering
+// its streams can say that for a moment), is retried.
+func (r *orderedReader) closedConn(err error) bool {
+	return r.js.Conn().IsClosed() || errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, jetstream.ErrConnectionClosed)
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

@@ -1,0 +1,110 @@
+package projector
+
+import (
+	"cmp"
+	"context"
+	"slices"
+	"sync"
+)
+
+// Subscription receives the projector's changes in stream order, coalesced
+// per entry (see the package documentation). Next and Close may be called
+// from different goroutines.
+type Subscription struct {
+	p *Projector
+
+	mu      sync.Mutex
+	pending map[string]*Change
+	closed  bool
+	signal  chan struct{} // one token: pending is non-empty or closed
+}
+
+// Subscribe returns a subscription whose first changes register every entry
+// now in the map (Old nil), followed by every change after that. Close it
+// when done.
+func (p *Projector) Subscribe() *Subscription {
+	s := &Subscription{p: p, pending: make(map[string]*Change), signal: make(chan struct{}, 1)}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.fold.snapshot() {
+		s.push(c)
+	}
+	p.subs[s] = struct{}{}
+	return s
+}
+
+// push records a change for the subscriber without blocking: a change to an
+// entry that already has one pending is merged into it.
+func (s *Subscription) push(c Change) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return
+	}
+	if prev, ok := s.pending[c.ID]; ok {
+		prev.New, prev.Seq, prev.Quarantined = c.New, c.Seq, c.Quarantined
+		if prev.Old == nil && prev.New == nil {
+			// The subscriber never saw the entry and it is gone again.
+			delete(s.pending, c.ID)
+		}
+	} else {
+		s.pending[c.ID] = &c
+	}
+	select {
+	case s.signal <- struct{}{}:
+	default:
+	}
+}
+
+// Next returns the pending changes sorted by sequence, waiting until there is
+// at least one. It returns ErrClosed after Close, ErrStopped once the
+// projector has stopped and every pending change has been returned, or ctx's
+// error.
+func (s *Subscription) Next(ctx context.Context) ([]Change, error) {
+	for {
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			return nil, ErrClosed
+		}
+		if len(s.pending) > 0 {
+			out := make([]Change, 0, len(s.pending))
+			for _, c := range s.pending {
+				out = append(out, *c)
+			}
+			clear(s.pending)
+			s.mu.Unlock()
+			slices.SortFunc(out, func(a, b Change) int { return cmp.Compare(a.Seq, b.Seq) })
+			return out, nil
+		}
+		s.mu.Unlock()
+		select {
+		case <-s.signal:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-s.p.stopped:
+			// Changes pushed before the stop are still delivered.
+			s.mu.Lock()
+			empty := len(s.pending) == 0 && !s.closed
+			s.mu.Unlock()
+			if empty {
+				return nil, ErrStopped
+			}
+		}
+	}
+}
+
+// Close ends the subscription; pending changes are dropped.
+func (s *Subscription) Close() {
+	s.p.mu.Lock()
+	delete(s.p.subs, s)
+	s.p.mu.Unlock()
+	s.mu.Lock()
+	s.closed = true
+	clear(s.pending)
+	s.mu.Unlock()
+	select {
+	case s.signal <- struct{}{}:
+	default:
+	}
+}
