@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -59,34 +58,28 @@ type EnqueueEventRecord struct {
 }
 
 // RecordSchedulerEnqueueEvents appends many history events in one pipeline,
-// with RecordSchedulerEnqueueEvent's semantics for each (history keys are
-// global, so each is its own single-key script, as in asynq).
+// with RecordSchedulerEnqueueEvent's result for each: the newest
+// MaxSchedulerHistory events are kept. History keys are global (no hash
+// tag), so each event is written with plain commands, ZADD then a trim to
+// the newest MaxSchedulerHistory, rather than a script: this runs for every
+// fire, and two plain commands cost Redis less than a script call. The pair
+// is not atomic, which only matters to a reader that counts the history
+// while a fire is being recorded (it may see one event more).
 func (s *Store) RecordSchedulerEnqueueEvents(ctx context.Context, recs []EnqueueEventRecord) error {
 	if len(recs) == 0 {
 		return nil
 	}
-	run := func(useSha bool) ([]redis.Cmder, error) {
-		pipe := s.client.Pipeline()
-		for _, r := range recs {
-			b, err := EncodeSchedulerEnqueueEvent(&r.Event)
-			if err != nil {
-				continue // a task id that is not UTF-8 cannot come from us
-			}
-			keys := []string{SchedulerHistoryKey(r.Entry)}
-			args := []any{r.Event.EnqueueTime.Unix(), b, MaxSchedulerHistory}
-			if useSha {
-				recordSchedulerEventScript.EvalSha(ctx, pipe, keys, args...)
-			} else {
-				recordSchedulerEventScript.Eval(ctx, pipe, keys, args...)
-			}
+	pipe := s.client.Pipeline()
+	for _, r := range recs {
+		b, err := EncodeSchedulerEnqueueEvent(&r.Event)
+		if err != nil {
+			continue // a task id that is not UTF-8 cannot come from us
 		}
-		return pipe.Exec(ctx)
+		key := SchedulerHistoryKey(r.Entry)
+		pipe.ZAdd(ctx, key, redis.Z{Score: float64(r.Event.EnqueueTime.Unix()), Member: b})
+		pipe.ZRemRangeByRank(ctx, key, 0, -MaxSchedulerHistory-1)
 	}
-	_, err := run(true)
-	if err != nil && strings.Contains(err.Error(), "NOSCRIPT") {
-		_, err = run(false)
-	}
-	if err != nil && !errors.Is(err, redis.Nil) {
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return fmt.Errorf("record %d enqueue events: %w", len(recs), err)
 	}
 	return nil

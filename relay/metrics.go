@@ -1,0 +1,30 @@
+package relay
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics are the relay's Prometheus metrics.
+type Metrics struct {
+	Published     prometheus.Counter
+	PublishErrors prometheus.Counter
+	Backlog       prometheus.Gauge
+}
+
+// NewMetrics creates the relay metrics and registers them with reg (nil:
+// not registered).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		Published: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cronstream_relay_published_total", Help: "Outbox records published to the activity stream.",
+		}),
+		PublishErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cronstream_relay_publish_errors_total", Help: "Relay passes that stopped at a failed publish.",
+		}),
+		Backlog: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "cronstream_relay_backlog", Help: "Outbox records waiting to be published, over every outbox.",
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.Published, m.PublishErrors, m.Backlog)
+	}
+	return m
+}

@@ -1,0 +1,518 @@
+// Package relay moves outbox records from Redis to the activity stream.
+//
+// Scheduler and recoverer write each outcome into a per-queue outbox in
+// Redis, in the same atomic step as the task change it describes. The relay
+// publishes those records to <P>_ACTIVITY in order, with Nats-Msg-Id set to
+// the event id, and deletes a record only after JetStream acknowledged it.
+// A crash between publish and delete republishes the record and the stream's
+// duplicate window drops it; for records older than half that window the
+// relay first reads the event ids stored on the subject since the record was
+// written, and publishes only what is not there. Each outbox has one owner
+// at a time (a lease in the outbox's slot), so records of one queue are
+// published in order; a dead owner's outbox is taken over once its lease
+// lapses.
+//
+// The relay never changes task state and never drops a record: when NATS is
+// down records wait in Redis, and the backlog it reports lets the scheduler
+// pause firing before Redis fills.
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/taskstate"
+)
+
+// Outbox is the relay's seam to Redis; *taskstate.Store implements it.
+type Outbox interface {
+	OutboxQueues(ctx context.Context, prefix string) ([]string, error)
+	AcquireOutbox(ctx context.Context, prefix, queue, owner string, ttl time.Duration) (bool, error)
+	ReleaseOutbox(ctx context.Context, prefix, queue, owner string) error
+	ReadOutbox(ctx context.Context, prefix, queue, after string, count int) ([]taskstate.OutboxRecord, error)
+	AckOutbox(ctx context.Context, prefix, queue, owner string, streamIDs ...string) error
+	OutboxLen(ctx context.Context, prefix, queue string) (int64, error)
+}
+
+// Config configures a Relay. Zero values mean the defaults.
+type Config struct {
+	Outbox Outbox
+	JS     jetstream.JetStream
+	Names  events.Names
+	// Owner identifies this replica in outbox leases.
+	Owner string
+	// Interval between passes when nothing wakes the relay (default 200ms).
+	Interval time.Duration
+	// LeaseTTL is how long an outbox stays ours without renewal (default 10s).
+	LeaseTTL time.Duration
+	// Batch is how many records are read and published at once (default 512).
+	Batch int
+	// DuplicateWindow is the activity stream's duplicate window; records
+	// older than half of it are checked against the stream before they are
+	// republished (default 1h, the stream's default).
+	DuplicateWindow time.Duration
+	// PublishTimeout bounds the wait for JetStream's acknowledgements of one
+	// batch (default 5s). Records not acknowledged in time stay in the
+	// outbox and are published again (the stream drops duplicates), so a
+	// pass never hangs on a lost connection and the backlog stays current.
+	PublishTimeout time.Duration
+	// Hold, when set, is asked before each pass: while it returns true the
+	// relay waits (at most MaxHold in a row, so it is never starved). The
+	// replica passes the scheduler's Busy: during a burst of fires the
+	// relay then leaves the cores and Redis to the fires, and publishes
+	// right after.
+	Hold    func() bool
+	MaxHold time.Duration
+	Logger  *slog.Logger
+	Metrics *Metrics
+}
+
+// Relay publishes outbox records to the activity stream.
+type Relay struct {
+	cfg  Config
+	log  *slog.Logger
+	wake chan struct{}
+
+	mu    sync.Mutex
+	owned map[string]string // queue → last stream id published and acked ("" = from the start)
+
+	backlog   atomic.Int64
+	published atomic.Uint64
+	// ownedBacklog is the part of the last pass's backlog in outboxes this
+	// relay owns (Flush waits only for those).
+	ownedBacklog atomic.Int64
+
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// New returns a relay; Start runs it.
+func New(cfg Config) *Relay {
+	if cfg.Interval <= 0 {
+		cfg.Interval = 200 * time.Millisecond
+	}
+	if cfg.LeaseTTL <= 0 {
+		cfg.LeaseTTL = 10 * time.Second
+	}
+	if cfg.Batch <= 0 {
+		cfg.Batch = 512
+	}
+	if cfg.DuplicateWindow <= 0 {
+		cfg.DuplicateWindow = time.Hour
+	}
+	if cfg.PublishTimeout <= 0 {
+		cfg.PublishTimeout = 5 * time.Second
+	}
+	if cfg.MaxHold <= 0 {
+		cfg.MaxHold = 2 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Relay{cfg: cfg, log: cfg.Logger, wake: make(chan struct{}, 1), owned: map[string]string{}}
+}
+
+// Notify wakes the relay: records were just written.
+func (r *Relay) Notify() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Backlog returns the number of records waiting in every outbox, as of the
+// last pass.
+func (r *Relay) Backlog() int64 { return r.backlog.Load() }
+
+// Published returns how many records this relay has published.
+func (r *Relay) Published() uint64 { return r.published.Load() }
+
+// Start runs the relay until Stop.
+func (r *Relay) Start() {
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel = cancel
+	r.done = make(chan struct{})
+	go r.loop(ctx)
+}
+
+// Stop stops the loop, then flushes what this replica owns until the
+// outboxes are empty or ctx ends, and releases its leases so another
+// replica takes over at once.
+func (r *Relay) Stop(ctx context.Context) error {
+	if r.cancel != nil {
+		r.cancel()
+		<-r.done
+	}
+	err := r.Flush(ctx)
+	r.mu.Lock()
+	queues := make([]string, 0, len(r.owned))
+	for q := range r.owned {
+		queues = append(queues, q)
+	}
+	r.owned = map[string]string{}
+	r.mu.Unlock()
+	for _, q := range queues {
+		if rerr := r.cfg.Outbox.ReleaseOutbox(ctx, r.cfg.Names.Prefix(), q, r.cfg.Owner); rerr != nil {
+			err = errors.Join(err, rerr)
+		}
+	}
+	return err
+}
+
+// Flush runs passes until no outbox holds records, or the records left are
+// in outboxes another relay owns (it publishes them), or ctx ends.
+func (r *Relay) Flush(ctx context.Context) error {
+	for {
+		n, err := r.Pass(ctx)
+		if err != nil {
+			return err
+		}
+		if r.backlog.Load() == 0 || (n == 0 && r.ownedBacklog.Load() == 0) {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+}
+
+func (r *Relay) loop(ctx context.Context) {
+	defer close(r.done)
+	t := time.NewTimer(0)
+	defer t.Stop()
+	var heldSince time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-r.wake:
+		}
+		if r.cfg.Hold != nil && r.cfg.Hold() {
+			if heldSince.IsZero() {
+				heldSince = time.Now()
+			}
+			if time.Since(heldSince) < r.cfg.MaxHold {
+				resetTimer(t, holdPoll)
+				continue
+			}
+		}
+		heldSince = time.Time{}
+		n, err := r.Pass(ctx)
+		switch {
+		case err == nil || ctx.Err() != nil:
+		case errors.Is(err, errDisconnected):
+			r.log.Debug("relay pass", "err", err)
+		default:
+			r.log.Warn("relay pass", "err", err)
+		}
+		next := r.cfg.Interval
+		if n > 0 {
+			next = 0 // more may be waiting
+		}
+		resetTimer(t, next)
+	}
+}
+
+// holdPoll is how often a held relay asks Hold again.
+const holdPoll = 20 * time.Millisecond
+
+func resetTimer(t *time.Timer, d time.Duration) {
+	if !t.Stop() {
+		select {
+		case <-t.C:
+		default:
+		}
+	}
+	t.Reset(d)
+}
+
+// Pass visits every outbox once: takes or renews its lease, publishes up to
+// one batch, and returns how many records it published.
+func (r *Relay) Pass(ctx context.Context) (int, error) {
+	prefix := r.cfg.Names.Prefix()
+	queues, err := r.cfg.Outbox.OutboxQueues(ctx, prefix)
+	if err != nil {
+		return 0, fmt.Errorf("list outboxes: %w", err)
+	}
+	var total int
+	var backlog, owned int64
+	var errs []error
+	for _, q := range queues {
+		n, left, mine, err := r.drainOne(ctx, q)
+		total += n
+		backlog += left
+		if mine {
+			owned += left
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("outbox %q: %w", q, err))
+		}
+	}
+	r.backlog.Store(backlog)
+	r.ownedBacklog.Store(owned)
+	if m := r.cfg.Metrics; m != nil {
+		m.Backlog.Set(float64(backlog))
+	}
+	return total, errors.Join(errs...)
+}
+
+// errDisconnected: the NATS connection is down; records wait in Redis.
+var errDisconnected = errors.New("not connected to NATS: records wait in the outbox")
+
+// drainOne publishes one batch of queue's outbox if this replica owns it,
+// and returns the records published, the records left and whether this
+// replica owns the outbox.
+func (r *Relay) drainOne(ctx context.Context, queue string) (int, int64, bool, error) {
+	prefix := r.cfg.Names.Prefix()
+	left, err := r.cfg.Outbox.OutboxLen(ctx, prefix, queue)
+	if err != nil {
+		return 0, 0, false, err
+	}
+	if left == 0 {
+		return 0, 0, false, nil
+	}
+	if nc := r.cfg.JS.Conn(); nc != nil && !nc.IsConnected() {
+		// Publishing now would only fill the client's reconnect buffer
+		// (and hang the pass on acks that cannot come): count and wait.
+		return 0, left, false, errDisconnected
+	}
+	ok, err := r.cfg.Outbox.AcquireOutbox(ctx, prefix, queue, r.cfg.Owner, r.cfg.LeaseTTL)
+	if err != nil {
+		return 0, left, false, err
+	}
+	r.mu.Lock()
+	after, had := r.owned[queue]
+	if !ok {
+		delete(r.owned, queue)
+	} else if !had {
+		// A new owner resumes from the first record still in the outbox.
+		after = ""
+		r.owned[queue] = after
+	}
+	r.mu.Unlock()
+	if !ok {
+		return 0, left, false, nil
+	}
+	recs, err := r.cfg.Outbox.ReadOutbox(ctx, prefix, queue, after, r.cfg.Batch)
+	if err != nil || len(recs) == 0 {
+		return 0, left, true, err
+	}
+	n, err := r.publish(ctx, recs)
+	if n > 0 {
+		ids := make([]string, n)
+		for i := range recs[:n] {
+			ids[i] = recs[i].StreamID
+		}
+		if aerr := r.cfg.Outbox.AckOutbox(ctx, prefix, queue, r.cfg.Owner, ids...); aerr != nil {
+			// Lost the lease (or Redis failed): the next owner republishes
+			// from its first unacked record and the stream drops the
+			// duplicates.
+			r.mu.Lock()
+			delete(r.owned, queue)
+			r.mu.Unlock()
+			return 0, left, true, errors.Join(err, aerr)
+		}
+		r.mu.Lock()
+		if _, still := r.owned[queue]; still {
+			r.owned[queue] = recs[n-1].StreamID
+		}
+		r.mu.Unlock()
+		r.published.Add(uint64(n))
+		if m := r.cfg.Metrics; m != nil {
+			m.Published.Add(float64(n))
+		}
+	}
+	if err != nil {
+		if m := r.cfg.Metrics; m != nil {
+			m.PublishErrors.Inc()
+		}
+	}
+	return n, left - int64(n), true, err
+}
+
+// envelopeHead is the part of an event the relay needs to route it.
+type envelopeHead struct {
+	ID      string `json:"id"`
+	Type    string `json:"type"`
+	Subject string `json:"subject"`
+}
+
+// subjectOf maps an event to its activity subject.
+func (r *Relay) subjectOf(h envelopeHead) (string, error) {
+	switch h.Type {
+	case events.TypeEntryFired, events.TypeEntrySkipped:
+		if events.ValidateID(h.Subject) != nil {
+			return "", fmt.Errorf("event %s: %s with bad entry %q", h.ID, h.Type, h.Subject)
+		}
+		return r.cfg.Names.FireSubject(h.Subject), nil
+	case events.TypeTaskRetried, events.TypeTaskArchived, events.TypeAggregationReclaimed:
+		return r.cfg.Names.RecoverySubject(h.Subject), nil
+	}
+	return "", fmt.Errorf("event %s: type %q does not belong in the activity stream", h.ID, h.Type)
+}
+
+// publish publishes recs in order and returns how many of the leading
+// records are safely in the stream. It stops at the first failure so order
+// is kept.
+func (r *Relay) publish(ctx context.Context, recs []taskstate.OutboxRecord) (int, error) {
+	stream := r.cfg.Names.ActivityStream()
+	futures := make([]jetstream.PubAckFuture, 0, len(recs))
+	var pubErr error
+	var seen *publishedSince
+	for _, rec := range recs {
+		h, err := readHead(rec.Data)
+		if err != nil || h.ID == "" {
+			// Our own writers produced it, so this is a bug; keeping it
+			// would block the outbox forever. Log loudly, count, drop.
+			r.log.Error("dropping undecodable outbox record", "stream_id", rec.StreamID, "event_id", rec.EventID, "err", err)
+			futures = append(futures, nil)
+			continue
+		}
+		subj, err := r.subjectOf(h)
+		if err != nil {
+			r.log.Error("dropping unroutable outbox record", "stream_id", rec.StreamID, "err", err)
+			futures = append(futures, nil)
+			continue
+		}
+		if at, ok := recordTime(rec.StreamID); ok && time.Since(at) > r.cfg.DuplicateWindow/2 {
+			// The stream may no longer remember an earlier publish of this
+			// record (the window counts from that publish, which came after
+			// the record was written): look.
+			if seen == nil {
+				seen = &publishedSince{}
+			}
+			found, err := seen.has(ctx, r.cfg.JS, stream, subj, at, h.ID)
+			if err != nil {
+				pubErr = fmt.Errorf("check whether %s was published: %w", h.ID, err)
+				break
+			}
+			if found {
+				futures = append(futures, nil)
+				continue
+			}
+		}
+		msg := &nats.Msg{Subject: subj, Data: rec.Data, Header: nats.Header{}}
+		f, err := r.cfg.JS.PublishMsgAsync(msg, jetstream.WithMsgID(h.ID), jetstream.WithExpectStream(stream))
+		if err != nil {
+			pubErr = err
+			break
+		}
+		futures = append(futures, f)
+	}
+	ok := 0
+	wctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
+	defer cancel()
+wait:
+	for _, f := range futures {
+		if f == nil {
+			ok++
+			continue
+		}
+		select {
+		case <-f.Ok():
+			ok++
+		case err := <-f.Err():
+			pubErr = errors.Join(pubErr, err)
+			break wait
+		case <-wctx.Done():
+			pubErr = errors.Join(pubErr, fmt.Errorf("wait for the stream's acknowledgement: %w", wctx.Err()))
+			break wait
+		}
+	}
+	return ok, pubErr
+}
+
+// publishedSince remembers, per subject, the event ids stored on it since a
+// moment, for the records of one batch that are old enough for the stream
+// to have forgotten them.
+type publishedSince struct {
+	subjects map[string]map[string]bool
+}
+
+// skew allows for the difference between Redis's clock (record times) and
+// the NATS server's (message times).
+const skew = time.Minute
+
+// has reports whether event id is on subj, stored at or after the record's
+// time. Every earlier publish of a record came after it was written, so that
+// range holds it if anything does — however many records of the subject were
+// published since, from however many outboxes.
+func (p *publishedSince) has(ctx context.Context, js jetstream.JetStream, stream, subj string, at time.Time, id string) (bool, error) {
+	if p.subjects == nil {
+		p.subjects = map[string]map[string]bool{}
+	}
+	ids, ok := p.subjects[subj]
+	if !ok {
+		var err error
+		if ids, err = storedIDs(ctx, js, stream, subj, at.Add(-skew)); err != nil {
+			return false, err
+		}
+		p.subjects[subj] = ids
+	}
+	return ids[id], nil
+}
+
+// storedIDs reads the Nats-Msg-Id of every message on subj stored since.
+func storedIDs(ctx context.Context, js jetstream.JetStream, stream, subj string, since time.Time) (map[string]bool, error) {
+	ids := map[string]bool{}
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return nil, err
+	}
+	last, err := s.GetLastMsgForSubject(ctx, subj)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return ids, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if last.Time.Before(since) {
+		return ids, nil
+	}
+	c, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{subj},
+		DeliverPolicy:  jetstream.DeliverByStartTimePolicy,
+		OptStartTime:   &since,
+		HeadersOnly:    true,
+	})
+	if err != nil {
+		return nil, err
+	}
+	for {
+		m, err := c.Next(jetstream.FetchMaxWait(5 * time.Second))
+		if err != nil {
+			return nil, fmt.Errorf("read %s since %s: %w", subj, since.Format(time.RFC3339), err)
+		}
+		ids[m.Headers().Get(jetstream.MsgIDHeader)] = true
+		md, err := m.Metadata()
+		if err != nil {
+			return nil, err
+		}
+		if md.Sequence.Stream >= last.Sequence || md.NumPending == 0 {
+			return ids, nil
+		}
+	}
+}
+
+// recordTime reads when a record was written from its Redis Stream id
+// (milliseconds-sequence).
+func recordTime(streamID string) (time.Time, bool) {
+	msPart, _, _ := strings.Cut(streamID, "-")
+	ms, err := strconv.ParseInt(msPart, 10, 64)
+	if err != nil {
+		return time.Time{}, false
+	}
+	return time.UnixMilli(ms), true
+}

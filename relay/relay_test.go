@@ -1,0 +1,399 @@
+package relay_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/testenv"
+	"github.com/cronstream/cronstream/relay"
+	"github.com/cronstream/cronstream/taskstate"
+)
+
+const prefix = "rl"
+
+var names = events.MustNames(prefix)
+
+type env struct {
+	t     *testing.T
+	nats  *testenv.NATS
+	rc    *redis.Client
+	store *taskstate.Store
+	js    jetstream.JetStream
+	n     int // records written so far
+}
+
+// newEnv starts Redis and NATS with the streams; dup, when non-zero,
+// overrides the activity stream's duplicate window (EnsureStreams refuses
+// windows this short).
+func newEnv(t *testing.T, dup time.Duration) *env {
+	t.Helper()
+	e := &env{t: t, nats: testenv.StartNATS(t)}
+	e.rc = testenv.StartRedis(t).Client(t)
+	e.store = taskstate.New(e.rc)
+	e.js = e.nats.JetStream(t)
+	c := ctx(t, 30*time.Second)
+	if err := events.EnsureStreams(c, e.js, events.StreamConfig{Names: names}); err != nil {
+		t.Fatal(err)
+	}
+	if dup > 0 {
+		cfg, err := events.StreamConfig{Names: names}.ActivityStreamConfig()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Duplicates = dup
+		if _, err := e.js.UpdateStream(c, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return e
+}
+
+func ctx(t testing.TB, d time.Duration) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return c
+}
+
+func logger(t testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(b []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(b)))
+	return len(b), nil
+}
+
+// write appends n records (fired events of entry, one task each) to queue's
+// outbox through the fire script, as the scheduler does, and returns their
+// event ids in outbox order.
+func (e *env) write(queue, entry string, n int) []string {
+	e.t.Helper()
+	fires := make([]taskstate.Fire, 0, n)
+	ids := make([]string, 0, n)
+	now := time.Now()
+	for range n {
+		e.n++
+		tick := time.Unix(1_700_000_000+int64(e.n), 0).UTC()
+		taskID := fmt.Sprintf("%s:%s:%d", prefix, entry, e.n)
+		evID := fmt.Sprintf("fire:%s:%d", entry, tick.Unix())
+		ev, err := events.NewEventAt(evID, now, events.TypeEntryFired, "cronstream/test", entry, events.Fired{
+			Entry: entry, ScheduledAt: tick, EnqueuedAt: now, TaskID: taskID, Queue: queue,
+		})
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		b, err := ev.Marshal()
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		fires = append(fires, taskstate.Fire{
+			Prefix: prefix, Entry: entry, Queue: queue, Kind: taskstate.FireBackfill, Tick: tick,
+			Msg: &taskstate.TaskMessage{Type: "t", ID: taskID}, FiredRecord: taskstate.Record{ID: evID, Data: b},
+		})
+		ids = append(ids, evID)
+	}
+	res, err := e.store.FireBatch(ctx(e.t, 30*time.Second), fires)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for _, r := range res {
+		if r.Status != taskstate.StatusFired {
+			e.t.Fatalf("fire: %s", r.Status)
+		}
+	}
+	return ids
+}
+
+// stored returns the Nats-Msg-Ids in the activity stream, in order.
+func (e *env) stored() []string {
+	e.t.Helper()
+	c := ctx(e.t, 30*time.Second)
+	s, err := e.js.Stream(c, names.ActivityStream())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	info, err := s.Info(c)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if info.State.Msgs == 0 {
+		return nil
+	}
+	cons, err := s.OrderedConsumer(c, jetstream.OrderedConsumerConfig{HeadersOnly: true})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var out []string
+	for {
+		m, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		out = append(out, m.Headers().Get(jetstream.MsgIDHeader))
+		md, _ := m.Metadata()
+		if md.Sequence.Stream >= info.State.LastSeq {
+			return out
+		}
+	}
+}
+
+func (e *env) storedCount() uint64 {
+	s, err := e.js.Stream(context.Background(), names.ActivityStream())
+	if err != nil {
+		return 0
+	}
+	info, err := s.Info(context.Background())
+	if err != nil {
+		return 0
+	}
+	return info.State.Msgs
+}
+
+func (e *env) outboxLen(queue string) int64 {
+	n, err := e.store.OutboxLen(context.Background(), prefix, queue)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return n
+}
+
+// newRelay returns a relay on its own NATS connection (closed at cleanup)
+// and stops it at cleanup.
+func (e *env) newRelay(owner string, mod func(*relay.Config)) *relay.Relay {
+	e.t.Helper()
+	js, err := jetstream.New(e.nats.Connect(e.t, nats.Name(owner)))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	cfg := relay.Config{Outbox: e.store, JS: js, Names: names, Owner: owner, Interval: 50 * time.Millisecond, Batch: 64, Logger: logger(e.t)}
+	if mod != nil {
+		mod(&cfg)
+	}
+	r := relay.New(cfg)
+	e.t.Cleanup(func() {
+		c, cancel := context.WithCancel(context.Background())
+		cancel()
+		_ = r.Stop(c)
+	})
+	return r
+}
+
+// kill stops r as a crash would: no flush, no lease release.
+func kill(r *relay.Relay) {
+	dead, cancel := context.WithCancel(context.Background())
+	cancel()
+	_ = r.Stop(dead)
+}
+
+// checkExactlyOnce asserts the stream holds want, each once, in order.
+func checkExactlyOnce(t *testing.T, got, want []string) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("stream holds %d events, want %d", len(got), len(want))
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("event %d is %s, want %s (order or duplicates)", i, got[i], want[i])
+		}
+	}
+}
+
+// TestRelayPublishesInOrder: records of one outbox reach the stream in
+// outbox order, with Nats-Msg-Id = event id, and leave the outbox.
+func TestRelayPublishesInOrder(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 0)
+	var want []string
+	for _, entry := range []string{"a", "b", "c"} {
+		want = append(want, e.write("default", entry, 100)...)
+	}
+	r := e.newRelay("r1", nil)
+	r.Start()
+	testenv.Eventually(t, 20*time.Second, func() bool { return e.outboxLen("default") == 0 }, "the outbox to drain")
+	checkExactlyOnce(t, e.stored(), want)
+	if got := r.Published(); got != uint64(len(want)) {
+		t.Errorf("Published() = %d, want %d", got, len(want))
+	}
+	testenv.Eventually(t, 5*time.Second, func() bool { return r.Backlog() == 0 }, "backlog to read 0")
+}
+
+// TestRelayOneOwnerAtATime: two relays on one outbox; the lease lets one
+// publish, so records go out once and in order.
+func TestRelayOneOwnerAtATime(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 0)
+	r1 := e.newRelay("r1", nil)
+	r2 := e.newRelay("r2", nil)
+	r1.Start()
+	r2.Start()
+	var want []string
+	for i := range 20 {
+		want = append(want, e.write("default", fmt.Sprintf("e%d", i%4), 25)...)
+		r1.Notify()
+		r2.Notify()
+	}
+	testenv.Eventually(t, 20*time.Second, func() bool { return e.outboxLen("default") == 0 }, "the outbox to drain")
+	checkExactlyOnce(t, e.stored(), want)
+	if p1, p2 := r1.Published(), r2.Published(); p1+p2 != uint64(len(want)) {
+		t.Errorf("published %d + %d, want %d in all", p1, p2, len(want))
+	}
+}
+
+// TestRelayTakeover: the owner dies holding the lease; another relay takes
+// the outbox over once the lease lapses and publishes the rest, once.
+func TestRelayTakeover(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 0)
+	ttl := time.Second
+	r1 := e.newRelay("r1", func(c *relay.Config) { c.LeaseTTL = ttl })
+	want := e.write("default", "a", 50)
+	r1.Start()
+	testenv.Eventually(t, 20*time.Second, func() bool { return e.outboxLen("default") == 0 }, "r1 to drain")
+	// r1 holds the lease from its last pass; it dies with records arriving.
+	more := e.write("default", "a", 10)
+	kill(r1)
+	died := time.Now()
+	want = append(want, more...)
+	want = append(want, e.write("default", "b", 10)...)
+	r2 := e.newRelay("r2", func(c *relay.Config) { c.LeaseTTL = ttl })
+	r2.Start()
+	testenv.Eventually(t, 20*time.Second, func() bool { return e.outboxLen("default") == 0 }, "r2 to take over")
+	checkExactlyOnce(t, e.stored(), want)
+	if r2.Published() == 0 {
+		t.Fatal("r2 published nothing")
+	}
+	t.Logf("r2 took over %s after r1 died (lease %s)", time.Since(died).Round(10*time.Millisecond), ttl)
+}
+
+// TestRelayNATSDown: while NATS is down records wait in Redis and the
+// backlog says so; when it is back they flow, once each.
+func TestRelayNATSDown(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 0)
+	r := e.newRelay("r1", func(c *relay.Config) { c.PublishTimeout = time.Second })
+	r.Start()
+	want := e.write("default", "a", 20)
+	testenv.Eventually(t, 20*time.Second, func() bool { return e.outboxLen("default") == 0 }, "the first records to go out")
+	e.nats.Shutdown()
+	want = append(want, e.write("default", "a", 30)...)
+	r.Notify()
+	testenv.Eventually(t, 20*time.Second, func() bool { return r.Backlog() == 30 }, "the backlog to show the waiting records (backlog %d)", r.Backlog())
+	if n := e.outboxLen("default"); n != 30 {
+		t.Fatalf("outbox holds %d records while NATS is down, want 30", n)
+	}
+	e.nats.Restart(t)
+	testenv.Eventually(t, 30*time.Second, func() bool { return e.outboxLen("default") == 0 }, "records to flow after the restart")
+	checkExactlyOnce(t, e.stored(), want)
+	testenv.Eventually(t, 5*time.Second, func() bool { return r.Backlog() == 0 }, "backlog to read 0")
+}
+
+// TestRelayOldRecordsChecked: records published by a relay that died before
+// deleting them, and left in the outbox longer than the stream's duplicate
+// window, are not published again — although several of them share one
+// subject, so the subject's last message names only one.
+func TestRelayOldRecordsChecked(t *testing.T) {
+	t.Parallel()
+	const window = time.Second
+	e := newEnv(t, window)
+	ids := e.write("default", "a", 5)
+	ids = append(ids, e.write("default", "b", 2)...)
+	// A relay published a:1..a:3 and b:1, then died before the deletes.
+	c := ctx(t, 10*time.Second)
+	recs, err := e.store.ReadOutbox(c, prefix, "default", "", 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	published := map[int]bool{0: true, 1: true, 2: true, 5: true}
+	var order []string
+	for i, rec := range recs {
+		if !published[i] {
+			continue
+		}
+		subj := names.FireSubject(strings.Split(rec.EventID, ":")[1])
+		if _, err := e.js.PublishMsg(c, &nats.Msg{Subject: subj, Data: rec.Data, Header: nats.Header{jetstream.MsgIDHeader: []string{rec.EventID}}}); err != nil {
+			t.Fatal(err)
+		}
+		order = append(order, rec.EventID)
+	}
+	// Past the stream's window and half the relay's: the stream would take
+	// a republished record as new.
+	stale := time.Now().Add(2 * window)
+	testenv.Eventually(t, 10*time.Second, func() bool { return time.Now().After(stale) }, "the duplicate window to pass")
+	r := e.newRelay("r2", func(c *relay.Config) { c.DuplicateWindow = window })
+	if err := r.Flush(ctx(t, 20*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	for i, id := range ids {
+		if !published[i] {
+			order = append(order, id)
+		}
+	}
+	checkExactlyOnce(t, e.stored(), order)
+	if n := e.outboxLen("default"); n != 0 {
+		t.Fatalf("outbox holds %d records", n)
+	}
+}
+
+// TestRelayFlushLeavesOthersOutboxes: Flush (and so Stop) returns at once
+// when the records left belong to an outbox another relay owns, instead of
+// spinning until its context ends.
+func TestRelayFlushLeavesOthersOutboxes(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 0)
+	e.write("default", "a", 3)
+	if ok, err := e.store.AcquireOutbox(context.Background(), prefix, "default", "other", time.Minute); err != nil || !ok {
+		t.Fatalf("acquire: %v %v", ok, err)
+	}
+	r := e.newRelay("r1", nil)
+	begin := time.Now()
+	if err := r.Flush(ctx(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(begin); d > 2*time.Second {
+		t.Fatalf("Flush took %s with nothing it could publish", d)
+	}
+	if got := r.Backlog(); got != 3 {
+		t.Fatalf("Backlog() = %d, want 3", got)
+	}
+	if n := e.storedCount(); n != 0 {
+		t.Fatalf("published %d records of an outbox it does not own", n)
+	}
+}
+
+// TestRelayHold: while Hold says so (a burst of fires), the relay does not
+// publish; it never waits longer than MaxHold in a row, and publishes as
+// soon as Hold lets go.
+func TestRelayHold(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 0)
+	var hold atomic.Bool
+	hold.Store(true)
+	r := e.newRelay("r1", func(c *relay.Config) {
+		c.Hold = hold.Load
+		c.MaxHold = 1500 * time.Millisecond
+	})
+	want := e.write("default", "a", 10)
+	r.Start()
+	begin := time.Now()
+	testenv.Eventually(t, 10*time.Second, func() bool { return e.outboxLen("default") == 0 }, "the relay to publish despite a Hold that never lets go")
+	if waited := time.Since(begin); waited < time.Second {
+		t.Fatalf("published after %s while held (MaxHold 1.5s)", waited)
+	}
+	hold.Store(false)
+	want = append(want, e.write("default", "b", 10)...)
+	r.Notify()
+	testenv.Eventually(t, 5*time.Second, func() bool { return e.outboxLen("default") == 0 }, "the relay to publish once Hold lets go")
+	checkExactlyOnce(t, e.stored(), want)
+}

@@ -1,0 +1,285 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/cronstream/cronstream/events"
+)
+
+// History tells the scheduler which queues an entry used before its current
+// one, so a replica that did not see a queue change live still closes the
+// old queue before it fires into the new one (DESIGN.md "Queue change =
+// handover").
+//
+// Reading an entry's history costs a consumer on the config stream, and the
+// question arises for every entry without a watermark in its queue — every
+// entry of a fresh deployment, every new registration. EventCounts answers
+// for all entries at once: an entry whose subject holds one event (its
+// registration) has no earlier queue, so only entries with more events are
+// read one by one.
+type History interface {
+	// EventCounts returns how many config events each entry's subject
+	// holds, and a stream sequence the counts are at least as new as.
+	EventCounts(ctx context.Context) (counts map[string]uint64, asOf uint64, err error)
+	// PreviousQueues returns the queues of entry's current life (since its
+	// last registration), oldest first; the current queue may be among
+	// them.
+	PreviousQueues(ctx context.Context, entry string) ([]string, error)
+
+	// FiredEntries returns the entries with events on their fire subjects
+	// in the activity stream, in one request.
+	FiredEntries(ctx context.Context) (map[string]bool, error)
+	// LastHandled returns the last scheduled tick the activity stream
+	// recorded for entry (fired, or skipped as a tick: not a trigger or a
+	// backfill) and its task id; ok is false when there is none.
+	LastHandled(ctx context.Context, entry string) (tick time.Time, taskID string, ok bool, err error)
+}
+
+// StreamHistory is the History of a config stream.
+type StreamHistory struct {
+	js     jetstream.JetStream
+	names  events.Names
+	client *events.Client
+}
+
+// NewStreamHistory returns the History of names' config stream.
+func NewStreamHistory(js jetstream.JetStream, names events.Names) *StreamHistory {
+	return &StreamHistory{js: js, names: names, client: events.NewClient(js, names)}
+}
+
+// EventCounts reads the per-subject message counts of the config stream in
+// one stream-info request (paged by the client for very many subjects).
+func (h *StreamHistory) EventCounts(ctx context.Context) (map[string]uint64, uint64, error) {
+	s, err := h.js.Stream(ctx, h.names.ConfigStream())
+	if err != nil {
+		return nil, 0, fmt.Errorf("config event counts: %w", err)
+	}
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(h.names.ConfigFilter()))
+	if err != nil {
+		return nil, 0, fmt.Errorf("config event counts: %w", err)
+	}
+	counts := make(map[string]uint64, len(info.State.Subjects))
+	for subj, n := range info.State.Subjects {
+		if id, ok := h.names.EntryFromConfigSubject(subj); ok {
+			counts[id] = n
+		}
+	}
+	return counts, info.State.LastSeq, nil
+}
+
+// PreviousQueues reads entry's config history.
+func (h *StreamHistory) PreviousQueues(ctx context.Context, entry string) ([]string, error) {
+	recs, err := h.client.History(ctx, entry)
+	if err != nil {
+		return nil, err
+	}
+	seen := map[string]bool{}
+	var out []string
+	for _, rec := range recs {
+		if rec.Entry == nil {
+			continue
+		}
+		if rec.Event != nil && rec.Event.Type == events.TypeEntryRegistered {
+			// Queues of an earlier life of the entry no longer matter.
+			seen, out = map[string]bool{}, nil
+		}
+		q := rec.Entry.Options.QueueName()
+		if !seen[q] {
+			seen[q] = true
+			out = append(out, q)
+		}
+	}
+	return out, nil
+}
+
+// FiredEntries reads the per-subject counts of the activity stream's fire
+// subjects in one stream-info request.
+func (h *StreamHistory) FiredEntries(ctx context.Context) (map[string]bool, error) {
+	s, err := h.js.Stream(ctx, h.names.ActivityStream())
+	if err != nil {
+		return nil, fmt.Errorf("fired entries: %w", err)
+	}
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(h.names.FireSubject("*")))
+	if err != nil {
+		return nil, fmt.Errorf("fired entries: %w", err)
+	}
+	out := make(map[string]bool, len(info.State.Subjects))
+	for subj, n := range info.State.Subjects {
+		if id, ok := h.names.EntryFromFireSubject(subj); ok && n > 0 {
+			out[id] = true
+		}
+	}
+	return out, nil
+}
+
+// lookBack bounds how far before the subject's last message LastHandled
+// searches when that message is a trigger or a backfill.
+const lookBack = 24 * time.Hour
+
+// LastHandled reads entry's last fire-subject message and, when that is a
+// trigger or a backfill (which never move the watermark), the messages of
+// the day before it.
+func (h *StreamHistory) LastHandled(ctx context.Context, entry string) (time.Time, string, bool, error) {
+	subj := h.names.FireSubject(entry)
+	s, err := h.js.Stream(ctx, h.names.ActivityStream())
+	if err != nil {
+		return time.Time{}, "", false, err
+	}
+	last, err := s.GetLastMsgForSubject(ctx, subj)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return time.Time{}, "", false, nil
+	}
+	if err != nil {
+		return time.Time{}, "", false, err
+	}
+	if tick, task, ok := handledTick(last.Data); ok {
+		return tick, task, true, nil
+	}
+	since := last.Time.Add(-lookBack)
+	c, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{subj}, DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &since,
+	})
+	if err != nil {
+		return time.Time{}, "", false, err
+	}
+	var tick time.Time
+	var task string
+	found := false
+	for {
+		m, err := c.Next(jetstream.FetchMaxWait(5 * time.Second))
+		if err != nil {
+			return time.Time{}, "", false, fmt.Errorf("read %s: %w", subj, err)
+		}
+		if t, id, ok := handledTick(m.Data()); ok && (!found || t.After(tick)) {
+			tick, task, found = t, id, true
+		}
+		md, err := m.Metadata()
+		if err != nil {
+			return time.Time{}, "", false, err
+		}
+		if md.Sequence.Stream >= last.Sequence || md.NumPending == 0 {
+			return tick, task, found, nil
+		}
+	}
+}
+
+// handledTick reads the tick a fire-subject event moved the watermark to.
+func handledTick(data []byte) (time.Time, string, bool) {
+	ev, err := events.DecodeEvent(data)
+	if err != nil {
+		return time.Time{}, "", false
+	}
+	switch ev.Type {
+	case events.TypeEntryFired:
+		var f events.Fired
+		if ev.DecodeData(&f) != nil || f.Trigger != "" || f.Backfill || f.ScheduledAt.IsZero() {
+			return time.Time{}, "", false
+		}
+		return f.ScheduledAt, f.TaskID, true
+	case events.TypeEntrySkipped:
+		var sk events.Skipped
+		if ev.DecodeData(&sk) != nil || sk.ScheduledAt.IsZero() {
+			return time.Time{}, "", false
+		}
+		if sk.Until != nil {
+			return *sk.Until, "", true
+		}
+		return sk.ScheduledAt, "", true
+	}
+	return time.Time{}, "", false
+}
+
+// historyRefresh bounds how often the event counts and the fired entries
+// are read: each lists every entry's subject (about 15 ms per 10,000), and
+// registrations arrive in bursts.
+const historyRefresh = time.Second
+
+// historyCache holds what History said about all entries, for the loop
+// goroutine.
+type historyCache struct {
+	counts   map[string]uint64
+	asOf     uint64
+	countsAt time.Time
+	fired    map[string]bool
+	firedAt  time.Time
+}
+
+// errHistoryLater: the cached counts predate the entry's revision and may
+// not be read again yet; the entry waits in s.load.
+var errHistoryLater = errors.New("config event counts are older than the entry")
+
+// previousQueues returns r's earlier queues, or nil when it cannot have
+// any: its subject holds only its registration. errHistoryLater asks the
+// caller to come back after historyRefresh.
+func (s *Scheduler) previousQueues(ctx context.Context, r *entryRun) ([]string, error) {
+	if s.cfg.History == nil {
+		return nil, nil
+	}
+	h := &s.hist
+	if h.counts == nil || h.asOf < r.st.Revision {
+		if time.Since(h.countsAt) < historyRefresh {
+			return nil, errHistoryLater
+		}
+		h.countsAt = time.Now()
+		counts, asOf, err := s.cfg.History.EventCounts(ctx)
+		if err != nil {
+			s.log.Warn("read config event counts", "err", err)
+		} else {
+			h.counts, h.asOf = counts, asOf
+		}
+	}
+	if h.counts != nil && h.asOf >= r.st.Revision && h.counts[r.id] <= 1 {
+		return nil, nil
+	}
+	prev, err := s.cfg.History.PreviousQueues(ctx, r.id)
+	if err != nil {
+		// Invariant 7: without NATS nobody can change the config either,
+		// so keep firing on what is known.
+		s.log.Warn("read the entry's earlier queues; firing without closing them", "entry", r.id, "err", err)
+		return nil, nil
+	}
+	return prev, nil
+}
+
+// restore seeds r's lost watermark from the activity stream: an entry
+// with no watermark in its queue whose fires are in the stream lost it
+// (Redis lost data), and without it the catch-up policy would fire again
+// ticks that already fired. It reports whether a watermark was seeded.
+func (s *Scheduler) restore(ctx context.Context, r *entryRun) bool {
+	if s.cfg.History == nil {
+		return false
+	}
+	h := &s.hist
+	if !h.fired[r.id] && time.Since(h.firedAt) >= historyRefresh {
+		h.firedAt = time.Now()
+		fired, err := s.cfg.History.FiredEntries(ctx)
+		if err != nil {
+			s.log.Warn("read which entries fired; not restoring lost watermarks", "err", err)
+		} else {
+			h.fired = fired
+		}
+	}
+	if !h.fired[r.id] {
+		return false
+	}
+	tick, task, ok, err := s.cfg.History.LastHandled(ctx, r.id)
+	if err != nil {
+		s.log.Warn("read the entry's last fire to restore its watermark", "entry", r.id, "err", err)
+		return false
+	}
+	if !ok {
+		return false
+	}
+	// Revision 0: a restore never overrides a handover.
+	if err := s.cfg.Broker.SeedWatermark(ctx, s.cfg.Names.Prefix(), r.queue, r.id, tick, task, 0); err != nil {
+		s.log.Warn("restore the entry's watermark from the stream", "entry", r.id, "tick", tick, "err", err)
+		return false
+	}
+	s.log.Warn("entry had no watermark in Redis but fires in the stream: restored it (did Redis lose data?)", "entry", r.id, "queue", r.queue, "tick", tick)
+	return true
+}

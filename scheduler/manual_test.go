@@ -1,0 +1,130 @@
+package scheduler_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/projector"
+	"github.com/cronstream/cronstream/relay"
+	"github.com/cronstream/cronstream/scheduler"
+)
+
+func (e *env) state(id string) projector.State {
+	e.t.Helper()
+	en, rev, err := e.client.Get(ctx(e.t, 10*time.Second), id)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return projector.State{Entry: en.Normalize(), Revision: rev}
+}
+
+// flush publishes every outbox record with a one-off relay.
+func (e *env) flush() {
+	e.t.Helper()
+	r := relay.New(relay.Config{Outbox: e.store, JS: e.js, Names: testNames, Owner: "flush", Logger: testLogger(e.t)})
+	if err := r.Flush(ctx(e.t, 20*time.Second)); err != nil {
+		e.t.Fatal(err)
+	}
+	if err := r.Stop(ctx(e.t, 10*time.Second)); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// TestTriggerAndBackfillIdempotent: a retried trigger (same request id) and
+// a repeated backfill fire nothing twice, before and after their events are
+// in the stream; neither moves the watermark.
+func TestTriggerAndBackfillIdempotent(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.put(every("m", "*/2 * * * * *"))
+	st := e.state("m")
+	now := time.Now()
+	m := scheduler.Manual{Firer: e.store, JS: e.js, Names: testNames, Source: "cronstream/test", Now: func() time.Time { return now }}
+	c := ctx(t, 30*time.Second)
+
+	id1, created, err := m.Trigger(c, st, "req-1")
+	if err != nil || !created {
+		t.Fatalf("first trigger: %s %v %v", id1, created, err)
+	}
+	again, created, err := m.Trigger(c, st, "req-1")
+	if err != nil || created || again != id1 {
+		t.Fatalf("retried trigger: %s %v %v, want %s not created", again, created, err, id1)
+	}
+	id2, created, err := m.Trigger(c, st, "req-2")
+	if err != nil || !created || id2 == id1 {
+		t.Fatalf("second request: %s %v %v", id2, created, err)
+	}
+	if _, _, err := m.Trigger(c, st, "bad id!"); err == nil {
+		t.Fatal("a request id that is no valid id must be refused")
+	}
+
+	from, to := now.Add(-20*time.Second).Truncate(time.Second), now.Add(-time.Second).Truncate(time.Second)
+	res, err := m.Backfill(c, st, from, to)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Ticks < 9 || len(res.Fired) != res.Ticks || res.Already != 0 {
+		t.Fatalf("first backfill: %+v", res)
+	}
+	// Retried before the relay published anything: the tasks exist.
+	res2, err := m.Backfill(c, st, from, to)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res2.Fired) != 0 || res2.Already != res.Ticks {
+		t.Fatalf("retried backfill: %+v", res2)
+	}
+	e.flush()
+	// Retried after: the stream says they fired.
+	res3, err := m.Backfill(c, st, from, to)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res3.Fired) != 0 || res3.Already != res.Ticks {
+		t.Fatalf("backfill after publishing: %+v", res3)
+	}
+	if _, _, ok, err := e.store.Watermark(context.Background(), testPrefix, "default", "m"); err != nil || ok {
+		t.Fatalf("trigger and backfill must not move the watermark (ok %v, err %v)", ok, err)
+	}
+	if _, err := m.Backfill(c, st, from, now.Add(time.Hour)); err == nil {
+		t.Fatal("a backfill into the future must fail")
+	}
+	if _, err := m.Backfill(c, st, now.Add(-24*time.Hour), now); !errors.Is(err, scheduler.ErrTooManyTicks) {
+		t.Fatalf("a day of every-2s ticks: %v, want ErrTooManyTicks", err)
+	}
+
+	e.flush()
+	acts := e.readActivity()
+	var triggers, backfills int
+	tasks := map[string]int{}
+	for _, a := range acts {
+		if a.Type != events.TypeEntryFired {
+			t.Errorf("unexpected %s %s", a.Type, a.MsgID)
+			continue
+		}
+		tasks[a.Fired.TaskID]++
+		switch {
+		case a.Fired.Trigger != "":
+			triggers++
+		case a.Fired.Backfill:
+			backfills++
+		}
+	}
+	if triggers != 2 || backfills != res.Ticks {
+		t.Errorf("stream has %d trigger and %d backfill events, want 2 and %d", triggers, backfills, res.Ticks)
+	}
+	for id, n := range tasks {
+		if n != 1 {
+			t.Errorf("task %s has %d events", id, n)
+		}
+		if !e.taskExists("default", id) {
+			t.Errorf("task %s is not in Redis", id)
+		}
+	}
+	if got := len(e.pendingIDs("default")); got != len(tasks) {
+		t.Errorf("%d tasks pending, %d events", got, len(tasks))
+	}
+}

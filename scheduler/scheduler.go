@@ -1,0 +1,1107 @@
+// Package scheduler fires every registered entry's ticks into Redis as asynq
+// tasks, exactly once across any number of replicas (DESIGN.md "Scheduler",
+// invariants 1, 2, 6 and 7).
+//
+// It owns fire-time computation (Schedule), the firing loop (one timer over a
+// min-heap of due instants), catch-up after outages, the primary/late split
+// between replicas, manual triggers and backfills. It never decides alone
+// that a tick may fire: every fire is one atomic taskstate script that
+// compares-and-sets the entry's watermark and checks the revision and
+// staleness fences, so two replicas can never both fire one tick. It never
+// publishes to NATS: fired and skipped events go into the Redis outbox in
+// the same step as the task, and the relay publishes them. It reads the
+// streams only through History: an entry's earlier queues (to close them
+// before firing into a new one) and its last fire (to restore a watermark
+// Redis lost).
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/projector"
+	"github.com/cronstream/cronstream/taskstate"
+)
+
+// Broker is the scheduler's seam to Redis; *taskstate.Store implements it.
+type Broker interface {
+	FireBatch(ctx context.Context, fires []taskstate.Fire) ([]taskstate.FireResult, error)
+	Watermarks(ctx context.Context, prefix, queue string, entries []string) ([]taskstate.WatermarkInfo, error)
+	CloseForHandover(ctx context.Context, prefix, oldQueue, entry string, revision uint64) (time.Time, string, bool, error)
+	SeedWatermark(ctx context.Context, prefix, newQueue, entry string, tick time.Time, taskID string, revision uint64) error
+	WriteSchedulerEntries(ctx context.Context, schedulerID string, entries []taskstate.SchedulerEntry, ttl time.Duration) error
+	RecordSchedulerEnqueueEvents(ctx context.Context, events []taskstate.EnqueueEventRecord) error
+}
+
+// Projection is what the scheduler reads of the live projection;
+// *projector.Projector implements it.
+type Projection interface {
+	Subscribe() *projector.Subscription
+	LastSeq() uint64
+	LastHeard() time.Time
+	WaitCaughtUp(ctx context.Context) error
+}
+
+// Members tells which replicas are live, for the primary of each entry.
+type Members interface {
+	Live() []string
+}
+
+// Defaults, each overridable in Config.
+const (
+	DefaultGrace        = 5 * time.Second
+	DefaultLateDelay    = 2 * time.Second
+	DefaultMaxStaleness = 30 * time.Second
+	DefaultMaxCatchup   = 100
+	DefaultBatch        = 1000
+	DefaultParallel     = 4
+	DefaultVisibility   = 10 * time.Second
+)
+
+// Config configures a Scheduler. Zero values mean the defaults.
+type Config struct {
+	Broker     Broker
+	Projection Projection
+	Members    Members // nil: this replica is primary for everything
+	Names      events.Names
+	ReplicaID  string
+	Clock      *Clock // nil: the local clock, uncorrected
+	// Grace: a tick counts as missed (and goes to the catch-up policy) only
+	// once it is older than this.
+	Grace time.Duration
+	// LateDelay: a replica that is not an entry's primary fires a tick only
+	// once it is this late.
+	LateDelay time.Duration
+	// MaxStaleness: how far this replica's view of the config stream may lag
+	// the freshest replica firing into the same queue.
+	MaxStaleness time.Duration
+	// MaxCatchup bounds the missed ticks one entry fires per pass (policy
+	// all); the rest follow in the next passes.
+	MaxCatchup int
+	// Batch bounds the fires sent to Redis in one call.
+	Batch int
+	// Parallel bounds the batches in flight at once (default 4).
+	Parallel int
+	// Backlog returns the relay's outbox backlog; firing pauses while it is
+	// above MaxOutbox (0: no bound).
+	Backlog   func() int64
+	MaxOutbox int64
+	// OnFire is called after fires were written (the relay's Notify), from
+	// any goroutine; it must not block.
+	OnFire func()
+	// Visibility is how often asynq's scheduler entries are rewritten.
+	Visibility time.Duration
+	// History, when set, tells which queues an entry used before its
+	// current one, so a replica that did not see a queue change live still
+	// closes the old queue before firing (NewStreamHistory). It reads the
+	// history only of entries whose subject holds more than their
+	// registration.
+	History History
+	Logger  *slog.Logger
+	Metrics *Metrics
+}
+
+// Scheduler is one replica's firing loop.
+type Scheduler struct {
+	cfg   Config
+	log   *slog.Logger
+	clock *Clock
+	m     *Metrics
+	src   string // events' source
+
+	// Owned by the loop goroutine.
+	entries map[string]*entryRun
+	heap    dueHeap
+	load    map[string]*entryRun // entries whose watermark must be read
+	// loadAfter delays the next watermark load after a failed one.
+	loadAfter time.Time
+	loadFails int
+	live      []string
+	// visWritten: asynq's scheduler entries were written once since start.
+	visWritten bool
+	// hist caches History's answers about all entries.
+	hist historyCache
+
+	observed chan observation
+	wake     chan struct{}
+	history  chan []taskstate.EnqueueEventRecord // to writeHistory
+
+	mu    sync.Mutex
+	stats Stats
+
+	paused  atomic.Bool // outbox backpressure
+	busy    atomic.Bool // firing more than one batch
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	started atomic.Bool
+}
+
+// Stats are counters for status and tests.
+type Stats struct {
+	Fired, AlreadyExisted, SkippedMissed, SkippedOverlap, SkippedUnique uint64
+	Refused                                                             map[string]uint64
+	Errors                                                              uint64
+	Entries                                                             int
+}
+
+// entryRun is the scheduler's state of one registered entry.
+type entryRun struct {
+	id    string
+	st    projector.State
+	sched *Schedule
+	queue string
+
+	// cursor is the entry's last handled (fired or skipped) tick in its
+	// queue, as last known; known says whether it was read from Redis or
+	// learned from a fire.
+	cursor    time.Time
+	hasCursor bool
+	known     bool
+	lastTask  string
+	// floor: ticks at or before it are never fired (they belong to a pause
+	// or to an earlier spec).
+	floor time.Time
+	// fromQueue is a queue the entry must be closed in before it fires in
+	// queue (a queue change seen live).
+	fromQueue string
+	// reopen: the entry's queue slot was found closed by an older handover
+	// (the entry moved away and back); it is reopened from the history.
+	reopen bool
+	// restored: a lost watermark was looked for in the activity stream.
+	restored bool
+	// pendingSkip are missed ticks to record with the next fire.
+	pendingSkip tickRange
+
+	due   time.Time
+	index int
+	tries int // consecutive refusals/errors, for backoff
+}
+
+type observation struct {
+	entry string
+	tick  time.Time
+}
+
+// New returns a scheduler; Start runs it.
+func New(cfg Config) (*Scheduler, error) {
+	if cfg.Broker == nil || cfg.Projection == nil {
+		return nil, errors.New("scheduler: Broker and Projection are required")
+	}
+	if cfg.ReplicaID == "" {
+		return nil, errors.New("scheduler: ReplicaID is required")
+	}
+	if cfg.Grace <= 0 {
+		cfg.Grace = DefaultGrace
+	}
+	if cfg.LateDelay <= 0 {
+		cfg.LateDelay = DefaultLateDelay
+	}
+	if cfg.MaxStaleness <= 0 {
+		cfg.MaxStaleness = DefaultMaxStaleness
+	}
+	if cfg.MaxCatchup <= 0 {
+		cfg.MaxCatchup = DefaultMaxCatchup
+	}
+	if cfg.Batch <= 0 {
+		cfg.Batch = DefaultBatch
+	}
+	if cfg.Parallel <= 0 {
+		cfg.Parallel = DefaultParallel
+	}
+	if cfg.Visibility <= 0 {
+		cfg.Visibility = DefaultVisibility
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	clock := cfg.Clock
+	if clock == nil {
+		clock = NewClock(func(context.Context) (time.Time, error) { return time.Now(), nil })
+	}
+	m := cfg.Metrics
+	if m == nil {
+		m = NewMetrics(nil)
+	}
+	return &Scheduler{
+		cfg: cfg, log: cfg.Logger, clock: clock, m: m, src: "cronstream/" + cfg.ReplicaID,
+		entries:  map[string]*entryRun{},
+		load:     map[string]*entryRun{},
+		observed: make(chan observation, 4096),
+		history:  make(chan []taskstate.EnqueueEventRecord, 16),
+		wake:     make(chan struct{}, 1),
+		stats:    Stats{Refused: map[string]uint64{}},
+	}, nil
+}
+
+// Start waits until the projection is caught up (so the first fires use a
+// configuration at least as new as the stream's at start) and runs the
+// loop until Stop.
+func (s *Scheduler) Start(ctx context.Context) error {
+	if !s.started.CompareAndSwap(false, true) {
+		return errors.New("scheduler already started")
+	}
+	if err := s.cfg.Projection.WaitCaughtUp(ctx); err != nil {
+		return fmt.Errorf("scheduler: wait for the projection: %w", err)
+	}
+	sub := s.cfg.Projection.Subscribe()
+	lctx, cancel := context.WithCancel(context.Background())
+	s.cancel = cancel
+	changes := make(chan []projector.Change)
+	s.wg.Add(3)
+	go func() {
+		defer s.wg.Done()
+		defer close(changes)
+		defer sub.Close()
+		for {
+			batch, err := sub.Next(lctx)
+			if err != nil {
+				return
+			}
+			select {
+			case changes <- batch:
+			case <-lctx.Done():
+				return
+			}
+		}
+	}()
+	go func() {
+		defer s.wg.Done()
+		defer close(s.history) // the loop is its only sender
+		s.loop(lctx, changes)
+	}()
+	go func() {
+		defer s.wg.Done()
+		s.writeHistory()
+	}()
+	return nil
+}
+
+// Stop stops the loop and waits for it. A batch in flight is cancelled:
+// its outcome is unknown, which is safe (every fire is one atomic,
+// idempotent step; whichever replica fires next sees the watermark).
+func (s *Scheduler) Stop() {
+	if s.cancel != nil {
+		s.cancel()
+	}
+	s.wg.Wait()
+}
+
+// Observe tells the scheduler another replica handled (fired or skipped)
+// entry's tick, so it does not try that tick when its late delay passes.
+// The replica feeds it from the fire subjects of the activity stream.
+// It never blocks: when the buffer is full the observation is dropped and
+// the fire attempt's compare-and-set sorts it out.
+func (s *Scheduler) Observe(entry string, tick time.Time) {
+	select {
+	case s.observed <- observation{entry, tick}:
+	default:
+	}
+}
+
+// Busy reports whether the scheduler is firing a burst (more due fires
+// than one batch). The relay's Hold takes it, so a burst gets the cores and
+// Redis first and its events follow right after.
+func (s *Scheduler) Busy() bool { return s.busy.Load() }
+
+// Paused reports whether firing is paused by outbox backpressure.
+func (s *Scheduler) Paused() bool { return s.paused.Load() }
+
+// Stats returns a copy of the counters.
+func (s *Scheduler) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := s.stats
+	c.Refused = make(map[string]uint64, len(s.stats.Refused))
+	for k, v := range s.stats.Refused {
+		c.Refused[k] = v
+	}
+	return c
+}
+
+func (s *Scheduler) loop(ctx context.Context, changes <-chan []projector.Change) {
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	vis := time.NewTicker(s.cfg.Visibility)
+	defer vis.Stop()
+	var due []*entryRun
+	for {
+		// Arm the timer for the first due entry, at most a second ahead:
+		// the clock's offset to Redis may change at a heartbeat, and a timer
+		// armed on the old offset would fire late.
+		wait := time.Second
+		if at, ok := s.heap.peek(); ok {
+			wait = min(max(at.Sub(s.clock.Now()), 0), wait)
+		}
+		if len(s.load) > 0 {
+			wait = min(wait, max(time.Until(s.loadAfter), 0))
+		}
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+		timer.Reset(wait)
+		select {
+		case <-ctx.Done():
+			return
+		case batch, ok := <-changes:
+			if !ok {
+				if ctx.Err() == nil {
+					s.log.Error("the projection stopped: this replica no longer fires")
+				}
+				return
+			}
+			for _, c := range batch {
+				s.applyChange(c)
+			}
+			continue // re-arm; loading and firing happen on the next turn
+		case o := <-s.observed:
+			// Observations come in bursts (every fire of the other
+			// replicas): take what is buffered in one turn.
+			s.applyObservation(o)
+			for more := true; more; {
+				select {
+				case o := <-s.observed:
+					s.applyObservation(o)
+				default:
+					more = false
+				}
+			}
+			continue
+		case <-vis.C:
+			s.writeVisibility(ctx)
+			continue
+		case <-s.wake:
+		case <-timer.C:
+		}
+		s.live = s.liveReplicas()
+		if len(s.load) > 0 && !time.Now().Before(s.loadAfter) {
+			s.loadWatermarks(ctx)
+			if len(s.load) == 0 && !s.visWritten {
+				// Make the entries visible to asynq's tools at once, not
+				// only after the first Visibility period.
+				s.visWritten = true
+				s.writeVisibility(ctx)
+			}
+		}
+		if s.backpressured() {
+			// Try again shortly; nothing is lost, ticks become late and
+			// then follow the catch-up policy like any outage.
+			if at, ok := s.heap.peek(); ok && !at.After(s.clock.Now()) {
+				for _, e := range s.heap.popDue(s.clock.Now(), due[:0]) {
+					s.heap.set(e, s.clock.Now().Add(500*time.Millisecond))
+				}
+			}
+			continue
+		}
+		due = s.heap.popDue(s.clock.Now(), due[:0])
+		if len(due) > 0 {
+			s.fireDue(ctx, due)
+		}
+		s.setEntriesGauge()
+	}
+}
+
+func (s *Scheduler) backpressured() bool {
+	if s.cfg.Backlog == nil || s.cfg.MaxOutbox <= 0 {
+		return false
+	}
+	over := s.cfg.Backlog() > s.cfg.MaxOutbox
+	if s.paused.Swap(over) != over {
+		if over {
+			s.log.Warn("outbox backlog over the bound: firing paused until the relay catches up", "max_outbox", s.cfg.MaxOutbox)
+		} else {
+			s.log.Info("outbox backlog back under the bound: firing resumed")
+		}
+		s.m.Backpressure.Set(boolGauge(over))
+	}
+	return over
+}
+
+func (s *Scheduler) liveReplicas() []string {
+	if s.cfg.Members == nil {
+		return []string{s.cfg.ReplicaID}
+	}
+	live := s.cfg.Members.Live()
+	if len(live) == 0 {
+		return []string{s.cfg.ReplicaID}
+	}
+	return live
+}
+
+// applyChange follows the projection: entries join, change, pause, leave.
+func (s *Scheduler) applyChange(c projector.Change) {
+	r := s.entries[c.ID]
+	if c.New == nil || c.New.Entry.Paused {
+		if r != nil {
+			s.heap.remove(r)
+			delete(s.load, r.id)
+			if c.New == nil {
+				delete(s.entries, c.ID)
+			} else {
+				r.st = *c.New
+			}
+		}
+		return
+	}
+	st := *c.New
+	sched, err := NewSchedule(st.Entry)
+	if err != nil {
+		// The projector validated the entry; this is a bug, not bad input.
+		s.log.Error("entry has no usable schedule; not firing it", "entry", c.ID, "err", err)
+		if r != nil {
+			s.heap.remove(r)
+			delete(s.entries, c.ID)
+		}
+		return
+	}
+	if r == nil {
+		r = &entryRun{id: c.ID, index: -1, floor: st.Time}
+		s.entries[c.ID] = r
+	} else {
+		old := r.st.Entry
+		switch {
+		case old.Paused:
+			// Ticks while paused are not missed: they never fire.
+			r.floor = st.Time
+		case old.Cron != st.Entry.Cron || old.Timezone != st.Entry.Timezone:
+			// A new spec never fires ticks of the old one, nor its own
+			// ticks from before the change.
+			r.floor = st.Time
+			r.pendingSkip = tickRange{}
+		}
+		if q := st.Entry.Options.QueueName(); q != r.queue && r.queue != "" {
+			r.fromQueue = r.queue
+			r.known = false
+		}
+	}
+	r.st, r.sched, r.queue = st, sched, st.Entry.Options.QueueName()
+	r.tries = 0
+	if !r.known {
+		s.heap.remove(r)
+		s.load[r.id] = r
+		return
+	}
+	s.schedule(r, s.clock.Now())
+}
+
+func (s *Scheduler) applyObservation(o observation) {
+	r := s.entries[o.entry]
+	if r == nil || (r.hasCursor && !o.tick.After(r.cursor)) {
+		return
+	}
+	r.cursor, r.hasCursor = o.tick, true
+	if r.index >= 0 {
+		s.schedule(r, s.clock.Now())
+	}
+}
+
+// loadWatermarks reads the watermark of every entry that needs one, per
+// queue in one round trip, doing queue handovers first. Entries whose load
+// failed stay in s.load and are retried after a backoff.
+func (s *Scheduler) loadWatermarks(ctx context.Context) {
+	prefix := s.cfg.Names.Prefix()
+	byQueue := map[string][]*entryRun{}
+	failed, later := false, false
+	for _, r := range s.load {
+		if r.fromQueue != "" {
+			if _, err := s.handover(ctx, r, []string{r.fromQueue}); err != nil {
+				// Firing into the new queue before the old one is closed
+				// could fire a tick in both: wait.
+				failed = true
+				continue
+			}
+		}
+		byQueue[r.queue] = append(byQueue[r.queue], r)
+	}
+	now := s.clock.Now()
+	for q, runs := range byQueue {
+		ids := make([]string, len(runs))
+		for i, r := range runs {
+			ids[i] = r.id
+		}
+		wms, err := s.cfg.Broker.Watermarks(ctx, prefix, q, ids)
+		if err != nil {
+			s.countError()
+			s.log.Warn("read watermarks", "queue", q, "entries", len(ids), "err", err)
+			failed = true
+			continue // stay in s.load; retried after a backoff
+		}
+		for i, r := range runs {
+			wm := wms[i]
+			if !wm.OK || r.reopen {
+				prev, err := s.previousQueues(ctx, r)
+				if err != nil {
+					later = true
+					continue
+				}
+				if len(prev) > 0 || r.reopen {
+					seeded, err := s.handover(ctx, r, prev)
+					if err != nil {
+						failed = true
+						continue
+					}
+					if r.reopen || seeded {
+						r.reopen = false
+						continue // the watermark changed: read it again next turn
+					}
+				}
+				if !wm.OK && !r.restored {
+					r.restored = true // once per load: the stream may hold nothing usable
+					if s.restore(ctx, r) {
+						continue
+					}
+				}
+			}
+			delete(s.load, r.id)
+			r.known, r.restored = true, false
+			r.cursor, r.hasCursor, r.lastTask = wm.Tick, wm.OK, wm.TaskID
+			if r.st.Entry.Paused {
+				continue
+			}
+			s.schedule(r, now)
+		}
+	}
+	switch {
+	case failed:
+		s.loadFails++
+		s.loadAfter = time.Now().Add(min(time.Duration(s.loadFails)*200*time.Millisecond, 5*time.Second))
+	case later:
+		s.loadFails = 0
+		s.loadAfter = s.hist.countsAt.Add(historyRefresh)
+	default:
+		s.loadFails = 0
+	}
+}
+
+// handover closes the entry in each old queue and opens its queue, seeded
+// with the newest watermark found. It reports whether a watermark was
+// seeded (it must then be read again). Both steps are idempotent, so after
+// an error the whole handover is simply repeated.
+func (s *Scheduler) handover(ctx context.Context, r *entryRun, from []string) (bool, error) {
+	prefix := s.cfg.Names.Prefix()
+	var best time.Time
+	var bestTask string
+	found := false
+	for _, q := range from {
+		if q == r.queue {
+			continue
+		}
+		tick, task, ok, err := s.cfg.Broker.CloseForHandover(ctx, prefix, q, r.id, r.st.Revision)
+		if err != nil {
+			s.countError()
+			s.log.Warn("close entry in its old queue", "entry", r.id, "queue", q, "err", err)
+			return false, err
+		}
+		if ok && (!found || tick.After(best)) {
+			best, bestTask, found = tick, task, true
+		}
+	}
+	if err := s.cfg.Broker.SeedWatermark(ctx, prefix, r.queue, r.id, best, bestTask, r.st.Revision); err != nil {
+		if !errors.Is(err, taskstate.ErrHandoverSuperseded) {
+			s.countError()
+			s.log.Warn("seed entry in its new queue", "entry", r.id, "queue", r.queue, "err", err)
+			return false, err
+		}
+		// A newer configuration moved the entry on; our fires there will
+		// be refused until the projection catches up.
+	}
+	r.fromQueue = ""
+	return found, nil
+}
+
+// schedule computes when this replica should next act on r and places it
+// in the heap.
+func (s *Scheduler) schedule(r *entryRun, now time.Time) {
+	next := r.sched.Next(r.start())
+	if next.IsZero() {
+		s.heap.remove(r)
+		return
+	}
+	due := next.Add(r.sched.Jitter(next))
+	if primaryOf(r.id, s.live) != s.cfg.ReplicaID && len(s.live) > 0 {
+		due = due.Add(s.cfg.LateDelay)
+	}
+	if r.tries > 0 {
+		// Back off after refusals and errors, up to 5 s.
+		due = maxTime(due, now.Add(min(time.Duration(r.tries)*200*time.Millisecond, 5*time.Second)))
+	}
+	s.heap.set(r, due)
+}
+
+// start is the instant after which r's ticks are still to be handled.
+func (r *entryRun) start() time.Time {
+	s := r.floor
+	if r.hasCursor && r.cursor.After(s) {
+		s = r.cursor
+	}
+	if !r.pendingSkip.empty() && r.pendingSkip.Last.After(s) {
+		s = r.pendingSkip.Last
+	}
+	return s
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// fireDue builds the fires of every due entry and sends them per queue in
+// batches. Up to Parallel batches are in flight at once while the next ones
+// are built, so building (CPU here) and firing (CPU in Redis) overlap; the
+// results are applied on the loop goroutine once all are back. A plan's
+// fires (one entry's ticks) always share a batch, so their order holds.
+func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
+	if len(due) > s.cfg.Batch {
+		s.busy.Store(true)
+		defer s.busy.Store(false)
+	}
+	now := s.clock.Now()
+	seq := s.cfg.Projection.LastSeq()
+	fresh := s.cfg.Projection.LastHeard()
+	type planned struct {
+		r    *entryRun
+		more bool
+	}
+	type call struct {
+		fires   []taskstate.Fire
+		owners  []int // plan index of each fire
+		results []taskstate.FireResult
+	}
+	plans := make([]planned, 0, len(due))
+	var scratch []taskstate.Fire
+	open := map[string]*call{}
+	var calls []*call
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, s.cfg.Parallel)
+	send := func(c *call) {
+		calls = append(calls, c)
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			results, err := s.cfg.Broker.FireBatch(ctx, c.fires)
+			if err != nil && len(results) != len(c.fires) {
+				results = make([]taskstate.FireResult, len(c.fires))
+				for i := range results {
+					results[i].Err = err
+				}
+			}
+			c.results = results
+			if s.cfg.OnFire != nil {
+				s.cfg.OnFire()
+			}
+		}()
+	}
+	for _, r := range due {
+		fires, more := s.plan(r, now, seq, fresh, scratch[:0])
+		scratch = fires
+		if len(fires) == 0 {
+			s.schedule(r, now)
+			continue
+		}
+		pi := len(plans)
+		plans = append(plans, planned{r, more})
+		c := open[r.queue]
+		if c != nil && len(c.fires)+len(fires) > s.cfg.Batch {
+			send(c)
+			c = nil
+		}
+		if c == nil {
+			c = &call{fires: make([]taskstate.Fire, 0, min(s.cfg.Batch, len(due))), owners: make([]int, 0, min(s.cfg.Batch, len(due)))}
+			open[r.queue] = c
+		}
+		for range fires {
+			c.owners = append(c.owners, pi)
+		}
+		c.fires = append(c.fires, fires...)
+	}
+	for _, c := range open {
+		send(c)
+	}
+	wg.Wait()
+	var history []taskstate.EnqueueEventRecord
+	for _, c := range calls {
+		for i, res := range c.results {
+			if h, ok := s.apply(plans[c.owners[i]].r, c.fires[i], res); ok {
+				history = append(history, h)
+			}
+		}
+	}
+	for _, p := range plans {
+		if !p.r.known {
+			continue // waiting in s.load for its watermark
+		}
+		if p.more && p.r.tries == 0 {
+			// More missed ticks to fire: come back at once.
+			s.heap.set(p.r, now)
+			continue
+		}
+		s.schedule(p.r, s.clock.Now())
+	}
+	if len(history) > 0 {
+		select {
+		case s.history <- history:
+		default:
+			// asynq's own history is best effort too; ours is the stream.
+			s.log.Debug("asynq enqueue history writer busy: dropping", "events", len(history))
+		}
+	}
+}
+
+// writeHistory records asynq's enqueue history beside the loop, so the
+// loop does not wait for it.
+func (s *Scheduler) writeHistory() {
+	for recs := range s.history {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if err := s.cfg.Broker.RecordSchedulerEnqueueEvents(ctx, recs); err != nil {
+			s.log.Debug("record asynq enqueue history", "events", len(recs), "err", err)
+		}
+		cancel()
+	}
+}
+
+// plan turns r's due tick, and any missed ticks before it, into fires,
+// appended to into (a scratch slice the caller reuses).
+func (s *Scheduler) plan(r *entryRun, now time.Time, seq uint64, fresh time.Time, into []taskstate.Fire) ([]taskstate.Fire, bool) {
+	start := r.start()
+	next := r.sched.Next(start)
+	if next.IsZero() || next.Add(r.sched.Jitter(next)).After(now) {
+		return nil, false
+	}
+	// Only ticks older than grace and the largest jitter are missed; a
+	// younger tick is fired normally.
+	grace := s.cfg.Grace + r.sched.jitter
+	var one [1]time.Time
+	var ticks []time.Time
+	skipped := r.pendingSkip
+	more := false
+	if next.Before(now.Add(-grace)) {
+		p := planCatchup(r.sched, r.st.Entry.Catchup, start, now, grace, s.cfg.MaxCatchup)
+		skipped = mergeRanges(skipped, p.Skipped)
+		ticks, more = p.Fire, p.More
+		if len(ticks) == 0 {
+			// Nothing to fire now: the skipped ticks are recorded with the
+			// next fire, whose compare-and-set covers the whole gap.
+			r.pendingSkip = skipped
+			return nil, false
+		}
+	} else {
+		one[0] = next
+		ticks = one[:]
+	}
+	fires := into
+	expected, expectNone := r.cursor, !r.hasCursor
+	for i, tick := range ticks {
+		f, err := s.buildFire(r, tick, now, seq, fresh)
+		if err != nil {
+			s.countError()
+			s.log.Error("cannot build fire", "entry", r.id, "tick", tick, "err", err)
+			return nil, false
+		}
+		f.Expected, f.ExpectNone = expected, expectNone
+		if i == 0 && !skipped.empty() {
+			rec, err := s.skippedRecord(r, skipped, events.SkipMissed, now)
+			if err == nil {
+				f.SkippedRecords = []taskstate.Record{rec}
+			}
+		}
+		fires = append(fires, f)
+		expected, expectNone = tick, false
+	}
+	return fires, more
+}
+
+func mergeRanges(a, b tickRange) tickRange {
+	switch {
+	case a.empty():
+		return b
+	case b.empty():
+		return a
+	}
+	out := a
+	if b.First.Before(out.First) {
+		out.First = b.First
+	}
+	if b.Last.After(out.Last) {
+		out.Last = b.Last
+	}
+	out.Count = a.Count + b.Count
+	out.Exact = a.Exact && b.Exact
+	return out
+}
+
+// apply acts on one fire's result and returns the asynq history record of
+// a created task.
+func (s *Scheduler) apply(r *entryRun, f taskstate.Fire, res taskstate.FireResult) (taskstate.EnqueueEventRecord, bool) {
+	if res.Err != nil {
+		s.countError()
+		r.tries++
+		s.log.Warn("fire failed; will retry", "entry", r.id, "tick", f.Tick, "err", res.Err)
+		return taskstate.EnqueueEventRecord{}, false
+	}
+	status := res.Status
+	if status.Refused() {
+		s.countRefused(status.String())
+		switch status {
+		case taskstate.StatusWatermarkMismatch:
+			if r.hasCursor && !res.HasWatermark {
+				// The watermark vanished under us (Redis lost data): load
+				// it again, which restores it from the stream, instead of
+				// starting over from the entry's registration.
+				r.known, r.hasCursor = false, false
+				r.pendingSkip = tickRange{}
+				r.tries++
+				s.heap.remove(r)
+				s.load[r.id] = r
+				break
+			}
+			r.cursor, r.hasCursor, r.lastTask = res.Watermark, res.HasWatermark, res.WatermarkTaskID
+			r.known = true
+			r.pendingSkip = tickRange{} // planned against a stale watermark
+			if res.HasWatermark && !res.Watermark.Before(f.Tick) {
+				r.tries = 0 // someone else handled it: nothing wrong
+			} else {
+				r.tries++
+			}
+		case taskstate.StatusMoved:
+			r.tries++
+			if r.st.Revision > res.MovedAt {
+				// Our configuration, newer than the move, says the entry
+				// lives here again (it moved away and back while this
+				// replica did not follow live): close the queues it used
+				// since and reopen this one.
+				r.known, r.reopen = false, true
+				r.pendingSkip = tickRange{}
+				s.heap.remove(r)
+				s.load[r.id] = r
+			}
+		default: // fenced or stale: our view of the config is behind
+			r.tries++
+		}
+		return taskstate.EnqueueEventRecord{}, false
+	}
+	r.tries = 0
+	if !f.Tick.IsZero() && f.Kind == taskstate.FireTick {
+		r.cursor, r.hasCursor, r.known = f.Tick, true, true
+		r.pendingSkip = tickRange{}
+	}
+	if len(f.SkippedRecords) > 0 {
+		s.count(func(st *Stats) { st.SkippedMissed++ })
+		s.m.Skipped.WithLabelValues(events.SkipMissed).Inc()
+	}
+	switch status {
+	case taskstate.StatusFired:
+		r.lastTask = res.TaskID
+		s.count(func(st *Stats) { st.Fired++ })
+		s.m.Fired.WithLabelValues(r.queue).Inc()
+		s.m.FireLag.Observe(s.clock.Now().Sub(f.Tick).Seconds())
+		return taskstate.EnqueueEventRecord{Entry: r.id, Event: taskstate.SchedulerEnqueueEvent{TaskID: res.TaskID, EnqueueTime: s.clock.Now()}}, true
+	case taskstate.StatusAlreadyExists:
+		s.count(func(st *Stats) { st.AlreadyExisted++ })
+	case taskstate.StatusSkippedOverlap:
+		s.count(func(st *Stats) { st.SkippedOverlap++ })
+		s.m.Skipped.WithLabelValues(events.SkipOverlap).Inc()
+	case taskstate.StatusDuplicate:
+		s.count(func(st *Stats) { st.SkippedUnique++ })
+		s.m.Skipped.WithLabelValues(events.SkipUnique).Inc()
+	}
+	return taskstate.EnqueueEventRecord{}, false
+}
+
+// buildFire makes the fire of one tick of r.
+func (s *Scheduler) buildFire(r *entryRun, tick, now time.Time, seq uint64, fresh time.Time) (taskstate.Fire, error) {
+	prefix := s.cfg.Names.Prefix()
+	e := r.st.Entry
+	taskID := TaskID(prefix, r.id, tick)
+	msg := taskMessage(e, taskID, tick)
+	fired, err := s.firedRecord(r, tick, taskID, now, "", false)
+	if err != nil {
+		return taskstate.Fire{}, err
+	}
+	f := taskstate.Fire{
+		Prefix: prefix, Entry: r.id, Queue: r.queue, Kind: taskstate.FireTick,
+		Tick: tick, ConfigSeq: seq, FreshAsOf: fresh, MaxStaleness: s.cfg.MaxStaleness,
+		Msg: msg, UniqueTTL: e.Options.Unique.D(), FiredRecord: fired,
+	}
+	if e.Overlap == events.OverlapSkip {
+		f.OverlapSkip = true
+		if f.OverlapRecord, err = s.skippedRecord(r, tickRange{First: tick, Last: tick, Count: 1, Exact: true}, events.SkipOverlap, now); err != nil {
+			return taskstate.Fire{}, err
+		}
+	}
+	if f.UniqueTTL > 0 {
+		if f.DuplicateRecord, err = s.skippedRecord(r, tickRange{First: tick, Last: tick, Count: 1, Exact: true}, events.SkipUnique, now); err != nil {
+			return taskstate.Fire{}, err
+		}
+	}
+	return f, nil
+}
+
+// TaskMessage is the asynq task of entry e's tick, with asynq's client
+// defaults; the deadline is relative to the tick.
+func TaskMessage(e events.Entry, taskID string, tick time.Time) *taskstate.TaskMessage {
+	return taskMessage(e.Normalize(), taskID, tick)
+}
+
+// taskMessage is TaskMessage of an entry already normalized (as the
+// projection holds them), without copying its payload for every fire.
+func taskMessage(e events.Entry, taskID string, tick time.Time) *taskstate.TaskMessage {
+	m := &taskstate.TaskMessage{
+		Type:      e.Task.Type,
+		Payload:   e.Task.Payload,
+		Headers:   e.Task.Headers,
+		ID:        taskID,
+		Queue:     e.Options.QueueName(),
+		Retry:     int32(e.Options.Retries()),
+		Timeout:   int64(e.Options.Timeout.D() / time.Second),
+		Retention: int64(e.Options.Retention.D() / time.Second),
+		GroupKey:  e.Options.Group,
+	}
+	if d := e.Options.Deadline.D(); d > 0 {
+		m.Deadline = tick.Add(d).Unix()
+	}
+	return m
+}
+
+// Event ids are derived from what they describe, so the same fact always
+// has the same id (and the stream drops a republished one), and observers
+// can read entry and tick off the Nats-Msg-Id header without decoding.
+func firedEventID(entry string, tick time.Time) string {
+	return "fire:" + entry + ":" + strconv.FormatInt(tick.Unix(), 10)
+}
+
+func skippedEventID(entry string, r tickRange) string {
+	if r.Count <= 1 {
+		return "skip:" + entry + ":" + strconv.FormatInt(r.Last.Unix(), 10)
+	}
+	return "skip:" + entry + ":" + strconv.FormatInt(r.First.Unix(), 10) + "-" + strconv.FormatInt(r.Last.Unix(), 10)
+}
+
+// ParseActivityID reads entry and last tick from a fired or skipped event
+// id; ok is false for other ids (triggers, recoveries).
+func ParseActivityID(id string) (entry string, tick time.Time, ok bool) {
+	kind, rest, found := strings.Cut(id, ":")
+	if !found || (kind != "fire" && kind != "skip") {
+		return "", time.Time{}, false
+	}
+	i := strings.LastIndexByte(rest, ':')
+	if i <= 0 {
+		return "", time.Time{}, false
+	}
+	entry, ts := rest[:i], rest[i+1:]
+	if strings.IndexByte(entry, ':') >= 0 {
+		return "", time.Time{}, false // not an entry id: a trigger's record
+	}
+	if _, last, isRange := strings.Cut(ts, "-"); isRange {
+		ts = last
+	}
+	sec, err := strconv.ParseInt(ts, 10, 64)
+	if err != nil {
+		return "", time.Time{}, false
+	}
+	return entry, time.Unix(sec, 0).UTC(), true
+}
+
+func (s *Scheduler) source() string { return s.src }
+
+func (s *Scheduler) firedRecord(r *entryRun, tick time.Time, taskID string, now time.Time, trigger string, backfill bool) (taskstate.Record, error) {
+	id := firedEventID(r.id, tick)
+	if trigger != "" {
+		id = "trigger:" + r.id + ":" + trigger
+	}
+	f := events.Fired{
+		Entry: r.id, ScheduledAt: tick, EnqueuedAt: now, TaskID: taskID, Queue: r.queue,
+		Revision: r.st.Revision, Replica: s.cfg.ReplicaID, Trigger: trigger, Backfill: backfill,
+	}
+	return taskstate.Record{ID: id, Data: appendFiredEvent(make([]byte, 0, 512), id, now, s.source(), &f)}, nil
+}
+
+func (s *Scheduler) skippedRecord(r *entryRun, rng tickRange, reason string, now time.Time) (taskstate.Record, error) {
+	id := skippedEventID(r.id, rng)
+	data := events.Skipped{Entry: r.id, ScheduledAt: rng.First, Reason: reason, Revision: r.st.Revision, Replica: s.cfg.ReplicaID}
+	if rng.Count > 1 {
+		last := rng.Last
+		data.Until, data.Count = &last, rng.Count
+	}
+	ev, err := events.NewEventAt(id, now, events.TypeEntrySkipped, s.source(), r.id, data)
+	if err != nil {
+		return taskstate.Record{}, err
+	}
+	b, err := ev.Marshal()
+	return taskstate.Record{ID: id, Data: b}, err
+}
+
+// writeVisibility rewrites asynq's scheduler entries so `asynq cron ls`
+// lists ours. One replica writes (the primary of a fixed key), so the cost
+// does not grow with the number of replicas.
+func (s *Scheduler) writeVisibility(ctx context.Context) {
+	if primaryOf("~asynq-visibility", s.liveReplicas()) != s.cfg.ReplicaID {
+		return
+	}
+	out := make([]taskstate.SchedulerEntry, 0, len(s.entries))
+	for _, r := range s.entries {
+		if r.st.Entry.Paused || r.sched == nil {
+			continue
+		}
+		e := r.st.Entry
+		opts := taskstate.EnqueueOptions{
+			Queue: r.queue, MaxRetry: e.Options.Retries(), Timeout: e.Options.Timeout.D(),
+			Unique: e.Options.Unique.D(), Retention: e.Options.Retention.D(), Group: e.Options.Group,
+		}
+		var prev time.Time
+		if r.hasCursor {
+			prev = r.cursor
+		}
+		out = append(out, taskstate.SchedulerEntry{
+			ID: r.id, Spec: e.Cron, TaskType: e.Task.Type, TaskPayload: e.Task.Payload,
+			EnqueueOptions: opts.Strings(), Next: r.sched.Next(r.start()), Prev: prev,
+		})
+	}
+	if err := s.cfg.Broker.WriteSchedulerEntries(ctx, taskstate.SchedulerID(s.cfg.Names.Prefix()), out, 2*s.cfg.Visibility); err != nil {
+		s.log.Debug("write asynq scheduler entries", "err", err)
+	}
+}
+
+func (s *Scheduler) setEntriesGauge() {
+	n := len(s.entries)
+	s.mu.Lock()
+	s.stats.Entries = n
+	s.mu.Unlock()
+	s.m.Entries.Set(float64(n))
+}
+
+func (s *Scheduler) count(f func(*Stats)) {
+	s.mu.Lock()
+	f(&s.stats)
+	s.mu.Unlock()
+}
+
+func (s *Scheduler) countError() {
+	s.count(func(st *Stats) { st.Errors++ })
+	s.m.Errors.Inc()
+}
+
+func (s *Scheduler) countRefused(status string) {
+	s.count(func(st *Stats) { st.Refused[status]++ })
+	s.m.Refused.WithLabelValues(status).Inc()
+}
+
+func boolGauge(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
