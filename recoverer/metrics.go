@@ -1,0 +1,43 @@
+package recoverer
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics are the recoverer's Prometheus metrics, per queue.
+type Metrics struct {
+	Recovered    *prometheus.CounterVec // queue, outcome (retried, archived, skipped)
+	Orphans      *prometheus.CounterVec // queue, action (leased, removed)
+	Reclaimed    *prometheus.CounterVec // queue
+	Bad          *prometheus.CounterVec // queue
+	Errors       *prometheus.CounterVec // queue ("" for listing queues)
+	PassDuration prometheus.Histogram
+}
+
+// NewMetrics creates the recoverer metrics and registers them with reg (nil:
+// not registered).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		Recovered: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "cronstream_recovered_total", Help: "Lease-expired tasks, by outcome: retried, archived, or skipped (lease extended, message changed, gone).",
+		}, []string{"queue", "outcome"}),
+		Orphans: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "cronstream_orphans_total", Help: "Active tasks without a lease entry: leased (given one) or removed (stray id).",
+		}, []string{"queue", "action"}),
+		Reclaimed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "cronstream_aggregation_sets_reclaimed_total", Help: "Stale aggregation sets returned to their group.",
+		}, []string{"queue"}),
+		Bad: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "cronstream_recover_bad_tasks_total", Help: "Lease-expired tasks that cannot be recovered (missing or undecodable message), each counted once.",
+		}, []string{"queue"}),
+		Errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "cronstream_recover_errors_total", Help: "Recovery passes of a queue that failed.",
+		}, []string{"queue"}),
+		PassDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "cronstream_recover_pass_seconds", Help: "Duration of one recovery pass over every queue.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.Recovered, m.Orphans, m.Reclaimed, m.Bad, m.Errors, m.PassDuration)
+	}
+	return m
+}
