@@ -1,0 +1,106 @@
+package replica
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Check is one readiness condition; it returns nil when satisfied.
+type Check func(ctx context.Context) error
+
+// httpServer serves /healthz (the process is alive), /readyz (every check
+// passes) and /metrics.
+type httpServer struct {
+	srv    *http.Server
+	ln     net.Listener
+	log    *slog.Logger
+	mu     sync.RWMutex
+	checks map[string]Check
+	wg     sync.WaitGroup
+}
+
+func newHTTPServer(addr string, reg *prometheus.Registry, log *slog.Logger) (*httpServer, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("http listen %s: %w", addr, err)
+	}
+	h := &httpServer{ln: ln, log: log, checks: map[string]Check{}}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("GET /readyz", h.ready)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	h.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	return h, nil
+}
+
+// Addr is where the server listens.
+func (h *httpServer) Addr() string { return h.ln.Addr().String() }
+
+func (h *httpServer) addCheck(name string, c Check) {
+	h.mu.Lock()
+	h.checks[name] = c
+	h.mu.Unlock()
+}
+
+// Ready runs every check and returns the failures by name.
+func (h *httpServer) Ready(ctx context.Context) map[string]string {
+	h.mu.RLock()
+	names := make([]string, 0, len(h.checks))
+	for n := range h.checks {
+		names = append(names, n)
+	}
+	h.mu.RUnlock()
+	sort.Strings(names)
+	failed := map[string]string{}
+	for _, n := range names {
+		h.mu.RLock()
+		c := h.checks[n]
+		h.mu.RUnlock()
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		if err := c(cctx); err != nil {
+			failed[n] = err.Error()
+		}
+		cancel()
+	}
+	return failed
+}
+
+func (h *httpServer) ready(w http.ResponseWriter, r *http.Request) {
+	failed := h.Ready(r.Context())
+	w.Header().Set("Content-Type", "application/json")
+	if len(failed) > 0 {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_ = json.NewEncoder(w).Encode(map[string]any{"ready": false, "failed": failed})
+		return
+	}
+	_ = json.NewEncoder(w).Encode(map[string]any{"ready": true})
+}
+
+func (h *httpServer) start() {
+	h.wg.Add(1)
+	go func() {
+		defer h.wg.Done()
+		if err := h.srv.Serve(h.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			h.log.Error("http server", "err", err)
+		}
+	}()
+}
+
+func (h *httpServer) stop(ctx context.Context) {
+	_ = h.srv.Shutdown(ctx)
+	h.wg.Wait()
+}

@@ -1,0 +1,442 @@
+package replica
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/projector"
+	"github.com/cronstream/cronstream/recoverer"
+	"github.com/cronstream/cronstream/relay"
+	"github.com/cronstream/cronstream/scheduler"
+	"github.com/cronstream/cronstream/taskstate"
+)
+
+// Config configures one replica. Zero values mean the defaults.
+type Config struct {
+	// NATSURL is one or more comma-separated server URLs; NATSOptions add
+	// credentials and TLS.
+	NATSURL     string
+	NATSOptions []nats.Option
+	// Redis is the asynq Redis (single, Sentinel or Cluster client).
+	Redis redis.UniversalClient
+
+	Names     events.Names
+	ReplicaID string // default host-pid-random
+	Version   string
+
+	// Streams: replicas of the streams and bucket (1 dev, 3 production),
+	// the activity stream's retention and duplicate window.
+	StreamReplicas  int
+	ActivityMaxAge  time.Duration
+	DuplicateWindow time.Duration
+
+	// Scheduler.
+	MaxStaleness time.Duration
+	MaxOutbox    int64
+	Grace        time.Duration
+	LateDelay    time.Duration
+
+	// Recoverer: queues (empty: every queue in asynq:queues), interval and
+	// grace.
+	Queues          []string
+	RecoverInterval time.Duration
+	RecoverGrace    time.Duration
+
+	// HTTPAddr serves /healthz, /readyz and /metrics ("" : no HTTP).
+	HTTPAddr string
+	// Heartbeat is how often the replica refreshes its heartbeat and its
+	// clock offset to Redis.
+	Heartbeat time.Duration
+	// ShutdownTimeout bounds the drain at stop (default 15s).
+	ShutdownTimeout time.Duration
+
+	// SkipRedisChecks skips the warnings about Redis's eviction policy and
+	// persistence (dev mode's in-process server has no CONFIG and keeps
+	// nothing anyway, which dev already says).
+	SkipRedisChecks bool
+
+	Logger *slog.Logger
+	// Ready, when set, receives the HTTP address once the replica serves.
+	Ready func(httpAddr string)
+}
+
+// DefaultReplicaID is host-pid-random: unique per process, readable in
+// status and in the audit log.
+func DefaultReplicaID() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown-host"
+	}
+	var b [3]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+}
+
+// Replica is one running cronstream replica.
+type Replica struct {
+	cfg Config
+	log *slog.Logger
+	reg *prometheus.Registry
+
+	nc    *nats.Conn
+	js    jetstream.JetStream
+	store *taskstate.Store
+	clock *scheduler.Clock
+
+	proj    *projector.Projector
+	members *Membership
+	relay   *relay.Relay
+	sched   *scheduler.Scheduler
+	recov   *recoverer.Recoverer
+	http    *httpServer
+	obsSub  *nats.Subscription
+
+	mu      sync.Mutex
+	started bool
+}
+
+// Run runs a replica until ctx ends, then stops it cleanly: firing stops
+// after the batch in flight, the outbox is flushed, the heartbeat removed.
+// It keeps trying to reach NATS and Redis while they are unavailable (not
+// ready meanwhile) and returns an error only for bad configuration.
+func Run(ctx context.Context, cfg Config) error {
+	r, err := newReplica(cfg)
+	if err != nil {
+		return err
+	}
+	return r.run(ctx)
+}
+
+func newReplica(cfg Config) (*Replica, error) {
+	if cfg.Redis == nil {
+		return nil, errors.New("replica: a Redis client is required")
+	}
+	if cfg.NATSURL == "" {
+		cfg.NATSURL = nats.DefaultURL
+	}
+	if cfg.ReplicaID == "" {
+		cfg.ReplicaID = DefaultReplicaID()
+	}
+	if cfg.Heartbeat <= 0 {
+		cfg.Heartbeat = DefaultHeartbeat
+	}
+	if cfg.ShutdownTimeout <= 0 {
+		cfg.ShutdownTimeout = 15 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	cfg.Logger = cfg.Logger.With("replica", cfg.ReplicaID)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return &Replica{cfg: cfg, log: cfg.Logger, reg: reg}, nil
+}
+
+func (r *Replica) run(ctx context.Context) error {
+	if r.cfg.HTTPAddr != "" {
+		h, err := newHTTPServer(r.cfg.HTTPAddr, r.reg, r.log)
+		if err != nil {
+			return err
+		}
+		r.http = h
+		h.addCheck("starting", func(context.Context) error {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			if !r.started {
+				return errors.New("replica is starting")
+			}
+			return nil
+		})
+		h.start()
+		r.log.Info("serving http", "addr", h.Addr())
+	}
+	if err := r.start(ctx); err != nil {
+		r.shutdown()
+		if ctx.Err() != nil {
+			return nil // stopped while starting
+		}
+		return err
+	}
+	r.mu.Lock()
+	r.started = true
+	r.mu.Unlock()
+	r.log.Info("replica running", "prefix", r.cfg.Names.Prefix(), "entries", r.proj.Len())
+	if r.cfg.Ready != nil {
+		addr := ""
+		if r.http != nil {
+			addr = r.http.Addr()
+		}
+		r.cfg.Ready(addr)
+	}
+	r.heartbeat(ctx)
+	r.log.Info("stopping")
+	r.shutdown()
+	r.log.Info("stopped")
+	return nil
+}
+
+// retry runs f with exponential backoff until it succeeds or ctx ends.
+func (r *Replica) retry(ctx context.Context, what string, f func(context.Context) error) error {
+	backoff := 100 * time.Millisecond
+	for {
+		err := f(ctx)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		r.log.Warn("not ready: retrying", "step", what, "err", err, "in", backoff)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+func (r *Replica) start(ctx context.Context) error {
+	opts := append([]nats.Option{
+		nats.Name("cronstream " + r.cfg.ReplicaID),
+		nats.RetryOnFailedConnect(true),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(500 * time.Millisecond),
+	}, r.cfg.NATSOptions...)
+	nc, err := nats.Connect(r.cfg.NATSURL, opts...)
+	if err != nil {
+		return fmt.Errorf("nats %s: %w", r.cfg.NATSURL, err)
+	}
+	r.nc = nc
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	r.js = js
+	if r.http != nil {
+		r.http.addCheck("nats", func(context.Context) error {
+			if !nc.IsConnected() {
+				return fmt.Errorf("not connected to NATS (%s)", nc.Status())
+			}
+			return nil
+		})
+		r.http.addCheck("redis", func(ctx context.Context) error { return r.cfg.Redis.Ping(ctx).Err() })
+	}
+
+	streams := events.StreamConfig{Names: r.cfg.Names, Replicas: r.cfg.StreamReplicas, ActivityMaxAge: r.cfg.ActivityMaxAge, DuplicateWindow: r.cfg.DuplicateWindow}
+	if err := r.retry(ctx, "ensure streams", func(ctx context.Context) error {
+		return events.EnsureStreams(ctx, js, streams)
+	}); err != nil {
+		return err
+	}
+	var kv jetstream.KeyValue
+	if err := r.retry(ctx, "replicas bucket", func(ctx context.Context) (err error) {
+		kv, err = OpenReplicasBucket(ctx, js, r.cfg.Names, r.cfg.StreamReplicas, 3*r.cfg.Heartbeat)
+		return err
+	}); err != nil {
+		return err
+	}
+
+	r.store = taskstate.New(r.cfg.Redis)
+	r.clock = scheduler.NewClock(r.store.Time)
+	if err := r.retry(ctx, "redis", func(ctx context.Context) error { return r.clock.Sync(ctx) }); err != nil {
+		return err
+	}
+	r.warnRedisConfig(ctx)
+
+	r.proj = projector.New(js, r.cfg.Names, projector.WithLogger(r.log))
+	if err := r.retry(ctx, "projector", r.proj.Start); err != nil {
+		return err
+	}
+	if r.http != nil {
+		r.http.addCheck("projection", func(context.Context) error {
+			if !r.proj.CaughtUp() {
+				return errors.New("projection not caught up with the config stream")
+			}
+			// On an idle stream LastHeard moves only with the consumer's
+			// heartbeats and lags by up to about four of them; without
+			// that allowance a healthy replica with a short max-staleness
+			// (under ~9 s) flaps between ready and not ready.
+			if age := time.Since(r.proj.LastHeard()); age > r.maxStaleness()+4*projector.DefaultHeartbeat {
+				return fmt.Errorf("config stream not heard for %s", age.Round(time.Second))
+			}
+			return nil
+		})
+	}
+
+	hostname, _ := os.Hostname()
+	r.members = NewMembership(kv, Info{ID: r.cfg.ReplicaID, Host: hostname, PID: os.Getpid(), Started: time.Now().UTC(), Version: r.cfg.Version, HTTP: r.httpAddr()}, r.cfg.Heartbeat, r.log)
+	r.members.Update = func(i *Info) { i.ConfigSeq = r.proj.LastSeq() }
+	if err := r.retry(ctx, "heartbeat", r.members.Start); err != nil {
+		return err
+	}
+
+	// The relay yields the cores to a burst of fires (at most its MaxHold);
+	// it is built before the scheduler, so it reads it through a pointer.
+	var busy atomic.Pointer[scheduler.Scheduler]
+	r.relay = relay.New(relay.Config{
+		Outbox: r.store, JS: js, Names: r.cfg.Names, Owner: r.cfg.ReplicaID,
+		Hold:            func() bool { s := busy.Load(); return s != nil && s.Busy() },
+		DuplicateWindow: cmpOr(r.cfg.DuplicateWindow, events.DefaultDuplicateWindow), Logger: r.log, Metrics: relay.NewMetrics(r.reg),
+	})
+	r.relay.Start()
+
+	sched, err := scheduler.New(scheduler.Config{
+		Broker: r.store, Projection: r.proj, Members: r.members, Names: r.cfg.Names,
+		ReplicaID: r.cfg.ReplicaID, Clock: r.clock, Grace: r.cfg.Grace, LateDelay: r.cfg.LateDelay,
+		MaxStaleness: r.cfg.MaxStaleness, Backlog: r.relay.Backlog, MaxOutbox: r.cfg.MaxOutbox,
+		OnFire: r.relay.Notify, Logger: r.log, Metrics: scheduler.NewMetrics(r.reg),
+		History: scheduler.NewStreamHistory(js, r.cfg.Names),
+	})
+	if err != nil {
+		return err
+	}
+	r.sched = sched
+	busy.Store(sched)
+	if err := sched.Start(ctx); err != nil {
+		return err
+	}
+	// Fires by other replicas, straight from the subject (no consumer): lets
+	// a non-primary skip the Redis attempt for a tick its primary handled.
+	r.obsSub, err = nc.Subscribe(r.cfg.Names.Prefix()+".fire.>", func(m *nats.Msg) {
+		if entry, tick, ok := scheduler.ParseActivityID(m.Header.Get(jetstream.MsgIDHeader)); ok {
+			sched.Observe(entry, tick)
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("subscribe to fires: %w", err)
+	}
+	if r.http != nil {
+		r.http.addCheck("outbox", func(context.Context) error {
+			if sched.Paused() {
+				return fmt.Errorf("outbox backlog %d over --max-outbox %d: firing paused", r.relay.Backlog(), r.cfg.MaxOutbox)
+			}
+			return nil
+		})
+	}
+
+	r.recov = recoverer.New(recoverer.Config{
+		Store: r.store, Names: r.cfg.Names, ReplicaID: r.cfg.ReplicaID, Queues: r.cfg.Queues,
+		Interval: r.cfg.RecoverInterval, Grace: r.cfg.RecoverGrace, OnRecord: r.relay.Notify,
+		Logger: r.log, Metrics: recoverer.NewMetrics(r.reg),
+	})
+	r.recov.Start()
+	return nil
+}
+
+func cmpOr(d, def time.Duration) time.Duration {
+	if d > 0 {
+		return d
+	}
+	return def
+}
+
+func (r *Replica) maxStaleness() time.Duration {
+	if r.cfg.MaxStaleness > 0 {
+		return r.cfg.MaxStaleness
+	}
+	return scheduler.DefaultMaxStaleness
+}
+
+func (r *Replica) httpAddr() string {
+	if r.http == nil {
+		return ""
+	}
+	return r.http.Addr()
+}
+
+// heartbeat measures the clock offset to Redis on every beat until ctx
+// ends (the membership beats on its own).
+func (r *Replica) heartbeat(ctx context.Context) {
+	t := time.NewTicker(r.cfg.Heartbeat)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			sctx, cancel := context.WithTimeout(ctx, r.cfg.Heartbeat)
+			if err := r.clock.Sync(sctx); err != nil && ctx.Err() == nil {
+				r.log.Warn("measure clock offset to Redis", "err", err)
+			}
+			cancel()
+		}
+	}
+}
+
+// warnRedisConfig says plainly when Redis may lose acknowledged writes:
+// exactly-once firing and asynq itself depend on it.
+func (r *Replica) warnRedisConfig(ctx context.Context) {
+	if r.cfg.SkipRedisChecks {
+		return
+	}
+	for _, w := range RedisWarnings(ctx, r.cfg.Redis) {
+		r.log.Warn(w)
+	}
+}
+
+// RedisWarnings returns what is unsafe in Redis's configuration for asynq
+// and exactly-once firing: an eviction policy other than noeviction, or no
+// persistence. CONFIG may be disabled (managed Redis); then it says so.
+func RedisWarnings(ctx context.Context, c redis.UniversalClient) []string {
+	var out []string
+	cfg, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
+	if err != nil {
+		return []string{fmt.Sprintf("cannot read Redis configuration (%v): make sure maxmemory-policy is noeviction and persistence is on", err)}
+	}
+	if p := cfg["maxmemory-policy"]; p != "" && p != "noeviction" {
+		out = append(out, fmt.Sprintf("Redis maxmemory-policy is %q: Redis may evict task and watermark keys; asynq and exactly-once firing need noeviction", p))
+	}
+	aof, err1 := c.ConfigGet(ctx, "appendonly").Result()
+	save, err2 := c.ConfigGet(ctx, "save").Result()
+	if err1 == nil && err2 == nil && aof["appendonly"] != "yes" && save["save"] == "" {
+		out = append(out, "Redis persistence is off (no AOF, no RDB snapshots): a Redis restart loses tasks and watermarks, and ticks may fire twice")
+	}
+	return out
+}
+
+func (r *Replica) shutdown() {
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.ShutdownTimeout)
+	defer cancel()
+	if r.obsSub != nil {
+		_ = r.obsSub.Unsubscribe()
+	}
+	if r.sched != nil {
+		r.sched.Stop()
+	}
+	if r.recov != nil {
+		r.recov.Stop()
+	}
+	if r.relay != nil {
+		if err := r.relay.Stop(ctx); err != nil {
+			r.log.Warn("outbox not fully flushed; another replica will publish the rest", "err", err)
+		}
+	}
+	if r.members != nil {
+		r.members.Stop(ctx)
+	}
+	if r.proj != nil {
+		r.proj.Stop()
+	}
+	if r.http != nil {
+		r.http.stop(ctx)
+	}
+	if r.nc != nil {
+		_ = r.nc.Drain()
+	}
+}
