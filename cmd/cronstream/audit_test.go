@@ -1,0 +1,231 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/cronstream/cronstream/events"
+)
+
+// auditLine is one line of `audit --json`.
+type auditLine struct {
+	SpecVersion string          `json:"specversion"`
+	ID          string          `json:"id"`
+	Type        string          `json:"type"`
+	Subject     string          `json:"subject"`
+	Stream      string          `json:"stream"`
+	Seq         uint64          `json:"seq"`
+	Data        json.RawMessage `json:"data"`
+}
+
+func parseAudit(t *testing.T, out string) []auditLine {
+	t.Helper()
+	var lines []auditLine
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		if l == "" {
+			continue
+		}
+		var a auditLine
+		if err := json.Unmarshal([]byte(l), &a); err != nil {
+			t.Fatalf("audit line is not JSON (%v): %s", err, l)
+		}
+		if a.Stream == "" || a.Seq == 0 || a.Type == "" || a.SpecVersion != "1.0" {
+			t.Fatalf("audit line lacks stream, seq or the CloudEvent: %s", l)
+		}
+		lines = append(lines, a)
+	}
+	return lines
+}
+
+// label names an audit line by type and subject, for comparing orders.
+func label(a auditLine) string {
+	return strings.TrimPrefix(a.Type, "cronstream.") + "/" + a.Subject
+}
+
+func labels(ls []auditLine) []string {
+	out := []string{}
+	for _, l := range ls {
+		out = append(out, label(l))
+	}
+	return out
+}
+
+// activity publishes one activity event straight to the activity stream,
+// as the relay would.
+type activity struct {
+	t     *testing.T
+	js    jetstream.JetStream
+	names events.Names
+	n     int
+}
+
+func (a *activity) publish(subject, typ, eventSubject string, data any) {
+	a.t.Helper()
+	a.n++
+	id := fmt.Sprintf("test-%d", a.n)
+	ev, err := events.NewEventAt(id, time.Now(), typ, "cronstream/test", eventSubject, data)
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	b, err := ev.Marshal()
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := a.js.Publish(ctx, subject, b, jetstream.WithMsgID(id)); err != nil {
+		a.t.Fatalf("publish %s: %v", subject, err)
+	}
+}
+
+func (a *activity) fired(entry, queue string) {
+	a.publish(a.names.FireSubject(entry), events.TypeEntryFired, entry, events.Fired{
+		Entry: entry, ScheduledAt: time.Now().Truncate(time.Second), EnqueuedAt: time.Now(), TaskID: "cronstream:" + entry + ":" + fmt.Sprint(a.n), Queue: queue, Revision: 1, Replica: "r1"})
+}
+
+func (a *activity) skipped(entry string) {
+	a.publish(a.names.FireSubject(entry), events.TypeEntrySkipped, entry, events.Skipped{Entry: entry, ScheduledAt: time.Now().Truncate(time.Second), Reason: events.SkipOverlap})
+}
+
+func (a *activity) retried(queue string) {
+	at := time.Now().Add(time.Minute)
+	a.publish(a.names.RecoverySubject(queue), events.TypeTaskRetried, queue, events.TaskRecovered{
+		TaskID: "t1", Queue: queue, Type: "work", Retried: 1, MaxRetry: 25, RetryAt: &at, Error: "asynq: task lease expired", Replica: "r1"})
+}
+
+func TestAudit(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, false)
+	act := &activity{t: t, js: e.nats.JetStream(t), names: events.MustNames("cronstream")}
+
+	// Config (via the CLI) and activity (published directly) interleaved;
+	// each step is stored after the one before.
+	e.ok("entry", "put", "x", "--cron", "@daily", "--type", "t", "--queue", "q1")
+	act.fired("x", "q1")
+	e.ok("entry", "put", "y", "--cron", "@daily", "--type", "t", "--queue", "q2")
+	act.skipped("y")
+	mid := time.Now().UTC()
+	act.retried("q1")
+	act.publish(act.names.FireSubject("x"), "com.example.custom", "x", map[string]string{"hello": "world"})
+	e.ok("entry", "put", "x", "--queue", "q2") // x leaves q1
+	act.fired("x", "q2")
+	act.skipped("y")
+
+	all := []string{"entry.registered/x", "entry.fired/x", "entry.registered/y", "entry.skipped/y", "task.retried/q1",
+		"com.example.custom/x", "entry.updated/x", "entry.fired/x", "entry.skipped/y"}
+	cases := []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"everything in time order", nil, all},
+		{"entry", []string{"--entry", "x"}, []string{"entry.registered/x", "entry.fired/x", "com.example.custom/x", "entry.updated/x", "entry.fired/x"}},
+		{"queue q1", []string{"--queue", "q1"}, []string{"entry.registered/x", "entry.fired/x", "task.retried/q1", "com.example.custom/x", "entry.updated/x"}},
+		{"queue q2", []string{"--queue", "q2"}, []string{"entry.registered/y", "entry.skipped/y", "entry.updated/x", "entry.fired/x", "entry.skipped/y"}},
+		{"queue q2 since the middle", []string{"--queue", "q2", "--since", mid.Format(time.RFC3339Nano)}, []string{"entry.updated/x", "entry.fired/x", "entry.skipped/y"}},
+		{"entry and queue", []string{"--entry", "x", "--queue", "q2"}, []string{"entry.updated/x", "entry.fired/x"}},
+		{"type short glob", []string{"--type", "entry.fired"}, []string{"entry.fired/x", "entry.fired/x"}},
+		{"type full glob", []string{"--type", "cronstream.task.*"}, []string{"task.retried/q1"}},
+		{"type of another vendor", []string{"--type", "com.example.*"}, []string{"com.example.custom/x"}},
+		{"type glob over both streams", []string{"--type", "*.entry.*"}, []string{"entry.registered/x", "entry.fired/x", "entry.registered/y", "entry.skipped/y",
+			"entry.updated/x", "entry.fired/x", "entry.skipped/y"}},
+		{"since", []string{"--since", mid.Format(time.RFC3339Nano)}, all[4:]},
+		{"until", []string{"--until", mid.Format(time.RFC3339Nano)}, all[:4]},
+		{"since and until", []string{"--since", mid.Format(time.RFC3339Nano), "--until", "now", "--type", "entry.*"}, []string{"entry.updated/x", "entry.fired/x", "entry.skipped/y"}},
+		{"relative since", []string{"--since", "-1h", "--entry", "y"}, []string{"entry.registered/y", "entry.skipped/y", "entry.skipped/y"}},
+		{"nothing matches", []string{"--entry", "nobody"}, nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			env := *e
+			env.t = t
+			lines := parseAudit(t, env.ok(append([]string{"audit", "--json"}, tc.args...)...))
+			got := labels(lines)
+			want := tc.want
+			if want == nil {
+				want = []string{}
+			}
+			if !slices.Equal(got, want) {
+				t.Errorf("audit %v:\n got %v\nwant %v", tc.args, got, want)
+			}
+		})
+	}
+
+	// The JSON lines are the stored CloudEvents with their stream and seq.
+	lines := parseAudit(t, e.ok("audit", "--json"))
+	var cfgSeq, actSeq uint64
+	for _, l := range lines {
+		switch l.Stream {
+		case "CRONSTREAM_CONFIG":
+			if l.Seq <= cfgSeq {
+				t.Errorf("config seq %d after %d", l.Seq, cfgSeq)
+			}
+			cfgSeq = l.Seq
+		case "CRONSTREAM_ACTIVITY":
+			if l.Seq <= actSeq {
+				t.Errorf("activity seq %d after %d", l.Seq, actSeq)
+			}
+			actSeq = l.Seq
+		default:
+			t.Errorf("stream %q", l.Stream)
+		}
+	}
+	if cfgSeq != 3 || actSeq != 6 {
+		t.Errorf("last seqs config %d activity %d, want 3 and 6", cfgSeq, actSeq)
+	}
+	var fired events.Fired
+	if err := json.Unmarshal(lines[1].Data, &fired); err != nil || fired.Queue != "q1" || fired.Entry != "x" {
+		t.Errorf("fired data %s: %v", lines[1].Data, err)
+	}
+
+	// Text: one line per event, unknown types shown as they are.
+	text := e.ok("audit")
+	tl := strings.Split(strings.TrimSpace(text), "\n")
+	if len(tl) != len(all) {
+		t.Fatalf("audit text has %d lines, want %d:\n%s", len(tl), len(all), text)
+	}
+	for i, want := range []string{"entry.registered", "entry.fired", "entry.registered", "entry.skipped", "task.retried", "com.example.custom", "entry.updated", "entry.fired", "entry.skipped"} {
+		if !strings.Contains(tl[i], want) {
+			t.Errorf("line %d lacks %q: %s", i, want, tl[i])
+		}
+	}
+	for _, want := range []string{`hello":"world`, "overlap", "queue q1", "asynq: task lease expired"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("audit text lacks %q:\n%s", want, text)
+		}
+	}
+}
+
+func TestAuditFollow(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, false)
+	act := &activity{t: t, js: e.nats.JetStream(t), names: events.MustNames("cronstream")}
+	e.ok("entry", "put", "f", "--cron", "@daily", "--type", "t")
+
+	p := start(t, e.vars, "audit", "--follow", "--json", "--entry", "f")
+	// The history first…
+	if l := p.line("cronstream.entry.registered", 30*time.Second); !strings.Contains(l, `"seq":1`) {
+		t.Errorf("history line %s", l)
+	}
+	// …then what is stored while it runs, from both streams.
+	act.fired("f", "default")
+	p.line("cronstream.entry.fired", 30*time.Second)
+	e.ok("entry", "pause", "f")
+	p.line("cronstream.entry.paused", 30*time.Second)
+	act.fired("other", "default") // filtered out
+	act.skipped("f")
+	if l := p.line("cronstream.entry.", 30*time.Second); !strings.Contains(l, "skipped") {
+		t.Errorf("got %s, want the skipped event (the other entry's fire is filtered)", l)
+	}
+	if code := p.stop(syscall.SIGINT, 10*time.Second); code != 0 {
+		t.Errorf("audit --follow exit %d on SIGINT\n%s", code, p.Stderr())
+	}
+}

@@ -1,0 +1,165 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
+	"github.com/spf13/cobra"
+
+	"github.com/cronstream/cronstream/events"
+)
+
+// connFlags are the connection flags of commands that talk to NATS or
+// Redis beyond the global --nats/--redis/--prefix.
+type connFlags struct {
+	natsTLSCert, natsTLSKey, natsTLSCA string
+	redisUser, redisPassword           string
+	redisCluster                       bool
+	redisSentinelMaster                string
+}
+
+func (c *connFlags) addNATS(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.StringVar(&c.natsTLSCert, "nats-tls-cert", "", "client certificate for NATS TLS")
+	f.StringVar(&c.natsTLSKey, "nats-tls-key", "", "client key for NATS TLS")
+	f.StringVar(&c.natsTLSCA, "nats-tls-ca", "", "CA certificate to verify the NATS servers")
+}
+
+func (c *connFlags) addRedis(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.StringVar(&c.redisUser, "redis-username", "", "Redis ACL user (overrides the URL's)")
+	f.StringVar(&c.redisPassword, "redis-password", "", "Redis password (overrides the URL's)")
+	f.BoolVar(&c.redisCluster, "redis-cluster", false, "Redis is a cluster: --redis is one node's URL, more nodes as ?addr=host:port")
+	f.StringVar(&c.redisSentinelMaster, "redis-sentinel-master", "", "use Redis Sentinel with this master name: --redis is a sentinel's URL, more as ?addr=host:port")
+}
+
+// natsOptions turns the flags into connection options.
+func (c *connFlags) natsOptions(g *globalFlags) []nats.Option {
+	var opts []nats.Option
+	if g.natsCreds != "" {
+		opts = append(opts, nats.UserCredentials(g.natsCreds))
+	}
+	if c.natsTLSCert != "" || c.natsTLSKey != "" {
+		opts = append(opts, nats.ClientCert(c.natsTLSCert, c.natsTLSKey))
+	}
+	if c.natsTLSCA != "" {
+		opts = append(opts, nats.RootCAs(c.natsTLSCA))
+	}
+	return opts
+}
+
+// connectNATS connects for a one-shot command: fail fast with a clear
+// message rather than wait forever.
+func connectNATS(g *globalFlags, c *connFlags) (*nats.Conn, jetstream.JetStream, error) {
+	opts := append([]nats.Option{nats.Name("cronstream cli"), nats.Timeout(5 * time.Second)}, c.natsOptions(g)...)
+	nc, err := nats.Connect(g.nats, opts...)
+	if err != nil {
+		return nil, nil, fmt.Errorf("connect to NATS at %s: %w (is `cronstream dev` or a NATS server running? set --nats or CRONSTREAM_NATS)", g.nats, err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return nc, js, nil
+}
+
+// openRedis builds the Redis client: a single node (redis:// or rediss://),
+// a cluster (--redis-cluster) or Sentinel (--redis-sentinel-master).
+func openRedis(g *globalFlags, c *connFlags) (redis.UniversalClient, error) {
+	raw := g.redis
+	if !strings.Contains(raw, "://") {
+		raw = "redis://" + raw
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil, fmt.Errorf("--redis %q: %w", g.redis, err)
+	}
+	switch {
+	case c.redisCluster:
+		o, err := redis.ParseClusterURL(raw)
+		if err != nil {
+			return nil, fmt.Errorf("--redis %q as a cluster URL: %w", redactURL(u), err)
+		}
+		o.Username, o.Password = pick(c.redisUser, o.Username), pick(c.redisPassword, o.Password)
+		return redis.NewClusterClient(o), nil
+	case c.redisSentinelMaster != "":
+		q := u.Query()
+		q.Set("master_name", c.redisSentinelMaster)
+		u.RawQuery = q.Encode()
+		o, err := redis.ParseFailoverURL(u.String())
+		if err != nil {
+			return nil, fmt.Errorf("--redis %q as a sentinel URL: %w", redactURL(u), err)
+		}
+		o.Username, o.Password = pick(c.redisUser, o.Username), pick(c.redisPassword, o.Password)
+		return redis.NewFailoverClient(o), nil
+	}
+	o, err := redis.ParseURL(raw)
+	if err != nil {
+		return nil, fmt.Errorf("--redis %q: %w", redactURL(u), err)
+	}
+	o.Username, o.Password = pick(c.redisUser, o.Username), pick(c.redisPassword, o.Password)
+	if u.Scheme == "rediss" && o.TLSConfig == nil {
+		o.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	return redis.NewClient(o), nil
+}
+
+func pick(flag, fromURL string) string {
+	if flag != "" {
+		return flag
+	}
+	return fromURL
+}
+
+func redactURL(u *url.URL) string {
+	c := *u
+	if c.User != nil {
+		c.User = url.User(c.User.Username())
+	}
+	return c.String()
+}
+
+// names validates --prefix.
+func (g *globalFlags) names() (events.Names, error) {
+	n, err := events.NewNames(g.prefix)
+	if err != nil {
+		return events.Names{}, fmt.Errorf("--prefix: %w", err)
+	}
+	return n, nil
+}
+
+// newLogger builds the slog logger from --log-format and --log-level.
+func newLogger(format, level string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: use debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: use text or json", format)
+}
+
+// pingRedis fails fast with a clear message for one-shot commands.
+func pingRedis(ctx context.Context, c redis.UniversalClient, g *globalFlags) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := c.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("connect to Redis at %s: %w (set --redis or CRONSTREAM_REDIS)", g.redis, err)
+	}
+	return nil
+}

@@ -1,0 +1,132 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/cronstream/cronstream/configsync"
+	"github.com/cronstream/cronstream/events"
+)
+
+func init() { entryCommands = append(entryCommands, newEntryHistoryCommand) }
+
+// historyRecord is one config event of `entry history --json`.
+type historyRecord struct {
+	Revision uint64        `json:"revision"`
+	Time     time.Time     `json:"time"`
+	Type     string        `json:"type"`
+	Source   string        `json:"source,omitempty"`
+	EventID  string        `json:"event_id,omitempty"`
+	Changes  []string      `json:"changes,omitempty"`
+	Entry    *events.Entry `json:"entry,omitempty"`
+	Error    string        `json:"error,omitempty"`
+}
+
+func newEntryHistoryCommand(g *globalFlags) *cobra.Command {
+	var conn connFlags
+	cmd := &cobra.Command{
+		Use:   "history ID",
+		Short: "Show every config event of an entry, oldest first",
+		Long: `Show an entry's configuration history from the config stream: each
+revision with when it was stored, its event type, who published it
+(source) and what it changed. Removed entries keep their history; events
+that cannot be applied are shown with the reason.`,
+		Example: `  cronstream entry history report
+  cronstream entry history report --json | jq '.[] | select(.type=="cronstream.entry.updated")'`,
+		Args: entryIDArg,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			s, err := openSession(g, &conn)
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			if err := s.requireStreams(ctx); err != nil {
+				return err
+			}
+			recs, err := s.client.History(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			out := make([]historyRecord, 0, len(recs))
+			var prev *events.Entry
+			for _, r := range recs {
+				h := historyRecord{Revision: r.Seq, Time: r.Time.UTC(), Entry: r.Entry}
+				if r.Event != nil {
+					h.Type, h.Source, h.EventID = r.Event.Type, r.Event.Source, r.Event.ID
+				}
+				if r.Err != nil {
+					h.Error = r.Err.Error()
+				}
+				h.Changes = changeSummary(h.Type, prev, r.Entry)
+				if r.Entry != nil {
+					prev = r.Entry
+				}
+				out = append(out, h)
+			}
+			if g.json {
+				return printJSON(cmd.OutOrStdout(), out)
+			}
+			tw := newTable(cmd.OutOrStdout())
+			fmt.Fprintln(tw, "REVISION\tTIME\tTYPE\tSOURCE\tCHANGE")
+			for _, h := range out {
+				change := strings.Join(h.Changes, "; ")
+				if h.Error != "" {
+					change = "cannot be applied: " + h.Error
+				}
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", h.Revision, fmtTime(h.Time), dash(shortType(h.Type)), dash(h.Source), dash(change))
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&g.json, "json", false, "print the history as a JSON array")
+	addConn(cmd, &conn, false)
+	return cmd
+}
+
+// shortType drops the "cronstream." of known types; others show as they
+// are.
+func shortType(t string) string {
+	if rest, ok := strings.CutPrefix(t, "cronstream."); ok && (events.IsConfigType(t) || isActivityType(t)) {
+		return rest
+	}
+	return t
+}
+
+func isActivityType(t string) bool {
+	switch t {
+	case events.TypeEntryFired, events.TypeEntrySkipped, events.TypeTaskRetried, events.TypeTaskArchived, events.TypeAggregationReclaimed:
+		return true
+	}
+	return false
+}
+
+// changeSummary says what one config event did, from the previous state.
+func changeSummary(typ string, prev, cur *events.Entry) []string {
+	if cur == nil {
+		return nil
+	}
+	switch typ {
+	case events.TypeEntryRegistered:
+		return []string{fmt.Sprintf("cron %q, type %s, queue %s", cur.Cron, cur.Task.Type, cur.Options.QueueName())}
+	case events.TypeEntryPaused:
+		if cur.Note != "" {
+			return []string{fmt.Sprintf("note %q", cur.Note)}
+		}
+		return nil
+	case events.TypeEntryResumed, events.TypeEntryRemoved:
+		return nil
+	}
+	base := events.Entry{}
+	if prev != nil {
+		base = *prev
+	}
+	var out []string
+	for _, c := range configsync.Diff(base, *cur) {
+		out = append(out, c.String())
+	}
+	return out
+}

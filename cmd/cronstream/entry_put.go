@@ -1,0 +1,326 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/cronstream/cronstream/configsync"
+	"github.com/cronstream/cronstream/events"
+)
+
+func init() { entryCommands = append(entryCommands, newEntryPutCommand) }
+
+// putFlags are the fields `entry put` can set. Only the flags given on
+// the command line change an existing entry.
+type putFlags struct {
+	conn                                 connFlags
+	rev                                  revisionFlag
+	cron, typ, payload, payloadFile      string
+	headers                              []string
+	queue, group, timezone, note         string
+	maxRetry                             int
+	timeout, deadline, unique, retention string
+	jitter, catchup, catchupWindow       string
+	overlap                              string
+	replace                              bool
+	payloadBytes                         []byte // --payload or --payload-file, read once
+}
+
+// flagFields maps the entry state's fields to the flags that set them, so
+// a validation error names both.
+var flagFields = map[string]string{
+	"id": "ID", "cron": "--cron", "timezone": "--timezone", "task.type": "--type",
+	"task.payload": "--payload", "task.headers": "--header", "options.queue": "--queue",
+	"options.max_retry": "--max-retry", "options.timeout": "--timeout", "options.deadline": "--deadline",
+	"options.unique": "--unique", "options.retention": "--retention", "options.group": "--group",
+	"catchup.policy": "--catchup", "catchup.window": "--catchup-window", "overlap": "--overlap",
+	"jitter": "--jitter", "note": "--note",
+}
+
+func newEntryPutCommand(g *globalFlags) *cobra.Command {
+	f := &putFlags{}
+	cmd := &cobra.Command{
+		Use:   "put ID",
+		Short: "Register an entry, or change the fields given of an existing one",
+		Long: `Register a periodic entry, or update one.
+
+On an existing entry only the fields given on the command line change;
+everything else keeps its value (--replace writes the whole entry from the
+command line instead, keeping only its pause state). A put that changes
+nothing publishes nothing. The entry is validated before anything is
+published; each problem names its field.
+
+--if-revision N makes the write conditional (optimistic concurrency):
+it fails, naming the current revision, when someone else changed the entry
+since you read revision N. --if-revision 0 only creates.
+
+Cron specs: 5 fields, or 6 with leading seconds, descriptors (@daily,
+@every 5m, aligned to the Unix epoch) and CRON_TZ=; evaluated in --timezone.`,
+		Example: `  cronstream entry put report --cron "0 9 * * 1-5" --timezone Europe/Berlin --type report:daily \
+      --payload '{"team":"ops"}' --queue reports --max-retry 5 --timeout 10m
+  cronstream entry put report --queue critical           # change one field
+  cronstream entry put report --if-revision 12 --cron "0 8 * * 1-5"
+  cronstream entry put cleanup --cron "@every 15m" --type cleanup --overlap skip --catchup latest --catchup-window 1h`,
+		Args: entryIDArg,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runEntryPut(cmd, g, f, args[0])
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.cron, "cron", "", "cron spec, e.g. \"0 9 * * *\", \"*/30 * * * * *\", \"@every 10m\" (required for a new entry)")
+	fl.StringVar(&f.typ, "type", "", "asynq task type (required for a new entry)")
+	fl.StringVar(&f.payload, "payload", "", "task payload (its bytes)")
+	fl.StringVar(&f.payloadFile, "payload-file", "", "read the task payload from this file (- for stdin)")
+	fl.StringArrayVar(&f.headers, "header", nil, "task header k=v (repeatable; replaces all headers; --header '' clears them)")
+	fl.StringVar(&f.queue, "queue", "", "asynq queue (default \"default\")")
+	fl.IntVar(&f.maxRetry, "max-retry", events.DefaultMaxRetry, "max retries of each task")
+	fl.StringVar(&f.timeout, "timeout", "", "per-attempt timeout of each task (default 30m unless --deadline)")
+	fl.StringVar(&f.deadline, "deadline", "", "each task must finish this long after its scheduled time")
+	fl.StringVar(&f.unique, "unique", "", "asynq unique lock TTL: skip a tick while the previous task holds the lock")
+	fl.StringVar(&f.retention, "retention", "", "keep completed tasks this long")
+	fl.StringVar(&f.group, "group", "", "asynq aggregation group")
+	fl.StringVar(&f.timezone, "timezone", "", "IANA time zone the cron spec is evaluated in (default UTC)")
+	fl.StringVar(&f.jitter, "jitter", "", "delay each tick by a deterministic amount in [0, jitter)")
+	fl.StringVar(&f.catchup, "catchup", "", "missed ticks after an outage: none (default), latest or all")
+	fl.StringVar(&f.catchupWindow, "catchup-window", "", "how far back catch-up looks (default 1h)")
+	fl.StringVar(&f.overlap, "overlap", "", "allow (default) or skip a tick while the previous task is still queued or running")
+	fl.StringVar(&f.note, "note", "", "free-form note")
+	fl.BoolVar(&f.replace, "replace", false, "replace the whole entry with what the command line gives (keeps only the pause state)")
+	fl.BoolVar(&g.json, "json", false, "print the result as JSON")
+	f.rev.add(cmd)
+	addConn(cmd, &f.conn, false)
+	return cmd
+}
+
+// patch applies the flags given on the command line to e.
+func (f *putFlags) patch(cmd *cobra.Command, e *events.Entry) error {
+	ch := cmd.Flags().Changed
+	var errs []error
+	dur := func(flag, v string, dst *events.Duration) {
+		if !ch(flag) {
+			return
+		}
+		d, err := events.ParseDuration(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("--%s: %w", flag, err))
+			return
+		}
+		*dst = d
+	}
+	str := func(flag, v string, dst *string) {
+		if ch(flag) {
+			*dst = v
+		}
+	}
+	str("cron", f.cron, &e.Cron)
+	str("type", f.typ, &e.Task.Type)
+	str("queue", f.queue, &e.Options.Queue)
+	str("group", f.group, &e.Options.Group)
+	str("timezone", f.timezone, &e.Timezone)
+	str("note", f.note, &e.Note)
+	if ch("overlap") {
+		e.Overlap = events.OverlapPolicy(f.overlap)
+	}
+	if ch("catchup") {
+		e.Catchup.Policy = events.CatchupPolicy(f.catchup)
+	}
+	if ch("max-retry") {
+		r := f.maxRetry
+		e.Options.MaxRetry = &r
+	}
+	dur("timeout", f.timeout, &e.Options.Timeout)
+	dur("deadline", f.deadline, &e.Options.Deadline)
+	dur("unique", f.unique, &e.Options.Unique)
+	dur("retention", f.retention, &e.Options.Retention)
+	dur("jitter", f.jitter, &e.Jitter)
+	dur("catchup-window", f.catchupWindow, &e.Catchup.Window)
+	if ch("timeout") && e.Options.Timeout == 0 && !ch("deadline") && e.Options.Deadline == 0 {
+		// Without a deadline a zero timeout would silently become the
+		// default again.
+		errs = append(errs, errors.New("--timeout: 0 means no timeout, which needs a --deadline"))
+	}
+	if ch("payload") || ch("payload-file") {
+		e.Task.Payload = f.payloadBytes
+	}
+	if ch("header") {
+		e.Task.Headers = nil
+		for _, h := range f.headers {
+			if h == "" {
+				continue
+			}
+			k, v, ok := strings.Cut(h, "=")
+			if !ok || k == "" {
+				errs = append(errs, fmt.Errorf("--header %q: use name=value", h))
+				continue
+			}
+			if e.Task.Headers == nil {
+				e.Task.Headers = map[string]string{}
+			}
+			e.Task.Headers[k] = v
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func readPayload(cmd *cobra.Command, path string) ([]byte, error) {
+	var r io.Reader = cmd.InOrStdin()
+	if path != "-" {
+		fh, err := os.Open(path)
+		if err != nil {
+			return nil, fmt.Errorf("--payload-file: %w", err)
+		}
+		defer fh.Close()
+		r = fh
+	}
+	b, err := io.ReadAll(io.LimitReader(r, events.MaxPayloadBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("--payload-file: %w", err)
+	}
+	if len(b) > events.MaxPayloadBytes {
+		return nil, fmt.Errorf("--payload-file %s: larger than %d bytes", path, events.MaxPayloadBytes)
+	}
+	return b, nil
+}
+
+// invalidEntryError lists every field problem, each with its flag.
+func invalidEntryError(id string, err error) error {
+	fes := configsync.FieldErrors(err)
+	if len(fes) == 0 {
+		return err
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "entry %s is invalid, nothing was published:", id)
+	for _, fe := range fes {
+		fmt.Fprintf(&b, "\n  - %s", fe.Field)
+		if flag := flagFields[fe.Field]; flag != "" {
+			fmt.Fprintf(&b, " (%s)", flag)
+		}
+		if fe.Value != "" {
+			fmt.Fprintf(&b, " %q", fe.Value)
+		}
+		b.WriteString(": " + fe.Reason)
+	}
+	return errors.New(b.String())
+}
+
+// putResult is what `entry put --json` prints.
+type putResult struct {
+	ID       string       `json:"id"`
+	Result   string       `json:"result"` // registered, updated or unchanged
+	Revision uint64       `json:"revision"`
+	Changes  []string     `json:"changes,omitempty"`
+	Entry    events.Entry `json:"entry"`
+}
+
+// maxPutRounds bounds read-merge-write rounds when other writers keep
+// changing the entry between our read and our write.
+const maxPutRounds = 5
+
+func runEntryPut(cmd *cobra.Command, g *globalFlags, f *putFlags, id string) error {
+	ctx := cmd.Context()
+	// Flags are checked before connecting: a typo costs no round trip.
+	switch {
+	case cmd.Flags().Changed("payload") && cmd.Flags().Changed("payload-file"):
+		return errors.New("--payload and --payload-file: give one of them")
+	case cmd.Flags().Changed("payload"):
+		f.payloadBytes = []byte(f.payload)
+	case cmd.Flags().Changed("payload-file"):
+		b, err := readPayload(cmd, f.payloadFile)
+		if err != nil {
+			return err
+		}
+		f.payloadBytes = b
+	}
+	if err := f.patch(cmd, &events.Entry{}); err != nil {
+		return err
+	}
+	s, err := openSession(g, &f.conn)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	if err := s.ensureStreams(ctx); err != nil {
+		return err
+	}
+	userRev := cmd.Flags().Changed("if-revision")
+	for round := 1; ; round++ {
+		cur, rev, getErr := s.client.Get(ctx, id)
+		exists, absent := getErr == nil, errors.Is(getErr, events.ErrNotFound)
+		var base events.Entry
+		switch {
+		case exists && f.replace:
+			base = events.Entry{ID: id, Paused: cur.Paused}
+			if cur.Paused {
+				base.Note = cur.Note
+			}
+		case exists:
+			base = cur
+		case absent:
+			base = events.Entry{ID: id}
+		case errors.Is(getErr, events.ErrMalformedEvent) && f.replace:
+			// The last event cannot be applied: write the entry anew. Its
+			// revision is unknown here, so only --if-revision guards it.
+			base = events.Entry{ID: id}
+		case errors.Is(getErr, events.ErrMalformedEvent):
+			return fmt.Errorf("%w\nthe entry's current state cannot be read, so fields cannot be kept: write it whole with --replace", getErr)
+		default:
+			return getErr
+		}
+		next := base.Clone()
+		if err := f.patch(cmd, &next); err != nil {
+			return err
+		}
+		next.ID, next.Removed = id, false
+		if err := next.Validate(); err != nil {
+			return invalidEntryError(id, err)
+		}
+		opts := f.rev.opts(cmd)
+		if !userRev && (exists || absent) {
+			// Merge is read-modify-write: guard it with the revision read.
+			opts = []events.WriteOption{events.IfRevision(rev)}
+		}
+		res, err := s.client.Put(ctx, next, opts...)
+		if errors.Is(err, events.ErrRevisionConflict) && !userRev && round < maxPutRounds {
+			continue // changed between our read and write: merge again
+		}
+		if err != nil {
+			if fes := configsync.FieldErrors(err); len(fes) > 0 {
+				return invalidEntryError(id, err)
+			}
+			return err
+		}
+		out := putResult{ID: id, Revision: res.Revision, Entry: res.Entry}
+		switch res.Type {
+		case events.TypeEntryRegistered:
+			out.Result = "registered"
+		case events.TypeEntryUpdated:
+			out.Result = "updated"
+			if exists {
+				for _, c := range configsync.Diff(cur, res.Entry) {
+					out.Changes = append(out.Changes, c.String())
+				}
+			}
+		default:
+			out.Result = "unchanged"
+		}
+		if g.json {
+			return printJSON(cmd.OutOrStdout(), out)
+		}
+		w := cmd.OutOrStdout()
+		switch out.Result {
+		case "unchanged":
+			fmt.Fprintf(w, "entry %s unchanged at revision %d (nothing published)\n", id, out.Revision)
+		default:
+			fmt.Fprintf(w, "entry %s %s at revision %d\n", id, out.Result, out.Revision)
+			for _, c := range out.Changes {
+				fmt.Fprintf(w, "  %s\n", c)
+			}
+		}
+		return nil
+	}
+}

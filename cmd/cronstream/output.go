@@ -1,0 +1,204 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/cronstream/cronstream/configsync"
+	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/scheduler"
+)
+
+// printJSON writes v as one indented JSON value.
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// newTable returns an aligned table writer; call Flush when done.
+func newTable(w io.Writer) *tabwriter.Writer {
+	return tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+}
+
+// fmtTime shows a time in UTC, RFC 3339, "-" when unset.
+func fmtTime(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// parseTime reads a time flag: RFC 3339 ("2025-03-01T09:00:00Z"), a date
+// or a date and time without zone (UTC), "now", or a duration relative to
+// now ("-2h", "-30m", "+10m").
+func parseTime(flag, s string, now time.Time) (time.Time, error) {
+	s = strings.TrimSpace(s)
+	if s == "now" {
+		return now, nil
+	}
+	if strings.HasPrefix(s, "-") || strings.HasPrefix(s, "+") {
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			return time.Time{}, fmt.Errorf("--%s %q: not a relative time (use e.g. -2h, -30m, -1h30m)", flag, s)
+		}
+		return now.Add(d), nil
+	}
+	for _, layout := range []string{time.RFC3339Nano, "2006-01-02T15:04:05", "2006-01-02T15:04", "2006-01-02"} {
+		if t, err := time.ParseInLocation(layout, s, time.UTC); err == nil {
+			return t, nil
+		}
+	}
+	if _, err := time.ParseDuration(s); err == nil {
+		return time.Time{}, fmt.Errorf("--%s %q: a relative time needs a sign: -%s means %s ago", flag, s, s, s)
+	}
+	return time.Time{}, fmt.Errorf("--%s %q: use RFC 3339 (2025-03-01T09:00:00Z), a date (2025-03-01, UTC), now, or a relative time (-2h)", flag, s)
+}
+
+// entryView is an entry as `entry get`, `entry ls` and `status` show it in
+// JSON: the entry state (the contract's field names) plus where it stands.
+type entryView struct {
+	events.Entry
+	Revision uint64     `json:"revision"`
+	Updated  *time.Time `json:"updated,omitempty"`
+	State    string     `json:"state"` // active, paused or quarantined
+	NextFire *time.Time `json:"next_fire,omitempty"`
+	Error    string     `json:"error,omitempty"`
+}
+
+// Entry states as shown.
+const (
+	stateActive      = "active"
+	statePaused      = "paused"
+	stateQuarantined = "quarantined"
+)
+
+func newEntryView(e events.Entry, rev uint64, updated time.Time, now time.Time) entryView {
+	v := entryView{Entry: e, Revision: rev, State: stateActive}
+	if !updated.IsZero() {
+		u := updated.UTC()
+		v.Updated = &u
+	}
+	if e.Paused {
+		v.State = statePaused
+		return v
+	}
+	if next, ok := nextFire(e, now); ok {
+		v.NextFire = &next
+	}
+	return v
+}
+
+// nextFire is the entry's first fire time after now, jitter included.
+func nextFire(e events.Entry, now time.Time) (time.Time, bool) {
+	s, err := scheduler.NewSchedule(e)
+	if err != nil {
+		return time.Time{}, false
+	}
+	tick := s.Next(now)
+	if tick.IsZero() {
+		return time.Time{}, false
+	}
+	return tick.Add(s.Jitter(tick)).UTC(), true
+}
+
+// printEntryTable lists entries, one line each.
+func printEntryTable(w io.Writer, views []entryView) error {
+	tw := newTable(w)
+	fmt.Fprintln(tw, "ID\tSTATE\tCRON\tTIMEZONE\tTYPE\tQUEUE\tREVISION\tNEXT FIRE\tOWNER")
+	for _, v := range views {
+		next := "-"
+		if v.NextFire != nil {
+			next = fmtTime(*v.NextFire)
+		}
+		if v.State == stateQuarantined {
+			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t%d\t-\t-\n", v.ID, v.State, v.Revision)
+			continue
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", v.ID, v.State, v.Cron, v.Timezone,
+			v.Task.Type, v.Options.QueueName(), v.Revision, next, dash(v.Owner))
+	}
+	return tw.Flush()
+}
+
+// printEntry shows one entry field by field.
+func printEntry(w io.Writer, v entryView) error {
+	tw := newTable(w)
+	row := func(k, val string) { fmt.Fprintf(tw, "%s:\t%s\n", k, val) }
+	e := v.Entry
+	row("id", e.ID)
+	row("state", v.State)
+	if v.Error != "" {
+		row("error", v.Error)
+	}
+	row("revision", fmt.Sprint(v.Revision))
+	if v.Updated != nil {
+		row("updated", fmtTime(*v.Updated))
+	}
+	if v.State != stateQuarantined {
+		row("cron", e.Cron)
+		row("timezone", e.Timezone)
+		row("task.type", e.Task.Type)
+		if len(e.Task.Payload) > 0 {
+			row("task.payload", payloadText(e.Task.Payload))
+		}
+		for _, k := range sortedKeys(e.Task.Headers) {
+			row("task.headers."+k, e.Task.Headers[k])
+		}
+		o := e.Options
+		row("options.queue", o.QueueName())
+		row("options.max_retry", fmt.Sprint(o.Retries()))
+		for _, d := range []struct {
+			k string
+			d events.Duration
+		}{{"options.timeout", o.Timeout}, {"options.deadline", o.Deadline}, {"options.unique", o.Unique}, {"options.retention", o.Retention}} {
+			if d.d != 0 {
+				row(d.k, d.d.String())
+			}
+		}
+		if o.Group != "" {
+			row("options.group", o.Group)
+		}
+		row("catchup.policy", string(e.Catchup.Policy))
+		if e.Catchup.Window != 0 {
+			row("catchup.window", e.Catchup.Window.String())
+		}
+		row("overlap", string(e.Overlap))
+		if e.Jitter != 0 {
+			row("jitter", e.Jitter.String())
+		}
+		if e.Note != "" {
+			row("note", e.Note)
+		}
+		row("owner", dash(e.Owner))
+		if v.NextFire != nil {
+			row("next fire", fmtTime(*v.NextFire))
+		}
+	}
+	return tw.Flush()
+}
+
+func payloadText(b []byte) string { return configsync.PayloadText(b) }
+
+func sortedKeys(m map[string]string) []string { return slices.Sorted(maps.Keys(m)) }
+
+// isTerminal reports whether f is a terminal (golang.org/x/term is not a
+// dependency; a character device is what a terminal is).
+func isTerminal(f *os.File) bool {
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}

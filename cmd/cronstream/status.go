@@ -1,0 +1,430 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/cobra"
+
+	"github.com/cronstream/cronstream/projector"
+	"github.com/cronstream/cronstream/replica"
+	"github.com/cronstream/cronstream/taskstate"
+)
+
+func init() { subcommands = append(subcommands, newStatusCommand) }
+
+// recovererNote is said plainly wherever recovery is shown (DESIGN.md
+// "Recoverer").
+const recovererNote = "asynq servers run their own recoverer (every minute, 30s cutoff) and it cannot be switched off; " +
+	"cronstream's recoverer acts first with its defaults (every 5s, 20s grace: 20-25s after a lease expired). " +
+	"A task asynq recovers first has no cronstream event."
+
+// statusReport is everything `status` shows; --json prints it as is.
+type statusReport struct {
+	Prefix    string          `json:"prefix"`
+	Replicas  []replicaStatus `json:"replicas"`
+	Entries   entryCounts     `json:"entries"`
+	Config    streamPosition  `json:"config_stream"`
+	Activity  streamPosition  `json:"activity_stream"`
+	Outbox    outboxStatus    `json:"outbox"`
+	Queues    []queueStatus   `json:"queues"`
+	NextFires []nextFireView  `json:"next_fires"`
+	Warnings  []string        `json:"warnings"`
+	Notes     []string        `json:"notes"`
+	Errors    []string        `json:"errors,omitempty"`
+}
+
+type replicaStatus struct {
+	replica.Info
+	BeatAge string `json:"beat_age"`
+	// Ready is the replica's /readyz answer: "yes", "no: <failed checks>",
+	// or "unknown" when its HTTP address cannot be reached from here.
+	Ready string `json:"ready"`
+}
+
+type entryCounts struct {
+	Active      int              `json:"active"`
+	Paused      int              `json:"paused"`
+	Quarantined int              `json:"quarantined"`
+	Bad         []quarantineView `json:"quarantined_entries,omitempty"`
+}
+
+type quarantineView struct {
+	ID       string    `json:"id"`
+	Revision uint64    `json:"revision"`
+	Time     time.Time `json:"time"`
+	Reason   string    `json:"reason"`
+}
+
+type streamPosition struct {
+	Stream   string     `json:"stream"`
+	LastSeq  uint64     `json:"last_seq"`
+	LastTime *time.Time `json:"last_time,omitempty"`
+	Messages uint64     `json:"messages"`
+}
+
+type outboxStatus struct {
+	// Backlog is the number of fire and recovery records in Redis that the
+	// relay has not yet published to the activity stream.
+	Backlog int64            `json:"backlog"`
+	ByQueue map[string]int64 `json:"by_queue"`
+}
+
+type queueStatus struct {
+	Queue          string `json:"queue"`
+	Pending        int64  `json:"pending"`
+	Active         int64  `json:"active"`
+	Scheduled      int64  `json:"scheduled"`
+	Retry          int64  `json:"retry"`
+	Archived       int64  `json:"archived"`
+	Completed      int64  `json:"completed"`
+	Processed      int64  `json:"processed"`
+	Failed         int64  `json:"failed"`
+	ProcessedToday int64  `json:"processed_today"`
+	FailedToday    int64  `json:"failed_today"`
+	Paused         bool   `json:"paused"`
+	Outbox         int64  `json:"outbox"`
+}
+
+type nextFireView struct {
+	Entry string    `json:"entry"`
+	Queue string    `json:"queue"`
+	Time  time.Time `json:"time"`
+}
+
+// maxNextFires is how many upcoming fires status lists.
+const maxNextFires = 10
+
+func newStatusCommand(g *globalFlags) *cobra.Command {
+	var conn connFlags
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show replicas, entries, backlog, queues and the next fires",
+		Long: `Show the state of one cronstream tenant (--prefix):
+
+  replicas      live replicas from their heartbeats, and whether each is
+                ready (its /readyz, when reachable from here)
+  entries       active, paused and quarantined (last config event cannot
+                be applied: the entry does not fire until fixed)
+  streams       last sequence and time of the config and activity streams
+  outbox        fire and recovery records in Redis not yet published to the
+                activity stream (the relay's backlog)
+  queues        asynq's sizes and counters per queue
+  next fires    the next ticks of the active entries
+  warnings      Redis settings that break exactly-once (eviction, no
+                persistence)
+
+Exits non-zero when a part could not be read (what could be read is
+still shown).`,
+		Example: `  cronstream status
+  cronstream status --json | jq .outbox.backlog`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			s, err := openSession(g, &conn)
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			if err := s.requireStreams(ctx); err != nil {
+				return err
+			}
+			rep := collectStatus(ctx, g, &conn, s)
+			if g.json {
+				if err := printJSON(cmd.OutOrStdout(), rep); err != nil {
+					return err
+				}
+			} else {
+				printStatus(cmd.OutOrStdout(), rep)
+			}
+			if len(rep.Errors) > 0 {
+				return fmt.Errorf("status incomplete: %s", strings.Join(rep.Errors, "; "))
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&g.json, "json", false, "print the status as one JSON object")
+	addConn(cmd, &conn, true)
+	return cmd
+}
+
+func collectStatus(ctx context.Context, g *globalFlags, conn *connFlags, s *session) statusReport {
+	now := time.Now()
+	rep := statusReport{Prefix: s.names.Prefix(), Replicas: []replicaStatus{}, Queues: []queueStatus{},
+		NextFires: []nextFireView{}, Warnings: []string{}, Notes: []string{recovererNote},
+		Outbox: outboxStatus{ByQueue: map[string]int64{}}}
+	fail := func(what string, err error) { rep.Errors = append(rep.Errors, fmt.Sprintf("%s: %v", what, err)) }
+
+	// Replicas.
+	kv, err := s.js.KeyValue(ctx, s.names.ReplicasBucket())
+	switch {
+	case errors.Is(err, jetstream.ErrBucketNotFound):
+	case err != nil:
+		fail("replicas", err)
+	default:
+		infos, err := replica.ListReplicas(ctx, kv)
+		if err != nil {
+			fail("replicas", err)
+		}
+		rep.Replicas = readiness(ctx, infos, now)
+	}
+
+	// Streams.
+	for _, p := range []struct {
+		name string
+		dst  *streamPosition
+	}{{s.names.ConfigStream(), &rep.Config}, {s.names.ActivityStream(), &rep.Activity}} {
+		p.dst.Stream = p.name
+		st, err := s.js.Stream(ctx, p.name)
+		if err != nil {
+			fail(p.name, err)
+			continue
+		}
+		info := st.CachedInfo()
+		p.dst.LastSeq, p.dst.Messages = info.State.LastSeq, info.State.Msgs
+		if !info.State.LastTime.IsZero() {
+			t := info.State.LastTime.UTC()
+			p.dst.LastTime = &t
+		}
+	}
+
+	// Entries: a projection of our own, run until caught up, is exactly
+	// what a replica sees (quarantine included).
+	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	proj := projector.New(s.js, s.names, projector.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	if err := proj.Start(pctx); err != nil {
+		fail("entries", err)
+	} else {
+		if err := proj.WaitCaughtUp(pctx); err != nil {
+			fail("entries", fmt.Errorf("projection did not catch up: %w", err))
+		}
+		entries, bad := proj.Entries(), proj.Quarantined()
+		proj.Stop()
+		var fires []nextFireView
+		for _, st := range entries {
+			if st.Entry.Paused {
+				rep.Entries.Paused++
+				continue
+			}
+			rep.Entries.Active++
+			if t, ok := nextFire(st.Entry, now); ok {
+				fires = append(fires, nextFireView{Entry: st.Entry.ID, Queue: st.Entry.Options.QueueName(), Time: t})
+			}
+		}
+		slices.SortFunc(fires, func(a, b nextFireView) int {
+			if c := a.Time.Compare(b.Time); c != 0 {
+				return c
+			}
+			return strings.Compare(a.Entry, b.Entry)
+		})
+		if len(fires) > maxNextFires {
+			fires = fires[:maxNextFires]
+		}
+		if fires != nil {
+			rep.NextFires = fires
+		}
+		rep.Entries.Quarantined = len(bad)
+		for _, q := range bad {
+			rep.Entries.Bad = append(rep.Entries.Bad, quarantineView{ID: q.ID, Revision: q.Seq, Time: q.Time.UTC(), Reason: q.Reason})
+		}
+	}
+
+	// Redis: outbox, queues, configuration.
+	store, rc, err := openStore(ctx, g, conn)
+	if err != nil {
+		fail("redis", err)
+		return rep
+	}
+	defer rc.Close()
+	rep.Warnings = append(rep.Warnings, replica.RedisWarnings(ctx, rc)...)
+	outboxQueues, err := store.OutboxQueues(ctx, s.names.Prefix())
+	if err != nil {
+		fail("outbox", err)
+	}
+	for _, q := range outboxQueues {
+		n, err := store.OutboxLen(ctx, s.names.Prefix(), q)
+		if err != nil {
+			fail("outbox", err)
+			continue
+		}
+		rep.Outbox.ByQueue[q] = n
+		rep.Outbox.Backlog += n
+	}
+	queues, err := store.Queues(ctx)
+	if err != nil {
+		fail("queues", err)
+	}
+	for _, q := range outboxQueues {
+		if !slices.Contains(queues, q) {
+			queues = append(queues, q)
+		}
+	}
+	slices.Sort(queues)
+	for _, q := range queues {
+		qs, err := store.QueueStats(ctx, q)
+		if err != nil {
+			fail("queue "+q, err)
+			continue
+		}
+		rep.Queues = append(rep.Queues, queueView(qs, rep.Outbox.ByQueue[q]))
+	}
+	return rep
+}
+
+func queueView(qs taskstate.QueueStats, outbox int64) queueStatus {
+	return queueStatus{Queue: qs.Queue, Pending: qs.Pending, Active: qs.Active, Scheduled: qs.Scheduled,
+		Retry: qs.Retry, Archived: qs.Archived, Completed: qs.Completed, Processed: qs.Processed,
+		Failed: qs.Failed, ProcessedToday: qs.ProcessedToday, FailedToday: qs.FailedToday,
+		Paused: qs.Paused, Outbox: outbox}
+}
+
+// readiness asks each replica's /readyz, concurrently, with a short
+// timeout: a replica behind a firewall is "unknown", not an error.
+func readiness(ctx context.Context, infos []replica.Info, now time.Time) []replicaStatus {
+	out := make([]replicaStatus, len(infos))
+	var wg sync.WaitGroup
+	for i, info := range infos {
+		out[i] = replicaStatus{Info: info, BeatAge: now.Sub(info.Beat).Round(100 * time.Millisecond).String(), Ready: "unknown"}
+		if info.HTTP == "" {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out[i].Ready = askReady(ctx, info)
+		}()
+	}
+	wg.Wait()
+	slices.SortFunc(out, func(a, b replicaStatus) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}
+
+func askReady(ctx context.Context, info replica.Info) string {
+	host, port, err := net.SplitHostPort(info.HTTP)
+	if err != nil {
+		return "unknown"
+	}
+	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+		host = info.Host // listening on every interface: try the replica's host name
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(host, port)+"/readyz", nil)
+	if err != nil {
+		return "unknown"
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "unknown"
+	}
+	defer resp.Body.Close()
+	var body struct {
+		Ready  bool              `json:"ready"`
+		Failed map[string]string `json:"failed"`
+	}
+	if json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&body) != nil {
+		return "unknown"
+	}
+	if body.Ready {
+		return "yes"
+	}
+	var why []string
+	for _, k := range slices.Sorted(maps.Keys(body.Failed)) {
+		why = append(why, k+": "+body.Failed[k])
+	}
+	return "no: " + strings.Join(why, "; ")
+}
+
+func printStatus(w io.Writer, r statusReport) {
+	fmt.Fprintf(w, "cronstream status (prefix %s)\n\n", r.Prefix)
+
+	fmt.Fprintf(w, "Replicas: %d live\n", len(r.Replicas))
+	if len(r.Replicas) > 0 {
+		tw := newTable(w)
+		fmt.Fprintln(tw, "  ID\tHOST\tPID\tVERSION\tSTARTED\tLAST BEAT\tCONFIG SEQ\tLAG\tHTTP\tREADY")
+		for _, x := range r.Replicas {
+			lag := "-"
+			if r.Config.LastSeq >= x.ConfigSeq {
+				lag = fmt.Sprint(r.Config.LastSeq - x.ConfigSeq)
+			}
+			fmt.Fprintf(tw, "  %s\t%s\t%d\t%s\t%s\t%s ago\t%d\t%s\t%s\t%s\n", x.ID, x.Host, x.PID, dash(x.Version), fmtTime(x.Started), x.BeatAge, x.ConfigSeq, lag, dash(x.HTTP), x.Ready)
+		}
+		tw.Flush()
+	} else {
+		fmt.Fprintln(w, "  none: no entry fires and no task is recovered until a replica runs (cronstream run)")
+	}
+
+	fmt.Fprintf(w, "\nEntries: %d active, %d paused, %d quarantined\n", r.Entries.Active, r.Entries.Paused, r.Entries.Quarantined)
+	for _, q := range r.Entries.Bad {
+		fmt.Fprintf(w, "  quarantined %s at revision %d (%s): %s\n", q.ID, q.Revision, fmtTime(q.Time), q.Reason)
+	}
+
+	fmt.Fprintln(w, "\nStreams:")
+	for _, p := range []streamPosition{r.Config, r.Activity} {
+		last := "-"
+		if p.LastTime != nil {
+			last = fmtTime(*p.LastTime)
+		}
+		fmt.Fprintf(w, "  %-24s last seq %d at %s, %d messages\n", p.Stream, p.LastSeq, last, p.Messages)
+	}
+
+	fmt.Fprintf(w, "\nOutbox backlog (in Redis, not yet in %s): %d\n", r.Activity.Stream, r.Outbox.Backlog)
+
+	fmt.Fprintln(w, "\nQueues:")
+	if len(r.Queues) == 0 {
+		fmt.Fprintln(w, "  none yet")
+	} else {
+		tw := newTable(w)
+		fmt.Fprintln(tw, "  QUEUE\tPENDING\tACTIVE\tSCHEDULED\tRETRY\tARCHIVED\tPROCESSED\tFAILED\tTODAY OK/FAILED\tOUTBOX\tPAUSED")
+		for _, q := range r.Queues {
+			paused := "-"
+			if q.Paused {
+				paused = "yes"
+			}
+			fmt.Fprintf(tw, "  %s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d/%d\t%d\t%s\n", q.Queue, q.Pending, q.Active, q.Scheduled,
+				q.Retry, q.Archived, q.Processed, q.Failed, q.ProcessedToday-q.FailedToday, q.FailedToday, q.Outbox, paused)
+		}
+		tw.Flush()
+	}
+
+	fmt.Fprintln(w, "\nNext fires:")
+	if len(r.NextFires) == 0 {
+		fmt.Fprintln(w, "  none")
+	} else {
+		tw := newTable(w)
+		for _, f := range r.NextFires {
+			fmt.Fprintf(tw, "  %s\t(in %s)\t%s\tqueue %s\n", fmtTime(f.Time), time.Until(f.Time).Round(time.Second), f.Entry, f.Queue)
+		}
+		tw.Flush()
+	}
+
+	if len(r.Warnings) > 0 {
+		fmt.Fprintln(w, "\nWarnings:")
+		for _, x := range r.Warnings {
+			fmt.Fprintf(w, "  ! %s\n", x)
+		}
+	}
+	fmt.Fprintln(w, "\nNote:")
+	for _, x := range r.Notes {
+		fmt.Fprintf(w, "  %s\n", x)
+	}
+	if len(r.Errors) > 0 {
+		fmt.Fprintln(w, "\nCould not read:")
+		for _, x := range r.Errors {
+			fmt.Fprintf(w, "  %s\n", x)
+		}
+	}
+}

@@ -1,0 +1,259 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/cronstream/cronstream/configsync"
+	"github.com/cronstream/cronstream/events"
+)
+
+func init() { subcommands = append(subcommands, newSyncCommand) }
+
+// syncAction is one action of `sync --json`.
+type syncAction struct {
+	Kind        string   `json:"kind"` // create, update, remove
+	ID          string   `json:"id"`
+	Revision    uint64   `json:"revision"`               // before
+	NewRevision uint64   `json:"new_revision,omitempty"` // after (not with --dry-run)
+	Changes     []string `json:"changes,omitempty"`
+	Error       string   `json:"error,omitempty"`
+}
+
+// syncReport is what `sync --json` prints.
+type syncReport struct {
+	DryRun    bool         `json:"dry_run"`
+	Owner     string       `json:"owner"`
+	Actions   []syncAction `json:"actions"`
+	Unchanged []string     `json:"unchanged"`
+	NotPruned []string     `json:"not_pruned,omitempty"`
+}
+
+func newSyncCommand(g *globalFlags) *cobra.Command {
+	var (
+		conn   connFlags
+		file   string
+		prune  bool
+		dryRun bool
+		owner  string
+		watch  time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "sync -f FILE",
+		Short: "Config as code: make the entries match a schedules file",
+		Long: `Make the registered entries match a schedules file (YAML, or JSON with the
+same fields), publishing only the difference: entries that are new are
+registered, changed ones updated, unchanged ones cost nothing.
+
+The whole file is validated first: one invalid entry, an unknown field (a
+typo) or an id given twice, and nothing is published; every problem is
+listed with its entry and field.
+
+Ownership: every entry sync writes carries --owner (default "sync").
+--prune removes entries of that owner that the file no longer lists, and
+nothing else: entries made with "entry put" (no owner) or by another owner
+are never pruned. Pause state: sync never pauses or resumes an entry
+unless the file says "paused:", so an entry paused by hand stays paused.
+
+File format (the entry state's field names; durations as 30s, 10m, 1h):
+
+  entries:
+    - id: daily-report              # required, 1-128 of [A-Za-z0-9_-]
+      cron: "0 9 * * *"             # required
+      timezone: Europe/Berlin       # default UTC
+      task:
+        type: report:daily          # required
+        payload: '{"team":"ops"}'   # a string (its bytes) or a mapping (encoded as JSON)
+        headers: {source: cron}
+      options: {queue: reports, max_retry: 5, timeout: 10m, retention: 24h}
+      catchup: {policy: latest, window: 1h}
+      overlap: skip
+      jitter: 30s
+      paused: false
+
+--watch re-reads the file and syncs on an interval until interrupted; a
+file that becomes invalid is reported and the current entries are kept.`,
+		Example: `  cronstream sync -f schedules.yaml --dry-run
+  cronstream sync -f schedules.yaml --prune
+  cronstream sync -f schedules.yaml --owner team-billing --prune --watch 1m
+  generate-schedules | cronstream sync -f -`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			switch {
+			case file == "":
+				return errors.New("sync needs -f FILE (or -f - for stdin)")
+			case owner == "":
+				return errors.New("--owner must not be empty: entries without an owner are never pruned")
+			case watch < 0:
+				return errors.New("--watch must be positive")
+			case watch > 0 && dryRun:
+				return errors.New("--watch and --dry-run: a dry run publishes nothing to watch for")
+			case watch > 0 && file == "-":
+				return errors.New("--watch needs a file to re-read, not stdin")
+			}
+			if err := (events.Entry{ID: "x", Cron: "@daily", Task: events.Task{Type: "x"}, Owner: owner}).Validate(); err != nil {
+				return fmt.Errorf("--owner %q: at most 128 bytes of UTF-8", owner)
+			}
+			var cfgs []configsync.Config
+			var err error
+			if file == "-" {
+				b, rerr := io.ReadAll(cmd.InOrStdin())
+				if rerr != nil {
+					return fmt.Errorf("read stdin: %w", rerr)
+				}
+				cfgs, err = configsync.Parse(b, "stdin")
+			} else {
+				cfgs, err = configsync.Load(file)
+			}
+			if err != nil {
+				if errors.Is(err, configsync.ErrInvalidConfig) {
+					return fmt.Errorf("%w\nnothing was published", err)
+				}
+				return err
+			}
+			s, err := openSession(g, &conn)
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			var current []events.Current
+			if dryRun {
+				// A dry run creates nothing: without streams there is
+				// simply nothing yet.
+				if err := s.requireStreams(ctx); err == nil {
+					if current, err = s.client.List(ctx); err != nil {
+						return err
+					}
+				}
+			} else {
+				if err := s.ensureStreams(ctx); err != nil {
+					return err
+				}
+				if current, err = s.client.List(ctx); err != nil {
+					return err
+				}
+			}
+			plan := configsync.MakePlan(current, cfgs, owner, prune)
+			w := cmd.OutOrStdout()
+			if dryRun {
+				if g.json {
+					return printJSON(w, newSyncReport(plan, nil, owner, true))
+				}
+				printPlan(w, plan, owner, true)
+				return nil
+			}
+			outcomes, applyErr := configsync.Apply(ctx, s.client, plan)
+			if g.json {
+				if err := printJSON(w, newSyncReport(plan, outcomes, owner, false)); err != nil {
+					return err
+				}
+			} else {
+				printPlan(w, plan, owner, false)
+				printOutcomes(w, outcomes)
+			}
+			if applyErr != nil {
+				return fmt.Errorf("sync: %w", applyErr)
+			}
+			if watch == 0 {
+				return nil
+			}
+			syncer := &configsync.Syncer{
+				Provider: configsync.FileProvider{Path: file}, Client: s.client, Owner: owner, Prune: prune,
+				Interval: watch, Logger: slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil)),
+				OnSync: func(r configsync.Report) {
+					if r.Err == nil && !r.Plan.Empty() {
+						fmt.Fprintf(w, "%s synced %s:\n", fmtTime(time.Now()), file)
+						printOutcomes(w, r.Outcomes)
+					}
+				},
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "watching %s: syncing every %s until interrupted\n", file, watch)
+			return syncer.Run(ctx)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVarP(&file, "file", "f", "", "schedules file, YAML or JSON (- for stdin)")
+	f.BoolVar(&prune, "prune", false, "remove entries of --owner that the file does not list")
+	f.BoolVar(&dryRun, "dry-run", false, "print the plan (+ create, ~ update, - remove) and publish nothing")
+	f.StringVar(&owner, "owner", configsync.DefaultOwner, "owner label of the entries this file manages")
+	f.DurationVar(&watch, "watch", 0, "re-sync on this interval until interrupted (e.g. 1m)")
+	f.BoolVar(&g.json, "json", false, "print the plan and its outcome as JSON")
+	addConn(cmd, &conn, false)
+	return cmd
+}
+
+func newSyncReport(p configsync.Plan, outcomes []configsync.Outcome, owner string, dryRun bool) syncReport {
+	r := syncReport{DryRun: dryRun, Owner: owner, Actions: []syncAction{}, Unchanged: p.Unchanged, NotPruned: p.NotPruned}
+	if r.Unchanged == nil {
+		r.Unchanged = []string{}
+	}
+	for i, a := range p.Actions {
+		sa := syncAction{Kind: string(a.Kind), ID: a.ID, Revision: a.Revision}
+		if a.Kind == configsync.Update {
+			for _, c := range a.Changes {
+				sa.Changes = append(sa.Changes, c.String())
+			}
+		}
+		if i < len(outcomes) {
+			sa.NewRevision = outcomes[i].Revision
+			if outcomes[i].Err != nil {
+				sa.Error = outcomes[i].Err.Error()
+			}
+		}
+		r.Actions = append(r.Actions, sa)
+	}
+	return r
+}
+
+// printPlan prints + create, ~ update (with the changed fields) and
+// - remove, then the totals.
+func printPlan(w io.Writer, p configsync.Plan, owner string, dryRun bool) {
+	for _, a := range p.Actions {
+		switch a.Kind {
+		case configsync.Create:
+			fmt.Fprintf(w, "%s %s  cron %q, type %s, queue %s\n", a.Kind.Sign(), a.ID, a.Entry.Cron, a.Entry.Task.Type, a.Entry.Options.QueueName())
+		case configsync.Update:
+			note := ""
+			if a.Repair {
+				note = "  (replaces an event that cannot be applied)"
+			}
+			fmt.Fprintf(w, "%s %s%s\n", a.Kind.Sign(), a.ID, note)
+			if !a.Repair {
+				for _, c := range a.Changes {
+					fmt.Fprintf(w, "    %s\n", c)
+				}
+			}
+		case configsync.Remove:
+			fmt.Fprintf(w, "%s %s\n", a.Kind.Sign(), a.ID)
+		}
+	}
+	c, u, r := p.Count(configsync.Create), p.Count(configsync.Update), p.Count(configsync.Remove)
+	if dryRun {
+		fmt.Fprintf(w, "plan: %d to create, %d to update, %d to remove, %d unchanged (dry run: nothing published)\n", c, u, r, len(p.Unchanged))
+	} else {
+		fmt.Fprintf(w, "sync: %d to create, %d to update, %d to remove, %d unchanged\n", c, u, r, len(p.Unchanged))
+	}
+	if len(p.NotPruned) > 0 {
+		fmt.Fprintf(w, "not in the file but kept (owner %s; --prune removes them): %v\n", owner, p.NotPruned)
+	}
+}
+
+func printOutcomes(w io.Writer, outcomes []configsync.Outcome) {
+	for _, o := range outcomes {
+		switch {
+		case o.Err != nil:
+			fmt.Fprintf(w, "  %s %s failed: %v\n", o.Action.Kind, o.Action.ID, o.Err)
+		case !o.Published:
+			fmt.Fprintf(w, "  %s already as wanted (revision %d)\n", o.Action.ID, o.Revision)
+		default:
+			past := map[configsync.ActionKind]string{configsync.Create: "registered", configsync.Update: "updated", configsync.Remove: "removed"}[o.Action.Kind]
+			fmt.Fprintf(w, "  %s %s at revision %d\n", o.Action.ID, past, o.Revision)
+		}
+	}
+}
