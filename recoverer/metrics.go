@@ -4,12 +4,12 @@ import "github.com/prometheus/client_golang/prometheus"
 
 // Metrics are the recoverer's Prometheus metrics, per queue.
 type Metrics struct {
-	Recovered    *prometheus.CounterVec // queue, outcome (retried, archived, skipped)
-	Orphans      *prometheus.CounterVec // queue, action (leased, removed)
-	Reclaimed    *prometheus.CounterVec // queue
-	Bad          *prometheus.CounterVec // queue
-	Errors       *prometheus.CounterVec // queue ("" for listing queues)
-	PassDuration prometheus.Histogram
+	Recovered    *prometheus.CounterVec   // queue, outcome (retried, archived, skipped)
+	Orphans      *prometheus.CounterVec   // queue, action (leased, removed)
+	Reclaimed    *prometheus.CounterVec   // queue
+	Bad          *prometheus.CounterVec   // queue
+	Errors       *prometheus.CounterVec   // queue ("" for listing queues)
+	PassDuration *prometheus.HistogramVec // queue
 }
 
 // NewMetrics creates the recoverer metrics and registers them with reg (nil:
@@ -31,10 +31,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "cronstream_recover_errors_total", Help: "Recovery passes of a queue that failed.",
 		}, []string{"queue"}),
-		PassDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "cronstream_recover_pass_seconds", Help: "Duration of one recovery pass over every queue.",
+		PassDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "cronstream_recover_pass_seconds", Help: "Duration of one recovery pass over a queue.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
-		}),
+		}, []string{"queue"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.Recovered, m.Orphans, m.Reclaimed, m.Bad, m.Errors, m.PassDuration)

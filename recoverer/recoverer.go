@@ -247,10 +247,6 @@ func (r *Recoverer) stopping() bool {
 func (r *Recoverer) Pass(ctx context.Context) PassResult {
 	start := r.cfg.Now()
 	res := PassResult{Started: start}
-	// The duration is measured on the monotonic clock: Config.Now may be a
-	// test's fake clock.
-	began := time.Now()
-	defer func() { r.m.PassDuration.Observe(time.Since(began).Seconds()) }()
 	queues := r.cfg.Queues // sorted by New
 	if len(queues) == 0 {
 		qs, err := r.cfg.Store.Queues(ctx)
@@ -267,7 +263,11 @@ func (r *Recoverer) Pass(ctx context.Context) PassResult {
 		if r.stopping() {
 			break
 		}
+		// Durations use the monotonic clock: Config.Now may be a test's
+		// fake clock.
+		began := time.Now()
 		n, err := r.recoverQueue(ctx, q)
+		r.m.PassDuration.WithLabelValues(q).Observe(time.Since(began).Seconds())
 		res.Moved += n
 		if err != nil {
 			r.queueStats(q, func(s *QueueStats) { s.Errors++ })

@@ -1,0 +1,111 @@
+package recoverer
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/testenv"
+	"github.com/cronstream/cronstream/taskstate"
+)
+
+// blockingStore holds the first RecoverBatch call until released, then
+// runs it for real.
+type blockingStore struct {
+	*taskstate.Store
+	entered, release chan struct{}
+	calls            atomic.Int32
+	firstDone        atomic.Bool
+}
+
+func (b *blockingStore) RecoverBatch(ctx context.Context, prefix, queue string, cutoff time.Time, ds []taskstate.Decision) ([]taskstate.Outcome, error) {
+	if b.calls.Add(1) == 1 {
+		close(b.entered)
+		<-b.release
+		defer b.firstDone.Store(true)
+	}
+	return b.Store.RecoverBatch(ctx, prefix, queue, cutoff, ds)
+}
+
+// TestStopFinishesTheBatchInFlight: Stop during a batch lets that batch
+// complete (all of it moved, with its records), starts no further batch,
+// and returns only after the loop ended. Stop again, and Start after Stop,
+// are harmless.
+func TestStopFinishesTheBatchInFlight(t *testing.T) {
+	ctx := context.Background()
+	rc := testenv.StartRedis(t).Client(t)
+	const q, n, batch = "stopq", 20, 5
+	k := taskstate.Keys(q)
+	pipe := rc.Pipeline()
+	for i := range n {
+		id := fmt.Sprintf("t%02d", i)
+		msg, err := taskstate.EncodeTaskMessage(&taskstate.TaskMessage{Type: "w", ID: id, Queue: q, Retry: 25, Timeout: 1800})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pipe.HSet(ctx, k.Task(id), "msg", msg, "state", taskstate.StateActive)
+		pipe.LPush(ctx, k.Active(), id)
+		pipe.ZAdd(ctx, k.Lease(), redis.Z{Score: float64(time.Now().Add(-time.Minute).Unix()), Member: id})
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	store := &blockingStore{Store: taskstate.New(rc), entered: make(chan struct{}), release: make(chan struct{})}
+	r := New(Config{Store: store, Names: events.MustNames("rv"), ReplicaID: "rep1", Queues: []string{q},
+		Batch: batch, Interval: time.Hour, Grace: time.Second})
+	r.Start()
+	select {
+	case <-store.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first batch never started")
+	}
+	stopped := make(chan struct{})
+	go func() {
+		r.Stop()
+		close(stopped)
+	}()
+	testenv.Eventually(t, 5*time.Second, r.stopping, "Stop signals the loop")
+	select {
+	case <-stopped:
+		t.Fatal("Stop returned while a batch was in flight")
+	default:
+	}
+	close(store.release)
+	select {
+	case <-stopped:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Stop did not return after the batch")
+	}
+	if !store.firstDone.Load() {
+		t.Fatal("Stop returned before the batch finished")
+	}
+	if c := store.calls.Load(); c != 1 {
+		t.Fatalf("%d batches ran, want 1", c)
+	}
+	if got, _ := rc.ZCard(ctx, k.Retry()).Result(); got != batch {
+		t.Fatalf("%d tasks moved, want the whole first batch of %d", got, batch)
+	}
+	if got, _ := rc.ZCard(ctx, k.Lease()).Result(); got != n-batch {
+		t.Fatalf("%d tasks left in the lease set, want %d", got, n-batch)
+	}
+	if got := r.Stats()[q].Retried; got != batch {
+		t.Fatalf("stats: %d retried", got)
+	}
+	if got, _ := rc.XLen(ctx, taskstate.Own("rv", q).Outbox()).Result(); got != batch {
+		t.Fatalf("%d outbox records, want %d", got, batch)
+	}
+
+	r.Stop()  // again: no panic, no wait
+	r.Start() // after Stop: runs nothing
+	r.Stop()
+	if c := store.calls.Load(); c != 1 {
+		t.Fatalf("a batch ran after Stop (%d calls)", c)
+	}
+	New(Config{Store: store}).Stop() // never started: returns at once
+}
