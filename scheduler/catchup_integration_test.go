@@ -104,3 +104,34 @@ func TestCatchupAfterOutage(t *testing.T) {
 	t.Logf("b %+v; c %+v", b.sched.Stats(), c.sched.Stats())
 	_ = fmt.Sprint
 }
+
+// TestMissedTicksRecordedAtOnce: ticks the policy drops are recorded when
+// they are found missed, in a step of their own, not with the entry's next
+// fire (which for an hourly or daily entry may be far away).
+func TestMissedTicksRecordedAtOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.put(every("minutely", "@every 1m", withCatchup(events.CatchupNone, 0)))
+	// This replica's clock is ten minutes ahead of the registration: about
+	// ten ticks were missed and the next one is up to a minute away.
+	clock := newShiftClock(t, 10*time.Minute)
+	a := e.startNode("a", nodeOpts{clock: clock.clock})
+	testenv.Eventually(t, 10*time.Second, func() bool { return a.sched.Stats().SkippedMissed >= 1 }, "missed ticks recorded")
+	a.stop()
+	e.waitOutboxEmpty(5*time.Second, "default")
+	l := ledgers(e.readActivity())["minutely"]
+	if l == nil || len(l.skipped) != 1 {
+		t.Fatalf("want one skipped event, got %+v", l)
+	}
+	s := l.skipped[0]
+	if s.Reason != events.SkipMissed || s.Count < 8 || s.Until == nil {
+		t.Fatalf("skipped event %+v: want reason missed covering at least 8 ticks", s)
+	}
+	if len(l.fired) != 0 && clock.now().Sub(*s.Until) < 50*time.Second {
+		t.Fatalf("a tick fired although the next one was not due: %v", l.fired)
+	}
+	tick, _, ok, err := e.store.Watermark(context.Background(), testPrefix, "default", "minutely")
+	if err != nil || !ok || !tick.Equal(*s.Until) {
+		t.Fatalf("watermark %s (%v, %v), want the last skipped tick %s", tick, ok, err, s.Until)
+	}
+}

@@ -177,8 +177,6 @@ type entryRun struct {
 	reopen bool
 	// restored: a lost watermark was looked for in the activity stream.
 	restored bool
-	// pendingSkip are missed ticks to record with the next fire.
-	pendingSkip tickRange
 
 	due   time.Time
 	index int
@@ -477,7 +475,6 @@ func (s *Scheduler) applyChange(c projector.Change) {
 			// A new spec never fires ticks of the old one, nor its own
 			// ticks from before the change.
 			r.floor = st.Time
-			r.pendingSkip = tickRange{}
 		}
 		if q := st.Entry.Options.QueueName(); q != r.queue && r.queue != "" {
 			r.fromQueue = r.queue
@@ -644,9 +641,6 @@ func (r *entryRun) start() time.Time {
 	if r.hasCursor && r.cursor.After(s) {
 		s = r.cursor
 	}
-	if !r.pendingSkip.empty() && r.pendingSkip.Last.After(s) {
-		s = r.pendingSkip.Last
-	}
 	return s
 }
 
@@ -786,17 +780,16 @@ func (s *Scheduler) plan(r *entryRun, now time.Time, seq uint64, fresh time.Time
 	grace := s.cfg.Grace + r.sched.jitter
 	var one [1]time.Time
 	var ticks []time.Time
-	skipped := r.pendingSkip
+	var skipped tickRange
 	more := false
 	if next.Before(now.Add(-grace)) {
 		p := planCatchup(r.sched, r.st.Entry.Catchup, start, now, grace, s.cfg.MaxCatchup)
-		skipped = mergeRanges(skipped, p.Skipped)
+		skipped = p.Skipped
 		ticks, more = p.Fire, p.More
 		if len(ticks) == 0 {
-			// Nothing to fire now: the skipped ticks are recorded with the
-			// next fire, whose compare-and-set covers the whole gap.
-			r.pendingSkip = skipped
-			return nil, false
+			// Nothing to fire now: record the missed ticks at once, in a
+			// step of their own under the same compare-and-set.
+			return s.planSkip(r, skipped, now, seq, fresh, into)
 		}
 	} else {
 		one[0] = next
@@ -824,23 +817,24 @@ func (s *Scheduler) plan(r *entryRun, now time.Time, seq uint64, fresh time.Time
 	return fires, more
 }
 
-func mergeRanges(a, b tickRange) tickRange {
-	switch {
-	case a.empty():
-		return b
-	case b.empty():
-		return a
+// planSkip records missed ticks that the catch-up policy drops, moving the
+// watermark to the last of them, without creating a task.
+func (s *Scheduler) planSkip(r *entryRun, skipped tickRange, now time.Time, seq uint64, fresh time.Time, into []taskstate.Fire) ([]taskstate.Fire, bool) {
+	if skipped.empty() {
+		return nil, false
 	}
-	out := a
-	if b.First.Before(out.First) {
-		out.First = b.First
+	rec, err := s.skippedRecord(r, skipped, events.SkipMissed, now)
+	if err != nil {
+		s.countError()
+		s.log.Error("cannot build skipped record", "entry", r.id, "err", err)
+		return nil, false
 	}
-	if b.Last.After(out.Last) {
-		out.Last = b.Last
-	}
-	out.Count = a.Count + b.Count
-	out.Exact = a.Exact && b.Exact
-	return out
+	return append(into, taskstate.Fire{
+		Prefix: s.cfg.Names.Prefix(), Entry: r.id, Queue: r.queue, Kind: taskstate.FireSkip,
+		Tick: skipped.Last, Expected: r.cursor, ExpectNone: !r.hasCursor,
+		ConfigSeq: seq, FreshAsOf: fresh, MaxStaleness: s.cfg.MaxStaleness,
+		SkippedRecords: []taskstate.Record{rec},
+	}), false
 }
 
 // apply acts on one fire's result and returns the asynq history record of
@@ -862,7 +856,6 @@ func (s *Scheduler) apply(r *entryRun, f taskstate.Fire, res taskstate.FireResul
 				// it again, which restores it from the stream, instead of
 				// starting over from the entry's registration.
 				r.known, r.hasCursor = false, false
-				r.pendingSkip = tickRange{}
 				r.tries++
 				s.heap.remove(r)
 				s.load[r.id] = r
@@ -870,7 +863,6 @@ func (s *Scheduler) apply(r *entryRun, f taskstate.Fire, res taskstate.FireResul
 			}
 			r.cursor, r.hasCursor, r.lastTask = res.Watermark, res.HasWatermark, res.WatermarkTaskID
 			r.known = true
-			r.pendingSkip = tickRange{} // planned against a stale watermark
 			if res.HasWatermark && !res.Watermark.Before(f.Tick) {
 				r.tries = 0 // someone else handled it: nothing wrong
 			} else {
@@ -884,7 +876,6 @@ func (s *Scheduler) apply(r *entryRun, f taskstate.Fire, res taskstate.FireResul
 				// replica did not follow live): close the queues it used
 				// since and reopen this one.
 				r.known, r.reopen = false, true
-				r.pendingSkip = tickRange{}
 				s.heap.remove(r)
 				s.load[r.id] = r
 			}
@@ -894,9 +885,8 @@ func (s *Scheduler) apply(r *entryRun, f taskstate.Fire, res taskstate.FireResul
 		return taskstate.EnqueueEventRecord{}, false
 	}
 	r.tries = 0
-	if !f.Tick.IsZero() && f.Kind == taskstate.FireTick {
+	if f.Kind == taskstate.FireTick || f.Kind == taskstate.FireSkip {
 		r.cursor, r.hasCursor, r.known = f.Tick, true, true
-		r.pendingSkip = tickRange{}
 	}
 	if len(f.SkippedRecords) > 0 {
 		s.count(func(st *Stats) { st.SkippedMissed++ })

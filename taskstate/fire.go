@@ -33,6 +33,11 @@ const (
 	// FireBackfill fires a past tick that has no fired event: idempotent by
 	// task id (StatusAlreadyExists is success), never moves the watermark.
 	FireBackfill
+	// FireSkip creates no task: it records missed ticks the catch-up policy
+	// drops (SkippedRecords) and advances the watermark to Tick, under the
+	// same compare-and-set and fences as FireTick, so the skipped events are
+	// written when the ticks are missed rather than with the next fire.
+	FireSkip
 )
 
 func (k FireKind) String() string {
@@ -43,6 +48,8 @@ func (k FireKind) String() string {
 		return "trigger"
 	case FireBackfill:
 		return "backfill"
+	case FireSkip:
+		return "skip"
 	}
 	return "FireKind(" + strconv.Itoa(int(k)) + ")"
 }
@@ -136,6 +143,9 @@ const (
 	// StatusSkippedOverlap: the previous task is still running; the overlap
 	// record was appended and a tick's watermark advanced.
 	StatusSkippedOverlap
+	// StatusSkippedMissed: a FireSkip recorded its skipped records and
+	// advanced the watermark.
+	StatusSkippedMissed
 	// StatusWatermarkMismatch: the stored watermark is not the expected one.
 	// FireResult carries the current one; recompute and retry.
 	StatusWatermarkMismatch
@@ -156,6 +166,7 @@ var statusNames = map[FireStatus]string{
 	StatusAlreadyExists:     "already-exists",
 	StatusDuplicate:         "duplicate",
 	StatusSkippedOverlap:    "skipped-overlap",
+	StatusSkippedMissed:     "skipped-missed",
 	StatusWatermarkMismatch: "watermark-mismatch",
 	StatusMoved:             "moved",
 	StatusRevisionFenced:    "revision-fenced",
@@ -212,6 +223,7 @@ const (
 	codeExists        = 2
 	codeDuplicate     = 3
 	codeOverlap       = 4
+	codeSkipped       = 5
 	codeMismatch      = -1
 	codeMoved         = -2
 	codeFenced        = -3
@@ -239,7 +251,7 @@ const (
 //
 // ARGV (common): 1 task-key prefix, 2 number of fires. Then per fire:
 //
-//	1 kind (t tick, r trigger, b backfill)   2 tick ms   3 expected ms ("" = none)
+//	1 kind (t tick, r trigger, b backfill, s skip)   2 tick ms   3 expected ms ("" = none)
 //	4 config seq   5 fresh_as_of ms ("" = not presented)   6 max staleness ms
 //	7 process_at ms (0 = now)   8 unique ttl ms (0 = none)   9 group
 //	10 msg   11 task id   12 overlap-skip (1/0)   13 previous task id
@@ -325,11 +337,17 @@ local function fire(k, a)
     end
   end
 
-  if kind == 't' then
+  if kind == 't' or kind == 's' then
     if expected == '' then
       if wm then return res(-1, wm, wmtask) end
     elseif wm ~= expected then
       return res(-1, wm, wmtask)
+    end
+    if kind == 's' then
+      -- A skip keeps the last fired task id for overlap checks.
+      append(a + 21, tonumber(ARGV[a+20]))
+      redis.call('SET', kwm, tick .. ' ' .. (wmtask or ''))
+      return res(5, tick, wmtask or '')
     end
   elseif kind == 'r' then
     local served = redis.call('GET', ktrigger)
@@ -435,6 +453,32 @@ type preparedFire struct {
 	keys  QueueKeys
 }
 
+// prepareSkip validates a FireSkip, which carries no task.
+func prepareSkip(f *Fire, bad func(string, ...any) (preparedFire, error)) (preparedFire, error) {
+	switch {
+	case f.Tick.IsZero():
+		return bad("zero tick")
+	case !f.ExpectNone && f.Expected.IsZero():
+		return bad("no expected watermark (set ExpectNone for an entry that never fired)")
+	case !f.ExpectNone && f.Tick.UnixMilli() <= f.Expected.UnixMilli():
+		return bad("tick is not after the expected watermark %s", f.Expected.UTC().Format(time.RFC3339Nano))
+	case len(f.SkippedRecords) == 0:
+		return bad("a skip without skipped records")
+	case f.MaxStaleness < 0:
+		return bad("negative duration")
+	case f.ConfigSeq > 1<<53:
+		return bad("config sequence %d above 2^53", f.ConfigSeq)
+	}
+	for i, r := range f.SkippedRecords {
+		if err := checkRecord(fmt.Sprintf("skipped[%d]", i), r, true); err != nil {
+			return bad("%v", err)
+		}
+	}
+	// The per-fire task keys are never touched by a skip; the queue's task
+	// key prefix stands in for them (a real key name of the same slot).
+	return preparedFire{f: f, own: Own(f.Prefix, f.Queue), keys: Keys(f.Queue)}, nil
+}
+
 // prepare validates f and encodes its message.
 func prepare(f *Fire) (preparedFire, error) {
 	bad := func(format string, args ...any) (preparedFire, error) {
@@ -445,6 +489,9 @@ func prepare(f *Fire) (preparedFire, error) {
 	}
 	if f.Queue == "" {
 		return bad("empty queue")
+	}
+	if f.Kind == FireSkip {
+		return prepareSkip(f, bad)
 	}
 	if f.Msg == nil {
 		return bad("no task message")
@@ -531,7 +578,7 @@ func appendFire(keys []string, args []any, p preparedFire) ([]string, []any) {
 	f := p.f
 	task := p.keys.Task(p.id)
 	unique, group, trigger := task, task, task
-	if f.UniqueTTL > 0 {
+	if f.UniqueTTL > 0 && f.Msg != nil {
 		unique = p.keys.Unique(f.Msg.Type, f.Msg.Payload)
 	}
 	if p.group != "" {
@@ -544,11 +591,13 @@ func appendFire(keys []string, args []any, p preparedFire) ([]string, []any) {
 		trigger = p.own.Trigger(f.RequestID)
 	case FireBackfill:
 		kind = "b"
+	case FireSkip:
+		kind = "s"
 	}
 	keys = append(keys, p.own.Watermark(f.Entry), p.own.Handover(f.Entry), task, unique, group, trigger)
 
 	expected := ""
-	if f.Kind == FireTick && !f.ExpectNone {
+	if (f.Kind == FireTick || f.Kind == FireSkip) && !f.ExpectNone {
 		expected = strconv.FormatInt(f.Expected.UnixMilli(), 10)
 	}
 	fresh := ""
@@ -796,6 +845,8 @@ func parseFireReply(v any) (FireResult, error) {
 	r.TaskID, r.State = str(4), str(5)
 	extra := str(3)
 	switch code {
+	case codeSkipped:
+		r.Status = StatusSkippedMissed
 	case codeFired:
 		r.Status = StatusFired
 	case codeExists:
