@@ -21,3 +21,10 @@ bench:
 ## build: the cronstream binary into ./bin
 build:
 	$(GO) build -o bin/cronstream ./cmd/cronstream
+
+## chaos: chaos suite and network cut with real processes (short form, ~3 min);
+## `make chaos DURATION=10m` runs the long form, CRONSTREAM_CHAOS_SEED=<n> replays a seed
+CHAOS_TIMEOUT ?= 60m
+.PHONY: chaos
+chaos:
+	$(if $(DURATION),CRONSTREAM_CHAOS_DURATION=$(DURATION)) $(GO) test -run 'TestChaos|TestNetworkCut' -count=1 -v -timeout $(CHAOS_TIMEOUT) ./chaos/

@@ -86,6 +86,10 @@ type Relay struct {
 
 	mu    sync.Mutex
 	owned map[string]string // queue → last stream id published and acked ("" = from the start)
+	// yielded keeps this relay from taking an outbox back until the given
+	// time after it failed to publish it, so a relay cut off from NATS
+	// hands its outboxes to one that is not.
+	yielded map[string]time.Time
 
 	backlog   atomic.Int64
 	published atomic.Uint64
@@ -120,7 +124,7 @@ func New(cfg Config) *Relay {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Relay{cfg: cfg, log: cfg.Logger, wake: make(chan struct{}, 1), owned: map[string]string{}}
+	return &Relay{cfg: cfg, log: cfg.Logger, wake: make(chan struct{}, 1), owned: map[string]string{}, yielded: map[string]time.Time{}}
 }
 
 // Notify wakes the relay: records were just written.
@@ -285,8 +289,20 @@ func (r *Relay) drainOne(ctx context.Context, queue string) (int, int64, bool, e
 	}
 	if nc := r.cfg.JS.Conn(); nc != nil && !nc.IsConnected() {
 		// Publishing now would only fill the client's reconnect buffer
-		// (and hang the pass on acks that cannot come): count and wait.
+		// (and hang the pass on acks that cannot come): count, and let a
+		// replica that reaches NATS take the outbox.
+		r.yield(ctx, queue)
 		return 0, left, false, errDisconnected
+	}
+	r.mu.Lock()
+	until, yielding := r.yielded[queue]
+	if yielding && time.Now().After(until) {
+		delete(r.yielded, queue)
+		yielding = false
+	}
+	r.mu.Unlock()
+	if yielding {
+		return 0, left, false, nil
 	}
 	ok, err := r.cfg.Outbox.AcquireOutbox(ctx, prefix, queue, r.cfg.Owner, r.cfg.LeaseTTL)
 	if err != nil {
@@ -338,8 +354,30 @@ func (r *Relay) drainOne(ctx context.Context, queue string) (int, int64, bool, e
 		if m := r.cfg.Metrics; m != nil {
 			m.PublishErrors.Inc()
 		}
+		if n == 0 && ctx.Err() == nil {
+			// Nothing got through (NATS unreachable from here, or no
+			// stream leader): another replica may do better. A pass cut
+			// short by our own stop is no such sign.
+			r.yield(ctx, queue)
+		}
 	}
 	return n, left - int64(n), true, err
+}
+
+// yield gives up queue's outbox if this relay owns it and keeps off it for
+// one lease period. Records are never lost by this: the next owner resumes
+// from the first record left, and duplicates are dropped by the stream.
+func (r *Relay) yield(ctx context.Context, queue string) {
+	r.mu.Lock()
+	_, owned := r.owned[queue]
+	delete(r.owned, queue)
+	r.yielded[queue] = time.Now().Add(r.cfg.LeaseTTL)
+	r.mu.Unlock()
+	if owned {
+		if err := r.cfg.Outbox.ReleaseOutbox(ctx, r.cfg.Names.Prefix(), queue, r.cfg.Owner); err != nil {
+			r.log.Debug("release outbox", "queue", queue, "err", err)
+		}
+	}
 }
 
 // envelopeHead is the part of an event the relay needs to route it.

@@ -497,6 +497,11 @@ func (s *Scheduler) applyObservation(o observation) {
 		return
 	}
 	r.cursor, r.hasCursor = o.tick, true
+	// Another replica handled the tick: whatever refused our fires (a
+	// stale view of the config, a fence) is not a reason to back off from
+	// the next tick, and backing off from each observation would push it
+	// away for ever.
+	r.tries = 0
 	if r.index >= 0 {
 		s.schedule(r, s.clock.Now())
 	}

@@ -1,0 +1,653 @@
+package chaos
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cronstream/cronstream/internal/testenv"
+)
+
+const (
+	// shortChaos is the chaos phase of the short form CI runs; the whole
+	// test then takes about two minutes on a 2-core machine.
+	shortChaos = 60 * time.Second
+	// chaosEntries entries fire "@every 1s" across chaosQueues.
+	chaosEntries = 100
+	// bandBefore and bandAfter widen each outage into the band whose ticks
+	// may be missed. Before: a tick whose primary replica was already dead
+	// waits the late delay (2 s) for another replica, which may die in the
+	// meantime; plus a second for the tick in flight. After: the replicas
+	// reconnect (go-redis pool, backoff) before the catch-up grace decides.
+	bandBefore = 3 * time.Second
+	bandAfter  = 3 * time.Second
+)
+
+var chaosQueues = []string{"q0", "q1", "q2"}
+
+// chaosSettings reads the seed and the chaos duration from the environment
+// (CRONSTREAM_CHAOS_SEED, CRONSTREAM_CHAOS_DURATION), defaulting to a fresh
+// seed and the short form.
+func chaosSettings(t *testing.T) (uint64, time.Duration) {
+	t.Helper()
+	seed := uint64(time.Now().UnixNano())
+	if v := os.Getenv("CRONSTREAM_CHAOS_SEED"); v != "" {
+		s, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			t.Fatalf("CRONSTREAM_CHAOS_SEED=%q: %v", v, err)
+		}
+		seed = s
+	}
+	d := shortChaos
+	if v := os.Getenv("CRONSTREAM_CHAOS_DURATION"); v != "" {
+		p, err := time.ParseDuration(v)
+		if err != nil || p < 20*time.Second {
+			t.Fatalf("CRONSTREAM_CHAOS_DURATION=%q: want a duration of at least 20s (%v)", v, err)
+		}
+		d = p
+	}
+	return seed, d
+}
+
+type episodeKind int
+
+const (
+	killReplica episodeKind = iota
+	killAllReplicas
+	stopNATSNode
+	killWorker
+	restartRedis
+)
+
+// episode is one fault: at an offset from the chaos start, something goes
+// down for a while and is brought back.
+type episode struct {
+	kind   episodeKind
+	target int
+	at     time.Duration
+	down   time.Duration
+}
+
+func (e episode) String() string {
+	what := map[episodeKind]string{
+		killReplica:     fmt.Sprintf("kill -9 replica r%d", e.target),
+		killAllReplicas: "kill -9 every replica",
+		stopNATSNode:    fmt.Sprintf("stop NATS node n%d", e.target),
+		killWorker:      fmt.Sprintf("kill -9 worker w%d", e.target),
+		restartRedis:    "kill -9 Redis",
+	}[e.kind]
+	return fmt.Sprintf("+%-6s %s, back after %s", e.at.Round(100*time.Millisecond), what, e.down.Round(100*time.Millisecond))
+}
+
+// makePlan derives the whole fault schedule from the seed, so a failure
+// replays with the same faults in the same order (timing on a loaded
+// machine varies, and the printed action log says what really happened).
+func makePlan(seed uint64, d time.Duration, replicas, natsNodes, workers int) []episode {
+	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	dur := func(min, spread time.Duration) time.Duration {
+		return min + time.Duration(rng.Int64N(int64(spread)+1))
+	}
+	var plan []episode
+	// Once: every replica down together (an outage whose ticks are
+	// skipped by the catch-up policy), and once: Redis.
+	all := episode{kind: killAllReplicas, at: time.Duration(float64(d) * (0.2 + 0.15*rng.Float64())), down: dur(2*time.Second, 4*time.Second)}
+	plan = append(plan, all)
+	plan = append(plan, episode{kind: restartRedis, at: time.Duration(float64(d) * (0.55 + 0.2*rng.Float64())), down: dur(time.Second, 3*time.Second)})
+	allFrom, allTo := all.at-2*time.Second, all.at+all.down+3*time.Second
+	for i := range replicas {
+		for at := dur(2*time.Second, 6*time.Second); at < d-3*time.Second; {
+			down := dur(time.Second, 7*time.Second)
+			if at+down < allFrom || at > allTo {
+				plan = append(plan, episode{kind: killReplica, target: i, at: at, down: down})
+			}
+			at += down + dur(5*time.Second, 12*time.Second)
+		}
+	}
+	for at := dur(4*time.Second, 8*time.Second); at < d-5*time.Second; {
+		down := dur(2*time.Second, 6*time.Second)
+		plan = append(plan, episode{kind: stopNATSNode, target: rng.IntN(natsNodes), at: at, down: down})
+		at += down + dur(10*time.Second, 15*time.Second)
+	}
+	// Worker kills leave time for the held tasks' leases (30 s) to expire
+	// and be recovered before the end.
+	for at := dur(2*time.Second, 5*time.Second); ; {
+		down := dur(time.Second, 4*time.Second)
+		plan = append(plan, episode{kind: killWorker, target: rng.IntN(workers), at: at, down: down})
+		at += down + dur(20*time.Second, 25*time.Second)
+		if at > d-25*time.Second {
+			break
+		}
+	}
+	sort.SliceStable(plan, func(i, j int) bool { return plan[i].at < plan[j].at })
+	return plan
+}
+
+// timeline records what the chaos really did and when, for the outage
+// bands and the summary.
+type timeline struct {
+	start time.Time
+
+	mu      sync.Mutex
+	up      [][]upInterval // per replica
+	downAt  []map[int]time.Time
+	redis   []band
+	actions []string
+	counts  map[string]int
+}
+
+type upInterval struct {
+	gen      int
+	from, to time.Time // to is zero while up
+}
+
+func newTimeline(replicas int) *timeline {
+	tl := &timeline{up: make([][]upInterval, replicas), downAt: make([]map[int]time.Time, replicas), counts: map[string]int{}}
+	for i := range tl.downAt {
+		tl.downAt[i] = map[int]time.Time{}
+	}
+	return tl
+}
+
+func (tl *timeline) logf(format string, args ...any) {
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	off := "setup"
+	if !tl.start.IsZero() {
+		off = "+" + time.Since(tl.start).Round(100*time.Millisecond).String()
+	}
+	tl.actions = append(tl.actions, fmt.Sprintf("%-8s %s", off, fmt.Sprintf(format, args...)))
+}
+
+func (tl *timeline) count(what string) {
+	tl.mu.Lock()
+	tl.counts[what]++
+	tl.mu.Unlock()
+}
+
+func (tl *timeline) replicaReady(i, gen int, at time.Time) {
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	if _, killed := tl.downAt[i][gen]; killed {
+		return // killed before it was seen ready: count it as never up
+	}
+	tl.up[i] = append(tl.up[i], upInterval{gen: gen, from: at})
+}
+
+func (tl *timeline) replicaDown(i, gen int, at time.Time) {
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	tl.downAt[i][gen] = at
+	for j := range tl.up[i] {
+		if tl.up[i][j].gen == gen && tl.up[i][j].to.IsZero() {
+			tl.up[i][j].to = at
+		}
+	}
+}
+
+func (tl *timeline) redisDown(from, to time.Time) {
+	tl.mu.Lock()
+	tl.redis = append(tl.redis, band{from: from, to: to, why: "redis down"})
+	tl.mu.Unlock()
+}
+
+// noReplicaUp returns the intervals within [from, to] when no replica was
+// up (ready and not yet killed).
+func (tl *timeline) noReplicaUp(from, to time.Time) []band {
+	tl.mu.Lock()
+	var ivs []upInterval
+	for _, r := range tl.up {
+		ivs = append(ivs, r...)
+	}
+	tl.mu.Unlock()
+	for i := range ivs {
+		if ivs[i].to.IsZero() || ivs[i].to.After(to) {
+			ivs[i].to = to
+		}
+	}
+	sort.Slice(ivs, func(i, j int) bool { return ivs[i].from.Before(ivs[j].from) })
+	var out []band
+	cursor := from
+	for _, iv := range ivs {
+		if !iv.from.Before(to) {
+			continue // seen ready only after the end of the window
+		}
+		if iv.from.After(cursor) {
+			out = append(out, band{from: cursor, to: iv.from, why: "no replica up"})
+		}
+		if iv.to.After(cursor) {
+			cursor = iv.to
+		}
+	}
+	if cursor.Before(to) {
+		out = append(out, band{from: cursor, to: to, why: "no replica up"})
+	}
+	return out
+}
+
+func TestChaos(t *testing.T) {
+	if testing.Short() {
+		t.Skip("chaos suite: real processes for minutes; skipped with -short")
+	}
+	seed, chaosFor := chaosSettings(t)
+	began := time.Now()
+	t.Logf("chaos: seed %d, chaos phase %s (replay: CRONSTREAM_CHAOS_SEED=%d CRONSTREAM_CHAOS_DURATION=%s)", seed, chaosFor, seed, chaosFor)
+
+	nc := testenv.StartNATSCluster(t, 3)
+	rd := testenv.StartRedis(t, testenv.WithAOF())
+	urls := nc.URLs()
+	s := newSystem(t, systemConfig{
+		replicaNATS: []string{urls, urls, urls}, adminNATS: urls, js: nc.JetStream(t),
+		redis: rd, streamReplicas: 3, workers: 2, queues: chaosQueues, seed: seed,
+	})
+	tl := newTimeline(len(s.replicas))
+	s.onReady = tl.replicaReady
+
+	for i := range s.replicas {
+		s.startReplica(i)
+	}
+	s.waitReady(90 * time.Second)
+	for i := range s.workers {
+		s.startWorker(i)
+	}
+	ids := entryIDs(chaosEntries)
+	entryQueue := map[string]string{}
+	for i, id := range ids {
+		entryQueue[id] = queueOf(i, chaosQueues)
+	}
+	s.registerEntries(ids)
+	testenv.Eventually(t, 60*time.Second, func() bool { return s.totalFires() >= 2*chaosEntries },
+		"the replicas fire the %d entries", chaosEntries)
+	t.Logf("setup done in %s", time.Since(began).Round(100*time.Millisecond))
+
+	plan := makePlan(seed, chaosFor, len(s.replicas), len(nc.Nodes), len(s.workers))
+	var planText strings.Builder
+	for _, e := range plan {
+		fmt.Fprintf(&planText, "  %s\n", e)
+	}
+	t.Logf("chaos plan (seed %d):\n%s", seed, planText.String())
+
+	tl.start = time.Now()
+	held := runChaos(t, s, nc, rd, plan, tl, entryQueue)
+	chaosEnd := time.Now()
+
+	// Everything is back: no replica may be left with a stale projection.
+	s.waitReady(120 * time.Second)
+	recoveredAt := time.Now()
+	for i := range s.replicas {
+		testenv.Eventually(t, 30*time.Second, func() bool {
+			return s.metric(i, "cronstream_scheduler_entries") == chaosEntries
+		}, "replica r%d's scheduler knows all %d entries (has %v)", i, chaosEntries, lazy(func() string {
+			return fmt.Sprint(s.metric(i, "cronstream_scheduler_entries"))
+		}))
+	}
+	var st statusReport
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		var err error
+		st, err = s.status()
+		if err != nil || st.Entries.Active != chaosEntries || len(st.Replicas) != len(s.replicas) {
+			return false
+		}
+		for _, r := range st.Replicas {
+			if r.Ready != "yes" {
+				return false
+			}
+		}
+		return true
+	}, "status shows %d active entries and %d ready replicas (last: %+v)", chaosEntries, len(s.replicas), lazy(func() string { return fmt.Sprintf("%+v", st) }))
+
+	// A few seconds of steady firing by the recovered system, then stop
+	// the entries so the state can settle and be counted.
+	f0 := s.totalFires()
+	testenv.Eventually(t, 60*time.Second, func() bool { return s.totalFires() >= f0+3*chaosEntries },
+		"steady firing after the chaos")
+	pauseAt := time.Now()
+	s.pauseEntries(ids)
+	end := pauseAt.Truncate(time.Second).Add(-time.Second)
+	settle(t, s, held, pauseAt)
+	settledAt := time.Now()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	snap, err := snapshotRedis(ctx, s.rdb, chaosQueues)
+	if err != nil {
+		t.Fatalf("snapshot Redis: %v", err)
+	}
+	acts, err := readActivity(ctx, s.js, s.names)
+	if err != nil {
+		t.Fatalf("read activity: %v", err)
+	}
+	var execs []execution
+	unsynced := map[string]bool{}
+	for i, w := range s.workers {
+		x, err := readWorkerLog(s.workerLog(i))
+		if err != nil {
+			t.Fatalf("worker log: %v", err)
+		}
+		execs = append(execs, x...)
+		if err := readUnsynced(w.logPath, unsynced); err != nil {
+			t.Fatalf("worker log: %v", err)
+		}
+	}
+
+	outages := tl.noReplicaUp(tl.start, recoveredAt)
+	outages = append(outages, tl.redis...)
+	var bands []band
+	var noReplica, redisDown time.Duration
+	var outageText strings.Builder
+	for _, o := range outages {
+		bands = append(bands, band{from: o.from.Add(-bandBefore), to: o.to.Add(bandAfter), why: o.why})
+		if o.why == "redis down" {
+			redisDown += o.to.Sub(o.from)
+		} else {
+			noReplica += o.to.Sub(o.from)
+		}
+		fmt.Fprintf(&outageText, "    %s from +%s for %s\n", o.why, o.from.Sub(tl.start).Round(100*time.Millisecond), o.to.Sub(o.from).Round(100*time.Millisecond))
+	}
+	rep := check(ctx, s.rdb, checkInput{
+		entries: ids, entryQueue: entryQueue, end: end, bands: bands,
+		snap: snap, acts: acts, execs: execs, held: held, unsynced: unsynced,
+	})
+
+	var unexpected []string
+	for _, r := range s.replicas {
+		unexpected = append(unexpected, r.unexpectedExits()...)
+	}
+	for _, w := range s.workers {
+		unexpected = append(unexpected, w.unexpectedExits()...)
+	}
+
+	tl.mu.Lock()
+	c := tl.counts
+	actions := strings.Join(tl.actions, "\n    ")
+	tl.mu.Unlock()
+	var sum strings.Builder
+	fmt.Fprintf(&sum, "=== chaos summary: seed %d, chaos phase %s (planned %s), recovery %s, settle %s, total %s\n",
+		seed, chaosEnd.Sub(tl.start).Round(time.Second), chaosFor, recoveredAt.Sub(chaosEnd).Round(100*time.Millisecond),
+		settledAt.Sub(pauseAt).Round(100*time.Millisecond), time.Since(began).Round(time.Second))
+	fmt.Fprintf(&sum, "  replay: CRONSTREAM_CHAOS_SEED=%d CRONSTREAM_CHAOS_DURATION=%s go test -run TestChaos -count=1 -v ./chaos/\n", seed, chaosFor)
+	fmt.Fprintf(&sum, "  kills: replicas %d (in %d single kills and %d all-replica kills), workers %d, Redis %d\n",
+		c["replica kill"], c["single replica kill"], c["all-replica kill"], c["worker kill"], c["redis kill"])
+	fmt.Fprintf(&sum, "  restarts: replicas %d, workers %d, Redis %d, NATS nodes %d (stops %d)\n",
+		c["replica restart"], c["worker restart"], c["redis restart"], c["nats restart"], c["nats stop"])
+	fmt.Fprintf(&sum, "  outages: no replica up %s, Redis down %s; band around each: -%s/+%s\n", noReplica.Round(100*time.Millisecond), redisDown.Round(100*time.Millisecond), bandBefore, bandAfter)
+	sum.WriteString(outageText.String())
+	fmt.Fprintf(&sum, "  checked ticks up to %s (entries paused at +%s)\n", end.UTC().Format(time.RFC3339), pauseAt.Sub(tl.start).Round(100*time.Millisecond))
+	sum.WriteString(rep.String())
+	fmt.Fprintf(&sum, "  end state: %d/%d replicas ready, status: %d active entries, replicas %v; unexpected process exits: %d\n",
+		len(s.replicas), len(s.replicas), st.Entries.Active, st.Replicas, len(unexpected))
+	fmt.Fprintf(&sum, "  TOTALS: duration %s, kills %d, restarts %d, ticks %d, duplicates %d, missed %d, lost events %d\n",
+		chaosEnd.Sub(tl.start).Round(time.Second),
+		c["replica kill"]+c["worker kill"]+c["redis kill"]+c["nats stop"],
+		c["replica restart"]+c["worker restart"]+c["redis restart"]+c["nats restart"],
+		rep.tasksInRange, rep.duplicates(), rep.missedOutside, rep.lost())
+	t.Logf("chaos actions:\n    %s", actions)
+	t.Log(sum.String())
+
+	for _, u := range unexpected {
+		t.Errorf("unexpected process exit: %s", u)
+	}
+	if rep.duplicates() > 0 {
+		t.Errorf("%d duplicates (seed %d)", rep.duplicates(), seed)
+	}
+	if rep.lost() > 0 {
+		t.Errorf("%d lost (events, tasks or recoveries; seed %d)", rep.lost(), seed)
+	}
+	if rep.missedOutside > 0 || rep.neverFired > 0 {
+		t.Errorf("%d ticks missed outside outages, %d entries never fired (seed %d)", rep.missedOutside, rep.neverFired, seed)
+	}
+}
+
+// runChaos executes the plan in the test goroutine (testenv's restarts
+// may fail the test) and returns the tasks the killed workers held. Each
+// fault is undone its planned pause after it really happened, so a step
+// that took long (a NATS node catching up) shifts what follows instead of
+// shortening pauses.
+func runChaos(t *testing.T, s *system, nc *testenv.NATSCluster, rd *testenv.Redis, plan []episode, tl *timeline, entryQueue map[string]string) []heldTask {
+	t.Helper()
+	type step struct {
+		at time.Time
+		e  episode
+		up bool
+		// giveUp: a worker kill waits for the worker to be mid-task until
+		// then, and kills it anyway after.
+		giveUp time.Time
+	}
+	var steps []step
+	for _, e := range plan {
+		at := tl.start.Add(e.at)
+		steps = append(steps, step{at: at, e: e, giveUp: at.Add(10 * time.Second)})
+	}
+	busy := make([]*taskLogTail, len(s.workers))
+	for i := range busy {
+		busy[i] = &taskLogTail{path: s.workerLog(i)}
+	}
+
+	var held []heldTask
+	var redisKilled time.Time
+	killReplicaNow := func(i int, why string) {
+		gen, up := s.replicas[i].generation()
+		if !up {
+			return
+		}
+		pid := s.replicas[i].pid()
+		tl.replicaDown(i, gen, time.Now())
+		s.replicas[i].kill()
+		tl.count("replica kill")
+		tl.count(why)
+		tl.logf("kill -9 replica r%d (pid %d)", i, pid)
+	}
+	restartReplica := func(i int) {
+		if s.replicas[i].running() {
+			return
+		}
+		s.startReplica(i)
+		tl.count("replica restart")
+		tl.logf("restart replica r%d", i)
+	}
+	for len(steps) > 0 {
+		sort.SliceStable(steps, func(i, j int) bool { return steps[i].at.Before(steps[j].at) })
+		st := steps[0]
+		steps = steps[1:]
+		if wait := time.Until(st.at); wait > 0 {
+			// The chaos schedule's own random pause.
+			time.Sleep(wait)
+		}
+		e := st.e
+		undo := func() { steps = append(steps, step{at: time.Now().Add(e.down), e: e, up: true}) }
+		switch {
+		case e.kind == killReplica && !st.up:
+			killReplicaNow(e.target, "single replica kill")
+			undo()
+		case e.kind == killReplica && st.up:
+			restartReplica(e.target)
+		case e.kind == killAllReplicas && !st.up:
+			for i := range s.replicas {
+				killReplicaNow(i, "all-replica kill")
+			}
+			undo()
+		case e.kind == killAllReplicas && st.up:
+			for i := range s.replicas {
+				restartReplica(i)
+			}
+		case e.kind == stopNATSNode && !st.up:
+			nc.StopNode(e.target)
+			tl.count("nats stop")
+			tl.logf("stop NATS node n%d", e.target)
+			undo()
+		case e.kind == stopNATSNode && st.up:
+			began := time.Now()
+			nc.RestartNode(t, e.target)
+			tl.count("nats restart")
+			tl.logf("NATS node n%d restarted and caught up (%s)", e.target, time.Since(began).Round(100*time.Millisecond))
+		case e.kind == killWorker && !st.up:
+			w := s.workers[e.target]
+			pid := w.pid()
+			// asynq workers sleep a second when they find the queues
+			// empty, so one worker may take a whole second's burst while
+			// the other idles (and with no replica up nobody works): try
+			// again shortly until this one is mid-task.
+			isBusy := busy[e.target].busy(pid)
+			if !isBusy && time.Now().Before(st.giveUp) {
+				st.at = time.Now().Add(100 * time.Millisecond)
+				steps = append(steps, st)
+				continue
+			}
+			if !w.kill() {
+				continue
+			}
+			undo()
+			tl.count("worker kill")
+			if !isBusy {
+				tl.logf("worker w%d held no task for 10s; killing it anyway", e.target)
+			}
+			execs, err := readWorkerLog(s.workerLog(e.target))
+			if err != nil {
+				t.Fatalf("worker log: %v", err)
+			}
+			n := 0
+			for _, x := range execs {
+				k, ok := parseTaskID(x.id)
+				if x.pid != pid || x.ended || !ok {
+					continue
+				}
+				held = append(held, heldTask{id: x.id, queue: entryQueue[k.entry], retried: x.retried, worker: w.name})
+				n++
+			}
+			tl.logf("kill -9 worker w%d (pid %d) holding %d started tasks", e.target, pid, n)
+		case e.kind == killWorker && st.up:
+			s.startWorker(e.target)
+			tl.count("worker restart")
+			tl.logf("restart worker w%d", e.target)
+		case e.kind == restartRedis && !st.up:
+			redisKilled = time.Now()
+			rd.Kill(t)
+			tl.count("redis kill")
+			tl.logf("kill -9 Redis")
+			undo()
+		case e.kind == restartRedis && st.up:
+			rd.Start(t)
+			tl.redisDown(redisKilled, time.Now())
+			tl.count("redis restart")
+			tl.logf("Redis started (AOF loaded) after %s down", time.Since(redisKilled).Round(100*time.Millisecond))
+		}
+	}
+	return held
+}
+
+// taskLogTail follows one worker's task log to tell whether a process is
+// mid-task: it has logged a start without the matching end.
+type taskLogTail struct {
+	path string
+	off  int64
+	pid  int
+	open map[string]bool
+}
+
+func (l *taskLogTail) busy(pid int) bool {
+	if pid != l.pid || l.open == nil {
+		// A new process: its lines are all after what was read so far.
+		l.pid, l.open = pid, map[string]bool{}
+	}
+	l.off = scanTaskLog(l.path, l.off, pid, l.open)
+	return len(l.open) > 0
+}
+
+// scanTaskLog reads whole lines of a worker task log from offset off,
+// tracking the tasks process pid started and has not finished, and
+// returns the offset after the last whole line.
+func scanTaskLog(path string, off int64, pid int, open map[string]bool) int64 {
+	f, err := os.Open(path)
+	if err != nil {
+		return off
+	}
+	defer f.Close()
+	if _, err := f.Seek(off, io.SeekStart); err != nil {
+		return off
+	}
+	b, err := io.ReadAll(f)
+	if err != nil {
+		return off
+	}
+	end := bytes.LastIndexByte(b, '\n')
+	if end < 0 {
+		return off
+	}
+	suffix := " " + strconv.Itoa(pid)
+	for _, line := range strings.Split(string(b[:end]), "\n") {
+		if !strings.HasSuffix(line, suffix) {
+			continue
+		}
+		f := strings.Fields(line)
+		if len(f) != 4 {
+			continue
+		}
+		key := f[1] + " " + f[2]
+		if f[0] == "S" {
+			open[key] = true
+		} else {
+			delete(open, key)
+		}
+	}
+	return off + int64(end) + 1
+}
+
+// settle waits until nothing changes any more: the outbox is empty, every
+// task a killed worker held has left its lost attempt, and the activity
+// stream has stopped growing for a few seconds.
+func settle(t *testing.T, s *system, held []heldTask, pauseAt time.Time) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var lastSeq uint64
+	var lastChange, lastPoll time.Time
+	var why string
+	testenv.Eventually(t, 150*time.Second, func() bool {
+		if time.Since(lastPoll) < 500*time.Millisecond {
+			return false
+		}
+		lastPoll = time.Now()
+		st, err := s.js.Stream(ctx, s.names.ActivityStream())
+		if err != nil {
+			why = err.Error()
+			return false
+		}
+		info, err := st.Info(ctx)
+		if err != nil {
+			why = err.Error()
+			return false
+		}
+		if info.State.LastSeq != lastSeq {
+			lastSeq, lastChange = info.State.LastSeq, time.Now()
+		}
+		n, err := outboxBacklog(ctx, s.rdb)
+		if err != nil || n > 0 {
+			why = fmt.Sprintf("outbox backlog %d (%v)", n, err)
+			return false
+		}
+		pending := 0
+		for _, h := range held {
+			retried, _, err := taskRetried(ctx, s.rdb, h.queue, h.id)
+			if err != nil || retried <= h.retried {
+				pending++
+			}
+		}
+		if pending > 0 {
+			why = fmt.Sprintf("%d of %d tasks held by killed workers not recovered yet", pending, len(held))
+			return false
+		}
+		if time.Since(lastChange) < 3*time.Second || time.Since(pauseAt) < 5*time.Second {
+			why = "activity stream still growing"
+			return false
+		}
+		return true
+	}, "the system settles (last: %s)", lazy(func() string { return why }))
+}

@@ -1,0 +1,203 @@
+package chaos
+
+import (
+	"fmt"
+	"net"
+	"sync"
+	"testing"
+)
+
+// cutMode is how the proxy cuts the network.
+type cutMode int
+
+const (
+	// open forwards everything.
+	open cutMode = iota
+	// blackhole keeps every connection open but delivers nothing in either
+	// direction until healed (a partition without resets: the client
+	// cannot tell it is cut off). New connections are accepted and held.
+	blackhole
+	// drop closes every connection and every new one at once (the client
+	// sees the disconnect and cannot reconnect until healed).
+	drop
+)
+
+func (m cutMode) String() string {
+	switch m {
+	case open:
+		return "open"
+	case blackhole:
+		return "blackhole"
+	case drop:
+		return "drop"
+	}
+	return fmt.Sprintf("cutMode(%d)", int(m))
+}
+
+// tcpProxy forwards connections from a loopback port to one target address
+// and can cut them (blackhole or drop) and heal. Its goroutines (the accept
+// loop and two pipes per connection) are owned by it and end at close.
+type tcpProxy struct {
+	ln     net.Listener
+	target string
+
+	mu   sync.Mutex
+	mode cutMode
+	// changed is closed (and replaced) at every mode change, waking the
+	// pipes that hold a chunk.
+	changed chan struct{}
+	conns   map[net.Conn]struct{}
+	closed  bool
+
+	done chan struct{}
+	wg   sync.WaitGroup
+}
+
+// startProxy listens on 127.0.0.1 and forwards to target; it is closed at
+// t's cleanup.
+func startProxy(t *testing.T, target string) *tcpProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("proxy listen: %v", err)
+	}
+	p := &tcpProxy{ln: ln, target: target, changed: make(chan struct{}), conns: map[net.Conn]struct{}{}, done: make(chan struct{})}
+	p.wg.Add(1)
+	go p.acceptLoop()
+	t.Cleanup(p.close)
+	return p
+}
+
+// Addr is the proxy's listening address.
+func (p *tcpProxy) Addr() string { return p.ln.Addr().String() }
+
+// cut changes the mode to blackhole or drop.
+func (p *tcpProxy) cut(mode cutMode) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.setMode(mode)
+	if mode == drop {
+		for c := range p.conns {
+			_ = c.Close()
+		}
+	}
+}
+
+// heal forwards again; held bytes of blackholed connections flow on.
+func (p *tcpProxy) heal() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.setMode(open)
+}
+
+// setMode changes the mode and wakes waiting pipes; p.mu is held.
+func (p *tcpProxy) setMode(m cutMode) {
+	p.mode = m
+	close(p.changed)
+	p.changed = make(chan struct{})
+}
+
+func (p *tcpProxy) close() {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return
+	}
+	p.closed = true
+	_ = p.ln.Close()
+	for c := range p.conns {
+		_ = c.Close()
+	}
+	close(p.done)
+	p.mu.Unlock()
+	p.wg.Wait()
+}
+
+// track registers c; it reports false (and closes c) when the proxy is
+// closed or dropping.
+func (p *tcpProxy) track(c net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed || p.mode == drop {
+		_ = c.Close()
+		return false
+	}
+	p.conns[c] = struct{}{}
+	return true
+}
+
+func (p *tcpProxy) untrack(c net.Conn) {
+	p.mu.Lock()
+	delete(p.conns, c)
+	p.mu.Unlock()
+	_ = c.Close()
+}
+
+func (p *tcpProxy) acceptLoop() {
+	defer p.wg.Done()
+	for {
+		client, err := p.ln.Accept()
+		if err != nil {
+			return // closed
+		}
+		if !p.track(client) {
+			continue
+		}
+		server, err := net.Dial("tcp", p.target)
+		if err != nil {
+			p.untrack(client)
+			continue
+		}
+		if !p.track(server) {
+			p.untrack(client)
+			continue
+		}
+		p.wg.Add(2)
+		go p.pipe(client, server)
+		go p.pipe(server, client)
+	}
+}
+
+// pipe copies src to dst, holding each chunk while the proxy blackholes.
+// Either side failing closes both, so the peer pipe ends too.
+func (p *tcpProxy) pipe(src, dst net.Conn) {
+	defer p.wg.Done()
+	defer p.untrack(src)
+	defer p.untrack(dst)
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			if !p.pass() {
+				return
+			}
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return // EOF or closed: untrack closes both sides
+		}
+	}
+}
+
+// pass waits while the proxy blackholes and reports whether the chunk may
+// be forwarded (false once the proxy drops or closes).
+func (p *tcpProxy) pass() bool {
+	for {
+		p.mu.Lock()
+		mode, changed := p.mode, p.changed
+		p.mu.Unlock()
+		switch mode {
+		case open:
+			return true
+		case drop:
+			return false
+		}
+		select {
+		case <-changed:
+		case <-p.done:
+			return false
+		}
+	}
+}
