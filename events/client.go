@@ -778,11 +778,13 @@ func DecodeConfigEvent(b []byte) (*Event, *Entry, error) {
 	}
 	switch {
 	case ev.Subject != "" && ev.Subject != e.ID:
-		return ev, nil, fmt.Errorf("%w: %s event %s: subject %q but entry id %q", ErrMalformedEvent, ev.Type, ev.ID, ev.Subject, e.ID)
-	case (ev.Type == TypeEntryRemoved) != e.Removed:
-		return ev, nil, fmt.Errorf("%w: %s event %s: removed is %t", ErrMalformedEvent, ev.Type, ev.ID, e.Removed)
+		return ev, nil, fmt.Errorf("%w: %s event %s: event subject %q does not match entry id %q", ErrMalformedEvent, ev.Type, ev.ID, ev.Subject, e.ID)
+	case ev.Type == TypeEntryRemoved && !e.Removed:
+		return ev, nil, fmt.Errorf("%w: %s event %s without removed=true", ErrMalformedEvent, ev.Type, ev.ID)
+	case ev.Type != TypeEntryRemoved && e.Removed:
+		return ev, nil, fmt.Errorf("%w: %s event %s with removed=true", ErrMalformedEvent, ev.Type, ev.ID)
 	case ev.Type == TypeEntryPaused && !e.Paused, ev.Type == TypeEntryResumed && e.Paused:
-		return ev, nil, fmt.Errorf("%w: %s event %s: paused is %t", ErrMalformedEvent, ev.Type, ev.ID, e.Paused)
+		return ev, nil, fmt.Errorf("%w: %s event %s with paused=%t", ErrMalformedEvent, ev.Type, ev.ID, e.Paused)
 	}
 	n := e.Normalize()
 	return ev, &n, nil

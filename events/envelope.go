@@ -125,7 +125,7 @@ func DecodeEvent(b []byte) (*Event, error) {
 
 // DecodeData unmarshals the event's data into v.
 func (e *Event) DecodeData(v any) error {
-	if len(e.Data) == 0 {
+	if len(e.Data) == 0 || string(e.Data) == "null" {
 		return fmt.Errorf("%w: %s event %s has no data", ErrMalformedEvent, e.Type, e.ID)
 	}
 	if err := json.Unmarshal(e.Data, v); err != nil {

@@ -192,42 +192,19 @@ func decode(names events.Names, m message) decoded {
 		d.bad = &BadEventError{Seq: seq, Subject: subject, Entry: d.id, Reason: fmt.Sprintf(format, args...)}
 		return d
 	}
-	ev, err := events.DecodeEvent(m.data)
+	// One decoder decides what a valid config event is, for the projector,
+	// the config client and audit alike.
+	_, e, err := events.DecodeConfigEvent(m.data)
 	if err != nil {
-		return fail("%v", err)
-	}
-	if !events.IsConfigType(ev.Type) {
-		return fail("unknown config event type %q", ev.Type)
-	}
-	if ev.Subject != "" && ev.Subject != d.id {
-		return fail("event subject %q does not match the entry of the NATS subject", ev.Subject)
-	}
-	var e events.Entry
-	if err := ev.DecodeData(&e); err != nil {
 		return fail("%v", err)
 	}
 	if e.ID != d.id {
 		return fail("data.id %q does not match the entry of the subject", e.ID)
 	}
-	if err := e.Validate(); err != nil {
-		return fail("%v", err)
-	}
-	// The data is the state after the change, so it must agree with the
-	// change the type names; a contradiction is a writer bug and fails closed.
-	switch {
-	case ev.Type == events.TypeEntryRemoved && !e.Removed:
-		return fail("%s event without removed=true", ev.Type)
-	case ev.Type != events.TypeEntryRemoved && e.Removed:
-		return fail("%s event with removed=true", ev.Type)
-	case ev.Type == events.TypeEntryPaused && !e.Paused:
-		return fail("%s event with paused=false", ev.Type)
-	case ev.Type == events.TypeEntryResumed && e.Paused:
-		return fail("%s event with paused=true", ev.Type)
-	}
 	if e.Removed {
 		return d
 	}
-	d.state = &State{Entry: e.Normalize(), Revision: seq, Time: at}
+	d.state = &State{Entry: *e, Revision: seq, Time: at}
 	// Share the key with the state instead of keeping a second copy.
 	d.id = d.state.Entry.ID
 	return d

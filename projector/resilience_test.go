@@ -161,7 +161,7 @@ func TestLiveFollowAcrossServerRestart(t *testing.T) {
 
 func TestLiveFollowAcrossStreamLeaderLoss(t *testing.T) {
 	if testing.Short() {
-		t.Skip("3-node cluster")
+		t.Skip("-short: needs a 3-node NATS cluster and a leader loss (runs without -short, as in CI)")
 	}
 	c := testenv.StartNATSCluster(t, 3)
 	js := c.JetStream(t)

@@ -16,7 +16,7 @@ import (
 func TestReplicasFireEveryTickOnce(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
-		t.Skip("20 s multi-replica run")
+		t.Skip("-short: a 20 s run of three replicas (runs without -short, as in CI)")
 	}
 	e := newEnv(t)
 	const entries = 50

@@ -119,7 +119,7 @@ const (
 func TestHelperAsynqWorker(t *testing.T) {
 	addr := os.Getenv(childAddrEnv)
 	if addr == "" {
-		t.Skip("helper process for TestRecoverKilledWorker")
+		t.Skip("not a test: the asynq worker child process of TestRecoverKilledWorker, run only when it sets " + childAddrEnv)
 	}
 	queues := map[string]int{}
 	for _, q := range strings.Split(os.Getenv(childQueuesEnv), ",") {

@@ -500,7 +500,7 @@ func TestBindConflictDetected(t *testing.T) {
 
 	bin, err := lookupRedisServer()
 	if err != nil {
-		t.Skip(err) // TestRedisMissingBinary covers the message
+		t.Skip(err) // no redis-server on PATH: TestRedisMissingBinary checks the install hint instead
 	}
 	dir := t.TempDir()
 	redisStart := time.Now()
