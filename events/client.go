@@ -762,18 +762,30 @@ func (c *Client) decodeState(subject string, seq uint64, at time.Time, data []by
 // The caller checks that the id matches the NATS subject the event was
 // stored on.
 func DecodeConfigEvent(b []byte) (*Event, *Entry, error) {
-	ev, err := DecodeEvent(b)
+	// The form cronstream writes takes the fast path; anything else, and
+	// every error, is decided by encoding/json (see decodeConfigFast).
+	ev, e, fast := decodeConfigFast(b)
+	var err error
+	if fast {
+		err = ev.check()
+	} else {
+		ev, err = DecodeEvent(b)
+	}
 	if err != nil {
 		return nil, nil, err
 	}
 	if !IsConfigType(ev.Type) {
 		return ev, nil, fmt.Errorf("%w: event %s has unknown config event type %q", ErrMalformedEvent, ev.ID, ev.Type)
 	}
-	var e Entry
-	if err := ev.DecodeData(&e); err != nil {
-		return ev, nil, err
+	if !fast {
+		e = new(Entry)
+		if err := ev.DecodeData(e); err != nil {
+			return ev, nil, err
+		}
 	}
-	if err := e.Validate(); err != nil {
+	// e is ours alone: defaults go in place, with no copy.
+	e.normalize()
+	if err := e.validateNormalized(); err != nil {
 		return ev, nil, fmt.Errorf("%w: %s event %s: %w", ErrMalformedEvent, ev.Type, ev.ID, err)
 	}
 	switch {
@@ -786,8 +798,7 @@ func DecodeConfigEvent(b []byte) (*Event, *Entry, error) {
 	case ev.Type == TypeEntryPaused && !e.Paused, ev.Type == TypeEntryResumed && e.Paused:
 		return ev, nil, fmt.Errorf("%w: %s event %s with paused=%t", ErrMalformedEvent, ev.Type, ev.ID, e.Paused)
 	}
-	n := e.Normalize()
-	return ev, &n, nil
+	return ev, e, nil
 }
 
 // List returns every live entry, sorted by id, as of the moment it starts

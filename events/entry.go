@@ -121,6 +121,12 @@ type Catchup struct {
 // state stored in the stream says exactly what fires.
 func (e Entry) Normalize() Entry {
 	n := e.Clone()
+	n.normalize()
+	return n
+}
+
+// normalize applies the defaults in place.
+func (n *Entry) normalize() {
 	if n.Timezone == "" {
 		n.Timezone = DefaultTimezone
 	}
@@ -149,7 +155,6 @@ func (e Entry) Normalize() Entry {
 	if len(n.Task.Headers) == 0 {
 		n.Task.Headers = nil
 	}
-	return n
 }
 
 // Clone returns a deep copy of e.
@@ -235,7 +240,11 @@ func ValidateID(id string) error {
 // omitted field is never an error). The error joins one *FieldError per
 // problem, each naming its field and value.
 func (e Entry) Validate() error {
-	n := e.Normalize()
+	return e.Normalize().validateNormalized()
+}
+
+// validateNormalized is Validate of an entry with its defaults applied.
+func (n Entry) validateNormalized() error {
 	var errs []error
 	add := func(field, value, reason string) {
 		errs = append(errs, &FieldError{Field: field, Value: shorten(value), Reason: reason})
@@ -321,7 +330,7 @@ func (e Entry) Validate() error {
 	if len(errs) == 0 {
 		return nil
 	}
-	return fmt.Errorf("entry %q: %w", shorten(e.ID), errors.Join(errs...))
+	return fmt.Errorf("entry %q: %w", shorten(n.ID), errors.Join(errs...))
 }
 
 // cronParser accepts 5 fields or 6 with leading seconds, descriptors

@@ -110,17 +110,25 @@ func DecodeEvent(b []byte) (*Event, error) {
 	if err := json.Unmarshal(b, &e); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrMalformedEvent, err)
 	}
-	switch {
-	case e.SpecVersion != SpecVersion:
-		return nil, fmt.Errorf("%w: specversion %q, want %q", ErrMalformedEvent, e.SpecVersion, SpecVersion)
-	case e.ID == "" || len(e.ID) > maxEventIDLen:
-		return nil, fmt.Errorf("%w: id must be 1-%d characters", ErrMalformedEvent, maxEventIDLen)
-	case e.Type == "":
-		return nil, fmt.Errorf("%w: missing type", ErrMalformedEvent)
-	case len(e.Source) > maxSourceLen:
-		return nil, fmt.Errorf("%w: source longer than %d", ErrMalformedEvent, maxSourceLen)
+	if err := e.check(); err != nil {
+		return nil, err
 	}
 	return &e, nil
+}
+
+// check is DecodeEvent's verdict on a decoded envelope.
+func (e *Event) check() error {
+	switch {
+	case e.SpecVersion != SpecVersion:
+		return fmt.Errorf("%w: specversion %q, want %q", ErrMalformedEvent, e.SpecVersion, SpecVersion)
+	case e.ID == "" || len(e.ID) > maxEventIDLen:
+		return fmt.Errorf("%w: id must be 1-%d characters", ErrMalformedEvent, maxEventIDLen)
+	case e.Type == "":
+		return fmt.Errorf("%w: missing type", ErrMalformedEvent)
+	case len(e.Source) > maxSourceLen:
+		return fmt.Errorf("%w: source longer than %d", ErrMalformedEvent, maxSourceLen)
+	}
+	return nil
 }
 
 // DecodeData unmarshals the event's data into v.

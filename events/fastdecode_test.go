@@ -1,0 +1,254 @@
+package events
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+// stdConfigDecode is the reference: encoding/json alone, as
+// DecodeConfigEvent's slow path decodes.
+func stdConfigDecode(b []byte) (*Event, *Entry, error) {
+	ev, err := DecodeEvent(b)
+	if err != nil {
+		return nil, nil, err
+	}
+	var e Entry
+	if err := ev.DecodeData(&e); err != nil {
+		return ev, nil, err
+	}
+	return ev, &e, nil
+}
+
+// sameAsStd fails t unless the fast decoder's result for b, when it takes b,
+// is exactly encoding/json's.
+func sameAsStd(t *testing.T, b []byte) (fast bool) {
+	t.Helper()
+	fev, fe, ok := decodeConfigFast(b)
+	if !ok {
+		return false
+	}
+	// The envelope check is DecodeEvent's; compare the raw decoding.
+	var sev Event
+	if err := json.Unmarshal(b, &sev); err != nil {
+		t.Fatalf("fast path took input encoding/json refuses (%v):\n%q", err, b)
+	}
+	var se Entry
+	if err := json.Unmarshal(sev.Data, &se); err != nil {
+		t.Fatalf("fast path took data encoding/json refuses (%v):\n%q", err, b)
+	}
+	if !bytes.Equal(fev.Data, sev.Data) {
+		t.Fatalf("data differs:\nfast %q\nstd  %q", fev.Data, sev.Data)
+	}
+	fev.Data, sev.Data = nil, nil
+	if !reflect.DeepEqual(*fev, sev) {
+		t.Fatalf("envelope differs for %q:\nfast %+v\nstd  %+v", b, *fev, sev)
+	}
+	if !reflect.DeepEqual(*fe, se) {
+		t.Fatalf("entry differs for %q:\nfast %#v\nstd  %#v", b, *fe, se)
+	}
+	return true
+}
+
+// randomEntry draws an entry with every field used some of the time,
+// including text that encoding/json escapes.
+func randomEntry(r *rand.Rand) Entry {
+	pick := func(s ...string) string { return s[r.IntN(len(s))] }
+	e := Entry{
+		ID:       fmt.Sprintf("e-%d", r.IntN(1e6)),
+		Cron:     pick("* * * * *", "@every 5s", "CRON_TZ=Asia/Tokyo 0 9 * * 1-5", "0 30 2 * * *", "@daily"),
+		Timezone: pick("", "UTC", "Europe/Berlin", "America/New_York"),
+		Task: Task{
+			Type: pick("report", "email:send", "ünïcødé:task", "a<b>&c", "tab\there", `quote"d`),
+		},
+		Overlap: OverlapPolicy(pick("", "allow", "skip")),
+		Jitter:  Duration(time.Duration(r.IntN(5)) * time.Second),
+		Paused:  r.IntN(2) == 0,
+		Note:    pick("", "nightly", "line\nbreak", "日本語のメモ"),
+		Owner:   pick("", "sync", "ops"),
+		Removed: r.IntN(5) == 0,
+	}
+	if r.IntN(2) == 0 {
+		p := make([]byte, r.IntN(64))
+		for i := range p {
+			p[i] = byte(r.IntN(256))
+		}
+		e.Task.Payload = p
+	}
+	if r.IntN(2) == 0 {
+		e.Task.Headers = map[string]string{"source": "cron", pick("team", "ü", "x\\y"): pick("ops", "", "é")}
+	}
+	if r.IntN(2) == 0 {
+		n := r.IntN(100) - 2
+		e.Options.MaxRetry = &n
+	}
+	e.Options.Queue = pick("", "default", "critical", "a:b", "x{y}")
+	e.Options.Timeout = Duration(time.Duration(r.IntN(3)) * time.Minute)
+	e.Options.Deadline = Duration(time.Duration(r.IntN(3)) * time.Hour)
+	e.Options.Unique = Duration(time.Duration(r.IntN(2)) * time.Minute)
+	e.Options.Retention = Duration(time.Duration(r.IntN(2)) * 24 * time.Hour)
+	e.Options.Group = pick("", "g1")
+	e.Catchup = Catchup{Policy: CatchupPolicy(pick("", "none", "latest", "all")), Window: Duration(time.Duration(r.IntN(3)) * time.Hour)}
+	if r.IntN(3) == 0 {
+		e = e.Normalize()
+	}
+	return e
+}
+
+// TestFastDecodeMatchesStd: events as cronstream writes them, with every
+// field drawn at random, decode identically on both paths, and the fast path
+// takes every one whose strings need no escape.
+func TestFastDecodeMatchesStd(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	fastCount := 0
+	const n = 5000
+	for range n {
+		e := randomEntry(r)
+		ev, err := NewEvent(ConfigTypes[r.IntN(len(ConfigTypes))], "test/"+e.ID, e.ID, e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := ev.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.IntN(4) == 0 {
+			var buf bytes.Buffer
+			if err := json.Indent(&buf, b, "", "  "); err != nil {
+				t.Fatal(err)
+			}
+			b = buf.Bytes()
+		}
+		fast := sameAsStd(t, b)
+		if fast {
+			fastCount++
+		} else if !bytes.Contains(b, []byte(`\`)) {
+			t.Fatalf("fast path refused an event without escapes:\n%s", b)
+		}
+		// And the public decoder agrees with the reference on the verdict.
+		_, got, gotErr := DecodeConfigEvent(b)
+		_, want, wantErr := stdConfigDecode(b)
+		if wantErr == nil {
+			if err := want.Validate(); err != nil {
+				wantErr = err
+			}
+		}
+		if (gotErr == nil) != (wantErr == nil) && !strings.Contains(fmt.Sprint(gotErr), "removed=") && !strings.Contains(fmt.Sprint(gotErr), "paused=") {
+			t.Fatalf("verdict differs: got %v, reference %v\n%s", gotErr, wantErr, b)
+		}
+		if gotErr == nil && !reflect.DeepEqual(*got, want.Normalize()) {
+			t.Fatalf("entry differs:\n%#v\n%#v", *got, want.Normalize())
+		}
+	}
+	if fastCount < n/5 {
+		t.Fatalf("fast path took only %d of %d events", fastCount, n)
+	}
+	t.Logf("fast path took %d of %d events", fastCount, n)
+}
+
+// TestFastDecodeLeavesTheRestToStd: inputs outside the subset are refused by
+// the fast path, so encoding/json decides them (and its errors are the ones
+// users see).
+func TestFastDecodeLeavesTheRestToStd(t *testing.T) {
+	const good = `{"specversion":"1.0","id":"a","type":"cronstream.entry.updated","subject":"j","time":"2026-01-02T03:04:05Z","data":{"id":"j","cron":"@every 1s","task":{"type":"t"}}}`
+	if !sameAsStd(t, []byte(good)) {
+		t.Fatal("the plain event must take the fast path")
+	}
+	for name, in := range map[string]string{
+		"case-folded key":  strings.Replace(good, `"cron"`, `"CRON"`, 1),
+		"duplicate key":    strings.Replace(good, `"cron":"@every 1s"`, `"cron":"@every 1s","cron":"@every 2s"`, 1),
+		"duplicate object": strings.Replace(good, `"task":{"type":"t"}`, `"task":{"type":"t"},"task":{"payload":"eA=="}`, 1),
+		"escape":           strings.Replace(good, `"type":"t"`, `"type":"\u0074"`, 1),
+		"null":             strings.Replace(good, `"task"`, `"note":null,"task"`, 1),
+		"unknown key":      strings.Replace(good, `"task"`, `"future":1,"task"`, 1),
+		"float":            strings.Replace(good, `"task"`, `"options":{"max_retry":1.0},"task"`, 1),
+		"exponent":         strings.Replace(good, `"task"`, `"options":{"max_retry":1e2},"task"`, 1),
+		"leading zero":     strings.Replace(good, `"task"`, `"options":{"max_retry":01},"task"`, 1),
+		"overflow":         strings.Replace(good, `"task"`, `"options":{"max_retry":99999999999999999999},"task"`, 1),
+		"number duration":  strings.Replace(good, `"task"`, `"jitter":30,"task"`, 1),
+		"bad duration":     strings.Replace(good, `"task"`, `"jitter":"soon","task"`, 1),
+		"bad base64":       strings.Replace(good, `"type":"t"`, `"type":"t","payload":"!!"`, 1),
+		"bad time":         strings.Replace(good, `03:04:05Z`, `03:04:05`, 1),
+		"invalid utf-8":    strings.Replace(good, `"type":"t"`, "\"type\":\"\xff\"", 1),
+		"control char":     strings.Replace(good, `"type":"t"`, "\"type\":\"a\tb\"", 1),
+		"trailing comma":   strings.Replace(good, `"type":"t"}`, `"type":"t",}`, 1),
+		"trailing bytes":   good + "x",
+		"trailing nul":     good + "\x00",
+		"bool as string":   strings.Replace(good, `"task"`, `"paused":"true","task"`, 1),
+		"truthy literal":   strings.Replace(good, `"task"`, `"paused":truex,"task"`, 1),
+		"data not object":  strings.Replace(good, `"data":{`, `"data":[{`, 1) + "]",
+		"no data":          `{"specversion":"1.0","id":"a","type":"cronstream.entry.updated"}`,
+		"header not text":  strings.Replace(good, `"type":"t"`, `"type":"t","headers":{"a":1}`, 1),
+		"top-level array":  "[" + good + "]",
+		"empty":            ``,
+	} {
+		t.Run(name, func(t *testing.T) {
+			if _, _, ok := decodeConfigFast([]byte(in)); ok {
+				t.Fatalf("fast path took %q", in)
+			}
+		})
+	}
+}
+
+func FuzzDecodeConfigFast(f *testing.F) {
+	seedGolden(f)
+	r := rand.New(rand.NewPCG(3, 4))
+	for range 20 {
+		e := randomEntry(r)
+		ev, _ := NewEvent(TypeEntryUpdated, "fuzz", e.ID, e)
+		b, _ := ev.Marshal()
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		sameAsStd(t, b)
+		// The public decoder never panics and what it accepts is valid.
+		if _, e, err := DecodeConfigEvent(b); err == nil {
+			if verr := e.Validate(); verr != nil {
+				t.Fatalf("accepted an invalid entry: %v", verr)
+			}
+		}
+	})
+}
+
+func BenchmarkDecodeConfigEvent(b *testing.B) {
+	e := Entry{
+		ID: "entry-000042", Cron: "*/5 * * * *", Timezone: "Europe/Berlin",
+		Task:    Task{Type: "report:42", Payload: []byte(`{"tenant":42,"format":"pdf"}`), Headers: map[string]string{"source": "cron"}},
+		Options: Options{Queue: "reports", Timeout: Duration(10 * time.Minute)},
+		Owner:   "sync",
+	}.Normalize()
+	ev, err := NewEvent(TypeEntryUpdated, "bench", e.ID, e)
+	if err != nil {
+		b.Fatal(err)
+	}
+	data, err := ev.Marshal()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("fast", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, _, err := DecodeConfigEvent(data); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("encoding-json", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_, e, err := stdConfigDecode(data)
+			if err != nil {
+				b.Fatal(err)
+			}
+			n := e.Normalize()
+			if err := n.Validate(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
