@@ -28,7 +28,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cronstream/cronstream/events"
@@ -74,8 +73,14 @@ type Config struct {
 	// right after.
 	Hold    func() bool
 	MaxHold time.Duration
-	Logger  *slog.Logger
-	Metrics *Metrics
+	// OnPublished, when set, is called with each batch of records once the
+	// stream has stored them, in order. A replica connects to NATS with
+	// NoEcho (it does not hear its own publishes back) and learns of the
+	// fires it relays here instead: the same news at no cost to NATS or to
+	// the process.
+	OnPublished func(recs []taskstate.OutboxRecord)
+	Logger      *slog.Logger
+	Metrics     *Metrics
 }
 
 // Relay publishes outbox records to the activity stream.
@@ -96,6 +101,9 @@ type Relay struct {
 	// ownedBacklog is the part of the last pass's backlog in outboxes this
 	// relay owns (Flush waits only for those).
 	ownedBacklog atomic.Int64
+
+	pubOnce sync.Once
+	pub     *batchPublisher
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -170,6 +178,10 @@ func (r *Relay) Stop(ctx context.Context) error {
 		if rerr := r.cfg.Outbox.ReleaseOutbox(ctx, r.cfg.Names.Prefix(), q, r.cfg.Owner); rerr != nil {
 			err = errors.Join(err, rerr)
 		}
+	}
+	r.pubOnce.Do(func() {}) // orders this read after any publish's setup
+	if r.pub != nil {
+		r.pub.close()
 	}
 	return err
 }
@@ -326,6 +338,9 @@ func (r *Relay) drainOne(ctx context.Context, queue string) (int, int64, bool, e
 		return 0, left, true, err
 	}
 	n, err := r.publish(ctx, recs)
+	if n > 0 && r.cfg.OnPublished != nil {
+		r.cfg.OnPublished(recs[:n])
+	}
 	if n > 0 {
 		ids := make([]string, n)
 		for i := range recs[:n] {
@@ -406,70 +421,52 @@ func (r *Relay) subjectOf(h envelopeHead) (string, error) {
 // is kept.
 func (r *Relay) publish(ctx context.Context, recs []taskstate.OutboxRecord) (int, error) {
 	stream := r.cfg.Names.ActivityStream()
-	futures := make([]jetstream.PubAckFuture, 0, len(recs))
-	var pubErr error
+	// msgs[j] carries recs[at[j]]; records dropped or found in the stream
+	// already count as done without a publish.
+	msgs := make([]pubMsg, 0, len(recs))
+	at := make([]int, 0, len(recs))
+	var stop error // ends the batch before the record it is found at
+	end := len(recs)
 	var seen *publishedSince
-	for _, rec := range recs {
+	for i, rec := range recs {
 		h, err := readHead(rec.Data)
 		if err != nil || h.ID == "" {
 			// Our own writers produced it, so this is a bug; keeping it
 			// would block the outbox forever. Log loudly, count, drop.
 			r.log.Error("dropping undecodable outbox record", "stream_id", rec.StreamID, "event_id", rec.EventID, "err", err)
-			futures = append(futures, nil)
 			continue
 		}
 		subj, err := r.subjectOf(h)
 		if err != nil {
 			r.log.Error("dropping unroutable outbox record", "stream_id", rec.StreamID, "err", err)
-			futures = append(futures, nil)
 			continue
 		}
-		if at, ok := recordTime(rec.StreamID); ok && time.Since(at) > r.cfg.DuplicateWindow/2 {
+		if t, ok := recordTime(rec.StreamID); ok && time.Since(t) > r.cfg.DuplicateWindow/2 {
 			// The stream may no longer remember an earlier publish of this
 			// record (the window counts from that publish, which came after
 			// the record was written): look.
 			if seen == nil {
 				seen = &publishedSince{}
 			}
-			found, err := seen.has(ctx, r.cfg.JS, stream, subj, at, h.ID)
+			found, err := seen.has(ctx, r.cfg.JS, stream, subj, t, h.ID)
 			if err != nil {
-				pubErr = fmt.Errorf("check whether %s was published: %w", h.ID, err)
+				stop, end = fmt.Errorf("check whether %s was published: %w", h.ID, err), i
 				break
 			}
 			if found {
-				futures = append(futures, nil)
 				continue
 			}
 		}
-		msg := &nats.Msg{Subject: subj, Data: rec.Data, Header: nats.Header{}}
-		f, err := r.cfg.JS.PublishMsgAsync(msg, jetstream.WithMsgID(h.ID), jetstream.WithExpectStream(stream))
-		if err != nil {
-			pubErr = err
-			break
-		}
-		futures = append(futures, f)
+		msgs = append(msgs, pubMsg{subject: subj, msgID: h.ID, data: rec.Data})
+		at = append(at, i)
 	}
-	ok := 0
-	wctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
-	defer cancel()
-wait:
-	for _, f := range futures {
-		if f == nil {
-			ok++
-			continue
-		}
-		select {
-		case <-f.Ok():
-			ok++
-		case err := <-f.Err():
-			pubErr = errors.Join(pubErr, err)
-			break wait
-		case <-wctx.Done():
-			pubErr = errors.Join(pubErr, fmt.Errorf("wait for the stream's acknowledgement: %w", wctx.Err()))
-			break wait
-		}
+	r.pubOnce.Do(func() { r.pub = newBatchPublisher(r.cfg.JS.Conn(), stream) })
+	stored, err := r.pub.publish(ctx, msgs, r.cfg.PublishTimeout)
+	if stored < len(msgs) {
+		// Everything before the first message not stored is done.
+		return at[stored], errors.Join(err, stop)
 	}
-	return ok, pubErr
+	return end, errors.Join(err, stop)
 }
 
 // publishedSince remembers, per subject, the event ids stored on it since a

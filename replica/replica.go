@@ -217,6 +217,10 @@ func (r *Replica) start(ctx context.Context) error {
 		nats.RetryOnFailedConnect(true),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(500 * time.Millisecond),
+		// The fire subjects are the only core subscription, and our own
+		// relay tells the scheduler what it published (OnPublished):
+		// hearing it back from the server would cost every fire twice.
+		nats.NoEcho(),
 	}, r.cfg.NATSOptions...)
 	nc, err := nats.Connect(r.cfg.NATSURL, opts...)
 	if err != nil {
@@ -293,6 +297,11 @@ func (r *Replica) start(ctx context.Context) error {
 		Outbox: r.store, JS: js, Names: r.cfg.Names, Owner: r.cfg.ReplicaID,
 		Hold:            func() bool { s := busy.Load(); return s != nil && s.Busy() },
 		DuplicateWindow: cmpOr(r.cfg.DuplicateWindow, events.DefaultDuplicateWindow), Logger: r.log, Metrics: relay.NewMetrics(r.reg),
+		OnPublished: func(recs []taskstate.OutboxRecord) {
+			if s := busy.Load(); s != nil {
+				s.ObserveRecords(recs)
+			}
+		},
 	})
 	r.relay.Start()
 
@@ -311,8 +320,9 @@ func (r *Replica) start(ctx context.Context) error {
 	if err := sched.Start(ctx); err != nil {
 		return err
 	}
-	// Fires by other replicas, straight from the subject (no consumer): lets
-	// a non-primary skip the Redis attempt for a tick its primary handled.
+	// Fires relayed by other replicas, straight from the subject (no
+	// consumer): lets a non-primary skip the Redis attempt for a tick its
+	// primary handled. Those this replica relays come from OnPublished.
 	r.obsSub, err = nc.Subscribe(r.cfg.Names.Prefix()+".fire.>", func(m *nats.Msg) {
 		if entry, tick, ok := scheduler.ParseActivityID(m.Header.Get(jetstream.MsgIDHeader)); ok {
 			sched.Observe(entry, tick)

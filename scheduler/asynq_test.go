@@ -248,7 +248,8 @@ func TestAsynqSeesFires(t *testing.T) {
 
 // TestEnqueueHistoryCapped: the asynq enqueue history the scheduler writes
 // keeps the newest taskstate.MaxSchedulerHistory events per entry, as
-// asynq's scheduler does, and asynq's Inspector reads it.
+// asynq's scheduler does, and asynq's Inspector reads it. Records without
+// Trim only add; the next one with Trim cuts back to the cap.
 func TestEnqueueHistoryCapped(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -259,10 +260,18 @@ func TestEnqueueHistoryCapped(t *testing.T) {
 			TaskID: fmt.Sprintf("task-%04d", i), EnqueueTime: base.Add(time.Duration(i) * time.Second),
 		}})
 	}
-	if err := e.store.RecordSchedulerEnqueueEvents(ctx(t, 10*time.Second), recs); err != nil {
+	key := taskstate.SchedulerHistoryKey("h")
+	last := len(recs) - 1
+	if err := e.store.RecordSchedulerEnqueueEvents(ctx(t, 10*time.Second), recs[:last]); err != nil {
 		t.Fatal(err)
 	}
-	key := taskstate.SchedulerHistoryKey("h")
+	if n := e.rc.ZCard(context.Background(), key).Val(); n != int64(last) {
+		t.Fatalf("history holds %d events before a trim, want %d", n, last)
+	}
+	recs[last].Trim = true
+	if err := e.store.RecordSchedulerEnqueueEvents(ctx(t, 10*time.Second), recs[last:]); err != nil {
+		t.Fatal(err)
+	}
 	if n := e.rc.ZCard(context.Background(), key).Val(); n != taskstate.MaxSchedulerHistory {
 		t.Fatalf("history holds %d events, want %d", n, taskstate.MaxSchedulerHistory)
 	}

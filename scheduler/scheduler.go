@@ -181,7 +181,15 @@ type entryRun struct {
 	due   time.Time
 	index int
 	tries int // consecutive refusals/errors, for backoff
+	// recorded counts asynq history events written for the entry; its
+	// history is trimmed on every historyTrimEvery-th.
+	recorded uint32
 }
+
+// historyTrimEvery: an entry's asynq enqueue history is trimmed to asynq's
+// 1,000 events on every 16th event this replica records for it (and on the
+// first), so it holds at most 15 more per replica between trims.
+const historyTrimEvery = 16
 
 type observation struct {
 	entry string
@@ -301,6 +309,16 @@ func (s *Scheduler) Observe(entry string, tick time.Time) {
 	select {
 	case s.observed <- observation{entry, tick}:
 	default:
+	}
+}
+
+// ObserveRecords is Observe for each fired or skipped event among outbox
+// records a relay has published (relay.Config.OnPublished).
+func (s *Scheduler) ObserveRecords(recs []taskstate.OutboxRecord) {
+	for _, rec := range recs {
+		if entry, tick, ok := ParseActivityID(rec.EventID); ok {
+			s.Observe(entry, tick)
+		}
 	}
 }
 
@@ -903,7 +921,9 @@ func (s *Scheduler) apply(r *entryRun, f taskstate.Fire, res taskstate.FireResul
 		s.count(func(st *Stats) { st.Fired++ })
 		s.m.Fired.WithLabelValues(r.queue).Inc()
 		s.m.FireLag.Observe(s.clock.Now().Sub(f.Tick).Seconds())
-		return taskstate.EnqueueEventRecord{Entry: r.id, Event: taskstate.SchedulerEnqueueEvent{TaskID: res.TaskID, EnqueueTime: s.clock.Now()}}, true
+		trim := r.recorded%historyTrimEvery == 0
+		r.recorded++
+		return taskstate.EnqueueEventRecord{Entry: r.id, Event: taskstate.SchedulerEnqueueEvent{TaskID: res.TaskID, EnqueueTime: s.clock.Now()}, Trim: trim}, true
 	case taskstate.StatusAlreadyExists:
 		s.count(func(st *Stats) { st.AlreadyExisted++ })
 	case taskstate.StatusSkippedOverlap:

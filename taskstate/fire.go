@@ -433,12 +433,66 @@ local function fire(k, a)
   return res(code, wm, wmtask, '', taskid, state)
 end
 
+-- lean is fire() for a plain tick ('T'): no overlap check, no unique lock,
+-- no group, no delay, no skipped records; it takes 10 arguments and 3 keys
+-- (watermark, moved-marker, task) and answers 1 for "fired, pending"
+-- instead of a row. Its checks and writes are fire()'s for such a tick,
+-- with the two reads in one MGET: the common tick costs Redis a third less.
+local function lean(k, a)
+  local tick, expected, seq, fresh = ARGV[a+1], ARGV[a+2], ARGV[a+3], ARGV[a+4]
+  local kwm, ktask = KEYS[k], KEYS[k+2]
+  local v = redis.call('MGET', kwm, KEYS[k+1])
+  local wm, wmtask = split(v[1])
+  local rev, dir = split(v[2])
+  if dir == 'out' then return res(-2, wm, wmtask, rev) end
+
+  if fence and tonumber(seq) < tonumber(fence) then return res(-3, wm, wmtask, fence) end
+  if not fence or tonumber(seq) > tonumber(fence) then
+    fence = seq
+    redis.call('SET', KEYS[1], seq)
+  end
+
+  if fresh ~= '' then
+    local maxstale = tonumber(ARGV[a+5])
+    if freshest and maxstale > 0 and tonumber(fresh) < tonumber(freshest) - maxstale then
+      return res(-4, wm, wmtask, freshest)
+    end
+    if not freshest or tonumber(fresh) > tonumber(freshest) then
+      freshest = fresh
+      redis.call('SET', KEYS[2], fresh)
+    end
+  end
+
+  if expected == '' then
+    if wm then return res(-1, wm, wmtask) end
+  elseif wm ~= expected then
+    return res(-1, wm, wmtask)
+  end
+
+  local id = ARGV[a+7]
+  if redis.call('EXISTS', ktask) == 1 then
+    redis.call('SET', kwm, tick .. ' ' .. id)
+    return res(2, tick, id, '', id)
+  end
+  redis.call('HSET', ktask, 'msg', ARGV[a+6], 'state', 'pending', 'pending_since', now_ns)
+  redis.call('LPUSH', KEYS[4], id)
+  redis.call('XADD', KEYS[3], '*', 'id', ARGV[a+8], 'data', ARGV[a+9])
+  redis.call('SET', kwm, tick .. ' ' .. id)
+  return 1
+end
+
 local out = {}
 local k, a = 7, 3
 for i = 1, nfires do
-  out[i] = fire(k, a)
-  a = a + 21 + 2 * tonumber(ARGV[a + 20])
-  k = k + 6
+  if ARGV[a] == 'T' then
+    out[i] = lean(k, a)
+    a = a + 10
+    k = k + 3
+  else
+    out[i] = fire(k, a)
+    a = a + 21 + 2 * tonumber(ARGV[a + 20])
+    k = k + 6
+  end
 end
 return out
 `
@@ -577,6 +631,28 @@ func checkRecord(name string, r Record, required bool) error {
 func appendFire(keys []string, args []any, p preparedFire) ([]string, []any) {
 	f := p.f
 	task := p.keys.Task(p.id)
+	if p.lean() {
+		expected := ""
+		if !f.ExpectNone {
+			expected = strconv.FormatInt(f.Expected.UnixMilli(), 10)
+		}
+		fresh := ""
+		if !f.FreshAsOf.IsZero() {
+			fresh = strconv.FormatInt(f.FreshAsOf.UnixMilli(), 10)
+		}
+		keys = append(keys, p.own.Watermark(f.Entry), p.own.Handover(f.Entry), task)
+		return keys, append(args,
+			"T",
+			strconv.FormatInt(f.Tick.UnixMilli(), 10),
+			expected,
+			strconv.FormatUint(f.ConfigSeq, 10),
+			fresh,
+			strconv.FormatInt(f.MaxStaleness.Milliseconds(), 10),
+			p.msg,
+			p.id,
+			f.FiredRecord.ID, f.FiredRecord.Data,
+		)
+	}
 	unique, group, trigger := task, task, task
 	if f.UniqueTTL > 0 && f.Msg != nil {
 		unique = p.keys.Unique(f.Msg.Type, f.Msg.Payload)
@@ -642,11 +718,20 @@ func appendFire(keys []string, args []any, p preparedFire) ([]string, []any) {
 	return keys, args
 }
 
+// lean reports whether p takes the fire script's short path: a plain tick
+// that enqueues a pending task with nothing else to check or record.
+func (p preparedFire) lean() bool {
+	f := p.f
+	return f.Kind == FireTick && !f.OverlapSkip && f.UniqueTTL <= 0 && p.group == "" &&
+		f.ProcessAt.IsZero() && len(f.SkippedRecords) == 0
+}
+
 // fireCall is one script call: a chunk of fires into one queue.
 type fireCall struct {
 	prefix  string
 	queue   string
 	indexes []int // positions in the caller's slice
+	fires   []*preparedFire
 	keys    []string
 	args    []any
 	cmd     *redis.Cmd
@@ -749,6 +834,7 @@ func chunkFires(prepared []preparedFire, offset, perCall int) []*fireCall {
 		}
 		call.keys, call.args = appendFire(call.keys, call.args, p)
 		call.indexes = append(call.indexes, offset+i)
+		call.fires = append(call.fires, &prepared[i])
 	}
 	for _, call := range calls {
 		call.args[1] = len(call.indexes)
@@ -816,6 +902,13 @@ func decodeFireCall(call *fireCall, results []FireResult) {
 		return
 	}
 	for n, i := range call.indexes {
+		if code, ok := raw[n].(int64); ok && code == codeFired {
+			// The short path's "fired, pending": the rest is what was sent.
+			p := call.fires[n]
+			results[i] = FireResult{Status: StatusFired, TaskID: p.id, State: "pending",
+				Watermark: time.UnixMilli(p.f.Tick.UnixMilli()).UTC(), WatermarkTaskID: p.id, HasWatermark: true}
+			continue
+		}
 		r, err := parseFireReply(raw[n])
 		if err != nil {
 			r = FireResult{Err: fmt.Errorf("fire into queue %q: %w", call.queue, err)}

@@ -55,11 +55,17 @@ func (s *Store) Watermarks(ctx context.Context, prefix, queue string, entries []
 type EnqueueEventRecord struct {
 	Entry string
 	Event SchedulerEnqueueEvent
+	// Trim cuts the entry's history to the newest MaxSchedulerHistory
+	// after this event. A writer that records every fire may trim on
+	// every k-th record of an entry only: the history then holds at most
+	// k-1 events more between trims, and Redis is spared a command per
+	// fire.
+	Trim bool
 }
 
 // RecordSchedulerEnqueueEvents appends many history events in one pipeline,
-// with RecordSchedulerEnqueueEvent's result for each: the newest
-// MaxSchedulerHistory events are kept. History keys are global (no hash
+// with RecordSchedulerEnqueueEvent's result for each record with Trim set:
+// the newest MaxSchedulerHistory events are kept. History keys are global (no hash
 // tag), so each event is written with plain commands, ZADD then a trim to
 // the newest MaxSchedulerHistory, rather than a script: this runs for every
 // fire, and two plain commands cost Redis less than a script call. The pair
@@ -77,7 +83,9 @@ func (s *Store) RecordSchedulerEnqueueEvents(ctx context.Context, recs []Enqueue
 		}
 		key := SchedulerHistoryKey(r.Entry)
 		pipe.ZAdd(ctx, key, redis.Z{Score: float64(r.Event.EnqueueTime.Unix()), Member: b})
-		pipe.ZRemRangeByRank(ctx, key, 0, -MaxSchedulerHistory-1)
+		if r.Trim {
+			pipe.ZRemRangeByRank(ctx, key, 0, -MaxSchedulerHistory-1)
+		}
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return fmt.Errorf("record %d enqueue events: %w", len(recs), err)
