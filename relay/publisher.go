@@ -39,7 +39,7 @@ type batchPublisher struct {
 
 // pubBatch is one batch's acknowledgements.
 type pubBatch struct {
-	msgs     []*nats.Msg
+	msgs     []pubMsg
 	errs     []error // per message: nil once stored
 	answered []bool
 	retries  []uint8
@@ -75,7 +75,7 @@ func (p *batchPublisher) publish(ctx context.Context, msgs []pubMsg, timeout tim
 		return 0, nil
 	}
 	b := &pubBatch{
-		msgs: make([]*nats.Msg, len(msgs)), errs: make([]error, len(msgs)), answered: make([]bool, len(msgs)),
+		msgs: msgs, errs: make([]error, len(msgs)), answered: make([]bool, len(msgs)),
 		retries: make([]uint8, len(msgs)), left: len(msgs), done: make(chan struct{}),
 	}
 	id, inbox, err := p.register(b)
@@ -89,14 +89,11 @@ func (p *batchPublisher) publish(ctx context.Context, msgs []pubMsg, timeout tim
 	base := len(reply)
 	sent := 0
 	var pubErr error
-	for i, m := range msgs {
-		msg := &nats.Msg{
-			Subject: m.subject,
-			Reply:   string(strconv.AppendInt(reply[:base], int64(i), 10)),
-			Data:    m.data,
-			Header:  nats.Header{jetstream.MsgIDHeader: []string{m.msgID}, jetstream.ExpectedStreamHeader: []string{p.stream}},
-		}
-		b.msgs[i] = msg
+	// PublishMsg copies the message into the connection's buffer before it
+	// returns, so one Msg and one header map serve the whole batch.
+	msg := &nats.Msg{Header: nats.Header{jetstream.MsgIDHeader: []string{""}, jetstream.ExpectedStreamHeader: []string{p.stream}}}
+	for i := range msgs {
+		setPubMsg(msg, &msgs[i], reply[:base], i)
 		if pubErr = p.nc.PublishMsg(msg); pubErr != nil {
 			break
 		}
@@ -168,17 +165,20 @@ func (p *batchPublisher) answer(m *nats.Msg) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	b := p.batches[id]
-	if b == nil || i < 0 || i >= len(b.answered) || b.answered[i] || b.msgs[i] == nil {
+	if b == nil || i < 0 || i >= len(b.answered) || b.answered[i] {
 		return
 	}
 	if errors.Is(ackErr, jetstream.ErrNoStreamResponse) && b.retries[i] < noResponderRetries {
 		b.retries[i]++
-		msg := b.msgs[i]
+		m := b.msgs[i]
+		inbox := p.inbox
 		time.AfterFunc(noResponderWait, func() {
 			p.mu.Lock()
 			waiting := p.batches[id] == b
 			p.mu.Unlock()
 			if waiting {
+				msg := &nats.Msg{Header: nats.Header{jetstream.MsgIDHeader: []string{""}, jetstream.ExpectedStreamHeader: []string{p.stream}}}
+				setPubMsg(msg, &m, []byte(inbox+strconv.FormatUint(id, 10)+"."), i)
 				// A failed send leaves the message unanswered: the batch
 				// times out and the record is published again later.
 				_ = p.nc.PublishMsg(msg)
@@ -190,6 +190,14 @@ func (p *batchPublisher) answer(m *nats.Msg) {
 	if b.left--; b.left == 0 {
 		close(b.done)
 	}
+}
+
+// setPubMsg makes msg carry m, asking for its answer on replyBase + i
+// (replyBase is "<inbox><batch>.").
+func setPubMsg(msg *nats.Msg, m *pubMsg, replyBase []byte, i int) {
+	msg.Subject, msg.Data = m.subject, m.data
+	msg.Reply = string(strconv.AppendInt(replyBase, int64(i), 10))
+	msg.Header[jetstream.MsgIDHeader][0] = m.msgID
 }
 
 // close stops listening for acknowledgements.

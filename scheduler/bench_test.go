@@ -7,9 +7,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -490,6 +492,33 @@ func benchAsynq(b *testing.B, n, secs int) steadyResult {
 	}
 }
 
+// burstProfile writes a CPU profile of the process from just before the
+// instant to the returned stop, when CRONSTREAM_BENCH_BURST_PROFILE names a
+// file: the burst alone, without the setup around it.
+func burstProfile(b *testing.B, now func() time.Time, instant time.Time) (stop func()) {
+	path := os.Getenv("CRONSTREAM_BENCH_BURST_PROFILE")
+	if path == "" {
+		return func() {}
+	}
+	waitUntil(b, now, instant.Add(-200*time.Millisecond))
+	f, err := os.Create(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		b.Fatal(err)
+	}
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			pprof.StopCPUProfile()
+			_ = f.Close()
+		})
+	}
+	b.Cleanup(stop)
+	return stop
+}
+
 // BenchmarkSameInstant100k: 100,000 entries due at the same instant. Reports
 // the time until all tasks are in Redis and until all fired events are in
 // the stream, and the p99 fire lag (goal ≤ 2 s).
@@ -515,6 +544,7 @@ func BenchmarkSameInstant100k(b *testing.B) {
 		offset := instant.Add(-3 * time.Second).Sub(time.Now())
 		clock.set(b, offset)
 		pid := redisPID(b, rc)
+		stopProfile := burstProfile(b, clock.now, instant)
 		waitUntil(b, clock.now, instant)
 		before := sample(pid, srv.pid)
 		var burst cpuSample
@@ -524,6 +554,7 @@ func BenchmarkSameInstant100k(b *testing.B) {
 			if inRedis == 0 && rc.LLen(context.Background(), pendingKey).Val() >= int64(n) {
 				inRedis = clock.now().Sub(instant)
 				burst = sample(pid, srv.pid).sub(before)
+				stopProfile()
 			}
 			if inRedis == 0 {
 				return false

@@ -133,6 +133,7 @@ type Scheduler struct {
 	observed chan observation
 	wake     chan struct{}
 	history  chan []taskstate.EnqueueEventRecord // to writeHistory
+	fireBufs [][]taskstate.Fire                  // see fireBuf
 
 	mu    sync.Mutex
 	stats Stats
@@ -184,6 +185,22 @@ type entryRun struct {
 	// recorded counts asynq history events written for the entry; its
 	// history is trimmed on every historyTrimEvery-th.
 	recorded uint32
+
+	// The last Next computed: schedule computes the tick after start,
+	// and plan needs the same one when it comes due.
+	memoSched    *Schedule
+	memoFrom     time.Time
+	memoNext     time.Time
+	memoComputed bool
+}
+
+// next returns r's first tick after start() (zero when none).
+func (r *entryRun) next() time.Time {
+	from := r.start()
+	if !r.memoComputed || r.memoSched != r.sched || !r.memoFrom.Equal(from) {
+		r.memoSched, r.memoFrom, r.memoNext, r.memoComputed = r.sched, from, r.sched.Next(from), true
+	}
+	return r.memoNext
 }
 
 // historyTrimEvery: an entry's asynq enqueue history is trimmed to asynq's
@@ -642,7 +659,7 @@ func (s *Scheduler) handover(ctx context.Context, r *entryRun, from []string) (b
 // schedule computes when this replica should next act on r and places it
 // in the heap.
 func (s *Scheduler) schedule(r *entryRun, now time.Time) {
-	next := r.sched.Next(r.start())
+	next := r.next()
 	if next.IsZero() {
 		s.heap.remove(r)
 		return
@@ -673,6 +690,31 @@ func maxTime(a, b time.Time) time.Time {
 	}
 	return b
 }
+
+// fireBuf returns an empty slice of fires with room for n, reused from
+// earlier passes when one is big enough: a second of 10,000 fires would
+// otherwise allocate 4 MB of them. Only the loop goroutine uses the pool.
+func (s *Scheduler) fireBuf(n int) []taskstate.Fire {
+	for i := len(s.fireBufs) - 1; i >= 0; i-- {
+		if b := s.fireBufs[i]; cap(b) >= n {
+			s.fireBufs = append(s.fireBufs[:i], s.fireBufs[i+1:]...)
+			return b
+		}
+	}
+	return make([]taskstate.Fire, 0, n)
+}
+
+// putFireBuf returns a slice to the pool, cleared so it holds no message
+// or record alive; the pool keeps what one pass used, up to maxFireBufs.
+func (s *Scheduler) putFireBuf(b []taskstate.Fire) {
+	if len(s.fireBufs) >= maxFireBufs {
+		return
+	}
+	clear(b)
+	s.fireBufs = append(s.fireBufs, b[:0])
+}
+
+const maxFireBufs = 64
 
 // fireDue builds the fires of every due entry and sends them per queue in
 // batches. Up to Parallel batches are in flight at once while the next ones
@@ -737,7 +779,7 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 			c = nil
 		}
 		if c == nil {
-			c = &call{fires: make([]taskstate.Fire, 0, min(s.cfg.Batch, len(due))), owners: make([]int, 0, min(s.cfg.Batch, len(due)))}
+			c = &call{fires: s.fireBuf(min(s.cfg.Batch, len(due))), owners: make([]int, 0, min(s.cfg.Batch, len(due)))}
 			open[r.queue] = c
 		}
 		for range fires {
@@ -756,6 +798,9 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 				history = append(history, h)
 			}
 		}
+	}
+	for _, c := range calls {
+		s.putFireBuf(c.fires)
 	}
 	for _, p := range plans {
 		if !p.r.known {
@@ -794,7 +839,7 @@ func (s *Scheduler) writeHistory() {
 // appended to into (a scratch slice the caller reuses).
 func (s *Scheduler) plan(r *entryRun, now time.Time, seq uint64, fresh time.Time, into []taskstate.Fire) ([]taskstate.Fire, bool) {
 	start := r.start()
-	next := r.sched.Next(start)
+	next := r.next()
 	if next.IsZero() || next.Add(r.sched.Jitter(next)).After(now) {
 		return nil, false
 	}
@@ -1082,7 +1127,7 @@ func (s *Scheduler) writeVisibility(ctx context.Context) {
 		}
 		out = append(out, taskstate.SchedulerEntry{
 			ID: r.id, Spec: e.Cron, TaskType: e.Task.Type, TaskPayload: e.Task.Payload,
-			EnqueueOptions: opts.Strings(), Next: r.sched.Next(r.start()), Prev: prev,
+			EnqueueOptions: opts.Strings(), Next: r.next(), Prev: prev,
 		})
 	}
 	if err := s.cfg.Broker.WriteSchedulerEntries(ctx, taskstate.SchedulerID(s.cfg.Names.Prefix()), out, 2*s.cfg.Visibility); err != nil {

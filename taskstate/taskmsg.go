@@ -72,7 +72,13 @@ func EncodeTaskMessage(m *TaskMessage) ([]byte, error) {
 	if m == nil {
 		return nil, fmt.Errorf("encode task message: nil message")
 	}
-	var e encoder
+	// One allocation: the fields' bytes plus room for tags, lengths and
+	// varints.
+	size := len(m.Type) + len(m.Payload) + len(m.ID) + len(m.Queue) + len(m.ErrorMsg) + len(m.UniqueKey) + len(m.GroupKey) + 96
+	for k, v := range m.Headers {
+		size += len(k) + len(v) + 12
+	}
+	e := encoder{b: make([]byte, 0, size)}
 	e.str(1, "type", m.Type)
 	e.bytes(2, m.Payload)
 	e.str(3, "id", m.ID)
