@@ -133,6 +133,10 @@ type Scheduler struct {
 	observed chan observation
 	wake     chan struct{}
 	history  chan []taskstate.EnqueueEventRecord // to writeHistory
+	vis      chan []taskstate.SchedulerEntry     // to writeVisibilityLoop
+	// visPending: a visibility write is due since visSince (loop-owned).
+	visPending bool
+	visSince   time.Time
 	fireBufs [][]taskstate.Fire                  // see fireBuf
 
 	mu    sync.Mutex
@@ -259,6 +263,7 @@ func New(cfg Config) (*Scheduler, error) {
 		load:     map[string]*entryRun{},
 		observed: make(chan observation, 4096),
 		history:  make(chan []taskstate.EnqueueEventRecord, 16),
+		vis:      make(chan []taskstate.SchedulerEntry, 1),
 		wake:     make(chan struct{}, 1),
 		stats:    Stats{Refused: map[string]uint64{}},
 	}, nil
@@ -278,7 +283,7 @@ func (s *Scheduler) Start(ctx context.Context) error {
 	lctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
 	changes := make(chan []projector.Change)
-	s.wg.Add(3)
+	s.wg.Add(4)
 	go func() {
 		defer s.wg.Done()
 		defer close(changes)
@@ -298,11 +303,16 @@ func (s *Scheduler) Start(ctx context.Context) error {
 	go func() {
 		defer s.wg.Done()
 		defer close(s.history) // the loop is its only sender
+		defer close(s.vis)     // likewise
 		s.loop(lctx, changes)
 	}()
 	go func() {
 		defer s.wg.Done()
 		s.writeHistory()
+	}()
+	go func() {
+		defer s.wg.Done()
+		s.writeVisibilityLoop()
 	}()
 	return nil
 }
@@ -411,7 +421,10 @@ func (s *Scheduler) loop(ctx context.Context, changes <-chan []projector.Change)
 			}
 			continue
 		case <-vis.C:
-			s.writeVisibility(ctx)
+			if !s.visPending {
+				s.visPending, s.visSince = true, time.Now()
+			}
+			s.maybeWriteVisibility(false)
 			continue
 		case <-s.wake:
 		case <-timer.C:
@@ -423,7 +436,10 @@ func (s *Scheduler) loop(ctx context.Context, changes <-chan []projector.Change)
 				// Make the entries visible to asynq's tools at once, not
 				// only after the first Visibility period.
 				s.visWritten = true
-				s.writeVisibility(ctx)
+				// As if pending for half a period: written now when
+				// quiet, else right after the next pass of fires.
+				s.visPending, s.visSince = true, time.Now().Add(-s.cfg.Visibility/2)
+				s.maybeWriteVisibility(false)
 			}
 		}
 		if s.backpressured() {
@@ -439,6 +455,7 @@ func (s *Scheduler) loop(ctx context.Context, changes <-chan []projector.Change)
 		due = s.heap.popDue(s.clock.Now(), due[:0])
 		if len(due) > 0 {
 			s.fireDue(ctx, due)
+			s.maybeWriteVisibility(true)
 		}
 		s.setEntriesGauge()
 	}
@@ -1104,12 +1121,58 @@ func (s *Scheduler) skippedRecord(r *entryRun, rng tickRange, reason string, now
 	return taskstate.Record{ID: id, Data: b}, err
 }
 
-// writeVisibility rewrites asynq's scheduler entries so `asynq cron ls`
-// lists ours. One replica writes (the primary of a fixed key), so the cost
-// does not grow with the number of replicas.
-func (s *Scheduler) writeVisibility(ctx context.Context) {
-	if primaryOf("~asynq-visibility", s.liveReplicas()) != s.cfg.ReplicaID {
+// visibilityGap is how far the next due fire must be for asynq's entries
+// to be rewritten: with 100,000 entries the rewrite is a 15 MB write that
+// keeps Redis busy for a few hundred milliseconds, which must not land on
+// a burst of fires.
+const visibilityGap = time.Second
+
+// maybeWriteVisibility starts the pending rewrite of asynq's scheduler
+// entries when nothing is due within visibilityGap; when entries are due
+// all the time (every second), right after a pass of fires once it waited
+// half a period; and after a whole period in any case (the entries expire
+// after two).
+func (s *Scheduler) maybeWriteVisibility(afterFire bool) {
+	if !s.visPending {
 		return
+	}
+	waited := time.Since(s.visSince)
+	quiet := true
+	if at, ok := s.heap.peek(); ok && at.Sub(s.clock.Now()) < visibilityGap {
+		quiet = false
+	}
+	if !quiet && !(afterFire && waited >= s.cfg.Visibility/2) && waited < s.cfg.Visibility {
+		return
+	}
+	entries, ok := s.visibilitySnapshot()
+	if ok {
+		select {
+		case s.vis <- entries:
+		default:
+			return // the last rewrite is still being written: stay pending
+		}
+	}
+	s.visPending = false
+}
+
+// writeVisibilityLoop writes the snapshots the loop hands over, beside it.
+func (s *Scheduler) writeVisibilityLoop() {
+	for entries := range s.vis {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		if err := s.cfg.Broker.WriteSchedulerEntries(ctx, taskstate.SchedulerID(s.cfg.Names.Prefix()), entries, 2*s.cfg.Visibility); err != nil {
+			s.log.Debug("write asynq scheduler entries", "err", err)
+		}
+		cancel()
+	}
+}
+
+// visibilitySnapshot lists asynq's scheduler entries for ours, so
+// `asynq cron ls` lists them. One replica writes (the primary of a fixed
+// key), so the cost does not grow with the number of replicas; ok is false
+// on the others.
+func (s *Scheduler) visibilitySnapshot() ([]taskstate.SchedulerEntry, bool) {
+	if primaryOf("~asynq-visibility", s.liveReplicas()) != s.cfg.ReplicaID {
+		return nil, false
 	}
 	out := make([]taskstate.SchedulerEntry, 0, len(s.entries))
 	for _, r := range s.entries {
@@ -1130,9 +1193,7 @@ func (s *Scheduler) writeVisibility(ctx context.Context) {
 			EnqueueOptions: opts.Strings(), Next: r.next(), Prev: prev,
 		})
 	}
-	if err := s.cfg.Broker.WriteSchedulerEntries(ctx, taskstate.SchedulerID(s.cfg.Names.Prefix()), out, 2*s.cfg.Visibility); err != nil {
-		s.log.Debug("write asynq scheduler entries", "err", err)
-	}
+	return out, true
 }
 
 func (s *Scheduler) setEntriesGauge() {
