@@ -228,8 +228,6 @@ const (
 	codeMoved         = -2
 	codeFenced        = -3
 	codeStale         = -4
-	fireKeysCommon    = 6
-	fireKeysPerFire   = 6
 	maxFiresPerCall   = 16
 	maxFiresPerFlight = 1024
 )
@@ -745,25 +743,94 @@ type fireCall struct {
 	queue   string
 	indexes []int // positions in the caller's slice
 	fires   []*preparedFire
-	keys    []string
-	args    []any
-	cmd     *redis.Cmd
+	// args is the whole command: EVALSHA, the script's hash, the number of
+	// keys, the keys, the arguments (built once, at its final size).
+	args []any
+	cmd  *redis.Cmd
 }
 
-// newFireCall opens a call sized for up to n fires (sized for lean ones;
-// a full fire grows it).
-func newFireCall(p preparedFire, n int) *fireCall {
-	own := p.own
-	keys := make([]string, 0, fireKeysCommon+3*n)
-	keys = append(keys, own.Fence(), own.Freshness(), own.Outbox(), p.keys.Pending(), p.keys.Scheduled(), p.keys.Groups())
-	prefix := p.f.Prefix
-	if prefix == "" {
-		prefix = DefaultPrefix
+// chunkFires groups fires by (prefix, queue) in first-seen order, keeping the
+// caller's order inside each group, and cuts each group into calls of up to
+// perCall fires.
+func chunkFires(prepared []preparedFire, offset, perCall int) []*fireCall {
+	type slot struct{ prefix, queue string }
+	open := make(map[slot]*fireCall)
+	var calls []*fireCall
+	for i := range prepared {
+		p := &prepared[i]
+		key := slot{p.f.Prefix, p.f.Queue}
+		if key.prefix == "" {
+			key.prefix = DefaultPrefix
+		}
+		call := open[key]
+		if call == nil || len(call.indexes) >= perCall {
+			n := min(perCall, len(prepared)-i)
+			call = &fireCall{prefix: key.prefix, queue: p.f.Queue, indexes: make([]int, 0, n), fires: make([]*preparedFire, 0, n)}
+			open[key] = call
+			calls = append(calls, call)
+		}
+		call.indexes = append(call.indexes, offset+i)
+		call.fires = append(call.fires, p)
 	}
-	args := make([]any, 0, 2+10*n)
-	args = append(args, p.keys.TaskPrefix(), 0)
-	return &fireCall{prefix: prefix, queue: p.f.Queue, keys: keys, args: args,
-		indexes: make([]int, 0, n), fires: make([]*preparedFire, 0, n)}
+	// Keys and arguments interleave per fire, so each call's are gathered
+	// in scratch space and then laid out in one slice.
+	var keys []string
+	var args []any
+	for _, call := range calls {
+		first := call.fires[0]
+		own := first.own
+		keys = append(keys[:0], own.Fence(), own.Freshness(), own.Outbox(), first.keys.Pending(), first.keys.Scheduled(), first.keys.Groups())
+		args = append(args[:0], first.keys.TaskPrefix(), len(call.fires))
+		for _, p := range call.fires {
+			keys, args = appendFire(keys, args, *p)
+		}
+		cmd := make([]any, 3, 3+len(keys)+len(args))
+		cmd[0], cmd[1], cmd[2] = "evalsha", fireScript.Hash(), len(keys)
+		for _, k := range keys {
+			cmd = append(cmd, k)
+		}
+		call.args = append(cmd, args...)
+	}
+	return calls
+}
+
+// runFireCalls sends the queue registrations and every call in one pipeline.
+// The registrations are plain commands beside the scripts: asynq:queues (so
+// the Inspector and CLI see the queue, as asynq's client does before each
+// enqueue) and the tenant's set of queues with an outbox (so the relay finds
+// every outbox). Re-adding is cheap inside a pipeline, so nothing is cached.
+func runFireCalls(ctx context.Context, c redis.UniversalClient, calls []*fireCall) {
+	send := func(calls []*fireCall) {
+		pipe := c.Pipeline()
+		registered := make(map[[2]string]bool)
+		for _, call := range calls {
+			if slot := [2]string{call.prefix, call.queue}; !registered[slot] {
+				registered[slot] = true
+				pipe.SAdd(ctx, AllQueuesKey, call.queue)
+				pipe.SAdd(ctx, OutboxesKey(call.prefix), call.queue)
+			}
+			// As go-redis's EvalSha builds it, so a cluster client routes
+			// it by its first key.
+			call.cmd = redis.NewCmd(ctx, call.args...)
+			call.cmd.SetFirstKeyPos(3)
+			_ = pipe.Process(ctx, call.cmd)
+		}
+		_, _ = pipe.Exec(ctx)
+	}
+	send(calls)
+	var missing []*fireCall
+	for _, call := range calls {
+		if isNoScript(call.cmd.Err()) {
+			// The script cache was empty (a fresh or restarted server):
+			// NOSCRIPT means the call did not run, so sending it again
+			// with EVAL is safe.
+			call.args[0], call.args[1] = "eval", fireScriptSrc
+			missing = append(missing, call)
+		}
+	}
+	if len(missing) > 0 {
+		send(missing)
+	}
 }
 
 // FireOnce fires f in one atomic script call. Refusals are statuses, not
@@ -830,75 +897,6 @@ func (s *Store) fireBatch(ctx context.Context, fires []Fire, perCall int) ([]Fir
 		return results, fmt.Errorf("fire batch: %d of %d fires failed: %w", failed, len(fires), firstErr)
 	}
 	return results, nil
-}
-
-// chunkFires groups fires by (prefix, queue) in first-seen order, keeping the
-// caller's order inside each group, and cuts each group into calls of up to
-// perCall fires.
-func chunkFires(prepared []preparedFire, offset, perCall int) []*fireCall {
-	type slot struct{ prefix, queue string }
-	open := make(map[slot]*fireCall)
-	var calls []*fireCall
-	for i, p := range prepared {
-		key := slot{p.f.Prefix, p.f.Queue}
-		if key.prefix == "" {
-			key.prefix = DefaultPrefix
-		}
-		call := open[key]
-		if call == nil || len(call.indexes) >= perCall {
-			call = newFireCall(p, min(perCall, len(prepared)-i))
-			open[key] = call
-			calls = append(calls, call)
-		}
-		call.keys, call.args = appendFire(call.keys, call.args, p)
-		call.indexes = append(call.indexes, offset+i)
-		call.fires = append(call.fires, &prepared[i])
-	}
-	for _, call := range calls {
-		call.args[1] = len(call.indexes)
-	}
-	return calls
-}
-
-// runFireCalls sends the queue registrations and every call in one pipeline.
-// The registrations are plain commands beside the scripts: asynq:queues (so
-// the Inspector and CLI see the queue, as asynq's client does before each
-// enqueue) and the tenant's set of queues with an outbox (so the relay finds
-// every outbox). Re-adding is cheap inside a pipeline, so nothing is cached.
-func runFireCalls(ctx context.Context, c redis.UniversalClient, calls []*fireCall) {
-	send := func(calls []*fireCall, eval func(redis.Pipeliner, *fireCall) *redis.Cmd) error {
-		pipe := c.Pipeline()
-		registered := make(map[[2]string]bool)
-		for _, call := range calls {
-			if slot := [2]string{call.prefix, call.queue}; !registered[slot] {
-				registered[slot] = true
-				pipe.SAdd(ctx, AllQueuesKey, call.queue)
-				pipe.SAdd(ctx, OutboxesKey(call.prefix), call.queue)
-			}
-			call.cmd = eval(pipe, call)
-		}
-		_, err := pipe.Exec(ctx)
-		return err
-	}
-	evalSha := func(pipe redis.Pipeliner, call *fireCall) *redis.Cmd {
-		return pipe.EvalSha(ctx, fireScript.Hash(), call.keys, call.args...)
-	}
-	_ = send(calls, evalSha)
-	var missing []*fireCall
-	for _, call := range calls {
-		if isNoScript(call.cmd.Err()) {
-			missing = append(missing, call)
-		}
-	}
-	if len(missing) == 0 {
-		return
-	}
-	// The script cache was empty (a fresh or restarted server): NOSCRIPT
-	// means the call did not run, so sending it again with EVAL is safe.
-	eval := func(pipe redis.Pipeliner, call *fireCall) *redis.Cmd {
-		return pipe.Eval(ctx, fireScriptSrc, call.keys, call.args...)
-	}
-	_ = send(missing, eval)
 }
 
 func isNoScript(err error) bool { return redis.HasErrorPrefix(err, "NOSCRIPT") }
