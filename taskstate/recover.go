@@ -512,7 +512,11 @@ const (
 	positionMinWork = 200_000
 	positionMinList = 2048
 	// positionPage is how many list elements one LRANGE reads.
-	positionPage = 5000
+	positionPage  = 5000
+	positionPages = 4
+	// recoverPipeline is how many chunks of a RecoverBatch are sent in one
+	// pipeline (each chunk stays one atomic script call).
+	recoverPipeline = 8
 	// maxTrimCalls bounds the extra trim-only calls after a batch.
 	maxTrimCalls = 1000
 )
@@ -595,45 +599,83 @@ func (s *Store) recoverInListOrder(ctx context.Context, prefix, queue string, cu
 	}
 	removedBefore := 0 // list elements removed by earlier chunks (all nearer the tail)
 	trimMore := false
-	for start := 0; start < len(order); start += s.recoverChunk {
+	type chunkCall struct {
+		chunk []int
+		cmd   *redis.Cmd
+	}
+	for start := 0; start < len(order); {
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("recover queue %q: %w", queue, err)
 		}
-		chunk := order[start:min(start+s.recoverChunk, len(order))]
-		args := append(make([]any, 0, len(head)+9*len(chunk)), head...)
-		for _, i := range chunk {
-			d := &decisions[i]
-			hint := 0
-			if dp := depths[i]; dp > 0 && dp-removedBefore >= 1 {
-				hint = dp - removedBefore
+		// Up to recoverPipeline chunks go in one pipeline, so Redis runs
+		// them back to back. A chunk's depth hints assume every earlier
+		// decision with a known depth is removed; one that is not only
+		// costs the chunks after it an LPOS per task.
+		pipe := s.client.Pipeline()
+		var calls []chunkCall
+		assumed := removedBefore
+		for len(calls) < recoverPipeline && start < len(order) {
+			chunk := order[start:min(start+s.recoverChunk, len(order))]
+			start += len(chunk)
+			args := append(make([]any, 0, len(head)+9*len(chunk)), head...)
+			for _, i := range chunk {
+				d := &decisions[i]
+				hint := 0
+				if dp := depths[i]; dp > 0 && dp-assumed >= 1 {
+					hint = dp - assumed
+				}
+				action, fail := "r", "0"
+				if d.Action == ActionArchive {
+					action = "a"
+				}
+				if d.IsFailure {
+					fail = "1"
+				}
+				args = append(args, d.TaskID, d.MsgHash, action, d.RetryAt.Unix(), fail, d.NewMsg,
+					d.Record.ID, d.Record.Data, hint)
 			}
-			action, fail := "r", "0"
-			if d.Action == ActionArchive {
-				action = "a"
+			for _, i := range chunk {
+				if depths[i] > 0 {
+					assumed++
+				}
 			}
-			if d.IsFailure {
-				fail = "1"
+			calls = append(calls, chunkCall{chunk: chunk, cmd: recoverScript.EvalSha(ctx, pipe, keys, args...)})
+		}
+		_, _ = pipe.Exec(ctx)
+		var firstErr error
+		for _, c := range calls {
+			reply, err := c.cmd.Slice()
+			if isNoScript(err) {
+				// The script cache was emptied (a restarted server): the
+				// call did not run; run it now, loading the script.
+				reply, err = runScript(ctx, s.client, recoverScript, keys, c.cmd.Args()[3+len(keys):]...)
 			}
-			args = append(args, d.TaskID, d.MsgHash, action, d.RetryAt.Unix(), fail, d.NewMsg,
-				d.Record.ID, d.Record.Data, hint)
-		}
-		reply, err := runScript(ctx, s.client, recoverScript, keys, args...)
-		if err != nil {
-			return fmt.Errorf("recover queue %q: %d tasks: %w", queue, len(chunk), err)
-		}
-		if len(reply) != 3*len(chunk)+1 {
-			return fmt.Errorf("recover queue %q: reply has %d values for %d tasks", queue, len(reply), len(chunk))
-		}
-		for j, i := range chunk {
-			st, _ := reply[3*j].(int64)
-			xid, _ := reply[3*j+1].(string)
-			if rm, _ := reply[3*j+2].(int64); rm == 1 && depths[i] > 0 {
-				removedBefore++
+			switch {
+			case err != nil:
+				err = fmt.Errorf("recover queue %q: %d tasks: %w", queue, len(c.chunk), err)
+			case len(reply) != 3*len(c.chunk)+1:
+				err = fmt.Errorf("recover queue %q: reply has %d values for %d tasks", queue, len(reply), len(c.chunk))
 			}
-			outcomes[i].Status, outcomes[i].StreamID = RecoverStatus(st), xid
+			if err != nil {
+				// The chunks after it ran (or not) on their own; their
+				// outcomes are reported all the same.
+				firstErr = cmp.Or(firstErr, err)
+				continue
+			}
+			for j, i := range c.chunk {
+				st, _ := reply[3*j].(int64)
+				xid, _ := reply[3*j+1].(string)
+				if rm, _ := reply[3*j+2].(int64); rm == 1 && depths[i] > 0 {
+					removedBefore++
+				}
+				outcomes[i].Status, outcomes[i].StreamID = RecoverStatus(st), xid
+			}
+			if more, _ := reply[len(reply)-1].(int64); more == 1 {
+				trimMore = true
+			}
 		}
-		if more, _ := reply[len(reply)-1].(int64); more == 1 {
-			trimMore = true
+		if firstErr != nil {
+			return firstErr
 		}
 	}
 	for n := 0; trimMore && n < maxTrimCalls; n++ {
@@ -680,20 +722,32 @@ func (s *Store) listDepths(ctx context.Context, k QueueKeys, decisions []Decisio
 	for i := range decisions {
 		want[decisions[i].TaskID] = struct{}{}
 	}
-	for off := 0; len(want) > 0 && off < int(n); off += positionPage {
-		page, err := s.client.LRange(ctx, k.Active(), int64(-(off + positionPage)), int64(-(off + 1))).Result()
-		if err != nil {
+	// Pages are read positionPages at a time in one pipeline: Redis reads
+	// the next while this side scans the last (at most a few pages more
+	// than needed are read).
+	for off := 0; len(want) > 0 && off < int(n); {
+		pipe := s.client.Pipeline()
+		var cmds []*redis.StringSliceCmd
+		for p := 0; p < positionPages && off+p*positionPage < int(n); p++ {
+			o := off + p*positionPage
+			cmds = append(cmds, pipe.LRange(ctx, k.Active(), int64(-(o+positionPage)), int64(-(o+1))))
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
 			return nil, fmt.Errorf("read active list: %w", err)
 		}
-		for j := len(page) - 1; j >= 0; j-- {
-			id := page[j]
-			if _, ok := want[id]; ok {
-				depth[id] = off + len(page) - j
-				delete(want, id)
+		for _, c := range cmds {
+			page := c.Val()
+			for j := len(page) - 1; j >= 0; j-- {
+				id := page[j]
+				if _, ok := want[id]; ok {
+					depth[id] = off + len(page) - j
+					delete(want, id)
+				}
 			}
-		}
-		if len(page) < positionPage {
-			break
+			if len(page) < positionPage {
+				return depth, nil
+			}
+			off += positionPage
 		}
 	}
 	return depth, nil
