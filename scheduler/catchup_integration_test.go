@@ -135,3 +135,62 @@ func TestMissedTicksRecordedAtOnce(t *testing.T) {
 		t.Fatalf("watermark %s (%v, %v), want the last skipped tick %s", tick, ok, err, s.Until)
 	}
 }
+
+// TestEditDuringOutage: while no replica ran, one entry got a new note (not
+// a schedule change), another a new cron spec. On the way back, the first
+// one's ticks from its watermark on were missed (one skipped event from the
+// watermark), while the second's old-spec ticks are not its own (its missed
+// ticks start after the change).
+func TestEditDuringOutage(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	note := every("note", "@every 1s")
+	spec := every("spec", "@every 1s")
+	e.put(note, spec)
+	a := e.startNode("a", nodeOpts{})
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Fired >= 6 }, "a to fire both entries")
+	a.stop()
+	wm := map[string]time.Time{}
+	for _, id := range []string{"note", "spec"} {
+		tick, _, ok, err := e.store.Watermark(context.Background(), testPrefix, "default", id)
+		if err != nil || !ok {
+			t.Fatalf("watermark of %s: %v %v", id, ok, err)
+		}
+		wm[id] = tick
+	}
+	// Let the stream's clock pass the watermarks by a few ticks before the
+	// edits.
+	time.Sleep(3 * time.Second)
+	note.Note = "edited while nobody ran"
+	spec.Cron = "@every 2s"
+	e.put(note, spec)
+	edited := time.Now()
+
+	clock := newShiftClock(t, 12*time.Second)
+	b := e.startNode("b", nodeOpts{clock: clock.clock, sched: func(c *scheduler.Config) {
+		c.Grace = 1500 * time.Millisecond
+		c.History = scheduler.NewStreamHistory(e.js, testNames) // as replica.Run wires it
+	}})
+	resumed := clock.now()
+	waitUntil(t, clock.now, resumed.Add(3*time.Second))
+	b.stop()
+	e.waitOutboxEmpty(5*time.Second, "default")
+
+	led := ledgers(e.readActivity())
+	l := led["note"]
+	if len(l.skipped) != 1 || l.skipped[0].ScheduledAt.Unix() != wm["note"].Unix()+1 || l.skipped[0].Count < 10 {
+		t.Errorf("note: want one skipped event from the watermark's next tick %s covering at least 10 ticks, got %+v",
+			fmtUnix(wm["note"].Unix()+1), l.skipped)
+	}
+	l = led["spec"]
+	if len(l.skipped) != 1 || !l.skipped[0].ScheduledAt.After(edited.Add(-time.Second)) {
+		t.Errorf("spec: want one skipped event after the spec change at %s, got %+v", edited.Format(time.TimeOnly), l.skipped)
+	}
+	for id, l := range led {
+		for tick, n := range l.fired {
+			if n != 1 {
+				t.Errorf("%s: tick %s fired %d times", id, fmtUnix(tick), n)
+			}
+		}
+	}
+}

@@ -38,6 +38,11 @@ type History interface {
 	// recorded for entry (fired, or skipped as a tick: not a trigger or a
 	// backfill) and its task id; ok is false when there is none.
 	LastHandled(ctx context.Context, entry string) (tick time.Time, taskID string, ok bool, err error)
+	// ScheduleSince returns when entry's current schedule began, by the
+	// stream's clock: the event that (re)registered it, last changed its
+	// cron spec or time zone, or followed a paused state. ok is false when
+	// its history holds no applicable event.
+	ScheduleSince(ctx context.Context, entry string) (since time.Time, ok bool, err error)
 }
 
 // StreamHistory is the History of a config stream.
@@ -95,6 +100,32 @@ func (h *StreamHistory) PreviousQueues(ctx context.Context, entry string) ([]str
 		}
 	}
 	return out, nil
+}
+
+// ScheduleSince reads entry's config history. Its rules are the
+// scheduler's for a live change: an entry that was removed or quarantined
+// (a bad event) starts afresh at its next valid event, and an event after a
+// paused state or with another cron spec or time zone starts a new
+// schedule; other changes (payload, queue, note...) do not.
+func (h *StreamHistory) ScheduleSince(ctx context.Context, entry string) (time.Time, bool, error) {
+	recs, err := h.client.History(ctx, entry)
+	if err != nil {
+		return time.Time{}, false, err
+	}
+	var since time.Time
+	var prev *events.Entry
+	for _, rec := range recs {
+		e := rec.Entry
+		if e == nil || e.Removed {
+			prev = nil
+			continue
+		}
+		if prev == nil || prev.Paused || prev.Cron != e.Cron || prev.Timezone != e.Timezone {
+			since = rec.Time
+		}
+		prev = e
+	}
+	return since, prev != nil, nil
 }
 
 // FiredEntries reads the per-subject counts of the activity stream's fire
@@ -244,6 +275,44 @@ func (s *Scheduler) previousQueues(ctx context.Context, r *entryRun) ([]string, 
 		return nil, nil
 	}
 	return prev, nil
+}
+
+// scheduleSince returns when r's current schedule began, for an entry
+// loaded at start whose watermark is older than its last config event: if
+// only a field other than the schedule changed while no replica ran, the
+// ticks between the watermark and that change were missed, not ticks of an
+// earlier schedule. It answers r.floor when r's subject holds only its
+// registration or the history cannot be read (invariant 7: keep firing).
+// errHistoryLater asks the caller to come back after historyRefresh.
+func (s *Scheduler) scheduleSince(ctx context.Context, r *entryRun) (time.Time, error) {
+	if s.cfg.History == nil {
+		return r.floor, nil
+	}
+	h := &s.hist
+	if h.counts == nil || h.asOf < r.st.Revision {
+		if time.Since(h.countsAt) < historyRefresh {
+			return time.Time{}, errHistoryLater
+		}
+		h.countsAt = time.Now()
+		counts, asOf, err := s.cfg.History.EventCounts(ctx)
+		if err != nil {
+			s.log.Warn("read config event counts", "err", err)
+		} else {
+			h.counts, h.asOf = counts, asOf
+		}
+	}
+	if h.counts != nil && h.asOf >= r.st.Revision && h.counts[r.id] <= 1 {
+		return r.floor, nil
+	}
+	since, ok, err := s.cfg.History.ScheduleSince(ctx, r.id)
+	if err != nil {
+		s.log.Warn("read the entry's config history; missed ticks before its last change are not caught up", "entry", r.id, "err", err)
+		return r.floor, nil
+	}
+	if !ok || !since.Before(r.floor) {
+		return r.floor, nil
+	}
+	return since, nil
 }
 
 // restore seeds r's lost watermark from the activity stream: an entry

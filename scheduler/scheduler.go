@@ -137,7 +137,7 @@ type Scheduler struct {
 	// visPending: a visibility write is due since visSince (loop-owned).
 	visPending bool
 	visSince   time.Time
-	fireBufs [][]taskstate.Fire                  // see fireBuf
+	fireBufs   [][]taskstate.Fire // see fireBuf
 
 	mu    sync.Mutex
 	stats Stats
@@ -174,6 +174,9 @@ type entryRun struct {
 	// floor: ticks at or before it are never fired (they belong to a pause
 	// or to an earlier spec).
 	floor time.Time
+	// floorAtLoad: floor is the entry's last config time as found at
+	// start, not a schedule change seen live (see scheduleSince).
+	floorAtLoad bool
 	// fromQueue is a queue the entry must be closed in before it fires in
 	// queue (a queue change seen live).
 	fromQueue string
@@ -515,18 +518,18 @@ func (s *Scheduler) applyChange(c projector.Change) {
 		return
 	}
 	if r == nil {
-		r = &entryRun{id: c.ID, index: -1, floor: st.Time}
+		r = &entryRun{id: c.ID, index: -1, floor: st.Time, floorAtLoad: true}
 		s.entries[c.ID] = r
 	} else {
 		old := r.st.Entry
 		switch {
 		case old.Paused:
 			// Ticks while paused are not missed: they never fire.
-			r.floor = st.Time
+			r.floor, r.floorAtLoad = st.Time, false
 		case old.Cron != st.Entry.Cron || old.Timezone != st.Entry.Timezone:
 			// A new spec never fires ticks of the old one, nor its own
 			// ticks from before the change.
-			r.floor = st.Time
+			r.floor, r.floorAtLoad = st.Time, false
 		}
 		if q := st.Entry.Options.QueueName(); q != r.queue && r.queue != "" {
 			r.fromQueue = r.queue
@@ -616,6 +619,15 @@ func (s *Scheduler) loadWatermarks(ctx context.Context) {
 					}
 				}
 			}
+			if r.floorAtLoad && wm.OK && wm.Tick.Before(r.floor) {
+				since, err := s.scheduleSince(ctx, r)
+				if err != nil {
+					later = true
+					continue
+				}
+				r.floor = since
+			}
+			r.floorAtLoad = false
 			delete(s.load, r.id)
 			r.known, r.restored = true, false
 			r.cursor, r.hasCursor, r.lastTask = wm.Tick, wm.OK, wm.TaskID
