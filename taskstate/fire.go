@@ -639,26 +639,26 @@ func checkRecord(name string, r Record, required bool) error {
 }
 
 // appendFire adds p's keys and arguments to a chunk's KEYS and ARGV.
-func appendFire(keys []string, args []any, p preparedFire) ([]string, []any) {
+func appendFire(keys []string, args []any, p preparedFire, nums *numArgs) ([]string, []any) {
 	f := p.f
 	task := p.keys.Task(p.id)
 	if p.lean() {
-		expected := ""
+		expected := any("")
 		if !f.ExpectNone {
-			expected = strconv.FormatInt(f.Expected.UnixMilli(), 10)
+			expected = nums.arg(0, f.Expected.UnixMilli())
 		}
-		fresh := ""
+		fresh := any("")
 		if !f.FreshAsOf.IsZero() {
-			fresh = strconv.FormatInt(f.FreshAsOf.UnixMilli(), 10)
+			fresh = nums.arg(1, f.FreshAsOf.UnixMilli())
 		}
 		keys = append(keys, p.own.Watermark(f.Entry), p.own.Handover(f.Entry), task)
 		return keys, append(args,
 			"T",
-			strconv.FormatInt(f.Tick.UnixMilli(), 10),
+			nums.arg(2, f.Tick.UnixMilli()),
 			expected,
-			strconv.FormatUint(f.ConfigSeq, 10),
+			nums.arg(3, int64(f.ConfigSeq)),
 			fresh,
-			strconv.FormatInt(f.MaxStaleness.Milliseconds(), 10),
+			nums.arg(4, f.MaxStaleness.Milliseconds()),
 			p.msg,
 			p.id,
 			f.FiredRecord.ID, f.FiredRecord.Data,
@@ -729,6 +729,23 @@ func appendFire(keys []string, args []any, p preparedFire) ([]string, []any) {
 	return keys, args
 }
 
+// numArgs remembers the last decimal argument made for each of a few
+// numeric fields: in a burst every fire has the same tick, expected
+// watermark, config sequence, freshness and staleness bound, and the
+// string and its boxing are then made once instead of once per fire.
+type numArgs struct {
+	set  [5]bool
+	val  [5]int64
+	args [5]any
+}
+
+func (n *numArgs) arg(i int, v int64) any {
+	if !n.set[i] || n.val[i] != v {
+		n.set[i], n.val[i], n.args[i] = true, v, strconv.FormatInt(v, 10)
+	}
+	return n.args[i]
+}
+
 // lean reports whether p takes the fire script's short path: a plain tick
 // that enqueues a pending task with nothing else to check or record.
 func (p preparedFire) lean() bool {
@@ -776,13 +793,14 @@ func chunkFires(prepared []preparedFire, offset, perCall int) []*fireCall {
 	// in scratch space and then laid out in one slice.
 	var keys []string
 	var args []any
+	var nums numArgs
 	for _, call := range calls {
 		first := call.fires[0]
 		own := first.own
 		keys = append(keys[:0], own.Fence(), own.Freshness(), own.Outbox(), first.keys.Pending(), first.keys.Scheduled(), first.keys.Groups())
 		args = append(args[:0], first.keys.TaskPrefix(), len(call.fires))
 		for _, p := range call.fires {
-			keys, args = appendFire(keys, args, *p)
+			keys, args = appendFire(keys, args, *p, &nums)
 		}
 		cmd := make([]any, 3, 3+len(keys)+len(args))
 		cmd[0], cmd[1], cmd[2] = "evalsha", fireScript.Hash(), len(keys)
