@@ -174,9 +174,12 @@ func TestNetworkCut(t *testing.T) {
 
 	// Steady, then stop firing and count.
 	s.waitReady(60 * time.Second)
+	f0 := s.totalFires()
+	testenv.Eventually(t, 60*time.Second, func() bool { return s.totalFires() >= f0+3*cutEntries },
+		"steady firing after the last heal")
 	pauseAt := time.Now()
 	s.pauseEntries(ids)
-	end := pauseAt.Truncate(time.Second).Add(-time.Second)
+	end := checkEnd(pauseAt)
 	settle(t, s, nil, pauseAt)
 	snap, err := snapshotRedis(ctx, s.rdb, cutQueues)
 	if err != nil {

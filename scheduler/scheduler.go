@@ -619,7 +619,11 @@ func (s *Scheduler) loadWatermarks(ctx context.Context) {
 					}
 				}
 			}
-			if r.floorAtLoad && wm.OK && wm.Tick.Before(r.floor) {
+			// Only when a tick of its schedule fell between the watermark
+			// and the last config change does the floor matter (and the
+			// history get read): a daily entry edited after its last fire
+			// needs nothing.
+			if r.floorAtLoad && wm.OK && wm.Tick.Before(r.floor) && !r.sched.Next(wm.Tick).After(r.floor) {
 				since, err := s.scheduleSince(ctx, r)
 				if err != nil {
 					later = true
