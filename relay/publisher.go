@@ -129,7 +129,7 @@ func (p *batchPublisher) register(b *pubBatch) (uint64, string, error) {
 	defer p.mu.Unlock()
 	if p.sub == nil {
 		inbox := p.nc.NewRespInbox() + "."
-		sub, err := p.nc.Subscribe(inbox+">", p.answer)
+		sub, err := p.nc.Subscribe(inbox+">", func(m *nats.Msg) { p.answer(inbox, m) })
 		if err != nil {
 			return 0, "", fmt.Errorf("subscribe to acknowledgements: %w", err)
 		}
@@ -146,9 +146,9 @@ func (p *batchPublisher) unregister(id uint64) {
 	p.mu.Unlock()
 }
 
-// answer files one acknowledgement.
-func (p *batchPublisher) answer(m *nats.Msg) {
-	tail, ok := strings.CutPrefix(m.Subject, p.inbox)
+// answer files one acknowledgement that arrived on inbox.
+func (p *batchPublisher) answer(inbox string, m *nats.Msg) {
+	tail, ok := strings.CutPrefix(m.Subject, inbox)
 	if !ok {
 		return
 	}
@@ -171,7 +171,6 @@ func (p *batchPublisher) answer(m *nats.Msg) {
 	if errors.Is(ackErr, jetstream.ErrNoStreamResponse) && b.retries[i] < noResponderRetries {
 		b.retries[i]++
 		m := b.msgs[i]
-		inbox := p.inbox
 		time.AfterFunc(noResponderWait, func() {
 			p.mu.Lock()
 			waiting := p.batches[id] == b
