@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -494,12 +495,30 @@ func benchAsynq(b *testing.B, n, secs int) steadyResult {
 
 // burstProfile writes a CPU profile of the process from just before the
 // instant to the returned stop, when CRONSTREAM_BENCH_BURST_PROFILE names a
-// file: the burst alone, without the setup around it.
+// file: the burst alone, without the setup around it. With
+// CRONSTREAM_BENCH_BURST_ALLOCS naming a file prefix, allocation profiles
+// are written at both ends too (<prefix>.before, <prefix>.after; compare
+// with go tool pprof -sample_index=alloc_space -base).
 func burstProfile(b *testing.B, now func() time.Time, instant time.Time) (stop func()) {
 	path := os.Getenv("CRONSTREAM_BENCH_BURST_PROFILE")
 	if path == "" {
 		return func() {}
 	}
+	// The allocation profile is as of the last completed GC: collect
+	// before each snapshot, a second before the burst.
+	allocs := os.Getenv("CRONSTREAM_BENCH_BURST_ALLOCS")
+	writeHeap := func(suffix string) {
+		if allocs == "" {
+			return
+		}
+		runtime.GC()
+		if h, err := os.Create(allocs + suffix); err == nil {
+			_ = pprof.Lookup("allocs").WriteTo(h, 0)
+			_ = h.Close()
+		}
+	}
+	waitUntil(b, now, instant.Add(-time.Second))
+	writeHeap(".before")
 	waitUntil(b, now, instant.Add(-200*time.Millisecond))
 	f, err := os.Create(path)
 	if err != nil {
@@ -513,6 +532,7 @@ func burstProfile(b *testing.B, now func() time.Time, instant time.Time) (stop f
 		once.Do(func() {
 			pprof.StopCPUProfile()
 			_ = f.Close()
+			writeHeap(".after")
 		})
 	}
 	b.Cleanup(stop)
@@ -541,7 +561,13 @@ func BenchmarkSameInstant100k(b *testing.B) {
 		registerMany(b, js, n, func(i int) events.Entry { return every(fmt.Sprintf("i%06d", i), "0 0 0 * * *") })
 		clock := newShiftClock(b, 0)
 		r := startBenchReplica(b, srv.url, rc, clock.clock)
-		testenv.Eventually(b, 5*time.Minute, func() bool { return r.sched.Stats().Entries == n }, "scheduler to load %d entries", n)
+		// Loaded means applied, watermarks read and asynq's entries
+		// written once: the burst must not meet the replica's own start.
+		visKey := taskstate.SchedulerEntriesKey(taskstate.SchedulerID(testPrefix))
+		testenv.Eventually(b, 5*time.Minute, func() bool {
+			st := r.sched.Stats()
+			return st.Entries == n && st.Loading == 0 && rc.Exists(context.Background(), visKey).Val() == 1
+		}, "scheduler to load %d entries", n)
 		pid := redisPID(b, rc)
 		first := time.Now().UTC().Truncate(24 * time.Hour).Add(24 * time.Hour)
 		for round, name := range []string{"first", "second"} {

@@ -155,6 +155,9 @@ type Stats struct {
 	Refused                                                             map[string]uint64
 	Errors                                                              uint64
 	Entries                                                             int
+	// Loading counts entries not firing yet because their watermark is
+	// still to be read (after a start, a queue change or a re-register).
+	Loading int
 }
 
 // entryRun is the scheduler's state of one registered entry.
@@ -1215,7 +1218,7 @@ func (s *Scheduler) visibilitySnapshot() ([]taskstate.SchedulerEntry, bool) {
 func (s *Scheduler) setEntriesGauge() {
 	n := len(s.entries)
 	s.mu.Lock()
-	s.stats.Entries = n
+	s.stats.Entries, s.stats.Loading = n, len(s.load)
 	s.mu.Unlock()
 	s.m.Entries.Set(float64(n))
 }
