@@ -9,7 +9,8 @@ import (
 // A projection of 100,000 entries decodes 100,000 config events at start,
 // and encoding/json spends about 9 µs on each (reflection, a second pass over
 // the data, a copy of it). decodeConfigFast reads the form cronstream itself
-// writes in one pass in about a tenth of that.
+// writes in one pass: BenchmarkDecodeConfigEvent measured 1.9–2.3 µs with
+// validation against 11.3–11.7 µs through encoding/json.
 //
 // It is an accelerator, never a second definition of the format: it accepts
 // only a strict subset of JSON on which its result is provably the one
@@ -167,170 +168,147 @@ func once(seen *uint32, bit uint32) bool {
 	return true
 }
 
+// object reads an object into v: field reads the value of one member (the
+// scanner stands at it) and returns the member's bit, each allowed once,
+// and whether it could (false for an unknown key). field is a plain
+// function, so no closure is allocated per object.
+func object[T any](s *fastScanner, v *T, field func(*fastScanner, *T, []byte) (uint32, bool)) bool {
+	if !s.consume('{') {
+		return false
+	}
+	var seen uint32
+	for i := 0; ; i++ {
+		key, done, ok := s.member(i)
+		if !ok {
+			return false
+		}
+		if done {
+			return true
+		}
+		bit, ok := field(s, v, key)
+		if !ok || !once(&seen, bit) {
+			return false
+		}
+	}
+}
+
+// configEvent is what decodeConfigFast fills.
+type configEvent struct {
+	ev Event
+	e  Entry
+}
+
 // decodeConfigFast decodes a config event envelope and its entry data. ok
 // false means only that the input is outside the subset; it says nothing
 // about validity. ev.Data aliases b.
 func decodeConfigFast(b []byte) (ev *Event, e *Entry, ok bool) {
 	s := fastScanner{b: b}
-	ev, e = new(Event), new(Entry)
-	if !s.consume('{') {
+	c := new(configEvent)
+	if !object(&s, c, envelopeField) {
 		return nil, nil, false
-	}
-	var seen uint32
-	for i := 0; ; i++ {
-		key, done, ok := s.member(i)
-		if !ok {
-			return nil, nil, false
-		}
-		if done {
-			break
-		}
-		var bit uint32
-		switch string(key) {
-		case "specversion":
-			bit = 1 << 0
-			ev.SpecVersion, ok = s.string()
-		case "id":
-			bit = 1 << 1
-			ev.ID, ok = s.string()
-		case "source":
-			bit = 1 << 2
-			ev.Source, ok = s.string()
-		case "type":
-			bit = 1 << 3
-			ev.Type, ok = s.string()
-		case "subject":
-			bit = 1 << 4
-			ev.Subject, ok = s.string()
-		case "time":
-			bit = 1 << 5
-			var lit []byte
-			// time.Time decodes itself from the quoted literal, exactly
-			// as encoding/json hands it over.
-			_, lit, ok = s.str()
-			ok = ok && ev.Time.UnmarshalJSON(lit) == nil
-		case "datacontenttype":
-			bit = 1 << 6
-			ev.DataContentType, ok = s.string()
-		case "data":
-			bit = 1 << 7
-			s.skipSpace()
-			start := s.i
-			ok = s.entry(e)
-			ev.Data = b[start:s.i:s.i]
-		default:
-			return nil, nil, false
-		}
-		if !ok || !once(&seen, bit) {
-			return nil, nil, false
-		}
 	}
 	s.skipSpace()
-	if s.i != len(s.b) || seen&(1<<7) == 0 {
+	if s.i != len(s.b) || c.ev.Data == nil {
 		return nil, nil, false
 	}
-	return ev, e, true
+	return &c.ev, &c.e, true
 }
 
-func (s *fastScanner) entry(e *Entry) bool {
-	if !s.consume('{') {
-		return false
+func envelopeField(s *fastScanner, c *configEvent, key []byte) (bit uint32, ok bool) {
+	ev := &c.ev
+	switch string(key) {
+	case "specversion":
+		ev.SpecVersion, ok = s.string()
+		return 1 << 0, ok
+	case "id":
+		ev.ID, ok = s.string()
+		return 1 << 1, ok
+	case "source":
+		ev.Source, ok = s.string()
+		return 1 << 2, ok
+	case "type":
+		ev.Type, ok = s.string()
+		return 1 << 3, ok
+	case "subject":
+		ev.Subject, ok = s.string()
+		return 1 << 4, ok
+	case "time":
+		// time.Time decodes itself from the quoted literal, exactly as
+		// encoding/json hands it over.
+		_, lit, ok := s.str()
+		return 1 << 5, ok && ev.Time.UnmarshalJSON(lit) == nil
+	case "datacontenttype":
+		ev.DataContentType, ok = s.string()
+		return 1 << 6, ok
+	case "data":
+		s.skipSpace()
+		start := s.i
+		ok = object(s, &c.e, entryField)
+		ev.Data = s.b[start:s.i:s.i]
+		return 1 << 7, ok
 	}
-	var seen uint32
-	for i := 0; ; i++ {
-		key, done, ok := s.member(i)
-		if !ok {
-			return false
-		}
-		if done {
-			return true
-		}
-		var bit uint32
-		switch string(key) {
-		case "id":
-			bit = 1 << 0
-			e.ID, ok = s.string()
-		case "cron":
-			bit = 1 << 1
-			e.Cron, ok = s.string()
-		case "timezone":
-			bit = 1 << 2
-			e.Timezone, ok = s.string()
-		case "task":
-			bit = 1 << 3
-			ok = s.task(&e.Task)
-		case "options":
-			bit = 1 << 4
-			ok = s.options(&e.Options)
-		case "catchup":
-			bit = 1 << 5
-			ok = s.catchup(&e.Catchup)
-		case "overlap":
-			bit = 1 << 6
-			var v string
-			v, ok = s.string()
-			e.Overlap = OverlapPolicy(v)
-		case "jitter":
-			bit = 1 << 7
-			e.Jitter, ok = s.duration()
-		case "paused":
-			bit = 1 << 8
-			e.Paused, ok = s.boolean()
-		case "note":
-			bit = 1 << 9
-			e.Note, ok = s.string()
-		case "owner":
-			bit = 1 << 10
-			e.Owner, ok = s.string()
-		case "removed":
-			bit = 1 << 11
-			e.Removed, ok = s.boolean()
-		default:
-			return false
-		}
-		if !ok || !once(&seen, bit) {
-			return false
-		}
-	}
+	return 0, false
 }
 
-func (s *fastScanner) task(t *Task) bool {
-	if !s.consume('{') {
-		return false
+func entryField(s *fastScanner, e *Entry, key []byte) (bit uint32, ok bool) {
+	switch string(key) {
+	case "id":
+		e.ID, ok = s.string()
+		return 1 << 0, ok
+	case "cron":
+		e.Cron, ok = s.string()
+		return 1 << 1, ok
+	case "timezone":
+		e.Timezone, ok = s.string()
+		return 1 << 2, ok
+	case "task":
+		return 1 << 3, object(s, &e.Task, taskField)
+	case "options":
+		return 1 << 4, object(s, &e.Options, optionsField)
+	case "catchup":
+		return 1 << 5, object(s, &e.Catchup, catchupField)
+	case "overlap":
+		var v string
+		v, ok = s.string()
+		e.Overlap = OverlapPolicy(v)
+		return 1 << 6, ok
+	case "jitter":
+		e.Jitter, ok = s.duration()
+		return 1 << 7, ok
+	case "paused":
+		e.Paused, ok = s.boolean()
+		return 1 << 8, ok
+	case "note":
+		e.Note, ok = s.string()
+		return 1 << 9, ok
+	case "owner":
+		e.Owner, ok = s.string()
+		return 1 << 10, ok
+	case "removed":
+		e.Removed, ok = s.boolean()
+		return 1 << 11, ok
 	}
-	var seen uint32
-	for i := 0; ; i++ {
-		key, done, ok := s.member(i)
-		if !ok {
-			return false
+	return 0, false
+}
+
+func taskField(s *fastScanner, t *Task, key []byte) (bit uint32, ok bool) {
+	switch string(key) {
+	case "type":
+		t.Type, ok = s.string()
+		return 1 << 0, ok
+	case "payload":
+		var c []byte
+		if c, _, ok = s.str(); ok {
+			// encoding/json's own way: StdEncoding into DecodedLen bytes.
+			p := make([]byte, base64.StdEncoding.DecodedLen(len(c)))
+			n, err := base64.StdEncoding.Decode(p, c)
+			t.Payload, ok = p[:n], err == nil
 		}
-		if done {
-			return true
-		}
-		var bit uint32
-		switch string(key) {
-		case "type":
-			bit = 1 << 0
-			t.Type, ok = s.string()
-		case "payload":
-			bit = 1 << 1
-			var c []byte
-			if c, _, ok = s.str(); ok {
-				// encoding/json's own way: StdEncoding into DecodedLen bytes.
-				p := make([]byte, base64.StdEncoding.DecodedLen(len(c)))
-				n, err := base64.StdEncoding.Decode(p, c)
-				t.Payload, ok = p[:n], err == nil
-			}
-		case "headers":
-			bit = 1 << 2
-			ok = s.headers(t)
-		default:
-			return false
-		}
-		if !ok || !once(&seen, bit) {
-			return false
-		}
+		return 1 << 1, ok
+	case "headers":
+		return 1 << 2, s.headers(t)
 	}
+	return 0, false
 }
 
 // headers reads a string-to-string object; a repeated name's last value
@@ -356,81 +334,45 @@ func (s *fastScanner) headers(t *Task) bool {
 	}
 }
 
-func (s *fastScanner) options(o *Options) bool {
-	if !s.consume('{') {
-		return false
+func optionsField(s *fastScanner, o *Options, key []byte) (bit uint32, ok bool) {
+	switch string(key) {
+	case "queue":
+		o.Queue, ok = s.string()
+		return 1 << 0, ok
+	case "max_retry":
+		var r int
+		r, ok = s.integer()
+		o.MaxRetry = &r
+		return 1 << 1, ok
+	case "timeout":
+		o.Timeout, ok = s.duration()
+		return 1 << 2, ok
+	case "deadline":
+		o.Deadline, ok = s.duration()
+		return 1 << 3, ok
+	case "unique":
+		o.Unique, ok = s.duration()
+		return 1 << 4, ok
+	case "retention":
+		o.Retention, ok = s.duration()
+		return 1 << 5, ok
+	case "group":
+		o.Group, ok = s.string()
+		return 1 << 6, ok
 	}
-	var seen uint32
-	for i := 0; ; i++ {
-		key, done, ok := s.member(i)
-		if !ok {
-			return false
-		}
-		if done {
-			return true
-		}
-		var bit uint32
-		switch string(key) {
-		case "queue":
-			bit = 1 << 0
-			o.Queue, ok = s.string()
-		case "max_retry":
-			bit = 1 << 1
-			var r int
-			r, ok = s.integer()
-			o.MaxRetry = &r
-		case "timeout":
-			bit = 1 << 2
-			o.Timeout, ok = s.duration()
-		case "deadline":
-			bit = 1 << 3
-			o.Deadline, ok = s.duration()
-		case "unique":
-			bit = 1 << 4
-			o.Unique, ok = s.duration()
-		case "retention":
-			bit = 1 << 5
-			o.Retention, ok = s.duration()
-		case "group":
-			bit = 1 << 6
-			o.Group, ok = s.string()
-		default:
-			return false
-		}
-		if !ok || !once(&seen, bit) {
-			return false
-		}
-	}
+	return 0, false
 }
 
-func (s *fastScanner) catchup(c *Catchup) bool {
-	if !s.consume('{') {
-		return false
+func catchupField(s *fastScanner, c *Catchup, key []byte) (bit uint32, ok bool) {
+	switch string(key) {
+	case "policy":
+		var v string
+		v, ok = s.string()
+		c.Policy = CatchupPolicy(v)
+		return 1 << 0, ok
+	case "window":
+		c.Window, ok = s.duration()
+		return 1 << 1, ok
 	}
-	var seen uint32
-	for i := 0; ; i++ {
-		key, done, ok := s.member(i)
-		if !ok {
-			return false
-		}
-		if done {
-			return true
-		}
-		var bit uint32
-		switch string(key) {
-		case "policy":
-			bit = 1 << 0
-			var v string
-			v, ok = s.string()
-			c.Policy = CatchupPolicy(v)
-		case "window":
-			bit = 1 << 1
-			c.Window, ok = s.duration()
-		default:
-			return false
-		}
-		if !ok || !once(&seen, bit) {
-			return false
-		}
-	}
+	return 0, false
 }

@@ -244,17 +244,17 @@ type historyCache struct {
 // not be read again yet; the entry waits in s.load.
 var errHistoryLater = errors.New("config event counts are older than the entry")
 
-// previousQueues returns r's earlier queues, or nil when it cannot have
-// any: its subject holds only its registration. errHistoryLater asks the
-// caller to come back after historyRefresh.
-func (s *Scheduler) previousQueues(ctx context.Context, r *entryRun) ([]string, error) {
-	if s.cfg.History == nil {
-		return nil, nil
-	}
+// onlyRegistration reports whether r's config subject holds nothing but
+// its registration, by event counts for all entries read at most once per
+// historyRefresh (one request, however many entries ask). When the counts
+// predate r's revision and may not be read again yet it returns
+// errHistoryLater; when they cannot be read it answers false (read the
+// entry's history instead).
+func (s *Scheduler) onlyRegistration(ctx context.Context, r *entryRun) (bool, error) {
 	h := &s.hist
 	if h.counts == nil || h.asOf < r.st.Revision {
 		if time.Since(h.countsAt) < historyRefresh {
-			return nil, errHistoryLater
+			return false, errHistoryLater
 		}
 		h.countsAt = time.Now()
 		counts, asOf, err := s.cfg.History.EventCounts(ctx)
@@ -264,8 +264,18 @@ func (s *Scheduler) previousQueues(ctx context.Context, r *entryRun) ([]string, 
 			h.counts, h.asOf = counts, asOf
 		}
 	}
-	if h.counts != nil && h.asOf >= r.st.Revision && h.counts[r.id] <= 1 {
+	return h.counts != nil && h.asOf >= r.st.Revision && h.counts[r.id] <= 1, nil
+}
+
+// previousQueues returns r's earlier queues, or nil when it cannot have
+// any: its subject holds only its registration. errHistoryLater asks the
+// caller to come back after historyRefresh.
+func (s *Scheduler) previousQueues(ctx context.Context, r *entryRun) ([]string, error) {
+	if s.cfg.History == nil {
 		return nil, nil
+	}
+	if only, err := s.onlyRegistration(ctx, r); only || err != nil {
+		return nil, err
 	}
 	prev, err := s.cfg.History.PreviousQueues(ctx, r.id)
 	if err != nil {
@@ -288,21 +298,8 @@ func (s *Scheduler) scheduleSince(ctx context.Context, r *entryRun) (time.Time, 
 	if s.cfg.History == nil {
 		return r.floor, nil
 	}
-	h := &s.hist
-	if h.counts == nil || h.asOf < r.st.Revision {
-		if time.Since(h.countsAt) < historyRefresh {
-			return time.Time{}, errHistoryLater
-		}
-		h.countsAt = time.Now()
-		counts, asOf, err := s.cfg.History.EventCounts(ctx)
-		if err != nil {
-			s.log.Warn("read config event counts", "err", err)
-		} else {
-			h.counts, h.asOf = counts, asOf
-		}
-	}
-	if h.counts != nil && h.asOf >= r.st.Revision && h.counts[r.id] <= 1 {
-		return r.floor, nil
+	if only, err := s.onlyRegistration(ctx, r); only || err != nil {
+		return r.floor, err
 	}
 	since, ok, err := s.cfg.History.ScheduleSince(ctx, r.id)
 	if err != nil {

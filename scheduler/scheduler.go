@@ -1141,9 +1141,9 @@ func (s *Scheduler) skippedRecord(r *entryRun, rng tickRange, reason string, now
 }
 
 // visibilityGap is how far the next due fire must be for asynq's entries
-// to be rewritten: with 100,000 entries the rewrite is a 15 MB write that
-// keeps Redis busy for a few hundred milliseconds, which must not land on
-// a burst of fires.
+// to be rewritten: with 100,000 entries the rewrite is a 13 MB write
+// (measured: 112 ms of Redis CPU, 246 ms from encoding to reply), which must
+// not land on a burst of fires.
 const visibilityGap = time.Second
 
 // maybeWriteVisibility starts the pending rewrite of asynq's scheduler
@@ -1163,13 +1163,11 @@ func (s *Scheduler) maybeWriteVisibility(afterFire bool) {
 	if !quiet && !(afterFire && waited >= s.cfg.Visibility/2) && waited < s.cfg.Visibility {
 		return
 	}
-	entries, ok := s.visibilitySnapshot()
-	if ok {
-		select {
-		case s.vis <- entries:
-		default:
-			return // the last rewrite is still being written: stay pending
-		}
+	if len(s.vis) > 0 {
+		return // the last snapshot is not even taken up yet: stay pending
+	}
+	if entries, ok := s.visibilitySnapshot(); ok {
+		s.vis <- entries // the loop is the only sender: there is room
 	}
 	s.visPending = false
 }

@@ -309,16 +309,18 @@ local function append(from, n)
   end
 end
 
-local function fire(k, a)
-  local kind, tick, expected = ARGV[a], ARGV[a+1], ARGV[a+2]
+-- gate reads the fire's watermark and moved-marker (KEYS k, k+1) and makes
+-- the checks every fire passes first: moved marker, revision fence (ARGV
+-- a+3), staleness fence (a+4, a+5), raising the fences it passes. It returns
+-- the watermark and, when the fire is refused, its reply.
+local function gate(k, a)
+  local v = redis.call('MGET', KEYS[k], KEYS[k+1])
+  local wm, wmtask = split(v[1])
+  local rev, dir = split(v[2])
+  if dir == 'out' then return wm, wmtask, res(-2, wm, wmtask, rev) end
+
   local seq, fresh = ARGV[a+3], ARGV[a+4]
-  local kwm, ktask, ktrigger = KEYS[k], KEYS[k+2], KEYS[k+5]
-
-  local wm, wmtask = split(redis.call('GET', kwm))
-  local rev, dir = split(redis.call('GET', KEYS[k+1]))
-  if dir == 'out' then return res(-2, wm, wmtask, rev) end
-
-  if fence and tonumber(seq) < tonumber(fence) then return res(-3, wm, wmtask, fence) end
+  if fence and tonumber(seq) < tonumber(fence) then return wm, wmtask, res(-3, wm, wmtask, fence) end
   if not fence or tonumber(seq) > tonumber(fence) then
     fence = seq
     redis.call('SET', KEYS[1], seq)
@@ -327,20 +329,35 @@ local function fire(k, a)
   if fresh ~= '' then
     local maxstale = tonumber(ARGV[a+5])
     if freshest and maxstale > 0 and tonumber(fresh) < tonumber(freshest) - maxstale then
-      return res(-4, wm, wmtask, freshest)
+      return wm, wmtask, res(-4, wm, wmtask, freshest)
     end
     if not freshest or tonumber(fresh) > tonumber(freshest) then
       freshest = fresh
       redis.call('SET', KEYS[2], fresh)
     end
   end
+  return wm, wmtask, nil
+end
+
+-- mismatch is the watermark compare-and-set's refusal (nil when the
+-- watermark is the expected one, "" = none).
+local function mismatch(wm, wmtask, expected)
+  if (expected == '' and wm) or (expected ~= '' and wm ~= expected) then
+    return res(-1, wm, wmtask)
+  end
+  return nil
+end
+
+local function fire(k, a)
+  local kind, tick, expected = ARGV[a], ARGV[a+1], ARGV[a+2]
+  local kwm, ktask, ktrigger = KEYS[k], KEYS[k+2], KEYS[k+5]
+
+  local wm, wmtask, refused = gate(k, a)
+  if refused then return refused end
 
   if kind == 't' or kind == 's' then
-    if expected == '' then
-      if wm then return res(-1, wm, wmtask) end
-    elseif wm ~= expected then
-      return res(-1, wm, wmtask)
-    end
+    refused = mismatch(wm, wmtask, expected)
+    if refused then return refused end
     if kind == 's' then
       -- A skip keeps the last fired task id for overlap checks.
       append(a + 21, tonumber(ARGV[a+20]))
@@ -434,11 +451,12 @@ end
 -- lean is fire() for a plain tick ('T'): no overlap check, no unique lock,
 -- no group, no delay, no skipped records; it takes 10 arguments and 3 keys
 -- (watermark, moved-marker, task) and answers 1 for "fired, pending"
--- instead of a row. Its checks and writes are fire()'s for such a tick,
--- with the two reads in one MGET, and the LPUSHes of consecutive lean
--- fires made as one (flush, before any other fire and at the end: the
--- list gets the same ids in the same order, in the same atomic step). The
--- common tick costs Redis a third less.
+-- instead of a row. Its checks (gate, mismatch) and writes are fire()'s for
+-- such a tick, and the LPUSHes of consecutive lean fires are made as one
+-- (flush, before any other fire and at the end: the list gets the same ids
+-- in the same order, in the same atomic step). Measured with
+-- BenchmarkFireOnce (batch-16, 20 iterations) when it came: Redis CPU per
+-- fire 15.7 µs before, 11.2–13.8 µs after.
 local pushed = {}
 local function flush()
   if #pushed > 0 then
@@ -448,35 +466,12 @@ local function flush()
 end
 
 local function lean(k, a)
-  local tick, expected, seq, fresh = ARGV[a+1], ARGV[a+2], ARGV[a+3], ARGV[a+4]
+  local tick, expected = ARGV[a+1], ARGV[a+2]
   local kwm, ktask = KEYS[k], KEYS[k+2]
-  local v = redis.call('MGET', kwm, KEYS[k+1])
-  local wm, wmtask = split(v[1])
-  local rev, dir = split(v[2])
-  if dir == 'out' then return res(-2, wm, wmtask, rev) end
-
-  if fence and tonumber(seq) < tonumber(fence) then return res(-3, wm, wmtask, fence) end
-  if not fence or tonumber(seq) > tonumber(fence) then
-    fence = seq
-    redis.call('SET', KEYS[1], seq)
-  end
-
-  if fresh ~= '' then
-    local maxstale = tonumber(ARGV[a+5])
-    if freshest and maxstale > 0 and tonumber(fresh) < tonumber(freshest) - maxstale then
-      return res(-4, wm, wmtask, freshest)
-    end
-    if not freshest or tonumber(fresh) > tonumber(freshest) then
-      freshest = fresh
-      redis.call('SET', KEYS[2], fresh)
-    end
-  end
-
-  if expected == '' then
-    if wm then return res(-1, wm, wmtask) end
-  elseif wm ~= expected then
-    return res(-1, wm, wmtask)
-  end
+  local wm, wmtask, refused = gate(k, a)
+  if refused then return refused end
+  refused = mismatch(wm, wmtask, expected)
+  if refused then return refused end
 
   local id = ARGV[a+7]
   if redis.call('EXISTS', ktask) == 1 then

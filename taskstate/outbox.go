@@ -145,7 +145,8 @@ func (s *Store) ReadOutbox(ctx context.Context, prefix, queue, after string, cou
 		start = "(" + after
 	}
 	// A generic reply rather than XRangeN's: the relay reads one record per
-	// fire, and a map per record was a tenth of a replica's allocations.
+	// fire, and XRangeN's map per record was a tenth of a replica's
+	// allocations in BenchmarkSteadyEvery1s (146 MB of 1,327 MB).
 	reply, err := s.client.Do(ctx, "xrange", Own(prefix, queue).Outbox(), start, "+", "count", count).Slice()
 	if err != nil {
 		return nil, fmt.Errorf("read outbox of queue %q: %w", queue, err)
