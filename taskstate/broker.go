@@ -26,6 +26,8 @@ type Store struct {
 	recoverChunk int // decisions per RecoverBatch script call
 	listPage     int // lease entries per ListLeaseExpired script call
 	trimBudget   int // archive members trimmed per script call
+
+	firePath firePath // which fire script paths to use (tests force one)
 }
 
 // Option configures a Store.

@@ -259,6 +259,13 @@ const (
 // Returns one array per fire: {code, watermark ms, watermark task id, extra,
 // task id, state}; extra is the fence, moved revision or freshest ms.
 //
+// Two short paths take fewer keys and arguments: lean ('T' as a fire's kind:
+// a plain tick, 10 arguments and 3 keys) and bulk ('B' in ARGV[3]: a whole
+// chunk of plain ticks of different entries presenting the same fences,
+// laid out as described at bulk()). Both answer a bare 1 for "fired,
+// pending". TestFirePathsAgree holds them to the full path's results and
+// writes.
+//
 // Order of checks: moved marker, revision fence, staleness fence, watermark
 // CAS, trigger request id, then (before any write) task id conflict, overlap,
 // unique lock. Every check reads; writes come after the checks passed, so a
@@ -309,33 +316,41 @@ local function append(from, n)
   end
 end
 
--- gate reads the fire's watermark and moved-marker (KEYS k, k+1) and makes
--- the checks every fire passes first: moved marker, revision fence (ARGV
--- a+3), staleness fence (a+4, a+5), raising the fences it passes. It returns
--- the watermark and, when the fire is refused, its reply.
-local function gate(k, a)
-  local v = redis.call('MGET', KEYS[k], KEYS[k+1])
-  local wm, wmtask = split(v[1])
-  local rev, dir = split(v[2])
-  if dir == 'out' then return wm, wmtask, res(-2, wm, wmtask, rev) end
-
-  local seq, fresh = ARGV[a+3], ARGV[a+4]
-  if fence and tonumber(seq) < tonumber(fence) then return wm, wmtask, res(-3, wm, wmtask, fence) end
+-- fences checks a fire presenting config sequence seq, freshness fresh
+-- ("" = not presented) and staleness bound maxstale against the revision
+-- fence and the staleness fence, raising each one it passes. It returns the
+-- refusal's code and extra, or nil. Calling it again with the same arguments
+-- gives the same answer and writes nothing.
+local function fences(seq, fresh, maxstale)
+  if fence and tonumber(seq) < tonumber(fence) then return -3, fence end
   if not fence or tonumber(seq) > tonumber(fence) then
     fence = seq
     redis.call('SET', KEYS[1], seq)
   end
-
   if fresh ~= '' then
-    local maxstale = tonumber(ARGV[a+5])
+    maxstale = tonumber(maxstale)
     if freshest and maxstale > 0 and tonumber(fresh) < tonumber(freshest) - maxstale then
-      return wm, wmtask, res(-4, wm, wmtask, freshest)
+      return -4, freshest
     end
     if not freshest or tonumber(fresh) > tonumber(freshest) then
       freshest = fresh
       redis.call('SET', KEYS[2], fresh)
     end
   end
+  return nil
+end
+
+-- gate reads the fire's watermark and moved-marker (KEYS k, k+1) and makes
+-- the checks every fire passes first: moved marker, then the fences (ARGV
+-- a+3 to a+5). It returns the watermark and, when the fire is refused, its
+-- reply.
+local function gate(k, a)
+  local v = redis.call('MGET', KEYS[k], KEYS[k+1])
+  local wm, wmtask = split(v[1])
+  local rev, dir = split(v[2])
+  if dir == 'out' then return wm, wmtask, res(-2, wm, wmtask, rev) end
+  local code, extra = fences(ARGV[a+3], ARGV[a+4], ARGV[a+5])
+  if code then return wm, wmtask, res(code, wm, wmtask, extra) end
   return wm, wmtask, nil
 end
 
@@ -484,6 +499,57 @@ local function lean(k, a)
   redis.call('SET', kwm, tick .. ' ' .. id)
   return 1
 end
+
+-- bulk fires a chunk of plain ticks ('B' in ARGV[3]): lean's fires, each
+-- of a different entry, all presenting the config sequence, freshness and
+-- staleness bound in ARGV[4..6]. KEYS from 7: the n watermarks, the n
+-- moved-markers, the n task keys. ARGV from 7, six per fire: tick, expected,
+-- msg, task id, fired record id and data. The fires touch disjoint keys and
+-- present the same fences (decided once, at the first fire that passes its
+-- marker, as lean would), so reading every watermark and marker first and
+-- writing every watermark last gives each fire lean's outcome and leaves the
+-- same state, with three commands per fire instead of five. Measured when it
+-- came (SameInstant100k, three runs each): Redis CPU per 100,000 fires
+-- 1.32–1.64 s before, 0.98–1.19 s after.
+local function bulk(n)
+  local v = redis.call('MGET', unpack(KEYS, 7, 6 + 2 * n))
+  local out, marks, gated, code, extra = {}, {}, false, nil, nil
+  for i = 1, n do
+    local a, wm, wmtask = 1 + 6 * i, split(v[i])
+    local rev, dir = split(v[n + i])
+    if dir == 'out' then
+      out[i] = res(-2, wm, wmtask, rev)
+    else
+      if not gated then
+        gated = true
+        code, extra = fences(ARGV[4], ARGV[5], ARGV[6])
+      end
+      if code then
+        out[i] = res(code, wm, wmtask, extra)
+      else
+        out[i] = mismatch(wm, wmtask, ARGV[a + 1])
+        if not out[i] then
+          local tick, id, ktask = ARGV[a], ARGV[a + 3], KEYS[6 + 2 * n + i]
+          if redis.call('EXISTS', ktask) == 1 then
+            out[i] = res(2, tick, id, '', id)
+          else
+            redis.call('HSET', ktask, 'msg', ARGV[a + 2], 'state', 'pending', 'pending_since', now_ns)
+            pushed[#pushed + 1] = id
+            redis.call('XADD', KEYS[3], '*', 'id', ARGV[a + 4], 'data', ARGV[a + 5])
+            out[i] = 1
+          end
+          marks[#marks + 1] = KEYS[6 + i]
+          marks[#marks + 1] = tick .. ' ' .. id
+        end
+      end
+    end
+  end
+  flush()
+  if #marks > 0 then redis.call('MSET', unpack(marks)) end
+  return out
+end
+
+if ARGV[3] == 'B' then return bulk(nfires) end
 
 local out = {}
 local k, a = 7, 3
@@ -634,25 +700,17 @@ func checkRecord(name string, r Record, required bool) error {
 }
 
 // appendFire adds p's keys and arguments to a chunk's KEYS and ARGV.
-func appendFire(keys []string, args []any, p preparedFire, nums *numArgs) ([]string, []any) {
+func appendFire(keys []string, args []any, p preparedFire, nums *numArgs, path firePath) ([]string, []any) {
 	f := p.f
 	task := p.keys.Task(p.id)
-	if p.lean() {
-		expected := any("")
-		if !f.ExpectNone {
-			expected = nums.arg(0, f.Expected.UnixMilli())
-		}
-		fresh := any("")
-		if !f.FreshAsOf.IsZero() {
-			fresh = nums.arg(1, f.FreshAsOf.UnixMilli())
-		}
+	if path != pathFull && p.lean() {
 		keys = append(keys, p.own.Watermark(f.Entry), p.own.Handover(f.Entry), task)
 		return keys, append(args,
 			"T",
 			nums.arg(2, f.Tick.UnixMilli()),
-			expected,
+			expectedArg(f, nums),
 			nums.arg(3, int64(f.ConfigSeq)),
-			fresh,
+			freshArg(f, nums),
 			nums.arg(4, f.MaxStaleness.Milliseconds()),
 			p.msg,
 			p.id,
@@ -724,6 +782,75 @@ func appendFire(keys []string, args []any, p preparedFire, nums *numArgs) ([]str
 	return keys, args
 }
 
+// firePath chooses the script's paths; only tests force one.
+type firePath uint8
+
+const (
+	// pathAuto: bulk for a chunk that qualifies, else lean for each plain
+	// tick and the full path for the rest.
+	pathAuto firePath = iota
+	// pathEach: never bulk (lean or full per fire).
+	pathEach
+	// pathFull: the full path for every fire.
+	pathFull
+)
+
+// bulkable reports whether a chunk takes the script's bulk path: every fire
+// a plain tick (lean), of a different entry, presenting the same config
+// sequence, freshness and staleness bound.
+func bulkable(fires []*preparedFire) bool {
+	first := fires[0].f
+	for i, p := range fires {
+		f := p.f
+		if !p.lean() || f.ConfigSeq != first.ConfigSeq || f.FreshAsOf.IsZero() != first.FreshAsOf.IsZero() ||
+			f.FreshAsOf.UnixMilli() != first.FreshAsOf.UnixMilli() || f.MaxStaleness.Milliseconds() != first.MaxStaleness.Milliseconds() {
+			return false
+		}
+		for _, q := range fires[:i] {
+			if q.f.Entry == f.Entry {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// appendBulk adds a bulkable chunk's keys and arguments in the bulk path's
+// layout: the watermarks, then the moved-markers, then the task keys; the
+// common fence arguments once, then six arguments per fire.
+func appendBulk(keys []string, args []any, fires []*preparedFire, nums *numArgs) ([]string, []any) {
+	first := fires[0].f
+	for _, p := range fires {
+		keys = append(keys, p.own.Watermark(p.f.Entry))
+	}
+	for _, p := range fires {
+		keys = append(keys, p.own.Handover(p.f.Entry))
+	}
+	for _, p := range fires {
+		keys = append(keys, p.keys.Task(p.id))
+	}
+	args = append(args, "B", nums.arg(3, int64(first.ConfigSeq)), freshArg(first, nums), nums.arg(4, first.MaxStaleness.Milliseconds()))
+	for _, p := range fires {
+		f := p.f
+		args = append(args, nums.arg(2, f.Tick.UnixMilli()), expectedArg(f, nums), p.msg, p.id, f.FiredRecord.ID, f.FiredRecord.Data)
+	}
+	return keys, args
+}
+
+func expectedArg(f *Fire, nums *numArgs) any {
+	if f.ExpectNone {
+		return ""
+	}
+	return nums.arg(0, f.Expected.UnixMilli())
+}
+
+func freshArg(f *Fire, nums *numArgs) any {
+	if f.FreshAsOf.IsZero() {
+		return ""
+	}
+	return nums.arg(1, f.FreshAsOf.UnixMilli())
+}
+
 // numArgs remembers the last decimal argument made for each of a few
 // numeric fields: in a burst every fire has the same tick, expected
 // watermark, config sequence, freshness and staleness bound, and the
@@ -764,7 +891,7 @@ type fireCall struct {
 // chunkFires groups fires by (prefix, queue) in first-seen order, keeping the
 // caller's order inside each group, and cuts each group into calls of up to
 // perCall fires.
-func chunkFires(prepared []preparedFire, offset, perCall int) []*fireCall {
+func chunkFires(prepared []preparedFire, offset, perCall int, path firePath) []*fireCall {
 	type slot struct{ prefix, queue string }
 	open := make(map[slot]*fireCall)
 	var calls []*fireCall
@@ -794,8 +921,12 @@ func chunkFires(prepared []preparedFire, offset, perCall int) []*fireCall {
 		own := first.own
 		keys = append(keys[:0], own.Fence(), own.Freshness(), own.Outbox(), first.keys.Pending(), first.keys.Scheduled(), first.keys.Groups())
 		args = append(args[:0], first.keys.TaskPrefix(), len(call.fires))
-		for _, p := range call.fires {
-			keys, args = appendFire(keys, args, *p, &nums)
+		if path == pathAuto && bulkable(call.fires) {
+			keys, args = appendBulk(keys, args, call.fires, &nums)
+		} else {
+			for _, p := range call.fires {
+				keys, args = appendFire(keys, args, *p, &nums, path)
+			}
 		}
 		cmd := make([]any, 3, 3+len(keys)+len(args))
 		cmd[0], cmd[1], cmd[2] = "evalsha", fireScript.Hash(), len(keys)
@@ -892,7 +1023,7 @@ func (s *Store) fireBatch(ctx context.Context, fires []Fire, perCall int) ([]Fir
 	var firstErr error
 	for start := 0; start < len(prepared); start += maxFiresPerFlight {
 		end := min(start+maxFiresPerFlight, len(prepared))
-		calls := chunkFires(prepared[start:end], start, perCall)
+		calls := chunkFires(prepared[start:end], start, perCall, s.firePath)
 		runFireCalls(ctx, s.client, calls)
 		for _, call := range calls {
 			decodeFireCall(call, results)
