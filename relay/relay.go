@@ -337,7 +337,7 @@ func (r *Relay) drainOne(ctx context.Context, queue string) (int, int64, bool, e
 	if err != nil || len(recs) == 0 {
 		return 0, left, true, err
 	}
-	n, err := r.publish(ctx, recs)
+	n, err := r.publish(ctx, queue, recs)
 	if n > 0 && r.cfg.OnPublished != nil {
 		r.cfg.OnPublished(recs[:n])
 	}
@@ -395,6 +395,10 @@ func (r *Relay) yield(ctx context.Context, queue string) {
 	}
 }
 
+// ErrNewerRecord reports an outbox record written by a newer cronstream in
+// a form this relay does not read; it stays in the outbox.
+var ErrNewerRecord = errors.New("outbox record from a newer version")
+
 // envelopeHead is the part of an event the relay needs to route it.
 type envelopeHead struct {
 	ID      string `json:"id"`
@@ -419,7 +423,7 @@ func (r *Relay) subjectOf(h envelopeHead) (string, error) {
 // publish publishes recs in order and returns how many of the leading
 // records are safely in the stream. It stops at the first failure so order
 // is kept.
-func (r *Relay) publish(ctx context.Context, recs []taskstate.OutboxRecord) (int, error) {
+func (r *Relay) publish(ctx context.Context, queue string, recs []taskstate.OutboxRecord) (int, error) {
 	stream := r.cfg.Names.ActivityStream()
 	// msgs[j] carries recs[at[j]]; records dropped or found in the stream
 	// already count as done without a publish.
@@ -429,7 +433,25 @@ func (r *Relay) publish(ctx context.Context, recs []taskstate.OutboxRecord) (int
 	end := len(recs)
 	var seen *publishedSince
 	for i, rec := range recs {
-		h, err := readHead(rec.Data)
+		var h envelopeHead
+		data := rec.Data
+		var err error
+		switch events.FormOf(rec.Data) {
+		case events.RecordFired:
+			var entry string
+			data, entry, err = events.ExpandFiredRecord(make([]byte, 0, 512), rec.EventID, rec.Data, queue)
+			h = envelopeHead{ID: rec.EventID, Type: events.TypeEntryFired, Subject: entry}
+		case events.RecordNewer:
+			// Written by a newer cronstream: history this relay cannot
+			// read, so it must not drop it either. Stop before it; the
+			// outbox is yielded and a newer replica publishes it.
+			stop, end = fmt.Errorf("outbox record %s (event %s) is in a newer format than this replica reads: %w", rec.StreamID, rec.EventID, ErrNewerRecord), i
+		default:
+			h, err = readHead(rec.Data)
+		}
+		if stop != nil {
+			break
+		}
 		if err != nil || h.ID == "" {
 			// Our own writers produced it, so this is a bug; keeping it
 			// would block the outbox forever. Log loudly, count, drop.
@@ -457,7 +479,7 @@ func (r *Relay) publish(ctx context.Context, recs []taskstate.OutboxRecord) (int
 				continue
 			}
 		}
-		msgs = append(msgs, pubMsg{subject: subj, msgID: h.ID, data: rec.Data})
+		msgs = append(msgs, pubMsg{subject: subj, msgID: h.ID, data: data})
 		at = append(at, i)
 	}
 	r.pubOnce.Do(func() { r.pub = newBatchPublisher(r.cfg.JS.Conn(), stream) })

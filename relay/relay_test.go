@@ -1,7 +1,9 @@
 package relay_test
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -82,21 +84,24 @@ func (e *env) write(queue, entry string, n int) []string {
 	e.t.Helper()
 	fires := make([]taskstate.Fire, 0, n)
 	ids := make([]string, 0, n)
-	now := time.Now()
+	now := time.Now().UTC()
 	for range n {
 		e.n++
 		tick := time.Unix(1_700_000_000+int64(e.n), 0).UTC()
 		taskID := fmt.Sprintf("%s:%s:%d", prefix, entry, e.n)
 		evID := fmt.Sprintf("fire:%s:%d", entry, tick.Unix())
-		ev, err := events.NewEventAt(evID, now, events.TypeEntryFired, "cronstream/test", entry, events.Fired{
-			Entry: entry, ScheduledAt: tick, EnqueuedAt: now, TaskID: taskID, Queue: queue,
-		})
-		if err != nil {
-			e.t.Fatal(err)
-		}
-		b, err := ev.Marshal()
-		if err != nil {
-			e.t.Fatal(err)
+		fired := events.Fired{Entry: entry, ScheduledAt: tick, EnqueuedAt: now, TaskID: taskID, Queue: queue, Revision: uint64(e.n), Replica: "test"}
+		// Every other record in the compact form a scheduled tick's
+		// fire writes: the relay reads both.
+		b := events.AppendFiredRecord(nil, &fired)
+		if e.n%2 == 1 {
+			ev, err := events.NewEventAt(evID, now, events.TypeEntryFired, "cronstream/test", entry, fired)
+			if err != nil {
+				e.t.Fatal(err)
+			}
+			if b, err = ev.Marshal(); err != nil {
+				e.t.Fatal(err)
+			}
 		}
 		fires = append(fires, taskstate.Fire{
 			Prefix: prefix, Entry: entry, Queue: queue, Kind: taskstate.FireBackfill, Tick: tick,
@@ -396,4 +401,97 @@ func TestRelayHold(t *testing.T) {
 	r.Notify()
 	testenv.Eventually(t, 5*time.Second, func() bool { return e.outboxLen("default") == 0 }, "the relay to publish once Hold lets go")
 	checkExactlyOnce(t, e.stored(), want)
+}
+
+// TestRelayExpandsCompactRecords: a compact fired record goes to the stream
+// as the event's JSON, byte for byte what the full form would have been,
+// on the entry's subject.
+func TestRelayExpandsCompactRecords(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 0)
+	ids := e.write("q \"one\"", "a", 6)
+	c := ctx(t, 20*time.Second)
+	recs, err := e.store.ReadOutbox(c, prefix, "q \"one\"", "", 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string][]byte{}
+	for _, rec := range recs {
+		if events.FormOf(rec.Data) == events.RecordFired {
+			if want[rec.EventID], _, err = events.ExpandFiredRecord(nil, rec.EventID, rec.Data, "q \"one\""); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if len(want) != 3 {
+		t.Fatalf("%d compact records written, want 3", len(want))
+	}
+	r := e.newRelay("r1", nil)
+	if err := r.Flush(c); err != nil {
+		t.Fatal(err)
+	}
+	checkExactlyOnce(t, e.stored(), ids)
+	s, err := e.js.Stream(c, names.ActivityStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id, data := range want {
+		entry, _, _ := strings.Cut(strings.TrimPrefix(id, "fire:"), ":")
+		var found bool
+		cons, err := s.OrderedConsumer(c, jetstream.OrderedConsumerConfig{FilterSubjects: []string{names.FireSubject(entry)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range ids {
+			msg, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if msg.Headers().Get(jetstream.MsgIDHeader) == id {
+				found = true
+				if !bytes.Equal(msg.Data(), data) {
+					t.Fatalf("event %s stored as\n%s\nwant\n%s", id, msg.Data(), data)
+				}
+				ev, err := events.DecodeEvent(msg.Data())
+				if err != nil || ev.Type != events.TypeEntryFired || ev.Subject != entry {
+					t.Fatalf("event %s: %+v, %v", id, ev, err)
+				}
+				break
+			}
+		}
+		if !found {
+			t.Fatalf("event %s not in the stream", id)
+		}
+	}
+}
+
+// TestRelayLeavesNewerRecords: a record in a compact form of a later version
+// is history this relay cannot read: it publishes what comes before it and
+// leaves it and everything after it in the outbox, never dropping it.
+func TestRelayLeavesNewerRecords(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 0)
+	before := e.write("default", "a", 3)
+	c := ctx(t, 20*time.Second)
+	newer := taskstate.Fire{
+		Prefix: prefix, Entry: "b", Queue: "default", Kind: taskstate.FireBackfill, Tick: time.Unix(1_800_000_000, 0),
+		Msg:         &taskstate.TaskMessage{Type: "t", ID: "newer-task"},
+		FiredRecord: taskstate.Record{ID: "fire:b:1800000000", Data: []byte("F2 some future layout")},
+	}
+	if _, err := e.store.FireOnce(c, newer); err != nil {
+		t.Fatal(err)
+	}
+	e.write("default", "a", 2)
+	r := e.newRelay("r1", nil)
+	_, err := r.Pass(c)
+	if !errors.Is(err, relay.ErrNewerRecord) {
+		t.Fatalf("pass: %v, want ErrNewerRecord", err)
+	}
+	for range 3 {
+		_, _ = r.Pass(c)
+	}
+	checkExactlyOnce(t, e.stored(), before)
+	if n := e.outboxLen("default"); n != 3 {
+		t.Fatalf("outbox holds %d records, want the newer one and the two after it", n)
+	}
 }

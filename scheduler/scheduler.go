@@ -16,6 +16,7 @@
 package scheduler
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -264,7 +265,7 @@ func New(cfg Config) (*Scheduler, error) {
 		m = NewMetrics(nil)
 	}
 	return &Scheduler{
-		cfg: cfg, log: cfg.Logger, clock: clock, m: m, src: "cronstream/" + cfg.ReplicaID,
+		cfg: cfg, log: cfg.Logger, clock: clock, m: m, src: events.ReplicaSource(cfg.ReplicaID),
 		entries:  map[string]*entryRun{},
 		load:     map[string]*entryRun{},
 		observed: make(chan observation, 4096),
@@ -1122,7 +1123,12 @@ func (s *Scheduler) firedRecord(r *entryRun, tick time.Time, taskID string, now 
 		Entry: r.id, ScheduledAt: tick, EnqueuedAt: now, TaskID: taskID, Queue: r.queue,
 		Revision: r.st.Revision, Replica: s.cfg.ReplicaID, Trigger: trigger, Backfill: backfill,
 	}
-	return taskstate.Record{ID: id, Data: appendFiredEvent(make([]byte, 0, 512), id, now, s.source(), &f)}, nil
+	if trigger == "" && !backfill {
+		// A scheduled tick: the compact form, which the relay expands.
+		var tmp [256]byte
+		return taskstate.Record{ID: id, Data: bytes.Clone(events.AppendFiredRecord(tmp[:0], &f))}, nil
+	}
+	return taskstate.Record{ID: id, Data: events.AppendFiredEvent(make([]byte, 0, 512), id, now, s.source(), &f)}, nil
 }
 
 func (s *Scheduler) skippedRecord(r *entryRun, rng tickRange, reason string, now time.Time) (taskstate.Record, error) {

@@ -1,28 +1,26 @@
-package scheduler
+package events
 
 import (
 	"encoding/json"
 	"strconv"
 	"time"
-
-	"github.com/cronstream/cronstream/events"
 )
 
-// appendFiredEvent appends the JSON of a cronstream.entry.fired event to
-// buf: byte for byte what events.NewEventAt(id, at, TypeEntryFired, source,
+// AppendFiredEvent appends the JSON of a cronstream.entry.fired event to
+// buf: byte for byte what NewEventAt(id, at, TypeEntryFired, source,
 // f.Entry, f) and Event.Marshal produce (a test holds them equal), without
 // reflection. Every fire builds one, so this is on the hot path: encoding
 // through encoding/json twice (data, then the envelope, which re-validates
 // and compacts the data) was the largest CPU cost of a fire.
-func appendFiredEvent(buf []byte, id string, at time.Time, source string, f *events.Fired) []byte {
+func AppendFiredEvent(buf []byte, id string, at time.Time, source string, f *Fired) []byte {
 	buf = append(buf, `{"specversion":`...)
-	buf = appendJSONString(buf, events.SpecVersion)
+	buf = appendJSONString(buf, SpecVersion)
 	buf = append(buf, `,"id":`...)
 	buf = appendJSONString(buf, id)
 	buf = append(buf, `,"source":`...)
 	buf = appendJSONString(buf, source)
 	buf = append(buf, `,"type":`...)
-	buf = appendJSONString(buf, events.TypeEntryFired)
+	buf = appendJSONString(buf, TypeEntryFired)
 	if f.Entry != "" {
 		buf = append(buf, `,"subject":`...)
 		buf = appendJSONString(buf, f.Entry)
