@@ -134,7 +134,10 @@ type Scheduler struct {
 	observed chan observation
 	wake     chan struct{}
 	history  chan []taskstate.EnqueueEventRecord // to writeHistory
-	vis      chan []taskstate.SchedulerEntry     // to writeVisibilityLoop
+
+	lastTick     time.Time // tickText's memo (loop goroutine only)
+	lastTickText string
+	vis          chan []taskstate.SchedulerEntry // to writeVisibilityLoop
 	// visPending: a visibility write is due since visSince (loop-owned).
 	visPending bool
 	visSince   time.Time
@@ -828,7 +831,7 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 		send(c)
 	}
 	wg.Wait()
-	var history []taskstate.EnqueueEventRecord
+	history := make([]taskstate.EnqueueEventRecord, 0, len(due))
 	for _, c := range calls {
 		for i, res := range c.results {
 			if h, ok := s.apply(plans[c.owners[i]].r, c.fires[i], res); ok {
@@ -1022,7 +1025,7 @@ func (s *Scheduler) apply(r *entryRun, f taskstate.Fire, res taskstate.FireResul
 func (s *Scheduler) buildFire(r *entryRun, tick, now time.Time, seq uint64, fresh time.Time) (taskstate.Fire, error) {
 	prefix := s.cfg.Names.Prefix()
 	e := r.st.Entry
-	taskID := TaskID(prefix, r.id, tick)
+	taskID := prefix + ":" + r.id + ":" + s.tickText(tick) // TaskID
 	msg := taskMessage(e, taskID, tick)
 	fired, err := s.firedRecord(r, tick, taskID, now, "", false)
 	if err != nil {
@@ -1045,6 +1048,16 @@ func (s *Scheduler) buildFire(r *entryRun, tick, now time.Time, seq uint64, fres
 		}
 	}
 	return f, nil
+}
+
+// tickText is tick as TaskID writes it, remembered for the last tick: the
+// fires of one instant share it (formatting it per fire was 7% of a
+// 100,000-fire burst's CPU).
+func (s *Scheduler) tickText(tick time.Time) string {
+	if !tick.Equal(s.lastTick) || s.lastTickText == "" {
+		s.lastTick, s.lastTickText = tick, tick.UTC().Format(time.RFC3339)
+	}
+	return s.lastTickText
 }
 
 // TaskMessage is the asynq task of entry e's tick, with asynq's client

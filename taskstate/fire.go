@@ -602,7 +602,7 @@ func prepareSkip(f *Fire, bad func(string, ...any) (preparedFire, error)) (prepa
 	}
 	// The per-fire task keys are never touched by a skip; the queue's task
 	// key prefix stands in for them (a real key name of the same slot).
-	return preparedFire{f: f, own: Own(f.Prefix, f.Queue), keys: Keys(f.Queue)}, nil
+	return preparedFire{f: f, keys: Keys(f.Queue)}, nil
 }
 
 // prepare validates f and encodes its message.
@@ -683,7 +683,7 @@ func prepare(f *Fire) (preparedFire, error) {
 	if err != nil {
 		return bad("%v", err)
 	}
-	return preparedFire{f: f, msg: enc, id: msg.ID, group: msg.GroupKey, own: Own(f.Prefix, f.Queue), keys: keys}, nil
+	return preparedFire{f: f, msg: enc, id: msg.ID, group: msg.GroupKey, keys: keys}, nil
 }
 
 func checkRecord(name string, r Record, required bool) error {
@@ -1015,6 +1015,13 @@ func (s *Store) fireBatch(ctx context.Context, fires []Fire, perCall int) ([]Fir
 		p, err := prepare(&fires[i])
 		if err != nil {
 			return nil, err
+		}
+		// The fires of a batch mostly share one slot: its key names are
+		// made once.
+		if i > 0 && fires[i].Prefix == fires[i-1].Prefix && fires[i].Queue == fires[i-1].Queue {
+			p.own = prepared[i-1].own
+		} else {
+			p.own = Own(fires[i].Prefix, fires[i].Queue)
 		}
 		prepared[i] = p
 	}
