@@ -500,6 +500,16 @@ local function lean(k, a)
   return 1
 end
 
+-- holds reports whether the stored watermark value v ("<ms> <task>", or
+-- false when absent) is at tick expected ("" = none): mismatch's test
+-- without cutting v into new strings.
+local function holds(v, expected)
+  if expected == '' then return not v end
+  if not v then return false end
+  local n = #expected
+  return string.sub(v, 1, n) == expected and (#v == n or string.byte(v, n + 1) == 32)
+end
+
 -- bulk fires a chunk of plain ticks ('B' in ARGV[3]): lean's fires, each
 -- of a different entry, all presenting the config sequence, freshness and
 -- staleness bound in ARGV[4..6]. KEYS from 7: the n watermarks, the n
@@ -515,9 +525,9 @@ local function bulk(n)
   local v = redis.call('MGET', unpack(KEYS, 7, 6 + 2 * n))
   local out, marks, gated, code, extra = {}, {}, false, nil, nil
   for i = 1, n do
-    local a, wm, wmtask = 1 + 6 * i, split(v[i])
-    local rev, dir = split(v[n + i])
+    local a, rev, dir = 1 + 6 * i, split(v[n + i])
     if dir == 'out' then
+      local wm, wmtask = split(v[i])
       out[i] = res(-2, wm, wmtask, rev)
     else
       if not gated then
@@ -525,22 +535,23 @@ local function bulk(n)
         code, extra = fences(ARGV[4], ARGV[5], ARGV[6])
       end
       if code then
+        local wm, wmtask = split(v[i])
         out[i] = res(code, wm, wmtask, extra)
+      elseif not holds(v[i], ARGV[a + 1]) then
+        local wm, wmtask = split(v[i])
+        out[i] = res(-1, wm, wmtask)
       else
-        out[i] = mismatch(wm, wmtask, ARGV[a + 1])
-        if not out[i] then
-          local tick, id, ktask = ARGV[a], ARGV[a + 3], KEYS[6 + 2 * n + i]
-          if redis.call('EXISTS', ktask) == 1 then
-            out[i] = res(2, tick, id, '', id)
-          else
-            redis.call('HSET', ktask, 'msg', ARGV[a + 2], 'state', 'pending', 'pending_since', now_ns)
-            pushed[#pushed + 1] = id
-            redis.call('XADD', KEYS[3], '*', 'id', ARGV[a + 4], 'data', ARGV[a + 5])
-            out[i] = 1
-          end
-          marks[#marks + 1] = KEYS[6 + i]
-          marks[#marks + 1] = tick .. ' ' .. id
+        local tick, id, ktask = ARGV[a], ARGV[a + 3], KEYS[6 + 2 * n + i]
+        if redis.call('EXISTS', ktask) == 1 then
+          out[i] = res(2, tick, id, '', id)
+        else
+          redis.call('HSET', ktask, 'msg', ARGV[a + 2], 'state', 'pending', 'pending_since', now_ns)
+          pushed[#pushed + 1] = id
+          redis.call('XADD', KEYS[3], '*', 'id', ARGV[a + 4], 'data', ARGV[a + 5])
+          out[i] = 1
         end
+        marks[#marks + 1] = KEYS[6 + i]
+        marks[#marks + 1] = tick .. ' ' .. id
       end
     end
   end

@@ -127,7 +127,17 @@ func newPathScenario(rng *rand.Rand, round int) *pathScenario {
 		f := tickFire(entry, queue, tickAt(tick), prev)
 		f.FreshAsOf, f.MaxStaleness = fresh, maxStale
 		wm := own.Watermark(entry)
-		switch rng.IntN(6) {
+		switch rng.IntN(9) {
+		case 6: // as expected, written without a task id (a seeded watermark)
+			if !prev.IsZero() {
+				sc.marks[wm] = fmt.Sprintf("%d ", prev.UnixMilli())
+			}
+		case 7: // as expected, without even the space
+			if !prev.IsZero() {
+				sc.marks[wm] = fmt.Sprint(prev.UnixMilli())
+			}
+		case 8: // the expected tick's digits followed by more
+			sc.marks[wm] = fmt.Sprintf("%d0 %s", prev.UnixMilli(), taskIDFor(entry, prev))
 		case 0: // as expected
 			if !prev.IsZero() {
 				sc.marks[wm] = fmt.Sprintf("%d %s", prev.UnixMilli(), taskIDFor(entry, prev))
