@@ -759,8 +759,12 @@ const maxFireBufs = 64
 // fireDue builds the fires of every due entry and sends them per queue in
 // batches. Up to Parallel batches are in flight at once while the next ones
 // are built, so building (CPU here) and firing (CPU in Redis) overlap; the
-// results are applied on the loop goroutine once all are back. A plan's
-// fires (one entry's ticks) always share a batch, so their order holds.
+// results are applied on the loop goroutine once all are back (applying
+// them in between would take CPU from the fires still to go). A batch that
+// is back keeps only what apply needs of its fires and hands its buffer to
+// the next batch, so a burst of any size holds about Parallel+1 batches of
+// fires. A plan's fires (one entry's ticks) always share a batch, so their
+// order holds.
 func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 	if len(due) > s.cfg.Batch {
 		s.busy.Store(true)
@@ -776,12 +780,16 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 	type call struct {
 		fires   []taskstate.Fire
 		owners  []int // plan index of each fire
+		sent    []sentFire
 		results []taskstate.FireResult
 	}
+	size := min(s.cfg.Batch, len(due))
 	plans := make([]planned, 0, len(due))
 	var scratch []taskstate.Fire
 	open := map[string]*call{}
 	var calls []*call
+	// Buffers of batches that are back, for the next batches.
+	free := make(chan []taskstate.Fire, s.cfg.Parallel+1)
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, s.cfg.Parallel)
 	send := func(c *call) {
@@ -799,6 +807,20 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 				}
 			}
 			c.results = results
+			c.sent = make([]sentFire, len(c.fires))
+			for i := range c.fires {
+				c.sent[i] = sentOf(&c.fires[i])
+				if m := c.fires[i].Msg; m != nil { // made by buildFire
+					*m = taskstate.TaskMessage{}
+					fireMessages.Put(m)
+				}
+			}
+			clear(c.fires)
+			select {
+			case free <- c.fires[:0]:
+			default:
+			}
+			c.fires = nil
 			if s.cfg.OnFire != nil {
 				s.cfg.OnFire()
 			}
@@ -819,7 +841,13 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 			c = nil
 		}
 		if c == nil {
-			c = &call{fires: s.fireBuf(min(s.cfg.Batch, len(due))), owners: make([]int, 0, min(s.cfg.Batch, len(due)))}
+			var buf []taskstate.Fire
+			select {
+			case buf = <-free:
+			default:
+				buf = s.fireBuf(size)
+			}
+			c = &call{fires: buf, owners: make([]int, 0, size)}
 			open[r.queue] = c
 		}
 		for range fires {
@@ -831,16 +859,17 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 		send(c)
 	}
 	wg.Wait()
+	close(free)
+	for b := range free {
+		s.putFireBuf(b)
+	}
 	history := make([]taskstate.EnqueueEventRecord, 0, len(due))
 	for _, c := range calls {
 		for i, res := range c.results {
-			if h, ok := s.apply(plans[c.owners[i]].r, c.fires[i], res); ok {
+			if h, ok := s.apply(plans[c.owners[i]].r, c.sent[i], res); ok {
 				history = append(history, h)
 			}
 		}
-	}
-	for _, c := range calls {
-		s.putFireBuf(c.fires)
 	}
 	for _, p := range plans {
 		if !p.r.known {
@@ -861,6 +890,17 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 			s.log.Debug("asynq enqueue history writer busy: dropping", "events", len(history))
 		}
 	}
+}
+
+// sentFire is what apply needs to know of a fire once it was sent.
+type sentFire struct {
+	kind    taskstate.FireKind
+	tick    time.Time
+	skipped bool // it carried skipped records
+}
+
+func sentOf(f *taskstate.Fire) sentFire {
+	return sentFire{kind: f.Kind, tick: f.Tick, skipped: len(f.SkippedRecords) > 0}
 }
 
 // writeHistory records asynq's enqueue history beside the loop, so the
@@ -947,11 +987,11 @@ func (s *Scheduler) planSkip(r *entryRun, skipped tickRange, now time.Time, seq 
 
 // apply acts on one fire's result and returns the asynq history record of
 // a created task.
-func (s *Scheduler) apply(r *entryRun, f taskstate.Fire, res taskstate.FireResult) (taskstate.EnqueueEventRecord, bool) {
+func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (taskstate.EnqueueEventRecord, bool) {
 	if res.Err != nil {
 		s.countError()
 		r.tries++
-		s.log.Warn("fire failed; will retry", "entry", r.id, "tick", f.Tick, "err", res.Err)
+		s.log.Warn("fire failed; will retry", "entry", r.id, "tick", f.tick, "err", res.Err)
 		return taskstate.EnqueueEventRecord{}, false
 	}
 	status := res.Status
@@ -971,7 +1011,7 @@ func (s *Scheduler) apply(r *entryRun, f taskstate.Fire, res taskstate.FireResul
 			}
 			r.cursor, r.hasCursor, r.lastTask = res.Watermark, res.HasWatermark, res.WatermarkTaskID
 			r.known = true
-			if res.HasWatermark && !res.Watermark.Before(f.Tick) {
+			if res.HasWatermark && !res.Watermark.Before(f.tick) {
 				r.tries = 0 // someone else handled it: nothing wrong
 			} else {
 				r.tries++
@@ -993,10 +1033,10 @@ func (s *Scheduler) apply(r *entryRun, f taskstate.Fire, res taskstate.FireResul
 		return taskstate.EnqueueEventRecord{}, false
 	}
 	r.tries = 0
-	if f.Kind == taskstate.FireTick || f.Kind == taskstate.FireSkip {
-		r.cursor, r.hasCursor, r.known = f.Tick, true, true
+	if f.kind == taskstate.FireTick || f.kind == taskstate.FireSkip {
+		r.cursor, r.hasCursor, r.known = f.tick, true, true
 	}
-	if len(f.SkippedRecords) > 0 {
+	if f.skipped {
 		s.count(func(st *Stats) { st.SkippedMissed++ })
 		s.m.Skipped.WithLabelValues(events.SkipMissed).Inc()
 	}
@@ -1005,7 +1045,7 @@ func (s *Scheduler) apply(r *entryRun, f taskstate.Fire, res taskstate.FireResul
 		r.lastTask = res.TaskID
 		s.count(func(st *Stats) { st.Fired++ })
 		s.m.Fired.WithLabelValues(r.queue).Inc()
-		s.m.FireLag.Observe(s.clock.Now().Sub(f.Tick).Seconds())
+		s.m.FireLag.Observe(s.clock.Now().Sub(f.tick).Seconds())
 		trim := r.recorded%historyTrimEvery == 0
 		r.recorded++
 		return taskstate.EnqueueEventRecord{Entry: r.id, Event: taskstate.SchedulerEnqueueEvent{TaskID: res.TaskID, EnqueueTime: s.clock.Now()}, Trim: trim}, true
@@ -1026,7 +1066,8 @@ func (s *Scheduler) buildFire(r *entryRun, tick, now time.Time, seq uint64, fres
 	prefix := s.cfg.Names.Prefix()
 	e := r.st.Entry
 	taskID := prefix + ":" + r.id + ":" + s.tickText(tick) // TaskID
-	msg := taskMessage(e, taskID, tick)
+	msg := fireMessages.Get().(*taskstate.TaskMessage)
+	fillTaskMessage(msg, e, taskID, tick)
 	fired, err := s.firedRecord(r, tick, taskID, now, "", false)
 	if err != nil {
 		return taskstate.Fire{}, err
@@ -1069,7 +1110,14 @@ func TaskMessage(e events.Entry, taskID string, tick time.Time) *taskstate.TaskM
 // taskMessage is TaskMessage of an entry already normalized (as the
 // projection holds them), without copying its payload for every fire.
 func taskMessage(e events.Entry, taskID string, tick time.Time) *taskstate.TaskMessage {
-	m := &taskstate.TaskMessage{
+	m := new(taskstate.TaskMessage)
+	fillTaskMessage(m, e, taskID, tick)
+	return m
+}
+
+// fillTaskMessage writes entry e's task of tick into m.
+func fillTaskMessage(m *taskstate.TaskMessage, e events.Entry, taskID string, tick time.Time) {
+	*m = taskstate.TaskMessage{
 		Type:      e.Task.Type,
 		Payload:   e.Task.Payload,
 		Headers:   e.Task.Headers,
@@ -1083,8 +1131,12 @@ func taskMessage(e events.Entry, taskID string, tick time.Time) *taskstate.TaskM
 	if d := e.Options.Deadline.D(); d > 0 {
 		m.Deadline = tick.Add(d).Unix()
 	}
-	return m
 }
+
+// fireMessages recycles the task messages of scheduled fires: a message is
+// only read while its fire is sent (taskstate encodes it), and a burst
+// would otherwise allocate one per fire.
+var fireMessages = sync.Pool{New: func() any { return new(taskstate.TaskMessage) }}
 
 // Event ids are derived from what they describe, so the same fact always
 // has the same id (and the stream drops a republished one), and observers

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -902,7 +904,10 @@ type fireCall struct {
 // chunkFires groups fires by (prefix, queue) in first-seen order, keeping the
 // caller's order inside each group, and cuts each group into calls of up to
 // perCall fires.
-func chunkFires(prepared []preparedFire, offset, perCall int, path firePath) []*fireCall {
+//
+// The calls' commands are laid out in *arena (grown as needed), which must
+// outlive the calls; fireBatch reuses it from flight to flight.
+func chunkFires(prepared []preparedFire, offset, perCall int, path firePath, arena *[]any) []*fireCall {
 	type slot struct{ prefix, queue string }
 	open := make(map[slot]*fireCall)
 	var calls []*fireCall
@@ -927,7 +932,9 @@ func chunkFires(prepared []preparedFire, offset, perCall int, path firePath) []*
 	var keys []string
 	var args []any
 	var nums numArgs
-	for _, call := range calls {
+	cmds := (*arena)[:0]
+	ends := make([]int, len(calls))
+	for c, call := range calls {
 		first := call.fires[0]
 		own := first.own
 		keys = append(keys[:0], own.Fence(), own.Freshness(), own.Outbox(), first.keys.Pending(), first.keys.Scheduled(), first.keys.Groups())
@@ -939,15 +946,30 @@ func chunkFires(prepared []preparedFire, offset, perCall int, path firePath) []*
 				keys, args = appendFire(keys, args, *p, &nums, path)
 			}
 		}
-		cmd := make([]any, 3, 3+len(keys)+len(args))
-		cmd[0], cmd[1], cmd[2] = "evalsha", fireScript.Hash(), len(keys)
+		cmds = append(cmds, "evalsha", fireScript.Hash(), len(keys))
 		for _, k := range keys {
-			cmd = append(cmd, k)
+			cmds = append(cmds, k)
 		}
-		call.args = append(cmd, args...)
+		cmds = append(cmds, args...)
+		ends[c] = len(cmds)
 	}
+	// Sliced once the arena is done growing.
+	start := 0
+	for c, call := range calls {
+		call.args = cmds[start:ends[c]:ends[c]]
+		start = ends[c]
+	}
+	*arena = cmds
 	return calls
 }
+
+// Scratch reused across fire batches (which may run concurrently): the
+// commands of a flight, and a batch's prepared fires. Each is cleared
+// before it goes back, so it keeps no message or record alive.
+var (
+	cmdArenas    = sync.Pool{New: func() any { return new([]any) }}
+	preparedBufs = sync.Pool{New: func() any { return new([]preparedFire) }}
+)
 
 // runFireCalls sends the queue registrations and every call in one pipeline.
 // The registrations are plain commands beside the scripts: asynq:queues (so
@@ -1018,7 +1040,17 @@ func (s *Store) FireBatch(ctx context.Context, fires []Fire) ([]FireResult, erro
 // fireBatch is FireBatch with the chunk size as a parameter: 1 sends a
 // pipeline of one script call per fire (the benchmark's comparison).
 func (s *Store) fireBatch(ctx context.Context, fires []Fire, perCall int) ([]FireResult, error) {
-	prepared := make([]preparedFire, len(fires))
+	pbuf := preparedBufs.Get().(*[]preparedFire)
+	prepared := slices.Grow((*pbuf)[:0], len(fires))[:len(fires)]
+	arena := cmdArenas.Get().(*[]any)
+	defer func() {
+		clear(prepared)
+		*pbuf = prepared[:0]
+		preparedBufs.Put(pbuf)
+		clear(*arena)
+		*arena = (*arena)[:0]
+		cmdArenas.Put(arena)
+	}()
 	for i := range fires {
 		if err := s.CheckQueue(fires[i].Queue); err != nil {
 			return nil, fmt.Errorf("%w: entry %q: %w", ErrInvalidFire, fires[i].Entry, err)
@@ -1041,11 +1073,12 @@ func (s *Store) fireBatch(ctx context.Context, fires []Fire, perCall int) ([]Fir
 	var firstErr error
 	for start := 0; start < len(prepared); start += maxFiresPerFlight {
 		end := min(start+maxFiresPerFlight, len(prepared))
-		calls := chunkFires(prepared[start:end], start, perCall, s.firePath)
+		calls := chunkFires(prepared[start:end], start, perCall, s.firePath, arena)
 		runFireCalls(ctx, s.client, calls)
 		for _, call := range calls {
 			decodeFireCall(call, results)
 		}
+		clear(*arena)
 		for i := start; i < end; i++ {
 			if results[i].Err != nil {
 				failed++

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"errors"
 	"maps"
+	"math/rand/v2"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -435,6 +437,37 @@ func TestSchedulerMessagesMatchProtobufRuntime(t *testing.T) {
 		theirs, _ := proto.MarshalOptions{Deterministic: true}.Marshal(dm)
 		if !bytes.Equal(ours, theirs) {
 			t.Fatalf("%s encoding differs\nours   %x\ntheirs %x", c.md.Name(), ours, theirs)
+		}
+	}
+}
+
+// TestTaskMessageSizeExact: EncodeTaskMessage allocates exactly what it
+// writes, for every field's size class (lengths and varints of one to ten
+// bytes, negative int32s, empty header values).
+func TestTaskMessageSizeExact(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 7))
+	text := func(max int) string { return strings.Repeat("x", rng.IntN(max+1)) }
+	nums := []int64{0, 1, 127, 128, 16383, 16384, 1 << 35, -1, 1<<63 - 1}
+	for range 2000 {
+		m := &TaskMessage{
+			Type: text(3), Payload: []byte(text(300)), ID: text(200), Queue: text(2),
+			Retry: int32(nums[rng.IntN(len(nums))]), Retried: int32(nums[rng.IntN(len(nums))]),
+			ErrorMsg: text(130), Timeout: nums[rng.IntN(len(nums))], Deadline: nums[rng.IntN(len(nums))],
+			UniqueKey: text(20), LastFailedAt: nums[rng.IntN(len(nums))], Retention: nums[rng.IntN(len(nums))],
+			CompletedAt: nums[rng.IntN(len(nums))], GroupKey: text(2),
+		}
+		for i := range rng.IntN(4) {
+			if m.Headers == nil {
+				m.Headers = map[string]string{}
+			}
+			m.Headers[strings.Repeat("k", i)+text(140)] = text(140)
+		}
+		b, err := EncodeTaskMessage(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(b) != taskMessageSize(m) || cap(b) != len(b) {
+			t.Fatalf("encoded %d bytes in a buffer of %d; size computed %d", len(b), cap(b), taskMessageSize(m))
 		}
 	}
 }
