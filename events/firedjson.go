@@ -9,9 +9,10 @@ import (
 // AppendFiredEvent appends the JSON of a cronstream.entry.fired event to
 // buf: byte for byte what NewEventAt(id, at, TypeEntryFired, source,
 // f.Entry, f) and Event.Marshal produce (a test holds them equal), without
-// reflection. Every fire builds one, so this is on the hot path: encoding
-// through encoding/json twice (data, then the envelope, which re-validates
-// and compacts the data) was the largest CPU cost of a fire.
+// reflection. The relay builds one for every scheduled fire
+// (ExpandFiredRecord), so this is on the hot path: encoding through
+// encoding/json twice (data, then the envelope, which re-validates and
+// compacts the data) was once the largest CPU cost of a fire.
 func AppendFiredEvent(buf []byte, id string, at time.Time, source string, f *Fired) []byte {
 	buf = append(buf, `{"specversion":`...)
 	buf = appendJSONString(buf, SpecVersion)

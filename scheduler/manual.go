@@ -66,7 +66,7 @@ func (m Manual) Trigger(ctx context.Context, st projector.State, requestID strin
 	taskID := prefix + ":" + e.ID + ":trigger:" + requestID
 	id := "trigger:" + e.ID + ":" + requestID
 	rec, err := m.record(id, events.TypeEntryFired, e.ID, now, events.Fired{
-		Entry: e.ID, ScheduledAt: now.UTC().Truncate(time.Second), EnqueuedAt: now, TaskID: taskID,
+		Entry: e.ID, ScheduledAt: now.UTC().Truncate(time.Second), EnqueuedAt: now.UTC(), TaskID: taskID,
 		Queue: e.Options.QueueName(), Revision: st.Revision, Replica: m.source(), Trigger: requestID,
 	})
 	if err != nil {
@@ -145,7 +145,7 @@ func (m Manual) Backfill(ctx context.Context, st projector.State, from, to time.
 		taskID := TaskID(prefix, st.Entry.ID, tick)
 		id := firedEventID(st.Entry.ID, tick)
 		rec, err := m.record(id, events.TypeEntryFired, st.Entry.ID, now, events.Fired{
-			Entry: st.Entry.ID, ScheduledAt: tick, EnqueuedAt: now, TaskID: taskID, Queue: queue,
+			Entry: st.Entry.ID, ScheduledAt: tick.UTC(), EnqueuedAt: now.UTC(), TaskID: taskID, Queue: queue,
 			Revision: st.Revision, Replica: m.source(), Backfill: true,
 		})
 		if err != nil {

@@ -1068,15 +1068,13 @@ func (s *Scheduler) buildFire(r *entryRun, tick, now time.Time, seq uint64, fres
 	taskID := prefix + ":" + r.id + ":" + s.tickText(tick) // TaskID
 	msg := fireMessages.Get().(*taskstate.TaskMessage)
 	fillTaskMessage(msg, e, taskID, tick)
-	fired, err := s.firedRecord(r, tick, taskID, now, "", false)
-	if err != nil {
-		return taskstate.Fire{}, err
-	}
+	fired := s.firedRecord(r, tick, taskID, now)
 	f := taskstate.Fire{
 		Prefix: prefix, Entry: r.id, Queue: r.queue, Kind: taskstate.FireTick,
 		Tick: tick, ConfigSeq: seq, FreshAsOf: fresh, MaxStaleness: s.cfg.MaxStaleness,
 		Msg: msg, UniqueTTL: e.Options.Unique.D(), FiredRecord: fired,
 	}
+	var err error
 	if e.Overlap == events.OverlapSkip {
 		f.OverlapSkip = true
 		if f.OverlapRecord, err = s.skippedRecord(r, tickRange{First: tick, Last: tick, Count: 1, Exact: true}, events.SkipOverlap, now); err != nil {
@@ -1179,28 +1177,23 @@ func ParseActivityID(id string) (entry string, tick time.Time, ok bool) {
 
 func (s *Scheduler) source() string { return s.src }
 
-func (s *Scheduler) firedRecord(r *entryRun, tick time.Time, taskID string, now time.Time, trigger string, backfill bool) (taskstate.Record, error) {
-	id := firedEventID(r.id, tick)
-	if trigger != "" {
-		id = "trigger:" + r.id + ":" + trigger
-	}
+// firedRecord is the outbox record of a scheduled tick's fired event, in
+// the compact form the relay expands (events.AppendFiredRecord); its times
+// come out in UTC, as in every activity event.
+func (s *Scheduler) firedRecord(r *entryRun, tick time.Time, taskID string, now time.Time) taskstate.Record {
 	f := events.Fired{
 		Entry: r.id, ScheduledAt: tick, EnqueuedAt: now, TaskID: taskID, Queue: r.queue,
-		Revision: r.st.Revision, Replica: s.cfg.ReplicaID, Trigger: trigger, Backfill: backfill,
+		Revision: r.st.Revision, Replica: s.cfg.ReplicaID,
 	}
-	if trigger == "" && !backfill {
-		// A scheduled tick: the compact form, which the relay expands.
-		var tmp [256]byte
-		return taskstate.Record{ID: id, Data: bytes.Clone(events.AppendFiredRecord(tmp[:0], &f))}, nil
-	}
-	return taskstate.Record{ID: id, Data: events.AppendFiredEvent(make([]byte, 0, 512), id, now, s.source(), &f)}, nil
+	var tmp [256]byte
+	return taskstate.Record{ID: firedEventID(r.id, tick), Data: bytes.Clone(events.AppendFiredRecord(tmp[:0], &f))}
 }
 
 func (s *Scheduler) skippedRecord(r *entryRun, rng tickRange, reason string, now time.Time) (taskstate.Record, error) {
 	id := skippedEventID(r.id, rng)
-	data := events.Skipped{Entry: r.id, ScheduledAt: rng.First, Reason: reason, Revision: r.st.Revision, Replica: s.cfg.ReplicaID}
+	data := events.Skipped{Entry: r.id, ScheduledAt: rng.First.UTC(), Reason: reason, Revision: r.st.Revision, Replica: s.cfg.ReplicaID}
 	if rng.Count > 1 {
-		last := rng.Last
+		last := rng.Last.UTC()
 		data.Until, data.Count = &last, rng.Count
 	}
 	ev, err := events.NewEventAt(id, now, events.TypeEntrySkipped, s.source(), r.id, data)
