@@ -12,7 +12,9 @@ import (
 // Each queue slot has one outbox: a Redis Stream (OwnKeys.Outbox) of records
 // appended by the same scripts that change task state, so "task changed in
 // Redis" and "record to publish" are one fact. Records carry two fields: "id"
-// (the event id, later the Nats-Msg-Id) and "data" (the CloudEvent JSON).
+// (the event id, later the Nats-Msg-Id) and "data" (the CloudEvent JSON, or
+// for a scheduled tick's fired event the compact form of
+// events.AppendFiredRecord, which the relay expands).
 //
 // One relay at a time owns an outbox (a lease key, OwnKeys.OutboxOwner, in
 // the same slot). It reads records in stream order, publishes them, and
@@ -33,7 +35,7 @@ type OutboxRecord struct {
 	StreamID string
 	// EventID is the CloudEvent id (Nats-Msg-Id).
 	EventID string
-	// Data is the encoded CloudEvent.
+	// Data is the encoded CloudEvent or its compact form (events.FormOf).
 	Data []byte
 }
 
