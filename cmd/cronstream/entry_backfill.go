@@ -7,7 +7,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/cronstream/cronstream/projector"
 	"github.com/cronstream/cronstream/scheduler"
 )
 
@@ -54,25 +53,12 @@ TIME is RFC 3339 (2025-03-01T09:00:00Z), a date (UTC), or relative (-6h).`, sche
 			if err != nil {
 				return err
 			}
-			s, err := openSession(g, &conn)
+			m, st, done, err := manualFor(ctx, g, &conn, args[0])
 			if err != nil {
 				return err
 			}
-			defer s.Close()
-			if err := s.requireStreams(ctx); err != nil {
-				return err
-			}
-			e, rev, err := s.client.Get(ctx, args[0])
-			if err != nil {
-				return err
-			}
-			store, rc, err := openStore(ctx, g, &conn)
-			if err != nil {
-				return err
-			}
-			defer rc.Close()
-			m := scheduler.Manual{Firer: store, JS: s.js, Names: s.names, Source: s.source}
-			res, err := m.Backfill(ctx, projector.State{Entry: e.Normalize(), Revision: rev}, tFrom, tTo)
+			defer done()
+			res, err := m.Backfill(ctx, st, tFrom, tTo)
 			if err != nil {
 				return err
 			}

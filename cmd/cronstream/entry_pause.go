@@ -1,9 +1,11 @@
 package main
 
 import (
-	"fmt"
+	"context"
 
 	"github.com/spf13/cobra"
+
+	"github.com/cronstream/cronstream/events"
 )
 
 func init() { entryCommands = append(entryCommands, newEntryPauseCommand) }
@@ -22,32 +24,10 @@ leaves a paused entry paused unless its file says otherwise.`,
 		Example: `  cronstream entry pause report --note "report db migration, ask #data"`,
 		Args:    entryIDArg,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx := cmd.Context()
-			s, err := openSession(g, &conn)
-			if err != nil {
-				return err
-			}
-			defer s.Close()
-			if err := s.requireStreams(ctx); err != nil {
-				return err
-			}
-			res, err := s.client.Pause(ctx, args[0], note, rev.opts(cmd)...)
-			if err != nil {
-				return err
-			}
-			out := writeResult{ID: args[0], Result: "paused", Revision: res.Revision}
-			if res.Type == "" {
-				out.Result = "unchanged"
-			}
-			if g.json {
-				return printJSON(cmd.OutOrStdout(), out)
-			}
-			if res.Type == "" {
-				fmt.Fprintf(cmd.OutOrStdout(), "entry %s was already paused (revision %d)\n", args[0], res.Revision)
-				return nil
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "entry %s paused at revision %d\n", args[0], res.Revision)
-			return nil
+			return runEntryWrite(cmd, g, &conn, args[0], "paused", "entry %s was already paused (revision %d)\n",
+				func(ctx context.Context, c *events.Client) (events.Result, error) {
+					return c.Pause(ctx, args[0], note, rev.opts(cmd)...)
+				})
 		},
 	}
 	cmd.Flags().StringVar(&note, "note", "", "why the entry is paused")

@@ -1,9 +1,12 @@
 package main
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/spf13/cobra"
+
+	"github.com/cronstream/cronstream/events"
 )
 
 func init() { entryCommands = append(entryCommands, newEntryRmCommand) }
@@ -23,24 +26,10 @@ anew.`,
   cronstream entry rm report --if-revision 14`,
 		Args: entryIDArg,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx := cmd.Context()
-			s, err := openSession(g, &conn)
-			if err != nil {
-				return err
-			}
-			defer s.Close()
-			if err := s.requireStreams(ctx); err != nil {
-				return err
-			}
-			res, err := s.client.Remove(ctx, args[0], rev.opts(cmd)...)
-			if err != nil {
-				return err
-			}
-			if g.json {
-				return printJSON(cmd.OutOrStdout(), writeResult{ID: args[0], Result: "removed", Revision: res.Revision})
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "entry %s removed at revision %d\n", args[0], res.Revision)
-			return nil
+			return runEntryWrite(cmd, g, &conn, args[0], "removed", "entry %s was already removed (revision %d)\n",
+				func(ctx context.Context, c *events.Client) (events.Result, error) {
+					return c.Remove(ctx, args[0], rev.opts(cmd)...)
+				})
 		},
 	}
 	cmd.Flags().BoolVar(&g.json, "json", false, "print the result as JSON")
@@ -54,4 +43,38 @@ type writeResult struct {
 	ID       string `json:"id"`
 	Result   string `json:"result"`
 	Revision uint64 `json:"revision"`
+}
+
+// runEntryWrite runs one of the entry writes that take only an id (rm,
+// pause, resume) and prints its outcome: "entry <id> <done> at revision N",
+// or, when the write changed nothing, unchanged (a format of the id and the
+// revision); with --json, a writeResult.
+func runEntryWrite(cmd *cobra.Command, g *globalFlags, conn *connFlags, id, done, unchanged string,
+	write func(ctx context.Context, c *events.Client) (events.Result, error)) error {
+	ctx := cmd.Context()
+	s, err := openSession(g, conn)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	if err := s.requireStreams(ctx); err != nil {
+		return err
+	}
+	res, err := write(ctx, s.client)
+	if err != nil {
+		return err
+	}
+	out := writeResult{ID: id, Result: done, Revision: res.Revision}
+	if res.Type == "" {
+		out.Result = "unchanged"
+	}
+	if g.json {
+		return printJSON(cmd.OutOrStdout(), out)
+	}
+	if res.Type == "" {
+		fmt.Fprintf(cmd.OutOrStdout(), unchanged, id, res.Revision)
+		return nil
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "entry %s %s at revision %d\n", id, done, res.Revision)
+	return nil
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -46,25 +47,11 @@ through a running replica. Needs Redis (--redis).`,
 			} else if err := events.ValidateID(requestID); err != nil {
 				return fmt.Errorf("--request-id: must be 1-128 characters of A-Z a-z 0-9 _ -")
 			}
-			s, err := openSession(g, &conn)
+			m, st, done, err := manualFor(ctx, g, &conn, args[0])
 			if err != nil {
 				return err
 			}
-			defer s.Close()
-			if err := s.requireStreams(ctx); err != nil {
-				return err
-			}
-			e, rev, err := s.client.Get(ctx, args[0])
-			if err != nil {
-				return err
-			}
-			store, rc, err := openStore(ctx, g, &conn)
-			if err != nil {
-				return err
-			}
-			defer rc.Close()
-			m := scheduler.Manual{Firer: store, JS: s.js, Names: s.names, Source: s.source}
-			st := projector.State{Entry: e.Normalize(), Revision: rev}
+			defer done()
 			taskID, created, err := m.Trigger(ctx, st, requestID)
 			if err != nil {
 				return fmt.Errorf("trigger %s: %w", args[0], err)
@@ -79,7 +66,7 @@ through a running replica. Needs Redis (--redis).`,
 			} else {
 				fmt.Fprintf(w, "request %s was already served: task %s (nothing enqueued now)\n", requestID, taskID)
 			}
-			if e.Paused {
+			if st.Entry.Paused {
 				fmt.Fprintf(w, "note: entry %s is paused; its schedule stays paused\n", out.ID)
 			}
 			return nil
@@ -89,4 +76,30 @@ through a running replica. Needs Redis (--redis).`,
 	cmd.Flags().BoolVar(&g.json, "json", false, "print the result as JSON")
 	addConn(cmd, &conn, true)
 	return cmd
+}
+
+// manualFor opens what a manual fire of entry id needs (trigger, backfill):
+// the entry's current state from the config stream and a scheduler.Manual
+// over Redis and JetStream. done closes both connections.
+func manualFor(ctx context.Context, g *globalFlags, conn *connFlags, id string) (m scheduler.Manual, st projector.State, done func(), err error) {
+	s, err := openSession(g, conn)
+	if err != nil {
+		return m, st, nil, err
+	}
+	if err := s.requireStreams(ctx); err != nil {
+		s.Close()
+		return m, st, nil, err
+	}
+	e, rev, err := s.client.Get(ctx, id)
+	if err != nil {
+		s.Close()
+		return m, st, nil, err
+	}
+	store, rc, err := openStore(ctx, g, conn)
+	if err != nil {
+		s.Close()
+		return m, st, nil, err
+	}
+	m = scheduler.Manual{Firer: store, JS: s.js, Names: s.names, Source: s.source}
+	return m, projector.State{Entry: e.Normalize(), Revision: rev}, func() { _ = rc.Close(); s.Close() }, nil
 }
