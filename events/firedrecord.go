@@ -9,8 +9,8 @@ import (
 )
 
 // Outbox records. A fire writes its cronstream.entry.fired event into its
-// queue's outbox in the same atomic step as the task (DESIGN.md "Outbox and
-// relay"). Most records carry the event's JSON as the relay will publish it.
+// queue's outbox in the same atomic step as the task (docs/design.md
+// INV-outbox). Most records carry the event's JSON as the relay will publish it.
 // A scheduled tick's fired event instead travels in a compact form that the
 // relay expands into exactly the JSON AppendFiredEvent writes: a fourth of
 // the bytes for Redis to take in, store and hand back on the busiest path

@@ -140,7 +140,7 @@ type refState struct {
 	rev   uint64
 }
 
-// refFold is the test's own fold, written from the design text and not from
+// refFold is the test's own fold, written from docs/design.md and not from
 // the package: a valid event sets the entry's state (removed deletes it), a
 // bad one removes the entry and quarantines it until its next valid event.
 type refFold struct {

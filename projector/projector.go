@@ -1,6 +1,6 @@
 // Package projector is the read side of the config stream: the map of
-// registered entries, live and as of any moment (DESIGN.md "Flow",
-// invariant 3).
+// registered entries, live and as of any moment (docs/design.md
+// "Architecture", INV-fold).
 //
 // It owns the one fold from config events to entry states (Fold), the live
 // Projector every replica runs, its change notifications, and the
@@ -447,7 +447,7 @@ func (p *Projector) WaitCaughtUp(ctx context.Context) error {
 // message, or a consumer heartbeat proving the stream alive but silent. It
 // lags by up to about four heartbeats (8.5 s by default) on an idle stream,
 // where only heartbeats prove the stream alive, and stops moving
-// while NATS is unreachable (DESIGN.md invariant 7).
+// while NATS is unreachable (docs/design.md INV-staleness-fence).
 func (p *Projector) LastHeard() time.Time {
 	n := p.lastHeard.Load()
 	if n == 0 {

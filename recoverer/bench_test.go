@@ -27,7 +27,7 @@ import (
 // (same seed, same ids) and runs asynq v0.26.0's recovery path on it in the
 // same Redis: one listing script over the whole expired range, then one
 // Retry script per task whose LREM with count 0 scans the active list
-// (asynq-compat.md §3.10, §3.15, §4.2; internal/massrecovery, shared with
+// (docs/asynq-compat.md "Retry and archive"; internal/massrecovery, shared with
 // taskstate's BenchmarkRecover); both paths decode, decide and re-encode
 // every message.
 //

@@ -188,7 +188,7 @@ func TestKilledWorkerRecovered(t *testing.T) {
 		t.Fatalf("queue info\nours  %s\nasynq %s", got, want)
 	}
 
-	// One event per outcome in the activity stream, with DESIGN.md's data.
+	// One event per outcome in the activity stream, with docs/design.md's data.
 	testenv.Eventually(t, 10*time.Second, func() bool { return activityMsgs(t, js) == withRetries+atMax },
 		"the relay publishes one event per recovered task")
 	byTask := map[string]streamEvent{}

@@ -164,7 +164,7 @@ func TestPauseResume(t *testing.T) {
 	}
 }
 
-// TestAsynqSeesFires is invariant 5 for the scheduler: a real asynq server
+// TestAsynqSeesFires is INV-asynq-schema for the scheduler: a real asynq server
 // processes the fired tasks, and asynq's Inspector lists our entries (spec,
 // next, previous) and their enqueue history, as `asynq cron ls` and `asynq
 // cron history` do.

@@ -28,7 +28,7 @@ func (f *failingAck) AckOutbox(ctx context.Context, prefix, queue, owner string,
 	return f.Outbox.AckOutbox(ctx, prefix, queue, owner, ids...)
 }
 
-// TestCrashBetweenRedisWriteAndPublish is invariant 2: a replica that dies
+// TestCrashBetweenRedisWriteAndPublish is INV-outbox: a replica that dies
 // after the fire script wrote task and record but before the relay
 // published, and a relay that dies after publishing but before deleting the
 // records, still leave exactly one event per task in the stream.

@@ -75,7 +75,7 @@ func TestRevisionFence(t *testing.T) {
 // TestStalenessFence: a replica that stopped hearing the config stream
 // while another still hears it cannot fire; when no replica hears it (every
 // one's last-heard stopped at about the same instant), all keep firing on
-// the last known configuration (invariant 7).
+// the last known configuration (INV-staleness-fence).
 func TestStalenessFence(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)

@@ -13,8 +13,8 @@ import (
 
 // History tells the scheduler which queues an entry used before its current
 // one, so a replica that did not see a queue change live still closes the
-// old queue before it fires into the new one (DESIGN.md "Queue change =
-// handover").
+// old queue before it fires into the new one (docs/design.md
+// INV-handover).
 //
 // Reading an entry's history costs a consumer on the config stream, and the
 // question arises for every entry without a watermark in its queue — every
@@ -279,7 +279,7 @@ func (s *Scheduler) previousQueues(ctx context.Context, r *entryRun) ([]string, 
 	}
 	prev, err := s.cfg.History.PreviousQueues(ctx, r.id)
 	if err != nil {
-		// Invariant 7: without NATS nobody can change the config either,
+		// INV-staleness-fence: without NATS nobody can change the config either,
 		// so keep firing on what is known.
 		s.log.Warn("read the entry's earlier queues; firing without closing them", "entry", r.id, "err", err)
 		return nil, nil
@@ -292,7 +292,7 @@ func (s *Scheduler) previousQueues(ctx context.Context, r *entryRun) ([]string, 
 // only a field other than the schedule changed while no replica ran, the
 // ticks between the watermark and that change were missed, not ticks of an
 // earlier schedule. It answers r.floor when r's subject holds only its
-// registration or the history cannot be read (invariant 7: keep firing).
+// registration or the history cannot be read (INV-staleness-fence: keep firing).
 // errHistoryLater asks the caller to come back after historyRefresh.
 func (s *Scheduler) scheduleSince(ctx context.Context, r *entryRun) (time.Time, error) {
 	if s.cfg.History == nil {

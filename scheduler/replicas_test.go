@@ -9,7 +9,7 @@ import (
 	"github.com/cronstream/cronstream/scheduler"
 )
 
-// TestReplicasFireEveryTickOnce is invariants 1 and 2 across replicas: three
+// TestReplicasFireEveryTickOnce is INV-once and INV-outbox across replicas: three
 // replicas fire 50 entries every second for about 20 s; one starts late and
 // one is killed mid-run. Every (entry, second) must be one task in Redis and
 // one fired event in the activity stream, with no second missed.

@@ -1,6 +1,6 @@
 // Package scheduler fires every registered entry's ticks into Redis as asynq
-// tasks, exactly once across any number of replicas (DESIGN.md "Scheduler",
-// invariants 1, 2, 6 and 7).
+// tasks, exactly once across any number of replicas (docs/design.md "Why
+// each tick fires exactly once").
 //
 // It owns fire-time computation (Schedule), the firing loop (one timer over a
 // min-heap of due instants), catch-up after outages, the primary/late split

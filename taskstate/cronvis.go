@@ -13,7 +13,7 @@ import (
 
 // asynq cron visibility: the records asynq's Scheduler writes so that
 // `asynq cron ls`, `asynq cron history`, asynqmon and the Inspector show
-// periodic entries (asynq-compat.md §3.20, §4.4). cronstream writes them for
+// periodic entries (docs/asynq-compat.md "Scheduler entries and history"); cronstream writes them for
 // its own entries. All replicas of one tenant share one scheduler id, so each
 // entry is listed once however many replicas run; every replica rewrites the
 // same list on its heartbeat, and the last writer wins with the same content.

@@ -5,7 +5,7 @@
 //
 // It is the only package of cronstream that speaks Redis. Every byte it writes
 // is what github.com/hibiken/asynq v0.26.0 writes (see
-// /work/shared/asynq-compat.md), so real asynq workers, its Inspector and its
+// docs/asynq-compat.md), so real asynq workers, its Inspector and its
 // CLI read cronstream's state as their own.
 //
 // Rules the package keeps:

@@ -16,7 +16,7 @@ import (
 // This file is the firing side of the package: one atomic script per queue
 // slot that decides whether a tick may fire, creates the asynq task exactly as
 // asynq's client would, records the outcome in the queue's outbox and moves the
-// entry's watermark, all in one step (DESIGN.md "Exactly once, in detail").
+// entry's watermark, all in one step (docs/design.md INV-watermark, INV-outbox).
 
 // Freshness is the STRING holding the highest fresh_as_of (unix ms) any fire
 // into this slot has presented (the staleness fence).
@@ -281,10 +281,10 @@ const (
 // another replica still hears it, or stalled (GC, VM pause) while others moved
 // on — in both cases a config change may have been published that it has not
 // seen, so it must not fire. When nobody hears NATS, nobody can publish a
-// change either (DESIGN invariant 7): every replica's fresh_as_of stops at
+// change either (INV-staleness-fence in docs/design.md): every replica's fresh_as_of stops at
 // about the same instant, none lags the maximum, and all keep firing on the
 // last known configuration. A comparison with Redis TIME would instead stop
-// every replica during a NATS outage, which is exactly what invariant 7
+// every replica during a NATS outage, which is exactly what INV-staleness-fence
 // forbids.
 var fireScript = redis.NewScript(fireScriptSrc)
 
@@ -1206,7 +1206,7 @@ func parseWatermark(v string) (time.Time, string, error) {
 	return time.UnixMilli(ms).UTC(), taskID, nil
 }
 
-// Queue change = handover (DESIGN.md). The watermark lives in the queue's
+// Queue change = handover (docs/design.md INV-handover). The watermark lives in the queue's
 // slot, so when an entry moves from queue A to queue B at config revision R:
 //
 //  1. CloseForHandover(A, R) writes the marker "R out" in A's slot: fires into

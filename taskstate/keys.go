@@ -7,7 +7,7 @@ import (
 )
 
 // This file is the one place where Redis key names are built. asynq's names
-// follow asynq v0.26.0 internal/base exactly (asynq-compat.md §1); cronstream's
+// follow asynq v0.26.0 internal/base exactly (docs/asynq-compat.md "Keys"); cronstream's
 // own keys carry the same {<queue>} hash tag so that a script may touch both
 // in one Redis Cluster slot.
 
@@ -129,7 +129,7 @@ func (k QueueKeys) Failed(t time.Time) string {
 
 // Unique is the unique-lock key for a task type and payload. A nil payload
 // gives a key ending in "<type>:" with nothing after it, while an empty
-// non-nil payload hashes like any other (asynq-compat.md §7.5).
+// non-nil payload hashes like any other (docs/asynq-compat.md "Unique locks").
 func (k QueueKeys) Unique(taskType string, payload []byte) string {
 	if payload == nil {
 		return k.prefix + "unique:" + taskType + ":"

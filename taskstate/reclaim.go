@@ -12,7 +12,7 @@ import (
 )
 
 // StaleAggregationSet is an aggregation set whose deadline passed without the
-// aggregator deleting it: its aggregator died mid-run (asynq-compat.md §3.16).
+// aggregator deleting it: its aggregator died mid-run (docs/asynq-compat.md "Aggregation sets").
 type StaleAggregationSet struct {
 	Queue string
 	Group string

@@ -17,8 +17,8 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// The recovery side of asynq's task life cycle (asynq-compat.md §3.10, §3.12,
-// §3.15, §3.16, §4.2), made batch-wise, re-checked and audited:
+// The recovery side of asynq's task life cycle (docs/asynq-compat.md "Leases"
+// to "Aggregation sets"), made batch-wise, re-checked and audited:
 //
 //   - ListLeaseExpired reads lease-expired tasks in bounded pages; a task that
 //     cannot be decoded is reported, never fatal.
@@ -207,7 +207,7 @@ type Outcome struct {
 	StreamID string
 }
 
-// asynq constants (asynq-compat.md §3.0, §3.12, §4.1).
+// asynq constants (docs/asynq-compat.md "Counters", "Retry and archive", "Leases").
 const (
 	statsTTL             = 90 * 24 * time.Hour
 	archiveMaxAgeDays    = 90

@@ -22,8 +22,8 @@ import (
 // path (ListLeaseExpired + RecoverBatch) it runs asynq v0.26.0's path as a
 // baseline on the same Redis in the same run: one listing script over the
 // whole lease range, then one Retry script per task whose LREM with count 0
-// scans the active list (internal/massrecovery, written from asynq-compat.md
-// §3.10 and §3.15). Both decide and re-encode every message.
+// scans the active list (internal/massrecovery, written from docs/asynq-compat.md
+// "Listing lease-expired tasks", "Retry and archive"). Both decide and re-encode every message.
 //
 // Metrics: tasks/s (wall clock); redis-cpu-µs/task, the Redis server's CPU
 // time per task, which stays meaningful on a busy machine; and the SLOWLOG

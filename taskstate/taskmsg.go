@@ -11,7 +11,7 @@ import (
 )
 
 // The codecs below write and read asynq v0.26.0's protobuf messages
-// (internal/proto/asynq.proto, asynq-compat.md §2) with protowire directly, so
+// (asynq.proto, docs/asynq-compat.md "Task message encoding") with protowire directly, so
 // cronstream needs no generated code and controls determinism: fields are
 // written in ascending field-number order, proto3 defaults are omitted, and map
 // entries are sorted by key (asynq's own encoder writes maps in random order,
@@ -48,7 +48,7 @@ type TaskMessage struct {
 
 // SchedulerEntry is asynq's SchedulerEntry, one element of the list under
 // SchedulerEntriesKey. Next and Prev are always written; the Go zero time is
-// written as seconds -62135596800, as asynq does (asynq-compat.md §2.5).
+// written as seconds -62135596800, as asynq does (docs/asynq-compat.md "Timestamps").
 type SchedulerEntry struct {
 	ID             string    // 1
 	Spec           string    // 2

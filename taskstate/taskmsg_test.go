@@ -245,7 +245,7 @@ func slicesEqual(a, b []string) bool {
 }
 
 func TestZeroTimestampEncoding(t *testing.T) {
-	// asynq-compat.md §2.5: the zero time is written, as seconds -62135596800.
+	// docs/asynq-compat.md "Timestamps": the zero time is written, as seconds -62135596800.
 	b, err := EncodeSchedulerEnqueueEvent(&SchedulerEnqueueEvent{TaskID: "t"})
 	if err != nil {
 		t.Fatal(err)

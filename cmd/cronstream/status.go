@@ -25,8 +25,8 @@ import (
 
 func init() { subcommands = append(subcommands, newStatusCommand) }
 
-// recovererNote is said plainly wherever recovery is shown (DESIGN.md
-// "Recoverer").
+// recovererNote is said plainly wherever recovery is shown (docs/design.md
+// "Recovery of lease-expired tasks").
 const recovererNote = "asynq servers run their own recoverer (every minute, 30s cutoff) and it cannot be switched off; " +
 	"cronstream's recoverer acts first with its defaults (every 5s, 20s grace: 20-25s after a lease expired). " +
 	"A task asynq recovers first has no cronstream event."

@@ -1,8 +1,8 @@
 // Package massrecovery is the benchmark scene shared by taskstate's and
 // recoverer's recovery benchmarks: a mass crash seeded as asynq's Dequeue
 // leaves it, and asynq v0.26.0's own recovery path over it (listing script,
-// then one Retry script per task; asynq-compat.md §3.10, §3.15, §4.2,
-// the Lua written from that fact sheet) as the baseline. Only tests import
+// then one Retry script per task, as docs/asynq-compat.md describes them;
+// the Lua written from that description) as the baseline. Only tests import
 // it.
 package massrecovery
 
@@ -106,13 +106,13 @@ func ScriptDurations(tb testing.TB, rc redis.UniversalClient) []time.Duration {
 	return out
 }
 
-// RetryDelay is asynq's DefaultRetryDelayFunc (asynq-compat.md §5).
+// RetryDelay is asynq's DefaultRetryDelayFunc (docs/asynq-compat.md "Retry delay").
 func RetryDelay(n int32) time.Duration {
 	s := int(math.Pow(float64(n), 4)) + 15 + rand.IntN(30)*(int(n)+1)
 	return time.Duration(s) * time.Second
 }
 
-// asynqListLeaseExpiredScript is asynq's listing (§3.15): every msg whose
+// asynqListLeaseExpiredScript is asynq's ListLeaseExpired: every msg whose
 // lease score is at or before the cutoff, in one call.
 var asynqListLeaseExpiredScript = redis.NewScript(`
 local res = {}
@@ -123,7 +123,7 @@ end
 return res
 `)
 
-// asynqRetryScript is asynq's Retry (§3.10), written from the fact sheet.
+// asynqRetryScript is asynq's Retry (docs/asynq-compat.md "Retry and archive").
 // KEYS: task, active, lease, retry, processed:<day>, failed:<day>,
 // processed, failed. ARGV: id, msg, process-at, stats expiry, is-failure,
 // MaxInt64.
