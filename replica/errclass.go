@@ -24,7 +24,7 @@ var ErrUnrecoverable = errors.New("retrying cannot fix this")
 // LastError while the calls made on it only time out or see it closed.
 func unrecoverable(err error, nc *nats.Conn) error {
 	var ue *url.Error
-	if errors.As(err, &ue) {
+	if errors.As(err, &ue) && ue.Op == "parse" {
 		// Not its text: url.Error repeats the URL, password included.
 		return fmt.Errorf("%w (invalid URL): %w", ErrUnrecoverable, redact.ParseError(err))
 	}

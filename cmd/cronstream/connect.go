@@ -68,8 +68,12 @@ func connectNATS(g *globalFlags, c *connFlags) (*nats.Conn, jetstream.JetStream,
 	nc, err := nats.Connect(g.nats, opts...)
 	if err != nil {
 		hint := "is `cronstream dev` or a NATS server running? set --nats or CRONSTREAM_NATS"
-		if isNATSAuthError(err) {
+		var ue *url.Error
+		switch {
+		case isNATSAuthError(err):
 			hint = "check the user and password in --nats, or --nats-creds"
+		case errors.As(err, &ue) && ue.Op == "parse":
+			hint = "check the URL in --nats or CRONSTREAM_NATS"
 		}
 		return nil, nil, fmt.Errorf("connect to NATS at %s: %w (%s)", redact.URL(g.nats), g.secrets.Error(redact.ParseError(err)), hint)
 	}

@@ -103,10 +103,10 @@ var quoted = regexp.MustCompile(`"(?:[^"\\]|\\.)*"`)
 
 // ParseError is url.Parse's error without the URL and without the pieces
 // of it the reason quotes ("invalid port \":secret\" after host"): what was
-// wrong, never what was given.
+// wrong, never what was given. Other errors are returned as they are.
 func ParseError(err error) error {
 	var ue *url.Error
-	if !errors.As(err, &ue) {
+	if !errors.As(err, &ue) || ue.Op != "parse" {
 		return err
 	}
 	return errors.New(quoted.ReplaceAllString(ue.Err.Error(), `"…"`))
