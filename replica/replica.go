@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/redact"
 	"github.com/cronstream/cronstream/projector"
 	"github.com/cronstream/cronstream/recoverer"
 	"github.com/cronstream/cronstream/relay"
@@ -190,7 +191,9 @@ func (r *Replica) run(ctx context.Context) error {
 	return nil
 }
 
-// retry runs f with exponential backoff until it succeeds or ctx ends.
+// retry runs f with exponential backoff until it succeeds or ctx ends. An
+// error retrying cannot fix (credentials, permissions, settings) ends it at
+// once: a replica that can never start says why and exits.
 func (r *Replica) retry(ctx context.Context, what string, f func(context.Context) error) error {
 	backoff := 100 * time.Millisecond
 	for {
@@ -201,7 +204,10 @@ func (r *Replica) retry(ctx context.Context, what string, f func(context.Context
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		r.log.Warn("not ready: retrying", "step", what, "err", err, "in", backoff)
+		if fatal := unrecoverable(err, r.nc); fatal != nil {
+			return fmt.Errorf("%s: %w", what, fatal)
+		}
+		r.log.Warn("not ready: transient error, retrying", "step", what, "err", err, "in", backoff)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -214,7 +220,6 @@ func (r *Replica) retry(ctx context.Context, what string, f func(context.Context
 func (r *Replica) start(ctx context.Context) error {
 	opts := append([]nats.Option{
 		nats.Name("cronstream " + r.cfg.ReplicaID),
-		nats.RetryOnFailedConnect(true),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(500 * time.Millisecond),
 		// The fire subjects are the only core subscription, and our own
@@ -222,9 +227,23 @@ func (r *Replica) start(ctx context.Context) error {
 		// hearing it back from the server would cost every fire twice.
 		nats.NoEcho(),
 	}, r.cfg.NATSOptions...)
+	streams := events.StreamConfig{Names: r.cfg.Names, Replicas: r.cfg.StreamReplicas, ActivityMaxAge: r.cfg.ActivityMaxAge, DuplicateWindow: r.cfg.DuplicateWindow}
+	if _, err := streams.ActivityStreamConfig(); err != nil {
+		return fmt.Errorf("%w (stream settings): %w", ErrUnrecoverable, err)
+	}
+	// A first attempt without RetryOnFailedConnect, so refused credentials
+	// are an error now rather than a reconnect loop; a server that is down
+	// is waited for.
 	nc, err := nats.Connect(r.cfg.NATSURL, opts...)
 	if err != nil {
-		return fmt.Errorf("nats %s: %w", r.cfg.NATSURL, err)
+		if fatal := unrecoverable(err, nil); fatal != nil {
+			return fmt.Errorf("nats %s: %w", redact.URL(r.cfg.NATSURL), fatal)
+		}
+		r.log.Warn("not ready: NATS unreachable, retrying", "nats", redact.URL(r.cfg.NATSURL), "err", err)
+		nc, err = nats.Connect(r.cfg.NATSURL, append(opts, nats.RetryOnFailedConnect(true))...)
+	}
+	if err != nil {
+		return fmt.Errorf("nats %s: %w", redact.URL(r.cfg.NATSURL), err)
 	}
 	r.nc = nc
 	js, err := jetstream.New(nc)
@@ -242,7 +261,6 @@ func (r *Replica) start(ctx context.Context) error {
 		r.http.addCheck("redis", func(ctx context.Context) error { return r.cfg.Redis.Ping(ctx).Err() })
 	}
 
-	streams := events.StreamConfig{Names: r.cfg.Names, Replicas: r.cfg.StreamReplicas, ActivityMaxAge: r.cfg.ActivityMaxAge, DuplicateWindow: r.cfg.DuplicateWindow}
 	if err := r.retry(ctx, "ensure streams", func(ctx context.Context) error {
 		return events.EnsureStreams(ctx, js, streams)
 	}); err != nil {

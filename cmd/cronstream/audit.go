@@ -399,14 +399,14 @@ func (p *auditPrinter) print(m auditMsg) error {
 	ev, err := events.DecodeEvent(m.data)
 	ts := m.time.UTC().Format("2006-01-02T15:04:05.000Z")
 	if err != nil {
-		_, werr := fmt.Fprintf(p.w, "%s  %-22s  %-24s  %s (%s seq %d)\n", ts, "(malformed)", m.subject, shorten(err.Error(), 100), m.stream, m.seq)
+		_, werr := fmt.Fprintf(p.w, "%s  %-22s  %-24s  %s (%s seq %d)\n", ts, "(malformed)", terminalSafe(m.subject), terminalSafe(shorten(err.Error(), 100)), m.stream, m.seq)
 		return werr
 	}
 	subject := ev.Subject
 	if subject == "" {
 		subject = m.subject
 	}
-	_, werr := fmt.Fprintf(p.w, "%s  %-22s  %-24s  %s\n", ts, shortType(ev.Type), subject, eventSummary(ev))
+	_, werr := fmt.Fprintf(p.w, "%s  %-22s  %-24s  %s\n", ts, terminalSafe(shortType(ev.Type)), terminalSafe(subject), terminalSafe(eventSummary(ev)))
 	return werr
 }
 

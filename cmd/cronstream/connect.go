@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -16,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/redact"
 )
 
 // connFlags are the connection flags of commands that talk to NATS or
@@ -23,6 +25,7 @@ import (
 type connFlags struct {
 	natsTLSCert, natsTLSKey, natsTLSCA string
 	redisUser, redisPassword           string
+	redisPasswordFile                  string
 	redisCluster                       bool
 	redisSentinelMaster                string
 }
@@ -37,7 +40,8 @@ func (c *connFlags) addNATS(cmd *cobra.Command) {
 func (c *connFlags) addRedis(cmd *cobra.Command) {
 	f := cmd.Flags()
 	f.StringVar(&c.redisUser, "redis-username", "", "Redis ACL user (overrides the URL's)")
-	f.StringVar(&c.redisPassword, "redis-password", "", "Redis password (overrides the URL's)")
+	f.StringVar(&c.redisPassword, "redis-password", "", "Redis password (overrides the URL's; visible in the process list: prefer --redis-password-file)")
+	f.StringVar(&c.redisPasswordFile, "redis-password-file", "", "read the Redis password from this file (overrides the URL's): keeps it out of the process list")
 	f.BoolVar(&c.redisCluster, "redis-cluster", false, "Redis is a cluster: --redis is one node's URL, more nodes as ?addr=host:port")
 	f.StringVar(&c.redisSentinelMaster, "redis-sentinel-master", "", "use Redis Sentinel with this master name: --redis is a sentinel's URL, more as ?addr=host:port")
 }
@@ -63,7 +67,15 @@ func connectNATS(g *globalFlags, c *connFlags) (*nats.Conn, jetstream.JetStream,
 	opts := append([]nats.Option{nats.Name("cronstream cli"), nats.Timeout(5 * time.Second)}, c.natsOptions(g)...)
 	nc, err := nats.Connect(g.nats, opts...)
 	if err != nil {
-		return nil, nil, fmt.Errorf("connect to NATS at %s: %w (is `cronstream dev` or a NATS server running? set --nats or CRONSTREAM_NATS)", g.nats, err)
+		hint := "is `cronstream dev` or a NATS server running? set --nats or CRONSTREAM_NATS"
+		var ue *url.Error
+		switch {
+		case isNATSAuthError(err):
+			hint = "check the user and password in --nats, or --nats-creds"
+		case errors.As(err, &ue) && ue.Op == "parse":
+			hint = "check the URL in --nats or CRONSTREAM_NATS"
+		}
+		return nil, nil, fmt.Errorf("connect to NATS at %s: %w (%s)", redact.URL(g.nats), g.secrets.Error(redact.ParseError(err)), hint)
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -80,17 +92,22 @@ func openRedis(g *globalFlags, c *connFlags) (redis.UniversalClient, error) {
 	if !strings.Contains(raw, "://") {
 		raw = "redis://" + raw
 	}
+	shown := redact.URL(g.redis)
 	u, err := url.Parse(raw)
 	if err != nil {
-		return nil, fmt.Errorf("--redis %q: %w", g.redis, err)
+		return nil, fmt.Errorf("--redis %s: %w", shown, redact.ParseError(err))
+	}
+	password, err := c.password(g)
+	if err != nil {
+		return nil, err
 	}
 	switch {
 	case c.redisCluster:
 		o, err := redis.ParseClusterURL(raw)
 		if err != nil {
-			return nil, fmt.Errorf("--redis %q as a cluster URL: %w", redactURL(u), err)
+			return nil, fmt.Errorf("--redis %s as a cluster URL: %w", shown, g.secrets.Error(err))
 		}
-		o.Username, o.Password = pick(c.redisUser, o.Username), pick(c.redisPassword, o.Password)
+		o.Username, o.Password = pick(c.redisUser, o.Username), pick(password, o.Password)
 		return redis.NewClusterClient(o), nil
 	case c.redisSentinelMaster != "":
 		q := u.Query()
@@ -98,16 +115,16 @@ func openRedis(g *globalFlags, c *connFlags) (redis.UniversalClient, error) {
 		u.RawQuery = q.Encode()
 		o, err := redis.ParseFailoverURL(u.String())
 		if err != nil {
-			return nil, fmt.Errorf("--redis %q as a sentinel URL: %w", redactURL(u), err)
+			return nil, fmt.Errorf("--redis %s as a sentinel URL: %w", shown, g.secrets.Error(err))
 		}
-		o.Username, o.Password = pick(c.redisUser, o.Username), pick(c.redisPassword, o.Password)
+		o.Username, o.Password = pick(c.redisUser, o.Username), pick(password, o.Password)
 		return redis.NewFailoverClient(o), nil
 	}
 	o, err := redis.ParseURL(raw)
 	if err != nil {
-		return nil, fmt.Errorf("--redis %q: %w", redactURL(u), err)
+		return nil, fmt.Errorf("--redis %s: %w", shown, g.secrets.Error(err))
 	}
-	o.Username, o.Password = pick(c.redisUser, o.Username), pick(c.redisPassword, o.Password)
+	o.Username, o.Password = pick(c.redisUser, o.Username), pick(password, o.Password)
 	if u.Scheme == "rediss" && o.TLSConfig == nil {
 		o.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
 	}
@@ -121,12 +138,31 @@ func pick(flag, fromURL string) string {
 	return fromURL
 }
 
-func redactURL(u *url.URL) string {
-	c := *u
-	if c.User != nil {
-		c.User = url.User(c.User.Username())
+// password is --redis-password or the content of --redis-password-file
+// (one trailing newline dropped), "" when neither is given.
+func (c *connFlags) password(g *globalFlags) (string, error) {
+	if c.redisPasswordFile == "" {
+		return c.redisPassword, nil
 	}
-	return c.String()
+	if c.redisPassword != "" {
+		return "", errors.New("--redis-password and --redis-password-file: give one")
+	}
+	b, err := os.ReadFile(c.redisPasswordFile)
+	if err != nil {
+		return "", fmt.Errorf("--redis-password-file: %w", err)
+	}
+	pw := strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r")
+	if pw == "" {
+		return "", fmt.Errorf("--redis-password-file %s is empty", c.redisPasswordFile)
+	}
+	g.secrets.AddSecret(pw)
+	return pw, nil
+}
+
+// isNATSAuthError reports whether NATS refused the credentials.
+func isNATSAuthError(err error) bool {
+	return errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) ||
+		errors.Is(err, nats.ErrAuthRevoked) || errors.Is(err, nats.ErrAccountAuthExpired)
 }
 
 // names validates --prefix.
@@ -138,8 +174,9 @@ func (g *globalFlags) names() (events.Names, error) {
 	return n, nil
 }
 
-// newLogger builds the slog logger from --log-format and --log-level.
-func newLogger(format, level string) (*slog.Logger, error) {
+// newLogger builds the slog logger from --log-format and --log-level; no
+// line it writes carries a secret of g's.
+func newLogger(g *globalFlags, format, level string) (*slog.Logger, error) {
 	var lv slog.Level
 	if err := lv.UnmarshalText([]byte(level)); err != nil {
 		return nil, fmt.Errorf("--log-level %q: use debug, info, warn or error", level)
@@ -147,9 +184,9 @@ func newLogger(format, level string) (*slog.Logger, error) {
 	opts := &slog.HandlerOptions{Level: lv}
 	switch format {
 	case "text":
-		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+		return slog.New(g.secrets.Handler(slog.NewTextHandler(os.Stderr, opts))), nil
 	case "json":
-		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
+		return slog.New(g.secrets.Handler(slog.NewJSONHandler(os.Stderr, opts))), nil
 	}
 	return nil, fmt.Errorf("--log-format %q: use text or json", format)
 }
@@ -159,7 +196,14 @@ func pingRedis(ctx context.Context, c redis.UniversalClient, g *globalFlags) err
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := c.Ping(ctx).Err(); err != nil {
-		return fmt.Errorf("connect to Redis at %s: %w (set --redis or CRONSTREAM_REDIS)", g.redis, err)
+		hint := "set --redis or CRONSTREAM_REDIS"
+		switch {
+		case redis.IsAuthError(err):
+			hint = "check the user and password: --redis, --redis-username, --redis-password-file"
+		case redis.IsPermissionError(err):
+			hint = "the Redis ACL user lacks a permission cronstream needs"
+		}
+		return fmt.Errorf("connect to Redis at %s: %w (%s)", redact.URL(g.redis), g.secrets.Error(err), hint)
 	}
 	return nil
 }

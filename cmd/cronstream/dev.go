@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/cronstream/cronstream/internal/redact"
 	"github.com/cronstream/cronstream/replica"
 )
 
@@ -57,11 +58,19 @@ and your asynq workers can connect.`,
 			}
 			cfg.NATSURL = natsURL
 			cfg.Ready = func(httpAddr string) {
+				// URLs as shown carry no password; the hint is quoted so
+				// pasting it runs what it says (a cluster URL's & would
+				// background the command).
+				shownRedis := redact.URL(redisURL)
 				fmt.Fprintf(os.Stdout, "cronstream dev is running\n  NATS:  %s\n  Redis: %s\n  HTTP:  %s\n  data:  %s\n\n"+
 					"Try, in another shell:\n"+
 					"  export CRONSTREAM_NATS=%s CRONSTREAM_REDIS=%s\n"+
 					"  cronstream entry put hello --cron '@every 10s' --type demo:hello\n"+
-					"  cronstream audit --follow\n", natsURL, redisURL, httpAddr, dataDir, natsURL, redisURL)
+					"  cronstream audit --follow\n", terminalSafe(natsURL), terminalSafe(shownRedis), terminalSafe(httpAddr), terminalSafe(dataDir),
+					shellQuote(natsURL), shellQuote(shownRedis))
+				if shownRedis != redisURL {
+					fmt.Fprintf(os.Stdout, "  (the Redis password is not shown: put it in CRONSTREAM_REDIS yourself, or use --redis-password-file)\n")
+				}
 			}
 			err = replica.Run(ctx, cfg)
 			ns.Shutdown()

@@ -77,7 +77,7 @@ that cannot be applied are shown with the reason.`,
 				if h.Error != "" {
 					change = "cannot be applied: " + h.Error
 				}
-				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", h.Revision, fmtTime(h.Time), dash(shortType(h.Type)), dash(h.Source), dash(change))
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", h.Revision, fmtTime(h.Time), terminalSafe(dash(shortType(h.Type))), terminalSafe(dash(h.Source)), terminalSafe(dash(change)))
 			}
 			return tw.Flush()
 		},

@@ -318,7 +318,7 @@ func runEntryPut(cmd *cobra.Command, g *globalFlags, f *putFlags, id string) err
 		default:
 			fmt.Fprintf(w, "entry %s %s at revision %d\n", id, out.Result, out.Revision)
 			for _, c := range out.Changes {
-				fmt.Fprintf(w, "  %s\n", c)
+				fmt.Fprintf(w, "  %s\n", terminalSafe(c))
 			}
 		}
 		return nil

@@ -62,9 +62,9 @@ through a running replica. Needs Redis (--redis).`,
 			}
 			w := cmd.OutOrStdout()
 			if created {
-				fmt.Fprintf(w, "triggered entry %s: task %s enqueued to queue %s at %s\n", out.ID, taskID, out.Queue, fmtTime(time.Now()))
+				fmt.Fprintf(w, "triggered entry %s: task %s enqueued to queue %s at %s\n", out.ID, terminalSafe(taskID), terminalSafe(out.Queue), fmtTime(time.Now()))
 			} else {
-				fmt.Fprintf(w, "request %s was already served: task %s (nothing enqueued now)\n", requestID, taskID)
+				fmt.Fprintf(w, "request %s was already served: task %s (nothing enqueued now)\n", terminalSafe(requestID), terminalSafe(taskID))
 			}
 			if st.Entry.Paused {
 				fmt.Fprintf(w, "note: entry %s is paused; its schedule stays paused\n", out.ID)

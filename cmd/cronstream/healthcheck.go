@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/cronstream/cronstream/internal/redact"
 )
 
 func init() { subcommands = append(subcommands, newHealthcheckCommand) }
@@ -24,11 +26,11 @@ func newHealthcheckCommand(*globalFlags) *cobra.Command {
 			c := &http.Client{Timeout: timeout}
 			resp, err := c.Get(url)
 			if err != nil {
-				return err
+				return redact.ParseError(err) // net/http hides a password, a parse error would not
 			}
 			defer resp.Body.Close()
 			if resp.StatusCode != http.StatusOK {
-				return fmt.Errorf("%s answered %s", url, resp.Status)
+				return fmt.Errorf("%s answered %s", redact.URL(url), resp.Status)
 			}
 			return nil
 		},

@@ -16,16 +16,25 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"github.com/cronstream/cronstream/internal/redact"
 )
 
 func main() {
+	// Commands report a Redis failure once, in their own words; go-redis
+	// would add its pool's retries to stderr first. Replicas route it to
+	// their logger (replicaFlags.config).
+	redis.SetLogger(discardRedisLog{})
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := newRootCommand().ExecuteContext(ctx)
+	g := &globalFlags{secrets: &redact.Scrubber{}}
+	err := newRootCommand(g).ExecuteContext(ctx)
 	stop()
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "cronstream:", err)
+		// The last net: whatever a library echoed of a URL or password.
+		fmt.Fprintln(os.Stderr, "cronstream:", terminalSafeLines(g.secrets.String(err.Error())))
 		var ec exitCode
 		if errors.As(err, &ec) {
 			os.Exit(int(ec))
@@ -46,10 +55,15 @@ type globalFlags struct {
 	redis     string
 	prefix    string
 	json      bool
+	// secrets holds the URLs and passwords given, so nothing printed
+	// carries them (see registerSecrets).
+	secrets *redact.Scrubber
 }
 
-func newRootCommand() *cobra.Command {
-	g := &globalFlags{}
+func newRootCommand(g *globalFlags) *cobra.Command {
+	if g.secrets == nil {
+		g.secrets = &redact.Scrubber{}
+	}
 	root := &cobra.Command{
 		Use:   "cronstream",
 		Short: "Event-sourced periodic tasks and task recovery for asynq",
@@ -69,13 +83,15 @@ Then:        cronstream entry put hello --cron "@every 10s" --type demo:hello
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
-			return applyEnv(cmd)
+			err := applyEnv(cmd)
+			registerSecrets(cmd, g)
+			return err
 		},
 	}
 	pf := root.PersistentFlags()
-	pf.StringVar(&g.nats, "nats", "nats://127.0.0.1:4222", "NATS server URL(s), comma separated")
-	pf.StringVar(&g.natsCreds, "nats-creds", "", "NATS credentials file")
-	pf.StringVar(&g.redis, "redis", "redis://127.0.0.1:6379", "Redis URL (redis://, rediss://, redis-sentinel://, or a comma-separated cluster list)")
+	pf.StringVar(&g.nats, "nats", "nats://127.0.0.1:4222", "NATS server URL(s), comma separated (a password here shows in the process list: prefer --nats-creds)")
+	pf.StringVar(&g.natsCreds, "nats-creds", "", "NATS credentials file (JWT and NKey seed): keeps NATS secrets out of URLs and the process list")
+	pf.StringVar(&g.redis, "redis", "redis://127.0.0.1:6379", "Redis URL (redis://, rediss://, redis-sentinel://, or a comma-separated cluster list; a password here shows in the process list: prefer --redis-password-file)")
 	pf.StringVar(&g.prefix, "prefix", "cronstream", "subject prefix; streams are <PREFIX>_CONFIG and <PREFIX>_ACTIVITY")
 	root.AddCommand(commands(g)...)
 	return root
@@ -111,6 +127,21 @@ func applyEnv(cmd *cobra.Command) error {
 	cmd.InheritedFlags().VisitAll(visit)
 	return errors.Join(errs...)
 }
+
+// registerSecrets gives g.secrets every URL and password flag's value, from
+// the command line or the environment.
+func registerSecrets(cmd *cobra.Command, g *globalFlags) {
+	g.secrets.AddURL(g.nats)
+	g.secrets.AddURL(g.redis)
+	if f := cmd.Flags().Lookup("redis-password"); f != nil {
+		g.secrets.AddSecret(f.Value.String())
+	}
+}
+
+// discardRedisLog silences go-redis's own logging.
+type discardRedisLog struct{}
+
+func (discardRedisLog) Printf(context.Context, string, ...any) {}
 
 // envName is the environment variable of a flag.
 func envName(flag string) string {

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/cronstream/cronstream/configsync"
 	"github.com/cronstream/cronstream/events"
@@ -126,11 +127,11 @@ func printEntryTable(w io.Writer, views []entryView) error {
 			next = fmtTime(*v.NextFire)
 		}
 		if v.State == stateQuarantined {
-			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t%d\t-\t-\n", v.ID, v.State, v.Revision)
+			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t%d\t-\t-\n", terminalSafe(v.ID), v.State, v.Revision)
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", v.ID, v.State, v.Cron, v.Timezone,
-			v.Task.Type, v.Options.QueueName(), v.Revision, next, dash(v.Owner))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", terminalSafe(v.ID), v.State, terminalSafe(v.Cron), terminalSafe(v.Timezone),
+			terminalSafe(v.Task.Type), terminalSafe(v.Options.QueueName()), v.Revision, next, terminalSafe(dash(v.Owner)))
 	}
 	return tw.Flush()
 }
@@ -138,7 +139,7 @@ func printEntryTable(w io.Writer, views []entryView) error {
 // printEntry shows one entry field by field.
 func printEntry(w io.Writer, v entryView) error {
 	tw := newTable(w)
-	row := func(k, val string) { fmt.Fprintf(tw, "%s:\t%s\n", k, val) }
+	row := func(k, val string) { fmt.Fprintf(tw, "%s:\t%s\n", terminalSafe(k), terminalSafe(val)) }
 	e := v.Entry
 	row("id", e.ID)
 	row("state", v.State)
@@ -201,4 +202,74 @@ func sortedKeys(m map[string]string) []string { return slices.Sorted(maps.Keys(m
 func isTerminal(f *os.File) bool {
 	fi, err := f.Stat()
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+// terminalSafe returns s with what a terminal would act on written as an
+// escape: C0 and C1 controls, DEL, bidirectional overrides and isolates,
+// and bytes that are not UTF-8. Everything else, other scripts and emoji
+// included, stays as it is. Every text and table output passes what it
+// did not write itself (ids, types, queues, notes, owners, payloads,
+// reasons, errors) through it; JSON output is already escaped.
+func terminalSafe(s string) string {
+	clean := true
+	for _, r := range s {
+		if unsafeRune(r) {
+			clean = false
+			break
+		}
+	}
+	if clean {
+		return s
+	}
+	var b strings.Builder
+	for i, w := 0, 0; i < len(s); i += w {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		w = size
+		switch {
+		case r == utf8.RuneError && size == 1:
+			fmt.Fprintf(&b, `\x%02x`, s[i])
+		case r == '\n':
+			b.WriteString(`\n`)
+		case r == '\r':
+			b.WriteString(`\r`)
+		case r == '\t':
+			b.WriteString(`\t`)
+		case r < 0x20 || r == 0x7f:
+			fmt.Fprintf(&b, `\x%02x`, r)
+		case unsafeRune(r):
+			fmt.Fprintf(&b, `\u%04x`, r)
+		default:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+// terminalSafeLines is terminalSafe for text whose line breaks are meant
+// (an error listing problems one a line).
+func terminalSafeLines(s string) string {
+	lines := strings.Split(s, "\n")
+	for i, l := range lines {
+		lines[i] = terminalSafe(l)
+	}
+	return strings.Join(lines, "\n")
+}
+
+func unsafeRune(r rune) bool {
+	switch {
+	case r < 0x20, r == 0x7f, r >= 0x80 && r <= 0x9f, r == utf8.RuneError:
+		return true
+	case r == 0x061c, r == 0x200e, r == 0x200f, r >= 0x202a && r <= 0x202e, r >= 0x2066 && r <= 0x2069:
+		return true // bidi marks, embeddings, overrides and isolates
+	}
+	return false
+}
+
+// shellQuote quotes s for a POSIX shell when it holds anything but
+// characters that are literal there, so a printed command pastes as is.
+func shellQuote(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789@%+=:,./_-") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(terminalSafe(s), "'", `'\''`) + "'"
 }

@@ -1,9 +1,13 @@
 package main
 
 import (
+	"context"
+	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
 	"github.com/cronstream/cronstream/events"
@@ -54,11 +58,14 @@ func newRunCommand(g *globalFlags) *cobra.Command {
 can fire every entry, exactly once, and recover every queue.
 
 The replica keeps trying while NATS or Redis is unavailable (/readyz says
-not ready meanwhile) and stops cleanly on SIGINT or SIGTERM: firing stops
+not ready meanwhile, the log says what it retries). What waiting cannot
+fix stops it at start-up with the reason and a non-zero exit: credentials
+NATS or Redis refuse, a missing permission, impossible stream settings.
+It stops cleanly on SIGINT or SIGTERM: firing stops
 after the batch in flight, the outbox is flushed to NATS, the heartbeat is
 removed.`,
 		Example: `  cronstream run --nats nats://nats:4222 --redis redis://redis:6379 --replicas 3
-  CRONSTREAM_REDIS=rediss://user:pass@redis:6380 cronstream run --http :8080`,
+  cronstream run --redis rediss://cronstream@redis:6380 --redis-password-file /run/secrets/redis --nats-creds /run/secrets/nats.creds`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := f.config(g)
@@ -78,10 +85,18 @@ func (f *replicaFlags) config(g *globalFlags) (replica.Config, error) {
 	if err != nil {
 		return replica.Config{}, err
 	}
-	log, err := newLogger(f.logFormat, f.logLevel)
+	// Impossible stream settings are a usage error, not an outage.
+	streams := events.StreamConfig{Names: names, Replicas: f.replicas, ActivityMaxAge: f.activityMaxAge}
+	if _, err := streams.ActivityStreamConfig(); err != nil {
+		return replica.Config{}, fmt.Errorf("--replicas %d, --activity-max-age %s: %w", f.replicas, f.activityMaxAge, err)
+	}
+	log, err := newLogger(g, f.logFormat, f.logLevel)
 	if err != nil {
 		return replica.Config{}, err
 	}
+	// go-redis reports each failed dial itself; the replica says what it
+	// could not do, so the library's lines are debug detail.
+	redis.SetLogger(redisLog{log})
 	rc, err := openRedis(g, &f.conn)
 	if err != nil {
 		return replica.Config{}, err
@@ -100,6 +115,13 @@ func (f *replicaFlags) config(g *globalFlags) (replica.Config, error) {
 		Queues: queues, RecoverInterval: f.recoverInterval, RecoverGrace: f.recoverGrace,
 		HTTPAddr: f.http, Logger: log,
 	}, nil
+}
+
+// redisLog passes go-redis's log lines to the replica's logger at debug.
+type redisLog struct{ log *slog.Logger }
+
+func (l redisLog) Printf(ctx context.Context, format string, v ...any) {
+	l.log.DebugContext(ctx, "redis client: "+fmt.Sprintf(format, v...))
 }
 
 // version is set at build time with -ldflags "-X main.version=...".

@@ -39,7 +39,8 @@ type statusReport struct {
 	Config    streamPosition  `json:"config_stream"`
 	Activity  streamPosition  `json:"activity_stream"`
 	Outbox    outboxStatus    `json:"outbox"`
-	Queues    []queueStatus   `json:"queues"`
+	Queues    []queueStatus   `json:"queues"` // null, with QueuesErr, when Redis could not be read
+	QueuesErr string          `json:"queues_error,omitempty"`
 	NextFires []nextFireView  `json:"next_fires"`
 	Warnings  []string        `json:"warnings"`
 	Notes     []string        `json:"notes"`
@@ -77,9 +78,11 @@ type streamPosition struct {
 
 type outboxStatus struct {
 	// Backlog is the number of fire and recovery records in Redis that the
-	// relay has not yet published to the activity stream.
-	Backlog int64            `json:"backlog"`
+	// relay has not yet published to the activity stream; null, with
+	// Error, when it could not be read.
+	Backlog *int64           `json:"backlog"`
 	ByQueue map[string]int64 `json:"by_queue"`
+	Error   string           `json:"error,omitempty"`
 }
 
 type queueStatus struct {
@@ -243,29 +246,38 @@ func collectStatus(ctx context.Context, g *globalFlags, conn *connFlags, s *sess
 	}
 
 	// Redis: outbox, queues, configuration.
+	// What cannot be read is null with its error, never a zero.
 	store, rc, err := openStore(ctx, g, conn)
 	if err != nil {
 		fail("redis", err)
+		rep.Outbox = outboxStatus{Error: err.Error()}
+		rep.Queues, rep.QueuesErr = nil, err.Error()
 		return rep
 	}
 	defer rc.Close()
 	rep.Warnings = append(rep.Warnings, replica.RedisWarnings(ctx, rc)...)
 	outboxQueues, err := store.OutboxQueues(ctx, s.names.Prefix())
-	if err != nil {
-		fail("outbox", err)
-	}
+	var backlog int64
+	outboxErr := err
 	for _, q := range outboxQueues {
 		n, err := store.OutboxLen(ctx, s.names.Prefix(), q)
 		if err != nil {
-			fail("outbox", err)
+			outboxErr = err
 			continue
 		}
 		rep.Outbox.ByQueue[q] = n
-		rep.Outbox.Backlog += n
+		backlog += n
+	}
+	if outboxErr != nil {
+		fail("outbox", outboxErr)
+		rep.Outbox.Error = outboxErr.Error()
+	} else {
+		rep.Outbox.Backlog = &backlog
 	}
 	queues, err := store.Queues(ctx)
 	if err != nil {
 		fail("queues", err)
+		rep.QueuesErr = err.Error()
 	}
 	for _, q := range outboxQueues {
 		if !slices.Contains(queues, q) {
@@ -360,7 +372,7 @@ func printStatus(w io.Writer, r statusReport) {
 			if r.Config.LastSeq >= x.ConfigSeq {
 				lag = fmt.Sprint(r.Config.LastSeq - x.ConfigSeq)
 			}
-			fmt.Fprintf(tw, "  %s\t%s\t%d\t%s\t%s\t%s ago\t%d\t%s\t%s\t%s\n", x.ID, x.Host, x.PID, dash(x.Version), fmtTime(x.Started), x.BeatAge, x.ConfigSeq, lag, dash(x.HTTP), x.Ready)
+			fmt.Fprintf(tw, "  %s\t%s\t%d\t%s\t%s\t%s ago\t%d\t%s\t%s\t%s\n", terminalSafe(x.ID), terminalSafe(x.Host), x.PID, terminalSafe(dash(x.Version)), fmtTime(x.Started), x.BeatAge, x.ConfigSeq, lag, terminalSafe(dash(x.HTTP)), terminalSafe(x.Ready))
 		}
 		tw.Flush()
 	} else {
@@ -369,7 +381,7 @@ func printStatus(w io.Writer, r statusReport) {
 
 	fmt.Fprintf(w, "\nEntries: %d active, %d paused, %d quarantined\n", r.Entries.Active, r.Entries.Paused, r.Entries.Quarantined)
 	for _, q := range r.Entries.Bad {
-		fmt.Fprintf(w, "  quarantined %s at revision %d (%s): %s\n", q.ID, q.Revision, fmtTime(q.Time), q.Reason)
+		fmt.Fprintf(w, "  quarantined %s at revision %d (%s): %s\n", terminalSafe(q.ID), q.Revision, fmtTime(q.Time), terminalSafe(q.Reason))
 	}
 
 	fmt.Fprintln(w, "\nStreams:")
@@ -381,12 +393,19 @@ func printStatus(w io.Writer, r statusReport) {
 		fmt.Fprintf(w, "  %-24s last seq %d at %s, %d messages\n", p.Stream, p.LastSeq, last, p.Messages)
 	}
 
-	fmt.Fprintf(w, "\nOutbox backlog (in Redis, not yet in %s): %d\n", r.Activity.Stream, r.Outbox.Backlog)
+	backlog := "unknown (see below)"
+	if r.Outbox.Backlog != nil {
+		backlog = fmt.Sprint(*r.Outbox.Backlog)
+	}
+	fmt.Fprintf(w, "\nOutbox backlog (in Redis, not yet in %s): %s\n", r.Activity.Stream, backlog)
 
 	fmt.Fprintln(w, "\nQueues:")
-	if len(r.Queues) == 0 {
+	switch {
+	case r.QueuesErr != "":
+		fmt.Fprintln(w, "  unknown (see below)")
+	case len(r.Queues) == 0:
 		fmt.Fprintln(w, "  none yet")
-	} else {
+	default:
 		tw := newTable(w)
 		fmt.Fprintln(tw, "  QUEUE\tPENDING\tACTIVE\tSCHEDULED\tRETRY\tARCHIVED\tPROCESSED\tFAILED\tTODAY OK/FAILED\tOUTBOX\tPAUSED")
 		for _, q := range r.Queues {
@@ -394,7 +413,7 @@ func printStatus(w io.Writer, r statusReport) {
 			if q.Paused {
 				paused = "yes"
 			}
-			fmt.Fprintf(tw, "  %s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d/%d\t%d\t%s\n", q.Queue, q.Pending, q.Active, q.Scheduled,
+			fmt.Fprintf(tw, "  %s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d/%d\t%d\t%s\n", terminalSafe(q.Queue), q.Pending, q.Active, q.Scheduled,
 				q.Retry, q.Archived, q.Processed, q.Failed, q.ProcessedToday-q.FailedToday, q.FailedToday, q.Outbox, paused)
 		}
 		tw.Flush()
@@ -406,7 +425,7 @@ func printStatus(w io.Writer, r statusReport) {
 	} else {
 		tw := newTable(w)
 		for _, f := range r.NextFires {
-			fmt.Fprintf(tw, "  %s\t(in %s)\t%s\tqueue %s\n", fmtTime(f.Time), time.Until(f.Time).Round(time.Second), f.Entry, f.Queue)
+			fmt.Fprintf(tw, "  %s\t(in %s)\t%s\tqueue %s\n", fmtTime(f.Time), time.Until(f.Time).Round(time.Second), terminalSafe(f.Entry), terminalSafe(f.Queue))
 		}
 		tw.Flush()
 	}
@@ -414,7 +433,7 @@ func printStatus(w io.Writer, r statusReport) {
 	if len(r.Warnings) > 0 {
 		fmt.Fprintln(w, "\nWarnings:")
 		for _, x := range r.Warnings {
-			fmt.Fprintf(w, "  ! %s\n", x)
+			fmt.Fprintf(w, "  ! %s\n", terminalSafe(x))
 		}
 	}
 	fmt.Fprintln(w, "\nNote:")
@@ -424,7 +443,7 @@ func printStatus(w io.Writer, r statusReport) {
 	if len(r.Errors) > 0 {
 		fmt.Fprintln(w, "\nCould not read:")
 		for _, x := range r.Errors {
-			fmt.Fprintf(w, "  %s\n", x)
+			fmt.Fprintf(w, "  %s\n", terminalSafe(x))
 		}
 	}
 }

@@ -217,20 +217,20 @@ func printPlan(w io.Writer, p configsync.Plan, owner string, dryRun bool) {
 	for _, a := range p.Actions {
 		switch a.Kind {
 		case configsync.Create:
-			fmt.Fprintf(w, "%s %s  cron %q, type %s, queue %s\n", a.Kind.Sign(), a.ID, a.Entry.Cron, a.Entry.Task.Type, a.Entry.Options.QueueName())
+			fmt.Fprintf(w, "%s %s  cron %q, type %s, queue %s\n", a.Kind.Sign(), terminalSafe(a.ID), a.Entry.Cron, terminalSafe(a.Entry.Task.Type), terminalSafe(a.Entry.Options.QueueName()))
 		case configsync.Update:
 			note := ""
 			if a.Repair {
 				note = "  (replaces an event that cannot be applied)"
 			}
-			fmt.Fprintf(w, "%s %s%s\n", a.Kind.Sign(), a.ID, note)
+			fmt.Fprintf(w, "%s %s%s\n", a.Kind.Sign(), terminalSafe(a.ID), note)
 			if !a.Repair {
 				for _, c := range a.Changes {
-					fmt.Fprintf(w, "    %s\n", c)
+					fmt.Fprintf(w, "    %s\n", terminalSafe(c.String()))
 				}
 			}
 		case configsync.Remove:
-			fmt.Fprintf(w, "%s %s\n", a.Kind.Sign(), a.ID)
+			fmt.Fprintf(w, "%s %s\n", a.Kind.Sign(), terminalSafe(a.ID))
 		}
 	}
 	c, u, r := p.Count(configsync.Create), p.Count(configsync.Update), p.Count(configsync.Remove)
@@ -240,7 +240,7 @@ func printPlan(w io.Writer, p configsync.Plan, owner string, dryRun bool) {
 		fmt.Fprintf(w, "sync: %d to create, %d to update, %d to remove, %d unchanged\n", c, u, r, len(p.Unchanged))
 	}
 	if len(p.NotPruned) > 0 {
-		fmt.Fprintf(w, "not in the file but kept (owner %s; --prune removes them): %v\n", owner, p.NotPruned)
+		fmt.Fprintf(w, "not in the file but kept (owner %s; --prune removes them): %s\n", terminalSafe(owner), terminalSafe(fmt.Sprint(p.NotPruned)))
 	}
 }
 
@@ -248,12 +248,12 @@ func printOutcomes(w io.Writer, outcomes []configsync.Outcome) {
 	for _, o := range outcomes {
 		switch {
 		case o.Err != nil:
-			fmt.Fprintf(w, "  %s %s failed: %v\n", o.Action.Kind, o.Action.ID, o.Err)
+			fmt.Fprintf(w, "  %s %s failed: %s\n", o.Action.Kind, terminalSafe(o.Action.ID), terminalSafe(o.Err.Error()))
 		case !o.Published:
-			fmt.Fprintf(w, "  %s already as wanted (revision %d)\n", o.Action.ID, o.Revision)
+			fmt.Fprintf(w, "  %s already as wanted (revision %d)\n", terminalSafe(o.Action.ID), o.Revision)
 		default:
 			past := map[configsync.ActionKind]string{configsync.Create: "registered", configsync.Update: "updated", configsync.Remove: "removed"}[o.Action.Kind]
-			fmt.Fprintf(w, "  %s %s at revision %d\n", o.Action.ID, past, o.Revision)
+			fmt.Fprintf(w, "  %s %s at revision %d\n", terminalSafe(o.Action.ID), past, o.Revision)
 		}
 	}
 }

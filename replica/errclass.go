@@ -1,0 +1,73 @@
+package replica
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/redact"
+)
+
+// ErrUnrecoverable is wrapped by Run's error when waiting cannot help:
+// credentials refused, a permission missing, impossible settings. Network
+// errors and servers that are down are retried instead.
+var ErrUnrecoverable = errors.New("retrying cannot fix this")
+
+// unrecoverable returns the reason err cannot be fixed by retrying (wrapping
+// ErrUnrecoverable), or nil when it may be transient. nc, when not nil, is
+// asked too: a NATS connection that the server refused keeps the reason in
+// LastError while the calls made on it only time out or see it closed.
+func unrecoverable(err error, nc *nats.Conn) error {
+	var ue *url.Error
+	if errors.As(err, &ue) && ue.Op == "parse" {
+		// Not its text: url.Error repeats the URL, password included.
+		return fmt.Errorf("%w (invalid URL): %w", ErrUnrecoverable, redact.ParseError(err))
+	}
+	if cause := unrecoverableCause(err); cause != "" {
+		return fmt.Errorf("%w (%s): %w", ErrUnrecoverable, cause, err)
+	}
+	if nc != nil {
+		if last := nc.LastError(); last != nil {
+			if cause := unrecoverableCause(last); cause != "" {
+				return fmt.Errorf("%w (%s): %w", ErrUnrecoverable, cause, last)
+			}
+		}
+	}
+	return nil
+}
+
+// JetStream error codes of stream settings the server will never accept
+// as given (nats-server's errors.json).
+const (
+	jsStreamInvalidConfig        = 10052
+	jsStreamSubjectOverlap       = 10065
+	jsStreamReplicasNotSupported = 10074
+)
+
+func unrecoverableCause(err error) string {
+	var apiErr *jetstream.APIError
+	switch {
+	case redis.IsAuthError(err):
+		return "Redis refused the credentials"
+	case redis.IsPermissionError(err):
+		return "the Redis user lacks a permission"
+	case errors.Is(err, nats.ErrAuthorization), errors.Is(err, nats.ErrAuthExpired),
+		errors.Is(err, nats.ErrAuthRevoked), errors.Is(err, nats.ErrAccountAuthExpired):
+		return "NATS refused the credentials"
+	case errors.Is(err, nats.ErrPermissionViolation):
+		return "the NATS user lacks a permission"
+	case errors.Is(err, events.ErrStreamConflict):
+		return "the existing stream conflicts with the settings"
+	case errors.As(err, &apiErr):
+		switch apiErr.ErrorCode {
+		case jsStreamInvalidConfig, jsStreamSubjectOverlap, jsStreamReplicasNotSupported:
+			return "JetStream refused the stream settings"
+		}
+	}
+	return ""
+}
