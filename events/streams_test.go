@@ -197,7 +197,7 @@ func TestStreamConfigValidation(t *testing.T) {
 		{StreamConfig{Replicas: -1}, "replicas"},
 		{StreamConfig{ActivityMaxAge: -time.Hour}, "max age"},
 		{StreamConfig{DuplicateWindow: 5 * time.Minute}, "at least 10m"},
-		{StreamConfig{ActivityMaxAge: 30 * time.Minute}, "must not exceed"},
+		{StreamConfig{ActivityMaxAge: 30 * time.Minute}, "below the duplicate window"},
 	} {
 		_, err := tc.cfg.ActivityStreamConfig()
 		switch {
