@@ -227,10 +227,15 @@ func (c *Client) Put(ctx context.Context, e Entry, opts ...WriteOption) (Result,
 }
 
 // Remove removes an entry. Its event carries the last state with removed
-// set, so history keeps what was removed. ErrNotFound when the entry does
-// not exist or is already removed.
+// set, so history keeps what was removed. An entry whose last event cannot
+// be applied, or whose id ValidateID refuses (anything List returns; see
+// ValidateListedID), is removed by an event that carries only the id.
+// ErrNotFound when the entry does not exist or is already removed.
 func (c *Client) Remove(ctx context.Context, id string, opts ...WriteOption) (Result, error) {
 	return c.write(ctx, "remove", id, opts, func(cur state) (change, error) {
+		if cur.exists() && !cur.removed() && cur.err != nil {
+			return change{typ: TypeEntryRemoved, next: Entry{ID: id, Removed: true}}, nil
+		}
 		e, err := cur.live(id)
 		if err != nil {
 			return change{}, err
@@ -309,7 +314,11 @@ func (c *Client) write(ctx context.Context, op, id string, opts []WriteOption, d
 	for _, o := range opts {
 		o(&wo)
 	}
-	if err := ValidateID(id); err != nil {
+	validID := ValidateID
+	if op == "remove" {
+		validID = ValidateListedID
+	}
+	if err := validID(id); err != nil {
 		return Result{}, fmt.Errorf("%s: %w", op, err)
 	}
 	subject := c.names.ConfigSubject(id)
@@ -342,7 +351,8 @@ func (c *Client) write(ctx context.Context, op, id string, opts []WriteOption, d
 		// Put validated its entry before the loop; what the other changes
 		// derive (a pause note, say) is checked here: nothing invalid is
 		// ever published.
-		if op != "put" {
+		// A removal needs only its id (see DecodeConfigEvent).
+		if op != "put" && op != "remove" {
 			if err := next.Validate(); err != nil {
 				return Result{}, fmt.Errorf("%s: %w", op, err)
 			}
@@ -785,7 +795,14 @@ func DecodeConfigEvent(b []byte) (*Event, *Entry, error) {
 	}
 	// e is ours alone: defaults go in place, with no copy.
 	e.normalize()
-	if err := e.validateNormalized(); err != nil {
+	// A removal needs only to name its entry: a removed entry never fires,
+	// and a removal is how an entry whose state or id is not valid (written
+	// by another publisher, say) is cleaned up.
+	if ev.Type == TypeEntryRemoved && e.Removed {
+		if e.ID == "" {
+			return ev, nil, fmt.Errorf("%w: %s event %s without an entry id", ErrMalformedEvent, ev.Type, ev.ID)
+		}
+	} else if err := e.validateNormalized(); err != nil {
 		return ev, nil, fmt.Errorf("%w: %s event %s: %w", ErrMalformedEvent, ev.Type, ev.ID, err)
 	}
 	switch {

@@ -236,6 +236,18 @@ func ValidateID(id string) error {
 	return nil
 }
 
+// ValidateListedID accepts every id a config subject can carry, which is
+// what `entry ls` lists: one subject token, not a wildcard, without
+// whitespace. It is looser than ValidateID so that whatever another
+// publisher wrote on a config subject can be removed.
+func ValidateListedID(id string) error {
+	ok := id != "" && id != "*" && id != ">" && !strings.ContainsAny(id, ". \t\r\n")
+	if !ok {
+		return &FieldError{Field: "id", Value: shorten(id), Reason: "must be one NATS subject token (no '.', spaces, or a lone '*' or '>')"}
+	}
+	return nil
+}
+
 // Validate checks every field of e (defaults are applied first, so an
 // omitted field is never an error). The error joins one *FieldError per
 // problem, each naming its field and value.

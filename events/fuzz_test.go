@@ -55,9 +55,14 @@ func FuzzDecodeEvent(f *testing.F) {
 		if back.ID != ev.ID || back.Type != ev.Type || back.Subject != ev.Subject || !back.Time.Equal(ev.Time) {
 			t.Fatalf("round trip changed the envelope: %+v vs %+v", back, ev)
 		}
-		// A config reader never panics, and what it accepts is valid.
-		if _, e, err := DecodeConfigEvent(b); err == nil {
-			if verr := e.Validate(); verr != nil {
+		// A config reader never panics, and what it accepts is valid, or
+		// a removal naming its entry.
+		if ev, e, err := DecodeConfigEvent(b); err == nil {
+			if ev.Type == TypeEntryRemoved && e.Removed {
+				if e.ID == "" {
+					t.Fatalf("DecodeConfigEvent accepted a removal without an id")
+				}
+			} else if verr := e.Validate(); verr != nil {
 				t.Fatalf("DecodeConfigEvent accepted an invalid entry: %v", verr)
 			}
 		} else if !errors.Is(err, ErrMalformedEvent) {

@@ -82,7 +82,7 @@ func (c StreamConfig) withDefaults() (StreamConfig, error) {
 	case c.DuplicateWindow < MinDuplicateWindow:
 		return c, fmt.Errorf("duplicate window %s: must be at least %s so a relay restart cannot write an event twice", c.DuplicateWindow, MinDuplicateWindow)
 	case c.DuplicateWindow > c.ActivityMaxAge:
-		return c, fmt.Errorf("duplicate window %s: must not exceed the activity max age %s", c.DuplicateWindow, c.ActivityMaxAge)
+		return c, fmt.Errorf("activity max age %s is below the duplicate window %s: a relay could republish an event the stream no longer remembers, and write it twice", c.ActivityMaxAge, c.DuplicateWindow)
 	}
 	return c, nil
 }
@@ -136,59 +136,109 @@ func (c StreamConfig) ActivityStreamConfig() (jetstream.StreamConfig, error) {
 	}, nil
 }
 
-// EnsureStreams creates <P>_CONFIG and <P>_ACTIVITY, or updates them to cfg.
-// It is idempotent: when both already match, it changes nothing. It updates
-// only the fields it owns (replicas, limits, duplicate window, direct
-// reads) and keeps everything else an operator set (description,
-// placement, metadata). An existing stream that differs in what cannot or
-// must not be changed in place — subjects, storage, retention, a config
-// stream that allows deletes, purges or message TTLs, a sealed stream or a
-// mirror — is left alone and reported as a *StreamConflictError.
+// StreamChange is one difference between an existing stream (or KV
+// bucket) and the wanted configuration, or a stream to create.
+type StreamChange struct {
+	Stream string `json:"stream"`
+	// Field is the setting ("replicas", "max_age", ...), or "stream" for a
+	// stream that does not exist (Old "missing", New "created").
+	Field string `json:"field"`
+	Old   string `json:"old"`
+	New   string `json:"new"`
+}
+
+func (c StreamChange) String() string {
+	if c.Field == "stream" {
+		return fmt.Sprintf("%s: %s → %s", c.Stream, c.Old, c.New)
+	}
+	return fmt.Sprintf("%s %s: %s → %s", c.Stream, c.Field, c.Old, c.New)
+}
+
+// StreamMode says what a stream step may change.
+type StreamMode int
+
+const (
+	// CreateMissing creates a stream that does not exist and leaves an
+	// existing one as it is, reporting its differences: what a replica
+	// does at start, so one misconfigured replica cannot rewrite the
+	// streams every replica shares.
+	CreateMissing StreamMode = iota
+	// Apply creates or updates to the wanted configuration (`cronstream
+	// streams apply`).
+	Apply
+	// DryRun reports what Apply would change and changes nothing.
+	DryRun
+)
+
+// EnsureStreams creates <P>_CONFIG and <P>_ACTIVITY, or updates them to cfg:
+// SyncStreams in Apply mode.
 func EnsureStreams(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) error {
+	_, err := SyncStreams(ctx, js, cfg, Apply)
+	return err
+}
+
+// SyncStreams brings <P>_CONFIG and <P>_ACTIVITY towards cfg as mode allows
+// and returns the differences it found: streams created (or to create) and
+// settings changed (Apply), to change (DryRun) or left different
+// (CreateMissing). It is idempotent: when both streams match, it changes
+// nothing and returns none. It owns only some fields (replicas, limits,
+// duplicate window, direct reads) and keeps everything else an operator set
+// (description, placement, metadata). An existing stream that differs in
+// what cannot or must not be changed in place — subjects, storage,
+// retention, a config stream that allows deletes, purges or message TTLs, a
+// sealed stream or a mirror — is left alone and reported as a
+// *StreamConflictError.
+func SyncStreams(ctx context.Context, js jetstream.JetStream, cfg StreamConfig, mode StreamMode) ([]StreamChange, error) {
 	configCfg, err := cfg.ConfigStreamConfig()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	activityCfg, err := cfg.ActivityStreamConfig()
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if err := ensureStream(ctx, js, configCfg, true); err != nil {
-		return err
+	changes, err := syncStream(ctx, js, configCfg, true, mode)
+	if err != nil {
+		return changes, err
 	}
-	return ensureStream(ctx, js, activityCfg, false)
+	more, err := syncStream(ctx, js, activityCfg, false, mode)
+	return append(changes, more...), err
 }
 
-func ensureStream(ctx context.Context, js jetstream.JetStream, want jetstream.StreamConfig, auditLog bool) error {
+func syncStream(ctx context.Context, js jetstream.JetStream, want jetstream.StreamConfig, auditLog bool, mode StreamMode) ([]StreamChange, error) {
 	// Two passes at most: when several replicas start together, another one
 	// may create the stream between our lookup and our create.
 	for pass := 0; ; pass++ {
 		s, err := js.Stream(ctx, want.Name)
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			created := []StreamChange{{Stream: want.Name, Field: "stream", Old: "missing", New: "created"}}
+			if mode == DryRun {
+				return created, nil
+			}
 			_, err = js.CreateStream(ctx, want)
 			if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) && pass == 0 {
 				continue
 			}
 			if err != nil {
-				return fmt.Errorf("create stream %s: %w", want.Name, err)
+				return nil, fmt.Errorf("create stream %s: %w", want.Name, err)
 			}
-			return nil
+			return created, nil
 		}
 		if err != nil {
-			return fmt.Errorf("look up stream %s: %w", want.Name, err)
+			return nil, fmt.Errorf("look up stream %s: %w", want.Name, err)
 		}
 		have := s.CachedInfo().Config
 		if err := checkStreamConflicts(have, want, auditLog); err != nil {
-			return err
+			return nil, err
 		}
-		next, changed := reconcileStream(have, want, auditLog)
-		if !changed {
-			return nil
+		next, changes := reconcileStream(have, want, auditLog)
+		if len(changes) == 0 || mode != Apply {
+			return changes, nil
 		}
 		if _, err := js.UpdateStream(ctx, next); err != nil {
-			return fmt.Errorf("update stream %s: %w", want.Name, err)
+			return nil, fmt.Errorf("update stream %s: %w", want.Name, err)
 		}
-		return nil
+		return changes, nil
 	}
 }
 
@@ -232,27 +282,35 @@ func checkStreamConflicts(have, want jetstream.StreamConfig, auditLog bool) erro
 }
 
 // reconcileStream returns have with the fields we own set as in want, and
-// whether anything changed. Limits of zero and -1 both mean unlimited.
-func reconcileStream(have, want jetstream.StreamConfig, auditLog bool) (jetstream.StreamConfig, bool) {
+// what differs. Limits of zero and -1 both mean unlimited.
+func reconcileStream(have, want jetstream.StreamConfig, auditLog bool) (jetstream.StreamConfig, []StreamChange) {
 	next := have
-	changed := false
-	set := func(differ bool, apply func()) {
+	var changes []StreamChange
+	set := func(field string, differ bool, old, wanted any, apply func()) {
 		if differ {
 			apply()
-			changed = true
+			changes = append(changes, StreamChange{Stream: want.Name, Field: field, Old: fmt.Sprint(old), New: fmt.Sprint(wanted)})
 		}
 	}
 	unlimited := func(v int64) bool { return v <= 0 }
-	set(have.Replicas != want.Replicas, func() { next.Replicas = want.Replicas })
-	set(have.MaxAge != want.MaxAge, func() { next.MaxAge = want.MaxAge })
-	set(have.Discard != want.Discard, func() { next.Discard = want.Discard })
-	set(have.AllowDirect != want.AllowDirect, func() { next.AllowDirect = want.AllowDirect })
+	set("replicas", have.Replicas != want.Replicas, have.Replicas, want.Replicas, func() { next.Replicas = want.Replicas })
+	set("max_age", have.MaxAge != want.MaxAge, fmtAge(have.MaxAge), fmtAge(want.MaxAge), func() { next.MaxAge = want.MaxAge })
+	set("discard", have.Discard != want.Discard, have.Discard, want.Discard, func() { next.Discard = want.Discard })
+	set("allow_direct", have.AllowDirect != want.AllowDirect, have.AllowDirect, want.AllowDirect, func() { next.AllowDirect = want.AllowDirect })
 	if auditLog {
-		set(!unlimited(have.MaxMsgs), func() { next.MaxMsgs = -1 })
-		set(!unlimited(have.MaxBytes), func() { next.MaxBytes = -1 })
-		set(!unlimited(have.MaxMsgsPerSubject), func() { next.MaxMsgsPerSubject = -1 })
+		set("max_msgs", !unlimited(have.MaxMsgs), have.MaxMsgs, "unlimited", func() { next.MaxMsgs = -1 })
+		set("max_bytes", !unlimited(have.MaxBytes), have.MaxBytes, "unlimited", func() { next.MaxBytes = -1 })
+		set("max_msgs_per_subject", !unlimited(have.MaxMsgsPerSubject), have.MaxMsgsPerSubject, "unlimited", func() { next.MaxMsgsPerSubject = -1 })
 	} else {
-		set(have.Duplicates != want.Duplicates, func() { next.Duplicates = want.Duplicates })
+		set("duplicate_window", have.Duplicates != want.Duplicates, have.Duplicates, want.Duplicates, func() { next.Duplicates = want.Duplicates })
 	}
-	return next, changed
+	return next, changes
+}
+
+// fmtAge shows a stream's max age; zero keeps messages forever.
+func fmtAge(d time.Duration) string {
+	if d == 0 {
+		return "unlimited"
+	}
+	return d.String()
 }

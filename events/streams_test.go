@@ -197,7 +197,7 @@ func TestStreamConfigValidation(t *testing.T) {
 		{StreamConfig{Replicas: -1}, "replicas"},
 		{StreamConfig{ActivityMaxAge: -time.Hour}, "max age"},
 		{StreamConfig{DuplicateWindow: 5 * time.Minute}, "at least 10m"},
-		{StreamConfig{ActivityMaxAge: 30 * time.Minute}, "must not exceed"},
+		{StreamConfig{ActivityMaxAge: 30 * time.Minute}, "below the duplicate window"},
 	} {
 		_, err := tc.cfg.ActivityStreamConfig()
 		switch {
@@ -210,5 +210,37 @@ func TestStreamConfigValidation(t *testing.T) {
 	a, err := StreamConfig{}.ActivityStreamConfig()
 	if err != nil || a.Name != "CRONSTREAM_ACTIVITY" || a.MaxAge != DefaultActivityMaxAge || a.Duplicates != DefaultDuplicateWindow || a.Replicas != 1 {
 		t.Fatalf("defaults: %+v %v", a, err)
+	}
+}
+
+// TestSyncStreamsCreateMissing: what a replica does at start creates what
+// is missing and reports, but never updates, an existing stream that
+// differs; DryRun reports the same and changes nothing.
+func TestSyncStreamsCreateMissing(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	n := testenv.StartNATS(t)
+	js, requests := tracedJetStream(t, n)
+	names := MustNames("tenant-c")
+	changes, err := SyncStreams(ctx, js, StreamConfig{Names: names}, CreateMissing)
+	if err != nil || len(changes) != 2 || changes[0].Field != "stream" || changes[1].Field != "stream" {
+		t.Fatalf("first start: %v %v, want both streams created", changes, err)
+	}
+	requests()
+	for _, mode := range []StreamMode{CreateMissing, DryRun} {
+		changes, err = SyncStreams(ctx, js, StreamConfig{Names: names, ActivityMaxAge: 61 * time.Minute}, mode)
+		want := StreamChange{Stream: "TENANT_C_ACTIVITY", Field: "max_age", Old: "720h0m0s", New: "1h1m0s"}
+		if err != nil || len(changes) != 1 || changes[0] != want {
+			t.Fatalf("mode %d: %v %v, want %v", mode, changes, err, want)
+		}
+		for _, subj := range requests() {
+			if !strings.Contains(subj, "STREAM.INFO.") {
+				t.Errorf("mode %d requested %s; want only STREAM.INFO", mode, subj)
+			}
+		}
+	}
+	s, err := js.Stream(ctx, "TENANT_C_ACTIVITY")
+	if err != nil || s.CachedInfo().Config.MaxAge != DefaultActivityMaxAge {
+		t.Fatalf("activity stream changed: %v", err)
 	}
 }

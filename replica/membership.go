@@ -28,6 +28,9 @@ type Info struct {
 	// ConfigSeq is the last config stream sequence the replica's
 	// projection applied, so status can show how far each one lags.
 	ConfigSeq uint64 `json:"config_seq"`
+	// Warnings are this replica's differences between its flags and the
+	// existing streams, which it leaves unchanged.
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // DefaultHeartbeat is how often a replica refreshes its heartbeat; a
@@ -38,24 +41,8 @@ const DefaultHeartbeat = 2 * time.Second
 // after ttl unless refreshed, and expiry leaves a marker so watchers learn
 // of it.
 func OpenReplicasBucket(ctx context.Context, js jetstream.JetStream, names events.Names, replicas int, ttl time.Duration) (jetstream.KeyValue, error) {
-	if replicas <= 0 {
-		replicas = 1
-	}
-	// The server refuses expiry markers kept for less than a second.
-	ttl = max(ttl, time.Second)
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket:         names.ReplicasBucket(),
-		Description:    "cronstream live replicas (heartbeats)",
-		History:        1,
-		TTL:            ttl,
-		LimitMarkerTTL: ttl,
-		Storage:        jetstream.MemoryStorage,
-		Replicas:       replicas,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("replicas bucket %s: %w", names.ReplicasBucket(), err)
-	}
-	return kv, nil
+	kv, _, err := SyncReplicasBucket(ctx, js, ReplicasBucketConfig(names, replicas, ttl), events.Apply)
+	return kv, err
 }
 
 // Membership keeps this replica's heartbeat in the replicas bucket and

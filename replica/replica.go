@@ -261,16 +261,8 @@ func (r *Replica) start(ctx context.Context) error {
 		r.http.addCheck("redis", func(ctx context.Context) error { return r.cfg.Redis.Ping(ctx).Err() })
 	}
 
-	if err := r.retry(ctx, "ensure streams", func(ctx context.Context) error {
-		return events.EnsureStreams(ctx, js, streams)
-	}); err != nil {
-		return err
-	}
-	var kv jetstream.KeyValue
-	if err := r.retry(ctx, "replicas bucket", func(ctx context.Context) (err error) {
-		kv, err = OpenReplicasBucket(ctx, js, r.cfg.Names, r.cfg.StreamReplicas, 3*r.cfg.Heartbeat)
-		return err
-	}); err != nil {
+	kv, streamWarnings, err := r.openStreams(ctx, js)
+	if err != nil {
 		return err
 	}
 
@@ -302,7 +294,7 @@ func (r *Replica) start(ctx context.Context) error {
 	}
 
 	hostname, _ := os.Hostname()
-	r.members = NewMembership(kv, Info{ID: r.cfg.ReplicaID, Host: hostname, PID: os.Getpid(), Started: time.Now().UTC(), Version: r.cfg.Version, HTTP: r.httpAddr()}, r.cfg.Heartbeat, r.log)
+	r.members = NewMembership(kv, Info{ID: r.cfg.ReplicaID, Host: hostname, PID: os.Getpid(), Started: time.Now().UTC(), Version: r.cfg.Version, HTTP: r.httpAddr(), Warnings: streamWarnings}, r.cfg.Heartbeat, r.log)
 	r.members.Update = func(i *Info) { i.ConfigSeq = r.proj.LastSeq() }
 	if err := r.retry(ctx, "heartbeat", r.members.Start); err != nil {
 		return err

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"strconv"
 
 	"github.com/spf13/cobra"
 
@@ -21,10 +22,19 @@ func newEntryRmCommand(g *globalFlags) *cobra.Command {
 		Long: `Remove an entry: replicas stop firing it at once. The removal is a
 config event carrying the entry's last state, so "entry history" and
 "entry ls --at" still show what it was. Putting the id again registers it
-anew.`,
+anew.
+
+Any id "entry ls" lists can be removed, also a quarantined one whose id
+or last event cronstream would not write (junk from another publisher):
+its removal names only the id.`,
 		Example: `  cronstream entry rm report
   cronstream entry rm report --if-revision 14`,
-		Args: entryIDArg,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if err := cobra.ExactArgs(1)(cmd, args); err != nil {
+				return err
+			}
+			return events.ValidateListedID(args[0])
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runEntryWrite(cmd, g, &conn, args[0], "removed", "entry %s was already removed (revision %d)\n",
 				func(ctx context.Context, c *events.Client) (events.Result, error) {
@@ -70,6 +80,9 @@ func runEntryWrite(cmd *cobra.Command, g *globalFlags, conn *connFlags, id, done
 	}
 	if g.json {
 		return printJSON(cmd.OutOrStdout(), out)
+	}
+	if events.ValidateID(id) != nil {
+		id = strconv.Quote(id) // junk rm removed: keep its bytes off the terminal
 	}
 	if res.Type == "" {
 		fmt.Fprintf(cmd.OutOrStdout(), unchanged, id, res.Revision)

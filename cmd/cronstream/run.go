@@ -35,8 +35,8 @@ type replicaFlags struct {
 func (f *replicaFlags) add(cmd *cobra.Command, httpDefault string) {
 	fl := cmd.Flags()
 	fl.StringVar(&f.replicaID, "replica-id", "", "this replica's id (default host-pid-random)")
-	fl.IntVar(&f.replicas, "replicas", 1, "stream replicas: 1 for development, 3 for production (R3)")
-	fl.DurationVar(&f.activityMaxAge, "activity-max-age", events.DefaultActivityMaxAge, "how long the activity stream keeps fire and recovery events")
+	fl.IntVar(&f.replicas, "replicas", 1, "stream replicas when creating missing streams: 1 for development, 3 for production (R3); existing streams are changed only by \"cronstream streams apply\"")
+	fl.DurationVar(&f.activityMaxAge, "activity-max-age", events.DefaultActivityMaxAge, "how long the activity stream keeps fire and recovery events, when creating it (\"cronstream streams apply\" changes it)")
 	fl.StringSliceVar(&f.queues, "queues", nil, "queues to recover (default: every queue in asynq:queues)")
 	fl.DurationVar(&f.recoverInterval, "recover-interval", 5*time.Second, "how often the recoverer looks for lease-expired tasks")
 	fl.DurationVar(&f.recoverGrace, "recover-grace", 20*time.Second, "recover a task once its lease has been expired this long (asynq's own recoverer uses 30s)")

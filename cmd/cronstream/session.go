@@ -86,23 +86,9 @@ func (s *session) requireStreams(ctx context.Context) error {
 
 // ensureStreams creates the streams when they do not exist yet, so entries
 // can be configured before the first replica starts. It never changes
-// existing streams: their replicas and limits are the replicas' business
-// (`cronstream run --replicas 3` raises what this creates).
+// existing streams: their settings are `cronstream streams apply`'s.
 func (s *session) ensureStreams(ctx context.Context) error {
-	missing := false
-	for _, name := range []string{s.names.ConfigStream(), s.names.ActivityStream()} {
-		_, err := s.js.Stream(ctx, name)
-		switch {
-		case errors.Is(err, jetstream.ErrStreamNotFound):
-			missing = true
-		case err != nil:
-			return fmt.Errorf("stream %s: %w", name, err)
-		}
-	}
-	if !missing {
-		return nil
-	}
-	if err := events.EnsureStreams(ctx, s.js, events.StreamConfig{Names: s.names}); err != nil {
+	if _, err := events.SyncStreams(ctx, s.js, events.StreamConfig{Names: s.names}, events.CreateMissing); err != nil {
 		return fmt.Errorf("create streams: %w", err)
 	}
 	return nil

@@ -127,7 +127,8 @@ func newStatusCommand(g *globalFlags) *cobra.Command {
   queues        asynq's sizes and counters per queue
   next fires    the next ticks of the active entries
   warnings      Redis settings that break exactly-once (eviction, no
-                persistence)
+                persistence); stream settings that differ from a
+                replica's flags (which it leaves as they are)
 
 Exits non-zero when a part could not be read (what could be read is
 still shown).`,
@@ -182,6 +183,11 @@ func collectStatus(ctx context.Context, g *globalFlags, conn *connFlags, s *sess
 			fail("replicas", err)
 		}
 		rep.Replicas = readiness(ctx, infos, now)
+		for _, r := range rep.Replicas {
+			for _, w := range r.Warnings {
+				rep.Warnings = append(rep.Warnings, "replica "+r.ID+": "+w)
+			}
+		}
 	}
 
 	// Streams.

@@ -198,3 +198,51 @@ func TestComposeConfig(t *testing.T) {
 		t.Fatalf("docker compose config: %v\n%s", err, out)
 	}
 }
+
+// TestComposeNATSPermissions: every NATS node loads the repository's
+// permissions file (the one cmd/cronstream's TestNATSPermissions loads into
+// an embedded server), the streams are created by `streams apply` before
+// any replica starts, and each service connects as its role.
+func TestComposeNATSPermissions(t *testing.T) {
+	c := loadCompose(t)
+	const file = "deploy/nats/permissions.conf"
+	if _, err := os.Stat(filepath.Join(root(t), file)); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"nats-1", "nats-2", "nats-3"} {
+		s := c.Services[n]
+		conf := argAfter(s.Command, "--config")
+		if conf == "" || !slices.Contains(s.Volumes, "./"+file+":"+conf+":ro") {
+			t.Errorf("%s: does not load %s (--config %q, volumes %v)", n, file, conf, s.Volumes)
+		}
+		for _, v := range []string{"CRONSTREAM_STREAMS_NATS_PASSWORD", "CRONSTREAM_REPLICA_NATS_PASSWORD", "CRONSTREAM_OPERATOR_NATS_PASSWORD", "CRONSTREAM_AUDITOR_NATS_PASSWORD"} {
+			if s.Environment[v] == "" {
+				t.Errorf("%s: no %s for the permissions file", n, v)
+			}
+		}
+	}
+	user := func(service, role string) {
+		t.Helper()
+		urls := strings.Split(c.Services[service].Environment["CRONSTREAM_NATS"], ",")
+		for _, u := range urls {
+			if !strings.HasPrefix(u, "nats://cronstream-"+role+":") {
+				t.Errorf("%s: NATS URL %q does not connect as cronstream-%s", service, u, role)
+			}
+		}
+		if len(urls) != 3 {
+			t.Errorf("%s: %d NATS URLs, want the 3 nodes", service, len(urls))
+		}
+	}
+	st, ok := c.Services["streams"]
+	if !ok || len(st.Command) < 2 || st.Command[0] != "streams" || st.Command[1] != "apply" || argAfter(st.Command, "--replicas") != "3" {
+		t.Fatalf("streams service must run `cronstream streams apply --replicas 3`: %v", st.Command)
+	}
+	user("streams", "streams")
+	for _, n := range []string{"cronstream-1", "cronstream-2", "cronstream-3"} {
+		if c.Services[n].DependsOn["streams"].Condition != "service_completed_successfully" {
+			t.Errorf("%s: must start after the streams service completed", n)
+		}
+		user(n, "replica")
+	}
+	user("sync", "operator")
+}

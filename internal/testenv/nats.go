@@ -41,6 +41,10 @@ type NATS struct {
 	storeDir string
 	log      *natsLog
 	cluster  *natsClusterConfig // nil for a standalone server
+	// configFile, when set, is a nats-server configuration file the server
+	// starts from (its authorization, for instance); the listener, store
+	// and JetStream stay the test's.
+	configFile string
 
 	mu   sync.Mutex
 	port int            // client port; 0 until the first start picked one
@@ -69,6 +73,34 @@ func StartNATS(t testing.TB) *NATS {
 	}
 	n.waitHealthy(t)
 	return n
+}
+
+// StartNATSFromConfig is StartNATS with the server configured from a
+// nats-server configuration file first (server.ProcessConfigFile), so a test
+// runs against the authorization a deployment uses. Variables the file takes
+// from the environment must be set before.
+func StartNATSFromConfig(t testing.TB, path string) *NATS {
+	t.Helper()
+	n, err := newNATS(t, "testenv", nil)
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	n.configFile = path
+	t.Cleanup(func() { n.cleanup(t) })
+	if err := n.boot(); err != nil {
+		t.Fatalf("testenv: start nats-server from %s: %v", path, err)
+	}
+	n.waitHealthy(t)
+	return n
+}
+
+// Log is what the server logged so far (notices, warnings, errors).
+func (n *NATS) Log() string {
+	b, err := os.ReadFile(n.log.path)
+	if err != nil {
+		return fmt.Sprintf("(read nats-server log: %v)", err)
+	}
+	return string(b)
 }
 
 func newNATS(t testing.TB, name string, cluster *natsClusterConfig) (*NATS, error) {
@@ -148,15 +180,16 @@ func (n *NATS) boot() error {
 	if n.up {
 		return fmt.Errorf("nats-server %s is already running", n.name)
 	}
-	opts := &server.Options{
-		ServerName: n.name,
-		Host:       "127.0.0.1",
-		Port:       n.port,
-		JetStream:  true,
-		StoreDir:   n.storeDir,
-		NoLog:      true,
-		NoSigs:     true,
+	opts := &server.Options{}
+	if n.configFile != "" {
+		var err error
+		if opts, err = server.ProcessConfigFile(n.configFile); err != nil {
+			return fmt.Errorf("nats-server %s: %w", n.name, err)
+		}
 	}
+	opts.ServerName, opts.Host, opts.Port = n.name, "127.0.0.1", n.port
+	opts.JetStream, opts.StoreDir = true, n.storeDir
+	opts.NoLog, opts.NoSigs = true, true
 	if opts.Port == 0 {
 		opts.Port = server.RANDOM_PORT
 	}
