@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 # Multi-stage build: a static cronstream binary on a minimal, non-root image.
-FROM golang:1.26 AS build
+FROM golang:1.26.8-bookworm AS build
 WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download

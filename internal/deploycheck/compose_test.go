@@ -246,3 +246,55 @@ func TestComposeNATSPermissions(t *testing.T) {
 	}
 	user("sync", "operator")
 }
+
+// TestComposeMatchesTests holds the deployment to what the tests prove: the
+// NATS image is the nats-server version go.mod embeds in the tests, images
+// carry exact versions, Redis syncs every write, and the build context
+// leaves out the repository's history and local files.
+func TestComposeMatchesTests(t *testing.T) {
+	gomod, err := os.ReadFile(filepath.Join(root(t), "go.mod"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var serverVersion string
+	for _, line := range strings.Split(string(gomod), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "github.com/nats-io/nats-server/v2" {
+			serverVersion = strings.TrimPrefix(f[1], "v")
+		}
+	}
+	if serverVersion == "" {
+		t.Fatal("go.mod names no nats-server version")
+	}
+	c := loadCompose(t)
+	for _, n := range []string{"nats-1", "nats-2", "nats-3"} {
+		if want := "nats:" + serverVersion + "-alpine"; c.Services[n].Image != want {
+			t.Errorf("%s: image %q, want %q (the version the tests embed)", n, c.Services[n].Image, want)
+		}
+	}
+	if img := c.Services["redis"].Image; strings.Count(strings.TrimPrefix(strings.SplitN(img, "-", 2)[0], "redis:"), ".") != 2 {
+		t.Errorf("redis image %q is not pinned to an exact version", img)
+	}
+	if got := argAfter(c.Services["redis"].Command, "--appendfsync"); got != "always" {
+		t.Errorf("redis --appendfsync %q: acknowledged writes must be on disk (always)", got)
+	}
+	df, err := os.ReadFile(filepath.Join(root(t), "Dockerfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(df), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "FROM" && strings.HasPrefix(f[1], "golang:") {
+			if v := strings.SplitN(strings.TrimPrefix(f[1], "golang:"), "-", 2)[0]; strings.Count(v, ".") != 2 {
+				t.Errorf("Dockerfile: Go image %q is not pinned to an exact version", f[1])
+			}
+		}
+	}
+	ignore, err := os.ReadFile(filepath.Join(root(t), ".dockerignore"))
+	if err != nil {
+		t.Fatalf(".dockerignore: %v", err)
+	}
+	for _, want := range []string{".git", "bin"} {
+		if !slices.Contains(strings.Split(string(ignore), "\n"), want) {
+			t.Errorf(".dockerignore does not leave out %s", want)
+		}
+	}
+}
