@@ -7,19 +7,9 @@ import (
 	"time"
 
 	"github.com/cronstream/cronstream/events"
-	"github.com/cronstream/cronstream/projector"
 	"github.com/cronstream/cronstream/relay"
 	"github.com/cronstream/cronstream/scheduler"
 )
-
-func (e *env) state(id string) projector.State {
-	e.t.Helper()
-	en, rev, err := e.client.Get(ctx(e.t, 10*time.Second), id)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return projector.State{Entry: en.Normalize(), Revision: rev}
-}
 
 // flush publishes every outbox record with a one-off relay.
 func (e *env) flush() {
@@ -40,10 +30,13 @@ func TestTriggerAndBackfillIdempotent(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	e.put(every("m", "*/2 * * * * *"))
-	st := e.state("m")
 	now := time.Now()
 	m := scheduler.Manual{Firer: e.store, JS: e.js, Names: testNames, Source: "cronstream/test", Now: func() time.Time { return now }}
 	c := ctx(t, 30*time.Second)
+	st, err := m.Load(c, "m")
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	id1, created, err := m.Trigger(c, st, "req-1")
 	if err != nil || !created {
