@@ -312,40 +312,59 @@ func (s *Scheduler) scheduleSince(ctx context.Context, r *entryRun) (time.Time, 
 	return since, nil
 }
 
-// restore seeds r's lost watermark from the activity stream: an entry
-// with no watermark in its queue whose fires are in the stream lost it
-// (Redis lost data), and without it the catch-up policy would fire again
-// ticks that already fired. It reports whether a watermark was seeded.
+// restore seeds r's lost watermark: an entry with no watermark in its
+// queue whose fires are in the activity stream lost it (Redis lost data),
+// and so did one whose watermark is older than r.cursor, a tick this
+// replica handled or saw handled before its watermark was found missing or
+// older (see apply). Without it the catch-up policy would fire again ticks
+// that already fired. The seed is the later of r.cursor and the stream's
+// last handled tick, whatever queue that was in. It reports whether a
+// watermark was seeded.
 func (s *Scheduler) restore(ctx context.Context, r *entryRun) bool {
-	if s.cfg.History == nil {
+	var tick time.Time
+	var task, from string
+	if r.hasCursor {
+		tick, task, from = r.cursor, TaskID(s.cfg.Names.Prefix(), r.id, r.cursor), "this replica's cursor"
+	}
+	if st, sttask, ok := s.lastHandled(ctx, r); ok && (from == "" || st.After(tick)) {
+		tick, task, from = st, sttask, "the activity stream"
+	}
+	if from == "" {
 		return false
+	}
+	// At the entry's revision: it never overrides a handover to another
+	// queue at a later revision, and passes this configuration's own
+	// handover marker (an entry with more than its registration has one).
+	if err := s.cfg.Broker.SeedWatermark(ctx, s.cfg.Names.Prefix(), r.queue, r.id, tick, task, r.st.Revision); err != nil {
+		s.log.Warn("restore the entry's watermark", "entry", r.id, "queue", r.queue, "tick", tick, "from", from, "err", err)
+		return false
+	}
+	s.log.Warn("entry's watermark was missing or older than a tick known to be handled (did Redis lose data?): restored it", "entry", r.id, "queue", r.queue, "tick", tick, "from", from)
+	return true
+}
+
+// lastHandled is the last scheduled tick of r the activity stream holds.
+func (s *Scheduler) lastHandled(ctx context.Context, r *entryRun) (time.Time, string, bool) {
+	if s.cfg.History == nil {
+		return time.Time{}, "", false
 	}
 	h := &s.hist
 	if !h.fired[r.id] && time.Since(h.firedAt) >= historyRefresh {
 		h.firedAt = time.Now()
 		fired, err := s.cfg.History.FiredEntries(ctx)
 		if err != nil {
-			s.log.Warn("read which entries fired; not restoring lost watermarks", "err", err)
+			s.log.Warn("read which entries fired; not restoring lost watermarks from the stream", "err", err)
 		} else {
 			h.fired = fired
 		}
 	}
 	if !h.fired[r.id] {
-		return false
+		return time.Time{}, "", false
 	}
 	tick, task, ok, err := s.cfg.History.LastHandled(ctx, r.id)
 	if err != nil {
 		s.log.Warn("read the entry's last fire to restore its watermark", "entry", r.id, "err", err)
-		return false
+		return time.Time{}, "", false
 	}
-	if !ok {
-		return false
-	}
-	// Revision 0: a restore never overrides a handover.
-	if err := s.cfg.Broker.SeedWatermark(ctx, s.cfg.Names.Prefix(), r.queue, r.id, tick, task, 0); err != nil {
-		s.log.Warn("restore the entry's watermark from the stream", "entry", r.id, "tick", tick, "err", err)
-		return false
-	}
-	s.log.Warn("entry had no watermark in Redis but fires in the stream: restored it (did Redis lose data?)", "entry", r.id, "queue", r.queue, "tick", tick)
-	return true
+	return tick, task, ok
 }

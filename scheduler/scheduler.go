@@ -619,11 +619,11 @@ func (s *Scheduler) loadWatermarks(ctx context.Context) {
 						continue // the watermark changed: read it again next turn
 					}
 				}
-				if !wm.OK && !r.restored {
-					r.restored = true // once per load: the stream may hold nothing usable
-					if s.restore(ctx, r) {
-						continue
-					}
+			}
+			if (!wm.OK || r.hasCursor && wm.Tick.Before(r.cursor)) && !r.restored {
+				r.restored = true // once per load: the stream may hold nothing usable
+				if s.restore(ctx, r) {
+					continue
 				}
 			}
 			// Only when a tick of its schedule fell between the watermark
@@ -999,11 +999,13 @@ func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (ta
 		s.countRefused(status.String())
 		switch status {
 		case taskstate.StatusWatermarkMismatch:
-			if r.hasCursor && !res.HasWatermark {
-				// The watermark vanished under us (Redis lost data): load
-				// it again, which restores it from the stream, instead of
-				// starting over from the entry's registration.
-				r.known, r.hasCursor = false, false
+			if r.hasCursor && (!res.HasWatermark || res.Watermark.Before(r.cursor)) {
+				// The watermark vanished under us, or went back before a
+				// tick this replica knows was handled (Redis lost data, a
+				// lagging replica was promoted): load it again, which
+				// re-seeds it from the later of r.cursor (kept for that)
+				// and the stream, instead of firing those ticks again.
+				r.known = false
 				r.tries++
 				s.heap.remove(r)
 				s.load[r.id] = r
