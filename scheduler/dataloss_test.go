@@ -2,8 +2,11 @@ package scheduler_test
 
 import (
 	"context"
+	"maps"
+	"net"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -181,4 +184,77 @@ func TestRedisLostWhileRunning(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestLaggingReplicaPromoted: Redis runs as a master with a replica; the
+// replica stops following (it lags), the master goes on taking fires, then
+// dies, and the replica is promoted: the replica that fires reconnects to
+// it and finds each watermark older than its cursor. No tick the master
+// had taken fires again on the promoted server.
+func TestLaggingReplicaPromoted(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	master := testenv.StartRedis(t, testenv.WithPrivateServer())
+	standby := testenv.StartRedis(t, testenv.WithPrivateServer())
+	c := context.Background()
+	src, dst := master.Client(t), standby.Client(t)
+	host, port, _ := strings.Cut(master.Addr, ":")
+	if err := dst.ReplicaOf(c, host, port).Err(); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		info, err := dst.Info(c, "replication").Result()
+		return err == nil && strings.Contains(info, "master_link_status:up")
+	}, "standby to follow the master")
+
+	// The node's connections go to whichever server target names.
+	var target atomic.Value
+	target.Store(master.Addr)
+	opts := master.Options()
+	opts.Dialer = func(ctx context.Context, network, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, target.Load().(string))
+	}
+	rc := redis.NewClient(opts)
+	t.Cleanup(func() { _ = rc.Close() })
+
+	e.putHistory(lossCases[0])
+	a := e.startNode("a", nodeOpts{rc: rc, sched: func(c *scheduler.Config) { c.History = scheduler.NewStreamHistory(e.js, testNames) }})
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Fired >= 3 }, "a to fire")
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		off1, _ := src.Info(c, "replication").Result()
+		return strings.Contains(off1, "connected_slaves:1")
+	}, "master to see its replica")
+	// The standby stops following: from now on it lags.
+	if err := dst.ReplicaOf(c, "NO", "ONE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	onStandby := map[int64]bool{}
+	for _, s := range tasksTicks(t, "w", dst.LRange(c, taskstate.Keys("default").Pending(), 0, -1).Val()) {
+		onStandby[s] = true
+	}
+	firedAt := a.sched.Stats().Fired
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Fired >= firedAt+3 }, "a to fire on the master alone")
+	// Fail over: new connections go to the standby; the master takes no
+	// more writes, then dies.
+	target.Store(standby.Addr)
+	if err := src.Do(c, "CLIENT", "PAUSE", "30000", "WRITE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	onMaster := tasksTicks(t, "w", src.LRange(c, taskstate.Keys("default").Pending(), 0, -1).Val())
+	master.Kill(t)
+	lastOnMaster := slices.Max(onMaster)
+	if slices.Max(slices.Collect(maps.Keys(onStandby))) >= lastOnMaster {
+		t.Fatalf("the standby does not lag: it holds ticks up to %s, the master %s", fmtUnix(slices.Max(slices.Collect(maps.Keys(onStandby)))), fmtUnix(lastOnMaster))
+	}
+	firedAt = a.sched.Stats().Fired
+	testenv.Eventually(t, 30*time.Second, func() bool { return a.sched.Stats().Fired >= firedAt+3 }, "a to fire on the promoted standby")
+	a.stop()
+	var fresh []int64
+	for _, s := range tasksTicks(t, "w", dst.LRange(c, taskstate.Keys("default").Pending(), 0, -1).Val()) {
+		if !onStandby[s] {
+			fresh = append(fresh, s)
+		}
+	}
+	checkNotRefired(t, fresh, lastOnMaster)
 }
