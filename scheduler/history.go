@@ -324,10 +324,10 @@ func (s *Scheduler) restore(ctx context.Context, r *entryRun) bool {
 	var tick time.Time
 	var task, from string
 	if r.hasCursor {
-		tick, task, from = r.cursor, TaskID(s.cfg.Names.Prefix(), r.id, r.cursor), "this replica's cursor"
+		tick, task, from = r.cursor, TaskID(s.cfg.Names.Prefix(), r.id, r.cursor), "cursor"
 	}
 	if st, sttask, ok := s.lastHandled(ctx, r); ok && (from == "" || st.After(tick)) {
-		tick, task, from = st, sttask, "the activity stream"
+		tick, task, from = st, sttask, "stream"
 	}
 	if from == "" {
 		return false
@@ -339,7 +339,8 @@ func (s *Scheduler) restore(ctx context.Context, r *entryRun) bool {
 		s.log.Warn("restore the entry's watermark", "entry", r.id, "queue", r.queue, "tick", tick, "from", from, "err", err)
 		return false
 	}
-	s.log.Warn("entry's watermark was missing or older than a tick known to be handled (did Redis lose data?): restored it", "entry", r.id, "queue", r.queue, "tick", tick, "from", from)
+	s.m.Restored.WithLabelValues(from).Inc()
+	s.log.Debug("restored the entry's watermark", "entry", r.id, "queue", r.queue, "tick", tick, "from", from)
 	return true
 }
 

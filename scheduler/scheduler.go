@@ -588,6 +588,7 @@ func (s *Scheduler) loadWatermarks(ctx context.Context) {
 		byQueue[r.queue] = append(byQueue[r.queue], r)
 	}
 	now := s.clock.Now()
+	var restored []string
 	for q, runs := range byQueue {
 		ids := make([]string, len(runs))
 		for i, r := range runs {
@@ -623,6 +624,7 @@ func (s *Scheduler) loadWatermarks(ctx context.Context) {
 			if (!wm.OK || r.hasCursor && wm.Tick.Before(r.cursor)) && !r.restored {
 				r.restored = true // once per load: the stream may hold nothing usable
 				if s.restore(ctx, r) {
+					restored = append(restored, r.id)
 					continue
 				}
 			}
@@ -647,6 +649,10 @@ func (s *Scheduler) loadWatermarks(ctx context.Context) {
 			}
 			s.schedule(r, now)
 		}
+	}
+	if len(restored) > 0 {
+		s.log.Warn("watermarks missing in Redis or older than ticks known to be handled (did Redis lose data?): restored from this replica's cursors and the activity stream",
+			"entries", len(restored), "first", restored[0])
 	}
 	switch {
 	case failed:
