@@ -603,7 +603,13 @@ func (s *Scheduler) loadWatermarks(ctx context.Context) {
 		}
 		for i, r := range runs {
 			wm := wms[i]
-			if !wm.OK || r.reopen {
+			// A missing watermark, or one older than a tick known to be
+			// handled, is restored (once per load: the stream may hold
+			// nothing usable), after the handover that closes the entry's
+			// other queues: the restore opens this one.
+			restoreNow := !r.restored && (!wm.OK || s.behind(ctx, r, wm.Tick, now))
+			reread := false
+			if !wm.OK || r.reopen || restoreNow {
 				prev, err := s.previousQueues(ctx, r)
 				if err != nil {
 					later = true
@@ -617,16 +623,19 @@ func (s *Scheduler) loadWatermarks(ctx context.Context) {
 					}
 					if r.reopen || seeded {
 						r.reopen = false
-						continue // the watermark changed: read it again next turn
+						reread = true // the watermark changed: read it again next turn
 					}
 				}
 			}
-			if (!wm.OK || r.hasCursor && wm.Tick.Before(r.cursor)) && !r.restored {
-				r.restored = true // once per load: the stream may hold nothing usable
+			if restoreNow {
+				r.restored = true
 				if s.restore(ctx, r) {
 					restored = append(restored, r.id)
-					continue
+					reread = true
 				}
+			}
+			if reread {
+				continue
 			}
 			// Only when a tick of its schedule fell between the watermark
 			// and the last config change does the floor matter (and the
