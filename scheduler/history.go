@@ -369,17 +369,17 @@ func (s *Scheduler) scheduleSince(ctx context.Context, r *entryRun) (time.Time, 
 
 // restore seeds r's lost watermark: an entry with no watermark in its
 // queue whose fires are in the activity stream lost it (Redis lost data),
-// and so did one whose watermark is older than r.cursor, a tick this
-// replica handled or saw handled before its watermark was found missing or
-// older (see apply). Without it the catch-up policy would fire again ticks
-// that already fired. The seed is the later of r.cursor and the stream's
-// last handled tick, whatever queue that was in. It reports whether a
-// watermark was seeded.
+// and so did one whose watermark is older than r.handled (the watermark
+// this replica last knew) or than the stream's last tick (see behind).
+// Without it the catch-up policy would fire again ticks that already
+// fired. The seed is the later of r.handled and the stream's last handled
+// tick, whatever queue that was in. It reports whether a watermark was
+// seeded.
 func (s *Scheduler) restore(ctx context.Context, r *entryRun) bool {
 	var tick time.Time
 	var task, from string
-	if r.hasCursor {
-		tick, task, from = r.cursor, TaskID(s.cfg.Names.Prefix(), r.id, r.cursor), "cursor"
+	if r.hasHandled {
+		tick, task, from = r.handled, TaskID(s.cfg.Names.Prefix(), r.id, r.handled), "cursor"
 	}
 	if st, sttask, ok := s.lastHandled(ctx, r); ok && (from == "" || st.After(tick)) {
 		tick, task, from = st, sttask, "stream"
@@ -400,7 +400,7 @@ func (s *Scheduler) restore(ctx context.Context, r *entryRun) bool {
 }
 
 // behind reports whether r's watermark wm is older than a tick known to be
-// handled: r.cursor when this replica holds one; otherwise, for an entry
+// handled: r.handled when this replica holds one; otherwise, for an entry
 // whose next tick after wm is already due, the last tick the activity
 // stream recorded for it. A stream ahead of Redis means Redis lost the
 // fires after wm (a lagging replica was promoted while no replica ran):
@@ -408,8 +408,8 @@ func (s *Scheduler) restore(ctx context.Context, r *entryRun) bool {
 // last ticks of all entries are read in one pass, at most once per
 // historyRefresh.
 func (s *Scheduler) behind(ctx context.Context, r *entryRun, wm, now time.Time) bool {
-	if r.hasCursor {
-		return wm.Before(r.cursor)
+	if r.hasHandled {
+		return wm.Before(r.handled)
 	}
 	if s.cfg.History == nil || r.sched.Next(wm).After(now) {
 		return false

@@ -178,6 +178,14 @@ type entryRun struct {
 	hasCursor bool
 	known     bool
 	lastTask  string
+
+	// handled is the last tick this replica knows the watermark held: read
+	// from Redis or written by its own fire (cursor may come from observed
+	// events, backfills among them, which prove nothing of the watermark).
+	// A watermark found missing or older than it means Redis lost data; it
+	// is kept to restore the watermark then.
+	handled    time.Time
+	hasHandled bool
 	// floor: ticks at or before it are never fired (they belong to a pause
 	// or to an earlier spec).
 	floor time.Time
@@ -653,6 +661,7 @@ func (s *Scheduler) loadWatermarks(ctx context.Context) {
 			delete(s.load, r.id)
 			r.known, r.restored = true, false
 			r.cursor, r.hasCursor, r.lastTask = wm.Tick, wm.OK, wm.TaskID
+			r.handled, r.hasHandled = wm.Tick, wm.OK
 			if r.st.Entry.Paused {
 				continue
 			}
@@ -1014,12 +1023,12 @@ func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (ta
 		s.countRefused(status.String())
 		switch status {
 		case taskstate.StatusWatermarkMismatch:
-			if r.hasCursor && (!res.HasWatermark || res.Watermark.Before(r.cursor)) {
+			if r.hasHandled && (!res.HasWatermark || res.Watermark.Before(r.handled)) {
 				// The watermark vanished under us, or went back before a
-				// tick this replica knows was handled (Redis lost data, a
-				// lagging replica was promoted): load it again, which
-				// re-seeds it from the later of r.cursor (kept for that)
-				// and the stream, instead of firing those ticks again.
+				// tick it held (Redis lost data, a lagging replica was
+				// promoted): load it again, which re-seeds it from the
+				// later of r.handled and the stream, instead of firing
+				// those ticks again.
 				r.known = false
 				r.tries++
 				s.heap.remove(r)
@@ -1027,6 +1036,7 @@ func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (ta
 				break
 			}
 			r.cursor, r.hasCursor, r.lastTask = res.Watermark, res.HasWatermark, res.WatermarkTaskID
+			r.handled, r.hasHandled = res.Watermark, res.HasWatermark
 			r.known = true
 			if res.HasWatermark && !res.Watermark.Before(f.tick) {
 				r.tries = 0 // someone else handled it: nothing wrong
@@ -1052,6 +1062,7 @@ func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (ta
 	r.tries = 0
 	if f.kind == taskstate.FireTick || f.kind == taskstate.FireSkip {
 		r.cursor, r.hasCursor, r.known = f.tick, true, true
+		r.handled, r.hasHandled = f.tick, true
 	}
 	if f.skipped {
 		s.count(func(st *Stats) { st.SkippedMissed++ })
