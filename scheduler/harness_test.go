@@ -124,6 +124,8 @@ type nodeOpts struct {
 	noRelay bool
 	// projection wraps the node's projection (fence tests).
 	projection func(*projector.Projector) scheduler.Projection
+	// rc is the node's Redis client (default: one on the test's server).
+	rc *redis.Client
 }
 
 // node is one replica wired by hand.
@@ -151,7 +153,10 @@ func (e *env) startNode(id string, o nodeOpts) *node {
 		t.Fatal(err)
 	}
 	n.js = js
-	n.rc = e.redis.Client(t)
+	n.rc = o.rc
+	if n.rc == nil {
+		n.rc = e.redis.Client(t)
+	}
 	n.store = taskstate.New(n.rc)
 	log := testLogger(t).With("replica", id)
 

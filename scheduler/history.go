@@ -34,6 +34,11 @@ type History interface {
 	// FiredEntries returns the entries with events on their fire subjects
 	// in the activity stream, in one request.
 	FiredEntries(ctx context.Context) (map[string]bool, error)
+	// LastHandledAll returns, in one pass, the last scheduled tick the
+	// activity stream recorded for every entry whose fire subject's last
+	// message is one (fired, or skipped as a tick); entries whose last
+	// message is a trigger or a backfill are left out.
+	LastHandledAll(ctx context.Context) (map[string]time.Time, error)
 	// LastHandled returns the last scheduled tick the activity stream
 	// recorded for entry (fired, or skipped as a tick: not a trigger or a
 	// backfill) and its task id; ok is false when there is none.
@@ -199,6 +204,54 @@ func (h *StreamHistory) LastHandled(ctx context.Context, entry string) (time.Tim
 	}
 }
 
+// LastHandledAll reads the last message of every fire subject through one
+// ordered consumer.
+func (h *StreamHistory) LastHandledAll(ctx context.Context) (map[string]time.Time, error) {
+	s, err := h.js.Stream(ctx, h.names.ActivityStream())
+	if err != nil {
+		return nil, fmt.Errorf("last handled ticks: %w", err)
+	}
+	filter := h.names.FireSubject("*")
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(filter))
+	if err != nil {
+		return nil, fmt.Errorf("last handled ticks: %w", err)
+	}
+	out := make(map[string]time.Time, len(info.State.Subjects))
+	if len(info.State.Subjects) == 0 {
+		return out, nil
+	}
+	c, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{filter}, DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("last handled ticks: %w", err)
+	}
+	it, err := c.Messages()
+	if err != nil {
+		return nil, fmt.Errorf("last handled ticks: %w", err)
+	}
+	defer it.Stop()
+	for {
+		m, err := it.Next(jetstream.NextContext(ctx))
+		if err != nil {
+			return nil, fmt.Errorf("last handled ticks: %w", err)
+		}
+		if id, ok := h.names.EntryFromFireSubject(m.Subject()); ok {
+			if tick, _, ok := handledTick(m.Data()); ok && tick.After(out[id]) {
+				out[id] = tick
+			}
+		}
+		md, err := m.Metadata()
+		if err != nil {
+			return nil, fmt.Errorf("last handled ticks: %w", err)
+		}
+		// Fires go on while it reads: stop at the stream's end as it was.
+		if md.NumPending == 0 || md.Sequence.Stream >= info.State.LastSeq {
+			return out, nil
+		}
+	}
+}
+
 // handledTick reads the tick a fire-subject event moved the watermark to.
 func handledTick(data []byte) (time.Time, string, bool) {
 	ev, err := events.DecodeEvent(data)
@@ -238,6 +291,8 @@ type historyCache struct {
 	countsAt time.Time
 	fired    map[string]bool
 	firedAt  time.Time
+	last     map[string]time.Time // LastHandledAll
+	lastAt   time.Time
 }
 
 // errHistoryLater: the cached counts predate the entry's revision and may
@@ -312,40 +367,88 @@ func (s *Scheduler) scheduleSince(ctx context.Context, r *entryRun) (time.Time, 
 	return since, nil
 }
 
-// restore seeds r's lost watermark from the activity stream: an entry
-// with no watermark in its queue whose fires are in the stream lost it
-// (Redis lost data), and without it the catch-up policy would fire again
-// ticks that already fired. It reports whether a watermark was seeded.
+// restore seeds r's lost watermark: an entry with no watermark in its
+// queue whose fires are in the activity stream lost it (Redis lost data),
+// and so did one whose watermark is older than r.handled (the watermark
+// this replica last knew) or than the stream's last tick (see behind).
+// Without it the catch-up policy would fire again ticks that already
+// fired. The seed is the later of r.handled and the stream's last handled
+// tick, whatever queue that was in. It reports whether a watermark was
+// seeded.
 func (s *Scheduler) restore(ctx context.Context, r *entryRun) bool {
-	if s.cfg.History == nil {
+	var tick time.Time
+	var task, from string
+	if r.hasHandled {
+		tick, task, from = r.handled, TaskID(s.cfg.Names.Prefix(), r.id, r.handled), "cursor"
+	}
+	if st, sttask, ok := s.lastHandled(ctx, r); ok && (from == "" || st.After(tick)) {
+		tick, task, from = st, sttask, "stream"
+	}
+	if from == "" {
 		return false
+	}
+	// At the entry's revision: it never overrides a handover to another
+	// queue at a later revision, and passes this configuration's own
+	// handover marker (an entry with more than its registration has one).
+	if err := s.cfg.Broker.SeedWatermark(ctx, s.cfg.Names.Prefix(), r.queue, r.id, tick, task, r.st.Revision); err != nil {
+		s.log.Warn("restore the entry's watermark", "entry", r.id, "queue", r.queue, "tick", tick, "from", from, "err", err)
+		return false
+	}
+	s.m.Restored.WithLabelValues(from).Inc()
+	s.log.Debug("restored the entry's watermark", "entry", r.id, "queue", r.queue, "tick", tick, "from", from)
+	return true
+}
+
+// behind reports whether r's watermark wm is older than a tick known to be
+// handled: r.handled when this replica holds one; otherwise, for an entry
+// whose next tick after wm is already due, the last tick the activity
+// stream recorded for it. A stream ahead of Redis means Redis lost the
+// fires after wm (a lagging replica was promoted while no replica ran):
+// their events were published only after their Redis writes. The stream's
+// last ticks of all entries are read in one pass, at most once per
+// historyRefresh.
+func (s *Scheduler) behind(ctx context.Context, r *entryRun, wm, now time.Time) bool {
+	if r.hasHandled {
+		return wm.Before(r.handled)
+	}
+	if s.cfg.History == nil || r.sched.Next(wm).After(now) {
+		return false
+	}
+	h := &s.hist
+	if time.Since(h.lastAt) >= historyRefresh {
+		h.lastAt = time.Now()
+		last, err := s.cfg.History.LastHandledAll(ctx)
+		if err != nil {
+			s.log.Warn("read the entries' last ticks from the stream; not checking watermarks against it", "err", err)
+		}
+		h.last = last
+	}
+	last, ok := h.last[r.id]
+	return ok && last.After(wm)
+}
+
+// lastHandled is the last scheduled tick of r the activity stream holds.
+func (s *Scheduler) lastHandled(ctx context.Context, r *entryRun) (time.Time, string, bool) {
+	if s.cfg.History == nil {
+		return time.Time{}, "", false
 	}
 	h := &s.hist
 	if !h.fired[r.id] && time.Since(h.firedAt) >= historyRefresh {
 		h.firedAt = time.Now()
 		fired, err := s.cfg.History.FiredEntries(ctx)
 		if err != nil {
-			s.log.Warn("read which entries fired; not restoring lost watermarks", "err", err)
+			s.log.Warn("read which entries fired; not restoring lost watermarks from the stream", "err", err)
 		} else {
 			h.fired = fired
 		}
 	}
 	if !h.fired[r.id] {
-		return false
+		return time.Time{}, "", false
 	}
 	tick, task, ok, err := s.cfg.History.LastHandled(ctx, r.id)
 	if err != nil {
 		s.log.Warn("read the entry's last fire to restore its watermark", "entry", r.id, "err", err)
-		return false
+		return time.Time{}, "", false
 	}
-	if !ok {
-		return false
-	}
-	// Revision 0: a restore never overrides a handover.
-	if err := s.cfg.Broker.SeedWatermark(ctx, s.cfg.Names.Prefix(), r.queue, r.id, tick, task, 0); err != nil {
-		s.log.Warn("restore the entry's watermark from the stream", "entry", r.id, "tick", tick, "err", err)
-		return false
-	}
-	s.log.Warn("entry had no watermark in Redis but fires in the stream: restored it (did Redis lose data?)", "entry", r.id, "queue", r.queue, "tick", tick)
-	return true
+	return tick, task, ok
 }

@@ -51,39 +51,140 @@ func (m Manual) source() string {
 	return "cronstream/manual"
 }
 
-// Trigger enqueues one task of st's entry now. requestID makes it
+// Target is what a manual fire presents: the entry's state and the config
+// stream's last sequence, read before the state (Load).
+//
+// The revision fence in a queue's slot holds the highest projection
+// sequence a replica fired with, a stream-wide sequence, not an entry's
+// revision. A manual fire presents ConfigSeq: no replica's projection can
+// be ahead of the stream's last sequence when it was read, and the state
+// read after it is at least that new, so the fence refuses a manual fire
+// only when a config event landed after Load and a replica fired from it.
+type Target struct {
+	projector.State
+	ConfigSeq uint64
+}
+
+// ErrRefused reports a manual fire the fire script refused; the error
+// names the status. A refusal changed nothing in Redis.
+var ErrRefused = errors.New("refused")
+
+// manualAttempts bounds how often a manual fire refused by the revision
+// fence, or because the entry moved to another queue, is built again from
+// a fresh Target.
+const manualAttempts = 3
+
+// Load reads the config stream's last sequence, then entry id's state.
+func (m Manual) Load(ctx context.Context, id string) (Target, error) {
+	stream, err := m.JS.Stream(ctx, m.Names.ConfigStream())
+	if err != nil {
+		return Target{}, fmt.Errorf("config stream: %w", err)
+	}
+	info, err := stream.Info(ctx)
+	if err != nil {
+		return Target{}, fmt.Errorf("config stream: %w", err)
+	}
+	e, rev, err := events.NewClient(m.JS, m.Names).Get(ctx, id)
+	if err != nil {
+		return Target{}, err
+	}
+	return Target{State: projector.State{Entry: e.Normalize(), Revision: rev}, ConfigSeq: max(info.State.LastSeq, rev)}, nil
+}
+
+// fireFresh sends one fire per item, built by build from t. Fires refused
+// by the revision fence or a queue move (the configuration changed after t
+// was read) are built again from a fresh Target and sent again, up to
+// manualAttempts in all; each fire is idempotent, so resending is safe. It
+// returns the results in item order and the Target of the last attempt.
+func (m Manual) fireFresh(ctx context.Context, t Target, items int, build func(t Target, item int) (taskstate.Fire, error)) ([]taskstate.FireResult, Target, error) {
+	results := make([]taskstate.FireResult, items)
+	todo := make([]int, items)
+	for i := range todo {
+		todo[i] = i
+	}
+	for attempt := 1; ; attempt++ {
+		fires := make([]taskstate.Fire, 0, len(todo))
+		for _, i := range todo {
+			f, err := build(t, i)
+			if err != nil {
+				return nil, t, err
+			}
+			fires = append(fires, f)
+		}
+		var again []int
+		for start := 0; start < len(fires); start += DefaultBatch {
+			end := min(start+DefaultBatch, len(fires))
+			res, err := m.fire(ctx, fires[start:end])
+			if err != nil {
+				return nil, t, err
+			}
+			for n, r := range res {
+				i := todo[start+n]
+				results[i] = r
+				if r.Status == taskstate.StatusRevisionFenced || r.Status == taskstate.StatusMoved {
+					again = append(again, i)
+				}
+			}
+		}
+		if len(again) == 0 || attempt == manualAttempts {
+			return results, t, nil
+		}
+		fresh, err := m.Load(ctx, t.Entry.ID)
+		if err != nil {
+			return nil, t, err
+		}
+		t, todo = fresh, again
+	}
+}
+
+// refusal describes a refused fire's result.
+func refusal(r taskstate.FireResult, seq uint64) string {
+	switch r.Status {
+	case taskstate.StatusRevisionFenced:
+		return fmt.Sprintf("%s: a replica fired into the queue from config sequence %d, newer than %d read here", r.Status, r.Fence, seq)
+	case taskstate.StatusMoved:
+		return fmt.Sprintf("%s: the entry left the queue at config sequence %d", r.Status, r.MovedAt)
+	}
+	return r.Status.String()
+}
+
+// Trigger enqueues one task of t's entry now. requestID makes it
 // idempotent: the same id fires once (for taskstate.DefaultTriggerTTL); the
 // task id and the event id are derived from it. It never moves the
 // watermark, so the schedule is unaffected. It returns the task id and
-// whether this call created it.
-func (m Manual) Trigger(ctx context.Context, st projector.State, requestID string) (string, bool, error) {
+// whether this call created it; a refused fire is an error wrapping
+// ErrRefused.
+func (m Manual) Trigger(ctx context.Context, t Target, requestID string) (string, bool, error) {
 	if err := events.ValidateID(requestID); err != nil {
 		return "", false, fmt.Errorf("request id: %w", err)
 	}
 	now := m.now()
 	prefix := m.Names.Prefix()
-	e := st.Entry
-	taskID := prefix + ":" + e.ID + ":trigger:" + requestID
-	id := "trigger:" + e.ID + ":" + requestID
-	rec, err := m.record(id, events.TypeEntryFired, e.ID, now, events.Fired{
-		Entry: e.ID, ScheduledAt: now.UTC().Truncate(time.Second), EnqueuedAt: now.UTC(), TaskID: taskID,
-		Queue: e.Options.QueueName(), Revision: st.Revision, Replica: m.source(), Trigger: requestID,
-	})
-	if err != nil {
-		return "", false, err
-	}
-	f := taskstate.Fire{
-		Prefix: prefix, Entry: e.ID, Queue: e.Options.QueueName(), Kind: taskstate.FireTrigger,
-		Tick: now, RequestID: requestID, Msg: TaskMessage(e, taskID, now),
-		UniqueTTL: e.Options.Unique.D(), FiredRecord: rec, ConfigSeq: st.Revision,
-	}
-	if f.UniqueTTL > 0 {
-		if f.DuplicateRecord, err = m.record("skip:"+e.ID+":trigger:"+requestID, events.TypeEntrySkipped, e.ID, now,
-			events.Skipped{Entry: e.ID, ScheduledAt: now.UTC().Truncate(time.Second), Reason: events.SkipUnique, Revision: st.Revision, Replica: m.source()}); err != nil {
-			return "", false, err
+	id := t.Entry.ID
+	build := func(t Target, _ int) (taskstate.Fire, error) {
+		e := t.Entry
+		taskID := prefix + ":" + e.ID + ":trigger:" + requestID
+		rec, err := m.record("trigger:"+e.ID+":"+requestID, events.TypeEntryFired, e.ID, now, events.Fired{
+			Entry: e.ID, ScheduledAt: now.UTC().Truncate(time.Second), EnqueuedAt: now.UTC(), TaskID: taskID,
+			Queue: e.Options.QueueName(), Revision: t.Revision, Replica: m.source(), Trigger: requestID,
+		})
+		if err != nil {
+			return taskstate.Fire{}, err
 		}
+		f := taskstate.Fire{
+			Prefix: prefix, Entry: e.ID, Queue: e.Options.QueueName(), Kind: taskstate.FireTrigger,
+			Tick: now, RequestID: requestID, Msg: TaskMessage(e, taskID, now),
+			UniqueTTL: e.Options.Unique.D(), FiredRecord: rec, ConfigSeq: t.ConfigSeq,
+		}
+		if f.UniqueTTL > 0 {
+			if f.DuplicateRecord, err = m.record("skip:"+e.ID+":trigger:"+requestID, events.TypeEntrySkipped, e.ID, now,
+				events.Skipped{Entry: e.ID, ScheduledAt: now.UTC().Truncate(time.Second), Reason: events.SkipUnique, Revision: t.Revision, Replica: m.source()}); err != nil {
+				return taskstate.Fire{}, err
+			}
+		}
+		return f, nil
 	}
-	res, err := m.fire(ctx, []taskstate.Fire{f})
+	res, last, err := m.fireFresh(ctx, t, 1, build)
 	if err != nil {
 		return "", false, err
 	}
@@ -93,9 +194,9 @@ func (m Manual) Trigger(ctx context.Context, st projector.State, requestID strin
 	case taskstate.StatusAlreadyExists:
 		return res[0].TaskID, false, nil
 	case taskstate.StatusDuplicate:
-		return res[0].TaskID, false, fmt.Errorf("trigger %s: the unique lock is held by task %s", e.ID, res[0].TaskID)
+		return res[0].TaskID, false, fmt.Errorf("trigger %s: the unique lock is held by task %s", id, res[0].TaskID)
 	}
-	return "", false, fmt.Errorf("trigger %s: refused (%s)", e.ID, res[0].Status)
+	return "", false, fmt.Errorf("trigger %s: %w (%s)", id, ErrRefused, refusal(res[0], last.ConfigSeq))
 }
 
 // BackfillResult counts what a backfill did.
@@ -103,83 +204,127 @@ type BackfillResult struct {
 	Ticks   int      // ticks of the schedule in the range
 	Fired   []string // task ids created now
 	Already int      // ticks that had fired before (event or task found)
+	// SkippedUnique counts ticks not fired because asynq's unique lock was
+	// held by another task (each has its skipped event).
+	SkippedUnique int
+	// Registered is when the entry's current life began (its last
+	// registration); BeforeRegistration counts the range's ticks before it,
+	// which are fired as asked like any other.
+	Registered         time.Time
+	BeforeRegistration int
 }
 
-// Backfill fires every tick of st's entry in [from, to] that has no fired
+// Backfill fires every tick of t's entry in [from, to] that has no fired
 // event in the activity stream (the stream is the record of what fired).
 // Each fire is idempotent by task id, so a repeated backfill fires nothing
-// twice. It never moves the watermark.
-func (m Manual) Backfill(ctx context.Context, st projector.State, from, to time.Time) (BackfillResult, error) {
+// twice. It never moves the watermark. Ticks before the entry was
+// registered fire too (the caller asked for them); the result counts them.
+// When the script refuses a fire, the result holds what happened to the
+// others and the error wraps ErrRefused.
+func (m Manual) Backfill(ctx context.Context, t Target, from, to time.Time) (BackfillResult, error) {
 	var out BackfillResult
+	id := t.Entry.ID
 	if to.Before(from) {
-		return out, fmt.Errorf("backfill %s: --to %s is before --from %s", st.Entry.ID, to.Format(time.RFC3339), from.Format(time.RFC3339))
+		return out, fmt.Errorf("backfill %s: --to %s is before --from %s", id, to.Format(time.RFC3339), from.Format(time.RFC3339))
 	}
 	if to.After(m.now()) {
-		return out, fmt.Errorf("backfill %s: --to %s is in the future", st.Entry.ID, to.Format(time.RFC3339))
+		return out, fmt.Errorf("backfill %s: --to %s is in the future", id, to.Format(time.RFC3339))
 	}
-	sched, err := NewSchedule(st.Entry)
+	sched, err := NewSchedule(t.Entry)
 	if err != nil {
 		return out, err
 	}
 	ticks, more := sched.Ticks(from.Add(-time.Nanosecond), to, MaxBackfill)
 	if more {
-		return out, fmt.Errorf("backfill %s: %w (more than %d); split it", st.Entry.ID, ErrTooManyTicks, MaxBackfill)
+		return out, fmt.Errorf("backfill %s: %w (more than %d); split it", id, ErrTooManyTicks, MaxBackfill)
 	}
 	out.Ticks = len(ticks)
+	if out.Registered, err = m.registered(ctx, id); err != nil {
+		return out, err
+	}
+	for _, tick := range ticks {
+		if tick.Before(out.Registered) {
+			out.BeforeRegistration++
+		}
+	}
 	if len(ticks) == 0 {
 		return out, nil
 	}
-	fired, err := m.firedTicks(ctx, st.Entry.ID, ticks[0], ticks[len(ticks)-1])
+	fired, err := m.firedTicks(ctx, id, ticks[0], ticks[len(ticks)-1])
 	if err != nil {
 		return out, err
 	}
-	prefix := m.Names.Prefix()
-	now := m.now()
-	queue := st.Entry.Options.QueueName()
-	var fires []taskstate.Fire
+	var todo []time.Time
 	for _, tick := range ticks {
 		if fired[tick.Unix()] {
 			out.Already++
 			continue
 		}
-		taskID := TaskID(prefix, st.Entry.ID, tick)
-		id := firedEventID(st.Entry.ID, tick)
-		rec, err := m.record(id, events.TypeEntryFired, st.Entry.ID, now, events.Fired{
-			Entry: st.Entry.ID, ScheduledAt: tick.UTC(), EnqueuedAt: now.UTC(), TaskID: taskID, Queue: queue,
-			Revision: st.Revision, Replica: m.source(), Backfill: true,
+		todo = append(todo, tick)
+	}
+	prefix := m.Names.Prefix()
+	now := m.now()
+	build := func(t Target, i int) (taskstate.Fire, error) {
+		e, tick := t.Entry, todo[i]
+		queue := e.Options.QueueName()
+		taskID := TaskID(prefix, e.ID, tick)
+		rec, err := m.record(firedEventID(e.ID, tick), events.TypeEntryFired, e.ID, now, events.Fired{
+			Entry: e.ID, ScheduledAt: tick.UTC(), EnqueuedAt: now.UTC(), TaskID: taskID, Queue: queue,
+			Revision: t.Revision, Replica: m.source(), Backfill: true,
 		})
 		if err != nil {
-			return out, err
+			return taskstate.Fire{}, err
 		}
 		f := taskstate.Fire{
-			Prefix: prefix, Entry: st.Entry.ID, Queue: queue, Kind: taskstate.FireBackfill, Tick: tick,
-			Msg: TaskMessage(st.Entry, taskID, tick), FiredRecord: rec, ConfigSeq: st.Revision,
-			UniqueTTL: st.Entry.Options.Unique.D(),
+			Prefix: prefix, Entry: e.ID, Queue: queue, Kind: taskstate.FireBackfill, Tick: tick,
+			Msg: TaskMessage(e, taskID, tick), FiredRecord: rec, ConfigSeq: t.ConfigSeq,
+			UniqueTTL: e.Options.Unique.D(),
 		}
 		if f.UniqueTTL > 0 {
-			if f.DuplicateRecord, err = m.record(skippedEventID(st.Entry.ID, tickRange{First: tick, Last: tick, Count: 1}), events.TypeEntrySkipped, st.Entry.ID, now,
-				events.Skipped{Entry: st.Entry.ID, ScheduledAt: tick, Reason: events.SkipUnique, Revision: st.Revision, Replica: m.source()}); err != nil {
-				return out, err
+			if f.DuplicateRecord, err = m.record(skippedEventID(e.ID, tickRange{First: tick, Last: tick, Count: 1}), events.TypeEntrySkipped, e.ID, now,
+				events.Skipped{Entry: e.ID, ScheduledAt: tick, Reason: events.SkipUnique, Revision: t.Revision, Replica: m.source()}); err != nil {
+				return taskstate.Fire{}, err
 			}
 		}
-		fires = append(fires, f)
+		return f, nil
 	}
-	for start := 0; start < len(fires); start += DefaultBatch {
-		batch := fires[start:min(start+DefaultBatch, len(fires))]
-		res, err := m.fire(ctx, batch)
-		if err != nil {
-			return out, err
+	res, last, err := m.fireFresh(ctx, t, len(todo), build)
+	if err != nil {
+		return out, err
+	}
+	var refused []string
+	for i, r := range res {
+		switch r.Status {
+		case taskstate.StatusFired:
+			out.Fired = append(out.Fired, r.TaskID)
+		case taskstate.StatusAlreadyExists:
+			out.Already++
+		case taskstate.StatusDuplicate:
+			out.SkippedUnique++
+		default:
+			refused = append(refused, todo[i].UTC().Format(time.RFC3339)+": "+refusal(r, last.ConfigSeq))
 		}
-		for _, r := range res {
-			switch r.Status {
-			case taskstate.StatusFired:
-				out.Fired = append(out.Fired, r.TaskID)
-			default:
-				out.Already++
-			}
-		}
+	}
+	if len(refused) > 0 {
+		return out, fmt.Errorf("backfill %s: %w: %d of %d ticks not fired (first: %s)", id, ErrRefused, len(refused), out.Ticks, refused[0])
 	}
 	return out, nil
+}
+
+// registered returns when entry's current life began: the stream time of
+// its last registration event (zero when its history holds none).
+func (m Manual) registered(ctx context.Context, entry string) (time.Time, error) {
+	recs, err := events.NewClient(m.JS, m.Names).History(ctx, entry)
+	if err != nil {
+		return time.Time{}, err
+	}
+	var at time.Time
+	for _, rec := range recs {
+		if rec.Event != nil && rec.Event.Type == events.TypeEntryRegistered {
+			at = rec.Time
+		}
+	}
+	return at, nil
 }
 
 // firedTicks reads the fired events of entry with scheduled times in

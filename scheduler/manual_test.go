@@ -3,23 +3,15 @@ package scheduler_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/cronstream/cronstream/events"
-	"github.com/cronstream/cronstream/projector"
 	"github.com/cronstream/cronstream/relay"
 	"github.com/cronstream/cronstream/scheduler"
+	"github.com/cronstream/cronstream/taskstate"
 )
-
-func (e *env) state(id string) projector.State {
-	e.t.Helper()
-	en, rev, err := e.client.Get(ctx(e.t, 10*time.Second), id)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return projector.State{Entry: en.Normalize(), Revision: rev}
-}
 
 // flush publishes every outbox record with a one-off relay.
 func (e *env) flush() {
@@ -40,10 +32,13 @@ func TestTriggerAndBackfillIdempotent(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	e.put(every("m", "*/2 * * * * *"))
-	st := e.state("m")
 	now := time.Now()
 	m := scheduler.Manual{Firer: e.store, JS: e.js, Names: testNames, Source: "cronstream/test", Now: func() time.Time { return now }}
 	c := ctx(t, 30*time.Second)
+	st, err := m.Load(c, "m")
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	id1, created, err := m.Trigger(c, st, "req-1")
 	if err != nil || !created {
@@ -126,5 +121,50 @@ func TestTriggerAndBackfillIdempotent(t *testing.T) {
 	}
 	if got := len(e.pendingIDs("default")); got != len(tasks) {
 		t.Errorf("%d tasks pending, %d events", got, len(tasks))
+	}
+}
+
+// TestManualFireAfterConfigChange: the revision fence holds stream-wide
+// sequences. A manual fire whose Target was read before a config event
+// that a replica has since fired from (the fence is above its ConfigSeq)
+// is built again from the current configuration and fires; a fence above
+// anything the stream holds refuses it with ErrRefused, and a refused
+// backfill tick is never counted as fired already.
+func TestManualFireAfterConfigChange(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.put(every("m1", "@every 2s"), every("m2", "@every 2s"))
+	m := scheduler.Manual{Firer: e.store, JS: e.js, Names: testNames, Source: "cronstream/test"}
+	c := ctx(t, 30*time.Second)
+	target, err := m.Load(c, "m1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if target.ConfigSeq != 2 || target.Revision != 1 {
+		t.Fatalf("target: config seq %d, revision %d; want 2 and 1", target.ConfigSeq, target.Revision)
+	}
+	seq := e.put(every("m2", "@every 2s", withPayload("changed")))
+	fence := taskstate.Own(testPrefix, "default").Fence()
+	if err := e.rc.Set(c, fence, seq, 0).Err(); err != nil { // a replica fired from seq
+		t.Fatal(err)
+	}
+	if _, created, err := m.Trigger(c, target, "after-change"); err != nil || !created {
+		t.Fatalf("trigger with a target older than the fence: created %v, %v", created, err)
+	}
+	from := time.Now().Add(-10 * time.Second)
+	res, err := m.Backfill(c, target, from, time.Now())
+	if err != nil || len(res.Fired) != res.Ticks || res.Ticks < 4 {
+		t.Fatalf("backfill with a target older than the fence: %+v, %v", res, err)
+	}
+
+	if err := e.rc.Set(c, fence, 1_000_000, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := m.Trigger(c, target, "fenced"); !errors.Is(err, scheduler.ErrRefused) || !strings.Contains(err.Error(), "revision-fenced") {
+		t.Fatalf("trigger under a fence above the stream: %v, want ErrRefused (revision-fenced)", err)
+	}
+	res, err = m.Backfill(c, target, from.Add(-20*time.Second), from.Add(-time.Second))
+	if !errors.Is(err, scheduler.ErrRefused) || res.Already != 0 || len(res.Fired) != 0 || res.Ticks == 0 {
+		t.Fatalf("backfill under a fence above the stream: %+v, %v; want ErrRefused and nothing counted", res, err)
 	}
 }

@@ -11,6 +11,7 @@ type Metrics struct {
 	FireLag      prometheus.Histogram
 	Entries      prometheus.Gauge
 	Backpressure prometheus.Gauge
+	Restored     *prometheus.CounterVec // by source of the seed
 }
 
 // NewMetrics creates the scheduler metrics and registers them with reg (nil:
@@ -39,9 +40,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Backpressure: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "cronstream_scheduler_backpressure", Help: "1 while firing is paused because the outbox backlog is over its bound.",
 		}),
+		Restored: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "cronstream_watermarks_restored_total", Help: "Watermarks found missing or older than a handled tick (Redis lost data) and restored, by where the seed came from (cursor: this replica's, stream: the activity stream).",
+		}, []string{"from"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Fired, m.Skipped, m.Refused, m.Errors, m.FireLag, m.Entries, m.Backpressure)
+		reg.MustRegister(m.Fired, m.Skipped, m.Refused, m.Errors, m.FireLag, m.Entries, m.Backpressure, m.Restored)
 	}
 	return m
 }

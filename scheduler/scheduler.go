@@ -178,6 +178,14 @@ type entryRun struct {
 	hasCursor bool
 	known     bool
 	lastTask  string
+
+	// handled is the last tick this replica knows the watermark held: read
+	// from Redis or written by its own fire (cursor may come from observed
+	// events, backfills among them, which prove nothing of the watermark).
+	// A watermark found missing or older than it means Redis lost data; it
+	// is kept to restore the watermark then.
+	handled    time.Time
+	hasHandled bool
 	// floor: ticks at or before it are never fired (they belong to a pause
 	// or to an earlier spec).
 	floor time.Time
@@ -588,6 +596,7 @@ func (s *Scheduler) loadWatermarks(ctx context.Context) {
 		byQueue[r.queue] = append(byQueue[r.queue], r)
 	}
 	now := s.clock.Now()
+	var restored []string
 	for q, runs := range byQueue {
 		ids := make([]string, len(runs))
 		for i, r := range runs {
@@ -602,7 +611,13 @@ func (s *Scheduler) loadWatermarks(ctx context.Context) {
 		}
 		for i, r := range runs {
 			wm := wms[i]
-			if !wm.OK || r.reopen {
+			// A missing watermark, or one older than a tick known to be
+			// handled, is restored (once per load: the stream may hold
+			// nothing usable), after the handover that closes the entry's
+			// other queues: the restore opens this one.
+			restoreNow := !r.restored && (!wm.OK || s.behind(ctx, r, wm.Tick, now))
+			reread := false
+			if !wm.OK || r.reopen || restoreNow {
 				prev, err := s.previousQueues(ctx, r)
 				if err != nil {
 					later = true
@@ -616,15 +631,19 @@ func (s *Scheduler) loadWatermarks(ctx context.Context) {
 					}
 					if r.reopen || seeded {
 						r.reopen = false
-						continue // the watermark changed: read it again next turn
+						reread = true // the watermark changed: read it again next turn
 					}
 				}
-				if !wm.OK && !r.restored {
-					r.restored = true // once per load: the stream may hold nothing usable
-					if s.restore(ctx, r) {
-						continue
-					}
+			}
+			if restoreNow {
+				r.restored = true
+				if s.restore(ctx, r) {
+					restored = append(restored, r.id)
+					reread = true
 				}
+			}
+			if reread {
+				continue
 			}
 			// Only when a tick of its schedule fell between the watermark
 			// and the last config change does the floor matter (and the
@@ -642,11 +661,16 @@ func (s *Scheduler) loadWatermarks(ctx context.Context) {
 			delete(s.load, r.id)
 			r.known, r.restored = true, false
 			r.cursor, r.hasCursor, r.lastTask = wm.Tick, wm.OK, wm.TaskID
+			r.handled, r.hasHandled = wm.Tick, wm.OK
 			if r.st.Entry.Paused {
 				continue
 			}
 			s.schedule(r, now)
 		}
+	}
+	if len(restored) > 0 {
+		s.log.Warn("watermarks missing in Redis or older than ticks known to be handled (did Redis lose data?): restored from this replica's cursors and the activity stream",
+			"entries", len(restored), "first", restored[0])
 	}
 	switch {
 	case failed:
@@ -999,17 +1023,20 @@ func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (ta
 		s.countRefused(status.String())
 		switch status {
 		case taskstate.StatusWatermarkMismatch:
-			if r.hasCursor && !res.HasWatermark {
-				// The watermark vanished under us (Redis lost data): load
-				// it again, which restores it from the stream, instead of
-				// starting over from the entry's registration.
-				r.known, r.hasCursor = false, false
+			if r.hasHandled && (!res.HasWatermark || res.Watermark.Before(r.handled)) {
+				// The watermark vanished under us, or went back before a
+				// tick it held (Redis lost data, a lagging replica was
+				// promoted): load it again, which re-seeds it from the
+				// later of r.handled and the stream, instead of firing
+				// those ticks again.
+				r.known = false
 				r.tries++
 				s.heap.remove(r)
 				s.load[r.id] = r
 				break
 			}
 			r.cursor, r.hasCursor, r.lastTask = res.Watermark, res.HasWatermark, res.WatermarkTaskID
+			r.handled, r.hasHandled = res.Watermark, res.HasWatermark
 			r.known = true
 			if res.HasWatermark && !res.Watermark.Before(f.tick) {
 				r.tries = 0 // someone else handled it: nothing wrong
@@ -1035,6 +1062,7 @@ func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (ta
 	r.tries = 0
 	if f.kind == taskstate.FireTick || f.kind == taskstate.FireSkip {
 		r.cursor, r.hasCursor, r.known = f.tick, true, true
+		r.handled, r.hasHandled = f.tick, true
 	}
 	if f.skipped {
 		s.count(func(st *Stats) { st.SkippedMissed++ })

@@ -20,6 +20,16 @@ type backfillResult struct {
 	Ticks   int       `json:"ticks"`
 	Fired   []string  `json:"fired"`
 	Already int       `json:"already"`
+	// SkippedUnique: ticks not fired because asynq's unique lock was held.
+	SkippedUnique int `json:"skipped_unique"`
+	// Registered is when the entry was (last) registered;
+	// BeforeRegistration counts the ticks of the range before it, fired as
+	// asked.
+	Registered         time.Time `json:"registered"`
+	BeforeRegistration int       `json:"before_registration"`
+	// Error is set when some ticks were refused (the command then exits
+	// non-zero).
+	Error string `json:"error,omitempty"`
 }
 
 func newEntryBackfillCommand(g *globalFlags) *cobra.Command {
@@ -34,6 +44,16 @@ an outage longer than its catch-up window. Each tick becomes the task it
 would have been (same task id), so a repeated backfill fires nothing twice
 and a tick fired meanwhile is not fired again. The schedule's watermark
 does not move. At most %d ticks per call. Needs Redis (--redis).
+
+A range that reaches before the entry was registered (or re-registered
+after a removal) is fired as asked: those ticks become tasks like the
+others, and the output says how many of them there were.
+
+A tick the queue refuses (a replica fired from a configuration newer than
+the one read here, or the entry moved to another queue meanwhile) is tried
+again on the current configuration, twice at most. Ticks still refused are
+not fired and not counted as fired already: the command prints what it did
+and exits non-zero with the reason.
 
 TIME is RFC 3339 (2025-03-01T09:00:00Z), a date (UTC), or relative (-6h).`, scheduler.MaxBackfill),
 		Example: `  cronstream entry backfill report --from 2025-03-01T00:00:00Z --to 2025-03-03T00:00:00Z
@@ -58,24 +78,38 @@ TIME is RFC 3339 (2025-03-01T09:00:00Z), a date (UTC), or relative (-6h).`, sche
 				return err
 			}
 			defer done()
-			res, err := m.Backfill(ctx, st, tFrom, tTo)
-			if err != nil {
-				return err
+			res, ferr := m.Backfill(ctx, st, tFrom, tTo)
+			if ferr != nil && !errors.Is(ferr, scheduler.ErrRefused) {
+				return ferr
 			}
-			out := backfillResult{ID: args[0], From: tFrom.UTC(), To: tTo.UTC(), Ticks: res.Ticks, Fired: res.Fired, Already: res.Already}
+			out := backfillResult{ID: args[0], From: tFrom.UTC(), To: tTo.UTC(), Ticks: res.Ticks, Fired: res.Fired, Already: res.Already,
+				SkippedUnique: res.SkippedUnique, Registered: res.Registered.UTC(), BeforeRegistration: res.BeforeRegistration}
 			if out.Fired == nil {
 				out.Fired = []string{}
 			}
+			if ferr != nil {
+				out.Error = ferr.Error()
+			}
 			if g.json {
-				return printJSON(cmd.OutOrStdout(), out)
+				if err := printJSON(cmd.OutOrStdout(), out); err != nil {
+					return err
+				}
+				return ferr
 			}
 			w := cmd.OutOrStdout()
 			fmt.Fprintf(w, "backfill %s from %s to %s: %d ticks, %d fired now, %d had fired already\n",
 				out.ID, fmtTime(out.From), fmtTime(out.To), out.Ticks, len(out.Fired), out.Already)
+			if out.SkippedUnique > 0 {
+				fmt.Fprintf(w, "%d ticks skipped: their unique lock was held by another task\n", out.SkippedUnique)
+			}
+			if out.BeforeRegistration > 0 {
+				fmt.Fprintf(w, "note: %d of these ticks are before entry %s was registered (%s); a backfill fires them as asked, like the others\n",
+					out.BeforeRegistration, out.ID, fmtTime(out.Registered))
+			}
 			for _, id := range out.Fired {
 				fmt.Fprintf(w, "  %s\n", id)
 			}
-			return nil
+			return ferr
 		},
 	}
 	cmd.Flags().StringVar(&from, "from", "", "first time of the range (inclusive)")

@@ -8,7 +8,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/cronstream/cronstream/events"
-	"github.com/cronstream/cronstream/projector"
 	"github.com/cronstream/cronstream/scheduler"
 )
 
@@ -36,7 +35,12 @@ entries can be triggered too.
 Idempotent: the same --request-id enqueues at most once (for 24 hours), so
 a retried trigger never runs the task twice. Without --request-id a random
 one is used. The task id is printed; its fired event reaches the audit log
-through a running replica. Needs Redis (--redis).`,
+through a running replica. Needs Redis (--redis).
+
+A trigger the queue refuses (a replica fired from a configuration newer
+than the one read here, or the entry moved to another queue meanwhile) is
+tried again on the current configuration, twice at most; if it is still
+refused, nothing is enqueued and the command exits non-zero with the reason.`,
 		Example: `  cronstream entry trigger report
   cronstream entry trigger report --request-id deploy-2025-03-01`,
 		Args: entryIDArg,
@@ -54,7 +58,7 @@ through a running replica. Needs Redis (--redis).`,
 			defer done()
 			taskID, created, err := m.Trigger(ctx, st, requestID)
 			if err != nil {
-				return fmt.Errorf("trigger %s: %w", args[0], err)
+				return err
 			}
 			out := triggerResult{ID: args[0], RequestID: requestID, TaskID: taskID, Queue: st.Entry.Options.QueueName(), Created: created}
 			if g.json {
@@ -79,27 +83,28 @@ through a running replica. Needs Redis (--redis).`,
 }
 
 // manualFor opens what a manual fire of entry id needs (trigger, backfill):
-// the entry's current state from the config stream and a scheduler.Manual
-// over Redis and JetStream. done closes both connections.
-func manualFor(ctx context.Context, g *globalFlags, conn *connFlags, id string) (m scheduler.Manual, st projector.State, done func(), err error) {
+// a scheduler.Manual over Redis and JetStream, and the entry's Target (the
+// config stream's last sequence, then its state). done closes both
+// connections.
+func manualFor(ctx context.Context, g *globalFlags, conn *connFlags, id string) (m scheduler.Manual, t scheduler.Target, done func(), err error) {
 	s, err := openSession(g, conn)
 	if err != nil {
-		return m, st, nil, err
+		return m, t, nil, err
 	}
 	if err := s.requireStreams(ctx); err != nil {
 		s.Close()
-		return m, st, nil, err
-	}
-	e, rev, err := s.client.Get(ctx, id)
-	if err != nil {
-		s.Close()
-		return m, st, nil, err
+		return m, t, nil, err
 	}
 	store, rc, err := openStore(ctx, g, conn)
 	if err != nil {
 		s.Close()
-		return m, st, nil, err
+		return m, t, nil, err
 	}
 	m = scheduler.Manual{Firer: store, JS: s.js, Names: s.names, Source: s.source}
-	return m, projector.State{Entry: e.Normalize(), Revision: rev}, func() { _ = rc.Close(); s.Close() }, nil
+	if t, err = m.Load(ctx, id); err != nil {
+		_ = rc.Close()
+		s.Close()
+		return m, t, nil, err
+	}
+	return m, t, func() { _ = rc.Close(); s.Close() }, nil
 }

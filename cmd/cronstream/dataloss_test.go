@@ -1,0 +1,107 @@
+package main
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/testenv"
+	"github.com/cronstream/cronstream/taskstate"
+)
+
+// scheduledTicks returns the ticks of entry's scheduled tasks among ids.
+func scheduledTicks(t *testing.T, entry string, ids []string) []time.Time {
+	t.Helper()
+	var out []time.Time
+	for _, id := range ids {
+		rest, ok := strings.CutPrefix(id, events.DefaultPrefix+":"+entry+":")
+		if !ok || strings.HasPrefix(rest, "trigger:") {
+			continue
+		}
+		tick, err := time.Parse(time.RFC3339, rest)
+		if err != nil {
+			t.Fatalf("task id %s: %v", id, err)
+		}
+		out = append(out, tick)
+	}
+	slices.SortFunc(out, time.Time.Compare)
+	return out
+}
+
+// flushAll lists queue's pending task ids and empties Redis in one atomic
+// step, and returns the ids: what Redis held when it lost everything.
+func flushAll(t *testing.T, rc *redis.Client, queue string) []string {
+	t.Helper()
+	c := context.Background()
+	var ids *redis.StringSliceCmd
+	if _, err := rc.TxPipelined(c, func(p redis.Pipeliner) error {
+		ids = p.LRange(c, taskstate.Keys(queue).Pending(), 0, -1)
+		p.FlushAll(c)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return ids.Val()
+}
+
+// TestRedisFlushedUnderRun: an entry with catch-up "all" and an update
+// fires; Redis loses everything while its replica is stopped, and again
+// while it runs. No tick that fired before the loss is enqueued again.
+func TestRedisFlushedUnderRun(t *testing.T) {
+	t.Parallel()
+	n := testenv.StartNATS(t)
+	r := testenv.StartRedis(t, testenv.WithPrivateServer())
+	e := &cliEnv{t: t, nats: n, redis: r, vars: append(baseEnv(), "CRONSTREAM_NATS="+n.URL(), "CRONSTREAM_REDIS="+r.URL)}
+	rc := r.Client(t)
+	ins := inspector(t, r.URL)
+	ticks := func() []time.Time {
+		var ids []string
+		for _, task := range pendingTasks(t, ins, "default") {
+			ids = append(ids, task.ID)
+		}
+		return scheduledTicks(t, "w", ids)
+	}
+	check := func(when string, last time.Time) {
+		t.Helper()
+		got := ticks()
+		if len(got) == 0 || !got[0].After(last) {
+			t.Errorf("%s: ticks in Redis %v, the last one before the loss was %s: fired again", when, got, last.Format(time.TimeOnly))
+		}
+	}
+
+	e.ok("entry", "put", "w", "--cron", "@every 2s", "--type", "x", "--catchup", "all")
+	e.ok("entry", "put", "w", "--payload", "2")
+	p := start(t, e.vars, "run", "--http", "127.0.0.1:0", "--replica-id", "loss-1")
+	testenv.Eventually(t, 30*time.Second, func() bool { return len(ticks()) >= 5 }, "no fires:\n%s", p.Stderr())
+	if code := p.stop(syscall.SIGTERM, 20*time.Second); code != 0 {
+		t.Fatalf("run exited %d", code)
+	}
+	lost := scheduledTicks(t, "w", flushAll(t, rc, "default"))
+	last := lost[len(lost)-1]
+
+	// Flushed while down.
+	p = start(t, e.vars, "run", "--http", "127.0.0.1:0", "--replica-id", "loss-2")
+	testenv.Eventually(t, 30*time.Second, func() bool { return len(ticks()) >= 2 }, "no fires after the loss:\n%s", p.Stderr())
+	check("flushed while down", last)
+
+	// Flushed while running.
+	lost = scheduledTicks(t, "w", flushAll(t, rc, "default"))
+	if len(lost) == 0 {
+		t.Fatal("nothing in Redis before the second loss")
+	}
+	last = lost[len(lost)-1]
+	testenv.Eventually(t, 30*time.Second, func() bool { return len(ticks()) >= 2 }, "no fires after the loss:\n%s", p.Stderr())
+	check("flushed while running", last)
+	if !strings.Contains(p.Stderr(), "did Redis lose data?") {
+		t.Errorf("the restore was not logged:\n%s", p.Stderr())
+	}
+	if code := p.stop(syscall.SIGTERM, 20*time.Second); code != 0 {
+		t.Fatalf("run exited %d", code)
+	}
+}
