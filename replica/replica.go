@@ -321,12 +321,11 @@ func (r *Replica) start(ctx context.Context) error {
 		return err
 	}
 	// Fires relayed by other replicas, straight from the subject (no
-	// consumer): lets a non-primary skip the Redis attempt for a tick its
-	// primary handled. Those this replica relays come from OnPublished.
+	// consumer): lets a non-primary read the watermark instead of firing
+	// a tick its primary handled (a hint only: anyone allowed to publish
+	// there can send one). Those this replica relays come from OnPublished.
 	r.obsSub, err = nc.Subscribe(r.cfg.Names.Prefix()+".fire.>", func(m *nats.Msg) {
-		if entry, tick, ok := scheduler.ParseActivityID(m.Header.Get(jetstream.MsgIDHeader)); ok {
-			sched.Observe(entry, tick)
-		}
+		sched.ObserveActivity(m.Subject, m.Header.Get(jetstream.MsgIDHeader))
 	})
 	if err != nil {
 		return fmt.Errorf("subscribe to fires: %w", err)

@@ -11,6 +11,7 @@ type Metrics struct {
 	FireLag      prometheus.Histogram
 	Entries      prometheus.Gauge
 	Backpressure prometheus.Gauge
+	Implausible  prometheus.Counter
 }
 
 // NewMetrics creates the scheduler metrics and registers them with reg (nil:
@@ -39,9 +40,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Backpressure: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "cronstream_scheduler_backpressure", Help: "1 while firing is paused because the outbox backlog is over its bound.",
 		}),
+		Implausible: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cronstream_scheduler_implausible_observations_total", Help: "Fires heard on the activity subjects for a tick far ahead of the clock (forged, or a publisher's wrong clock); ignored.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Fired, m.Skipped, m.Refused, m.Errors, m.FireLag, m.Entries, m.Backpressure)
+		reg.MustRegister(m.Fired, m.Skipped, m.Refused, m.Errors, m.FireLag, m.Entries, m.Backpressure, m.Implausible)
 	}
 	return m
 }
