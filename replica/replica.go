@@ -249,8 +249,11 @@ func (r *Replica) start(ctx context.Context) error {
 		return err
 	}
 	var kv jetstream.KeyValue
+	openBucket := func(ctx context.Context) (jetstream.KeyValue, error) {
+		return OpenReplicasBucket(ctx, js, r.cfg.Names, r.cfg.StreamReplicas, 3*r.cfg.Heartbeat)
+	}
 	if err := r.retry(ctx, "replicas bucket", func(ctx context.Context) (err error) {
-		kv, err = OpenReplicasBucket(ctx, js, r.cfg.Names, r.cfg.StreamReplicas, 3*r.cfg.Heartbeat)
+		kv, err = openBucket(ctx)
 		return err
 	}); err != nil {
 		return err
@@ -286,6 +289,7 @@ func (r *Replica) start(ctx context.Context) error {
 	hostname, _ := os.Hostname()
 	r.members = NewMembership(kv, Info{ID: r.cfg.ReplicaID, Host: hostname, PID: os.Getpid(), Started: time.Now().UTC(), Version: r.cfg.Version, HTTP: r.httpAddr()}, r.cfg.Heartbeat, r.log)
 	r.members.Update = func(i *Info) { i.ConfigSeq = r.proj.LastSeq() }
+	r.members.Reopen = openBucket
 	if err := r.retry(ctx, "heartbeat", r.members.Start); err != nil {
 		return err
 	}
