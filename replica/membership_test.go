@@ -2,6 +2,7 @@ package replica
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
@@ -70,7 +71,9 @@ func TestMembershipSurvivesLostBucket(t *testing.T) {
 			}
 			return slices.Equal(listed, both) && slices.Equal(a.Live(), both) && slices.Equal(b.Live(), both) &&
 				heardSince(a, "b", since) && heardSince(b, "a", since)
-		}, "%s: bucket lists %v, a sees %v, b sees %v", after, listed, a.Live(), b.Live())
+		}, "%s: %v", after, lazy(func() string {
+			return fmt.Sprintf("bucket lists %v, a sees %v, b sees %v", listed, a.Live(), b.Live())
+		}))
 	}
 	followEachOther("at start")
 
@@ -85,7 +88,7 @@ func TestMembershipSurvivesLostBucket(t *testing.T) {
 	// The watch follows the new bucket, not only the last known set: a
 	// clean stop is seen at once.
 	b.Stop(ctx)
-	testenv.Eventually(t, 2*time.Second, func() bool { return slices.Equal(a.Live(), []string{"a"}) }, "a still sees b after its stop: %v", a.Live())
+	testenv.Eventually(t, 2*time.Second, func() bool { return slices.Equal(a.Live(), []string{"a"}) }, "a still sees b after its stop")
 }
 
 // testLog writes log lines to the test's log (shown when it fails).
@@ -95,3 +98,8 @@ func (w testLog) Write(b []byte) (int, error) {
 	w.t.Log(strings.TrimSpace(string(b)))
 	return len(b), nil
 }
+
+// lazy is a message part computed when it is printed.
+type lazy func() string
+
+func (l lazy) String() string { return l() }
