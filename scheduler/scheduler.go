@@ -631,6 +631,9 @@ func (s *Scheduler) confirmHeard(ctx context.Context, due []*entryRun) []*entryR
 			ids[i] = r.id
 		}
 		wms, err := s.cfg.Broker.Watermarks(ctx, s.cfg.Names.Prefix(), q, ids)
+		if err == nil && len(wms) != len(ids) {
+			err = fmt.Errorf("%d watermarks for %d entries", len(wms), len(ids))
+		}
 		for i, r := range runs {
 			tick := r.heard
 			r.heard = time.Time{}
