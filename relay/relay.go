@@ -100,6 +100,10 @@ type Relay struct {
 	backlog   atomic.Int64
 	published atomic.Uint64
 	forgeries atomic.Uint64
+	// forgeryLogged and forgeriesSince (under mu) bound the forgery
+	// warnings to one a minute.
+	forgeryLogged  time.Time
+	forgeriesSince uint64
 	// ownedBacklog is the part of the last pass's backlog in outboxes this
 	// relay owns (Flush waits only for those).
 	ownedBacklog atomic.Int64
@@ -526,8 +530,20 @@ func (r *Relay) checkDuplicate(ctx context.Context, stream string, m *pubMsg) {
 	if mt := r.cfg.Metrics; mt != nil {
 		mt.Forgeries.Inc()
 	}
-	r.log.Warn("the activity stream holds a different message under this event's id, published before it: a forgery; the genuine event was dropped as a duplicate (restrict who may publish on the activity subjects)",
-		"id", m.msgID, "subject", m.subject, "forged_seq", m.dupSeq, "forged_subject", stored.Subject)
+	// Whoever forged one event can forge them all: one warning a minute,
+	// counting the others.
+	r.mu.Lock()
+	r.forgeriesSince++
+	since := r.forgeriesSince
+	warn := time.Since(r.forgeryLogged) >= time.Minute
+	if warn {
+		r.forgeryLogged, r.forgeriesSince = time.Now(), 0
+	}
+	r.mu.Unlock()
+	if warn {
+		r.log.Warn("the activity stream holds a different message under this event's id, published before it: a forgery; the genuine event was dropped as a duplicate (restrict who may publish on the activity subjects; counted in cronstream_relay_forgeries_total)",
+			"id", m.msgID, "subject", m.subject, "forged_seq", m.dupSeq, "forged_subject", stored.Subject, "forgeries_since_last_warning", since)
+	}
 }
 
 // publishedSince remembers, per subject, the event ids stored on it since a
