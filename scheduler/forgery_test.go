@@ -1,6 +1,7 @@
 package scheduler_test
 
 import (
+	"context"
 	"strconv"
 	"testing"
 	"time"
@@ -8,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/testenv"
 	"github.com/cronstream/cronstream/scheduler"
 )
@@ -84,5 +86,45 @@ func TestForgedFiresNeverStopAnEntry(t *testing.T) {
 	}
 	if implausible == 0 {
 		t.Errorf("no replica counted the fires heard for the year 2100")
+	}
+}
+
+// TestForgedFireNotRestored: Redis lost its data while a well-formed fired
+// event for the year 2100 was the entry's last on its activity subject.
+// The replica does not restore the entry's watermark from it: the entry
+// fires again.
+func TestForgedFireNotRestored(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const entry = "w"
+	e.put(every(entry, "@every 1s"))
+	hist := nodeOpts{sched: func(c *scheduler.Config) { c.History = scheduler.NewStreamHistory(e.js, testNames) }}
+	a := e.startNode("a", hist)
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Fired >= 2 }, "a to fire")
+	a.stop()
+	e.waitOutboxEmpty(5*time.Second, "default")
+
+	far := time.Unix(4102444800, 0).UTC()
+	ev, err := events.NewEventAt("fire:"+entry+":4102444800", time.Now(), events.TypeEntryFired, "cronstream/forger", entry,
+		events.Fired{Entry: entry, ScheduledAt: far, EnqueuedAt: far, TaskID: scheduler.TaskID(testPrefix, entry, far), Queue: "default", Replica: "forger"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := ev.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &nats.Msg{Subject: testNames.FireSubject(entry), Data: data, Header: nats.Header{}}
+	m.Header.Set(jetstream.MsgIDHeader, ev.ID)
+	if _, err := e.js.PublishMsg(ctx(t, 10*time.Second), m); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.rc.FlushAll(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	b := e.startNode("b", hist)
+	testenv.Eventually(t, 20*time.Second, func() bool { return b.sched.Stats().Fired >= 2 }, "b to fire after the data loss")
+	if b.sched.Stats().Implausible == 0 {
+		t.Errorf("b did not count the forged fire it refused to restore from")
 	}
 }

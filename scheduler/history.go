@@ -341,6 +341,14 @@ func (s *Scheduler) restore(ctx context.Context, r *entryRun) bool {
 	if !ok {
 		return false
 	}
+	if ahead := tick.Sub(s.clock.Now()); ahead > implausibleAhead {
+		// Not a fire of any replica: a forged event. Seeding it would stop
+		// the entry until then.
+		s.count(func(st *Stats) { st.Implausible++ })
+		s.m.Implausible.Inc()
+		s.log.Warn("the entry's last fire in the activity stream is far ahead of the clock (forged?): not restoring its watermark from it", "entry", r.id, "tick", tick.UTC().Format(time.RFC3339), "ahead", ahead.Round(time.Second))
+		return false
+	}
 	// Revision 0: a restore never overrides a handover.
 	if err := s.cfg.Broker.SeedWatermark(ctx, s.cfg.Names.Prefix(), r.queue, r.id, tick, task, 0); err != nil {
 		s.log.Warn("restore the entry's watermark from the stream", "entry", r.id, "tick", tick, "err", err)
