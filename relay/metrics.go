@@ -7,6 +7,7 @@ type Metrics struct {
 	Published     prometheus.Counter
 	PublishErrors prometheus.Counter
 	Backlog       prometheus.Gauge
+	Forgeries     prometheus.Counter
 }
 
 // NewMetrics creates the relay metrics and registers them with reg (nil:
@@ -22,9 +23,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Backlog: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "cronstream_relay_backlog", Help: "Outbox records waiting to be published, over every outbox.",
 		}),
+		Forgeries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cronstream_relay_forgeries_total", Help: "Events the stream dropped as duplicates of a different message published first under their id (a forgery).",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Published, m.PublishErrors, m.Backlog)
+		reg.MustRegister(m.Published, m.PublishErrors, m.Backlog, m.Forgeries)
 	}
 	return m
 }

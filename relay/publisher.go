@@ -66,6 +66,9 @@ type pubMsg struct {
 	subject string
 	msgID   string
 	data    []byte
+	// dupSeq is set by publish when the stream answered that a message
+	// with this id is stored already, at that sequence.
+	dupSeq uint64
 }
 
 // publish sends msgs in order and returns how many leading messages the
@@ -83,7 +86,6 @@ func (p *batchPublisher) publish(ctx context.Context, msgs []pubMsg, timeout tim
 	if err != nil {
 		return 0, err
 	}
-	defer p.unregister(id)
 	reply := make([]byte, 0, len(inbox)+24)
 	reply = strconv.AppendUint(append(reply, inbox...), id, 10)
 	reply = append(reply, '.')
@@ -111,6 +113,9 @@ func (p *batchPublisher) publish(ctx context.Context, msgs []pubMsg, timeout tim
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	// Unregistered under the lock that answers take: no late answer
+	// writes into msgs once publish has returned.
+	delete(p.batches, id)
 	for i := range sent {
 		switch {
 		case !b.answered[i] && ctx.Err() != nil:
@@ -139,12 +144,6 @@ func (p *batchPublisher) register(b *pubBatch) (uint64, string, error) {
 	p.nextID++
 	p.batches[p.nextID] = b
 	return p.nextID, p.inbox, nil
-}
-
-func (p *batchPublisher) unregister(id uint64) {
-	p.mu.Lock()
-	delete(p.batches, id)
-	p.mu.Unlock()
 }
 
 // answer files one acknowledgement that arrived on inbox.
@@ -187,6 +186,9 @@ func (p *batchPublisher) answer(inbox string, m *nats.Msg) {
 		return
 	}
 	b.answered[i], b.errs[i] = true, ackErr
+	if ackErr == nil {
+		b.msgs[i].dupSeq = duplicateSeq(m.Data)
+	}
 	if b.left--; b.left == 0 {
 		close(b.done)
 	}
@@ -208,6 +210,24 @@ func (p *batchPublisher) close() {
 		_ = p.sub.Unsubscribe()
 		p.sub = nil
 	}
+}
+
+// duplicateSeq reads the sequence of the stored message from a successful
+// acknowledgement that says "duplicate" (0 for any other).
+func duplicateSeq(ack []byte) uint64 {
+	// The server writes `"duplicate": true` or `"duplicate":true`
+	// depending on the path: look for the name, then decode.
+	if !bytes.Contains(ack, []byte(`"duplicate"`)) {
+		return 0
+	}
+	var a struct {
+		Seq       uint64 `json:"seq"`
+		Duplicate bool   `json:"duplicate"`
+	}
+	if json.Unmarshal(ack, &a) != nil || !a.Duplicate {
+		return 0
+	}
+	return a.Seq
 }
 
 // parseAck reads JetStream's answer to a publish: nil when the message is

@@ -18,6 +18,7 @@
 package relay
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -98,6 +99,11 @@ type Relay struct {
 
 	backlog   atomic.Int64
 	published atomic.Uint64
+	forgeries atomic.Uint64
+	// forgeryLogged and forgeriesSince (under mu) bound the forgery
+	// warnings to one a minute.
+	forgeryLogged  time.Time
+	forgeriesSince uint64
 	// ownedBacklog is the part of the last pass's backlog in outboxes this
 	// relay owns (Flush waits only for those).
 	ownedBacklog atomic.Int64
@@ -149,6 +155,10 @@ func (r *Relay) Backlog() int64 { return r.backlog.Load() }
 
 // Published returns how many records this relay has published.
 func (r *Relay) Published() uint64 { return r.published.Load() }
+
+// Forgeries returns how many of its records this relay found displaced in
+// the stream by a different message under the same id.
+func (r *Relay) Forgeries() uint64 { return r.forgeries.Load() }
 
 // Start runs the relay until Stop.
 func (r *Relay) Start() {
@@ -484,11 +494,56 @@ func (r *Relay) publish(ctx context.Context, queue string, recs []taskstate.Outb
 	}
 	r.pubOnce.Do(func() { r.pub = newBatchPublisher(r.cfg.JS.Conn(), stream) })
 	stored, err := r.pub.publish(ctx, msgs, r.cfg.PublishTimeout)
+	for j := range msgs[:stored] {
+		if msgs[j].dupSeq != 0 {
+			r.checkDuplicate(ctx, stream, &msgs[j])
+		}
+	}
 	if stored < len(msgs) {
 		// Everything before the first message not stored is done.
 		return at[stored], errors.Join(err, stop)
 	}
 	return end, errors.Join(err, stop)
+}
+
+// checkDuplicate compares the message the stream holds under m's id with
+// m, after the stream dropped m as a duplicate. A republished record finds
+// itself; anything else is a message someone else published first with the
+// id of our event: the stream, whose duplicate window keeps the first,
+// holds that forgery and not the genuine event. That is counted and logged;
+// the record counts as published (publishing it again would be dropped
+// again), and the tasks it describes are in Redis whatever the stream says.
+func (r *Relay) checkDuplicate(ctx context.Context, stream string, m *pubMsg) {
+	s, err := r.cfg.JS.Stream(ctx, stream)
+	var stored *jetstream.RawStreamMsg
+	if err == nil {
+		stored, err = s.GetMsg(ctx, m.dupSeq)
+	}
+	if err != nil {
+		r.log.Debug("read the message stored under a duplicate id", "id", m.msgID, "seq", m.dupSeq, "err", err)
+		return
+	}
+	if stored.Subject == m.subject && stored.Header.Get(jetstream.MsgIDHeader) == m.msgID && bytes.Equal(stored.Data, m.data) {
+		return
+	}
+	r.forgeries.Add(1)
+	if mt := r.cfg.Metrics; mt != nil {
+		mt.Forgeries.Inc()
+	}
+	// Whoever forged one event can forge them all: one warning a minute,
+	// counting the others.
+	r.mu.Lock()
+	r.forgeriesSince++
+	since := r.forgeriesSince
+	warn := time.Since(r.forgeryLogged) >= time.Minute
+	if warn {
+		r.forgeryLogged, r.forgeriesSince = time.Now(), 0
+	}
+	r.mu.Unlock()
+	if warn {
+		r.log.Warn("the activity stream holds a different message under this event's id, published before it: a forgery; the genuine event was dropped as a duplicate (restrict who may publish on the activity subjects; counted in cronstream_relay_forgeries_total)",
+			"id", m.msgID, "subject", m.subject, "forged_seq", m.dupSeq, "forged_subject", stored.Subject, "forgeries_since_last_warning", since)
+	}
 }
 
 // publishedSince remembers, per subject, the event ids stored on it since a

@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cronstream/cronstream/events"
@@ -494,4 +495,54 @@ func TestRelayLeavesNewerRecords(t *testing.T) {
 	if n := e.outboxLen("default"); n != 3 {
 		t.Fatalf("outbox holds %d records, want the newer one and the two after it", n)
 	}
+}
+
+// TestRelayReportsForgery: another client publishes, with the id of an
+// event still in the outbox, a message of its own; the stream keeps it and
+// drops the genuine event as a duplicate. The relay tells that apart from a
+// record published before (by a relay that died before deleting it) and
+// reports the forgery once, in its metric; the records still leave the
+// outbox.
+func TestRelayReportsForgery(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 0)
+	ids := e.write("default", "a", 3)
+	c := ctx(t, 10*time.Second)
+	recs, err := e.store.ReadOutbox(c, prefix, "default", "", 1)
+	if err != nil || len(recs) != 1 {
+		t.Fatalf("read the outbox: %v %v", recs, err)
+	}
+	// The first record (in the full event form) as its relay published it.
+	again := &nats.Msg{Subject: names.FireSubject("a"), Data: recs[0].Data, Header: nats.Header{}}
+	again.Header.Set(jetstream.MsgIDHeader, ids[0])
+	forged := &nats.Msg{Subject: names.FireSubject("a"), Data: []byte(`{"forged":true}`), Header: nats.Header{}}
+	forged.Header.Set(jetstream.MsgIDHeader, ids[1])
+	for _, m := range []*nats.Msg{again, forged} {
+		if _, err := e.js.PublishMsg(c, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reg := prometheus.NewRegistry()
+	r := e.newRelay("r1", func(c *relay.Config) { c.Metrics = relay.NewMetrics(reg) })
+	if _, err := r.Pass(ctx(t, 30*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.outboxLen("default"); n != 0 {
+		t.Fatalf("%d records left in the outbox", n)
+	}
+	if got := r.Forgeries(); got != 1 {
+		t.Errorf("Forgeries() = %d, want 1", got)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "cronstream_relay_forgeries_total" {
+			if got := mf.GetMetric()[0].GetCounter().GetValue(); got != 1 {
+				t.Errorf("cronstream_relay_forgeries_total = %v, want 1", got)
+			}
+		}
+	}
+	checkExactlyOnce(t, e.stored(), ids)
 }

@@ -49,19 +49,38 @@ func OpenReplicasBucket(ctx context.Context, js jetstream.JetStream, names event
 // follows everyone's, so the scheduler can hash entries over the live
 // replicas. When NATS is unreachable the last known set is kept: replicas
 // then fall back on the late-fire delay, never on silence.
+//
+// The bucket lives in memory: a restart of NATS (every node) loses it, and
+// an operator may delete it. A beat that finds no bucket re-creates it with
+// Reopen, and a watch that stops delivering this replica's own beats is
+// started again, so membership comes back within a few heartbeats.
 type Membership struct {
-	kv       jetstream.KeyValue
+	kv       jetstream.KeyValue // owned by the beat loop once started
 	self     Info
 	interval time.Duration
 	log      *slog.Logger
 	// Update, when set before Start, refreshes the dynamic fields of this
 	// replica's Info before each beat.
 	Update func(*Info)
+	// Reopen, when set before Start, creates the bucket again after it was
+	// lost (OpenReplicasBucket with the start-up settings).
+	Reopen func(context.Context) (jetstream.KeyValue, error)
 
 	mu   sync.RWMutex
 	live map[string]Info
 	seen map[string]time.Time // local receipt time of each replica's last beat
+	// echo is when a watch last delivered this replica's own beat.
+	echo time.Time
 
+	// Owned by the beat loop: the running watch, and the backoff of
+	// re-creating a lost bucket.
+	stopWatch    context.CancelFunc
+	watchStarted time.Time
+	lost         bool // the bucket is missing; logged once
+	reopenAfter  time.Time
+	reopenWait   time.Duration
+
+	ctx    context.Context // the loops' context, from Start to Stop
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 }
@@ -83,13 +102,29 @@ func (m *Membership) Start(ctx context.Context) error {
 	if err := m.beat(ctx); err != nil {
 		return err
 	}
+	m.ctx, m.cancel = context.WithCancel(context.Background())
+	if err := m.watch(); err != nil {
+		m.cancel()
+		return err
+	}
+	m.wg.Add(1)
+	go m.beatLoop(m.ctx)
+	return nil
+}
+
+// watch starts following the bucket, in place of the watch running.
+func (m *Membership) watch() error {
+	if m.stopWatch != nil {
+		m.stopWatch()
+	}
+	ctx, cancel := context.WithCancel(m.ctx)
 	w, err := m.kv.WatchAll(ctx)
 	if err != nil {
+		cancel()
 		return fmt.Errorf("watch replicas: %w", err)
 	}
-	ctx, m.cancel = context.WithCancel(context.Background())
-	m.wg.Add(2)
-	go m.beatLoop(ctx)
+	m.stopWatch, m.watchStarted = cancel, time.Now()
+	m.wg.Add(1)
 	go m.watchLoop(ctx, w)
 	return nil
 }
@@ -134,12 +169,100 @@ func (m *Membership) beatLoop(ctx context.Context) {
 			return
 		case <-t.C:
 			bctx, cancel := context.WithTimeout(ctx, m.interval)
-			if err := m.beat(bctx); err != nil && ctx.Err() == nil {
+			err := m.beat(bctx)
+			cancel()
+			switch {
+			case err == nil && m.lost:
+				// Another replica re-created the bucket first: the watch
+				// died with the old one.
+				m.lost = false
+				m.log.Info("replicas bucket is back; heartbeats resumed", "replica", m.self.ID)
+				if err := m.watch(); err != nil {
+					m.log.Warn("watch replicas", "replica", m.self.ID, "err", err)
+				}
+			case err == nil:
+				m.checkWatch()
+			case ctx.Err() != nil:
+			case m.bucketLost(ctx):
+				m.recreate(ctx, err)
+			case !m.lost:
 				m.log.Warn("heartbeat failed", "replica", m.self.ID, "err", err)
 			}
-			cancel()
 			m.expire()
 		}
+	}
+}
+
+// bucketLost asks the server, after a failed heartbeat, whether the
+// bucket's stream is gone (NATS restarted, or the bucket was deleted), as
+// opposed to NATS being unreachable or slow. The failed publish alone does
+// not tell: it times out either way when the heartbeat interval is shorter
+// than the client's retries on "no responders".
+func (m *Membership) bucketLost(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(ctx, m.interval)
+	defer cancel()
+	_, err := m.kv.Status(ctx)
+	return errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrBucketNotFound)
+}
+
+// recreate creates the lost bucket again (at most once per backoff, which
+// grows to 30 s while it fails), beats into it and starts a new watch. It
+// logs once when the bucket is found missing and once when it is back.
+func (m *Membership) recreate(ctx context.Context, cause error) {
+	if !m.lost {
+		m.lost = true
+		m.reopenWait = m.interval
+		if m.Reopen == nil {
+			m.log.Warn("replicas bucket is gone (NATS restarted or the bucket was deleted): keeping the last known replicas until another replica re-creates it",
+				"replica", m.self.ID, "err", cause)
+		} else {
+			m.log.Warn("replicas bucket is gone (NATS restarted or the bucket was deleted): re-creating it; until then the last known replicas are kept",
+				"replica", m.self.ID, "err", cause)
+		}
+	}
+	if m.Reopen == nil || time.Now().Before(m.reopenAfter) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, m.interval)
+	defer cancel()
+	kv, err := m.Reopen(ctx)
+	if err == nil {
+		m.kv = kv
+		err = m.beat(ctx)
+	}
+	if err == nil {
+		err = m.watch()
+	}
+	if err != nil {
+		m.reopenAfter = time.Now().Add(m.reopenWait)
+		m.reopenWait = min(2*m.reopenWait, 30*time.Second)
+		m.log.Debug("re-create the replicas bucket", "replica", m.self.ID, "err", err, "retry_in", m.reopenWait)
+		return
+	}
+	m.lost = false
+	m.log.Info("replicas bucket re-created; heartbeats resumed", "replica", m.self.ID)
+}
+
+// checkWatch starts the watch again when it has not delivered this
+// replica's own beats for three intervals: it died with the bucket (another
+// replica re-created it first) or with its consumer.
+func (m *Membership) checkWatch() {
+	m.mu.RLock()
+	echo := m.echo
+	m.mu.RUnlock()
+	delivered := echo.After(m.watchStarted)
+	if time.Since(maxTime(echo, m.watchStarted)) <= 3*m.interval {
+		return
+	}
+	// Logged when a watch that worked stops; a new one that does not
+	// deliver yet is retried quietly.
+	level := slog.LevelDebug
+	if delivered {
+		level = slog.LevelWarn
+	}
+	m.log.Log(context.Background(), level, "the replicas watch stopped delivering heartbeats: starting it again", "replica", m.self.ID)
+	if err := m.watch(); err != nil {
+		m.log.Warn("watch replicas", "replica", m.self.ID, "err", err)
 	}
 }
 
@@ -166,7 +289,8 @@ func (m *Membership) apply(e jetstream.KeyValueEntry) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if e.Key() == m.self.ID {
-		return // our own view of ourselves is authoritative
+		m.echo = time.Now() // the watch works
+		return              // our own view of ourselves is authoritative
 	}
 	if e.Operation() != jetstream.KeyValuePut {
 		delete(m.live, e.Key())
@@ -192,6 +316,13 @@ func (m *Membership) expire() {
 			delete(m.live, id)
 		}
 	}
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // Live returns the ids of the live replicas, sorted, this one included.

@@ -296,6 +296,12 @@ func (r *Replica) start(ctx context.Context) error {
 	hostname, _ := os.Hostname()
 	r.members = NewMembership(kv, Info{ID: r.cfg.ReplicaID, Host: hostname, PID: os.Getpid(), Started: time.Now().UTC(), Version: r.cfg.Version, HTTP: r.httpAddr(), Warnings: streamWarnings}, r.cfg.Heartbeat, r.log)
 	r.members.Update = func(i *Info) { i.ConfigSeq = r.proj.LastSeq() }
+	// Re-created as at start: missing is created, an existing bucket is
+	// never changed (stream settings are explicit).
+	r.members.Reopen = func(ctx context.Context) (jetstream.KeyValue, error) {
+		kv, _, err := SyncReplicasBucket(ctx, js, ReplicasBucketConfig(r.cfg.Names, r.cfg.StreamReplicas, 3*r.cfg.Heartbeat), events.CreateMissing)
+		return kv, err
+	}
 	if err := r.retry(ctx, "heartbeat", r.members.Start); err != nil {
 		return err
 	}
@@ -331,12 +337,11 @@ func (r *Replica) start(ctx context.Context) error {
 		return err
 	}
 	// Fires relayed by other replicas, straight from the subject (no
-	// consumer): lets a non-primary skip the Redis attempt for a tick its
-	// primary handled. Those this replica relays come from OnPublished.
+	// consumer): lets a non-primary read the watermark instead of firing
+	// a tick its primary handled (a hint only: anyone allowed to publish
+	// there can send one). Those this replica relays come from OnPublished.
 	r.obsSub, err = nc.Subscribe(r.cfg.Names.Prefix()+".fire.>", func(m *nats.Msg) {
-		if entry, tick, ok := scheduler.ParseActivityID(m.Header.Get(jetstream.MsgIDHeader)); ok {
-			sched.Observe(entry, tick)
-		}
+		sched.ObserveActivity(m.Subject, m.Header.Get(jetstream.MsgIDHeader))
 	})
 	if err != nil {
 		return fmt.Errorf("subscribe to fires: %w", err)

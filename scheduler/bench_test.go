@@ -245,9 +245,7 @@ func startBenchReplica(b *testing.B, url string, rc *redis.Client, clock *schedu
 		b.Fatal(err)
 	}
 	r.sub, err = nc.Subscribe(testNames.Prefix()+".fire.>", func(m *nats.Msg) {
-		if entry, tick, ok := scheduler.ParseActivityID(m.Header.Get(jetstream.MsgIDHeader)); ok {
-			r.sched.Observe(entry, tick)
-		}
+		r.sched.ObserveActivity(m.Subject, m.Header.Get(jetstream.MsgIDHeader))
 	})
 	if err != nil {
 		b.Fatal(err)

@@ -203,9 +203,7 @@ func (e *env) startNode(id string, o nodeOpts) *node {
 		t.Fatalf("%s: start scheduler: %v", id, err)
 	}
 	n.sub, err = n.nc.Subscribe(testNames.Prefix()+".fire.>", func(m *nats.Msg) {
-		if entry, tick, ok := scheduler.ParseActivityID(m.Header.Get(jetstream.MsgIDHeader)); ok {
-			n.sched.Observe(entry, tick)
-		}
+		n.sched.ObserveActivity(m.Subject, m.Header.Get(jetstream.MsgIDHeader))
 	})
 	if err != nil {
 		t.Fatalf("%s: subscribe: %v", id, err)

@@ -12,6 +12,7 @@ type Metrics struct {
 	Entries      prometheus.Gauge
 	Backpressure prometheus.Gauge
 	Restored     *prometheus.CounterVec // by source of the seed
+	Implausible  prometheus.Counter
 }
 
 // NewMetrics creates the scheduler metrics and registers them with reg (nil:
@@ -43,9 +44,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Restored: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "cronstream_watermarks_restored_total", Help: "Watermarks found missing or older than a handled tick (Redis lost data) and restored, by where the seed came from (cursor: this replica's, stream: the activity stream).",
 		}, []string{"from"}),
+		Implausible: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cronstream_scheduler_implausible_observations_total", Help: "Fires heard on the activity subjects, or read back from the activity stream, for a tick far ahead of the clock (forged, or a publisher's wrong clock); ignored.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Fired, m.Skipped, m.Refused, m.Errors, m.FireLag, m.Entries, m.Backpressure, m.Restored)
+		reg.MustRegister(m.Fired, m.Skipped, m.Refused, m.Errors, m.FireLag, m.Entries, m.Backpressure, m.Restored, m.Implausible)
 	}
 	return m
 }

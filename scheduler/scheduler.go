@@ -143,6 +143,9 @@ type Scheduler struct {
 	visSince   time.Time
 	fireBufs   [][]taskstate.Fire // see fireBuf
 
+	// implausibleLogged: when an implausible observation was last logged.
+	implausibleLogged time.Time
+
 	mu    sync.Mutex
 	stats Stats
 
@@ -162,6 +165,10 @@ type Stats struct {
 	// Loading counts entries not firing yet because their watermark is
 	// still to be read (after a start, a queue change or a re-register).
 	Loading int
+	// Implausible counts fires heard on the activity subjects for a tick
+	// far ahead of the clock (forged, or from a publisher with a broken
+	// clock); they are ignored.
+	Implausible uint64
 }
 
 // entryRun is the scheduler's state of one registered entry.
@@ -200,6 +207,9 @@ type entryRun struct {
 	reopen bool
 	// restored: a lost watermark was looked for in the activity stream.
 	restored bool
+	// heard is a tick a fire of which was heard on the activity subjects
+	// while it was the entry's next: a hint only (see applyObservation).
+	heard time.Time
 
 	due   time.Time
 	index int
@@ -346,14 +356,24 @@ func (s *Scheduler) Stop() {
 }
 
 // Observe tells the scheduler another replica handled (fired or skipped)
-// entry's tick, so it does not try that tick when its late delay passes.
-// The replica feeds it from the fire subjects of the activity stream.
-// It never blocks: when the buffer is full the observation is dropped and
-// the fire attempt's compare-and-set sorts it out.
+// entry's tick, so its attempt at that tick reads the watermark before it
+// fires (see applyObservation). It never blocks: when the buffer is full
+// the observation is dropped and the fire attempt's compare-and-set sorts
+// it out.
 func (s *Scheduler) Observe(entry string, tick time.Time) {
 	select {
 	case s.observed <- observation{entry, tick}:
 	default:
+	}
+}
+
+// ObserveActivity is Observe for a message heard on the fire subjects of
+// the activity stream, by its subject and Nats-Msg-Id. Whoever may publish
+// there can send one, so it is a hint and nothing more; an id naming
+// another entry than its subject does is ignored.
+func (s *Scheduler) ObserveActivity(subject, msgID string) {
+	if entry, tick, ok := ParseActivityID(msgID); ok && subject == s.cfg.Names.FireSubject(entry) {
+		s.Observe(entry, tick)
 	}
 }
 
@@ -561,20 +581,79 @@ func (s *Scheduler) applyChange(c projector.Change) {
 	s.schedule(r, s.clock.Now())
 }
 
+// applyObservation takes a fire heard from elsewhere as a hint that never
+// moves the entry's cursor: anyone allowed to publish on the activity
+// subjects could otherwise make every replica skip ticks. Heard for the
+// tick the entry is to fire next, it makes this replica's attempt at that
+// tick read the watermark first (confirmHeard); any other tick is ignored,
+// and one far ahead of the clock is counted and logged as implausible.
 func (s *Scheduler) applyObservation(o observation) {
 	r := s.entries[o.entry]
-	if r == nil || (r.hasCursor && !o.tick.After(r.cursor)) {
+	if r == nil {
 		return
 	}
-	r.cursor, r.hasCursor = o.tick, true
-	// Another replica handled the tick: whatever refused our fires (a
-	// stale view of the config, a fence) is not a reason to back off from
-	// the next tick, and backing off from each observation would push it
-	// away for ever.
-	r.tries = 0
-	if r.index >= 0 {
-		s.schedule(r, s.clock.Now())
+	if ahead := o.tick.Sub(s.clock.Now()); ahead > implausibleAhead {
+		s.count(func(st *Stats) { st.Implausible++ })
+		s.m.Implausible.Inc()
+		if time.Since(s.implausibleLogged) >= time.Minute {
+			s.implausibleLogged = time.Now()
+			s.log.Warn("ignoring a fire heard for a tick far ahead of the clock: forged, or published by a replica with a wrong clock (logged once a minute, counted in cronstream_scheduler_implausible_observations_total)",
+				"entry", r.id, "tick", o.tick.UTC().Format(time.RFC3339), "ahead", ahead.Round(time.Second))
+		}
+		return
 	}
+	if r.known && o.tick.Equal(r.next()) {
+		r.heard = o.tick
+	}
+}
+
+// implausibleAhead is how far ahead of the scheduler's clock a heard tick
+// is taken as implausible: no replica fires a tick before it is due, and
+// the replicas' clocks are corrected to Redis's.
+const implausibleAhead = time.Minute
+
+// confirmHeard reads, per queue in one round trip, the watermark of the
+// due entries whose due tick was heard fired, instead of firing them. A
+// watermark at or past that tick (only the fire script writes it) becomes
+// the cursor and the entry waits for its next tick; every other entry is
+// returned, in due's storage, to be fired now, so a heard fire costs a
+// non-primary one read and never a tick.
+func (s *Scheduler) confirmHeard(ctx context.Context, due []*entryRun) []*entryRun {
+	var heard map[string][]*entryRun
+	keep := due[:0]
+	for _, r := range due {
+		if !r.heard.IsZero() && r.heard.Equal(r.next()) {
+			if heard == nil {
+				heard = map[string][]*entryRun{}
+			}
+			heard[r.queue] = append(heard[r.queue], r)
+			continue
+		}
+		r.heard = time.Time{}
+		keep = append(keep, r)
+	}
+	now := s.clock.Now()
+	for q, runs := range heard {
+		ids := make([]string, len(runs))
+		for i, r := range runs {
+			ids[i] = r.id
+		}
+		wms, err := s.cfg.Broker.Watermarks(ctx, s.cfg.Names.Prefix(), q, ids)
+		if err == nil && len(wms) != len(ids) {
+			err = fmt.Errorf("%d watermarks for %d entries", len(wms), len(ids))
+		}
+		for i, r := range runs {
+			tick := r.heard
+			r.heard = time.Time{}
+			if err != nil || !wms[i].OK || wms[i].Tick.Before(tick) {
+				keep = append(keep, r) // the fire's compare-and-set decides
+				continue
+			}
+			r.cursor, r.hasCursor, r.lastTask, r.tries = wms[i].Tick, true, wms[i].TaskID, 0
+			s.schedule(r, now)
+		}
+	}
+	return keep
 }
 
 // loadWatermarks reads the watermark of every entry that needs one, per
@@ -790,6 +869,9 @@ const maxFireBufs = 64
 // fires. A plan's fires (one entry's ticks) always share a batch, so their
 // order holds.
 func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
+	if due = s.confirmHeard(ctx, due); len(due) == 0 {
+		return
+	}
 	if len(due) > s.cfg.Batch {
 		s.busy.Store(true)
 		defer s.busy.Store(false)
