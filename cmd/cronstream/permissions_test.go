@@ -129,6 +129,8 @@ func TestNATSPermissions(t *testing.T) {
 		{"replica", "cronstream.config.tick"},
 		{"replica", "$JS.API.STREAM.UPDATE.CRONSTREAM_ACTIVITY"},
 		{"replica", "$JS.API.STREAM.DELETE.CRONSTREAM_CONFIG"},
+		{"replica", "$JS.API.STREAM.CREATE.CRONSTREAM_ACTIVITY"},
+		{"replica", "$JS.API.STREAM.DELETE.KV_CRONSTREAM_REPLICAS"},
 	} {
 		err := refusedPublish(t, url(c.role), c.subject)
 		if err == nil || !errors.Is(err, nats.ErrPermissionViolation) && !strings.Contains(strings.ToLower(err.Error()), "permissions violation") {
