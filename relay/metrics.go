@@ -7,6 +7,7 @@ type Metrics struct {
 	Published     prometheus.Counter
 	PublishErrors prometheus.Counter
 	Backlog       prometheus.Gauge
+	BacklogBytes  prometheus.Gauge
 }
 
 // NewMetrics creates the relay metrics and registers them with reg (nil:
@@ -22,9 +23,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Backlog: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "cronstream_relay_backlog", Help: "Outbox records waiting to be published, over every outbox.",
 		}),
+		BacklogBytes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "cronstream_relay_backlog_bytes", Help: "Redis memory taken by outboxes holding records (MEMORY USAGE, sampled).",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Published, m.PublishErrors, m.Backlog)
+		reg.MustRegister(m.Published, m.PublishErrors, m.Backlog, m.BacklogBytes)
 	}
 	return m
 }
