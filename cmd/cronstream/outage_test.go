@@ -41,6 +41,8 @@ func TestNATSOutageKeepsFiring(t *testing.T) {
 		outage = d
 	}
 	const entries = 200
+	began := time.Now()
+	phase := func(what string) { t.Logf("%s: %s", time.Since(began).Round(100*time.Millisecond), what) }
 	n := testenv.StartNATS(t)
 	r := testenv.StartRedis(t, testenv.WithPrivateServer())
 	env := append(baseEnv(), "CRONSTREAM_NATS="+n.URL(), "CRONSTREAM_REDIS="+r.URL)
@@ -82,6 +84,7 @@ func TestNATSOutageKeepsFiring(t *testing.T) {
 
 	down := time.Now()
 	n.Shutdown()
+	phase("NATS down")
 	for _, rp := range reps {
 		testenv.Eventually(t, 20*time.Second, func() bool {
 			code, body := httpGet(rp.base + "/readyz")
@@ -106,8 +109,10 @@ func TestNATSOutageKeepsFiring(t *testing.T) {
 	}
 	up := time.Now()
 	n.Restart(t)
+	t.Logf("NATS back after %s", up.Sub(down).Round(time.Millisecond))
 
 	testenv.Eventually(t, 90*time.Second, func() bool { return rc.XLen(ctx, outbox).Val() == 0 }, "the outbox to drain after the heal (%d records left)", rc.XLen(ctx, outbox).Val())
+	phase(fmt.Sprintf("outbox drained %s after the heal", time.Since(up).Round(time.Millisecond)))
 	for _, rp := range reps {
 		testenv.Eventually(t, 60*time.Second, func() bool { return httpStatus(rp.base+"/readyz") == http.StatusOK }, "%s not ready after the heal", rp.id)
 	}
@@ -143,6 +148,7 @@ func TestNATSOutageKeepsFiring(t *testing.T) {
 		t.Fatalf("%d records left in the outbox", n)
 	}
 
+	phase("replicas stopped")
 	// Every task once.
 	ids, err := rc.LRange(ctx, pending, 0, -1).Result()
 	if err != nil {
@@ -166,10 +172,15 @@ func TestNATSOutageKeepsFiring(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	msgs, err := c.Messages()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer msgs.Stop()
 	fired := map[string][]time.Time{} // entry → ticks in stream order
 	byReplica := map[string]int{}
 	for left := info.NumPending; left > 0; left-- {
-		m, err := c.Next(jetstream.FetchMaxWait(10 * time.Second))
+		m, err := msgs.Next(jetstream.NextMaxWait(10 * time.Second))
 		if err != nil {
 			t.Fatalf("read the activity stream (%d messages left): %v", left, err)
 		}
@@ -200,7 +211,8 @@ func TestNATSOutageKeepsFiring(t *testing.T) {
 			t.Errorf("%s: fired event for task %s, which is pending %d times", entry, f.TaskID, tasks[f.TaskID])
 		}
 	}
-	t.Logf("ticks of the outage fired by replica: %v", byReplica)
+	msgs.Stop()
+	t.Logf("ticks of the outage fired by replica: %v (%d events read)", byReplica, info.NumPending)
 	if len(fired) != entries {
 		t.Errorf("fired events of %d entries, want %d", len(fired), entries)
 	}
