@@ -344,31 +344,38 @@ type sizeSample struct {
 // between. Where Redis refuses MEMORY USAGE it is estimated from the count.
 func (r *Relay) outboxBytes(ctx context.Context, queue string, left int64) int64 {
 	r.mu.Lock()
-	defer r.mu.Unlock()
+	s, ok := r.sizes[queue]
+	refused := r.sizeRefused
 	if left <= 0 {
 		delete(r.sizes, queue)
+	}
+	r.mu.Unlock()
+	switch {
+	case left <= 0:
 		return 0
-	}
-	if r.sizeRefused {
+	case refused:
 		return left * taskstate.OutboxRecordBytes
-	}
-	s, ok := r.sizes[queue]
-	if ok && time.Since(s.at) < r.cfg.SizeEvery {
+	case ok && time.Since(s.at) < r.cfg.SizeEvery:
 		return s.bytes
 	}
 	b, err := r.cfg.Outbox.OutboxBytes(ctx, r.cfg.Names.Prefix(), queue)
 	switch {
 	case err == nil:
+		r.mu.Lock()
 		r.sizes[queue] = sizeSample{bytes: b, at: time.Now()}
+		r.mu.Unlock()
 		return b
 	case errors.Is(err, taskstate.ErrMemoryUsageRefused):
 		// An ACL or proxy that refuses the command: say so once, count
 		// instead.
+		r.mu.Lock()
 		r.sizeRefused = true
-		r.log.Warn("Redis refused MEMORY USAGE: outbox sizes estimated from record counts", "bytes_per_record", taskstate.OutboxRecordBytes, "err", err)
-		return left * taskstate.OutboxRecordBytes
+		r.mu.Unlock()
+		if !refused {
+			r.log.Warn("Redis refused MEMORY USAGE: outbox sizes estimated from record counts", "bytes_per_record", taskstate.OutboxRecordBytes, "err", err)
+		}
 	case ok:
-		return s.bytes
+		return s.bytes // Redis failed for a moment: the last sample
 	}
 	return left * taskstate.OutboxRecordBytes
 }
