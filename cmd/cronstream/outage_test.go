@@ -17,6 +17,7 @@ import (
 
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/testenv"
+	"github.com/cronstream/cronstream/replica"
 	"github.com/cronstream/cronstream/scheduler"
 	"github.com/cronstream/cronstream/taskstate"
 )
@@ -104,6 +105,10 @@ func TestNATSOutageKeepsFiring(t *testing.T) {
 	t.Logf("outbox after %s without NATS: %d records, %d bytes (MEMORY USAGE SAMPLES 0), %.0f bytes per record", outage.Round(time.Second), records, bytes, perRecord)
 	if perRecord > taskstate.OutboxRecordBytes {
 		t.Errorf("an outbox record takes %.0f bytes, more than taskstate.OutboxRecordBytes (%d): the default bound no longer holds what docs/operations.md says", perRecord, taskstate.OutboxRecordBytes)
+	}
+	// The default bound holds at least 30 minutes of 1,000 fires per second.
+	if covers := time.Duration(float64(replica.DefaultMaxOutboxBytes)/perRecord/1000) * time.Second; covers < 30*time.Minute {
+		t.Errorf("--max-outbox-bytes' default holds %s of 1,000 fires per second at %.0f bytes per record, want 30 minutes", covers, perRecord)
 	}
 	if want := int64(outage/time.Second-2) * entries; records < want {
 		t.Errorf("outbox holds %d records after %s without NATS, want at least %d: firing did not go on", records, outage, want)
