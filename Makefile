@@ -22,9 +22,11 @@ bench:
 build:
 	$(GO) build -o bin/cronstream ./cmd/cronstream
 
-## chaos: chaos suite and network cut with real processes (short form, ~3 min);
+## chaos: chaos suite and network cut with real processes (short form, ~3 min),
+## then a 60 s NATS outage under 200 entries firing every second;
 ## `make chaos DURATION=10m` runs the long form, CRONSTREAM_CHAOS_SEED=<n> replays a seed
 CHAOS_TIMEOUT ?= 60m
 .PHONY: chaos
 chaos:
 	$(if $(DURATION),CRONSTREAM_CHAOS_DURATION=$(DURATION)) $(GO) test -run 'TestChaos|TestNetworkCut' -count=1 -v -timeout $(CHAOS_TIMEOUT) ./chaos/
+	CRONSTREAM_OUTAGE=60s $(GO) test -race -run 'TestNATSOutageKeepsFiring' -count=1 -v -timeout $(CHAOS_TIMEOUT) ./cmd/cronstream/

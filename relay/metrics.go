@@ -8,6 +8,7 @@ type Metrics struct {
 	PublishErrors prometheus.Counter
 	Backlog       prometheus.Gauge
 	Forgeries     prometheus.Counter
+	BacklogBytes  prometheus.Gauge
 }
 
 // NewMetrics creates the relay metrics and registers them with reg (nil:
@@ -26,9 +27,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Forgeries: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "cronstream_relay_forgeries_total", Help: "Events the stream dropped as duplicates of a different message published first under their id (a forgery).",
 		}),
+		BacklogBytes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "cronstream_relay_backlog_bytes", Help: "Redis memory taken by outboxes holding records (MEMORY USAGE, sampled).",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Published, m.PublishErrors, m.Backlog, m.Forgeries)
+		reg.MustRegister(m.Published, m.PublishErrors, m.Backlog, m.Forgeries, m.BacklogBytes)
 	}
 	return m
 }

@@ -13,8 +13,8 @@
 // lapses.
 //
 // The relay never changes task state and never drops a record: when NATS is
-// down records wait in Redis, and the backlog it reports lets the scheduler
-// pause firing before Redis fills.
+// down records wait in Redis, and the backlog it reports (records and bytes)
+// lets the scheduler pause firing before Redis fills.
 package relay
 
 import (
@@ -43,6 +43,7 @@ type Outbox interface {
 	ReadOutbox(ctx context.Context, prefix, queue, after string, count int) ([]taskstate.OutboxRecord, error)
 	AckOutbox(ctx context.Context, prefix, queue, owner string, streamIDs ...string) error
 	OutboxLen(ctx context.Context, prefix, queue string) (int64, error)
+	OutboxBytes(ctx context.Context, prefix, queue string) (int64, error)
 }
 
 // Config configures a Relay. Zero values mean the defaults.
@@ -58,6 +59,9 @@ type Config struct {
 	LeaseTTL time.Duration
 	// Batch is how many records are read and published at once (default 512).
 	Batch int
+	// SizeEvery is how often each outbox's memory is sampled for
+	// BacklogBytes (default 1s); passes in between reuse the last sample.
+	SizeEvery time.Duration
 	// DuplicateWindow is the activity stream's duplicate window; records
 	// older than half of it are checked against the stream before they are
 	// republished (default 1h, the stream's default).
@@ -96,6 +100,14 @@ type Relay struct {
 	// time after it failed to publish it, so a relay cut off from NATS
 	// hands its outboxes to one that is not.
 	yielded map[string]time.Time
+	// sizes holds each outbox's last memory sample.
+	sizes map[string]sizeSample
+	// sizeRefused: Redis refused MEMORY USAGE (said once); sizes are then
+	// estimated from record counts.
+	sizeRefused bool
+	// natsDown: the last pass found the NATS connection down (loop-owned;
+	// the change is logged once each way).
+	natsDown bool
 
 	backlog   atomic.Int64
 	published atomic.Uint64
@@ -104,6 +116,8 @@ type Relay struct {
 	// warnings to one a minute.
 	forgeryLogged  time.Time
 	forgeriesSince uint64
+	// backlogBytes: the memory the backlog takes in Redis.
+	backlogBytes atomic.Int64
 	// ownedBacklog is the part of the last pass's backlog in outboxes this
 	// relay owns (Flush waits only for those).
 	ownedBacklog atomic.Int64
@@ -126,6 +140,9 @@ func New(cfg Config) *Relay {
 	if cfg.Batch <= 0 {
 		cfg.Batch = 512
 	}
+	if cfg.SizeEvery <= 0 {
+		cfg.SizeEvery = time.Second
+	}
 	if cfg.DuplicateWindow <= 0 {
 		cfg.DuplicateWindow = time.Hour
 	}
@@ -138,7 +155,7 @@ func New(cfg Config) *Relay {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Relay{cfg: cfg, log: cfg.Logger, wake: make(chan struct{}, 1), owned: map[string]string{}, yielded: map[string]time.Time{}}
+	return &Relay{cfg: cfg, log: cfg.Logger, wake: make(chan struct{}, 1), owned: map[string]string{}, yielded: map[string]time.Time{}, sizes: map[string]sizeSample{}}
 }
 
 // Notify wakes the relay: records were just written.
@@ -152,6 +169,10 @@ func (r *Relay) Notify() {
 // Backlog returns the number of records waiting in every outbox, as of the
 // last pass.
 func (r *Relay) Backlog() int64 { return r.backlog.Load() }
+
+// BacklogBytes returns the memory every outbox holding records takes in
+// Redis, as of the last pass (each outbox sampled at most every SizeEvery).
+func (r *Relay) BacklogBytes() int64 { return r.backlogBytes.Load() }
 
 // Published returns how many records this relay has published.
 func (r *Relay) Published() uint64 { return r.published.Load() }
@@ -236,6 +257,7 @@ func (r *Relay) loop(ctx context.Context) {
 		}
 		heldSince = time.Time{}
 		n, err := r.Pass(ctx)
+		r.watchNATS()
 		switch {
 		case err == nil || ctx.Err() != nil:
 		case errors.Is(err, errDisconnected):
@@ -249,6 +271,30 @@ func (r *Relay) loop(ctx context.Context) {
 		}
 		resetTimer(t, next)
 	}
+}
+
+// watchNATS logs once when the NATS connection goes down and once when it
+// is back, instead of a line per pass or per record. Coming back, it also
+// forgets the outboxes it yielded for being cut off, so a relay that lost
+// NATS with every other replica resumes at once.
+func (r *Relay) watchNATS() {
+	nc := r.cfg.JS.Conn()
+	if nc == nil {
+		return
+	}
+	down := !nc.IsConnected()
+	if down == r.natsDown {
+		return
+	}
+	r.natsDown = down
+	if down {
+		r.log.Warn("NATS unreachable: outbox records wait in Redis until it is back", "backlog", r.Backlog(), "backlog_bytes", r.BacklogBytes())
+		return
+	}
+	r.mu.Lock()
+	clear(r.yielded)
+	r.mu.Unlock()
+	r.log.Info("NATS reachable again: relaying the outbox backlog", "backlog", r.Backlog(), "backlog_bytes", r.BacklogBytes())
 }
 
 // holdPoll is how often a held relay asks Hold again.
@@ -273,7 +319,7 @@ func (r *Relay) Pass(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("list outboxes: %w", err)
 	}
 	var total int
-	var backlog, owned int64
+	var backlog, owned, size int64
 	var errs []error
 	for _, q := range queues {
 		n, left, mine, err := r.drainOne(ctx, q)
@@ -285,13 +331,63 @@ func (r *Relay) Pass(ctx context.Context) (int, error) {
 		if err != nil {
 			errs = append(errs, fmt.Errorf("outbox %q: %w", q, err))
 		}
+		size += r.outboxBytes(ctx, q, left)
 	}
 	r.backlog.Store(backlog)
+	r.backlogBytes.Store(size)
 	r.ownedBacklog.Store(owned)
 	if m := r.cfg.Metrics; m != nil {
 		m.Backlog.Set(float64(backlog))
+		m.BacklogBytes.Set(float64(size))
 	}
 	return total, errors.Join(errs...)
+}
+
+// sizeSample is one outbox's memory as last measured.
+type sizeSample struct {
+	bytes int64
+	at    time.Time
+}
+
+// outboxBytes returns the memory queue's outbox takes while it holds left
+// records: a MEMORY USAGE sample at most every SizeEvery, the last sample in
+// between. Where Redis refuses MEMORY USAGE it is estimated from the count.
+func (r *Relay) outboxBytes(ctx context.Context, queue string, left int64) int64 {
+	r.mu.Lock()
+	s, ok := r.sizes[queue]
+	refused := r.sizeRefused
+	if left <= 0 {
+		delete(r.sizes, queue)
+	}
+	r.mu.Unlock()
+	switch {
+	case left <= 0:
+		return 0
+	case refused:
+		return left * taskstate.OutboxRecordBytes
+	case ok && time.Since(s.at) < r.cfg.SizeEvery:
+		return s.bytes
+	}
+	b, err := r.cfg.Outbox.OutboxBytes(ctx, r.cfg.Names.Prefix(), queue)
+	switch {
+	case err == nil:
+		r.mu.Lock()
+		r.sizes[queue] = sizeSample{bytes: b, at: time.Now()}
+		r.mu.Unlock()
+		return b
+	case errors.Is(err, taskstate.ErrMemoryUsageRefused):
+		// An ACL or proxy that refuses the command: say so once, count
+		// instead.
+		r.mu.Lock()
+		r.sizeRefused = true
+		r.mu.Unlock()
+		if !refused {
+			r.log.Warn("Redis refused MEMORY USAGE: outbox sizes estimated from record counts", "bytes_per_record", taskstate.OutboxRecordBytes, "err", err)
+		}
+	case ok:
+		return s.bytes // Redis failed for a moment: the last sample
+	}
+	return left * taskstate.OutboxRecordBytes
 }
 
 // errDisconnected: the NATS connection is down; records wait in Redis.

@@ -48,9 +48,12 @@ type Config struct {
 
 	// Scheduler.
 	MaxStaleness time.Duration
-	MaxOutbox    int64
 	Grace        time.Duration
 	LateDelay    time.Duration
+
+	// MaxOutboxBytes: firing pauses while the outbox backlog takes more
+	// Redis memory than this (default DefaultMaxOutboxBytes).
+	MaxOutboxBytes int64
 
 	// Recoverer: queues (empty: every queue in asynq:queues), interval and
 	// grace.
@@ -75,6 +78,12 @@ type Config struct {
 	// Ready, when set, receives the HTTP address once the replica serves.
 	Ready func(httpAddr string)
 }
+
+// DefaultMaxOutboxBytes bounds the outbox backlog a NATS outage leaves in
+// Redis: at taskstate.OutboxRecordBytes per record it holds 35 minutes of
+// 1,000 fires per second, so firing rides out a NATS outage of half an hour
+// at that rate (docs/operations.md, "NATS outages").
+const DefaultMaxOutboxBytes = 512 << 20
 
 // DefaultReplicaID is host-pid-random: unique per process, readable in
 // status and in the audit log.
@@ -138,6 +147,9 @@ func newReplica(cfg Config) (*Replica, error) {
 	}
 	if cfg.ShutdownTimeout <= 0 {
 		cfg.ShutdownTimeout = 15 * time.Second
+	}
+	if cfg.MaxOutboxBytes <= 0 {
+		cfg.MaxOutboxBytes = DefaultMaxOutboxBytes
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -324,7 +336,7 @@ func (r *Replica) start(ctx context.Context) error {
 	sched, err := scheduler.New(scheduler.Config{
 		Broker: r.store, Projection: r.proj, Members: r.members, Names: r.cfg.Names,
 		ReplicaID: r.cfg.ReplicaID, Clock: r.clock, Grace: r.cfg.Grace, LateDelay: r.cfg.LateDelay,
-		MaxStaleness: r.cfg.MaxStaleness, Backlog: r.relay.Backlog, MaxOutbox: r.cfg.MaxOutbox,
+		MaxStaleness: r.cfg.MaxStaleness, OutboxBytes: r.relay.BacklogBytes, MaxOutboxBytes: r.cfg.MaxOutboxBytes,
 		OnFire: r.relay.Notify, Logger: r.log, Metrics: scheduler.NewMetrics(r.reg),
 		History: scheduler.NewStreamHistory(js, r.cfg.Names),
 	})
@@ -349,7 +361,7 @@ func (r *Replica) start(ctx context.Context) error {
 	if r.http != nil {
 		r.http.addCheck("outbox", func(context.Context) error {
 			if sched.Paused() {
-				return fmt.Errorf("outbox backlog %d over --max-outbox %d: firing paused", r.relay.Backlog(), r.cfg.MaxOutbox)
+				return fmt.Errorf("outbox backlog of %d records takes %d bytes, over --max-outbox-bytes %d: firing paused", r.relay.Backlog(), r.relay.BacklogBytes(), r.cfg.MaxOutboxBytes)
 			}
 			return nil
 		})

@@ -232,7 +232,7 @@ func startBenchReplica(b *testing.B, url string, rc *redis.Client, clock *schedu
 	var err error
 	r.sched, err = scheduler.New(scheduler.Config{
 		Broker: store, Projection: r.proj, Names: testNames, ReplicaID: "bench", Clock: clock,
-		Backlog: r.relay.Backlog, MaxOutbox: 1_000_000, OnFire: r.relay.Notify, Logger: discardLogger,
+		OutboxBytes: r.relay.BacklogBytes, MaxOutboxBytes: 1 << 30, OnFire: r.relay.Notify, Logger: discardLogger,
 		History: scheduler.NewStreamHistory(js, testNames),
 	})
 	if err != nil {

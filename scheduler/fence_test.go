@@ -126,7 +126,7 @@ func TestStalenessFence(t *testing.T) {
 }
 
 // TestOutboxBackpressure: with the relay down the outbox grows past
-// MaxOutbox, firing pauses (Paused, nothing more fires); once a relay drains
+// MaxOutboxBytes (its memory in Redis), firing pauses (Paused, nothing more fires); once a relay drains
 // the outbox firing resumes and every tick is accounted for.
 func TestOutboxBackpressure(t *testing.T) {
 	t.Parallel()
@@ -138,15 +138,16 @@ func TestOutboxBackpressure(t *testing.T) {
 		e.put(every(id, "@every 1s"))
 	}
 	backlog := func() int64 {
-		n, err := e.store.OutboxLen(context.Background(), testPrefix, "default")
+		n, err := e.store.OutboxBytes(context.Background(), testPrefix, "default")
 		if err != nil {
 			return 0
 		}
 		return n
 	}
 	a := e.startNode("a", nodeOpts{noRelay: true, sched: func(c *scheduler.Config) {
-		c.MaxOutbox = 5
-		c.Backlog = backlog
+		// A few dozen records.
+		c.MaxOutboxBytes = 8 << 10
+		c.OutboxBytes = backlog
 	}})
 	testenv.Eventually(t, 20*time.Second, a.sched.Paused, "firing to pause (backlog %d)", backlog())
 	fired := a.sched.Stats().Fired

@@ -190,7 +190,7 @@ func (e *env) startNode(id string, o nodeOpts) *node {
 	scfg := scheduler.Config{
 		Broker: n.store, Projection: proj, Members: n.members, Names: testNames,
 		ReplicaID: id, Clock: o.clock, LateDelay: time.Second, Visibility: time.Second,
-		Backlog: n.relay.Backlog, OnFire: n.relay.Notify, Logger: log,
+		OutboxBytes: n.relay.BacklogBytes, OnFire: n.relay.Notify, Logger: log,
 	}
 	if o.sched != nil {
 		o.sched(&scfg)

@@ -91,10 +91,12 @@ type Config struct {
 	Batch int
 	// Parallel bounds the batches in flight at once (default 4).
 	Parallel int
-	// Backlog returns the relay's outbox backlog; firing pauses while it is
-	// above MaxOutbox (0: no bound).
-	Backlog   func() int64
-	MaxOutbox int64
+	// OutboxBytes returns the Redis memory the relay's outbox backlog takes;
+	// firing pauses while it is above MaxOutboxBytes (0: no bound). A bound
+	// in bytes, not records, is what keeps Redis from filling, and it lets
+	// firing ride out a long NATS outage.
+	OutboxBytes    func() int64
+	MaxOutboxBytes int64
 	// OnFire is called after fires were written (the relay's Notify), from
 	// any goroutine; it must not block.
 	OnFire func()
@@ -500,13 +502,13 @@ func (s *Scheduler) loop(ctx context.Context, changes <-chan []projector.Change)
 }
 
 func (s *Scheduler) backpressured() bool {
-	if s.cfg.Backlog == nil || s.cfg.MaxOutbox <= 0 {
+	if s.cfg.OutboxBytes == nil || s.cfg.MaxOutboxBytes <= 0 {
 		return false
 	}
-	over := s.cfg.Backlog() > s.cfg.MaxOutbox
+	over := s.cfg.OutboxBytes() > s.cfg.MaxOutboxBytes
 	if s.paused.Swap(over) != over {
 		if over {
-			s.log.Warn("outbox backlog over the bound: firing paused until the relay catches up", "max_outbox", s.cfg.MaxOutbox)
+			s.log.Warn("outbox backlog over the bound: firing paused until the relay catches up", "max_outbox_bytes", s.cfg.MaxOutboxBytes)
 		} else {
 			s.log.Info("outbox backlog back under the bound: firing resumed")
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -73,6 +74,33 @@ func (s *Store) OutboxLen(ctx context.Context, prefix, queue string) (int64, err
 	n, err := s.client.XLen(ctx, Own(prefix, queue).Outbox()).Result()
 	if err != nil {
 		return 0, fmt.Errorf("outbox length of queue %q: %w", queue, err)
+	}
+	return n, nil
+}
+
+// OutboxRecordBytes is what one record takes in an outbox, rounded up from
+// the fired record of a scheduled tick measured with MEMORY USAGE (figure and
+// method in docs/operations.md, "NATS outages"). It converts record counts
+// to bytes where Redis cannot be asked (MEMORY USAGE refused) and for the
+// deprecated --max-outbox.
+const OutboxRecordBytes = 256
+
+// ErrMemoryUsageRefused reports a Redis that refuses MEMORY USAGE (an ACL
+// without it, a proxy that does not forward it).
+var ErrMemoryUsageRefused = errors.New("Redis refuses MEMORY USAGE")
+
+// OutboxBytes is the memory queue's outbox takes in Redis, as MEMORY USAGE
+// estimates it from a few sampled nodes of the stream: cheap at any length.
+// It is 0 when the outbox does not exist.
+func (s *Store) OutboxBytes(ctx context.Context, prefix, queue string) (int64, error) {
+	n, err := s.client.MemoryUsage(ctx, Own(prefix, queue).Outbox()).Result()
+	switch {
+	case errors.Is(err, redis.Nil):
+		return 0, nil
+	case redis.HasErrorPrefix(err, "NOPERM"), err != nil && strings.Contains(strings.ToLower(err.Error()), "unknown command"):
+		return 0, fmt.Errorf("outbox size of queue %q: %w: %w", queue, ErrMemoryUsageRefused, err)
+	case err != nil:
+		return 0, fmt.Errorf("outbox size of queue %q: %w", queue, err)
 	}
 	return n, nil
 }

@@ -2,8 +2,11 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"math"
+	"strconv"
 	"strings"
 	"time"
 
@@ -12,6 +15,7 @@ import (
 
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/replica"
+	"github.com/cronstream/cronstream/taskstate"
 )
 
 func init() { subcommands = append(subcommands, newRunCommand) }
@@ -26,7 +30,8 @@ type replicaFlags struct {
 	recoverInterval time.Duration
 	recoverGrace    time.Duration
 	maxStaleness    time.Duration
-	maxOutbox       int64
+	maxOutboxBytes  byteSize
+	maxOutbox       int64 // deprecated: a record count
 	http            string
 	logFormat       string
 	logLevel        string
@@ -41,7 +46,10 @@ func (f *replicaFlags) add(cmd *cobra.Command, httpDefault string) {
 	fl.DurationVar(&f.recoverInterval, "recover-interval", 5*time.Second, "how often the recoverer looks for lease-expired tasks")
 	fl.DurationVar(&f.recoverGrace, "recover-grace", 20*time.Second, "recover a task once its lease has been expired this long (asynq's own recoverer uses 30s)")
 	fl.DurationVar(&f.maxStaleness, "max-staleness", 30*time.Second, "stop firing when this replica has not heard the config stream for this long while others have")
-	fl.Int64Var(&f.maxOutbox, "max-outbox", 100_000, "pause firing while more outbox records than this wait for NATS")
+	f.maxOutboxBytes.n = replica.DefaultMaxOutboxBytes
+	fl.Var(&f.maxOutboxBytes, "max-outbox-bytes", "pause firing while the outbox records waiting for NATS take more Redis memory than this (bytes, or with KiB, MiB, GiB)")
+	fl.Int64Var(&f.maxOutbox, "max-outbox", 0, "deprecated: use --max-outbox-bytes")
+	_ = fl.MarkDeprecated("max-outbox", fmt.Sprintf("use --max-outbox-bytes; a record count is taken as that many records of %d bytes", taskstate.OutboxRecordBytes))
 	fl.StringVar(&f.http, "http", httpDefault, "address for /healthz, /readyz and /metrics (empty: none)")
 	fl.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
 	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn, error")
@@ -101,6 +109,10 @@ func (f *replicaFlags) config(g *globalFlags) (replica.Config, error) {
 	if err != nil {
 		return replica.Config{}, err
 	}
+	maxOutboxBytes, err := f.outboxBound()
+	if err != nil {
+		return replica.Config{}, err
+	}
 	var queues []string
 	for _, q := range f.queues {
 		if q = strings.TrimSpace(q); q != "" {
@@ -111,7 +123,7 @@ func (f *replicaFlags) config(g *globalFlags) (replica.Config, error) {
 		NATSURL: g.nats, NATSOptions: f.conn.natsOptions(g), Redis: rc,
 		Names: names, ReplicaID: f.replicaID, Version: version,
 		StreamReplicas: f.replicas, ActivityMaxAge: f.activityMaxAge,
-		MaxStaleness: f.maxStaleness, MaxOutbox: f.maxOutbox,
+		MaxStaleness: f.maxStaleness, MaxOutboxBytes: maxOutboxBytes,
 		Queues: queues, RecoverInterval: f.recoverInterval, RecoverGrace: f.recoverGrace,
 		HTTPAddr: f.http, Logger: log,
 	}, nil
@@ -126,3 +138,61 @@ func (l redisLog) Printf(ctx context.Context, format string, v ...any) {
 
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
+
+// outboxBound is --max-outbox-bytes, or the deprecated --max-outbox (a
+// record count) converted to bytes.
+func (f *replicaFlags) outboxBound() (int64, error) {
+	if f.maxOutbox == 0 {
+		return f.maxOutboxBytes.n, nil
+	}
+	if f.maxOutboxBytes.set {
+		return 0, errors.New("--max-outbox and --max-outbox-bytes given: --max-outbox is deprecated, give --max-outbox-bytes only")
+	}
+	if f.maxOutbox < 0 {
+		return 0, fmt.Errorf("--max-outbox %d: must be positive (and is deprecated: use --max-outbox-bytes)", f.maxOutbox)
+	}
+	return min(f.maxOutbox, math.MaxInt64/taskstate.OutboxRecordBytes) * taskstate.OutboxRecordBytes, nil
+}
+
+// byteSize is a flag holding a positive size in bytes, given as a number of
+// bytes or with a unit (KiB, MiB, GiB, TiB; KB, MB, GB, TB as powers of
+// 1000).
+type byteSize struct {
+	n   int64
+	set bool // given on the command line or in the environment
+}
+
+var byteUnits = []struct {
+	name string
+	size int64
+}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"TB", 1e12}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}, {"B", 1}}
+
+func (b *byteSize) String() string {
+	for _, u := range byteUnits[:4] {
+		if b.n >= u.size && b.n%u.size == 0 {
+			return strconv.FormatInt(b.n/u.size, 10) + u.name
+		}
+	}
+	return strconv.FormatInt(b.n, 10)
+}
+
+func (b *byteSize) Set(s string) error {
+	num, unit := strings.TrimSpace(s), int64(1)
+	for _, u := range byteUnits {
+		if len(num) > len(u.name) && strings.EqualFold(num[len(num)-len(u.name):], u.name) {
+			num, unit = strings.TrimSpace(num[:len(num)-len(u.name)]), u.size
+			break
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n <= 0 {
+		return fmt.Errorf("%q is not a size: want a positive number of bytes, or one with KiB, MiB or GiB", s)
+	}
+	if n > math.MaxInt64/unit {
+		return fmt.Errorf("%q is too large", s)
+	}
+	b.n, b.set = n*unit, true
+	return nil
+}
+
+func (b *byteSize) Type() string { return "size" }

@@ -1,0 +1,86 @@
+package relay_test
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cronstream/cronstream/internal/testenv"
+	"github.com/cronstream/cronstream/relay"
+	"github.com/cronstream/cronstream/taskstate"
+)
+
+// TestRelayBacklogBytes: while NATS is down the relay reports the memory its
+// backlog takes in Redis (MEMORY USAGE); where Redis refuses that command (an
+// ACL without it) the size is estimated from the record count, and the
+// relay says so once.
+func TestRelayBacklogBytes(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 0)
+	const records = 50
+	e.write("default", "a", records)
+	c := ctx(t, 60*time.Second)
+
+	// A Redis user that may do everything but MEMORY.
+	if err := e.rc.Do(c, "ACL", "SETUSER", "outbox-nomemory", "on", ">pw", "~*", "&*", "+@all", "-memory").Err(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.rc.Do(context.Background(), "ACL", "DELUSER", "outbox-nomemory").Err() })
+	opts := *e.rc.Options()
+	opts.Username, opts.Password = "outbox-nomemory", "pw"
+	limited := redis.NewClient(&opts)
+	t.Cleanup(func() { _ = limited.Close() })
+	var logs lockedBuffer
+
+	sampled := e.newRelay("sampled", func(c *relay.Config) { c.PublishTimeout = time.Second })
+	counted := e.newRelay("counted", func(c *relay.Config) {
+		c.PublishTimeout = time.Second
+		c.Outbox = taskstate.New(limited)
+		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	})
+	e.nats.Shutdown()
+	for _, r := range []*relay.Relay{sampled, counted} {
+		testenv.Eventually(t, 20*time.Second, func() bool {
+			_, _ = r.Pass(c)
+			return r.Backlog() == records
+		}, "the backlog to show the waiting records (backlog %d)", r.Backlog())
+	}
+	want, err := e.store.OutboxBytes(c, prefix, "default")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := sampled.BacklogBytes(); got != want || got < records*100 {
+		t.Errorf("BacklogBytes %d, MEMORY USAGE says %d for %d records", got, want, records)
+	}
+	_, _ = counted.Pass(c)
+	if got := counted.BacklogBytes(); got != records*taskstate.OutboxRecordBytes {
+		t.Errorf("BacklogBytes without MEMORY USAGE %d, want %d records × %d", got, records, taskstate.OutboxRecordBytes)
+	}
+	if n := strings.Count(logs.String(), "Redis refused MEMORY USAGE"); n != 1 {
+		t.Errorf("the refusal was logged %d times, want once:\n%s", n, logs.String())
+	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for a logger and a reader.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
