@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/stall"
 )
 
 // Info is what a replica says about itself in its heartbeat.
@@ -28,6 +29,9 @@ type Info struct {
 	// ConfigSeq is the last config stream sequence the replica's
 	// projection applied, so status can show how far each one lags.
 	ConfigSeq uint64 `json:"config_seq"`
+	// Late are the late entries this replica's stall detector sees, with
+	// the reasons its fires failed (at most a few dozen, oldest first).
+	Late []stall.Late `json:"late,omitempty"`
 }
 
 // DefaultHeartbeat is how often a replica refreshes its heartbeat; a

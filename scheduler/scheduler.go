@@ -98,6 +98,10 @@ type Config struct {
 	// OnFire is called after fires were written (the relay's Notify), from
 	// any goroutine; it must not block.
 	OnFire func()
+	// OnOutcome, when set, hears the outcome of every fire attempt and of
+	// every failed watermark read (a stall detector's reasons), on the
+	// loop goroutine; it must not block.
+	OnOutcome func(Outcome)
 	// Visibility is how often asynq's scheduler entries are rewritten.
 	Visibility time.Duration
 	// History, when set, tells which queues an entry used before its
@@ -108,6 +112,16 @@ type Config struct {
 	History History
 	Logger  *slog.Logger
 	Metrics *Metrics
+}
+
+// Outcome is what became of one attempt to handle an entry's tick.
+type Outcome struct {
+	Entry string
+	// Tick is zero when no tick was attempted (the watermark could not be
+	// read).
+	Tick   time.Time
+	Status taskstate.FireStatus // zero when Err is set
+	Err    error
 }
 
 // Scheduler is one replica's firing loop.
@@ -597,6 +611,9 @@ func (s *Scheduler) loadWatermarks(ctx context.Context) {
 		if err != nil {
 			s.countError()
 			s.log.Warn("read watermarks", "queue", q, "entries", len(ids), "err", err)
+			for _, r := range runs {
+				s.outcome(Outcome{Entry: r.id, Err: err})
+			}
 			failed = true
 			continue // stay in s.load; retried after a backoff
 		}
@@ -677,6 +694,7 @@ func (s *Scheduler) handover(ctx context.Context, r *entryRun, from []string) (b
 		if err != nil {
 			s.countError()
 			s.log.Warn("close entry in its old queue", "entry", r.id, "queue", q, "err", err)
+			s.outcome(Outcome{Entry: r.id, Err: err})
 			return false, err
 		}
 		if ok && (!found || tick.After(best)) {
@@ -687,6 +705,7 @@ func (s *Scheduler) handover(ctx context.Context, r *entryRun, from []string) (b
 		if !errors.Is(err, taskstate.ErrHandoverSuperseded) {
 			s.countError()
 			s.log.Warn("seed entry in its new queue", "entry", r.id, "queue", r.queue, "err", err)
+			s.outcome(Outcome{Entry: r.id, Err: err})
 			return false, err
 		}
 		// A newer configuration moved the entry on; our fires there will
@@ -988,6 +1007,7 @@ func (s *Scheduler) planSkip(r *entryRun, skipped tickRange, now time.Time, seq 
 // apply acts on one fire's result and returns the asynq history record of
 // a created task.
 func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (taskstate.EnqueueEventRecord, bool) {
+	s.outcome(Outcome{Entry: r.id, Tick: f.tick, Status: res.Status, Err: res.Err})
 	if res.Err != nil {
 		s.countError()
 		r.tries++
@@ -1275,6 +1295,12 @@ func (s *Scheduler) visibilitySnapshot() ([]taskstate.SchedulerEntry, bool) {
 		})
 	}
 	return out, true
+}
+
+func (s *Scheduler) outcome(o Outcome) {
+	if s.cfg.OnOutcome != nil {
+		s.cfg.OnOutcome(o)
+	}
 }
 
 func (s *Scheduler) setEntriesGauge() {

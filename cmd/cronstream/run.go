@@ -8,6 +8,7 @@ import (
 
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/replica"
+	"github.com/cronstream/cronstream/stall"
 )
 
 func init() { subcommands = append(subcommands, newRunCommand) }
@@ -23,6 +24,8 @@ type replicaFlags struct {
 	recoverGrace    time.Duration
 	maxStaleness    time.Duration
 	maxOutbox       int64
+	lateAfter       time.Duration
+	clockOffset     time.Duration
 	http            string
 	logFormat       string
 	logLevel        string
@@ -38,6 +41,8 @@ func (f *replicaFlags) add(cmd *cobra.Command, httpDefault string) {
 	fl.DurationVar(&f.recoverGrace, "recover-grace", 20*time.Second, "recover a task once its lease has been expired this long (asynq's own recoverer uses 30s)")
 	fl.DurationVar(&f.maxStaleness, "max-staleness", 30*time.Second, "stop firing when this replica has not heard the config stream for this long while others have")
 	fl.Int64Var(&f.maxOutbox, "max-outbox", 100_000, "pause firing while more outbox records than this wait for NATS")
+	fl.DurationVar(&f.lateAfter, "late-after", stall.DefaultLateAfter, "an entry whose tick is overdue (due time plus jitter) for longer is late: metrics, a warning, status, and /readyz when this replica's own fires all fail")
+	fl.DurationVar(&f.clockOffset, "test-clock-offset", 0, "TEST ONLY: run this replica's local clock this far off (e.g. 1h, -1h) to test clock skew; the replica corrects it against Redis TIME. Never set it in production")
 	fl.StringVar(&f.http, "http", httpDefault, "address for /healthz, /readyz and /metrics (empty: none)")
 	fl.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
 	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn, error")
@@ -56,7 +61,18 @@ can fire every entry, exactly once, and recover every queue.
 The replica keeps trying while NATS or Redis is unavailable (/readyz says
 not ready meanwhile) and stops cleanly on SIGINT or SIGTERM: firing stops
 after the batch in flight, the outbox is flushed to NATS, the heartbeat is
-removed.`,
+removed.
+
+Stall detection: an entry whose tick is overdue for longer than
+--late-after (default 30s after its due time plus jitter) is late, whatever
+the cause (Redis refusing writes, a hung connection, fences). Late entries
+show in /metrics (cronstream_late_entries, per queue, and the oldest
+overdue tick's age), as one warning per entry per minute naming the tick
+and the last refusal or error, and in cronstream status. /readyz fails
+while every fire attempt of this replica has failed or been refused for
+longer than --late-after.
+
+--test-clock-offset (CRONSTREAM_TEST_CLOCK_OFFSET) is for fault tests only.`,
 		Example: `  cronstream run --nats nats://nats:4222 --redis redis://redis:6379 --replicas 3
   CRONSTREAM_REDIS=rediss://user:pass@redis:6380 cronstream run --http :8080`,
 		Args: cobra.NoArgs,
@@ -96,7 +112,7 @@ func (f *replicaFlags) config(g *globalFlags) (replica.Config, error) {
 		NATSURL: g.nats, NATSOptions: f.conn.natsOptions(g), Redis: rc,
 		Names: names, ReplicaID: f.replicaID, Version: version,
 		StreamReplicas: f.replicas, ActivityMaxAge: f.activityMaxAge,
-		MaxStaleness: f.maxStaleness, MaxOutbox: f.maxOutbox,
+		MaxStaleness: f.maxStaleness, MaxOutbox: f.maxOutbox, LateAfter: f.lateAfter, ClockOffset: f.clockOffset,
 		Queues: queues, RecoverInterval: f.recoverInterval, RecoverGrace: f.recoverGrace,
 		HTTPAddr: f.http, Logger: log,
 	}, nil
