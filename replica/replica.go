@@ -349,6 +349,7 @@ func (r *Replica) start(ctx context.Context) error {
 	if err := sched.Start(ctx); err != nil {
 		return err
 	}
+	det.SetFiring(sched.Firing)
 	det.Start()
 	if r.http != nil {
 		r.http.addCheck("stall", func(context.Context) error { return det.Ready() })

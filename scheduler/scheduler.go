@@ -160,11 +160,15 @@ type Scheduler struct {
 	mu    sync.Mutex
 	stats Stats
 
-	paused  atomic.Bool // outbox backpressure
-	busy    atomic.Bool // firing more than one batch
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
-	started atomic.Bool
+	paused atomic.Bool // outbox backpressure
+	busy   atomic.Bool // firing more than one batch
+	// firingSince is when the fire pass in progress began (monotonic,
+	// after epoch; 0: none in progress).
+	epoch       time.Time
+	firingSince atomic.Int64
+	cancel      context.CancelFunc
+	wg          sync.WaitGroup
+	started     atomic.Bool
 }
 
 // Stats are counters for status and tests.
@@ -290,6 +294,7 @@ func New(cfg Config) (*Scheduler, error) {
 		vis:      make(chan []taskstate.SchedulerEntry, 1),
 		wake:     make(chan struct{}, 1),
 		stats:    Stats{Refused: map[string]uint64{}},
+		epoch:    time.Now(),
 	}, nil
 }
 
@@ -377,6 +382,17 @@ func (s *Scheduler) ObserveRecords(recs []taskstate.OutboxRecord) {
 // than one batch). The relay's Hold takes it, so a burst gets the cores and
 // Redis first and its events follow right after.
 func (s *Scheduler) Busy() bool { return s.busy.Load() }
+
+// Firing returns how long the fire pass in progress has been waiting for
+// its fires to return (0: none in progress). A stall detector reads it: a
+// pass that hangs on Redis produces no outcome.
+func (s *Scheduler) Firing() time.Duration {
+	since := s.firingSince.Load()
+	if since == 0 {
+		return 0
+	}
+	return max(time.Since(s.epoch)-time.Duration(since), 0)
+}
 
 // Paused reports whether firing is paused by outbox backpressure.
 func (s *Scheduler) Paused() bool { return s.paused.Load() }
@@ -789,6 +805,8 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 		s.busy.Store(true)
 		defer s.busy.Store(false)
 	}
+	s.firingSince.Store(int64(max(time.Since(s.epoch), 1)))
+	defer s.firingSince.Store(0)
 	now := s.clock.Now()
 	seq := s.cfg.Projection.LastSeq()
 	fresh := s.cfg.Projection.LastHeard()

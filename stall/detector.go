@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,8 +37,12 @@ type Config struct {
 	LateAfter time.Duration
 	// Interval between checks (default LateAfter/3, at most 10 s).
 	Interval time.Duration
-	Logger   *slog.Logger
-	Metrics  *Metrics
+	// Firing, when set, says how long the scheduler's fire pass in
+	// progress has been waiting (scheduler.Firing): a pass that hangs on
+	// Redis reports no outcome. SetFiring sets it later.
+	Firing  func() time.Duration
+	Logger  *slog.Logger
+	Metrics *Metrics
 }
 
 // Detector checks the entries of the live projection on a timer, in one
@@ -53,6 +58,10 @@ type Detector struct {
 	tracks map[string]*track
 	since  time.Time       // corrected instant the detector started
 	queues map[string]bool // queues with a late-entries series
+	// reading receives the watermark read in flight (nil: none), begun at
+	// readStarted.
+	reading     chan readDone
+	readStarted time.Time
 
 	mu      sync.Mutex
 	seen    map[string]time.Time // observed ticks not yet taken by the loop
@@ -98,6 +107,10 @@ func New(cfg Config) (*Detector, error) {
 		tracks: map[string]*track{}, queues: map[string]bool{},
 		seen: map[string]time.Time{}, reasons: map[string]string{}}, nil
 }
+
+// SetFiring sets Config.Firing, for a scheduler built after the detector;
+// call it before Start.
+func (d *Detector) SetFiring(f func() time.Duration) { d.cfg.Firing = f }
 
 // Start runs the checks until Stop. Call it once the projection is caught
 // up.
@@ -252,6 +265,9 @@ func (d *Detector) Ready() error {
 		errs = append(errs, fmt.Errorf("every fire attempt failed or was refused for %s (longer than --late-after %s); last: %s",
 			(now-s.start).Round(time.Second), bound, s.what))
 	}
+	if f := d.firing(); f > bound {
+		errs = append(errs, fmt.Errorf("fire attempts have waited for Redis for %s (longer than --late-after %s)", f.Round(time.Second), bound))
+	}
 	if d.readFail != 0 && now-d.readFail > bound {
 		errs = append(errs, fmt.Errorf("stall detector cannot read watermarks for %s: %s", (now-d.readFail).Round(time.Second), d.readErr))
 	}
@@ -264,6 +280,13 @@ func (d *Detector) Ready() error {
 // timeout. A streak with no attempt for longer has ended (nothing more to
 // fire, or someone else fired it).
 const retryGap = 10 * time.Second
+
+func (d *Detector) firing() time.Duration {
+	if d.cfg.Firing == nil {
+		return 0
+	}
+	return d.cfg.Firing()
+}
 
 // Late returns the late entries of the last check, oldest tick first, at
 // most max of them (max ≤ 0: all), with the reasons seen for them.
@@ -305,14 +328,49 @@ func (d *Detector) check(ctx context.Context) {
 			stale = append(stale, t)
 		}
 	}
-	if len(stale) > 0 {
-		rctx, cancel := context.WithTimeout(ctx, max(bound, 2*time.Second))
-		err := readWatermarks(rctx, d.cfg.Watermarks, d.cfg.Names, stale)
-		cancel()
+	// A read from an earlier check still out (Redis slow or stalled) is
+	// taken if it is back; the check never waits for Redis longer than a
+	// moment, and goes on from the last known watermarks.
+	if d.reading != nil {
+		select {
+		case r := <-d.reading:
+			d.finishRead(r)
+		default:
+			if out := time.Since(d.readStarted); out > bound {
+				d.readResult(fmt.Errorf("no answer from Redis for %s", out.Round(time.Second)))
+			}
+		}
+	}
+	if len(stale) > 0 && d.reading == nil {
+		reqs := readRequests(stale)
+		done := make(chan readDone, 1)
+		d.reading, d.readStarted = done, time.Now()
+		d.wg.Add(1)
+		go func() {
+			defer d.wg.Done()
+			rctx, cancel := context.WithTimeout(ctx, max(bound, 2*time.Second))
+			defer cancel()
+			done <- readDone{reqs, fetch(rctx, d.cfg.Watermarks, d.cfg.Names, reqs)}
+		}()
+		// A healthy Redis answers well within the wait, and this check
+		// then uses what it read.
+		wait := time.NewTimer(min(d.cfg.Interval/2, time.Second))
+		select {
+		case r := <-done:
+			d.finishRead(r)
+		case <-wait.C:
+		case <-ctx.Done():
+		}
+		wait.Stop()
 		if ctx.Err() != nil {
 			return
 		}
-		d.readResult(err)
+	}
+	if len(stale) == 0 && d.reading == nil {
+		// Nothing needs reading: an earlier failure is over.
+		d.mu.Lock()
+		d.readFail, d.readErr = 0, ""
+		d.mu.Unlock()
 	}
 
 	now = d.cfg.Now()
@@ -331,10 +389,17 @@ func (d *Detector) check(ctx context.Context) {
 		}
 	}
 	sortLate(late)
+	hung := ""
+	if f := d.firing(); f > bound {
+		hung = fmt.Sprintf("fire attempts waiting for Redis for %s", f.Round(time.Second))
+	}
 	d.mu.Lock()
 	for i := range late {
 		if r, ok := d.reasons[late[i].Entry]; ok {
 			late[i].Reason = r
+		}
+		if hung != "" {
+			late[i].Reason = strings.TrimPrefix(late[i].Reason+"; "+hung, "; ")
 		}
 	}
 	d.late = late
@@ -388,6 +453,18 @@ func (d *Detector) warn(late []Late) {
 	if more > 0 {
 		d.log.Warn("more entries are late (not logged one by one)", "entries", more, "late", len(late))
 	}
+}
+
+// readDone is a finished watermark read.
+type readDone struct {
+	reqs []readQueue
+	err  error
+}
+
+func (d *Detector) finishRead(r readDone) {
+	d.reading = nil
+	record(func(id string) *track { return d.tracks[id] }, r.reqs)
+	d.readResult(r.err)
 }
 
 func (d *Detector) readResult(err error) {

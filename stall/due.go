@@ -147,23 +147,35 @@ func (t *track) lateness(now, since time.Time) (late Late, over time.Duration, o
 	return Late{Entry: t.id, Queue: t.queue, Tick: tick, Due: due, OverdueSeconds: int64(now.Sub(due) / time.Second)}, now.Sub(from), true
 }
 
-// readWatermarks reads the watermarks of tracks, grouped per queue (one
-// MGET per thousand entries of a queue, in taskstate), and records them.
-// Queues whose read failed keep their last known watermarks.
-func readWatermarks(ctx context.Context, wm Watermarks, names events.Names, tracks []*track) error {
-	byQueue := map[string][]*track{}
+// readQueue is one queue's watermark read: the entries asked for and,
+// once read, their watermarks.
+type readQueue struct {
+	queue string
+	ids   []string
+	infos []taskstate.WatermarkInfo // nil: not read
+}
+
+// readRequests groups the entries of tracks per queue.
+func readRequests(tracks []*track) []readQueue {
+	byQueue := map[string][]string{}
 	for _, t := range tracks {
-		byQueue[t.queue] = append(byQueue[t.queue], t)
+		byQueue[t.queue] = append(byQueue[t.queue], t.id)
 	}
+	out := make([]readQueue, 0, len(byQueue))
+	for _, q := range slices.Sorted(maps.Keys(byQueue)) {
+		out = append(out, readQueue{queue: q, ids: byQueue[q]})
+	}
+	return out
+}
+
+// fetch reads the watermarks of reqs, one queue at a time (one MGET per
+// thousand entries, in taskstate). It touches no track, so it can run
+// beside the loop; a queue whose read failed stays unread.
+func fetch(ctx context.Context, wm Watermarks, names events.Names, reqs []readQueue) error {
 	var errs []string
 	var first error
-	for _, q := range slices.Sorted(maps.Keys(byQueue)) {
-		ts := byQueue[q]
-		ids := make([]string, len(ts))
-		for i, t := range ts {
-			ids[i] = t.id
-		}
-		infos, err := wm.Watermarks(ctx, names.Prefix(), q, ids)
+	for i := range reqs {
+		infos, err := wm.Watermarks(ctx, names.Prefix(), reqs[i].queue, reqs[i].ids)
 		if err != nil {
 			if first == nil {
 				first = err
@@ -171,14 +183,27 @@ func readWatermarks(ctx context.Context, wm Watermarks, names events.Names, trac
 			errs = append(errs, err.Error())
 			continue
 		}
-		for i, t := range ts {
-			t.wm, t.hasWM, t.known = infos[i].Tick, infos[i].OK, true
-		}
+		reqs[i].infos = infos
 	}
 	if first != nil {
 		return fmt.Errorf("read watermarks: %s: %w", strings.Join(errs, "; "), first)
 	}
 	return nil
+}
+
+// record applies what fetch read to the tracks that are still in the
+// queue they were read in.
+func record(tracks func(id string) *track, reqs []readQueue) {
+	for _, r := range reqs {
+		if r.infos == nil {
+			continue
+		}
+		for i, id := range r.ids {
+			if t := tracks(id); t != nil && t.queue == r.queue {
+				t.wm, t.hasWM, t.known = r.infos[i].Tick, r.infos[i].OK, true
+			}
+		}
+	}
 }
 
 // sortLate orders late entries oldest tick first, then by entry.
@@ -203,7 +228,13 @@ func Check(ctx context.Context, wm Watermarks, names events.Names, entries []pro
 			tracks = append(tracks, t)
 		}
 	}
-	err := readWatermarks(ctx, wm, names, tracks)
+	byID := make(map[string]*track, len(tracks))
+	for _, t := range tracks {
+		byID[t.id] = t
+	}
+	reqs := readRequests(tracks)
+	err := fetch(ctx, wm, names, reqs)
+	record(func(id string) *track { return byID[id] }, reqs)
 	var out []Late
 	for _, t := range tracks {
 		if !t.known {
