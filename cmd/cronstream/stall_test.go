@@ -163,7 +163,7 @@ func TestStallVisible(t *testing.T) {
 	recovered := func(what string) {
 		t.Helper()
 		defer func() {
-			if t.Failed() {
+			if t.Failed() { // the replica's goroutines, to see what hangs
 				_ = p.cmd.Process.Signal(syscall.SIGQUIT)
 				<-p.done
 				t.Logf("DUMP\n%s", p.Stderr())
@@ -267,6 +267,78 @@ func checkFiredOnce(t *testing.T, e *cliEnv, ins *asynq.Inspector, queues map[st
 	}
 }
 
+// lazyReady is a replica's /readyz body, read when a failure message is
+// printed.
 type lazyReady string
 
 func (l lazyReady) String() string { _, b := readyz(string(l)); return b }
+
+// TestClockOffset runs a replica whose local clock is an hour fast (the
+// test-only offset) beside one whose clock is right: the corrected clock
+// fires every tick on time, and neither replica's fires block the other's.
+func TestClockOffset(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, true)
+	a := start(t, append(slices.Clone(e.vars), "CRONSTREAM_TEST_CLOCK_OFFSET=1h"), "run", "--http", "", "--log-format", "json", "--replica-id", "fast")
+	b := start(t, e.vars, "run", "--http", "", "--log-format", "json", "--replica-id", "right")
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		return strings.Contains(a.Stderr(), "test only: this replica's local clock is offset") &&
+			strings.Contains(b.Stderr(), "replica running") && strings.Contains(a.Stderr(), "replica running")
+	}, "replicas did not start")
+	var ids []string
+	for i := range 8 {
+		id := "clock" + strconv.Itoa(i)
+		ids = append(ids, id)
+		e.ok("entry", "put", id, "--cron", "@every 1s", "--type", "clock")
+	}
+	// fired reads the scheduled ticks each replica fired.
+	fired := func() map[string][]time.Time {
+		out := map[string][]time.Time{}
+		for _, l := range strings.Split(e.ok("audit", "--json"), "\n") {
+			var ev struct {
+				Type string       `json:"type"`
+				Data events.Fired `json:"data"`
+			}
+			if json.Unmarshal([]byte(l), &ev) == nil && ev.Type == events.TypeEntryFired {
+				out[ev.Data.Replica] = append(out[ev.Data.Replica], ev.Data.ScheduledAt)
+			}
+		}
+		return out
+	}
+	from := time.Now()
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		f := fired()
+		after := func(r string) bool {
+			return slices.ContainsFunc(f[r], func(tick time.Time) bool { return tick.After(from.Add(3 * time.Second)) })
+		}
+		return after("fast") && after("right")
+	}, "both replicas do not keep firing their entries (fired: %v)", lazyFired(fired))
+	now := time.Now()
+	for r, ticks := range fired() {
+		for _, tick := range ticks {
+			if tick.After(now.Add(time.Second)) {
+				t.Fatalf("replica %s fired tick %s before it was due (now %s)", r, tick, now)
+			}
+		}
+	}
+	if late, _ := e.statusLate(); len(late) != 0 {
+		t.Errorf("late entries with one replica's clock an hour fast: %v", late)
+	}
+	for _, p := range []*proc{a, b} {
+		if code := p.stop(syscall.SIGTERM, 30*time.Second); code != 0 {
+			t.Errorf("run exited %d", code)
+		}
+	}
+}
+
+// lazyFired counts each replica's fires when a failure message is printed.
+type lazyFired func() map[string][]time.Time
+
+func (f lazyFired) String() string {
+	var parts []string
+	for r, ticks := range f() {
+		parts = append(parts, r+": "+strconv.Itoa(len(ticks)))
+	}
+	slices.Sort(parts)
+	return strings.Join(parts, ", ")
+}
