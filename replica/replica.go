@@ -302,6 +302,13 @@ func (r *Replica) start(ctx context.Context) error {
 	det, err := stall.New(stall.Config{
 		Watermarks: r.store, Projection: r.proj, Names: r.cfg.Names, Now: r.clock.Now,
 		LateAfter: r.cfg.LateAfter, Logger: r.log, Metrics: stall.NewMetrics(r.reg),
+		// Read by the detector's checks, which start after r.sched is set.
+		Holding: func() string {
+			if s := r.sched; s != nil && s.Paused() {
+				return "firing paused: outbox backlog over --max-outbox"
+			}
+			return ""
+		},
 	})
 	if err != nil {
 		return err

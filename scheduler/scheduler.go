@@ -136,7 +136,9 @@ type Scheduler struct {
 	entries map[string]*entryRun
 	heap    dueHeap
 	load    map[string]*entryRun // entries whose watermark must be read
-	// loadAfter delays the next watermark load after a failed one.
+	// loadAfter delays the next watermark load after a failed one. It
+	// and visSince are local monotonic times (backoffs), never compared
+	// with ticks, which use the corrected clock.
 	loadAfter time.Time
 	loadFails int
 	live      []string

@@ -40,7 +40,11 @@ type Config struct {
 	// Firing, when set, says how long the scheduler's fire pass in
 	// progress has been waiting (scheduler.Firing): a pass that hangs on
 	// Redis reports no outcome. SetFiring sets it later.
-	Firing  func() time.Duration
+	Firing func() time.Duration
+	// Holding, when set, names a condition that holds back all of this
+	// replica's fires (outbox backpressure), or returns "". It is added to
+	// the reason of every late entry.
+	Holding func() string
 	Logger  *slog.Logger
 	Metrics *Metrics
 }
@@ -392,6 +396,11 @@ func (d *Detector) check(ctx context.Context) {
 	hung := ""
 	if f := d.firing(); f > bound {
 		hung = fmt.Sprintf("fire attempts waiting for Redis for %s", f.Round(time.Second))
+	}
+	if d.cfg.Holding != nil {
+		if h := d.cfg.Holding(); h != "" {
+			hung = strings.TrimPrefix(hung+"; "+h, "; ")
+		}
 	}
 	d.mu.Lock()
 	for i := range late {
