@@ -92,7 +92,7 @@ func (s *sampler) lastIncrease(from, to time.Time) time.Time {
 
 // cutWindow is one cut and heal of the isolated replica.
 type cutWindow struct {
-	mode                    cutMode
+	mode                    testenv.CutMode
 	cutAt, bound, healAt    time.Time
 	stoppedAfter, resumedIn time.Duration
 }
@@ -109,7 +109,7 @@ func TestNetworkCut(t *testing.T) {
 	began := time.Now()
 	n := testenv.StartNATS(t)
 	rd := testenv.StartRedis(t)
-	px := startProxy(t, strings.TrimPrefix(n.URL(), "nats://"))
+	px := testenv.StartProxy(t, strings.TrimPrefix(n.URL(), "nats://"))
 	s := newSystem(t, systemConfig{
 		replicaNATS: []string{n.URL(), n.URL(), "nats://" + px.Addr()}, adminNATS: n.URL(), js: n.JetStream(t),
 		redis: rd, streamReplicas: 1, maxStaleness: cutStaleness, queues: cutQueues,
@@ -131,14 +131,14 @@ func TestNetworkCut(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	var windows []cutWindow
-	for _, mode := range []cutMode{blackhole, drop} {
+	for _, mode := range []testenv.CutMode{testenv.Blackhole, testenv.Drop} {
 		// The isolated replica fires before each cut.
 		f0 := fires()
 		testenv.Eventually(t, 30*time.Second, func() bool { return fires() > f0 },
 			"replica %s fires before the %s cut", isolatedID, mode)
 
 		w := cutWindow{mode: mode, cutAt: time.Now()}
-		px.cut(mode)
+		px.Cut(mode)
 		w.bound = w.cutAt.Add(cutStaleness + cutSlack)
 		t.Logf("%s: cut replica %s off NATS; its fires must stop by +%s", mode, isolatedID, cutStaleness+cutSlack)
 
@@ -157,7 +157,7 @@ func TestNetworkCut(t *testing.T) {
 		}
 
 		w.healAt = time.Now()
-		px.heal()
+		px.Heal()
 		f1 := fires()
 		testenv.Eventually(t, 30*time.Second, func() bool { return fires() > f1 },
 			"replica %s fires again after the %s cut heals (its /readyz and fire metrics now: %s)", isolatedID, mode,

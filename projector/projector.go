@@ -100,6 +100,17 @@ func WithHeartbeat(d time.Duration) Option {
 	}
 }
 
+// WithClock sets the clock LastHeard is stamped with (default time.Now).
+// A replica passes its Redis-corrected clock: LastHeard is presented to
+// Redis as the replica's freshness and compared with other replicas'.
+func WithClock(now func() time.Time) Option {
+	return func(p *Projector) {
+		if now != nil {
+			p.now = now
+		}
+	}
+}
+
 // Projector holds the live registered-entry map of one config stream. Its
 // methods are safe for concurrent use.
 type Projector struct {
@@ -107,6 +118,7 @@ type Projector struct {
 	names events.Names
 	log   *slog.Logger
 	hb    time.Duration
+	now   func() time.Time
 
 	mu       sync.RWMutex
 	fold     *Fold
@@ -135,6 +147,7 @@ func New(js jetstream.JetStream, names events.Names, opts ...Option) *Projector 
 		names:   names,
 		log:     slog.Default(),
 		hb:      DefaultHeartbeat,
+		now:     time.Now,
 		fold:    NewFold(names),
 		subs:    make(map[*Subscription]struct{}),
 		ready:   make(chan struct{}),
@@ -179,7 +192,7 @@ func (p *Projector) Start(ctx context.Context) error {
 	runCtx, cancel := context.WithCancel(context.Background())
 	p.target = target
 	p.cancel = cancel
-	p.heard(time.Now())
+	p.heard(p.now())
 	if target == 0 {
 		p.markCaughtUpLocked()
 	}
@@ -288,7 +301,7 @@ func (p *Projector) read(ctx context.Context, r *orderedReader, batches chan<- b
 		behind = err == nil && meta.NumPending > 0
 		p.resets.Store(r.resets)
 		if err == nil {
-			p.heard(time.Now())
+			p.heard(p.now())
 			cur.msgs = append(cur.msgs, message{msg.Subject(), meta.Sequence.Stream, meta.Timestamp, msg.Data()})
 			cur.pending = meta.NumPending
 			// More messages are already waiting (a cold start, a burst):
@@ -307,7 +320,7 @@ func (p *Projector) read(ctx context.Context, r *orderedReader, batches chan<- b
 		switch {
 		case err == nil:
 		case errors.Is(err, errIdle):
-			p.heard(time.Now().Add(-2 * p.hb))
+			p.heard(p.now().Add(-2 * p.hb))
 		default:
 			return err
 		}

@@ -100,8 +100,11 @@ type Config struct {
 	OnRecord func()
 	Logger   *slog.Logger
 	Metrics  *Metrics
-	// Now is the wall clock (tests); lease scores come from workers' own
-	// clocks, so the recoverer compares with the wall clock, not Redis TIME.
+	// Now is the clock lease expiries are compared with (default
+	// time.Now). A replica passes its clock corrected to Redis TIME
+	// (internal/clock): lease scores come from workers' clocks, which are
+	// right when they agree with Redis, and a replica whose own clock runs
+	// fast must not recover live tasks.
 	Now func() time.Time
 }
 

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"sort"
 	"sync"
 	"time"
 
@@ -56,25 +55,47 @@ func (h *httpServer) addCheck(name string, c Check) {
 	h.mu.Unlock()
 }
 
-// Ready runs every check and returns the failures by name.
+// checkTimeout bounds each readiness check.
+const checkTimeout = 2 * time.Second
+
+// Ready runs every check, concurrently, and returns the failures by name.
+// A check that does not answer within checkTimeout fails (a Redis
+// connection that stalls must not stall /readyz); it finishes on its own.
 func (h *httpServer) Ready(ctx context.Context) map[string]string {
 	h.mu.RLock()
-	names := make([]string, 0, len(h.checks))
-	for n := range h.checks {
-		names = append(names, n)
+	checks := make(map[string]Check, len(h.checks))
+	for n, c := range h.checks {
+		checks[n] = c
 	}
 	h.mu.RUnlock()
-	sort.Strings(names)
+	type result struct {
+		name string
+		err  error
+	}
+	results := make(chan result, len(checks)) // room for every late answer
+	for n, c := range checks {
+		go func() {
+			cctx, cancel := context.WithTimeout(ctx, checkTimeout)
+			defer cancel()
+			results <- result{n, c(cctx)}
+		}()
+	}
 	failed := map[string]string{}
-	for _, n := range names {
-		h.mu.RLock()
-		c := h.checks[n]
-		h.mu.RUnlock()
-		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		if err := c(cctx); err != nil {
-			failed[n] = err.Error()
+	timeout := time.NewTimer(checkTimeout + 100*time.Millisecond)
+	defer timeout.Stop()
+	for pending := len(checks); pending > 0; pending-- {
+		select {
+		case r := <-results:
+			if r.err != nil {
+				failed[r.name] = r.err.Error()
+			}
+			delete(checks, r.name)
+		case <-timeout.C:
+			for n := range checks {
+				failed[n] = fmt.Sprintf("no answer within %s", checkTimeout)
+			}
+			return failed
 		}
-		cancel()
 	}
 	return failed
 }

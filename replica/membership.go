@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/stall"
 )
 
 // Info is what a replica says about itself in its heartbeat.
@@ -31,6 +32,9 @@ type Info struct {
 	// Warnings are this replica's differences between its flags and the
 	// existing streams, which it leaves unchanged.
 	Warnings []string `json:"warnings,omitempty"`
+	// Late are the late entries this replica's stall detector sees, with
+	// the reasons its fires failed (at most a few dozen, oldest first).
+	Late []stall.Late `json:"late,omitempty"`
 }
 
 // DefaultHeartbeat is how often a replica refreshes its heartbeat; a

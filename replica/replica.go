@@ -19,11 +19,13 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/clock"
 	"github.com/cronstream/cronstream/internal/redact"
 	"github.com/cronstream/cronstream/projector"
 	"github.com/cronstream/cronstream/recoverer"
 	"github.com/cronstream/cronstream/relay"
 	"github.com/cronstream/cronstream/scheduler"
+	"github.com/cronstream/cronstream/stall"
 	"github.com/cronstream/cronstream/taskstate"
 )
 
@@ -50,6 +52,13 @@ type Config struct {
 	MaxStaleness time.Duration
 	Grace        time.Duration
 	LateDelay    time.Duration
+	// LateAfter: an entry whose tick is overdue for longer is late (the
+	// stall detector; default stall.DefaultLateAfter).
+	LateAfter time.Duration
+	// ClockOffset shifts this replica's local clock. For tests only: it
+	// simulates a host whose clock is off; the replica's clock corrects
+	// it against Redis TIME like any drift.
+	ClockOffset time.Duration
 
 	// MaxOutboxBytes: firing pauses while the outbox backlog takes more
 	// Redis memory than this (default DefaultMaxOutboxBytes).
@@ -113,6 +122,7 @@ type Replica struct {
 	relay   *relay.Relay
 	sched   *scheduler.Scheduler
 	recov   *recoverer.Recoverer
+	stall   *stall.Detector
 	http    *httpServer
 	obsSub  *nats.Subscription
 
@@ -279,13 +289,16 @@ func (r *Replica) start(ctx context.Context) error {
 	}
 
 	r.store = taskstate.New(r.cfg.Redis)
-	r.clock = scheduler.NewClock(r.store.Time)
+	r.clock = clock.New(r.store.Time, clock.Options{LocalOffset: r.cfg.ClockOffset})
+	if r.cfg.ClockOffset != 0 {
+		r.log.Warn("test only: this replica's local clock is offset", "offset", r.cfg.ClockOffset)
+	}
 	if err := r.retry(ctx, "redis", func(ctx context.Context) error { return r.clock.Sync(ctx) }); err != nil {
 		return err
 	}
 	r.warnRedisConfig(ctx)
 
-	r.proj = projector.New(js, r.cfg.Names, projector.WithLogger(r.log))
+	r.proj = projector.New(js, r.cfg.Names, projector.WithLogger(r.log), projector.WithClock(r.clock.Now))
 	if err := r.retry(ctx, "projector", r.proj.Start); err != nil {
 		return err
 	}
@@ -298,16 +311,38 @@ func (r *Replica) start(ctx context.Context) error {
 			// heartbeats and lags by up to about four of them; without
 			// that allowance a healthy replica with a short max-staleness
 			// (under ~9 s) flaps between ready and not ready.
-			if age := time.Since(r.proj.LastHeard()); age > r.maxStaleness()+4*projector.DefaultHeartbeat {
+			if age := r.clock.Now().Sub(r.proj.LastHeard()); age > r.maxStaleness()+4*projector.DefaultHeartbeat {
 				return fmt.Errorf("config stream not heard for %s", age.Round(time.Second))
 			}
 			return nil
 		})
 	}
 
+	// The stall detector is built before the heartbeat, which reports its
+	// late entries, and the scheduler, which reports its outcomes to it;
+	// it starts after the scheduler, once the projection is caught up.
+	det, err := stall.New(stall.Config{
+		Watermarks: r.store, Projection: r.proj, Names: r.cfg.Names, Now: r.clock.Now,
+		LateAfter: r.cfg.LateAfter, Logger: r.log, Metrics: stall.NewMetrics(r.reg),
+		// Read by the detector's checks, which start after r.sched is set.
+		Holding: func() string {
+			if s := r.sched; s != nil && s.Paused() {
+				return "firing paused: outbox backlog over --max-outbox-bytes"
+			}
+			return ""
+		},
+	})
+	if err != nil {
+		return err
+	}
+	r.stall = det
+
 	hostname, _ := os.Hostname()
 	r.members = NewMembership(kv, Info{ID: r.cfg.ReplicaID, Host: hostname, PID: os.Getpid(), Started: time.Now().UTC(), Version: r.cfg.Version, HTTP: r.httpAddr(), Warnings: streamWarnings}, r.cfg.Heartbeat, r.log)
-	r.members.Update = func(i *Info) { i.ConfigSeq = r.proj.LastSeq() }
+	r.members.Update = func(i *Info) {
+		i.ConfigSeq = r.proj.LastSeq()
+		i.Late = det.Late(maxReportedLate)
+	}
 	// Re-created as at start: missing is created, an existing bucket is
 	// never changed (stream settings are explicit).
 	r.members.Reopen = func(ctx context.Context) (jetstream.KeyValue, error) {
@@ -326,6 +361,7 @@ func (r *Replica) start(ctx context.Context) error {
 		Hold:            func() bool { s := busy.Load(); return s != nil && s.Busy() },
 		DuplicateWindow: cmpOr(r.cfg.DuplicateWindow, events.DefaultDuplicateWindow), Logger: r.log, Metrics: relay.NewMetrics(r.reg),
 		OnPublished: func(recs []taskstate.OutboxRecord) {
+			det.ObserveRecords(recs)
 			if s := busy.Load(); s != nil {
 				s.ObserveRecords(recs)
 			}
@@ -337,7 +373,7 @@ func (r *Replica) start(ctx context.Context) error {
 		Broker: r.store, Projection: r.proj, Members: r.members, Names: r.cfg.Names,
 		ReplicaID: r.cfg.ReplicaID, Clock: r.clock, Grace: r.cfg.Grace, LateDelay: r.cfg.LateDelay,
 		MaxStaleness: r.cfg.MaxStaleness, OutboxBytes: r.relay.BacklogBytes, MaxOutboxBytes: r.cfg.MaxOutboxBytes,
-		OnFire: r.relay.Notify, Logger: r.log, Metrics: scheduler.NewMetrics(r.reg),
+		OnFire: r.relay.Notify, OnOutcome: det.Outcome, Logger: r.log, Metrics: scheduler.NewMetrics(r.reg),
 		History: scheduler.NewStreamHistory(js, r.cfg.Names),
 	})
 	if err != nil {
@@ -348,11 +384,18 @@ func (r *Replica) start(ctx context.Context) error {
 	if err := sched.Start(ctx); err != nil {
 		return err
 	}
+	det.SetFiring(sched.Firing)
+	det.Start()
+	if r.http != nil {
+		r.http.addCheck("stall", func(context.Context) error { return det.Ready() })
+	}
 	// Fires relayed by other replicas, straight from the subject (no
 	// consumer): lets a non-primary read the watermark instead of firing
 	// a tick its primary handled (a hint only: anyone allowed to publish
 	// there can send one). Those this replica relays come from OnPublished.
 	r.obsSub, err = nc.Subscribe(r.cfg.Names.Prefix()+".fire.>", func(m *nats.Msg) {
+		// Not told to the stall detector: a fire heard here may be forged;
+		// the detector learns other replicas' fires from the watermarks.
 		sched.ObserveActivity(m.Subject, m.Header.Get(jetstream.MsgIDHeader))
 	})
 	if err != nil {
@@ -369,12 +412,16 @@ func (r *Replica) start(ctx context.Context) error {
 
 	r.recov = recoverer.New(recoverer.Config{
 		Store: r.store, Names: r.cfg.Names, ReplicaID: r.cfg.ReplicaID, Queues: r.cfg.Queues,
-		Interval: r.cfg.RecoverInterval, Grace: r.cfg.RecoverGrace, OnRecord: r.relay.Notify,
+		Interval: r.cfg.RecoverInterval, Grace: r.cfg.RecoverGrace, OnRecord: r.relay.Notify, Now: r.clock.Now,
 		Logger: r.log, Metrics: recoverer.NewMetrics(r.reg),
 	})
 	r.recov.Start()
 	return nil
 }
+
+// maxReportedLate bounds the late entries a replica reports in its
+// heartbeat (status merges their reasons).
+const maxReportedLate = 32
 
 func cmpOr(d, def time.Duration) time.Duration {
 	if d > 0 {
@@ -455,6 +502,9 @@ func (r *Replica) shutdown() {
 	}
 	if r.sched != nil {
 		r.sched.Stop()
+	}
+	if r.stall != nil {
+		r.stall.Stop()
 	}
 	if r.recov != nil {
 		r.recov.Stop()

@@ -100,6 +100,10 @@ type Config struct {
 	// OnFire is called after fires were written (the relay's Notify), from
 	// any goroutine; it must not block.
 	OnFire func()
+	// OnOutcome, when set, hears the outcome of every fire attempt and of
+	// every failed watermark read (a stall detector's reasons), on the
+	// loop goroutine; it must not block.
+	OnOutcome func(Outcome)
 	// Visibility is how often asynq's scheduler entries are rewritten.
 	Visibility time.Duration
 	// History, when set, tells which queues an entry used before its
@@ -110,6 +114,16 @@ type Config struct {
 	History History
 	Logger  *slog.Logger
 	Metrics *Metrics
+}
+
+// Outcome is what became of one attempt to handle an entry's tick.
+type Outcome struct {
+	Entry string
+	// Tick is zero when no tick was attempted (the watermark could not be
+	// read).
+	Tick   time.Time
+	Status taskstate.FireStatus // zero when Err is set
+	Err    error
 }
 
 // Scheduler is one replica's firing loop.
@@ -124,7 +138,9 @@ type Scheduler struct {
 	entries map[string]*entryRun
 	heap    dueHeap
 	load    map[string]*entryRun // entries whose watermark must be read
-	// loadAfter delays the next watermark load after a failed one.
+	// loadAfter delays the next watermark load after a failed one. It
+	// and visSince are local monotonic times (backoffs), never compared
+	// with ticks, which use the corrected clock.
 	loadAfter time.Time
 	loadFails int
 	live      []string
@@ -151,11 +167,15 @@ type Scheduler struct {
 	mu    sync.Mutex
 	stats Stats
 
-	paused  atomic.Bool // outbox backpressure
-	busy    atomic.Bool // firing more than one batch
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
-	started atomic.Bool
+	paused atomic.Bool // outbox backpressure
+	busy   atomic.Bool // firing more than one batch
+	// firingSince is when the fire pass in progress began (monotonic,
+	// after epoch; 0: none in progress).
+	epoch       time.Time
+	firingSince atomic.Int64
+	cancel      context.CancelFunc
+	wg          sync.WaitGroup
+	started     atomic.Bool
 }
 
 // Stats are counters for status and tests.
@@ -296,6 +316,7 @@ func New(cfg Config) (*Scheduler, error) {
 		vis:      make(chan []taskstate.SchedulerEntry, 1),
 		wake:     make(chan struct{}, 1),
 		stats:    Stats{Refused: map[string]uint64{}},
+		epoch:    time.Now(),
 	}, nil
 }
 
@@ -393,6 +414,17 @@ func (s *Scheduler) ObserveRecords(recs []taskstate.OutboxRecord) {
 // than one batch). The relay's Hold takes it, so a burst gets the cores and
 // Redis first and its events follow right after.
 func (s *Scheduler) Busy() bool { return s.busy.Load() }
+
+// Firing returns how long the fire pass in progress has been waiting for
+// its fires to return (0: none in progress). A stall detector reads it: a
+// pass that hangs on Redis produces no outcome.
+func (s *Scheduler) Firing() time.Duration {
+	since := s.firingSince.Load()
+	if since == 0 {
+		return 0
+	}
+	return max(time.Since(s.epoch)-time.Duration(since), 0)
+}
 
 // Paused reports whether firing is paused by outbox backpressure.
 func (s *Scheduler) Paused() bool { return s.paused.Load() }
@@ -687,6 +719,9 @@ func (s *Scheduler) loadWatermarks(ctx context.Context) {
 		if err != nil {
 			s.countError()
 			s.log.Warn("read watermarks", "queue", q, "entries", len(ids), "err", err)
+			for _, r := range runs {
+				s.outcome(Outcome{Entry: r.id, Err: err})
+			}
 			failed = true
 			continue // stay in s.load; retried after a backoff
 		}
@@ -782,6 +817,7 @@ func (s *Scheduler) handover(ctx context.Context, r *entryRun, from []string) (b
 		if err != nil {
 			s.countError()
 			s.log.Warn("close entry in its old queue", "entry", r.id, "queue", q, "err", err)
+			s.outcome(Outcome{Entry: r.id, Err: err})
 			return false, err
 		}
 		if ok && (!found || tick.After(best)) {
@@ -792,6 +828,7 @@ func (s *Scheduler) handover(ctx context.Context, r *entryRun, from []string) (b
 		if !errors.Is(err, taskstate.ErrHandoverSuperseded) {
 			s.countError()
 			s.log.Warn("seed entry in its new queue", "entry", r.id, "queue", r.queue, "err", err)
+			s.outcome(Outcome{Entry: r.id, Err: err})
 			return false, err
 		}
 		// A newer configuration moved the entry on; our fires there will
@@ -878,6 +915,8 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 		s.busy.Store(true)
 		defer s.busy.Store(false)
 	}
+	s.firingSince.Store(int64(max(time.Since(s.epoch), 1)))
+	defer s.firingSince.Store(0)
 	now := s.clock.Now()
 	seq := s.cfg.Projection.LastSeq()
 	fresh := s.cfg.Projection.LastHeard()
@@ -1096,6 +1135,7 @@ func (s *Scheduler) planSkip(r *entryRun, skipped tickRange, now time.Time, seq 
 // apply acts on one fire's result and returns the asynq history record of
 // a created task.
 func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (taskstate.EnqueueEventRecord, bool) {
+	s.outcome(Outcome{Entry: r.id, Tick: f.tick, Status: res.Status, Err: res.Err})
 	if res.Err != nil {
 		s.countError()
 		r.tries++
@@ -1387,6 +1427,12 @@ func (s *Scheduler) visibilitySnapshot() ([]taskstate.SchedulerEntry, bool) {
 		})
 	}
 	return out, true
+}
+
+func (s *Scheduler) outcome(o Outcome) {
+	if s.cfg.OnOutcome != nil {
+		s.cfg.OnOutcome(o)
+	}
 }
 
 func (s *Scheduler) setEntriesGauge() {

@@ -117,7 +117,7 @@ func TestNATSOutageKeepsFiring(t *testing.T) {
 		sum := 0
 		for _, rp := range reps {
 			_, metrics := httpGet(rp.base + "/metrics")
-			sum += metricValue(metrics, `cronstream_fire_refused_total{status="stale"}`)
+			sum += seriesValue(metrics, `cronstream_fire_refused_total{status="stale"}`)
 		}
 		return sum
 	}
@@ -135,7 +135,7 @@ func TestNATSOutageKeepsFiring(t *testing.T) {
 	// Firing stops with the replicas; their outboxes are flushed on the way.
 	for _, rp := range reps {
 		_, metrics := httpGet(rp.base + "/metrics")
-		if v := metricValue(metrics, "cronstream_scheduler_backpressure"); v != 0 {
+		if v := seriesValue(metrics, "cronstream_scheduler_backpressure"); v != 0 {
 			t.Errorf("%s: backpressure gauge %d", rp.id, v)
 		}
 		if code := rp.p.stop(syscall.SIGTERM, 30*time.Second); code != 0 {
@@ -277,7 +277,7 @@ func httpGet(url string) (int, string) {
 
 // metricValue reads one sample of a Prometheus text exposition (0 when
 // absent).
-func metricValue(exposition, series string) int {
+func seriesValue(exposition, series string) int {
 	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(series) + ` (\S+)$`).FindStringSubmatch(exposition)
 	if m == nil {
 		return 0

@@ -15,6 +15,7 @@ import (
 
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/replica"
+	"github.com/cronstream/cronstream/stall"
 	"github.com/cronstream/cronstream/taskstate"
 )
 
@@ -32,6 +33,8 @@ type replicaFlags struct {
 	maxStaleness    time.Duration
 	maxOutboxBytes  byteSize
 	maxOutbox       int64 // deprecated: a record count
+	lateAfter       time.Duration
+	clockOffset     time.Duration
 	http            string
 	logFormat       string
 	logLevel        string
@@ -50,6 +53,8 @@ func (f *replicaFlags) add(cmd *cobra.Command, httpDefault string) {
 	fl.Var(&f.maxOutboxBytes, "max-outbox-bytes", "pause firing while the outbox records waiting for NATS take more Redis memory than this (bytes, or with KiB, MiB, GiB)")
 	fl.Int64Var(&f.maxOutbox, "max-outbox", 0, "deprecated: use --max-outbox-bytes")
 	_ = fl.MarkDeprecated("max-outbox", fmt.Sprintf("use --max-outbox-bytes; a record count is taken as that many records of %d bytes", taskstate.OutboxRecordBytes))
+	fl.DurationVar(&f.lateAfter, "late-after", stall.DefaultLateAfter, "an entry whose tick is overdue (due time plus jitter) for longer is late: metrics, a warning, status, and /readyz when this replica's own fires all fail")
+	fl.DurationVar(&f.clockOffset, "test-clock-offset", 0, "TEST ONLY: run this replica's local clock this far off (e.g. 1h, -1h) to test clock skew; the replica corrects it against Redis TIME. Never set it in production")
 	fl.StringVar(&f.http, "http", httpDefault, "address for /healthz, /readyz and /metrics (empty: none)")
 	fl.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
 	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn, error")
@@ -71,7 +76,18 @@ fix stops it at start-up with the reason and a non-zero exit: credentials
 NATS or Redis refuse, a missing permission, impossible stream settings.
 It stops cleanly on SIGINT or SIGTERM: firing stops
 after the batch in flight, the outbox is flushed to NATS, the heartbeat is
-removed.`,
+removed.
+
+Stall detection: an entry whose tick is overdue for longer than
+--late-after (default 30s after its due time plus jitter) is late, whatever
+the cause (Redis refusing writes, a hung connection, fences). Late entries
+show in /metrics (cronstream_late_entries, per queue, and the oldest
+overdue tick's age), as one warning per entry per minute naming the tick
+and the last refusal or error, and in cronstream status. /readyz fails
+while every fire attempt of this replica has failed or been refused for
+longer than --late-after.
+
+--test-clock-offset (CRONSTREAM_TEST_CLOCK_OFFSET) is for fault tests only.`,
 		Example: `  cronstream run --nats nats://nats:4222 --redis redis://redis:6379 --replicas 3
   cronstream run --redis rediss://cronstream@redis:6380 --redis-password-file /run/secrets/redis --nats-creds /run/secrets/nats.creds`,
 		Args: cobra.NoArgs,
@@ -123,7 +139,7 @@ func (f *replicaFlags) config(g *globalFlags) (replica.Config, error) {
 		NATSURL: g.nats, NATSOptions: f.conn.natsOptions(g), Redis: rc,
 		Names: names, ReplicaID: f.replicaID, Version: version,
 		StreamReplicas: f.replicas, ActivityMaxAge: f.activityMaxAge,
-		MaxStaleness: f.maxStaleness, MaxOutboxBytes: maxOutboxBytes,
+		MaxStaleness: f.maxStaleness, MaxOutboxBytes: maxOutboxBytes, LateAfter: f.lateAfter, ClockOffset: f.clockOffset,
 		Queues: queues, RecoverInterval: f.recoverInterval, RecoverGrace: f.recoverGrace,
 		HTTPAddr: f.http, Logger: log,
 	}, nil

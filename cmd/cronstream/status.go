@@ -18,8 +18,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
+	"github.com/cronstream/cronstream/internal/clock"
 	"github.com/cronstream/cronstream/projector"
 	"github.com/cronstream/cronstream/replica"
+	"github.com/cronstream/cronstream/stall"
 	"github.com/cronstream/cronstream/taskstate"
 )
 
@@ -42,9 +44,14 @@ type statusReport struct {
 	Queues    []queueStatus   `json:"queues"` // null, with QueuesErr, when Redis could not be read
 	QueuesErr string          `json:"queues_error,omitempty"`
 	NextFires []nextFireView  `json:"next_fires"`
-	Warnings  []string        `json:"warnings"`
-	Notes     []string        `json:"notes"`
-	Errors    []string        `json:"errors,omitempty"`
+	// Late are the entries whose tick is overdue for longer than
+	// LateAfter, oldest first, with the reason their fires failed as the
+	// replicas report it.
+	Late      []stall.Late `json:"late"`
+	LateAfter string       `json:"late_after"`
+	Warnings  []string     `json:"warnings"`
+	Notes     []string     `json:"notes"`
+	Errors    []string     `json:"errors,omitempty"`
 }
 
 type replicaStatus struct {
@@ -112,6 +119,7 @@ const maxNextFires = 10
 
 func newStatusCommand(g *globalFlags) *cobra.Command {
 	var conn connFlags
+	var lateAfter time.Duration
 	cmd := &cobra.Command{
 		Use:   "status",
 		Short: "Show replicas, entries, backlog, queues and the next fires",
@@ -126,6 +134,9 @@ func newStatusCommand(g *globalFlags) *cobra.Command {
                 activity stream (the relay's backlog)
   queues        asynq's sizes and counters per queue
   next fires    the next ticks of the active entries
+  late          entries whose tick is overdue for longer than --late-after
+                (computed here from the projection and the watermarks in
+                Redis), with the last refusal or error the replicas saw
   warnings      Redis settings that break exactly-once (eviction, no
                 persistence); stream settings that differ from a
                 replica's flags (which it leaves as they are)
@@ -145,7 +156,7 @@ still shown).`,
 			if err := s.requireStreams(ctx); err != nil {
 				return err
 			}
-			rep := collectStatus(ctx, g, &conn, s)
+			rep := collectStatus(ctx, g, &conn, s, lateAfter)
 			if g.json {
 				if err := printJSON(cmd.OutOrStdout(), rep); err != nil {
 					return err
@@ -160,14 +171,16 @@ still shown).`,
 		},
 	}
 	cmd.Flags().BoolVar(&g.json, "json", false, "print the status as one JSON object")
+	cmd.Flags().DurationVar(&lateAfter, "late-after", stall.DefaultLateAfter, "list an entry as late when its tick is overdue (due time plus jitter) for longer than this")
 	addConn(cmd, &conn, true)
 	return cmd
 }
 
-func collectStatus(ctx context.Context, g *globalFlags, conn *connFlags, s *session) statusReport {
+func collectStatus(ctx context.Context, g *globalFlags, conn *connFlags, s *session, lateAfter time.Duration) statusReport {
 	now := time.Now()
+	lateAfter = max(lateAfter, time.Second)
 	rep := statusReport{Prefix: s.names.Prefix(), Replicas: []replicaStatus{}, Queues: []queueStatus{},
-		NextFires: []nextFireView{}, Warnings: []string{}, Notes: []string{recovererNote},
+		NextFires: []nextFireView{}, Late: []stall.Late{}, LateAfter: lateAfter.String(), Warnings: []string{}, Notes: []string{recovererNote},
 		Outbox: outboxStatus{ByQueue: map[string]int64{}}}
 	fail := func(what string, err error) { rep.Errors = append(rep.Errors, fmt.Sprintf("%s: %v", what, err)) }
 
@@ -189,6 +202,9 @@ func collectStatus(ctx context.Context, g *globalFlags, conn *connFlags, s *sess
 			}
 		}
 	}
+	var states []projector.State // nil: the projection could not be read
+	// What the replicas report stands until it is computed here.
+	rep.Late = mergeLate(nil, rep.Replicas, true)
 
 	// Streams.
 	for _, p := range []struct {
@@ -222,6 +238,7 @@ func collectStatus(ctx context.Context, g *globalFlags, conn *connFlags, s *sess
 		}
 		entries, bad := proj.Entries(), proj.Quarantined()
 		proj.Stop()
+		states = entries
 		var fires []nextFireView
 		for _, st := range entries {
 			if st.Entry.Paused {
@@ -262,6 +279,21 @@ func collectStatus(ctx context.Context, g *globalFlags, conn *connFlags, s *sess
 	}
 	defer rc.Close()
 	rep.Warnings = append(rep.Warnings, replica.RedisWarnings(ctx, rc)...)
+	if states != nil {
+		// The replicas' clock: corrected to Redis TIME.
+		clk := clock.New(store.Time, clock.Options{})
+		if err := clk.Sync(ctx); err != nil {
+			fail("late entries", err)
+		} else {
+			late, err := stall.Check(ctx, store, s.names, states, clk.Now(), lateAfter)
+			if err != nil {
+				// Some queues could not be read: keep what the replicas
+				// report for the entries not computed here.
+				fail("late entries", err)
+			}
+			rep.Late = mergeLate(late, rep.Replicas, err != nil)
+		}
+	}
 	outboxQueues, err := store.OutboxQueues(ctx, s.names.Prefix())
 	var backlog int64
 	outboxErr := err
@@ -300,6 +332,47 @@ func collectStatus(ctx context.Context, g *globalFlags, conn *connFlags, s *sess
 		rep.Queues = append(rep.Queues, queueView(qs, rep.Outbox.ByQueue[q]))
 	}
 	return rep
+}
+
+// mergeLate adds to each late entry the reason a replica reports for it in
+// its heartbeat (the last refusal or error its fires met); with
+// addReported, the entries only replicas report late are added too.
+func mergeLate(late []stall.Late, replicas []replicaStatus, addReported bool) []stall.Late {
+	reported := map[string]stall.Late{}
+	for _, r := range replicas {
+		for _, l := range r.Late {
+			if prev, ok := reported[l.Entry]; !ok || prev.Reason == "" && l.Reason != "" {
+				if l.Reason != "" {
+					l.Replica = r.ID
+				}
+				reported[l.Entry] = l
+			}
+		}
+	}
+	computed := make(map[string]bool, len(late))
+	for i := range late {
+		computed[late[i].Entry] = true
+		if r, ok := reported[late[i].Entry]; ok && late[i].Reason == "" {
+			late[i].Reason, late[i].Replica = r.Reason, r.Replica
+		}
+	}
+	if addReported {
+		for id, l := range reported {
+			if !computed[id] {
+				late = append(late, l)
+			}
+		}
+		slices.SortFunc(late, func(a, b stall.Late) int {
+			if c := a.Tick.Compare(b.Tick); c != 0 {
+				return c
+			}
+			return strings.Compare(a.Entry, b.Entry)
+		})
+	}
+	if late == nil {
+		return []stall.Late{}
+	}
+	return late
 }
 
 func queueView(qs taskstate.QueueStats, outbox int64) queueStatus {
@@ -364,6 +437,17 @@ func askReady(ctx context.Context, info replica.Info) string {
 		why = append(why, k+": "+body.Failed[k])
 	}
 	return "no: " + strings.Join(why, "; ")
+}
+
+// printable replaces control characters, so text from errors cannot drive
+// the terminal.
+func printable(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) {
+			return '?'
+		}
+		return r
+	}, s)
 }
 
 func printStatus(w io.Writer, r statusReport) {
@@ -432,6 +516,24 @@ func printStatus(w io.Writer, r statusReport) {
 		tw := newTable(w)
 		for _, f := range r.NextFires {
 			fmt.Fprintf(tw, "  %s\t(in %s)\t%s\tqueue %s\n", fmtTime(f.Time), time.Until(f.Time).Round(time.Second), terminalSafe(f.Entry), terminalSafe(f.Queue))
+		}
+		tw.Flush()
+	}
+
+	fmt.Fprintf(w, "\nLate (tick overdue for more than %s): %d\n", r.LateAfter, len(r.Late))
+	if len(r.Late) > 0 {
+		tw := newTable(w)
+		fmt.Fprintln(tw, "  ENTRY\tQUEUE\tTICK\tOVERDUE\tREASON")
+		for _, l := range r.Late {
+			why := "no failure reported by a replica"
+			if l.Reason != "" {
+				why = printable(l.Reason)
+				if l.Replica != "" {
+					why += " (" + printable(l.Replica) + ")"
+				}
+			}
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\n", printable(l.Entry), printable(l.Queue), fmtTime(l.Tick),
+				(time.Duration(l.OverdueSeconds) * time.Second).String(), why)
 		}
 		tw.Flush()
 	}

@@ -9,6 +9,9 @@
 // isolates each call on its own logical database (1..15), claimed across test
 // processes through keys in database 0. Redis clusters always run locally.
 //
+// StartProxy puts a TCP proxy the test can cut (blackhole or drop) between
+// a client and a server, to stall or break a connection.
+//
 // It also owns Eventually, the project's one way for a test to wait for a
 // condition.
 //

@@ -1,4 +1,4 @@
-package chaos
+package testenv
 
 import (
 	"fmt"
@@ -7,42 +7,42 @@ import (
 	"testing"
 )
 
-// cutMode is how the proxy cuts the network.
-type cutMode int
+// CutMode is how the proxy cuts the network.
+type CutMode int
 
 const (
-	// open forwards everything.
-	open cutMode = iota
-	// blackhole keeps every connection open but delivers nothing in either
+	// Open forwards everything.
+	Open CutMode = iota
+	// Blackhole keeps every connection open but delivers nothing in either
 	// direction until healed (a partition without resets: the client
 	// cannot tell it is cut off). New connections are accepted and held.
-	blackhole
-	// drop closes every connection and every new one at once (the client
+	Blackhole
+	// Drop closes every connection and every new one at once (the client
 	// sees the disconnect and cannot reconnect until healed).
-	drop
+	Drop
 )
 
-func (m cutMode) String() string {
+func (m CutMode) String() string {
 	switch m {
-	case open:
+	case Open:
 		return "open"
-	case blackhole:
+	case Blackhole:
 		return "blackhole"
-	case drop:
+	case Drop:
 		return "drop"
 	}
-	return fmt.Sprintf("cutMode(%d)", int(m))
+	return fmt.Sprintf("CutMode(%d)", int(m))
 }
 
-// tcpProxy forwards connections from a loopback port to one target address
+// TCPProxy forwards connections from a loopback port to one target address
 // and can cut them (blackhole or drop) and heal. Its goroutines (the accept
 // loop and two pipes per connection) are owned by it and end at close.
-type tcpProxy struct {
+type TCPProxy struct {
 	ln     net.Listener
 	target string
 
 	mu   sync.Mutex
-	mode cutMode
+	mode CutMode
 	// changed is closed (and replaced) at every mode change, waking the
 	// pipes that hold a chunk.
 	changed chan struct{}
@@ -53,15 +53,15 @@ type tcpProxy struct {
 	wg   sync.WaitGroup
 }
 
-// startProxy listens on 127.0.0.1 and forwards to target; it is closed at
+// StartProxy listens on 127.0.0.1 and forwards to target; it is closed at
 // t's cleanup.
-func startProxy(t *testing.T, target string) *tcpProxy {
+func StartProxy(t testing.TB, target string) *TCPProxy {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatalf("proxy listen: %v", err)
 	}
-	p := &tcpProxy{ln: ln, target: target, changed: make(chan struct{}), conns: map[net.Conn]struct{}{}, done: make(chan struct{})}
+	p := &TCPProxy{ln: ln, target: target, changed: make(chan struct{}), conns: map[net.Conn]struct{}{}, done: make(chan struct{})}
 	p.wg.Add(1)
 	go p.acceptLoop()
 	t.Cleanup(p.close)
@@ -69,35 +69,35 @@ func startProxy(t *testing.T, target string) *tcpProxy {
 }
 
 // Addr is the proxy's listening address.
-func (p *tcpProxy) Addr() string { return p.ln.Addr().String() }
+func (p *TCPProxy) Addr() string { return p.ln.Addr().String() }
 
-// cut changes the mode to blackhole or drop.
-func (p *tcpProxy) cut(mode cutMode) {
+// Cut changes the mode to Blackhole or Drop.
+func (p *TCPProxy) Cut(mode CutMode) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.setMode(mode)
-	if mode == drop {
+	if mode == Drop {
 		for c := range p.conns {
 			_ = c.Close()
 		}
 	}
 }
 
-// heal forwards again; held bytes of blackholed connections flow on.
-func (p *tcpProxy) heal() {
+// Heal forwards again; held bytes of blackholed connections flow on.
+func (p *TCPProxy) Heal() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.setMode(open)
+	p.setMode(Open)
 }
 
 // setMode changes the mode and wakes waiting pipes; p.mu is held.
-func (p *tcpProxy) setMode(m cutMode) {
+func (p *TCPProxy) setMode(m CutMode) {
 	p.mode = m
 	close(p.changed)
 	p.changed = make(chan struct{})
 }
 
-func (p *tcpProxy) close() {
+func (p *TCPProxy) close() {
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
@@ -115,10 +115,10 @@ func (p *tcpProxy) close() {
 
 // track registers c; it reports false (and closes c) when the proxy is
 // closed or dropping.
-func (p *tcpProxy) track(c net.Conn) bool {
+func (p *TCPProxy) track(c net.Conn) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed || p.mode == drop {
+	if p.closed || p.mode == Drop {
 		_ = c.Close()
 		return false
 	}
@@ -126,14 +126,14 @@ func (p *tcpProxy) track(c net.Conn) bool {
 	return true
 }
 
-func (p *tcpProxy) untrack(c net.Conn) {
+func (p *TCPProxy) untrack(c net.Conn) {
 	p.mu.Lock()
 	delete(p.conns, c)
 	p.mu.Unlock()
 	_ = c.Close()
 }
 
-func (p *tcpProxy) acceptLoop() {
+func (p *TCPProxy) acceptLoop() {
 	defer p.wg.Done()
 	for {
 		client, err := p.ln.Accept()
@@ -160,7 +160,7 @@ func (p *tcpProxy) acceptLoop() {
 
 // pipe copies src to dst, holding each chunk while the proxy blackholes.
 // Either side failing closes both, so the peer pipe ends too.
-func (p *tcpProxy) pipe(src, dst net.Conn) {
+func (p *TCPProxy) pipe(src, dst net.Conn) {
 	defer p.wg.Done()
 	defer p.untrack(src)
 	defer p.untrack(dst)
@@ -183,15 +183,15 @@ func (p *tcpProxy) pipe(src, dst net.Conn) {
 
 // pass waits while the proxy blackholes and reports whether the chunk may
 // be forwarded (false once the proxy drops or closes).
-func (p *tcpProxy) pass() bool {
+func (p *TCPProxy) pass() bool {
 	for {
 		p.mu.Lock()
 		mode, changed := p.mode, p.changed
 		p.mu.Unlock()
 		switch mode {
-		case open:
+		case Open:
 			return true
-		case drop:
+		case Drop:
 			return false
 		}
 		select {

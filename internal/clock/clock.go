@@ -1,0 +1,95 @@
+// Package clock is the one clock of a replica. Instants that are compared
+// with ticks, leases or other replicas' instants come from Now: the local
+// clock corrected by its offset to Redis TIME, so every replica decides
+// "due" on one shared clock however far its own drifts. Durations (timeouts,
+// backoffs, how long a condition lasted) use the monotonic clock
+// (time.Since), which no offset reaches.
+//
+// For fault tests a Clock can run on a local clock that is deliberately
+// wrong (Options.LocalOffset): the real binary then behaves like a replica
+// on a host whose clock is off, which libfaketime cannot simulate for Go.
+package clock
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// Source reads the reference time (Redis TIME).
+type Source func(context.Context) (time.Time, error)
+
+// Options configure a Clock. The zero value is the plain local clock.
+type Options struct {
+	// LocalOffset shifts the local clock the corrections start from. For
+	// tests only: it simulates a host whose clock is this far off.
+	LocalOffset time.Duration
+}
+
+// Clock is the local clock corrected by its offset to a Source. The offset
+// is measured at each Sync (a replica calls it at every heartbeat) from the
+// midpoint of the round trip. Its methods are safe for concurrent use.
+type Clock struct {
+	source Source
+	local  func() time.Time
+
+	mu       sync.RWMutex
+	offset   time.Duration
+	rtt      time.Duration
+	measured bool
+}
+
+// New returns a clock corrected against source (nil: never corrected).
+func New(source Source, opts Options) *Clock {
+	local := time.Now
+	if d := opts.LocalOffset; d != 0 {
+		local = func() time.Time { return time.Now().Add(d) }
+	}
+	return &Clock{source: source, local: local}
+}
+
+// Local returns an uncorrected clock (tests, tools without Redis).
+func Local() *Clock { return New(nil, Options{}) }
+
+// Sync measures the offset once. A round trip slower than the previous best
+// by far (a GC pause, a slow network) does not replace a good measurement.
+func (c *Clock) Sync(ctx context.Context) error {
+	if c.source == nil {
+		return nil
+	}
+	t0 := c.local()
+	rt, err := c.source(ctx)
+	if err != nil {
+		return err
+	}
+	t1 := c.local()
+	rtt := t1.Sub(t0)
+	offset := rt.Sub(t0.Add(rtt / 2))
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.measured && rtt > 4*c.rtt+10*time.Millisecond {
+		// Too noisy to trust; forget the old best slowly so a changed
+		// network path is picked up eventually.
+		c.rtt += c.rtt / 4
+		return nil
+	}
+	c.offset, c.rtt, c.measured = offset, rtt, true
+	return nil
+}
+
+// Now returns the corrected time. It keeps a monotonic reading, so the
+// difference of two Nows taken across no Sync is a monotonic duration.
+func (c *Clock) Now() time.Time {
+	c.mu.RLock()
+	off := c.offset
+	c.mu.RUnlock()
+	return c.local().Add(off)
+}
+
+// Offset returns the last measured offset to the source and whether one
+// was measured.
+func (c *Clock) Offset() (time.Duration, bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.offset, c.measured
+}

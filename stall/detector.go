@@ -1,0 +1,527 @@
+package stall
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/projector"
+	"github.com/cronstream/cronstream/scheduler"
+	"github.com/cronstream/cronstream/taskstate"
+)
+
+// Projection is what the detector reads of the live projection;
+// *projector.Projector implements it.
+type Projection interface {
+	Subscribe() *projector.Subscription
+}
+
+// Config configures a Detector. Zero values mean the defaults.
+type Config struct {
+	Watermarks Watermarks
+	Projection Projection
+	Names      events.Names
+	// Now is the replica's corrected clock (internal/clock), the one the
+	// scheduler decides "due" with.
+	Now func() time.Time
+	// LateAfter: an entry whose tick is due for longer is late (default
+	// DefaultLateAfter).
+	LateAfter time.Duration
+	// Interval between checks (default LateAfter/3, at most 10 s).
+	Interval time.Duration
+	// Firing, when set, says how long the scheduler's fire pass in
+	// progress has been waiting (scheduler.Firing): a pass that hangs on
+	// Redis reports no outcome. SetFiring sets it later.
+	Firing func() time.Duration
+	// Holding, when set, names a condition that holds back all of this
+	// replica's fires (outbox backpressure), or returns "". It is added to
+	// the reason of every late entry.
+	Holding func() string
+	Logger  *slog.Logger
+	Metrics *Metrics
+}
+
+// Detector checks the entries of the live projection on a timer, in one
+// loop that owns its view of every entry. Observe and Outcome feed it from
+// other goroutines without blocking.
+type Detector struct {
+	cfg   Config
+	log   *slog.Logger
+	m     *Metrics
+	epoch time.Time // monotonic base of the durations below
+
+	// Loop-owned.
+	tracks map[string]*track
+	since  time.Time       // corrected instant the detector started
+	queues map[string]bool // queues with a late-entries series
+	// reading receives the watermark read in flight (nil: none), begun at
+	// readStarted.
+	reading     chan readDone
+	readStarted time.Time
+
+	mu      sync.Mutex
+	seen    map[string]time.Time // observed ticks not yet taken by the loop
+	reasons map[string]string    // last failure per entry, cleared by a success
+	late    []Late               // the last check's late entries, oldest first
+	streak  streak
+	// readFail is when watermark reads began to fail (since epoch; 0
+	// while they work), readErr the last error.
+	readFail time.Duration
+	readErr  string
+
+	nReasons atomic.Int64
+	lastOK   atomic.Int64 // since epoch, of this replica's last successful attempt
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// streak is a run of failed or fenced fire attempts with no success.
+type streak struct {
+	start, last time.Duration // since epoch
+	what        string
+}
+
+// New returns a detector; Start runs it.
+func New(cfg Config) (*Detector, error) {
+	if cfg.Watermarks == nil || cfg.Projection == nil {
+		return nil, errors.New("stall: Watermarks and Projection are required")
+	}
+	cfg.LateAfter = cmpOr(cfg.LateAfter, DefaultLateAfter)
+	cfg.Interval = cmpOr(cfg.Interval, min(cfg.LateAfter/3, 10*time.Second))
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	m := cfg.Metrics
+	if m == nil {
+		m = NewMetrics(nil)
+	}
+	return &Detector{cfg: cfg, log: cfg.Logger, m: m, epoch: time.Now(),
+		tracks: map[string]*track{}, queues: map[string]bool{},
+		seen: map[string]time.Time{}, reasons: map[string]string{}}, nil
+}
+
+// SetFiring sets Config.Firing, for a scheduler built after the detector;
+// call it before Start.
+func (d *Detector) SetFiring(f func() time.Duration) { d.cfg.Firing = f }
+
+// Start runs the checks until Stop. Call it once the projection is caught
+// up.
+func (d *Detector) Start() {
+	sub := d.cfg.Projection.Subscribe()
+	ctx, cancel := context.WithCancel(context.Background())
+	d.cancel = cancel
+	d.since = d.cfg.Now()
+	changes := make(chan []projector.Change)
+	d.wg.Add(2)
+	go func() {
+		defer d.wg.Done()
+		defer close(changes)
+		defer sub.Close()
+		for {
+			batch, err := sub.Next(ctx)
+			if err != nil {
+				return
+			}
+			select {
+			case changes <- batch:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	go func() {
+		defer d.wg.Done()
+		d.loop(ctx, changes)
+	}()
+}
+
+// Stop stops the checks and waits for them.
+func (d *Detector) Stop() {
+	if d.cancel != nil {
+		d.cancel()
+	}
+	d.wg.Wait()
+}
+
+func (d *Detector) loop(ctx context.Context, changes <-chan []projector.Change) {
+	t := time.NewTicker(d.cfg.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case batch, ok := <-changes:
+			if !ok {
+				return
+			}
+			for _, c := range batch {
+				d.apply(c)
+			}
+		case <-t.C:
+			d.check(ctx)
+		}
+	}
+}
+
+func (d *Detector) apply(c projector.Change) {
+	if c.New == nil {
+		delete(d.tracks, c.ID)
+		d.mu.Lock()
+		if _, ok := d.reasons[c.ID]; ok {
+			delete(d.reasons, c.ID)
+			d.nReasons.Add(-1)
+		}
+		d.mu.Unlock()
+		return
+	}
+	if t := d.tracks[c.ID]; t != nil {
+		t.set(*c.New)
+		return
+	}
+	d.tracks[c.ID] = newTrack(*c.New)
+}
+
+// Observe records that entry's tick was fired or skipped (an activity event
+// this replica saw). It never blocks for long: one map write.
+func (d *Detector) Observe(entry string, tick time.Time) {
+	d.mu.Lock()
+	if tick.After(d.seen[entry]) {
+		d.seen[entry] = tick
+	}
+	d.mu.Unlock()
+}
+
+// ObserveRecords is Observe for each fired or skipped event among outbox
+// records the relay published.
+func (d *Detector) ObserveRecords(recs []taskstate.OutboxRecord) {
+	for _, rec := range recs {
+		if entry, tick, ok := scheduler.ParseActivityID(rec.EventID); ok {
+			d.Observe(entry, tick)
+		}
+	}
+}
+
+// Outcome records what became of one of this replica's fire attempts
+// (scheduler.Config.OnOutcome). Watermark mismatches say nothing: they are
+// how a non-primary learns its primary fired first.
+func (d *Detector) Outcome(o scheduler.Outcome) {
+	switch {
+	case o.Err != nil:
+		d.failed(o, o.Err.Error())
+	case o.Status == taskstate.StatusWatermarkMismatch:
+	case o.Status.Refused():
+		d.failed(o, "refused: "+o.Status.String())
+	default:
+		d.lastOK.Store(int64(time.Since(d.epoch)))
+		if d.nReasons.Load() > 0 {
+			d.mu.Lock()
+			if _, ok := d.reasons[o.Entry]; ok {
+				delete(d.reasons, o.Entry)
+				d.nReasons.Add(-1)
+			}
+			d.mu.Unlock()
+		}
+	}
+}
+
+func (d *Detector) failed(o scheduler.Outcome, text string) {
+	now := time.Since(d.epoch)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, ok := d.reasons[o.Entry]; !ok {
+		d.nReasons.Add(1)
+	}
+	d.reasons[o.Entry] = text
+	if d.streak.start == 0 || time.Duration(d.lastOK.Load()) >= d.streak.start || now-d.streak.last >= d.cfg.LateAfter+retryGap {
+		d.streak.start = now
+	}
+	d.streak.last = now
+	what := "entry " + o.Entry
+	if !o.Tick.IsZero() {
+		what += " tick " + o.Tick.UTC().Format(time.RFC3339)
+	}
+	d.streak.what = what + ": " + text
+}
+
+// Ready returns why the replica should not be ready, or nil: its own fire
+// attempts have all failed or been fenced for longer than LateAfter, or the
+// detector could not read Redis for that long.
+func (d *Detector) Ready() error {
+	now := time.Since(d.epoch)
+	bound := d.cfg.LateAfter
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var errs []error
+	s := d.streak
+	if s.start != 0 && time.Duration(d.lastOK.Load()) < s.start && now-s.start > bound && now-s.last < bound+retryGap {
+		errs = append(errs, fmt.Errorf("every fire attempt failed or was refused for %s (longer than --late-after %s); last: %s",
+			(now-s.start).Round(time.Second), bound, s.what))
+	}
+	if f := d.firing(); f > bound {
+		errs = append(errs, fmt.Errorf("fire attempts have waited for Redis for %s (longer than --late-after %s)", f.Round(time.Second), bound))
+	}
+	if d.readFail != 0 && now-d.readFail > bound {
+		errs = append(errs, fmt.Errorf("stall detector cannot read watermarks for %s: %s", (now-d.readFail).Round(time.Second), d.readErr))
+	}
+	return errors.Join(errs...)
+}
+
+// retryGap is how long after its last failure a streak of failures still
+// counts: the scheduler retries a refused or failed tick with a backoff of
+// up to 5 s, and an attempt blocked in Redis takes up to the client's read
+// timeout. A streak with no attempt for longer has ended (nothing more to
+// fire, or someone else fired it).
+const retryGap = 10 * time.Second
+
+func (d *Detector) firing() time.Duration {
+	if d.cfg.Firing == nil {
+		return 0
+	}
+	return d.cfg.Firing()
+}
+
+// Late returns the late entries of the last check, oldest tick first, at
+// most max of them (max ≤ 0: all), with the reasons seen for them.
+func (d *Detector) Late(max int) []Late {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	n := len(d.late)
+	if max > 0 {
+		n = min(n, max)
+	}
+	return append([]Late(nil), d.late[:n]...)
+}
+
+// check runs one check: fresh watermarks for every entry that is late or
+// looks late by what is known (watermarks only move on, so an entry that
+// does not look late is not), then the late set, metrics and warnings.
+func (d *Detector) check(ctx context.Context) {
+	d.mu.Lock()
+	seen := d.seen
+	d.seen = make(map[string]time.Time, len(seen))
+	d.mu.Unlock()
+	for id, tick := range seen {
+		if t := d.tracks[id]; t != nil && tick.After(t.seen) {
+			t.seen = tick
+		}
+	}
+
+	now := d.cfg.Now()
+	bound := d.cfg.LateAfter
+	var stale []*track
+	for _, t := range d.tracks {
+		if !t.known {
+			if _, _, ok := t.due(); ok {
+				stale = append(stale, t)
+			}
+			continue
+		}
+		if _, over, ok := t.lateness(now, d.since); ok && over > bound {
+			stale = append(stale, t)
+		}
+	}
+	// A read from an earlier check still out (Redis slow or stalled) is
+	// taken if it is back; the check never waits for Redis longer than a
+	// moment, and goes on from the last known watermarks.
+	if d.reading != nil {
+		select {
+		case r := <-d.reading:
+			d.finishRead(r)
+		default:
+			if out := time.Since(d.readStarted); out > bound {
+				d.readResult(fmt.Errorf("no answer from Redis for %s", out.Round(time.Second)))
+			}
+		}
+	}
+	if len(stale) > 0 && d.reading == nil {
+		reqs := readRequests(stale)
+		done := make(chan readDone, 1)
+		d.reading, d.readStarted = done, time.Now()
+		d.wg.Add(1)
+		go func() {
+			defer d.wg.Done()
+			rctx, cancel := context.WithTimeout(ctx, max(bound, 2*time.Second))
+			defer cancel()
+			done <- readDone{reqs, fetch(rctx, d.cfg.Watermarks, d.cfg.Names, reqs)}
+		}()
+		// A healthy Redis answers well within the wait, and this check
+		// then uses what it read.
+		wait := time.NewTimer(min(d.cfg.Interval/2, time.Second))
+		select {
+		case r := <-done:
+			d.finishRead(r)
+		case <-wait.C:
+		case <-ctx.Done():
+		}
+		wait.Stop()
+		if ctx.Err() != nil {
+			return
+		}
+	}
+	if len(stale) == 0 && d.reading == nil {
+		// Nothing needs reading: an earlier failure is over.
+		d.mu.Lock()
+		d.readFail, d.readErr = 0, ""
+		d.mu.Unlock()
+	}
+
+	now = d.cfg.Now()
+	var late []Late
+	byQueue := map[string]int{}
+	var oldest time.Time
+	for _, t := range d.tracks {
+		l, over, ok := t.lateness(now, d.since)
+		if !ok || over <= bound {
+			continue
+		}
+		late = append(late, l)
+		byQueue[l.Queue]++
+		if oldest.IsZero() || l.Tick.Before(oldest) {
+			oldest = l.Tick
+		}
+	}
+	sortLate(late)
+	hung := ""
+	if f := d.firing(); f > bound {
+		hung = fmt.Sprintf("fire attempts waiting for Redis for %s", f.Round(time.Second))
+	}
+	if d.cfg.Holding != nil {
+		if h := d.cfg.Holding(); h != "" {
+			hung = strings.TrimPrefix(hung+"; "+h, "; ")
+		}
+	}
+	d.mu.Lock()
+	for i := range late {
+		if r, ok := d.reasons[late[i].Entry]; ok {
+			late[i].Reason = r
+		}
+		if hung != "" {
+			late[i].Reason = strings.TrimPrefix(late[i].Reason+"; "+hung, "; ")
+		}
+	}
+	d.late = late
+	d.mu.Unlock()
+
+	d.m.Late.Set(float64(len(late)))
+	for q := range d.queues {
+		if byQueue[q] == 0 {
+			d.m.LateByQueue.DeleteLabelValues(q)
+			delete(d.queues, q)
+		}
+	}
+	for q, n := range byQueue {
+		d.m.LateByQueue.WithLabelValues(q).Set(float64(n))
+		d.queues[q] = true
+	}
+	age := 0.0
+	if !oldest.IsZero() {
+		age = now.Sub(oldest).Seconds()
+	}
+	d.m.OldestAge.Set(age)
+	d.warn(late)
+}
+
+// maxWarnings bounds the warnings of one check; the rest are counted in
+// one more line.
+const maxWarnings = 100
+
+// warn logs each late entry at most once a minute.
+func (d *Detector) warn(late []Late) {
+	mono := time.Now()
+	logged, more := 0, 0
+	for _, l := range late {
+		t := d.tracks[l.Entry]
+		if !t.lateLogged.IsZero() && mono.Sub(t.lateLogged) < time.Minute {
+			continue
+		}
+		if logged == maxWarnings {
+			more++
+			continue
+		}
+		t.lateLogged = mono
+		logged++
+		reason := l.Reason
+		if reason == "" {
+			reason = "no failed fire attempt seen by this replica"
+		}
+		d.log.Warn("entry is late: its tick did not fire", "entry", l.Entry, "queue", l.Queue,
+			"tick", l.Tick.UTC().Format(time.RFC3339), "overdue", (time.Duration(l.OverdueSeconds) * time.Second).String(), "reason", reason)
+	}
+	if more > 0 {
+		d.log.Warn("more entries are late (not logged one by one)", "entries", more, "late", len(late))
+	}
+}
+
+// readDone is a finished watermark read.
+type readDone struct {
+	reqs []readQueue
+	err  error
+}
+
+func (d *Detector) finishRead(r readDone) {
+	d.reading = nil
+	record(func(id string) *track { return d.tracks[id] }, r.reqs)
+	d.readResult(r.err)
+}
+
+func (d *Detector) readResult(err error) {
+	now := time.Since(d.epoch)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err == nil {
+		if d.readFail != 0 {
+			d.log.Info("stall detector reads watermarks again")
+		}
+		d.readFail, d.readErr = 0, ""
+		return
+	}
+	d.m.ReadErrors.Inc()
+	if d.readFail == 0 {
+		d.readFail = now
+		d.log.Warn("stall detector cannot read watermarks; checking with the last known ones", "err", err)
+	}
+	d.readErr = err.Error()
+}
+
+// Metrics are the detector's Prometheus metrics.
+type Metrics struct {
+	Late        prometheus.Gauge
+	LateByQueue *prometheus.GaugeVec
+	OldestAge   prometheus.Gauge
+	ReadErrors  prometheus.Counter
+}
+
+// NewMetrics creates the detector's metrics and registers them with reg
+// (nil: not registered).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		Late: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "cronstream_late_entries", Help: "Entries whose due tick has not fired or been skipped for longer than --late-after.",
+		}),
+		LateByQueue: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "cronstream_late_entries_by_queue", Help: "Late entries per queue (see cronstream_late_entries).",
+		}, []string{"queue"}),
+		OldestAge: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "cronstream_late_oldest_tick_age_seconds", Help: "Age of the oldest overdue tick of a late entry (0: none late).",
+		}),
+		ReadErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cronstream_stall_check_errors_total", Help: "Stall checks that could not read watermarks from Redis (late entries are then computed from the last known ones).",
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.Late, m.LateByQueue, m.OldestAge, m.ReadErrors)
+	}
+	return m
+}
