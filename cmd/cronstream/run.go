@@ -97,6 +97,7 @@ func (f *replicaFlags) config(g *globalFlags) (replica.Config, error) {
 	// go-redis reports each failed dial itself; the replica says what it
 	// could not do, so the library's lines are debug detail.
 	redis.SetLogger(redisLog{log})
+	f.conn.warn = func(msg string) { log.Warn(msg) }
 	rc, err := openRedis(g, &f.conn)
 	if err != nil {
 		return replica.Config{}, err
