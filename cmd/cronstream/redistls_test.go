@@ -66,6 +66,10 @@ func TestRedisTLS(t *testing.T) {
 	if r.code == 0 || !strings.Contains(r.stderr, "certificate is not trusted") {
 		t.Errorf("run without the CA:\n%s", r)
 	}
+	r = e.run(with([]string{"run", "--http", "", "--replica-id", "no-cert"}, ca)...)
+	if r.code == 0 || !strings.Contains(r.stderr, "refused the TLS handshake") {
+		t.Errorf("run without a client certificate:\n%s", r)
+	}
 
 	// Verification off, only when asked: it works and says it is unsafe.
 	r = e.run(with([]string{"status"}, client, []string{"--redis-tls-insecure-skip-verify"})...)
