@@ -65,7 +65,8 @@ It stops cleanly on SIGINT or SIGTERM: firing stops
 after the batch in flight, the outbox is flushed to NATS, the heartbeat is
 removed.`,
 		Example: `  cronstream run --nats nats://nats:4222 --redis redis://redis:6379 --replicas 3
-  cronstream run --redis rediss://cronstream@redis:6380 --redis-password-file /run/secrets/redis --nats-creds /run/secrets/nats.creds`,
+  cronstream run --redis rediss://cronstream@redis:6380 --redis-password-file /run/secrets/redis --nats-creds /run/secrets/nats.creds
+  cronstream run --redis rediss://redis:6380 --redis-tls-ca ca.pem --redis-tls-cert client.pem --redis-tls-key client-key.pem`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := f.config(g)
