@@ -59,8 +59,19 @@ type authWatch struct {
 	natsAuth   string
 	natsPerm   string
 	natsPermAt time.Time
-	logged     map[string]time.Time // system → last log line
-	unlogged   map[string]int       // system → refusals since
+	logs       map[string]*refusalLog // by system
+}
+
+// refusalLog bounds the log lines of one system: a refusal line when the
+// cause changes or authLogEvery after the last, and a line when the
+// system accepts the replica again after a logged refusal, so that even
+// refusals that come and go (one connection refused, another not) write
+// at most about two lines a minute.
+type refusalLog struct {
+	at       time.Time // of the last refusal line
+	cause    string    // of the last refusal line
+	pending  bool      // a refusal line awaits its recovery line
+	unlogged int       // refusals since the last refusal line
 }
 
 func newAuthWatch(reg *prometheus.Registry, log *slog.Logger) *authWatch {
@@ -70,10 +81,9 @@ func newAuthWatch(reg *prometheus.Registry, log *slog.Logger) *authWatch {
 			Name: "cronstream_auth_errors_total",
 			Help: "Authentication and permission errors after start-up, by system (redis, nats).",
 		}, []string{"system"}),
-		hold:     refusalHold,
-		redis:    map[string]time.Time{},
-		logged:   map[string]time.Time{},
-		unlogged: map[string]int{},
+		hold:  refusalHold,
+		redis: map[string]time.Time{},
+		logs:  map[string]*refusalLog{"redis": {}, "nats": {}},
 	}
 	w.total.WithLabelValues("redis")
 	w.total.WithLabelValues("nats")
@@ -81,26 +91,25 @@ func newAuthWatch(reg *prometheus.Registry, log *slog.Logger) *authWatch {
 	return w
 }
 
-// refused counts one refusal and logs it unless a line for system was
-// written within authLogEvery. Called with w.mu held.
+// refused counts one refusal and logs it (see refusalLog). Called with
+// w.mu held.
 func (w *authWatch) refused(system, cause string, err error) {
 	w.total.WithLabelValues(system).Inc()
-	now := time.Now()
-	if last, ok := w.logged[system]; ok && now.Sub(last) < authLogEvery {
-		w.unlogged[system]++
+	l, now := w.logs[system], time.Now()
+	if cause == l.cause && now.Sub(l.at) < authLogEvery {
+		l.unlogged++
 		return
 	}
-	w.log.Error(cause+" after start-up: not ready; the replica keeps doing what it still can", "system", system, "err", err, "more_since_last_line", w.unlogged[system])
-	w.logged[system], w.unlogged[system] = now, 0
+	w.log.Error(cause+" after start-up: not ready; the replica keeps doing what it still can", "system", system, "err", err, "more_since_last_line", l.unlogged)
+	l.at, l.cause, l.pending, l.unlogged = now, cause, true, 0
 }
 
-// recovered logs that system works again, once per bout of refusals.
-// Called with w.mu held.
+// recovered logs that system accepts the replica again, once per logged
+// refusal. Called with w.mu held.
 func (w *authWatch) recovered(system string) {
-	if _, ok := w.logged[system]; ok {
+	if l := w.logs[system]; l.pending {
 		w.log.Info(map[string]string{"redis": "Redis", "nats": "NATS"}[system]+" accepts the replica again", "system", system)
-		delete(w.logged, system)
-		w.unlogged[system] = 0
+		l.pending = false
 	}
 }
 
