@@ -181,23 +181,67 @@ func TestRedisRefusalAfterStartup(t *testing.T) {
 	}
 }
 
+// natsUsersConf writes a nats-server configuration with an admin user and
+// the replica's user rep with password pw, whose permissions are perms.
+func natsUsersConf(t *testing.T, path, pw, perms string) {
+	t.Helper()
+	conf := `accounts: {
+  A: {
+    jetstream: enabled
+    users: [
+      {user: admin, password: admin}
+      {user: rep, password: ` + pw + `, permissions: ` + perms + `}
+    ]
+  }
+}
+`
+	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestNATSCredentialsRefusedAfterStartup: NATS refuses a running replica's
+// credentials when it reconnects; the replica stays up, counts it, /readyz
+// names it, and it is ready again once NATS takes them back.
+func TestNATSCredentialsRefusedAfterStartup(t *testing.T) {
+	conf := filepath.Join(t.TempDir(), "nats.conf")
+	all := `{publish: ">", subscribe: ">"}`
+	natsUsersConf(t, conf, "rep", all)
+	ns := testenv.StartNATSFromConfig(t, conf)
+	rd := testenv.StartRedis(t)
+	repURL := strings.Replace(ns.URL(), "nats://", "nats://rep:rep@", 1)
+	addr, logs, done := startWatched(t, Config{NATSURL: repURL, Redis: rd.Client(t), Names: events.MustNames("authc")})
+
+	natsUsersConf(t, conf, "changed", all)
+	ns.Restart(t)
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		code, body := readyz(addr)
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "NATS refused the credentials")
+	}, "/readyz does not name the refused credentials:\n%s", logs)
+	if n := authErrors(t, addr, "nats"); n < 1 {
+		t.Errorf("cronstream_auth_errors_total{system=\"nats\"} = %v", n)
+	}
+	if !strings.Contains(logs.String(), "NATS refused the credentials after start-up") {
+		t.Errorf("no log line for the refused credentials:\n%s", logs)
+	}
+
+	natsUsersConf(t, conf, "rep", all)
+	ns.Restart(t)
+	testenv.Eventually(t, 30*time.Second, func() bool { code, _ := readyz(addr); return code == http.StatusOK },
+		"/readyz not back to 200 after NATS took the credentials back:\n%s", logs)
+	select {
+	case err := <-done:
+		t.Fatalf("the replica stopped: %v", err)
+	default:
+	}
+}
+
 // TestNATSPermissionViolationAfterStartup: a replica whose NATS user may
 // not publish its fires stays up, counts the violation, logs it and
 // /readyz names it.
 func TestNATSPermissionViolationAfterStartup(t *testing.T) {
 	conf := filepath.Join(t.TempDir(), "nats.conf")
-	if err := os.WriteFile(conf, []byte(`accounts: {
-  A: {
-    jetstream: enabled
-    users: [
-      {user: admin, password: admin}
-      {user: rep, password: rep, permissions: {publish: {allow: [">"], deny: ["authn.fire.>"]}, subscribe: {allow: [">"]}}}
-    ]
-  }
-}
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	natsUsersConf(t, conf, "rep", `{publish: {allow: [">"], deny: ["authn.fire.>"]}, subscribe: {allow: [">"]}}`)
 	ns := testenv.StartNATSFromConfig(t, conf)
 	rd := testenv.StartRedis(t)
 	names := events.MustNames("authn")
