@@ -1,8 +1,10 @@
 package replica
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 
 	"github.com/nats-io/nats.go"
@@ -51,7 +53,15 @@ const (
 
 func unrecoverableCause(err error) string {
 	var apiErr *jetstream.APIError
+	var verify *tls.CertificateVerificationError
+	var op *net.OpError
 	switch {
+	case errors.As(err, &verify):
+		return "the server's TLS certificate is not trusted (CA flag?)"
+	case errors.As(err, &op) && op.Op == "remote error":
+		// A TLS alert from the server: it refused our certificate, or
+		// wants one.
+		return "the server refused the TLS handshake (client certificate?)"
 	case redis.IsAuthError(err):
 		return "Redis refused the credentials"
 	case redis.IsPermissionError(err):

@@ -125,6 +125,7 @@ type Replica struct {
 	stall   *stall.Detector
 	http    *httpServer
 	obsSub  *nats.Subscription
+	auth    *authWatch
 
 	mu      sync.Mutex
 	started bool
@@ -167,7 +168,7 @@ func newReplica(cfg Config) (*Replica, error) {
 	cfg.Logger = cfg.Logger.With("replica", cfg.ReplicaID)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	return &Replica{cfg: cfg, log: cfg.Logger, reg: reg}, nil
+	return &Replica{cfg: cfg, log: cfg.Logger, reg: reg, auth: newAuthWatch(reg, cfg.Logger)}, nil
 }
 
 func (r *Replica) run(ctx context.Context) error {
@@ -198,6 +199,7 @@ func (r *Replica) run(ctx context.Context) error {
 	r.mu.Lock()
 	r.started = true
 	r.mu.Unlock()
+	r.auth.armed.Store(true)
 	r.log.Info("replica running", "prefix", r.cfg.Names.Prefix(), "entries", r.proj.Len())
 	if r.cfg.Ready != nil {
 		addr := ""
@@ -248,6 +250,12 @@ func (r *Replica) start(ctx context.Context) error {
 		// relay tells the scheduler what it published (OnPublished):
 		// hearing it back from the server would cost every fire twice.
 		nats.NoEcho(),
+		// Refusals after start-up are counted and make /readyz not
+		// ready (authwatch.go); reconnecting goes on, so restored
+		// credentials are taken up.
+		nats.ErrorHandler(r.auth.natsError),
+		nats.ReconnectHandler(r.auth.natsReconnected),
+		nats.IgnoreAuthErrorAbort(),
 	}, r.cfg.NATSOptions...)
 	streams := events.StreamConfig{Names: r.cfg.Names, Replicas: r.cfg.StreamReplicas, ActivityMaxAge: r.cfg.ActivityMaxAge, DuplicateWindow: r.cfg.DuplicateWindow}
 	if _, err := streams.ActivityStreamConfig(); err != nil {
@@ -281,7 +289,9 @@ func (r *Replica) start(ctx context.Context) error {
 			return nil
 		})
 		r.http.addCheck("redis", func(ctx context.Context) error { return r.cfg.Redis.Ping(ctx).Err() })
+		r.http.addCheck("auth", r.auth.check)
 	}
+	r.cfg.Redis.AddHook(redisHook{r.auth})
 
 	kv, streamWarnings, err := r.openStreams(ctx, js)
 	if err != nil {
@@ -495,6 +505,7 @@ func RedisWarnings(ctx context.Context, c redis.UniversalClient) []string {
 }
 
 func (r *Replica) shutdown() {
+	r.auth.armed.Store(false)
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.ShutdownTimeout)
 	defer cancel()
 	if r.obsSub != nil {

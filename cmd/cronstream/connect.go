@@ -3,9 +3,11 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/url"
 	"os"
 	"strings"
@@ -28,6 +30,12 @@ type connFlags struct {
 	redisPasswordFile                  string
 	redisCluster                       bool
 	redisSentinelMaster                string
+	redisTLSCA, redisTLSCert           string
+	redisTLSKey                        string
+	redisTLSInsecure                   bool
+	// warn receives what is allowed but unsafe (default: a line on
+	// stderr; run sends it to its logger).
+	warn func(msg string)
 }
 
 func (c *connFlags) addNATS(cmd *cobra.Command) {
@@ -44,6 +52,61 @@ func (c *connFlags) addRedis(cmd *cobra.Command) {
 	f.StringVar(&c.redisPasswordFile, "redis-password-file", "", "read the Redis password from this file (overrides the URL's): keeps it out of the process list")
 	f.BoolVar(&c.redisCluster, "redis-cluster", false, "Redis is a cluster: --redis is one node's URL, more nodes as ?addr=host:port")
 	f.StringVar(&c.redisSentinelMaster, "redis-sentinel-master", "", "use Redis Sentinel with this master name: --redis is a sentinel's URL, more as ?addr=host:port")
+	f.StringVar(&c.redisTLSCA, "redis-tls-ca", "", "CA certificates (PEM) that sign the Redis servers' certificates; turns TLS on")
+	f.StringVar(&c.redisTLSCert, "redis-tls-cert", "", "client certificate (PEM) for Redis TLS, with --redis-tls-key (Redis's tls-auth-clients); turns TLS on")
+	f.StringVar(&c.redisTLSKey, "redis-tls-key", "", "private key (PEM) of --redis-tls-cert")
+	f.BoolVar(&c.redisTLSInsecure, "redis-tls-insecure-skip-verify", false, "do not verify the Redis server's certificate (anyone on the path can read and change the traffic; for tests only); turns TLS on")
+}
+
+// redisTLS returns the TLS configuration of the Redis connections: nil for
+// plain TCP. Any --redis-tls-* flag turns TLS on whatever the URL's
+// scheme, so a cluster or sentinel address list needs no rediss:// on
+// each; a rediss:// URL alone verifies the server against the system's
+// CAs. The server name checked is each address's host.
+func (c *connFlags) redisTLS(scheme string) (*tls.Config, error) {
+	if scheme != "rediss" && c.redisTLSCA == "" && c.redisTLSCert == "" && c.redisTLSKey == "" && !c.redisTLSInsecure {
+		return nil, nil
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if c.redisTLSCA != "" {
+		pem, err := os.ReadFile(c.redisTLSCA)
+		if err != nil {
+			return nil, fmt.Errorf("--redis-tls-ca: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("--redis-tls-ca %s: no PEM certificate in the file", c.redisTLSCA)
+		}
+		cfg.RootCAs = pool
+	}
+	switch {
+	case c.redisTLSCert != "" && c.redisTLSKey != "":
+		// Its errors name what is wrong (no PEM data, a key that does not
+		// match) and never quote the key.
+		cert, err := tls.LoadX509KeyPair(c.redisTLSCert, c.redisTLSKey)
+		if err != nil {
+			return nil, fmt.Errorf("--redis-tls-cert %s, --redis-tls-key %s: %w", c.redisTLSCert, c.redisTLSKey, err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	case c.redisTLSCert != "" || c.redisTLSKey != "":
+		return nil, errors.New("--redis-tls-cert and --redis-tls-key: give both (the client certificate and its key)")
+	}
+	if c.redisTLSInsecure {
+		if c.redisTLSCA != "" {
+			return nil, errors.New("--redis-tls-ca and --redis-tls-insecure-skip-verify: give one")
+		}
+		cfg.InsecureSkipVerify = true
+		c.warnf("--redis-tls-insecure-skip-verify: the Redis server's certificate is not verified; anyone on the network path can impersonate it (use --redis-tls-ca)")
+	}
+	return cfg, nil
+}
+
+func (c *connFlags) warnf(msg string) {
+	if c.warn != nil {
+		c.warn(msg)
+		return
+	}
+	fmt.Fprintln(os.Stderr, "cronstream: warning:", msg)
 }
 
 // natsOptions turns the flags into connection options.
@@ -101,6 +164,13 @@ func openRedis(g *globalFlags, c *connFlags) (redis.UniversalClient, error) {
 	if err != nil {
 		return nil, err
 	}
+	if u.Query().Has("skip_verify") {
+		return nil, fmt.Errorf("--redis %s: skip_verify in the URL is not honoured: verification is turned off only by --redis-tls-insecure-skip-verify", shown)
+	}
+	tlsConfig, err := c.redisTLS(u.Scheme)
+	if err != nil {
+		return nil, err
+	}
 	switch {
 	case c.redisCluster:
 		o, err := redis.ParseClusterURL(raw)
@@ -108,6 +178,7 @@ func openRedis(g *globalFlags, c *connFlags) (redis.UniversalClient, error) {
 			return nil, fmt.Errorf("--redis %s as a cluster URL: %w", shown, g.secrets.Error(err))
 		}
 		o.Username, o.Password = pick(c.redisUser, o.Username), pick(password, o.Password)
+		o.TLSConfig = tlsConfig
 		return redis.NewClusterClient(o), nil
 	case c.redisSentinelMaster != "":
 		q := u.Query()
@@ -118,6 +189,7 @@ func openRedis(g *globalFlags, c *connFlags) (redis.UniversalClient, error) {
 			return nil, fmt.Errorf("--redis %s as a sentinel URL: %w", shown, g.secrets.Error(err))
 		}
 		o.Username, o.Password = pick(c.redisUser, o.Username), pick(password, o.Password)
+		o.TLSConfig = tlsConfig
 		return redis.NewFailoverClient(o), nil
 	}
 	o, err := redis.ParseURL(raw)
@@ -125,9 +197,7 @@ func openRedis(g *globalFlags, c *connFlags) (redis.UniversalClient, error) {
 		return nil, fmt.Errorf("--redis %s: %w", shown, g.secrets.Error(err))
 	}
 	o.Username, o.Password = pick(c.redisUser, o.Username), pick(password, o.Password)
-	if u.Scheme == "rediss" && o.TLSConfig == nil {
-		o.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
-	}
+	o.TLSConfig = tlsConfig
 	return redis.NewClient(o), nil
 }
 
@@ -202,8 +272,29 @@ func pingRedis(ctx context.Context, c redis.UniversalClient, g *globalFlags) err
 			hint = "check the user and password: --redis, --redis-username, --redis-password-file"
 		case redis.IsPermissionError(err):
 			hint = "the Redis ACL user lacks a permission cronstream needs"
+		default:
+			if h := tlsHint(err); h != "" {
+				hint = h
+			}
 		}
 		return fmt.Errorf("connect to Redis at %s: %w (%s)", redact.URL(g.redis), g.secrets.Error(err), hint)
 	}
 	return nil
+}
+
+// tlsHint says which flag fixes a failed TLS handshake with Redis, "" when
+// err is not one.
+func tlsHint(err error) string {
+	var verify *tls.CertificateVerificationError
+	var rec tls.RecordHeaderError
+	var op *net.OpError
+	switch {
+	case errors.As(err, &verify):
+		return "the Redis server's certificate is not trusted: give the CA that signed it with --redis-tls-ca"
+	case errors.As(err, &rec):
+		return "the Redis server does not speak TLS: use a redis:// URL without --redis-tls-* flags"
+	case errors.As(err, &op) && op.Op == "remote error":
+		return "the Redis server refused the TLS handshake: it may require a client certificate (--redis-tls-cert, --redis-tls-key) signed by a CA it trusts"
+	}
+	return ""
 }

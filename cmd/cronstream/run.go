@@ -89,7 +89,8 @@ longer than --late-after.
 
 --test-clock-offset (CRONSTREAM_TEST_CLOCK_OFFSET) is for fault tests only.`,
 		Example: `  cronstream run --nats nats://nats:4222 --redis redis://redis:6379 --replicas 3
-  cronstream run --redis rediss://cronstream@redis:6380 --redis-password-file /run/secrets/redis --nats-creds /run/secrets/nats.creds`,
+  cronstream run --redis rediss://cronstream@redis:6380 --redis-password-file /run/secrets/redis --nats-creds /run/secrets/nats.creds
+  cronstream run --redis rediss://redis:6380 --redis-tls-ca ca.pem --redis-tls-cert client.pem --redis-tls-key client-key.pem`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := f.config(g)
@@ -121,6 +122,7 @@ func (f *replicaFlags) config(g *globalFlags) (replica.Config, error) {
 	// go-redis reports each failed dial itself; the replica says what it
 	// could not do, so the library's lines are debug detail.
 	redis.SetLogger(redisLog{log})
+	f.conn.warn = func(msg string) { log.Warn(msg) }
 	rc, err := openRedis(g, &f.conn)
 	if err != nil {
 		return replica.Config{}, err

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"strconv"
@@ -26,6 +27,8 @@ type Redis struct {
 	// URL is a redis:// URL naming Addr and DB (and the credentials of
 	// REDIS_URL, if any).
 	URL string
+	// TLSAddr is host:port of the TLS port, with WithTLS ("" otherwise).
+	TLSAddr string
 
 	proc *redisProc // nil when the server comes from REDIS_URL
 	aof  bool
@@ -34,6 +37,13 @@ type Redis struct {
 type redisConfig struct {
 	aof     bool
 	private bool
+	tls     *RedisTLS
+}
+
+// RedisTLS names the PEM files of a TLS redis-server: its certificate and
+// key, and the CA its clients' certificates must be signed by.
+type RedisTLS struct {
+	CertFile, KeyFile, CAFile string
 }
 
 // RedisOption changes how StartRedis provides a server.
@@ -51,6 +61,14 @@ func WithAOF() RedisOption {
 // for tests that Kill, Stop or Start the server.
 func WithPrivateServer() RedisOption {
 	return func(c *redisConfig) { c.private = true }
+}
+
+// WithTLS adds a TLS port (Redis.TLSAddr) that requires a client
+// certificate signed by f.CAFile (tls-auth-clients yes, Redis's default).
+// The plain port stays open on loopback for the test's own client. It
+// implies WithPrivateServer.
+func WithTLS(f RedisTLS) RedisOption {
+	return func(c *redisConfig) { c.tls = &f; c.private = true }
 }
 
 // StartRedis provides an empty Redis database for t. With REDIS_URL set (and
@@ -82,7 +100,7 @@ func StartRedis(t testing.TB, opts ...RedisOption) *Redis {
 	if cfg.aof {
 		persistence = []string{"--save", "", "--appendonly", "yes", "--appendfsync", "always"}
 	}
-	proc, err := startRedisProc(bin, t.TempDir(), false, persistence)
+	proc, err := startRedisProc(bin, t.TempDir(), false, cfg.tls, persistence)
 	if err != nil {
 		t.Fatalf("testenv: start redis-server: %v", err)
 	}
@@ -92,13 +110,17 @@ func StartRedis(t testing.TB, opts ...RedisOption) *Redis {
 			t.Logf("testenv: redis-server %s log tail:\n%s", proc.addr(), tailFile(proc.logPath, 0, logTailLines))
 		}
 	})
-	return &Redis{
+	r := &Redis{
 		Addr: proc.addr(),
 		DB:   0,
 		URL:  "redis://" + proc.addr() + "/0",
 		proc: proc,
 		aof:  cfg.aof,
 	}
+	if proc.tls != nil {
+		r.TLSAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(proc.tlsPort))
+	}
+	return r
 }
 
 // Options returns fresh go-redis options for r's server and database.

@@ -59,7 +59,7 @@ func StartRedisCluster(t testing.TB) *RedisCluster {
 		"--appendonly", "no",
 	}
 	for range clusterSlotRanges {
-		n, err := startRedisProc(bin, t.TempDir(), true, extra)
+		n, err := startRedisProc(bin, t.TempDir(), true, nil, extra)
 		if err != nil {
 			t.Fatalf("testenv: start redis-server cluster node: %v", err)
 		}

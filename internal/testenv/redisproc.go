@@ -41,6 +41,10 @@ type redisProc struct {
 	busPort int
 	// extra holds arguments after the common ones (persistence, cluster).
 	extra []string
+	// tls, when set, adds a TLS port next to the plain one (which the
+	// harness keeps for its own PING and commands).
+	tls     *RedisTLS
+	tlsPort int
 
 	mu  sync.Mutex
 	cur *redisChild // nil when not running
@@ -68,6 +72,11 @@ func (p *redisProc) args() []string {
 	}
 	if p.busPort != 0 {
 		args = append(args, "--cluster-port", strconv.Itoa(p.busPort))
+	}
+	if p.tls != nil {
+		args = append(args, "--tls-port", strconv.Itoa(p.tlsPort),
+			"--tls-cert-file", p.tls.CertFile, "--tls-key-file", p.tls.KeyFile,
+			"--tls-ca-cert-file", p.tls.CAFile, "--tls-auth-clients", "yes")
 	}
 	return append(args, p.extra...)
 }
@@ -293,11 +302,11 @@ func lookupRedisServer() (string, error) {
 
 // startRedisProc starts a redis-server on fresh loopback ports in dir, picking
 // new ports when a picked one was taken in the meantime.
-func startRedisProc(bin, dir string, cluster bool, extra []string) (*redisProc, error) {
+func startRedisProc(bin, dir string, cluster bool, tlsFiles *RedisTLS, extra []string) (*redisProc, error) {
 	var lastErr error
 	for range startAttempts {
 		n := 1
-		if cluster {
+		if cluster || tlsFiles != nil {
 			n = 2
 		}
 		ports, err := freePorts(n)
@@ -311,8 +320,11 @@ func startRedisProc(bin, dir string, cluster bool, extra []string) (*redisProc, 
 			port:    ports[0],
 			extra:   extra,
 		}
-		if cluster {
+		switch {
+		case cluster:
 			p.busPort = ports[1]
+		case tlsFiles != nil:
+			p.tls, p.tlsPort = tlsFiles, ports[1]
 		}
 		err = p.start()
 		if err == nil {

@@ -1,0 +1,137 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cronstream/cronstream/internal/testenv"
+	"github.com/cronstream/cronstream/taskstate"
+)
+
+// loadACLFile creates the users of deploy/redis/users.acl on rc, each with
+// password pw, as the file says to load them (ACL SETUSER per line).
+func loadACLFile(t *testing.T, rc *redis.Client, pw string) []string {
+	t.Helper()
+	b, err := os.ReadFile("../../deploy/redis/users.acl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var users []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 || f[0] != "user" {
+			continue
+		}
+		args := []any{"ACL", "SETUSER"}
+		for _, w := range f[1:] {
+			args = append(args, w)
+		}
+		if err := rc.Do(context.Background(), append(args, ">"+pw)...).Err(); err != nil {
+			t.Fatalf("ACL SETUSER from %q: %v", line, err)
+		}
+		users = append(users, f[1])
+	}
+	return users
+}
+
+// aclDenials returns what Redis's ACL log holds, but CONFIG (which
+// cronstream is meant to be refused, and only warns about).
+func aclDenials(t *testing.T, rc *redis.Client) []string {
+	t.Helper()
+	entries, err := rc.Do(context.Background(), "ACL", "LOG").Slice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range entries {
+		s := fmt.Sprint(e)
+		if !strings.Contains(s, "config|get") {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// TestRedisACL runs the real binary as the users of deploy/redis/users.acl:
+// the replica fires and recovers a task whose worker died, the operator
+// triggers and reads status, and Redis logs no denial but CONFIG's.
+func TestRedisACL(t *testing.T) {
+	t.Parallel()
+	rd := testenv.StartRedis(t, testenv.WithPrivateServer())
+	admin := rd.Client(t)
+	ctx := context.Background()
+	if users := loadACLFile(t, admin, "acl-s3cret"); len(users) != 2 {
+		t.Fatalf("users in the ACL file: %v", users)
+	}
+	pwFile := writeFile(t, "redis-password", "acl-s3cret\n")
+	e := newEnv(t, false)
+	e.redis = rd
+	e.vars = append(e.vars, "CRONSTREAM_REDIS="+rd.URL, "CRONSTREAM_REDIS_PASSWORD_FILE="+pwFile)
+	as := func(user string, args ...string) []string { return append(args, "--redis-username", user) }
+
+	p := start(t, e.vars, as("cronstream-replica", "run", "--http", "127.0.0.1:0", "--log-format", "json",
+		"--replica-id", "acl-replica", "--recover-interval", "500ms", "--recover-grace", "1s")...)
+	var addr string
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		var ok bool
+		addr, ok = logValue(p.Stderr(), "serving http", "addr")
+		return ok
+	}, "run did not log its HTTP address:\n%s", p.Stderr())
+	testenv.Eventually(t, 30*time.Second, func() bool { return httpStatus("http://"+addr+"/readyz") == http.StatusOK }, "/readyz never 200 as the ACL user:\n%s", p.Stderr())
+	if !strings.Contains(p.Stderr(), "cannot read Redis configuration") {
+		t.Errorf("no warning about the denied CONFIG GET:\n%s", p.Stderr())
+	}
+
+	// It fires.
+	e.ok("entry", "put", "acl", "--cron", "@every 1s", "--type", "acl:tick")
+	ins := inspector(t, rd.URL)
+	testenv.Eventually(t, 30*time.Second, func() bool { return len(pendingTasks(t, ins, "default")) >= 1 }, "nothing fired as the ACL user:\n%s", p.Stderr())
+
+	// It recovers a task whose worker died: active, lease expired.
+	k := taskstate.Keys("work")
+	msg, err := taskstate.EncodeTaskMessage(&taskstate.TaskMessage{Type: "work", Payload: []byte("x"), ID: "dead-worker", Queue: "work", Retry: 25, Timeout: 1800})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pipe := admin.Pipeline()
+	pipe.SAdd(ctx, taskstate.AllQueuesKey, "work")
+	pipe.HSet(ctx, k.Task("dead-worker"), "msg", msg, "state", taskstate.StateActive)
+	pipe.LPush(ctx, k.Active(), "dead-worker")
+	pipe.ZAdd(ctx, k.Lease(), redis.Z{Score: float64(time.Now().Add(-time.Minute).Unix()), Member: "dead-worker"})
+	if _, err := pipe.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, func() bool { return admin.ZCard(ctx, k.Retry()).Val() == 1 }, "lease-expired task not recovered as the ACL user:\n%s", p.Stderr())
+
+	// The operator's commands: trigger as the replica user, status as the
+	// read-only one.
+	e.ok(as("cronstream-replica", "entry", "trigger", "acl")...)
+	var st struct {
+		Replicas []struct {
+			ID string `json:"id"`
+		} `json:"replicas"`
+		Warnings []string `json:"warnings"`
+	}
+	e.okJSON(&st, as("cronstream-status", "status", "--json")...)
+	if len(st.Replicas) != 1 || st.Replicas[0].ID != "acl-replica" {
+		t.Errorf("status as cronstream-status: replicas %+v", st.Replicas)
+	}
+	if !strings.Contains(strings.Join(st.Warnings, "\n"), "cannot read Redis configuration") {
+		t.Errorf("status warnings: %q", st.Warnings)
+	}
+
+	if code := p.stop(syscall.SIGTERM, 20*time.Second); code != 0 {
+		t.Fatalf("run exited %d\n%s", code, p.Stderr())
+	}
+	if d := aclDenials(t, admin); len(d) > 0 {
+		t.Errorf("Redis denied cronstream (a command or key missing from deploy/redis/users.acl):\n%s", strings.Join(d, "\n"))
+	}
+}
