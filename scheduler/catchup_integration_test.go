@@ -130,9 +130,18 @@ func TestMissedTicksRecordedAtOnce(t *testing.T) {
 	if len(l.fired) != 0 && clock.now().Sub(*s.Until) < 50*time.Second {
 		t.Fatalf("a tick fired although the next one was not due: %v", l.fired)
 	}
+	// The watermark is the last skipped tick, or a later tick that fired
+	// (registered within the grace of a minute boundary, the latest tick
+	// is on time and fires).
+	want := *s.Until
+	for _, at := range l.order {
+		if at.After(want) {
+			want = at
+		}
+	}
 	tick, _, ok, err := e.store.Watermark(context.Background(), testPrefix, "default", "minutely")
-	if err != nil || !ok || !tick.Equal(*s.Until) {
-		t.Fatalf("watermark %s (%v, %v), want the last skipped tick %s", tick, ok, err, s.Until)
+	if err != nil || !ok || !tick.Equal(want) {
+		t.Fatalf("watermark %s (%v, %v), want the last skipped or fired tick %s", tick, ok, err, want)
 	}
 }
 

@@ -95,16 +95,18 @@ func manualFor(ctx context.Context, g *globalFlags, conn *connFlags, id string) 
 		s.Close()
 		return m, t, nil, err
 	}
+	// The entry first: an unknown entry is "not found" whatever Redis's
+	// state.
+	m = scheduler.Manual{JS: s.js, Names: s.names, Source: s.source}
+	if t, err = m.Load(ctx, id); err != nil {
+		s.Close()
+		return m, t, nil, err
+	}
 	store, rc, err := openStore(ctx, g, conn)
 	if err != nil {
 		s.Close()
 		return m, t, nil, err
 	}
-	m = scheduler.Manual{Firer: store, JS: s.js, Names: s.names, Source: s.source}
-	if t, err = m.Load(ctx, id); err != nil {
-		_ = rc.Close()
-		s.Close()
-		return m, t, nil, err
-	}
+	m.Firer = store
 	return m, t, func() { _ = rc.Close(); s.Close() }, nil
 }

@@ -213,7 +213,9 @@ func TestRunRefusesWhatWaitingCannotFix(t *testing.T) {
 			[]string{"the NATS user lacks a permission"}},
 		{"activity max age below the duplicate window", []string{goodNATS, goodRedis}, []string{"--activity-max-age", "5m"},
 			[]string{"--activity-max-age 5m0s", "duplicate window"}},
-		{"three stream replicas on one server", []string{goodNATS, goodRedis}, []string{"--replicas", "3"},
+		// A prefix of its own: streams that exist are never changed (a
+		// replica only warns), so R3 must be asked of streams it creates.
+		{"three stream replicas on one server", []string{goodNATS, goodRedis}, []string{"--prefix", "rthree", "--replicas", "3"},
 			[]string{"JetStream refused the stream settings"}},
 		{"NATS unparsable", []string{"CRONSTREAM_NATS=nats://cron:" + natsGood + "@127.0.0.1:bad", goodRedis}, nil,
 			[]string{"invalid URL", "not shown"}},
