@@ -54,9 +54,10 @@ The whole file is validated first: one invalid entry, an unknown field (a
 typo) or an id given twice, and nothing is published; every problem is
 listed with its entry and field.
 
-Ownership: every entry sync writes carries --owner (default "sync").
---prune removes entries of that owner that the file no longer lists, and
-nothing else: entries made with "entry put" (no owner) or by another owner
+Ownership: every entry sync writes carries --owner (default "sync"),
+unless the file gives the entry an "owner:" (as "cronstream export" writes;
+"" means none). --prune removes entries of --owner that the file no longer
+lists, and nothing else: entries made with "entry put" (no owner) or by another owner
 are never pruned. Pause state: sync never pauses or resumes an entry
 unless the file says "paused:", so an entry paused by hand stays paused.
 
@@ -69,12 +70,15 @@ File format (the entry state's field names; durations as 30s, 10m, 1h):
       task:
         type: report:daily          # required
         payload: '{"team":"ops"}'   # a string (its bytes) or a mapping (encoded as JSON)
+        # or payload_json: '{"team":"ops"}' (JSON text, kept as written; or a mapping)
+        # or payload_base64: AAH/ (bytes); give exactly one of the three
         headers: {source: cron}
       options: {queue: reports, max_retry: 5, timeout: 10m, retention: 24h}
       catchup: {policy: latest, window: 1h}
       overlap: skip
       jitter: 30s
       paused: false
+      owner: team-reports           # default --owner
 
 --watch re-reads the file and syncs on an interval until interrupted; a
 file that becomes invalid is reported and the current entries are kept.`,
