@@ -109,7 +109,7 @@ func (f *replicaFlags) config(g *globalFlags) (replica.Config, error) {
 	}
 	return replica.Config{
 		NATSURL: g.nats, NATSOptions: f.conn.natsOptions(g), Redis: rc,
-		Names: names, ReplicaID: f.replicaID, Version: version,
+		Names: names, ReplicaID: f.replicaID, Version: readBuildInfo().Version, Revision: readBuildInfo().Revision,
 		StreamReplicas: f.replicas, ActivityMaxAge: f.activityMaxAge,
 		MaxStaleness: f.maxStaleness, MaxOutbox: f.maxOutbox,
 		Queues: queues, RecoverInterval: f.recoverInterval, RecoverGrace: f.recoverGrace,
@@ -123,6 +123,3 @@ type redisLog struct{ log *slog.Logger }
 func (l redisLog) Printf(ctx context.Context, format string, v ...any) {
 	l.log.DebugContext(ctx, "redis client: "+fmt.Sprintf(format, v...))
 }
-
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
