@@ -107,4 +107,3 @@ func writeFileAtomic(path string, data []byte) error {
 	}
 	return nil
 }
-

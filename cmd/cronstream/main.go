@@ -171,7 +171,7 @@ Start here:  cronstream dev
 Then:        cronstream entry put hello --cron "@every 10s" --type demo:hello
              cronstream audit --follow
 
-`+exitStatusHelp,
+` + exitStatusHelp,
 		Example: `  cronstream dev
   export CRONSTREAM_NATS=nats://127.0.0.1:4222 CRONSTREAM_REDIS=redis://127.0.0.1:6379
   cronstream entry put hello --cron "@every 10s" --type demo:hello
