@@ -279,13 +279,15 @@ func nextFires(e events.Entry, now time.Time, n int) []time.Time {
 
 // readSubject hands each message stored on subject since a moment to
 // each, in order, and returns once it has read what was stored when it
-// began.
+// began. A zero since reads only the last message of each subject the
+// filter matches.
 func readSubject(ctx context.Context, s *session, stream, subject string, since time.Time, each func(time.Time, []byte)) error {
-	start := since
-	cons, err := s.js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{subject}, DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &start,
-		InactiveThreshold: time.Minute,
-	})
+	cc := jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject}, InactiveThreshold: time.Minute,
+		DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy}
+	if !since.IsZero() {
+		cc.DeliverPolicy, cc.OptStartTime = jetstream.DeliverByStartTimePolicy, &since
+	}
+	cons, err := s.js.OrderedConsumer(ctx, stream, cc)
 	if err != nil {
 		return fmt.Errorf("read %s: %w", stream, err)
 	}
