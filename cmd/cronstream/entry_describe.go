@@ -330,8 +330,8 @@ func printDescribe(w io.Writer, v describeView) error {
 		return err
 	}
 	h := v.History
-	fmt.Fprintf(w, "\nhistory: %d config events; last %s at %s by %s (see entry history)\n",
-		h.Revisions, terminalSafe(dash(h.LastType)), fmtTime(h.LastTime), terminalSafe(dash(h.LastSource)))
+	fmt.Fprintf(w, "\nhistory: %s; last %s at %s by %s (see entry history)\n",
+		plural(h.Revisions, "config event", "config events"), terminalSafe(dash(h.LastType)), fmtTime(h.LastTime), terminalSafe(dash(h.LastSource)))
 
 	fmt.Fprintf(w, "\nin the last %s: %d fired", v.Window, v.FiredInWindow)
 	var skips []string
@@ -394,4 +394,12 @@ func printDescribe(w io.Writer, v describeView) error {
 		}
 	}
 	return nil
+}
+
+// plural is "1 thing" or "n things".
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return fmt.Sprintf("%d %s", n, many)
 }

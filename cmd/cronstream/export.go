@@ -76,7 +76,7 @@ one).`,
 			if err := writeFileAtomic(out, b.Bytes()); err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.ErrOrStderr(), "exported %d entries to %s\n", len(entries), terminalSafe(out))
+			fmt.Fprintf(cmd.ErrOrStderr(), "exported %s to %s\n", plural(len(entries), "entry", "entries"), terminalSafe(out))
 			return nil
 		},
 	}
