@@ -2,6 +2,7 @@ package configsync
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,12 +20,15 @@ import (
 // Config is one entry as a schedules file or a ConfigProvider wants it.
 type Config struct {
 	// Entry is the wanted state. Its Paused, Owner and Removed fields are
-	// ignored: Paused below says the pause state, the syncer sets Owner.
+	// ignored: Paused and Owner below say those.
 	Entry events.Entry
 	// Paused, when set, is the pause state to enforce. Nil keeps the
 	// entry's current pause state (and a pause note), so an entry paused
 	// with `cronstream entry pause` stays paused across syncs.
 	Paused *bool
+	// Owner, when set, is the entry's owner label (empty: no owner), as an
+	// export writes it. Nil gives the entry the sync's owner.
+	Owner *string
 }
 
 // ErrInvalidConfig is wrapped by every *InvalidError.
@@ -151,6 +155,9 @@ func validate(cfgs []Config, lines []int) []Problem {
 		}
 		e := c.Entry
 		e.Owner, e.Removed = "", false
+		if c.Owner != nil {
+			e.Owner = *c.Owner
+		}
 		if c.Paused != nil {
 			e.Paused = *c.Paused
 		}
@@ -320,8 +327,6 @@ func (p *parser) fields(n *yaml.Node, path string, f func(key string, v *yaml.No
 // hint suggests the field a typo probably meant.
 func hint(key string) string {
 	switch key {
-	case "owner":
-		return " (sync sets the owner: use --owner)"
 	case "removed":
 		return " (leave the entry out of the file and sync with --prune)"
 	case "queue", "max_retry", "timeout", "deadline", "unique", "retention", "group":
@@ -380,6 +385,9 @@ func (p *parser) entryNode(n *yaml.Node) Config {
 			}
 		case "note":
 			e.Note = p.str(v, key)
+		case "owner":
+			o := p.str(v, key)
+			c.Owner = &o
 		default:
 			return false
 		}
@@ -392,12 +400,24 @@ func (p *parser) task(n *yaml.Node, t *events.Task) {
 	if !p.mapping(n, "task") {
 		return
 	}
+	var payloadKey string
+	setPayload := func(k *yaml.Node, key string, b []byte) {
+		if payloadKey != "" {
+			p.fail(k, "task."+key, "give one of payload, payload_json and payload_base64 (%s is given too)", payloadKey)
+			return
+		}
+		payloadKey, t.Payload = key, b
+	}
 	p.fields(n, "task.", func(key string, v *yaml.Node) bool {
 		switch key {
 		case "type":
 			t.Type = p.str(v, "task.type")
 		case "payload":
-			t.Payload = p.payload(v)
+			setPayload(v, key, p.payload(v))
+		case "payload_json":
+			setPayload(v, key, p.payloadJSON(v))
+		case "payload_base64":
+			setPayload(v, key, p.payloadBase64(v))
 		case "headers":
 			if isNull(v) {
 				return true
@@ -476,6 +496,34 @@ func (p *parser) payload(n *yaml.Node) []byte {
 	}
 	p.fail(n, "task.payload", "must be a string or a mapping")
 	return nil
+}
+
+// payloadJSON is JSON: a string holding JSON text (its bytes, kept as
+// written), or a mapping or list (encoded as JSON).
+func (p *parser) payloadJSON(n *yaml.Node) []byte {
+	if n.Kind == yaml.ScalarNode && n.Tag == "!!str" {
+		if !json.Valid([]byte(n.Value)) {
+			p.fail(n, "task.payload_json", "not valid JSON (use payload for text, payload_base64 for bytes)")
+			return nil
+		}
+		return []byte(n.Value)
+	}
+	if n.Kind == yaml.ScalarNode && !isNull(n) {
+		p.fail(n, "task.payload_json", "must be a string of JSON text, or a mapping or list")
+		return nil
+	}
+	return p.payload(n)
+}
+
+// payloadBase64 is bytes in standard base64, for payloads that are not text.
+func (p *parser) payloadBase64(n *yaml.Node) []byte {
+	s := p.str(n, "task.payload_base64")
+	b, err := base64.StdEncoding.DecodeString(s)
+	if err != nil {
+		p.fail(n, "task.payload_base64", "not standard base64: %v", err)
+		return nil
+	}
+	return b
 }
 
 func isNull(n *yaml.Node) bool { return n.Kind == yaml.ScalarNode && n.Tag == "!!null" }

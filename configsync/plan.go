@@ -98,6 +98,9 @@ func MakePlan(current []events.Current, desired []Config, owner string, prune bo
 		c, exists := cur[id]
 		next := d.Entry.Clone()
 		next.Owner, next.Removed = owner, false
+		if d.Owner != nil {
+			next.Owner = *d.Owner
+		}
 		switch {
 		case d.Paused != nil:
 			next.Paused = *d.Paused

@@ -41,6 +41,7 @@ type Config struct {
 	Names     events.Names
 	ReplicaID string // default host-pid-random
 	Version   string
+	Revision  string // VCS revision of the build, for cronstream_build_info
 
 	// Streams: replicas of the streams and bucket (1 dev, 3 production),
 	// the activity stream's retention and duplicate window.
@@ -168,6 +169,7 @@ func newReplica(cfg Config) (*Replica, error) {
 	cfg.Logger = cfg.Logger.With("replica", cfg.ReplicaID)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(buildInfoGauge(cfg.Version, cfg.Revision))
 	return &Replica{cfg: cfg, log: cfg.Logger, reg: reg, auth: newAuthWatch(reg, cfg.Logger)}, nil
 }
 

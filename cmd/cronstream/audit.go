@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -27,6 +28,7 @@ type auditFlags struct {
 	typ          string
 	since, until string
 	follow       bool
+	limit, tail  int
 }
 
 func newAuditCommand(g *globalFlags) *cobra.Command {
@@ -42,18 +44,36 @@ Filters combine:
   --entry ID     config events of the entry and its fired/skipped events
   --queue Q      recoveries in queue Q, fires into Q, and config events of
                  entries that are in Q (or just left it)
-  --type GLOB    event types matching the glob, with or without the
-                 "cronstream." prefix: 'entry.fired', '*.task.*', 'cronstream.entry.*'
-  --since/--until TIME   RFC 3339, a date (UTC), or relative (-2h)
+  --type T,...   event types: short names (fired), with or without the
+                 "cronstream." prefix (entry.fired), or globs ('task.*',
+                 'entry.*'); several separated by commas
+  --since/--until TIME   RFC 3339, a date (UTC), or a time ago: 1h, 24h,
+                 7d, 30m (-1h means the same)
+  --limit N      only the first N events;  --tail N  only the last N
 
---follow keeps printing new events after the history until interrupted.
---json prints each event as the CloudEvent stored, one per line, with
-"stream" and "seq" (its stream sequence) added. Event types this version
-does not know are shown as they are.`,
-		Example: `  cronstream audit --since -1h
+Event types (short name, full name, stream):
+` + auditTypesHelp() + `
+--follow keeps printing new events after the history until interrupted
+(with --tail: the last N, then new ones; with --limit: until N printed).
+
+--json prints one JSON object per line (ndjson): the CloudEvent as stored,
+with "stream" (the stream's name) and "seq" (its stream sequence) added:
+  {"specversion":"1.0","id":"fire:report:1741770000",
+   "source":"cronstream/replica-1","type":"cronstream.entry.fired",
+   "subject":"report","time":"2025-03-12T09:00:00.012345Z",
+   "datacontenttype":"application/json",
+   "data":{"entry":"report","scheduled_at":"…","enqueued_at":"…",
+           "task_id":"…","queue":"default","revision":12,"replica":"…"},
+   "stream":"CRONSTREAM_ACTIVITY","seq":4711}
+(one line each; "data" is the type's payload, see docs/design.md). A stored
+message that is not a JSON object is shown as {"stream","seq",
+"nats_subject","malformed"}. Event types this version does not know are
+shown as they are.`,
+		Example: `  cronstream audit --since 1h
   cronstream audit --entry report --follow
+  cronstream audit --type fired,skipped --since 7d --tail 20
   cronstream audit --queue critical --type 'task.*' --since 2025-03-01
-  cronstream audit --json --since -24h | jq 'select(.type=="cronstream.entry.skipped")'`,
+  cronstream audit --json --since 24h | jq 'select(.type=="cronstream.entry.skipped")'`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runAudit(cmd, g, f)
@@ -62,9 +82,11 @@ does not know are shown as they are.`,
 	fl := cmd.Flags()
 	fl.StringVar(&f.entry, "entry", "", "only events of this entry")
 	fl.StringVar(&f.queue, "queue", "", "only events concerning this asynq queue")
-	fl.StringVar(&f.typ, "type", "", "only event types matching this glob")
-	fl.StringVar(&f.since, "since", "", "only events stored at or after this time")
-	fl.StringVar(&f.until, "until", "", "only events stored at or before this time")
+	fl.StringVar(&f.typ, "type", "", "only these event types: short names (fired), full names or globs, comma separated")
+	fl.StringVar(&f.since, "since", "", "only events stored at or after this time (RFC 3339, a date, or ago: 1h, 7d)")
+	fl.StringVar(&f.until, "until", "", "only events stored at or before this time (RFC 3339, a date, or ago: 1h, 7d)")
+	fl.IntVar(&f.limit, "limit", 0, "print only the first N events")
+	fl.IntVar(&f.tail, "tail", 0, "print only the last N events of the history")
 	fl.BoolVar(&f.follow, "follow", false, "keep printing new events until interrupted")
 	fl.BoolVar(&g.json, "json", false, "one CloudEvent per line, with stream and seq")
 	addConn(cmd, &f.conn, false)
@@ -100,29 +122,36 @@ func runAudit(cmd *cobra.Command, g *globalFlags, f *auditFlags) error {
 	var since, until time.Time
 	var err error
 	if f.since != "" {
-		if since, err = parseTime("since", f.since, now); err != nil {
-			return err
+		if since, err = parseAgo("since", f.since, now); err != nil {
+			return usageError{err}
 		}
 	}
 	if f.until != "" {
-		if until, err = parseTime("until", f.until, now); err != nil {
-			return err
+		if until, err = parseAgo("until", f.until, now); err != nil {
+			return usageError{err}
 		}
 		if f.follow {
-			return errors.New("--follow and --until: following never ends at a time; drop one")
+			return usagef("--follow and --until: following never ends at a time; drop one")
 		}
 		if !since.IsZero() && until.Before(since) {
-			return fmt.Errorf("--until %s is before --since %s", fmtTime(until), fmtTime(since))
+			return usagef("--until %s is before --since %s", fmtTime(until), fmtTime(since))
 		}
 	}
+	var globs []string
 	if f.typ != "" {
-		if _, err := path.Match(f.typ, ""); err != nil {
-			return fmt.Errorf("--type %q: %w", f.typ, err)
+		if globs, err = typeGlobs(f.typ); err != nil {
+			return usageError{err}
 		}
+	}
+	switch {
+	case f.limit < 0 || f.tail < 0:
+		return usagef("--limit and --tail count events: give a positive number")
+	case f.limit > 0 && f.tail > 0:
+		return usagef("--limit and --tail: give one (the first N or the last N)")
 	}
 	if f.entry != "" {
 		if err := events.ValidateID(f.entry); err != nil {
-			return fmt.Errorf("--entry: %w", err)
+			return usageError{fmt.Errorf("--entry: %w", err)}
 		}
 	}
 	s, err := openSession(g, &f.conn)
@@ -134,7 +163,7 @@ func runAudit(cmd *cobra.Command, g *globalFlags, f *auditFlags) error {
 		return err
 	}
 
-	flt := &auditFilter{names: s.names, entry: f.entry, queue: f.queue, glob: f.typ, since: since, until: until, queueOf: map[string]string{}}
+	flt := &auditFilter{names: s.names, entry: f.entry, queue: f.queue, globs: globs, since: since, until: until, queueOf: map[string]string{}}
 	// With --queue, the config stream is read from its start whatever
 	// --since says: the entry → queue map must be known at --since to tell
 	// which fire and skip events concern the queue. Events before --since
@@ -205,7 +234,8 @@ func runAudit(cmd *cobra.Command, g *globalFlags, f *auditFlags) error {
 		}()
 	}
 
-	out := &auditPrinter{w: cmd.OutOrStdout(), json: g.json, names: s.names}
+	out := &auditPrinter{w: cmd.OutOrStdout(), json: g.json, names: s.names, limit: f.limit}
+	var tail []auditMsg // the last --tail kept messages of the history
 	prog := newProgress(os.Stderr, sources[0].pending+sources[1].pending, isTerminal(os.Stdout))
 	defer prog.clear()
 
@@ -242,14 +272,29 @@ func runAudit(cmd *cobra.Command, g *globalFlags, f *auditFlags) error {
 		m := *next.head
 		next.head = nil
 		if flt.keep(m) {
-			prog.beforeOutput()
-			if err := out.print(m); err != nil {
-				return err
+			if f.tail > 0 {
+				if len(tail) == f.tail {
+					tail = append(tail[:0], tail[1:]...)
+				}
+				tail = append(tail, m)
+			} else {
+				prog.beforeOutput()
+				if err := out.print(m); err != nil {
+					return err
+				}
+				if out.full() {
+					return nil
+				}
 			}
 		}
 		prog.step()
 	}
 	prog.clear()
+	for _, m := range tail {
+		if err := out.print(m); err != nil {
+			return err
+		}
+	}
 	if !f.follow {
 		return nil
 	}
@@ -260,13 +305,13 @@ func runAudit(cmd *cobra.Command, g *globalFlags, f *auditFlags) error {
 			return nil
 		case m := <-sources[0].ch:
 			if flt.keep(m) {
-				if err := out.print(m); err != nil {
+				if err := out.print(m); err != nil || out.full() {
 					return err
 				}
 			}
 		case m := <-sources[1].ch:
 			if flt.keep(m) {
-				if err := out.print(m); err != nil {
+				if err := out.print(m); err != nil || out.full() {
 					return err
 				}
 			}
@@ -308,7 +353,7 @@ func (src *auditSource) read(ctx context.Context) {
 type auditFilter struct {
 	names        events.Names
 	entry, queue string
-	glob         string
+	globs        []string // of typeGlobs; empty: every type
 	since, until time.Time
 	// queueOf follows each entry's queue through the config events, so
 	// skipped events (which carry no queue) can be matched to --queue.
@@ -330,17 +375,99 @@ func (f *auditFilter) keep(m auditMsg) bool {
 	if !inQueue {
 		return false
 	}
-	if f.glob != "" {
-		if decErr != nil {
-			return false
-		}
-		full, _ := path.Match(f.glob, ev.Type)
-		short, _ := path.Match(f.glob, strings.TrimPrefix(ev.Type, "cronstream."))
-		if !full && !short {
-			return false
-		}
+	if len(f.globs) > 0 && (decErr != nil || !typeMatches(f.globs, ev.Type)) {
+		return false
 	}
 	return true
+}
+
+// typeMatches reports whether an event type matches one of globs, by its
+// full name, its name without "cronstream." or its short name.
+func typeMatches(globs []string, typ string) bool {
+	for _, g := range globs {
+		for _, name := range []string{typ, strings.TrimPrefix(typ, "cronstream."), events.ShortType(typ)} {
+			if ok, _ := path.Match(g, name); ok {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// typeGlobs splits --type at commas and checks each part: a pattern that
+// matches none of cronstream's event types is refused with the list of
+// types, rather than silently matching nothing, unless it names another
+// namespace (com.example.*: events this version does not know).
+func typeGlobs(s string) ([]string, error) {
+	var out []string
+	for _, g := range strings.Split(s, ",") {
+		g = strings.TrimSpace(g)
+		if g == "" {
+			continue
+		}
+		if _, err := path.Match(g, ""); err != nil {
+			return nil, fmt.Errorf("--type %q: %w", g, err)
+		}
+		known := false
+		ours := map[string]bool{"cronstream": true}
+		for _, ti := range events.Types {
+			known = known || typeMatches([]string{g}, ti.Type)
+			ours[strings.Split(ti.Type, ".")[1]] = true
+		}
+		first, _, dotted := strings.Cut(g, ".")
+		if !known && (!dotted || ours[first]) {
+			return nil, fmt.Errorf("--type %q matches no event type; the types are:\n%s", g, auditTypesHelp())
+		}
+		out = append(out, g)
+	}
+	return out, nil
+}
+
+// auditTypesHelp lists the event types, one per line.
+func auditTypesHelp() string {
+	var b strings.Builder
+	for _, ti := range events.Types {
+		fmt.Fprintf(&b, "  %-11s %-33s %-9s %s\n", events.ShortType(ti.Type), ti.Type, ti.Stream, ti.Doc)
+	}
+	return b.String()
+}
+
+// parseAgo is parseTime where a duration without a sign means that long
+// ago (--since 1h: an hour ago), and durations take days (7d).
+func parseAgo(flag, s string, now time.Time) (time.Time, error) {
+	s = strings.TrimSpace(s)
+	sign := ""
+	if strings.HasPrefix(s, "-") || strings.HasPrefix(s, "+") {
+		sign, s = s[:1], s[1:]
+	}
+	if d, ok := durationWithDays(s); ok {
+		if sign == "+" {
+			return now.Add(d), nil
+		}
+		return now.Add(-d), nil
+	}
+	return parseTime(flag, sign+s, now)
+}
+
+// durationWithDays parses a Go duration that may start with whole days
+// ("7d", "1d12h").
+func durationWithDays(s string) (time.Duration, bool) {
+	var days time.Duration
+	if i := strings.IndexByte(s, 'd'); i > 0 {
+		n, err := strconv.Atoi(s[:i])
+		if err != nil || n < 0 || n > 100*366 {
+			return 0, false
+		}
+		days, s = time.Duration(n)*24*time.Hour, s[i+1:]
+		if s == "" {
+			return days, true
+		}
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d < 0 {
+		return 0, false
+	}
+	return days + d, true
 }
 
 // concernsQueue also keeps queueOf up to date, so it must see every
@@ -380,14 +507,20 @@ func (f *auditFilter) concernsQueue(m auditMsg, ev *events.Event) bool {
 	return f.queueOf[id] == f.queue
 }
 
-// auditPrinter writes one line per event.
+// auditPrinter writes one line per event, up to limit (0: no limit).
 type auditPrinter struct {
-	w     io.Writer
-	json  bool
-	names events.Names
+	w       io.Writer
+	json    bool
+	names   events.Names
+	limit   int
+	printed int
 }
 
+// full reports whether --limit events have been printed.
+func (p *auditPrinter) full() bool { return p.limit > 0 && p.printed >= p.limit }
+
 func (p *auditPrinter) print(m auditMsg) error {
+	p.printed++
 	if p.json {
 		line, err := withStreamSeq(m)
 		if err != nil {

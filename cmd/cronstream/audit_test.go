@@ -142,6 +142,16 @@ func TestAudit(t *testing.T) {
 		{"since and until", []string{"--since", mid.Format(time.RFC3339Nano), "--until", "now", "--type", "entry.*"}, []string{"entry.updated/x", "entry.fired/x", "entry.skipped/y"}},
 		{"relative since", []string{"--since", "-1h", "--entry", "y"}, []string{"entry.registered/y", "entry.skipped/y", "entry.skipped/y"}},
 		{"nothing matches", []string{"--entry", "nobody"}, nil},
+		{"short type name", []string{"--type", "fired"}, []string{"entry.fired/x", "entry.fired/x"}},
+		{"short names, comma separated", []string{"--type", "retried,skipped"}, []string{"entry.skipped/y", "task.retried/q1", "entry.skipped/y"}},
+		{"short name glob", []string{"--type", "regist*"}, []string{"entry.registered/x", "entry.registered/y"}},
+		{"since a time ago without sign", []string{"--since", "1h", "--entry", "y"}, []string{"entry.registered/y", "entry.skipped/y", "entry.skipped/y"}},
+		{"since days ago", []string{"--since", "7d", "--type", "fired"}, []string{"entry.fired/x", "entry.fired/x"}},
+		{"until an hour ago", []string{"--until", "1h"}, nil},
+		{"limit", []string{"--limit", "2"}, all[:2]},
+		{"limit with a filter", []string{"--type", "skipped", "--limit", "1"}, []string{"entry.skipped/y"}},
+		{"tail", []string{"--tail", "3"}, all[len(all)-3:]},
+		{"tail longer than the history", []string{"--tail", "100", "--entry", "y"}, []string{"entry.registered/y", "entry.skipped/y", "entry.skipped/y"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -200,6 +210,58 @@ func TestAudit(t *testing.T) {
 	for _, want := range []string{`hello":"world`, "overlap", "queue q1", "asynq: task lease expired"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("audit text lacks %q:\n%s", want, text)
+		}
+	}
+}
+
+// TestAuditTypesAndUsage: --help lists every event type with its short
+// name and documents the ndjson shape; a --type that names no type is an
+// error listing them, not an empty result.
+func TestAuditTypesAndUsage(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, false)
+	help := e.ok("audit", "--help")
+	for _, ti := range events.Types {
+		if !strings.Contains(help, events.ShortType(ti.Type)) || !strings.Contains(help, ti.Type) {
+			t.Errorf("audit --help does not list %s", ti.Type)
+		}
+	}
+	for _, want := range []string{`"stream"`, `"seq"`, "ndjson", "--tail", "--limit", "7d"} {
+		if !strings.Contains(help, want) {
+			t.Errorf("audit --help lacks %q", want)
+		}
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--type", "fird"}, "matches no event type"},
+		{[]string{"--type", "entry.fird"}, "cronstream.entry.fired"},
+		{[]string{"--limit", "1", "--tail", "1"}, "--limit and --tail"},
+		{[]string{"--tail", "-1"}, "positive"},
+		{[]string{"--since", "yesterday"}, "--since"},
+	} {
+		r := e.run(append([]string{"audit"}, tc.args...)...)
+		if r.code != exitUsage || !strings.Contains(r.stderr, tc.want) {
+			t.Errorf("want exit %d and %q:\n%s", exitUsage, tc.want, r)
+		}
+	}
+}
+
+func TestParseAgo(t *testing.T) {
+	now := time.Date(2025, 3, 12, 9, 0, 0, 0, time.UTC)
+	for in, want := range map[string]time.Time{
+		"1h": now.Add(-time.Hour), "-1h": now.Add(-time.Hour), "24h": now.Add(-24 * time.Hour),
+		"7d": now.Add(-7 * 24 * time.Hour), "-7d": now.Add(-7 * 24 * time.Hour), "1d12h": now.Add(-36 * time.Hour),
+		"+30m": now.Add(30 * time.Minute), "now": now, "2025-03-01": time.Date(2025, 3, 1, 0, 0, 0, 0, time.UTC),
+	} {
+		if got, err := parseAgo("since", in, now); err != nil || !got.Equal(want) {
+			t.Errorf("parseAgo(%q) = %s, %v; want %s", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "d", "xd", "1x", "-", "soon"} {
+		if _, err := parseAgo("since", bad, now); err == nil {
+			t.Errorf("parseAgo(%q) accepted", bad)
 		}
 	}
 }

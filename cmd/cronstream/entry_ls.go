@@ -1,7 +1,9 @@
 package main
 
 import (
+	"context"
 	"fmt"
+	"path"
 	"slices"
 	"strings"
 	"time"
@@ -17,25 +19,39 @@ func init() { entryCommands = append(entryCommands, newEntryLsCommand) }
 func newEntryLsCommand(g *globalFlags) *cobra.Command {
 	var conn connFlags
 	var at string
+	var flt lsFilter
 	cmd := &cobra.Command{
 		Use:     "ls",
 		Aliases: []string{"list"},
 		Short:   "List entries, now or as they were at any moment",
 		Long: `List every registered entry: state (active, paused, or quarantined when
-its last config event cannot be applied), spec, queue, revision and next
-fire.
+its last config event cannot be applied), spec, queue, revision, last fire
+and next fire.
+
+LAST FIRE is the scheduled time of the entry's last tick with an event in
+the activity stream, followed by "skipped (reason)" when that tick was
+skipped rather than fired. NEXT FIRE includes the jitter.
+
+Filters combine: --queue Q, --state active|paused|quarantined, --owner O
+(--owner "" : entries without an owner), --type GLOB (task type, e.g.
+'report:*').
 
 --at replays the config stream up to a moment and lists the entries exactly
 as they were then (the fold of every config event stored up to that time,
 by the stream's own timestamps). NEXT FIRE is then the next fire after that
 moment.`,
 		Example: `  cronstream entry ls
+  cronstream entry ls --queue critical --state paused
+  cronstream entry ls --owner team-billing --type 'invoice:*'
   cronstream entry ls --at -2h
   cronstream entry ls --at 2025-03-01T09:00:00Z --json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			now := time.Now()
+			if err := flt.check(cmd); err != nil {
+				return err
+			}
 			var asOf time.Time
 			if at != "" {
 				t, err := parseTime("at", at, now)
@@ -65,6 +81,10 @@ moment.`,
 					}
 					views = append(views, newEntryView(c.Entry, c.Revision, c.Time, now))
 				}
+				views = slices.DeleteFunc(views, func(v entryView) bool { return !flt.keep(v) })
+				if err := addLastFires(ctx, s, views); err != nil {
+					return err
+				}
 			} else {
 				if asOf.After(now) {
 					return fmt.Errorf("--at %s is in the future", fmtTime(asOf))
@@ -81,6 +101,7 @@ moment.`,
 					views = append(views, entryView{Entry: events.Entry{ID: q.ID}, Revision: q.Seq, Updated: &t, State: stateQuarantined, Error: q.Reason})
 				}
 				slices.SortFunc(views, func(a, b entryView) int { return strings.Compare(a.ID, b.ID) })
+				views = slices.DeleteFunc(views, func(v entryView) bool { return !flt.keep(v) })
 			}
 			if g.json {
 				if views == nil {
@@ -101,6 +122,91 @@ moment.`,
 	}
 	cmd.Flags().StringVar(&at, "at", "", "list the entries as they were at this time: RFC 3339, or relative (-2h, -30m)")
 	cmd.Flags().BoolVar(&g.json, "json", false, "print the entries as a JSON array")
+	cmd.Flags().StringVar(&flt.queue, "queue", "", "only entries firing into this queue")
+	cmd.Flags().StringVar(&flt.state, "state", "", "only entries in this state: active, paused or quarantined")
+	cmd.Flags().StringVar(&flt.owner, "owner", "", `only entries of this owner ("" : without one)`)
+	cmd.Flags().StringVar(&flt.typ, "type", "", "only entries whose task type matches this glob")
 	addConn(cmd, &conn, false)
 	return cmd
+}
+
+// lsFilter is entry ls's filters; unset ones keep everything.
+type lsFilter struct {
+	queue, state, owner, typ string
+	byQueue, byOwner         bool
+}
+
+func (f *lsFilter) check(cmd *cobra.Command) error {
+	f.byQueue, f.byOwner = cmd.Flags().Changed("queue"), cmd.Flags().Changed("owner")
+	switch f.state {
+	case "", stateActive, statePaused, stateQuarantined:
+	default:
+		return usagef("--state %q: use active, paused or quarantined", f.state)
+	}
+	if _, err := path.Match(f.typ, ""); err != nil {
+		return usagef("--type %q: %v", f.typ, err)
+	}
+	return nil
+}
+
+func (f *lsFilter) keep(v entryView) bool {
+	if f.state != "" && v.State != f.state {
+		return false
+	}
+	quarantined := v.State == stateQuarantined
+	if f.byQueue && (quarantined || v.Options.QueueName() != f.queue) {
+		return false
+	}
+	if f.byOwner && (quarantined || v.Owner != f.owner) {
+		return false
+	}
+	if f.typ != "" {
+		if ok, _ := path.Match(f.typ, v.Task.Type); quarantined || !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// addLastFires sets each view's last fire from the last event on its fire
+// subject: one read of the last message per subject.
+func addLastFires(ctx context.Context, s *session, views []entryView) error {
+	if len(views) == 0 {
+		return nil
+	}
+	at := make(map[string]int, len(views))
+	for i, v := range views {
+		at[v.ID] = i
+	}
+	filter := s.names.FireSubject("*")
+	if len(views) == 1 {
+		filter = s.names.FireSubject(views[0].ID)
+	}
+	return readSubject(ctx, s, s.names.ActivityStream(), filter, time.Time{}, func(_ time.Time, data []byte) {
+		ev, err := events.DecodeEvent(data)
+		if err != nil {
+			return
+		}
+		i, ok := at[ev.Subject]
+		if !ok {
+			return
+		}
+		switch ev.Type {
+		case events.TypeEntryFired:
+			var d events.Fired
+			if ev.DecodeData(&d) == nil {
+				t := d.ScheduledAt.UTC()
+				views[i].LastFire, views[i].LastOutcome = &t, "fired"
+			}
+		case events.TypeEntrySkipped:
+			var d events.Skipped
+			if ev.DecodeData(&d) == nil {
+				t := d.ScheduledAt.UTC()
+				if d.Until != nil {
+					t = d.Until.UTC()
+				}
+				views[i].LastFire, views[i].LastOutcome = &t, "skipped ("+d.Reason+")"
+			}
+		}
+	})
 }

@@ -14,6 +14,7 @@ func TestHelp(t *testing.T) {
 		{}, {"run"}, {"dev"}, {"entry"}, {"entry", "put"}, {"entry", "get"}, {"entry", "ls"}, {"entry", "rm"},
 		{"entry", "pause"}, {"entry", "resume"}, {"entry", "history"}, {"entry", "trigger"}, {"entry", "backfill"},
 		{"sync"}, {"audit"}, {"status"}, {"healthcheck"}, {"streams"}, {"streams", "apply"}, {"completion"},
+		{"entry", "describe"}, {"export"},
 	}
 	for _, c := range commands {
 		out := e.ok(append(c, "--help")...)
@@ -26,7 +27,7 @@ func TestHelp(t *testing.T) {
 		}
 	}
 	// Every command that lists or shows takes --json.
-	for _, c := range [][]string{{"entry", "get"}, {"entry", "ls"}, {"entry", "history"}, {"audit"}, {"status"}, {"sync"}, {"entry", "put"}, {"entry", "trigger"}, {"entry", "backfill"}, {"streams", "apply"}} {
+	for _, c := range [][]string{{"entry", "get"}, {"entry", "describe"}, {"entry", "ls"}, {"entry", "history"}, {"audit"}, {"status"}, {"sync"}, {"entry", "put"}, {"entry", "trigger"}, {"entry", "backfill"}, {"streams", "apply"}} {
 		if out := e.ok(append(c, "--help")...); !strings.Contains(out, "--json") {
 			t.Errorf("%v has no --json", c)
 		}

@@ -11,15 +11,19 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/redact"
 )
 
@@ -33,20 +37,112 @@ func main() {
 	err := newRootCommand(g).ExecuteContext(ctx)
 	stop()
 	if err != nil {
-		// The last net: whatever a library echoed of a URL or password.
-		fmt.Fprintln(os.Stderr, "cronstream:", terminalSafeLines(g.secrets.String(err.Error())))
-		var ec exitCode
-		if errors.As(err, &ec) {
-			os.Exit(int(ec))
+		if !errors.Is(err, errChangesPending) {
+			// The last net: whatever a library echoed of a URL or password.
+			fmt.Fprintln(os.Stderr, "cronstream:", terminalSafeLines(g.secrets.String(err.Error())))
 		}
-		os.Exit(1)
+		os.Exit(exitStatus(err))
 	}
+}
+
+// Exit statuses; the root command's help documents them.
+const (
+	exitError          = 1
+	exitChangesPending = 2 // only sync --dry-run --detailed-exitcode
+	exitNotFound       = 3
+	exitConflict       = 4
+	exitUnavailable    = 5
+	exitUsage          = 64 // as sysexits.h's EX_USAGE
+)
+
+const exitStatusHelp = `Exit status:
+  0   success
+  1   error
+  2   changes pending (only sync --dry-run --detailed-exitcode)
+  3   not found (the entry does not exist)
+  4   revision conflict (--if-revision, or a concurrent change)
+  5   NATS or Redis unavailable
+  64  usage: bad flags or arguments`
+
+// Sentinel errors that choose an exit status; exitStatus maps them, and
+// the errors of the packages below, in this one place.
+var (
+	// errUsage is wrapped by usageError.
+	errUsage = errors.New("usage")
+	// errChangesPending: sync --dry-run --detailed-exitcode found a
+	// difference. Not a failure: nothing is printed for it.
+	errChangesPending = errors.New("changes pending")
+)
+
+// usageError is a bad flag or argument (exit status 64).
+type usageError struct{ err error }
+
+func (e usageError) Error() string   { return e.err.Error() }
+func (e usageError) Unwrap() []error { return []error{e.err, errUsage} }
+
+// usagef makes a usage error.
+func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
+
+// exitStatus is the exit status of a command that failed with err.
+func exitStatus(err error) int {
+	var ec exitCode
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &ec):
+		return int(ec)
+	case errors.Is(err, errChangesPending):
+		return exitChangesPending
+	case errors.Is(err, errUsage):
+		return exitUsage
+	case errors.Is(err, events.ErrNotFound):
+		return exitNotFound
+	case errors.Is(err, events.ErrRevisionConflict):
+		return exitConflict
+	case unavailable(err):
+		return exitUnavailable
+	}
+	return exitError
+}
+
+// unavailable reports whether err says NATS or Redis could not be reached
+// or did not answer in time (not: refused the credentials, or a bad URL).
+func unavailable(err error) bool {
+	var op *net.OpError
+	var dns *net.DNSError
+	return errors.As(err, &op) || errors.As(err, &dns) ||
+		errors.Is(err, nats.ErrNoServers) || errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, nats.ErrNoResponders) ||
+		errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, syscall.ECONNREFUSED)
 }
 
 // exitCode lets a command choose its exit status.
 type exitCode int
 
 func (e exitCode) Error() string { return fmt.Sprintf("exit status %d", int(e)) }
+
+// asUsageErrors makes the argument and flag errors of cmd and its
+// subcommands usage errors, and makes a group command runnable (printing
+// its help) so a mistyped subcommand is an error rather than help with
+// exit status 0.
+func asUsageErrors(cmd *cobra.Command) {
+	if cmd.HasSubCommands() && !cmd.Runnable() {
+		cmd.Args = cobra.NoArgs
+		cmd.RunE = func(cmd *cobra.Command, _ []string) error { return cmd.Help() }
+	}
+	if args := cmd.Args; args != nil {
+		cmd.Args = func(cmd *cobra.Command, a []string) error {
+			if err := args(cmd, a); err != nil {
+				return usageError{err}
+			}
+			return nil
+		}
+	}
+	for _, c := range cmd.Commands() {
+		asUsageErrors(c)
+	}
+}
 
 // globalFlags are shared by every command.
 type globalFlags struct {
@@ -73,7 +169,9 @@ fires and recoveries are events in NATS JetStream: the audit log.
 
 Start here:  cronstream dev
 Then:        cronstream entry put hello --cron "@every 10s" --type demo:hello
-             cronstream audit --follow`,
+             cronstream audit --follow
+
+` + exitStatusHelp,
 		Example: `  cronstream dev
   export CRONSTREAM_NATS=nats://127.0.0.1:4222 CRONSTREAM_REDIS=redis://127.0.0.1:6379
   cronstream entry put hello --cron "@every 10s" --type demo:hello
@@ -85,15 +183,24 @@ Then:        cronstream entry put hello --cron "@every 10s" --type demo:hello
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
 			err := applyEnv(cmd)
 			registerSecrets(cmd, g)
-			return err
+			if err != nil {
+				return usageError{err}
+			}
+			return nil
 		},
+		Version: versionString(),
 	}
+	root.SetVersionTemplate("cronstream {{.Version}}\n")
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.nats, "nats", "nats://127.0.0.1:4222", "NATS server URL(s), comma separated (a password here shows in the process list: prefer --nats-creds)")
 	pf.StringVar(&g.natsCreds, "nats-creds", "", "NATS credentials file (JWT and NKey seed): keeps NATS secrets out of URLs and the process list")
 	pf.StringVar(&g.redis, "redis", "redis://127.0.0.1:6379", "Redis URL (redis://, rediss://, redis-sentinel://, or a comma-separated cluster list; a password here shows in the process list: prefer --redis-password-file)")
 	pf.StringVar(&g.prefix, "prefix", "cronstream", "subject prefix; streams are <PREFIX>_CONFIG and <PREFIX>_ACTIVITY")
 	root.AddCommand(commands(g)...)
+	root.InitDefaultHelpCmd()
+	root.InitDefaultCompletionCmd()
+	asUsageErrors(root)
 	return root
 }
 

@@ -79,6 +79,11 @@ type entryView struct {
 	State    string     `json:"state"` // active, paused or quarantined
 	NextFire *time.Time `json:"next_fire,omitempty"`
 	Error    string     `json:"error,omitempty"`
+	// LastFire is the scheduled time of the entry's last tick with an
+	// event, and LastOutcome what happened to it: fired, or skipped with
+	// the reason (entry ls only).
+	LastFire    *time.Time `json:"last_fire,omitempty"`
+	LastOutcome string     `json:"last_outcome,omitempty"`
 }
 
 // Entry states as shown.
@@ -120,18 +125,24 @@ func nextFire(e events.Entry, now time.Time) (time.Time, bool) {
 // printEntryTable lists entries, one line each.
 func printEntryTable(w io.Writer, views []entryView) error {
 	tw := newTable(w)
-	fmt.Fprintln(tw, "ID\tSTATE\tCRON\tTIMEZONE\tTYPE\tQUEUE\tREVISION\tNEXT FIRE\tOWNER")
+	fmt.Fprintln(tw, "ID\tSTATE\tCRON\tTIMEZONE\tTYPE\tQUEUE\tREVISION\tLAST FIRE\tNEXT FIRE\tOWNER")
 	for _, v := range views {
-		next := "-"
+		next, last := "-", "-"
 		if v.NextFire != nil {
 			next = fmtTime(*v.NextFire)
 		}
+		if v.LastFire != nil {
+			last = fmtTime(*v.LastFire)
+			if v.LastOutcome != "fired" {
+				last += " " + terminalSafe(v.LastOutcome)
+			}
+		}
 		if v.State == stateQuarantined {
-			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t%d\t-\t-\n", terminalSafe(v.ID), v.State, v.Revision)
+			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t%d\t%s\t-\t-\n", terminalSafe(v.ID), v.State, v.Revision, last)
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", terminalSafe(v.ID), v.State, terminalSafe(v.Cron), terminalSafe(v.Timezone),
-			terminalSafe(v.Task.Type), terminalSafe(v.Options.QueueName()), v.Revision, next, terminalSafe(dash(v.Owner)))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", terminalSafe(v.ID), v.State, terminalSafe(v.Cron), terminalSafe(v.Timezone),
+			terminalSafe(v.Task.Type), terminalSafe(v.Options.QueueName()), v.Revision, last, next, terminalSafe(dash(v.Owner)))
 	}
 	return tw.Flush()
 }

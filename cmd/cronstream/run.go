@@ -139,7 +139,7 @@ func (f *replicaFlags) config(g *globalFlags) (replica.Config, error) {
 	}
 	return replica.Config{
 		NATSURL: g.nats, NATSOptions: f.conn.natsOptions(g), Redis: rc,
-		Names: names, ReplicaID: f.replicaID, Version: version,
+		Names: names, ReplicaID: f.replicaID, Version: readBuildInfo().Version, Revision: readBuildInfo().Revision,
 		StreamReplicas: f.replicas, ActivityMaxAge: f.activityMaxAge,
 		MaxStaleness: f.maxStaleness, MaxOutboxBytes: maxOutboxBytes, LateAfter: f.lateAfter, ClockOffset: f.clockOffset,
 		Queues: queues, RecoverInterval: f.recoverInterval, RecoverGrace: f.recoverGrace,
@@ -153,9 +153,6 @@ type redisLog struct{ log *slog.Logger }
 func (l redisLog) Printf(ctx context.Context, format string, v ...any) {
 	l.log.DebugContext(ctx, "redis client: "+fmt.Sprintf(format, v...))
 }
-
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
 
 // outboxBound is --max-outbox-bytes, or the deprecated --max-outbox (a
 // record count) converted to bytes.

@@ -42,6 +42,7 @@ func newSyncCommand(g *globalFlags) *cobra.Command {
 		dryRun bool
 		owner  string
 		watch  time.Duration
+		detail bool
 	)
 	cmd := &cobra.Command{
 		Use:   "sync -f FILE",
@@ -54,9 +55,10 @@ The whole file is validated first: one invalid entry, an unknown field (a
 typo) or an id given twice, and nothing is published; every problem is
 listed with its entry and field.
 
-Ownership: every entry sync writes carries --owner (default "sync").
---prune removes entries of that owner that the file no longer lists, and
-nothing else: entries made with "entry put" (no owner) or by another owner
+Ownership: every entry sync writes carries --owner (default "sync"),
+unless the file gives the entry an "owner:" (as "cronstream export" writes;
+"" means none). --prune removes entries of --owner that the file no longer
+lists, and nothing else: entries made with "entry put" (no owner) or by another owner
 are never pruned. Pause state: sync never pauses or resumes an entry
 unless the file says "paused:", so an entry paused by hand stays paused.
 
@@ -69,17 +71,25 @@ File format (the entry state's field names; durations as 30s, 10m, 1h):
       task:
         type: report:daily          # required
         payload: '{"team":"ops"}'   # a string (its bytes) or a mapping (encoded as JSON)
+        # or payload_json: '{"team":"ops"}' (JSON text, kept as written; or a mapping)
+        # or payload_base64: AAH/ (bytes); give exactly one of the three
         headers: {source: cron}
       options: {queue: reports, max_retry: 5, timeout: 10m, retention: 24h}
       catchup: {policy: latest, window: 1h}
       overlap: skip
       jitter: 30s
       paused: false
+      owner: team-reports           # default --owner
+
+--dry-run --detailed-exitcode exits 0 when the entries already match the
+file, 2 when the plan has changes, 1 on an error (as terraform plan does):
+a CI job can gate on drift.
 
 --watch re-reads the file and syncs on an interval until interrupted; a
 file that becomes invalid is reported and the current entries are kept.`,
 		Example: `  cronstream sync -f schedules.yaml --dry-run
   cronstream sync -f schedules.yaml --prune
+  cronstream sync -f schedules.yaml --dry-run --detailed-exitcode   # 0 in sync, 2 drift, 1 error
   cronstream sync -f schedules.yaml --owner team-billing --prune --watch 1m
   generate-schedules | cronstream sync -f -`,
 		Args: cobra.NoArgs,
@@ -87,18 +97,20 @@ file that becomes invalid is reported and the current entries are kept.`,
 			ctx := cmd.Context()
 			switch {
 			case file == "":
-				return errors.New("sync needs -f FILE (or -f - for stdin)")
+				return usagef("sync needs -f FILE (or -f - for stdin)")
 			case owner == "":
-				return errors.New("--owner must not be empty: entries without an owner are never pruned")
+				return usagef("--owner must not be empty: entries without an owner are never pruned")
 			case watch < 0:
-				return errors.New("--watch must be positive")
+				return usagef("--watch must be positive")
 			case watch > 0 && dryRun:
-				return errors.New("--watch and --dry-run: a dry run publishes nothing to watch for")
+				return usagef("--watch and --dry-run: a dry run publishes nothing to watch for")
 			case watch > 0 && file == "-":
-				return errors.New("--watch needs a file to re-read, not stdin")
+				return usagef("--watch needs a file to re-read, not stdin")
+			case detail && !dryRun:
+				return usagef("--detailed-exitcode goes with --dry-run: it says whether the plan is empty")
 			}
 			if err := (events.Entry{ID: "x", Cron: "@daily", Task: events.Task{Type: "x"}, Owner: owner}).Validate(); err != nil {
-				return fmt.Errorf("--owner %q: at most 128 bytes of UTF-8", owner)
+				return usagef("--owner %q: at most 128 bytes of UTF-8", owner)
 			}
 			var cfgs []configsync.Config
 			var err error
@@ -143,9 +155,15 @@ file that becomes invalid is reported and the current entries are kept.`,
 			w := cmd.OutOrStdout()
 			if dryRun {
 				if g.json {
-					return printJSON(w, newSyncReport(plan, nil, owner, true))
+					if err := printJSON(w, newSyncReport(plan, nil, owner, true)); err != nil {
+						return err
+					}
+				} else {
+					printPlan(w, plan, owner, true)
 				}
-				printPlan(w, plan, owner, true)
+				if detail && !plan.Empty() {
+					return errChangesPending
+				}
 				return nil
 			}
 			outcomes, applyErr := configsync.Apply(ctx, s.client, plan)
@@ -182,6 +200,7 @@ file that becomes invalid is reported and the current entries are kept.`,
 	f.BoolVar(&prune, "prune", false, "remove entries of --owner that the file does not list")
 	f.BoolVar(&dryRun, "dry-run", false, "print the plan (+ create, ~ update, - remove) and publish nothing")
 	f.StringVar(&owner, "owner", configsync.DefaultOwner, "owner label of the entries this file manages")
+	f.BoolVar(&detail, "detailed-exitcode", false, "with --dry-run: exit 0 when nothing would change, 2 when the plan has changes, 1 on error")
 	f.DurationVar(&watch, "watch", 0, "re-sync on this interval until interrupted (e.g. 1m)")
 	f.BoolVar(&g.json, "json", false, "print the plan and its outcome as JSON")
 	addConn(cmd, &conn, false)

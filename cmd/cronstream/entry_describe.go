@@ -1,0 +1,405 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/cobra"
+
+	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/scheduler"
+	"github.com/cronstream/cronstream/taskstate"
+)
+
+func init() { entryCommands = append(entryCommands, newEntryDescribeCommand) }
+
+// describeView is what `entry describe --json` prints.
+type describeView struct {
+	Entry   entryView       `json:"entry"`
+	History describeHistory `json:"history"`
+	// Window is how far back fires, skips and recoveries were read.
+	Window string `json:"window"`
+	// Fires are the last --fires fires within the window, newest first.
+	Fires []describeFire `json:"fires"`
+	// FiredInWindow counts every fire in the window; Skipped every
+	// skipped tick by reason (missed, overlap, unique).
+	FiredInWindow int             `json:"fired_in_window"`
+	Skipped       map[string]int  `json:"skipped"`
+	Recoveries    []describeRecov `json:"recoveries"`
+	NextFires     []time.Time     `json:"next_fires"`
+	RedisError    string          `json:"redis_error,omitempty"`
+}
+
+type describeHistory struct {
+	Revisions  int       `json:"revisions"` // config events of the entry
+	LastType   string    `json:"last_type"`
+	LastTime   time.Time `json:"last_time"`
+	LastSource string    `json:"last_source"`
+}
+
+type describeFire struct {
+	ScheduledAt time.Time `json:"scheduled_at"`
+	EnqueuedAt  time.Time `json:"enqueued_at"`
+	LagSeconds  float64   `json:"lag_seconds"` // enqueued − scheduled
+	TaskID      string    `json:"task_id"`
+	Queue       string    `json:"queue"`
+	// State is the task's asynq state now: pending, scheduled, active,
+	// retry, archived, completed, aggregating, gone, or unknown when Redis
+	// could not be read.
+	State    string `json:"state"`
+	Trigger  string `json:"trigger,omitempty"`
+	Backfill bool   `json:"backfill,omitempty"`
+	Replica  string `json:"replica"`
+}
+
+type describeRecov struct {
+	Time    time.Time `json:"time"`
+	Type    string    `json:"type"` // retried or archived
+	TaskID  string    `json:"task_id"`
+	Queue   string    `json:"queue"`
+	Retried int       `json:"retried"`
+	Error   string    `json:"error"`
+}
+
+func newEntryDescribeCommand(g *globalFlags) *cobra.Command {
+	var (
+		conn  connFlags
+		fires int
+		next  int
+		win   string
+	)
+	cmd := &cobra.Command{
+		Use:   "describe ID",
+		Short: "Everything about one entry: config, last fires and their tasks, skips, recoveries, next fires",
+		Long: `Answer the daily questions about one entry in one place:
+
+  - its configuration and state (as "entry get" shows it);
+  - its config history: how many revisions, the last change, who made it;
+  - its last --fires fires within --window, each with its asynq task's
+    state now (pending, scheduled, active, retry, archived, completed, or
+    gone once deleted or past its retention) and the enqueue lag (enqueued
+    minus scheduled time);
+  - how many ticks fired and were skipped within --window, by reason
+    (missed, overlap, unique);
+  - recoveries of its tasks (retried or archived after their worker died);
+  - its next --next fire times, jitter applied, as the replicas compute them.
+
+Task states need Redis; without it they show as unknown and the rest is
+still shown. A fire refused by a replica (revision or staleness fence) is
+not an event: see cronstream_fire_refused_total on the replicas.`,
+		Example: `  cronstream entry describe report
+  cronstream entry describe report --fires 20 --window 7d
+  cronstream entry describe report --json | jq '.fires[] | select(.state=="archived")'`,
+		Args: entryIDArg,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			window, ok := durationWithDays(win)
+			if fires < 0 || next < 0 || !ok || window <= 0 {
+				return usagef("--fires and --next must not be negative, --window a positive duration (24h, 7d)")
+			}
+			ctx := cmd.Context()
+			now := time.Now()
+			s, err := openSession(g, &conn)
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			if err := s.requireStreams(ctx); err != nil {
+				return err
+			}
+			e, rev, err := s.client.Get(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			e = e.Normalize()
+			v := describeView{
+				Entry:  newEntryView(e, rev, s.revisionTime(ctx, rev), now),
+				Window: win, Skipped: map[string]int{},
+				Fires: []describeFire{}, Recoveries: []describeRecov{}, NextFires: []time.Time{},
+			}
+			if err := describeHistoryOf(ctx, s, e.ID, &v); err != nil {
+				return err
+			}
+			queues, err := describeActivity(ctx, s, e, now.Add(-window), fires, &v)
+			if err != nil {
+				return err
+			}
+			if err := describeRecoveries(ctx, s, e.ID, queues, now.Add(-window), &v); err != nil {
+				return err
+			}
+			v.NextFires = nextFires(e, now, next)
+			describeTaskStates(ctx, g, &conn, &v)
+			if g.json {
+				return printJSON(cmd.OutOrStdout(), v)
+			}
+			return printDescribe(cmd.OutOrStdout(), v)
+		},
+	}
+	f := cmd.Flags()
+	f.IntVar(&fires, "fires", 5, "show the last N fires")
+	f.IntVar(&next, "next", 5, "show the next N fire times")
+	f.StringVar(&win, "window", "24h", "how far back to read fires, skips and recoveries (24h, 7d)")
+	f.BoolVar(&g.json, "json", false, "print as JSON")
+	addConn(cmd, &conn, true)
+	return cmd
+}
+
+func describeHistoryOf(ctx context.Context, s *session, id string, v *describeView) error {
+	recs, err := s.client.History(ctx, id)
+	if err != nil {
+		return err
+	}
+	v.History.Revisions = len(recs)
+	if len(recs) > 0 {
+		last := recs[len(recs)-1]
+		v.History.LastTime = last.Time.UTC()
+		if last.Event != nil {
+			v.History.LastType = events.ShortType(last.Event.Type)
+			v.History.LastSource = last.Event.Source
+		}
+	}
+	return nil
+}
+
+// describeActivity reads the entry's fire subject since a moment: the last
+// n fires, and counts of fires and skips. It returns the queues the fires
+// went to (the entry's queue among them), where its recoveries are.
+func describeActivity(ctx context.Context, s *session, e events.Entry, since time.Time, n int, v *describeView) ([]string, error) {
+	queues := []string{e.Options.QueueName()}
+	var fired []describeFire
+	err := readSubject(ctx, s, s.names.ActivityStream(), s.names.FireSubject(e.ID), since, func(_ time.Time, data []byte) {
+		ev, err := events.DecodeEvent(data)
+		if err != nil {
+			return
+		}
+		switch ev.Type {
+		case events.TypeEntryFired:
+			var d events.Fired
+			if ev.DecodeData(&d) != nil {
+				return
+			}
+			v.FiredInWindow++
+			if !slices.Contains(queues, d.Queue) {
+				queues = append(queues, d.Queue)
+			}
+			if n == 0 {
+				return
+			}
+			if len(fired) == n {
+				fired = append(fired[:0], fired[1:]...)
+			}
+			fired = append(fired, describeFire{ScheduledAt: d.ScheduledAt.UTC(), EnqueuedAt: d.EnqueuedAt.UTC(),
+				LagSeconds: d.EnqueuedAt.Sub(d.ScheduledAt).Seconds(), TaskID: d.TaskID, Queue: d.Queue,
+				State: "unknown", Trigger: d.Trigger, Backfill: d.Backfill, Replica: d.Replica})
+		case events.TypeEntrySkipped:
+			var d events.Skipped
+			if ev.DecodeData(&d) == nil {
+				v.Skipped[d.Reason] += max(d.Count, 1)
+			}
+		}
+	})
+	slices.Reverse(fired)
+	v.Fires = append(v.Fires, fired...)
+	return queues, err
+}
+
+// describeRecoveries reads the recovery events of the queues since a
+// moment and keeps those of the entry's tasks (task ids
+// <prefix>:<entry>:…).
+func describeRecoveries(ctx context.Context, s *session, id string, queues []string, since time.Time, v *describeView) error {
+	own := s.names.Prefix() + ":" + id + ":"
+	for _, q := range queues {
+		err := readSubject(ctx, s, s.names.ActivityStream(), s.names.RecoverySubject(q), since, func(at time.Time, data []byte) {
+			ev, err := events.DecodeEvent(data)
+			if err != nil || (ev.Type != events.TypeTaskRetried && ev.Type != events.TypeTaskArchived) {
+				return
+			}
+			var d events.TaskRecovered
+			if ev.DecodeData(&d) != nil || !strings.HasPrefix(d.TaskID, own) {
+				return
+			}
+			v.Recoveries = append(v.Recoveries, describeRecov{Time: at.UTC(), Type: events.ShortType(ev.Type),
+				TaskID: d.TaskID, Queue: d.Queue, Retried: d.Retried, Error: d.Error})
+		})
+		if err != nil {
+			return err
+		}
+	}
+	slices.SortFunc(v.Recoveries, func(a, b describeRecov) int { return a.Time.Compare(b.Time) })
+	return nil
+}
+
+// describeTaskStates fills in each fire's task state from Redis. Without
+// Redis the states stay unknown and the reason is shown.
+func describeTaskStates(ctx context.Context, g *globalFlags, conn *connFlags, v *describeView) {
+	if len(v.Fires) == 0 {
+		return
+	}
+	store, rc, err := openStore(ctx, g, conn)
+	if err != nil {
+		v.RedisError = err.Error()
+		return
+	}
+	defer rc.Close()
+	refs := make([]taskstate.TaskRef, len(v.Fires))
+	for i, f := range v.Fires {
+		refs[i] = taskstate.TaskRef{Queue: f.Queue, ID: f.TaskID}
+	}
+	states, err := store.TaskStates(ctx, refs)
+	if err != nil {
+		v.RedisError = g.secrets.String(err.Error())
+		return
+	}
+	for i := range v.Fires {
+		v.Fires[i].State = states[i]
+	}
+}
+
+// nextFires are the entry's next n fire times after now, jitter applied,
+// computed by the scheduler's own code. None while paused.
+func nextFires(e events.Entry, now time.Time, n int) []time.Time {
+	out := []time.Time{}
+	if e.Paused {
+		return out
+	}
+	sched, err := scheduler.NewSchedule(e)
+	if err != nil {
+		return out
+	}
+	for t := sched.Next(now); !t.IsZero() && len(out) < n; t = sched.Next(t) {
+		out = append(out, t.Add(sched.Jitter(t)).UTC())
+	}
+	return out
+}
+
+// readSubject hands each message stored on subject since a moment to
+// each, in order, and returns once it has read what was stored when it
+// began. A zero since reads only the last message of each subject the
+// filter matches.
+func readSubject(ctx context.Context, s *session, stream, subject string, since time.Time, each func(time.Time, []byte)) error {
+	cc := jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject}, InactiveThreshold: time.Minute,
+		DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy}
+	if !since.IsZero() {
+		cc.DeliverPolicy, cc.OptStartTime = jetstream.DeliverByStartTimePolicy, &since
+	}
+	cons, err := s.js.OrderedConsumer(ctx, stream, cc)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", stream, err)
+	}
+	defer func() {
+		if info := cons.CachedInfo(); info != nil {
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+			_ = s.js.DeleteConsumer(dctx, stream, info.Name)
+			cancel()
+		}
+	}()
+	var pending uint64
+	if info := cons.CachedInfo(); info != nil {
+		pending = info.NumPending
+	}
+	for pending > 0 {
+		batch, err := cons.Fetch(int(min(pending, 1000)), jetstream.FetchMaxWait(10*time.Second))
+		if err != nil {
+			return fmt.Errorf("read %s: %w", stream, err)
+		}
+		got := uint64(0)
+		for m := range batch.Messages() {
+			got++
+			if md, err := m.Metadata(); err == nil {
+				each(md.Timestamp, m.Data())
+			}
+		}
+		if err := batch.Error(); err != nil {
+			return fmt.Errorf("read %s: %w", stream, err)
+		}
+		if got == 0 {
+			return fmt.Errorf("read %s: no messages within 10s, %d still expected", stream, pending)
+		}
+		pending -= min(got, pending)
+	}
+	return nil
+}
+
+func printDescribe(w io.Writer, v describeView) error {
+	if err := printEntry(w, v.Entry); err != nil {
+		return err
+	}
+	h := v.History
+	fmt.Fprintf(w, "\nhistory: %s; last %s at %s by %s (see entry history)\n",
+		plural(h.Revisions, "config event", "config events"), terminalSafe(dash(h.LastType)), fmtTime(h.LastTime), terminalSafe(dash(h.LastSource)))
+
+	fmt.Fprintf(w, "\nin the last %s: %d fired", v.Window, v.FiredInWindow)
+	var skips []string
+	for _, r := range slices.Sorted(maps.Keys(v.Skipped)) {
+		skips = append(skips, fmt.Sprintf("%d %s", v.Skipped[r], terminalSafe(r)))
+	}
+	if len(skips) > 0 {
+		fmt.Fprintf(w, "; skipped: %s", strings.Join(skips, ", "))
+	} else {
+		fmt.Fprint(w, "; none skipped")
+	}
+	fmt.Fprintln(w)
+
+	if len(v.Fires) == 0 {
+		fmt.Fprintf(w, "\nno fires in the last %s\n", v.Window)
+	} else {
+		fmt.Fprintf(w, "\nlast fires (newest first):\n")
+		tw := newTable(w)
+		fmt.Fprintln(tw, "  SCHEDULED\tLAG\tTASK STATE\tQUEUE\tTASK\tNOTE")
+		for _, f := range v.Fires {
+			note := ""
+			switch {
+			case f.Trigger != "":
+				note = "trigger " + f.Trigger
+			case f.Backfill:
+				note = "backfill"
+			}
+			lag := time.Duration(f.LagSeconds * float64(time.Second)).Round(time.Millisecond)
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\n", fmtTime(f.ScheduledAt), lag, f.State, terminalSafe(f.Queue), terminalSafe(f.TaskID), terminalSafe(note))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		if v.RedisError != "" {
+			fmt.Fprintf(w, "  task states unknown: %s\n", terminalSafe(v.RedisError))
+		}
+	}
+
+	if len(v.Recoveries) == 0 {
+		fmt.Fprintf(w, "\nno recoveries of its tasks in the last %s\n", v.Window)
+	} else {
+		fmt.Fprintf(w, "\nrecoveries of its tasks:\n")
+		tw := newTable(w)
+		fmt.Fprintln(tw, "  TIME\tRECOVERY\tRETRIED\tTASK\tERROR")
+		for _, r := range v.Recoveries {
+			fmt.Fprintf(tw, "  %s\t%s\t%d\t%s\t%s\n", fmtTime(r.Time), r.Type, r.Retried, terminalSafe(r.TaskID), terminalSafe(shorten(r.Error, 60)))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+
+	switch {
+	case v.Entry.State == statePaused:
+		fmt.Fprintln(w, "\nnext fires: none while paused")
+	case len(v.NextFires) > 0:
+		fmt.Fprintln(w, "\nnext fires (jitter applied):")
+		for _, t := range v.NextFires {
+			fmt.Fprintf(w, "  %s\n", fmtTime(t))
+		}
+	}
+	return nil
+}
+
+// plural is "1 thing" or "n things".
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return fmt.Sprintf("%d %s", n, many)
+}

@@ -1,0 +1,109 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/spf13/cobra"
+
+	"github.com/cronstream/cronstream/configsync"
+	"github.com/cronstream/cronstream/events"
+)
+
+func init() { subcommands = append(subcommands, newExportCommand) }
+
+func newExportCommand(g *globalFlags) *cobra.Command {
+	var (
+		conn  connFlags
+		out   string
+		owner string
+	)
+	cmd := &cobra.Command{
+		Use:   "export [-o FILE] [--owner O]",
+		Short: "Write the entries as a schedules file that sync -f reads",
+		Long: `Write the registered entries as a schedules file (the format of sync -f),
+every field written out, owner and pause state included. Syncing an export
+publishes nothing; syncing it into an empty stream (another prefix, another
+NATS) recreates the same entries.
+
+Payloads keep their bytes: JSON as payload_json (its text as stored),
+other text as payload, anything else (binary, control characters) as
+payload_base64. An entry whose last config event cannot be applied
+(quarantined) has no state to export: it is named on stderr and left out.
+
+--owner exports only the entries of that owner (--owner "" : those without
+one).`,
+		Example: `  cronstream export -o schedules.yaml
+  cronstream export --owner team-billing > billing.yaml
+  cronstream export | cronstream --prefix staging sync -f -`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			s, err := openSession(g, &conn)
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			if err := s.requireStreams(ctx); err != nil {
+				return err
+			}
+			cur, err := s.client.List(ctx)
+			if err != nil {
+				return err
+			}
+			byOwner := cmd.Flags().Changed("owner")
+			var entries []events.Entry
+			for _, c := range cur {
+				if c.Err != nil {
+					fmt.Fprintf(cmd.ErrOrStderr(), "left out %s: quarantined (%s)\n", terminalSafe(c.ID), terminalSafe(c.Err.Error()))
+					continue
+				}
+				if byOwner && c.Entry.Owner != owner {
+					continue
+				}
+				entries = append(entries, c.Entry)
+			}
+			var b bytes.Buffer
+			if err := configsync.Export(&b, entries); err != nil {
+				return err
+			}
+			if out == "" || out == "-" {
+				_, err := cmd.OutOrStdout().Write(b.Bytes())
+				return err
+			}
+			if err := writeFileAtomic(out, b.Bytes()); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "exported %s to %s\n", plural(len(entries), "entry", "entries"), terminalSafe(out))
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVarP(&out, "output", "o", "", "write to this file instead of stdout")
+	f.StringVar(&owner, "owner", "", "export only the entries of this owner")
+	addConn(cmd, &conn, false)
+	return cmd
+}
+
+// writeFileAtomic replaces path with data through a temporary file in the
+// same directory, so an interrupted export never leaves half a file.
+func writeFileAtomic(path string, data []byte) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}

@@ -1,0 +1,151 @@
+package configsync
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strconv"
+	"unicode"
+	"unicode/utf8"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/cronstream/cronstream/events"
+)
+
+// Export writes entries as a schedules file that Parse reads back into the
+// same entries, owner and pause state included: syncing an export changes
+// nothing, and syncing it into an empty stream recreates the entries.
+// Removed entries are left out. Every field of events.Entry is written
+// (the export round-trip test fails when Entry grows one this misses).
+func Export(w io.Writer, entries []events.Entry) error {
+	list := &yaml.Node{Kind: yaml.SequenceNode}
+	for _, e := range entries {
+		if e.Removed {
+			continue
+		}
+		list.Content = append(list.Content, entryNode(e.Normalize()))
+	}
+	enc := yaml.NewEncoder(w)
+	enc.SetIndent(2)
+	if err := enc.Encode(mapping("entries", list)); err != nil {
+		return fmt.Errorf("write schedules file: %w", err)
+	}
+	return enc.Close()
+}
+
+// entryNode is the entry as the parser reads it, fields in the order
+// people read. Paused and owner are always written: an export says the
+// pause state and the owner (empty: none) rather than leaving them to the
+// sync.
+func entryNode(e events.Entry) *yaml.Node {
+	task := mapping("type", str(e.Task.Type))
+	switch p := e.Task.Payload; {
+	case len(p) == 0:
+	case utf8.Valid(p) && json.Valid(p):
+		task.Content = append(task.Content, str("payload_json"), str(string(p)))
+	case isPlainText(p):
+		task.Content = append(task.Content, str("payload"), str(string(p)))
+	default:
+		task.Content = append(task.Content, str("payload_base64"), str(base64.StdEncoding.EncodeToString(p)))
+	}
+	if len(e.Task.Headers) > 0 {
+		h := mapping()
+		for _, k := range slices.Sorted(maps.Keys(e.Task.Headers)) {
+			h.Content = append(h.Content, str(k), str(e.Task.Headers[k]))
+		}
+		task.Content = append(task.Content, str("headers"), h)
+	}
+	o := mapping()
+	add(o, "queue", str(e.Options.Queue))
+	if e.Options.MaxRetry != nil {
+		add(o, "max_retry", &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!int", Value: strconv.Itoa(*e.Options.MaxRetry)})
+	}
+	add(o, "timeout", dur(e.Options.Timeout))
+	add(o, "deadline", dur(e.Options.Deadline))
+	add(o, "unique", dur(e.Options.Unique))
+	add(o, "retention", dur(e.Options.Retention))
+	add(o, "group", str(e.Options.Group))
+	c := mapping()
+	add(c, "policy", str(string(e.Catchup.Policy)))
+	add(c, "window", dur(e.Catchup.Window))
+
+	n := mapping("id", str(e.ID), "cron", str(e.Cron))
+	add(n, "timezone", str(e.Timezone))
+	n.Content = append(n.Content, str("task"), task)
+	if len(o.Content) > 0 {
+		n.Content = append(n.Content, str("options"), o)
+	}
+	if len(c.Content) > 0 {
+		n.Content = append(n.Content, str("catchup"), c)
+	}
+	add(n, "overlap", str(string(e.Overlap)))
+	add(n, "jitter", dur(e.Jitter))
+	n.Content = append(n.Content, str("paused"), &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!bool", Value: strconv.FormatBool(e.Paused)})
+	add(n, "note", str(e.Note))
+	n.Content = append(n.Content, str("owner"), str(e.Owner))
+	return n
+}
+
+// mapping makes a mapping node of key, value pairs (strings as keys,
+// nodes as values).
+func mapping(kv ...any) *yaml.Node {
+	m := &yaml.Node{Kind: yaml.MappingNode}
+	for _, x := range kv {
+		switch v := x.(type) {
+		case string:
+			m.Content = append(m.Content, str(v))
+		case *yaml.Node:
+			m.Content = append(m.Content, v)
+		}
+	}
+	return m
+}
+
+// add appends key: v unless v is an empty string.
+func add(m *yaml.Node, key string, v *yaml.Node) {
+	if v.Kind == yaml.ScalarNode && v.Value == "" {
+		return
+	}
+	m.Content = append(m.Content, str(key), v)
+}
+
+// str is a string scalar. One holding anything but printable characters
+// is double-quoted, the style that escapes them: the block styles yaml.v3
+// would choose otherwise can produce text it does not read back (a tab
+// after a line break).
+func str(s string) *yaml.Node {
+	n := &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: s}
+	for _, r := range s {
+		if !unicode.IsPrint(r) && r != ' ' {
+			n.Style = yaml.DoubleQuotedStyle
+			break
+		}
+	}
+	return n
+}
+
+func dur(d events.Duration) *yaml.Node {
+	if d == 0 {
+		return str("")
+	}
+	return str(d.String())
+}
+
+// isPlainText reports whether a payload reads as text in a YAML string:
+// valid UTF-8 without control characters (a newline or tab would survive
+// YAML, but base64 says plainly that the bytes matter).
+func isPlainText(b []byte) bool {
+	if !utf8.Valid(b) {
+		return false
+	}
+	for _, r := range string(b) {
+		if unicode.IsControl(r) || r == utf8.RuneError || r == '\uFEFF' {
+			return false
+		}
+	}
+	return true
+}

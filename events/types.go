@@ -1,0 +1,32 @@
+package events
+
+import "strings"
+
+// TypeInfo describes one event type.
+type TypeInfo struct {
+	Type   string // full CloudEvents type, e.g. cronstream.entry.fired
+	Stream string // "config" or "activity"
+	Doc    string // what the event records, in a few words
+}
+
+// Types lists every event type cronstream writes. Tools that name types
+// (audit's short names, its help) read this list, so a new type is added
+// here beside its constant.
+var Types = []TypeInfo{
+	{TypeEntryRegistered, "config", "entry created (data: its full state)"},
+	{TypeEntryUpdated, "config", "entry changed (data: its full state)"},
+	{TypeEntryPaused, "config", "entry paused, with the note"},
+	{TypeEntryResumed, "config", "entry resumed"},
+	{TypeEntryRemoved, "config", "entry removed (data: its last state)"},
+	{TypeEntryFired, "activity", "a tick became an asynq task (Fired)"},
+	{TypeEntrySkipped, "activity", "ticks skipped: missed, overlap or unique (Skipped)"},
+	{TypeTaskRetried, "activity", "a task whose worker died was retried (TaskRecovered)"},
+	{TypeTaskArchived, "activity", "a task whose worker died was archived (TaskRecovered)"},
+	{TypeAggregationReclaimed, "activity", "a stale aggregation set went back to its group"},
+}
+
+// ShortType is a type's last dot-separated part ("fired" for
+// cronstream.entry.fired); each is unique among Types.
+func ShortType(t string) string {
+	return t[strings.LastIndex(t, ".")+1:]
+}
