@@ -285,7 +285,9 @@ const (
 // about the same instant, none lags the maximum, and all keep firing on the
 // last known configuration. A comparison with Redis TIME would instead stop
 // every replica during a NATS outage, which is exactly what INV-staleness-fence
-// forbids.
+// forbids. Redis TIME only bounds what is believed: a freshness more than 2 s
+// ahead of it is capped there (presented) or ignored (stored), so a replica
+// whose clock runs fast cannot make every other replica's fires stale.
 var fireScript = redis.NewScript(fireScriptSrc)
 
 const fireScriptSrc = `
@@ -299,6 +301,12 @@ local busy = {pending=true, scheduled=true, retry=true, active=true, aggregating
 -- The fences are read once per call and written when raised.
 local fence = redis.call('GET', KEYS[1])
 local freshest = redis.call('GET', KEYS[2])
+-- No freshness is believed more than 2 s ahead of Redis's clock: a presented
+-- one is capped there before it is compared or stored, and a stored one
+-- beyond it (left by a replica with a fast clock, or an earlier build) counts
+-- as absent and is overwritten by the next fire that presents one.
+local fresh_cap = now_ms + 2000
+if freshest and tonumber(freshest) > fresh_cap then freshest = nil end
 
 local function split(v) -- "<a> <b>": watermark "<ms> <task>", marker "<rev> <in|out>"
   if not v then return nil, nil end
@@ -330,6 +338,7 @@ local function fences(seq, fresh, maxstale)
     redis.call('SET', KEYS[1], seq)
   end
   if fresh ~= '' then
+    if tonumber(fresh) > fresh_cap then fresh = string.format('%d', fresh_cap) end
     maxstale = tonumber(maxstale)
     if freshest and maxstale > 0 and tonumber(fresh) < tonumber(freshest) - maxstale then
       return -4, freshest

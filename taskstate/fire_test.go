@@ -645,6 +645,46 @@ func TestFireStalenessFence(t *testing.T) {
 	mustFire(t, s, f, StatusFired)
 }
 
+// TestFireFreshnessCapped: a replica whose clock runs an hour fast presents
+// a freshness an hour ahead; it is capped at Redis TIME + 2 s, so a replica
+// presenting the true time is not stale. A stored freshness beyond TIME + 2 s
+// (left by an earlier build) is ignored and overwritten.
+func TestFireFreshnessCapped(t *testing.T) {
+	s, rc := newTestStore(t)
+	ctx := context.Background()
+	key := Own(testPrefix, "default").Freshness()
+	fire := func(entry string, freshAsOf time.Time, want FireStatus) {
+		t.Helper()
+		f := tickFire(entry, "default", tickAt(1), time.Time{})
+		f.FreshAsOf, f.MaxStaleness = freshAsOf, 30*time.Second
+		mustFire(t, s, f, want)
+	}
+	stored := func() time.Time {
+		t.Helper()
+		ms, err := rc.Get(ctx, key).Int64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return time.UnixMilli(ms)
+	}
+	fire("fast", time.Now().Add(time.Hour), StatusFired)
+	if got := stored(); got.After(time.Now().Add(10 * time.Second)) {
+		t.Fatalf("stored freshness %s: not capped at Redis TIME + 2s", got)
+	}
+	fire("true-clock", time.Now(), StatusFired)
+	// A replica 40 s behind the true clock is still stale: the cap keeps
+	// the fence, it only bounds what is believed.
+	fire("behind", time.Now().Add(-40*time.Second), StatusStale)
+
+	if err := rc.Set(ctx, key, time.Now().Add(time.Hour).UnixMilli(), 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	fire("after-old-build", time.Now(), StatusFired)
+	if got := stored(); got.After(time.Now().Add(10 * time.Second)) {
+		t.Fatalf("stored freshness %s from an earlier build was kept", got)
+	}
+}
+
 // TestFireOverlapSkip skips a tick while the previous task is pending or
 // active (held by a real asynq worker) and fires once it completed.
 func TestFireOverlapSkip(t *testing.T) {
