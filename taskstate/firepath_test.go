@@ -77,8 +77,8 @@ type pathScenario struct {
 	// capped: the fires present a freshness beyond Redis TIME + 2 s, so
 	// the stored one is Redis's clock at each run (see normalize).
 	capped bool
-	marks           map[string]string // key → value
-	tasks           []string          // task keys that exist already
+	marks  map[string]string // key → value
+	tasks  []string          // task keys that exist already
 }
 
 func (sc *pathScenario) String() string { return strings.Join(sc.desc, ", ") }
