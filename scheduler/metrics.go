@@ -12,6 +12,7 @@ type Metrics struct {
 	Entries      prometheus.Gauge
 	Backpressure prometheus.Gauge
 	Restored     *prometheus.CounterVec // by source of the seed
+	Epochs       prometheus.Counter
 }
 
 // NewMetrics creates the scheduler metrics and registers them with reg (nil:
@@ -43,9 +44,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Restored: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "cronstream_watermarks_restored_total", Help: "Watermarks found missing or older than a handled tick (Redis lost data) and restored, by where the seed came from (cursor: this replica's, stream: the activity stream).",
 		}, []string{"from"}),
+		Epochs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cronstream_stream_epochs_total", Help: "Revision fences and handover markers holding a sequence of an earlier config stream (recreated or restored) that this replica cleared.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Fired, m.Skipped, m.Refused, m.Errors, m.FireLag, m.Entries, m.Backpressure, m.Restored)
+		reg.MustRegister(m.Fired, m.Skipped, m.Refused, m.Errors, m.FireLag, m.Entries, m.Backpressure, m.Restored, m.Epochs)
 	}
 	return m
 }

@@ -38,6 +38,8 @@ type Broker interface {
 	Watermarks(ctx context.Context, prefix, queue string, entries []string) ([]taskstate.WatermarkInfo, error)
 	CloseForHandover(ctx context.Context, prefix, oldQueue, entry string, revision uint64) (time.Time, string, bool, error)
 	SeedWatermark(ctx context.Context, prefix, newQueue, entry string, tick time.Time, taskID string, revision uint64) error
+	ClearFence(ctx context.Context, prefix, queue string, seq uint64) (bool, error)
+	ClearHandover(ctx context.Context, prefix, queue, entry string, revision uint64) (bool, error)
 	WriteSchedulerEntries(ctx context.Context, schedulerID string, entries []taskstate.SchedulerEntry, ttl time.Duration) error
 	RecordSchedulerEnqueueEvents(ctx context.Context, events []taskstate.EnqueueEventRecord) error
 }
@@ -130,6 +132,10 @@ type Scheduler struct {
 	visWritten bool
 	// hist caches History's answers about all entries.
 	hist historyCache
+	// Config sequences that refused fires, to check against the stream,
+	// and those found in it (epoch.go).
+	epochSuspects map[epochSuspect]bool
+	epochChecked  map[epochSuspect]time.Time
 
 	observed chan observation
 	wake     chan struct{}
@@ -162,6 +168,9 @@ type Stats struct {
 	// Loading counts entries not firing yet because their watermark is
 	// still to be read (after a start, a queue change or a re-register).
 	Loading int
+	// Epochs counts fences and markers of an earlier config stream this
+	// replica cleared (new stream epochs).
+	Epochs uint64
 }
 
 // entryRun is the scheduler's state of one registered entry.
@@ -473,6 +482,7 @@ func (s *Scheduler) loop(ctx context.Context, changes <-chan []projector.Change)
 		due = s.heap.popDue(s.clock.Now(), due[:0])
 		if len(due) > 0 {
 			s.fireDue(ctx, due)
+			s.checkEpochs(ctx)
 			s.maybeWriteVisibility(true)
 		}
 		s.setEntriesGauge()
@@ -1053,8 +1063,13 @@ func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (ta
 				r.known, r.reopen = false, true
 				s.heap.remove(r)
 				s.load[r.id] = r
+			} else {
+				s.suspectEpoch(r.queue, r.id, res.MovedAt)
 			}
-		default: // fenced or stale: our view of the config is behind
+		case taskstate.StatusRevisionFenced:
+			r.tries++
+			s.suspectEpoch(r.queue, "", res.Fence)
+		default: // stale: our view of the config is behind
 			r.tries++
 		}
 		return taskstate.EnqueueEventRecord{}, false

@@ -1336,3 +1336,44 @@ func (s *Store) SeedWatermark(ctx context.Context, prefix, newQueue, entry strin
 	}
 	return nil
 }
+
+// Stream epochs (docs/design.md INV-revision-fence). The revision fence and
+// the handover markers hold config stream sequences. When the config stream
+// is deleted and recreated, or restored from an older snapshot, they may name
+// sequences the stream no longer has; a replica that finds so (scheduler)
+// clears them with ClearFence and ClearHandover. Both compare first: they
+// clear only the value the replica checked, so two replicas clearing at once
+// do not fight, and a fence another replica raised meanwhile (from the new
+// stream) stays.
+
+// clearSeqScript: KEYS 1 fence or marker; ARGV 1 sequence. Deletes the key
+// when the sequence it starts with ("<seq>" or "<seq> <in|out>") is ARGV[1].
+// Returns 1 when it deleted, else 0.
+var clearSeqScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if v and string.match(v, '^(%d+)') == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0
+`)
+
+// ClearFence deletes queue's revision fence if it still holds seq, and
+// reports whether it did. The next fire into the slot sets it again.
+func (s *Store) ClearFence(ctx context.Context, prefix, queue string, seq uint64) (bool, error) {
+	n, err := clearSeqScript.Run(ctx, s.client, []string{Own(prefix, queue).Fence()}, strconv.FormatUint(seq, 10)).Int()
+	if err != nil {
+		return false, fmt.Errorf("clear revision fence %d of queue %q: %w", seq, queue, err)
+	}
+	return n == 1, nil
+}
+
+// ClearHandover deletes entry's handover marker in queue's slot if it still
+// records revision, and reports whether it did: the slot is open again.
+func (s *Store) ClearHandover(ctx context.Context, prefix, queue, entry string, revision uint64) (bool, error) {
+	n, err := clearSeqScript.Run(ctx, s.client, []string{Own(prefix, queue).Handover(entry)}, strconv.FormatUint(revision, 10)).Int()
+	if err != nil {
+		return false, fmt.Errorf("clear handover marker %d of entry %q in queue %q: %w", revision, entry, queue, err)
+	}
+	return n == 1, nil
+}
