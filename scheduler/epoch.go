@@ -11,35 +11,40 @@ import (
 // below them, and every fire would be refused for ever. A replica refused by
 // a fence, or by a "moved out" marker its configuration cannot explain,
 // checks the sequence against the stream; when the stream has no message
-// there (or, for a marker, a message of another entry), the sequence belongs
-// to an earlier stream: the replica starts a new epoch (warning, metric) by
-// clearing that value in Redis, compared first, and fires again.
+// there, or another message than Redis recorded (the fence's message id,
+// events.ConfigMessageID; for a marker, a message of another entry), the
+// sequence belongs to an earlier stream: the replica starts a new epoch
+// (warning, metric) by clearing that value in Redis, compared first, and
+// fires again. A fence stored without an id (an earlier build's) is checked
+// by its sequence only.
 //
 // A healthy fence is never cleared: every fence value was presented by a
-// replica that read that sequence from the stream, and the config stream
-// refuses deletes and purges, so the sequence stays in the stream. A fence a
-// replica is refused by while the stream holds it means the replica lags; it
-// catches up. Likewise a healthy marker's revision is the sequence of a
-// config event of its own entry.
+// replica that read the message at that sequence from the stream (its id is
+// that message's), and the config stream refuses deletes and purges, so the
+// message stays. A fence a replica is refused by while the stream holds it
+// means the replica lags; it catches up. Likewise a healthy marker's
+// revision is the sequence of a config event of its own entry.
 
 // epochRecheck is how long a sequence found in the stream is not checked
 // again: a lagging replica is refused by the same fence on every attempt.
 const epochRecheck = 10 * time.Second
 
 // epochSuspect is a sequence Redis refused a fire with: the queue's fence
-// (entry "") or entry's handover marker in queue.
+// (entry "") or entry's handover marker in queue, and the id of the config
+// message Redis holds for it ("" unknown).
 type epochSuspect struct {
 	queue, entry string
 	seq          uint64
+	id           string
 }
 
 // suspectEpoch notes a refusal by a sequence the projection does not
 // explain, to be checked against the stream after the pass (loop goroutine).
-func (s *Scheduler) suspectEpoch(queue, entry string, seq uint64) {
+func (s *Scheduler) suspectEpoch(queue, entry string, seq uint64, id string) {
 	if s.cfg.History == nil {
 		return
 	}
-	k := epochSuspect{queue, entry, seq}
+	k := epochSuspect{queue, entry, seq, id}
 	if at, ok := s.epochChecked[k]; ok && time.Since(at) < epochRecheck {
 		return
 	}
@@ -67,7 +72,7 @@ func (s *Scheduler) checkEpochs(ctx context.Context) {
 	cleared := map[string]bool{} // queues with a cleared fence or marker
 	for k := range s.epochSuspects {
 		delete(s.epochSuspects, k)
-		subject, found, err := s.cfg.History.ConfigSubjectAt(ctx, k.seq)
+		subject, id, found, err := s.cfg.History.ConfigMessageAt(ctx, k.seq)
 		if err != nil {
 			s.countError()
 			s.log.Warn("check a refusing config sequence against the config stream", "queue", k.queue, "entry", k.entry, "seq", k.seq, "err", err)
@@ -77,6 +82,8 @@ func (s *Scheduler) checkEpochs(ctx context.Context) {
 		switch {
 		case !found:
 			what = "the config stream has no message at that sequence"
+		case k.id != "" && k.id != id:
+			what = "the config stream holds another message at that sequence"
 		case k.entry != "" && subject != s.cfg.Names.ConfigSubject(k.entry):
 			what = "the config stream holds another entry's message at that sequence"
 		default:

@@ -13,6 +13,7 @@ import (
 	"github.com/cronstream/cronstream/internal/testenv"
 	"github.com/cronstream/cronstream/projector"
 	"github.com/cronstream/cronstream/scheduler"
+	"github.com/cronstream/cronstream/taskstate"
 )
 
 // warnLog collects the warnings of the nodes that log into it.
@@ -173,6 +174,11 @@ func TestStreamRestoredFromOlderSnapshot(t *testing.T) {
 	for i := 0; last <= moved; i++ {
 		last = e.put(every("filler", "@every 1h", func(en *events.Entry) { en.Note = fmt.Sprint("filler ", i) }))
 	}
+	// The fence as an earlier build wrote it, without the id of its
+	// message: checked by its sequence only.
+	if err := e.rc.Del(ctx(t, 5*time.Second), taskstate.Own(testPrefix, "default").FenceID()).Err(); err != nil {
+		t.Fatal(err)
+	}
 	var w warnLog
 	b := e.epochNode("b", &w, nodeOpts{})
 	testenv.Eventually(t, 30*time.Second, func() bool {
@@ -197,6 +203,50 @@ func TestStreamRestoredFromOlderSnapshot(t *testing.T) {
 	}
 	b.stop()
 	e.checkOnce(ids, "default", "elsewhere")
+}
+
+// TestFenceOfAnotherMessage: after the config stream was recreated and has
+// grown past the old fence, the fence's sequence exists but holds another
+// message than the one Redis recorded with it. A replica refused by it (its
+// projection lags the fence) starts a new epoch instead of waiting for a
+// sequence that will never bring that message.
+func TestFenceOfAnotherMessage(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ids := []string{"m0", "m1"}
+	for _, id := range ids {
+		e.put(every(id, "@every 1s"))
+	}
+	var fence uint64
+	for i := range 6 {
+		fence = e.put(every("m0", "@every 1s", func(en *events.Entry) { en.Note = fmt.Sprint("edit ", i) }))
+	}
+	a := e.epochNode("a", nil, nodeOpts{})
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Fired >= 4 }, "a to fire")
+	a.stop()
+	e.waitOutboxEmpty(10*time.Second, "default")
+
+	e.recreateConfigStream()
+	for _, id := range ids {
+		e.put(every(id, "@every 1s"))
+	}
+	// Other entries, registered once each (so no replica hands them over,
+	// which would raise the fence in this stream).
+	for i := 0; e.put(every(fmt.Sprint("filler", i), "@every 1h")) <= fence+2; i++ {
+	}
+	var w warnLog
+	b := e.epochNode("b", &w, nodeOpts{projection: func(p *projector.Projector) scheduler.Projection {
+		return skewedProjection{Projector: p, seq: func() uint64 { return fence - 1 }}
+	}})
+	testenv.Eventually(t, 20*time.Second, func() bool { return b.sched.Stats().Fired >= 4 }, "b to fire")
+	if n := epochsOf(b); n != 1 {
+		t.Errorf("%d new epochs started, want 1", n)
+	}
+	if n := w.count("holds another message"); n != 1 {
+		t.Errorf("%d warnings naming another message at the fence, want 1:\n%s", n, w.buf.String())
+	}
+	b.stop()
+	e.checkOnce(ids, "default")
 }
 
 // TestHealthyDeploymentKeepsItsEpoch: several replicas, entries changing

@@ -49,6 +49,9 @@ type Broker interface {
 type Projection interface {
 	Subscribe() *projector.Subscription
 	LastSeq() uint64
+	// ConfigMessageID is events.ConfigMessageID of the message at seq, ""
+	// when not known (seq is not the last applied).
+	ConfigMessageID(seq uint64) string
 	LastHeard() time.Time
 	WaitCaughtUp(ctx context.Context) error
 }
@@ -136,6 +139,9 @@ type Scheduler struct {
 	// and those found in it (epoch.go).
 	epochSuspects map[epochSuspect]bool
 	epochChecked  map[epochSuspect]time.Time
+	// configID is the id of the config message at the sequence the fires
+	// of the current pass present (fireDue).
+	configID string
 
 	observed chan observation
 	wake     chan struct{}
@@ -806,6 +812,7 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 	}
 	now := s.clock.Now()
 	seq := s.cfg.Projection.LastSeq()
+	s.configID = s.cfg.Projection.ConfigMessageID(seq)
 	fresh := s.cfg.Projection.LastHeard()
 	type planned struct {
 		r    *entryRun
@@ -1014,7 +1021,7 @@ func (s *Scheduler) planSkip(r *entryRun, skipped tickRange, now time.Time, seq 
 	return append(into, taskstate.Fire{
 		Prefix: s.cfg.Names.Prefix(), Entry: r.id, Queue: r.queue, Kind: taskstate.FireSkip,
 		Tick: skipped.Last, Expected: r.cursor, ExpectNone: !r.hasCursor,
-		ConfigSeq: seq, FreshAsOf: fresh, MaxStaleness: s.cfg.MaxStaleness,
+		ConfigSeq: seq, ConfigID: s.configID, FreshAsOf: fresh, MaxStaleness: s.cfg.MaxStaleness,
 		SkippedRecords: []taskstate.Record{rec},
 	}), false
 }
@@ -1064,11 +1071,11 @@ func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (ta
 				s.heap.remove(r)
 				s.load[r.id] = r
 			} else {
-				s.suspectEpoch(r.queue, r.id, res.MovedAt)
+				s.suspectEpoch(r.queue, r.id, res.MovedAt, "")
 			}
 		case taskstate.StatusRevisionFenced:
 			r.tries++
-			s.suspectEpoch(r.queue, "", res.Fence)
+			s.suspectEpoch(r.queue, "", res.Fence, res.FenceID)
 		default: // stale: our view of the config is behind
 			r.tries++
 		}
@@ -1114,7 +1121,7 @@ func (s *Scheduler) buildFire(r *entryRun, tick, now time.Time, seq uint64, fres
 	fired := s.firedRecord(r, tick, taskID, now)
 	f := taskstate.Fire{
 		Prefix: prefix, Entry: r.id, Queue: r.queue, Kind: taskstate.FireTick,
-		Tick: tick, ConfigSeq: seq, FreshAsOf: fresh, MaxStaleness: s.cfg.MaxStaleness,
+		Tick: tick, ConfigSeq: seq, ConfigID: s.configID, FreshAsOf: fresh, MaxStaleness: s.cfg.MaxStaleness,
 		Msg: msg, UniqueTTL: e.Options.Unique.D(), FiredRecord: fired,
 	}
 	var err error

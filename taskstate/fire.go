@@ -82,8 +82,11 @@ type Fire struct {
 	Expected   time.Time
 	ExpectNone bool
 	// ConfigSeq is the projection's config stream sequence (revision fence).
-	// Sequences above 2^53 lose precision inside the script.
+	// Sequences above 2^53 lose precision inside the script. ConfigID is
+	// the id of the config message at ConfigSeq (events.ConfigMessageID),
+	// stored with the fence when this fire raises it; "" stores none.
 	ConfigSeq uint64
+	ConfigID  string
 	// FreshAsOf is when this replica's projection last heard the config
 	// stream; MaxStaleness how far it may lag the freshest replica firing
 	// into this slot. A zero FreshAsOf presents nothing and is not checked;
@@ -201,8 +204,10 @@ type FireResult struct {
 	Watermark       time.Time
 	WatermarkTaskID string
 	HasWatermark    bool
-	// Fence is the slot's highest config sequence (StatusRevisionFenced).
-	Fence uint64
+	// Fence is the slot's highest config sequence (StatusRevisionFenced);
+	// FenceID the id of the config message stored with it ("" unknown).
+	Fence   uint64
+	FenceID string
 	// MovedAt is the revision the entry left this queue at (StatusMoved).
 	MovedAt uint64
 	// FreshestAsOf is the freshest fresh_as_of seen in the slot (StatusStale).
@@ -245,14 +250,15 @@ const (
 // one entry (catch-up "all") may share a call.
 //
 // KEYS (common): 1 fence, 2 freshness, 3 outbox, 4 pending, 5 scheduled,
-// 6 groups. Then per fire: watermark, moved-marker, task, unique lock, group
+// 6 groups, 7 fence id. Then per fire: watermark, moved-marker, task, unique lock, group
 // zset, trigger key. Unused per-fire keys are the fire's task key (a real key
 // of the same slot: Redis Cluster rejects empty names).
 //
 // ARGV (common): 1 task-key prefix, 2 number of fires. Then per fire:
 //
 //	1 kind (t tick, r trigger, b backfill, s skip)   2 tick ms   3 expected ms ("" = none)
-//	4 config seq   5 fresh_as_of ms ("" = not presented)   6 max staleness ms
+//	4 config seq ("<seq>" or "<seq>:<config message id>")
+//	5 fresh_as_of ms ("" = not presented)   6 max staleness ms
 //	7 process_at ms (0 = now)   8 unique ttl ms (0 = none)   9 group
 //	10 msg   11 task id   12 overlap-skip (1/0)   13 previous task id
 //	14 trigger ttl ms   15/16 fired record   17/18 overlap record
@@ -301,6 +307,14 @@ local busy = {pending=true, scheduled=true, retry=true, active=true, aggregating
 -- The fences are read once per call and written when raised.
 local fence = redis.call('GET', KEYS[1])
 local freshest = redis.call('GET', KEYS[2])
+-- fence_ref is "<seq>:<id>" when the fence id key names the fence's
+-- message, else just the fence (an earlier build raised it, or no fire
+-- presented an id).
+local fence_ref = fence
+if fence then
+  local fid = redis.call('GET', KEYS[7])
+  if fid and string.match(fid, '^(%d+)') == fence then fence_ref = fid end
+end
 -- No freshness is believed more than 2 s ahead of Redis's clock: a presented
 -- one is capped there before it is compared or stored, and a stored one
 -- beyond it (left by a replica with a fast clock, or an earlier build) counts
@@ -332,10 +346,17 @@ end
 -- refusal's code and extra, or nil. Calling it again with the same arguments
 -- gives the same answer and writes nothing.
 local function fences(seq, fresh, maxstale)
-  if fence and tonumber(seq) < tonumber(fence) then return -3, fence end
+  local ref = seq
+  seq = string.match(ref, '^(%d+)')
+  if fence and tonumber(seq) < tonumber(fence) then return -3, fence_ref end
   if not fence or tonumber(seq) > tonumber(fence) then
-    fence = seq
+    fence, fence_ref = seq, seq
     redis.call('SET', KEYS[1], seq)
+  end
+  -- The fence's message id, when this fire knows it and it is not stored.
+  if ref ~= seq and fence_ref == seq and tonumber(seq) == tonumber(fence) then
+    fence_ref = ref
+    redis.call('SET', KEYS[7], ref)
   end
   if fresh ~= '' then
     if tonumber(fresh) > fresh_cap then fresh = string.format('%d', fresh_cap) end
@@ -523,7 +544,7 @@ end
 
 -- bulk fires a chunk of plain ticks ('B' in ARGV[3]): lean's fires, each
 -- of a different entry, all presenting the config sequence, freshness and
--- staleness bound in ARGV[4..6]. KEYS from 7: the n watermarks, the n
+-- staleness bound in ARGV[4..6]. KEYS from 8: the n watermarks, the n
 -- moved-markers, the n task keys. ARGV from 7, six per fire: tick, expected,
 -- msg, task id, fired record id and data. The fires touch disjoint keys and
 -- present the same fences (decided once, at the first fire that passes its
@@ -533,7 +554,7 @@ end
 -- came (SameInstant100k, three runs each): Redis CPU per 100,000 fires
 -- 1.32–1.64 s before, 0.98–1.19 s after.
 local function bulk(n)
-  local v = redis.call('MGET', unpack(KEYS, 7, 6 + 2 * n))
+  local v = redis.call('MGET', unpack(KEYS, 8, 7 + 2 * n))
   local out, marks, gated, code, extra = {}, {}, false, nil, nil
   for i = 1, n do
     local a, rev, dir = 1 + 6 * i, split(v[n + i])
@@ -552,7 +573,7 @@ local function bulk(n)
         local wm, wmtask = split(v[i])
         out[i] = res(-1, wm, wmtask)
       else
-        local tick, id, ktask = ARGV[a], ARGV[a + 3], KEYS[6 + 2 * n + i]
+        local tick, id, ktask = ARGV[a], ARGV[a + 3], KEYS[7 + 2 * n + i]
         if redis.call('EXISTS', ktask) == 1 then
           out[i] = res(2, tick, id, '', id)
         else
@@ -561,7 +582,7 @@ local function bulk(n)
           redis.call('XADD', KEYS[3], '*', 'id', ARGV[a + 4], 'data', ARGV[a + 5])
           out[i] = 1
         end
-        marks[#marks + 1] = KEYS[6 + i]
+        marks[#marks + 1] = KEYS[7 + i]
         marks[#marks + 1] = tick .. ' ' .. id
       end
     end
@@ -574,7 +595,7 @@ end
 if ARGV[3] == 'B' then return bulk(nfires) end
 
 local out = {}
-local k, a = 7, 3
+local k, a = 8, 3
 for i = 1, nfires do
   if ARGV[a] == 'T' then
     out[i] = lean(k, a)
@@ -731,7 +752,7 @@ func appendFire(keys []string, args []any, p preparedFire, nums *numArgs, path f
 			"T",
 			nums.arg(2, f.Tick.UnixMilli()),
 			expectedArg(f, nums),
-			nums.arg(3, int64(f.ConfigSeq)),
+			nums.configArg(f),
 			freshArg(f, nums),
 			nums.arg(4, f.MaxStaleness.Milliseconds()),
 			p.msg,
@@ -782,7 +803,7 @@ func appendFire(keys []string, args []any, p preparedFire, nums *numArgs, path f
 		kind,
 		strconv.FormatInt(f.Tick.UnixMilli(), 10),
 		expected,
-		strconv.FormatUint(f.ConfigSeq, 10),
+		nums.configArg(f),
 		fresh,
 		strconv.FormatInt(f.MaxStaleness.Milliseconds(), 10),
 		strconv.FormatInt(processAt, 10),
@@ -824,7 +845,7 @@ func bulkable(fires []*preparedFire) bool {
 	first := fires[0].f
 	for i, p := range fires {
 		f := p.f
-		if !p.lean() || f.ConfigSeq != first.ConfigSeq || f.FreshAsOf.IsZero() != first.FreshAsOf.IsZero() ||
+		if !p.lean() || f.ConfigSeq != first.ConfigSeq || f.ConfigID != first.ConfigID || f.FreshAsOf.IsZero() != first.FreshAsOf.IsZero() ||
 			f.FreshAsOf.UnixMilli() != first.FreshAsOf.UnixMilli() || f.MaxStaleness.Milliseconds() != first.MaxStaleness.Milliseconds() {
 			return false
 		}
@@ -851,7 +872,7 @@ func appendBulk(keys []string, args []any, fires []*preparedFire, nums *numArgs)
 	for _, p := range fires {
 		keys = append(keys, p.keys.Task(p.id))
 	}
-	args = append(args, "B", nums.arg(3, int64(first.ConfigSeq)), freshArg(first, nums), nums.arg(4, first.MaxStaleness.Milliseconds()))
+	args = append(args, "B", nums.configArg(first), freshArg(first, nums), nums.arg(4, first.MaxStaleness.Milliseconds()))
 	for _, p := range fires {
 		f := p.f
 		args = append(args, nums.arg(2, f.Tick.UnixMilli()), expectedArg(f, nums), p.msg, p.id, f.FiredRecord.ID, f.FiredRecord.Data)
@@ -881,6 +902,22 @@ type numArgs struct {
 	set  [5]bool
 	val  [5]int64
 	args [5]any
+	// The last config argument with an id (configArg).
+	cfgSeq uint64
+	cfgID  string
+	cfgArg any
+}
+
+// configArg is the config sequence argument: "<seq>", or "<seq>:<id>"
+// when the fire knows the id of the config message at seq.
+func (n *numArgs) configArg(f *Fire) any {
+	if f.ConfigID == "" {
+		return n.arg(3, int64(f.ConfigSeq))
+	}
+	if n.cfgArg == nil || n.cfgSeq != f.ConfigSeq || n.cfgID != f.ConfigID {
+		n.cfgSeq, n.cfgID, n.cfgArg = f.ConfigSeq, f.ConfigID, strconv.FormatUint(f.ConfigSeq, 10)+":"+f.ConfigID
+	}
+	return n.cfgArg
 }
 
 func (n *numArgs) arg(i int, v int64) any {
@@ -946,7 +983,7 @@ func chunkFires(prepared []preparedFire, offset, perCall int, path firePath, are
 	for c, call := range calls {
 		first := call.fires[0]
 		own := first.own
-		keys = append(keys[:0], own.Fence(), own.Freshness(), own.Outbox(), first.keys.Pending(), first.keys.Scheduled(), first.keys.Groups())
+		keys = append(keys[:0], own.Fence(), own.Freshness(), own.Outbox(), first.keys.Pending(), first.keys.Scheduled(), first.keys.Groups(), own.FenceID())
 		args = append(args[:0], first.keys.TaskPrefix(), len(call.fires))
 		if path == pathAuto && bulkable(call.fires) {
 			keys, args = appendBulk(keys, args, call.fires, &nums)
@@ -1175,7 +1212,9 @@ func parseFireReply(v any) (FireResult, error) {
 		r.MovedAt, _ = strconv.ParseUint(extra, 10, 64)
 	case codeFenced:
 		r.Status = StatusRevisionFenced
-		r.Fence, _ = strconv.ParseUint(extra, 10, 64)
+		seq, id, _ := strings.Cut(extra, ":")
+		r.Fence, _ = strconv.ParseUint(seq, 10, 64)
+		r.FenceID = id
 	case codeStale:
 		r.Status = StatusStale
 		if ms, err := strconv.ParseInt(extra, 10, 64); err == nil {

@@ -645,6 +645,63 @@ func TestFireStalenessFence(t *testing.T) {
 	mustFire(t, s, f, StatusFired)
 }
 
+// TestFireFenceID: the fence stores the id of the config message at its
+// sequence beside it, refusals name both, a fence without a stored id (an
+// earlier build's) is refused with no id and gets one from the next fire at
+// its sequence; ClearFence and ClearHandover delete only the value compared.
+func TestFireFenceID(t *testing.T) {
+	s, rc := newTestStore(t)
+	ctx := context.Background()
+	own := Own(testPrefix, "default")
+	fire := func(entry string, seq uint64, id string, want FireStatus) FireResult {
+		t.Helper()
+		f := tickFire(entry, "default", tickAt(1), time.Time{})
+		f.ConfigSeq, f.ConfigID = seq, id
+		return mustFire(t, s, f, want)
+	}
+	fire("a", 5, "aaaaaaaaaaaa", StatusFired)
+	if v := rc.Get(ctx, own.FenceID()).Val(); v != "5:aaaaaaaaaaaa" {
+		t.Fatalf("fence id %q", v)
+	}
+	if res := fire("b", 3, "", StatusRevisionFenced); res.Fence != 5 || res.FenceID != "aaaaaaaaaaaa" {
+		t.Fatalf("refused by fence %d id %q", res.Fence, res.FenceID)
+	}
+	// An earlier build raised the fence: its id is unknown.
+	if err := rc.Set(ctx, own.Fence(), "9", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if res := fire("c", 6, "cccccccccccc", StatusRevisionFenced); res.Fence != 9 || res.FenceID != "" {
+		t.Fatalf("refused by fence %d id %q", res.Fence, res.FenceID)
+	}
+	fire("d", 9, "dddddddddddd", StatusFired)
+	if v := rc.Get(ctx, own.FenceID()).Val(); v != "9:dddddddddddd" {
+		t.Fatalf("fence id %q", v)
+	}
+	if ok, err := s.ClearFence(ctx, testPrefix, "default", 8); err != nil || ok {
+		t.Fatalf("cleared a fence it did not compare: %v %v", ok, err)
+	}
+	if ok, err := s.ClearFence(ctx, testPrefix, "default", 9); err != nil || !ok {
+		t.Fatalf("clear fence: %v %v", ok, err)
+	}
+	if n := rc.Exists(ctx, own.Fence()).Val(); n != 0 {
+		t.Fatal("fence still there")
+	}
+	fire("e", 2, "eeeeeeeeeeee", StatusFired)
+	if v := rc.Get(ctx, own.FenceID()).Val(); v != "2:eeeeeeeeeeee" {
+		t.Fatalf("fence id after a new epoch %q", v)
+	}
+	if _, _, _, err := s.CloseForHandover(ctx, testPrefix, "default", "m", 7); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := s.ClearHandover(ctx, testPrefix, "default", "m", 6); err != nil || ok {
+		t.Fatalf("cleared a marker it did not compare: %v %v", ok, err)
+	}
+	if ok, err := s.ClearHandover(ctx, testPrefix, "default", "m", 7); err != nil || !ok {
+		t.Fatalf("clear marker: %v %v", ok, err)
+	}
+	fire("m", 7, "", StatusFired)
+}
+
 // TestFireFreshnessCapped: a replica whose clock runs an hour fast presents
 // a freshness an hour ahead; it is capped at Redis TIME + 2 s, so a replica
 // presenting the true time is not stale. A stored freshness beyond TIME + 2 s

@@ -74,6 +74,7 @@ type pathScenario struct {
 	fires []Fire
 	// state to seed
 	fence, freshest string
+	fenceID         string
 	// capped: the fires present a freshness beyond Redis TIME + 2 s, so
 	// the stored one is Redis's clock at each run (see normalize).
 	capped bool
@@ -99,6 +100,22 @@ func newPathScenario(rng *rand.Rand, round int) *pathScenario {
 		sc.fence = "11" // fenced
 	case 4:
 		sc.fence = "12"
+	}
+	// The id of the config message at the fence: none (an earlier
+	// build), the fence's, a stale one, another message's at that sequence.
+	if sc.fence != "" {
+		switch rng.IntN(4) {
+		case 1:
+			sc.fenceID = sc.fence + ":aaaaaaaaaaaa"
+		case 2:
+			sc.fenceID = "8:bbbbbbbbbbbb"
+		case 3:
+			sc.fenceID = sc.fence + ":cccccccccccc"
+		}
+	}
+	cid := ""
+	if rng.IntN(2) == 0 {
+		cid = "aaaaaaaaaaaa" // the fires know the id of their message
 	}
 	fresh := time.Time{}
 	var maxStale time.Duration
@@ -128,6 +145,7 @@ func newPathScenario(rng *rand.Rand, round int) *pathScenario {
 			maxStale = 0 // records freshness without checking it
 		}
 	}
+	sc.desc = append(sc.desc, fmt.Sprintf("fence id %q config id %q", sc.fenceID, cid))
 	sc.desc = append(sc.desc, fmt.Sprintf("fence %q freshest %q fresh %v (capped %v) maxstale %s", sc.fence, sc.freshest, !fresh.IsZero(), sc.capped, maxStale))
 
 	n := 1 + rng.IntN(40)
@@ -140,7 +158,7 @@ func newPathScenario(rng *rand.Rand, round int) *pathScenario {
 			prev = time.Time{}
 		}
 		f := tickFire(entry, queue, tickAt(tick), prev)
-		f.FreshAsOf, f.MaxStaleness = fresh, maxStale
+		f.FreshAsOf, f.MaxStaleness, f.ConfigID = fresh, maxStale, cid
 		wm := own.Watermark(entry)
 		switch rng.IntN(9) {
 		case 6: // as expected, written without a task id (a seeded watermark)
@@ -182,12 +200,13 @@ func newPathScenario(rng *rand.Rand, round int) *pathScenario {
 	case 0: // the next tick of an entry already in the batch
 		i := rng.IntN(n)
 		f := tickFire(sc.fires[i].Entry, queue, tickAt(tick+1), tickAt(tick))
-		f.FreshAsOf, f.MaxStaleness = fresh, maxStale
+		f.FreshAsOf, f.MaxStaleness, f.ConfigID = fresh, maxStale, cid
 		sc.fires = append(sc.fires, f)
 		sc.bulk = false
 		sc.desc = append(sc.desc, "repeated entry")
 	case 1: // a newer configuration for one fire
-		sc.fires[rng.IntN(n)].ConfigSeq = seq + 2
+		f := &sc.fires[rng.IntN(n)]
+		f.ConfigSeq, f.ConfigID = seq+2, "dddddddddddd"
 		sc.bulk = false
 		sc.desc = append(sc.desc, "mixed config seq")
 	case 2: // a fire that is not a plain tick
@@ -209,6 +228,9 @@ func (sc *pathScenario) seed(t *testing.T, rc *redis.Client, own OwnKeys, keys Q
 	}
 	if sc.freshest != "" {
 		pipe.Set(ctx, own.Freshness(), sc.freshest, 0)
+	}
+	if sc.fenceID != "" {
+		pipe.Set(ctx, own.FenceID(), sc.fenceID, 0)
 	}
 	for k, v := range sc.marks {
 		pipe.Set(ctx, k, v, 0)
