@@ -76,6 +76,7 @@ func (s *Scheduler) checkEpochs(ctx context.Context) {
 		if err != nil {
 			s.countError()
 			s.log.Warn("check a refusing config sequence against the config stream", "queue", k.queue, "entry", k.entry, "seq", k.seq, "err", err)
+			s.epochChecked[k] = time.Now() // again after epochRecheck, not every pass
 			continue
 		}
 		var what string
