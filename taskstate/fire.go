@@ -353,8 +353,10 @@ local function fences(seq, fresh, maxstale)
     fence, fence_ref = seq, seq
     redis.call('SET', KEYS[1], seq)
   end
-  -- The fence's message id, when this fire knows it and it is not stored.
-  if ref ~= seq and fence_ref == seq and tonumber(seq) == tonumber(fence) then
+  -- The fence's message id, when this fire knows it and it is not the one
+  -- stored (none, or another stream's message at the same sequence: the
+  -- fire read its message from the stream it follows).
+  if ref ~= seq and fence_ref ~= ref and tonumber(seq) == tonumber(fence) then
     fence_ref = ref
     redis.call('SET', KEYS[7], ref)
   end

@@ -677,6 +677,12 @@ func TestFireFenceID(t *testing.T) {
 	if v := rc.Get(ctx, own.FenceID()).Val(); v != "9:dddddddddddd" {
 		t.Fatalf("fence id %q", v)
 	}
+	// Another message at the same sequence (the stream was recreated and
+	// grew to it): the fire's, read from the stream it follows, wins.
+	fire("f", 9, "ffffffffffff", StatusFired)
+	if v := rc.Get(ctx, own.FenceID()).Val(); v != "9:ffffffffffff" {
+		t.Fatalf("fence id %q", v)
+	}
 	if ok, err := s.ClearFence(ctx, testPrefix, "default", 8); err != nil || ok {
 		t.Fatalf("cleared a fence it did not compare: %v %v", ok, err)
 	}
