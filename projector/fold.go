@@ -105,6 +105,9 @@ type Fold struct {
 	entries     map[string]*State
 	quarantined map[string]Quarantine
 	stats       Stats
+	// The message at stats.LastSeq, for LastMessageID.
+	lastSubject string
+	lastAt      time.Time
 }
 
 // NewFold returns an empty fold for the config stream named by names.
@@ -216,6 +219,7 @@ func (f *Fold) commit(d decoded) (Change, bool, error) {
 		return Change{}, false, nil
 	}
 	f.stats.LastSeq = d.seq
+	f.lastSubject, f.lastAt = d.subject, d.at
 	if d.id == "" {
 		f.stats.Ignored++
 		return Change{}, false, d.bad
@@ -284,6 +288,15 @@ func (f *Fold) Quarantined() []Quarantine {
 
 // LastSeq returns the highest stream sequence processed.
 func (f *Fold) LastSeq() uint64 { return f.stats.LastSeq }
+
+// LastMessageID returns events.ConfigMessageID of the message at LastSeq
+// ("" before any).
+func (f *Fold) LastMessageID() string {
+	if f.stats.LastSeq == 0 {
+		return ""
+	}
+	return events.ConfigMessageID(f.lastSubject, f.lastAt)
+}
 
 // Stats returns the fold's counters.
 func (f *Fold) Stats() Stats {

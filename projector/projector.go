@@ -414,6 +414,17 @@ func (p *Projector) LastSeq() uint64 {
 	return p.fold.LastSeq()
 }
 
+// ConfigMessageID returns events.ConfigMessageID of the config message at
+// seq when seq is the highest sequence applied, else "" (not known here).
+func (p *Projector) ConfigMessageID(seq uint64) string {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if seq == 0 || seq != p.fold.LastSeq() {
+		return ""
+	}
+	return p.fold.LastMessageID()
+}
+
 // Quarantined returns the entries held back by a bad event, sorted by id.
 func (p *Projector) Quarantined() []Quarantine {
 	p.mu.RLock()

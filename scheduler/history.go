@@ -48,6 +48,10 @@ type History interface {
 	// cron spec or time zone, or followed a paused state. ok is false when
 	// its history holds no applicable event.
 	ScheduleSince(ctx context.Context, entry string) (since time.Time, ok bool, err error)
+	// ConfigMessageAt returns the subject and events.ConfigMessageID of
+	// the config stream's message at seq; found is false when the stream
+	// has no message there (beyond its last sequence, or deleted).
+	ConfigMessageAt(ctx context.Context, seq uint64) (subject, id string, found bool, err error)
 }
 
 // StreamHistory is the History of a config stream.
@@ -80,6 +84,22 @@ func (h *StreamHistory) EventCounts(ctx context.Context) (map[string]uint64, uin
 		}
 	}
 	return counts, info.State.LastSeq, nil
+}
+
+// ConfigMessageAt reads one message of the config stream by sequence.
+func (h *StreamHistory) ConfigMessageAt(ctx context.Context, seq uint64) (string, string, bool, error) {
+	s, err := h.js.Stream(ctx, h.names.ConfigStream())
+	if err != nil {
+		return "", "", false, fmt.Errorf("config message %d: %w", seq, err)
+	}
+	msg, err := s.GetMsg(ctx, seq)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return "", "", false, nil
+	}
+	if err != nil {
+		return "", "", false, fmt.Errorf("config message %d: %w", seq, err)
+	}
+	return msg.Subject, events.ConfigMessageID(msg.Subject, msg.Time), true, nil
 }
 
 // PreviousQueues reads entry's config history.

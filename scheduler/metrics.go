@@ -13,6 +13,7 @@ type Metrics struct {
 	Backpressure prometheus.Gauge
 	Restored     *prometheus.CounterVec // by source of the seed
 	Implausible  prometheus.Counter
+	Epochs       prometheus.Counter
 }
 
 // NewMetrics creates the scheduler metrics and registers them with reg (nil:
@@ -47,9 +48,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Implausible: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "cronstream_scheduler_implausible_observations_total", Help: "Fires heard on the activity subjects, or read back from the activity stream, for a tick far ahead of the clock (forged, or a publisher's wrong clock); ignored.",
 		}),
+		Epochs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cronstream_stream_epochs_total", Help: "Revision fences and handover markers holding a sequence of an earlier config stream (recreated or restored) that this replica cleared.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Fired, m.Skipped, m.Refused, m.Errors, m.FireLag, m.Entries, m.Backpressure, m.Restored, m.Implausible)
+		reg.MustRegister(m.Fired, m.Skipped, m.Refused, m.Errors, m.FireLag, m.Entries, m.Backpressure, m.Restored, m.Implausible, m.Epochs)
 	}
 	return m
 }

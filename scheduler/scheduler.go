@@ -38,6 +38,8 @@ type Broker interface {
 	Watermarks(ctx context.Context, prefix, queue string, entries []string) ([]taskstate.WatermarkInfo, error)
 	CloseForHandover(ctx context.Context, prefix, oldQueue, entry string, revision uint64) (time.Time, string, bool, error)
 	SeedWatermark(ctx context.Context, prefix, newQueue, entry string, tick time.Time, taskID string, revision uint64) error
+	ClearFence(ctx context.Context, prefix, queue string, seq uint64) (bool, error)
+	ClearHandover(ctx context.Context, prefix, queue, entry string, revision uint64) (bool, error)
 	WriteSchedulerEntries(ctx context.Context, schedulerID string, entries []taskstate.SchedulerEntry, ttl time.Duration) error
 	RecordSchedulerEnqueueEvents(ctx context.Context, events []taskstate.EnqueueEventRecord) error
 }
@@ -47,6 +49,9 @@ type Broker interface {
 type Projection interface {
 	Subscribe() *projector.Subscription
 	LastSeq() uint64
+	// ConfigMessageID is events.ConfigMessageID of the message at seq, ""
+	// when not known (seq is not the last applied).
+	ConfigMessageID(seq uint64) string
 	LastHeard() time.Time
 	WaitCaughtUp(ctx context.Context) error
 }
@@ -148,6 +153,13 @@ type Scheduler struct {
 	visWritten bool
 	// hist caches History's answers about all entries.
 	hist historyCache
+	// Config sequences that refused fires, to check against the stream,
+	// and those found in it (epoch.go).
+	epochSuspects map[epochSuspect]bool
+	epochChecked  map[epochSuspect]time.Time
+	// configID is the id of the config message at the sequence the fires
+	// of the current pass present (fireDue).
+	configID string
 
 	observed chan observation
 	wake     chan struct{}
@@ -191,6 +203,9 @@ type Stats struct {
 	// far ahead of the clock (forged, or from a publisher with a broken
 	// clock); they are ignored.
 	Implausible uint64
+	// Epochs counts fences and markers of an earlier config stream this
+	// replica cleared (new stream epochs).
+	Epochs uint64
 }
 
 // entryRun is the scheduler's state of one registered entry.
@@ -527,6 +542,7 @@ func (s *Scheduler) loop(ctx context.Context, changes <-chan []projector.Change)
 		due = s.heap.popDue(s.clock.Now(), due[:0])
 		if len(due) > 0 {
 			s.fireDue(ctx, due)
+			s.checkEpochs(ctx)
 			s.maybeWriteVisibility(true)
 		}
 		s.setEntriesGauge()
@@ -919,6 +935,7 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 	defer s.firingSince.Store(0)
 	now := s.clock.Now()
 	seq := s.cfg.Projection.LastSeq()
+	s.configID = s.cfg.Projection.ConfigMessageID(seq)
 	fresh := s.cfg.Projection.LastHeard()
 	type planned struct {
 		r    *entryRun
@@ -1127,7 +1144,7 @@ func (s *Scheduler) planSkip(r *entryRun, skipped tickRange, now time.Time, seq 
 	return append(into, taskstate.Fire{
 		Prefix: s.cfg.Names.Prefix(), Entry: r.id, Queue: r.queue, Kind: taskstate.FireSkip,
 		Tick: skipped.Last, Expected: r.cursor, ExpectNone: !r.hasCursor,
-		ConfigSeq: seq, FreshAsOf: fresh, MaxStaleness: s.cfg.MaxStaleness,
+		ConfigSeq: seq, ConfigID: s.configID, FreshAsOf: fresh, MaxStaleness: s.cfg.MaxStaleness,
 		SkippedRecords: []taskstate.Record{rec},
 	}), false
 }
@@ -1177,8 +1194,13 @@ func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (ta
 				r.known, r.reopen = false, true
 				s.heap.remove(r)
 				s.load[r.id] = r
+			} else {
+				s.suspectEpoch(r.queue, r.id, res.MovedAt, "")
 			}
-		default: // fenced or stale: our view of the config is behind
+		case taskstate.StatusRevisionFenced:
+			r.tries++
+			s.suspectEpoch(r.queue, "", res.Fence, res.FenceID)
+		default: // stale: our view of the config is behind
 			r.tries++
 		}
 		return taskstate.EnqueueEventRecord{}, false
@@ -1223,7 +1245,7 @@ func (s *Scheduler) buildFire(r *entryRun, tick, now time.Time, seq uint64, fres
 	fired := s.firedRecord(r, tick, taskID, now)
 	f := taskstate.Fire{
 		Prefix: prefix, Entry: r.id, Queue: r.queue, Kind: taskstate.FireTick,
-		Tick: tick, ConfigSeq: seq, FreshAsOf: fresh, MaxStaleness: s.cfg.MaxStaleness,
+		Tick: tick, ConfigSeq: seq, ConfigID: s.configID, FreshAsOf: fresh, MaxStaleness: s.cfg.MaxStaleness,
 		Msg: msg, UniqueTTL: e.Options.Unique.D(), FiredRecord: fired,
 	}
 	var err error

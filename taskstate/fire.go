@@ -82,8 +82,11 @@ type Fire struct {
 	Expected   time.Time
 	ExpectNone bool
 	// ConfigSeq is the projection's config stream sequence (revision fence).
-	// Sequences above 2^53 lose precision inside the script.
+	// Sequences above 2^53 lose precision inside the script. ConfigID is
+	// the id of the config message at ConfigSeq (events.ConfigMessageID),
+	// stored with the fence when this fire raises it; "" stores none.
 	ConfigSeq uint64
+	ConfigID  string
 	// FreshAsOf is when this replica's projection last heard the config
 	// stream; MaxStaleness how far it may lag the freshest replica firing
 	// into this slot. A zero FreshAsOf presents nothing and is not checked;
@@ -201,8 +204,10 @@ type FireResult struct {
 	Watermark       time.Time
 	WatermarkTaskID string
 	HasWatermark    bool
-	// Fence is the slot's highest config sequence (StatusRevisionFenced).
-	Fence uint64
+	// Fence is the slot's highest config sequence (StatusRevisionFenced);
+	// FenceID the id of the config message stored with it ("" unknown).
+	Fence   uint64
+	FenceID string
 	// MovedAt is the revision the entry left this queue at (StatusMoved).
 	MovedAt uint64
 	// FreshestAsOf is the freshest fresh_as_of seen in the slot (StatusStale).
@@ -245,14 +250,15 @@ const (
 // one entry (catch-up "all") may share a call.
 //
 // KEYS (common): 1 fence, 2 freshness, 3 outbox, 4 pending, 5 scheduled,
-// 6 groups. Then per fire: watermark, moved-marker, task, unique lock, group
+// 6 groups, 7 fence id. Then per fire: watermark, moved-marker, task, unique lock, group
 // zset, trigger key. Unused per-fire keys are the fire's task key (a real key
 // of the same slot: Redis Cluster rejects empty names).
 //
 // ARGV (common): 1 task-key prefix, 2 number of fires. Then per fire:
 //
 //	1 kind (t tick, r trigger, b backfill, s skip)   2 tick ms   3 expected ms ("" = none)
-//	4 config seq   5 fresh_as_of ms ("" = not presented)   6 max staleness ms
+//	4 config seq ("<seq>" or "<seq>:<config message id>")
+//	5 fresh_as_of ms ("" = not presented)   6 max staleness ms
 //	7 process_at ms (0 = now)   8 unique ttl ms (0 = none)   9 group
 //	10 msg   11 task id   12 overlap-skip (1/0)   13 previous task id
 //	14 trigger ttl ms   15/16 fired record   17/18 overlap record
@@ -285,7 +291,9 @@ const (
 // about the same instant, none lags the maximum, and all keep firing on the
 // last known configuration. A comparison with Redis TIME would instead stop
 // every replica during a NATS outage, which is exactly what INV-staleness-fence
-// forbids.
+// forbids. Redis TIME only bounds what is believed: a freshness more than 2 s
+// ahead of it is capped there (presented) or ignored (stored), so a replica
+// whose clock runs fast cannot make every other replica's fires stale.
 var fireScript = redis.NewScript(fireScriptSrc)
 
 const fireScriptSrc = `
@@ -299,6 +307,20 @@ local busy = {pending=true, scheduled=true, retry=true, active=true, aggregating
 -- The fences are read once per call and written when raised.
 local fence = redis.call('GET', KEYS[1])
 local freshest = redis.call('GET', KEYS[2])
+-- fence_ref is "<seq>:<id>" when the fence id key names the fence's
+-- message, else just the fence (an earlier build raised it, or no fire
+-- presented an id).
+local fence_ref = fence
+if fence then
+  local fid = redis.call('GET', KEYS[7])
+  if fid and string.match(fid, '^(%d+)') == fence then fence_ref = fid end
+end
+-- No freshness is believed more than 2 s ahead of Redis's clock: a presented
+-- one is capped there before it is compared or stored, and a stored one
+-- beyond it (left by a replica with a fast clock, or an earlier build) counts
+-- as absent and is overwritten by the next fire that presents one.
+local fresh_cap = now_ms + 2000
+if freshest and tonumber(freshest) > fresh_cap then freshest = nil end
 
 local function split(v) -- "<a> <b>": watermark "<ms> <task>", marker "<rev> <in|out>"
   if not v then return nil, nil end
@@ -324,12 +346,22 @@ end
 -- refusal's code and extra, or nil. Calling it again with the same arguments
 -- gives the same answer and writes nothing.
 local function fences(seq, fresh, maxstale)
-  if fence and tonumber(seq) < tonumber(fence) then return -3, fence end
+  local ref = seq
+  seq = string.match(ref, '^(%d+)')
+  if fence and tonumber(seq) < tonumber(fence) then return -3, fence_ref end
   if not fence or tonumber(seq) > tonumber(fence) then
-    fence = seq
+    fence, fence_ref = seq, seq
     redis.call('SET', KEYS[1], seq)
   end
+  -- The fence's message id, when this fire knows it and it is not the one
+  -- stored (none, or another stream's message at the same sequence: the
+  -- fire read its message from the stream it follows).
+  if ref ~= seq and fence_ref ~= ref and tonumber(seq) == tonumber(fence) then
+    fence_ref = ref
+    redis.call('SET', KEYS[7], ref)
+  end
   if fresh ~= '' then
+    if tonumber(fresh) > fresh_cap then fresh = string.format('%d', fresh_cap) end
     maxstale = tonumber(maxstale)
     if freshest and maxstale > 0 and tonumber(fresh) < tonumber(freshest) - maxstale then
       return -4, freshest
@@ -514,7 +546,7 @@ end
 
 -- bulk fires a chunk of plain ticks ('B' in ARGV[3]): lean's fires, each
 -- of a different entry, all presenting the config sequence, freshness and
--- staleness bound in ARGV[4..6]. KEYS from 7: the n watermarks, the n
+-- staleness bound in ARGV[4..6]. KEYS from 8: the n watermarks, the n
 -- moved-markers, the n task keys. ARGV from 7, six per fire: tick, expected,
 -- msg, task id, fired record id and data. The fires touch disjoint keys and
 -- present the same fences (decided once, at the first fire that passes its
@@ -524,7 +556,7 @@ end
 -- came (SameInstant100k, three runs each): Redis CPU per 100,000 fires
 -- 1.32–1.64 s before, 0.98–1.19 s after.
 local function bulk(n)
-  local v = redis.call('MGET', unpack(KEYS, 7, 6 + 2 * n))
+  local v = redis.call('MGET', unpack(KEYS, 8, 7 + 2 * n))
   local out, marks, gated, code, extra = {}, {}, false, nil, nil
   for i = 1, n do
     local a, rev, dir = 1 + 6 * i, split(v[n + i])
@@ -543,7 +575,7 @@ local function bulk(n)
         local wm, wmtask = split(v[i])
         out[i] = res(-1, wm, wmtask)
       else
-        local tick, id, ktask = ARGV[a], ARGV[a + 3], KEYS[6 + 2 * n + i]
+        local tick, id, ktask = ARGV[a], ARGV[a + 3], KEYS[7 + 2 * n + i]
         if redis.call('EXISTS', ktask) == 1 then
           out[i] = res(2, tick, id, '', id)
         else
@@ -552,7 +584,7 @@ local function bulk(n)
           redis.call('XADD', KEYS[3], '*', 'id', ARGV[a + 4], 'data', ARGV[a + 5])
           out[i] = 1
         end
-        marks[#marks + 1] = KEYS[6 + i]
+        marks[#marks + 1] = KEYS[7 + i]
         marks[#marks + 1] = tick .. ' ' .. id
       end
     end
@@ -565,7 +597,7 @@ end
 if ARGV[3] == 'B' then return bulk(nfires) end
 
 local out = {}
-local k, a = 7, 3
+local k, a = 8, 3
 for i = 1, nfires do
   if ARGV[a] == 'T' then
     out[i] = lean(k, a)
@@ -722,7 +754,7 @@ func appendFire(keys []string, args []any, p preparedFire, nums *numArgs, path f
 			"T",
 			nums.arg(2, f.Tick.UnixMilli()),
 			expectedArg(f, nums),
-			nums.arg(3, int64(f.ConfigSeq)),
+			nums.configArg(f),
 			freshArg(f, nums),
 			nums.arg(4, f.MaxStaleness.Milliseconds()),
 			p.msg,
@@ -773,7 +805,7 @@ func appendFire(keys []string, args []any, p preparedFire, nums *numArgs, path f
 		kind,
 		strconv.FormatInt(f.Tick.UnixMilli(), 10),
 		expected,
-		strconv.FormatUint(f.ConfigSeq, 10),
+		nums.configArg(f),
 		fresh,
 		strconv.FormatInt(f.MaxStaleness.Milliseconds(), 10),
 		strconv.FormatInt(processAt, 10),
@@ -815,7 +847,7 @@ func bulkable(fires []*preparedFire) bool {
 	first := fires[0].f
 	for i, p := range fires {
 		f := p.f
-		if !p.lean() || f.ConfigSeq != first.ConfigSeq || f.FreshAsOf.IsZero() != first.FreshAsOf.IsZero() ||
+		if !p.lean() || f.ConfigSeq != first.ConfigSeq || f.ConfigID != first.ConfigID || f.FreshAsOf.IsZero() != first.FreshAsOf.IsZero() ||
 			f.FreshAsOf.UnixMilli() != first.FreshAsOf.UnixMilli() || f.MaxStaleness.Milliseconds() != first.MaxStaleness.Milliseconds() {
 			return false
 		}
@@ -842,7 +874,7 @@ func appendBulk(keys []string, args []any, fires []*preparedFire, nums *numArgs)
 	for _, p := range fires {
 		keys = append(keys, p.keys.Task(p.id))
 	}
-	args = append(args, "B", nums.arg(3, int64(first.ConfigSeq)), freshArg(first, nums), nums.arg(4, first.MaxStaleness.Milliseconds()))
+	args = append(args, "B", nums.configArg(first), freshArg(first, nums), nums.arg(4, first.MaxStaleness.Milliseconds()))
 	for _, p := range fires {
 		f := p.f
 		args = append(args, nums.arg(2, f.Tick.UnixMilli()), expectedArg(f, nums), p.msg, p.id, f.FiredRecord.ID, f.FiredRecord.Data)
@@ -872,6 +904,22 @@ type numArgs struct {
 	set  [5]bool
 	val  [5]int64
 	args [5]any
+	// The last config argument with an id (configArg).
+	cfgSeq uint64
+	cfgID  string
+	cfgArg any
+}
+
+// configArg is the config sequence argument: "<seq>", or "<seq>:<id>"
+// when the fire knows the id of the config message at seq.
+func (n *numArgs) configArg(f *Fire) any {
+	if f.ConfigID == "" {
+		return n.arg(3, int64(f.ConfigSeq))
+	}
+	if n.cfgArg == nil || n.cfgSeq != f.ConfigSeq || n.cfgID != f.ConfigID {
+		n.cfgSeq, n.cfgID, n.cfgArg = f.ConfigSeq, f.ConfigID, strconv.FormatUint(f.ConfigSeq, 10)+":"+f.ConfigID
+	}
+	return n.cfgArg
 }
 
 func (n *numArgs) arg(i int, v int64) any {
@@ -937,7 +985,7 @@ func chunkFires(prepared []preparedFire, offset, perCall int, path firePath, are
 	for c, call := range calls {
 		first := call.fires[0]
 		own := first.own
-		keys = append(keys[:0], own.Fence(), own.Freshness(), own.Outbox(), first.keys.Pending(), first.keys.Scheduled(), first.keys.Groups())
+		keys = append(keys[:0], own.Fence(), own.Freshness(), own.Outbox(), first.keys.Pending(), first.keys.Scheduled(), first.keys.Groups(), own.FenceID())
 		args = append(args[:0], first.keys.TaskPrefix(), len(call.fires))
 		if path == pathAuto && bulkable(call.fires) {
 			keys, args = appendBulk(keys, args, call.fires, &nums)
@@ -1166,7 +1214,9 @@ func parseFireReply(v any) (FireResult, error) {
 		r.MovedAt, _ = strconv.ParseUint(extra, 10, 64)
 	case codeFenced:
 		r.Status = StatusRevisionFenced
-		r.Fence, _ = strconv.ParseUint(extra, 10, 64)
+		seq, id, _ := strings.Cut(extra, ":")
+		r.Fence, _ = strconv.ParseUint(seq, 10, 64)
+		r.FenceID = id
 	case codeStale:
 		r.Status = StatusStale
 		if ms, err := strconv.ParseInt(extra, 10, 64); err == nil {
@@ -1326,4 +1376,45 @@ func (s *Store) SeedWatermark(ctx context.Context, prefix, newQueue, entry strin
 		return fmt.Errorf("seed watermark of entry %q in queue %q at revision %d (slot marker %q): %w", entry, newQueue, revision, marker, ErrHandoverSuperseded)
 	}
 	return nil
+}
+
+// Stream epochs (docs/design.md INV-revision-fence). The revision fence and
+// the handover markers hold config stream sequences. When the config stream
+// is deleted and recreated, or restored from an older snapshot, they may name
+// sequences the stream no longer has; a replica that finds so (scheduler)
+// clears them with ClearFence and ClearHandover. Both compare first: they
+// clear only the value the replica checked, so two replicas clearing at once
+// do not fight, and a fence another replica raised meanwhile (from the new
+// stream) stays.
+
+// clearSeqScript: KEYS 1 fence or marker; ARGV 1 sequence. Deletes the key
+// when the sequence it starts with ("<seq>" or "<seq> <in|out>") is ARGV[1].
+// Returns 1 when it deleted, else 0.
+var clearSeqScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if v and string.match(v, '^(%d+)') == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0
+`)
+
+// ClearFence deletes queue's revision fence if it still holds seq, and
+// reports whether it did. The next fire into the slot sets it again.
+func (s *Store) ClearFence(ctx context.Context, prefix, queue string, seq uint64) (bool, error) {
+	n, err := clearSeqScript.Run(ctx, s.client, []string{Own(prefix, queue).Fence()}, strconv.FormatUint(seq, 10)).Int()
+	if err != nil {
+		return false, fmt.Errorf("clear revision fence %d of queue %q: %w", seq, queue, err)
+	}
+	return n == 1, nil
+}
+
+// ClearHandover deletes entry's handover marker in queue's slot if it still
+// records revision, and reports whether it did: the slot is open again.
+func (s *Store) ClearHandover(ctx context.Context, prefix, queue, entry string, revision uint64) (bool, error) {
+	n, err := clearSeqScript.Run(ctx, s.client, []string{Own(prefix, queue).Handover(entry)}, strconv.FormatUint(revision, 10)).Int()
+	if err != nil {
+		return false, fmt.Errorf("clear handover marker %d of entry %q in queue %q: %w", revision, entry, queue, err)
+	}
+	return n == 1, nil
 }

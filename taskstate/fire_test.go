@@ -645,6 +645,109 @@ func TestFireStalenessFence(t *testing.T) {
 	mustFire(t, s, f, StatusFired)
 }
 
+// TestFireFenceID: the fence stores the id of the config message at its
+// sequence beside it, refusals name both, a fence without a stored id (an
+// earlier build's) is refused with no id and gets one from the next fire at
+// its sequence; ClearFence and ClearHandover delete only the value compared.
+func TestFireFenceID(t *testing.T) {
+	s, rc := newTestStore(t)
+	ctx := context.Background()
+	own := Own(testPrefix, "default")
+	fire := func(entry string, seq uint64, id string, want FireStatus) FireResult {
+		t.Helper()
+		f := tickFire(entry, "default", tickAt(1), time.Time{})
+		f.ConfigSeq, f.ConfigID = seq, id
+		return mustFire(t, s, f, want)
+	}
+	fire("a", 5, "aaaaaaaaaaaa", StatusFired)
+	if v := rc.Get(ctx, own.FenceID()).Val(); v != "5:aaaaaaaaaaaa" {
+		t.Fatalf("fence id %q", v)
+	}
+	if res := fire("b", 3, "", StatusRevisionFenced); res.Fence != 5 || res.FenceID != "aaaaaaaaaaaa" {
+		t.Fatalf("refused by fence %d id %q", res.Fence, res.FenceID)
+	}
+	// An earlier build raised the fence: its id is unknown.
+	if err := rc.Set(ctx, own.Fence(), "9", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if res := fire("c", 6, "cccccccccccc", StatusRevisionFenced); res.Fence != 9 || res.FenceID != "" {
+		t.Fatalf("refused by fence %d id %q", res.Fence, res.FenceID)
+	}
+	fire("d", 9, "dddddddddddd", StatusFired)
+	if v := rc.Get(ctx, own.FenceID()).Val(); v != "9:dddddddddddd" {
+		t.Fatalf("fence id %q", v)
+	}
+	// Another message at the same sequence (the stream was recreated and
+	// grew to it): the fire's, read from the stream it follows, wins.
+	fire("f", 9, "ffffffffffff", StatusFired)
+	if v := rc.Get(ctx, own.FenceID()).Val(); v != "9:ffffffffffff" {
+		t.Fatalf("fence id %q", v)
+	}
+	if ok, err := s.ClearFence(ctx, testPrefix, "default", 8); err != nil || ok {
+		t.Fatalf("cleared a fence it did not compare: %v %v", ok, err)
+	}
+	if ok, err := s.ClearFence(ctx, testPrefix, "default", 9); err != nil || !ok {
+		t.Fatalf("clear fence: %v %v", ok, err)
+	}
+	if n := rc.Exists(ctx, own.Fence()).Val(); n != 0 {
+		t.Fatal("fence still there")
+	}
+	fire("e", 2, "eeeeeeeeeeee", StatusFired)
+	if v := rc.Get(ctx, own.FenceID()).Val(); v != "2:eeeeeeeeeeee" {
+		t.Fatalf("fence id after a new epoch %q", v)
+	}
+	if _, _, _, err := s.CloseForHandover(ctx, testPrefix, "default", "m", 7); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := s.ClearHandover(ctx, testPrefix, "default", "m", 6); err != nil || ok {
+		t.Fatalf("cleared a marker it did not compare: %v %v", ok, err)
+	}
+	if ok, err := s.ClearHandover(ctx, testPrefix, "default", "m", 7); err != nil || !ok {
+		t.Fatalf("clear marker: %v %v", ok, err)
+	}
+	fire("m", 7, "", StatusFired)
+}
+
+// TestFireFreshnessCapped: a replica whose clock runs an hour fast presents
+// a freshness an hour ahead; it is capped at Redis TIME + 2 s, so a replica
+// presenting the true time is not stale. A stored freshness beyond TIME + 2 s
+// (left by an earlier build) is ignored and overwritten.
+func TestFireFreshnessCapped(t *testing.T) {
+	s, rc := newTestStore(t)
+	ctx := context.Background()
+	key := Own(testPrefix, "default").Freshness()
+	fire := func(entry string, freshAsOf time.Time, want FireStatus) {
+		t.Helper()
+		f := tickFire(entry, "default", tickAt(1), time.Time{})
+		f.FreshAsOf, f.MaxStaleness = freshAsOf, 30*time.Second
+		mustFire(t, s, f, want)
+	}
+	stored := func() time.Time {
+		t.Helper()
+		ms, err := rc.Get(ctx, key).Int64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return time.UnixMilli(ms)
+	}
+	fire("fast", time.Now().Add(time.Hour), StatusFired)
+	if got := stored(); got.After(time.Now().Add(10 * time.Second)) {
+		t.Fatalf("stored freshness %s: not capped at Redis TIME + 2s", got)
+	}
+	fire("true-clock", time.Now(), StatusFired)
+	// A replica 40 s behind the true clock is still stale: the cap keeps
+	// the fence, it only bounds what is believed.
+	fire("behind", time.Now().Add(-40*time.Second), StatusStale)
+
+	if err := rc.Set(ctx, key, time.Now().Add(time.Hour).UnixMilli(), 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	fire("after-old-build", time.Now(), StatusFired)
+	if got := stored(); got.After(time.Now().Add(10 * time.Second)) {
+		t.Fatalf("stored freshness %s from an earlier build was kept", got)
+	}
+}
+
 // TestFireOverlapSkip skips a tick while the previous task is pending or
 // active (held by a real asynq worker) and fires once it completed.
 func TestFireOverlapSkip(t *testing.T) {

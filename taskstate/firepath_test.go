@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -47,6 +48,7 @@ func TestFirePathsAgree(t *testing.T) {
 				t.Fatalf("round %d path %d: %v", round, path, err)
 			}
 			state := dumpState(t, rc)
+			sc.normalize(t, state, own)
 			if path == pathAuto {
 				want, wantState = got, state
 				continue
@@ -72,8 +74,12 @@ type pathScenario struct {
 	fires []Fire
 	// state to seed
 	fence, freshest string
-	marks           map[string]string // key → value
-	tasks           []string          // task keys that exist already
+	fenceID         string
+	// capped: the fires present a freshness beyond Redis TIME + 2 s, so
+	// the stored one is Redis's clock at each run (see normalize).
+	capped bool
+	marks  map[string]string // key → value
+	tasks  []string          // task keys that exist already
 }
 
 func (sc *pathScenario) String() string { return strings.Join(sc.desc, ", ") }
@@ -95,12 +101,34 @@ func newPathScenario(rng *rand.Rand, round int) *pathScenario {
 	case 4:
 		sc.fence = "12"
 	}
+	// The id of the config message at the fence: none (an earlier
+	// build), the fence's, a stale one, another message's at that sequence.
+	if sc.fence != "" {
+		switch rng.IntN(4) {
+		case 1:
+			sc.fenceID = sc.fence + ":aaaaaaaaaaaa"
+		case 2:
+			sc.fenceID = "8:bbbbbbbbbbbb"
+		case 3:
+			sc.fenceID = sc.fence + ":cccccccccccc"
+		}
+	}
+	cid := ""
+	if rng.IntN(2) == 0 {
+		cid = "aaaaaaaaaaaa" // the fires know the id of their message
+	}
 	fresh := time.Time{}
 	var maxStale time.Duration
 	if rng.IntN(3) > 0 {
 		fresh = baseTick.Add(time.Hour)
+		if rng.IntN(3) == 0 {
+			// A replica whose clock runs an hour fast: capped at Redis
+			// TIME + 2 s.
+			fresh = time.Now().Add(time.Hour)
+			sc.capped = true
+		}
 		maxStale = 30 * time.Second
-		switch rng.IntN(4) {
+		switch rng.IntN(6) {
 		case 0:
 		case 1:
 			sc.freshest = fmt.Sprint(fresh.Add(-time.Minute).UnixMilli())
@@ -108,12 +136,17 @@ func newPathScenario(rng *rand.Rand, round int) *pathScenario {
 			sc.freshest = fmt.Sprint(fresh.Add(20 * time.Second).UnixMilli())
 		case 3:
 			sc.freshest = fmt.Sprint(fresh.Add(time.Minute).UnixMilli()) // stale
+		case 4, 5:
+			// Stored beyond Redis TIME + 2 s (an earlier build, a fast
+			// clock): ignored and overwritten.
+			sc.freshest = fmt.Sprint(time.Now().Add(time.Duration(1+rng.IntN(120)) * time.Minute).UnixMilli())
 		}
 		if rng.IntN(4) == 0 {
 			maxStale = 0 // records freshness without checking it
 		}
 	}
-	sc.desc = append(sc.desc, fmt.Sprintf("fence %q freshest %q fresh %v maxstale %s", sc.fence, sc.freshest, !fresh.IsZero(), maxStale))
+	sc.desc = append(sc.desc, fmt.Sprintf("fence id %q config id %q", sc.fenceID, cid))
+	sc.desc = append(sc.desc, fmt.Sprintf("fence %q freshest %q fresh %v (capped %v) maxstale %s", sc.fence, sc.freshest, !fresh.IsZero(), sc.capped, maxStale))
 
 	n := 1 + rng.IntN(40)
 	sc.bulk = true
@@ -125,7 +158,7 @@ func newPathScenario(rng *rand.Rand, round int) *pathScenario {
 			prev = time.Time{}
 		}
 		f := tickFire(entry, queue, tickAt(tick), prev)
-		f.FreshAsOf, f.MaxStaleness = fresh, maxStale
+		f.FreshAsOf, f.MaxStaleness, f.ConfigID = fresh, maxStale, cid
 		wm := own.Watermark(entry)
 		switch rng.IntN(9) {
 		case 6: // as expected, written without a task id (a seeded watermark)
@@ -167,12 +200,13 @@ func newPathScenario(rng *rand.Rand, round int) *pathScenario {
 	case 0: // the next tick of an entry already in the batch
 		i := rng.IntN(n)
 		f := tickFire(sc.fires[i].Entry, queue, tickAt(tick+1), tickAt(tick))
-		f.FreshAsOf, f.MaxStaleness = fresh, maxStale
+		f.FreshAsOf, f.MaxStaleness, f.ConfigID = fresh, maxStale, cid
 		sc.fires = append(sc.fires, f)
 		sc.bulk = false
 		sc.desc = append(sc.desc, "repeated entry")
 	case 1: // a newer configuration for one fire
-		sc.fires[rng.IntN(n)].ConfigSeq = seq + 2
+		f := &sc.fires[rng.IntN(n)]
+		f.ConfigSeq, f.ConfigID = seq+2, "dddddddddddd"
 		sc.bulk = false
 		sc.desc = append(sc.desc, "mixed config seq")
 	case 2: // a fire that is not a plain tick
@@ -195,6 +229,9 @@ func (sc *pathScenario) seed(t *testing.T, rc *redis.Client, own OwnKeys, keys Q
 	if sc.freshest != "" {
 		pipe.Set(ctx, own.Freshness(), sc.freshest, 0)
 	}
+	if sc.fenceID != "" {
+		pipe.Set(ctx, own.FenceID(), sc.fenceID, 0)
+	}
 	for k, v := range sc.marks {
 		pipe.Set(ctx, k, v, 0)
 	}
@@ -203,6 +240,26 @@ func (sc *pathScenario) seed(t *testing.T, rc *redis.Client, own OwnKeys, keys Q
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// normalize replaces a stored freshness near the test's clock (the Redis
+// server runs on this host), which is one capped at Redis TIME + 2 s and
+// differs from run to run, by "capped". A seeded value the fires left alone
+// is far from now and stays as it is.
+func (sc *pathScenario) normalize(t *testing.T, state map[string]string, own OwnKeys) {
+	t.Helper()
+	k := "string " + own.Freshness()
+	v, ok := state[k]
+	if !sc.capped || !ok {
+		return
+	}
+	ms, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		t.Fatalf("stored freshness %q: %v", v, err)
+	}
+	if d := time.UnixMilli(ms).Sub(time.Now()); d > -30*time.Second && d < 30*time.Second {
+		state[k] = "capped"
 	}
 }
 

@@ -172,6 +172,13 @@ func (o OwnKeys) Handover(entry string) string { return o.head + "moved:" + entr
 // replica firing into this slot (the revision fence).
 func (o OwnKeys) Fence() string { return o.head + "fence" }
 
+// FenceID is the STRING "<seq>:<id>": the config message id
+// (events.ConfigMessageID) at the sequence the fence was last raised to by a
+// fire that presented one. It is a key of its own so that the fence keeps
+// the format earlier builds read; when its sequence is not the fence's, the
+// fence's message is unknown (raised by an earlier build or without an id).
+func (o OwnKeys) FenceID() string { return o.head + "fence:id" }
+
 // Trigger is the STRING remembering a manual trigger's request id, so a
 // retried trigger does not enqueue twice.
 func (o OwnKeys) Trigger(requestID string) string { return o.head + "trigger:" + requestID }
