@@ -1,0 +1,519 @@
+// Package forecast counts the fires the registered entries will make in
+// each minute of a window, per queue or per entry, and finds the peaks.
+//
+// Counts are computed without listing ticks one by one (an "@every 1s"
+// entry has 86,400 a day):
+//
+//   - "@every D" with D under a minute: the multiples of D in each minute,
+//     counted arithmetically.
+//   - "@every D" of a minute or more, and cron specs: one step per minute
+//     that holds a tick (the scheduler's own Next, so time zones and
+//     daylight saving are those of the scheduler), the ticks within that
+//     minute counted from the spec's seconds field.
+//   - Jitter is the scheduler's deterministic offset, applied to each tick
+//     when a minute holds one tick. When a minute holds several ticks of one
+//     entry (sub-minute rates), the entry fires at a steady rate that jitter
+//     only shifts, so its counts are shifted by the mean offset instead of
+//     hashing every tick; the total over the window is unchanged but for
+//     the edges.
+//
+// Entries without jitter that share a spec and zone share one computation,
+// so 100,000 entries of a few specs cost a few series.
+package forecast
+
+import (
+	"cmp"
+	"fmt"
+	"math/bits"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/robfig/cron/v3"
+
+	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/scheduler"
+)
+
+// By says how fires are grouped.
+type By string
+
+// Groupings.
+const (
+	ByQueue By = "queue"
+	ByEntry By = "entry"
+)
+
+// ParseBy checks a --by value.
+func ParseBy(s string) (By, error) {
+	switch By(s) {
+	case "", ByQueue:
+		return ByQueue, nil
+	case ByEntry:
+		return ByEntry, nil
+	}
+	return "", fmt.Errorf("by %q: want queue or entry", s)
+}
+
+// Params configure a forecast; the zero value forecasts 24 hours from the
+// current minute, by queue.
+type Params struct {
+	From   time.Time     // truncated to the minute; zero: now
+	Window time.Duration // rounded up to whole minutes; zero: 24h
+	By     By            // zero: ByQueue
+	// MaxGroups bounds the groups kept with their own series (the largest
+	// by total); the rest are summed into OtherGroup. Zero: 12.
+	MaxGroups int
+	// MaxPeaks is how many peaks are reported. Zero: 3.
+	MaxPeaks int
+}
+
+// OtherGroup names the sum of the groups beyond MaxGroups.
+const OtherGroup = "(other)"
+
+// MaxWindow bounds the window: a week of minutes.
+const MaxWindow = 7 * 24 * time.Hour
+
+// Group is the fires per minute of one queue or entry.
+type Group struct {
+	Name   string  `json:"name"`
+	Total  int64   `json:"total"`
+	Counts []int64 `json:"counts"` // one per minute from Forecast.From
+}
+
+// Peak is a minute whose fires stand out, with the entries behind them.
+type Peak struct {
+	At      time.Time `json:"at"`
+	Fires   int64     `json:"fires"`
+	Entries int       `json:"entries"` // entries firing in that minute
+	// Specs are the schedules behind the peak, the largest first.
+	Specs []PeakSpec `json:"specs"`
+	// Hint says how jitter would flatten the peak; empty when the entries
+	// behind it already have jitter.
+	Hint string `json:"hint,omitempty"`
+}
+
+// PeakSpec is the entries of one schedule firing in a peak minute.
+type PeakSpec struct {
+	Cron     string   `json:"cron"`
+	Timezone string   `json:"timezone,omitempty"`
+	Second   int      `json:"second"` // second of the minute of the first fire
+	Entries  int      `json:"entries"`
+	Fires    int64    `json:"fires"`
+	Jittered int      `json:"jittered"` // entries among them with jitter
+	Sample   []string `json:"sample"`   // a few entry ids
+}
+
+// Forecast is the result.
+type Forecast struct {
+	From     time.Time     `json:"from"`
+	Minutes  int           `json:"minutes"`
+	By       By            `json:"by"`
+	Entries  int           `json:"entries"` // entries counted (paused and removed excluded)
+	Skipped  []string      `json:"skipped,omitempty"`
+	Total    int64         `json:"total"`
+	Max      int64         `json:"max"` // the largest per-minute total
+	Groups   []Group       `json:"groups"`
+	Totals   []int64       `json:"totals"` // all groups, per minute
+	Peaks    []Peak        `json:"peaks"`
+	Computed time.Duration `json:"-"`
+}
+
+// point is the fires of one schedule in one minute.
+type point struct {
+	min int32
+	n   int32
+	sec int8 // second of the first fire in the minute
+}
+
+// unit is one computed series and the entries that share it.
+type unit struct {
+	cron, tz string
+	jitter   bool
+	entries  []*events.Entry
+	points   []point
+	total    int64
+}
+
+// Compute forecasts the fires of entries. Paused and removed entries are
+// left out; an entry whose schedule does not build is listed in Skipped.
+func Compute(entries []events.Entry, p Params) *Forecast {
+	start := time.Now()
+	from := cmp.Or(p.From, start).UTC().Truncate(time.Minute)
+	window := min(cmp.Or(p.Window, 24*time.Hour), MaxWindow)
+	minutes := int((window + time.Minute - 1) / time.Minute)
+	by := cmp.Or(p.By, ByQueue)
+	f := &Forecast{From: from, Minutes: minutes, By: by}
+
+	shared := map[string]*unit{}
+	var units []*unit
+	for i := range entries {
+		e := &entries[i]
+		if e.Paused || e.Removed {
+			continue
+		}
+		if e.Jitter <= 0 {
+			k := e.Cron + "\x00" + e.Timezone
+			if u, ok := shared[k]; ok {
+				u.entries = append(u.entries, e)
+				f.Entries++
+				continue
+			}
+		}
+		pts, err := series(*e, from, minutes)
+		if err != nil {
+			f.Skipped = append(f.Skipped, e.ID)
+			continue
+		}
+		u := &unit{cron: e.Cron, tz: e.Timezone, jitter: e.Jitter > 0, entries: []*events.Entry{e}, points: pts}
+		for _, pt := range pts {
+			u.total += int64(pt.n)
+		}
+		if !u.jitter {
+			shared[e.Cron+"\x00"+e.Timezone] = u
+		}
+		units = append(units, u)
+		f.Entries++
+	}
+
+	f.Totals = make([]int64, minutes)
+	for _, u := range units {
+		k := int64(len(u.entries))
+		for _, pt := range u.points {
+			f.Totals[pt.min] += int64(pt.n) * k
+		}
+		f.Total += u.total * k
+	}
+	f.Max = slices.Max(append([]int64{0}, f.Totals...))
+	f.Groups = groups(units, by, minutes, cmp.Or(p.MaxGroups, 12))
+	f.Peaks = peaks(units, f.Totals, from, cmp.Or(p.MaxPeaks, 3))
+	f.Computed = time.Since(start)
+	return f
+}
+
+// series computes the fires of one entry per minute over [from, from+minutes).
+func series(e events.Entry, from time.Time, minutes int) ([]point, error) {
+	s, err := scheduler.NewSchedule(e)
+	if err != nil {
+		return nil, err
+	}
+	jitter := e.Jitter.D().Truncate(time.Second)
+	// meanShift is what a steady rate moves by under jitter.
+	meanShift := int64(0)
+	if jitter > 0 {
+		meanShift = int64(jitter/time.Second-1) / 2
+	}
+	if every, ok := strings.CutPrefix(e.Cron, "@every "); ok {
+		d, _ := time.ParseDuration(every) // NewSchedule checked it
+		step := int64(d / time.Second)
+		if step < 60 {
+			return everySubMinute(step, from.Unix()-meanShift, minutes), nil
+		}
+	}
+	secMask := uint64(1) // @every and constant schedules: one tick per step
+	if spec, err := events.ParseCron(e.Cron, nil); err == nil {
+		if sp, ok := spec.(*cron.SpecSchedule); ok {
+			secMask = sp.Second &^ (1 << 63)
+		}
+	}
+	end := from.Add(time.Duration(minutes) * time.Minute)
+	var pts []point
+	// The first tick before from may land inside the window with its jitter.
+	t := s.Next(from.Add(-jitter - time.Second))
+	for !t.IsZero() && t.Before(end) {
+		m := t.Truncate(time.Minute)
+		n := int64(1)
+		if sec := t.Second(); secMask != 1 && matchesSecond(secMask, sec) {
+			n = int64(bits.OnesCount64(secMask >> uint(sec)))
+		}
+		if n > 1 && jitter > 0 {
+			// Several ticks in this minute: shift them by the mean offset.
+			for i, sec := 0, t.Second(); i < int(n); i, sec = i+1, nextBit(secMask, sec) {
+				addPoint(&pts, from, m.Add(time.Duration(int64(sec)+meanShift)*time.Second), end, 1)
+			}
+		} else {
+			at := t
+			if jitter > 0 {
+				at = t.Add(s.Jitter(t))
+			}
+			addPoint(&pts, from, at, end, int32(n))
+		}
+		// The next minute that holds a tick.
+		t = s.Next(m.Add(59 * time.Second))
+	}
+	slices.SortStableFunc(pts, func(a, b point) int { return cmp.Compare(a.min, b.min) })
+	return mergePoints(pts), nil
+}
+
+func matchesSecond(mask uint64, sec int) bool { return mask&(1<<uint(sec)) != 0 }
+
+// nextBit returns the next second after sec set in mask (64 when none).
+func nextBit(mask uint64, sec int) int {
+	rest := mask >> uint(sec+1)
+	if rest == 0 {
+		return 64
+	}
+	return sec + 1 + bits.TrailingZeros64(rest)
+}
+
+// addPoint counts n fires at instant at, when it falls in [from, end).
+func addPoint(pts *[]point, from, at, end time.Time, n int32) {
+	if at.Before(from) || !at.Before(end) {
+		return
+	}
+	*pts = append(*pts, point{min: int32(at.Sub(from) / time.Minute), n: n, sec: int8(at.Second())})
+}
+
+func mergePoints(pts []point) []point {
+	out := pts[:0]
+	for _, p := range pts {
+		if len(out) > 0 && out[len(out)-1].min == p.min {
+			out[len(out)-1].n += p.n
+			continue
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// everySubMinute counts the multiples of step (seconds) in each minute of
+// the window that starts at Unix second start.
+func everySubMinute(step, start int64, minutes int) []point {
+	pts := make([]point, 0, minutes)
+	// multiples in [0, x) for x > 0, floor-safe for negative x.
+	below := func(x int64) int64 { return floorDiv(x-1, step) }
+	for i := range minutes {
+		lo := start + int64(i)*60
+		n := below(lo+60) - below(lo)
+		if n > 0 {
+			sec := int8((step - mod(lo, step)) % step)
+			pts = append(pts, point{min: int32(i), n: int32(n), sec: sec})
+		}
+	}
+	return pts
+}
+
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && (a < 0) != (b < 0) {
+		q--
+	}
+	return q
+}
+
+func mod(a, b int64) int64 { return a - floorDiv(a, b)*b }
+
+// groups sums the units by queue or entry; the largest MaxGroups keep their
+// own series.
+func groups(units []*unit, by By, minutes, maxGroups int) []Group {
+	type acc struct {
+		name  string
+		total int64
+		parts []*unit // with the multiplicity of this group
+		mult  []int64
+	}
+	accs := map[string]*acc{}
+	get := func(name string) *acc {
+		a, ok := accs[name]
+		if !ok {
+			a = &acc{name: name}
+			accs[name] = a
+		}
+		return a
+	}
+	for _, u := range units {
+		if by == ByEntry {
+			for _, e := range u.entries {
+				a := get(e.ID)
+				a.parts, a.mult = append(a.parts, u), append(a.mult, 1)
+				a.total += u.total
+			}
+			continue
+		}
+		counts := map[string]int64{}
+		for _, e := range u.entries {
+			counts[e.Options.QueueName()]++
+		}
+		for q, k := range counts {
+			a := get(q)
+			a.parts, a.mult = append(a.parts, u), append(a.mult, k)
+			a.total += u.total * k
+		}
+	}
+	all := make([]*acc, 0, len(accs))
+	for _, a := range accs {
+		all = append(all, a)
+	}
+	slices.SortFunc(all, func(a, b *acc) int {
+		return cmp.Or(cmp.Compare(b.total, a.total), strings.Compare(a.name, b.name))
+	})
+	var out []Group
+	var other *Group
+	for i, a := range all {
+		g := &Group{Name: a.name}
+		if i >= maxGroups {
+			if other == nil {
+				other = &Group{Name: OtherGroup, Counts: make([]int64, minutes)}
+			}
+			g = other
+		} else {
+			g.Counts = make([]int64, minutes)
+		}
+		for j, u := range a.parts {
+			for _, pt := range u.points {
+				g.Counts[pt.min] += int64(pt.n) * a.mult[j]
+			}
+		}
+		g.Total += a.total
+		if i < maxGroups {
+			out = append(out, *g)
+		}
+	}
+	if other != nil {
+		out = append(out, *other)
+	}
+	return out
+}
+
+// peaks picks the largest minutes (at least three times the mean, and
+// apart from each other by ten minutes) and the schedules behind them.
+func peaks(units []*unit, totals []int64, from time.Time, maxPeaks int) []Peak {
+	var sum int64
+	for _, n := range totals {
+		sum += n
+	}
+	if sum == 0 {
+		return nil
+	}
+	mean := float64(sum) / float64(len(totals))
+	idx := make([]int, len(totals))
+	for i := range idx {
+		idx[i] = i
+	}
+	slices.SortStableFunc(idx, func(a, b int) int { return cmp.Compare(totals[b], totals[a]) })
+	var picked []int
+	for _, i := range idx {
+		if len(picked) == maxPeaks || float64(totals[i]) < 3*mean || totals[i] < 2 {
+			break
+		}
+		near := false
+		for _, j := range picked {
+			if abs(i-j) < 10 {
+				near = true
+				break
+			}
+		}
+		if !near {
+			picked = append(picked, i)
+		}
+	}
+	var out []Peak
+	for _, i := range picked {
+		pk := Peak{At: from.Add(time.Duration(i) * time.Minute), Fires: totals[i]}
+		specs := map[string]*PeakSpec{}
+		for _, u := range units {
+			k, ok := slices.BinarySearchFunc(u.points, int32(i), func(p point, m int32) int { return cmp.Compare(p.min, m) })
+			if !ok {
+				continue
+			}
+			pt := u.points[k]
+			key := fmt.Sprintf("%s\x00%s\x00%d", u.cron, u.tz, pt.sec)
+			ps, ok := specs[key]
+			if !ok {
+				ps = &PeakSpec{Cron: u.cron, Timezone: u.tz, Second: int(pt.sec)}
+				specs[key] = ps
+			}
+			ps.Entries += len(u.entries)
+			ps.Fires += int64(pt.n) * int64(len(u.entries))
+			if u.jitter {
+				ps.Jittered += len(u.entries)
+			}
+			for _, e := range u.entries {
+				if len(ps.Sample) == 5 {
+					break
+				}
+				ps.Sample = append(ps.Sample, e.ID)
+			}
+			pk.Entries += len(u.entries)
+		}
+		for _, ps := range specs {
+			pk.Specs = append(pk.Specs, *ps)
+		}
+		slices.SortFunc(pk.Specs, func(a, b PeakSpec) int {
+			return cmp.Or(cmp.Compare(b.Fires, a.Fires), strings.Compare(a.Cron, b.Cron))
+		})
+		pk.Hint = hint(pk, mean)
+		out = append(out, pk)
+	}
+	return out
+}
+
+// hint suggests a jitter that would spread the unjittered entries behind a
+// peak down to about the mean rate.
+func hint(pk Peak, mean float64) string {
+	var example *PeakSpec
+	for i := range pk.Specs {
+		if pk.Specs[i].Entries-pk.Specs[i].Jittered >= 2 {
+			example = &pk.Specs[i]
+			break
+		}
+	}
+	if example == nil {
+		return ""
+	}
+	// Spread over enough minutes to bring the peak near the mean, at least
+	// one and at most an hour.
+	spread := time.Duration(float64(pk.Fires)/max(mean, 1)) * time.Minute
+	spread = min(max(spread, time.Minute), time.Hour).Round(time.Minute)
+	return fmt.Sprintf("%s entries of %q (e.g. %q) fire in this minute without jitter: jitter %s on them would spread it over %s",
+		Thousands(int64(example.Entries-example.Jittered)), example.Cron, example.Sample[0], shortDuration(spread), shortDuration(spread))
+}
+
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	s = strings.TrimSuffix(s, "0s")
+	return strings.TrimSuffix(s, "0m")
+}
+
+func abs(x int) int {
+	if x < 0 {
+		return -x
+	}
+	return x
+}
+
+// Describe is a one-line account of a peak spec: "12,400 entries fire at
+// 00:00:00 UTC (cron 0 0 * * *)".
+func (ps PeakSpec) Describe(at time.Time) string {
+	t := at.Add(time.Duration(ps.Second) * time.Second)
+	noun := "entries fire"
+	if ps.Entries == 1 {
+		noun = "entry fires"
+	}
+	return fmt.Sprintf("%s %s at %s UTC (%s%s)", Thousands(int64(ps.Entries)), noun, t.UTC().Format("15:04:05"), ps.Cron, tzSuffix(ps.Timezone))
+}
+
+func tzSuffix(tz string) string {
+	if tz == "" || tz == "UTC" {
+		return ""
+	}
+	return " in " + tz
+}
+
+// Thousands writes n with comma separators.
+func Thousands(n int64) string {
+	s := fmt.Sprint(n)
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	var b strings.Builder
+	for i, r := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(r)
+	}
+	if neg {
+		return "-" + b.String()
+	}
+	return b.String()
+}
