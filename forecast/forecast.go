@@ -375,17 +375,14 @@ func groups(units []*unit, by By, minutes, maxGroups int) []Group {
 	return out
 }
 
-// peaks picks the largest minutes (at least three times the mean, and
-// apart from each other by ten minutes) and the schedules behind them.
+// peaks picks the minutes that stand out most above the median minute (by
+// at least two fires and a tenth of the median), ten minutes apart, and the
+// schedules behind them. The median is the schedule's steady load: an
+// "@every 1s" entry raises every minute alike and hides no peak.
 func peaks(units []*unit, totals []int64, from time.Time, maxPeaks int) []Peak {
-	var sum int64
-	for _, n := range totals {
-		sum += n
-	}
-	if sum == 0 {
-		return nil
-	}
-	mean := float64(sum) / float64(len(totals))
+	sorted := slices.Clone(totals)
+	slices.Sort(sorted)
+	median := sorted[len(sorted)/2]
 	idx := make([]int, len(totals))
 	for i := range idx {
 		idx[i] = i
@@ -393,7 +390,8 @@ func peaks(units []*unit, totals []int64, from time.Time, maxPeaks int) []Peak {
 	slices.SortStableFunc(idx, func(a, b int) int { return cmp.Compare(totals[b], totals[a]) })
 	var picked []int
 	for _, i := range idx {
-		if len(picked) == maxPeaks || float64(totals[i]) < 3*mean || totals[i] < 2 {
+		excess := totals[i] - median
+		if len(picked) == maxPeaks || excess < 2 || excess < median/10 {
 			break
 		}
 		near := false
@@ -442,7 +440,7 @@ func peaks(units []*unit, totals []int64, from time.Time, maxPeaks int) []Peak {
 		slices.SortFunc(pk.Specs, func(a, b PeakSpec) int {
 			return cmp.Or(cmp.Compare(b.Fires, a.Fires), strings.Compare(a.Cron, b.Cron))
 		})
-		pk.Hint = hint(pk, mean)
+		pk.Hint = hint(pk, pk.Fires-median, median)
 		out = append(out, pk)
 	}
 	return out
@@ -450,7 +448,7 @@ func peaks(units []*unit, totals []int64, from time.Time, maxPeaks int) []Peak {
 
 // hint suggests a jitter that would spread the unjittered entries behind a
 // peak down to about the mean rate.
-func hint(pk Peak, mean float64) string {
+func hint(pk Peak, excess, median int64) string {
 	var example *PeakSpec
 	for i := range pk.Specs {
 		if pk.Specs[i].Entries-pk.Specs[i].Jittered >= 2 {
@@ -461,9 +459,9 @@ func hint(pk Peak, mean float64) string {
 	if example == nil {
 		return ""
 	}
-	// Spread over enough minutes to bring the peak near the mean, at least
-	// one and at most an hour.
-	spread := time.Duration(float64(pk.Fires)/max(mean, 1)) * time.Minute
+	// Spread the excess so that it adds about a tenth of the steady load
+	// to each minute: at least a minute, at most an hour.
+	spread := time.Duration(excess/max(median/10, 1)) * time.Minute
 	spread = min(max(spread, time.Minute), time.Hour).Round(time.Minute)
 	return fmt.Sprintf("%s entries of %q (e.g. %q) fire in this minute without jitter: jitter %s on them would spread it over %s",
 		Thousands(int64(example.Entries-example.Jittered)), example.Cron, example.Sample[0], shortDuration(spread), shortDuration(spread))
