@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/cronstream/cronstream/console"
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/clock"
 	"github.com/cronstream/cronstream/internal/redact"
@@ -72,6 +73,9 @@ type Config struct {
 
 	// HTTPAddr serves /healthz, /readyz and /metrics ("" : no HTTP).
 	HTTPAddr string
+	// Console, when set, serves the read-only web console at / on
+	// HTTPAddr.
+	Console *console.Config
 	// Heartbeat is how often the replica refreshes its heartbeat and its
 	// clock offset to Redis.
 	Heartbeat time.Duration
@@ -125,6 +129,7 @@ type Replica struct {
 	stall   *stall.Detector
 	http    *httpServer
 	obsSub  *nats.Subscription
+	console *console.Console
 
 	mu      sync.Mutex
 	started bool
@@ -177,6 +182,11 @@ func (r *Replica) run(ctx context.Context) error {
 			return err
 		}
 		r.http = h
+		if r.cfg.Console != nil {
+			if err := r.mountConsole(h); err != nil {
+				return err
+			}
+		}
 		h.addCheck("starting", func(context.Context) error {
 			r.mu.Lock()
 			defer r.mu.Unlock()
@@ -198,6 +208,7 @@ func (r *Replica) run(ctx context.Context) error {
 	r.mu.Lock()
 	r.started = true
 	r.mu.Unlock()
+	r.attachConsole()
 	r.log.Info("replica running", "prefix", r.cfg.Names.Prefix(), "entries", r.proj.Len())
 	if r.cfg.Ready != nil {
 		addr := ""
