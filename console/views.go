@@ -219,6 +219,11 @@ func (c *Console) forecastFor(src *Source, window time.Duration) *forecastView {
 	}
 	f := forecast.Compute(entries, forecast.Params{From: key.from, Window: window, By: forecast.ByQueue})
 	v := &forecastView{F: f, Chart: buildChart(f), Window: window.String(), Windows: forecastWindows}
+	for _, w := range forecastWindows {
+		if d, _ := time.ParseDuration(w); d == window {
+			v.Window = w
+		}
+	}
 	clear(c.fcCache) // only the latest revision and minute are asked for again
 	c.fcCache[key] = v
 	return v
