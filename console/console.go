@@ -90,6 +90,10 @@ type Console struct {
 	static http.Handler
 	mux    *http.ServeMux
 
+	snapMu  sync.Mutex
+	snap    []projector.State
+	snapSeq uint64
+
 	fcMu    sync.Mutex
 	fcCache map[fcKey]*forecastView
 }

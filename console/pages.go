@@ -74,7 +74,7 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 		d.LastSeq = src.LastSeq()
 	}
 	queues := map[string]*queueCount{}
-	for _, st := range entriesOf(src) {
+	for _, st := range c.entriesOf(src) {
 		q := st.Entry.Options.QueueName()
 		qc, ok := queues[q]
 		if !ok {
@@ -99,11 +99,23 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 	c.render(w, r, http.StatusOK, "overview", page{Title: "Overview", Live: true, Data: d, Server: time.Since(start)})
 }
 
-func entriesOf(src *Source) []projector.State {
+// entriesOf returns the projection's entries, sorted by id. The copy is
+// kept until the projection's revision changes: copying and sorting 100,000
+// entries costs more than a page may, and pages only read it.
+func (c *Console) entriesOf(src *Source) []projector.State {
 	if src.Entries == nil {
 		return nil
 	}
-	return src.Entries()
+	if src.LastSeq == nil {
+		return src.Entries()
+	}
+	c.snapMu.Lock()
+	defer c.snapMu.Unlock()
+	if seq := src.LastSeq(); c.snap == nil || seq != c.snapSeq {
+		// Read the revision first: the copy is at least as new as it.
+		c.snap, c.snapSeq = src.Entries(), seq
+	}
+	return c.snap
 }
 
 // entryFilter is the filter of the Entries and Time travel tables.
@@ -174,12 +186,17 @@ type tableData struct {
 func table(states []projector.State, f entryFilter, at time.Time, extra url.Values) tableData {
 	d := tableData{Filter: f, Total: len(states), At: at}
 	queues := map[string]bool{}
-	var matched []projector.State
-	for _, st := range states {
-		queues[st.Entry.Options.QueueName()] = true
-		if f.keep(st.Entry) {
-			matched = append(matched, st)
+	off := f.Offset
+	for i := range states {
+		e := &states[i].Entry
+		queues[e.Options.QueueName()] = true
+		if !f.keep(*e) {
+			continue
 		}
+		if d.Matched >= off && d.Matched < off+pageSize {
+			d.Rows = append(d.Rows, entryRow{State: states[i]})
+		}
+		d.Matched++
 	}
 	for q := range queues {
 		d.Queues = append(d.Queues, q)
@@ -188,17 +205,15 @@ func table(states []projector.State, f entryFilter, at time.Time, extra url.Valu
 	if len(d.Queues) > 200 {
 		d.Queues = nil // a free-text field then
 	}
-	d.Matched = len(matched)
-	off := min(f.Offset, max(len(matched)-1, 0)/pageSize*pageSize)
-	end := min(off+pageSize, len(matched))
-	for _, st := range matched[off:end] {
-		d.Rows = append(d.Rows, entryRow{State: st, NextFire: nextFire(st.Entry, at)})
+	for i := range d.Rows {
+		d.Rows[i].NextFire = nextFire(d.Rows[i].State.Entry, at)
 	}
-	d.From, d.To = off+1, end
+	end := min(off+pageSize, d.Matched)
+	d.From, d.To = min(off+1, end), end
 	if off > 0 {
 		d.Prev = template.URL("?" + f.query(extra, max(off-pageSize, 0)))
 	}
-	if end < len(matched) {
+	if end < d.Matched {
 		d.Next = template.URL("?" + f.query(extra, end))
 	}
 	return d
@@ -225,7 +240,7 @@ func (c *Console) entries(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	start := time.Now()
-	d := table(entriesOf(src), parseEntryFilter(r.URL.Query()), c.cfg.Now(), nil)
+	d := table(c.entriesOf(src), parseEntryFilter(r.URL.Query()), c.cfg.Now(), nil)
 	c.render(w, r, http.StatusOK, "entries", page{Title: "Entries", Data: d, Server: time.Since(start)})
 }
 
@@ -280,7 +295,7 @@ func (c *Console) entry(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	now := c.cfg.Now().UTC()
 	d := entryData{ID: id, Payloads: c.cfg.Payloads}
-	for _, st := range entriesOf(src) {
+	for _, st := range c.entriesOf(src) {
 		if st.Entry.ID == id {
 			d.State = &st
 			break

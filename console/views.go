@@ -3,6 +3,7 @@ package console
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/url"
 	"slices"
@@ -58,15 +59,14 @@ func (c *Console) timeTravel(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	states := make([]projector.State, 0, len(m))
-	for _, st := range m {
-		states = append(states, st)
+	for _, id := range slices.Sorted(maps.Keys(m)) {
+		states = append(states, m[id])
 	}
-	slices.SortFunc(states, func(a, b projector.State) int { return strings.Compare(a.Entry.ID, b.Entry.ID) })
 	d := table(states, parseEntryFilter(r.URL.Query()), at, url.Values{"at": {raw}})
 	d.AtInput = raw
 	// Which of the entries shown are gone now.
 	live := map[string]bool{}
-	for _, st := range entriesOf(src) {
+	for _, st := range c.entriesOf(src) {
 		live[st.Entry.ID] = true
 	}
 	for _, row := range d.Rows {
@@ -212,7 +212,7 @@ func (c *Console) forecastFor(src *Source, window time.Duration) *forecastView {
 	if v, ok := c.fcCache[key]; ok {
 		return v
 	}
-	states := entriesOf(src)
+	states := c.entriesOf(src)
 	entries := make([]events.Entry, len(states))
 	for i, st := range states {
 		entries[i] = st.Entry

@@ -130,6 +130,7 @@ type point struct {
 type unit struct {
 	cron, tz string
 	jitter   bool
+	jittered int
 	entries  []*events.Entry
 	points   []point
 	total    int64
@@ -146,31 +147,39 @@ func Compute(entries []events.Entry, p Params) *Forecast {
 	f := &Forecast{From: from, Minutes: minutes, By: by}
 
 	shared := map[string]*unit{}
+	walks := map[walkKey][]tickMinute{}
+	acc := newAccumulator(from, minutes)
 	var units []*unit
 	for i := range entries {
 		e := &entries[i]
 		if e.Paused || e.Removed {
 			continue
 		}
-		if e.Jitter <= 0 {
-			k := e.Cron + "\x00" + e.Timezone
+		k, shareable := shareKey(*e)
+		if shareable {
 			if u, ok := shared[k]; ok {
 				u.entries = append(u.entries, e)
+				if u.jitter {
+					u.jittered++
+				}
 				f.Entries++
 				continue
 			}
 		}
-		pts, err := series(*e, from, minutes)
+		pts, err := series(*e, from, minutes, walks, acc)
 		if err != nil {
 			f.Skipped = append(f.Skipped, e.ID)
 			continue
 		}
 		u := &unit{cron: e.Cron, tz: e.Timezone, jitter: e.Jitter > 0, entries: []*events.Entry{e}, points: pts}
+		if u.jitter {
+			u.jittered = 1
+		}
 		for _, pt := range pts {
 			u.total += int64(pt.n)
 		}
-		if !u.jitter {
-			shared[e.Cron+"\x00"+e.Timezone] = u
+		if shareable {
+			shared[k] = u
 		}
 		units = append(units, u)
 		f.Entries++
@@ -191,8 +200,27 @@ func Compute(entries []events.Entry, p Params) *Forecast {
 	return f
 }
 
-// series computes the fires of one entry per minute over [from, from+minutes).
-func series(e events.Entry, from time.Time, minutes int) ([]point, error) {
+// shareKey says which entries have the same series: those without jitter
+// with the same spec and zone, and those with the same spec, zone and
+// jitter when it fires more than once a minute (its jitter is a mean shift,
+// the same for every entry).
+func shareKey(e events.Entry) (string, bool) {
+	if e.Jitter <= 0 {
+		return e.Cron + "\x00" + e.Timezone, true
+	}
+	if every, ok := strings.CutPrefix(e.Cron, "@every "); ok {
+		if d, err := time.ParseDuration(every); err == nil && d < time.Minute {
+			return e.Cron + "\x00" + e.Timezone + "\x00" + e.Jitter.String(), true
+		}
+	}
+	return "", false
+}
+
+// series computes the fires of one entry per minute over [from,
+// from+minutes). walks holds the minute walks already done, by spec, zone
+// and jitter: entries that differ only in id (and so in their jitter
+// offsets) walk their schedule once.
+func series(e events.Entry, from time.Time, minutes int, walks map[walkKey][]tickMinute, acc *accumulator) ([]point, error) {
 	s, err := scheduler.NewSchedule(e)
 	if err != nil {
 		return nil, err
@@ -210,39 +238,179 @@ func series(e events.Entry, from time.Time, minutes int) ([]point, error) {
 			return everySubMinute(step, from.Unix()-meanShift, minutes), nil
 		}
 	}
+	end := from.Add(time.Duration(minutes) * time.Minute)
+	key := walkKey{e.Cron, e.Timezone, jitter}
+	walk, ok := walks[key]
+	if !ok {
+		walk = walkMinutes(e, s, from.Add(-jitter-time.Second), end)
+		walks[key] = walk
+	}
+	acc.reset()
+	jit := newJitterer(e.ID, jitter)
+	for _, tm := range walk {
+		if tm.n > 1 && jitter > 0 {
+			// Several ticks in this minute: shift them by the mean offset.
+			m := tm.unix - tm.unix%60
+			for i, sec := 0, int(tm.unix%60); i < int(tm.n); i, sec = i+1, nextBit(tm.mask, sec) {
+				acc.add(m+int64(sec)+meanShift, 1)
+			}
+			continue
+		}
+		acc.add(tm.unix+jit.offset(tm.unix), tm.n)
+	}
+	return acc.points(), nil
+}
+
+// accumulator collects one entry's fires by minute: sparse while few,
+// dense (one counter a minute, reused from entry to entry) once many, so a
+// busy entry costs no sorting and no allocation but its result.
+type accumulator struct {
+	from    int64 // Unix seconds
+	minutes int
+	sparse  []point
+	isDense bool
+	dense   []int32
+	secs    []int8
+	touched []int32 // the dense minutes counted, to clear them
+}
+
+func newAccumulator(from time.Time, minutes int) *accumulator {
+	return &accumulator{from: from.Unix(), minutes: minutes}
+}
+
+func (a *accumulator) reset() {
+	a.sparse = a.sparse[:0]
+	for _, m := range a.touched {
+		a.dense[m] = 0
+	}
+	a.touched = a.touched[:0]
+	a.isDense = false
+}
+
+// add counts n fires at Unix second at, when it falls in the window.
+func (a *accumulator) add(at int64, n int32) {
+	off := at - a.from
+	if off < 0 || off >= int64(a.minutes)*60 {
+		return
+	}
+	m := int32(off / 60)
+	if !a.isDense && len(a.sparse) >= 64 {
+		if a.dense == nil {
+			a.dense, a.secs = make([]int32, a.minutes), make([]int8, a.minutes)
+		}
+		a.isDense = true
+		for _, p := range a.sparse {
+			a.addDense(p.min, p.n, p.sec)
+		}
+	}
+	if a.isDense {
+		a.addDense(m, n, int8(off%60))
+		return
+	}
+	a.sparse = append(a.sparse, point{min: m, n: n, sec: int8(off % 60)})
+}
+
+func (a *accumulator) addDense(m, n int32, sec int8) {
+	if a.dense[m] == 0 {
+		a.secs[m] = sec
+		a.touched = append(a.touched, m)
+	}
+	a.dense[m] += n
+}
+
+// points returns the fires per minute, in minute order.
+func (a *accumulator) points() []point {
+	if !a.isDense {
+		slices.SortStableFunc(a.sparse, func(x, y point) int { return cmp.Compare(x.min, y.min) })
+		return slices.Clone(mergePoints(a.sparse))
+	}
+	out := make([]point, 0, len(a.touched))
+	if len(a.touched) > a.minutes/16 {
+		for m, n := range a.dense { // a scan costs less than a sort here
+			if n > 0 {
+				out = append(out, point{min: int32(m), n: n, sec: a.secs[m]})
+			}
+		}
+		return out
+	}
+	slices.Sort(a.touched)
+	for _, m := range a.touched {
+		out = append(out, point{min: m, n: a.dense[m], sec: a.secs[m]})
+	}
+	return out
+}
+
+// jitterer is scheduler.Schedule.Jitter for many ticks of one entry: the
+// FNV-1a hash of the entry id is computed once and only the tick's eight
+// bytes are hashed for each tick. TestJittererMatchesScheduler holds it
+// to the scheduler's.
+type jitterer struct {
+	seed uint64
+	secs uint64
+}
+
+const (
+	fnvOffset = 14695981039346656037
+	fnvPrime  = 1099511628211
+)
+
+func newJitterer(id string, jitter time.Duration) jitterer {
+	h := uint64(fnvOffset)
+	for i := 0; i < len(id); i++ {
+		h ^= uint64(id[i])
+		h *= fnvPrime
+	}
+	return jitterer{seed: h, secs: uint64(max(jitter/time.Second, 0))}
+}
+
+// offset returns the delay in seconds of the tick at Unix second tick.
+func (j jitterer) offset(tick int64) int64 {
+	if j.secs == 0 {
+		return 0
+	}
+	h := j.seed
+	for shift := 56; shift >= 0; shift -= 8 {
+		h ^= uint64(byte(uint64(tick) >> uint(shift)))
+		h *= fnvPrime
+	}
+	return int64(h % j.secs)
+}
+
+// walkKey identifies a minute walk.
+type walkKey struct {
+	cron, tz string
+	jitter   time.Duration
+}
+
+// tickMinute is a minute that holds ticks: its first tick, how many there
+// are, and the spec's seconds (to find the others).
+type tickMinute struct {
+	unix int64 // Unix second of the first tick
+	n    int32
+	mask uint64
+}
+
+// walkMinutes steps through the minutes in [after, end) that hold a tick of
+// s, with the scheduler's own Next, counting each minute's ticks from the
+// spec's seconds field.
+func walkMinutes(e events.Entry, s *scheduler.Schedule, after, end time.Time) []tickMinute {
 	secMask := uint64(1) // @every and constant schedules: one tick per step
 	if spec, err := events.ParseCron(e.Cron, nil); err == nil {
 		if sp, ok := spec.(*cron.SpecSchedule); ok {
 			secMask = sp.Second &^ (1 << 63)
 		}
 	}
-	end := from.Add(time.Duration(minutes) * time.Minute)
-	var pts []point
-	// The first tick before from may land inside the window with its jitter.
-	t := s.Next(from.Add(-jitter - time.Second))
-	for !t.IsZero() && t.Before(end) {
-		m := t.Truncate(time.Minute)
-		n := int64(1)
+	var out []tickMinute
+	for t := s.Next(after); !t.IsZero() && t.Before(end); {
+		n := int32(1)
 		if sec := t.Second(); secMask != 1 && matchesSecond(secMask, sec) {
-			n = int64(bits.OnesCount64(secMask >> uint(sec)))
+			n = int32(bits.OnesCount64(secMask >> uint(sec)))
 		}
-		if n > 1 && jitter > 0 {
-			// Several ticks in this minute: shift them by the mean offset.
-			for i, sec := 0, t.Second(); i < int(n); i, sec = i+1, nextBit(secMask, sec) {
-				addPoint(&pts, from, m.Add(time.Duration(int64(sec)+meanShift)*time.Second), end, 1)
-			}
-		} else {
-			at := t
-			if jitter > 0 {
-				at = t.Add(s.Jitter(t))
-			}
-			addPoint(&pts, from, at, end, int32(n))
-		}
+		out = append(out, tickMinute{unix: t.Unix(), n: n, mask: secMask})
 		// The next minute that holds a tick.
-		t = s.Next(m.Add(59 * time.Second))
+		t = s.Next(t.Truncate(time.Minute).Add(59 * time.Second))
 	}
-	slices.SortStableFunc(pts, func(a, b point) int { return cmp.Compare(a.min, b.min) })
-	return mergePoints(pts), nil
+	return out
 }
 
 func matchesSecond(mask uint64, sec int) bool { return mask&(1<<uint(sec)) != 0 }
@@ -254,14 +422,6 @@ func nextBit(mask uint64, sec int) int {
 		return 64
 	}
 	return sec + 1 + bits.TrailingZeros64(rest)
-}
-
-// addPoint counts n fires at instant at, when it falls in [from, end).
-func addPoint(pts *[]point, from, at, end time.Time, n int32) {
-	if at.Before(from) || !at.Before(end) {
-		return
-	}
-	*pts = append(*pts, point{min: int32(at.Sub(from) / time.Minute), n: n, sec: int8(at.Second())})
 }
 
 func mergePoints(pts []point) []point {
@@ -423,9 +583,7 @@ func peaks(units []*unit, totals []int64, from time.Time, maxPeaks int) []Peak {
 			}
 			ps.Entries += len(u.entries)
 			ps.Fires += int64(pt.n) * int64(len(u.entries))
-			if u.jitter {
-				ps.Jittered += len(u.entries)
-			}
+			ps.Jittered += u.jittered
 			for _, e := range u.entries {
 				if len(ps.Sample) == 5 {
 					break

@@ -160,3 +160,20 @@ func TestThousands(t *testing.T) {
 		}
 	}
 }
+
+func TestJittererMatchesScheduler(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	for i := range 2000 {
+		id := fmt.Sprintf("entry-%d-%x", i, r.Uint64())
+		jitter := time.Duration(1+r.IntN(86400)) * time.Second
+		e := events.Entry{ID: id, Cron: "* * * * *", Jitter: events.Duration(jitter)}
+		s, err := scheduler.NewSchedule(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tick := time.Unix(r.Int64N(1<<33)-(1<<32), 0).Truncate(time.Minute)
+		if got, want := newJitterer(id, jitter).offset(tick.Unix()), int64(s.Jitter(tick)/time.Second); got != want {
+			t.Fatalf("%s at %s: offset %d, scheduler %d", id, tick, got, want)
+		}
+	}
+}
