@@ -213,11 +213,13 @@ func (c *Console) forecastFor(src *Source, window time.Duration) *forecastView {
 		return v
 	}
 	states := c.entriesOf(src)
-	entries := make([]events.Entry, len(states))
-	for i, st := range states {
-		entries[i] = st.Entry
-	}
-	f := forecast.Compute(entries, forecast.Params{From: key.from, Window: window, By: forecast.ByQueue})
+	f := forecast.ComputeSeq(func(yield func(*events.Entry) bool) {
+		for i := range states {
+			if !yield(&states[i].Entry) {
+				return
+			}
+		}
+	}, forecast.Params{From: key.from, Window: window, By: forecast.ByQueue})
 	v := &forecastView{F: f, Chart: buildChart(f), Window: window.String(), Windows: forecastWindows}
 	for _, w := range forecastWindows {
 		if d, _ := time.ParseDuration(w); d == window {

@@ -24,6 +24,7 @@ package forecast
 import (
 	"cmp"
 	"fmt"
+	"iter"
 	"math/bits"
 	"slices"
 	"strings"
@@ -139,6 +140,18 @@ type unit struct {
 // Compute forecasts the fires of entries. Paused and removed entries are
 // left out; an entry whose schedule does not build is listed in Skipped.
 func Compute(entries []events.Entry, p Params) *Forecast {
+	return ComputeSeq(func(yield func(*events.Entry) bool) {
+		for i := range entries {
+			if !yield(&entries[i]) {
+				return
+			}
+		}
+	}, p)
+}
+
+// ComputeSeq is Compute over entries it reads in place (a projection's
+// snapshot), which must not change until it returns.
+func ComputeSeq(entries iter.Seq[*events.Entry], p Params) *Forecast {
 	start := time.Now()
 	from := cmp.Or(p.From, start).UTC().Truncate(time.Minute)
 	window := min(cmp.Or(p.Window, 24*time.Hour), MaxWindow)
@@ -150,8 +163,7 @@ func Compute(entries []events.Entry, p Params) *Forecast {
 	walks := map[walkKey][]tickMinute{}
 	acc := newAccumulator(from, minutes)
 	var units []*unit
-	for i := range entries {
-		e := &entries[i]
+	for e := range entries {
 		if e.Paused || e.Removed {
 			continue
 		}
