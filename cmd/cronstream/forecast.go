@@ -122,7 +122,7 @@ func printForecast(w io.Writer, f *forecast.Forecast, width int) {
 		line("all", f.Totals, f.Total)
 	}
 	if len(f.Peaks) == 0 {
-		fmt.Fprintln(w, "\nno peaks: no minute has three times the mean")
+		fmt.Fprintln(w, "\nno peaks: no minute stands out above the steady load")
 		return
 	}
 	fmt.Fprintln(w, "\npeaks:")
