@@ -21,6 +21,7 @@ type Check func(ctx context.Context) error
 // httpServer serves /healthz (the process is alive), /readyz (every check
 // passes) and /metrics.
 type httpServer struct {
+	mux    *http.ServeMux
 	srv    *http.Server
 	ln     net.Listener
 	log    *slog.Logger
@@ -42,9 +43,14 @@ func newHTTPServer(addr string, reg *prometheus.Registry, log *slog.Logger) (*ht
 	})
 	mux.HandleFunc("GET /readyz", h.ready)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	h.mux = mux
 	h.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	return h, nil
 }
+
+// mount serves handler under pattern (the console at "/": the other
+// paths stay theirs, being more specific).
+func (h *httpServer) mount(pattern string, handler http.Handler) { h.mux.Handle(pattern, handler) }
 
 // Addr is where the server listens.
 func (h *httpServer) Addr() string { return h.ln.Addr().String() }

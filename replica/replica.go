@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/cronstream/cronstream/console"
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/clock"
 	"github.com/cronstream/cronstream/internal/redact"
@@ -73,6 +74,9 @@ type Config struct {
 
 	// HTTPAddr serves /healthz, /readyz and /metrics ("" : no HTTP).
 	HTTPAddr string
+	// Console, when set, serves the read-only web console at / on
+	// HTTPAddr.
+	Console *console.Config
 	// Heartbeat is how often the replica refreshes its heartbeat and its
 	// clock offset to Redis.
 	Heartbeat time.Duration
@@ -127,6 +131,7 @@ type Replica struct {
 	http    *httpServer
 	obsSub  *nats.Subscription
 	auth    *authWatch
+	console *console.Console
 
 	mu      sync.Mutex
 	started bool
@@ -180,6 +185,11 @@ func (r *Replica) run(ctx context.Context) error {
 			return err
 		}
 		r.http = h
+		if r.cfg.Console != nil {
+			if err := r.mountConsole(h); err != nil {
+				return err
+			}
+		}
 		h.addCheck("starting", func(context.Context) error {
 			r.mu.Lock()
 			defer r.mu.Unlock()
@@ -202,6 +212,7 @@ func (r *Replica) run(ctx context.Context) error {
 	r.started = true
 	r.mu.Unlock()
 	r.auth.armed.Store(true)
+	r.attachConsole()
 	r.log.Info("replica running", "prefix", r.cfg.Names.Prefix(), "entries", r.proj.Len())
 	if r.cfg.Ready != nil {
 		addr := ""

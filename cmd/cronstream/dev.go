@@ -14,7 +14,7 @@ import (
 func init() { subcommands = append(subcommands, newDevCommand) }
 
 func newDevCommand(g *globalFlags) *cobra.Command {
-	f := &replicaFlags{}
+	f := &replicaFlags{consoleDefault: true}
 	var dataDir string
 	var natsPort int
 	cmd := &cobra.Command{
@@ -68,6 +68,9 @@ and your asynq workers can connect.`,
 					"  cronstream entry put hello --cron '@every 10s' --type demo:hello\n"+
 					"  cronstream audit --follow\n", terminalSafe(natsURL), terminalSafe(shownRedis), terminalSafe(httpAddr), terminalSafe(dataDir),
 					shellQuote(natsURL), shellQuote(shownRedis))
+				if cfg.Console != nil && httpAddr != "" {
+					fmt.Fprintf(os.Stdout, "  open http://%s/   (the console)\n", terminalSafe(httpAddr))
+				}
 				if shownRedis != redisURL {
 					fmt.Fprintf(os.Stdout, "  (the Redis password is not shown: put it in CRONSTREAM_REDIS yourself, or use --redis-password-file)\n")
 				}

@@ -243,6 +243,9 @@ func registerSecrets(cmd *cobra.Command, g *globalFlags) {
 	if f := cmd.Flags().Lookup("redis-password"); f != nil {
 		g.secrets.AddSecret(f.Value.String())
 	}
+	if f := cmd.Flags().Lookup("http-token"); f != nil {
+		g.secrets.AddSecret(f.Value.String())
+	}
 }
 
 // discardRedisLog silences go-redis's own logging.

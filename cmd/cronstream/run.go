@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
+	"github.com/cronstream/cronstream/console"
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/replica"
 	"github.com/cronstream/cronstream/stall"
@@ -36,6 +37,10 @@ type replicaFlags struct {
 	lateAfter       time.Duration
 	clockOffset     time.Duration
 	http            string
+	consoleDefault  bool // dev serves the console unless --console=false
+	console         bool
+	consolePayloads bool
+	httpToken       string
 	logFormat       string
 	logLevel        string
 }
@@ -56,6 +61,9 @@ func (f *replicaFlags) add(cmd *cobra.Command, httpDefault string) {
 	fl.DurationVar(&f.lateAfter, "late-after", stall.DefaultLateAfter, "an entry whose tick is overdue (due time plus jitter) for longer is late: metrics, a warning, status, and /readyz when this replica's own fires all fail")
 	fl.DurationVar(&f.clockOffset, "test-clock-offset", 0, "TEST ONLY: run this replica's local clock this far off (e.g. 1h, -1h) to test clock skew; the replica corrects it against Redis TIME. Never set it in production")
 	fl.StringVar(&f.http, "http", httpDefault, "address for /healthz, /readyz and /metrics (empty: none)")
+	fl.BoolVar(&f.console, "console", f.consoleDefault, "serve the read-only web console at / on --http")
+	fl.BoolVar(&f.consolePayloads, "console-payloads", false, "show task payloads and headers in the console (hidden by default)")
+	fl.StringVar(&f.httpToken, "http-token", "", "token the console requires (Authorization: Bearer, or its sign-in form); prefer CRONSTREAM_HTTP_TOKEN to keep it out of the process list")
 	fl.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
 	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	f.conn.addNATS(cmd)
@@ -143,8 +151,16 @@ func (f *replicaFlags) config(g *globalFlags) (replica.Config, error) {
 		StreamReplicas: f.replicas, ActivityMaxAge: f.activityMaxAge,
 		MaxStaleness: f.maxStaleness, MaxOutboxBytes: maxOutboxBytes, LateAfter: f.lateAfter, ClockOffset: f.clockOffset,
 		Queues: queues, RecoverInterval: f.recoverInterval, RecoverGrace: f.recoverGrace,
-		HTTPAddr: f.http, Logger: log,
+		HTTPAddr: f.http, Console: f.consoleConfig(), Logger: log,
 	}, nil
+}
+
+// consoleConfig is the console's configuration, nil when it is off.
+func (f *replicaFlags) consoleConfig() *console.Config {
+	if !f.console || f.http == "" {
+		return nil
+	}
+	return &console.Config{Payloads: f.consolePayloads, Token: f.httpToken}
 }
 
 // redisLog passes go-redis's log lines to the replica's logger at debug.

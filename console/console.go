@@ -1,0 +1,250 @@
+// Package console serves cronstream's read-only web console: the entries,
+// their configuration history, the configuration as of any moment, the fire
+// forecast and the audit log, as server-rendered HTML.
+//
+// Everything shown comes from entries anyone allowed to publish config
+// events wrote, so every value is hostile input: pages are html/template
+// (which escapes by context), charts are SVG built by the same templates,
+// there is no inline script, and a strict Content-Security-Policy keeps
+// the browser to same-origin assets embedded in the binary. No request
+// changes state: only GET and HEAD are served.
+package console
+
+import (
+	"cmp"
+	"context"
+	"crypto/subtle"
+	"embed"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/projector"
+	"github.com/cronstream/cronstream/stall"
+)
+
+//go:embed templates/*.html
+var templateFS embed.FS
+
+//go:embed static
+var staticFS embed.FS
+
+// Config configures the console; the zero value hides payloads and needs no
+// token.
+type Config struct {
+	// Payloads shows task payloads and headers (hidden by default: they may
+	// hold data the people who can reach the console should not read).
+	Payloads bool
+	// Token, when set, is required: as "Authorization: Bearer <token>", or
+	// the cookie the /login form sets.
+	Token  string
+	Logger *slog.Logger
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+}
+
+// Replica is one live replica as the overview shows it.
+type Replica struct {
+	ID        string
+	Host      string
+	HTTP      string
+	Started   time.Time
+	Beat      time.Time
+	ConfigSeq uint64
+	Warnings  []string
+}
+
+// Source is what the console reads, from a running replica. Every field
+// but Names and JS may be nil.
+type Source struct {
+	Names events.Names
+	JS    jetstream.JetStream
+	// Entries returns the live projection's entries, sorted by id.
+	Entries func() []projector.State
+	// LastSeq is the projection's last applied config sequence.
+	LastSeq  func() uint64
+	Replicas func(ctx context.Context) ([]Replica, error)
+	Late     func() []stall.Late
+	// Backlog is the outbox backlog: records written to Redis, not yet
+	// published to the activity stream.
+	Backlog     func() int64
+	Quarantined func() []projector.Quarantine
+}
+
+// Console is the console's HTTP handler. It serves a "starting" page until
+// Attach gives it a source.
+type Console struct {
+	cfg    Config
+	src    atomic.Pointer[Source]
+	pages  map[string]*template.Template
+	static http.Handler
+	mux    *http.ServeMux
+
+	snapMu  sync.Mutex
+	snap    []projector.State
+	snapSeq uint64
+
+	fcMu    sync.Mutex
+	fcCache map[fcKey]*forecastView
+}
+
+// New builds a console.
+func New(cfg Config) (*Console, error) {
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	c := &Console{cfg: cfg, pages: map[string]*template.Template{}, fcCache: map[fcKey]*forecastView{}}
+	for _, p := range []string{"overview", "entries", "entry", "timetravel", "forecast", "audit", "message", "login"} {
+		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/svg.html", "templates/table.html", "templates/"+p+".html")
+		if err != nil {
+			return nil, fmt.Errorf("console template %s: %w", p, err)
+		}
+		c.pages[p] = t
+	}
+	sub, err := fs.Sub(staticFS, "static")
+	if err != nil {
+		return nil, err
+	}
+	c.static = http.StripPrefix("/static/", http.FileServerFS(sub))
+	c.mux = http.NewServeMux()
+	c.mux.HandleFunc("/{$}", c.overview)
+	c.mux.HandleFunc("/entries", c.entries)
+	c.mux.HandleFunc("/entries/{id}", c.entry)
+	c.mux.HandleFunc("/timetravel", c.timeTravel)
+	c.mux.HandleFunc("/forecast", c.forecast)
+	c.mux.HandleFunc("/audit", c.audit)
+	c.mux.HandleFunc("/login", c.login)
+	c.mux.Handle("/static/", c.static)
+	c.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		c.message(w, r, http.StatusNotFound, "Not found", "There is no page at this address.")
+	})
+	return c, nil
+}
+
+// Attach gives the console what it shows.
+func (c *Console) Attach(src Source) { c.src.Store(&src) }
+
+// csp allows same-origin scripts, styles and images only: no inline script
+// or style, no plug-ins, no framing, forms only to this origin.
+const csp = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; " +
+	"base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+
+// ServeHTTP serves the console.
+func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h := w.Header()
+	h.Set("Content-Security-Policy", csp)
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("X-Frame-Options", "DENY")
+	h.Set("Referrer-Policy", "no-referrer")
+	h.Set("Cache-Control", "no-store")
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		h.Set("Allow", "GET, HEAD")
+		http.Error(w, "the console is read-only: only GET and HEAD", http.StatusMethodNotAllowed)
+		return
+	}
+	if c.cfg.Token != "" && r.URL.Path != "/login" && !strings.HasPrefix(r.URL.Path, "/static/") && !c.authorized(r) {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="cronstream console"`)
+		c.render(w, r, http.StatusUnauthorized, "login", page{Title: "Sign in"})
+		return
+	}
+	c.mux.ServeHTTP(w, r)
+}
+
+// cookieName holds the token after /login.
+const cookieName = "cronstream_console"
+
+func (c *Console) authorized(r *http.Request) bool {
+	if tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && c.tokenMatches(tok) {
+		return true
+	}
+	ck, err := r.Cookie(cookieName)
+	return err == nil && c.tokenMatches(ck.Value)
+}
+
+func (c *Console) tokenMatches(s string) bool {
+	return subtle.ConstantTimeCompare([]byte(s), []byte(c.cfg.Token)) == 1
+}
+
+// login sets the token cookie from ?token= (the sign-in form) when it is
+// right: a cookie, so a browser can use the console without a header.
+func (c *Console) login(w http.ResponseWriter, r *http.Request) {
+	if c.cfg.Token == "" {
+		http.Redirect(w, r, "/", http.StatusSeeOther)
+		return
+	}
+	tok := r.URL.Query().Get("token")
+	if !c.tokenMatches(tok) {
+		p := page{Title: "Sign in"}
+		if tok != "" {
+			p.Error = "wrong token"
+		}
+		c.render(w, r, http.StatusUnauthorized, "login", p)
+		return
+	}
+	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: tok, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
+	http.Redirect(w, r, "/", http.StatusSeeOther)
+}
+
+// page is what every template gets.
+type page struct {
+	Title  string
+	Nav    string
+	Now    time.Time
+	Live   bool // the page asks live.js to refresh its live parts
+	Error  string
+	Data   any
+	Server time.Duration
+}
+
+func (c *Console) source(w http.ResponseWriter, r *http.Request) (*Source, bool) {
+	src := c.src.Load()
+	if src == nil {
+		c.message(w, r, http.StatusServiceUnavailable, "Starting", "The replica is starting: its projection is not loaded yet. This page refreshes when you reload it.")
+		return nil, false
+	}
+	return src, true
+}
+
+func (c *Console) message(w http.ResponseWriter, r *http.Request, code int, title, text string) {
+	c.render(w, r, code, "message", page{Title: title, Data: text})
+}
+
+func (c *Console) fail(w http.ResponseWriter, r *http.Request, err error) {
+	code := http.StatusInternalServerError
+	if errors.Is(err, errBadRequest) {
+		code = http.StatusBadRequest
+	} else {
+		c.cfg.Logger.Warn("console page failed", "path", r.URL.Path, "err", err)
+	}
+	c.message(w, r, code, http.StatusText(code), err.Error())
+}
+
+var errBadRequest = errors.New("bad request")
+
+func (c *Console) render(w http.ResponseWriter, r *http.Request, code int, name string, p page) {
+	p.Now = c.cfg.Now().UTC()
+	p.Nav = cmp.Or(p.Nav, name)
+	t := c.pages[name]
+	var b strings.Builder
+	if err := t.Execute(&b, p); err != nil {
+		c.cfg.Logger.Error("console template", "page", name, "err", err)
+		http.Error(w, "template error", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(code)
+	if r.Method != http.MethodHead {
+		_, _ = w.Write([]byte(b.String()))
+	}
+}

@@ -1,0 +1,181 @@
+package console_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cronstream/cronstream/console"
+	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/testenv"
+)
+
+const hostileNote = "<script>alert(1)</script>\x1b]0;owned\x07\x1b[31mred"
+
+// TestConsolePages registers entries (one with a hostile note, one later
+// removed, a midnight burst) and checks every page against a running
+// replica with real NATS and Redis.
+func TestConsolePages(t *testing.T) {
+	t.Parallel()
+	s := startSite(t, console.Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	evil := events.Entry{ID: "evil", Cron: "@every 1h", Task: events.Task{Type: "x:<b>bold</b>", Payload: []byte("secret-payload")}, Owner: `"><img src=x onerror=alert(2)>`}
+	s.put(evil)
+	if _, err := s.client.Pause(ctx, "evil", hostileNote); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 30 {
+		s.put(events.Entry{ID: fmt.Sprintf("nightly-%02d", i), Cron: "0 0 * * *", Task: events.Task{Type: "report"}, Options: events.Options{Queue: "reports"}})
+	}
+	s.put(events.Entry{ID: "gone", Cron: "*/5 * * * *", Task: events.Task{Type: "old:job"}, Owner: "team-gone"})
+	if _, err := s.client.Remove(ctx, "gone"); err != nil {
+		t.Fatal(err)
+	}
+	// The moment "gone" was stored, before its removal.
+	hist, err := s.client.History(ctx, "gone")
+	if err != nil || len(hist) != 2 {
+		t.Fatalf("history of gone: %v %d", err, len(hist))
+	}
+	mid := hist[0].Time.UTC()
+	s.waitFor("/entries?state=paused", "evil")
+
+	{ // hostile entry renders inert
+		for _, path := range []string{"/entries/evil", "/entries", "/entries?owner=" + url.QueryEscape(evil.Owner), "/audit?entry=evil"} {
+			body := s.page(path)
+			for _, bad := range []string{"<script>alert", "<img src=x", "<b>bold", "\x1b", "\x07"} {
+				if strings.Contains(body, bad) {
+					t.Errorf("%s holds %q unescaped", path, bad)
+				}
+			}
+		}
+		body := s.page("/entries/evil")
+		for _, want := range []string{"&lt;script&gt;alert(1)&lt;/script&gt;", `\x1b]0;owned\x07\x1b[31mred`, "&lt;b&gt;bold&lt;/b&gt;"} {
+			if !strings.Contains(body, want) {
+				t.Errorf("entry page lacks %q", want)
+			}
+		}
+		if strings.Contains(body, "secret-payload") {
+			t.Error("payload shown without --console-payloads")
+		}
+	}
+
+	{ // time travel shows a removed entry as it was
+		if body := s.page("/entries"); strings.Contains(body, ">gone<") {
+			t.Fatal("removed entry still listed")
+		}
+		body := s.page("/timetravel?at=" + url.QueryEscape(mid.Format(time.RFC3339Nano)))
+		for _, want := range []string{">gone</a>", "*/5 * * * *", "old:job", "team-gone", "removed since"} {
+			if !strings.Contains(body, want) {
+				t.Errorf("time travel to %s lacks %q:\n%s", mid, want, body)
+			}
+		}
+		if body := s.page("/timetravel?at=" + url.QueryEscape(time.Now().UTC().Format(time.RFC3339))); strings.Contains(body, ">gone</a>") {
+			t.Error("time travel to now shows the removed entry")
+		}
+		if code, _, _ := s.get("/timetravel?at=yesterday-ish"); code != http.StatusBadRequest {
+			t.Errorf("bad moment: %d, want 400", code)
+		}
+	}
+
+	{ // entry page shows history with diffs and next fires
+		body := s.page("/entries/evil")
+		for _, want := range []string{"entry.registered", "entry.paused", "console-test", "Next fires", "Configuration history", "(hidden"} {
+			if !strings.Contains(body, want) {
+				t.Errorf("entry page lacks %q", want)
+			}
+		}
+		body = s.page("/entries/gone")
+		if !strings.Contains(body, "entry.removed") || !strings.Contains(body, "not registered now") {
+			t.Errorf("removed entry's page lacks its history")
+		}
+		if code, _, _ := s.get("/entries/never-was"); code != http.StatusNotFound {
+			t.Errorf("unknown entry: %d, want 404", code)
+		}
+	}
+
+	{ // forecast shows the midnight peak
+		body := s.page("/forecast?window=24h")
+		for _, want := range []string{"30 entries fire at 00:00:00 UTC (0 0 * * *)", "<svg class=\"chart\"", "reports", "Hint: 30 entries"} {
+			if !strings.Contains(body, want) {
+				t.Errorf("forecast lacks %q", want)
+			}
+		}
+	}
+
+	{ // overview and audit
+		body := s.page("/")
+		for _, want := range []string{"console-r1", "live replicas", "reports", "outbox backlog"} {
+			if !strings.Contains(body, want) {
+				t.Errorf("overview lacks %q", want)
+			}
+		}
+		body = s.page("/audit?stream=config&type=entry.removed")
+		if !strings.Contains(body, ">gone</a>") || strings.Contains(body, "nightly-00") {
+			t.Errorf("audit filtered to removals:\n%s", body)
+		}
+		body = s.page("/entries?queue=reports")
+		if !strings.Contains(body, "30 of 31 entries") || strings.Contains(body, "nightly-") && strings.Contains(body, ">evil<") {
+			t.Errorf("entries filtered by queue:\n%s", body)
+		}
+	}
+
+	{ // headers and methods
+		for _, path := range []string{"/", "/entries", "/forecast", "/audit", "/timetravel", "/entries/evil"} {
+			code, h, _ := s.get(path)
+			csp := h.Get("Content-Security-Policy")
+			if code != 200 || !strings.Contains(csp, "script-src 'self'") || strings.Contains(csp, "unsafe-inline") {
+				t.Errorf("%s: %d, CSP %q", path, code, csp)
+			}
+		}
+		for _, m := range []string{http.MethodPost, http.MethodPut, http.MethodDelete, http.MethodPatch} {
+			for _, path := range []string{"/", "/entries/evil", "/login"} {
+				if code, _, _ := s.do(m, path); code != http.StatusMethodNotAllowed {
+					t.Errorf("%s %s: %d, want 405", m, path, code)
+				}
+			}
+		}
+		if code, _, _ := s.get("/healthz"); code != 200 {
+			t.Errorf("/healthz: %d", code)
+		}
+		code, h, _ := s.get("/static/live.js")
+		if code != 200 || !strings.Contains(h.Get("Content-Type"), "javascript") {
+			t.Errorf("/static/live.js: %d %q", code, h.Get("Content-Type"))
+		}
+	}
+}
+
+func TestConsoleToken(t *testing.T) {
+	t.Parallel()
+	s := startSite(t, console.Config{Token: "s3cret", Payloads: true})
+	s.put(events.Entry{ID: "p", Cron: "@daily", Task: events.Task{Type: "t", Payload: []byte("visible-payload")}})
+	if code, _, body := s.get("/"); code != http.StatusUnauthorized || !strings.Contains(body, `name="token"`) {
+		t.Fatalf("no token: %d\n%s", code, body)
+	}
+	if code, _, _ := s.get("/", "Authorization", "Bearer wrong"); code != http.StatusUnauthorized {
+		t.Fatalf("wrong bearer: %d", code)
+	}
+	if code, _, _ := s.get("/login?token=wrong"); code != http.StatusUnauthorized {
+		t.Fatalf("wrong login: %d", code)
+	}
+	if code, _, _ := s.get("/healthz"); code != http.StatusOK {
+		t.Fatalf("/healthz needs no token: %d", code)
+	}
+	code, h, _ := s.get("/login?token=s3cret")
+	ck := h.Get("Set-Cookie")
+	if code != http.StatusSeeOther || !strings.Contains(ck, "HttpOnly") || !strings.Contains(ck, "SameSite=Strict") {
+		t.Fatalf("login: %d, cookie %q", code, ck)
+	}
+	cookie := strings.Split(ck, ";")[0]
+	if code, _, _ := s.get("/", "Cookie", cookie); code != http.StatusOK {
+		t.Fatalf("with the cookie: %d", code)
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		_, _, body := s.get("/entries/p", "Authorization", "Bearer s3cret")
+		return strings.Contains(body, "visible-payload")
+	}, "payload not shown with Payloads")
+}

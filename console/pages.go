@@ -1,0 +1,448 @@
+package console
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"html/template"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cronstream/cronstream/configsync"
+	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/projector"
+	"github.com/cronstream/cronstream/scheduler"
+	"github.com/cronstream/cronstream/stall"
+)
+
+// pageSize is the rows of one page of a table.
+const pageSize = 50
+
+// readTimeout bounds the stream reads of one page.
+const readTimeout = 10 * time.Second
+
+type queueCount struct {
+	Queue          string
+	Active, Paused int
+}
+
+type overviewData struct {
+	Replicas    []Replica
+	ReplicasErr string
+	Backlog     int64
+	HasBacklog  bool
+	Late        []stall.Late
+	Queues      []queueCount
+	Active      int
+	Paused      int
+	Quarantined []projector.Quarantine
+	Recoveries  []auditRow
+	LastSeq     uint64
+}
+
+func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
+	src, ok := c.source(w, r)
+	if !ok {
+		return
+	}
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
+	defer cancel()
+	d := overviewData{}
+	if src.Replicas != nil {
+		reps, err := src.Replicas(ctx)
+		d.Replicas = reps
+		if err != nil {
+			d.ReplicasErr = err.Error()
+		}
+	}
+	if src.Backlog != nil {
+		d.Backlog, d.HasBacklog = src.Backlog(), true
+	}
+	if src.Late != nil {
+		d.Late = src.Late()
+	}
+	if src.Quarantined != nil {
+		d.Quarantined = src.Quarantined()
+	}
+	if src.LastSeq != nil {
+		d.LastSeq = src.LastSeq()
+	}
+	queues := map[string]*queueCount{}
+	for _, st := range c.entriesOf(src) {
+		q := st.Entry.Options.QueueName()
+		qc, ok := queues[q]
+		if !ok {
+			qc = &queueCount{Queue: q}
+			queues[q] = qc
+		}
+		if st.Entry.Paused {
+			qc.Paused++
+			d.Paused++
+		} else {
+			qc.Active++
+			d.Active++
+		}
+	}
+	for _, qc := range queues {
+		d.Queues = append(d.Queues, *qc)
+	}
+	slices.SortFunc(d.Queues, func(a, b queueCount) int { return strings.Compare(a.Queue, b.Queue) })
+	if rows, _, err := c.readAudit(ctx, src, auditQuery{Type: "cronstream.task.*", Stream: "activity"}, 10); err == nil {
+		d.Recoveries = rows
+	}
+	c.render(w, r, http.StatusOK, "overview", page{Title: "Overview", Live: true, Data: d, Server: time.Since(start)})
+}
+
+// entriesOf returns the projection's entries, sorted by id. The copy is
+// kept until the projection's revision changes: copying and sorting 100,000
+// entries costs more than a page may, and pages only read it.
+func (c *Console) entriesOf(src *Source) []projector.State {
+	if src.Entries == nil {
+		return nil
+	}
+	if src.LastSeq == nil {
+		return src.Entries()
+	}
+	c.snapMu.Lock()
+	defer c.snapMu.Unlock()
+	if seq := src.LastSeq(); c.snap == nil || seq != c.snapSeq {
+		// Read the revision first: the copy is at least as new as it.
+		c.snap, c.snapSeq = src.Entries(), seq
+	}
+	return c.snap
+}
+
+// entryFilter is the filter of the Entries and Time travel tables.
+type entryFilter struct {
+	State, Queue, Owner, Type, ID string
+	Offset                        int
+}
+
+func parseEntryFilter(q url.Values) entryFilter {
+	off, _ := strconv.Atoi(q.Get("offset"))
+	return entryFilter{State: q.Get("state"), Queue: q.Get("queue"), Owner: q.Get("owner"), Type: q.Get("type"), ID: q.Get("id"), Offset: max(off, 0)}
+}
+
+func (f entryFilter) keep(e events.Entry) bool {
+	switch f.State {
+	case "active":
+		if e.Paused {
+			return false
+		}
+	case "paused":
+		if !e.Paused {
+			return false
+		}
+	}
+	return (f.Queue == "" || e.Options.QueueName() == f.Queue) &&
+		(f.Owner == "" || e.Owner == f.Owner) &&
+		(f.Type == "" || strings.Contains(e.Task.Type, f.Type)) &&
+		(f.ID == "" || strings.Contains(e.ID, f.ID))
+}
+
+// query returns the filter as a query string with offset replaced.
+func (f entryFilter) query(extra url.Values, offset int) string {
+	v := url.Values{}
+	for k, vs := range extra {
+		v[k] = vs
+	}
+	for k, s := range map[string]string{"state": f.State, "queue": f.Queue, "owner": f.Owner, "type": f.Type, "id": f.ID} {
+		if s != "" {
+			v.Set(k, s)
+		}
+	}
+	if offset > 0 {
+		v.Set("offset", strconv.Itoa(offset))
+	}
+	return v.Encode()
+}
+
+type entryRow struct {
+	State    projector.State
+	NextFire time.Time
+}
+
+type tableData struct {
+	Filter     entryFilter
+	Rows       []entryRow
+	Matched    int
+	Total      int
+	From, To   int
+	Prev, Next template.URL // query strings; "" when there is no such page
+	At         time.Time
+	AtInput    string
+	Queues     []string
+	Removed    []projector.State // time travel: entries registered then, removed now
+}
+
+// table filters and pages states (sorted by id), with each row's next
+// fire after at.
+func table(states []projector.State, f entryFilter, at time.Time, extra url.Values) tableData {
+	d := tableData{Filter: f, Total: len(states), At: at}
+	queues := map[string]bool{}
+	off := f.Offset
+	for i := range states {
+		e := &states[i].Entry
+		queues[e.Options.QueueName()] = true
+		if !f.keep(*e) {
+			continue
+		}
+		if d.Matched >= off && d.Matched < off+pageSize {
+			d.Rows = append(d.Rows, entryRow{State: states[i]})
+		}
+		d.Matched++
+	}
+	for q := range queues {
+		d.Queues = append(d.Queues, q)
+	}
+	slices.Sort(d.Queues)
+	if len(d.Queues) > 200 {
+		d.Queues = nil // a free-text field then
+	}
+	for i := range d.Rows {
+		d.Rows[i].NextFire = nextFire(d.Rows[i].State.Entry, at)
+	}
+	end := min(off+pageSize, d.Matched)
+	d.From, d.To = min(off+1, end), end
+	if off > 0 {
+		d.Prev = template.URL("?" + f.query(extra, max(off-pageSize, 0)))
+	}
+	if end < d.Matched {
+		d.Next = template.URL("?" + f.query(extra, end))
+	}
+	return d
+}
+
+func nextFire(e events.Entry, after time.Time) time.Time {
+	if e.Paused {
+		return time.Time{}
+	}
+	s, err := scheduler.NewSchedule(e)
+	if err != nil {
+		return time.Time{}
+	}
+	t := s.Next(after)
+	if t.IsZero() {
+		return t
+	}
+	return t.Add(s.Jitter(t)).UTC()
+}
+
+func (c *Console) entries(w http.ResponseWriter, r *http.Request) {
+	src, ok := c.source(w, r)
+	if !ok {
+		return
+	}
+	start := time.Now()
+	d := table(c.entriesOf(src), parseEntryFilter(r.URL.Query()), c.cfg.Now(), nil)
+	c.render(w, r, http.StatusOK, "entries", page{Title: "Entries", Data: d, Server: time.Since(start)})
+}
+
+type revision struct {
+	Seq     uint64
+	Time    time.Time
+	Type    string
+	Source  string
+	Err     string
+	Changes []configsync.FieldChange
+}
+
+type fireRow struct {
+	Time   time.Time // scheduled tick
+	Kind   string    // fired, triggered, backfilled, skipped
+	Detail string
+}
+
+type stripCell struct {
+	Kind  string
+	Count int
+	Label string
+}
+
+type entryData struct {
+	ID        string
+	State     *projector.State
+	Fields    []field
+	Revisions []revision
+	Next      []time.Time
+	Fires     []fireRow
+	Strip     []stripCell
+	FiresErr  string
+	Late      *stall.Late
+	Payloads  bool
+}
+
+type field struct{ Name, Value string }
+
+func (c *Console) entry(w http.ResponseWriter, r *http.Request) {
+	src, ok := c.source(w, r)
+	if !ok {
+		return
+	}
+	start := time.Now()
+	id := r.PathValue("id")
+	if err := events.ValidateID(id); err != nil {
+		c.fail(w, r, fmt.Errorf("%w: %w", errBadRequest, err))
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
+	defer cancel()
+	now := c.cfg.Now().UTC()
+	d := entryData{ID: id, Payloads: c.cfg.Payloads}
+	for _, st := range c.entriesOf(src) {
+		if st.Entry.ID == id {
+			d.State = &st
+			break
+		}
+	}
+	client := events.NewClient(src.JS, src.Names)
+	recs, err := client.History(ctx, id)
+	if err != nil && !errors.Is(err, events.ErrNotFound) {
+		c.fail(w, r, fmt.Errorf("history of %s: %w", id, err))
+		return
+	}
+	if d.State == nil && len(recs) == 0 {
+		c.message(w, r, http.StatusNotFound, "No such entry", "No entry "+id+" was ever registered.")
+		return
+	}
+	var prev events.Entry
+	for _, rec := range recs {
+		rv := revision{Seq: rec.Seq, Time: rec.Time}
+		if rec.Event != nil {
+			rv.Type, rv.Source = strings.TrimPrefix(rec.Event.Type, "cronstream."), rec.Event.Source
+		}
+		if rec.Err != nil {
+			rv.Err = rec.Err.Error()
+		}
+		if rec.Entry != nil {
+			rv.Changes = c.hidePayloads(configsync.Diff(prev, *rec.Entry))
+			prev = *rec.Entry
+		}
+		d.Revisions = append(d.Revisions, rv)
+	}
+	slices.Reverse(d.Revisions)
+	if d.State != nil {
+		d.Fields = c.fields(d.State.Entry)
+		if !d.State.Entry.Paused {
+			if s, err := scheduler.NewSchedule(d.State.Entry); err == nil {
+				for t, i := s.Next(now), 0; !t.IsZero() && i < 10; t, i = s.Next(t), i+1 {
+					d.Next = append(d.Next, t.Add(s.Jitter(t)).UTC())
+				}
+			}
+		}
+	}
+	if src.Late != nil {
+		for _, l := range src.Late() {
+			if l.Entry == id {
+				d.Late = &l
+			}
+		}
+	}
+	d.Fires, err = c.readFires(ctx, src, id, now.Add(-24*time.Hour))
+	if err != nil {
+		d.FiresErr = err.Error()
+	}
+	d.Strip = strip(d.Fires, now, d.Late)
+	slices.Reverse(d.Fires)
+	if len(d.Fires) > 50 {
+		d.Fires = d.Fires[:50]
+	}
+	c.render(w, r, http.StatusOK, "entry", page{Title: "Entry " + id, Nav: "entries", Data: d, Server: time.Since(start)})
+}
+
+// hidePayloads replaces payload and header values unless payloads are shown.
+func (c *Console) hidePayloads(ch []configsync.FieldChange) []configsync.FieldChange {
+	if c.cfg.Payloads {
+		return ch
+	}
+	for i := range ch {
+		if ch[i].Field == "task.payload" || strings.HasPrefix(ch[i].Field, "task.headers") {
+			if ch[i].Old != "" {
+				ch[i].Old = "(hidden)"
+			}
+			if ch[i].New != "" {
+				ch[i].New = "(hidden)"
+			}
+		}
+	}
+	return ch
+}
+
+func (c *Console) fields(e events.Entry) []field {
+	payload, headers := "(hidden: --console-payloads shows it)", "(hidden)"
+	if c.cfg.Payloads {
+		payload = configsync.PayloadText(e.Task.Payload)
+		var hs []string
+		for _, k := range slices.Sorted(mapsKeys(e.Task.Headers)) {
+			hs = append(hs, k+"="+e.Task.Headers[k])
+		}
+		headers = strings.Join(hs, ", ")
+	}
+	if len(e.Task.Payload) == 0 {
+		payload = "(none)"
+	}
+	if len(e.Task.Headers) == 0 {
+		headers = "(none)"
+	}
+	retries := strconv.Itoa(e.Options.Retries())
+	fs := []field{
+		{"cron", e.Cron}, {"timezone", cmp.Or(e.Timezone, "UTC")}, {"type", e.Task.Type},
+		{"queue", e.Options.QueueName()}, {"payload", payload}, {"headers", headers},
+		{"max retry", retries}, {"timeout", e.Options.Timeout.String()}, {"deadline", e.Options.Deadline.String()},
+		{"unique", e.Options.Unique.String()}, {"retention", e.Options.Retention.String()}, {"group", e.Options.Group},
+		{"catchup", fmt.Sprintf("%s within %s", e.Catchup.Policy, e.Catchup.Window)},
+		{"overlap", string(e.Overlap)}, {"jitter", e.Jitter.String()},
+		{"paused", strconv.FormatBool(e.Paused)}, {"note", e.Note}, {"owner", e.Owner},
+	}
+	for i := range fs {
+		fs[i].Value = visible(fs[i].Value)
+	}
+	return fs
+}
+
+func mapsKeys(m map[string]string) func(func(string) bool) {
+	return func(yield func(string) bool) {
+		for k := range m {
+			if !yield(k) {
+				return
+			}
+		}
+	}
+}
+
+// strip is the last 24 hours in 48 half-hour cells, each the most notable
+// kind of fire in it (late over skipped over triggered/backfilled over fired).
+func strip(fires []fireRow, now time.Time, late *stall.Late) []stripCell {
+	const cells = 48
+	start := now.Add(-24 * time.Hour)
+	out := make([]stripCell, cells)
+	rank := map[string]int{"": 0, "fired": 1, "backfilled": 2, "triggered": 2, "skipped": 3, "late": 4}
+	for i := range out {
+		t := start.Add(time.Duration(i) * 30 * time.Minute)
+		out[i].Label = t.Format("15:04") + " UTC: no fires"
+	}
+	set := func(t time.Time, kind string) {
+		i := int(t.Sub(start) / (30 * time.Minute))
+		if i < 0 || i >= cells {
+			return
+		}
+		out[i].Count++
+		if rank[kind] > rank[out[i].Kind] {
+			out[i].Kind = kind
+		}
+		out[i].Label = fmt.Sprintf("%s UTC: %d events, %s", start.Add(time.Duration(i)*30*time.Minute).Format("15:04"), out[i].Count, out[i].Kind)
+	}
+	for _, f := range fires {
+		set(f.Time, f.Kind)
+	}
+	if late != nil {
+		set(late.Due, "late")
+	}
+	return out
+}

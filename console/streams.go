@@ -1,0 +1,310 @@
+package console
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"html/template"
+	"net/http"
+	"net/url"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/cronstream/cronstream/events"
+)
+
+// streamMsg is one stored event.
+type streamMsg struct {
+	Stream  string
+	Seq     uint64
+	Time    time.Time
+	Subject string
+	Data    []byte
+}
+
+// readRange reads the messages of stream from (start sequence or start
+// time) matching filters, at most limit, up to sequence end (0: the end now).
+func readRange(ctx context.Context, js jetstream.JetStream, stream string, filters []string, startSeq uint64, startTime time.Time, end uint64, limit int) ([]streamMsg, error) {
+	cc := jetstream.OrderedConsumerConfig{FilterSubjects: filters, InactiveThreshold: time.Minute}
+	switch {
+	case !startTime.IsZero():
+		cc.DeliverPolicy, cc.OptStartTime = jetstream.DeliverByStartTimePolicy, &startTime
+	case startSeq > 1:
+		cc.DeliverPolicy, cc.OptStartSeq = jetstream.DeliverByStartSequencePolicy, startSeq
+	}
+	cons, err := js.OrderedConsumer(ctx, stream, cc)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", stream, err)
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", stream, err)
+	}
+	pending := info.NumPending
+	var out []streamMsg
+	for pending > 0 && len(out) < limit {
+		batch, err := cons.Fetch(min(limit-len(out), 500), jetstream.FetchMaxWait(2*time.Second))
+		if err != nil {
+			return out, fmt.Errorf("read %s: %w", stream, err)
+		}
+		got := 0
+		for m := range batch.Messages() {
+			got++
+			meta, err := m.Metadata()
+			if err != nil {
+				continue
+			}
+			pending = meta.NumPending
+			if end > 0 && meta.Sequence.Stream > end {
+				pending = 0
+				break
+			}
+			out = append(out, streamMsg{Stream: stream, Seq: meta.Sequence.Stream, Time: meta.Timestamp, Subject: m.Subject(), Data: m.Data()})
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, context.DeadlineExceeded) {
+			return out, fmt.Errorf("read %s: %w", stream, err)
+		}
+		if got == 0 {
+			break
+		}
+	}
+	return out, nil
+}
+
+// readFires reads the fired and skipped events of an entry since a moment
+// (at most 2,000: a day of an entry that fires every minute, and more).
+func (c *Console) readFires(ctx context.Context, src *Source, id string, since time.Time) ([]fireRow, error) {
+	msgs, err := readRange(ctx, src.JS, src.Names.ActivityStream(), []string{src.Names.FireSubject(id)}, 0, since, 0, 2000)
+	var out []fireRow
+	for _, m := range msgs {
+		ev, derr := events.DecodeEvent(m.Data)
+		if derr != nil {
+			out = append(out, fireRow{Time: m.Time, Kind: "unreadable", Detail: derr.Error()})
+			continue
+		}
+		switch ev.Type {
+		case events.TypeEntryFired:
+			var f events.Fired
+			if ev.DecodeData(&f) != nil {
+				continue
+			}
+			kind := "fired"
+			switch {
+			case f.Trigger != "":
+				kind = "triggered"
+			case f.Backfill:
+				kind = "backfilled"
+			}
+			out = append(out, fireRow{Time: f.ScheduledAt, Kind: kind, Detail: fmt.Sprintf("task %s into %s by %s", f.TaskID, f.Queue, f.Replica)})
+		case events.TypeEntrySkipped:
+			var s events.Skipped
+			if ev.DecodeData(&s) != nil {
+				continue
+			}
+			detail := s.Reason
+			if s.Count > 1 {
+				detail = fmt.Sprintf("%s (%d ticks)", s.Reason, s.Count)
+			}
+			out = append(out, fireRow{Time: s.ScheduledAt, Kind: "skipped", Detail: detail})
+		}
+	}
+	return out, err
+}
+
+// auditWindow is how many events of each stream one audit page searches.
+const auditWindow = 2000
+
+type auditQuery struct {
+	Entry, Queue, Type string
+	Stream             string // "", "config" or "activity"
+	// Before: the page ends before these sequences (0: at the end now).
+	ConfigBefore, ActivityBefore uint64
+}
+
+type auditRow struct {
+	Stream  string
+	Seq     uint64
+	Time    time.Time
+	Type    string
+	Entry   string
+	Queue   string
+	Source  string
+	Summary string
+}
+
+type auditData struct {
+	Query    auditQuery
+	Rows     []auditRow
+	Older    template.URL
+	Searched int
+	Err      string
+	Live     bool
+}
+
+func parseAuditQuery(r *http.Request) auditQuery {
+	q := r.URL.Query()
+	cb, _ := strconv.ParseUint(q.Get("config_before"), 10, 64)
+	ab, _ := strconv.ParseUint(q.Get("activity_before"), 10, 64)
+	typ := q.Get("type")
+	if typ != "" && !strings.HasPrefix(typ, "cronstream.") {
+		typ = "cronstream." + typ
+	}
+	return auditQuery{Entry: q.Get("entry"), Queue: q.Get("queue"), Type: typ, Stream: q.Get("stream"), ConfigBefore: cb, ActivityBefore: ab}
+}
+
+// readAudit reads the latest auditWindow events of each stream before the
+// query's sequences, keeps those the filters match, latest first, at most
+// limit; older is the query string of the page before.
+func (c *Console) readAudit(ctx context.Context, src *Source, q auditQuery, limit int) (rows []auditRow, older template.URL, err error) {
+	var all []streamMsg
+	lowest := map[string]uint64{}
+	for _, s := range []struct {
+		kind, name string
+		before     uint64
+		filters    []string
+	}{
+		{"config", src.Names.ConfigStream(), q.ConfigBefore, nil},
+		{"activity", src.Names.ActivityStream(), q.ActivityBefore, nil},
+	} {
+		if q.Stream != "" && q.Stream != s.kind {
+			continue
+		}
+		if q.Entry != "" {
+			if s.kind == "config" {
+				s.filters = []string{src.Names.ConfigSubject(q.Entry)}
+			} else {
+				s.filters = []string{src.Names.FireSubject(q.Entry)}
+			}
+		}
+		st, serr := src.JS.Stream(ctx, s.name)
+		if serr != nil {
+			err = errors.Join(err, fmt.Errorf("stream %s: %w", s.name, serr))
+			continue
+		}
+		end := st.CachedInfo().State.LastSeq
+		if s.before > 0 {
+			end = min(end, s.before-1)
+		}
+		if end == 0 {
+			continue
+		}
+		start := uint64(1)
+		if q.Entry == "" && end > auditWindow {
+			start = end - auditWindow + 1
+		}
+		msgs, rerr := readRange(ctx, src.JS, s.name, s.filters, start, time.Time{}, end, auditWindow*4)
+		if rerr != nil {
+			err = errors.Join(err, rerr)
+		}
+		if len(msgs) > auditWindow {
+			msgs = msgs[len(msgs)-auditWindow:]
+		}
+		if len(msgs) > 0 && start > 1 || len(msgs) == auditWindow {
+			lowest[s.kind] = msgs[0].Seq
+		}
+		all = append(all, msgs...)
+	}
+	slices.SortFunc(all, func(a, b streamMsg) int { return cmp.Or(b.Time.Compare(a.Time), cmp.Compare(b.Seq, a.Seq)) })
+	for _, m := range all {
+		row, ok := c.auditRow(src, m, q)
+		if !ok {
+			continue
+		}
+		rows = append(rows, row)
+		if len(rows) == limit {
+			break
+		}
+	}
+	if len(lowest) > 0 {
+		v := url.Values{}
+		for k, s := range map[string]string{"entry": q.Entry, "queue": q.Queue, "type": strings.TrimPrefix(q.Type, "cronstream."), "stream": q.Stream} {
+			if s != "" {
+				v.Set(k, s)
+			}
+		}
+		v.Set("config_before", strconv.FormatUint(cmp.Or(lowest["config"], 1), 10))
+		v.Set("activity_before", strconv.FormatUint(cmp.Or(lowest["activity"], 1), 10))
+		older = template.URL("/audit?" + v.Encode())
+	}
+	return rows, older, err
+}
+
+func (c *Console) auditRow(src *Source, m streamMsg, q auditQuery) (auditRow, bool) {
+	row := auditRow{Stream: m.Stream, Seq: m.Seq, Time: m.Time}
+	ev, err := events.DecodeEvent(m.Data)
+	if err != nil {
+		row.Type, row.Summary = "(unreadable)", err.Error()
+		return row, q.Type == "" && q.Queue == ""
+	}
+	row.Type, row.Source = ev.Type, ev.Source
+	if id, ok := src.Names.EntryFromConfigSubject(m.Subject); ok {
+		row.Entry = id
+		if _, e, err := events.DecodeConfigEvent(m.Data); err == nil && e != nil {
+			row.Queue = e.Options.QueueName()
+			row.Summary = "cron " + e.Cron + ", type " + e.Task.Type
+			if e.Paused && e.Note != "" {
+				row.Summary += ", note: " + e.Note
+			}
+		}
+	} else if id, ok := src.Names.EntryFromFireSubject(m.Subject); ok {
+		row.Entry = id
+		var f events.Fired
+		if ev.DecodeData(&f) == nil && f.TaskID != "" {
+			row.Queue = f.Queue
+			row.Summary = fmt.Sprintf("tick %s, task %s", f.ScheduledAt.UTC().Format(time.RFC3339), f.TaskID)
+		} else {
+			var s events.Skipped
+			if ev.DecodeData(&s) == nil {
+				row.Summary = fmt.Sprintf("tick %s skipped: %s", s.ScheduledAt.UTC().Format(time.RFC3339), s.Reason)
+			}
+		}
+	} else if queue, ok := src.Names.QueueFromRecoverySubject(m.Subject); ok {
+		row.Queue = queue
+		var t events.TaskRecovered
+		if ev.DecodeData(&t) == nil {
+			row.Summary = fmt.Sprintf("task %s (%s), retried %d/%d: %s", t.TaskID, t.Type, t.Retried, t.MaxRetry, t.Error)
+		}
+	}
+	if q.Type != "" {
+		if ok, _ := path.Match(q.Type, ev.Type); !ok {
+			return row, false
+		}
+	}
+	if q.Entry != "" && row.Entry != q.Entry {
+		return row, false
+	}
+	if q.Queue != "" && row.Queue != q.Queue {
+		return row, false
+	}
+	return row, true
+}
+
+func (c *Console) audit(w http.ResponseWriter, r *http.Request) {
+	src, ok := c.source(w, r)
+	if !ok {
+		return
+	}
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
+	defer cancel()
+	q := parseAuditQuery(r)
+	if q.Entry != "" {
+		if err := events.ValidateID(q.Entry); err != nil {
+			c.fail(w, r, fmt.Errorf("%w: entry: %w", errBadRequest, err))
+			return
+		}
+	}
+	rows, older, err := c.readAudit(ctx, src, q, pageSize)
+	d := auditData{Query: q, Rows: rows, Older: older, Searched: auditWindow}
+	if err != nil {
+		d.Err = err.Error()
+	}
+	live := q.ConfigBefore == 0 && q.ActivityBefore == 0
+	c.render(w, r, http.StatusOK, "audit", page{Title: "Audit", Live: live, Data: d, Server: time.Since(start)})
+}

@@ -1,0 +1,179 @@
+package forecast
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/scheduler"
+)
+
+// bruteForce lists every tick of every entry (jitter included) and counts
+// them per minute: the reference the arithmetic must match.
+func bruteForce(t *testing.T, entries []events.Entry, from time.Time, minutes int) []int64 {
+	t.Helper()
+	counts := make([]int64, minutes)
+	end := from.Add(time.Duration(minutes) * time.Minute)
+	for _, e := range entries {
+		if e.Paused || e.Removed {
+			continue
+		}
+		s, err := scheduler.NewSchedule(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for tick := s.Next(from.Add(-e.Jitter.D() - time.Second)); !tick.IsZero() && tick.Before(end); tick = s.Next(tick) {
+			at := tick.Add(s.Jitter(tick))
+			if at.Before(from) || !at.Before(end) {
+				continue
+			}
+			counts[at.Sub(from)/time.Minute]++
+		}
+	}
+	return counts
+}
+
+var specs = []string{
+	"@every 1s", "@every 7s", "@every 45s", "@every 60s", "@every 90s", "@every 1h", "@every 13m",
+	"* * * * *", "*/5 * * * *", "0 * * * *", "30 2 * * *", "0 0 * * *", "@daily", "@hourly",
+	"*/10 * * * * *", "15,45 */2 * * * *", "0 30 9 * * 1-5", "0 0 1 * *",
+}
+
+var zones = []string{"", "UTC", "Asia/Kolkata", "Europe/Berlin"}
+
+// TestComputeMatchesBruteForce: for entries without jitter, and jittered
+// entries with at most one tick a minute, every minute's count is exact.
+func TestComputeMatchesBruteForce(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for round := range 40 {
+		from := time.Date(2026, time.Month(1+r.IntN(12)), 1+r.IntN(28), r.IntN(24), r.IntN(60), 0, 0, time.UTC)
+		minutes := 30 + r.IntN(200)
+		var entries []events.Entry
+		for i := range 1 + r.IntN(8) {
+			e := events.Entry{ID: fmt.Sprintf("e%d-%d", round, i), Cron: specs[r.IntN(len(specs))], Timezone: zones[r.IntN(len(zones))]}
+			e.Options.Queue = []string{"", "critical", "low"}[r.IntN(3)]
+			if oneTickPerMinute(e.Cron) && r.IntN(2) == 0 {
+				e.Jitter = events.Duration(time.Duration(1+r.IntN(600)) * time.Second)
+			}
+			e.Paused = r.IntN(6) == 0
+			entries = append(entries, e)
+		}
+		f := Compute(entries, Params{From: from, Window: time.Duration(minutes) * time.Minute, By: ByQueue})
+		want := bruteForce(t, entries, from, minutes)
+		for m := range minutes {
+			if f.Totals[m] != want[m] {
+				t.Fatalf("round %d minute %d (%s): got %d fires, brute force %d; entries %+v", round, m, from.Add(time.Duration(m)*time.Minute), f.Totals[m], want[m], entries)
+			}
+		}
+		var sum int64
+		for _, g := range f.Groups {
+			for m, n := range g.Counts {
+				sum += n
+				_ = m
+			}
+		}
+		if sum != f.Total {
+			t.Fatalf("round %d: groups sum to %d, total %d", round, sum, f.Total)
+		}
+	}
+}
+
+func oneTickPerMinute(spec string) bool {
+	switch spec {
+	case "@every 1s", "@every 7s", "@every 45s", "*/10 * * * * *", "15,45 */2 * * * *":
+		return false
+	}
+	return true
+}
+
+// TestComputeSubMinuteJitterKeepsTotal: a sub-minute rate with jitter is
+// shifted by its mean offset, so its total over a window differs from the
+// exact one only at the window's edges.
+func TestComputeSubMinuteJitterKeepsTotal(t *testing.T) {
+	from := time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC)
+	for _, spec := range []string{"@every 1s", "@every 7s", "*/10 * * * * *"} {
+		e := events.Entry{ID: "j", Cron: spec, Jitter: events.Duration(40 * time.Second)}
+		f := Compute([]events.Entry{e}, Params{From: from, Window: time.Hour})
+		want := bruteForce(t, []events.Entry{e}, from, 60)
+		var exact int64
+		for _, n := range want {
+			exact += n
+		}
+		if d := f.Total - exact; d < -60 || d > 60 {
+			t.Errorf("%s: total %d, exact %d", spec, f.Total, exact)
+		}
+	}
+}
+
+func TestComputeEverySecondIsArithmetic(t *testing.T) {
+	var entries []events.Entry
+	for i := range 1000 {
+		entries = append(entries, events.Entry{ID: fmt.Sprint("s", i), Cron: "@every 1s", Jitter: events.Duration(time.Duration(i%5) * time.Second)})
+	}
+	start := time.Now()
+	f := Compute(entries, Params{Window: 7 * 24 * time.Hour})
+	if f.Total < 1000*86400*7-1000*5 {
+		t.Fatalf("total %d", f.Total)
+	}
+	if el := time.Since(start); el > 5*time.Second {
+		t.Fatalf("a week of 1,000 @every 1s entries took %s", el)
+	}
+}
+
+func TestPeakAndHint(t *testing.T) {
+	from := time.Date(2026, 3, 1, 23, 0, 0, 0, time.UTC)
+	var entries []events.Entry
+	for i := range 500 {
+		entries = append(entries, events.Entry{ID: fmt.Sprintf("nightly-%03d", i), Cron: "0 0 * * *", Options: events.Options{Queue: "reports"}})
+	}
+	entries = append(entries, events.Entry{ID: "tick", Cron: "@every 1m"})
+	entries = append(entries, events.Entry{ID: "paused", Cron: "* * * * *", Paused: true})
+	f := Compute(entries, Params{From: from, Window: 2 * time.Hour})
+	if f.Entries != 501 {
+		t.Fatalf("entries %d, want 501 (paused left out)", f.Entries)
+	}
+	if len(f.Peaks) == 0 {
+		t.Fatal("no peak")
+	}
+	pk := f.Peaks[0]
+	if !pk.At.Equal(time.Date(2026, 3, 2, 0, 0, 0, 0, time.UTC)) || pk.Fires != 501 || pk.Entries != 501 {
+		t.Fatalf("peak %+v", pk)
+	}
+	if got := pk.Specs[0].Describe(pk.At); got != "500 entries fire at 00:00:00 UTC (0 0 * * *)" {
+		t.Fatalf("describe: %q", got)
+	}
+	if !strings.Contains(pk.Hint, "jitter 1h") || !strings.Contains(pk.Hint, "500 entries") {
+		t.Fatalf("hint %q", pk.Hint)
+	}
+	if f.Groups[0].Name != "reports" || f.Groups[0].Total != 500 {
+		t.Fatalf("groups %+v", f.Groups[0].Name)
+	}
+}
+
+func TestThousands(t *testing.T) {
+	for n, want := range map[int64]string{0: "0", 999: "999", 1000: "1,000", 12400: "12,400", 1234567: "1,234,567", -1000: "-1,000"} {
+		if got := Thousands(n); got != want {
+			t.Errorf("Thousands(%d) = %q", n, got)
+		}
+	}
+}
+
+func TestJittererMatchesScheduler(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	for i := range 2000 {
+		id := fmt.Sprintf("entry-%d-%x", i, r.Uint64())
+		jitter := time.Duration(1+r.IntN(86400)) * time.Second
+		e := events.Entry{ID: id, Cron: "* * * * *", Jitter: events.Duration(jitter)}
+		s, err := scheduler.NewSchedule(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tick := time.Unix(r.Int64N(1<<33)-(1<<32), 0).Truncate(time.Minute)
+		if got, want := newJitterer(id, jitter).offset(tick.Unix()), int64(s.Jitter(tick)/time.Second); got != want {
+			t.Fatalf("%s at %s: offset %d, scheduler %d", id, tick, got, want)
+		}
+	}
+}
