@@ -279,6 +279,9 @@ func runEntryPut(cmd *cobra.Command, g *globalFlags, f *putFlags, id string) err
 		if err := next.Validate(); err != nil {
 			return invalidEntryError(id, err)
 		}
+		if err := s.checkCatchup(ctx, next); err != nil {
+			return err
+		}
 		opts := f.rev.opts(cmd)
 		if !userRev && (exists || absent) {
 			// Merge is read-modify-write: guard it with the revision read.

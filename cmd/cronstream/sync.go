@@ -140,6 +140,15 @@ file that becomes invalid is reported and the current entries are kept.`,
 				}
 			}
 			plan := configsync.MakePlan(current, cfgs, owner, prune)
+			if !dryRun {
+				for _, a := range plan.Actions {
+					if a.Kind == configsync.Create || a.Kind == configsync.Update {
+						if err := s.checkCatchup(ctx, a.Entry); err != nil {
+							return err
+						}
+					}
+				}
+			}
 			w := cmd.OutOrStdout()
 			if dryRun {
 				if g.json {
