@@ -128,6 +128,9 @@ type Replica struct {
 
 	mu      sync.Mutex
 	started bool
+	// startBlocked is the last error a start step is retrying ("" when
+	// none), for readiness while starting.
+	startBlocked string
 }
 
 // Run runs a replica until ctx ends, then stops it cleanly: firing stops
@@ -181,7 +184,13 @@ func (r *Replica) run(ctx context.Context) error {
 			r.mu.Lock()
 			defer r.mu.Unlock()
 			if !r.started {
-				return errors.New("replica is starting")
+				// Nothing fires before the projection is loaded: say so,
+				// and what the start is waiting for.
+				msg := "replica is starting: no projection of the config stream yet, nothing fires"
+				if r.startBlocked != "" {
+					msg += " (retrying " + r.startBlocked + ")"
+				}
+				return errors.New(msg)
 			}
 			return nil
 		})
@@ -230,6 +239,9 @@ func (r *Replica) retry(ctx context.Context, what string, f func(context.Context
 			return fmt.Errorf("%s: %w", what, fatal)
 		}
 		r.log.Warn("not ready: transient error, retrying", "step", what, "err", err, "in", backoff)
+		r.mu.Lock()
+		r.startBlocked = what + ": " + err.Error()
+		r.mu.Unlock()
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -262,6 +274,9 @@ func (r *Replica) start(ctx context.Context) error {
 			return fmt.Errorf("nats %s: %w", redact.URL(r.cfg.NATSURL), fatal)
 		}
 		r.log.Warn("not ready: NATS unreachable, retrying", "nats", redact.URL(r.cfg.NATSURL), "err", err)
+		r.mu.Lock()
+		r.startBlocked = "NATS: " + err.Error()
+		r.mu.Unlock()
 		nc, err = nats.Connect(r.cfg.NATSURL, append(opts, nats.RetryOnFailedConnect(true))...)
 	}
 	if err != nil {
