@@ -464,6 +464,8 @@ func (r *Replica) httpAddr() string {
 func (r *Replica) heartbeat(ctx context.Context) {
 	t := time.NewTicker(r.cfg.Heartbeat)
 	defer t.Stop()
+	var catchup catchupWarner
+	catchup.check(ctx, r.js, r.cfg.Names, r.proj, r.log)
 	for {
 		select {
 		case <-ctx.Done():
@@ -474,6 +476,7 @@ func (r *Replica) heartbeat(ctx context.Context) {
 				r.log.Warn("measure clock offset to Redis", "err", err)
 			}
 			cancel()
+			catchup.check(ctx, r.js, r.cfg.Names, r.proj, r.log)
 		}
 	}
 }

@@ -1,8 +1,15 @@
 package main
 
 import (
+	"context"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
+
+	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/testenv"
 )
 
 // TestCatchupBeyondRetention: entry put and sync refuse a catch-up window
@@ -40,5 +47,33 @@ func TestCatchupBeyondRetention(t *testing.T) {
 	refused(e.fail("sync", "-f", file))
 	if msg := e.fail("entry", "get", "synced"); msg == "" {
 		t.Error("the refused sync published its entry")
+	}
+
+	// An entry written another way (the Go client) is not refused: the
+	// replica warns once, and status lists it.
+	e = newEnv(t, true)
+	e.ok("streams", "apply", "--activity-max-age", "2h")
+	client := events.NewClient(e.nats.JetStream(t), events.MustNames(events.DefaultPrefix))
+	if _, err := client.Put(context.Background(), events.Entry{ID: "via-client", Cron: "@hourly", Task: events.Task{Type: "x"},
+		Catchup: events.Catchup{Policy: events.CatchupAll, Window: events.Duration(3 * time.Hour)}}); err != nil {
+		t.Fatal(err)
+	}
+	p := start(t, e.vars, "run", "--http", "", "--log-format", "json", "--replica-id", "ret")
+	warning := "ticks beyond the activity stream's retention cannot be checked against history"
+	testenv.Eventually(t, 30*time.Second, func() bool { return strings.Contains(p.Stderr(), warning) }, "no warning:\n%v", lazyStderr{p})
+	var st struct {
+		Warnings []string `json:"warnings"`
+	}
+	e.okJSON(&st, "status", "--json")
+	if !slices.ContainsFunc(st.Warnings, func(w string) bool {
+		return strings.Contains(w, "via-client") && strings.Contains(w, "3h0m0s") && strings.Contains(w, "2h0m0s")
+	}) {
+		t.Errorf("status warnings do not name the entry and both durations: %q", st.Warnings)
+	}
+	if code := p.stop(syscall.SIGTERM, 30*time.Second); code != 0 {
+		t.Errorf("run exited %d", code)
+	}
+	if n := strings.Count(p.Stderr(), warning); n != 1 {
+		t.Errorf("%d warnings for one entry, want 1:\n%s", n, p.Stderr())
 	}
 }
