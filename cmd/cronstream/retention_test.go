@@ -45,6 +45,7 @@ func TestCatchupBeyondRetention(t *testing.T) {
     catchup: {policy: latest, window: 3h}
 `)
 	refused(e.fail("sync", "-f", file))
+	refused(e.fail("sync", "-f", file, "--dry-run"))
 	if msg := e.fail("entry", "get", "synced"); msg == "" {
 		t.Error("the refused sync published its entry")
 	}

@@ -123,6 +123,7 @@ file that becomes invalid is reported and the current entries are kept.`,
 			}
 			defer s.Close()
 			var current []events.Current
+			streamsExist := true
 			if dryRun {
 				// A dry run creates nothing: without streams there is
 				// simply nothing yet.
@@ -130,6 +131,8 @@ file that becomes invalid is reported and the current entries are kept.`,
 					if current, err = s.client.List(ctx); err != nil {
 						return err
 					}
+				} else {
+					streamsExist = false
 				}
 			} else {
 				if err := s.ensureStreams(ctx); err != nil {
@@ -140,7 +143,7 @@ file that becomes invalid is reported and the current entries are kept.`,
 				}
 			}
 			plan := configsync.MakePlan(current, cfgs, owner, prune)
-			if !dryRun {
+			if streamsExist { // a retention is only known once the streams exist
 				for _, a := range plan.Actions {
 					if a.Kind == configsync.Create || a.Kind == configsync.Update {
 						if err := s.checkCatchup(ctx, a.Entry); err != nil {
