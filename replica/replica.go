@@ -135,6 +135,9 @@ type Replica struct {
 
 	mu      sync.Mutex
 	started bool
+	// startBlocked is the last error a start step is retrying ("" when
+	// none), for readiness while starting.
+	startBlocked string
 }
 
 // Run runs a replica until ctx ends, then stops it cleanly: firing stops
@@ -194,7 +197,13 @@ func (r *Replica) run(ctx context.Context) error {
 			r.mu.Lock()
 			defer r.mu.Unlock()
 			if !r.started {
-				return errors.New("replica is starting")
+				// Nothing fires before the projection is loaded: say so,
+				// and what the start is waiting for.
+				msg := "replica is starting: no projection of the config stream yet, nothing fires"
+				if r.startBlocked != "" {
+					msg += " (retrying " + r.startBlocked + ")"
+				}
+				return errors.New(msg)
 			}
 			return nil
 		})
@@ -245,6 +254,9 @@ func (r *Replica) retry(ctx context.Context, what string, f func(context.Context
 			return fmt.Errorf("%s: %w", what, fatal)
 		}
 		r.log.Warn("not ready: transient error, retrying", "step", what, "err", err, "in", backoff)
+		r.mu.Lock()
+		r.startBlocked = what + ": " + err.Error()
+		r.mu.Unlock()
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -283,6 +295,9 @@ func (r *Replica) start(ctx context.Context) error {
 			return fmt.Errorf("nats %s: %w", redact.URL(r.cfg.NATSURL), fatal)
 		}
 		r.log.Warn("not ready: NATS unreachable, retrying", "nats", redact.URL(r.cfg.NATSURL), "err", err)
+		r.mu.Lock()
+		r.startBlocked = "NATS: " + err.Error()
+		r.mu.Unlock()
 		nc, err = nats.Connect(r.cfg.NATSURL, append(opts, nats.RetryOnFailedConnect(true))...)
 	}
 	if err != nil {
@@ -472,6 +487,8 @@ func (r *Replica) httpAddr() string {
 func (r *Replica) heartbeat(ctx context.Context) {
 	t := time.NewTicker(r.cfg.Heartbeat)
 	defer t.Stop()
+	var catchup catchupWarner
+	catchup.check(ctx, r.js, r.cfg.Names, r.proj, r.log)
 	for {
 		select {
 		case <-ctx.Done():
@@ -482,6 +499,7 @@ func (r *Replica) heartbeat(ctx context.Context) {
 				r.log.Warn("measure clock offset to Redis", "err", err)
 			}
 			cancel()
+			catchup.check(ctx, r.js, r.cfg.Names, r.proj, r.log)
 		}
 	}
 }

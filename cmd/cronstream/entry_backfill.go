@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/scheduler"
 )
 
@@ -27,6 +28,10 @@ type backfillResult struct {
 	// asked.
 	Registered         time.Time `json:"registered"`
 	BeforeRegistration int       `json:"before_registration"`
+	// HistoryFrom is set when the range starts before the activity
+	// stream's retention: ticks before it have no fired event left to be
+	// checked against.
+	HistoryFrom *time.Time `json:"history_from,omitempty"`
 	// Error is set when some ticks were refused (the command then exits
 	// non-zero).
 	Error string `json:"error,omitempty"`
@@ -43,7 +48,10 @@ fired event in the activity stream (the record of what fired), e.g. after
 an outage longer than its catch-up window. Each tick becomes the task it
 would have been (same task id), so a repeated backfill fires nothing twice
 and a tick fired meanwhile is not fired again. The schedule's watermark
-does not move. At most %d ticks per call. Needs Redis (--redis).
+does not move. The activity stream keeps events for its max age
+(--activity-max-age of the streams, default 30 days): ticks older than
+that cannot be checked against history, so they are fired unless Redis
+still holds their task, and the output says so. At most %d ticks per call. Needs Redis (--redis).
 
 A range that reaches before the entry was registered (or re-registered
 after a removal) is fired as asked: those ticks become tasks like the
@@ -90,6 +98,13 @@ TIME is RFC 3339 (2025-03-01T09:00:00Z), a date (UTC), or relative (-6h).`, sche
 			if ferr != nil {
 				out.Error = ferr.Error()
 			}
+			maxAge, err := events.ActivityMaxAge(ctx, m.JS, m.Names)
+			if err != nil {
+				return fmt.Errorf("read the activity retention: %w", err)
+			}
+			if cutoff := now.Add(-maxAge).UTC(); maxAge > 0 && tFrom.Before(cutoff) {
+				out.HistoryFrom = &cutoff
+			}
 			if g.json {
 				if err := printJSON(cmd.OutOrStdout(), out); err != nil {
 					return err
@@ -105,6 +120,10 @@ TIME is RFC 3339 (2025-03-01T09:00:00Z), a date (UTC), or relative (-6h).`, sche
 			if out.BeforeRegistration > 0 {
 				fmt.Fprintf(w, "note: %d of these ticks are before entry %s was registered (%s); a backfill fires them as asked, like the others\n",
 					out.BeforeRegistration, out.ID, fmtTime(out.Registered))
+			}
+			if out.HistoryFrom != nil {
+				fmt.Fprintf(w, "warning: ticks before %s are older than the activity stream's retention (%s): they cannot be checked against history, so they were fired unless Redis still held their task\n",
+					fmtTime(*out.HistoryFrom), maxAge)
 			}
 			for _, id := range out.Fired {
 				fmt.Fprintf(w, "  %s\n", id)

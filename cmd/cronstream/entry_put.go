@@ -87,7 +87,7 @@ Cron specs: 5 fields, or 6 with leading seconds, descriptors (@daily,
 	fl.StringVar(&f.timezone, "timezone", "", "IANA time zone the cron spec is evaluated in (default UTC)")
 	fl.StringVar(&f.jitter, "jitter", "", "delay each tick by a deterministic amount in [0, jitter)")
 	fl.StringVar(&f.catchup, "catchup", "", "missed ticks after an outage: none (default), latest or all")
-	fl.StringVar(&f.catchupWindow, "catchup-window", "", "how far back catch-up looks (default 1h)")
+	fl.StringVar(&f.catchupWindow, "catchup-window", "", "how far back catch-up looks (default 1h; at most the activity stream's max age)")
 	fl.StringVar(&f.overlap, "overlap", "", "allow (default) or skip a tick while the previous task is still queued or running")
 	fl.StringVar(&f.note, "note", "", "free-form note")
 	fl.BoolVar(&f.replace, "replace", false, "replace the whole entry with what the command line gives (keeps only the pause state)")
@@ -278,6 +278,9 @@ func runEntryPut(cmd *cobra.Command, g *globalFlags, f *putFlags, id string) err
 		next.ID, next.Removed = id, false
 		if err := next.Validate(); err != nil {
 			return invalidEntryError(id, err)
+		}
+		if err := s.checkCatchup(ctx, next); err != nil {
+			return err
 		}
 		opts := f.rev.opts(cmd)
 		if !userRev && (exists || absent) {

@@ -182,7 +182,13 @@ type proc struct {
 // the test did not stop it.
 func start(t *testing.T, env []string, args ...string) *proc {
 	t.Helper()
-	p := &proc{t: t, cmd: exec.Command(bin, args...), stdout: make(chan string, 1000), done: make(chan struct{})}
+	return startBin(t, bin, env, args...)
+}
+
+// startBin is start with another binary (a build of an earlier release).
+func startBin(t *testing.T, path string, env []string, args ...string) *proc {
+	t.Helper()
+	p := &proc{t: t, cmd: exec.Command(path, args...), stdout: make(chan string, 1000), done: make(chan struct{})}
 	p.cmd.Env = env
 	outPipe, err := p.cmd.StdoutPipe()
 	if err != nil {

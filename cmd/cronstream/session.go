@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/user"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -25,6 +26,9 @@ type session struct {
 	names  events.Names
 	client *events.Client
 	source string
+	// activityMaxAge is the activity stream's max age, read once by
+	// checkCatchup (nil: not read yet).
+	activityMaxAge *time.Duration
 }
 
 // openSession validates --prefix (before any connection, so a typo is
@@ -90,6 +94,22 @@ func (s *session) requireStreams(ctx context.Context) error {
 func (s *session) ensureStreams(ctx context.Context) error {
 	if _, err := events.SyncStreams(ctx, s.js, events.StreamConfig{Names: s.names}, events.CreateMissing); err != nil {
 		return fmt.Errorf("create streams: %w", err)
+	}
+	return nil
+}
+
+// checkCatchup refuses an entry whose catch-up window reaches back further
+// than the activity stream keeps the fired events catch-up reads.
+func (s *session) checkCatchup(ctx context.Context, e events.Entry) error {
+	if s.activityMaxAge == nil {
+		age, err := events.ActivityMaxAge(ctx, s.js, s.names)
+		if err != nil {
+			return fmt.Errorf("read the activity retention to check the catch-up window: %w", err)
+		}
+		s.activityMaxAge = &age
+	}
+	if err := events.CatchupBeyondRetention(e, *s.activityMaxAge); err != nil {
+		return fmt.Errorf("%w\nnothing was published", err)
 	}
 	return nil
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
+	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/clock"
 	"github.com/cronstream/cronstream/projector"
 	"github.com/cronstream/cronstream/replica"
@@ -176,6 +177,10 @@ still shown).`,
 	return cmd
 }
 
+// maxRetentionWarnings bounds the entries status names one by one for a
+// catch-up window longer than the activity retention.
+const maxRetentionWarnings = 20
+
 func collectStatus(ctx context.Context, g *globalFlags, conn *connFlags, s *session, lateAfter time.Duration) statusReport {
 	now := time.Now()
 	lateAfter = max(lateAfter, time.Second)
@@ -207,6 +212,7 @@ func collectStatus(ctx context.Context, g *globalFlags, conn *connFlags, s *sess
 	rep.Late = mergeLate(nil, rep.Replicas, true)
 
 	// Streams.
+	var activityMaxAge time.Duration // 0: unknown or kept forever
 	for _, p := range []struct {
 		name string
 		dst  *streamPosition
@@ -219,6 +225,9 @@ func collectStatus(ctx context.Context, g *globalFlags, conn *connFlags, s *sess
 		}
 		info := st.CachedInfo()
 		p.dst.LastSeq, p.dst.Messages = info.State.LastSeq, info.State.Msgs
+		if p.name == s.names.ActivityStream() {
+			activityMaxAge = info.Config.MaxAge
+		}
 		if !info.State.LastTime.IsZero() {
 			t := info.State.LastTime.UTC()
 			p.dst.LastTime = &t
@@ -240,7 +249,13 @@ func collectStatus(ctx context.Context, g *globalFlags, conn *connFlags, s *sess
 		proj.Stop()
 		states = entries
 		var fires []nextFireView
+		beyond := 0
 		for _, st := range entries {
+			if err := events.CatchupBeyondRetention(st.Entry, activityMaxAge); err != nil {
+				if beyond++; beyond <= maxRetentionWarnings {
+					rep.Warnings = append(rep.Warnings, err.Error())
+				}
+			}
 			if st.Entry.Paused {
 				rep.Entries.Paused++
 				continue
@@ -256,6 +271,9 @@ func collectStatus(ctx context.Context, g *globalFlags, conn *connFlags, s *sess
 			}
 			return strings.Compare(a.Entry, b.Entry)
 		})
+		if beyond > maxRetentionWarnings {
+			rep.Warnings = append(rep.Warnings, fmt.Sprintf("%d more entries have a catch-up window longer than the activity stream's retention", beyond-maxRetentionWarnings))
+		}
 		if len(fires) > maxNextFires {
 			fires = fires[:maxNextFires]
 		}

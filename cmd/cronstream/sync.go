@@ -135,6 +135,7 @@ file that becomes invalid is reported and the current entries are kept.`,
 			}
 			defer s.Close()
 			var current []events.Current
+			streamsExist := true
 			if dryRun {
 				// A dry run creates nothing: without streams there is
 				// simply nothing yet.
@@ -142,6 +143,8 @@ file that becomes invalid is reported and the current entries are kept.`,
 					if current, err = s.client.List(ctx); err != nil {
 						return err
 					}
+				} else {
+					streamsExist = false
 				}
 			} else {
 				if err := s.ensureStreams(ctx); err != nil {
@@ -152,6 +155,15 @@ file that becomes invalid is reported and the current entries are kept.`,
 				}
 			}
 			plan := configsync.MakePlan(current, cfgs, owner, prune)
+			if streamsExist { // a retention is only known once the streams exist
+				for _, a := range plan.Actions {
+					if a.Kind == configsync.Create || a.Kind == configsync.Update {
+						if err := s.checkCatchup(ctx, a.Entry); err != nil {
+							return err
+						}
+					}
+				}
+			}
 			w := cmd.OutOrStdout()
 			if dryRun {
 				if g.json {
