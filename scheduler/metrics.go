@@ -1,6 +1,11 @@
 package scheduler
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/taskstate"
+)
 
 // Metrics are the scheduler's Prometheus metrics.
 type Metrics struct {
@@ -47,6 +52,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Implausible: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "cronstream_scheduler_implausible_observations_total", Help: "Fires heard on the activity subjects, or read back from the activity stream, for a tick far ahead of the clock (forged, or a publisher's wrong clock); ignored.",
 		}),
+	}
+	// Every known label value starts at 0, so the series exist before the
+	// first refusal or skip: rate() and increase() see that first one, and
+	// the alert rules in deploy/ find the metrics on a fresh replica.
+	for s := taskstate.StatusWatermarkMismatch; s <= taskstate.StatusStale; s++ {
+		m.Refused.WithLabelValues(s.String())
+	}
+	for _, reason := range []string{events.SkipMissed, events.SkipOverlap, events.SkipUnique} {
+		m.Skipped.WithLabelValues(reason)
 	}
 	if reg != nil {
 		reg.MustRegister(m.Fired, m.Skipped, m.Refused, m.Errors, m.FireLag, m.Entries, m.Backpressure, m.Restored, m.Implausible)
