@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -19,6 +20,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/cronstream/cronstream/internal/testenv"
+	"github.com/cronstream/cronstream/replica"
 )
 
 type alertRules struct {
@@ -102,6 +104,9 @@ func TestAlertRulesShape(t *testing.T) {
 			}
 			if !balanced(rule.Expr) {
 				t.Errorf("%s: unbalanced brackets in %q", rule.Alert, rule.Expr)
+			}
+			if rule.Alert == "CronstreamOutboxNearBound" && !strings.Contains(rule.Expr, strconv.Itoa(replica.DefaultMaxOutboxBytes)) {
+				t.Errorf("%s: %q does not use the default --max-outbox-bytes (%d)", rule.Alert, rule.Expr, replica.DefaultMaxOutboxBytes)
 			}
 			exprs = append(exprs, rule.Expr)
 		}
