@@ -41,3 +41,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	return m
 }
+
+// initQueue creates queue q's series at 0, so they exist before its first
+// recovery or error: rate() and increase() see that first one.
+func (m *Metrics) initQueue(q string) {
+	for _, outcome := range []string{"retried", "archived", "skipped"} {
+		m.Recovered.WithLabelValues(q, outcome)
+	}
+	for _, action := range []string{"leased", "removed"} {
+		m.Orphans.WithLabelValues(q, action)
+	}
+	m.Reclaimed.WithLabelValues(q)
+	m.Bad.WithLabelValues(q)
+	m.Errors.WithLabelValues(q)
+}

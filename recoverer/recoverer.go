@@ -271,6 +271,7 @@ func (r *Recoverer) Pass(ctx context.Context) PassResult {
 		began := time.Now()
 		n, err := r.recoverQueue(ctx, q)
 		r.m.PassDuration.WithLabelValues(q).Observe(time.Since(began).Seconds())
+		r.m.initQueue(q)
 		res.Moved += n
 		if err != nil {
 			r.queueStats(q, func(s *QueueStats) { s.Errors++ })

@@ -99,6 +99,10 @@ type Config struct {
 // at that rate (docs/operations.md, "NATS outages").
 const DefaultMaxOutboxBytes = 512 << 20
 
+// DefaultShutdownTimeout bounds the drain after SIGTERM; an orchestrator's
+// grace period must cover it (deploy/kubernetes).
+const DefaultShutdownTimeout = 15 * time.Second
+
 // DefaultReplicaID is host-pid-random: unique per process, readable in
 // status and in the audit log.
 func DefaultReplicaID() string {
@@ -166,7 +170,7 @@ func newReplica(cfg Config) (*Replica, error) {
 		cfg.Heartbeat = DefaultHeartbeat
 	}
 	if cfg.ShutdownTimeout <= 0 {
-		cfg.ShutdownTimeout = 15 * time.Second
+		cfg.ShutdownTimeout = DefaultShutdownTimeout
 	}
 	if cfg.MaxOutboxBytes <= 0 {
 		cfg.MaxOutboxBytes = DefaultMaxOutboxBytes

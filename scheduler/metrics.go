@@ -1,6 +1,11 @@
 package scheduler
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/taskstate"
+)
 
 // Metrics are the scheduler's Prometheus metrics.
 type Metrics struct {
@@ -51,6 +56,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Epochs: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "cronstream_stream_epochs_total", Help: "Revision fences and handover markers holding a sequence of an earlier config stream (recreated or restored) that this replica cleared.",
 		}),
+	}
+	// Every known label value starts at 0, so the series exist before the
+	// first refusal or skip: rate() and increase() see that first one, and
+	// the alert rules in deploy/ find the metrics on a fresh replica.
+	for s := taskstate.StatusWatermarkMismatch; s <= taskstate.StatusStale; s++ {
+		m.Refused.WithLabelValues(s.String())
+	}
+	for _, reason := range []string{events.SkipMissed, events.SkipOverlap, events.SkipUnique} {
+		m.Skipped.WithLabelValues(reason)
 	}
 	if reg != nil {
 		reg.MustRegister(m.Fired, m.Skipped, m.Refused, m.Errors, m.FireLag, m.Entries, m.Backpressure, m.Restored, m.Implausible, m.Epochs)
