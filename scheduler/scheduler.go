@@ -153,6 +153,7 @@ type Scheduler struct {
 	hist historyCache
 
 	observed chan observation
+	timesReq chan chan []entryTimes // a scrape's request for listEntryTimes
 	wake     chan struct{}
 	history  chan []taskstate.EnqueueEventRecord // to writeHistory
 	vis      chan []taskstate.SchedulerEntry     // to writeVisibilityLoop
@@ -315,6 +316,7 @@ func New(cfg Config) (*Scheduler, error) {
 		entries:  map[string]*entryRun{},
 		load:     map[string]*entryRun{},
 		observed: make(chan observation, 4096),
+		timesReq: make(chan chan []entryTimes),
 		history:  make(chan []taskstate.EnqueueEventRecord, 16),
 		vis:      make(chan []taskstate.SchedulerEntry, 1),
 		wake:     make(chan struct{}, 1),
@@ -494,6 +496,9 @@ func (s *Scheduler) loop(ctx context.Context, changes <-chan []projector.Change)
 					more = false
 				}
 			}
+			continue
+		case reply := <-s.timesReq:
+			reply <- s.listEntryTimes()
 			continue
 		case <-vis.C:
 			if !s.visPending {
