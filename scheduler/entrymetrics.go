@@ -96,7 +96,8 @@ func (s *Scheduler) primaryEntryTimes() []entryTimes {
 // primary among the live replicas is this one.
 func (s *Scheduler) listEntryTimes() []entryTimes {
 	live := s.liveReplicas()
-	var out []entryTimes
+	// About 1/len(live) of the entries are this replica's.
+	out := make([]entryTimes, 0, (len(s.entries)+len(s.pausedEntries))/max(len(live), 1)*5/4+16)
 	for id, r := range s.entries {
 		if primaryOf(id, live) != s.cfg.ReplicaID {
 			continue
@@ -110,11 +111,11 @@ func (s *Scheduler) listEntryTimes() []entryTimes {
 		}
 		out = append(out, e)
 	}
-	for id, st := range s.pausedEntries {
+	for id := range s.pausedEntries { // by key: a State is large to copy
 		if _, ok := s.entries[id]; ok || primaryOf(id, live) != s.cfg.ReplicaID {
 			continue
 		}
-		out = append(out, entryTimes{id: id, queue: st.Entry.Options.QueueName()})
+		out = append(out, entryTimes{id: id, queue: s.pausedEntries[id].Entry.Options.QueueName()})
 	}
 	return out
 }
