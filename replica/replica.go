@@ -57,6 +57,9 @@ type Config struct {
 	// LateAfter: an entry whose tick is overdue for longer is late (the
 	// stall detector; default stall.DefaultLateAfter).
 	LateAfter time.Duration
+	// MetricsPerEntry exports each entry's last and next fire time from
+	// its primary (scheduler.Collector).
+	MetricsPerEntry bool
 	// ClockOffset shifts this replica's local clock. For tests only: it
 	// simulates a host whose clock is off; the replica's clock corrects
 	// it against Redis TIME like any drift.
@@ -422,6 +425,7 @@ func (r *Replica) start(ctx context.Context) error {
 		return err
 	}
 	r.sched = sched
+	r.reg.MustRegister(sched.Collector(r.cfg.MetricsPerEntry))
 	busy.Store(sched)
 	if err := sched.Start(ctx); err != nil {
 		return err

@@ -193,20 +193,25 @@ func TestAsynqSeesFires(t *testing.T) {
 	testenv.Eventually(t, 20*time.Second, func() bool {
 		var err error
 		entries, err = insp.SchedulerEntries()
-		if err != nil || len(entries) != 2 {
+		if err != nil || len(entries) != 3 {
 			return false
 		}
 		for _, en := range entries {
-			if en.Prev.IsZero() {
+			if en.ID != "vis-paused" && en.Prev.IsZero() {
 				return false
 			}
 		}
 		return true
-	}, "the Inspector to list both active entries with a previous fire (has %d)", len(entries))
+	}, "the Inspector to list both active entries with a previous fire and the paused one (has %d)", len(entries))
 	now := time.Now()
 	for _, en := range entries {
 		switch en.ID {
 		case "vis-a", "vis-b":
+		case "vis-paused":
+			if en.Spec != "paused: @every 1s" || !en.Next.IsZero() || !en.Prev.IsZero() {
+				t.Errorf("paused entry listed as spec %q next %s prev %s", en.Spec, en.Next, en.Prev)
+			}
+			continue
 		default:
 			t.Errorf("unexpected scheduler entry %q", en.ID)
 			continue
@@ -244,6 +249,39 @@ func TestAsynqSeesFires(t *testing.T) {
 			t.Errorf("processed %s of type %s", id, typ)
 		}
 	}
+}
+
+// TestAsynqSeesPausedEntries: asynq's Inspector (`asynq cron ls`,
+// asynqmon) keeps listing an entry while it is paused, its spec marked
+// "paused: " and no next enqueue time, and lists it as before once resumed;
+// pausing again keeps its last enqueue time.
+func TestAsynqSeesPausedEntries(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	paused := func(en *events.Entry) { en.Paused = true }
+	e.put(every("p", "@every 1s", paused))
+	e.startNode("a", nodeOpts{})
+	insp := asynq.NewInspector(asynq.RedisClientOpt{Addr: e.redis.Addr})
+	defer insp.Close()
+	listed := func(want func(*asynq.SchedulerEntry) bool) func() bool {
+		return func() bool {
+			entries, err := insp.SchedulerEntries()
+			return err == nil && len(entries) == 1 && entries[0].ID == "p" && want(entries[0])
+		}
+	}
+	testenv.Eventually(t, 20*time.Second, listed(func(en *asynq.SchedulerEntry) bool {
+		return en.Spec == "paused: @every 1s" && en.Next.IsZero() && en.Prev.IsZero() && en.Task.Type() == "tick:p"
+	}), "the paused entry listed, marked paused, with no next or previous enqueue")
+
+	e.put(every("p", "@every 1s"))
+	testenv.Eventually(t, 20*time.Second, listed(func(en *asynq.SchedulerEntry) bool {
+		return en.Spec == "@every 1s" && !en.Next.IsZero() && !en.Prev.IsZero()
+	}), "the resumed entry listed as any other, with a next and a previous enqueue")
+
+	e.put(every("p", "@every 1s", paused))
+	testenv.Eventually(t, 20*time.Second, listed(func(en *asynq.SchedulerEntry) bool {
+		return en.Spec == "paused: @every 1s" && en.Next.IsZero() && !en.Prev.IsZero()
+	}), "the entry paused again, keeping its previous enqueue")
 }
 
 // TestEnqueueHistoryCapped: the asynq enqueue history the scheduler writes

@@ -143,6 +143,9 @@ type Scheduler struct {
 	entries map[string]*entryRun
 	heap    dueHeap
 	load    map[string]*entryRun // entries whose watermark must be read
+	// pausedEntries holds the paused entries, so asynq's scheduler entries list
+	// them marked paused (visibilitySnapshot); they never fire.
+	pausedEntries map[string]projector.State
 	// loadAfter delays the next watermark load after a failed one. It
 	// and visSince are local monotonic times (backoffs), never compared
 	// with ticks, which use the corrected clock.
@@ -162,6 +165,7 @@ type Scheduler struct {
 	configID string
 
 	observed chan observation
+	timesReq chan chan []entryTimes // a scrape's request for listEntryTimes
 	wake     chan struct{}
 	history  chan []taskstate.EnqueueEventRecord // to writeHistory
 	vis      chan []taskstate.SchedulerEntry     // to writeVisibilityLoop
@@ -327,6 +331,7 @@ func New(cfg Config) (*Scheduler, error) {
 		entries:  map[string]*entryRun{},
 		load:     map[string]*entryRun{},
 		observed: make(chan observation, 4096),
+		timesReq: make(chan chan []entryTimes),
 		history:  make(chan []taskstate.EnqueueEventRecord, 16),
 		vis:      make(chan []taskstate.SchedulerEntry, 1),
 		wake:     make(chan struct{}, 1),
@@ -507,6 +512,9 @@ func (s *Scheduler) loop(ctx context.Context, changes <-chan []projector.Change)
 				}
 			}
 			continue
+		case reply := <-s.timesReq:
+			reply <- s.listEntryTimes()
+			continue
 		case <-vis.C:
 			if !s.visPending {
 				s.visPending, s.visSince = true, time.Now()
@@ -579,6 +587,14 @@ func (s *Scheduler) liveReplicas() []string {
 // applyChange follows the projection: entries join, change, pause, leave.
 func (s *Scheduler) applyChange(c projector.Change) {
 	r := s.entries[c.ID]
+	if c.New != nil && c.New.Entry.Paused {
+		if s.pausedEntries == nil {
+			s.pausedEntries = map[string]projector.State{}
+		}
+		s.pausedEntries[c.ID] = *c.New
+	} else {
+		delete(s.pausedEntries, c.ID)
+	}
 	if c.New == nil || c.New.Entry.Paused {
 		if r != nil {
 			s.heap.remove(r)
@@ -1424,31 +1440,49 @@ func (s *Scheduler) writeVisibilityLoop() {
 // visibilitySnapshot lists asynq's scheduler entries for ours, so
 // `asynq cron ls` lists them. One replica writes (the primary of a fixed
 // key), so the cost does not grow with the number of replicas; ok is false
-// on the others.
+// on the others. asynq's SchedulerEntry has no paused field: a paused entry
+// is listed with its spec marked (taskstate.PausedSpec) and no next enqueue
+// time (docs/asynq-compat.md).
 func (s *Scheduler) visibilitySnapshot() ([]taskstate.SchedulerEntry, bool) {
 	if primaryOf("~asynq-visibility", s.liveReplicas()) != s.cfg.ReplicaID {
 		return nil, false
 	}
-	out := make([]taskstate.SchedulerEntry, 0, len(s.entries))
+	out := make([]taskstate.SchedulerEntry, 0, len(s.entries)+len(s.pausedEntries))
 	for _, r := range s.entries {
 		if r.st.Entry.Paused || r.sched == nil {
 			continue
-		}
-		e := r.st.Entry
-		opts := taskstate.EnqueueOptions{
-			Queue: r.queue, MaxRetry: e.Options.Retries(), Timeout: e.Options.Timeout.D(),
-			Unique: e.Options.Unique.D(), Retention: e.Options.Retention.D(), Group: e.Options.Group,
 		}
 		var prev time.Time
 		if r.hasCursor {
 			prev = r.cursor
 		}
-		out = append(out, taskstate.SchedulerEntry{
-			ID: r.id, Spec: e.Cron, TaskType: e.Task.Type, TaskPayload: e.Task.Payload,
-			EnqueueOptions: opts.Strings(), Next: r.next(), Prev: prev,
-		})
+		out = append(out, schedulerEntry(r.id, r.st, r.next(), prev))
+	}
+	for id, st := range s.pausedEntries {
+		var prev time.Time
+		if r := s.entries[id]; r != nil && r.hasCursor {
+			prev = r.cursor
+		}
+		out = append(out, schedulerEntry(id, st, time.Time{}, prev))
 	}
 	return out, true
+}
+
+// schedulerEntry is asynq's view of entry id in state st.
+func schedulerEntry(id string, st projector.State, next, prev time.Time) taskstate.SchedulerEntry {
+	e := st.Entry
+	opts := taskstate.EnqueueOptions{
+		Queue: e.Options.QueueName(), MaxRetry: e.Options.Retries(), Timeout: e.Options.Timeout.D(),
+		Unique: e.Options.Unique.D(), Retention: e.Options.Retention.D(), Group: e.Options.Group,
+	}
+	spec := e.Cron
+	if e.Paused {
+		spec = taskstate.PausedSpec(spec)
+	}
+	return taskstate.SchedulerEntry{
+		ID: id, Spec: spec, TaskType: e.Task.Type, TaskPayload: e.Task.Payload,
+		EnqueueOptions: opts.Strings(), Next: next, Prev: prev,
+	}
 }
 
 func (s *Scheduler) outcome(o Outcome) {

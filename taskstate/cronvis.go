@@ -18,6 +18,14 @@ import (
 // entry is listed once however many replicas run; every replica rewrites the
 // same list on its heartbeat, and the last writer wins with the same content.
 
+// PausedSpecPrefix marks a paused entry's spec in asynq's scheduler entries:
+// asynq's SchedulerEntry has no paused field, and the spec is the column
+// `asynq cron ls` and asynqmon show in full, so the mark leads it.
+const PausedSpecPrefix = "paused: "
+
+// PausedSpec is spec as listed for a paused entry ("paused: @every 10s").
+func PausedSpec(spec string) string { return PausedSpecPrefix + spec }
+
 // MaxSchedulerHistory is asynq's cap on enqueue events kept per entry.
 const MaxSchedulerHistory = 1000
 

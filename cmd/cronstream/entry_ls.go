@@ -20,6 +20,7 @@ func newEntryLsCommand(g *globalFlags) *cobra.Command {
 	var conn connFlags
 	var at string
 	var flt lsFilter
+	var output string
 	cmd := &cobra.Command{
 		Use:     "ls",
 		Aliases: []string{"list"},
@@ -39,8 +40,14 @@ Filters combine: --queue Q, --state active|paused|quarantined, --owner O
 --at replays the config stream up to a moment and lists the entries exactly
 as they were then (the fold of every config event stored up to that time,
 by the stream's own timestamps). NEXT FIRE is then the next fire after that
-moment.`,
+moment.
+
+-o picks the output: table (default), wide (the table plus the entry's
+policy columns: catch-up, overlap, jitter, max retry, timeout, updated,
+note), json (a JSON array; --json is the same) or yaml (the same fields as
+json).`,
 		Example: `  cronstream entry ls
+  cronstream entry ls -o wide
   cronstream entry ls --queue critical --state paused
   cronstream entry ls --owner team-billing --type 'invoice:*'
   cronstream entry ls --at -2h
@@ -50,6 +57,10 @@ moment.`,
 			ctx := cmd.Context()
 			now := time.Now()
 			if err := flt.check(cmd); err != nil {
+				return err
+			}
+			format, err := lsOutput(cmd, output, g.json)
+			if err != nil {
 				return err
 			}
 			var asOf time.Time
@@ -103,9 +114,13 @@ moment.`,
 				slices.SortFunc(views, func(a, b entryView) int { return strings.Compare(a.ID, b.ID) })
 				views = slices.DeleteFunc(views, func(v entryView) bool { return !flt.keep(v) })
 			}
-			if g.json {
+			switch format {
+			case "json", "yaml":
 				if views == nil {
 					views = []entryView{}
+				}
+				if format == "yaml" {
+					return printYAML(cmd.OutOrStdout(), views)
 				}
 				return printJSON(cmd.OutOrStdout(), views)
 			}
@@ -117,17 +132,38 @@ moment.`,
 				}
 				return nil
 			}
+			if format == "wide" {
+				return printEntryTableWide(cmd.OutOrStdout(), views)
+			}
 			return printEntryTable(cmd.OutOrStdout(), views)
 		},
 	}
+	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: "+strings.Join(lsFormats, ", "))
 	cmd.Flags().StringVar(&at, "at", "", "list the entries as they were at this time: RFC 3339, or relative (-2h, -30m)")
-	cmd.Flags().BoolVar(&g.json, "json", false, "print the entries as a JSON array")
+	cmd.Flags().BoolVar(&g.json, "json", false, "print the entries as a JSON array (same as -o json)")
 	cmd.Flags().StringVar(&flt.queue, "queue", "", "only entries firing into this queue")
 	cmd.Flags().StringVar(&flt.state, "state", "", "only entries in this state: active, paused or quarantined")
 	cmd.Flags().StringVar(&flt.owner, "owner", "", `only entries of this owner ("" : without one)`)
 	cmd.Flags().StringVar(&flt.typ, "type", "", "only entries whose task type matches this glob")
 	addConn(cmd, &conn, false)
 	return cmd
+}
+
+// lsFormats are entry ls's -o values.
+var lsFormats = []string{"table", "wide", "json", "yaml"}
+
+// lsOutput returns the format -o and --json ask for.
+func lsOutput(cmd *cobra.Command, output string, json bool) (string, error) {
+	if !slices.Contains(lsFormats, output) {
+		return "", usagef("-o %q: use %s", output, strings.Join(lsFormats, ", "))
+	}
+	if json {
+		if cmd.Flags().Changed("output") && output != "json" {
+			return "", usagef("--json and -o %s: give one (--json is -o json)", output)
+		}
+		return "json", nil
+	}
+	return output, nil
 }
 
 // lsFilter is entry ls's filters; unset ones keep everything.

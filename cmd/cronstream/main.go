@@ -200,6 +200,7 @@ Then:        cronstream entry put hello --cron "@every 10s" --type demo:hello
 	root.AddCommand(commands(g)...)
 	root.InitDefaultHelpCmd()
 	root.InitDefaultCompletionCmd()
+	addCompletions(root, g)
 	asUsageErrors(root)
 	return root
 }

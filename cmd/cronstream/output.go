@@ -12,6 +12,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"gopkg.in/yaml.v3"
+
 	"github.com/cronstream/cronstream/configsync"
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/scheduler"
@@ -145,6 +147,78 @@ func printEntryTable(w io.Writer, views []entryView) error {
 			terminalSafe(v.Task.Type), terminalSafe(v.Options.QueueName()), v.Revision, last, next, terminalSafe(dash(v.Owner)))
 	}
 	return tw.Flush()
+}
+
+// printEntryTableWide is entry ls -o wide: the table plus each entry's
+// policies, update time and note.
+func printEntryTableWide(w io.Writer, views []entryView) error {
+	tw := newTable(w)
+	fmt.Fprintln(tw, "ID\tSTATE\tCRON\tTIMEZONE\tTYPE\tQUEUE\tREVISION\tLAST FIRE\tNEXT FIRE\tOWNER\tCATCHUP\tOVERLAP\tJITTER\tMAX RETRY\tTIMEOUT\tUPDATED\tNOTE")
+	for _, v := range views {
+		next, last, updated := "-", "-", "-"
+		if v.NextFire != nil {
+			next = fmtTime(*v.NextFire)
+		}
+		if v.LastFire != nil {
+			last = fmtTime(*v.LastFire)
+			if v.LastOutcome != "fired" {
+				last += " " + terminalSafe(v.LastOutcome)
+			}
+		}
+		if v.Updated != nil {
+			updated = fmtTime(*v.Updated)
+		}
+		if v.State == stateQuarantined {
+			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t%d\t%s\t-\t-\t-\t-\t-\t-\t-\t%s\t%s\n", terminalSafe(v.ID), v.State, v.Revision, last, updated, terminalSafe(dash(v.Error)))
+			continue
+		}
+		e := v.Entry.Normalize()
+		catchup := string(e.Catchup.Policy)
+		if e.Catchup.Policy != events.CatchupNone {
+			catchup += " " + e.Catchup.Window.String()
+		}
+		timeout := "-"
+		if e.Options.Timeout > 0 {
+			timeout = e.Options.Timeout.String()
+		}
+		jitter := "-"
+		if e.Jitter > 0 {
+			jitter = e.Jitter.String()
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", terminalSafe(v.ID), v.State, terminalSafe(v.Cron), terminalSafe(dash(v.Timezone)),
+			terminalSafe(v.Task.Type), terminalSafe(v.Options.QueueName()), v.Revision, last, next, terminalSafe(dash(v.Owner)),
+			terminalSafe(catchup), terminalSafe(string(e.Overlap)), jitter, e.Options.Retries(), timeout, updated, terminalSafe(dash(v.Note)))
+	}
+	return tw.Flush()
+}
+
+// printYAML writes v as YAML with the keys and order of its JSON form
+// (JSON is YAML; decoding it into a node keeps the order).
+func printYAML(w io.Writer, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	var n yaml.Node
+	if err := yaml.Unmarshal(b, &n); err != nil {
+		return fmt.Errorf("convert to yaml: %w", err)
+	}
+	clearStyle(&n)
+	enc := yaml.NewEncoder(w)
+	enc.SetIndent(2)
+	if err := enc.Encode(&n); err != nil {
+		return err
+	}
+	return enc.Close()
+}
+
+// clearStyle drops the flow style and quoting decoding JSON gave the
+// nodes, so they print as block YAML.
+func clearStyle(n *yaml.Node) {
+	n.Style &^= yaml.FlowStyle | yaml.DoubleQuotedStyle
+	for _, c := range n.Content {
+		clearStyle(c)
+	}
 }
 
 // printEntry shows one entry field by field.

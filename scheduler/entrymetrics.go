@@ -1,0 +1,121 @@
+package scheduler
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// entryTimes is one entry's last handled tick and next tick as the
+// scheduler knows them; a zero time is unknown (or none, for next).
+type entryTimes struct {
+	id, queue  string
+	last, next time.Time
+}
+
+// scrapeWait bounds how long a scrape waits for the loop to list the
+// entries; a loop busy longer (a burst of fires) yields a scrape without
+// per-entry series rather than a hung /metrics.
+const scrapeWait = 2 * time.Second
+
+var (
+	lastFireDesc = prometheus.NewDesc("cronstream_entry_last_fire_timestamp_seconds",
+		"Unix time of the entry's last handled tick (fired, or skipped by its catch-up or overlap policy); only on the entry's primary replica, only with --metrics-per-entry.",
+		[]string{"entry", "queue"}, nil)
+	nextFireDesc = prometheus.NewDesc("cronstream_entry_next_fire_timestamp_seconds",
+		"Unix time of the entry's next tick (before jitter); absent while paused; only on the entry's primary replica, only with --metrics-per-entry.",
+		[]string{"entry", "queue"}, nil)
+	stalenessDesc = prometheus.NewDesc("cronstream_config_staleness_seconds",
+		"Seconds since the projection last heard the config stream (a message or a heartbeat; lags by up to about four heartbeats on an idle stream). Absent until first heard.",
+		nil, nil)
+)
+
+// Collector returns the scheduler's scrape-time metrics: config staleness,
+// and with perEntry the last and next fire time of each entry this replica
+// is the primary of, so each entry's series is on one replica only and
+// moves with its primary. The per-entry series are listed by the loop at
+// scrape time (one pass over the entries), never updated per fire.
+func (s *Scheduler) Collector(perEntry bool) prometheus.Collector {
+	return &collector{s: s, perEntry: perEntry}
+}
+
+type collector struct {
+	s        *Scheduler
+	perEntry bool
+}
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- stalenessDesc
+	if c.perEntry {
+		ch <- lastFireDesc
+		ch <- nextFireDesc
+	}
+}
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	s := c.s
+	if heard := s.cfg.Projection.LastHeard(); !heard.IsZero() {
+		ch <- prometheus.MustNewConstMetric(stalenessDesc, prometheus.GaugeValue, max(s.clock.Now().Sub(heard), 0).Seconds())
+	}
+	if !c.perEntry {
+		return
+	}
+	for _, e := range s.primaryEntryTimes() {
+		if !e.last.IsZero() {
+			ch <- prometheus.MustNewConstMetric(lastFireDesc, prometheus.GaugeValue, unixSeconds(e.last), e.id, e.queue)
+		}
+		if !e.next.IsZero() {
+			ch <- prometheus.MustNewConstMetric(nextFireDesc, prometheus.GaugeValue, unixSeconds(e.next), e.id, e.queue)
+		}
+	}
+}
+
+func unixSeconds(t time.Time) float64 { return float64(t.UnixNano()) / 1e9 }
+
+// primaryEntryTimes asks the loop for the entries this replica is the
+// primary of; nil when the loop does not answer within scrapeWait (busy,
+// or not running).
+func (s *Scheduler) primaryEntryTimes() []entryTimes {
+	reply := make(chan []entryTimes, 1) // the loop never blocks on a scrape that gave up
+	t := time.NewTimer(scrapeWait)
+	defer t.Stop()
+	select {
+	case s.timesReq <- reply:
+	case <-t.C:
+		return nil
+	}
+	select {
+	case out := <-reply:
+		return out
+	case <-t.C:
+		return nil
+	}
+}
+
+// listEntryTimes runs on the loop: the entries, paused ones included, whose
+// primary among the live replicas is this one.
+func (s *Scheduler) listEntryTimes() []entryTimes {
+	live := s.liveReplicas()
+	// About 1/len(live) of the entries are this replica's.
+	out := make([]entryTimes, 0, (len(s.entries)+len(s.pausedEntries))/max(len(live), 1)*5/4+16)
+	for id, r := range s.entries {
+		if primaryOf(id, live) != s.cfg.ReplicaID {
+			continue
+		}
+		e := entryTimes{id: id, queue: r.queue}
+		if r.known && r.hasCursor {
+			e.last = r.cursor
+		}
+		if !r.st.Entry.Paused && r.sched != nil && r.known {
+			e.next = r.next()
+		}
+		out = append(out, e)
+	}
+	for id := range s.pausedEntries { // by key: a State is large to copy
+		if _, ok := s.entries[id]; ok || primaryOf(id, live) != s.cfg.ReplicaID {
+			continue
+		}
+		out = append(out, entryTimes{id: id, queue: s.pausedEntries[id].Entry.Options.QueueName()})
+	}
+	return out
+}
