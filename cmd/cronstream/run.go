@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/keygc"
 	"github.com/cronstream/cronstream/replica"
 	"github.com/cronstream/cronstream/stall"
 	"github.com/cronstream/cronstream/taskstate"
@@ -30,6 +31,7 @@ type replicaFlags struct {
 	queues          []string
 	recoverInterval time.Duration
 	recoverGrace    time.Duration
+	removedKeyGrace time.Duration
 	maxStaleness    time.Duration
 	maxOutboxBytes  byteSize
 	maxOutbox       int64 // deprecated: a record count
@@ -48,6 +50,7 @@ func (f *replicaFlags) add(cmd *cobra.Command, httpDefault string) {
 	fl.StringSliceVar(&f.queues, "queues", nil, "queues to recover (default: every queue in asynq:queues)")
 	fl.DurationVar(&f.recoverInterval, "recover-interval", 5*time.Second, "how often the recoverer looks for lease-expired tasks")
 	fl.DurationVar(&f.recoverGrace, "recover-grace", 20*time.Second, "recover a task once its lease has been expired this long (asynq's own recoverer uses 30s)")
+	fl.DurationVar(&f.removedKeyGrace, "removed-key-grace", keygc.DefaultGrace, "delete the Redis keys of an entry (watermarks, handover markers, asynq scheduler history) once it has been removed this long")
 	fl.DurationVar(&f.maxStaleness, "max-staleness", 30*time.Second, "stop firing when this replica has not heard the config stream for this long while others have")
 	f.maxOutboxBytes.n = replica.DefaultMaxOutboxBytes
 	fl.Var(&f.maxOutboxBytes, "max-outbox-bytes", "pause firing while the outbox records waiting for NATS take more Redis memory than this (bytes, or with KiB, MiB, GiB)")
@@ -143,7 +146,8 @@ func (f *replicaFlags) config(g *globalFlags) (replica.Config, error) {
 		StreamReplicas: f.replicas, ActivityMaxAge: f.activityMaxAge,
 		MaxStaleness: f.maxStaleness, MaxOutboxBytes: maxOutboxBytes, LateAfter: f.lateAfter, ClockOffset: f.clockOffset,
 		Queues: queues, RecoverInterval: f.recoverInterval, RecoverGrace: f.recoverGrace,
-		HTTPAddr: f.http, Logger: log,
+		RemovedKeyGrace: f.removedKeyGrace,
+		HTTPAddr:        f.http, Logger: log,
 	}, nil
 }
 
