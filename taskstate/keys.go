@@ -207,9 +207,11 @@ func EntryKeyPatterns(prefix string) []string {
 }
 
 // ParseEntryKey returns the queue and entry of one of cronstream's per-entry
-// keys of tenant prefix, and false for any other key. A key is accepted only
-// if building it again from the parts gives the same name, so a queue name
-// that contains the separators cannot be misread.
+// keys of tenant prefix, and false for any other key. Entry ids that fire
+// hold no ':', '{' or '}' (events.ValidateID), so the entry is what follows
+// the last separator, and a queue name that contains the separators cannot
+// be misread; a key is accepted only if building it again from the parts
+// gives the same name.
 func ParseEntryKey(prefix, key string) (queue, entry string, ok bool) {
 	if prefix == "" {
 		prefix = DefaultPrefix
@@ -222,7 +224,7 @@ func ParseEntryKey(prefix, key string) (queue, entry string, ok bool) {
 		}
 		queue, entry = key[len("cronstream:{"):i], key[i+len(sep):]
 		own := Own(prefix, queue)
-		if entry != "" && (own.Watermark(entry) == key || own.Handover(entry) == key) {
+		if entry != "" && !strings.ContainsAny(entry, ":{}") && (own.Watermark(entry) == key || own.Handover(entry) == key) {
 			return queue, entry, true
 		}
 	}
