@@ -37,31 +37,29 @@ func (s *Store) ScanEntryKeys(ctx context.Context, prefix string, want func(entr
 		found = map[string]EntryKey{}
 	)
 	full := func() bool { return limit > 0 && len(found) >= limit }
+	pattern := EntryKeyPattern(prefix)
 	scan := func(ctx context.Context, c redis.Cmdable) error {
-		for _, pattern := range EntryKeyPatterns(prefix) {
-			var cursor uint64
-			for {
-				keys, next, err := c.Scan(ctx, cursor, pattern, scanCount).Result()
-				if err != nil {
-					return fmt.Errorf("scan %s: %w", pattern, err)
-				}
-				mu.Lock()
-				for _, k := range keys {
-					q, e, ok := ParseEntryKey(prefix, k)
-					if !ok || (want != nil && !want(e)) || full() {
-						continue
-					}
-					found[k] = EntryKey{Key: k, Queue: q, Entry: e}
-				}
-				stop := full()
-				mu.Unlock()
-				if next == 0 || stop {
-					break
-				}
-				cursor = next
+		var cursor uint64
+		for {
+			keys, next, err := c.Scan(ctx, cursor, pattern, scanCount).Result()
+			if err != nil {
+				return fmt.Errorf("scan %s: %w", pattern, err)
 			}
+			mu.Lock()
+			for _, k := range keys {
+				q, e, ok := ParseEntryKey(prefix, k)
+				if !ok || (want != nil && !want(e)) || full() {
+					continue
+				}
+				found[k] = EntryKey{Key: k, Queue: q, Entry: e}
+			}
+			stop := full()
+			mu.Unlock()
+			if next == 0 || stop {
+				return nil
+			}
+			cursor = next
 		}
-		return nil
 	}
 	var err error
 	if cc, ok := s.client.(*redis.ClusterClient); ok {

@@ -61,6 +61,7 @@ func testDeleteRemovedEntryKeys(t *testing.T, s *Store, rc redis.UniversalClient
 		rc.Set(ctx, own.Watermark("live"), "1 t", 0)
 		rc.Set(ctx, own.Watermark("changed"), "1 t", 0)
 		rc.Set(ctx, Own("other", q).Watermark("gone"), "1 t", 0) // another tenant's
+		rc.Set(ctx, own.Fence(), "7", 0)                         // not per entry
 	}
 	history := SchedulerHistoryKey("gone")
 	rc.ZAdd(ctx, history, redis.Z{Score: float64(removedAt.Unix() - 60), Member: "before"})

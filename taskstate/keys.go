@@ -192,18 +192,15 @@ const (
 	kindHandover  = "moved"
 )
 
-// EntryKeyPatterns are the SCAN MATCH patterns of cronstream's per-entry
-// keys of tenant prefix in every queue slot. An empty prefix means
+// EntryKeyPattern is the SCAN MATCH pattern of cronstream's keys of tenant
+// prefix in every queue slot; ParseEntryKey picks the per-entry ones (one
+// pattern, so a sweep walks the keyspace once). An empty prefix means
 // DefaultPrefix.
-func EntryKeyPatterns(prefix string) []string {
+func EntryKeyPattern(prefix string) string {
 	if prefix == "" {
 		prefix = DefaultPrefix
 	}
-	p := globEscape(prefix)
-	return []string{
-		"cronstream:{*}:" + p + ":" + kindWatermark + ":*",
-		"cronstream:{*}:" + p + ":" + kindHandover + ":*",
-	}
+	return "cronstream:{*}:" + globEscape(prefix) + ":*"
 }
 
 // ParseEntryKey returns the queue and entry of one of cronstream's per-entry
