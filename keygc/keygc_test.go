@@ -10,10 +10,13 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/testenv"
+	"github.com/cronstream/cronstream/keygc"
+	"github.com/cronstream/cronstream/projector"
 	"github.com/cronstream/cronstream/replica"
 	"github.com/cronstream/cronstream/taskstate"
 )
@@ -225,5 +228,84 @@ func ticksHandled(t *testing.T, js jetstream.JetStream, names events.Names, entr
 		if md.NumPending == 0 {
 			return out
 		}
+	}
+}
+
+// TestSweepKeepsWhatItMustNot runs sweeps directly, with a clock it moves:
+// nothing is deleted within the grace; after it, only the removed entry's
+// keys go, while an entry never written on this config stream, a
+// quarantined entry and a registered one keep theirs.
+func TestSweepKeepsWhatItMustNot(t *testing.T) {
+	ctx := context.Background()
+	ns := testenv.StartNATS(t)
+	rc := testenv.StartRedis(t).Client(t)
+	js := ns.JetStream(t)
+	names := events.MustNames("sweep")
+	if err := events.EnsureStreams(ctx, js, events.StreamConfig{Names: names}); err != nil {
+		t.Fatal(err)
+	}
+	client := events.NewClient(js, names)
+	for _, id := range []string{"live", "gone", "bad"} {
+		if _, err := client.Put(ctx, events.Entry{ID: id, Cron: "@every 1h", Task: events.Task{Type: "t"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := client.Remove(ctx, "gone"); err != nil {
+		t.Fatal(err)
+	}
+	// bad's last event cannot be applied: it is quarantined, not removed.
+	if _, err := js.Publish(ctx, names.ConfigSubject("bad"), []byte("not an event")); err != nil {
+		t.Fatal(err)
+	}
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	proj := projector.New(js, names, projector.WithLogger(quiet))
+	if err := proj.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer proj.Stop()
+	if err := proj.WaitCaughtUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(proj.Quarantined()) != 1 {
+		t.Fatalf("quarantined %v, want bad", proj.Quarantined())
+	}
+	prefix := names.Prefix()
+	keysOf := map[string]string{}
+	for _, id := range []string{"live", "gone", "bad", "unknown"} {
+		k := taskstate.Own(prefix, "default").Watermark(id)
+		rc.Set(ctx, k, "1 t", 0)
+		keysOf[id] = k
+	}
+
+	now := time.Now()
+	reg := prometheus.NewRegistry()
+	sw := keygc.New(keygc.Config{
+		Store: taskstate.New(rc), Removals: client, Projection: proj, Names: names,
+		Grace: time.Hour, Now: func() time.Time { return now }, Metrics: keygc.NewMetrics(reg), Logger: quiet,
+	})
+	if res := sw.Sweep(ctx); res.Keys != 0 || res.Waiting != 1 || res.Errors != 0 {
+		t.Fatalf("sweep within the grace: %+v, want nothing deleted and gone waiting", res)
+	}
+	now = now.Add(time.Hour + time.Second)
+	if res := sw.Sweep(ctx); res.Keys != 1 || res.Entries != 1 || res.Errors != 0 {
+		t.Fatalf("sweep after the grace: %+v, want gone's watermark deleted", res)
+	}
+	for id, k := range keysOf {
+		if got, want := rc.Exists(ctx, k).Val() == 1, id != "gone"; got != want {
+			t.Errorf("watermark of %s exists: %t, want %t", id, got, want)
+		}
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	deleted := -1.0
+	for _, mf := range mfs {
+		if mf.GetName() == "cronstream_removed_entry_keys_deleted_total" {
+			deleted = mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	if deleted != 1 {
+		t.Errorf("cronstream_removed_entry_keys_deleted_total = %v, want 1", deleted)
 	}
 }
