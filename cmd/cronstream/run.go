@@ -145,9 +145,8 @@ func (f *replicaFlags) config(g *globalFlags) (replica.Config, error) {
 		Names: names, ReplicaID: f.replicaID, Version: readBuildInfo().Version, Revision: readBuildInfo().Revision,
 		StreamReplicas: f.replicas, ActivityMaxAge: f.activityMaxAge,
 		MaxStaleness: f.maxStaleness, MaxOutboxBytes: maxOutboxBytes, LateAfter: f.lateAfter, ClockOffset: f.clockOffset,
-		Queues: queues, RecoverInterval: f.recoverInterval, RecoverGrace: f.recoverGrace,
-		RemovedKeyGrace: f.removedKeyGrace,
-		HTTPAddr:        f.http, Logger: log,
+		Queues: queues, RecoverInterval: f.recoverInterval, RecoverGrace: f.recoverGrace, RemovedKeyGrace: f.removedKeyGrace,
+		HTTPAddr: f.http, Logger: log,
 	}, nil
 }
 
