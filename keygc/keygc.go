@@ -98,9 +98,11 @@ type Sweeper struct {
 
 // New returns a Sweeper; Start runs it.
 func New(cfg Config) *Sweeper {
-	cfg.Grace = cmp.Or(cfg.Grace, DefaultGrace)
-	cfg.Interval = cmp.Or(cfg.Interval, DefaultInterval)
-	cfg.MaxKeys = cmp.Or(cfg.MaxKeys, DefaultMaxKeys)
+	// A negative value is taken as unset too: a negative grace would
+	// delete keys at the removal, and a negative interval cannot be waited.
+	cfg.Grace = cmp.Or(max(cfg.Grace, 0), DefaultGrace)
+	cfg.Interval = cmp.Or(max(cfg.Interval, 0), DefaultInterval)
+	cfg.MaxKeys = cmp.Or(max(cfg.MaxKeys, 0), DefaultMaxKeys)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}

@@ -118,6 +118,9 @@ func (f *replicaFlags) config(g *globalFlags) (replica.Config, error) {
 	if _, err := streams.ActivityStreamConfig(); err != nil {
 		return replica.Config{}, fmt.Errorf("--replicas %d, --activity-max-age %s: %w", f.replicas, f.activityMaxAge, err)
 	}
+	if f.removedKeyGrace <= 0 {
+		return replica.Config{}, fmt.Errorf("--removed-key-grace %s: must be positive", f.removedKeyGrace)
+	}
 	log, err := newLogger(g, f.logFormat, f.logLevel)
 	if err != nil {
 		return replica.Config{}, err
