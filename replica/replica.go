@@ -22,6 +22,7 @@ import (
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/clock"
 	"github.com/cronstream/cronstream/internal/redact"
+	"github.com/cronstream/cronstream/keygc"
 	"github.com/cronstream/cronstream/projector"
 	"github.com/cronstream/cronstream/recoverer"
 	"github.com/cronstream/cronstream/relay"
@@ -74,6 +75,12 @@ type Config struct {
 	Queues          []string
 	RecoverInterval time.Duration
 	RecoverGrace    time.Duration
+
+	// RemovedKeyGrace: the Redis keys of an entry removed this long ago are
+	// deleted (keygc; default keygc.DefaultGrace). KeySweepInterval is the
+	// mean time between those sweeps (default keygc.DefaultInterval).
+	RemovedKeyGrace  time.Duration
+	KeySweepInterval time.Duration
 
 	// HTTPAddr serves /healthz, /readyz and /metrics ("" : no HTTP).
 	HTTPAddr string
@@ -135,6 +142,7 @@ type Replica struct {
 	sched   *scheduler.Scheduler
 	recov   *recoverer.Recoverer
 	stall   *stall.Detector
+	keygc   *keygc.Sweeper
 	http    *httpServer
 	obsSub  *nats.Subscription
 	auth    *authWatch
@@ -462,6 +470,11 @@ func (r *Replica) start(ctx context.Context) error {
 		Logger: r.log, Metrics: recoverer.NewMetrics(r.reg),
 	})
 	r.recov.Start()
+	r.keygc = keygc.New(keygc.Config{
+		Store: r.store, Removals: events.NewClient(js, r.cfg.Names), Projection: r.proj, Names: r.cfg.Names,
+		Grace: r.cfg.RemovedKeyGrace, Interval: r.cfg.KeySweepInterval, Now: r.clock.Now, Logger: r.log, Metrics: keygc.NewMetrics(r.reg),
+	})
+	r.keygc.Start()
 	return nil
 }
 
@@ -558,6 +571,9 @@ func (r *Replica) shutdown() {
 	}
 	if r.recov != nil {
 		r.recov.Stop()
+	}
+	if r.keygc != nil {
+		r.keygc.Stop()
 	}
 	if r.relay != nil {
 		if err := r.relay.Stop(ctx); err != nil {

@@ -3,6 +3,7 @@ package taskstate
 import (
 	"crypto/md5"
 	"encoding/hex"
+	"strings"
 	"time"
 )
 
@@ -160,13 +161,13 @@ func Own(prefix, queue string) OwnKeys {
 
 // Watermark is the STRING holding the last fired or skipped tick of entry in
 // this queue's slot (the fire script's compare-and-set value).
-func (o OwnKeys) Watermark(entry string) string { return o.head + "wm:" + entry }
+func (o OwnKeys) Watermark(entry string) string { return o.head + kindWatermark + ":" + entry }
 
 // Handover is the STRING recording entry's last queue handover in this slot,
 // "<revision> out" (moved away: fires here refuse) or "<revision> in"
 // (moved here). It only ever moves to a higher revision (see
 // CloseForHandover and SeedWatermark).
-func (o OwnKeys) Handover(entry string) string { return o.head + "moved:" + entry }
+func (o OwnKeys) Handover(entry string) string { return o.head + kindHandover + ":" + entry }
 
 // Fence is the STRING holding the highest config sequence applied by any
 // replica firing into this slot (the revision fence).
@@ -190,3 +191,58 @@ func (o OwnKeys) Outbox() string { return o.head + "outbox" }
 // OutboxOwner is the STRING lease naming the one relay that currently
 // publishes this slot's outbox.
 func (o OwnKeys) OutboxOwner() string { return o.head + "outbox:owner" }
+
+// Kinds of cronstream's per-entry keys: each one's name is
+// "cronstream:{<queue>}:<prefix>:<kind>:<entry>" (Watermark, Handover).
+const (
+	kindWatermark = "wm"
+	kindHandover  = "moved"
+)
+
+// EntryKeyPattern is the SCAN MATCH pattern of cronstream's keys of tenant
+// prefix in every queue slot; ParseEntryKey picks the per-entry ones (one
+// pattern, so a sweep walks the keyspace once). An empty prefix means
+// DefaultPrefix.
+func EntryKeyPattern(prefix string) string {
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
+	return "cronstream:{*}:" + globEscape(prefix) + ":*"
+}
+
+// ParseEntryKey returns the queue and entry of one of cronstream's per-entry
+// keys of tenant prefix, and false for any other key. Entry ids that fire
+// hold no ':', '{' or '}' (events.ValidateID), so the entry is what follows
+// the last separator, and a queue name that contains the separators cannot
+// be misread; a key is accepted only if building it again from the parts
+// gives the same name.
+func ParseEntryKey(prefix, key string) (queue, entry string, ok bool) {
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
+	for _, kind := range []string{kindWatermark, kindHandover} {
+		sep := "}:" + prefix + ":" + kind + ":"
+		i := strings.LastIndex(key, sep)
+		if i < 0 || !strings.HasPrefix(key, "cronstream:{") || i < len("cronstream:{") {
+			continue
+		}
+		queue, entry = key[len("cronstream:{"):i], key[i+len(sep):]
+		own := Own(prefix, queue)
+		if entry != "" && !strings.ContainsAny(entry, ":{}") && (own.Watermark(entry) == key || own.Handover(entry) == key) {
+			return queue, entry, true
+		}
+	}
+	return "", "", false
+}
+
+// globEscape quotes the characters SCAN MATCH treats as a pattern.
+func globEscape(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if strings.ContainsRune(`*?[]\`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}

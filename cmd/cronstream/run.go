@@ -15,6 +15,7 @@ import (
 
 	"github.com/cronstream/cronstream/console"
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/keygc"
 	"github.com/cronstream/cronstream/replica"
 	"github.com/cronstream/cronstream/stall"
 	"github.com/cronstream/cronstream/taskstate"
@@ -31,6 +32,7 @@ type replicaFlags struct {
 	queues          []string
 	recoverInterval time.Duration
 	recoverGrace    time.Duration
+	removedKeyGrace time.Duration
 	maxStaleness    time.Duration
 	maxOutboxBytes  byteSize
 	maxOutbox       int64 // deprecated: a record count
@@ -54,6 +56,7 @@ func (f *replicaFlags) add(cmd *cobra.Command, httpDefault string) {
 	fl.StringSliceVar(&f.queues, "queues", nil, "queues to recover (default: every queue in asynq:queues)")
 	fl.DurationVar(&f.recoverInterval, "recover-interval", 5*time.Second, "how often the recoverer looks for lease-expired tasks")
 	fl.DurationVar(&f.recoverGrace, "recover-grace", 20*time.Second, "recover a task once its lease has been expired this long (asynq's own recoverer uses 30s)")
+	fl.DurationVar(&f.removedKeyGrace, "removed-key-grace", keygc.DefaultGrace, "delete the Redis keys of an entry (watermarks, handover markers, asynq scheduler history) once it has been removed this long")
 	fl.DurationVar(&f.maxStaleness, "max-staleness", 30*time.Second, "stop firing when this replica has not heard the config stream for this long while others have")
 	f.maxOutboxBytes.n = replica.DefaultMaxOutboxBytes
 	fl.Var(&f.maxOutboxBytes, "max-outbox-bytes", "pause firing while the outbox records waiting for NATS take more Redis memory than this (bytes, or with KiB, MiB, GiB)")
@@ -125,6 +128,9 @@ func (f *replicaFlags) config(g *globalFlags) (replica.Config, error) {
 	if _, err := streams.ActivityStreamConfig(); err != nil {
 		return replica.Config{}, fmt.Errorf("--replicas %d, --activity-max-age %s: %w", f.replicas, f.activityMaxAge, err)
 	}
+	if f.removedKeyGrace <= 0 {
+		return replica.Config{}, fmt.Errorf("--removed-key-grace %s: must be positive", f.removedKeyGrace)
+	}
 	log, err := newLogger(g, f.logFormat, f.logLevel)
 	if err != nil {
 		return replica.Config{}, err
@@ -152,7 +158,7 @@ func (f *replicaFlags) config(g *globalFlags) (replica.Config, error) {
 		Names: names, ReplicaID: f.replicaID, Version: readBuildInfo().Version, Revision: readBuildInfo().Revision,
 		StreamReplicas: f.replicas, ActivityMaxAge: f.activityMaxAge,
 		MaxStaleness: f.maxStaleness, MaxOutboxBytes: maxOutboxBytes, LateAfter: f.lateAfter, ClockOffset: f.clockOffset,
-		Queues: queues, RecoverInterval: f.recoverInterval, RecoverGrace: f.recoverGrace,
+		Queues: queues, RecoverInterval: f.recoverInterval, RecoverGrace: f.recoverGrace, RemovedKeyGrace: f.removedKeyGrace,
 		HTTPAddr: f.http, Console: f.consoleConfig(), Logger: log, MetricsPerEntry: f.metricsPerEntry,
 	}, nil
 }

@@ -1,0 +1,154 @@
+package taskstate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// EntryKey is one of cronstream's per-entry keys (a watermark or a handover
+// marker in one queue's slot) as a sweep found it.
+type EntryKey struct {
+	Key   string
+	Queue string
+	Entry string
+	// Value is the key's value when it was read: the key is deleted only
+	// if it still holds it (DeleteEntryKeys).
+	Value string
+}
+
+// scanCount is the COUNT hint of each SCAN call: how many slots of the
+// keyspace one call walks, so that no call blocks Redis for long.
+const scanCount = 1000
+
+// ScanEntryKeys walks the keyspace of every master (each node of a Redis
+// Cluster) for the per-entry keys of tenant prefix in any queue slot, keeps
+// those whose entry want accepts (nil: all) and returns at most limit of
+// them (0: no limit) with their values. SCAN may return a key twice; the
+// result is deduplicated.
+func (s *Store) ScanEntryKeys(ctx context.Context, prefix string, want func(entry string) bool, limit int) ([]EntryKey, error) {
+	var (
+		mu    sync.Mutex
+		found = map[string]EntryKey{}
+	)
+	full := func() bool { return limit > 0 && len(found) >= limit }
+	pattern := EntryKeyPattern(prefix)
+	scan := func(ctx context.Context, c redis.Cmdable) error {
+		var cursor uint64
+		for {
+			keys, next, err := c.Scan(ctx, cursor, pattern, scanCount).Result()
+			if err != nil {
+				return fmt.Errorf("scan %s: %w", pattern, err)
+			}
+			mu.Lock()
+			for _, k := range keys {
+				q, e, ok := ParseEntryKey(prefix, k)
+				if !ok || (want != nil && !want(e)) || full() {
+					continue
+				}
+				found[k] = EntryKey{Key: k, Queue: q, Entry: e}
+			}
+			stop := full()
+			mu.Unlock()
+			if next == 0 || stop {
+				return nil
+			}
+			cursor = next
+		}
+	}
+	var err error
+	if cc, ok := s.client.(*redis.ClusterClient); ok {
+		err = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return scan(ctx, c) })
+	} else {
+		err = scan(ctx, s.client)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if len(found) == 0 {
+		return nil, nil
+	}
+	out := make([]EntryKey, 0, len(found))
+	cmds := make([]*redis.StringCmd, 0, len(found))
+	pipe := s.client.Pipeline()
+	for _, k := range found {
+		out = append(out, k)
+		cmds = append(cmds, pipe.Get(ctx, k.Key))
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("read per-entry keys: %w", err)
+	}
+	kept := out[:0]
+	for i, c := range cmds {
+		if v, err := c.Result(); err == nil {
+			out[i].Value = v
+			kept = append(kept, out[i])
+		}
+	}
+	return kept, nil
+}
+
+// deleteUnchangedScript deletes each of KEYS (one queue's slot) that still
+// holds the value in the same place of ARGV, and returns {number deleted}.
+var deleteUnchangedScript = redis.NewScript(`
+local n = 0
+for i, k in ipairs(KEYS) do
+  if redis.call('GET', k) == ARGV[i] then
+    redis.call('DEL', k)
+    n = n + 1
+  end
+end
+return {n}
+`)
+
+// DeleteRemovedEntryKeys deletes the per-entry keys of one removed entry
+// (keys from ScanEntryKeys, all of the same entry) and the entry's asynq
+// scheduler history from before removedAt, and returns how many keys it
+// deleted. Each queue slot's keys go in one script that deletes a key only
+// if it still holds the value the scan read, so a key a re-registration of
+// the entry has written since is kept; history events recorded after the
+// removal are kept too.
+func (s *Store) DeleteRemovedEntryKeys(ctx context.Context, keys []EntryKey, removedAt time.Time) (int, error) {
+	if len(keys) == 0 {
+		return 0, nil
+	}
+	entry := keys[0].Entry
+	bySlot := map[string][]EntryKey{}
+	for _, k := range keys {
+		if k.Entry != entry {
+			return 0, fmt.Errorf("delete keys of entry %q: key %s is of entry %q", entry, k.Key, k.Entry)
+		}
+		bySlot[k.Queue] = append(bySlot[k.Queue], k)
+	}
+	deleted := 0
+	for queue, ks := range bySlot {
+		names := make([]string, len(ks))
+		values := make([]any, len(ks))
+		for i, k := range ks {
+			names[i], values[i] = k.Key, k.Value
+		}
+		reply, err := runScript(ctx, s.client, deleteUnchangedScript, names, values...)
+		if err != nil {
+			return deleted, fmt.Errorf("delete keys of removed entry %q in queue %q: %w", entry, queue, err)
+		}
+		if n, ok := reply[0].(int64); ok {
+			deleted += int(n)
+		}
+	}
+	history := SchedulerHistoryKey(entry)
+	pipe := s.client.Pipeline()
+	trimmed := pipe.ZRemRangeByScore(ctx, history, "-inf", strconv.FormatInt(removedAt.Unix(), 10))
+	left := pipe.Exists(ctx, history)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return deleted, fmt.Errorf("delete scheduler history of removed entry %q: %w", entry, err)
+	}
+	if trimmed.Val() > 0 && left.Val() == 0 {
+		deleted++
+	}
+	return deleted, nil
+}

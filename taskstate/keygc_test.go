@@ -1,0 +1,130 @@
+package taskstate
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cronstream/cronstream/internal/testenv"
+)
+
+// TestParseEntryKey reads back the queue and entry of every per-entry key,
+// whatever the queue name holds, and refuses other keys and other tenants.
+func TestParseEntryKey(t *testing.T) {
+	for _, prefix := range []string{"", "acme"} {
+		for _, queue := range []string{"default", "a:b", "x{y", "}:cronstream:wm:z", ""} {
+			own := Own(prefix, queue)
+			for _, key := range []string{own.Watermark("e-1"), own.Handover("e-1")} {
+				q, e, ok := ParseEntryKey(prefix, key)
+				if !ok || q != queue || e != "e-1" {
+					t.Errorf("ParseEntryKey(%q, %q) = %q, %q, %t; want %q, e-1", prefix, key, q, e, ok, queue)
+				}
+			}
+			for _, key := range []string{own.Fence(), own.Outbox(), own.Trigger("r"), Own("other", queue).Watermark("e-1")} {
+				if _, _, ok := ParseEntryKey(prefix, key); ok {
+					t.Errorf("ParseEntryKey(%q, %q) accepted a key that is not a per-entry key", prefix, key)
+				}
+			}
+		}
+	}
+}
+
+// TestDeleteRemovedEntryKeys scans the per-entry keys of one tenant and
+// deletes those of one entry: a key changed since the scan (a
+// re-registration fired) and history events after the removal are kept.
+func TestDeleteRemovedEntryKeys(t *testing.T) {
+	s, rc := newTestStore(t)
+	testDeleteRemovedEntryKeys(t, s, rc)
+}
+
+// TestDeleteRemovedEntryKeysCluster does the same on a three-master Redis
+// Cluster: the scan visits every master.
+func TestDeleteRemovedEntryKeysCluster(t *testing.T) {
+	cc := testenv.StartRedisCluster(t).Client(t)
+	testDeleteRemovedEntryKeys(t, New(cc), cc)
+}
+
+func testDeleteRemovedEntryKeys(t *testing.T, s *Store, rc redis.UniversalClient) {
+	ctx := context.Background()
+	removedAt := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	queues := []string{"default", "critical", "a:b", "x{y"}
+	var goneKeys []string
+	for i, q := range queues {
+		own := Own("acme", q)
+		goneKeys = append(goneKeys, own.Watermark("gone"), own.Handover("gone"))
+		rc.Set(ctx, own.Watermark("gone"), fmt.Sprintf("%d task-%d", removedAt.UnixMilli()-int64(i), i), 0)
+		rc.Set(ctx, own.Handover("gone"), fmt.Sprintf("%d out", 10+i), 0)
+		rc.Set(ctx, own.Watermark("live"), "1 t", 0)
+		rc.Set(ctx, own.Watermark("changed"), "1 t", 0)
+		rc.Set(ctx, Own("other", q).Watermark("gone"), "1 t", 0) // another tenant's
+		rc.Set(ctx, own.Fence(), "7", 0)                         // not per entry
+	}
+	history := SchedulerHistoryKey("gone")
+	rc.ZAdd(ctx, history, redis.Z{Score: float64(removedAt.Unix() - 60), Member: "before"})
+
+	notLive := func(entry string) bool { return entry != "live" }
+	keys, err := s.ScanEntryKeys(ctx, "acme", notLive, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	byEntry := map[string][]EntryKey{}
+	var found []string
+	for _, k := range keys {
+		byEntry[k.Entry] = append(byEntry[k.Entry], k)
+		found = append(found, k.Key)
+	}
+	if n := len(byEntry["gone"]); n != 2*len(queues) {
+		t.Fatalf("scan found %d keys of gone, want %d: %v", n, 2*len(queues), found)
+	}
+	if len(byEntry["live"]) != 0 || len(byEntry["changed"]) != len(queues) || len(byEntry) != 2 {
+		t.Fatalf("scan found %v", found)
+	}
+	if limited, err := s.ScanEntryKeys(ctx, "acme", notLive, 3); err != nil || len(limited) > 3 {
+		t.Fatalf("scan with limit 3 returned %d keys, %v", len(limited), err)
+	}
+
+	n, err := s.DeleteRemovedEntryKeys(ctx, byEntry["gone"], removedAt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != len(goneKeys)+1 {
+		t.Errorf("deleted %d keys, want %d", n, len(goneKeys)+1)
+	}
+	for _, k := range append(goneKeys, history) {
+		if rc.Exists(ctx, k).Val() != 0 {
+			t.Errorf("key %s not deleted", k)
+		}
+	}
+	for _, q := range queues {
+		for _, k := range []string{Own("acme", q).Watermark("live"), Own("other", q).Watermark("gone")} {
+			if rc.Exists(ctx, k).Val() != 1 {
+				t.Errorf("key %s deleted", k)
+			}
+		}
+	}
+
+	// changed is registered again after the scan: its first fire moves the
+	// watermark in one slot and records history after the removal.
+	moved := Own("acme", queues[0]).Watermark("changed")
+	rc.Set(ctx, moved, "2 t", 0)
+	rc.ZAdd(ctx, SchedulerHistoryKey("changed"),
+		redis.Z{Score: float64(removedAt.Unix() - 1), Member: "old"},
+		redis.Z{Score: float64(removedAt.Unix() + 5), Member: "new"})
+	n, err = s.DeleteRemovedEntryKeys(ctx, byEntry["changed"], removedAt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != len(queues)-1 {
+		t.Errorf("deleted %d keys of changed, want %d", n, len(queues)-1)
+	}
+	if rc.Get(ctx, moved).Val() != "2 t" {
+		t.Error("a watermark written after the scan was deleted")
+	}
+	if got := rc.ZRange(ctx, SchedulerHistoryKey("changed"), 0, -1).Val(); !slices.Equal(got, []string{"new"}) {
+		t.Errorf("history of changed = %v, want only the event after the removal", got)
+	}
+}
