@@ -154,14 +154,11 @@ func runAudit(cmd *cobra.Command, g *globalFlags, f *auditFlags) error {
 			return usageError{fmt.Errorf("--entry: %w", err)}
 		}
 	}
-	s, err := openSession(g, &f.conn)
+	s, err := openStreamsSession(ctx, g, &f.conn)
 	if err != nil {
 		return err
 	}
 	defer s.Close()
-	if err := s.requireStreams(ctx); err != nil {
-		return err
-	}
 
 	flt := &auditFilter{names: s.names, entry: f.entry, queue: f.queue, globs: globs, since: since, until: until, queueOf: map[string]string{}}
 	// With --queue, the config stream is read from its start whatever

@@ -104,14 +104,11 @@ not an event: see cronstream_fire_refused_total on the replicas.`,
 			}
 			ctx := cmd.Context()
 			now := time.Now()
-			s, err := openSession(g, &conn)
+			s, err := openStreamsSession(ctx, g, &conn)
 			if err != nil {
 				return err
 			}
 			defer s.Close()
-			if err := s.requireStreams(ctx); err != nil {
-				return err
-			}
 			e, rev, err := s.client.Get(ctx, args[0])
 			if err != nil {
 				return err

@@ -24,14 +24,11 @@ expects), when that was stored and when it fires next.`,
 		Args: entryIDArg,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			s, err := openSession(g, &conn)
+			s, err := openStreamsSession(ctx, g, &conn)
 			if err != nil {
 				return err
 			}
 			defer s.Close()
-			if err := s.requireStreams(ctx); err != nil {
-				return err
-			}
 			e, rev, err := s.client.Get(ctx, args[0])
 			if err != nil {
 				return err

@@ -39,14 +39,11 @@ that cannot be applied are shown with the reason.`,
 		Args: entryIDArg,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			s, err := openSession(g, &conn)
+			s, err := openStreamsSession(ctx, g, &conn)
 			if err != nil {
 				return err
 			}
 			defer s.Close()
-			if err := s.requireStreams(ctx); err != nil {
-				return err
-			}
 			recs, err := s.client.History(ctx, args[0])
 			if err != nil {
 				return err

@@ -71,14 +71,11 @@ json).`,
 				}
 				asOf = t
 			}
-			s, err := openSession(g, &conn)
+			s, err := openStreamsSession(ctx, g, &conn)
 			if err != nil {
 				return err
 			}
 			defer s.Close()
-			if err := s.requireStreams(ctx); err != nil {
-				return err
-			}
 			var views []entryView
 			if asOf.IsZero() {
 				cur, err := s.client.List(ctx)

@@ -62,14 +62,11 @@ type writeResult struct {
 func runEntryWrite(cmd *cobra.Command, g *globalFlags, conn *connFlags, id, done, unchanged string,
 	write func(ctx context.Context, c *events.Client) (events.Result, error)) error {
 	ctx := cmd.Context()
-	s, err := openSession(g, conn)
+	s, err := openStreamsSession(ctx, g, conn)
 	if err != nil {
 		return err
 	}
 	defer s.Close()
-	if err := s.requireStreams(ctx); err != nil {
-		return err
-	}
 	res, err := write(ctx, s.client)
 	if err != nil {
 		return err

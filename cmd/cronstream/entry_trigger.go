@@ -87,12 +87,8 @@ refused, nothing is enqueued and the command exits non-zero with the reason.`,
 // config stream's last sequence, then its state). done closes both
 // connections.
 func manualFor(ctx context.Context, g *globalFlags, conn *connFlags, id string) (m scheduler.Manual, t scheduler.Target, done func(), err error) {
-	s, err := openSession(g, conn)
+	s, err := openStreamsSession(ctx, g, conn)
 	if err != nil {
-		return m, t, nil, err
-	}
-	if err := s.requireStreams(ctx); err != nil {
-		s.Close()
 		return m, t, nil, err
 	}
 	// The entry first: an unknown entry is "not found" whatever Redis's

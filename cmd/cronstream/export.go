@@ -41,14 +41,11 @@ one).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
-			s, err := openSession(g, &conn)
+			s, err := openStreamsSession(ctx, g, &conn)
 			if err != nil {
 				return err
 			}
 			defer s.Close()
-			if err := s.requireStreams(ctx); err != nil {
-				return err
-			}
 			cur, err := s.client.List(ctx)
 			if err != nil {
 				return err

@@ -44,14 +44,11 @@ shifts their steady rate by its mean.`,
 				return fmt.Errorf("--window %s: want between 1m and %s", window, forecast.MaxWindow)
 			}
 			ctx := cmd.Context()
-			s, err := openSession(g, &conn)
+			s, err := openStreamsSession(ctx, g, &conn)
 			if err != nil {
 				return err
 			}
 			defer s.Close()
-			if err := s.requireStreams(ctx); err != nil {
-				return err
-			}
 			cur, err := s.client.List(ctx)
 			if err != nil {
 				return err

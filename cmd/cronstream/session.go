@@ -74,6 +74,20 @@ func (s *session) errNoStreams(stream string) error {
 	return fmt.Errorf("stream %s does not exist: no cronstream replica or `entry put` has used prefix %q on this NATS yet (check --prefix / CRONSTREAM_PREFIX)", stream, s.names.Prefix())
 }
 
+// openStreamsSession is openSession for commands that read or write the
+// streams: it fails, closing what it opened, when they do not exist.
+func openStreamsSession(ctx context.Context, g *globalFlags, c *connFlags) (*session, error) {
+	s, err := openSession(g, c)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.requireStreams(ctx); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
 // requireStreams checks that the config and activity streams exist, for
 // commands that only read.
 func (s *session) requireStreams(ctx context.Context) error {

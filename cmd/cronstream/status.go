@@ -149,14 +149,11 @@ still shown).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
-			s, err := openSession(g, &conn)
+			s, err := openStreamsSession(ctx, g, &conn)
 			if err != nil {
 				return err
 			}
 			defer s.Close()
-			if err := s.requireStreams(ctx); err != nil {
-				return err
-			}
 			rep := collectStatus(ctx, g, &conn, s, lateAfter)
 			if g.json {
 				if err := printJSON(cmd.OutOrStdout(), rep); err != nil {
