@@ -63,6 +63,9 @@ type Stats struct {
 	Entries     int    // registered entries now (quarantined ones excluded)
 	Quarantined int    // quarantined entries now
 	Resets      uint64 // consumer re-created after an error (Projector only)
+	// Reloads counts projections reloaded because the stream was recreated
+	// or restored (Projector only).
+	Reloads uint64
 }
 
 // ErrBadEvent is wrapped by every *BadEventError.

@@ -52,10 +52,13 @@
 package projector
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -137,6 +140,11 @@ type Projector struct {
 	cancel    context.CancelFunc
 	lastHeard atomic.Int64 // unix nanoseconds
 	resets    atomic.Uint64
+	reloads   atomic.Uint64
+	// reload is the projection of a recreated or restored stream being
+	// loaded; the applier owns it. Until it has caught up, readers and
+	// subscribers keep the old projection.
+	reload *Fold
 }
 
 // New returns a projector of the config stream named by names. It does
@@ -254,6 +262,9 @@ type batch struct {
 	msgs []message
 	// pending is the consumer's count of messages after the last one.
 	pending uint64
+	// reload says the stream was replaced: the messages (from the new
+	// stream) start a new projection.
+	reload bool
 }
 
 // run reads the stream and hands batches to an applier goroutine it owns, so
@@ -289,7 +300,8 @@ func (p *Projector) read(ctx context.Context, r *orderedReader, batches chan<- b
 	// reporting a missed heartbeat, one arrived within the last two.
 	wait := 2*p.hb + p.hb/4
 	cur := batch{msgs: make([]message, 0, maxBatch)}
-	var behind bool // the consumer said more messages were waiting
+	var behind bool    // the consumer said more messages were waiting
+	var reloading bool // a reload has not yet been sent its last batch
 	for {
 		// Behind the stream the next message is due at once; only at its
 		// head is a wait needed (and its timer worth paying for).
@@ -298,6 +310,16 @@ func (p *Projector) read(ctx context.Context, r *orderedReader, batches chan<- b
 			w = 0
 		}
 		msg, meta, err := r.next(ctx, w)
+		if errors.Is(err, errStreamReplaced) {
+			// Stale messages of the old stream are already sent; what the
+			// reader reads next is the new stream, from the start.
+			p.reloads.Add(1)
+			p.log.Warn("projector: config stream was recreated or restored: reloading the projection", "stream", p.names.ConfigStream(), "after_seq", r.last, "err", err)
+			r.restart()
+			reloading = true
+			batches <- batch{reload: true, pending: 1}
+			continue
+		}
 		behind = err == nil && meta.NumPending > 0
 		p.resets.Store(r.resets)
 		if err == nil {
@@ -311,9 +333,13 @@ func (p *Projector) read(ctx context.Context, r *orderedReader, batches chan<- b
 				continue
 			}
 		}
-		if len(cur.msgs) > 0 {
+		if len(cur.msgs) > 0 || (reloading && errors.Is(err, errIdle)) {
 			// The applier always drains the channel, so this send
-			// cannot block forever.
+			// cannot block forever. A reload of an empty stream ends
+			// with an empty batch.
+			if cur.pending == 0 {
+				reloading = false
+			}
 			batches <- cur
 			cur = batch{msgs: make([]message, 0, maxBatch)}
 		}
@@ -329,6 +355,14 @@ func (p *Projector) read(ctx context.Context, r *orderedReader, batches chan<- b
 
 // apply commits a batch of messages in stream order.
 func (p *Projector) apply(b batch) {
+	if b.reload {
+		p.reload = NewFold(p.names)
+		return
+	}
+	if p.reload != nil {
+		p.applyReload(b)
+		return
+	}
 	decoded := decodeBatch(p.names, b.msgs)
 	var bad []*BadEventError
 	p.mu.Lock()
@@ -348,13 +382,68 @@ func (p *Projector) apply(b batch) {
 	}
 	p.wakeLocked()
 	p.mu.Unlock()
-	// The fold skips duplicates without an error, so each bad event is
-	// logged once.
+	logBad(p.log, bad)
+}
+
+// applyReload folds a batch of the new stream into p.reload; once the
+// consumer has nothing more, the new projection replaces the old one and
+// subscribers get the changes from the old map to the new.
+func (p *Projector) applyReload(b batch) {
+	var bad []*BadEventError
+	for _, d := range decodeBatch(p.names, b.msgs) {
+		if _, _, err := p.reload.commit(d); err != nil {
+			bad = append(bad, d.bad)
+		}
+	}
+	logBad(p.log, bad)
+	if b.pending > 0 {
+		return
+	}
+	next := p.reload
+	p.reload = nil
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	changes := diff(p.fold, next)
+	p.fold = next
+	for _, ch := range changes {
+		for s := range p.subs {
+			s.push(ch)
+		}
+	}
+	p.markCaughtUpLocked()
+	p.wakeLocked()
+}
+
+// diff returns the changes that turn from's registered entries into to's:
+// removals (or quarantines) of entries gone, registrations and updates of
+// new or changed ones, in to's stream order.
+func diff(from, to *Fold) []Change {
+	var out []Change
+	for id, old := range from.entries {
+		if _, ok := to.entries[id]; !ok {
+			_, q := to.quarantined[id]
+			out = append(out, Change{ID: id, Old: old, Seq: to.LastSeq(), Quarantined: q})
+		}
+	}
+	for id, s := range to.entries {
+		old := from.entries[id]
+		if old != nil && reflect.DeepEqual(*old, *s) {
+			continue
+		}
+		out = append(out, Change{ID: id, Old: old, New: s, Seq: s.Revision})
+	}
+	slices.SortFunc(out, func(a, b Change) int { return cmp.Or(cmp.Compare(a.Seq, b.Seq), cmp.Compare(a.ID, b.ID)) })
+	return out
+}
+
+// logBad logs each bad event once (the fold skips duplicates without an
+// error).
+func logBad(log *slog.Logger, bad []*BadEventError) {
 	for _, b := range bad {
 		if b.Entry != "" {
-			p.log.Warn("projector: bad config event, entry quarantined", "seq", b.Seq, "subject", b.Subject, "entry", b.Entry, "reason", b.Reason)
+			log.Warn("projector: bad config event, entry quarantined", "seq", b.Seq, "subject", b.Subject, "entry", b.Entry, "reason", b.Reason)
 		} else {
-			p.log.Warn("projector: config event on a subject without an entry id, ignored", "seq", b.Seq, "subject", b.Subject, "reason", b.Reason)
+			log.Warn("projector: config event on a subject without an entry id, ignored", "seq", b.Seq, "subject", b.Subject, "reason", b.Reason)
 		}
 	}
 }
@@ -438,6 +527,7 @@ func (p *Projector) Stats() Stats {
 	s := p.fold.Stats()
 	p.mu.RUnlock()
 	s.Resets = p.resets.Load()
+	s.Reloads = p.reloads.Load()
 	return s
 }
 

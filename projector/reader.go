@@ -9,6 +9,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/cronstream/cronstream/events"
 )
 
 const (
@@ -46,6 +48,13 @@ const (
 // message but with the consumer's heartbeats arriving: the stream is alive.
 var errIdle = errors.New("no message, heartbeats arriving")
 
+// errStreamReplaced is returned by orderedReader.next when, about to resume
+// after the last sequence it returned, it finds the stream is no longer the
+// one it was reading: created at another time, ending before that sequence,
+// or holding another message there (deleted and recreated, or restored from
+// an older snapshot). Resuming would skip or misread the new stream.
+var errStreamReplaced = errors.New("stream was recreated or restored")
+
 // orderedReader reads a stream in order, without gap or duplicate, through
 // an ephemeral in-memory consumer (what the jetstream package calls an
 // ordered consumer). It checks that consumer sequences follow each other and
@@ -76,6 +85,53 @@ type orderedReader struct {
 	delivered uint64 // consumer sequence of the last message from cons
 	last      uint64 // stream sequence of the last message returned
 	resets    uint64
+	// created is the stream's creation time when the reader first opened;
+	// lastSubject and lastAt identify the message at last
+	// (events.ConfigMessageID). A reopen checks the stream still matches.
+	created     time.Time
+	lastSubject string
+	lastAt      time.Time
+}
+
+// restart makes the reader read the stream from the start (by policy) as a
+// new stream.
+func (r *orderedReader) restart() {
+	r.close()
+	r.last, r.lastSubject, r.lastAt, r.created = 0, "", time.Time{}, time.Time{}
+}
+
+// sameStream returns why the stream is not the one the reader has been
+// reading, or "" when it is (or cannot be told apart).
+func (r *orderedReader) sameStream(ctx context.Context) (string, error) {
+	stream, err := r.js.Stream(ctx, r.stream)
+	if err != nil {
+		return "", fmt.Errorf("look up stream %s: %w", r.stream, err)
+	}
+	info := stream.CachedInfo()
+	if r.created.IsZero() {
+		r.created = info.Created
+		return "", nil
+	}
+	switch {
+	case !info.Created.Equal(r.created):
+		return fmt.Sprintf("created at %s, was %s", info.Created.UTC().Format(time.RFC3339Nano), r.created.UTC().Format(time.RFC3339Nano)), nil
+	case r.last == 0:
+		return "", nil
+	case info.State.LastSeq < r.last:
+		return fmt.Sprintf("last sequence %d is below %d already read", info.State.LastSeq, r.last), nil
+	}
+	m, err := stream.GetMsg(ctx, r.last)
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		// Deleted or aged out: nothing to compare with.
+		return "", nil
+	case err != nil:
+		return "", fmt.Errorf("get message %d of %s: %w", r.last, r.stream, err)
+	}
+	if got, want := events.ConfigMessageID(m.Subject, m.Time), events.ConfigMessageID(r.lastSubject, r.lastAt); got != want {
+		return fmt.Sprintf("message at sequence %d has id %s, was %s", r.last, got, want), nil
+	}
+	return "", nil
 }
 
 func (r *orderedReader) open(ctx context.Context, timeout time.Duration) error {
@@ -93,6 +149,13 @@ func (r *orderedReader) open(ctx context.Context, timeout time.Duration) error {
 	}
 	cctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
+	why, err := r.sameStream(cctx)
+	if err != nil {
+		return err
+	}
+	if why != "" {
+		return fmt.Errorf("%w: %s: %s", errStreamReplaced, r.stream, why)
+	}
 	cons, err := r.js.CreateOrUpdateConsumer(cctx, r.stream, cfg)
 	if err != nil {
 		return fmt.Errorf("create consumer on %s after seq %d: %w", r.stream, r.last, err)
@@ -125,7 +188,7 @@ func (r *orderedReader) next(ctx context.Context, wait time.Duration) (jetstream
 				if ctx.Err() != nil {
 					return nil, nil, ctx.Err()
 				}
-				if r.closedConn(err) {
+				if r.closedConn(err) || errors.Is(err, errStreamReplaced) {
 					return nil, nil, err
 				}
 				r.log.Warn("projector: cannot create consumer, retrying", "stream", r.stream, "after_seq", r.last, "backoff", backoff, "err", err)
@@ -155,6 +218,7 @@ func (r *orderedReader) next(ctx context.Context, wait time.Duration) (jetstream
 			default:
 				r.delivered = meta.Sequence.Consumer
 				r.last = meta.Sequence.Stream
+				r.lastSubject, r.lastAt = msg.Subject(), meta.Timestamp
 				return msg, meta, nil
 			}
 		}

@@ -157,6 +157,10 @@ func TestLiveFollowAcrossServerRestart(t *testing.T) {
 	if p.Err() != nil {
 		t.Fatalf("projector ended: %v", p.Err())
 	}
+	// A restart keeps the stream: resuming, not reloading, is right.
+	if st := p.Stats(); st.Reloads != 0 {
+		t.Fatalf("stats %+v: a server restart made the projector reload", st)
+	}
 }
 
 func TestLiveFollowAcrossStreamLeaderLoss(t *testing.T) {

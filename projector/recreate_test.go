@@ -1,0 +1,109 @@
+package projector
+
+import (
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/testenv"
+)
+
+// A projector that keeps running while its config stream is deleted and
+// recreated with fewer events (so the new sequences fall below the ones it
+// applied) reloads: it ends with exactly the new stream's entries, and its
+// subscribers see the vanished entries removed and the new ones registered.
+func TestLiveFollowAcrossStreamRecreation(t *testing.T) {
+	n, js := startNATS(t)
+	r := rand.New(rand.NewPCG(7, 7))
+	for i := range 10 {
+		publishEvent(t, js, events.TypeEntryRegistered, randomEntry(r, fmt.Sprintf("a%d", i)))
+	}
+	for i := range 10 {
+		publishEvent(t, js, events.TypeEntryUpdated, randomEntry(r, fmt.Sprintf("a%d", i)))
+	}
+	logs := &logCapture{}
+	p := startProjector(t, n.JetStream(t), WithHeartbeat(500*time.Millisecond), WithLogger(slog.New(logs)))
+	ctx := testCtx(t, 60*time.Second)
+	if err := p.WaitFor(ctx, 20); err != nil {
+		t.Fatalf("wait for seq 20: %v", err)
+	}
+	feed := recordFeed(t, p)
+	// seen folds the feed: what the subscriber last saw per entry, and the
+	// entries it saw removed.
+	seen := func() (map[string]*State, map[string]bool) {
+		feed.mu.Lock()
+		defer feed.mu.Unlock()
+		last, removed := map[string]*State{}, map[string]bool{}
+		for _, c := range feed.changes {
+			if !sameState(last[c.ID], c.Old) {
+				t.Errorf("change for %s from %s, subscriber last saw %s", c.ID, describe(c.Old), describe(last[c.ID]))
+			}
+			last[c.ID] = c.New
+			if c.New == nil {
+				removed[c.ID] = true
+			}
+		}
+		return last, removed
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool { last, _ := seen(); return len(last) == 10 }, "subscriber saw the 10 entries")
+
+	if err := js.DeleteStream(ctx, testNames.ConfigStream()); err != nil {
+		t.Fatalf("delete stream: %v", err)
+	}
+	setupStreams(t, js, 1)
+	publishEvent(t, js, events.TypeEntryRegistered, randomEntry(r, "a1"))
+	publishEvent(t, js, events.TypeEntryRegistered, randomEntry(r, "b1"))
+	publishEvent(t, js, events.TypeEntryRegistered, randomEntry(r, "b2"))
+	publishEvent(t, js, events.TypeEntryRemoved, events.Entry{ID: "b2", Removed: true})
+	publishEvent(t, js, events.TypeEntryRegistered, randomEntry(r, "b3"))
+
+	want, lastSeq := refFromStream(t, js)
+	var d string
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		d = diffStates(t, want, stateMap(p.Entries()), p.Quarantined())
+		return d == "" && p.LastSeq() == lastSeq
+	}, "projection equals the new stream (last difference: %v)", lazy(func() string { return d }))
+	if st := p.Stats(); st.Reloads != 1 {
+		t.Fatalf("stats %+v: want 1 reload", st)
+	}
+	var removed map[string]bool
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		var last map[string]*State
+		last, removed = seen()
+		for id, s := range last {
+			w, ok := want.states[id]
+			if (s != nil) != ok || (s != nil && s.Revision != w.rev) {
+				return false
+			}
+		}
+		return len(last) == 12 // a0-a9, b1, b3 (b2 was never registered for it)
+	}, "subscriber converged to the new stream")
+	for i := range 10 {
+		id := fmt.Sprintf("a%d", i)
+		if got := removed[id]; got != (id != "a1") {
+			t.Errorf("%s removed for the subscriber: %v", id, got)
+		}
+	}
+	logs.mu.Lock()
+	var warned int
+	for _, rec := range logs.records {
+		if rec["msg"] == "projector: config stream was recreated or restored: reloading the projection" {
+			warned++
+		}
+	}
+	logs.mu.Unlock()
+	if warned != 1 {
+		t.Fatalf("reload warning logged %d times, want 1", warned)
+	}
+	// The reloaded projection follows the new stream.
+	seq := publishEvent(t, js, events.TypeEntryRemoved, events.Entry{ID: "b1", Removed: true})
+	if err := p.WaitFor(ctx, seq); err != nil {
+		t.Fatalf("wait for seq %d: %v", seq, err)
+	}
+	if _, ok := p.Get("b1"); ok {
+		t.Fatalf("b1 still registered after its removal on the new stream")
+	}
+}
