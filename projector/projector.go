@@ -20,6 +20,15 @@
 // at or below it, so no event is lost or applied twice. The projection is caught up once it has
 // applied the stream's last sequence as of Start.
 //
+// A new consumer first checks the stream is still the one it read: same
+// creation time, not ending below the last sequence applied, the same
+// message (events.ConfigMessageID) there. A stream deleted and recreated, or
+// restored from an older snapshot, fails this; the projector then logs a
+// warning, counts it (Stats.Reloads) and loads the new stream into a fresh
+// fold. Until that load has caught up, readers see the old projection; then
+// it is replaced and subscribers get the changes from the old map to the
+// new, as ordinary changes.
+//
 // # Bad events fail closed per entry
 //
 // A message on <p>.config.<id> that does not decode, has a type or enum value

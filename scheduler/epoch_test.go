@@ -287,3 +287,48 @@ func TestHealthyDeploymentKeepsItsEpoch(t *testing.T) {
 	lag.stop()
 	e.checkOnce(ids, "default", "other")
 }
+
+// TestStreamRecreatedUnderRunningReplica: as TestStreamRecreated, but the
+// replica keeps running across the recreation. Its projector reloads from
+// the new stream, the scheduler drops the entries the new stream lacks, and
+// the new stream's entries fire (after a new epoch clears the fence).
+func TestStreamRecreatedUnderRunningReplica(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	for _, id := range []string{"u0", "u1", "u2"} {
+		e.put(every(id, "@every 1s"))
+	}
+	for i := range 12 {
+		e.put(every("u0", "@every 1s", func(en *events.Entry) { en.Note = fmt.Sprint("edit ", i) }))
+	}
+	var w warnLog
+	a := e.epochNode("a", &w, nodeOpts{})
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Fired >= 9 }, "a to fire")
+
+	e.recreateConfigStream()
+	ids := []string{"u0", "v0", "v1"}
+	for _, id := range ids {
+		e.put(every(id, "@every 1s"))
+	}
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		if _, ok := a.proj.Get("u1"); ok {
+			return false
+		}
+		led := ledgers(e.readActivity())
+		for _, id := range ids[1:] {
+			if led[id] == nil {
+				return false
+			}
+		}
+		return true
+	}, "a to drop u1, u2 and fire v0, v1 (reloads %d, epochs %d, refused %v)",
+		a.proj.Stats().Reloads, a.sched.Stats().Epochs, a.sched.Stats().Refused)
+	if n := a.proj.Stats().Reloads; n != 1 {
+		t.Errorf("projector reloaded %d times, want 1", n)
+	}
+	if n := w.count("new stream epoch"); n != 1 {
+		t.Errorf("%d warnings of a new stream epoch, want 1:\n%s", n, w.buf.String())
+	}
+	a.stop()
+	e.checkOnce(ids, "default")
+}
