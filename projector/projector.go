@@ -154,6 +154,9 @@ type Projector struct {
 	// loaded; the applier owns it. Until it has caught up, readers and
 	// subscribers keep the old projection.
 	reload *Fold
+	// reloading is set (under mu) while reload is loading: sequences of the
+	// new stream say nothing about the old projection, so WaitFor waits.
+	reloading bool
 }
 
 // New returns a projector of the config stream named by names. It does
@@ -366,6 +369,9 @@ func (p *Projector) read(ctx context.Context, r *orderedReader, batches chan<- b
 func (p *Projector) apply(b batch) {
 	if b.reload {
 		p.reload = NewFold(p.names)
+		p.mu.Lock()
+		p.reloading = true
+		p.mu.Unlock()
 		return
 	}
 	if p.reload != nil {
@@ -413,7 +419,7 @@ func (p *Projector) applyReload(b batch) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	changes := diff(p.fold, next)
-	p.fold = next
+	p.fold, p.reloading = next, false
 	for _, ch := range changes {
 		for s := range p.subs {
 			s.push(ch)
@@ -589,11 +595,12 @@ func (p *Projector) Err() error {
 
 // WaitFor returns once the projection has applied at least stream sequence
 // seq (a writer that just published can read its own write), or with ctx's
-// error, or ErrStopped.
+// error, or ErrStopped. While a recreated stream is being reloaded it waits for
+// the reload.
 func (p *Projector) WaitFor(ctx context.Context, seq uint64) error {
 	for {
 		p.mu.Lock()
-		if p.fold.LastSeq() >= seq {
+		if !p.reloading && p.fold.LastSeq() >= seq {
 			p.mu.Unlock()
 			return nil
 		}
@@ -605,7 +612,7 @@ func (p *Projector) WaitFor(ctx context.Context, seq uint64) error {
 			return ctx.Err()
 		case <-p.stopped:
 			p.mu.RLock()
-			done := p.fold.LastSeq() >= seq
+			done := !p.reloading && p.fold.LastSeq() >= seq
 			p.mu.RUnlock()
 			if done {
 				return nil

@@ -107,3 +107,46 @@ func TestLiveFollowAcrossStreamRecreation(t *testing.T) {
 		t.Fatalf("b1 still registered after its removal on the new stream")
 	}
 }
+
+// The reader tells a stream apart from the one it read by the message at
+// its last sequence and by where the stream ends, not only by its creation
+// time (a restore from a snapshot may keep that).
+func TestReaderNoticesAnotherStream(t *testing.T) {
+	n, js := startNATS(t)
+	publishEvent(t, js, events.TypeEntryRegistered, randomEntry(rand.New(rand.NewPCG(1, 1)), "a"))
+	seq := publishEvent(t, js, events.TypeEntryRegistered, randomEntry(rand.New(rand.NewPCG(2, 2)), "b"))
+	ctx := testCtx(t, 30*time.Second)
+	s, err := js.Stream(ctx, testNames.ConfigStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := s.GetMsg(ctx, seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newReader := func(last uint64, subject string, at time.Time) *orderedReader {
+		return &orderedReader{js: n.JetStream(t), stream: testNames.ConfigStream(), created: s.CachedInfo().Created, last: last, lastSubject: subject, lastAt: at}
+	}
+	for _, c := range []struct {
+		name string
+		r    *orderedReader
+		want bool
+	}{
+		{"same message", newReader(seq, m.Subject, m.Time), false},
+		{"another message at the last sequence", newReader(seq, m.Subject, m.Time.Add(time.Nanosecond)), true},
+		{"stream ends below the last sequence", newReader(seq+5, m.Subject, m.Time), true},
+		{"another creation time", func() *orderedReader {
+			r := newReader(seq, m.Subject, m.Time)
+			r.created = r.created.Add(-time.Second)
+			return r
+		}(), true},
+	} {
+		why, err := c.r.sameStream(ctx)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if (why != "") != c.want {
+			t.Errorf("%s: reason %q, want one: %v", c.name, why, c.want)
+		}
+	}
+}
