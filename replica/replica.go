@@ -355,6 +355,11 @@ func (r *Replica) start(ctx context.Context) error {
 	if err := r.retry(ctx, "projector", r.proj.Start); err != nil {
 		return err
 	}
+	proj := r.proj
+	r.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "cronstream_config_stream_reloads_total",
+		Help: "Projections reloaded because the config stream was recreated or restored under a running replica.",
+	}, func() float64 { return float64(proj.Stats().Reloads) }))
 	if r.http != nil {
 		r.http.addCheck("projection", func(context.Context) error {
 			if !r.proj.CaughtUp() {
