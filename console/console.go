@@ -31,6 +31,7 @@ import (
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/projector"
 	"github.com/cronstream/cronstream/stall"
+	"github.com/cronstream/cronstream/taskstate"
 )
 
 //go:embed templates/*.html
@@ -79,6 +80,9 @@ type Source struct {
 	// published to the activity stream.
 	Backlog     func() int64
 	Quarantined func() []projector.Quarantine
+	// Tasks reads asynq task state from Redis: the states of an entry's
+	// recent tasks and the per-queue counts.
+	Tasks *taskstate.Store
 }
 
 // Console is the console's HTTP handler. It serves a "starting" page until

@@ -179,3 +179,15 @@ func TestConsoleToken(t *testing.T) {
 		return strings.Contains(body, "visible-payload")
 	}, "payload not shown with Payloads")
 }
+
+// TestConsoleEntryTaskStates: the entry page shows each recent fire's task
+// with its asynq state read from Redis; with no worker it stays pending.
+func TestConsoleEntryTaskStates(t *testing.T) {
+	t.Parallel()
+	s := startSite(t, console.Config{})
+	s.put(events.Entry{ID: "tick", Cron: "@every 1s", Task: events.Task{Type: "tick"}, Options: events.Options{Queue: "ticks"}})
+	body := s.waitFor("/entries/tick", `<td class="task-state">pending</td>`)
+	if !strings.Contains(body, "into ticks") {
+		t.Errorf("entry page lacks the fired task's queue:\n%.3000s", body)
+	}
+}

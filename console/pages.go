@@ -18,6 +18,7 @@ import (
 	"github.com/cronstream/cronstream/projector"
 	"github.com/cronstream/cronstream/scheduler"
 	"github.com/cronstream/cronstream/stall"
+	"github.com/cronstream/cronstream/taskstate"
 )
 
 // pageSize is the rows of one page of a table.
@@ -257,6 +258,9 @@ type fireRow struct {
 	Time   time.Time // scheduled tick
 	Kind   string    // fired, triggered, backfilled, skipped
 	Detail string
+	// Queue and TaskID name the task a fire enqueued ("" for a skip);
+	// State is its asynq state now.
+	Queue, TaskID, State string
 }
 
 type stripCell struct {
@@ -274,6 +278,7 @@ type entryData struct {
 	Fires     []fireRow
 	Strip     []stripCell
 	FiresErr  string
+	StatesErr string
 	Late      *stall.Late
 	Payloads  bool
 }
@@ -353,7 +358,34 @@ func (c *Console) entry(w http.ResponseWriter, r *http.Request) {
 	if len(d.Fires) > 50 {
 		d.Fires = d.Fires[:50]
 	}
+	if err := taskStates(ctx, src.Tasks, d.Fires); err != nil {
+		d.StatesErr = err.Error()
+	}
 	c.render(w, r, http.StatusOK, "entry", page{Title: "Entry " + id, Nav: "entries", Data: d, Server: time.Since(start)})
+}
+
+// taskStates fills in the asynq state of each fire's task, in one round
+// trip. Without a store the states stay blank.
+func taskStates(ctx context.Context, store *taskstate.Store, fires []fireRow) error {
+	if store == nil {
+		return nil
+	}
+	var refs []taskstate.TaskRef
+	var rows []int
+	for i, f := range fires {
+		if f.TaskID != "" {
+			refs = append(refs, taskstate.TaskRef{Queue: f.Queue, ID: f.TaskID})
+			rows = append(rows, i)
+		}
+	}
+	states, err := store.TaskStates(ctx, refs)
+	if err != nil {
+		return fmt.Errorf("asynq states of the recent tasks: %w", err)
+	}
+	for j, i := range rows {
+		fires[i].State = states[j]
+	}
+	return nil
 }
 
 // hidePayloads replaces payload and header values unless payloads are shown.

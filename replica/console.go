@@ -41,6 +41,7 @@ func (r *Replica) attachConsole() {
 		Quarantined: r.proj.Quarantined,
 		Late:        func() []stall.Late { return r.stall.Late(1000) },
 		Backlog:     r.relay.Backlog,
+		Tasks:       r.store,
 		Replicas: func(context.Context) ([]console.Replica, error) {
 			m := r.members
 			m.mu.RLock()
