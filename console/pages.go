@@ -30,6 +30,10 @@ const readTimeout = 10 * time.Second
 type queueCount struct {
 	Queue          string
 	Active, Paused int
+	// Tasks are the queue's asynq task counts; nil when unread (TasksErr
+	// says why, or there is no Redis store).
+	Tasks    *taskstate.QueueStats
+	TasksErr string
 }
 
 type overviewData struct {
@@ -90,6 +94,9 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 			d.Active++
 		}
 	}
+	if src.Tasks != nil {
+		c.queueTasks(ctx, src.Tasks, queues)
+	}
 	for _, qc := range queues {
 		d.Queues = append(d.Queues, *qc)
 	}
@@ -98,6 +105,28 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 		d.Recoveries = rows
 	}
 	c.render(w, r, http.StatusOK, "overview", page{Title: "Overview", Live: true, Data: d, Server: time.Since(start)})
+}
+
+// queueTasks reads the asynq task counts of every queue an entry names or
+// asynq knows, one round trip per queue.
+func (c *Console) queueTasks(ctx context.Context, store *taskstate.Store, queues map[string]*queueCount) {
+	known, err := store.Queues(ctx)
+	if err != nil {
+		c.cfg.Logger.Warn("console: list asynq queues", "err", err)
+	}
+	for _, q := range known {
+		if queues[q] == nil {
+			queues[q] = &queueCount{Queue: q}
+		}
+	}
+	for q, qc := range queues {
+		qs, err := store.QueueStats(ctx, q)
+		if err != nil {
+			qc.TasksErr = err.Error()
+			continue
+		}
+		qc.Tasks = &qs
+	}
 }
 
 // entriesOf returns the projection's entries, sorted by id. The copy is
