@@ -70,8 +70,9 @@ type Replica struct {
 type Source struct {
 	Names events.Names
 	JS    jetstream.JetStream
-	// Entries returns the live projection's entries, sorted by id.
-	Entries func() []projector.State
+	// Entries returns the live projection's entries in any order; the
+	// console only reads them (Projector.States).
+	Entries func() []*projector.State
 	// LastSeq is the projection's last applied config sequence.
 	LastSeq  func() uint64
 	Replicas func(ctx context.Context) ([]Replica, error)
@@ -95,7 +96,7 @@ type Console struct {
 	mux    *http.ServeMux
 
 	snapMu  sync.Mutex
-	snap    []projector.State
+	snap    []*projector.State
 	snapSeq uint64
 
 	fcMu    sync.Mutex

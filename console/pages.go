@@ -129,23 +129,29 @@ func (c *Console) queueTasks(ctx context.Context, store *taskstate.Store, queues
 	}
 }
 
-// entriesOf returns the projection's entries, sorted by id. The copy is
-// kept until the projection's revision changes: copying and sorting 100,000
-// entries costs more than a page may, and pages only read it.
-func (c *Console) entriesOf(src *Source) []projector.State {
+// entriesOf returns the projection's entries, sorted by id. The sorted
+// list is kept until the projection's revision changes; it shares the
+// projection's states (never copied: 100,000 of them cost more than a page
+// may) and pages only read them.
+func (c *Console) entriesOf(src *Source) []*projector.State {
 	if src.Entries == nil {
 		return nil
 	}
 	if src.LastSeq == nil {
-		return src.Entries()
+		return sortedByID(src.Entries())
 	}
 	c.snapMu.Lock()
 	defer c.snapMu.Unlock()
 	if seq := src.LastSeq(); c.snap == nil || seq != c.snapSeq {
-		// Read the revision first: the copy is at least as new as it.
-		c.snap, c.snapSeq = src.Entries(), seq
+		// Read the revision first: the list is at least as new as it.
+		c.snap, c.snapSeq = sortedByID(src.Entries()), seq
 	}
 	return c.snap
+}
+
+func sortedByID(states []*projector.State) []*projector.State {
+	slices.SortFunc(states, func(a, b *projector.State) int { return strings.Compare(a.Entry.ID, b.Entry.ID) })
+	return states
 }
 
 // entryFilter is the filter of the Entries and Time travel tables.
@@ -213,7 +219,7 @@ type tableData struct {
 
 // table filters and pages states (sorted by id), with each row's next
 // fire after at.
-func table(states []projector.State, f entryFilter, at time.Time, extra url.Values) tableData {
+func table(states []*projector.State, f entryFilter, at time.Time, extra url.Values) tableData {
 	d := tableData{Filter: f, Total: len(states), At: at}
 	queues := map[string]bool{}
 	off := f.Offset
@@ -224,7 +230,7 @@ func table(states []projector.State, f entryFilter, at time.Time, extra url.Valu
 			continue
 		}
 		if d.Matched >= off && d.Matched < off+pageSize {
-			d.Rows = append(d.Rows, entryRow{State: states[i]})
+			d.Rows = append(d.Rows, entryRow{State: *states[i]})
 		}
 		d.Matched++
 	}
@@ -329,11 +335,10 @@ func (c *Console) entry(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	now := c.cfg.Now().UTC()
 	d := entryData{ID: id, Payloads: c.cfg.Payloads}
-	for _, st := range c.entriesOf(src) {
-		if st.Entry.ID == id {
-			d.State = &st
-			break
-		}
+	states := c.entriesOf(src)
+	if i, ok := slices.BinarySearchFunc(states, id, func(s *projector.State, id string) int { return strings.Compare(s.Entry.ID, id) }); ok {
+		st := *states[i]
+		d.State = &st
 	}
 	client := events.NewClient(src.JS, src.Names)
 	recs, err := client.History(ctx, id)
