@@ -48,7 +48,7 @@ func benchEntry(i, round int) events.Entry {
 // change or at each new minute), and Time travel (a fold of the whole
 // history to a moment). Each reports ms/page; the goal is under 300 ms for
 // the Entries and Forecast pages. EntriesAfterChange is the first page
-// after a config change, which copies the projection (Projector.Entries);
+// after a config change, which reads and sorts the projection (Projector.States);
 // ForecastCached is any later one in the same minute.
 func BenchmarkConsole(b *testing.B) {
 	const entries = 100_000
@@ -103,7 +103,7 @@ func BenchmarkConsole(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	c.Attach(Source{Names: names, JS: js, Entries: proj.Entries, LastSeq: proj.LastSeq})
+	c.Attach(Source{Names: names, JS: js, Entries: proj.States, LastSeq: proj.LastSeq})
 
 	serve := func(b *testing.B, path string, before func()) {
 		b.Helper()

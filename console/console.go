@@ -31,6 +31,7 @@ import (
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/projector"
 	"github.com/cronstream/cronstream/stall"
+	"github.com/cronstream/cronstream/taskstate"
 )
 
 //go:embed templates/*.html
@@ -69,8 +70,9 @@ type Replica struct {
 type Source struct {
 	Names events.Names
 	JS    jetstream.JetStream
-	// Entries returns the live projection's entries, sorted by id.
-	Entries func() []projector.State
+	// Entries returns the live projection's entries in any order; the
+	// console only reads them (Projector.States).
+	Entries func() []*projector.State
 	// LastSeq is the projection's last applied config sequence.
 	LastSeq  func() uint64
 	Replicas func(ctx context.Context) ([]Replica, error)
@@ -79,6 +81,9 @@ type Source struct {
 	// published to the activity stream.
 	Backlog     func() int64
 	Quarantined func() []projector.Quarantine
+	// Tasks reads asynq task state from Redis: the states of an entry's
+	// recent tasks and the per-queue counts.
+	Tasks *taskstate.Store
 }
 
 // Console is the console's HTTP handler. It serves a "starting" page until
@@ -91,7 +96,7 @@ type Console struct {
 	mux    *http.ServeMux
 
 	snapMu  sync.Mutex
-	snap    []projector.State
+	snap    []*projector.State
 	snapSeq uint64
 
 	fcMu    sync.Mutex

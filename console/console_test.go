@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -178,4 +179,35 @@ func TestConsoleToken(t *testing.T) {
 		_, _, body := s.get("/entries/p", "Authorization", "Bearer s3cret")
 		return strings.Contains(body, "visible-payload")
 	}, "payload not shown with Payloads")
+}
+
+// TestConsoleEntryTaskStates: the entry page shows each recent fire's task
+// with its asynq state read from Redis; with no worker it stays pending.
+func TestConsoleEntryTaskStates(t *testing.T) {
+	t.Parallel()
+	s := startSite(t, console.Config{})
+	s.put(events.Entry{ID: "tick", Cron: "@every 1s", Task: events.Task{Type: "tick"}, Options: events.Options{Queue: "ticks"}})
+	body := s.waitFor("/entries/tick", `<td class="task-state">pending</td>`)
+	if !strings.Contains(body, "into ticks") {
+		t.Errorf("entry page lacks the fired task's queue:\n%.3000s", body)
+	}
+}
+
+// TestConsoleOverviewQueueTasks: the overview shows each queue's asynq
+// task counts from Redis.
+func TestConsoleOverviewQueueTasks(t *testing.T) {
+	t.Parallel()
+	s := startSite(t, console.Config{})
+	s.put(events.Entry{ID: "tick", Cron: "@every 1s", Task: events.Task{Type: "tick"}, Options: events.Options{Queue: "ticks"}})
+	pending := regexp.MustCompile(`queue=ticks">ticks</a></td><td>1</td><td>0</td><td class="q-pending">([1-9][0-9,]*)</td><td>0</td><td>0</td><td>0</td><td>0</td><td>0</td>`)
+	var body string
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("last overview:\n%.4000s", body)
+		}
+	})
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		body = s.page("/")
+		return pending.MatchString(body)
+	}, "overview never showed pending tasks in queue ticks")
 }

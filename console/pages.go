@@ -18,6 +18,7 @@ import (
 	"github.com/cronstream/cronstream/projector"
 	"github.com/cronstream/cronstream/scheduler"
 	"github.com/cronstream/cronstream/stall"
+	"github.com/cronstream/cronstream/taskstate"
 )
 
 // pageSize is the rows of one page of a table.
@@ -29,6 +30,10 @@ const readTimeout = 10 * time.Second
 type queueCount struct {
 	Queue          string
 	Active, Paused int
+	// Tasks are the queue's asynq task counts; nil when unread (TasksErr
+	// says why, or there is no Redis store).
+	Tasks    *taskstate.QueueStats
+	TasksErr string
 }
 
 type overviewData struct {
@@ -89,6 +94,9 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 			d.Active++
 		}
 	}
+	if src.Tasks != nil {
+		c.queueTasks(ctx, src.Tasks, queues)
+	}
 	for _, qc := range queues {
 		d.Queues = append(d.Queues, *qc)
 	}
@@ -99,23 +107,51 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 	c.render(w, r, http.StatusOK, "overview", page{Title: "Overview", Live: true, Data: d, Server: time.Since(start)})
 }
 
-// entriesOf returns the projection's entries, sorted by id. The copy is
-// kept until the projection's revision changes: copying and sorting 100,000
-// entries costs more than a page may, and pages only read it.
-func (c *Console) entriesOf(src *Source) []projector.State {
+// queueTasks reads the asynq task counts of every queue an entry names or
+// asynq knows, one round trip per queue.
+func (c *Console) queueTasks(ctx context.Context, store *taskstate.Store, queues map[string]*queueCount) {
+	known, err := store.Queues(ctx)
+	if err != nil {
+		c.cfg.Logger.Warn("console: list asynq queues", "err", err)
+	}
+	for _, q := range known {
+		if queues[q] == nil {
+			queues[q] = &queueCount{Queue: q}
+		}
+	}
+	for q, qc := range queues {
+		qs, err := store.QueueStats(ctx, q)
+		if err != nil {
+			qc.TasksErr = err.Error()
+			continue
+		}
+		qc.Tasks = &qs
+	}
+}
+
+// entriesOf returns the projection's entries, sorted by id. The sorted
+// list is kept until the projection's revision changes; it shares the
+// projection's states (never copied: 100,000 of them cost more than a page
+// may) and pages only read them.
+func (c *Console) entriesOf(src *Source) []*projector.State {
 	if src.Entries == nil {
 		return nil
 	}
 	if src.LastSeq == nil {
-		return src.Entries()
+		return sortedByID(src.Entries())
 	}
 	c.snapMu.Lock()
 	defer c.snapMu.Unlock()
 	if seq := src.LastSeq(); c.snap == nil || seq != c.snapSeq {
-		// Read the revision first: the copy is at least as new as it.
-		c.snap, c.snapSeq = src.Entries(), seq
+		// Read the revision first: the list is at least as new as it.
+		c.snap, c.snapSeq = sortedByID(src.Entries()), seq
 	}
 	return c.snap
+}
+
+func sortedByID(states []*projector.State) []*projector.State {
+	slices.SortFunc(states, func(a, b *projector.State) int { return strings.Compare(a.Entry.ID, b.Entry.ID) })
+	return states
 }
 
 // entryFilter is the filter of the Entries and Time travel tables.
@@ -183,7 +219,7 @@ type tableData struct {
 
 // table filters and pages states (sorted by id), with each row's next
 // fire after at.
-func table(states []projector.State, f entryFilter, at time.Time, extra url.Values) tableData {
+func table(states []*projector.State, f entryFilter, at time.Time, extra url.Values) tableData {
 	d := tableData{Filter: f, Total: len(states), At: at}
 	queues := map[string]bool{}
 	off := f.Offset
@@ -194,7 +230,7 @@ func table(states []projector.State, f entryFilter, at time.Time, extra url.Valu
 			continue
 		}
 		if d.Matched >= off && d.Matched < off+pageSize {
-			d.Rows = append(d.Rows, entryRow{State: states[i]})
+			d.Rows = append(d.Rows, entryRow{State: *states[i]})
 		}
 		d.Matched++
 	}
@@ -257,6 +293,9 @@ type fireRow struct {
 	Time   time.Time // scheduled tick
 	Kind   string    // fired, triggered, backfilled, skipped
 	Detail string
+	// Queue and TaskID name the task a fire enqueued ("" for a skip);
+	// State is its asynq state now.
+	Queue, TaskID, State string
 }
 
 type stripCell struct {
@@ -274,6 +313,7 @@ type entryData struct {
 	Fires     []fireRow
 	Strip     []stripCell
 	FiresErr  string
+	StatesErr string
 	Late      *stall.Late
 	Payloads  bool
 }
@@ -295,11 +335,10 @@ func (c *Console) entry(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	now := c.cfg.Now().UTC()
 	d := entryData{ID: id, Payloads: c.cfg.Payloads}
-	for _, st := range c.entriesOf(src) {
-		if st.Entry.ID == id {
-			d.State = &st
-			break
-		}
+	states := c.entriesOf(src)
+	if i, ok := slices.BinarySearchFunc(states, id, func(s *projector.State, id string) int { return strings.Compare(s.Entry.ID, id) }); ok {
+		st := *states[i]
+		d.State = &st
 	}
 	client := events.NewClient(src.JS, src.Names)
 	recs, err := client.History(ctx, id)
@@ -353,7 +392,34 @@ func (c *Console) entry(w http.ResponseWriter, r *http.Request) {
 	if len(d.Fires) > 50 {
 		d.Fires = d.Fires[:50]
 	}
+	if err := taskStates(ctx, src.Tasks, d.Fires); err != nil {
+		d.StatesErr = err.Error()
+	}
 	c.render(w, r, http.StatusOK, "entry", page{Title: "Entry " + id, Nav: "entries", Data: d, Server: time.Since(start)})
+}
+
+// taskStates fills in the asynq state of each fire's task, in one round
+// trip. Without a store the states stay blank.
+func taskStates(ctx context.Context, store *taskstate.Store, fires []fireRow) error {
+	if store == nil {
+		return nil
+	}
+	var refs []taskstate.TaskRef
+	var rows []int
+	for i, f := range fires {
+		if f.TaskID != "" {
+			refs = append(refs, taskstate.TaskRef{Queue: f.Queue, ID: f.TaskID})
+			rows = append(rows, i)
+		}
+	}
+	states, err := store.TaskStates(ctx, refs)
+	if err != nil {
+		return fmt.Errorf("asynq states of the recent tasks: %w", err)
+	}
+	for j, i := range rows {
+		fires[i].State = states[j]
+	}
+	return nil
 }
 
 // hidePayloads replaces payload and header values unless payloads are shown.

@@ -101,7 +101,7 @@ func (c *Console) readFires(ctx context.Context, src *Source, id string, since t
 			case f.Backfill:
 				kind = "backfilled"
 			}
-			out = append(out, fireRow{Time: f.ScheduledAt, Kind: kind, Detail: fmt.Sprintf("task %s into %s by %s", f.TaskID, f.Queue, f.Replica)})
+			out = append(out, fireRow{Time: f.ScheduledAt, Kind: kind, Detail: fmt.Sprintf("task %s into %s by %s", f.TaskID, f.Queue, f.Replica), Queue: f.Queue, TaskID: f.TaskID})
 		case events.TypeEntrySkipped:
 			var s events.Skipped
 			if ev.DecodeData(&s) != nil {

@@ -58,9 +58,10 @@ func (c *Console) timeTravel(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, fmt.Errorf("replay the config stream to %s: %w", at.Format(time.RFC3339), err))
 		return
 	}
-	states := make([]projector.State, 0, len(m))
+	states := make([]*projector.State, 0, len(m))
 	for _, id := range slices.Sorted(maps.Keys(m)) {
-		states = append(states, m[id])
+		st := m[id]
+		states = append(states, &st)
 	}
 	d := table(states, parseEntryFilter(r.URL.Query()), at, url.Values{"at": {raw}})
 	d.AtInput = raw

@@ -279,6 +279,16 @@ func (f *Fold) Entries() []State {
 	return out
 }
 
+// States returns the registered entries in no order, shared: see
+// Projector.States.
+func (f *Fold) States() []*State {
+	out := make([]*State, 0, len(f.entries))
+	for _, s := range f.entries {
+		out = append(out, s)
+	}
+	return out
+}
+
 // Quarantined returns the quarantined entries sorted by id.
 func (f *Fold) Quarantined() []Quarantine {
 	out := make([]Quarantine, 0, len(f.quarantined))

@@ -503,6 +503,15 @@ func (p *Projector) Entries() []State {
 	return p.fold.Entries()
 }
 
+// States returns the registered entries in no order, without copying
+// them: a state is never changed once stored (a new event stores a new
+// one), so callers may keep and read them but must not modify them.
+func (p *Projector) States() []*State {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return p.fold.States()
+}
+
 // Len returns the number of registered entries.
 func (p *Projector) Len() int {
 	p.mu.RLock()

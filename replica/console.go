@@ -36,11 +36,12 @@ func (r *Replica) attachConsole() {
 	r.console.Attach(console.Source{
 		Names:       r.cfg.Names,
 		JS:          r.js,
-		Entries:     r.proj.Entries,
+		Entries:     r.proj.States,
 		LastSeq:     r.proj.LastSeq,
 		Quarantined: r.proj.Quarantined,
 		Late:        func() []stall.Late { return r.stall.Late(1000) },
 		Backlog:     r.relay.Backlog,
+		Tasks:       r.store,
 		Replicas: func(context.Context) ([]console.Replica, error) {
 			m := r.members
 			m.mu.RLock()
