@@ -191,6 +191,8 @@ func TestConsoleEntryTaskStates(t *testing.T) {
 	if !strings.Contains(body, "into ticks") {
 		t.Errorf("entry page lacks the fired task's queue:\n%.3000s", body)
 	}
+	// The entries table names the last fire, read from the fire subject.
+	s.waitFor("/entries?queue=ticks", `<span class="muted">fired</span>`)
 }
 
 // TestConsoleOverviewQueueTasks: the overview shows each queue's asynq

@@ -11,7 +11,10 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cronstream/cronstream/configsync"
 	"github.com/cronstream/cronstream/events"
@@ -202,6 +205,11 @@ func (f entryFilter) query(extra url.Values, offset int) string {
 type entryRow struct {
 	State    projector.State
 	NextFire time.Time
+	// LastFire is the tick of the last fired or skipped event on the
+	// entry's fire subject and LastOutcome what became of it (live page
+	// only).
+	LastFire    time.Time
+	LastOutcome string
 }
 
 type tableData struct {
@@ -277,7 +285,76 @@ func (c *Console) entries(w http.ResponseWriter, r *http.Request) {
 	}
 	start := time.Now()
 	d := table(c.entriesOf(src), parseEntryFilter(r.URL.Query()), c.cfg.Now(), nil)
+	ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
+	defer cancel()
+	c.addLastFires(ctx, src, d.Rows)
 	c.render(w, r, http.StatusOK, "entries", page{Title: "Entries", Data: d, Server: time.Since(start)})
+}
+
+// addLastFires reads the last event on each row's fire subject (one direct
+// get each, a page at a time, a few at once). A row whose read fails keeps
+// no last fire; the failure is logged once per page.
+func (c *Console) addLastFires(ctx context.Context, src *Source, rows []entryRow) {
+	if src.JS == nil || len(rows) == 0 {
+		return
+	}
+	stream, err := src.JS.Stream(ctx, src.Names.ActivityStream())
+	if err != nil {
+		c.cfg.Logger.Warn("console: read last fires", "err", err)
+		return
+	}
+	var (
+		wg    sync.WaitGroup
+		sem   = make(chan struct{}, 8)
+		errMu sync.Mutex
+		first error
+	)
+	for i := range rows {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func(row *entryRow) {
+			defer func() { <-sem; wg.Done() }()
+			m, err := stream.GetLastMsgForSubject(ctx, src.Names.FireSubject(row.State.Entry.ID))
+			if err != nil {
+				if !errors.Is(err, jetstream.ErrMsgNotFound) {
+					errMu.Lock()
+					first = cmp.Or(first, err)
+					errMu.Unlock()
+				}
+				return
+			}
+			row.LastFire, row.LastOutcome = lastOutcome(m.Data)
+		}(&rows[i])
+	}
+	wg.Wait()
+	if first != nil {
+		c.cfg.Logger.Warn("console: read last fires", "err", first)
+	}
+}
+
+// lastOutcome is the tick and outcome a fired or skipped event records.
+func lastOutcome(data []byte) (time.Time, string) {
+	ev, err := events.DecodeEvent(data)
+	if err != nil {
+		return time.Time{}, ""
+	}
+	switch ev.Type {
+	case events.TypeEntryFired:
+		var d events.Fired
+		if ev.DecodeData(&d) == nil {
+			return d.ScheduledAt.UTC(), "fired"
+		}
+	case events.TypeEntrySkipped:
+		var d events.Skipped
+		if ev.DecodeData(&d) == nil {
+			t := d.ScheduledAt
+			if d.Until != nil {
+				t = *d.Until
+			}
+			return t.UTC(), "skipped (" + d.Reason + ")"
+		}
+	}
+	return time.Time{}, ""
 }
 
 type revision struct {

@@ -49,21 +49,24 @@ func readRange(ctx context.Context, js jetstream.JetStream, stream string, filte
 	pending := info.NumPending
 	var out []streamMsg
 	for pending > 0 && len(out) < limit {
-		batch, err := cons.Fetch(min(limit-len(out), 500), jetstream.FetchMaxWait(2*time.Second))
+		// Ask for no more than is pending, and read every message of the
+		// batch: a fetch then ends as soon as its messages arrived, and
+		// none is left waiting out its MaxWait after this returns.
+		batch, err := cons.Fetch(int(min(uint64(limit-len(out)), 500, pending)), jetstream.FetchMaxWait(2*time.Second))
 		if err != nil {
 			return out, fmt.Errorf("read %s: %w", stream, err)
 		}
-		got := 0
+		got, past := 0, false
 		for m := range batch.Messages() {
 			got++
 			meta, err := m.Metadata()
-			if err != nil {
+			if err != nil || past {
 				continue
 			}
 			pending = meta.NumPending
 			if end > 0 && meta.Sequence.Stream > end {
-				pending = 0
-				break
+				pending, past = 0, true
+				continue
 			}
 			out = append(out, streamMsg{Stream: stream, Seq: meta.Sequence.Stream, Time: meta.Timestamp, Subject: m.Subject(), Data: m.Data()})
 		}
