@@ -195,7 +195,7 @@ Then:        cronstream entry put hello --cron "@every 10s" --type demo:hello
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.nats, "nats", "nats://127.0.0.1:4222", "NATS server URL(s), comma separated (a password here shows in the process list: prefer --nats-creds)")
 	pf.StringVar(&g.natsCreds, "nats-creds", "", "NATS credentials file (JWT and NKey seed): keeps NATS secrets out of URLs and the process list")
-	pf.StringVar(&g.redis, "redis", "redis://127.0.0.1:6379", "Redis URL (redis://, rediss://, redis-sentinel://, or a comma-separated cluster list; a password here shows in the process list: prefer --redis-password-file)")
+	pf.StringVar(&g.redis, "redis", "redis://127.0.0.1:6379", "Redis URL, redis:// or rediss:// (a cluster or sentinels: see --redis-cluster and --redis-sentinel-master; a password here shows in the process list: prefer --redis-password-file)")
 	pf.StringVar(&g.prefix, "prefix", "cronstream", "subject prefix; streams are <PREFIX>_CONFIG and <PREFIX>_ACTIVITY")
 	root.AddCommand(commands(g)...)
 	root.InitDefaultHelpCmd()
