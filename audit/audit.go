@@ -16,6 +16,9 @@ import (
 // ErrInvalidParams is wrapped by Open's error for Params that cannot be read.
 var ErrInvalidParams = errors.New("invalid audit params")
 
+// ErrClosed is what Next returns once the Reader is closed.
+var ErrClosed = errors.New("audit reader closed")
+
 // Params say what a Reader returns. The zero value reads every event of
 // both streams under the default prefix, once. Filters combine: a record is
 // returned when it passes all of them.
@@ -66,14 +69,19 @@ type Record struct {
 }
 
 // Reader returns the records of both streams in the order the streams
-// stored them. It is not safe for concurrent use; Close releases it.
+// stored them. Next is for one goroutine at a time; Close may be called
+// from another, to end a Next that waits.
 type Reader struct {
 	p       Params
 	js      jetstream.JetStream
 	flt     filter
 	sources []*source
+	closed  context.Context // ends with Close; the sources read on it
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
+
+	closeOnce sync.Once
+	closeErr  error
 
 	phase    phase
 	tail     []Record // the last Params.Tail records of the history
@@ -128,7 +136,7 @@ func Open(ctx context.Context, js jetstream.JetStream, p Params) (*Reader, error
 	}
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	r := &Reader{
-		p: p, js: js, cancel: cancel,
+		p: p, js: js, closed: rctx, cancel: cancel,
 		flt: filter{names: names, entry: p.Entry, queue: p.Queue, types: p.Types, since: p.Since, until: p.Until, queueOf: map[string]string{}},
 	}
 	for _, spec := range []struct {
@@ -204,9 +212,13 @@ func (p Params) check() error {
 // held when Open looked) is read; a Reader without Follow then keeps
 // returning io.EOF, one with Follow waits in the following calls for what
 // either stream stores next. After Limit records every call returns io.EOF.
-// An error of ctx is returned as it is; the Reader stays usable.
+// An error of ctx is returned as it is and the Reader stays usable; after
+// Close, Next returns ErrClosed.
 func (r *Reader) Next(ctx context.Context) (Record, error) {
 	for {
+		if r.closed.Err() != nil {
+			return Record{}, ErrClosed
+		}
 		if r.p.Limit > 0 && r.returned >= r.p.Limit {
 			return Record{}, io.EOF
 		}
@@ -252,6 +264,8 @@ func (r *Reader) Next(ctx context.Context) (Record, error) {
 			select {
 			case <-ctx.Done():
 				return Record{}, ctx.Err()
+			case <-r.closed.Done():
+				return Record{}, ErrClosed
 			case rec = <-r.sources[0].ch:
 			case rec = <-r.sources[1].ch:
 			}
@@ -288,6 +302,8 @@ func (r *Reader) nextOfHistory(ctx context.Context) (rec Record, ok bool, err er
 				}
 			case <-ctx.Done():
 				return Record{}, false, ctx.Err()
+			case <-r.closed.Done():
+				return Record{}, false, ErrClosed
 			}
 		}
 	}
@@ -309,29 +325,31 @@ func (r *Reader) nextOfHistory(ctx context.Context) (rec Record, ok bool, err er
 	return rec, true, nil
 }
 
-// Close stops reading and deletes the consumers, each within 2 s. The
-// Reader returns io.EOF afterwards.
+// Close stops reading and deletes the consumers, each within 2 s (the
+// server would forget them a minute later). Calls after the first return
+// its error.
 func (r *Reader) Close() error {
-	r.cancel()
-	for _, src := range r.sources {
-		if src.it != nil {
-			src.it.Stop()
-		}
-	}
-	r.wg.Wait()
-	r.phase = phaseDone
-	var errs []error
-	for _, src := range r.sources {
-		if info := src.cons.CachedInfo(); info != nil {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			if err := r.js.DeleteConsumer(ctx, src.stream, info.Name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-				errs = append(errs, fmt.Errorf("delete consumer %s of %s: %w", info.Name, src.stream, err))
+	r.closeOnce.Do(func() {
+		r.cancel()
+		for _, src := range r.sources {
+			if src.it != nil {
+				src.it.Stop()
 			}
-			cancel()
 		}
-	}
-	r.sources = nil
-	return errors.Join(errs...)
+		r.wg.Wait()
+		var errs []error
+		for _, src := range r.sources {
+			if info := src.cons.CachedInfo(); info != nil {
+				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				if err := r.js.DeleteConsumer(ctx, src.stream, info.Name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+					errs = append(errs, fmt.Errorf("delete consumer %s of %s: %w", info.Name, src.stream, err))
+				}
+				cancel()
+			}
+		}
+		r.closeErr = errors.Join(errs...)
+	})
+	return r.closeErr
 }
 
 // read hands every message to ch until ctx ends or the iterator stops.

@@ -251,8 +251,9 @@ func TestReaderFollow(t *testing.T) {
 	}
 }
 
-// TestCloseDeletesConsumers: a closed Reader leaves no consumer behind.
-func TestCloseDeletesConsumers(t *testing.T) {
+// TestClose: Close ends a Next that waits, and a closed Reader leaves no
+// consumer behind.
+func TestClose(t *testing.T) {
 	w := newWorld(t)
 	w.put("a", "")
 	w.fired("a", "default")
@@ -263,11 +264,23 @@ func TestCloseDeletesConsumers(t *testing.T) {
 	if got := readAll(t, r); len(got) != 2 {
 		t.Fatalf("read %v", got)
 	}
+	// Close from another goroutine ends a Next that waits for live records.
+	closed := make(chan error, 1)
+	go func() {
+		_, err := r.Next(testCtx(t))
+		closed <- err
+	}()
 	if err := r.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.Next(testCtx(t)); !errors.Is(err, io.EOF) {
-		t.Errorf("Next after Close: %v, want io.EOF", err)
+	if err := <-closed; !errors.Is(err, audit.ErrClosed) {
+		t.Errorf("waiting Next on Close: %v, want ErrClosed", err)
+	}
+	if _, err := r.Next(testCtx(t)); !errors.Is(err, audit.ErrClosed) {
+		t.Errorf("Next after Close: %v, want ErrClosed", err)
+	}
+	if err := r.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
 	}
 	for _, stream := range []string{w.names.ConfigStream(), w.names.ActivityStream()} {
 		s, err := w.js.Stream(testCtx(t), stream)
