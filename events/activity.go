@@ -62,3 +62,6 @@ type AggregationReclaimed struct {
 	Tasks   int    `json:"tasks"`
 	Replica string `json:"replica,omitempty"`
 }
+
+// ReplicaSource is the CloudEvents source of the events a replica writes.
+func ReplicaSource(replica string) string { return "cronstream/" + replica }

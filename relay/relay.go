@@ -32,6 +32,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/outbox"
 	"github.com/cronstream/cronstream/taskstate"
 )
 
@@ -542,12 +543,12 @@ func (r *Relay) publish(ctx context.Context, queue string, recs []taskstate.Outb
 		var h envelopeHead
 		data := rec.Data
 		var err error
-		switch events.FormOf(rec.Data) {
-		case events.RecordFired:
+		switch outbox.FormOf(rec.Data) {
+		case outbox.RecordFired:
 			var entry string
-			data, entry, err = events.ExpandFiredRecord(make([]byte, 0, 512), rec.EventID, rec.Data, queue)
+			data, entry, err = outbox.ExpandFiredRecord(make([]byte, 0, 512), rec.EventID, rec.Data, queue)
 			h = envelopeHead{ID: rec.EventID, Type: events.TypeEntryFired, Subject: entry}
-		case events.RecordNewer:
+		case outbox.RecordNewer:
 			// Written by a newer cronstream: history this relay cannot
 			// read, so it must not drop it either. Stop before it; the
 			// outbox is yielded and a newer replica publishes it.

@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/outbox"
 	"github.com/cronstream/cronstream/internal/testenv"
 	"github.com/cronstream/cronstream/relay"
 	"github.com/cronstream/cronstream/taskstate"
@@ -94,7 +95,7 @@ func (e *env) write(queue, entry string, n int) []string {
 		fired := events.Fired{Entry: entry, ScheduledAt: tick, EnqueuedAt: now, TaskID: taskID, Queue: queue, Revision: uint64(e.n), Replica: "test"}
 		// Every other record in the compact form a scheduled tick's
 		// fire writes: the relay reads both.
-		b := events.AppendFiredRecord(nil, &fired)
+		b := outbox.AppendFiredRecord(nil, &fired)
 		if e.n%2 == 1 {
 			ev, err := events.NewEventAt(evID, now, events.TypeEntryFired, "cronstream/test", entry, fired)
 			if err != nil {
@@ -418,8 +419,8 @@ func TestRelayExpandsCompactRecords(t *testing.T) {
 	}
 	want := map[string][]byte{}
 	for _, rec := range recs {
-		if events.FormOf(rec.Data) == events.RecordFired {
-			if want[rec.EventID], _, err = events.ExpandFiredRecord(nil, rec.EventID, rec.Data, "q \"one\""); err != nil {
+		if outbox.FormOf(rec.Data) == outbox.RecordFired {
+			if want[rec.EventID], _, err = outbox.ExpandFiredRecord(nil, rec.EventID, rec.Data, "q \"one\""); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/outbox"
 	"github.com/cronstream/cronstream/projector"
 	"github.com/cronstream/cronstream/taskstate"
 )
@@ -1368,7 +1369,7 @@ func ParseActivityID(id string) (entry string, tick time.Time, ok bool) {
 func (s *Scheduler) source() string { return s.src }
 
 // firedRecord is the outbox record of a scheduled tick's fired event, in
-// the compact form the relay expands (events.AppendFiredRecord); its times
+// the compact form the relay expands (outbox.AppendFiredRecord); its times
 // come out in UTC, as in every activity event.
 func (s *Scheduler) firedRecord(r *entryRun, tick time.Time, taskID string, now time.Time) taskstate.Record {
 	f := events.Fired{
@@ -1376,7 +1377,7 @@ func (s *Scheduler) firedRecord(r *entryRun, tick time.Time, taskID string, now 
 		Revision: r.st.Revision, Replica: s.cfg.ReplicaID,
 	}
 	var tmp [256]byte
-	return taskstate.Record{ID: firedEventID(r.id, tick), Data: bytes.Clone(events.AppendFiredRecord(tmp[:0], &f))}
+	return taskstate.Record{ID: firedEventID(r.id, tick), Data: bytes.Clone(outbox.AppendFiredRecord(tmp[:0], &f))}
 }
 
 func (s *Scheduler) skippedRecord(r *entryRun, rng tickRange, reason string, now time.Time) (taskstate.Record, error) {

@@ -15,7 +15,7 @@ import (
 // Redis" and "record to publish" are one fact. Records carry two fields: "id"
 // (the event id, later the Nats-Msg-Id) and "data" (the CloudEvent JSON, or
 // for a scheduled tick's fired event the compact form of
-// events.AppendFiredRecord, which the relay expands).
+// internal/outbox.AppendFiredRecord, which the relay expands).
 //
 // One relay at a time owns an outbox (a lease key, OwnKeys.OutboxOwner, in
 // the same slot). It reads records in stream order, publishes them, and
@@ -36,7 +36,7 @@ type OutboxRecord struct {
 	StreamID string
 	// EventID is the CloudEvent id (Nats-Msg-Id).
 	EventID string
-	// Data is the encoded CloudEvent or its compact form (events.FormOf).
+	// Data is the encoded CloudEvent or its compact form (internal/outbox.FormOf).
 	Data []byte
 }
 

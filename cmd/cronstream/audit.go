@@ -2,21 +2,18 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"path"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
+	"github.com/cronstream/cronstream/audit"
 	"github.com/cronstream/cronstream/events"
 )
 
@@ -93,29 +90,6 @@ shown as they are.`,
 	return cmd
 }
 
-// auditMsg is one stored message of either stream.
-type auditMsg struct {
-	stream  string
-	config  bool
-	seq     uint64
-	time    time.Time
-	subject string
-	data    []byte
-}
-
-// auditSource reads one stream through an ordered consumer, in a
-// goroutine that hands each message to ch.
-type auditSource struct {
-	config  bool
-	stream  string
-	cons    jetstream.Consumer
-	it      jetstream.MessagesContext
-	ch      chan auditMsg
-	pending uint64 // messages of the history still to read
-	head    *auditMsg
-	done    bool // history read (or --until passed)
-}
-
 func runAudit(cmd *cobra.Command, g *globalFlags, f *auditFlags) error {
 	ctx := cmd.Context()
 	now := time.Now()
@@ -160,241 +134,46 @@ func runAudit(cmd *cobra.Command, g *globalFlags, f *auditFlags) error {
 	}
 	defer s.Close()
 
-	flt := &auditFilter{names: s.names, entry: f.entry, queue: f.queue, globs: globs, since: since, until: until, queueOf: map[string]string{}}
-	// With --queue, the config stream is read from its start whatever
-	// --since says: the entry → queue map must be known at --since to tell
-	// which fire and skip events concern the queue. Events before --since
-	// only feed the map.
-	cfgSubjects := []string{s.names.ConfigFilter()}
-	actSubjects := []string(nil)
-	switch {
-	case f.entry != "":
-		cfgSubjects = []string{s.names.ConfigSubject(f.entry)}
-		actSubjects = []string{s.names.FireSubject(f.entry)}
-	case f.queue != "":
-		actSubjects = []string{s.names.Prefix() + ".fire.>", s.names.RecoverySubject(f.queue)}
-	}
-	rctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var wg sync.WaitGroup
-	var sources []*auditSource
-	defer func() {
-		cancel()
-		for _, src := range sources {
-			if src.it != nil {
-				src.it.Stop()
-			}
-		}
-		wg.Wait()
-		for _, src := range sources {
-			if info := src.cons.CachedInfo(); info != nil {
-				dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-				_ = s.js.DeleteConsumer(dctx, src.stream, info.Name)
-				dcancel()
-			}
-		}
-	}()
-	for _, spec := range []struct {
-		config   bool
-		stream   string
-		subjects []string
-		since    time.Time
-	}{
-		{true, s.names.ConfigStream(), cfgSubjects, pick2(f.queue != "", time.Time{}, since)},
-		{false, s.names.ActivityStream(), actSubjects, since},
-	} {
-		cc := jetstream.OrderedConsumerConfig{FilterSubjects: spec.subjects, InactiveThreshold: time.Minute}
-		if !spec.since.IsZero() {
-			t := spec.since
-			cc.DeliverPolicy, cc.OptStartTime = jetstream.DeliverByStartTimePolicy, &t
-		}
-		cons, err := s.js.OrderedConsumer(ctx, spec.stream, cc)
-		if err != nil {
-			return fmt.Errorf("read %s: %w", spec.stream, err)
-		}
-		src := &auditSource{config: spec.config, stream: spec.stream, cons: cons, ch: make(chan auditMsg, 256)}
-		sources = append(sources, src)
-		if info := cons.CachedInfo(); info != nil {
-			src.pending = info.NumPending
-		}
-		src.done = src.pending == 0
-		if src.done && !f.follow {
-			continue
-		}
-		if src.it, err = cons.Messages(); err != nil {
-			return fmt.Errorf("read %s: %w", spec.stream, err)
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			src.read(rctx)
-		}()
-	}
-
-	out := &auditPrinter{w: cmd.OutOrStdout(), json: g.json, names: s.names, limit: f.limit}
-	var tail []auditMsg // the last --tail kept messages of the history
-	prog := newProgress(os.Stderr, sources[0].pending+sources[1].pending, isTerminal(os.Stdout))
+	prog := newProgress(os.Stderr, isTerminal(os.Stdout))
 	defer prog.clear()
-
-	// History: a two-way merge by stream timestamp.
-	for {
-		for _, src := range sources {
-			for !src.done && src.head == nil {
-				select {
-				case m := <-src.ch:
-					src.pending--
-					if !until.IsZero() && m.time.After(until) {
-						src.done = true
-						break
-					}
-					src.head = &m
-					if src.pending == 0 {
-						// The last message of the history is this head.
-						src.done = true
-					}
-				case <-ctx.Done():
-					return nil
-				}
-			}
-		}
-		var next *auditSource
-		for _, src := range sources {
-			if src.head != nil && (next == nil || src.head.time.Before(next.head.time)) {
-				next = src
-			}
-		}
-		if next == nil {
-			break
-		}
-		m := *next.head
-		next.head = nil
-		if flt.keep(m) {
-			if f.tail > 0 {
-				if len(tail) == f.tail {
-					tail = append(tail[:0], tail[1:]...)
-				}
-				tail = append(tail, m)
-			} else {
-				prog.beforeOutput()
-				if err := out.print(m); err != nil {
-					return err
-				}
-				if out.full() {
-					return nil
-				}
-			}
-		}
-		prog.step()
+	r, err := audit.Open(ctx, s.js, audit.Params{
+		Names: s.names, Entry: f.entry, Queue: f.queue, Types: globs, Since: since, Until: until,
+		Limit: f.limit, Tail: f.tail, Follow: f.follow, Progress: prog.update,
+	})
+	if err != nil {
+		return err
 	}
-	prog.clear()
-	for _, m := range tail {
-		if err := out.print(m); err != nil {
+	defer r.Close()
+	out := &auditPrinter{w: cmd.OutOrStdout(), json: g.json}
+	history := true
+	for {
+		rec, err := r.Next(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case errors.Is(err, io.EOF):
+			// The end of the history; following, what comes next is live
+			// (another io.EOF: --limit reached).
+			prog.clear()
+			if !f.follow || !history {
+				return nil
+			}
+			history = false
+			continue
+		case err != nil:
+			return err
+		}
+		prog.beforeOutput()
+		if err := out.print(rec); err != nil {
 			return err
 		}
 	}
-	if !f.follow {
-		return nil
-	}
-	// Live: whatever either stream stores next, as it arrives.
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case m := <-sources[0].ch:
-			if flt.keep(m) {
-				if err := out.print(m); err != nil || out.full() {
-					return err
-				}
-			}
-		case m := <-sources[1].ch:
-			if flt.keep(m) {
-				if err := out.print(m); err != nil || out.full() {
-					return err
-				}
-			}
-		}
-	}
 }
 
-func pick2(cond bool, a, b time.Time) time.Time {
-	if cond {
-		return a
-	}
-	return b
-}
-
-// read hands every message to ch until ctx ends or the iterator stops.
-func (src *auditSource) read(ctx context.Context) {
-	for {
-		m, err := src.it.Next(jetstream.NextContext(ctx))
-		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-				return
-			}
-			continue // the ordered consumer recreates itself after a gap or reconnect
-		}
-		md, err := m.Metadata()
-		if err != nil {
-			continue
-		}
-		am := auditMsg{stream: src.stream, config: src.config, seq: md.Sequence.Stream, time: md.Timestamp, subject: m.Subject(), data: m.Data()}
-		select {
-		case src.ch <- am:
-		case <-ctx.Done():
-			return
-		}
-	}
-}
-
-// auditFilter decides which messages are shown.
-type auditFilter struct {
-	names        events.Names
-	entry, queue string
-	globs        []string // of typeGlobs; empty: every type
-	since, until time.Time
-	// queueOf follows each entry's queue through the config events, so
-	// skipped events (which carry no queue) can be matched to --queue.
-	queueOf map[string]string
-}
-
-func (f *auditFilter) keep(m auditMsg) bool {
-	ev, decErr := events.DecodeEvent(m.data)
-	inQueue := f.queue == ""
-	if f.queue != "" {
-		inQueue = f.concernsQueue(m, ev)
-	}
-	if !f.since.IsZero() && m.time.Before(f.since) {
-		return false
-	}
-	if !f.until.IsZero() && m.time.After(f.until) {
-		return false
-	}
-	if !inQueue {
-		return false
-	}
-	if len(f.globs) > 0 && (decErr != nil || !typeMatches(f.globs, ev.Type)) {
-		return false
-	}
-	return true
-}
-
-// typeMatches reports whether an event type matches one of globs, by its
-// full name, its name without "cronstream." or its short name.
-func typeMatches(globs []string, typ string) bool {
-	for _, g := range globs {
-		for _, name := range []string{typ, strings.TrimPrefix(typ, "cronstream."), events.ShortType(typ)} {
-			if ok, _ := path.Match(g, name); ok {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-// typeGlobs splits --type at commas and checks each part: a pattern that
-// matches none of cronstream's event types is refused with the list of
-// types, rather than silently matching nothing, unless it names another
-// namespace (com.example.*: events this version does not know).
+// typeGlobs splits --type at commas and checks each part (audit.CheckType):
+// a pattern that matches none of cronstream's event types is refused with
+// the list of types, rather than silently matching nothing, unless it names
+// another namespace (com.example.*: events this version does not know).
 func typeGlobs(s string) ([]string, error) {
 	var out []string
 	for _, g := range strings.Split(s, ",") {
@@ -402,18 +181,10 @@ func typeGlobs(s string) ([]string, error) {
 		if g == "" {
 			continue
 		}
-		if _, err := path.Match(g, ""); err != nil {
-			return nil, fmt.Errorf("--type %q: %w", g, err)
-		}
-		known := false
-		ours := map[string]bool{"cronstream": true}
-		for _, ti := range events.Types {
-			known = known || typeMatches([]string{g}, ti.Type)
-			ours[strings.Split(ti.Type, ".")[1]] = true
-		}
-		first, _, dotted := strings.Cut(g, ".")
-		if !known && (!dotted || ours[first]) {
+		if err := audit.CheckType(g); errors.Is(err, audit.ErrUnknownType) {
 			return nil, fmt.Errorf("--type %q matches no event type; the types are:\n%s", g, auditTypesHelp())
+		} else if err != nil {
+			return nil, fmt.Errorf("--type %q: %w", g, err)
 		}
 		out = append(out, g)
 	}
@@ -467,74 +238,30 @@ func durationWithDays(s string) (time.Duration, bool) {
 	return days + d, true
 }
 
-// concernsQueue also keeps queueOf up to date, so it must see every
-// message in order.
-func (f *auditFilter) concernsQueue(m auditMsg, ev *events.Event) bool {
-	if m.config {
-		id, ok := f.names.EntryFromConfigSubject(m.subject)
-		if !ok {
-			return false
-		}
-		prev := f.queueOf[id]
-		_, e, err := events.DecodeConfigEvent(m.data)
-		if err != nil || e == nil {
-			return prev == f.queue
-		}
-		q := e.Options.QueueName()
-		if e.Removed {
-			delete(f.queueOf, id)
-		} else {
-			f.queueOf[id] = q
-		}
-		return q == f.queue || prev == f.queue
-	}
-	if q, ok := f.names.QueueFromRecoverySubject(m.subject); ok {
-		return q == f.queue
-	}
-	id, ok := f.names.EntryFromFireSubject(m.subject)
-	if !ok {
-		return false
-	}
-	if ev != nil && ev.Type == events.TypeEntryFired {
-		var fd events.Fired
-		if ev.DecodeData(&fd) == nil && fd.Queue != "" {
-			return fd.Queue == f.queue
-		}
-	}
-	return f.queueOf[id] == f.queue
-}
-
-// auditPrinter writes one line per event, up to limit (0: no limit).
+// auditPrinter writes one line per event.
 type auditPrinter struct {
-	w       io.Writer
-	json    bool
-	names   events.Names
-	limit   int
-	printed int
+	w    io.Writer
+	json bool
 }
 
-// full reports whether --limit events have been printed.
-func (p *auditPrinter) full() bool { return p.limit > 0 && p.printed >= p.limit }
-
-func (p *auditPrinter) print(m auditMsg) error {
-	p.printed++
+func (p *auditPrinter) print(rec audit.Record) error {
 	if p.json {
-		line, err := withStreamSeq(m)
+		line, err := withStreamSeq(rec)
 		if err != nil {
 			return err
 		}
 		_, err = p.w.Write(append(line, '\n'))
 		return err
 	}
-	ev, err := events.DecodeEvent(m.data)
-	ts := m.time.UTC().Format("2006-01-02T15:04:05.000Z")
-	if err != nil {
-		_, werr := fmt.Fprintf(p.w, "%s  %-22s  %-24s  %s (%s seq %d)\n", ts, "(malformed)", terminalSafe(m.subject), terminalSafe(shorten(err.Error(), 100)), m.stream, m.seq)
+	ev := rec.Event
+	ts := rec.Time.UTC().Format("2006-01-02T15:04:05.000Z")
+	if rec.Err != nil {
+		_, werr := fmt.Fprintf(p.w, "%s  %-22s  %-24s  %s (%s seq %d)\n", ts, "(malformed)", terminalSafe(rec.Subject), terminalSafe(shorten(rec.Err.Error(), 100)), rec.Stream, rec.Seq)
 		return werr
 	}
 	subject := ev.Subject
 	if subject == "" {
-		subject = m.subject
+		subject = rec.Subject
 	}
 	_, werr := fmt.Fprintf(p.w, "%s  %-22s  %-24s  %s\n", ts, terminalSafe(shortType(ev.Type)), terminalSafe(subject), terminalSafe(eventSummary(ev)))
 	return werr
@@ -543,17 +270,17 @@ func (p *auditPrinter) print(m auditMsg) error {
 // withStreamSeq returns the stored CloudEvent, compacted to one line, with
 // "stream" and "seq" added. A message that is not a JSON object is wrapped
 // so the output stays one JSON value per line.
-func withStreamSeq(m auditMsg) ([]byte, error) {
+func withStreamSeq(rec audit.Record) ([]byte, error) {
 	var buf bytes.Buffer
-	extra := fmt.Sprintf(`"stream":%q,"seq":%d`, m.stream, m.seq)
-	if json.Compact(&buf, m.data) == nil && bytes.HasPrefix(buf.Bytes(), []byte("{")) {
+	extra := fmt.Sprintf(`"stream":%q,"seq":%d`, rec.Stream, rec.Seq)
+	if json.Compact(&buf, rec.Data) == nil && bytes.HasPrefix(buf.Bytes(), []byte("{")) {
 		b := bytes.TrimSuffix(buf.Bytes(), []byte("}"))
 		if bytes.Equal(b, []byte("{")) {
 			return []byte("{" + extra + "}"), nil
 		}
 		return append(append(b, ','), []byte(extra+"}")...), nil
 	}
-	return json.Marshal(map[string]any{"stream": m.stream, "seq": m.seq, "nats_subject": m.subject, "malformed": string(m.data)})
+	return json.Marshal(map[string]any{"stream": rec.Stream, "seq": rec.Seq, "nats_subject": rec.Subject, "malformed": string(rec.Data)})
 }
 
 // eventSummary says what an event is about in a few words.
@@ -636,13 +363,15 @@ type progress struct {
 	outIsTTY bool
 }
 
-func newProgress(w *os.File, total uint64, stdoutIsTTY bool) *progress {
-	return &progress{w: w, on: isTerminal(w) && total > 0, total: total, start: time.Now(), outIsTTY: stdoutIsTTY}
+func newProgress(w *os.File, stdoutIsTTY bool) *progress {
+	return &progress{w: w, on: isTerminal(w), start: time.Now(), outIsTTY: stdoutIsTTY}
 }
 
-func (p *progress) step() {
-	p.n++
-	if !p.on {
+// update is audit.Params.Progress: read of the history's total messages
+// are read.
+func (p *progress) update(read, total uint64) {
+	p.n, p.total = read, total
+	if !p.on || total == 0 {
 		return
 	}
 	now := time.Now()

@@ -1,4 +1,4 @@
-package events
+package outbox
 
 import (
 	"bytes"
@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cronstream/cronstream/events"
 )
 
 // TestFiredRecordExpandsToTheEvent: for fired events of every shape, the
@@ -32,7 +34,7 @@ func TestFiredRecordExpandsToTheEvent(t *testing.T) {
 	const tokens = "abcXYZ019_-"
 	const odd = "a Z:0 \"\\<>&\u2028é\n\t\x00"
 	for i := range 3000 {
-		f := Fired{
+		f := events.Fired{
 			Entry:       text(tokens, 128),
 			ScheduledAt: time.Unix(rng.Int64N(4e9)-1e9, rng.Int64N(1e9)),
 			EnqueuedAt:  time.Unix(rng.Int64N(4e9), rng.Int64N(1e9)),
@@ -55,7 +57,7 @@ func TestFiredRecordExpandsToTheEvent(t *testing.T) {
 		}
 		utc := f
 		utc.ScheduledAt, utc.EnqueuedAt = f.ScheduledAt.UTC(), f.EnqueuedAt.UTC()
-		want := AppendFiredEvent([]byte("prefix"), id, utc.EnqueuedAt, ReplicaSource(f.Replica), &utc)
+		want := AppendFiredEvent([]byte("prefix"), id, utc.EnqueuedAt, events.ReplicaSource(f.Replica), &utc)
 		if !bytes.Equal(got, want) || entry != f.Entry {
 			t.Fatalf("record %q expands to\n%s (entry %q)\nwant\n%s", rec, got, entry, want)
 		}
@@ -121,8 +123,8 @@ func FuzzExpandFiredRecord(f *testing.F) {
 		if err != nil {
 			return
 		}
-		ev, derr := DecodeEvent(out)
-		if derr != nil || ev.Type != TypeEntryFired || (ValidateID(entry) == nil && ev.Subject != entry) {
+		ev, derr := events.DecodeEvent(out)
+		if derr != nil || ev.Type != events.TypeEntryFired || (events.ValidateID(entry) == nil && ev.Subject != entry) {
 			t.Fatalf("record %q expanded to %s: %v", rec, out, derr)
 		}
 	})

@@ -1,9 +1,11 @@
-package events
+package outbox
 
 import (
 	"bytes"
 	"testing"
 	"time"
+
+	"github.com/cronstream/cronstream/events"
 )
 
 // TestAppendFiredEventMatchesEncodingJSON: the hand-written encoder writes
@@ -19,20 +21,20 @@ func TestAppendFiredEventMatchesEncodingJSON(t *testing.T) {
 		id     string
 		at     time.Time
 		source string
-		f      Fired
+		f      events.Fired
 	}{
 		{"plain", "fire:e1:1774746000", tick.Add(1234567 * time.Nanosecond), "cronstream/host-1-abc",
-			Fired{Entry: "e1", ScheduledAt: tick, EnqueuedAt: tick.Add(1234567 * time.Nanosecond), TaskID: "cronstream:e1:2026-03-29T01:00:00Z", Queue: "default", Revision: 42, Replica: "host-1-abc"}},
+			events.Fired{Entry: "e1", ScheduledAt: tick, EnqueuedAt: tick.Add(1234567 * time.Nanosecond), TaskID: "cronstream:e1:2026-03-29T01:00:00Z", Queue: "default", Revision: 42, Replica: "host-1-abc"}},
 		{"local zone and odd strings", "trigger:e-2:req_1", tick.In(berlin).Add(999 * time.Nanosecond), "cronstream/<r&d>",
-			Fired{Entry: "e-2", ScheduledAt: tick, EnqueuedAt: tick.In(berlin).Add(time.Millisecond), TaskID: "p:e-2:trigger:req_1", Queue: "qué \"quoted\" \u2028 <b>", Replica: "<r&d>\n", Trigger: "req_1"}},
+			events.Fired{Entry: "e-2", ScheduledAt: tick, EnqueuedAt: tick.In(berlin).Add(time.Millisecond), TaskID: "p:e-2:trigger:req_1", Queue: "qué \"quoted\" \u2028 <b>", Replica: "<r&d>\n", Trigger: "req_1"}},
 		{"backfill, zero revision, whole seconds", "fire:x:0", time.Unix(0, 0), "cronstream/cli",
-			Fired{Entry: "x", ScheduledAt: time.Unix(0, 0).UTC(), EnqueuedAt: time.Unix(5, 0).UTC(), TaskID: "t", Queue: "q", Backfill: true}},
+			events.Fired{Entry: "x", ScheduledAt: time.Unix(0, 0).UTC(), EnqueuedAt: time.Unix(5, 0).UTC(), TaskID: "t", Queue: "q", Backfill: true}},
 		{"invalid utf-8", "fire:y:1", tick, "cronstream/\xff",
-			Fired{Entry: "y", ScheduledAt: tick, EnqueuedAt: tick, TaskID: "t\xfe", Queue: "q"}},
+			events.Fired{Entry: "y", ScheduledAt: tick, EnqueuedAt: tick, TaskID: "t\xfe", Queue: "q"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			ev, err := NewEventAt(c.id, c.at, TypeEntryFired, c.source, c.f.Entry, c.f)
+			ev, err := events.NewEventAt(c.id, c.at, events.TypeEntryFired, c.source, c.f.Entry, c.f)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -50,10 +52,10 @@ func TestAppendFiredEventMatchesEncodingJSON(t *testing.T) {
 
 func BenchmarkFiredEvent(b *testing.B) {
 	tick := time.Date(2026, 3, 29, 1, 0, 0, 0, time.UTC)
-	f := Fired{Entry: "e1", ScheduledAt: tick, EnqueuedAt: tick.Add(time.Millisecond), TaskID: "cronstream:e1:2026-03-29T01:00:00Z", Queue: "default", Revision: 42, Replica: "host-1-abc"}
+	f := events.Fired{Entry: "e1", ScheduledAt: tick, EnqueuedAt: tick.Add(time.Millisecond), TaskID: "cronstream:e1:2026-03-29T01:00:00Z", Queue: "default", Revision: 42, Replica: "host-1-abc"}
 	b.Run("encoding/json", func(b *testing.B) {
 		for b.Loop() {
-			ev, _ := NewEventAt("fire:e1:1774746000", f.EnqueuedAt, TypeEntryFired, "cronstream/host-1-abc", "e1", f)
+			ev, _ := events.NewEventAt("fire:e1:1774746000", f.EnqueuedAt, events.TypeEntryFired, "cronstream/host-1-abc", "e1", f)
 			_, _ = ev.Marshal()
 		}
 	})

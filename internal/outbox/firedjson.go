@@ -1,27 +1,29 @@
-package events
+package outbox
 
 import (
 	"encoding/json"
 	"strconv"
 	"time"
+
+	"github.com/cronstream/cronstream/events"
 )
 
 // AppendFiredEvent appends the JSON of a cronstream.entry.fired event to
-// buf: byte for byte what NewEventAt(id, at, TypeEntryFired, source,
-// f.Entry, f) and Event.Marshal produce (a test holds them equal), without
-// reflection. The relay builds one for every scheduled fire
+// buf: byte for byte what events.NewEventAt(id, at, events.TypeEntryFired,
+// source, f.Entry, f) and Event.Marshal produce (a test holds them equal),
+// without reflection. The relay builds one for every scheduled fire
 // (ExpandFiredRecord), so this is on the hot path: encoding through
 // encoding/json twice (data, then the envelope, which re-validates and
 // compacts the data) was once the largest CPU cost of a fire.
-func AppendFiredEvent(buf []byte, id string, at time.Time, source string, f *Fired) []byte {
+func AppendFiredEvent(buf []byte, id string, at time.Time, source string, f *events.Fired) []byte {
 	buf = append(buf, `{"specversion":`...)
-	buf = appendJSONString(buf, SpecVersion)
+	buf = appendJSONString(buf, events.SpecVersion)
 	buf = append(buf, `,"id":`...)
 	buf = appendJSONString(buf, id)
 	buf = append(buf, `,"source":`...)
 	buf = appendJSONString(buf, source)
 	buf = append(buf, `,"type":`...)
-	buf = appendJSONString(buf, TypeEntryFired)
+	buf = appendJSONString(buf, events.TypeEntryFired)
 	if f.Entry != "" {
 		buf = append(buf, `,"subject":`...)
 		buf = appendJSONString(buf, f.Entry)

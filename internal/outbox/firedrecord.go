@@ -1,4 +1,4 @@
-package events
+package outbox
 
 import (
 	"bytes"
@@ -6,36 +6,17 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/cronstream/cronstream/events"
 )
 
-// Outbox records. A fire writes its cronstream.entry.fired event into its
-// queue's outbox in the same atomic step as the task (docs/design.md
-// INV-outbox). Most records carry the event's JSON as the relay will publish it.
-// A scheduled tick's fired event instead travels in a compact form that the
-// relay expands into exactly the JSON AppendFiredEvent writes: a fourth of
-// the bytes for Redis to take in, store and hand back on the busiest path
-// (100,000 fires at one instant), and the JSON is built after the burst
-// rather than during it.
-//
-// Version 1 of the form is
-//
-//	F1 <scheduled_at unix ns> <enqueued_at unix ns> <revision> <len entry> <len task id> <entry><task id><replica>
-//
-// with decimal numbers and the strings unescaped; the queue is the outbox's
-// own and the source "cronstream/<replica>". The times are read back in UTC.
-// A relay that meets a record in a form it does not know (a later version,
-// "F2 ...") must leave it in place for a newer relay: the record is history
-// and is never dropped.
-
+// firedRecordV1 tags version 1 of the compact fired record.
 const firedRecordV1 = "F1 "
-
-// ReplicaSource is the CloudEvents source of the events a replica writes.
-func ReplicaSource(replica string) string { return "cronstream/" + replica }
 
 // AppendFiredRecord appends the compact outbox form of a scheduled tick's
 // fired event (f without Trigger or Backfill; f.Queue is implied by the
 // outbox). ExpandFiredRecord turns it back into the event's JSON.
-func AppendFiredRecord(buf []byte, f *Fired) []byte {
+func AppendFiredRecord(buf []byte, f *events.Fired) []byte {
 	buf = append(buf, firedRecordV1...)
 	buf = strconv.AppendInt(buf, f.ScheduledAt.UnixNano(), 10)
 	buf = append(buf, ' ')
@@ -130,7 +111,7 @@ func ExpandFiredRecord(buf []byte, eventID string, rec []byte, queue string) ([]
 	if le > int64(len(rest)) || lt > int64(len(rest))-le {
 		return buf, "", fmt.Errorf("%w: lengths %d+%d exceed the %d bytes left", ErrBadRecord, le, lt, len(rest))
 	}
-	f := Fired{
+	f := events.Fired{
 		Entry:       string(rest[:le]),
 		ScheduledAt: time.Unix(0, nums[0]).UTC(),
 		EnqueuedAt:  time.Unix(0, nums[1]).UTC(),
@@ -139,5 +120,5 @@ func ExpandFiredRecord(buf []byte, eventID string, rec []byte, queue string) ([]
 		Revision:    rev,
 		Replica:     string(rest[le+lt:]),
 	}
-	return AppendFiredEvent(buf, eventID, f.EnqueuedAt, ReplicaSource(f.Replica), &f), f.Entry, nil
+	return AppendFiredEvent(buf, eventID, f.EnqueuedAt, events.ReplicaSource(f.Replica), &f), f.Entry, nil
 }

@@ -1,0 +1,129 @@
+package audit
+
+import (
+	"errors"
+	"fmt"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/cronstream/cronstream/events"
+)
+
+// ErrUnknownType is wrapped by CheckType's error for a pattern that matches
+// none of cronstream's event types.
+var ErrUnknownType = errors.New("matches no event type")
+
+// MatchType reports whether an event type matches pattern (path.Match
+// syntax) by its full name ("cronstream.entry.fired"), its name without
+// "cronstream." ("entry.fired") or its short name ("fired").
+func MatchType(pattern, typ string) bool {
+	for _, name := range []string{typ, strings.TrimPrefix(typ, "cronstream."), events.ShortType(typ)} {
+		if ok, _ := path.Match(pattern, name); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// CheckType checks a type pattern before a read: path.ErrBadPattern when it
+// is not a pattern, ErrUnknownType when it matches none of events.Types, so
+// a typo is an error rather than an empty result. A pattern in another
+// namespace ("com.example.*": events this version does not know) is
+// accepted.
+func CheckType(pattern string) error {
+	if _, err := path.Match(pattern, ""); err != nil {
+		return err
+	}
+	ours := map[string]bool{"cronstream": true}
+	for _, ti := range events.Types {
+		if MatchType(pattern, ti.Type) {
+			return nil
+		}
+		ours[strings.Split(ti.Type, ".")[1]] = true
+	}
+	if first, _, dotted := strings.Cut(pattern, "."); dotted && !ours[first] {
+		return nil
+	}
+	return fmt.Errorf("%q %w", pattern, ErrUnknownType)
+}
+
+// filter decides which messages a Reader returns.
+type filter struct {
+	names        events.Names
+	entry, queue string
+	types        []string // patterns; empty: every type
+	since, until time.Time
+	// queueOf follows each entry's queue through the config events, so
+	// skipped events (which carry no queue) can be matched to the queue.
+	queueOf map[string]string
+}
+
+// keep reports whether rec is returned. It must see every message of both
+// streams in order: it keeps queueOf up to date.
+func (f *filter) keep(rec Record) bool {
+	inQueue := f.queue == ""
+	if f.queue != "" {
+		inQueue = f.concernsQueue(rec)
+	}
+	if !f.since.IsZero() && rec.Time.Before(f.since) {
+		return false
+	}
+	if !f.until.IsZero() && rec.Time.After(f.until) {
+		return false
+	}
+	if !inQueue {
+		return false
+	}
+	if len(f.types) > 0 && (rec.Event == nil || !f.typeMatches(rec.Event.Type)) {
+		return false
+	}
+	return true
+}
+
+func (f *filter) typeMatches(typ string) bool {
+	for _, p := range f.types {
+		if MatchType(p, typ) {
+			return true
+		}
+	}
+	return false
+}
+
+// concernsQueue reports whether rec concerns f.queue: a recovery in it, a
+// fire into it, a skip or a config event of an entry in it (or that just
+// left it).
+func (f *filter) concernsQueue(rec Record) bool {
+	if rec.Config {
+		id, ok := f.names.EntryFromConfigSubject(rec.Subject)
+		if !ok {
+			return false
+		}
+		prev := f.queueOf[id]
+		_, e, err := events.DecodeConfigEvent(rec.Data)
+		if err != nil || e == nil {
+			return prev == f.queue
+		}
+		q := e.Options.QueueName()
+		if e.Removed {
+			delete(f.queueOf, id)
+		} else {
+			f.queueOf[id] = q
+		}
+		return q == f.queue || prev == f.queue
+	}
+	if q, ok := f.names.QueueFromRecoverySubject(rec.Subject); ok {
+		return q == f.queue
+	}
+	id, ok := f.names.EntryFromFireSubject(rec.Subject)
+	if !ok {
+		return false
+	}
+	if ev := rec.Event; ev != nil && ev.Type == events.TypeEntryFired {
+		var fd events.Fired
+		if ev.DecodeData(&fd) == nil && fd.Queue != "" {
+			return fd.Queue == f.queue
+		}
+	}
+	return f.queueOf[id] == f.queue
+}

@@ -1,0 +1,42 @@
+package testenv
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+// RunNATS is StartNATS for code without a testing.TB, such as an Example
+// function: a standalone embedded nats-server with JetStream on a free
+// 127.0.0.1 port, its store in a new temporary directory. stop shuts the
+// server down and removes the directory.
+func RunNATS() (n *NATS, stop func(), err error) {
+	dir, err := os.MkdirTemp("", "testenv-nats-")
+	if err != nil {
+		return nil, nil, fmt.Errorf("testenv: %w", err)
+	}
+	log, err := openNATSLog(filepath.Join(dir, "nats.log"))
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, nil, fmt.Errorf("testenv: %w", err)
+	}
+	n = &NATS{name: "testenv", storeDir: filepath.Join(dir, "store"), log: log}
+	stop = func() {
+		n.Shutdown()
+		_ = n.log.close()
+		_ = os.RemoveAll(dir)
+	}
+	if err := n.boot(); err != nil {
+		stop()
+		return nil, nil, fmt.Errorf("testenv: start nats-server: %w", err)
+	}
+	var problem string
+	if !waitFor(natsHealthyTimeout, func() bool {
+		problem = n.healthProblem()
+		return problem == ""
+	}) {
+		stop()
+		return nil, nil, fmt.Errorf("testenv: nats-server not healthy within %s: %s", natsHealthyTimeout, problem)
+	}
+	return n, stop, nil
+}
