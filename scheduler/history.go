@@ -387,66 +387,6 @@ func (s *Scheduler) scheduleSince(ctx context.Context, r *entryRun) (time.Time, 
 	return since, nil
 }
 
-// restore seeds r's lost watermark: an entry with no watermark in its
-// queue whose fires are in the activity stream lost it (Redis lost data),
-// and so did one whose watermark is older than r.handled (the watermark
-// this replica last knew) or than the stream's last tick (see behind).
-// Without it the catch-up policy would fire again ticks that already
-// fired. The seed is the later of r.handled and the stream's last handled
-// tick, whatever queue that was in. It reports whether a watermark was
-// seeded.
-func (s *Scheduler) restore(ctx context.Context, r *entryRun) bool {
-	var tick time.Time
-	var task, from string
-	if r.hasHandled {
-		tick, task, from = r.handled, TaskID(s.cfg.Names.Prefix(), r.id, r.handled), "cursor"
-	}
-	if st, sttask, ok := s.lastHandled(ctx, r); ok && (from == "" || st.After(tick)) {
-		tick, task, from = st, sttask, "stream"
-	}
-	if from == "" {
-		return false
-	}
-	// At the entry's revision: it never overrides a handover to another
-	// queue at a later revision, and passes this configuration's own
-	// handover marker (an entry with more than its registration has one).
-	if err := s.cfg.Broker.SeedWatermark(ctx, s.cfg.Names.Prefix(), r.queue, r.id, tick, task, r.st.Revision); err != nil {
-		s.log.Warn("restore the entry's watermark", "entry", r.id, "queue", r.queue, "tick", tick, "from", from, "err", err)
-		return false
-	}
-	s.m.Restored.WithLabelValues(from).Inc()
-	s.log.Debug("restored the entry's watermark", "entry", r.id, "queue", r.queue, "tick", tick, "from", from)
-	return true
-}
-
-// behind reports whether r's watermark wm is older than a tick known to be
-// handled: r.handled when this replica holds one; otherwise, for an entry
-// whose next tick after wm is already due, the last tick the activity
-// stream recorded for it. A stream ahead of Redis means Redis lost the
-// fires after wm (a lagging replica was promoted while no replica ran):
-// their events were published only after their Redis writes. The stream's
-// last ticks of all entries are read in one pass, at most once per
-// historyRefresh.
-func (s *Scheduler) behind(ctx context.Context, r *entryRun, wm, now time.Time) bool {
-	if r.hasHandled {
-		return wm.Before(r.handled)
-	}
-	if s.cfg.History == nil || r.sched.Next(wm).After(now) {
-		return false
-	}
-	h := &s.hist
-	if time.Since(h.lastAt) >= historyRefresh {
-		h.lastAt = time.Now()
-		last, err := s.cfg.History.LastHandledAll(ctx)
-		if err != nil {
-			s.log.Warn("read the entries' last ticks from the stream; not checking watermarks against it", "err", err)
-		}
-		h.last = last
-	}
-	last, ok := h.last[r.id]
-	return ok && last.After(wm)
-}
-
 // lastHandled is the last scheduled tick of r the activity stream holds.
 func (s *Scheduler) lastHandled(ctx context.Context, r *entryRun) (time.Time, string, bool) {
 	if s.cfg.History == nil {
