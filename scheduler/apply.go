@@ -39,7 +39,7 @@ func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (ta
 				// promoted): load it again, which re-seeds it from the
 				// later of r.handled and the stream, instead of firing
 				// those ticks again.
-				r.known = false
+				r.phase = phaseLoading
 				r.tries++
 				s.heap.remove(r)
 				s.load[r.id] = r
@@ -47,7 +47,7 @@ func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (ta
 			}
 			r.cursor, r.hasCursor, r.lastTask = res.Watermark, res.HasWatermark, res.WatermarkTaskID
 			r.handled, r.hasHandled = res.Watermark, res.HasWatermark
-			r.known = true
+			r.phase = phaseReady
 			if res.HasWatermark && !res.Watermark.Before(f.tick) {
 				r.tries = 0 // someone else handled it: nothing wrong
 			} else {
@@ -60,7 +60,7 @@ func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (ta
 				// lives here again (it moved away and back while this
 				// replica did not follow live): close the queues it used
 				// since and reopen this one.
-				r.known, r.reopen = false, true
+				r.phase, r.loading.reopen = phaseLoading, true
 				s.heap.remove(r)
 				s.load[r.id] = r
 			} else {
@@ -76,7 +76,7 @@ func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (ta
 	}
 	r.tries = 0
 	if f.kind == taskstate.FireTick || f.kind == taskstate.FireSkip {
-		r.cursor, r.hasCursor, r.known = f.tick, true, true
+		r.cursor, r.hasCursor, r.phase = f.tick, true, phaseReady
 		r.handled, r.hasHandled = f.tick, true
 	}
 	if f.skipped {

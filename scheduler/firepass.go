@@ -130,7 +130,7 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 		}
 	}
 	for _, p := range plans {
-		if !p.r.known {
+		if p.r.phase == phaseLoading {
 			continue // waiting in s.load for its watermark
 		}
 		if p.more && p.r.tries == 0 {

@@ -16,8 +16,8 @@ func (s *Scheduler) loadWatermarks(ctx context.Context) {
 	byQueue := map[string][]*entryRun{}
 	failed, later := false, false
 	for _, r := range s.load {
-		if r.fromQueue != "" {
-			if _, err := s.handover(ctx, r, []string{r.fromQueue}); err != nil {
+		if r.loading.fromQueue != "" {
+			if _, err := s.handover(ctx, r, []string{r.loading.fromQueue}); err != nil {
 				// Firing into the new queue before the old one is closed
 				// could fire a tick in both: wait.
 				failed = true
@@ -49,28 +49,28 @@ func (s *Scheduler) loadWatermarks(ctx context.Context) {
 			// handled, is restored (once per load: the stream may hold
 			// nothing usable), after the handover that closes the entry's
 			// other queues: the restore opens this one.
-			restoreNow := !r.restored && (!wm.OK || s.behind(ctx, r, wm.Tick, now))
+			restoreNow := !r.loading.restored && (!wm.OK || s.behind(ctx, r, wm.Tick, now))
 			reread := false
-			if !wm.OK || r.reopen || restoreNow {
+			if !wm.OK || r.loading.reopen || restoreNow {
 				prev, err := s.previousQueues(ctx, r)
 				if err != nil {
 					later = true
 					continue
 				}
-				if len(prev) > 0 || r.reopen {
+				if len(prev) > 0 || r.loading.reopen {
 					seeded, err := s.handover(ctx, r, prev)
 					if err != nil {
 						failed = true
 						continue
 					}
-					if r.reopen || seeded {
-						r.reopen = false
+					if r.loading.reopen || seeded {
+						r.loading.reopen = false
 						reread = true // the watermark changed: read it again next turn
 					}
 				}
 			}
 			if restoreNow {
-				r.restored = true
+				r.loading.restored = true
 				if s.restore(ctx, r) {
 					restored = append(restored, r.id)
 					reread = true
@@ -83,7 +83,7 @@ func (s *Scheduler) loadWatermarks(ctx context.Context) {
 			// and the last config change does the floor matter (and the
 			// history get read): a daily entry edited after its last fire
 			// needs nothing.
-			if r.floorAtLoad && wm.OK && wm.Tick.Before(r.floor) && !r.sched.Next(wm.Tick).After(r.floor) {
+			if r.loading.floorAtLoad && wm.OK && wm.Tick.Before(r.floor) && !r.sched.Next(wm.Tick).After(r.floor) {
 				since, err := s.scheduleSince(ctx, r)
 				if err != nil {
 					later = true
@@ -91,9 +91,9 @@ func (s *Scheduler) loadWatermarks(ctx context.Context) {
 				}
 				r.floor = since
 			}
-			r.floorAtLoad = false
+			r.loading.floorAtLoad = false
 			delete(s.load, r.id)
-			r.known, r.restored = true, false
+			r.phase, r.loading.restored = phaseReady, false
 			r.cursor, r.hasCursor, r.lastTask = wm.Tick, wm.OK, wm.TaskID
 			r.handled, r.hasHandled = wm.Tick, wm.OK
 			if r.st.Entry.Paused {
@@ -152,7 +152,7 @@ func (s *Scheduler) handover(ctx context.Context, r *entryRun, from []string) (b
 		// A newer configuration moved the entry on; our fires there will
 		// be refused until the projection catches up.
 	}
-	r.fromQueue = ""
+	r.loading.fromQueue = ""
 	return found, nil
 }
 

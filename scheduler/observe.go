@@ -66,7 +66,7 @@ func (s *Scheduler) applyObservation(o observation) {
 		}
 		return
 	}
-	if r.known && o.tick.Equal(r.next()) {
+	if r.phase == phaseReady && o.tick.Equal(r.next()) {
 		r.heard = o.tick
 	}
 }
