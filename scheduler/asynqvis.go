@@ -40,7 +40,7 @@ func (s *Scheduler) maybeWriteVisibility(afterFire bool) {
 	if !s.visPending {
 		return
 	}
-	waited := time.Since(s.visSince)
+	waited := s.clock.Since(s.visSince)
 	quiet := true
 	if at, ok := s.heap.peek(); ok && at.Sub(s.clock.Now()) < visibilityGap {
 		quiet = false

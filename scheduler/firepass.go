@@ -3,7 +3,6 @@ package scheduler
 import (
 	"context"
 	"sync"
-	"time"
 
 	"github.com/cronstream/cronstream/taskstate"
 )
@@ -25,7 +24,7 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 		s.busy.Store(true)
 		defer s.busy.Store(false)
 	}
-	s.firingSince.Store(int64(max(time.Since(s.epoch), 1)))
+	s.firingSince.Store(int64(max(s.clock.Since(s.epoch), 1)))
 	defer s.firingSince.Store(0)
 	now := s.clock.Now()
 	seq := s.cfg.Projection.LastSeq()

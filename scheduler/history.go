@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/clock"
 )
 
 // History tells the scheduler which queues an entry used before its current
@@ -308,11 +309,11 @@ const historyRefresh = time.Second
 type historyCache struct {
 	counts   map[string]uint64
 	asOf     uint64
-	countsAt time.Time
+	countsAt clock.Mono
 	fired    map[string]bool
-	firedAt  time.Time
+	firedAt  clock.Mono
 	last     map[string]time.Time // LastHandledAll
-	lastAt   time.Time
+	lastAt   clock.Mono
 }
 
 // errHistoryLater: the cached counts predate the entry's revision and may
@@ -328,10 +329,10 @@ var errHistoryLater = errors.New("config event counts are older than the entry")
 func (s *Scheduler) onlyRegistration(ctx context.Context, r *entryRun) (bool, error) {
 	h := &s.hist
 	if h.counts == nil || h.asOf < r.st.Revision {
-		if time.Since(h.countsAt) < historyRefresh {
+		if s.clock.Since(h.countsAt) < historyRefresh {
 			return false, errHistoryLater
 		}
-		h.countsAt = time.Now()
+		h.countsAt = s.clock.Mono()
 		counts, asOf, err := s.cfg.History.EventCounts(ctx)
 		if err != nil {
 			s.log.Warn("read config event counts", "err", err)
@@ -393,8 +394,8 @@ func (s *Scheduler) lastHandled(ctx context.Context, r *entryRun) (time.Time, st
 		return time.Time{}, "", false
 	}
 	h := &s.hist
-	if !h.fired[r.id] && time.Since(h.firedAt) >= historyRefresh {
-		h.firedAt = time.Now()
+	if !h.fired[r.id] && s.clock.Since(h.firedAt) >= historyRefresh {
+		h.firedAt = s.clock.Mono()
 		fired, err := s.cfg.History.FiredEntries(ctx)
 		if err != nil {
 			s.log.Warn("read which entries fired; not restoring lost watermarks from the stream", "err", err)

@@ -109,7 +109,7 @@ func (s *Scheduler) loadWatermarks(ctx context.Context) {
 	switch {
 	case failed:
 		s.loadFails++
-		s.loadAfter = time.Now().Add(min(time.Duration(s.loadFails)*200*time.Millisecond, 5*time.Second))
+		s.loadAfter = s.clock.Mono().Add(min(time.Duration(s.loadFails)*200*time.Millisecond, 5*time.Second))
 	case later:
 		s.loadFails = 0
 		s.loadAfter = s.hist.countsAt.Add(historyRefresh)
@@ -204,8 +204,8 @@ func (s *Scheduler) behind(ctx context.Context, r *entryRun, wm, now time.Time) 
 		return false
 	}
 	h := &s.hist
-	if time.Since(h.lastAt) >= historyRefresh {
-		h.lastAt = time.Now()
+	if s.clock.Since(h.lastAt) >= historyRefresh {
+		h.lastAt = s.clock.Mono()
 		last, err := s.cfg.History.LastHandledAll(ctx)
 		if err != nil {
 			s.log.Warn("read the entries' last ticks from the stream; not checking watermarks against it", "err", err)

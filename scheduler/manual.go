@@ -41,6 +41,9 @@ func (m Manual) now() time.Time {
 	if m.Now != nil {
 		return m.Now()
 	}
+	// The CLI's local clock: Manual runs without a replica's corrected
+	// clock, and its instant never decides whether a tick is due (it
+	// stamps a trigger's task and events, and bounds a backfill's range).
 	return time.Now()
 }
 

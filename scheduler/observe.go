@@ -59,8 +59,8 @@ func (s *Scheduler) applyObservation(o observation) {
 	if ahead := o.tick.Sub(s.clock.Now()); ahead > implausibleAhead {
 		s.count(func(st *Stats) { st.Implausible++ })
 		s.m.Implausible.Inc()
-		if time.Since(s.implausibleLogged) >= time.Minute {
-			s.implausibleLogged = time.Now()
+		if s.clock.Since(s.implausibleLogged) >= time.Minute {
+			s.implausibleLogged = s.clock.Mono()
 			s.log.Warn("ignoring a fire heard for a tick far ahead of the clock: forged, or published by a replica with a wrong clock (logged once a minute, counted in cronstream_scheduler_implausible_observations_total)",
 				"entry", r.id, "tick", o.tick.UTC().Format(time.RFC3339), "ahead", ahead.Round(time.Second))
 		}

@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/clock"
 	"github.com/cronstream/cronstream/projector"
 	"github.com/cronstream/cronstream/taskstate"
 )
@@ -133,10 +134,11 @@ type Scheduler struct {
 	// pausedEntries holds the paused entries, so asynq's scheduler entries list
 	// them marked paused (visibilitySnapshot); they never fire.
 	pausedEntries map[string]projector.State
-	// loadAfter delays the next watermark load after a failed one. It
-	// and visSince are local monotonic times (backoffs), never compared
-	// with ticks, which use the corrected clock.
-	loadAfter time.Time
+	// loadAfter delays the next watermark load after a failed one. It,
+	// visSince and the other clock.Mono fields measure durations
+	// (backoffs, rechecks); they are never compared with ticks, which use
+	// the corrected clock.Now.
+	loadAfter clock.Mono
 	loadFails int
 	live      []string
 	// visWritten: asynq's scheduler entries were written once since start.
@@ -146,7 +148,7 @@ type Scheduler struct {
 	// Config sequences that refused fires, to check against the stream,
 	// and those found in it (epoch.go).
 	epochSuspects map[epochSuspect]bool
-	epochChecked  map[epochSuspect]time.Time
+	epochChecked  map[epochSuspect]clock.Mono
 	// configID is the id of the config message at the sequence the fires
 	// of the current pass present (fireDue).
 	configID string
@@ -161,11 +163,11 @@ type Scheduler struct {
 	lastTickText string
 	// visPending: a visibility write is due since visSince (loop-owned).
 	visPending bool
-	visSince   time.Time
+	visSince   clock.Mono
 	fireBufs   [][]taskstate.Fire // see fireBuf
 
 	// implausibleLogged: when an implausible observation was last logged.
-	implausibleLogged time.Time
+	implausibleLogged clock.Mono
 
 	mu    sync.Mutex
 	stats Stats
@@ -174,7 +176,7 @@ type Scheduler struct {
 	busy   atomic.Bool // firing more than one batch
 	// firingSince is when the fire pass in progress began (monotonic,
 	// after epoch; 0: none in progress).
-	epoch       time.Time
+	epoch       clock.Mono
 	firingSince atomic.Int64
 	cancel      context.CancelFunc
 	wg          sync.WaitGroup
@@ -213,16 +215,16 @@ func New(cfg Config) (*Scheduler, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	clock := cfg.Clock
-	if clock == nil {
-		clock = NewClock(func(context.Context) (time.Time, error) { return time.Now(), nil })
+	clk := cfg.Clock
+	if clk == nil {
+		clk = clock.Local()
 	}
 	m := cfg.Metrics
 	if m == nil {
 		m = NewMetrics(nil)
 	}
 	return &Scheduler{
-		cfg: cfg, log: cfg.Logger, clock: clock, m: m, src: events.ReplicaSource(cfg.ReplicaID),
+		cfg: cfg, log: cfg.Logger, clock: clk, m: m, src: events.ReplicaSource(cfg.ReplicaID),
 		entries:  map[string]*entryRun{},
 		load:     map[string]*entryRun{},
 		observed: make(chan observation, 4096),
@@ -231,7 +233,7 @@ func New(cfg Config) (*Scheduler, error) {
 		vis:      make(chan []taskstate.SchedulerEntry, 1),
 		wake:     make(chan struct{}, 1),
 		stats:    Stats{Refused: map[string]uint64{}},
-		epoch:    time.Now(),
+		epoch:    clk.Mono(),
 	}, nil
 }
 
@@ -306,7 +308,7 @@ func (s *Scheduler) Firing() time.Duration {
 	if since == 0 {
 		return 0
 	}
-	return max(time.Since(s.epoch)-time.Duration(since), 0)
+	return max(s.clock.Since(s.epoch)-time.Duration(since), 0)
 }
 
 // Paused reports whether firing is paused by outbox backpressure.
@@ -327,7 +329,7 @@ func (s *Scheduler) loop(ctx context.Context, changes <-chan []projector.Change)
 			wait = min(max(at.Sub(s.clock.Now()), 0), wait)
 		}
 		if len(s.load) > 0 {
-			wait = min(wait, max(time.Until(s.loadAfter), 0))
+			wait = min(wait, max(s.clock.Until(s.loadAfter), 0))
 		}
 		if !timer.Stop() {
 			select {
@@ -368,7 +370,7 @@ func (s *Scheduler) loop(ctx context.Context, changes <-chan []projector.Change)
 			continue
 		case <-vis.C:
 			if !s.visPending {
-				s.visPending, s.visSince = true, time.Now()
+				s.visPending, s.visSince = true, s.clock.Mono()
 			}
 			s.maybeWriteVisibility(false)
 			continue
@@ -376,7 +378,7 @@ func (s *Scheduler) loop(ctx context.Context, changes <-chan []projector.Change)
 		case <-timer.C:
 		}
 		s.live = s.liveReplicas()
-		if len(s.load) > 0 && !time.Now().Before(s.loadAfter) {
+		if len(s.load) > 0 && !s.clock.Mono().Before(s.loadAfter) {
 			s.loadWatermarks(ctx)
 			if len(s.load) == 0 && !s.visWritten {
 				// Make the entries visible to asynq's tools at once, not
@@ -384,7 +386,7 @@ func (s *Scheduler) loop(ctx context.Context, changes <-chan []projector.Change)
 				s.visWritten = true
 				// As if pending for half a period: written now when
 				// quiet, else right after the next pass of fires.
-				s.visPending, s.visSince = true, time.Now().Add(-s.cfg.Visibility/2)
+				s.visPending, s.visSince = true, s.clock.Mono().Add(-s.cfg.Visibility/2)
 				s.maybeWriteVisibility(false)
 			}
 		}
