@@ -21,7 +21,7 @@ func sentOf(f *taskstate.Fire) sentFire {
 // apply acts on one fire's result and returns the asynq history record of
 // a created task.
 func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (taskstate.EnqueueEventRecord, bool) {
-	s.outcome(Outcome{Entry: r.id, Tick: f.tick, Status: res.Status, Err: res.Err})
+	s.outcome(Outcome{Entry: r.id, Tick: f.tick, Status: fireStatus(res.Status), Err: res.Err})
 	if res.Err != nil {
 		s.countError()
 		r.tries++

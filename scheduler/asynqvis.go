@@ -18,7 +18,7 @@ const historyTrimEvery = 16
 func (s *Scheduler) writeHistory() {
 	for recs := range s.history {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		if err := s.cfg.Broker.RecordSchedulerEnqueueEvents(ctx, recs); err != nil {
+		if err := s.broker.RecordSchedulerEnqueueEvents(ctx, recs); err != nil {
 			s.log.Debug("record asynq enqueue history", "events", len(recs), "err", err)
 		}
 		cancel()
@@ -61,7 +61,7 @@ func (s *Scheduler) maybeWriteVisibility(afterFire bool) {
 func (s *Scheduler) writeVisibilityLoop() {
 	for entries := range s.vis {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		if err := s.cfg.Broker.WriteSchedulerEntries(ctx, taskstate.SchedulerID(s.cfg.Names.Prefix()), entries, 2*s.cfg.Visibility); err != nil {
+		if err := s.broker.WriteSchedulerEntries(ctx, taskstate.SchedulerID(s.cfg.Names.Prefix()), entries, 2*s.cfg.Visibility); err != nil {
 			s.log.Debug("write asynq scheduler entries", "err", err)
 		}
 		cancel()

@@ -95,9 +95,9 @@ func (s *Scheduler) checkEpochs(ctx context.Context) {
 		}
 		var ok bool
 		if k.entry == "" {
-			ok, err = s.cfg.Broker.ClearFence(ctx, prefix, k.queue, k.seq)
+			ok, err = s.broker.ClearFence(ctx, prefix, k.queue, k.seq)
 		} else {
-			ok, err = s.cfg.Broker.ClearHandover(ctx, prefix, k.queue, k.entry, k.seq)
+			ok, err = s.broker.ClearHandover(ctx, prefix, k.queue, k.entry, k.seq)
 		}
 		if err != nil {
 			s.countError()

@@ -56,7 +56,7 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			results, err := s.cfg.Broker.FireBatch(ctx, c.fires)
+			results, err := s.broker.FireBatch(ctx, c.fires)
 			if err != nil && len(results) != len(c.fires) {
 				results = make([]taskstate.FireResult, len(c.fires))
 				for i := range results {

@@ -33,7 +33,7 @@ func (s *Scheduler) loadWatermarks(ctx context.Context) {
 		for i, r := range runs {
 			ids[i] = r.id
 		}
-		wms, err := s.cfg.Broker.Watermarks(ctx, prefix, q, ids)
+		wms, err := s.broker.Watermarks(ctx, prefix, q, ids)
 		if err != nil {
 			s.countError()
 			s.log.Warn("read watermarks", "queue", q, "entries", len(ids), "err", err)
@@ -131,7 +131,7 @@ func (s *Scheduler) handover(ctx context.Context, r *entryRun, from []string) (b
 		if q == r.queue {
 			continue
 		}
-		tick, task, ok, err := s.cfg.Broker.CloseForHandover(ctx, prefix, q, r.id, r.st.Revision)
+		tick, task, ok, err := s.broker.CloseForHandover(ctx, prefix, q, r.id, r.st.Revision)
 		if err != nil {
 			s.countError()
 			s.log.Warn("close entry in its old queue", "entry", r.id, "queue", q, "err", err)
@@ -142,7 +142,7 @@ func (s *Scheduler) handover(ctx context.Context, r *entryRun, from []string) (b
 			best, bestTask, found = tick, task, true
 		}
 	}
-	if err := s.cfg.Broker.SeedWatermark(ctx, prefix, r.queue, r.id, best, bestTask, r.st.Revision); err != nil {
+	if err := s.broker.SeedWatermark(ctx, prefix, r.queue, r.id, best, bestTask, r.st.Revision); err != nil {
 		if !errors.Is(err, taskstate.ErrHandoverSuperseded) {
 			s.countError()
 			s.log.Warn("seed entry in its new queue", "entry", r.id, "queue", r.queue, "err", err)
@@ -179,7 +179,7 @@ func (s *Scheduler) restore(ctx context.Context, r *entryRun) bool {
 	// At the entry's revision: it never overrides a handover to another
 	// queue at a later revision, and passes this configuration's own
 	// handover marker (an entry with more than its registration has one).
-	if err := s.cfg.Broker.SeedWatermark(ctx, s.cfg.Names.Prefix(), r.queue, r.id, tick, task, r.st.Revision); err != nil {
+	if err := s.broker.SeedWatermark(ctx, s.cfg.Names.Prefix(), r.queue, r.id, tick, task, r.st.Revision); err != nil {
 		s.log.Warn("restore the entry's watermark", "entry", r.id, "queue", r.queue, "tick", tick, "from", from, "err", err)
 		return false
 	}

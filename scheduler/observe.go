@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"time"
-
-	"github.com/cronstream/cronstream/taskstate"
 )
 
 type observation struct {
@@ -35,13 +33,12 @@ func (s *Scheduler) ObserveActivity(subject, msgID string) {
 	}
 }
 
-// ObserveRecords is Observe for each fired or skipped event among outbox
-// records a relay has published (relay.Config.OnPublished).
-func (s *Scheduler) ObserveRecords(recs []taskstate.OutboxRecord) {
-	for _, rec := range recs {
-		if entry, tick, ok := ParseActivityID(rec.EventID); ok {
-			s.Observe(entry, tick)
-		}
+// ObservePublished is Observe for an event this replica's relay has
+// published (relay.Config.OnPublished), by its event id; ids of other
+// events than fired and skipped ones are ignored.
+func (s *Scheduler) ObservePublished(eventID string) {
+	if entry, tick, ok := ParseActivityID(eventID); ok {
+		s.Observe(entry, tick)
 	}
 }
 
@@ -102,7 +99,7 @@ func (s *Scheduler) confirmHeard(ctx context.Context, due []*entryRun) []*entryR
 		for i, r := range runs {
 			ids[i] = r.id
 		}
-		wms, err := s.cfg.Broker.Watermarks(ctx, s.cfg.Names.Prefix(), q, ids)
+		wms, err := s.broker.Watermarks(ctx, s.cfg.Names.Prefix(), q, ids)
 		if err == nil && len(wms) != len(ids) {
 			err = fmt.Errorf("%d watermarks for %d entries", len(wms), len(ids))
 		}

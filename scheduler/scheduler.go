@@ -5,7 +5,7 @@
 // It owns fire-time computation (Schedule), the firing loop (one timer over a
 // min-heap of due instants), catch-up after outages, the primary/late split
 // between replicas, manual triggers and backfills. It never decides alone
-// that a tick may fire: every fire is one atomic taskstate script that
+// that a tick may fire: every fire is one atomic script in Redis that
 // compares-and-sets the entry's watermark and checks the revision and
 // staleness fences, so two replicas can never both fire one tick. It never
 // publishes to NATS: fired and skipped events go into the Redis outbox in
@@ -24,14 +24,16 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/clock"
 	"github.com/cronstream/cronstream/projector"
 	"github.com/cronstream/cronstream/taskstate"
 )
 
-// Broker is the scheduler's seam to Redis; *taskstate.Store implements it.
-type Broker interface {
+// broker is the scheduler's seam to Redis; *taskstate.Store implements it.
+type broker interface {
 	FireBatch(ctx context.Context, fires []taskstate.Fire) ([]taskstate.FireResult, error)
 	Watermarks(ctx context.Context, prefix, queue string, entries []string) ([]taskstate.WatermarkInfo, error)
 	CloseForHandover(ctx context.Context, prefix, oldQueue, entry string, revision uint64) (time.Time, string, bool, error)
@@ -72,7 +74,9 @@ const (
 
 // Config configures a Scheduler. Zero values mean the defaults.
 type Config struct {
-	Broker     Broker
+	// Redis is the asynq Redis (single, Sentinel or Cluster client) the
+	// scheduler fires into.
+	Redis      redis.UniversalClient
 	Projection Projection
 	Members    Members // nil: this replica is primary for everything
 	Names      events.Names
@@ -117,15 +121,20 @@ type Config struct {
 	History History
 	Logger  *slog.Logger
 	Metrics *Metrics
+
+	// broker, when set (tests: fault injection), is used instead of a
+	// Store on Redis.
+	broker broker
 }
 
 // Scheduler is one replica's firing loop.
 type Scheduler struct {
-	cfg   Config
-	log   *slog.Logger
-	clock *Clock
-	m     *Metrics
-	src   string // events' source
+	cfg    Config
+	broker broker
+	log    *slog.Logger
+	clock  *Clock
+	m      *Metrics
+	src    string // events' source
 
 	// Owned by the loop goroutine.
 	entries map[string]*entryRun
@@ -185,8 +194,8 @@ type Scheduler struct {
 
 // New returns a scheduler; Start runs it.
 func New(cfg Config) (*Scheduler, error) {
-	if cfg.Broker == nil || cfg.Projection == nil {
-		return nil, errors.New("scheduler: Broker and Projection are required")
+	if (cfg.Redis == nil && cfg.broker == nil) || cfg.Projection == nil {
+		return nil, errors.New("scheduler: Redis and Projection are required")
 	}
 	if cfg.ReplicaID == "" {
 		return nil, errors.New("scheduler: ReplicaID is required")
@@ -223,8 +232,12 @@ func New(cfg Config) (*Scheduler, error) {
 	if m == nil {
 		m = NewMetrics(nil)
 	}
+	b := cfg.broker
+	if b == nil {
+		b = taskstate.New(cfg.Redis)
+	}
 	return &Scheduler{
-		cfg: cfg, log: cfg.Logger, clock: clk, m: m, src: events.ReplicaSource(cfg.ReplicaID),
+		cfg: cfg, broker: b, log: cfg.Logger, clock: clk, m: m, src: events.ReplicaSource(cfg.ReplicaID),
 		entries:  map[string]*entryRun{},
 		load:     map[string]*entryRun{},
 		observed: make(chan observation, 4096),

@@ -7,13 +7,13 @@ import (
 	"github.com/cronstream/cronstream/taskstate"
 )
 
-// TaskMessage is the asynq task of entry e's tick, with asynq's client
-// defaults; the deadline is relative to the tick.
-func TaskMessage(e events.Entry, taskID string, tick time.Time) *taskstate.TaskMessage {
+// entryTaskMessage is the asynq task of entry e's tick, with asynq's
+// client defaults; the deadline is relative to the tick.
+func entryTaskMessage(e events.Entry, taskID string, tick time.Time) *taskstate.TaskMessage {
 	return taskMessage(e.Normalize(), taskID, tick)
 }
 
-// taskMessage is TaskMessage of an entry already normalized (as the
+// taskMessage is entryTaskMessage of an entry already normalized (as the
 // projection holds them), without copying its payload for every fire.
 func taskMessage(e events.Entry, taskID string, tick time.Time) *taskstate.TaskMessage {
 	m := new(taskstate.TaskMessage)
