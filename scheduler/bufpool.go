@@ -7,8 +7,9 @@ import (
 )
 
 // fireBuf returns an empty slice of fires with room for n, reused from
-// earlier passes when one is big enough: a second of 10,000 fires would
-// otherwise allocate 4 MB of them. Only the loop goroutine uses the pool.
+// earlier passes when one is big enough: a fire is large, and every pass
+// would otherwise allocate all of its fires anew. Only the loop goroutine
+// uses the pool.
 func (s *Scheduler) fireBuf(n int) []taskstate.Fire {
 	for i := len(s.fireBufs) - 1; i >= 0; i-- {
 		if b := s.fireBufs[i]; cap(b) >= n {

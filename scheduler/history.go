@@ -300,8 +300,8 @@ func handledTick(data []byte) (time.Time, string, bool) {
 }
 
 // historyRefresh bounds how often the event counts and the fired entries
-// are read: each lists every entry's subject (about 15 ms per 10,000), and
-// registrations arrive in bursts.
+// are read: each lists every entry's subject, and registrations arrive in
+// bursts.
 const historyRefresh = time.Second
 
 // historyCache holds what History said about all entries, for the loop
