@@ -6,6 +6,8 @@ import (
 	"time"
 )
 
+// observation is a fire heard from elsewhere (Observe), on its way to the
+// loop.
 type observation struct {
 	entry string
 	tick  time.Time

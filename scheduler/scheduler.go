@@ -32,6 +32,29 @@ import (
 	"github.com/cronstream/cronstream/taskstate"
 )
 
+// Where things are, in the order a tick goes through them:
+//
+//   - scheduler.go: Config, New, Start/Stop and the loop, one goroutine that
+//     owns every entry's state.
+//   - entry.go: an entry's state (entryRun), its phases (entryPhase), how it
+//     follows the projection (applyChange) and when it is due (schedule).
+//   - load.go: reading watermarks, queue handovers, restoring a watermark
+//     Redis lost; history.go: what the streams say for that.
+//   - observe.go: fires heard from other replicas, a hint only.
+//   - plan.go: what a due entry fires now (its tick, or catch-up by
+//     catchup.go) and the fires' records; taskmessage.go: their tasks.
+//   - firepass.go: one pass of fires, batched per queue, in parallel.
+//   - apply.go: what each fire's result changes.
+//   - asynqvisibility.go: asynq's scheduler entries and enqueue history, for
+//     asynq's CLI and asynqmon.
+//   - epoch.go: fences left by an earlier config stream, cleared.
+//   - manual.go: triggers and backfills, without a running scheduler.
+//   - firetime.go: an entry's ticks (Schedule) and task ids; dueheap.go:
+//     the entries by due instant; primary.go: which replica fires on time.
+//   - outcome.go, stats.go, metrics.go, entrymetrics.go: what the scheduler
+//     reports; pools.go: buffers reused across passes; activityid.go: the
+//     fired and skipped events' ids.
+
 // broker is the scheduler's seam to Redis; *taskstate.Store implements it.
 type broker interface {
 	FireBatch(ctx context.Context, fires []taskstate.Fire) ([]taskstate.FireResult, error)
