@@ -421,14 +421,16 @@ func (r *Replica) start(ctx context.Context) error {
 		OnPublished: func(recs []taskstate.OutboxRecord) {
 			det.ObserveRecords(recs)
 			if s := busy.Load(); s != nil {
-				s.ObserveRecords(recs)
+				for _, rec := range recs {
+					s.ObservePublished(rec.EventID)
+				}
 			}
 		},
 	})
 	r.relay.Start()
 
 	sched, err := scheduler.New(scheduler.Config{
-		Broker: r.store, Projection: r.proj, Members: r.members, Names: r.cfg.Names,
+		Redis: r.cfg.Redis, Projection: r.proj, Members: r.members, Names: r.cfg.Names,
 		ReplicaID: r.cfg.ReplicaID, Clock: r.clock, Grace: r.cfg.Grace, LateDelay: r.cfg.LateDelay,
 		MaxStaleness: r.cfg.MaxStaleness, OutboxBytes: r.relay.BacklogBytes, MaxOutboxBytes: r.cfg.MaxOutboxBytes,
 		OnFire: r.relay.Notify, OnOutcome: det.Outcome, Logger: r.log, Metrics: scheduler.NewMetrics(r.reg),

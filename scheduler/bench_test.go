@@ -227,11 +227,15 @@ func startBenchReplica(b *testing.B, url string, rc *redis.Client, clock *schedu
 		b.Fatal(err)
 	}
 	r.relay = relay.New(relay.Config{Outbox: store, JS: js, Names: testNames, Owner: "bench", Logger: discardLogger,
-		Hold:        func() bool { return r.sched != nil && r.sched.Busy() },
-		OnPublished: func(recs []taskstate.OutboxRecord) { r.sched.ObserveRecords(recs) }})
+		Hold: func() bool { return r.sched != nil && r.sched.Busy() },
+		OnPublished: func(recs []taskstate.OutboxRecord) {
+			for _, rec := range recs {
+				r.sched.ObservePublished(rec.EventID)
+			}
+		}})
 	var err error
 	r.sched, err = scheduler.New(scheduler.Config{
-		Broker: store, Projection: r.proj, Names: testNames, ReplicaID: "bench", Clock: clock,
+		Redis: rc, Projection: r.proj, Names: testNames, ReplicaID: "bench", Clock: clock,
 		OutboxBytes: r.relay.BacklogBytes, MaxOutboxBytes: 1 << 30, OnFire: r.relay.Notify, Logger: discardLogger,
 		History: scheduler.NewStreamHistory(js, testNames),
 	})

@@ -3,6 +3,8 @@ package scheduler
 import (
 	"context"
 	"time"
+
+	"github.com/cronstream/cronstream/internal/clock"
 )
 
 // Stream epochs (docs/design.md INV-revision-fence). The revision fence and
@@ -45,7 +47,7 @@ func (s *Scheduler) suspectEpoch(queue, entry string, seq uint64, id string) {
 		return
 	}
 	k := epochSuspect{queue, entry, seq, id}
-	if at, ok := s.epochChecked[k]; ok && time.Since(at) < epochRecheck {
+	if at, ok := s.epochChecked[k]; ok && s.clock.Since(at) < epochRecheck {
 		return
 	}
 	if s.epochSuspects == nil {
@@ -61,10 +63,10 @@ func (s *Scheduler) checkEpochs(ctx context.Context) {
 		return
 	}
 	if s.epochChecked == nil {
-		s.epochChecked = map[epochSuspect]time.Time{}
+		s.epochChecked = map[epochSuspect]clock.Mono{}
 	}
 	for k, at := range s.epochChecked {
-		if time.Since(at) >= epochRecheck {
+		if s.clock.Since(at) >= epochRecheck {
 			delete(s.epochChecked, k)
 		}
 	}
@@ -76,7 +78,7 @@ func (s *Scheduler) checkEpochs(ctx context.Context) {
 		if err != nil {
 			s.countError()
 			s.log.Warn("check a refusing config sequence against the config stream", "queue", k.queue, "entry", k.entry, "seq", k.seq, "err", err)
-			s.epochChecked[k] = time.Now() // again after epochRecheck, not every pass
+			s.epochChecked[k] = s.clock.Mono() // again after epochRecheck, not every pass
 			continue
 		}
 		var what string
@@ -88,14 +90,14 @@ func (s *Scheduler) checkEpochs(ctx context.Context) {
 		case k.entry != "" && subject != s.cfg.Names.ConfigSubject(k.entry):
 			what = "the config stream holds another entry's message at that sequence"
 		default:
-			s.epochChecked[k] = time.Now()
+			s.epochChecked[k] = s.clock.Mono()
 			continue
 		}
 		var ok bool
 		if k.entry == "" {
-			ok, err = s.cfg.Broker.ClearFence(ctx, prefix, k.queue, k.seq)
+			ok, err = s.broker.ClearFence(ctx, prefix, k.queue, k.seq)
 		} else {
-			ok, err = s.cfg.Broker.ClearHandover(ctx, prefix, k.queue, k.entry, k.seq)
+			ok, err = s.broker.ClearHandover(ctx, prefix, k.queue, k.entry, k.seq)
 		}
 		if err != nil {
 			s.countError()

@@ -188,7 +188,7 @@ func (e *env) startNode(id string, o nodeOpts) *node {
 		proj = o.projection(n.proj)
 	}
 	scfg := scheduler.Config{
-		Broker: n.store, Projection: proj, Members: n.members, Names: testNames,
+		Redis: n.rc, Projection: proj, Members: n.members, Names: testNames,
 		ReplicaID: id, Clock: o.clock, LateDelay: time.Second, Visibility: time.Second,
 		OutboxBytes: n.relay.BacklogBytes, OnFire: n.relay.Notify, Logger: log,
 	}

@@ -7,14 +7,15 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/projector"
 	"github.com/cronstream/cronstream/taskstate"
 )
 
-// Firer is what manual fires need of Redis; *taskstate.Store implements it.
-type Firer interface {
+// firer is what manual fires need of Redis; *taskstate.Store implements it.
+type firer interface {
 	FireBatch(ctx context.Context, fires []taskstate.Fire) ([]taskstate.FireResult, error)
 }
 
@@ -23,11 +24,15 @@ type Firer interface {
 // They need no running scheduler, only Redis and the streams, so the CLI
 // uses them directly.
 type Manual struct {
-	Firer  Firer
+	Redis  redis.UniversalClient // the asynq Redis
 	JS     jetstream.JetStream
 	Names  events.Names
 	Source string // who asks, for the events' source (e.g. "cronstream/cli")
 	Now    func() time.Time
+
+	// firer, when set (tests: fault injection), is used instead of a
+	// Store on Redis.
+	firer firer
 }
 
 // MaxBackfill bounds the ticks one backfill call considers.
@@ -41,6 +46,9 @@ func (m Manual) now() time.Time {
 	if m.Now != nil {
 		return m.Now()
 	}
+	// The CLI's local clock: Manual runs without a replica's corrected
+	// clock, and its instant never decides whether a tick is due (it
+	// stamps a trigger's task and events, and bounds a backfill's range).
 	return time.Now()
 }
 
@@ -149,7 +157,7 @@ func refusal(r taskstate.FireResult, seq uint64) string {
 }
 
 // Trigger enqueues one task of t's entry now. requestID makes it
-// idempotent: the same id fires once (for taskstate.DefaultTriggerTTL); the
+// idempotent: the same id fires once (for a day); the
 // task id and the event id are derived from it. It never moves the
 // watermark, so the schedule is unaffected. It returns the task id and
 // whether this call created it; a refused fire is an error wrapping
@@ -173,7 +181,7 @@ func (m Manual) Trigger(ctx context.Context, t Target, requestID string) (string
 		}
 		f := taskstate.Fire{
 			Prefix: prefix, Entry: e.ID, Queue: e.Options.QueueName(), Kind: taskstate.FireTrigger,
-			Tick: now, RequestID: requestID, Msg: TaskMessage(e, taskID, now),
+			Tick: now, RequestID: requestID, Msg: entryTaskMessage(e, taskID, now),
 			UniqueTTL: e.Options.Unique.D(), FiredRecord: rec, ConfigSeq: t.ConfigSeq,
 		}
 		if f.UniqueTTL > 0 {
@@ -277,7 +285,7 @@ func (m Manual) Backfill(ctx context.Context, t Target, from, to time.Time) (Bac
 		}
 		f := taskstate.Fire{
 			Prefix: prefix, Entry: e.ID, Queue: queue, Kind: taskstate.FireBackfill, Tick: tick,
-			Msg: TaskMessage(e, taskID, tick), FiredRecord: rec, ConfigSeq: t.ConfigSeq,
+			Msg: entryTaskMessage(e, taskID, tick), FiredRecord: rec, ConfigSeq: t.ConfigSeq,
 			UniqueTTL: e.Options.Unique.D(),
 		}
 		if f.UniqueTTL > 0 {
@@ -370,7 +378,11 @@ func (m Manual) firedTicks(ctx context.Context, entry string, from, to time.Time
 }
 
 func (m Manual) fire(ctx context.Context, fires []taskstate.Fire) ([]taskstate.FireResult, error) {
-	res, err := m.Firer.FireBatch(ctx, fires)
+	f := m.firer
+	if f == nil {
+		f = taskstate.New(m.Redis)
+	}
+	res, err := f.FireBatch(ctx, fires)
 	if err != nil {
 		return nil, err
 	}

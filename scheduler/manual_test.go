@@ -33,7 +33,7 @@ func TestTriggerAndBackfillIdempotent(t *testing.T) {
 	e := newEnv(t)
 	e.put(every("m", "*/2 * * * * *"))
 	now := time.Now()
-	m := scheduler.Manual{Firer: e.store, JS: e.js, Names: testNames, Source: "cronstream/test", Now: func() time.Time { return now }}
+	m := scheduler.Manual{Redis: e.rc, JS: e.js, Names: testNames, Source: "cronstream/test", Now: func() time.Time { return now }}
 	c := ctx(t, 30*time.Second)
 	st, err := m.Load(c, "m")
 	if err != nil {
@@ -134,7 +134,7 @@ func TestManualFireAfterConfigChange(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	e.put(every("m1", "@every 2s"), every("m2", "@every 2s"))
-	m := scheduler.Manual{Firer: e.store, JS: e.js, Names: testNames, Source: "cronstream/test"}
+	m := scheduler.Manual{Redis: e.rc, JS: e.js, Names: testNames, Source: "cronstream/test"}
 	c := ctx(t, 30*time.Second)
 	target, err := m.Load(c, "m1")
 	if err != nil {

@@ -220,7 +220,7 @@ func (d *Detector) Outcome(o scheduler.Outcome) {
 	switch {
 	case o.Err != nil:
 		d.failed(o, o.Err.Error())
-	case o.Status == taskstate.StatusWatermarkMismatch:
+	case o.Status == scheduler.StatusWatermarkMismatch:
 	case o.Status.Refused():
 		d.failed(o, "refused: "+o.Status.String())
 	default:

@@ -190,14 +190,14 @@ func TestOutcomeReadiness(t *testing.T) {
 
 	// Watermark mismatches are routine on non-primaries.
 	for range 10 {
-		d.Outcome(scheduler.Outcome{Entry: "e", Tick: base, Status: taskstate.StatusWatermarkMismatch})
+		d.Outcome(scheduler.Outcome{Entry: "e", Tick: base, Status: scheduler.StatusWatermarkMismatch})
 		elapse(time.Second)
 	}
 	if err := d.Ready(); err != nil {
 		t.Fatalf("not ready after watermark mismatches: %v", err)
 	}
 
-	d.Outcome(scheduler.Outcome{Entry: "e", Tick: base, Status: taskstate.StatusRevisionFenced})
+	d.Outcome(scheduler.Outcome{Entry: "e", Tick: base, Status: scheduler.StatusRevisionFenced})
 	if err := d.Ready(); err != nil {
 		t.Fatalf("not ready at the first refusal: %v", err)
 	}
@@ -213,7 +213,7 @@ func TestOutcomeReadiness(t *testing.T) {
 	}
 
 	// One success ends the streak and the entry's reason.
-	d.Outcome(scheduler.Outcome{Entry: "e", Tick: base.Add(time.Second), Status: taskstate.StatusFired})
+	d.Outcome(scheduler.Outcome{Entry: "e", Tick: base.Add(time.Second), Status: scheduler.StatusFired})
 	if err := d.Ready(); err != nil {
 		t.Errorf("not ready after a success: %v", err)
 	}
@@ -223,9 +223,9 @@ func TestOutcomeReadiness(t *testing.T) {
 
 	// A streak that stopped long ago (nothing left to fire) has ended.
 	elapse(time.Second)
-	d.Outcome(scheduler.Outcome{Entry: "f", Tick: base, Status: taskstate.StatusStale})
+	d.Outcome(scheduler.Outcome{Entry: "f", Tick: base, Status: scheduler.StatusStale})
 	elapse(2 * time.Second)
-	d.Outcome(scheduler.Outcome{Entry: "f", Tick: base, Status: taskstate.StatusStale})
+	d.Outcome(scheduler.Outcome{Entry: "f", Tick: base, Status: scheduler.StatusStale})
 	if d.Ready() == nil {
 		t.Fatal("ready while stale")
 	}
