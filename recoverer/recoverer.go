@@ -17,15 +17,12 @@ package recoverer
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math"
 	"math/rand/v2"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
@@ -476,7 +473,7 @@ func (r *Recoverer) decide(le taskstate.LeaseExpired, now time.Time) (taskstate.
 	}
 	// The id names the attempt that was lost, so the same loss always has
 	// the same event id however many recoverers decide it.
-	id := eventID("recover:", events.EncodeQueueToken(msg.Queue)+":"+msg.ID+":"+strconv.Itoa(int(msg.Retried))+":"+strconv.FormatInt(le.LeaseExpiry.Unix(), 10))
+	id := events.RecoveredEventID(msg.Queue, msg.ID, int(msg.Retried), le.LeaseExpiry)
 	ev, err := events.NewEventAt(id, now, typ, "cronstream/"+r.cfg.ReplicaID, msg.Queue, data)
 	if err != nil {
 		return taskstate.Decision{}, err
@@ -491,7 +488,7 @@ func (r *Recoverer) decide(le taskstate.LeaseExpired, now time.Time) (taskstate.
 
 // reclaimRecord builds the outbox record of one reclaimed aggregation set.
 func (r *Recoverer) reclaimRecord(set taskstate.StaleAggregationSet) (taskstate.Record, error) {
-	id := eventID("reclaim:", events.EncodeQueueToken(set.Queue)+":"+set.SetID)
+	id := events.ReclaimedEventID(set.Queue, set.SetID)
 	ev, err := events.NewEventAt(id, r.cfg.Now(), events.TypeAggregationReclaimed, "cronstream/"+r.cfg.ReplicaID, set.Queue, events.AggregationReclaimed{
 		Queue: set.Queue, Group: set.Group, Set: set.SetID, Tasks: len(set.TaskIDs), Replica: r.cfg.ReplicaID,
 	})
@@ -500,26 +497,6 @@ func (r *Recoverer) reclaimRecord(set taskstate.StaleAggregationSet) (taskstate.
 	}
 	b, err := ev.Marshal()
 	return taskstate.Record{ID: id, Data: b}, err
-}
-
-// maxReadableEventID bounds event ids built from names; events readers
-// accept ids up to 256 bytes.
-const maxReadableEventID = 200
-
-// eventID returns kind + key when that is short and plain printable ASCII,
-// else kind + the SHA-256 of key. Task ids and queue names are any string
-// in asynq, and the id is also the Nats-Msg-Id header, which cannot carry
-// control characters; either way the same loss gets the same id.
-func eventID(kind, key string) string {
-	ok := len(kind)+len(key) <= maxReadableEventID
-	for i := 0; ok && i < len(key); i++ {
-		ok = key[i] > ' ' && key[i] < 0x7f
-	}
-	if ok {
-		return kind + key
-	}
-	sum := sha256.Sum256([]byte(key))
-	return kind + hex.EncodeToString(sum[:])
 }
 
 func (r *Recoverer) count(q string, outcomes []taskstate.Outcome) int {

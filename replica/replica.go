@@ -452,7 +452,7 @@ func (r *Replica) start(ctx context.Context) error {
 	// consumer): lets a non-primary read the watermark instead of firing
 	// a tick its primary handled (a hint only: anyone allowed to publish
 	// there can send one). Those this replica relays come from OnPublished.
-	r.obsSub, err = nc.Subscribe(r.cfg.Names.Prefix()+".fire.>", func(m *nats.Msg) {
+	r.obsSub, err = nc.Subscribe(r.cfg.Names.FireFilter(), func(m *nats.Msg) {
 		// Not told to the stall detector: a fire heard here may be forged;
 		// the detector learns other replicas' fires from the watermarks.
 		sched.ObserveActivity(m.Subject, m.Header.Get(jetstream.MsgIDHeader))

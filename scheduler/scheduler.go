@@ -21,8 +21,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -1255,7 +1253,7 @@ func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (ta
 func (s *Scheduler) buildFire(r *entryRun, tick, now time.Time, seq uint64, fresh time.Time) (taskstate.Fire, error) {
 	prefix := s.cfg.Names.Prefix()
 	e := r.st.Entry
-	taskID := prefix + ":" + r.id + ":" + s.tickText(tick) // TaskID
+	taskID := events.TaskIDOfTickText(prefix, r.id, s.tickText(tick))
 	msg := fireMessages.Get().(*taskstate.TaskMessage)
 	fillTaskMessage(msg, e, taskID, tick)
 	fired := s.firedRecord(r, tick, taskID, now)
@@ -1284,7 +1282,7 @@ func (s *Scheduler) buildFire(r *entryRun, tick, now time.Time, seq uint64, fres
 // was 7% of a 100,000-fire burst's CPU profile).
 func (s *Scheduler) tickText(tick time.Time) string {
 	if !tick.Equal(s.lastTick) || s.lastTickText == "" {
-		s.lastTick, s.lastTickText = tick, tick.UTC().Format(time.RFC3339)
+		s.lastTick, s.lastTickText = tick, events.FormatTaskTick(tick)
 	}
 	return s.lastTickText
 }
@@ -1330,39 +1328,24 @@ var fireMessages = sync.Pool{New: func() any { return new(taskstate.TaskMessage)
 // has the same id (and the stream drops a republished one), and observers
 // can read entry and tick off the Nats-Msg-Id header without decoding.
 func firedEventID(entry string, tick time.Time) string {
-	return "fire:" + entry + ":" + strconv.FormatInt(tick.Unix(), 10)
+	return events.FiredEventID(entry, tick)
 }
 
 func skippedEventID(entry string, r tickRange) string {
 	if r.Count <= 1 {
-		return "skip:" + entry + ":" + strconv.FormatInt(r.Last.Unix(), 10)
+		return events.SkippedEventID(entry, r.Last)
 	}
-	return "skip:" + entry + ":" + strconv.FormatInt(r.First.Unix(), 10) + "-" + strconv.FormatInt(r.Last.Unix(), 10)
+	return events.SkippedRangeEventID(entry, r.First, r.Last)
 }
 
 // ParseActivityID reads entry and last tick from a fired or skipped event
 // id; ok is false for other ids (triggers, recoveries).
 func ParseActivityID(id string) (entry string, tick time.Time, ok bool) {
-	kind, rest, found := strings.Cut(id, ":")
-	if !found || (kind != "fire" && kind != "skip") {
-		return "", time.Time{}, false
+	f, ok := events.ParseEventID(id)
+	if !ok || (f.Kind != events.EventIDFired && f.Kind != events.EventIDSkipped) || f.IsTrigger() {
+		return "", time.Time{}, false // not a tick's record: a trigger's, a recovery's
 	}
-	i := strings.LastIndexByte(rest, ':')
-	if i <= 0 {
-		return "", time.Time{}, false
-	}
-	entry, ts := rest[:i], rest[i+1:]
-	if strings.IndexByte(entry, ':') >= 0 {
-		return "", time.Time{}, false // not an entry id: a trigger's record
-	}
-	if _, last, isRange := strings.Cut(ts, "-"); isRange {
-		ts = last
-	}
-	sec, err := strconv.ParseInt(ts, 10, 64)
-	if err != nil {
-		return "", time.Time{}, false
-	}
-	return entry, time.Unix(sec, 0).UTC(), true
+	return f.Entry, f.Last, true
 }
 
 func (s *Scheduler) source() string { return s.src }

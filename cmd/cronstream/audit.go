@@ -172,7 +172,7 @@ func runAudit(cmd *cobra.Command, g *globalFlags, f *auditFlags) error {
 		cfgSubjects = []string{s.names.ConfigSubject(f.entry)}
 		actSubjects = []string{s.names.FireSubject(f.entry)}
 	case f.queue != "":
-		actSubjects = []string{s.names.Prefix() + ".fire.>", s.names.RecoverySubject(f.queue)}
+		actSubjects = []string{s.names.FireFilter(), s.names.RecoverySubject(f.queue)}
 	}
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
