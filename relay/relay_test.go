@@ -187,13 +187,24 @@ func (e *env) newRelay(owner string, mod func(*relay.Config)) *relay.Relay {
 	if mod != nil {
 		mod(&cfg)
 	}
-	r := relay.New(cfg)
+	r, err := relay.New(cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
 	e.t.Cleanup(func() {
 		c, cancel := context.WithCancel(context.Background())
 		cancel()
 		_ = r.Stop(c)
 	})
 	return r
+}
+
+// start runs r.
+func start(t *testing.T, r *relay.Relay) {
+	t.Helper()
+	if err := r.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // kill stops r as a crash would: no flush, no lease release.
@@ -226,7 +237,7 @@ func TestRelayPublishesInOrder(t *testing.T) {
 		want = append(want, e.write("default", entry, 100)...)
 	}
 	r := e.newRelay("r1", nil)
-	r.Start()
+	start(t, r)
 	testenv.Eventually(t, 20*time.Second, func() bool { return e.outboxLen("default") == 0 }, "the outbox to drain")
 	checkExactlyOnce(t, e.stored(), want)
 	if got := r.Published(); got != uint64(len(want)) {
@@ -242,8 +253,8 @@ func TestRelayOneOwnerAtATime(t *testing.T) {
 	e := newEnv(t, 0)
 	r1 := e.newRelay("r1", nil)
 	r2 := e.newRelay("r2", nil)
-	r1.Start()
-	r2.Start()
+	start(t, r1)
+	start(t, r2)
 	var want []string
 	for i := range 20 {
 		want = append(want, e.write("default", fmt.Sprintf("e%d", i%4), 25)...)
@@ -265,7 +276,7 @@ func TestRelayTakeover(t *testing.T) {
 	ttl := time.Second
 	r1 := e.newRelay("r1", func(c *relay.Config) { c.LeaseTTL = ttl })
 	want := e.write("default", "a", 50)
-	r1.Start()
+	start(t, r1)
 	testenv.Eventually(t, 20*time.Second, func() bool { return e.outboxLen("default") == 0 }, "r1 to drain")
 	// r1 holds the lease from its last pass; it dies with records arriving.
 	more := e.write("default", "a", 10)
@@ -274,7 +285,7 @@ func TestRelayTakeover(t *testing.T) {
 	want = append(want, more...)
 	want = append(want, e.write("default", "b", 10)...)
 	r2 := e.newRelay("r2", func(c *relay.Config) { c.LeaseTTL = ttl })
-	r2.Start()
+	start(t, r2)
 	testenv.Eventually(t, 20*time.Second, func() bool { return e.outboxLen("default") == 0 }, "r2 to take over")
 	checkExactlyOnce(t, e.stored(), want)
 	if r2.Published() == 0 {
@@ -289,7 +300,7 @@ func TestRelayNATSDown(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 0)
 	r := e.newRelay("r1", func(c *relay.Config) { c.PublishTimeout = time.Second })
-	r.Start()
+	start(t, r)
 	want := e.write("default", "a", 20)
 	testenv.Eventually(t, 20*time.Second, func() bool { return e.outboxLen("default") == 0 }, "the first records to go out")
 	e.nats.Shutdown()
@@ -391,7 +402,7 @@ func TestRelayHold(t *testing.T) {
 		c.MaxHold = 1500 * time.Millisecond
 	})
 	want := e.write("default", "a", 10)
-	r.Start()
+	start(t, r)
 	begin := time.Now()
 	testenv.Eventually(t, 10*time.Second, func() bool { return e.outboxLen("default") == 0 }, "the relay to publish despite a Hold that never lets go")
 	if waited := time.Since(begin); waited < time.Second {
