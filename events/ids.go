@@ -260,14 +260,21 @@ func parseTickEventID(kind EventKind, rest string) (EventIDFields, bool) {
 	return f, true
 }
 
-// parseUnix accepts only what strconv.FormatInt writes, so each tick has
-// one id.
+// parseUnix accepts only what strconv.FormatInt writes (no sign but a
+// minus, no leading zeros, no "-0"), so each tick has one id. It does not
+// allocate: observers parse the id of every record relayed.
 func parseUnix(s string) (int64, bool) {
-	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || strconv.FormatInt(n, 10) != s {
+	digits := strings.TrimPrefix(s, "-")
+	if digits == "" || digits[0] == '0' && (len(digits) > 1 || len(s) > 1) {
 		return 0, false
 	}
-	return n, true
+	for i := 0; i < len(digits); i++ {
+		if digits[i] < '0' || digits[i] > '9' {
+			return 0, false
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	return n, err == nil
 }
 
 func parseRecoveredEventID(rest string) (EventIDFields, bool) {

@@ -212,3 +212,17 @@ func randAny(rng *rand.Rand) string {
 	}
 	return strings.Repeat("q", rng.IntN(210))
 }
+
+func TestParseTickIDsDoNotAllocate(t *testing.T) {
+	// The ids observers parse for every record relayed.
+	ids := []string{"fire:daily-report:1796025600", "skip:e:1796022000-1796025600", "skip:e:trigger:req-1", "fire:e:-5"}
+	if n := testing.AllocsPerRun(100, func() {
+		for _, id := range ids {
+			if _, ok := ParseEventID(id); !ok {
+				t.Fatal(id)
+			}
+		}
+	}); n != 0 {
+		t.Fatalf("%v allocations per run", n)
+	}
+}
