@@ -320,7 +320,7 @@ func TestSweepKeepsWhatItMustNot(t *testing.T) {
 type unusedProjection struct{}
 
 func (unusedProjection) Get(string) (projector.State, bool) { return projector.State{}, false }
-func (unusedProjection) CaughtUp() bool                      { return false }
+func (unusedProjection) CaughtUp() bool                     { return false }
 
 // TestLifecycle: New refuses a config without its dependencies; Start
 // returns at once, Stop ends the loop (goleak checks it), and Stop again or
