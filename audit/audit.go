@@ -127,7 +127,7 @@ func Open(ctx context.Context, js jetstream.JetStream, p Params) (*Reader, error
 		cfgSubjects = []string{names.ConfigSubject(p.Entry)}
 		actSubjects = []string{names.FireSubject(p.Entry)}
 	case p.Queue != "":
-		actSubjects = []string{names.Prefix() + ".fire.>", names.RecoverySubject(p.Queue)}
+		actSubjects = []string{names.FireFilter(), names.RecoverySubject(p.Queue)}
 	}
 	cfgSince := p.Since
 	if p.Queue != "" {

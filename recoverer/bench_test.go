@@ -55,10 +55,13 @@ func BenchmarkPass(b *testing.B) {
 				if err := rc.SlowLogReset(ctx).Err(); err != nil {
 					b.Fatal(err)
 				}
-				rec := recoverer.New(recoverer.Config{
+				rec, err := recoverer.New(recoverer.Config{
 					Store: taskstate.New(rc), Names: names, ReplicaID: "bench", Queues: []string{massrecovery.Queue},
 					Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 				})
+				if err != nil {
+					b.Fatal(err)
+				}
 				b.StartTimer()
 				start := time.Now()
 				res := rec.Pass(ctx)

@@ -69,8 +69,8 @@ func TestThreeRecoverersTenThousandTasks(t *testing.T) {
 		}, nil))
 	}
 	for _, r := range recs {
-		r.Start()
-		t.Cleanup(r.Stop)
+		_ = r.Start(context.Background())
+		t.Cleanup(func() { _ = r.Stop(context.Background()) })
 	}
 	testenv.Eventually(t, 60*time.Second, func() bool {
 		for q := range queues {
@@ -81,7 +81,7 @@ func TestThreeRecoverersTenThousandTasks(t *testing.T) {
 		return true
 	}, "every expired task recovered")
 	for _, r := range recs {
-		r.Stop()
+		_ = r.Stop(context.Background())
 	}
 
 	// Redis: each task moved once.

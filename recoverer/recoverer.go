@@ -16,16 +16,14 @@
 package recoverer
 
 import (
+	"cmp"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math"
 	"math/rand/v2"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
@@ -126,6 +124,7 @@ type Recoverer struct {
 	stop     chan struct{}
 	stopOnce sync.Once
 	done     chan struct{}
+	cancel   context.CancelFunc // ends the loop's context; set by Start
 }
 
 // QueueStats are one queue's recovery counters.
@@ -141,25 +140,22 @@ type PassResult struct {
 	Err     error
 }
 
-// New returns a recoverer; Start runs it.
-func New(cfg Config) *Recoverer {
-	if cfg.Interval <= 0 {
-		cfg.Interval = DefaultInterval
+// New validates cfg and returns a recoverer; Start runs it.
+func New(cfg Config) (*Recoverer, error) {
+	if cfg.Store == nil {
+		return nil, errors.New("recoverer: Config.Store is required")
 	}
-	if cfg.Grace <= 0 {
-		cfg.Grace = DefaultGrace
-	}
-	if cfg.Batch <= 0 {
-		cfg.Batch = DefaultBatch
-	}
+	// A negative value is taken as unset too, as it always was.
+	cfg.Interval = cmp.Or(max(cfg.Interval, 0), DefaultInterval)
+	cfg.Grace = cmp.Or(max(cfg.Grace, 0), DefaultGrace)
+	cfg.Batch = cmp.Or(max(cfg.Batch, 0), DefaultBatch)
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
+	// Functions are not comparable, so cmp.Or cannot default them.
 	if cfg.RetryDelay == nil {
 		cfg.RetryDelay = DefaultRetryDelay
 	}
 	if cfg.IsFailure == nil {
 		cfg.IsFailure = DefaultIsFailure
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -174,7 +170,7 @@ func New(cfg Config) *Recoverer {
 	slices.Sort(cfg.Queues)
 	return &Recoverer{cfg: cfg, log: cfg.Logger, m: m,
 		stats: map[string]*QueueStats{}, reported: map[string]bool{}, registered: map[string]bool{},
-		stop: make(chan struct{}), done: make(chan struct{})}
+		stop: make(chan struct{}), done: make(chan struct{})}, nil
 }
 
 // Passes returns a channel that receives the result of every pass from now
@@ -188,32 +184,47 @@ func (r *Recoverer) Passes() <-chan PassResult {
 	return r.passes
 }
 
-// Start runs a pass now and then every interval until Stop. Calling it
-// again, or after Stop, does nothing more.
-func (r *Recoverer) Start() {
+// Start runs a pass now and then every interval until Stop, and returns
+// at once. The passes run on a context of their own (ctx's values, not its
+// end), which Stop cancels. Calling it again, or after Stop, does nothing
+// more.
+func (r *Recoverer) Start(ctx context.Context) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.started {
-		return
+		return nil
 	}
 	r.started = true
-	go r.loop()
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	r.cancel = cancel
+	go r.loop(runCtx)
+	return nil
 }
 
-// Stop waits for the pass in flight to finish its current batch and stops.
-// It may be called more than once, and without Start.
-func (r *Recoverer) Stop() {
+// Stop lets the pass in flight finish its current batch, no longer than
+// ctx allows (then the batch is cancelled and ctx's error returned), and
+// stops. It may be called more than once, and without Start.
+func (r *Recoverer) Stop(ctx context.Context) error {
 	r.stopOnce.Do(func() { close(r.stop) })
 	r.mu.Lock()
-	started := r.started
+	started, cancel := r.started, r.cancel
 	r.started = true // a Start after Stop must not run a loop nobody waits for
 	r.mu.Unlock()
-	if started {
+	if !started || cancel == nil {
+		return nil
+	}
+	defer cancel()
+	select {
+	case <-r.done:
+		return nil
+	case <-ctx.Done():
+		cancel()
 		<-r.done
+		return fmt.Errorf("recoverer: stop: batch cancelled: %w", ctx.Err())
 	}
 }
 
-func (r *Recoverer) loop() {
+func (r *Recoverer) loop(ctx context.Context) {
 	defer close(r.done)
 	t := time.NewTimer(0)
 	defer t.Stop()
@@ -223,7 +234,7 @@ func (r *Recoverer) loop() {
 			return
 		case <-t.C:
 		}
-		res := r.Pass(context.Background())
+		res := r.Pass(ctx)
 		r.mu.Lock()
 		if r.passes != nil {
 			select {
@@ -476,7 +487,7 @@ func (r *Recoverer) decide(le taskstate.LeaseExpired, now time.Time) (taskstate.
 	}
 	// The id names the attempt that was lost, so the same loss always has
 	// the same event id however many recoverers decide it.
-	id := eventID("recover:", events.EncodeQueueToken(msg.Queue)+":"+msg.ID+":"+strconv.Itoa(int(msg.Retried))+":"+strconv.FormatInt(le.LeaseExpiry.Unix(), 10))
+	id := events.RecoveredEventID(msg.Queue, msg.ID, int(msg.Retried), le.LeaseExpiry)
 	ev, err := events.NewEventAt(id, now, typ, "cronstream/"+r.cfg.ReplicaID, msg.Queue, data)
 	if err != nil {
 		return taskstate.Decision{}, err
@@ -491,7 +502,7 @@ func (r *Recoverer) decide(le taskstate.LeaseExpired, now time.Time) (taskstate.
 
 // reclaimRecord builds the outbox record of one reclaimed aggregation set.
 func (r *Recoverer) reclaimRecord(set taskstate.StaleAggregationSet) (taskstate.Record, error) {
-	id := eventID("reclaim:", events.EncodeQueueToken(set.Queue)+":"+set.SetID)
+	id := events.ReclaimedEventID(set.Queue, set.SetID)
 	ev, err := events.NewEventAt(id, r.cfg.Now(), events.TypeAggregationReclaimed, "cronstream/"+r.cfg.ReplicaID, set.Queue, events.AggregationReclaimed{
 		Queue: set.Queue, Group: set.Group, Set: set.SetID, Tasks: len(set.TaskIDs), Replica: r.cfg.ReplicaID,
 	})
@@ -500,26 +511,6 @@ func (r *Recoverer) reclaimRecord(set taskstate.StaleAggregationSet) (taskstate.
 	}
 	b, err := ev.Marshal()
 	return taskstate.Record{ID: id, Data: b}, err
-}
-
-// maxReadableEventID bounds event ids built from names; events readers
-// accept ids up to 256 bytes.
-const maxReadableEventID = 200
-
-// eventID returns kind + key when that is short and plain printable ASCII,
-// else kind + the SHA-256 of key. Task ids and queue names are any string
-// in asynq, and the id is also the Nats-Msg-Id header, which cannot carry
-// control characters; either way the same loss gets the same id.
-func eventID(kind, key string) string {
-	ok := len(kind)+len(key) <= maxReadableEventID
-	for i := 0; ok && i < len(key); i++ {
-		ok = key[i] > ' ' && key[i] < 0x7f
-	}
-	if ok {
-		return kind + key
-	}
-	sum := sha256.Sum256([]byte(key))
-	return kind + hex.EncodeToString(sum[:])
 }
 
 func (r *Recoverer) count(q string, outcomes []taskstate.Outcome) int {

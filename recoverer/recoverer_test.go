@@ -459,8 +459,8 @@ func TestNewQueuePickedUp(t *testing.T) {
 	seedActive(t, rc, "first", []string{"f1"}, time.Now().Add(-time.Minute), nil)
 	rec := newRecoverer(t, recoverer.Config{Store: taskstate.New(rc), Interval: 50 * time.Millisecond}, nil)
 	passes := rec.Passes()
-	rec.Start()
-	t.Cleanup(rec.Stop)
+	_ = rec.Start(context.Background())
+	t.Cleanup(func() { _ = rec.Stop(context.Background()) })
 	select {
 	case res := <-passes:
 		if res.Err != nil || res.Moved != 1 {

@@ -227,5 +227,5 @@ func (s *Schedule) Prev(t, floor time.Time) time.Time {
 // TaskID is the asynq task id of an entry's tick: readable in asynq's UI and
 // the same on every replica, so a tick can only ever be one task.
 func TaskID(prefix, entryID string, tick time.Time) string {
-	return prefix + ":" + entryID + ":" + tick.UTC().Format(time.RFC3339)
+	return events.TaskID(prefix, entryID, tick)
 }

@@ -171,8 +171,8 @@ func (m Manual) Trigger(ctx context.Context, t Target, requestID string) (string
 	id := t.Entry.ID
 	build := func(t Target, _ int) (taskstate.Fire, error) {
 		e := t.Entry
-		taskID := prefix + ":" + e.ID + ":trigger:" + requestID
-		rec, err := m.record("trigger:"+e.ID+":"+requestID, events.TypeEntryFired, e.ID, now, events.Fired{
+		taskID := events.TriggerTaskID(prefix, e.ID, requestID)
+		rec, err := m.record(events.TriggerFiredEventID(e.ID, requestID), events.TypeEntryFired, e.ID, now, events.Fired{
 			Entry: e.ID, ScheduledAt: now.UTC().Truncate(time.Second), EnqueuedAt: now.UTC(), TaskID: taskID,
 			Queue: e.Options.QueueName(), Revision: t.Revision, Replica: m.source(), Trigger: requestID,
 		})
@@ -185,7 +185,7 @@ func (m Manual) Trigger(ctx context.Context, t Target, requestID string) (string
 			UniqueTTL: e.Options.Unique.D(), FiredRecord: rec, ConfigSeq: t.ConfigSeq,
 		}
 		if f.UniqueTTL > 0 {
-			if f.DuplicateRecord, err = m.record("skip:"+e.ID+":trigger:"+requestID, events.TypeEntrySkipped, e.ID, now,
+			if f.DuplicateRecord, err = m.record(events.TriggerSkippedEventID(e.ID, requestID), events.TypeEntrySkipped, e.ID, now,
 				events.Skipped{Entry: e.ID, ScheduledAt: now.UTC().Truncate(time.Second), Reason: events.SkipUnique, Revision: t.Revision, Replica: m.source()}); err != nil {
 				return taskstate.Fire{}, err
 			}

@@ -16,7 +16,10 @@ import (
 // flush publishes every outbox record with a one-off relay.
 func (e *env) flush() {
 	e.t.Helper()
-	r := relay.New(relay.Config{Outbox: e.store, JS: e.js, Names: testNames, Owner: "flush", Logger: testLogger(e.t)})
+	r, err := relay.New(relay.Config{Outbox: e.store, JS: e.js, Names: testNames, Owner: "flush", Logger: testLogger(e.t)})
+	if err != nil {
+		e.t.Fatal(err)
+	}
 	if err := r.Flush(ctx(e.t, 20*time.Second)); err != nil {
 		e.t.Fatal(err)
 	}

@@ -83,7 +83,7 @@ func (s *Scheduler) planSkip(r *entryRun, skipped tickRange, now time.Time, seq 
 func (s *Scheduler) buildFire(r *entryRun, tick, now time.Time, seq uint64, fresh time.Time) (taskstate.Fire, error) {
 	prefix := s.cfg.Names.Prefix()
 	e := r.st.Entry
-	taskID := prefix + ":" + r.id + ":" + s.tickText(tick) // TaskID
+	taskID := events.TaskIDOfTickText(prefix, r.id, s.tickText(tick))
 	msg := fireMessages.Get().(*taskstate.TaskMessage)
 	fillTaskMessage(msg, e, taskID, tick)
 	fired := s.firedRecord(r, tick, taskID, now)
@@ -112,7 +112,7 @@ func (s *Scheduler) buildFire(r *entryRun, tick, now time.Time, seq uint64, fres
 // burst shows in the burst's CPU profile.
 func (s *Scheduler) tickText(tick time.Time) string {
 	if !tick.Equal(s.lastTick) || s.lastTickText == "" {
-		s.lastTick, s.lastTickText = tick, tick.UTC().Format(time.RFC3339)
+		s.lastTick, s.lastTickText = tick, events.FormatTaskTick(tick)
 	}
 	return s.lastTickText
 }

@@ -284,7 +284,7 @@ func (s *Scheduler) Start(ctx context.Context) error {
 		return fmt.Errorf("scheduler: wait for the projection: %w", err)
 	}
 	sub := s.cfg.Projection.Subscribe()
-	lctx, cancel := context.WithCancel(context.Background())
+	lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	s.cancel = cancel
 	changes := make(chan []projector.Change)
 	s.wg.Add(4)
@@ -321,14 +321,16 @@ func (s *Scheduler) Start(ctx context.Context) error {
 	return nil
 }
 
-// Stop stops the loop and waits for it. A batch in flight is cancelled:
-// its outcome is unknown, which is safe (every fire is one atomic,
-// idempotent step; whichever replica fires next sees the watermark).
-func (s *Scheduler) Stop() {
+// Stop stops the loop and waits for it; there is nothing to drain, so ctx
+// is not waited on. A batch in flight is cancelled: its outcome is
+// unknown, which is safe (every fire is one atomic, idempotent step;
+// whichever replica fires next sees the watermark).
+func (s *Scheduler) Stop(context.Context) error {
 	if s.cancel != nil {
 		s.cancel()
 	}
 	s.wg.Wait()
+	return nil
 }
 
 // Busy reports whether the scheduler is firing a burst (more due fires

@@ -19,6 +19,7 @@
 package stall
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
@@ -220,7 +221,7 @@ func sortLate(l []Late) {
 // watermarks in Redis (`cronstream status` runs it). A queue whose
 // watermarks cannot be read is left out and reported in the error.
 func Check(ctx context.Context, wm Watermarks, names events.Names, entries []projector.State, now time.Time, lateAfter time.Duration) ([]Late, error) {
-	lateAfter = cmpOr(lateAfter, DefaultLateAfter)
+	lateAfter = cmp.Or(max(lateAfter, 0), DefaultLateAfter)
 	tracks := make([]*track, 0, len(entries))
 	for _, st := range entries {
 		t := newTrack(st)
@@ -246,11 +247,4 @@ func Check(ctx context.Context, wm Watermarks, names events.Names, entries []pro
 	}
 	sortLate(out)
 	return out, err
-}
-
-func cmpOr(d, def time.Duration) time.Duration {
-	if d > 0 {
-		return d
-	}
-	return def
 }

@@ -179,9 +179,14 @@ func TestTrackSetKeepsHandled(t *testing.T) {
 	}
 }
 
+// unusedProjection is the projection of a detector that is never started.
+type unusedProjection struct{}
+
+func (unusedProjection) Subscribe() *projector.Subscription { panic("not started: nothing subscribes") }
+
 func TestOutcomeReadiness(t *testing.T) {
 	// Never started: only Outcome and Ready are exercised.
-	d, err := New(Config{Watermarks: taskstate.New(nil), Projection: projector.New(nil, events.MustNames("stalltest")), LateAfter: time.Second})
+	d, err := New(Config{Watermarks: taskstate.New(nil), Projection: unusedProjection{}, LateAfter: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

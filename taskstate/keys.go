@@ -5,6 +5,8 @@ import (
 	"encoding/hex"
 	"strings"
 	"time"
+
+	"github.com/cronstream/cronstream/events"
 )
 
 // This file is the one place where Redis key names are built. asynq's names
@@ -139,8 +141,9 @@ func (k QueueKeys) Unique(taskType string, payload []byte) string {
 	return k.prefix + "unique:" + taskType + ":" + hex.EncodeToString(sum[:])
 }
 
-// DefaultPrefix is cronstream's default tenant prefix.
-const DefaultPrefix = "cronstream"
+// DefaultPrefix is cronstream's default tenant prefix: the subject
+// prefix's default, so keys and subjects of one tenant share it.
+const DefaultPrefix = events.DefaultPrefix
 
 // OwnKeys builds cronstream's own keys in one queue's slot. The layout is
 // "cronstream:{<queue>}:<prefix>:<kind>…": the fixed head keeps the hash tag

@@ -209,7 +209,7 @@ func describeActivity(ctx context.Context, s *session, e events.Entry, since tim
 // moment and keeps those of the entry's tasks (task ids
 // <prefix>:<entry>:…).
 func describeRecoveries(ctx context.Context, s *session, id string, queues []string, since time.Time, v *describeView) error {
-	own := s.names.Prefix() + ":" + id + ":"
+	own := events.TaskIDPrefix(s.names.Prefix(), id)
 	for _, q := range queues {
 		err := readSubject(ctx, s, s.names.ActivityStream(), s.names.RecoverySubject(q), since, func(at time.Time, data []byte) {
 			ev, err := events.DecodeEvent(data)

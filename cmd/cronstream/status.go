@@ -235,15 +235,18 @@ func collectStatus(ctx context.Context, g *globalFlags, conn *connFlags, s *sess
 	// what a replica sees (quarantine included).
 	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	proj := projector.New(s.js, s.names, projector.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
-	if err := proj.Start(pctx); err != nil {
+	proj, err := projector.New(projector.Config{JS: s.js, Names: s.names, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err == nil {
+		err = proj.Start(pctx)
+	}
+	if err != nil {
 		fail("entries", err)
 	} else {
 		if err := proj.WaitCaughtUp(pctx); err != nil {
 			fail("entries", fmt.Errorf("projection did not catch up: %w", err))
 		}
 		entries, bad := proj.Entries(), proj.Quarantined()
-		proj.Stop()
+		_ = proj.Stop(pctx) // nothing to drain: never fails
 		states = entries
 		var fires []nextFireView
 		beyond := 0

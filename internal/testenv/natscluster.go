@@ -152,6 +152,26 @@ func (c *NATSCluster) RestartNode(t testing.TB, i int) {
 	}, "node %s caught up with its stream leaders (last: %s)", n.name, lazyString(func() string { return problem }))
 }
 
+// RestartAll stops every node (a full cluster restart, as after a power
+// loss: memory-stored streams lose their messages) and starts them all
+// again on the same ports and stores, then waits for a meta leader that
+// sees every node and for each node's health check.
+func (c *NATSCluster) RestartAll(t testing.TB) {
+	t.Helper()
+	for _, n := range c.Nodes {
+		n.Shutdown()
+	}
+	for _, n := range c.Nodes {
+		if err := n.boot(); err != nil {
+			t.Fatalf("testenv: restart nats node %s: %v", n.name, err)
+		}
+	}
+	c.WaitMetaLeader(t)
+	for _, n := range c.Nodes {
+		n.waitHealthy(t)
+	}
+}
+
 // catchUpProblem returns why node i's streams are behind their leaders, or ""
 // when every stream it holds has its leader's last sequence.
 func (c *NATSCluster) catchUpProblem(i int) string {
