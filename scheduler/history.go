@@ -410,7 +410,7 @@ func (s *Scheduler) restore(ctx context.Context, r *entryRun) bool {
 	// At the entry's revision: it never overrides a handover to another
 	// queue at a later revision, and passes this configuration's own
 	// handover marker (an entry with more than its registration has one).
-	if err := s.cfg.Broker.SeedWatermark(ctx, s.cfg.Names.Prefix(), r.queue, r.id, tick, task, r.st.Revision); err != nil {
+	if err := s.cfg.Broker.SeedWatermark(ctx, s.cfg.Names.Prefix(), r.queue, r.id, tick, task, r.st.Revision, s.revisionID(r)); err != nil {
 		s.log.Warn("restore the entry's watermark", "entry", r.id, "queue", r.queue, "tick", tick, "from", from, "err", err)
 		return false
 	}

@@ -36,10 +36,11 @@ import (
 type Broker interface {
 	FireBatch(ctx context.Context, fires []taskstate.Fire) ([]taskstate.FireResult, error)
 	Watermarks(ctx context.Context, prefix, queue string, entries []string) ([]taskstate.WatermarkInfo, error)
-	CloseForHandover(ctx context.Context, prefix, oldQueue, entry string, revision uint64) (time.Time, string, bool, error)
-	SeedWatermark(ctx context.Context, prefix, newQueue, entry string, tick time.Time, taskID string, revision uint64) error
+	CloseForHandover(ctx context.Context, prefix, oldQueue, entry string, revision uint64, configID string) (time.Time, string, bool, error)
+	SeedWatermark(ctx context.Context, prefix, newQueue, entry string, tick time.Time, taskID string, revision uint64, configID string) error
 	ClearFence(ctx context.Context, prefix, queue string, seq uint64) (bool, error)
 	ClearHandover(ctx context.Context, prefix, queue, entry string, revision uint64) (bool, error)
+	HandoverID(ctx context.Context, prefix, queue, entry string, revision uint64) (string, error)
 	WriteSchedulerEntries(ctx context.Context, schedulerID string, entries []taskstate.SchedulerEntry, ttl time.Duration) error
 	RecordSchedulerEnqueueEvents(ctx context.Context, events []taskstate.EnqueueEventRecord) error
 }
@@ -845,7 +846,7 @@ func (s *Scheduler) handover(ctx context.Context, r *entryRun, from []string) (b
 		if q == r.queue {
 			continue
 		}
-		tick, task, ok, err := s.cfg.Broker.CloseForHandover(ctx, prefix, q, r.id, r.st.Revision)
+		tick, task, ok, err := s.cfg.Broker.CloseForHandover(ctx, prefix, q, r.id, r.st.Revision, s.revisionID(r))
 		if err != nil {
 			s.countError()
 			s.log.Warn("close entry in its old queue", "entry", r.id, "queue", q, "err", err)
@@ -856,7 +857,7 @@ func (s *Scheduler) handover(ctx context.Context, r *entryRun, from []string) (b
 			best, bestTask, found = tick, task, true
 		}
 	}
-	if err := s.cfg.Broker.SeedWatermark(ctx, prefix, r.queue, r.id, best, bestTask, r.st.Revision); err != nil {
+	if err := s.cfg.Broker.SeedWatermark(ctx, prefix, r.queue, r.id, best, bestTask, r.st.Revision, s.revisionID(r)); err != nil {
 		if !errors.Is(err, taskstate.ErrHandoverSuperseded) {
 			s.countError()
 			s.log.Warn("seed entry in its new queue", "entry", r.id, "queue", r.queue, "err", err)

@@ -1286,21 +1286,36 @@ local fence = redis.call('GET', KEYS[3])
 if not fence or tonumber(fence) < tonumber(ARGV[1]) then redis.call('SET', KEYS[3], ARGV[1]) end
 `
 
-// closeForHandoverScript: KEYS 1 marker, 2 watermark, 3 fence; ARGV 1
-// revision. Returns {watermark or "", marker}.
-var closeForHandoverScript = redis.NewScript(raiseFenceLua + `
+// markerIDLua stores "<revision>:<id>" in KEYS[4] when the marker in
+// KEYS[1] is now `marker` at revision ARGV[1] and the caller knows the id of
+// the config message there (ARGV[idarg], "" = unknown): the marker keeps
+// its earlier builds' format, the id sits beside it (OwnKeys.HandoverID).
+const markerIDLua = `
+local function store_id(marker, id)
+  if id ~= '' and redis.call('GET', KEYS[1]) == marker then
+    redis.call('SET', KEYS[4], ARGV[1] .. ':' .. id)
+  end
+end
+`
+
+// closeForHandoverScript: KEYS 1 marker, 2 watermark, 3 fence, 4 marker id;
+// ARGV 1 revision, 2 id of the config message at revision ("" = unknown).
+// Returns {watermark or "", marker}.
+var closeForHandoverScript = redis.NewScript(raiseFenceLua + markerIDLua + `
 local marker = redis.call('GET', KEYS[1])
 if not marker or tonumber(string.match(marker, '^(%d+)')) < tonumber(ARGV[1]) then
   marker = ARGV[1] .. ' out'
   redis.call('SET', KEYS[1], marker)
 end
+store_id(ARGV[1] .. ' out', ARGV[2])
 return {redis.call('GET', KEYS[2]) or '', marker}
 `)
 
-// seedWatermarkScript: KEYS 1 marker, 2 watermark, 3 fence; ARGV 1
-// revision, 2 watermark ms ("" = none), 3 its task id. Returns {1 seeded | 0
+// seedWatermarkScript: KEYS 1 marker, 2 watermark, 3 fence, 4 marker id;
+// ARGV 1 revision, 2 watermark ms ("" = none), 3 its task id, 4 id of the
+// config message at revision ("" = unknown). Returns {1 seeded | 0
 // superseded, marker}.
-var seedWatermarkScript = redis.NewScript(`
+var seedWatermarkScript = redis.NewScript(markerIDLua + `
 local marker = redis.call('GET', KEYS[1])
 if marker then
   local rev = tonumber(string.match(marker, '^(%d+)'))
@@ -1311,6 +1326,7 @@ if marker then
 end
 marker = ARGV[1] .. ' in'
 redis.call('SET', KEYS[1], marker)
+store_id(marker, ARGV[4])
 ` + raiseFenceLua + `
 if ARGV[2] ~= '' then
   local cur = redis.call('GET', KEYS[2])
@@ -1323,16 +1339,18 @@ return {1, marker}
 
 // CloseForHandover closes entry in oldQueue's slot at config revision: fires
 // there refuse with StatusMoved from now on, and the slot's revision fence is
-// raised to revision. It returns the slot's watermark
+// raised to revision. configID is the id of the config message at revision
+// (events.ConfigMessageID, "" = unknown), stored beside the marker
+// (HandoverID). It returns the slot's watermark
 // (ok false when the entry never fired there), to be passed to SeedWatermark.
 // It is idempotent, and a close for a revision older than the slot's marker
 // changes nothing.
-func (s *Store) CloseForHandover(ctx context.Context, prefix, oldQueue, entry string, revision uint64) (tick time.Time, taskID string, ok bool, err error) {
+func (s *Store) CloseForHandover(ctx context.Context, prefix, oldQueue, entry string, revision uint64, configID string) (tick time.Time, taskID string, ok bool, err error) {
 	if entry == "" || oldQueue == "" {
 		return time.Time{}, "", false, fmt.Errorf("close entry %q in queue %q for handover: %w: empty entry or queue", entry, oldQueue, ErrInvalidFire)
 	}
 	own := Own(prefix, oldQueue)
-	reply, err := closeForHandoverScript.Run(ctx, s.client, []string{own.Handover(entry), own.Watermark(entry), own.Fence()}, revision).Slice()
+	reply, err := closeForHandoverScript.Run(ctx, s.client, []string{own.Handover(entry), own.Watermark(entry), own.Fence(), own.HandoverID(entry)}, revision, configID).Slice()
 	if err != nil {
 		return time.Time{}, "", false, fmt.Errorf("close entry %q in queue %q for handover at revision %d: %w", entry, oldQueue, revision, err)
 	}
@@ -1354,11 +1372,13 @@ func (s *Store) CloseForHandover(ctx context.Context, prefix, oldQueue, entry st
 // slot (the entry never fired in its old queue). It clears a "moved out"
 // marker of an older revision, so an entry moved A→B→A fires in A again. It
 // returns ErrHandoverSuperseded when the slot was closed at this or a later
-// revision. It is idempotent.
+// revision. It is idempotent. configID is the id of the config message at
+// revision (events.ConfigMessageID, "" = unknown), stored beside the marker
+// (HandoverID).
 //
 // It also serves to restore a lost watermark from the last fired event in the
-// stream (revision 0 then, so it never overrides a handover).
-func (s *Store) SeedWatermark(ctx context.Context, prefix, newQueue, entry string, tick time.Time, taskID string, revision uint64) error {
+// stream (at the entry's revision, so it never overrides a later handover).
+func (s *Store) SeedWatermark(ctx context.Context, prefix, newQueue, entry string, tick time.Time, taskID string, revision uint64, configID string) error {
 	if entry == "" || newQueue == "" {
 		return fmt.Errorf("seed watermark of entry %q in queue %q: %w: empty entry or queue", entry, newQueue, ErrInvalidFire)
 	}
@@ -1367,7 +1387,7 @@ func (s *Store) SeedWatermark(ctx context.Context, prefix, newQueue, entry strin
 	if !tick.IsZero() {
 		ms = strconv.FormatInt(tick.UnixMilli(), 10)
 	}
-	reply, err := seedWatermarkScript.Run(ctx, s.client, []string{own.Handover(entry), own.Watermark(entry), own.Fence()}, revision, ms, taskID).Slice()
+	reply, err := seedWatermarkScript.Run(ctx, s.client, []string{own.Handover(entry), own.Watermark(entry), own.Fence(), own.HandoverID(entry)}, revision, ms, taskID, configID).Slice()
 	if err != nil {
 		return fmt.Errorf("seed watermark of entry %q in queue %q at revision %d: %w", entry, newQueue, revision, err)
 	}
@@ -1381,19 +1401,21 @@ func (s *Store) SeedWatermark(ctx context.Context, prefix, newQueue, entry strin
 // Stream epochs (docs/design.md INV-revision-fence). The revision fence and
 // the handover markers hold config stream sequences. When the config stream
 // is deleted and recreated, or restored from an older snapshot, they may name
-// sequences the stream no longer has; a replica that finds so (scheduler)
-// clears them with ClearFence and ClearHandover. Both compare first: they
-// clear only the value the replica checked, so two replicas clearing at once
-// do not fight, and a fence another replica raised meanwhile (from the new
-// stream) stays.
+// sequences the stream no longer has, or that hold another message (the ids
+// stored beside them, FenceID and HandoverID, tell); a replica that finds so
+// (scheduler) clears them with ClearFence and ClearHandover. Both compare
+// first: they clear only the value the replica checked, so two replicas
+// clearing at once do not fight, and a fence another replica raised
+// meanwhile (from the new stream) stays.
 
-// clearSeqScript: KEYS 1 fence or marker; ARGV 1 sequence. Deletes the key
-// when the sequence it starts with ("<seq>" or "<seq> <in|out>") is ARGV[1].
+// clearSeqScript: KEYS 1 fence or marker, 2 (optional) the id stored beside
+// it; ARGV 1 sequence. Deletes the key, and the id beside it, when the
+// sequence it starts with ("<seq>" or "<seq> <in|out>") is ARGV[1].
 // Returns 1 when it deleted, else 0.
 var clearSeqScript = redis.NewScript(`
 local v = redis.call('GET', KEYS[1])
 if v and string.match(v, '^(%d+)') == ARGV[1] then
-  redis.call('DEL', KEYS[1])
+  redis.call('DEL', unpack(KEYS))
   return 1
 end
 return 0
@@ -1409,12 +1431,33 @@ func (s *Store) ClearFence(ctx context.Context, prefix, queue string, seq uint64
 	return n == 1, nil
 }
 
-// ClearHandover deletes entry's handover marker in queue's slot if it still
-// records revision, and reports whether it did: the slot is open again.
+// ClearHandover deletes entry's handover marker in queue's slot, with the id
+// stored beside it, if it still records revision, and reports whether it
+// did: the slot is open again.
 func (s *Store) ClearHandover(ctx context.Context, prefix, queue, entry string, revision uint64) (bool, error) {
-	n, err := clearSeqScript.Run(ctx, s.client, []string{Own(prefix, queue).Handover(entry)}, strconv.FormatUint(revision, 10)).Int()
+	own := Own(prefix, queue)
+	n, err := clearSeqScript.Run(ctx, s.client, []string{own.Handover(entry), own.HandoverID(entry)}, strconv.FormatUint(revision, 10)).Int()
 	if err != nil {
 		return false, fmt.Errorf("clear handover marker %d of entry %q in queue %q: %w", revision, entry, queue, err)
 	}
 	return n == 1, nil
+}
+
+// HandoverID returns the id of the config message (events.ConfigMessageID)
+// stored beside entry's handover marker in queue's slot for revision, or ""
+// when none is known: the marker was written by an earlier build or without
+// an id, or the id stored is of another revision.
+func (s *Store) HandoverID(ctx context.Context, prefix, queue, entry string, revision uint64) (string, error) {
+	v, err := s.client.Get(ctx, Own(prefix, queue).HandoverID(entry)).Result()
+	if errors.Is(err, redis.Nil) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("read the config message id of entry %q's handover marker in queue %q: %w", entry, queue, err)
+	}
+	seq, id, ok := strings.Cut(v, ":")
+	if !ok || seq != strconv.FormatUint(revision, 10) {
+		return "", nil
+	}
+	return id, nil
 }

@@ -696,7 +696,7 @@ func TestFireFenceID(t *testing.T) {
 	if v := rc.Get(ctx, own.FenceID()).Val(); v != "2:eeeeeeeeeeee" {
 		t.Fatalf("fence id after a new epoch %q", v)
 	}
-	if _, _, _, err := s.CloseForHandover(ctx, testPrefix, "default", "m", 7); err != nil {
+	if _, _, _, err := s.CloseForHandover(ctx, testPrefix, "default", "m", 7, ""); err != nil {
 		t.Fatal(err)
 	}
 	if ok, err := s.ClearHandover(ctx, testPrefix, "default", "m", 6); err != nil || ok {
@@ -706,6 +706,70 @@ func TestFireFenceID(t *testing.T) {
 		t.Fatalf("clear marker: %v %v", ok, err)
 	}
 	fire("m", 7, "", StatusFired)
+}
+
+// TestHandoverMarkerID: each handover marker stores the id of the config
+// message at its revision beside it, in a key of its own, so the marker
+// keeps the format earlier builds read; a marker an earlier build wrote (or
+// raised past the stored id) has no known id; ClearHandover deletes both.
+func TestHandoverMarkerID(t *testing.T) {
+	s, rc := newTestStore(t)
+	ctx := context.Background()
+	a, b := Own(testPrefix, "A"), Own(testPrefix, "B")
+	idOf := func(queue string, rev uint64) string {
+		t.Helper()
+		id, err := s.HandoverID(ctx, testPrefix, queue, "mv", rev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	if _, _, _, err := s.CloseForHandover(ctx, testPrefix, "A", "mv", 20, "aaaaaaaaaaaa"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SeedWatermark(ctx, testPrefix, "B", "mv", tickAt(2), "t", 20, "aaaaaaaaaaaa"); err != nil {
+		t.Fatal(err)
+	}
+	for _, own := range []OwnKeys{a, b} {
+		if v := rc.Get(ctx, own.HandoverID("mv")).Val(); v != "20:aaaaaaaaaaaa" {
+			t.Fatalf("marker id %q", v)
+		}
+	}
+	if m := rc.Get(ctx, a.Handover("mv")).Val(); m != "20 out" {
+		t.Fatalf("marker %q, want the earlier builds' format", m)
+	}
+	if id := idOf("A", 20); id != "aaaaaaaaaaaa" {
+		t.Fatalf("HandoverID = %q", id)
+	}
+	if id := idOf("A", 19); id != "" {
+		t.Fatalf("HandoverID of another revision = %q", id)
+	}
+	// A repeated close without an id keeps the one stored; a refused seed
+	// (superseded) writes none.
+	if _, _, _, err := s.CloseForHandover(ctx, testPrefix, "A", "mv", 20, ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SeedWatermark(ctx, testPrefix, "A", "mv", time.Time{}, "", 20, "bbbbbbbbbbbb"); !errors.Is(err, ErrHandoverSuperseded) {
+		t.Fatalf("seed into a slot closed at the same revision: %v", err)
+	}
+	if id := idOf("A", 20); id != "aaaaaaaaaaaa" {
+		t.Fatalf("HandoverID = %q after a repeat and a refused seed", id)
+	}
+	// An earlier build moves the entry back at 30: it writes the marker
+	// only; the id stored is of another revision, so the marker's is
+	// unknown.
+	if err := rc.Set(ctx, a.Handover("mv"), "30 in", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if id := idOf("A", 30); id != "" {
+		t.Fatalf("HandoverID of an earlier build's marker = %q", id)
+	}
+	if ok, err := s.ClearHandover(ctx, testPrefix, "B", "mv", 20); err != nil || !ok {
+		t.Fatalf("clear marker: %v %v", ok, err)
+	}
+	if n := rc.Exists(ctx, b.Handover("mv"), b.HandoverID("mv")).Val(); n != 0 {
+		t.Fatalf("%d of the marker and its id left after ClearHandover", n)
+	}
 }
 
 // TestFireFreshnessCapped: a replica whose clock runs an hour fast presents
@@ -924,7 +988,7 @@ func TestHandover(t *testing.T) {
 
 	// Revision 20 moves the entry to B. Closing twice is harmless.
 	for range 2 {
-		tick, task, ok, err := s.CloseForHandover(ctx, testPrefix, "A", "mv", 20)
+		tick, task, ok, err := s.CloseForHandover(ctx, testPrefix, "A", "mv", 20, "")
 		if err != nil || !ok || !tick.Equal(tickAt(2)) || task != taskIDFor("mv", tickAt(2)) {
 			t.Fatalf("close A = (%s, %q, %v, %v)", tick, task, ok, err)
 		}
@@ -934,7 +998,7 @@ func TestHandover(t *testing.T) {
 		t.Fatalf("late fire in A: %+v", res)
 	}
 	for range 2 {
-		if err := s.SeedWatermark(ctx, testPrefix, "B", "mv", tickAt(2), taskIDFor("mv", tickAt(2)), 20); err != nil {
+		if err := s.SeedWatermark(ctx, testPrefix, "B", "mv", tickAt(2), taskIDFor("mv", tickAt(2)), 20, ""); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -946,26 +1010,26 @@ func TestHandover(t *testing.T) {
 	fireAt(20, "mv", "B", 3, StatusFired)
 	fireAt(20, "mv", "B", 4, StatusFired)
 	// A stale seed of B (older watermark) does not move B's watermark back.
-	if err := s.SeedWatermark(ctx, testPrefix, "B", "mv", tickAt(2), "x", 20); err != nil {
+	if err := s.SeedWatermark(ctx, testPrefix, "B", "mv", tickAt(2), "x", 20, ""); err != nil {
 		t.Fatal(err)
 	}
 	assertWatermark(t, s, "B", "mv", tickAt(4), taskIDFor("mv", tickAt(4)))
 
 	// Revision 30 moves it back to A.
-	tick, task, ok, err := s.CloseForHandover(ctx, testPrefix, "B", "mv", 30)
+	tick, task, ok, err := s.CloseForHandover(ctx, testPrefix, "B", "mv", 30, "")
 	if err != nil || !ok || !tick.Equal(tickAt(4)) {
 		t.Fatalf("close B = (%s, %q, %v, %v)", tick, task, ok, err)
 	}
 	fireAt(20, "mv", "B", 5, StatusMoved)
-	if err := s.SeedWatermark(ctx, testPrefix, "A", "mv", tick, task, 30); err != nil {
+	if err := s.SeedWatermark(ctx, testPrefix, "A", "mv", tick, task, 30, ""); err != nil {
 		t.Fatal(err)
 	}
 	assertWatermark(t, s, "A", "mv", tickAt(4), taskIDFor("mv", tickAt(4)))
 	// A late repetition of the first handover changes nothing.
-	if _, _, _, err := s.CloseForHandover(ctx, testPrefix, "A", "mv", 20); err != nil {
+	if _, _, _, err := s.CloseForHandover(ctx, testPrefix, "A", "mv", 20, ""); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.SeedWatermark(ctx, testPrefix, "B", "mv", tickAt(2), "", 20); !errors.Is(err, ErrHandoverSuperseded) {
+	if err := s.SeedWatermark(ctx, testPrefix, "B", "mv", tickAt(2), "", 20, ""); !errors.Is(err, ErrHandoverSuperseded) {
 		t.Fatalf("stale seed of B: %v, want ErrHandoverSuperseded", err)
 	}
 	// A replica still on the configuration from before the first move
@@ -991,10 +1055,10 @@ func TestHandover(t *testing.T) {
 		t.Fatalf("outbox B %v, want %v", got, wantB)
 	}
 	// An entry that never fired in its old queue hands over no watermark.
-	if _, _, ok, err := s.CloseForHandover(ctx, testPrefix, "A", "fresh", 40); err != nil || ok {
+	if _, _, ok, err := s.CloseForHandover(ctx, testPrefix, "A", "fresh", 40, ""); err != nil || ok {
 		t.Fatalf("close of never-fired entry: ok %v, err %v", ok, err)
 	}
-	if err := s.SeedWatermark(ctx, testPrefix, "B", "fresh", time.Time{}, "", 40); err != nil {
+	if err := s.SeedWatermark(ctx, testPrefix, "B", "fresh", time.Time{}, "", 40, ""); err != nil {
 		t.Fatal(err)
 	}
 	fireAt(40, "fresh", "B", 1, StatusFired)
@@ -1154,11 +1218,11 @@ func TestFireCluster(t *testing.T) {
 		if err := s.ReleaseOutbox(ctx, testPrefix, q, "relay-1"); err != nil {
 			t.Fatal(err)
 		}
-		if _, _, _, err := s.CloseForHandover(ctx, testPrefix, q, "cl", 5); err != nil {
+		if _, _, _, err := s.CloseForHandover(ctx, testPrefix, q, "cl", 5, ""); err != nil {
 			t.Fatal(err)
 		}
 		mustFire(t, s, tickFire("cl", q, tickAt(6), tickAt(5)), StatusMoved)
-		if err := s.SeedWatermark(ctx, testPrefix, q, "cl", tickAt(5), "", 6); err != nil {
+		if err := s.SeedWatermark(ctx, testPrefix, q, "cl", tickAt(5), "", 6, ""); err != nil {
 			t.Fatal(err)
 		}
 		mustFire(t, s, tickFire("cl", q, tickAt(6), tickAt(5)), StatusFired)
