@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/cronstream/cronstream/internal/redisscript"
 )
 
 // Store is cronstream's handle on asynq-compatible task state in one Redis
@@ -18,7 +20,7 @@ import (
 //
 // Every script a Store runs touches the keys of one queue only (one cluster
 // slot). Scripts are sent with EVALSHA and fall back to EVAL when Redis does
-// not know them yet (redis.Script.Run).
+// not know them yet, single or pipelined (internal/redisscript).
 type Store struct {
 	client redis.UniversalClient
 	now    func() time.Time
@@ -110,7 +112,7 @@ func (s *Store) Queues(ctx context.Context) ([]string, error) {
 }
 
 // runScript runs script on one queue's keys and returns its array reply.
-func runScript(ctx context.Context, c redis.UniversalClient, script *redis.Script, keys []string, args ...any) ([]any, error) {
+func runScript(ctx context.Context, c redis.UniversalClient, script *redisscript.Script, keys []string, args ...any) ([]any, error) {
 	v, err := script.Run(ctx, c, keys, args...).Result()
 	if err != nil {
 		return nil, err

@@ -38,26 +38,6 @@ func SchedulerID(prefix string) string {
 	return "cronstream:" + prefix
 }
 
-// writeSchedulerEntriesScript: KEYS 1 entries list; ARGV 1 ttl secs, then
-// encoded entries. As asynq: DEL, LPUSH each (the list ends up reversed),
-// EXPIRE.
-var writeSchedulerEntriesScript = redis.NewScript(`
-redis.call('DEL', KEYS[1])
-for i = 2, #ARGV do
-  redis.call('LPUSH', KEYS[1], ARGV[i])
-end
-redis.call('EXPIRE', KEYS[1], ARGV[1])
-return 1
-`)
-
-// recordSchedulerEventScript: KEYS 1 history zset; ARGV 1 score secs,
-// 2 encoded event, 3 cap. As asynq: trim to cap-1, then add.
-var recordSchedulerEventScript = redis.NewScript(`
-redis.call('ZREMRANGEBYRANK', KEYS[1], 0, -tonumber(ARGV[3]))
-redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])
-return 1
-`)
-
 // WriteSchedulerEntries publishes entries under schedulerID for ttl, as
 // asynq's scheduler heartbeat does: a plain ZADD of the list key into
 // asynq:schedulers scored now+ttl (readers drop it after that), then one

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/cronstream/cronstream/internal/redisscript"
 )
 
 // This file is the firing side of the package: one atomic script per queue
@@ -245,375 +247,6 @@ const (
 // calls (64–256 fires: the server idles until a whole call has arrived and
 // spends more time per fire). maxFiresPerFlight bounds one pipeline's memory.
 
-// fireScript fires a chunk of fires that all go to one queue, in order. A fire
-// later in the chunk sees the effects of earlier ones, so consecutive ticks of
-// one entry (catch-up "all") may share a call.
-//
-// KEYS (common): 1 fence, 2 freshness, 3 outbox, 4 pending, 5 scheduled,
-// 6 groups, 7 fence id. Then per fire: watermark, moved-marker, task, unique lock, group
-// zset, trigger key. Unused per-fire keys are the fire's task key (a real key
-// of the same slot: Redis Cluster rejects empty names).
-//
-// ARGV (common): 1 task-key prefix, 2 number of fires. Then per fire:
-//
-//	1 kind (t tick, r trigger, b backfill, s skip)   2 tick ms   3 expected ms ("" = none)
-//	4 config seq ("<seq>" or "<seq>:<config message id>")
-//	5 fresh_as_of ms ("" = not presented)   6 max staleness ms
-//	7 process_at ms (0 = now)   8 unique ttl ms (0 = none)   9 group
-//	10 msg   11 task id   12 overlap-skip (1/0)   13 previous task id
-//	14 trigger ttl ms   15/16 fired record   17/18 overlap record
-//	19/20 duplicate record   21 n skipped records, then n id/data pairs.
-//
-// Returns one array per fire: {code, watermark ms, watermark task id, extra,
-// task id, state}; extra is the fence, moved revision or freshest ms.
-//
-// Two short paths take fewer keys and arguments: lean ('T' as a fire's kind:
-// a plain tick, 10 arguments and 3 keys) and bulk ('B' in ARGV[3]: a whole
-// chunk of plain ticks of different entries presenting the same fences,
-// laid out as described at bulk()). Both answer a bare 1 for "fired,
-// pending". TestFirePathsAgree holds them to the full path's results and
-// writes.
-//
-// Order of checks: moved marker, revision fence, staleness fence, watermark
-// CAS, trigger request id, then (before any write) task id conflict, overlap,
-// unique lock. Every check reads; writes come after the checks passed, so a
-// refusal writes nothing except raising the fences, which only ever record
-// what some replica truthfully presented.
-//
-// Why the staleness fence compares fires with each other and not with Redis
-// TIME: fresh_as_of is when a replica's projection last heard the config
-// stream. The slot keeps the highest fresh_as_of any fire has presented. A
-// replica that lags it by more than max staleness either lost the stream while
-// another replica still hears it, or stalled (GC, VM pause) while others moved
-// on — in both cases a config change may have been published that it has not
-// seen, so it must not fire. When nobody hears NATS, nobody can publish a
-// change either (INV-staleness-fence in docs/design.md): every replica's fresh_as_of stops at
-// about the same instant, none lags the maximum, and all keep firing on the
-// last known configuration. A comparison with Redis TIME would instead stop
-// every replica during a NATS outage, which is exactly what INV-staleness-fence
-// forbids. Redis TIME only bounds what is believed: a freshness more than 2 s
-// ahead of it is capped there (presented) or ignored (stored), so a replica
-// whose clock runs fast cannot make every other replica's fires stale.
-var fireScript = redis.NewScript(fireScriptSrc)
-
-const fireScriptSrc = `
-local t = redis.call('TIME')
-local now_s = t[1]
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local now_ns = t[1] .. string.format('%06d', tonumber(t[2])) .. '000'
-local task_prefix = ARGV[1]
-local nfires = tonumber(ARGV[2])
-local busy = {pending=true, scheduled=true, retry=true, active=true, aggregating=true}
--- The fences are read once per call and written when raised.
-local fence = redis.call('GET', KEYS[1])
-local freshest = redis.call('GET', KEYS[2])
--- fence_ref is "<seq>:<id>" when the fence id key names the fence's
--- message, else just the fence (an earlier build raised it, or no fire
--- presented an id).
-local fence_ref = fence
-if fence then
-  local fid = redis.call('GET', KEYS[7])
-  if fid and string.match(fid, '^(%d+)') == fence then fence_ref = fid end
-end
--- No freshness is believed more than 2 s ahead of Redis's clock: a presented
--- one is capped there before it is compared or stored, and a stored one
--- beyond it (left by a replica with a fast clock, or an earlier build) counts
--- as absent and is overwritten by the next fire that presents one.
-local fresh_cap = now_ms + 2000
-if freshest and tonumber(freshest) > fresh_cap then freshest = nil end
-
-local function split(v) -- "<a> <b>": watermark "<ms> <task>", marker "<rev> <in|out>"
-  if not v then return nil, nil end
-  local sp = string.find(v, ' ', 1, true)
-  if not sp then return v, '' end
-  return string.sub(v, 1, sp - 1), string.sub(v, sp + 1)
-end
-
--- res builds one fire's reply; a nil would cut a Lua array short.
-local function res(code, wm, wmtask, extra, taskid, state)
-  return {code, wm or '', wmtask or '', extra or '', taskid or '', state or ''}
-end
-
-local function append(from, n)
-  for i = 0, n - 1 do
-    redis.call('XADD', KEYS[3], '*', 'id', ARGV[from + 2*i], 'data', ARGV[from + 2*i + 1])
-  end
-end
-
--- fences checks a fire presenting config sequence seq, freshness fresh
--- ("" = not presented) and staleness bound maxstale against the revision
--- fence and the staleness fence, raising each one it passes. It returns the
--- refusal's code and extra, or nil. Calling it again with the same arguments
--- gives the same answer and writes nothing.
-local function fences(seq, fresh, maxstale)
-  local ref = seq
-  seq = string.match(ref, '^(%d+)')
-  if fence and tonumber(seq) < tonumber(fence) then return -3, fence_ref end
-  if not fence or tonumber(seq) > tonumber(fence) then
-    fence, fence_ref = seq, seq
-    redis.call('SET', KEYS[1], seq)
-  end
-  -- The fence's message id, when this fire knows it and it is not the one
-  -- stored (none, or another stream's message at the same sequence: the
-  -- fire read its message from the stream it follows).
-  if ref ~= seq and fence_ref ~= ref and tonumber(seq) == tonumber(fence) then
-    fence_ref = ref
-    redis.call('SET', KEYS[7], ref)
-  end
-  if fresh ~= '' then
-    if tonumber(fresh) > fresh_cap then fresh = string.format('%d', fresh_cap) end
-    maxstale = tonumber(maxstale)
-    if freshest and maxstale > 0 and tonumber(fresh) < tonumber(freshest) - maxstale then
-      return -4, freshest
-    end
-    if not freshest or tonumber(fresh) > tonumber(freshest) then
-      freshest = fresh
-      redis.call('SET', KEYS[2], fresh)
-    end
-  end
-  return nil
-end
-
--- gate reads the fire's watermark and moved-marker (KEYS k, k+1) and makes
--- the checks every fire passes first: moved marker, then the fences (ARGV
--- a+3 to a+5). It returns the watermark and, when the fire is refused, its
--- reply.
-local function gate(k, a)
-  local v = redis.call('MGET', KEYS[k], KEYS[k+1])
-  local wm, wmtask = split(v[1])
-  local rev, dir = split(v[2])
-  if dir == 'out' then return wm, wmtask, res(-2, wm, wmtask, rev) end
-  local code, extra = fences(ARGV[a+3], ARGV[a+4], ARGV[a+5])
-  if code then return wm, wmtask, res(code, wm, wmtask, extra) end
-  return wm, wmtask, nil
-end
-
--- mismatch is the watermark compare-and-set's refusal (nil when the
--- watermark is the expected one, "" = none).
-local function mismatch(wm, wmtask, expected)
-  if (expected == '' and wm) or (expected ~= '' and wm ~= expected) then
-    return res(-1, wm, wmtask)
-  end
-  return nil
-end
-
-local function fire(k, a)
-  local kind, tick, expected = ARGV[a], ARGV[a+1], ARGV[a+2]
-  local kwm, ktask, ktrigger = KEYS[k], KEYS[k+2], KEYS[k+5]
-
-  local wm, wmtask, refused = gate(k, a)
-  if refused then return refused end
-
-  if kind == 't' or kind == 's' then
-    refused = mismatch(wm, wmtask, expected)
-    if refused then return refused end
-    if kind == 's' then
-      -- A skip keeps the last fired task id for overlap checks.
-      append(a + 21, tonumber(ARGV[a+20]))
-      redis.call('SET', kwm, tick .. ' ' .. (wmtask or ''))
-      return res(5, tick, wmtask or '')
-    end
-  elseif kind == 'r' then
-    local served = redis.call('GET', ktrigger)
-    if served then return res(2, wm, wmtask, '', served) end
-  end
-
-  local id = ARGV[a+10]
-  -- Checks done; from here every outcome appends the gap's skipped records
-  -- and its own record, moves a tick's watermark and remembers a trigger's
-  -- request id.
-  local code, rec, wm_task, taskid, state
-  if redis.call('EXISTS', ktask) == 1 then
-    code, wm_task, taskid = 2, id, id
-  end
-
-  if not code and ARGV[a+11] == '1' then
-    local prev = ARGV[a+12]
-    if prev == '' then prev = wmtask or '' end
-    if prev ~= '' then
-      local st = redis.call('HGET', task_prefix .. prev, 'state')
-      if st and busy[st] then
-        code, rec, wm_task, taskid, state = 4, a + 16, prev, prev, st
-      end
-    end
-  end
-
-  if not code then
-    local process_at, uttl = tonumber(ARGV[a+6]), tonumber(ARGV[a+7])
-    local delayed = process_at > now_ms
-    local kunique = KEYS[k+3]
-    if uttl > 0 then
-      local ttl_s
-      if delayed then
-        ttl_s = math.floor((process_at + uttl - now_ms) / 1000)
-      else
-        ttl_s = math.floor(uttl / 1000)
-      end
-      if ttl_s < 1 then ttl_s = 1 end
-      if not redis.call('SET', kunique, id, 'NX', 'EX', string.format('%d', ttl_s)) then
-        code, rec, wm_task, taskid = 3, a + 18, wmtask or '', redis.call('GET', kunique)
-      end
-    end
-    if not code then
-      local msg, group = ARGV[a+9], ARGV[a+8]
-      if delayed then
-        -- asynq's Schedule(Unique): no pending_since, and no group field
-        -- even when the message has a group (the forwarder then sends it
-        -- to pending).
-        state = 'scheduled'
-        if uttl > 0 then
-          redis.call('HSET', ktask, 'msg', msg, 'state', state, 'unique_key', kunique)
-        else
-          redis.call('HSET', ktask, 'msg', msg, 'state', state)
-        end
-        redis.call('ZADD', KEYS[5], string.format('%d', math.floor(process_at / 1000)), id)
-      elseif group ~= '' then
-        -- asynq's AddToGroup(Unique): the unique variant writes no unique_key.
-        state = 'aggregating'
-        redis.call('HSET', ktask, 'msg', msg, 'state', state, 'group', group)
-        redis.call('ZADD', KEYS[k+4], now_s, id)
-        redis.call('SADD', KEYS[6], group)
-      else
-        state = 'pending'
-        if uttl > 0 then
-          redis.call('HSET', ktask, 'msg', msg, 'state', state, 'pending_since', now_ns, 'unique_key', kunique)
-        else
-          redis.call('HSET', ktask, 'msg', msg, 'state', state, 'pending_since', now_ns)
-        end
-        redis.call('LPUSH', KEYS[4], id)
-      end
-      code, rec, wm_task, taskid = 1, a + 14, id, id
-    end
-  end
-
-  append(a + 21, tonumber(ARGV[a+20]))
-  if rec then append(rec, 1) end
-  if kind == 't' then
-    redis.call('SET', kwm, tick .. ' ' .. wm_task)
-    wm, wmtask = tick, wm_task
-  elseif kind == 'r' then
-    redis.call('SET', ktrigger, taskid or '', 'PX', ARGV[a+13])
-  end
-  return res(code, wm, wmtask, '', taskid, state)
-end
-
--- lean is fire() for a plain tick ('T'): no overlap check, no unique lock,
--- no group, no delay, no skipped records; it takes 10 arguments and 3 keys
--- (watermark, moved-marker, task) and answers 1 for "fired, pending"
--- instead of a row. Its checks (gate, mismatch) and writes are fire()'s for
--- such a tick, and the LPUSHes of consecutive lean fires are made as one
--- (flush, before any other fire and at the end: the list gets the same ids
--- in the same order, in the same atomic step). Measured with
--- BenchmarkFireOnce (batch-16, 20 iterations) when it came: Redis CPU per
--- fire 15.7 µs before, 11.2–13.8 µs after.
-local pushed = {}
-local function flush()
-  if #pushed > 0 then
-    redis.call('LPUSH', KEYS[4], unpack(pushed))
-    pushed = {}
-  end
-end
-
-local function lean(k, a)
-  local tick, expected = ARGV[a+1], ARGV[a+2]
-  local kwm, ktask = KEYS[k], KEYS[k+2]
-  local wm, wmtask, refused = gate(k, a)
-  if refused then return refused end
-  refused = mismatch(wm, wmtask, expected)
-  if refused then return refused end
-
-  local id = ARGV[a+7]
-  if redis.call('EXISTS', ktask) == 1 then
-    redis.call('SET', kwm, tick .. ' ' .. id)
-    return res(2, tick, id, '', id)
-  end
-  redis.call('HSET', ktask, 'msg', ARGV[a+6], 'state', 'pending', 'pending_since', now_ns)
-  pushed[#pushed + 1] = id
-  redis.call('XADD', KEYS[3], '*', 'id', ARGV[a+8], 'data', ARGV[a+9])
-  redis.call('SET', kwm, tick .. ' ' .. id)
-  return 1
-end
-
--- holds reports whether the stored watermark value v ("<ms> <task>", or
--- false when absent) is at tick expected ("" = none): mismatch's test
--- without cutting v into new strings.
-local function holds(v, expected)
-  if expected == '' then return not v end
-  if not v then return false end
-  local n = #expected
-  return string.sub(v, 1, n) == expected and (#v == n or string.byte(v, n + 1) == 32)
-end
-
--- bulk fires a chunk of plain ticks ('B' in ARGV[3]): lean's fires, each
--- of a different entry, all presenting the config sequence, freshness and
--- staleness bound in ARGV[4..6]. KEYS from 8: the n watermarks, the n
--- moved-markers, the n task keys. ARGV from 7, six per fire: tick, expected,
--- msg, task id, fired record id and data. The fires touch disjoint keys and
--- present the same fences (decided once, at the first fire that passes its
--- marker, as lean would), so reading every watermark and marker first and
--- writing every watermark last gives each fire lean's outcome and leaves the
--- same state, with three commands per fire instead of five. Measured when it
--- came (SameInstant100k, three runs each): Redis CPU per 100,000 fires
--- 1.32–1.64 s before, 0.98–1.19 s after.
-local function bulk(n)
-  local v = redis.call('MGET', unpack(KEYS, 8, 7 + 2 * n))
-  local out, marks, gated, code, extra = {}, {}, false, nil, nil
-  for i = 1, n do
-    local a, rev, dir = 1 + 6 * i, split(v[n + i])
-    if dir == 'out' then
-      local wm, wmtask = split(v[i])
-      out[i] = res(-2, wm, wmtask, rev)
-    else
-      if not gated then
-        gated = true
-        code, extra = fences(ARGV[4], ARGV[5], ARGV[6])
-      end
-      if code then
-        local wm, wmtask = split(v[i])
-        out[i] = res(code, wm, wmtask, extra)
-      elseif not holds(v[i], ARGV[a + 1]) then
-        local wm, wmtask = split(v[i])
-        out[i] = res(-1, wm, wmtask)
-      else
-        local tick, id, ktask = ARGV[a], ARGV[a + 3], KEYS[7 + 2 * n + i]
-        if redis.call('EXISTS', ktask) == 1 then
-          out[i] = res(2, tick, id, '', id)
-        else
-          redis.call('HSET', ktask, 'msg', ARGV[a + 2], 'state', 'pending', 'pending_since', now_ns)
-          pushed[#pushed + 1] = id
-          redis.call('XADD', KEYS[3], '*', 'id', ARGV[a + 4], 'data', ARGV[a + 5])
-          out[i] = 1
-        end
-        marks[#marks + 1] = KEYS[7 + i]
-        marks[#marks + 1] = tick .. ' ' .. id
-      end
-    end
-  end
-  flush()
-  if #marks > 0 then redis.call('MSET', unpack(marks)) end
-  return out
-end
-
-if ARGV[3] == 'B' then return bulk(nfires) end
-
-local out = {}
-local k, a = 8, 3
-for i = 1, nfires do
-  if ARGV[a] == 'T' then
-    out[i] = lean(k, a)
-    a = a + 10
-    k = k + 3
-  else
-    flush()
-    out[i] = fire(k, a)
-    a = a + 21 + 2 * tonumber(ARGV[a + 20])
-    k = k + 6
-  end
-end
-flush()
-return out
-`
-
 // preparedFire is a validated fire with its encoded message.
 type preparedFire struct {
 	f     *Fire
@@ -744,42 +377,47 @@ func checkRecord(name string, r Record, required bool) error {
 	return nil
 }
 
-// appendFire adds p's keys and arguments to a chunk's KEYS and ARGV.
+// appendFire adds p's keys and arguments to a chunk's KEYS and ARGV, laid
+// out as firelayout.go names them: the lean path's when the fire takes it,
+// else the full path's.
 func appendFire(keys []string, args []any, p preparedFire, nums *numArgs, path firePath) ([]string, []any) {
 	f := p.f
 	task := p.keys.Task(p.id)
 	if path != pathFull && p.lean() {
-		keys = append(keys, p.own.Watermark(f.Entry), p.own.Handover(f.Entry), task)
-		return keys, append(args,
-			"T",
-			nums.arg(2, f.Tick.UnixMilli()),
-			expectedArg(f, nums),
-			nums.configArg(f),
-			freshArg(f, nums),
-			nums.arg(4, f.MaxStaleness.Milliseconds()),
-			p.msg,
-			p.id,
-			f.FiredRecord.ID, f.FiredRecord.Data,
-		)
+		var k [leanKeys]string
+		k[fireKeyWatermark], k[fireKeyMarker], k[fireKeyTask] = p.own.Watermark(f.Entry), p.own.Handover(f.Entry), task
+		var a [leanArgs]any
+		a[fireArgKind] = kindLean
+		a[fireArgTick] = nums.arg(2, f.Tick.UnixMilli())
+		a[fireArgExpected] = expectedArg(f, nums)
+		a[fireArgConfig] = nums.configArg(f)
+		a[fireArgFresh] = freshArg(f, nums)
+		a[fireArgMaxStale] = nums.arg(4, f.MaxStaleness.Milliseconds())
+		a[leanArgMsg] = p.msg
+		a[leanArgTaskID] = p.id
+		a[leanArgFiredID], a[leanArgFiredData] = f.FiredRecord.ID, f.FiredRecord.Data
+		return append(keys, k[:]...), append(args, a[:]...)
 	}
-	unique, group, trigger := task, task, task
+	var k [fullKeys]string
+	k[fireKeyWatermark], k[fireKeyMarker], k[fireKeyTask] = p.own.Watermark(f.Entry), p.own.Handover(f.Entry), task
+	k[fireKeyUnique], k[fireKeyGroup], k[fireKeyTrigger] = task, task, task
 	if f.UniqueTTL > 0 && f.Msg != nil {
-		unique = p.keys.Unique(f.Msg.Type, f.Msg.Payload)
+		k[fireKeyUnique] = p.keys.Unique(f.Msg.Type, f.Msg.Payload)
 	}
 	if p.group != "" {
-		group = p.keys.Group(p.group)
+		k[fireKeyGroup] = p.keys.Group(p.group)
 	}
-	kind := "t"
+	kind := kindTick
 	switch f.Kind {
 	case FireTrigger:
-		kind = "r"
-		trigger = p.own.Trigger(f.RequestID)
+		kind = kindTrigger
+		k[fireKeyTrigger] = p.own.Trigger(f.RequestID)
 	case FireBackfill:
-		kind = "b"
+		kind = kindBackfill
 	case FireSkip:
-		kind = "s"
+		kind = kindSkip
 	}
-	keys = append(keys, p.own.Watermark(f.Entry), p.own.Handover(f.Entry), task, unique, group, trigger)
+	keys = append(keys, k[:]...)
 
 	expected := ""
 	if (f.Kind == FireTick || f.Kind == FireSkip) && !f.ExpectNone {
@@ -801,26 +439,26 @@ func appendFire(keys []string, args []any, p preparedFire, nums *numArgs, path f
 	if triggerTTL == 0 {
 		triggerTTL = DefaultTriggerTTL
 	}
-	args = append(args,
-		kind,
-		strconv.FormatInt(f.Tick.UnixMilli(), 10),
-		expected,
-		nums.configArg(f),
-		fresh,
-		strconv.FormatInt(f.MaxStaleness.Milliseconds(), 10),
-		strconv.FormatInt(processAt, 10),
-		strconv.FormatInt(f.UniqueTTL.Milliseconds(), 10),
-		p.group,
-		p.msg,
-		p.id,
-		overlap,
-		f.PrevTaskID,
-		strconv.FormatInt(max(triggerTTL.Milliseconds(), 1), 10),
-		f.FiredRecord.ID, f.FiredRecord.Data,
-		f.OverlapRecord.ID, f.OverlapRecord.Data,
-		f.DuplicateRecord.ID, f.DuplicateRecord.Data,
-		len(f.SkippedRecords),
-	)
+	var a [fullArgs]any
+	a[fireArgKind] = kind
+	a[fireArgTick] = strconv.FormatInt(f.Tick.UnixMilli(), 10)
+	a[fireArgExpected] = expected
+	a[fireArgConfig] = nums.configArg(f)
+	a[fireArgFresh] = fresh
+	a[fireArgMaxStale] = strconv.FormatInt(f.MaxStaleness.Milliseconds(), 10)
+	a[fullArgProcessAt] = strconv.FormatInt(processAt, 10)
+	a[fullArgUniqueTTL] = strconv.FormatInt(f.UniqueTTL.Milliseconds(), 10)
+	a[fullArgGroup] = p.group
+	a[fullArgMsg] = p.msg
+	a[fullArgTaskID] = p.id
+	a[fullArgOverlap] = overlap
+	a[fullArgPrevTask] = f.PrevTaskID
+	a[fullArgTriggerTTL] = strconv.FormatInt(max(triggerTTL.Milliseconds(), 1), 10)
+	a[fullArgFiredID], a[fullArgFiredData] = f.FiredRecord.ID, f.FiredRecord.Data
+	a[fullArgOverlapID], a[fullArgOverlapData] = f.OverlapRecord.ID, f.OverlapRecord.Data
+	a[fullArgDuplicateID], a[fullArgDuplicateData] = f.DuplicateRecord.ID, f.DuplicateRecord.Data
+	a[fullArgSkippedCount] = len(f.SkippedRecords)
+	args = append(args, a[:]...)
 	for _, r := range f.SkippedRecords {
 		args = append(args, r.ID, r.Data)
 	}
@@ -861,23 +499,33 @@ func bulkable(fires []*preparedFire) bool {
 }
 
 // appendBulk adds a bulkable chunk's keys and arguments in the bulk path's
-// layout: the watermarks, then the moved-markers, then the task keys; the
-// common fence arguments once, then six arguments per fire.
+// layout: the blocks of watermarks, moved-markers and task keys; the
+// common fence arguments once, then bulkArgs arguments per fire.
 func appendBulk(keys []string, args []any, fires []*preparedFire, nums *numArgs) ([]string, []any) {
 	first := fires[0].f
-	for _, p := range fires {
-		keys = append(keys, p.own.Watermark(p.f.Entry))
+	n := len(fires)
+	at := len(keys)
+	keys = slices.Grow(keys, 3*n)[:at+3*n]
+	for i, p := range fires {
+		keys[at+bulkBlockWatermark*n+i] = p.own.Watermark(p.f.Entry)
+		keys[at+bulkBlockMarker*n+i] = p.own.Handover(p.f.Entry)
+		keys[at+bulkBlockTask*n+i] = p.keys.Task(p.id)
 	}
-	for _, p := range fires {
-		keys = append(keys, p.own.Handover(p.f.Entry))
-	}
-	for _, p := range fires {
-		keys = append(keys, p.keys.Task(p.id))
-	}
-	args = append(args, "B", nums.configArg(first), freshArg(first, nums), nums.arg(4, first.MaxStaleness.Milliseconds()))
+	var head [argBulkFirstFire - argBulk]any
+	head[argBulk-argBulk] = kindBulk
+	head[argBulkConfig-argBulk] = nums.configArg(first)
+	head[argBulkFresh-argBulk] = freshArg(first, nums)
+	head[argBulkMaxStale-argBulk] = nums.arg(4, first.MaxStaleness.Milliseconds())
+	args = append(args, head[:]...)
 	for _, p := range fires {
 		f := p.f
-		args = append(args, nums.arg(2, f.Tick.UnixMilli()), expectedArg(f, nums), p.msg, p.id, f.FiredRecord.ID, f.FiredRecord.Data)
+		var a [bulkArgs]any
+		a[bulkArgTick] = nums.arg(2, f.Tick.UnixMilli())
+		a[bulkArgExpected] = expectedArg(f, nums)
+		a[bulkArgMsg] = p.msg
+		a[bulkArgTaskID] = p.id
+		a[bulkArgFiredID], a[bulkArgFiredData] = f.FiredRecord.ID, f.FiredRecord.Data
+		args = append(args, a[:]...)
 	}
 	return keys, args
 }
@@ -985,8 +633,19 @@ func chunkFires(prepared []preparedFire, offset, perCall int, path firePath, are
 	for c, call := range calls {
 		first := call.fires[0]
 		own := first.own
-		keys = append(keys[:0], own.Fence(), own.Freshness(), own.Outbox(), first.keys.Pending(), first.keys.Scheduled(), first.keys.Groups(), own.FenceID())
-		args = append(args[:0], first.keys.TaskPrefix(), len(call.fires))
+		var common [keyFirstFire - 1]string
+		common[keyFence-1] = own.Fence()
+		common[keyFreshness-1] = own.Freshness()
+		common[keyOutbox-1] = own.Outbox()
+		common[keyPending-1] = first.keys.Pending()
+		common[keyScheduled-1] = first.keys.Scheduled()
+		common[keyGroups-1] = first.keys.Groups()
+		common[keyFenceID-1] = own.FenceID()
+		keys = append(keys[:0], common[:]...)
+		var head [argFirstFire - 1]any
+		head[argTaskPrefix-1] = first.keys.TaskPrefix()
+		head[argFires-1] = len(call.fires)
+		args = append(args[:0], head[:]...)
 		if path == pathAuto && bulkable(call.fires) {
 			keys, args = appendBulk(keys, args, call.fires, &nums)
 		} else {
@@ -1025,37 +684,21 @@ var (
 // enqueue) and the tenant's set of queues with an outbox (so the relay finds
 // every outbox). Re-adding is cheap inside a pipeline, so nothing is cached.
 func runFireCalls(ctx context.Context, c redis.UniversalClient, calls []*fireCall) {
-	send := func(calls []*fireCall) {
-		pipe := c.Pipeline()
-		registered := make(map[[2]string]bool)
-		for _, call := range calls {
-			if slot := [2]string{call.prefix, call.queue}; !registered[slot] {
-				registered[slot] = true
-				pipe.SAdd(ctx, AllQueuesKey, call.queue)
-				pipe.SAdd(ctx, OutboxesKey(call.prefix), call.queue)
-			}
-			// As go-redis's EvalSha builds it, so a cluster client routes
-			// it by its first key.
-			call.cmd = redis.NewCmd(ctx, call.args...)
-			call.cmd.SetFirstKeyPos(3)
-			_ = pipe.Process(ctx, call.cmd)
-		}
-		_, _ = pipe.Exec(ctx)
-	}
-	send(calls)
-	var missing []*fireCall
+	batch := redisscript.NewBatch(c)
+	registered := make(map[[2]string]bool)
 	for _, call := range calls {
-		if isNoScript(call.cmd.Err()) {
-			// The script cache was empty (a fresh or restarted server):
-			// NOSCRIPT means the call did not run, so sending it again
-			// with EVAL is safe.
-			call.args[0], call.args[1] = "eval", fireScriptSrc
-			missing = append(missing, call)
+		if slot := [2]string{call.prefix, call.queue}; !registered[slot] {
+			registered[slot] = true
+			batch.Pipe().SAdd(ctx, AllQueuesKey, call.queue)
+			batch.Pipe().SAdd(ctx, OutboxesKey(call.prefix), call.queue)
 		}
+		// As Script.Cmd builds it, so a cluster client routes it by its
+		// first key.
+		call.cmd = redis.NewCmd(ctx, call.args...)
+		call.cmd.SetFirstKeyPos(3)
+		batch.Process(ctx, fireScript, call.cmd)
 	}
-	if len(missing) > 0 {
-		send(missing)
-	}
+	batch.Exec(ctx)
 }
 
 // FireOnce fires f in one atomic script call. Refusals are statuses, not
@@ -1141,8 +784,6 @@ func (s *Store) fireBatch(ctx context.Context, fires []Fire, perCall int) ([]Fir
 	}
 	return results, nil
 }
-
-func isNoScript(err error) bool { return redis.HasErrorPrefix(err, "NOSCRIPT") }
 
 // decodeFireCall stores call's per-fire outcomes in results.
 func decodeFireCall(call *fireCall, results []FireResult) {
@@ -1280,63 +921,6 @@ func parseWatermark(v string) (time.Time, string, error) {
 // (or the same) handover already moved the entry away from.
 var ErrHandoverSuperseded = errors.New("handover superseded by a later revision")
 
-// raiseFenceLua raises the revision fence in KEYS[3] to ARGV[1].
-const raiseFenceLua = `
-local fence = redis.call('GET', KEYS[3])
-if not fence or tonumber(fence) < tonumber(ARGV[1]) then redis.call('SET', KEYS[3], ARGV[1]) end
-`
-
-// markerIDLua stores "<revision>:<id>" in KEYS[4] when the marker in
-// KEYS[1] is now `marker` at revision ARGV[1] and the caller knows the id of
-// the config message there (ARGV[idarg], "" = unknown): the marker keeps
-// its earlier builds' format, the id sits beside it (OwnKeys.HandoverID).
-const markerIDLua = `
-local function store_id(marker, id)
-  if id ~= '' and redis.call('GET', KEYS[1]) == marker then
-    redis.call('SET', KEYS[4], ARGV[1] .. ':' .. id)
-  end
-end
-`
-
-// closeForHandoverScript: KEYS 1 marker, 2 watermark, 3 fence, 4 marker id;
-// ARGV 1 revision, 2 id of the config message at revision ("" = unknown).
-// Returns {watermark or "", marker}.
-var closeForHandoverScript = redis.NewScript(raiseFenceLua + markerIDLua + `
-local marker = redis.call('GET', KEYS[1])
-if not marker or tonumber(string.match(marker, '^(%d+)')) < tonumber(ARGV[1]) then
-  marker = ARGV[1] .. ' out'
-  redis.call('SET', KEYS[1], marker)
-end
-store_id(ARGV[1] .. ' out', ARGV[2])
-return {redis.call('GET', KEYS[2]) or '', marker}
-`)
-
-// seedWatermarkScript: KEYS 1 marker, 2 watermark, 3 fence, 4 marker id;
-// ARGV 1 revision, 2 watermark ms ("" = none), 3 its task id, 4 id of the
-// config message at revision ("" = unknown). Returns {1 seeded | 0
-// superseded, marker}.
-var seedWatermarkScript = redis.NewScript(markerIDLua + `
-local marker = redis.call('GET', KEYS[1])
-if marker then
-  local rev = tonumber(string.match(marker, '^(%d+)'))
-  local rev_in = tonumber(ARGV[1])
-  if rev > rev_in or (rev == rev_in and string.sub(marker, -4) == ' out') then
-    return {0, marker}
-  end
-end
-marker = ARGV[1] .. ' in'
-redis.call('SET', KEYS[1], marker)
-store_id(marker, ARGV[4])
-` + raiseFenceLua + `
-if ARGV[2] ~= '' then
-  local cur = redis.call('GET', KEYS[2])
-  if not cur or tonumber(string.match(cur, '^(-?%d+)')) < tonumber(ARGV[2]) then
-    redis.call('SET', KEYS[2], ARGV[2] .. ' ' .. ARGV[3])
-  end
-end
-return {1, marker}
-`)
-
 // CloseForHandover closes entry in oldQueue's slot at config revision: fires
 // there refuse with StatusMoved from now on, and the slot's revision fence is
 // raised to revision. configID is the id of the config message at revision
@@ -1407,19 +991,6 @@ func (s *Store) SeedWatermark(ctx context.Context, prefix, newQueue, entry strin
 // first: they clear only the value the replica checked, so two replicas
 // clearing at once do not fight, and a fence another replica raised
 // meanwhile (from the new stream) stays.
-
-// clearSeqScript: KEYS 1 fence or marker, 2 (optional) the id stored beside
-// it; ARGV 1 sequence. Deletes the key, and the id beside it, when the
-// sequence it starts with ("<seq>" or "<seq> <in|out>") is ARGV[1].
-// Returns 1 when it deleted, else 0.
-var clearSeqScript = redis.NewScript(`
-local v = redis.call('GET', KEYS[1])
-if v and string.match(v, '^(%d+)') == ARGV[1] then
-  redis.call('DEL', unpack(KEYS))
-  return 1
-end
-return 0
-`)
 
 // ClearFence deletes queue's revision fence if it still holds seq, and
 // reports whether it did. The next fire into the slot sets it again.
