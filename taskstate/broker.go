@@ -56,9 +56,8 @@ func WithRecoverChunk(n int) Option {
 	}
 }
 
-// Defaults chosen by measurement (recover_bench_test.go): a recover chunk
-// costs roughly 10–20 µs of Redis time per task, so 128 tasks stay well under
-// 10 ms even on a busy server; a listing page of 500 costs ~1 ms.
+// Defaults sized so that one script call stays well under 10 ms of Redis
+// time even on a busy server (figures in docs/benchmarks.md).
 const (
 	defaultRecoverChunk = 128
 	defaultListPage     = 500

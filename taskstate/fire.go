@@ -241,11 +241,11 @@ const (
 	maxFiresPerFlight = 1024
 )
 
-// maxFiresPerCall was chosen with BenchmarkFireOnce on a 2-core machine: 8–16
-// fires per script call, several calls per pipeline, beat both one call per
-// fire in a pipeline (~30% fewer fires/s, more Redis time per fire) and larger
-// calls (64–256 fires: the server idles until a whole call has arrived and
-// spends more time per fire). maxFiresPerFlight bounds one pipeline's memory.
+// maxFiresPerCall: a call of a few fires amortises the round trip and the
+// script's fixed cost over its fires, while several calls per pipeline keep
+// the server busy as the next call arrives; a large call makes the server
+// wait for all of it and costs more per fire (figures in docs/benchmarks.md).
+// maxFiresPerFlight bounds one pipeline's memory.
 
 // preparedFire is a validated fire with its encoded message.
 type preparedFire struct {

@@ -141,7 +141,7 @@ func (s *Store) ReadOutbox(ctx context.Context, prefix, queue, after string, cou
 	}
 	// A generic reply rather than XRangeN's: the relay reads one record per
 	// fire, and XRangeN's map per record was a tenth of a replica's
-	// allocations in BenchmarkSteadyEvery1s (146 MB of 1,327 MB).
+	// allocations (docs/benchmarks.md).
 	reply, err := s.client.Do(ctx, "xrange", Own(prefix, queue).Outbox(), start, "+", "count", count).Slice()
 	if err != nil {
 		return nil, fmt.Errorf("read outbox of queue %q: %w", queue, err)

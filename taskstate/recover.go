@@ -46,13 +46,12 @@ import (
 // to LPOS. The cost per task is therefore the same whatever order the caller
 // found its tasks in.
 //
-// Measured on Redis 7.0 with a 100k-element active list, which decided the
-// design: LREM or LPOS for one id scans ~100 elements per µs (~0.5–0.9 ms per
-// task at 100k, asynq's cost); LINDEX and LSET at any depth take 1–2 µs;
-// loading the list into Lua costs 0.3–0.5 µs per element (30–50 ms per pass
-// at 100k, so a "mark and rebuild in one script" pass breaks the 10 ms budget
-// of a script call); reading it from Go in LRANGE pages of 5,000 costs Redis
-// ~0.3 ms per page and blocks nothing for long.
+// Why this design: finding one id with LREM or LPOS scans the list, so its
+// cost grows with the list (asynq's cost per task); LINDEX and LSET cost the
+// same at any depth; loading the whole list into Lua to mark and rebuild it
+// in one script breaks the 10 ms budget of a script call at large lists,
+// while reading it from Go in LRANGE pages blocks nothing for long (figures
+// in docs/benchmarks.md).
 
 // LeaseExpired is one task whose lease expired at or before the scan's cutoff.
 type LeaseExpired struct {
@@ -306,9 +305,10 @@ func decodeLeaseExpired(queue, id, score, raw string) (LeaseExpired, error) {
 
 // Store-side tuning of RecoverBatch's list positioning.
 const (
-	// Positions are read when LPOS from the tail would cost more: LPOS
-	// scans ~100 list elements per µs, so decisions × list length below
-	// positionMinWork keeps every LPOS of a call under ~1 ms in total.
+	// Positions are read when LPOS from the tail would cost more: below
+	// positionMinWork decisions × list length, every LPOS of a call
+	// together stays around a millisecond (LPOS's scan rate in
+	// docs/benchmarks.md).
 	positionMinWork = 200_000
 	positionMinList = 2048
 	// positionPage is how many list elements one LRANGE reads.
