@@ -122,3 +122,13 @@ func runScript(ctx context.Context, c redis.UniversalClient, script *redisscript
 	}
 	return arr, nil
 }
+
+// Time returns Redis's clock (TIME), the one clock every replica corrects
+// its own by.
+func (s *Store) Time(ctx context.Context) (time.Time, error) {
+	t, err := s.client.Time(ctx).Result()
+	if err != nil {
+		return time.Time{}, fmt.Errorf("redis TIME: %w", err)
+	}
+	return t, nil
+}
