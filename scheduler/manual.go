@@ -15,7 +15,7 @@ import (
 
 // Firer is what manual fires need of Redis; *taskstate.Store implements it.
 type Firer interface {
-	FireBatch(ctx context.Context, fires []taskstate.Fire) ([]taskstate.FireResult, error)
+	FireBatch(ctx context.Context, fences taskstate.Fences, fires []taskstate.Fire) ([]taskstate.FireResult, error)
 }
 
 // Manual fires an entry outside its schedule: a trigger now, or a backfill
@@ -114,7 +114,7 @@ func (m Manual) fireFresh(ctx context.Context, t Target, items int, build func(t
 		var again []int
 		for start := 0; start < len(fires); start += DefaultBatch {
 			end := min(start+DefaultBatch, len(fires))
-			res, err := m.fire(ctx, fires[start:end])
+			res, err := m.fire(ctx, taskstate.Fences{ConfigSeq: t.ConfigSeq}, fires[start:end])
 			if err != nil {
 				return nil, t, err
 			}
@@ -171,11 +171,8 @@ func (m Manual) Trigger(ctx context.Context, t Target, requestID string) (string
 		if err != nil {
 			return taskstate.Fire{}, err
 		}
-		f := taskstate.Fire{
-			Prefix: prefix, Entry: e.ID, Queue: e.Options.QueueName(), Kind: taskstate.FireTrigger,
-			Tick: now, RequestID: requestID, Msg: TaskMessage(e, taskID, now),
-			UniqueTTL: e.Options.Unique.D(), FiredRecord: rec, ConfigSeq: t.ConfigSeq,
-		}
+		f := taskstate.NewTriggerFire(prefix, e.Options.QueueName(), e.ID, requestID, now, TaskMessage(e, taskID, now), rec)
+		f.UniqueTTL = e.Options.Unique.D()
 		if f.UniqueTTL > 0 {
 			if f.DuplicateRecord, err = m.record("skip:"+e.ID+":trigger:"+requestID, events.TypeEntrySkipped, e.ID, now,
 				events.Skipped{Entry: e.ID, ScheduledAt: now.UTC().Truncate(time.Second), Reason: events.SkipUnique, Revision: t.Revision, Replica: m.source()}); err != nil {
@@ -275,11 +272,8 @@ func (m Manual) Backfill(ctx context.Context, t Target, from, to time.Time) (Bac
 		if err != nil {
 			return taskstate.Fire{}, err
 		}
-		f := taskstate.Fire{
-			Prefix: prefix, Entry: e.ID, Queue: queue, Kind: taskstate.FireBackfill, Tick: tick,
-			Msg: TaskMessage(e, taskID, tick), FiredRecord: rec, ConfigSeq: t.ConfigSeq,
-			UniqueTTL: e.Options.Unique.D(),
-		}
+		f := taskstate.NewBackfillFire(prefix, queue, e.ID, tick, TaskMessage(e, taskID, tick), rec)
+		f.UniqueTTL = e.Options.Unique.D()
 		if f.UniqueTTL > 0 {
 			if f.DuplicateRecord, err = m.record(skippedEventID(e.ID, tickRange{First: tick, Last: tick, Count: 1}), events.TypeEntrySkipped, e.ID, now,
 				events.Skipped{Entry: e.ID, ScheduledAt: tick, Reason: events.SkipUnique, Revision: t.Revision, Replica: m.source()}); err != nil {
@@ -369,8 +363,8 @@ func (m Manual) firedTicks(ctx context.Context, entry string, from, to time.Time
 	}
 }
 
-func (m Manual) fire(ctx context.Context, fires []taskstate.Fire) ([]taskstate.FireResult, error) {
-	res, err := m.Firer.FireBatch(ctx, fires)
+func (m Manual) fire(ctx context.Context, fences taskstate.Fences, fires []taskstate.Fire) ([]taskstate.FireResult, error) {
+	res, err := m.Firer.FireBatch(ctx, fences, fires)
 	if err != nil {
 		return nil, err
 	}

@@ -34,7 +34,7 @@ import (
 
 // Broker is the scheduler's seam to Redis; *taskstate.Store implements it.
 type Broker interface {
-	FireBatch(ctx context.Context, fires []taskstate.Fire) ([]taskstate.FireResult, error)
+	FireBatch(ctx context.Context, fences taskstate.Fences, fires []taskstate.Fire) ([]taskstate.FireResult, error)
 	Watermarks(ctx context.Context, prefix, queue string, entries []string) ([]taskstate.WatermarkInfo, error)
 	CloseForHandover(ctx context.Context, prefix, oldQueue, entry string, revision uint64, configID string) (time.Time, string, bool, error)
 	SeedWatermark(ctx context.Context, prefix, newQueue, entry string, tick time.Time, taskID string, revision uint64, configID string) error
@@ -953,7 +953,7 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 	now := s.clock.Now()
 	seq := s.cfg.Projection.LastSeq()
 	s.configID = s.cfg.Projection.ConfigMessageID(seq)
-	fresh := s.cfg.Projection.LastHeard()
+	fences := taskstate.Fences{ConfigSeq: seq, ConfigID: s.configID, FreshAsOf: s.cfg.Projection.LastHeard(), MaxStaleness: s.cfg.MaxStaleness}
 	type planned struct {
 		r    *entryRun
 		more bool
@@ -980,7 +980,7 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			results, err := s.cfg.Broker.FireBatch(ctx, c.fires)
+			results, err := s.cfg.Broker.FireBatch(ctx, fences, c.fires)
 			if err != nil && len(results) != len(c.fires) {
 				results = make([]taskstate.FireResult, len(c.fires))
 				for i := range results {
@@ -1008,7 +1008,7 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 		}()
 	}
 	for _, r := range due {
-		fires, more := s.plan(r, now, seq, fresh, scratch[:0])
+		fires, more := s.plan(r, now, scratch[:0])
 		scratch = fires
 		if len(fires) == 0 {
 			s.schedule(r, now)
@@ -1098,7 +1098,7 @@ func (s *Scheduler) writeHistory() {
 
 // plan turns r's due tick, and any missed ticks before it, into fires,
 // appended to into (a scratch slice the caller reuses).
-func (s *Scheduler) plan(r *entryRun, now time.Time, seq uint64, fresh time.Time, into []taskstate.Fire) ([]taskstate.Fire, bool) {
+func (s *Scheduler) plan(r *entryRun, now time.Time, into []taskstate.Fire) ([]taskstate.Fire, bool) {
 	start := r.start()
 	next := r.next()
 	if next.IsZero() || next.Add(r.sched.Jitter(next)).After(now) {
@@ -1118,22 +1118,21 @@ func (s *Scheduler) plan(r *entryRun, now time.Time, seq uint64, fresh time.Time
 		if len(ticks) == 0 {
 			// Nothing to fire now: record the missed ticks at once, in a
 			// step of their own under the same compare-and-set.
-			return s.planSkip(r, skipped, now, seq, fresh, into)
+			return s.planSkip(r, skipped, now, into)
 		}
 	} else {
 		one[0] = next
 		ticks = one[:]
 	}
 	fires := into
-	expected, expectNone := r.cursor, !r.hasCursor
+	expected, hasExpected := r.cursor, r.hasCursor
 	for i, tick := range ticks {
-		f, err := s.buildFire(r, tick, now, seq, fresh)
+		f, err := s.buildFire(r, tick, expected, hasExpected, now)
 		if err != nil {
 			s.countError()
 			s.log.Error("cannot build fire", "entry", r.id, "tick", tick, "err", err)
 			return nil, false
 		}
-		f.Expected, f.ExpectNone = expected, expectNone
 		if i == 0 && !skipped.empty() {
 			rec, err := s.skippedRecord(r, skipped, events.SkipMissed, now)
 			if err == nil {
@@ -1141,14 +1140,14 @@ func (s *Scheduler) plan(r *entryRun, now time.Time, seq uint64, fresh time.Time
 			}
 		}
 		fires = append(fires, f)
-		expected, expectNone = tick, false
+		expected, hasExpected = tick, true
 	}
 	return fires, more
 }
 
 // planSkip records missed ticks that the catch-up policy drops, moving the
 // watermark to the last of them, without creating a task.
-func (s *Scheduler) planSkip(r *entryRun, skipped tickRange, now time.Time, seq uint64, fresh time.Time, into []taskstate.Fire) ([]taskstate.Fire, bool) {
+func (s *Scheduler) planSkip(r *entryRun, skipped tickRange, now time.Time, into []taskstate.Fire) ([]taskstate.Fire, bool) {
 	if skipped.empty() {
 		return nil, false
 	}
@@ -1158,12 +1157,8 @@ func (s *Scheduler) planSkip(r *entryRun, skipped tickRange, now time.Time, seq 
 		s.log.Error("cannot build skipped record", "entry", r.id, "err", err)
 		return nil, false
 	}
-	return append(into, taskstate.Fire{
-		Prefix: s.cfg.Names.Prefix(), Entry: r.id, Queue: r.queue, Kind: taskstate.FireSkip,
-		Tick: skipped.Last, Expected: r.cursor, ExpectNone: !r.hasCursor,
-		ConfigSeq: seq, ConfigID: s.configID, FreshAsOf: fresh, MaxStaleness: s.cfg.MaxStaleness,
-		SkippedRecords: []taskstate.Record{rec},
-	}), false
+	return append(into, taskstate.NewSkipFire(s.cfg.Names.Prefix(), r.queue, r.id, skipped.Last, r.cursor, r.hasCursor,
+		[]taskstate.Record{rec})), false
 }
 
 // apply acts on one fire's result and returns the asynq history record of
@@ -1252,19 +1247,17 @@ func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (ta
 	return taskstate.EnqueueEventRecord{}, false
 }
 
-// buildFire makes the fire of one tick of r.
-func (s *Scheduler) buildFire(r *entryRun, tick, now time.Time, seq uint64, fresh time.Time) (taskstate.Fire, error) {
+// buildFire makes the fire of one tick of r, expecting the watermark at
+// expected (hasExpected false: none).
+func (s *Scheduler) buildFire(r *entryRun, tick, expected time.Time, hasExpected bool, now time.Time) (taskstate.Fire, error) {
 	prefix := s.cfg.Names.Prefix()
 	e := r.st.Entry
 	taskID := prefix + ":" + r.id + ":" + s.tickText(tick) // TaskID
 	msg := fireMessages.Get().(*taskstate.TaskMessage)
 	fillTaskMessage(msg, e, taskID, tick)
 	fired := s.firedRecord(r, tick, taskID, now)
-	f := taskstate.Fire{
-		Prefix: prefix, Entry: r.id, Queue: r.queue, Kind: taskstate.FireTick,
-		Tick: tick, ConfigSeq: seq, ConfigID: s.configID, FreshAsOf: fresh, MaxStaleness: s.cfg.MaxStaleness,
-		Msg: msg, UniqueTTL: e.Options.Unique.D(), FiredRecord: fired,
-	}
+	f := taskstate.NewTickFire(prefix, r.queue, r.id, tick, expected, hasExpected, msg, fired)
+	f.UniqueTTL = e.Options.Unique.D()
 	var err error
 	if e.Overlap == events.OverlapSkip {
 		f.OverlapSkip = true

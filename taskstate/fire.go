@@ -67,7 +67,12 @@ type Record struct {
 
 func (r Record) empty() bool { return r.ID == "" && len(r.Data) == 0 }
 
-// Fire is one request to enqueue an entry's task for one tick.
+// Fire is one request to enqueue an entry's task for one tick (or, for
+// FireSkip, to record missed ticks). Each kind has its constructor
+// (NewTickFire, NewSkipFire, NewTriggerFire, NewBackfillFire), which sets
+// what that kind requires; the options below them are set on the result.
+// What the firing replica presents of its configuration is the batch's
+// (Fences), not the fire's.
 type Fire struct {
 	// Prefix is the tenant prefix of cronstream's own keys ("" = DefaultPrefix).
 	Prefix string
@@ -83,18 +88,6 @@ type Fire struct {
 	// never fired in this slot. Only FireTick compares them.
 	Expected   time.Time
 	ExpectNone bool
-	// ConfigSeq is the projection's config stream sequence (revision fence).
-	// Sequences above 2^53 lose precision inside the script. ConfigID is
-	// the id of the config message at ConfigSeq (events.ConfigMessageID),
-	// stored with the fence when this fire raises it; "" stores none.
-	ConfigSeq uint64
-	ConfigID  string
-	// FreshAsOf is when this replica's projection last heard the config
-	// stream; MaxStaleness how far it may lag the freshest replica firing
-	// into this slot. A zero FreshAsOf presents nothing and is not checked;
-	// a zero MaxStaleness records FreshAsOf without checking it.
-	FreshAsOf    time.Time
-	MaxStaleness time.Duration
 	// ProcessAt, when later than Redis's clock at the moment of the fire,
 	// schedules the task (asynq's Schedule) instead of enqueuing it.
 	ProcessAt time.Time
@@ -126,6 +119,84 @@ type Fire struct {
 	// DuplicateRecord is appended when asynq's unique lock is held by
 	// another task (required with UniqueTTL).
 	DuplicateRecord Record
+}
+
+// NewTickFire is the fire of entry's scheduled tick into queue (FireTick):
+// it creates msg's task and appends fired, if the watermark is still
+// expected (hasExpected false: the entry never fired in this slot), and
+// moves the watermark to tick. Options (OverlapSkip, UniqueTTL, the gap's
+// SkippedRecords, ProcessAt) are set on the result.
+func NewTickFire(prefix, queue, entry string, tick, expected time.Time, hasExpected bool, msg *TaskMessage, fired Record) Fire {
+	return Fire{Prefix: prefix, Entry: entry, Queue: queue, Kind: FireTick, Tick: tick,
+		Expected: expected, ExpectNone: !hasExpected, Msg: msg, FiredRecord: fired}
+}
+
+// NewSkipFire records the missed ticks the catch-up policy drops (FireSkip):
+// it appends skipped and moves the watermark to last, the last of them, if
+// the watermark is still expected; it creates no task.
+func NewSkipFire(prefix, queue, entry string, last, expected time.Time, hasExpected bool, skipped []Record) Fire {
+	return Fire{Prefix: prefix, Entry: entry, Queue: queue, Kind: FireSkip, Tick: last,
+		Expected: expected, ExpectNone: !hasExpected, SkippedRecords: skipped}
+}
+
+// NewTriggerFire is a manual trigger of entry at at (FireTrigger): msg's
+// task, once per requestID (derive msg's id from it), whatever the
+// watermark, which it leaves alone.
+func NewTriggerFire(prefix, queue, entry, requestID string, at time.Time, msg *TaskMessage, fired Record) Fire {
+	return Fire{Prefix: prefix, Entry: entry, Queue: queue, Kind: FireTrigger, Tick: at,
+		RequestID: requestID, Msg: msg, FiredRecord: fired}
+}
+
+// NewBackfillFire fires entry's past tick that has no fired event
+// (FireBackfill): msg's task unless it exists, whatever the watermark,
+// which it leaves alone.
+func NewBackfillFire(prefix, queue, entry string, tick time.Time, msg *TaskMessage, fired Record) Fire {
+	return Fire{Prefix: prefix, Entry: entry, Queue: queue, Kind: FireBackfill, Tick: tick,
+		Msg: msg, FiredRecord: fired}
+}
+
+// Fences are what every fire of a batch presents of the firing replica's
+// view of the configuration: the script checks them against the slot's
+// revision and staleness fences (docs/design.md INV-revision-fence,
+// INV-staleness-fence) and raises those.
+type Fences struct {
+	// ConfigSeq is the projection's config stream sequence (revision fence).
+	// Sequences above 2^53 lose precision inside the script. ConfigID is
+	// the id of the config message at ConfigSeq (events.ConfigMessageID),
+	// stored with the fence when a fire raises it; "" stores none.
+	ConfigSeq uint64
+	ConfigID  string
+	// FreshAsOf is when this replica's projection last heard the config
+	// stream; MaxStaleness how far it may lag the freshest replica firing
+	// into this slot. A zero FreshAsOf presents nothing and is not checked;
+	// a zero MaxStaleness records FreshAsOf without checking it.
+	FreshAsOf    time.Time
+	MaxStaleness time.Duration
+}
+
+func (fc Fences) check() error {
+	switch {
+	case fc.MaxStaleness < 0:
+		return fmt.Errorf("%w: negative staleness bound %s", ErrInvalidFire, fc.MaxStaleness)
+	case fc.ConfigSeq > 1<<53:
+		return fmt.Errorf("%w: config sequence %d above 2^53", ErrInvalidFire, fc.ConfigSeq)
+	}
+	return nil
+}
+
+// fenceArgs are a batch's fences as the script reads them (fireArgConfig,
+// fireArgFresh, fireArgMaxStale), made once per batch.
+type fenceArgs struct{ config, fresh, maxStale any }
+
+func (fc Fences) args() fenceArgs {
+	fa := fenceArgs{config: strconv.FormatUint(fc.ConfigSeq, 10), fresh: "", maxStale: strconv.FormatInt(fc.MaxStaleness.Milliseconds(), 10)}
+	if fc.ConfigID != "" {
+		fa.config = strconv.FormatUint(fc.ConfigSeq, 10) + ":" + fc.ConfigID
+	}
+	if !fc.FreshAsOf.IsZero() {
+		fa.fresh = strconv.FormatInt(fc.FreshAsOf.UnixMilli(), 10)
+	}
+	return fa
 }
 
 // DefaultTriggerTTL is how long a trigger's request id is remembered.
@@ -268,10 +339,6 @@ func prepareSkip(f *Fire, bad func(string, ...any) (preparedFire, error)) (prepa
 		return bad("tick is not after the expected watermark %s", f.Expected.UTC().Format(time.RFC3339Nano))
 	case len(f.SkippedRecords) == 0:
 		return bad("a skip without skipped records")
-	case f.MaxStaleness < 0:
-		return bad("negative duration")
-	case f.ConfigSeq > 1<<53:
-		return bad("config sequence %d above 2^53", f.ConfigSeq)
 	}
 	for i, r := range f.SkippedRecords {
 		if err := checkRecord(fmt.Sprintf("skipped[%d]", i), r, true); err != nil {
@@ -331,11 +398,8 @@ func prepare(f *Fire) (preparedFire, error) {
 	if f.UniqueTTL != 0 && f.UniqueTTL < time.Second {
 		return bad("unique TTL %s is below asynq's minimum of 1s", f.UniqueTTL)
 	}
-	if f.MaxStaleness < 0 || f.TriggerTTL < 0 {
-		return bad("negative duration")
-	}
-	if f.ConfigSeq > 1<<53 {
-		return bad("config sequence %d above 2^53", f.ConfigSeq)
+	if f.TriggerTTL < 0 {
+		return bad("negative trigger TTL")
 	}
 	if err := checkRecord("fired", f.FiredRecord, true); err != nil {
 		return bad("%v", err)
@@ -380,7 +444,7 @@ func checkRecord(name string, r Record, required bool) error {
 // appendFire adds p's keys and arguments to a chunk's KEYS and ARGV, laid
 // out as firelayout.go names them: the lean path's when the fire takes it,
 // else the full path's.
-func appendFire(keys []string, args []any, p preparedFire, nums *numArgs, path firePath) ([]string, []any) {
+func appendFire(keys []string, args []any, p preparedFire, nums *numArgs, fa fenceArgs, path firePath) ([]string, []any) {
 	f := p.f
 	task := p.keys.Task(p.id)
 	if path != pathFull && p.lean() {
@@ -388,11 +452,9 @@ func appendFire(keys []string, args []any, p preparedFire, nums *numArgs, path f
 		k[fireKeyWatermark], k[fireKeyMarker], k[fireKeyTask] = p.own.Watermark(f.Entry), p.own.Handover(f.Entry), task
 		var a [leanArgs]any
 		a[fireArgKind] = kindLean
-		a[fireArgTick] = nums.arg(2, f.Tick.UnixMilli())
+		a[fireArgTick] = nums.arg(numTick, f.Tick.UnixMilli())
 		a[fireArgExpected] = expectedArg(f, nums)
-		a[fireArgConfig] = nums.configArg(f)
-		a[fireArgFresh] = freshArg(f, nums)
-		a[fireArgMaxStale] = nums.arg(4, f.MaxStaleness.Milliseconds())
+		a[fireArgConfig], a[fireArgFresh], a[fireArgMaxStale] = fa.config, fa.fresh, fa.maxStale
 		a[leanArgMsg] = p.msg
 		a[leanArgTaskID] = p.id
 		a[leanArgFiredID], a[leanArgFiredData] = f.FiredRecord.ID, f.FiredRecord.Data
@@ -423,10 +485,6 @@ func appendFire(keys []string, args []any, p preparedFire, nums *numArgs, path f
 	if (f.Kind == FireTick || f.Kind == FireSkip) && !f.ExpectNone {
 		expected = strconv.FormatInt(f.Expected.UnixMilli(), 10)
 	}
-	fresh := ""
-	if !f.FreshAsOf.IsZero() {
-		fresh = strconv.FormatInt(f.FreshAsOf.UnixMilli(), 10)
-	}
 	var processAt int64
 	if !f.ProcessAt.IsZero() {
 		processAt = f.ProcessAt.UnixMilli()
@@ -443,9 +501,7 @@ func appendFire(keys []string, args []any, p preparedFire, nums *numArgs, path f
 	a[fireArgKind] = kind
 	a[fireArgTick] = strconv.FormatInt(f.Tick.UnixMilli(), 10)
 	a[fireArgExpected] = expected
-	a[fireArgConfig] = nums.configArg(f)
-	a[fireArgFresh] = fresh
-	a[fireArgMaxStale] = strconv.FormatInt(f.MaxStaleness.Milliseconds(), 10)
+	a[fireArgConfig], a[fireArgFresh], a[fireArgMaxStale] = fa.config, fa.fresh, fa.maxStale
 	a[fullArgProcessAt] = strconv.FormatInt(processAt, 10)
 	a[fullArgUniqueTTL] = strconv.FormatInt(f.UniqueTTL.Milliseconds(), 10)
 	a[fullArgGroup] = p.group
@@ -479,14 +535,12 @@ const (
 )
 
 // bulkable reports whether a chunk takes the script's bulk path: every fire
-// a plain tick (lean), of a different entry, presenting the same config
-// sequence, freshness and staleness bound.
+// a plain tick (lean), of a different entry (the batch's fences are
+// presented once).
 func bulkable(fires []*preparedFire) bool {
-	first := fires[0].f
 	for i, p := range fires {
 		f := p.f
-		if !p.lean() || f.ConfigSeq != first.ConfigSeq || f.ConfigID != first.ConfigID || f.FreshAsOf.IsZero() != first.FreshAsOf.IsZero() ||
-			f.FreshAsOf.UnixMilli() != first.FreshAsOf.UnixMilli() || f.MaxStaleness.Milliseconds() != first.MaxStaleness.Milliseconds() {
+		if !p.lean() {
 			return false
 		}
 		for _, q := range fires[:i] {
@@ -501,8 +555,7 @@ func bulkable(fires []*preparedFire) bool {
 // appendBulk adds a bulkable chunk's keys and arguments in the bulk path's
 // layout: the blocks of watermarks, moved-markers and task keys; the
 // common fence arguments once, then bulkArgs arguments per fire.
-func appendBulk(keys []string, args []any, fires []*preparedFire, nums *numArgs) ([]string, []any) {
-	first := fires[0].f
+func appendBulk(keys []string, args []any, fires []*preparedFire, nums *numArgs, fa fenceArgs) ([]string, []any) {
 	n := len(fires)
 	at := len(keys)
 	keys = slices.Grow(keys, 3*n)[:at+3*n]
@@ -513,14 +566,14 @@ func appendBulk(keys []string, args []any, fires []*preparedFire, nums *numArgs)
 	}
 	var head [argBulkFirstFire - argBulk]any
 	head[argBulk-argBulk] = kindBulk
-	head[argBulkConfig-argBulk] = nums.configArg(first)
-	head[argBulkFresh-argBulk] = freshArg(first, nums)
-	head[argBulkMaxStale-argBulk] = nums.arg(4, first.MaxStaleness.Milliseconds())
+	head[argBulkConfig-argBulk] = fa.config
+	head[argBulkFresh-argBulk] = fa.fresh
+	head[argBulkMaxStale-argBulk] = fa.maxStale
 	args = append(args, head[:]...)
 	for _, p := range fires {
 		f := p.f
 		var a [bulkArgs]any
-		a[bulkArgTick] = nums.arg(2, f.Tick.UnixMilli())
+		a[bulkArgTick] = nums.arg(numTick, f.Tick.UnixMilli())
 		a[bulkArgExpected] = expectedArg(f, nums)
 		a[bulkArgMsg] = p.msg
 		a[bulkArgTaskID] = p.id
@@ -534,41 +587,24 @@ func expectedArg(f *Fire, nums *numArgs) any {
 	if f.ExpectNone {
 		return ""
 	}
-	return nums.arg(0, f.Expected.UnixMilli())
-}
-
-func freshArg(f *Fire, nums *numArgs) any {
-	if f.FreshAsOf.IsZero() {
-		return ""
-	}
-	return nums.arg(1, f.FreshAsOf.UnixMilli())
+	return nums.arg(numExpected, f.Expected.UnixMilli())
 }
 
 // numArgs remembers the last decimal argument made for each of a few
-// numeric fields: in a burst every fire has the same tick, expected
-// watermark, config sequence, freshness and staleness bound, and the
-// string and its boxing are then made once instead of once per fire.
+// numeric fields: in a burst every fire has the same tick and expected
+// watermark, and the string and its boxing are then made once instead of
+// once per fire.
 type numArgs struct {
-	set  [5]bool
-	val  [5]int64
-	args [5]any
-	// The last config argument with an id (configArg).
-	cfgSeq uint64
-	cfgID  string
-	cfgArg any
+	set  [2]bool
+	val  [2]int64
+	args [2]any
 }
 
-// configArg is the config sequence argument: "<seq>", or "<seq>:<id>"
-// when the fire knows the id of the config message at seq.
-func (n *numArgs) configArg(f *Fire) any {
-	if f.ConfigID == "" {
-		return n.arg(3, int64(f.ConfigSeq))
-	}
-	if n.cfgArg == nil || n.cfgSeq != f.ConfigSeq || n.cfgID != f.ConfigID {
-		n.cfgSeq, n.cfgID, n.cfgArg = f.ConfigSeq, f.ConfigID, strconv.FormatUint(f.ConfigSeq, 10)+":"+f.ConfigID
-	}
-	return n.cfgArg
-}
+// Fields numArgs remembers.
+const (
+	numExpected = iota
+	numTick
+)
 
 func (n *numArgs) arg(i int, v int64) any {
 	if !n.set[i] || n.val[i] != v {
@@ -603,7 +639,7 @@ type fireCall struct {
 //
 // The calls' commands are laid out in *arena (grown as needed), which must
 // outlive the calls; fireBatch reuses it from flight to flight.
-func chunkFires(prepared []preparedFire, offset, perCall int, path firePath, arena *[]any) []*fireCall {
+func chunkFires(prepared []preparedFire, offset, perCall int, fa fenceArgs, path firePath, arena *[]any) []*fireCall {
 	type slot struct{ prefix, queue string }
 	open := make(map[slot]*fireCall)
 	var calls []*fireCall
@@ -647,10 +683,10 @@ func chunkFires(prepared []preparedFire, offset, perCall int, path firePath, are
 		head[argFires-1] = len(call.fires)
 		args = append(args[:0], head[:]...)
 		if path == pathAuto && bulkable(call.fires) {
-			keys, args = appendBulk(keys, args, call.fires, &nums)
+			keys, args = appendBulk(keys, args, call.fires, &nums, fa)
 		} else {
 			for _, p := range call.fires {
-				keys, args = appendFire(keys, args, *p, &nums, path)
+				keys, args = appendFire(keys, args, *p, &nums, fa, path)
 			}
 		}
 		cmds = append(cmds, "evalsha", fireScript.Hash(), len(keys))
@@ -701,11 +737,12 @@ func runFireCalls(ctx context.Context, c redis.UniversalClient, calls []*fireCal
 	batch.Exec(ctx)
 }
 
-// FireOnce fires f in one atomic script call. Refusals are statuses, not
-// errors; an error means the fire was invalid or Redis failed (the outcome is
-// then unknown, and firing the same Fire again is safe).
-func (s *Store) FireOnce(ctx context.Context, f Fire) (FireResult, error) {
-	res, err := s.fireBatch(ctx, []Fire{f}, maxFiresPerCall)
+// FireOnce fires f, presenting fences, in one atomic script call. Refusals
+// are statuses, not errors; an error means the fire was invalid or Redis
+// failed (the outcome is then unknown, and firing the same Fire again is
+// safe).
+func (s *Store) FireOnce(ctx context.Context, fences Fences, f Fire) (FireResult, error) {
+	res, err := s.fireBatch(ctx, fences, []Fire{f}, maxFiresPerCall)
 	if err != nil {
 		return FireResult{}, err
 	}
@@ -715,22 +752,27 @@ func (s *Store) FireOnce(ctx context.Context, f Fire) (FireResult, error) {
 	return res[0], nil
 }
 
-// FireBatch fires many fires, grouped per queue (and per tenant prefix) into
-// script calls of up to maxFiresPerCall fires each, sent in pipelines. Fires
+// FireBatch fires many fires, each presenting fences, grouped per queue (and
+// per tenant prefix) into script calls of up to maxFiresPerCall fires each,
+// sent in pipelines. Fires
 // of one queue run in the order given, so a later fire sees the watermark an
 // earlier one moved. The results are in the order of fires. A fire whose call
 // failed has Err set; FireBatch then also returns an error. An invalid fire
-// fails the whole batch before anything is sent.
+// or invalid fences fail the whole batch before anything is sent.
 //
 // FireBatch does not look at the outbox backlog: the scheduler pauses firing
 // on OutboxLen.
-func (s *Store) FireBatch(ctx context.Context, fires []Fire) ([]FireResult, error) {
-	return s.fireBatch(ctx, fires, maxFiresPerCall)
+func (s *Store) FireBatch(ctx context.Context, fences Fences, fires []Fire) ([]FireResult, error) {
+	return s.fireBatch(ctx, fences, fires, maxFiresPerCall)
 }
 
 // fireBatch is FireBatch with the chunk size as a parameter: 1 sends a
 // pipeline of one script call per fire (the benchmark's comparison).
-func (s *Store) fireBatch(ctx context.Context, fires []Fire, perCall int) ([]FireResult, error) {
+func (s *Store) fireBatch(ctx context.Context, fences Fences, fires []Fire, perCall int) ([]FireResult, error) {
+	if err := fences.check(); err != nil {
+		return nil, err
+	}
+	fa := fences.args()
 	pbuf := preparedBufs.Get().(*[]preparedFire)
 	prepared := slices.Grow((*pbuf)[:0], len(fires))[:len(fires)]
 	arena := cmdArenas.Get().(*[]any)
@@ -764,7 +806,7 @@ func (s *Store) fireBatch(ctx context.Context, fires []Fire, perCall int) ([]Fir
 	var firstErr error
 	for start := 0; start < len(prepared); start += maxFiresPerFlight {
 		end := min(start+maxFiresPerFlight, len(prepared))
-		calls := chunkFires(prepared[start:end], start, perCall, s.firePath, arena)
+		calls := chunkFires(prepared[start:end], start, perCall, fa, s.firePath, arena)
 		runFireCalls(ctx, s.client, calls)
 		for _, call := range calls {
 			decodeFireCall(call, results)
