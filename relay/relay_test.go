@@ -111,7 +111,7 @@ func (e *env) write(queue, entry string, n int) []string {
 		})
 		ids = append(ids, evID)
 	}
-	res, err := e.store.FireBatch(ctx(e.t, 30*time.Second), fires)
+	res, err := e.store.FireBatch(ctx(e.t, 30*time.Second), taskstate.Fences{}, fires)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -491,7 +491,7 @@ func TestRelayLeavesNewerRecords(t *testing.T) {
 		Msg:         &taskstate.TaskMessage{Type: "t", ID: "newer-task"},
 		FiredRecord: taskstate.Record{ID: "fire:b:1800000000", Data: []byte("F2 some future layout")},
 	}
-	if _, err := e.store.FireOnce(c, newer); err != nil {
+	if _, err := e.store.FireOnce(c, taskstate.Fences{}, newer); err != nil {
 		t.Fatal(err)
 	}
 	e.write("default", "a", 2)

@@ -29,7 +29,7 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 	now := s.clock.Now()
 	seq := s.cfg.Projection.LastSeq()
 	s.configID = s.cfg.Projection.ConfigMessageID(seq)
-	fresh := s.cfg.Projection.LastHeard()
+	fences := taskstate.Fences{ConfigSeq: seq, ConfigID: s.configID, FreshAsOf: s.cfg.Projection.LastHeard(), MaxStaleness: s.cfg.MaxStaleness}
 	type planned struct {
 		r    *entryRun
 		more bool
@@ -56,7 +56,7 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			results, err := s.broker.FireBatch(ctx, c.fires)
+			results, err := s.broker.FireBatch(ctx, fences, c.fires)
 			if err != nil && len(results) != len(c.fires) {
 				results = make([]taskstate.FireResult, len(c.fires))
 				for i := range results {
@@ -84,7 +84,7 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 		}()
 	}
 	for _, r := range due {
-		fires, more := s.plan(r, now, seq, fresh, scratch[:0])
+		fires, more := s.plan(r, now, scratch[:0])
 		scratch = fires
 		if len(fires) == 0 {
 			s.schedule(r, now)

@@ -131,7 +131,7 @@ func (s *Scheduler) handover(ctx context.Context, r *entryRun, from []string) (b
 		if q == r.queue {
 			continue
 		}
-		tick, task, ok, err := s.broker.CloseForHandover(ctx, prefix, q, r.id, r.st.Revision)
+		tick, task, ok, err := s.broker.CloseForHandover(ctx, prefix, q, r.id, r.st.Revision, s.revisionID(r))
 		if err != nil {
 			s.countError()
 			s.log.Warn("close entry in its old queue", "entry", r.id, "queue", q, "err", err)
@@ -142,7 +142,7 @@ func (s *Scheduler) handover(ctx context.Context, r *entryRun, from []string) (b
 			best, bestTask, found = tick, task, true
 		}
 	}
-	if err := s.broker.SeedWatermark(ctx, prefix, r.queue, r.id, best, bestTask, r.st.Revision); err != nil {
+	if err := s.broker.SeedWatermark(ctx, prefix, r.queue, r.id, best, bestTask, r.st.Revision, s.revisionID(r)); err != nil {
 		if !errors.Is(err, taskstate.ErrHandoverSuperseded) {
 			s.countError()
 			s.log.Warn("seed entry in its new queue", "entry", r.id, "queue", r.queue, "err", err)
@@ -179,7 +179,7 @@ func (s *Scheduler) restore(ctx context.Context, r *entryRun) bool {
 	// At the entry's revision: it never overrides a handover to another
 	// queue at a later revision, and passes this configuration's own
 	// handover marker (an entry with more than its registration has one).
-	if err := s.broker.SeedWatermark(ctx, s.cfg.Names.Prefix(), r.queue, r.id, tick, task, r.st.Revision); err != nil {
+	if err := s.broker.SeedWatermark(ctx, s.cfg.Names.Prefix(), r.queue, r.id, tick, task, r.st.Revision, s.revisionID(r)); err != nil {
 		s.log.Warn("restore the entry's watermark", "entry", r.id, "queue", r.queue, "tick", tick, "from", from, "err", err)
 		return false
 	}

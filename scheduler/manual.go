@@ -16,7 +16,7 @@ import (
 
 // firer is what manual fires need of Redis; *taskstate.Store implements it.
 type firer interface {
-	FireBatch(ctx context.Context, fires []taskstate.Fire) ([]taskstate.FireResult, error)
+	FireBatch(ctx context.Context, fences taskstate.Fences, fires []taskstate.Fire) ([]taskstate.FireResult, error)
 }
 
 // Manual fires an entry outside its schedule: a trigger now, or a backfill
@@ -122,7 +122,7 @@ func (m Manual) fireFresh(ctx context.Context, t Target, items int, build func(t
 		var again []int
 		for start := 0; start < len(fires); start += DefaultBatch {
 			end := min(start+DefaultBatch, len(fires))
-			res, err := m.fire(ctx, fires[start:end])
+			res, err := m.fire(ctx, taskstate.Fences{ConfigSeq: t.ConfigSeq}, fires[start:end])
 			if err != nil {
 				return nil, t, err
 			}
@@ -179,11 +179,8 @@ func (m Manual) Trigger(ctx context.Context, t Target, requestID string) (string
 		if err != nil {
 			return taskstate.Fire{}, err
 		}
-		f := taskstate.Fire{
-			Prefix: prefix, Entry: e.ID, Queue: e.Options.QueueName(), Kind: taskstate.FireTrigger,
-			Tick: now, RequestID: requestID, Msg: entryTaskMessage(e, taskID, now),
-			UniqueTTL: e.Options.Unique.D(), FiredRecord: rec, ConfigSeq: t.ConfigSeq,
-		}
+		f := taskstate.NewTriggerFire(prefix, e.Options.QueueName(), e.ID, requestID, now, entryTaskMessage(e, taskID, now), rec)
+		f.UniqueTTL = e.Options.Unique.D()
 		if f.UniqueTTL > 0 {
 			if f.DuplicateRecord, err = m.record(events.TriggerSkippedEventID(e.ID, requestID), events.TypeEntrySkipped, e.ID, now,
 				events.Skipped{Entry: e.ID, ScheduledAt: now.UTC().Truncate(time.Second), Reason: events.SkipUnique, Revision: t.Revision, Replica: m.source()}); err != nil {
@@ -283,11 +280,8 @@ func (m Manual) Backfill(ctx context.Context, t Target, from, to time.Time) (Bac
 		if err != nil {
 			return taskstate.Fire{}, err
 		}
-		f := taskstate.Fire{
-			Prefix: prefix, Entry: e.ID, Queue: queue, Kind: taskstate.FireBackfill, Tick: tick,
-			Msg: entryTaskMessage(e, taskID, tick), FiredRecord: rec, ConfigSeq: t.ConfigSeq,
-			UniqueTTL: e.Options.Unique.D(),
-		}
+		f := taskstate.NewBackfillFire(prefix, queue, e.ID, tick, entryTaskMessage(e, taskID, tick), rec)
+		f.UniqueTTL = e.Options.Unique.D()
 		if f.UniqueTTL > 0 {
 			if f.DuplicateRecord, err = m.record(skippedEventID(e.ID, tickRange{First: tick, Last: tick, Count: 1}), events.TypeEntrySkipped, e.ID, now,
 				events.Skipped{Entry: e.ID, ScheduledAt: tick, Reason: events.SkipUnique, Revision: t.Revision, Replica: m.source()}); err != nil {
@@ -377,12 +371,12 @@ func (m Manual) firedTicks(ctx context.Context, entry string, from, to time.Time
 	}
 }
 
-func (m Manual) fire(ctx context.Context, fires []taskstate.Fire) ([]taskstate.FireResult, error) {
+func (m Manual) fire(ctx context.Context, fences taskstate.Fences, fires []taskstate.Fire) ([]taskstate.FireResult, error) {
 	f := m.firer
 	if f == nil {
 		f = taskstate.New(m.Redis)
 	}
-	res, err := f.FireBatch(ctx, fires)
+	res, err := f.FireBatch(ctx, fences, fires)
 	if err != nil {
 		return nil, err
 	}

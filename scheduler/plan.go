@@ -11,7 +11,7 @@ import (
 
 // plan turns r's due tick, and any missed ticks before it, into fires,
 // appended to into (a scratch slice the caller reuses).
-func (s *Scheduler) plan(r *entryRun, now time.Time, seq uint64, fresh time.Time, into []taskstate.Fire) ([]taskstate.Fire, bool) {
+func (s *Scheduler) plan(r *entryRun, now time.Time, into []taskstate.Fire) ([]taskstate.Fire, bool) {
 	start := r.start()
 	next := r.next()
 	if next.IsZero() || next.Add(r.sched.Jitter(next)).After(now) {
@@ -31,22 +31,21 @@ func (s *Scheduler) plan(r *entryRun, now time.Time, seq uint64, fresh time.Time
 		if len(ticks) == 0 {
 			// Nothing to fire now: record the missed ticks at once, in a
 			// step of their own under the same compare-and-set.
-			return s.planSkip(r, skipped, now, seq, fresh, into)
+			return s.planSkip(r, skipped, now, into)
 		}
 	} else {
 		one[0] = next
 		ticks = one[:]
 	}
 	fires := into
-	expected, expectNone := r.cursor, !r.hasCursor
+	expected, hasExpected := r.cursor, r.hasCursor
 	for i, tick := range ticks {
-		f, err := s.buildFire(r, tick, now, seq, fresh)
+		f, err := s.buildFire(r, tick, expected, hasExpected, now)
 		if err != nil {
 			s.countError()
 			s.log.Error("cannot build fire", "entry", r.id, "tick", tick, "err", err)
 			return nil, false
 		}
-		f.Expected, f.ExpectNone = expected, expectNone
 		if i == 0 && !skipped.empty() {
 			rec, err := s.skippedRecord(r, skipped, events.SkipMissed, now)
 			if err == nil {
@@ -54,14 +53,14 @@ func (s *Scheduler) plan(r *entryRun, now time.Time, seq uint64, fresh time.Time
 			}
 		}
 		fires = append(fires, f)
-		expected, expectNone = tick, false
+		expected, hasExpected = tick, true
 	}
 	return fires, more
 }
 
 // planSkip records missed ticks that the catch-up policy drops, moving the
 // watermark to the last of them, without creating a task.
-func (s *Scheduler) planSkip(r *entryRun, skipped tickRange, now time.Time, seq uint64, fresh time.Time, into []taskstate.Fire) ([]taskstate.Fire, bool) {
+func (s *Scheduler) planSkip(r *entryRun, skipped tickRange, now time.Time, into []taskstate.Fire) ([]taskstate.Fire, bool) {
 	if skipped.empty() {
 		return nil, false
 	}
@@ -71,27 +70,21 @@ func (s *Scheduler) planSkip(r *entryRun, skipped tickRange, now time.Time, seq 
 		s.log.Error("cannot build skipped record", "entry", r.id, "err", err)
 		return nil, false
 	}
-	return append(into, taskstate.Fire{
-		Prefix: s.cfg.Names.Prefix(), Entry: r.id, Queue: r.queue, Kind: taskstate.FireSkip,
-		Tick: skipped.Last, Expected: r.cursor, ExpectNone: !r.hasCursor,
-		ConfigSeq: seq, ConfigID: s.configID, FreshAsOf: fresh, MaxStaleness: s.cfg.MaxStaleness,
-		SkippedRecords: []taskstate.Record{rec},
-	}), false
+	return append(into, taskstate.NewSkipFire(s.cfg.Names.Prefix(), r.queue, r.id, skipped.Last, r.cursor, r.hasCursor,
+		[]taskstate.Record{rec})), false
 }
 
-// buildFire makes the fire of one tick of r.
-func (s *Scheduler) buildFire(r *entryRun, tick, now time.Time, seq uint64, fresh time.Time) (taskstate.Fire, error) {
+// buildFire makes the fire of one tick of r, expecting the watermark at
+// expected (hasExpected false: none).
+func (s *Scheduler) buildFire(r *entryRun, tick, expected time.Time, hasExpected bool, now time.Time) (taskstate.Fire, error) {
 	prefix := s.cfg.Names.Prefix()
 	e := r.st.Entry
 	taskID := events.TaskIDOfTickText(prefix, r.id, s.tickText(tick))
 	msg := fireMessages.Get().(*taskstate.TaskMessage)
 	fillTaskMessage(msg, e, taskID, tick)
 	fired := s.firedRecord(r, tick, taskID, now)
-	f := taskstate.Fire{
-		Prefix: prefix, Entry: r.id, Queue: r.queue, Kind: taskstate.FireTick,
-		Tick: tick, ConfigSeq: seq, ConfigID: s.configID, FreshAsOf: fresh, MaxStaleness: s.cfg.MaxStaleness,
-		Msg: msg, UniqueTTL: e.Options.Unique.D(), FiredRecord: fired,
-	}
+	f := taskstate.NewTickFire(prefix, r.queue, r.id, tick, expected, hasExpected, msg, fired)
+	f.UniqueTTL = e.Options.Unique.D()
 	var err error
 	if e.Overlap == events.OverlapSkip {
 		f.OverlapSkip = true

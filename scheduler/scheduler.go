@@ -57,12 +57,13 @@ import (
 
 // broker is the scheduler's seam to Redis; *taskstate.Store implements it.
 type broker interface {
-	FireBatch(ctx context.Context, fires []taskstate.Fire) ([]taskstate.FireResult, error)
+	FireBatch(ctx context.Context, fences taskstate.Fences, fires []taskstate.Fire) ([]taskstate.FireResult, error)
 	Watermarks(ctx context.Context, prefix, queue string, entries []string) ([]taskstate.WatermarkInfo, error)
-	CloseForHandover(ctx context.Context, prefix, oldQueue, entry string, revision uint64) (time.Time, string, bool, error)
-	SeedWatermark(ctx context.Context, prefix, newQueue, entry string, tick time.Time, taskID string, revision uint64) error
+	CloseForHandover(ctx context.Context, prefix, oldQueue, entry string, revision uint64, configID string) (time.Time, string, bool, error)
+	SeedWatermark(ctx context.Context, prefix, newQueue, entry string, tick time.Time, taskID string, revision uint64, configID string) error
 	ClearFence(ctx context.Context, prefix, queue string, seq uint64) (bool, error)
 	ClearHandover(ctx context.Context, prefix, queue, entry string, revision uint64) (bool, error)
+	HandoverID(ctx context.Context, prefix, queue, entry string, revision uint64) (string, error)
 	WriteSchedulerEntries(ctx context.Context, schedulerID string, entries []taskstate.SchedulerEntry, ttl time.Duration) error
 	RecordSchedulerEnqueueEvents(ctx context.Context, events []taskstate.EnqueueEventRecord) error
 }

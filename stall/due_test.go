@@ -259,7 +259,7 @@ func TestCheck(t *testing.T) {
 	}
 	seed := func(queue, entry string, tick time.Time) {
 		t.Helper()
-		if err := store.SeedWatermark(ctx, names.Prefix(), queue, entry, tick, scheduler.TaskID(names.Prefix(), entry, tick), 1); err != nil {
+		if err := store.SeedWatermark(ctx, names.Prefix(), queue, entry, tick, scheduler.TaskID(names.Prefix(), entry, tick), 1, ""); err != nil {
 			t.Fatal(err)
 		}
 	}
