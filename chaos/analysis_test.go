@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/cronstream/cronstream/events"
 )
 
 // band is a time range whose ticks may be missed: an outage (no replica up,
@@ -213,9 +215,11 @@ func check(ctx context.Context, rdb *redis.Client, in checkInput) report {
 	// is written in the script that enqueues or skips), so they count as
 	// neither missed nor unaccounted; a tick of a lost fired record that
 	// has a task now was fired a second time.
-	published := map[string]bool{}
+	published := map[string]activity{} // first event with each id
 	for _, a := range in.acts {
-		published[a.msgID] = true
+		if _, ok := published[a.msgID]; !ok {
+			published[a.msgID] = a
+		}
 	}
 	inLostOutbox := map[string]bool{}
 	lostFired := map[tickKey]bool{}
@@ -223,7 +227,8 @@ func check(ctx context.Context, rdb *redis.Client, in checkInput) report {
 	for i, f := range in.flushes {
 		for _, a := range f.outbox {
 			inLostOutbox[a.msgID] = true
-			if published[a.msgID] {
+			p, ok := published[a.msgID]
+			if ok && (a.fired == nil || p.fired != nil && sameFire(*p.fired, *a.fired)) {
 				continue // the relay had it in flight: it reached the stream
 			}
 			switch {
@@ -231,9 +236,13 @@ func check(ctx context.Context, rdb *redis.Client, in checkInput) report {
 				r.lostFired++
 				k := tickKey{a.fired.Entry, a.fired.ScheduledAt.Unix()}
 				lostFired[k] = true
-				if _, ok := tasks[k]; ok {
+				_, task := tasks[k]
+				if task || ok {
+					// A fired event ids its tick, so a second fire of
+					// it publishes under the lost record's id, with
+					// another enqueue time.
 					r.dupLostRecordRefired++
-					r.example("tick of a record lost with Redis fired again", "%s (loss %d)", a.msgID, i+1)
+					r.example("tick of a record lost with Redis fired again", "%s (loss %d; a task now: %v, an event of another fire: %v)", a.msgID, i+1, task, ok)
 				}
 			case a.skipped != nil:
 				r.lostSkipped++
@@ -473,6 +482,12 @@ func check(ctx context.Context, rdb *redis.Client, in checkInput) report {
 		r.example("recovered attempt not in the held list", "%s", key)
 	}
 	return r
+}
+
+// sameFire reports whether two fired events describe the same fire (the
+// enqueue instant is the replica's clock at the fire, in nanoseconds).
+func sameFire(a, b events.Fired) bool {
+	return a.EnqueuedAt.Equal(b.EnqueuedAt) && a.Replica == b.Replica && a.TaskID == b.TaskID && a.Queue == b.Queue
 }
 
 // flushedAfter reports whether Redis lost its data after t.
