@@ -31,6 +31,13 @@
 // replica that made them, which is the documented limit of the restore
 // (docs/operations.md, Redis). NATS node stops stay clear of the full NATS
 // restart, since one node cannot rejoin a cluster whose others are down.
+// The data loss and the full NATS outage are kept apart too. A data loss
+// during a whole-NATS outage is a fault of its own, and it fails the
+// checks as they stand. The replicas cannot read the activity stream to
+// restore from, so they fire nothing until NATS is back, and the ticks of
+// that wait follow the catch-up policy. The whole outbox backlog goes
+// with Redis, and a replica that had not made those fires restored behind
+// them and then skipped ticks that had been enqueued before the loss.
 //
 // # Outage bands
 //
@@ -64,10 +71,13 @@
 //     last loss, so a task whose fired event was stored before Redis came
 //     back is a tick fired again after the loss (the stream drops the second
 //     publish as a duplicate, so only this comparison shows it). A task for
-//     the tick of a record lost with Redis is a second fire too. A tick both
-//     skipped and fired counts whether the fire left a task or only its
-//     event, and a task started twice in one attempt counts across the
-//     loss.
+//     the tick of a record lost with Redis is a second fire too, and so is
+//     an event under that record's id with another enqueue time (a fired
+//     event's id names its tick, so a second fire publishes under the lost
+//     record's id; a record the relay had in flight keeps its time). A
+//     tick both skipped and fired counts whether the fire left a task or
+//     only its event, and a task started twice in one attempt counts across
+//     the loss.
 //   - Lost with Redis is reported on its own and does not fail the run:
 //     fired records (their tasks were enqueued, and may have run), skipped
 //     records (their ticks count as skipped) and recovery records not yet
