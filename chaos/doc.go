@@ -17,7 +17,9 @@
 //     always) loaded: nothing acknowledged is lost;
 //   - Redis data loss: AOF is turned off, Redis is stopped and its files
 //     removed, and it starts again empty, as a server without persistence
-//     does. The replicas keep running through it;
+//     does. The replicas keep running through it. It comes just after a
+//     second's ticks were fired, before the relay publishes them, so some
+//     records are lost with Redis;
 //   - a full NATS restart: every node stopped, then all started again on
 //     their stores.
 //
