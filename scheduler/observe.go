@@ -113,6 +113,11 @@ func (s *Scheduler) confirmHeard(ctx context.Context, due []*entryRun) []*entryR
 				continue
 			}
 			r.cursor, r.hasCursor, r.lastTask, r.tries = wms[i].Tick, true, wms[i].TaskID, 0
+			// Read from Redis: a handled tick, kept to restore the
+			// watermark if Redis loses it. Without it a replica that only
+			// confirmed others' fires would take a vanished watermark
+			// for an entry that never fired and fire it anew.
+			r.handled, r.hasHandled = wms[i].Tick, true
 			s.schedule(r, now)
 		}
 	}
