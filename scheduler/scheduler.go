@@ -197,6 +197,7 @@ type Scheduler struct {
 // Stats are counters for status and tests.
 type Stats struct {
 	Fired, AlreadyExisted, SkippedMissed, SkippedOverlap, SkippedUnique uint64
+	SkippedExcluded                                                     uint64
 	Refused                                                             map[string]uint64
 	Errors                                                              uint64
 	Entries                                                             int
@@ -1074,13 +1075,16 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 
 // sentFire is what apply needs to know of a fire once it was sent.
 type sentFire struct {
-	kind    taskstate.FireKind
-	tick    time.Time
-	skipped bool // it carried skipped records
+	kind     taskstate.FireKind
+	tick     time.Time
+	skipped  bool // it carried skipped records of missed ticks
+	excluded bool // it carried a skipped record of excluded ticks
 }
 
 func sentOf(f *taskstate.Fire) sentFire {
-	return sentFire{kind: f.Kind, tick: f.Tick, skipped: len(f.SkippedRecords) > 0}
+	sf := sentFire{kind: f.Kind, tick: f.Tick}
+	sf.skipped, sf.excluded = skipReasons(f.SkippedRecords)
+	return sf
 }
 
 // writeHistory records asynq's enqueue history beside the loop, so the
@@ -1102,6 +1106,9 @@ func (s *Scheduler) plan(r *entryRun, now time.Time, seq uint64, fresh time.Time
 	next := r.next()
 	if next.IsZero() || next.Add(r.sched.Jitter(next)).After(now) {
 		return nil, false
+	}
+	if r.sched.Excluded(next) {
+		return s.planExcluded(r, next, now, seq, fresh, into)
 	}
 	// Only ticks older than grace and the largest jitter are missed; a
 	// younger tick is fired normally.
@@ -1126,7 +1133,13 @@ func (s *Scheduler) plan(r *entryRun, now time.Time, seq uint64, fresh time.Time
 	fires := into
 	expected, expectNone := r.cursor, !r.hasCursor
 	for i, tick := range ticks {
-		f, err := s.buildFire(r, tick, now, seq, fresh)
+		var f taskstate.Fire
+		var err error
+		if r.sched.Excluded(tick) {
+			f, err = s.excludedFire(r, tickRange{First: tick, Last: tick, Count: 1, Exact: true}, now, seq, fresh)
+		} else {
+			f, err = s.buildFire(r, tick, now, seq, fresh)
+		}
 		if err != nil {
 			s.countError()
 			s.log.Error("cannot build fire", "entry", r.id, "tick", tick, "err", err)
@@ -1136,7 +1149,7 @@ func (s *Scheduler) plan(r *entryRun, now time.Time, seq uint64, fresh time.Time
 		if i == 0 && !skipped.empty() {
 			rec, err := s.skippedRecord(r, skipped, events.SkipMissed, now)
 			if err == nil {
-				f.SkippedRecords = []taskstate.Record{rec}
+				f.SkippedRecords = append(f.SkippedRecords, rec)
 			}
 		}
 		fires = append(fires, f)
@@ -1229,6 +1242,10 @@ func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (ta
 	if f.skipped {
 		s.count(func(st *Stats) { st.SkippedMissed++ })
 		s.m.Skipped.WithLabelValues(events.SkipMissed).Inc()
+	}
+	if f.excluded {
+		s.count(func(st *Stats) { st.SkippedExcluded++ })
+		s.m.Skipped.WithLabelValues(events.SkipExcluded).Inc()
 	}
 	switch status {
 	case taskstate.StatusFired:

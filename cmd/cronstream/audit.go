@@ -29,6 +29,7 @@ type auditFlags struct {
 	since, until string
 	follow       bool
 	limit, tail  int
+	selector     string
 }
 
 func newAuditCommand(g *globalFlags) *cobra.Command {
@@ -42,6 +43,8 @@ streams stored them.
 
 Filters combine:
   --entry ID     config events of the entry and its fired/skipped events
+  --selector S   config, fired and skipped events of entries whose labels
+                 match S (team=payments, tier!=batch, team, !team)
   --queue Q      recoveries in queue Q, fires into Q, and config events of
                  entries that are in Q (or just left it)
   --type T,...   event types: short names (fired), with or without the
@@ -82,6 +85,7 @@ shown as they are.`,
 	fl := cmd.Flags()
 	fl.StringVar(&f.entry, "entry", "", "only events of this entry")
 	fl.StringVar(&f.queue, "queue", "", "only events concerning this asynq queue")
+	fl.StringVarP(&f.selector, "selector", "l", "", "only events of entries whose labels match (k=v, k!=v, k, !k; commas join)")
 	fl.StringVar(&f.typ, "type", "", "only these event types: short names (fired), full names or globs, comma separated")
 	fl.StringVar(&f.since, "since", "", "only events stored at or after this time (RFC 3339, a date, or ago: 1h, 7d)")
 	fl.StringVar(&f.until, "until", "", "only events stored at or before this time (RFC 3339, a date, or ago: 1h, 7d)")
@@ -154,13 +158,18 @@ func runAudit(cmd *cobra.Command, g *globalFlags, f *auditFlags) error {
 			return usageError{fmt.Errorf("--entry: %w", err)}
 		}
 	}
+	sel, err := events.ParseSelector(f.selector)
+	if err != nil {
+		return usagef("--selector: %v", err)
+	}
 	s, err := openStreamsSession(ctx, g, &f.conn)
 	if err != nil {
 		return err
 	}
 	defer s.Close()
 
-	flt := &auditFilter{names: s.names, entry: f.entry, queue: f.queue, globs: globs, since: since, until: until, queueOf: map[string]string{}}
+	flt := &auditFilter{names: s.names, entry: f.entry, queue: f.queue, globs: globs, since: since, until: until, queueOf: map[string]string{},
+		sel: sel, labelsOf: map[string]map[string]string{}}
 	// With --queue, the config stream is read from its start whatever
 	// --since says: the entry → queue map must be known at --since to tell
 	// which fire and skip events concern the queue. Events before --since
@@ -173,6 +182,8 @@ func runAudit(cmd *cobra.Command, g *globalFlags, f *auditFlags) error {
 		actSubjects = []string{s.names.FireSubject(f.entry)}
 	case f.queue != "":
 		actSubjects = []string{s.names.Prefix() + ".fire.>", s.names.RecoverySubject(f.queue)}
+	case !sel.Empty():
+		actSubjects = []string{s.names.Prefix() + ".fire.>"}
 	}
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -200,7 +211,7 @@ func runAudit(cmd *cobra.Command, g *globalFlags, f *auditFlags) error {
 		subjects []string
 		since    time.Time
 	}{
-		{true, s.names.ConfigStream(), cfgSubjects, pick2(f.queue != "", time.Time{}, since)},
+		{true, s.names.ConfigStream(), cfgSubjects, pick2(f.queue != "" || !sel.Empty(), time.Time{}, since)},
 		{false, s.names.ActivityStream(), actSubjects, since},
 	} {
 		cc := jetstream.OrderedConsumerConfig{FilterSubjects: spec.subjects, InactiveThreshold: time.Minute}
@@ -355,6 +366,10 @@ type auditFilter struct {
 	// queueOf follows each entry's queue through the config events, so
 	// skipped events (which carry no queue) can be matched to --queue.
 	queueOf map[string]string
+	// sel is --selector; labelsOf follows each entry's labels the same
+	// way (see selected).
+	sel      events.Selector
+	labelsOf map[string]map[string]string
 }
 
 func (f *auditFilter) keep(m auditMsg) bool {
@@ -362,6 +377,9 @@ func (f *auditFilter) keep(m auditMsg) bool {
 	inQueue := f.queue == ""
 	if f.queue != "" {
 		inQueue = f.concernsQueue(m, ev)
+	}
+	if !f.sel.Empty() && !f.selected(m) {
+		return false
 	}
 	if !f.since.IsZero() && m.time.Before(f.since) {
 		return false
@@ -382,7 +400,8 @@ func (f *auditFilter) keep(m auditMsg) bool {
 // full name, its name without "cronstream." or its short name.
 func typeMatches(globs []string, typ string) bool {
 	for _, g := range globs {
-		for _, name := range []string{typ, strings.TrimPrefix(typ, "cronstream."), events.ShortType(typ)} {
+		kind := events.ConfigKind(typ) // a gated config event matches its kind
+		for _, name := range []string{typ, strings.TrimPrefix(typ, "cronstream."), events.ShortType(typ), kind, strings.TrimPrefix(kind, "cronstream.")} {
 			if ok, _ := path.Match(g, name); ok {
 				return true
 			}
@@ -558,7 +577,7 @@ func withStreamSeq(m auditMsg) ([]byte, error) {
 
 // eventSummary says what an event is about in a few words.
 func eventSummary(ev *events.Event) string {
-	switch ev.Type {
+	switch events.ConfigKind(ev.Type) {
 	case events.TypeEntryRegistered, events.TypeEntryUpdated:
 		var e events.Entry
 		if ev.DecodeData(&e) == nil {
