@@ -2,6 +2,7 @@ package events
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/robfig/cron/v3"
@@ -57,27 +58,43 @@ func (e Entry) Exclusions() (Exclusions, error) {
 		if err != nil {
 			return nil, fmt.Errorf("exclude %q: %w", spec, err)
 		}
-		out = append(out, s)
+		out = append(out, exclusion{sched: s, minutes: !hasSeconds(spec)})
 	}
 	return out, nil
 }
 
 // Exclusions are parsed exclusion specs.
-type Exclusions []cron.Schedule
+type Exclusions []exclusion
 
-// Match reports whether tick matches one of the specs: a spec matches the
-// instants it would tick at, so "* * 25 12 *" excludes every tick of
-// December 25th that falls on a whole minute, and "* * * 25 12 *" (six
-// fields) every tick of that day.
-func (x Exclusions) Match(tick time.Time) bool {
-	if len(x) == 0 {
-		return false
+type exclusion struct {
+	sched cron.Schedule
+	// minutes: the spec has no seconds field, so it names whole minutes:
+	// "* * 25 12 *" excludes every tick of December 25th, those of a
+	// six-field entry spec at :30 seconds too.
+	minutes bool
+}
+
+// hasSeconds reports whether a cron spec has the optional leading seconds
+// field (six fields after any CRON_TZ= prefix).
+func hasSeconds(spec string) bool {
+	f := strings.Fields(spec)
+	if len(f) > 0 && (strings.HasPrefix(f[0], "CRON_TZ=") || strings.HasPrefix(f[0], "TZ=")) {
+		f = f[1:]
 	}
-	// Ticks are whole seconds; Next of the second before is the tick
-	// exactly when the spec matches it.
-	before := tick.Truncate(time.Second).Add(-time.Second)
+	return len(f) == 6
+}
+
+// Match reports whether tick matches one of the specs: a six-field spec
+// matches the seconds it would tick at, a five-field one (or a descriptor)
+// every second of the minutes it would tick at.
+func (x Exclusions) Match(tick time.Time) bool {
 	for _, s := range x {
-		if s.Next(before).Equal(tick) {
+		t := tick.Truncate(time.Second)
+		if s.minutes {
+			t = tick.Truncate(time.Minute)
+		}
+		// Next of the second before is t exactly when the spec matches t.
+		if s.sched.Next(t.Add(-time.Second)).Equal(t) {
 			return true
 		}
 	}
