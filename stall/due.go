@@ -138,6 +138,10 @@ func (t *track) due() (tick, due time.Time, ok bool) {
 // now, counted from since at the earliest (a detector does not blame the
 // time before it ran); ok is false when nothing is due.
 func (t *track) lateness(now, since time.Time) (late Late, over time.Duration, ok bool) {
+	if t.st.Entry.Ended(now) {
+		// Past its end_at the entry shows as ended, never as late.
+		return Late{}, 0, false
+	}
 	tick, due, ok := t.due()
 	if !ok || !now.After(due) {
 		return Late{}, 0, false
