@@ -26,7 +26,9 @@ func TestScheduleFieldsValidate(t *testing.T) {
 		{"bad exclusion", func(e *Entry) { e.Exclude = []string{"* * 32 12 *"} }, "exclude", ""},
 		{"@every exclusion", func(e *Entry) { e.Exclude = []string{"@every 1h"} }, "exclude", "not a calendar"},
 		{"good exclusions", func(e *Entry) { e.Exclude = []string{"* * 25 12 *", "0 0 9 * * 1"} }, "", ""},
-		{"labels", func(e *Entry) { e.Labels = map[string]string{"team": "payments", "example.com/tier": "", "a_b.c-d": "X_1"} }, "", ""},
+		{"labels", func(e *Entry) {
+			e.Labels = map[string]string{"team": "payments", "example.com/tier": "", "a_b.c-d": "X_1"}
+		}, "", ""},
 		{"label key with space", func(e *Entry) { e.Labels = map[string]string{"my team": "x"} }, "labels", "key name"},
 		{"label value dash end", func(e *Entry) { e.Labels = map[string]string{"team": "pay-"} }, "labels.team", "value"},
 		{"label prefix upper", func(e *Entry) { e.Labels = map[string]string{"Example.com/x": "y"} }, "labels", "prefix"},
