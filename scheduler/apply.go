@@ -9,13 +9,16 @@ import (
 
 // sentFire is what apply needs to know of a fire once it was sent.
 type sentFire struct {
-	kind    taskstate.FireKind
-	tick    time.Time
-	skipped bool // it carried skipped records
+	kind     taskstate.FireKind
+	tick     time.Time
+	skipped  bool // it carried skipped records of missed ticks
+	excluded bool // it carried a skipped record of excluded ticks
 }
 
 func sentOf(f *taskstate.Fire) sentFire {
-	return sentFire{kind: f.Kind, tick: f.Tick, skipped: len(f.SkippedRecords) > 0}
+	sf := sentFire{kind: f.Kind, tick: f.Tick}
+	sf.skipped, sf.excluded = skipReasons(f.SkippedRecords)
+	return sf
 }
 
 // apply acts on one fire's result and returns the asynq history record of
@@ -82,6 +85,10 @@ func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (ta
 	if f.skipped {
 		s.count(func(st *Stats) { st.SkippedMissed++ })
 		s.m.Skipped.WithLabelValues(events.SkipMissed).Inc()
+	}
+	if f.excluded {
+		s.count(func(st *Stats) { st.SkippedExcluded++ })
+		s.m.Skipped.WithLabelValues(events.SkipExcluded).Inc()
 	}
 	switch status {
 	case taskstate.StatusFired:

@@ -115,7 +115,7 @@ func (h *StreamHistory) PreviousQueues(ctx context.Context, entry string) ([]str
 		if rec.Entry == nil {
 			continue
 		}
-		if rec.Event != nil && rec.Event.Type == events.TypeEntryRegistered {
+		if rec.Event != nil && events.ConfigKind(rec.Event.Type) == events.TypeEntryRegistered {
 			// Queues of an earlier life of the entry no longer matter.
 			seen, out = map[string]bool{}, nil
 		}

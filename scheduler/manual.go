@@ -322,7 +322,7 @@ func (m Manual) registered(ctx context.Context, entry string) (time.Time, error)
 	}
 	var at time.Time
 	for _, rec := range recs {
-		if rec.Event != nil && rec.Event.Type == events.TypeEntryRegistered {
+		if rec.Event != nil && events.ConfigKind(rec.Event.Type) == events.TypeEntryRegistered {
 			at = rec.Time
 		}
 	}

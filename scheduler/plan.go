@@ -17,6 +17,9 @@ func (s *Scheduler) plan(r *entryRun, now time.Time, into []taskstate.Fire) ([]t
 	if next.IsZero() || next.Add(r.sched.Jitter(next)).After(now) {
 		return nil, false
 	}
+	if r.sched.Excluded(next) {
+		return s.planExcluded(r, next, now, into)
+	}
 	// Only ticks older than grace and the largest jitter are missed; a
 	// younger tick is fired normally.
 	grace := s.cfg.Grace + r.sched.jitter
@@ -40,7 +43,13 @@ func (s *Scheduler) plan(r *entryRun, now time.Time, into []taskstate.Fire) ([]t
 	fires := into
 	expected, hasExpected := r.cursor, r.hasCursor
 	for i, tick := range ticks {
-		f, err := s.buildFire(r, tick, expected, hasExpected, now)
+		var f taskstate.Fire
+		var err error
+		if r.sched.Excluded(tick) {
+			f, err = s.excludedFire(r, tickRange{First: tick, Last: tick, Count: 1, Exact: true}, expected, hasExpected, now)
+		} else {
+			f, err = s.buildFire(r, tick, expected, hasExpected, now)
+		}
 		if err != nil {
 			s.countError()
 			s.log.Error("cannot build fire", "entry", r.id, "tick", tick, "err", err)
@@ -49,7 +58,7 @@ func (s *Scheduler) plan(r *entryRun, now time.Time, into []taskstate.Fire) ([]t
 		if i == 0 && !skipped.empty() {
 			rec, err := s.skippedRecord(r, skipped, events.SkipMissed, now)
 			if err == nil {
-				f.SkippedRecords = []taskstate.Record{rec}
+				f.SkippedRecords = append(f.SkippedRecords, rec)
 			}
 		}
 		fires = append(fires, f)

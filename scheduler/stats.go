@@ -3,6 +3,7 @@ package scheduler
 // Stats are counters for status and tests.
 type Stats struct {
 	Fired, AlreadyExisted, SkippedMissed, SkippedOverlap, SkippedUnique uint64
+	SkippedExcluded                                                     uint64
 	Refused                                                             map[string]uint64
 	Errors                                                              uint64
 	Entries                                                             int

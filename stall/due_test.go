@@ -107,6 +107,33 @@ func TestDueNeverLate(t *testing.T) {
 	}
 }
 
+// TestDueEndedNeverLate: past its end_at an entry is never late, even
+// when the last ticks of its window never fired; within the window it is.
+func TestDueEndedNeverLate(t *testing.T) {
+	tr := newTrack(state(t, events.Entry{ID: "ended", Cron: "@every 1s", EndAt: base.Add(time.Minute)}, base))
+	if _, late := lateAt(tr, base.Add(30*time.Second), time.Time{}, time.Second); !late {
+		t.Error("not late inside its window with no tick fired")
+	}
+	if _, late := lateAt(tr, base.Add(48*time.Hour), time.Time{}, time.Second); late {
+		t.Error("late after its end")
+	}
+}
+
+// TestDueExcludedNeverLate: an excluded tick is never the due one, however
+// long nobody records it; the first tick after it that fires is.
+func TestDueExcludedNeverLate(t *testing.T) {
+	tr := newTrack(state(t, events.Entry{ID: "x", Cron: "@every 1m", Exclude: []string{"5-9 3 * * *"}}, base.Add(-time.Hour)))
+	tr.wm, tr.hasWM, tr.known = base, true, true // 03:04
+	bound := 30 * time.Second
+	if tick, late := lateAt(tr, base.Add(5*time.Minute), time.Time{}, bound); late {
+		t.Errorf("late at 03:09 with tick %s, which is excluded", tick)
+	}
+	tick, late := lateAt(tr, base.Add(6*time.Minute+bound+time.Second), time.Time{}, bound)
+	if !late || !tick.Equal(base.Add(6*time.Minute)) {
+		t.Errorf("late %t tick %s, want late for 03:10, the first tick after the exclusion", late, tick)
+	}
+}
+
 func TestDueFromLastConfigChange(t *testing.T) {
 	bound := 5 * time.Second
 	// Just registered (or resumed, or moved to another queue: every

@@ -66,6 +66,7 @@ type replicaStatus struct {
 type entryCounts struct {
 	Active      int              `json:"active"`
 	Paused      int              `json:"paused"`
+	Ended       int              `json:"ended"` // past their end_at
 	Quarantined int              `json:"quarantined"`
 	Bad         []quarantineView `json:"quarantined_entries,omitempty"`
 }
@@ -255,6 +256,10 @@ func collectStatus(ctx context.Context, g *globalFlags, conn *connFlags, s *sess
 				if beyond++; beyond <= maxRetentionWarnings {
 					rep.Warnings = append(rep.Warnings, err.Error())
 				}
+			}
+			if st.Entry.Ended(now) {
+				rep.Entries.Ended++
+				continue
 			}
 			if st.Entry.Paused {
 				rep.Entries.Paused++
@@ -487,7 +492,7 @@ func printStatus(w io.Writer, r statusReport) {
 		fmt.Fprintln(w, "  none: no entry fires and no task is recovered until a replica runs (cronstream run)")
 	}
 
-	fmt.Fprintf(w, "\nEntries: %d active, %d paused, %d quarantined\n", r.Entries.Active, r.Entries.Paused, r.Entries.Quarantined)
+	fmt.Fprintf(w, "\nEntries: %d active, %d paused, %d ended, %d quarantined\n", r.Entries.Active, r.Entries.Paused, r.Entries.Ended, r.Entries.Quarantined)
 	for _, q := range r.Entries.Bad {
 		fmt.Fprintf(w, "  quarantined %s at revision %d (%s): %s\n", terminalSafe(q.ID), q.Revision, fmtTime(q.Time), terminalSafe(q.Reason))
 	}
