@@ -11,7 +11,6 @@ import (
 	"github.com/cronstream/cronstream/internal/massrecovery"
 	"github.com/cronstream/cronstream/internal/testenv"
 	"github.com/cronstream/cronstream/recoverer"
-	"github.com/cronstream/cronstream/taskstate"
 )
 
 // BenchmarkPass measures a full recoverer pass (Recoverer.Pass: orphan
@@ -56,7 +55,7 @@ func BenchmarkPass(b *testing.B) {
 					b.Fatal(err)
 				}
 				rec, err := recoverer.New(recoverer.Config{
-					Store: taskstate.New(rc), Names: names, ReplicaID: "bench", Queues: []string{massrecovery.Queue},
+					Redis: rc, Names: names, ReplicaID: "bench", Queues: []string{massrecovery.Queue},
 					Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 				})
 				if err != nil {

@@ -80,7 +80,7 @@ func TestKilledWorkerRecovered(t *testing.T) {
 
 	// Our recoverer on "mine" only; the relay publishes its records.
 	rl := startRelay(t, store, js, "relay1")
-	rec := newRecoverer(t, recoverer.Config{Store: store, Queues: []string{mine}, OnRecord: rl.Notify}, nil)
+	rec := newRecoverer(t, recoverer.Config{Redis: rc, Queues: []string{mine}, OnRecord: rl.Notify}, nil)
 	_ = rec.Start(context.Background())
 	t.Cleanup(func() { _ = rec.Stop(context.Background()) })
 	testenv.Eventually(t, 50*time.Second, func() bool {

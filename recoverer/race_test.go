@@ -64,7 +64,7 @@ func TestThreeRecoverersTenThousandTasks(t *testing.T) {
 		relays = append(relays, rl)
 		// Small batches so that the replicas interleave many times.
 		recs = append(recs, newRecoverer(t, recoverer.Config{
-			Store: store, ReplicaID: fmt.Sprintf("rep%d", i+1), Batch: 300 + 100*i,
+			Redis: rc, ReplicaID: fmt.Sprintf("rep%d", i+1), Batch: 300 + 100*i,
 			Interval: 50 * time.Millisecond, OnRecord: rl.Notify,
 		}, nil))
 	}

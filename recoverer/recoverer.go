@@ -27,12 +27,15 @@ import (
 	"sync"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/taskstate"
 )
 
-// Store is the recoverer's seam to Redis; *taskstate.Store implements it.
-type Store interface {
+// store is the recoverer's seam to Redis; *taskstate.Store implements it,
+// and tests wrap it to inject faults (export_test.go).
+type store interface {
 	Queues(ctx context.Context) ([]string, error)
 	ListLeaseExpiredFrom(ctx context.Context, queue string, cutoff time.Time, offset, limit int) ([]taskstate.LeaseExpired, []taskstate.BadTask, error)
 	RecoverBatch(ctx context.Context, prefix, queue string, cutoff time.Time, decisions []taskstate.Decision) ([]taskstate.Outcome, error)
@@ -44,7 +47,17 @@ type Store interface {
 // RetryDelayFunc returns how long to wait before the next attempt of a task
 // that failed for the retried-th time (retried counts the failures before
 // this one), like asynq's Config.RetryDelayFunc.
-type RetryDelayFunc func(retried int, err error, task *taskstate.TaskMessage) time.Duration
+type RetryDelayFunc func(retried int, err error, task *Task) time.Duration
+
+// Task is what a RetryDelayFunc learns of the task it delays: the fields of
+// asynq's task message that its own RetryDelayFunc can read.
+type Task struct {
+	ID, Type, Queue string
+	Payload         []byte
+	// Retried counts the failures before this one; MaxRetry is the task's
+	// retry limit.
+	Retried, MaxRetry int
+}
 
 // IsFailureFunc says whether err counts as a failure (retried+1 and the
 // failed counters), like asynq's Config.IsFailure.
@@ -52,11 +65,11 @@ type IsFailureFunc func(err error) bool
 
 // ErrLeaseExpired is the error a recovered task failed with; its text is
 // asynq's.
-var ErrLeaseExpired = errors.New(taskstate.ErrLeaseExpiredText)
+var ErrLeaseExpired = errors.New("asynq: task lease expired")
 
 // DefaultRetryDelay is asynq's DefaultRetryDelayFunc: n⁴ + 15 + r·(n+1)
 // seconds with r uniform in [0, 30).
-func DefaultRetryDelay(n int, _ error, _ *taskstate.TaskMessage) time.Duration {
+func DefaultRetryDelay(n int, _ error, _ *Task) time.Duration {
 	r := rand.IntN(30)
 	s := int64(math.Pow(float64(n), 4)) + 15 + int64(r*(n+1))
 	return time.Duration(s) * time.Second
@@ -74,7 +87,8 @@ const (
 
 // Config configures a Recoverer. Zero values mean the defaults.
 type Config struct {
-	Store     Store
+	// Redis holds the asynq queues to recover.
+	Redis     redis.UniversalClient
 	Names     events.Names
 	ReplicaID string
 	// Queues to recover; empty means every queue in asynq:queues, read
@@ -89,8 +103,8 @@ type Config struct {
 	// 10,000; taskstate splits both into short script calls). Each move
 	// first locates its tasks in the active list, which reads the list up
 	// to the deepest of them: after a mass crash they are spread over the
-	// whole list, so fewer, larger batches read it fewer times (measured:
-	// 100k expired tasks recover ~25% faster with 10,000 than with 1,000).
+	// whole list, so fewer, larger batches read it fewer times
+	// (docs/benchmarks.md has the figure).
 	Batch      int
 	RetryDelay RetryDelayFunc
 	IsFailure  IsFailureFunc
@@ -104,6 +118,8 @@ type Config struct {
 	// right when they agree with Redis, and a replica whose own clock runs
 	// fast must not recover live tasks.
 	Now func() time.Time
+
+	store store // Redis, or a test's wrapper around it
 }
 
 // Recoverer is one replica's recovery loop.
@@ -142,8 +158,11 @@ type PassResult struct {
 
 // New validates cfg and returns a recoverer; Start runs it.
 func New(cfg Config) (*Recoverer, error) {
-	if cfg.Store == nil {
-		return nil, errors.New("recoverer: Config.Store is required")
+	if cfg.Redis == nil && cfg.store == nil {
+		return nil, errors.New("recoverer: Config.Redis is required")
+	}
+	if cfg.store == nil {
+		cfg.store = taskstate.New(cfg.Redis)
 	}
 	// A negative value is taken as unset too, as it always was.
 	cfg.Interval = cmp.Or(max(cfg.Interval, 0), DefaultInterval)
@@ -263,7 +282,7 @@ func (r *Recoverer) Pass(ctx context.Context) PassResult {
 	res := PassResult{Started: start}
 	queues := r.cfg.Queues // sorted by New
 	if len(queues) == 0 {
-		qs, err := r.cfg.Store.Queues(ctx)
+		qs, err := r.cfg.store.Queues(ctx)
 		if err != nil {
 			r.m.Errors.WithLabelValues("").Inc()
 			r.log.Warn("recoverer: list queues", "err", err)
@@ -301,7 +320,7 @@ func (r *Recoverer) Pass(ctx context.Context) PassResult {
 func (r *Recoverer) recoverQueue(ctx context.Context, q string) (int, error) {
 	prefix := r.cfg.Names.Prefix()
 	if !r.isRegistered(q) {
-		if err := r.cfg.Store.RegisterOutbox(ctx, prefix, q); err != nil {
+		if err := r.cfg.store.RegisterOutbox(ctx, prefix, q); err != nil {
 			return 0, fmt.Errorf("register outbox: %w", err)
 		}
 		r.mu.Lock()
@@ -320,7 +339,7 @@ func (r *Recoverer) recoverQueue(ctx context.Context, q string) (int, error) {
 	}
 	// 0: taskstate's lease duration (asynq's 30 s) and page size, which
 	// keeps each script call short whatever Batch is.
-	rep, err := r.cfg.Store.RecoverOrphans(ctx, q, r.cfg.Now(), 0, 0)
+	rep, err := r.cfg.store.RecoverOrphans(ctx, q, r.cfg.Now(), 0, 0)
 	if err != nil {
 		errs = append(errs, fmt.Errorf("orphans: %w", err))
 	} else if len(rep.Leased)+len(rep.Removed) > 0 {
@@ -332,7 +351,7 @@ func (r *Recoverer) recoverQueue(ctx context.Context, q string) (int, error) {
 		r.m.Orphans.WithLabelValues(q, "removed").Add(float64(len(rep.Removed)))
 		r.log.Info("recoverer: repaired orphaned active tasks", "queue", q, "leased", len(rep.Leased), "removed", len(rep.Removed))
 	}
-	reclaimed, err := r.cfg.Store.ReclaimStaleAggregationSets(ctx, prefix, q, r.cfg.Now(), r.reclaimRecord)
+	reclaimed, err := r.cfg.store.ReclaimStaleAggregationSets(ctx, prefix, q, r.cfg.Now(), r.reclaimRecord)
 	if err != nil {
 		errs = append(errs, fmt.Errorf("reclaim aggregation sets: %w", err))
 	}
@@ -380,7 +399,7 @@ func (r *Recoverer) recoverLeases(ctx context.Context, q string) (int, error) {
 		return 0, nil
 	}
 	size := min(firstPage, r.cfg.Batch)
-	tasks, bad, err := r.cfg.Store.ListLeaseExpiredFrom(ctx, q, cutoff, 0, size)
+	tasks, bad, err := r.cfg.store.ListLeaseExpiredFrom(ctx, q, cutoff, 0, size)
 	if err != nil {
 		return 0, fmt.Errorf("list expired leases: %w", err)
 	}
@@ -391,7 +410,7 @@ func (r *Recoverer) recoverLeases(ctx context.Context, q string) (int, error) {
 		var nextErr error
 		if more {
 			size = min(2*size, r.cfg.Batch)
-			tasks, bad, nextErr = r.cfg.Store.ListLeaseExpiredFrom(ctx, q, cutoff, offset+cur.listed, size)
+			tasks, bad, nextErr = r.cfg.store.ListLeaseExpiredFrom(ctx, q, cutoff, offset+cur.listed, size)
 		}
 		var (
 			outcomes []taskstate.Outcome
@@ -400,7 +419,7 @@ func (r *Recoverer) recoverLeases(ctx context.Context, q string) (int, error) {
 		)
 		go func() {
 			defer close(movedCh)
-			outcomes, moveErr = r.cfg.Store.RecoverBatch(ctx, prefix, q, cutoff, cur.decisions)
+			outcomes, moveErr = r.cfg.store.RecoverBatch(ctx, prefix, q, cutoff, cur.decisions)
 		}()
 		var next page
 		if more && nextErr == nil {
@@ -473,7 +492,8 @@ func (r *Recoverer) decide(le taskstate.LeaseExpired, now time.Time) (taskstate.
 		d, err = le.Archive(ErrLeaseExpired.Error(), now)
 	} else {
 		isFailure := r.cfg.IsFailure(ErrLeaseExpired)
-		at := now.Add(r.cfg.RetryDelay(int(msg.Retried), ErrLeaseExpired, msg)).Truncate(time.Second)
+		task := Task{ID: msg.ID, Type: msg.Type, Queue: msg.Queue, Payload: msg.Payload, Retried: int(msg.Retried), MaxRetry: int(msg.Retry)}
+		at := now.Add(r.cfg.RetryDelay(int(msg.Retried), ErrLeaseExpired, &task)).Truncate(time.Second)
 		data.Retried = int(msg.Retried)
 		if isFailure {
 			data.Retried++

@@ -60,7 +60,7 @@ func TestStopFinishesTheBatchInFlight(t *testing.T) {
 	}
 
 	store := &blockingStore{Store: taskstate.New(rc), entered: make(chan struct{}), release: make(chan struct{})}
-	r, err := New(Config{Store: store, Names: events.MustNames("rv"), ReplicaID: "rep1", Queues: []string{q},
+	r, err := New(Config{store: store, Names: events.MustNames("rv"), ReplicaID: "rep1", Queues: []string{q},
 		Batch: batch, Interval: time.Hour, Grace: time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -113,7 +113,7 @@ func TestStopFinishesTheBatchInFlight(t *testing.T) {
 	if c := store.calls.Load(); c != 1 {
 		t.Fatalf("a batch ran after Stop (%d calls)", c)
 	}
-	idle, err := New(Config{Store: store})
+	idle, err := New(Config{store: store})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +155,7 @@ func TestStopBoundedByContext(t *testing.T) {
 		t.Fatal(err)
 	}
 	store := &hangingStore{Store: taskstate.New(rc), entered: make(chan struct{})}
-	r, err := New(Config{Store: store, Names: events.MustNames("rv"), ReplicaID: "rep1", Queues: []string{q},
+	r, err := New(Config{store: store, Names: events.MustNames("rv"), ReplicaID: "rep1", Queues: []string{q},
 		Interval: time.Hour, Grace: time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -180,8 +180,8 @@ func TestStopBoundedByContext(t *testing.T) {
 	}
 }
 
-func TestNewRequiresStore(t *testing.T) {
-	if _, err := New(Config{}); err == nil || !strings.Contains(err.Error(), "Store") {
-		t.Fatalf("New without a store: %v", err)
+func TestNewRequiresRedis(t *testing.T) {
+	if _, err := New(Config{}); err == nil || !strings.Contains(err.Error(), "Redis") {
+		t.Fatalf("New without Redis: %v", err)
 	}
 }

@@ -480,7 +480,7 @@ func (r *Replica) start(ctx context.Context) error {
 	}
 
 	if r.recov, err = recoverer.New(recoverer.Config{
-		Store: r.store, Names: r.cfg.Names, ReplicaID: r.cfg.ReplicaID, Queues: r.cfg.Queues,
+		Redis: r.cfg.Redis, Names: r.cfg.Names, ReplicaID: r.cfg.ReplicaID, Queues: r.cfg.Queues,
 		Interval: r.cfg.RecoverInterval, Grace: r.cfg.RecoverGrace, OnRecord: r.relay.Notify, Now: r.clock.Now,
 		Logger: r.log, Metrics: recoverer.NewMetrics(r.reg),
 	}); err != nil {
