@@ -14,10 +14,10 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/relay"
+	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
 	"github.com/cronstream/cronstream/recoverer"
-	"github.com/cronstream/cronstream/relay"
-	"github.com/cronstream/cronstream/taskstate"
 )
 
 // prefix is the tenant prefix of every test's outboxes and streams.

@@ -12,9 +12,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
 	"github.com/cronstream/cronstream/recoverer"
-	"github.com/cronstream/cronstream/taskstate"
 )
 
 // TestKilledWorkerRecovered: a real asynq v0.26.0 worker process takes

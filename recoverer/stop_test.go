@@ -13,8 +13,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
-	"github.com/cronstream/cronstream/taskstate"
 )
 
 // blockingStore holds the first RecoverBatch call until released, then

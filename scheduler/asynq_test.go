@@ -12,9 +12,9 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
 	"github.com/cronstream/cronstream/scheduler"
-	"github.com/cronstream/cronstream/taskstate"
 )
 
 // startWorker runs a real asynq server on e's Redis with handler; it is shut

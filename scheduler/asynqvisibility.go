@@ -4,8 +4,8 @@ import (
 	"context"
 	"time"
 
+	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/projector"
-	"github.com/cronstream/cronstream/taskstate"
 )
 
 // historyTrimEvery: an entry's asynq enqueue history is trimmed to asynq's

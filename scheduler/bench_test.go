@@ -23,11 +23,11 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/relay"
+	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
 	"github.com/cronstream/cronstream/projector"
-	"github.com/cronstream/cronstream/relay"
 	"github.com/cronstream/cronstream/scheduler"
-	"github.com/cronstream/cronstream/taskstate"
 )
 
 // Benchmarks of the whole firing path on this machine: one replica

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cronstream/cronstream/internal/relay"
 	"github.com/cronstream/cronstream/internal/testenv"
-	"github.com/cronstream/cronstream/relay"
 	"github.com/cronstream/cronstream/scheduler"
 )
 

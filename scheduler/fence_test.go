@@ -8,9 +8,9 @@ import (
 	"time"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/relay"
 	"github.com/cronstream/cronstream/internal/testenv"
 	"github.com/cronstream/cronstream/projector"
-	"github.com/cronstream/cronstream/relay"
 	"github.com/cronstream/cronstream/scheduler"
 )
 

@@ -4,7 +4,7 @@ import (
 	"context"
 	"sync"
 
-	"github.com/cronstream/cronstream/taskstate"
+	"github.com/cronstream/cronstream/internal/taskstate"
 )
 
 // fireDue builds the fires of every due entry and sends them per queue in

@@ -19,12 +19,12 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/relay"
+	"github.com/cronstream/cronstream/internal/replica"
+	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
 	"github.com/cronstream/cronstream/projector"
-	"github.com/cronstream/cronstream/relay"
-	"github.com/cronstream/cronstream/replica"
 	"github.com/cronstream/cronstream/scheduler"
-	"github.com/cronstream/cronstream/taskstate"
 )
 
 // The integration tests run the scheduler the way a replica does: each node

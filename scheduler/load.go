@@ -5,7 +5,7 @@ import (
 	"errors"
 	"time"
 
-	"github.com/cronstream/cronstream/taskstate"
+	"github.com/cronstream/cronstream/internal/taskstate"
 )
 
 // loadWatermarks reads the watermark of every entry that needs one, per

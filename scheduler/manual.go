@@ -10,8 +10,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/projector"
-	"github.com/cronstream/cronstream/taskstate"
 )
 
 // firer is what manual fires need of Redis; *taskstate.Store implements it.

@@ -8,9 +8,9 @@ import (
 	"time"
 
 	"github.com/cronstream/cronstream/events"
-	"github.com/cronstream/cronstream/relay"
+	"github.com/cronstream/cronstream/internal/relay"
+	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/scheduler"
-	"github.com/cronstream/cronstream/taskstate"
 )
 
 // flush publishes every outbox record with a one-off relay.

@@ -4,7 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cronstream/cronstream/events"
-	"github.com/cronstream/cronstream/taskstate"
+	"github.com/cronstream/cronstream/internal/taskstate"
 )
 
 // Metrics are the scheduler's Prometheus metrics.

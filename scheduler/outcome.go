@@ -3,7 +3,7 @@ package scheduler
 import (
 	"time"
 
-	"github.com/cronstream/cronstream/taskstate"
+	"github.com/cronstream/cronstream/internal/taskstate"
 )
 
 // FireStatus is what became of one fire that Redis answered: fired, or

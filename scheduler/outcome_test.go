@@ -3,7 +3,7 @@ package scheduler
 import (
 	"testing"
 
-	"github.com/cronstream/cronstream/taskstate"
+	"github.com/cronstream/cronstream/internal/taskstate"
 )
 
 // fireStatus converts by number: both lists must hold the same statuses in

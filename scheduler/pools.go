@@ -3,7 +3,7 @@ package scheduler
 import (
 	"sync"
 
-	"github.com/cronstream/cronstream/taskstate"
+	"github.com/cronstream/cronstream/internal/taskstate"
 )
 
 // fireBuf returns an empty slice of fires with room for n, reused from

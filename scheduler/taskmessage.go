@@ -4,7 +4,7 @@ import (
 	"time"
 
 	"github.com/cronstream/cronstream/events"
-	"github.com/cronstream/cronstream/taskstate"
+	"github.com/cronstream/cronstream/internal/taskstate"
 )
 
 // entryTaskMessage is the asynq task of entry e's tick, with asynq's

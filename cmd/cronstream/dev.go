@@ -8,7 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/cronstream/cronstream/internal/redact"
-	"github.com/cronstream/cronstream/replica"
+	"github.com/cronstream/cronstream/internal/replica"
 )
 
 func init() { subcommands = append(subcommands, newDevCommand) }

@@ -13,8 +13,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/scheduler"
-	"github.com/cronstream/cronstream/taskstate"
 )
 
 func init() { entryCommands = append(entryCommands, newEntryDescribeCommand) }

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/cronstream/cronstream/events"
-	"github.com/cronstream/cronstream/taskstate"
+	"github.com/cronstream/cronstream/internal/taskstate"
 )
 
 type triggerJSON struct {

@@ -9,7 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/cronstream/cronstream/events"
-	"github.com/cronstream/cronstream/forecast"
+	"github.com/cronstream/cronstream/internal/forecast"
 )
 
 func init() { subcommands = append(subcommands, newForecastCommand) }

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
-	"github.com/cronstream/cronstream/taskstate"
 )
 
 type manualBackfillJSON struct {

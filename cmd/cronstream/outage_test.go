@@ -16,10 +16,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/replica"
+	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
-	"github.com/cronstream/cronstream/replica"
 	"github.com/cronstream/cronstream/scheduler"
-	"github.com/cronstream/cronstream/taskstate"
 )
 
 // TestNATSOutageKeepsFiring: every replica loses NATS, for longer than

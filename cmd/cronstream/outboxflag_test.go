@@ -7,8 +7,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/cronstream/cronstream/replica"
-	"github.com/cronstream/cronstream/taskstate"
+	"github.com/cronstream/cronstream/internal/replica"
+	"github.com/cronstream/cronstream/internal/taskstate"
 )
 
 // TestMaxOutboxFlags: --max-outbox-bytes takes sizes with units; the

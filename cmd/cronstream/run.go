@@ -13,12 +13,12 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
-	"github.com/cronstream/cronstream/console"
 	"github.com/cronstream/cronstream/events"
-	"github.com/cronstream/cronstream/keygc"
-	"github.com/cronstream/cronstream/replica"
-	"github.com/cronstream/cronstream/stall"
-	"github.com/cronstream/cronstream/taskstate"
+	"github.com/cronstream/cronstream/internal/console"
+	"github.com/cronstream/cronstream/internal/keygc"
+	"github.com/cronstream/cronstream/internal/replica"
+	"github.com/cronstream/cronstream/internal/stall"
+	"github.com/cronstream/cronstream/internal/taskstate"
 )
 
 func init() { subcommands = append(subcommands, newRunCommand) }

@@ -15,7 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/cronstream/cronstream/events"
-	"github.com/cronstream/cronstream/taskstate"
+	"github.com/cronstream/cronstream/internal/taskstate"
 )
 
 // session is what a one-shot command holds: its NATS connection, the

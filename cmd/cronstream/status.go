@@ -20,10 +20,10 @@ import (
 
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/clock"
+	"github.com/cronstream/cronstream/internal/replica"
+	"github.com/cronstream/cronstream/internal/stall"
+	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/projector"
-	"github.com/cronstream/cronstream/replica"
-	"github.com/cronstream/cronstream/stall"
-	"github.com/cronstream/cronstream/taskstate"
 )
 
 func init() { subcommands = append(subcommands, newStatusCommand) }

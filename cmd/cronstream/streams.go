@@ -9,7 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/cronstream/cronstream/events"
-	"github.com/cronstream/cronstream/replica"
+	"github.com/cronstream/cronstream/internal/replica"
 )
 
 func init() { subcommands = append(subcommands, newStreamsCommand) }

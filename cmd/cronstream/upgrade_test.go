@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
-	"github.com/cronstream/cronstream/taskstate"
 )
 
 // previousRelease is the commit of the release a rolling upgrade replaces.

@@ -17,7 +17,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
-	"github.com/cronstream/cronstream/replica"
+	"github.com/cronstream/cronstream/internal/replica"
 )
 
 // k8sObject holds the fields of the manifests in deploy/kubernetes that the

@@ -19,8 +19,8 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/cronstream/cronstream/internal/replica"
 	"github.com/cronstream/cronstream/internal/testenv"
-	"github.com/cronstream/cronstream/replica"
 )
 
 type alertRules struct {

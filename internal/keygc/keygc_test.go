@@ -14,11 +14,11 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/keygc"
+	"github.com/cronstream/cronstream/internal/replica"
+	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
-	"github.com/cronstream/cronstream/keygc"
 	"github.com/cronstream/cronstream/projector"
-	"github.com/cronstream/cronstream/replica"
-	"github.com/cronstream/cronstream/taskstate"
 )
 
 func TestMain(m *testing.M) {

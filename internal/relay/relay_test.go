@@ -18,9 +18,9 @@ import (
 
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/outbox"
+	"github.com/cronstream/cronstream/internal/relay"
+	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
-	"github.com/cronstream/cronstream/relay"
-	"github.com/cronstream/cronstream/taskstate"
 )
 
 const prefix = "rl"

@@ -36,8 +36,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/projector"
-	"github.com/cronstream/cronstream/taskstate"
 )
 
 // Defaults of Config.

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/cronstream/cronstream/events"
-	"github.com/cronstream/cronstream/forecast"
+	"github.com/cronstream/cronstream/internal/forecast"
 	"github.com/cronstream/cronstream/projector"
 )
 

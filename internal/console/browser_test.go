@@ -17,8 +17,8 @@ import (
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 
-	"github.com/cronstream/cronstream/console"
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/console"
 )
 
 // chromiumPath finds headless Chromium. In CI (CI=true) its absence fails

@@ -23,7 +23,7 @@ import (
 //   - batch-N: FireBatch with N fires per script call (N = maxFiresPerCall is
 //     what FireBatch uses).
 //
-// Run: go test -run '^$' -bench BenchmarkFireOnce -benchtime 3x ./taskstate/
+// Run: go test -run '^$' -bench BenchmarkFireOnce -benchtime 3x ./internal/taskstate/
 func BenchmarkFireOnce(b *testing.B) {
 	const benchFiresPerOp = 256
 	rc := testenv.StartRedis(b).Client(b)

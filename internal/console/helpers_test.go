@@ -11,10 +11,10 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/cronstream/cronstream/console"
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/console"
+	"github.com/cronstream/cronstream/internal/replica"
 	"github.com/cronstream/cronstream/internal/testenv"
-	"github.com/cronstream/cronstream/replica"
 )
 
 // site is a running replica serving the console, with real NATS and Redis.

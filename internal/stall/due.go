@@ -29,9 +29,9 @@ import (
 	"time"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/projector"
 	"github.com/cronstream/cronstream/scheduler"
-	"github.com/cronstream/cronstream/taskstate"
 )
 
 // DefaultLateAfter is how long a tick may be overdue before its entry is

@@ -5,8 +5,8 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/cronstream/cronstream/console"
-	"github.com/cronstream/cronstream/stall"
+	"github.com/cronstream/cronstream/internal/console"
+	"github.com/cronstream/cronstream/internal/stall"
 )
 
 // mountConsole serves the read-only console at / on the HTTP server; it

@@ -11,9 +11,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/cronstream/cronstream/internal/relay"
+	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
-	"github.com/cronstream/cronstream/relay"
-	"github.com/cronstream/cronstream/taskstate"
 )
 
 // TestRelayBacklogBytes: while NATS is down the relay reports the memory its

@@ -158,7 +158,7 @@ type luaConstant struct {
 // luaConstants makes the Lua locals of consts.
 func luaConstants(consts []luaConstant) string {
 	var b strings.Builder
-	b.WriteString("-- The layout, from the Go constants of taskstate/firelayout.go.\n")
+	b.WriteString("-- The layout, from the Go constants of internal/taskstate/firelayout.go.\n")
 	for _, c := range consts {
 		switch v := c.value.(type) {
 		case int:

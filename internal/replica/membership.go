@@ -14,7 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cronstream/cronstream/events"
-	"github.com/cronstream/cronstream/stall"
+	"github.com/cronstream/cronstream/internal/stall"
 )
 
 // Info is what a replica says about itself in its heartbeat.

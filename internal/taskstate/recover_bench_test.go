@@ -12,8 +12,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cronstream/cronstream/internal/massrecovery"
+	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
-	"github.com/cronstream/cronstream/taskstate"
 )
 
 // BenchmarkRecover measures recovering a mass crash: N lease-expired tasks
@@ -32,7 +32,7 @@ import (
 // shared with other work a descheduled Redis shows up as a slow call. Run
 // with:
 //
-//	go test -run '^$' -bench BenchmarkRecover -benchtime 1x ./taskstate/
+//	go test -run '^$' -bench BenchmarkRecover -benchtime 1x ./internal/taskstate/
 func BenchmarkRecover(b *testing.B) {
 	r := testenv.StartRedis(b, testenv.WithPrivateServer())
 	rc := r.Client(b)

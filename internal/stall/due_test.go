@@ -9,10 +9,10 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
 	"github.com/cronstream/cronstream/projector"
 	"github.com/cronstream/cronstream/scheduler"
-	"github.com/cronstream/cronstream/taskstate"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

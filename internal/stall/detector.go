@@ -14,9 +14,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/projector"
 	"github.com/cronstream/cronstream/scheduler"
-	"github.com/cronstream/cronstream/taskstate"
 )
 
 // Projection is what the detector reads of the live projection;

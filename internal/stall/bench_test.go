@@ -7,9 +7,9 @@ import (
 	"time"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
 	"github.com/cronstream/cronstream/projector"
-	"github.com/cronstream/cronstream/taskstate"
 )
 
 // BenchmarkCheck100k is one full check of 100,000 entries in 10 queues,

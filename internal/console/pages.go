@@ -19,10 +19,10 @@ import (
 
 	"github.com/cronstream/cronstream/configsync"
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/stall"
+	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/projector"
 	"github.com/cronstream/cronstream/scheduler"
-	"github.com/cronstream/cronstream/stall"
-	"github.com/cronstream/cronstream/taskstate"
 )
 
 // pageSize is the rows of one page of a table.

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cronstream/cronstream/console"
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/console"
 )
 
 // TestConsoleScheduleFields: an entry past its end_at shows as ended (not

@@ -29,9 +29,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/stall"
+	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/projector"
-	"github.com/cronstream/cronstream/stall"
-	"github.com/cronstream/cronstream/taskstate"
 )
 
 //go:embed templates/*.html

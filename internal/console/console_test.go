@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cronstream/cronstream/console"
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/console"
 	"github.com/cronstream/cronstream/internal/testenv"
 )
 
