@@ -95,9 +95,11 @@ func TestRemovedEntryKeysDeletedAfterGrace(t *testing.T) {
 		t.Fatalf("no handover marker after the queue move; keys of gone: %v", goneKeys)
 	}
 
+	// Taken before the removal is stored: the grace runs from the stored
+	// time, so deletion can come no sooner than grace after this.
+	removedAt := time.Now()
 	remove("gone")
 	remove("back")
-	removedAt := time.Now()
 	// back is registered again within the grace; its keys must stay.
 	put("back", "q1")
 	backAgain := time.Now()
