@@ -413,10 +413,16 @@ func (s *system) pending(queue string) int64 {
 	return s.rc.LLen(context.Background(), taskstate.Keys(queue).Pending()).Val()
 }
 
-// fireObs is one fired event as read back from the activity stream.
+// fireObs is one fired event as read back from the activity stream, with
+// its task's enqueue time.
 type fireObs struct {
-	entry                         string
-	scheduled, enqueued, inStream time.Time
+	entry, taskID, queue string
+	scheduled            time.Time
+	// enqueued is the task's pending_since (Redis time when the task was
+	// written); the event's own enqueued_at is the replica's clock when it
+	// prepared the fire, earlier in a burst.
+	enqueued time.Time
+	inStream time.Time // the activity stream's timestamp of the event
 }
 
 // fireLog is every fired event in the activity stream, and how many
@@ -470,7 +476,7 @@ func (s *system) readFires() fireLog {
 				if err := ev.DecodeData(&f); err != nil {
 					s.b.Fatalf("activity message %d: %v", md.Sequence.Stream, err)
 				}
-				out.fires = append(out.fires, fireObs{entry: f.Entry, scheduled: f.ScheduledAt, enqueued: f.EnqueuedAt, inStream: md.Timestamp})
+				out.fires = append(out.fires, fireObs{entry: f.Entry, taskID: f.TaskID, queue: f.Queue, scheduled: f.ScheduledAt, inStream: md.Timestamp})
 			case events.TypeEntrySkipped:
 				out.skipped++
 			}
@@ -479,7 +485,34 @@ func (s *system) readFires() fireLog {
 			s.b.Fatal(err)
 		}
 		if last || got == 0 {
+			s.readEnqueueTimes(out.fires)
 			return out
+		}
+	}
+}
+
+// readEnqueueTimes sets each fire's enqueued from its task's pending_since;
+// a task without one fails the benchmark.
+func (s *system) readEnqueueTimes(fires []fireObs) {
+	s.b.Helper()
+	ctx := context.Background()
+	const chunk = 5000
+	for start := 0; start < len(fires); start += chunk {
+		part := fires[start:min(start+chunk, len(fires))]
+		pipe := s.rc.Pipeline()
+		cmds := make([]*redis.StringCmd, len(part))
+		for i, f := range part {
+			cmds[i] = pipe.HGet(ctx, taskstate.Keys(f.queue).Task(f.taskID), "pending_since")
+		}
+		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+			s.b.Fatal(err)
+		}
+		for i, c := range cmds {
+			ns, err := strconv.ParseInt(c.Val(), 10, 64)
+			if err != nil {
+				s.b.Fatalf("task %s of entry %s (tick %s): no pending_since (%v)", part[i].taskID, part[i].entry, part[i].scheduled, c.Err())
+			}
+			part[i].enqueued = time.Unix(0, ns)
 		}
 	}
 }
