@@ -59,6 +59,11 @@ func BenchmarkRecoveryEndToEnd(b *testing.B) {
 	}
 }
 
+// slowlogKeep is how many calls SLOWLOG keeps while n tasks are
+// recovered: about a dozen per task, and room for the workers, the relay
+// and the benchmark's polling.
+func slowlogKeep(n int) int { return 15*n + 500_000 }
+
 type asynqRecovery struct {
 	took    time.Duration
 	longest slowCall
@@ -70,7 +75,7 @@ func recoverAsynqPath(b *testing.B, n int) asynqRecovery {
 	rc := rd.Client(b)
 	now := time.Now()
 	live := massrecovery.Seed(b, rc, n, now)
-	stop := slowlog(b, rc)
+	stop := slowlog(b, rc, slowlogKeep(n))
 	start := time.Now()
 	moved, err := massrecovery.RecoverAsynq(context.Background(), rc, now)
 	took := time.Since(start)
@@ -107,7 +112,7 @@ func recoverThroughReplica(b *testing.B, n int) replicaRecovery {
 	baseTo := time.Now()
 
 	retry := taskstate.Keys(massrecovery.Queue).Retry()
-	stopLog := slowlog(b, s.rc)
+	stopLog := slowlog(b, s.rc, slowlogKeep(n))
 	before := s.cpu(nil)
 	start := time.Now()
 	p := s.startReplica("recover", "--recover-interval", "1s")
