@@ -22,9 +22,10 @@ import (
 // It reports the fire lag p50/p99/max of the firing entries during the
 // storm (from the tasks' pending_since) beside the baseline's p99, the
 // ticks in the storm window with no fire (goal 0), the skipped events, the
-// fires the replicas saw refused (cronstream_fire_refused_total, every
-// reason; watermark-mismatch is normal with several replicas), and how
-// long the sync command took.
+// fires the replicas saw refused during the storm
+// (cronstream_fire_refused_total: every reason, where watermark-mismatch is
+// normal with several replicas, and revision-fenced alone), and how long
+// the sync command took.
 //
 //	CRONSTREAM_BENCH_STORM_ENTRIES=10000 go test -run '^$' -bench BenchmarkConfigStorm -benchtime 1x -timeout 30m -v ./internal/systembench/
 //
@@ -59,13 +60,15 @@ func schedulesFile(b *testing.B, firing, changed int, version string) string {
 	return path
 }
 
-func refused(ps []*replicaProc) float64 {
-	var sum float64
+// refused sums the replicas' refused fires: every reason, and the
+// revision fence's alone.
+func refused(ps []*replicaProc) (all, fenced float64) {
 	for _, p := range ps {
 		v, _ := p.metric("cronstream_fire_refused_total")
-		sum += v
+		f, _ := p.metric(`cronstream_fire_refused_total{status="revision-fenced"}`)
+		all, fenced = all+v, fenced+f
 	}
-	return sum
+	return all, fenced
 }
 
 func configStorm(b *testing.B, firing, changed, k int) {
@@ -81,12 +84,13 @@ func configStorm(b *testing.B, firing, changed, k int) {
 
 	from := nextSecond(700 * time.Millisecond)
 	waitUntil(from.Add(5 * time.Second))
-	refused0 := refused(ps)
+	refused0, fenced0 := refused(ps)
 	syncStart := time.Now()
 	took := s.command("sync", "-f", storm)
 	to := syncStart.Add(took + 5*time.Second)
 	waitUntil(to)
-	refusals := refused(ps) - refused0
+	refusedAll, fencedAll := refused(ps)
+	refusals, fenced := refusedAll-refused0, fencedAll-fenced0
 	stopAll(b, ps)
 	total := s.pending("default")
 	testenv.Eventually(b, 5*time.Minute, func() bool { return s.activityMsgs() >= uint64(total) }, "the events of all %d fires in the activity stream", total)
@@ -121,8 +125,9 @@ func configStorm(b *testing.B, firing, changed, k int) {
 	b.ReportMetric(ms(percentile(base, 0.99)), "baseline-lag-p99-ms")
 	b.ReportMetric(float64(missed), "missed-ticks")
 	b.ReportMetric(took.Seconds(), "s-sync")
-	b.Logf("%d firing entries, %d replicas; sync -f of %d changed entries took %s (setting them up: %s); during the storm (%d fires): lag p50 %s p99 %s max %s; baseline before it p99 %s (%d fires); %d ticks missed, %d skipped events in the stream, %.0f fires refused",
+	b.ReportMetric(fenced, "fenced-fires")
+	b.Logf("%d firing entries, %d replicas; sync -f of %d changed entries took %s (setting them up: %s); during the storm (%d fires): lag p50 %s p99 %s max %s; baseline before it p99 %s (%d fires); %d ticks missed, %d skipped events in the stream, %.0f fires refused (%.0f by the revision fence)",
 		firing, k, changed, took.Round(time.Millisecond), setup.Round(time.Millisecond), len(during),
 		percentile(during, 0.5).Round(time.Millisecond), percentile(during, 0.99).Round(time.Millisecond), percentile(during, 1).Round(time.Millisecond),
-		percentile(base, 0.99).Round(time.Millisecond), len(base), missed, log.skipped, refusals)
+		percentile(base, 0.99).Round(time.Millisecond), len(base), missed, log.skipped, refusals, fenced)
 }

@@ -281,7 +281,8 @@ func waitLoaded(b *testing.B, ps []*replicaProc, n int, timeout time.Duration) {
 	}
 }
 
-// cpu is the user+system CPU time of process pid from /proc (0 once gone).
+// procCPU is the user+system CPU time of process pid from /proc (0 once
+// it is gone).
 func procCPU(pid int) time.Duration {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
