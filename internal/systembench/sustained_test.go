@@ -1,0 +1,135 @@
+package systembench
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/cronstream/cronstream/internal/testenv"
+)
+
+// BenchmarkSustained measures steady firing through real replica
+// processes: N entries `@every 1s` for D seconds with one replica and with
+// three (each `cronstream run`, relay on, every replica hearing every fire
+// on its subscription), after a warm-up of two ticks per entry.
+//
+// It reports, over the measured window: the fire lag p50/p99 (enqueue time
+// minus scheduled second, from the fired events), ticks with no fire, CPU
+// per fire of the replica processes plus redis-server (from /proc; the
+// embedded nats-server runs in the test process and is reported apart),
+// fires/s and events/s published to the activity stream, the outbox
+// backlog sampled every 250 ms (its largest value and its slope over the
+// second half of the window: a backlog that does not grow has a slope near
+// 0), each fired event's delay into the stream (its stream timestamp minus
+// its enqueue time; p99 and max), and, once the replicas are stopped with
+// SIGTERM at the window's end, the time from the last fire until its event
+// is in the stream (-1 when some fires never reached it: the benchmark then
+// fails and says how many, and how many records were left in the outbox).
+//
+//	CRONSTREAM_BENCH_ENTRIES=30000 CRONSTREAM_BENCH_SECONDS=60 go test -run '^$' -bench BenchmarkSustained -benchtime 1x -timeout 60m -v ./internal/systembench/
+//
+// CRONSTREAM_BENCH_ENTRIES is N (default 1,000), CRONSTREAM_BENCH_SECONDS
+// is D (default 10); -bench 'BenchmarkSustained/replicas=1' runs one side.
+func BenchmarkSustained(b *testing.B) {
+	n := envInt("CRONSTREAM_BENCH_ENTRIES", 1_000)
+	secs := envInt("CRONSTREAM_BENCH_SECONDS", 10)
+	for _, k := range []int{1, 3} {
+		b.Run(fmt.Sprintf("replicas=%d", k), func(b *testing.B) {
+			for range b.N {
+				sustained(b, n, secs, k)
+			}
+		})
+	}
+}
+
+func sustained(b *testing.B, n, secs, k int) {
+	s := newSystem(b)
+	s.register(entries("s", "@every 1s", n))
+	var ps []*replicaProc
+	for i := range k {
+		ps = append(ps, s.startReplica(fmt.Sprintf("r%d", i)))
+	}
+	waitLoaded(b, ps, n, 10*time.Minute)
+	testenv.Eventually(b, 5*time.Minute, func() bool { return s.pending("default") >= int64(2*n) }, "warm-up: two ticks per entry")
+
+	from := nextSecond(700 * time.Millisecond)
+	to := from.Add(time.Duration(secs) * time.Second)
+	waitUntil(from)
+	stopSampling := s.sampleBacklog(250 * time.Millisecond)
+	cpu0, fires0, msgs0 := s.cpu(ps), s.pending("default"), s.activityMsgs()
+	waitUntil(to)
+	used, fires, msgs := s.cpu(ps).sub(cpu0), int(s.pending("default")-fires0), int(s.activityMsgs()-msgs0)
+	samples := stopSampling()
+	// A stopped replica flushes its outbox before it exits, for a while;
+	// what is left then stays unpublished (no replica runs to take it
+	// over), and shows as fires without an event.
+	stopAll(b, ps)
+	total := s.pending("default")
+	unflushed := s.outboxLen(context.Background())
+
+	log := s.readFires()
+	var lags, delays []time.Duration
+	seen := map[string]int{}
+	var lastFire, lastStored time.Time
+	for _, f := range log.fires {
+		if f.enqueued.After(lastFire) {
+			lastFire = f.enqueued
+		}
+		if f.inStream.After(lastStored) {
+			lastStored = f.inStream
+		}
+		if f.scheduled.After(from) && f.scheduled.Before(to) {
+			lags = append(lags, f.enqueued.Sub(f.scheduled))
+			delays = append(delays, f.inStream.Sub(f.enqueued))
+			seen[f.entry]++
+		}
+	}
+	ticks := int(to.Unix() - from.Unix()) // the whole seconds inside (from, to)
+	missed := 0
+	for _, e := range entries("s", "", n) {
+		missed += max(0, ticks-seen[e.ID])
+	}
+	if missed > 0 {
+		b.Errorf("%d of %d ticks in the window have no fired event in the stream (%d skipped events in it)", missed, n*ticks, log.skipped)
+	}
+	unpublished := int(total) - len(log.fires)
+	if unpublished != 0 {
+		b.Errorf("%d tasks fired, %d fired events in the stream: %d fires unpublished (%d records left in the outbox when the replicas exited)",
+			total, len(log.fires), unpublished, unflushed)
+	}
+	largest, slope := backlogTrend(samples)
+	drain := lastStored.Sub(lastFire)
+	if unpublished != 0 {
+		drain = -1 // never: some fires have no event
+	}
+	cpu := usPer(used.replicas+used.redis, fires)
+
+	b.ReportMetric(float64(fires)/float64(secs), "fires/s")
+	b.ReportMetric(float64(msgs)/float64(secs), "events/s")
+	b.ReportMetric(ms(percentile(lags, 0.5)), "lag-p50-ms")
+	b.ReportMetric(ms(percentile(lags, 0.99)), "lag-p99-ms")
+	b.ReportMetric(cpu, "cpu-us/fire")
+	b.ReportMetric(usPer(used.replicas, fires), "process-cpu-us/fire")
+	b.ReportMetric(usPer(used.redis, fires), "redis-cpu-us/fire")
+	b.ReportMetric(usPer(used.self, fires), "nats+harness-cpu-us/fire")
+	b.ReportMetric(float64(largest), "outbox-max-records")
+	b.ReportMetric(slope, "outbox-slope-records/s")
+	b.ReportMetric(ms(percentile(delays, 0.99)), "to-stream-p99-ms")
+	b.ReportMetric(ms(percentile(delays, 1)), "to-stream-max-ms")
+	b.ReportMetric(ms(drain), "last-fire-to-stream-ms")
+	b.ReportMetric(float64(missed), "missed-ticks")
+	b.ReportMetric(float64(unpublished), "unpublished-fires")
+	b.Logf("%d entries @every 1s, %d replica(s), %d s: %d fires (%.0f/s), %d events published (%.0f/s), %d skipped events in the stream; lag p50 %s p99 %s max %s; %d ticks missed",
+		n, k, secs, fires, float64(fires)/float64(secs), msgs, float64(msgs)/float64(secs), log.skipped,
+		percentile(lags, 0.5).Round(time.Millisecond), percentile(lags, 0.99).Round(time.Millisecond), percentile(lags, 1).Round(time.Millisecond), missed)
+	b.Logf("CPU per fire %.1f µs = replicas %.1f + redis-server %.1f; NATS and this harness %.1f µs more",
+		cpu, usPer(used.replicas, fires), usPer(used.redis, fires), usPer(used.self, fires))
+	drained := "never (fires unpublished)"
+	if drain >= 0 {
+		drained = drain.Round(time.Millisecond).String()
+	}
+	b.Logf("outbox backlog: largest %d records, slope over the second half %+.1f records/s (%d samples); fired event into the stream after p50 %s p99 %s max %s; last fire to its event in the stream %s",
+		largest, slope, len(samples), percentile(delays, 0.5).Round(time.Millisecond), percentile(delays, 0.99).Round(time.Millisecond),
+		percentile(delays, 1).Round(time.Millisecond), drained)
+}

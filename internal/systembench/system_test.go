@@ -1,0 +1,694 @@
+package systembench
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/taskstate"
+	"github.com/cronstream/cronstream/internal/testenv"
+)
+
+// The harness shared by the benchmarks: the binary, one system (NATS,
+// Redis, replica processes), and what they measure from outside (CPU from
+// /proc, the activity stream, the outbox length, SLOWLOG).
+
+var (
+	buildOnce sync.Once
+	buildDir  string
+	binPath   string
+	buildErr  error
+)
+
+// cronstreamBin builds ./cmd/cronstream once per test process, without the
+// race detector: the benchmarks measure the binary a deployment runs.
+func cronstreamBin(b *testing.B) string {
+	b.Helper()
+	buildOnce.Do(func() {
+		buildDir, buildErr = os.MkdirTemp("", "cronstream-systembench")
+		if buildErr != nil {
+			return
+		}
+		binPath = filepath.Join(buildDir, "cronstream")
+		out, err := exec.Command("go", "build", "-o", binPath, "github.com/cronstream/cronstream/cmd/cronstream").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build ./cmd/cronstream: %w\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		b.Fatal(buildErr)
+	}
+	return binPath
+}
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+// system is one deployment on this machine: an embedded nats-server (its
+// CPU is part of this test process's), a private redis-server, and the
+// replica processes started on them.
+type system struct {
+	b        *testing.B
+	nats     *testenv.NATS
+	redis    *testenv.Redis
+	rc       *redis.Client
+	js       jetstream.JetStream
+	names    events.Names
+	redisPID int
+	bin      string
+}
+
+func newSystem(b *testing.B) *system {
+	b.Helper()
+	s := &system{b: b, bin: cronstreamBin(b), names: events.MustNames(events.DefaultPrefix)}
+	s.nats = testenv.StartNATS(b)
+	s.redis = testenv.StartRedis(b, testenv.WithPrivateServer())
+	s.rc = s.redis.Client(b)
+	s.js = s.nats.JetStream(b)
+	if err := events.EnsureStreams(context.Background(), s.js, events.StreamConfig{Names: s.names}); err != nil {
+		b.Fatal(err)
+	}
+	s.redisPID = redisPID(b, s.rc)
+	return s
+}
+
+// env is the environment of a cronstream command on this system: the
+// test's own without CRONSTREAM_* variables, plus the two servers.
+func (s *system) env() []string {
+	var out []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "CRONSTREAM_") {
+			out = append(out, kv)
+		}
+	}
+	return append(out, "CRONSTREAM_NATS="+s.nats.URL(), "CRONSTREAM_REDIS="+s.redis.URL)
+}
+
+// command runs a cronstream command to completion and returns its run time.
+func (s *system) command(args ...string) time.Duration {
+	s.b.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, s.bin, args...)
+	cmd.Env = s.env()
+	start := time.Now()
+	out, err := cmd.CombinedOutput()
+	took := time.Since(start)
+	if err != nil {
+		s.b.Fatalf("cronstream %s: %v\n%s", strings.Join(args, " "), err, tail(string(out), 30))
+	}
+	return took
+}
+
+// replicaProc is one `cronstream run` process.
+type replicaProc struct {
+	id      string
+	http    string
+	logPath string
+	cmd     *exec.Cmd
+	done    chan struct{}
+	err     error
+}
+
+// startReplica starts `cronstream run` with its HTTP endpoints on a free
+// loopback port; it is stopped at cleanup if the benchmark did not stop it.
+func (s *system) startReplica(id string, extra ...string) *replicaProc {
+	s.b.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		s.b.Fatal(err)
+	}
+	addr := l.Addr().String()
+	_ = l.Close()
+	p := &replicaProc{id: id, http: addr, logPath: filepath.Join(s.b.TempDir(), id+".log"), done: make(chan struct{})}
+	logFile, err := os.Create(p.logPath)
+	if err != nil {
+		s.b.Fatal(err)
+	}
+	args := append([]string{"run", "--replica-id", id, "--http", addr, "--log-level", "warn"}, extra...)
+	p.cmd = exec.Command(s.bin, args...)
+	p.cmd.Env = s.env()
+	p.cmd.Stdout, p.cmd.Stderr = logFile, logFile
+	if err := p.cmd.Start(); err != nil {
+		_ = logFile.Close()
+		s.b.Fatal(err)
+	}
+	go func() {
+		p.err = p.cmd.Wait()
+		_ = logFile.Close()
+		close(p.done)
+	}()
+	s.b.Cleanup(func() {
+		select {
+		case <-p.done:
+		default:
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+		if s.b.Failed() {
+			s.b.Logf("replica %s log tail:\n%s", p.id, p.logTail())
+		}
+	})
+	return p
+}
+
+func (p *replicaProc) pid() int { return p.cmd.Process.Pid }
+
+func (p *replicaProc) logTail() string {
+	b, err := os.ReadFile(p.logPath)
+	if err != nil {
+		return err.Error()
+	}
+	return tail(string(b), 30)
+}
+
+func (p *replicaProc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// stop sends SIGTERM (the replica stops firing, flushes its outbox to NATS
+// and exits) and waits for the exit.
+func (p *replicaProc) stop(b *testing.B) {
+	b.Helper()
+	if p.exited() {
+		return
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(2 * time.Minute):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+		b.Fatalf("replica %s did not exit within 2m of SIGTERM; log:\n%s", p.id, p.logTail())
+	}
+}
+
+// stopAll stops the replicas at once, so none of them picks up the others'
+// entries while they go.
+func stopAll(b *testing.B, ps []*replicaProc) {
+	b.Helper()
+	for _, p := range ps {
+		if !p.exited() {
+			_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		}
+	}
+	for _, p := range ps {
+		p.stop(b)
+	}
+}
+
+func (p *replicaProc) get(path string) (int, string, error) {
+	c := http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get("http://" + p.http + path)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body), err
+}
+
+// metric is the sum of every series of the named metric on /metrics.
+func (p *replicaProc) metric(name string) (float64, bool) {
+	code, body, err := p.get("/metrics")
+	if err != nil || code != http.StatusOK {
+		return 0, false
+	}
+	var sum float64
+	found := false
+	sc := bufio.NewScanner(strings.NewReader(body))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		rest, ok := strings.CutPrefix(line, name)
+		if !ok || (rest != "" && rest[0] != ' ' && rest[0] != '{') {
+			continue
+		}
+		f := strings.Fields(rest[strings.LastIndexByte(rest, '}')+1:])
+		if len(f) == 0 {
+			continue
+		}
+		if v, err := strconv.ParseFloat(f[0], 64); err == nil {
+			sum += v
+			found = true
+		}
+	}
+	return sum, found
+}
+
+// waitLoaded waits until every replica answers /readyz and knows n entries.
+func waitLoaded(b *testing.B, ps []*replicaProc, n int, timeout time.Duration) {
+	b.Helper()
+	for _, p := range ps {
+		testenv.Eventually(b, timeout, func() bool {
+			if p.exited() {
+				b.Fatalf("replica %s exited: %v; log:\n%s", p.id, p.err, p.logTail())
+			}
+			code, _, err := p.get("/readyz")
+			if err != nil || code != http.StatusOK {
+				return false
+			}
+			v, ok := p.metric("cronstream_scheduler_entries")
+			return ok && int(v) == n
+		}, "replica %s ready with %d entries", p.id, n)
+	}
+}
+
+// procCPU is the user+system CPU time of process pid from /proc (0 once
+// it is gone).
+func procCPU(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The fields after the command name (which may hold spaces) start at ')'.
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	const userHZ = 100
+	return time.Duration(ut+st) * time.Second / userHZ
+}
+
+// selfCPU is this test process's CPU time: the embedded nats-server, the
+// benchmark's own readers and samplers, and (in the recovery benchmark) the
+// asynq workers.
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func redisPID(b *testing.B, rc *redis.Client) int {
+	b.Helper()
+	info, err := rc.Info(context.Background(), "server").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "process_id:"); ok {
+			pid, _ := strconv.Atoi(v)
+			return pid
+		}
+	}
+	b.Fatal("INFO server has no process_id")
+	return 0
+}
+
+// cpuUse is CPU time spent by the replicas, redis-server and this process.
+type cpuUse struct{ replicas, redis, self time.Duration }
+
+func (s *system) cpu(ps []*replicaProc) cpuUse {
+	u := cpuUse{redis: procCPU(s.redisPID), self: selfCPU()}
+	for _, p := range ps {
+		u.replicas += procCPU(p.pid())
+	}
+	return u
+}
+
+func (u cpuUse) sub(o cpuUse) cpuUse {
+	return cpuUse{replicas: u.replicas - o.replicas, redis: u.redis - o.redis, self: u.self - o.self}
+}
+
+func usPer(d time.Duration, n int) float64 {
+	if n == 0 {
+		return 0
+	}
+	return float64(d.Nanoseconds()) / 1e3 / float64(n)
+}
+
+// register publishes a registered event per entry straight to the config
+// stream (what `entry put` publishes, without its read of the entry first).
+func (s *system) register(entries []events.Entry) {
+	s.b.Helper()
+	futures := make([]jetstream.PubAckFuture, 0, 4096)
+	wait := func() {
+		for _, f := range futures {
+			select {
+			case <-f.Ok():
+			case err := <-f.Err():
+				s.b.Fatal(err)
+			case <-time.After(time.Minute):
+				s.b.Fatal("config publish not acknowledged within 1m")
+			}
+		}
+		futures = futures[:0]
+	}
+	for _, e := range entries {
+		e = e.Normalize()
+		ev, err := events.NewEvent(events.TypeEntryRegistered, "systembench", e.ID, e)
+		if err != nil {
+			s.b.Fatal(err)
+		}
+		data, err := ev.Marshal()
+		if err != nil {
+			s.b.Fatal(err)
+		}
+		f, err := s.js.PublishAsync(s.names.ConfigSubject(e.ID), data)
+		if err != nil {
+			s.b.Fatal(err)
+		}
+		if futures = append(futures, f); len(futures) == cap(futures) {
+			wait()
+		}
+	}
+	wait()
+}
+
+// entries returns n entries id<prefix><i> on spec, enqueuing into "default".
+func entries(prefix, spec string, n int) []events.Entry {
+	out := make([]events.Entry, n)
+	for i := range out {
+		id := fmt.Sprintf("%s%06d", prefix, i)
+		out[i] = events.Entry{ID: id, Cron: spec, Task: events.Task{Type: "bench:" + prefix, Payload: []byte(`{"id":"` + id + `"}`)}}
+	}
+	return out
+}
+
+// activityMsgs is the number of messages in the activity stream.
+func (s *system) activityMsgs() uint64 {
+	st, err := s.js.Stream(context.Background(), s.names.ActivityStream())
+	if err != nil {
+		return 0
+	}
+	info, err := st.Info(context.Background())
+	if err != nil {
+		return 0
+	}
+	return info.State.Msgs
+}
+
+// pending is the length of queue's pending list.
+func (s *system) pending(queue string) int64 {
+	return s.rc.LLen(context.Background(), taskstate.Keys(queue).Pending()).Val()
+}
+
+// fireObs is one fired event as read back from the activity stream, with
+// its task's enqueue time.
+type fireObs struct {
+	entry, taskID, queue string
+	scheduled            time.Time
+	// enqueued is the task's pending_since (Redis time when the task was
+	// written); the event's own enqueued_at is the replica's clock when it
+	// prepared the fire, earlier in a burst.
+	enqueued time.Time
+	inStream time.Time // the activity stream's timestamp of the event
+}
+
+// fireLog is every fired event in the activity stream, and how many
+// skipped events it holds.
+type fireLog struct {
+	fires   []fireObs
+	skipped int
+}
+
+// readFires reads the whole activity stream's fire subjects.
+func (s *system) readFires() fireLog {
+	s.b.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	st, err := s.js.Stream(ctx, s.names.ActivityStream())
+	if err != nil {
+		s.b.Fatal(err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		s.b.Fatal(err)
+	}
+	var out fireLog
+	if info.State.Msgs == 0 {
+		return out
+	}
+	c, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{s.names.Prefix() + ".fire.>"}})
+	if err != nil {
+		s.b.Fatal(err)
+	}
+	for {
+		batch, err := c.Fetch(10_000, jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			s.b.Fatal(err)
+		}
+		got, last := 0, false
+		for m := range batch.Messages() {
+			got++
+			md, err := m.Metadata()
+			if err != nil {
+				s.b.Fatal(err)
+			}
+			last = md.NumPending == 0
+			ev, err := events.DecodeEvent(m.Data())
+			if err != nil {
+				s.b.Fatalf("activity message %d: %v", md.Sequence.Stream, err)
+			}
+			switch ev.Type {
+			case events.TypeEntryFired:
+				var f events.Fired
+				if err := ev.DecodeData(&f); err != nil {
+					s.b.Fatalf("activity message %d: %v", md.Sequence.Stream, err)
+				}
+				out.fires = append(out.fires, fireObs{entry: f.Entry, taskID: f.TaskID, queue: f.Queue, scheduled: f.ScheduledAt, inStream: md.Timestamp})
+			case events.TypeEntrySkipped:
+				out.skipped++
+			}
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
+			s.b.Fatal(err)
+		}
+		if last || got == 0 {
+			s.readEnqueueTimes(out.fires)
+			return out
+		}
+	}
+}
+
+// readEnqueueTimes sets each fire's enqueued from its task's pending_since;
+// a task without one fails the benchmark.
+func (s *system) readEnqueueTimes(fires []fireObs) {
+	s.b.Helper()
+	ctx := context.Background()
+	const chunk = 5000
+	for start := 0; start < len(fires); start += chunk {
+		part := fires[start:min(start+chunk, len(fires))]
+		pipe := s.rc.Pipeline()
+		cmds := make([]*redis.StringCmd, len(part))
+		for i, f := range part {
+			cmds[i] = pipe.HGet(ctx, taskstate.Keys(f.queue).Task(f.taskID), "pending_since")
+		}
+		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+			s.b.Fatal(err)
+		}
+		for i, c := range cmds {
+			ns, err := strconv.ParseInt(c.Val(), 10, 64)
+			if err != nil {
+				s.b.Fatalf("task %s of entry %s (tick %s): no pending_since (%v)", part[i].taskID, part[i].entry, part[i].scheduled, c.Err())
+			}
+			part[i].enqueued = time.Unix(0, ns)
+		}
+	}
+}
+
+// outboxLen is the number of records in every outbox of the tenant.
+func (s *system) outboxLen(ctx context.Context) int64 {
+	queues, err := s.rc.SMembers(ctx, taskstate.OutboxesKey(s.names.Prefix())).Result()
+	if err != nil {
+		return -1
+	}
+	var n int64
+	for _, q := range queues {
+		n += s.rc.XLen(ctx, taskstate.Own(s.names.Prefix(), q).Outbox()).Val()
+	}
+	return n
+}
+
+type backlogSample struct {
+	at      time.Time
+	records int64
+}
+
+// sampleBacklog samples outboxLen every interval until the returned stop
+// is called, which returns the samples.
+func (s *system) sampleBacklog(interval time.Duration) (stop func() []backlogSample) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var samples []backlogSample
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			samples = append(samples, backlogSample{at: time.Now(), records: s.outboxLen(ctx)})
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return func() []backlogSample {
+		cancel()
+		<-done
+		return samples
+	}
+}
+
+// backlogTrend is the largest sample and the least-squares slope (records
+// per second) over the second half of the samples.
+func backlogTrend(samples []backlogSample) (largest int64, slope float64) {
+	for _, x := range samples {
+		largest = max(largest, x.records)
+	}
+	half := samples[len(samples)/2:]
+	if len(half) < 2 {
+		return largest, 0
+	}
+	var sx, sy, sxx, sxy float64
+	for _, x := range half {
+		t := x.at.Sub(half[0].at).Seconds()
+		y := float64(x.records)
+		sx, sy, sxx, sxy = sx+t, sy+y, sxx+t*t, sxy+t*y
+	}
+	n := float64(len(half))
+	if d := n*sxx - sx*sx; d != 0 {
+		slope = (n*sxy - sx*sy) / d
+	}
+	return largest, slope
+}
+
+// slowlog records every Redis command's server time from start until the
+// returned stop, which restores the server's settings and returns the
+// longest call. Redis logs the commands a script runs as well as the
+// script, so a mass recovery logs about a dozen calls per task: keep is
+// sized for that, since draining the log while measuring would stall the
+// server (a SLOWLOG RESET of 100,000 entries takes 0.2 s).
+func slowlog(b *testing.B, rc *redis.Client, keep int) (stop func() slowCall) {
+	b.Helper()
+	ctx := context.Background()
+	prev, err := rc.ConfigGet(ctx, "slowlog-*").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for k, v := range map[string]string{"slowlog-log-slower-than": "0", "slowlog-max-len": strconv.Itoa(keep)} {
+		if err := rc.ConfigSet(ctx, k, v).Err(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := rc.Do(ctx, "SLOWLOG", "RESET").Err(); err != nil {
+		b.Fatal(err)
+	}
+	return func() slowCall {
+		// Stop recording first, so reading the log does not add to it.
+		if err := rc.ConfigSet(ctx, "slowlog-log-slower-than", prev["slowlog-log-slower-than"]).Err(); err != nil {
+			b.Fatal(err)
+		}
+		// The reply is long: a client of its own with a long read timeout.
+		opts := *rc.Options()
+		opts.ReadTimeout = 5 * time.Minute
+		reader := redis.NewClient(&opts)
+		defer reader.Close()
+		logs, err := reader.SlowLogGet(ctx, -1).Result()
+		if err != nil {
+			b.Fatal(err)
+		}
+		var longest slowCall
+		for _, l := range logs {
+			if l.Duration > longest.took {
+				// The command and its first arguments (for a script, the
+				// first key) say which call it was.
+				var args []string
+				for _, a := range l.Args[:min(len(l.Args), 4)] {
+					args = append(args, strconv.Quote(a[:min(len(a), 64)]))
+				}
+				longest = slowCall{took: l.Duration, command: strings.Join(args, " ")}
+			}
+		}
+		longest.calls, longest.full = len(logs), len(logs) >= keep
+		if err := reader.Do(ctx, "SLOWLOG", "RESET").Err(); err != nil {
+			b.Fatal(err)
+		}
+		if err := rc.ConfigSet(ctx, "slowlog-max-len", prev["slowlog-max-len"]).Err(); err != nil {
+			b.Fatal(err)
+		}
+		return longest
+	}
+}
+
+// slowCall is the longest Redis call SLOWLOG saw, out of calls.
+type slowCall struct {
+	took    time.Duration
+	command string
+	calls   int
+	full    bool // the log filled up: the earliest calls are not in it
+}
+
+func (c slowCall) String() string {
+	s := fmt.Sprintf("%s (%s) of %d calls", c.took, c.command, c.calls)
+	if c.full {
+		s += " (SLOWLOG full: the earliest calls were dropped)"
+	}
+	return s
+}
+
+func percentile(d []time.Duration, p float64) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	d = slices.Clone(d)
+	slices.Sort(d)
+	return d[int(float64(len(d)-1)*p)]
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1e3 }
+
+// waitUntil sleeps until t: the benchmarks wait for wall-clock instants
+// (tick boundaries), not for conditions.
+func waitUntil(t time.Time) {
+	if d := time.Until(t); d > 0 {
+		time.Sleep(d)
+	}
+}
+
+// nextSecond returns the next whole second plus off (off < 1 s): a window
+// edge between two seconds' bursts of fires, so a window holds whole
+// seconds of work.
+func nextSecond(off time.Duration) time.Time {
+	return time.Now().Truncate(time.Second).Add(time.Second + off)
+}
+
+func tail(s string, lines int) string {
+	l := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(l) > lines {
+		l = l[len(l)-lines:]
+	}
+	return strings.Join(l, "\n")
+}
