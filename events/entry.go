@@ -72,6 +72,11 @@ type Entry struct {
 	Note     string        `json:"note,omitempty"`
 	Owner    string        `json:"owner,omitempty"`
 	Removed  bool          `json:"removed,omitempty"`
+
+	// PauseOnFailure pauses the entry, through a config event whose note
+	// names the task and its last error, when one of its tasks is archived
+	// (retries exhausted, by a worker or the recoverer): package failpause.
+	PauseOnFailure bool `json:"pause_on_failure,omitempty"`
 }
 
 // Task is what each firing enqueues.

@@ -20,6 +20,7 @@ import (
 
 	"github.com/cronstream/cronstream/console"
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/failpause"
 	"github.com/cronstream/cronstream/internal/clock"
 	"github.com/cronstream/cronstream/internal/redact"
 	"github.com/cronstream/cronstream/keygc"
@@ -147,6 +148,9 @@ type Replica struct {
 	obsSub  *nats.Subscription
 	auth    *authWatch
 	console *console.Console
+
+	// failPause pauses entries with pause_on_failure whose tasks are archived.
+	failPause *failpause.Watcher
 
 	mu      sync.Mutex
 	started bool
@@ -480,6 +484,11 @@ func (r *Replica) start(ctx context.Context) error {
 		Grace: r.cfg.RemovedKeyGrace, Interval: r.cfg.KeySweepInterval, Now: r.clock.Now, Logger: r.log, Metrics: keygc.NewMetrics(r.reg),
 	})
 	r.keygc.Start()
+	r.failPause = failpause.New(failpause.Params{
+		Store: r.store, Projection: r.proj, Config: events.NewClient(js, r.cfg.Names, events.WithSource(r.cfg.ReplicaID)),
+		Names: r.cfg.Names, Now: r.clock.Now, Logger: r.log, Metrics: failpause.NewMetrics(r.reg),
+	})
+	r.failPause.Start()
 	return nil
 }
 
@@ -579,6 +588,9 @@ func (r *Replica) shutdown() {
 	}
 	if r.keygc != nil {
 		r.keygc.Stop()
+	}
+	if r.failPause != nil {
+		r.failPause.Stop()
 	}
 	if r.relay != nil {
 		if err := r.relay.Stop(ctx); err != nil {

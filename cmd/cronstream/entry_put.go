@@ -28,6 +28,7 @@ type putFlags struct {
 	jitter, catchup, catchupWindow       string
 	overlap                              string
 	replace                              bool
+	pauseOnFailure                       bool
 	payloadBytes                         []byte // --payload or --payload-file, read once
 }
 
@@ -90,6 +91,7 @@ Cron specs: 5 fields, or 6 with leading seconds, descriptors (@daily,
 	fl.StringVar(&f.catchupWindow, "catchup-window", "", "how far back catch-up looks (default 1h; at most the activity stream's max age)")
 	fl.StringVar(&f.overlap, "overlap", "", "allow (default) or skip a tick while the previous task is still queued or running")
 	fl.StringVar(&f.note, "note", "", "free-form note")
+	fl.BoolVar(&f.pauseOnFailure, "pause-on-failure", false, "pause the entry when one of its tasks is archived (retries exhausted); the pause note names the task and its error (--pause-on-failure=false turns it off)")
 	fl.BoolVar(&f.replace, "replace", false, "replace the whole entry with what the command line gives (keeps only the pause state)")
 	fl.BoolVar(&g.json, "json", false, "print the result as JSON")
 	f.rev.add(cmd)
@@ -125,6 +127,9 @@ func (f *putFlags) patch(cmd *cobra.Command, e *events.Entry) error {
 	str("note", f.note, &e.Note)
 	if ch("overlap") {
 		e.Overlap = events.OverlapPolicy(f.overlap)
+	}
+	if ch("pause-on-failure") {
+		e.PauseOnFailure = f.pauseOnFailure
 	}
 	if ch("catchup") {
 		e.Catchup.Policy = events.CatchupPolicy(f.catchup)
