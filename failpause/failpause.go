@@ -126,9 +126,12 @@ type candidate struct {
 	errMsg             string
 }
 
+// armedSince is when an entry last became armed, as of revision rev, and
+// whether a resume armed it.
 type armedSince struct {
-	rev uint64
-	at  time.Time
+	rev     uint64
+	at      time.Time
+	resumed bool
 }
 
 // New returns a Watcher; Start runs it.
@@ -320,14 +323,18 @@ func (w *Watcher) apply(ctx context.Context, c candidate) (done, paused bool) {
 		return true, false
 	}
 	if c.at.Before(st.Time) {
-		// The entry changed at or after the archive (archive times are
-		// whole seconds): was that change the one that armed it?
+		// The entry changed at or after the archive's second: was that
+		// change the one that armed it?
 		since, err := w.armedSince(ctx, c.entry, st)
 		if err != nil {
 			w.fail(ctx, c, "read the entry's history", err)
 			return false, false
 		}
-		if c.at.Before(since) {
+		// Archive times are whole seconds: one in the second the entry was
+		// armed may be either side of it. After a resume it counts as
+		// before (never pause again for what was resumed); after the put
+		// that set pause_on_failure, as after.
+		if !c.at.Add(time.Second).After(since.at) || (c.at.Before(since.at) && since.resumed) {
 			return true, false
 		}
 	}
@@ -360,18 +367,18 @@ func (w *Watcher) fail(ctx context.Context, c candidate, what string, err error)
 	w.p.Logger.Warn("pause on failure: cannot "+what+"; retrying next scan", "entry", c.entry, "task", c.task, "err", err)
 }
 
-// armedSince is when entry last became armed: the time of the oldest
-// config event of the run of armed states that ends in its current state.
-// A run that goes back to the entry's first event counts from that event.
-func (w *Watcher) armedSince(ctx context.Context, entry string, st projector.State) (time.Time, error) {
+// armedSince is when entry last became armed: the config event that
+// starts the run of armed states ending in its current state. A run that
+// goes back to the entry's first event counts from that event.
+func (w *Watcher) armedSince(ctx context.Context, entry string, st projector.State) (armedSince, error) {
 	if a, ok := w.armedAt[entry]; ok && a.rev == st.Revision {
-		return a.at, nil
+		return a, nil
 	}
 	recs, err := w.p.Config.History(ctx, entry)
 	if err != nil {
-		return time.Time{}, err
+		return armedSince{}, err
 	}
-	since := st.Time
+	since := armedSince{rev: st.Revision, at: st.Time}
 	for i := len(recs) - 1; i >= 0; i-- {
 		r := recs[i]
 		if r.Seq > st.Revision {
@@ -380,12 +387,13 @@ func (w *Watcher) armedSince(ctx context.Context, entry string, st projector.Sta
 		if r.Entry == nil || !isArmed(*r.Entry) {
 			break
 		}
-		since = r.Time
+		// HasPrefix: a gated form of the type is a resume too.
+		since.at, since.resumed = r.Time, r.Event != nil && strings.HasPrefix(r.Event.Type, events.TypeEntryResumed)
 	}
 	if len(w.armedAt) > 4096 {
 		clear(w.armedAt)
 	}
-	w.armedAt[entry] = armedSince{rev: st.Revision, at: since}
+	w.armedAt[entry] = since
 	return since, nil
 }
 
