@@ -1,0 +1,47 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestEntryPauseOnFailureFlag: --pause-on-failure is stored with the entry,
+// shown by get, carried by export and read back by sync -f, and
+// --pause-on-failure=false turns it off again.
+func TestEntryPauseOnFailureFlag(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, false)
+	e.ok("entry", "put", "pof", "--cron", "@every 1m", "--type", "t", "--pause-on-failure")
+	var got map[string]any
+	e.okJSON(&got, "entry", "get", "pof", "--json")
+	if got["pause_on_failure"] != true {
+		t.Fatalf("get --json after --pause-on-failure: %v", got)
+	}
+	if text := e.ok("entry", "get", "pof"); !strings.Contains(text, "pause_on_failure:") {
+		t.Errorf("get text does not show pause_on_failure:\n%s", text)
+	}
+	if exp := e.ok("export"); !strings.Contains(exp, "pause_on_failure: true") {
+		t.Errorf("export does not carry pause_on_failure:\n%s", exp)
+	}
+	// Unchanged by a put of another field.
+	e.ok("entry", "put", "pof", "--queue", "q")
+	got = nil
+	e.okJSON(&got, "entry", "get", "pof", "--json")
+	if got["pause_on_failure"] != true {
+		t.Fatalf("pause_on_failure lost by a put of another field: %v", got)
+	}
+	e.ok("entry", "put", "pof", "--pause-on-failure=false")
+	got = nil
+	e.okJSON(&got, "entry", "get", "pof", "--json")
+	if _, ok := got["pause_on_failure"]; ok {
+		t.Fatalf("--pause-on-failure=false left it set: %v", got)
+	}
+
+	f := writeFile(t, "schedules.yaml", "entries:\n  - id: filed\n    cron: \"@every 1m\"\n    task: {type: t}\n    pause_on_failure: true\n")
+	e.ok("sync", "-f", f)
+	got = nil
+	e.okJSON(&got, "entry", "get", "filed", "--json")
+	if got["pause_on_failure"] != true {
+		t.Fatalf("sync -f with pause_on_failure: true: %v", got)
+	}
+}
