@@ -397,10 +397,14 @@ func (w *Watcher) armedSince(ctx context.Context, entry string, st projector.Sta
 	return since, nil
 }
 
+// NotePrefix starts every pause note of this package, so status can tell
+// entries paused on failure from those paused by hand.
+const NotePrefix = "paused on failure: "
+
 // Note is the pause note for a task archived at with error errMsg: it names
 // the task and its error, made safe for terminals and capped at MaxErrorLen.
 func Note(task string, at time.Time, errMsg string) string {
-	return fmt.Sprintf("paused on failure: task %s archived at %s: %s", task, at.UTC().Format(time.RFC3339), cleanError(errMsg))
+	return fmt.Sprintf(NotePrefix+"task %s archived at %s: %s", task, at.UTC().Format(time.RFC3339), cleanError(errMsg))
 }
 
 // cleanError makes a worker's error text safe to print: control, format

@@ -45,3 +45,19 @@ func TestEntryPauseOnFailureFlag(t *testing.T) {
 		t.Fatalf("sync -f with pause_on_failure: true: %v", got)
 	}
 }
+
+// TestStatusShowsFailurePauses: status lists the entries paused on failure
+// with their note, not those paused by hand.
+func TestStatusShowsFailurePauses(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, true)
+	e.ok("entry", "put", "failed", "--cron", "@every 1m", "--type", "t", "--pause-on-failure")
+	e.ok("entry", "put", "byhand", "--cron", "@every 1m", "--type", "t")
+	note := "paused on failure: task cronstream:failed:2026-12-01T10:00:00Z archived at 2026-12-01T10:00:02Z: boom"
+	e.ok("entry", "pause", "failed", "--note", note)
+	e.ok("entry", "pause", "byhand", "--note", "maintenance")
+	text := e.ok("status")
+	if !strings.Contains(text, "paused failed at revision 3") || !strings.Contains(text, note) || strings.Contains(text, "paused byhand") {
+		t.Fatalf("status does not list the entry paused on failure (only it):\n%s", text)
+	}
+}
