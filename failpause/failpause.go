@@ -77,6 +77,7 @@ type Projection interface {
 // implements it.
 type Config interface {
 	Pause(ctx context.Context, id, note string, opts ...events.WriteOption) (events.Result, error)
+	Get(ctx context.Context, id string) (events.Entry, uint64, error)
 	History(ctx context.Context, id string) ([]events.Record, error)
 }
 
@@ -124,6 +125,9 @@ type candidate struct {
 	entry, queue, task string
 	at                 time.Time // archive time (whole seconds)
 	errMsg             string
+	// failed: a pause of this candidate failed, and may have landed all the
+	// same (a publish the NATS client sent after reconnecting).
+	failed bool
 }
 
 // armedSince is when an entry last became armed, as of revision rev, and
@@ -242,9 +246,11 @@ func (w *Watcher) Scan(ctx context.Context) []string {
 		if ctx.Err() != nil {
 			break
 		}
-		done, ok := w.apply(ctx, c)
+		done, ok := w.apply(ctx, &c)
 		if done {
 			delete(w.pending, id)
+		} else {
+			w.pending[id] = c
 		}
 		if ok {
 			paused = append(paused, id)
@@ -317,7 +323,7 @@ func (w *Watcher) read(ctx context.Context, queue string, entries map[string]boo
 // apply pauses c's entry if it is still armed and was armed before c's
 // archive. done says c needs no more attempts; paused that this call
 // published the pause.
-func (w *Watcher) apply(ctx context.Context, c candidate) (done, paused bool) {
+func (w *Watcher) apply(ctx context.Context, c *candidate) (done, paused bool) {
 	st, ok := w.p.Projection.Get(c.entry)
 	if !ok || !isArmed(st.Entry) {
 		return true, false
@@ -327,7 +333,7 @@ func (w *Watcher) apply(ctx context.Context, c candidate) (done, paused bool) {
 		// change the one that armed it?
 		since, err := w.armedSince(ctx, c.entry, st)
 		if err != nil {
-			w.fail(ctx, c, "read the entry's history", err)
+			w.fail(ctx, *c, "read the entry's history", err)
 			return false, false
 		}
 		// Archive times are whole seconds: one in the second the entry was
@@ -344,19 +350,32 @@ func (w *Watcher) apply(ctx context.Context, c candidate) (done, paused bool) {
 	case errors.Is(err, events.ErrNotFound):
 		return true, false
 	case errors.Is(err, events.ErrRevisionConflict):
+		if c.failed {
+			// An attempt that failed may have landed after all.
+			if e, rev, gerr := w.p.Config.Get(ctx, c.entry); gerr == nil && e.Paused && e.Note == note {
+				w.paused(c, rev)
+				return true, true
+			}
+		}
 		// Another replica paused it, or someone changed it: decide again
 		// on the state the projection gets next.
 		return false, false
 	case err != nil:
-		w.fail(ctx, c, "publish the pause", err)
+		c.failed = true
+		w.fail(ctx, *c, "publish the pause", err)
 		return false, false
 	case res.Type == "":
 		return true, false
 	}
+	w.paused(c, res.Revision)
+	return true, true
+}
+
+// paused counts and logs the pause of c's entry at revision rev.
+func (w *Watcher) paused(c *candidate, rev uint64) {
 	w.p.Metrics.Paused.Inc()
 	w.p.Logger.Warn("entry paused on failure: its task was archived", "entry", c.entry, "queue", c.queue,
-		"task", c.task, "archived_at", c.at.Format(time.RFC3339), "revision", res.Revision, "error", cleanError(c.errMsg))
-	return true, true
+		"task", c.task, "archived_at", c.at.Format(time.RFC3339), "revision", rev, "error", cleanError(c.errMsg))
 }
 
 func (w *Watcher) fail(ctx context.Context, c candidate, what string, err error) {

@@ -7,17 +7,21 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/failpause"
 	"github.com/cronstream/cronstream/internal/testenv"
+	"github.com/cronstream/cronstream/projector"
 	"github.com/cronstream/cronstream/replica"
 	"github.com/cronstream/cronstream/scheduler"
 	"github.com/cronstream/cronstream/taskstate"
@@ -267,4 +271,129 @@ func TestNote(t *testing.T) {
 			t.Errorf("Note(%q) = %q, want %q", c.in, got, want)
 		}
 	}
+}
+
+// logLines collects log records' messages.
+type logLines struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *logLines) Enabled(context.Context, slog.Level) bool { return true }
+func (l *logLines) Handle(_ context.Context, r slog.Record) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	msg := r.Message
+	r.Attrs(func(a slog.Attr) bool { msg += " " + a.String(); return true })
+	l.lines = append(l.lines, msg)
+	return nil
+}
+func (l *logLines) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l *logLines) WithGroup(string) slog.Handler      { return l }
+func (l *logLines) tail() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.lines[max(0, len(l.lines)-3):]
+}
+
+func (l *logLines) count(sub string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, s := range l.lines {
+		if strings.Contains(s, sub) {
+			n++
+		}
+	}
+	return n
+}
+
+// TestPauseRetriedWhileNATSDown: a pause decided while NATS is down is
+// logged, counted and kept; once NATS is back a later scan publishes it, or
+// finds that the failed attempt landed after all (the NATS client sends
+// what it buffered when it reconnects), and counts and logs it once.
+func TestPauseRetriedWhileNATSDown(t *testing.T) {
+	ctx := context.Background()
+	ns := testenv.StartNATS(t)
+	js := ns.JetStream(t)
+	rc := testenv.StartRedis(t).Client(t)
+	names := events.MustNames("down")
+	if err := events.EnsureStreams(ctx, js, events.StreamConfig{Names: names}); err != nil {
+		t.Fatal(err)
+	}
+	client := events.NewClient(js, names, events.WithRetryBudget(500*time.Millisecond))
+	zero := 0
+	res, err := client.Put(ctx, events.Entry{ID: "e", Cron: "0 0 1 1 *", Task: events.Task{Type: "work"},
+		Options: events.Options{Queue: "dq", MaxRetry: &zero}, PauseOnFailure: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := time.Now()
+	proj := projector.New(js, names, projector.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))), projector.WithHeartbeat(500*time.Millisecond))
+	if err := proj.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer proj.Stop()
+	if err := proj.WaitFor(ctx, res.Revision); err != nil {
+		t.Fatal(err)
+	}
+	// Archived in a later second than the put that armed the entry, as an
+	// asynq worker archives: message with the error, state, score now.
+	testenv.Eventually(t, 5*time.Second, func() bool { return time.Since(put) > 1100*time.Millisecond }, "")
+	id := scheduler.TaskID(names.Prefix(), "e", put.Truncate(time.Second))
+	b, err := taskstate.EncodeTaskMessage(&taskstate.TaskMessage{Type: "work", ID: id, Queue: "dq", ErrorMsg: "disk full", LastFailedAt: time.Now().Unix()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := taskstate.Keys("dq")
+	if err := rc.HSet(ctx, k.Task(id), "msg", b, "state", taskstate.StateArchived).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rc.ZAdd(ctx, k.Archived(), redis.Z{Score: float64(time.Now().Unix()), Member: id}).Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	logs := &logLines{}
+	metrics := failpause.NewMetrics(nil)
+	w := failpause.New(failpause.Params{Store: taskstate.New(rc), Projection: proj, Config: client, Names: names,
+		Logger: slog.New(logs), Metrics: metrics})
+	ns.Shutdown()
+	scanCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if got := w.Scan(scanCtx); len(got) != 0 {
+		t.Fatalf("paused %v with NATS down", got)
+	}
+	if value(t, metrics.Errors) < 1 || value(t, metrics.Pending) != 1 || logs.count("cannot publish the pause") < 1 {
+		t.Fatalf("failed pause: errors %v, pending %v, log lines %d", value(t, metrics.Errors), value(t, metrics.Pending), logs.count("cannot publish the pause"))
+	}
+	ns.Restart(t)
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		return len(w.Scan(ctx)) == 1
+	}, "pause never published after NATS came back: %q", logs.tail())
+	e, _, err := client.Get(ctx, "e")
+	if err != nil || !e.Paused || !strings.Contains(e.Note, id) || !strings.HasSuffix(e.Note, ": disk full") {
+		t.Fatalf("after NATS came back: paused %v note %q, %v", e.Paused, e.Note, err)
+	}
+	if value(t, metrics.Paused) != 1 || value(t, metrics.Pending) != 0 || logs.count("entry paused on failure") != 1 {
+		t.Fatalf("paused %v, pending %v, log lines %d", value(t, metrics.Paused), value(t, metrics.Pending), logs.count("entry paused on failure"))
+	}
+	// Later scans find nothing more to do.
+	if got := w.Scan(ctx); len(got) != 0 {
+		t.Fatalf("second pause of %v", got)
+	}
+}
+
+// value reads a counter's or gauge's value.
+func value(t *testing.T, m prometheus.Metric) float64 {
+	t.Helper()
+	var d dto.Metric
+	if err := m.Write(&d); err != nil {
+		t.Fatal(err)
+	}
+	if c := d.GetCounter(); c != nil {
+		return c.GetValue()
+	}
+	return d.GetGauge().GetValue()
 }
