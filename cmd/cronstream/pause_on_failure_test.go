@@ -20,6 +20,11 @@ func TestEntryPauseOnFailureFlag(t *testing.T) {
 	if text := e.ok("entry", "get", "pof"); !strings.Contains(text, "pause_on_failure:") {
 		t.Errorf("get text does not show pause_on_failure:\n%s", text)
 	}
+	var all []map[string]any
+	e.okJSON(&all, "entry", "ls", "--json")
+	if len(all) != 1 || all[0]["pause_on_failure"] != true {
+		t.Errorf("ls --json does not show pause_on_failure: %v", all)
+	}
 	if exp := e.ok("export"); !strings.Contains(exp, "pause_on_failure: true") {
 		t.Errorf("export does not carry pause_on_failure:\n%s", exp)
 	}
@@ -56,6 +61,12 @@ func TestStatusShowsFailurePauses(t *testing.T) {
 	note := "paused on failure: task cronstream:failed:2026-12-01T10:00:00Z archived at 2026-12-01T10:00:02Z: boom"
 	e.ok("entry", "pause", "failed", "--note", note)
 	e.ok("entry", "pause", "byhand", "--note", "maintenance")
+	if ls := e.ok("entry", "ls", "-o", "wide"); !strings.Contains(ls, note) {
+		t.Errorf("ls -o wide does not show the pause note:\n%s", ls)
+	}
+	if d := e.ok("entry", "describe", "failed"); !strings.Contains(d, note) || !strings.Contains(d, "pause_on_failure:") {
+		t.Errorf("describe does not show pause_on_failure and the pause note:\n%s", d)
+	}
 	text := e.ok("status")
 	if !strings.Contains(text, "paused failed at revision 3") || !strings.Contains(text, note) || strings.Contains(text, "paused byhand") {
 		t.Fatalf("status does not list the entry paused on failure (only it):\n%s", text)
