@@ -29,6 +29,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"strings"
 	"sync"
 	"time"
@@ -265,10 +266,11 @@ func isArmed(e events.Entry) bool { return e.PauseOnFailure && !e.Paused && !e.R
 // read returns the archived tasks of queue's armed entries since the
 // queue's cursor, moving it.
 func (w *Watcher) read(ctx context.Context, queue string, entries map[string]bool) ([]candidate, error) {
-	cur := w.cursors[queue]
-	if cur == nil {
-		cur = &cursor{from: w.p.Now().Add(-w.p.Lookback).Truncate(time.Second)}
-		w.cursors[queue] = cur
+	// The cursor moves only once the tasks read are in hand: a failed
+	// read is read again by the next scan.
+	cur := &cursor{from: w.p.Now().Add(-w.p.Lookback).Truncate(time.Second), seen: map[string]bool{}}
+	if c, ok := w.cursors[queue]; ok {
+		cur = &cursor{from: c.from, seen: maps.Clone(c.seen)}
 	}
 	prefix := w.p.Names.Prefix()
 	var found []candidate
@@ -299,6 +301,7 @@ func (w *Watcher) read(ctx context.Context, queue string, entries map[string]boo
 		}
 	}
 	if len(found) == 0 {
+		w.cursors[queue] = cur
 		return nil, nil
 	}
 	ids := make([]string, len(found))
@@ -317,6 +320,7 @@ func (w *Watcher) read(ctx context.Context, queue string, entries map[string]boo
 			found[i].errMsg = fmt.Sprintf("(error unknown: %v)", errs[i])
 		}
 	}
+	w.cursors[queue] = cur
 	return found, nil
 }
 

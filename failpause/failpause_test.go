@@ -6,6 +6,8 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -396,4 +398,83 @@ func value(t *testing.T, m prometheus.Metric) float64 {
 		return c.GetValue()
 	}
 	return d.GetGauge().GetValue()
+}
+
+// TestScanPagesThroughArchive: with pages of 3, a scan reads an archived
+// set of many members sharing scores (tasks of asynq clients and of two
+// entries, the first at exactly the look-back's start), pauses both
+// entries, and the next scan reads nothing again.
+func TestScanPagesThroughArchive(t *testing.T) {
+	ctx := context.Background()
+	ns := testenv.StartNATS(t)
+	js := ns.JetStream(t)
+	rc := testenv.StartRedis(t).Client(t)
+	names := events.MustNames("pages")
+	if err := events.EnsureStreams(ctx, js, events.StreamConfig{Names: names}); err != nil {
+		t.Fatal(err)
+	}
+	client := events.NewClient(js, names)
+	var last uint64
+	for _, id := range []string{"a", "b"} {
+		res, err := client.Put(ctx, events.Entry{ID: id, Cron: "0 0 1 1 *", Task: events.Task{Type: "work"},
+			Options: events.Options{Queue: "big"}, PauseOnFailure: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = res.Revision
+	}
+	put := time.Now()
+	proj := projector.New(js, names, projector.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	if err := proj.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer proj.Stop()
+	if err := proj.WaitFor(ctx, last); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 5*time.Second, func() bool { return time.Since(put) > 1100*time.Millisecond }, "")
+	s0 := time.Now().Truncate(time.Second)
+	k := taskstate.Keys("big")
+	archive := func(id string, at time.Time, errMsg string) {
+		t.Helper()
+		b, err := taskstate.EncodeTaskMessage(&taskstate.TaskMessage{Type: "work", ID: id, Queue: "big", ErrorMsg: errMsg})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := rc.HSet(ctx, k.Task(id), "msg", b, "state", taskstate.StateArchived).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := rc.ZAdd(ctx, k.Archived(), redis.Z{Score: float64(at.Unix()), Member: id}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 7 {
+		archive("0000-foreign-"+strconv.Itoa(i), s0, "not ours")
+	}
+	taskA := scheduler.TaskID(names.Prefix(), "a", s0.Add(-time.Minute))
+	archive(taskA, s0, "a failed")
+	for i := range 5 {
+		archive("zzzz-foreign-"+strconv.Itoa(i), s0.Add(time.Second), "not ours")
+	}
+	taskB := scheduler.TaskID(names.Prefix(), "b", s0.Add(-time.Minute))
+	archive(taskB, s0.Add(2*time.Second), "b failed")
+
+	const lookback = time.Hour
+	w := failpause.New(failpause.Params{Store: taskstate.New(rc), Projection: proj, Config: client, Names: names,
+		Lookback: lookback, Page: 3, Now: func() time.Time { return s0.Add(lookback) },
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	got := w.Scan(ctx)
+	slices.Sort(got)
+	if !slices.Equal(got, []string{"a", "b"}) {
+		t.Fatalf("first scan paused %v, want [a b]", got)
+	}
+	for id, task := range map[string]string{"a": taskA, "b": taskB} {
+		e, _, err := client.Get(ctx, id)
+		if err != nil || !e.Paused || !strings.Contains(e.Note, task) || !strings.HasSuffix(e.Note, ": "+id+" failed") {
+			t.Fatalf("entry %s: paused %v note %q, %v", id, e.Paused, e.Note, err)
+		}
+	}
+	if got := w.Scan(ctx); len(got) != 0 {
+		t.Fatalf("second scan paused %v", got)
+	}
 }
