@@ -425,15 +425,27 @@ func (w *Watcher) armedSince(ctx context.Context, entry string, st projector.Sta
 const NotePrefix = "paused on failure: "
 
 // Note is the pause note for a task archived at with error errMsg: it names
-// the task and its error, made safe for terminals and capped at MaxErrorLen.
+// the task and its error, made safe for terminals and capped (the error at
+// MaxErrorLen bytes).
 func Note(task string, at time.Time, errMsg string) string {
-	return fmt.Sprintf(NotePrefix+"task %s archived at %s: %s", task, at.UTC().Format(time.RFC3339), cleanError(errMsg))
+	return fmt.Sprintf(NotePrefix+"task %s archived at %s: %s", clean(task, maxTaskIDLen), at.UTC().Format(time.RFC3339), cleanError(errMsg))
 }
 
-// cleanError makes a worker's error text safe to print: control, format
-// and invalid characters become spaces, runs of space one, and the text is
-// cut at MaxErrorLen bytes.
+// maxTaskIDLen caps the task id in a note; ours are shorter, but the
+// archived set is anyone's to write.
+const maxTaskIDLen = 300
+
 func cleanError(s string) string {
+	if out := clean(s, MaxErrorLen); out != "" {
+		return out
+	}
+	return "(no error message)"
+}
+
+// clean makes text from Redis safe to print: control, format and invalid
+// characters become spaces, runs of space one, and the text is cut at limit
+// bytes.
+func clean(s string, limit int) string {
 	var b strings.Builder
 	space := false
 	for i, w := 0, 0; i < len(s); i += w {
@@ -450,16 +462,12 @@ func cleanError(s string) string {
 		} else {
 			space = false
 		}
-		if b.Len()+utf8.RuneLen(r) > MaxErrorLen {
+		if b.Len()+utf8.RuneLen(r) > limit {
 			return strings.TrimSpace(b.String()) + "…"
 		}
 		b.WriteRune(r)
 	}
-	out := strings.TrimSpace(b.String())
-	if out == "" {
-		return "(no error message)"
-	}
-	return out
+	return strings.TrimSpace(b.String())
 }
 
 // Metrics are the watcher's Prometheus metrics.

@@ -273,6 +273,10 @@ func TestNote(t *testing.T) {
 			t.Errorf("Note(%q) = %q, want %q", c.in, got, want)
 		}
 	}
+	// A task id is anyone's to write into the archived set.
+	if got := failpause.Note("p:e:x\x1b[2J\xff", at, "e"); got != "paused on failure: task p:e:x [2J archived at 2026-12-01T10:00:00Z: e" {
+		t.Errorf("Note with a hostile task id = %q", got)
+	}
 }
 
 // logLines collects log records' messages.
