@@ -33,6 +33,13 @@ type Params struct {
 	// it). The config stream is then read from its start whatever Since
 	// says, to know each entry's queue at Since.
 	Queue string
+	// Selector keeps the config, fired and skipped events of entries whose
+	// labels match it (events.ParseSelector): a config event when the
+	// entry matched before or after it, so the change that takes an entry
+	// out of the selector shows. Recoveries name a queue, not an entry, and
+	// are left out. The config stream is then read from its start whatever
+	// Since says, to know each entry's labels at Since.
+	Selector events.Selector
 	// Types keeps the events whose type matches one of these patterns (see
 	// MatchType and CheckType); empty keeps every type. A message that is
 	// not a CloudEvent matches none.
@@ -127,17 +134,21 @@ func Open(ctx context.Context, js jetstream.JetStream, p Params) (*Reader, error
 		cfgSubjects = []string{names.ConfigSubject(p.Entry)}
 		actSubjects = []string{names.FireSubject(p.Entry)}
 	case p.Queue != "":
-		actSubjects = []string{names.Prefix() + ".fire.>", names.RecoverySubject(p.Queue)}
+		actSubjects = []string{names.FireFilter(), names.RecoverySubject(p.Queue)}
+	case !p.Selector.Empty():
+		actSubjects = []string{names.FireFilter()}
 	}
 	cfgSince := p.Since
-	if p.Queue != "" {
-		// Events before Since only feed the entry → queue map.
+	if p.Queue != "" || !p.Selector.Empty() {
+		// Events before Since only feed the entry → queue and entry →
+		// labels maps.
 		cfgSince = time.Time{}
 	}
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	r := &Reader{
 		p: p, js: js, closed: rctx, cancel: cancel,
-		flt: filter{names: names, entry: p.Entry, queue: p.Queue, types: p.Types, since: p.Since, until: p.Until, queueOf: map[string]string{}},
+		flt: filter{names: names, entry: p.Entry, queue: p.Queue, types: p.Types, since: p.Since, until: p.Until, queueOf: map[string]string{},
+			sel: p.Selector, labelsOf: map[string]map[string]string{}},
 	}
 	for _, spec := range []struct {
 		config   bool

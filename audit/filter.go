@@ -18,7 +18,8 @@ var ErrUnknownType = errors.New("matches no event type")
 // syntax) by its full name ("cronstream.entry.fired"), its name without
 // "cronstream." ("entry.fired") or its short name ("fired").
 func MatchType(pattern, typ string) bool {
-	for _, name := range []string{typ, strings.TrimPrefix(typ, "cronstream."), events.ShortType(typ)} {
+	kind := events.ConfigKind(typ) // a gated config event matches its kind
+	for _, name := range []string{typ, strings.TrimPrefix(typ, "cronstream."), events.ShortType(typ), kind, strings.TrimPrefix(kind, "cronstream.")} {
 		if ok, _ := path.Match(pattern, name); ok {
 			return true
 		}
@@ -57,6 +58,10 @@ type filter struct {
 	// queueOf follows each entry's queue through the config events, so
 	// skipped events (which carry no queue) can be matched to the queue.
 	queueOf map[string]string
+	// sel is the label selector; labelsOf follows each entry's labels the
+	// same way (see selected).
+	sel      events.Selector
+	labelsOf map[string]map[string]string
 }
 
 // keep reports whether rec is returned. It must see every message of both
@@ -65,6 +70,9 @@ func (f *filter) keep(rec Record) bool {
 	inQueue := f.queue == ""
 	if f.queue != "" {
 		inQueue = f.concernsQueue(rec)
+	}
+	if !f.sel.Empty() && !f.selected(rec) {
+		return false
 	}
 	if !f.since.IsZero() && rec.Time.Before(f.since) {
 		return false
@@ -126,4 +134,35 @@ func (f *filter) concernsQueue(rec Record) bool {
 		}
 	}
 	return f.queueOf[id] == f.queue
+}
+
+// selected reports whether rec concerns an entry whose labels match f.sel:
+// a config event when the entry matched before or after it, a fired or
+// skipped event when its entry matches as of the config events read so
+// far. Recoveries name a queue, not an entry, and are left out. It keeps
+// labelsOf up to date, so it must see every message in order.
+func (f *filter) selected(rec Record) bool {
+	if rec.Config {
+		id, ok := f.names.EntryFromConfigSubject(rec.Subject)
+		if !ok {
+			return false
+		}
+		prev, had := f.labelsOf[id]
+		_, e, err := events.DecodeConfigEvent(rec.Data)
+		if err != nil || e == nil {
+			return had && f.sel.Matches(prev)
+		}
+		if e.Removed {
+			delete(f.labelsOf, id)
+		} else {
+			f.labelsOf[id] = e.Labels
+		}
+		return f.sel.Matches(e.Labels) || had && f.sel.Matches(prev)
+	}
+	id, ok := f.names.EntryFromFireSubject(rec.Subject)
+	if !ok {
+		return false
+	}
+	labels, known := f.labelsOf[id]
+	return known && f.sel.Matches(labels)
 }

@@ -3,6 +3,7 @@ package chaos
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -19,8 +20,15 @@ import (
 
 const (
 	// shortChaos is the chaos phase of the short form CI runs; the whole
-	// test then takes about two minutes on a 2-core machine.
-	shortChaos = 60 * time.Second
+	// test then takes about two minutes on a 2-core machine. It holds one
+	// round of the whole-system faults (see makePlan).
+	shortChaos = 75 * time.Second
+	// roundEvery is how much of a long chaos phase one round of the
+	// whole-system faults gets.
+	roundEvery = 2 * time.Minute
+	// clockSkew is how far one replica's local clock is off for the whole
+	// run (the seed picks the replica and the sign).
+	clockSkew = 20 * time.Minute
 	// chaosEntries entries fire "@every 1s" across chaosQueues.
 	chaosEntries = 100
 	// bandBefore and bandAfter widen each outage into the band whose ticks
@@ -33,6 +41,12 @@ const (
 )
 
 var chaosQueues = []string{"q0", "q1", "q2"}
+
+// lossAfterFires (CRONSTREAM_CHAOS_LOSS_AFTER_FIRES=1) times each Redis
+// data loss just after a second's fires, so records not yet relayed go
+// with it. Off by default: a replica that takes an entry over while the
+// one that made such a fire still runs can fire that tick again (doc.go).
+var lossAfterFires = os.Getenv("CRONSTREAM_CHAOS_LOSS_AFTER_FIRES") == "1"
 
 // chaosSettings reads the seed and the chaos duration from the environment
 // (CRONSTREAM_CHAOS_SEED, CRONSTREAM_CHAOS_DURATION), defaulting to a fresh
@@ -66,6 +80,8 @@ const (
 	stopNATSNode
 	killWorker
 	restartRedis
+	loseRedisData
+	restartNATS
 )
 
 // episode is one fault: at an offset from the chaos start, something goes
@@ -83,7 +99,9 @@ func (e episode) String() string {
 		killAllReplicas: "kill -9 every replica",
 		stopNATSNode:    fmt.Sprintf("stop NATS node n%d", e.target),
 		killWorker:      fmt.Sprintf("kill -9 worker w%d", e.target),
-		restartRedis:    "kill -9 Redis",
+		restartRedis:    "kill -9 Redis (AOF)",
+		loseRedisData:   "stop Redis and lose its data (AOF off)",
+		restartNATS:     "stop every NATS node",
 	}[e.kind]
 	return fmt.Sprintf("+%-6s %s, back after %s", e.at.Round(100*time.Millisecond), what, e.down.Round(100*time.Millisecond))
 }
@@ -91,22 +109,71 @@ func (e episode) String() string {
 // makePlan derives the whole fault schedule from the seed, so a failure
 // replays with the same faults in the same order (timing on a loaded
 // machine varies, and the printed action log says what really happened).
+//
+// The chaos phase is cut into rounds (one in the short form, one per
+// roundEvery in long ones). Each round holds one of each whole-system
+// fault, in an order the seed picks, each in its own quarter of the round:
+// every replica killed together (an outage whose ticks follow the catch-up
+// policy), Redis killed and restarted with its AOF, Redis stopped and
+// started again with no data, and every NATS node stopped together.
+// Single replica kills, NATS node stops and worker kills fall around them
+// at random, except where they would turn a whole-system fault into
+// something else (see the exclusions below).
 func makePlan(seed uint64, d time.Duration, replicas, natsNodes, workers int) []episode {
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	dur := func(min, spread time.Duration) time.Duration {
 		return min + time.Duration(rng.Int64N(int64(spread)+1))
 	}
 	var plan []episode
-	// Once: every replica down together (an outage whose ticks are
-	// skipped by the catch-up policy), and once: Redis.
-	all := episode{kind: killAllReplicas, at: time.Duration(float64(d) * (0.2 + 0.15*rng.Float64())), down: dur(2*time.Second, 4*time.Second)}
-	plan = append(plan, all)
-	plan = append(plan, episode{kind: restartRedis, at: time.Duration(float64(d) * (0.55 + 0.2*rng.Float64())), down: dur(time.Second, 3*time.Second)})
-	allFrom, allTo := all.at-2*time.Second, all.at+all.down+3*time.Second
+	type window struct{ from, to time.Duration }
+	var replicaQuiet, natsQuiet []window
+	overlaps := func(ws []window, from, to time.Duration) bool {
+		for _, w := range ws {
+			if from < w.to && to > w.from {
+				return true
+			}
+		}
+		return false
+	}
+	rounds := max(1, int(d/roundEvery))
+	span := d / time.Duration(rounds)
+	slot := span / 4
+	for r := range rounds {
+		kinds := []episodeKind{killAllReplicas, restartRedis, loseRedisData, restartNATS}
+		rng.Shuffle(len(kinds), func(i, j int) { kinds[i], kinds[j] = kinds[j], kinds[i] })
+		for j, k := range kinds {
+			at := time.Duration(r)*span + time.Duration(j)*slot + time.Duration(float64(slot)*(0.15+0.35*rng.Float64()))
+			e := episode{kind: k, at: at}
+			switch k {
+			case killAllReplicas:
+				e.down = dur(2*time.Second, 4*time.Second)
+				// Single kills next to it would only lengthen the outage.
+				replicaQuiet = append(replicaQuiet, window{at - 2*time.Second, at + e.down + 3*time.Second})
+			case restartRedis, loseRedisData:
+				e.down = dur(time.Second, 3*time.Second)
+			case restartNATS:
+				e.down = dur(2*time.Second, 4*time.Second)
+				// A node stopped alone cannot come back while the others
+				// are down (no quorum), and the restart of all three
+				// takes a while after the planned pause.
+				natsQuiet = append(natsQuiet, window{at - 8*time.Second, at + e.down + 15*time.Second})
+			}
+			if k == loseRedisData {
+				// The replicas keep running across the loss: a replica
+				// restarted around it starts with no position of its own,
+				// and the fires not yet relayed are known only to the
+				// replicas that made them (operations.md, Redis). Its
+				// relay's outbox lease (10 s) also keeps records of a
+				// replica killed just before unpublished that long.
+				replicaQuiet = append(replicaQuiet, window{at - 15*time.Second, at + e.down + 10*time.Second})
+			}
+			plan = append(plan, e)
+		}
+	}
 	for i := range replicas {
 		for at := dur(2*time.Second, 6*time.Second); at < d-3*time.Second; {
 			down := dur(time.Second, 7*time.Second)
-			if at+down < allFrom || at > allTo {
+			if !overlaps(replicaQuiet, at, at+down) {
 				plan = append(plan, episode{kind: killReplica, target: i, at: at, down: down})
 			}
 			at += down + dur(5*time.Second, 12*time.Second)
@@ -114,7 +181,9 @@ func makePlan(seed uint64, d time.Duration, replicas, natsNodes, workers int) []
 	}
 	for at := dur(4*time.Second, 8*time.Second); at < d-5*time.Second; {
 		down := dur(2*time.Second, 6*time.Second)
-		plan = append(plan, episode{kind: stopNATSNode, target: rng.IntN(natsNodes), at: at, down: down})
+		if !overlaps(natsQuiet, at, at+down) {
+			plan = append(plan, episode{kind: stopNATSNode, target: rng.IntN(natsNodes), at: at, down: down})
+		}
 		at += down + dur(10*time.Second, 15*time.Second)
 	}
 	// Worker kills leave time for the held tasks' leases (30 s) to expire
@@ -131,15 +200,30 @@ func makePlan(seed uint64, d time.Duration, replicas, natsNodes, workers int) []
 	return plan
 }
 
+// skewedClock picks, from the seed, the replica that runs with its local
+// clock off by clockSkew for the whole run, and the direction.
+func skewedClock(seed uint64, replicas int) (int, time.Duration) {
+	rng := rand.New(rand.NewPCG(seed^0x5851f42d4c957f2d, seed))
+	off := clockSkew
+	if rng.IntN(2) == 0 {
+		off = -off
+	}
+	return rng.IntN(replicas), off
+}
+
 // timeline records what the chaos really did and when, for the outage
 // bands and the summary.
 type timeline struct {
 	start time.Time
 
-	mu      sync.Mutex
-	up      [][]upInterval // per replica
-	downAt  []map[int]time.Time
-	redis   []band
+	mu     sync.Mutex
+	up     [][]upInterval // per replica
+	downAt []map[int]time.Time
+	redis  []band
+	// natsAll lists when every NATS node was down (for the summary: the
+	// replicas keep firing then, so it is no outage band).
+	natsAll []band
+	flushes []flush
 	actions []string
 	counts  map[string]int
 }
@@ -193,9 +277,21 @@ func (tl *timeline) replicaDown(i, gen int, at time.Time) {
 	}
 }
 
-func (tl *timeline) redisDown(from, to time.Time) {
+func (tl *timeline) redisDown(from, to time.Time, why string) {
 	tl.mu.Lock()
-	tl.redis = append(tl.redis, band{from: from, to: to, why: "redis down"})
+	tl.redis = append(tl.redis, band{from: from, to: to, why: why})
+	tl.mu.Unlock()
+}
+
+func (tl *timeline) natsAllDown(from, to time.Time) {
+	tl.mu.Lock()
+	tl.natsAll = append(tl.natsAll, band{from: from, to: to, why: "every NATS node down"})
+	tl.mu.Unlock()
+}
+
+func (tl *timeline) flushed(f flush) {
+	tl.mu.Lock()
+	tl.flushes = append(tl.flushes, f)
 	tl.mu.Unlock()
 }
 
@@ -244,9 +340,14 @@ func TestChaos(t *testing.T) {
 	nc := testenv.StartNATSCluster(t, 3)
 	rd := testenv.StartRedis(t, testenv.WithAOF())
 	urls := nc.URLs()
+	skewed, skew := skewedClock(seed, 3)
+	offsets := make([]time.Duration, 3)
+	offsets[skewed] = skew
+	t.Logf("replica r%d runs with its local clock off by %s for the whole run", skewed, skew)
 	s := newSystem(t, systemConfig{
 		replicaNATS: []string{urls, urls, urls}, adminNATS: urls, js: nc.JetStream(t),
 		redis: rd, streamReplicas: 3, workers: 2, queues: chaosQueues, seed: seed,
+		clockOffsets: offsets,
 	})
 	tl := newTimeline(len(s.replicas))
 	s.onReady = tl.replicaReady
@@ -312,7 +413,7 @@ func TestChaos(t *testing.T) {
 	pauseAt := time.Now()
 	s.pauseEntries(ids)
 	end := checkEnd(pauseAt)
-	settle(t, s, held, pauseAt)
+	settle(t, s, held, tl.flushes, pauseAt)
 	settledAt := time.Now()
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -345,16 +446,17 @@ func TestChaos(t *testing.T) {
 	var outageText strings.Builder
 	for _, o := range outages {
 		bands = append(bands, band{from: o.from.Add(-bandBefore), to: o.to.Add(bandAfter), why: o.why})
-		if o.why == "redis down" {
-			redisDown += o.to.Sub(o.from)
-		} else {
+		if o.why == "no replica up" {
 			noReplica += o.to.Sub(o.from)
+		} else {
+			redisDown += o.to.Sub(o.from)
 		}
 		fmt.Fprintf(&outageText, "    %s from +%s for %s\n", o.why, o.from.Sub(tl.start).Round(100*time.Millisecond), o.to.Sub(o.from).Round(100*time.Millisecond))
 	}
 	rep := check(ctx, s.rdb, checkInput{
 		entries: ids, entryQueue: entryQueue, end: end, bands: bands,
 		snap: snap, acts: acts, execs: execs, held: held, unsynced: unsynced,
+		flushes: tl.flushes,
 	})
 
 	var unexpected []string
@@ -376,19 +478,25 @@ func TestChaos(t *testing.T) {
 	fmt.Fprintf(&sum, "  replay: CRONSTREAM_CHAOS_SEED=%d CRONSTREAM_CHAOS_DURATION=%s go test -run TestChaos -count=1 -v ./chaos/\n", seed, chaosFor)
 	fmt.Fprintf(&sum, "  kills: replicas %d (in %d single kills and %d all-replica kills), workers %d, Redis %d\n",
 		c["replica kill"], c["single replica kill"], c["all-replica kill"], c["worker kill"], c["redis kill"])
+	fmt.Fprintf(&sum, "  Redis data losses (stopped with AOF off, started empty): %d; whole NATS cluster stopped and started: %d; replica r%d's clock off by %s\n",
+		c["redis data loss"], c["nats full restart"], skewed, skew)
 	fmt.Fprintf(&sum, "  restarts: replicas %d, workers %d, Redis %d, NATS nodes %d (stops %d)\n",
 		c["replica restart"], c["worker restart"], c["redis restart"], c["nats restart"], c["nats stop"])
 	fmt.Fprintf(&sum, "  outages: no replica up %s, Redis down %s; band around each: -%s/+%s\n", noReplica.Round(100*time.Millisecond), redisDown.Round(100*time.Millisecond), bandBefore, bandAfter)
 	sum.WriteString(outageText.String())
+	for _, n := range tl.natsAll {
+		fmt.Fprintf(&sum, "    (no band) every NATS node down from +%s for %s\n", n.from.Sub(tl.start).Round(100*time.Millisecond), n.to.Sub(n.from).Round(100*time.Millisecond))
+	}
 	fmt.Fprintf(&sum, "  checked ticks up to %s (entries paused at +%s)\n", end.UTC().Format(time.RFC3339), pauseAt.Sub(tl.start).Round(100*time.Millisecond))
 	sum.WriteString(rep.String())
 	fmt.Fprintf(&sum, "  end state: %d/%d replicas ready, status: %d active entries, replicas %v; unexpected process exits: %d\n",
 		len(s.replicas), len(s.replicas), st.Entries.Active, st.Replicas, len(unexpected))
-	fmt.Fprintf(&sum, "  TOTALS: duration %s, kills %d, restarts %d, ticks %d, duplicates %d, missed %d, lost events %d\n",
+	fmt.Fprintf(&sum, "  TOTALS: duration %s, kills %d, restarts %d, Redis data losses %d, NATS cluster restarts %d, ticks %d, duplicates %d, missed %d, lost events %d, lost with Redis %d, fired early %d\n",
 		chaosEnd.Sub(tl.start).Round(time.Second),
 		c["replica kill"]+c["worker kill"]+c["redis kill"]+c["nats stop"],
 		c["replica restart"]+c["worker restart"]+c["redis restart"]+c["nats restart"],
-		rep.tasksInRange, rep.duplicates(), rep.missedOutside, rep.lost())
+		c["redis data loss"], c["nats full restart"],
+		rep.tasksInRange, rep.duplicates(), rep.missedOutside, rep.lost(), rep.lostWithRedis(), rep.early)
 	t.Logf("chaos actions:\n    %s", actions)
 	t.Log(sum.String())
 
@@ -400,6 +508,9 @@ func TestChaos(t *testing.T) {
 	}
 	if rep.lost() > 0 {
 		t.Errorf("%d lost (events, tasks or recoveries; seed %d)", rep.lost(), seed)
+	}
+	if rep.early > 0 {
+		t.Errorf("%d ticks fired before they were due (seed %d)", rep.early, seed)
 	}
 	if rep.missedOutside > 0 || rep.neverFired > 0 {
 		t.Errorf("%d ticks missed outside outages, %d entries never fired (seed %d)", rep.missedOutside, rep.neverFired, seed)
@@ -432,7 +543,13 @@ func runChaos(t *testing.T, s *system, nc *testenv.NATSCluster, rd *testenv.Redi
 	}
 
 	var held []heldTask
-	var redisKilled time.Time
+	// What is down now. A fault planned on something another fault holds
+	// down waits for it to come back (a NATS node cannot restart alone
+	// while the others are down, and Redis cannot be killed twice).
+	var redisDownSince, natsAllDownSince time.Time
+	var lossAt time.Time
+	var lossOutbox []activity
+	natsNodeDown := map[int]bool{}
 	killReplicaNow := func(i int, why string) {
 		gen, up := s.replicas[i].generation()
 		if !up {
@@ -463,6 +580,17 @@ func runChaos(t *testing.T, s *system, nc *testenv.NATSCluster, rd *testenv.Redi
 		}
 		e := st.e
 		undo := func() { steps = append(steps, step{at: time.Now().Add(e.down), e: e, up: true}) }
+		redisBusy := (e.kind == restartRedis || e.kind == loseRedisData) && !st.up && !redisDownSince.IsZero()
+		natsBusy := e.kind == stopNATSNode && !natsAllDownSince.IsZero()
+		// Redis data loss and the full NATS outage are kept apart: with
+		// NATS down the replicas cannot read the activity stream to
+		// restore from, and the pair is a fault of its own (doc.go).
+		apart := !st.up && (e.kind == loseRedisData && !natsAllDownSince.IsZero() || e.kind == restartNATS && !redisDownSince.IsZero())
+		if redisBusy || natsBusy || apart {
+			st.at = time.Now().Add(time.Second)
+			steps = append(steps, st)
+			continue
+		}
 		switch {
 		case e.kind == killReplica && !st.up:
 			killReplicaNow(e.target, "single replica kill")
@@ -480,14 +608,37 @@ func runChaos(t *testing.T, s *system, nc *testenv.NATSCluster, rd *testenv.Redi
 			}
 		case e.kind == stopNATSNode && !st.up:
 			nc.StopNode(e.target)
+			natsNodeDown[e.target] = true
 			tl.count("nats stop")
 			tl.logf("stop NATS node n%d", e.target)
 			undo()
 		case e.kind == stopNATSNode && st.up:
+			if !natsNodeDown[e.target] {
+				tl.logf("NATS node n%d already back (the whole cluster restarted)", e.target)
+				continue
+			}
 			began := time.Now()
 			nc.RestartNode(t, e.target)
+			natsNodeDown[e.target] = false
 			tl.count("nats restart")
 			tl.logf("NATS node n%d restarted and caught up (%s)", e.target, time.Since(began).Round(100*time.Millisecond))
+		case e.kind == restartNATS && !st.up:
+			natsAllDownSince = time.Now()
+			for i := range nc.Nodes {
+				nc.StopNode(i)
+			}
+			tl.count("nats full stop")
+			tl.logf("stop every NATS node (%d)", len(nc.Nodes))
+			undo()
+		case e.kind == restartNATS && st.up:
+			began := time.Now()
+			nc.RestartAll(t)
+			tl.natsAllDown(natsAllDownSince, time.Now())
+			clear(natsNodeDown)
+			tl.count("nats full restart")
+			tl.logf("NATS cluster started again (every node) and healthy after %s; down %s in all",
+				time.Since(began).Round(100*time.Millisecond), time.Since(natsAllDownSince).Round(100*time.Millisecond))
+			natsAllDownSince = time.Time{}
 		case e.kind == killWorker && !st.up:
 			w := s.workers[e.target]
 			pid := w.pid()
@@ -501,6 +652,7 @@ func runChaos(t *testing.T, s *system, nc *testenv.NATSCluster, rd *testenv.Redi
 				steps = append(steps, st)
 				continue
 			}
+			killedAt := time.Now()
 			if !w.kill() {
 				continue
 			}
@@ -519,7 +671,7 @@ func runChaos(t *testing.T, s *system, nc *testenv.NATSCluster, rd *testenv.Redi
 				if x.pid != pid || x.ended || !ok {
 					continue
 				}
-				held = append(held, heldTask{id: x.id, queue: entryQueue[k.entry], retried: x.retried, worker: w.name})
+				held = append(held, heldTask{id: x.id, queue: entryQueue[k.entry], retried: x.retried, worker: w.name, killedAt: killedAt})
 				n++
 			}
 			tl.logf("kill -9 worker w%d (pid %d) holding %d started tasks", e.target, pid, n)
@@ -528,16 +680,54 @@ func runChaos(t *testing.T, s *system, nc *testenv.NATSCluster, rd *testenv.Redi
 			tl.count("worker restart")
 			tl.logf("restart worker w%d", e.target)
 		case e.kind == restartRedis && !st.up:
-			redisKilled = time.Now()
+			redisDownSince = time.Now()
 			rd.Kill(t)
 			tl.count("redis kill")
 			tl.logf("kill -9 Redis")
 			undo()
 		case e.kind == restartRedis && st.up:
 			rd.Start(t)
-			tl.redisDown(redisKilled, time.Now())
+			tl.redisDown(redisDownSince, time.Now(), "redis down")
 			tl.count("redis restart")
-			tl.logf("Redis started (AOF loaded) after %s down", time.Since(redisKilled).Round(100*time.Millisecond))
+			tl.logf("Redis started (AOF loaded) after %s down", time.Since(redisDownSince).Round(100*time.Millisecond))
+			redisDownSince = time.Time{}
+		case e.kind == loseRedisData && !st.up:
+			if lossAfterFires {
+				// Just after a second's ticks were fired, before the
+				// relay has published them all: the moment that loses
+				// the most records with Redis.
+				time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(time.Second + 60*time.Millisecond)))
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			at, outbox, files, err := freezeRedis(ctx, s.rdb)
+			cancel()
+			if err != nil {
+				t.Fatalf("Redis data loss: %v", err)
+			}
+			redisDownSince, lossAt, lossOutbox = at, at, outbox
+			rd.Stop(t)
+			for _, f := range files {
+				if err := os.RemoveAll(f); err != nil {
+					t.Fatalf("Redis data loss: remove %s: %v", f, err)
+				}
+			}
+			tl.count("redis data loss")
+			tl.logf("Redis stopped with AOF off and its files removed; %d outbox records were not relayed yet", len(outbox))
+			undo()
+		case e.kind == loseRedisData && st.up:
+			rd.Start(t)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			n, err := s.rdb.Exists(ctx, lossMarker).Result()
+			cancel()
+			if err != nil || n != 0 {
+				t.Fatalf("Redis data loss: the restarted server still holds the key written before the loss (%d, %v)", n, err)
+			}
+			back := time.Now()
+			tl.redisDown(lossAt, back, "redis lost its data")
+			tl.flushed(flush{lost: lossAt, back: back, outbox: lossOutbox})
+			tl.count("redis restart")
+			tl.logf("Redis started empty (AOF on again) after %s down", back.Sub(lossAt).Round(100*time.Millisecond))
+			redisDownSince = time.Time{}
 		}
 	}
 	return held
@@ -613,7 +803,7 @@ func checkEnd(pauseAt time.Time) time.Time {
 	return pauseAt.Truncate(time.Second).Add(-3 * time.Second)
 }
 
-func settle(t *testing.T, s *system, held []heldTask, pauseAt time.Time) {
+func settle(t *testing.T, s *system, held []heldTask, flushes []flush, pauseAt time.Time) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -646,6 +836,9 @@ func settle(t *testing.T, s *system, held []heldTask, pauseAt time.Time) {
 		pending := 0
 		for _, h := range held {
 			retried, _, err := taskRetried(ctx, s.rdb, h.queue, h.id)
+			if errors.Is(err, errNoTaskHash) && flushedAfter(flushes, h.killedAt) {
+				continue // gone with a Redis data loss
+			}
 			if err != nil || retried <= h.retried {
 				pending++
 			}

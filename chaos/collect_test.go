@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/outbox"
 	"github.com/cronstream/cronstream/taskstate"
 )
 
@@ -195,6 +197,9 @@ func snapshotRedis(ctx context.Context, rdb *redis.Client, queues []string) (red
 	return snap, nil
 }
 
+// errNoTaskHash: the task's hash is not in Redis.
+var errNoTaskHash = errors.New("no task hash")
+
 // taskRetried reads a task's retry count from its hash in queue.
 func taskRetried(ctx context.Context, rdb *redis.Client, queue, id string) (int, string, error) {
 	vals, err := rdb.HMGet(ctx, taskstate.Keys(queue).Task(id), "msg", "state").Result()
@@ -203,7 +208,7 @@ func taskRetried(ctx context.Context, rdb *redis.Client, queue, id string) (int,
 	}
 	raw, ok := vals[0].(string)
 	if !ok {
-		return 0, "", errors.New("no task hash")
+		return 0, "", errNoTaskHash
 	}
 	msg, err := taskstate.DecodeTaskMessage([]byte(raw))
 	if err != nil {
@@ -229,6 +234,74 @@ func outboxBacklog(ctx context.Context, rdb *redis.Client) (int64, error) {
 		n += l
 	}
 	return n, nil
+}
+
+// lossMarker is a key the data-loss fault writes before the loss and finds
+// gone after the restart: proof the server came back empty (the replicas
+// write again at once, so counting keys would prove nothing).
+const lossMarker = "chaos:before-loss"
+
+// freezeRedis prepares the data-loss fault: it turns AOF off (the server is
+// now one without persistence), pauses every write and script, and reads
+// every outbox, which then holds exactly the records not relayed yet: all
+// that can be lost with the data besides the tasks and watermarks. It
+// returns when writes stopped, the decoded records, and the files that
+// still hold the data from before AOF was turned off, which the caller
+// removes once the server is stopped. The pause ends with the server.
+func freezeRedis(ctx context.Context, rdb *redis.Client) (time.Time, []activity, []string, error) {
+	if err := rdb.Set(ctx, lossMarker, "1", 0).Err(); err != nil {
+		return time.Time{}, nil, nil, fmt.Errorf("write marker: %w", err)
+	}
+	cfg, err := rdb.ConfigGet(ctx, "*").Result()
+	if err != nil {
+		return time.Time{}, nil, nil, fmt.Errorf("config get: %w", err)
+	}
+	dir := cfg["dir"]
+	if dir == "" || cfg["appenddirname"] == "" {
+		return time.Time{}, nil, nil, fmt.Errorf("config get: no dir or appenddirname in %d settings", len(cfg))
+	}
+	files := []string{filepath.Join(dir, cfg["appenddirname"]), filepath.Join(dir, cfg["dbfilename"])}
+	if err := rdb.ConfigSet(ctx, "appendonly", "no").Err(); err != nil {
+		return time.Time{}, nil, nil, fmt.Errorf("turn AOF off: %w", err)
+	}
+	at := time.Now()
+	if err := rdb.Do(ctx, "client", "pause", 60000, "write").Err(); err != nil {
+		return time.Time{}, nil, nil, fmt.Errorf("client pause: %w", err)
+	}
+	store := taskstate.New(rdb)
+	qs, err := store.OutboxQueues(ctx, prefix)
+	if err != nil {
+		return at, nil, nil, err
+	}
+	var out []activity
+	for _, q := range qs {
+		after := ""
+		for {
+			recs, err := store.ReadOutbox(ctx, prefix, q, after, 1000)
+			if err != nil {
+				return at, nil, nil, err
+			}
+			for _, rec := range recs {
+				data := rec.Data
+				if outbox.FormOf(data) == outbox.RecordFired {
+					if data, _, err = outbox.ExpandFiredRecord(nil, rec.EventID, rec.Data, q); err != nil {
+						return at, nil, nil, fmt.Errorf("outbox record %s: %w", rec.EventID, err)
+					}
+				}
+				a, err := decodeActivity(data)
+				if err != nil {
+					return at, nil, nil, fmt.Errorf("outbox record %s: %w", rec.EventID, err)
+				}
+				a.msgID = rec.EventID
+				out = append(out, a)
+			}
+			if len(recs) < 1000 {
+				break
+			}
+			after = recs[len(recs)-1].StreamID
+		}
+	}
+	return at, out, files, nil
 }
 
 // unsyncedRe matches asynq's warning for a finished task it could not mark

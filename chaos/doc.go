@@ -1,9 +1,104 @@
-// Package chaos is cronstream's chaos suite (issue 8): real `cronstream run`
-// replica processes, real asynq worker processes, a real redis-server with
-// AOF and an embedded 3-node NATS cluster, while replicas are killed with
-// SIGKILL, NATS nodes stopped, workers killed mid-task and Redis restarted,
-// at random from a printed seed. It also holds the network-cut test: one
-// replica cut off from NATS through a TCP proxy the test controls.
+// Package chaos is cronstream's chaos suite (issue 8, issue 14): real
+// `cronstream run` replica processes, real asynq worker processes, a real
+// redis-server and an embedded 3-node NATS cluster, faulted at random from a
+// printed seed. It also holds the network-cut test: one replica cut off from
+// NATS through a TCP proxy the test controls.
+//
+// # Faults
+//
+// Single faults fall at random through the whole chaos phase: a replica
+// killed with SIGKILL, a NATS node stopped, a worker killed mid-task. On
+// top, every round of the schedule (the short form has one, long forms one
+// per two minutes) holds one of each whole-system fault, in an order the
+// seed picks:
+//
+//   - every replica killed at once;
+//   - Redis killed with SIGKILL and started again, its AOF (appendfsync
+//     always) loaded: nothing acknowledged is lost;
+//   - Redis data loss: AOF is turned off, Redis is stopped and its files
+//     removed, and it starts again empty, as a server without persistence
+//     does. The replicas keep running through it. The relay publishes each
+//     fire at once, so the loss rarely takes a record with it;
+//     CRONSTREAM_CHAOS_LOSS_AFTER_FIRES=1 times it just after a second's
+//     fires instead, so that dozens go with it (see below);
+//   - a full NATS restart: every node stopped, then all started again on
+//     their stores.
+//
+// And for the whole run one replica, picked by the seed, runs with its local
+// clock 20 minutes fast or slow (--test-clock-offset); it must correct it
+// against Redis TIME and neither fire early nor hold the others back.
+//
+// Single replica kills stay clear of the data loss (15 s before to 10 s
+// after): a replica that starts while Redis is empty has no position of its
+// own, and the fires its relay had not published are known only to the
+// replica that made them, which is the documented limit of the restore
+// (docs/operations.md, Redis). NATS node stops stay clear of the full NATS
+// restart, since one node cannot rejoin a cluster whose others are down.
+// The data loss and the full NATS outage are kept apart too. A data loss
+// during a whole-NATS outage is a fault of its own, and it fails the
+// checks as they stand. The replicas cannot read the activity stream to
+// restore from, so they fire nothing until NATS is back, and the ticks of
+// that wait follow the catch-up policy. The whole outbox backlog goes
+// with Redis, and a replica that had not made those fires restored behind
+// them and then skipped ticks that had been enqueued before the loss.
+//
+// Records lost with Redis are where the restore has a known gap, which
+// CRONSTREAM_CHAOS_LOSS_AFTER_FIRES=1 shows: the replica that made such a
+// fire holds it as its position, but another replica may act on the entry
+// first once Redis is back (every tick is late after the downtime),
+// restore from its own older position and the stream, and fire that tick
+// again. The check counts that as a duplicate (seen once in three such
+// runs of the short form, one tick of 34 lost).
+//
+// # Outage bands
+//
+// Ticks may be missed only inside an outage band, an outage widened by
+// 3 s either side: no replica up (ready and not killed), Redis down (killed,
+// or stopped for the data loss until it answers again). A full NATS restart
+// opens no band: the replicas keep firing into Redis, and the events wait in
+// the outboxes. A tick missed inside a band must still be accounted for by a
+// skipped event.
+//
+// # Checks across a Redis data loss
+//
+// Without a data loss, Redis at the end holds every task, and each check
+// compares it with the activity stream and the workers' logs. A data loss
+// takes every task, watermark and outbox record created before it, so the
+// final Redis holds only what was created after the server came back. The
+// data-loss fault therefore pauses every write (CLIENT PAUSE WRITE) just
+// before the stop and reads every outbox: those records, less the ones the
+// relay still published, are the only events that can be lost with Redis.
+// Each check then reads:
+//
+//   - A tick is handled when it has a task in Redis, a fired event in the
+//     stream, or a fired record lost with Redis. Expected ticks run from an
+//     entry's first handled tick to the end; each must be handled, or be
+//     covered by a skipped event (or a skipped record lost with Redis)
+//     inside an outage band.
+//   - A fired event without a task is fine when the event was stored before
+//     Redis came back empty, or its record was in an outbox at the loss: its
+//     task went with the data. Any other is lost (counted in lost events).
+//   - Duplicates stay strict. A task in the final Redis was created after the
+//     last loss, so a task whose fired event was stored before Redis came
+//     back is a tick fired again after the loss (the stream drops the second
+//     publish as a duplicate, so only this comparison shows it). A task for
+//     the tick of a record lost with Redis is a second fire too, and so is
+//     an event under that record's id with another enqueue time (a fired
+//     event's id names its tick, so a second fire publishes under the lost
+//     record's id; a record the relay had in flight keeps its time). A
+//     tick both skipped and fired counts whether the fire left a task or
+//     only its event, and a task started twice in one attempt counts across
+//     the loss.
+//   - Lost with Redis is reported on its own and does not fail the run:
+//     fired records (their tasks were enqueued, and may have run), skipped
+//     records (their ticks count as skipped) and recovery records not yet
+//     relayed when the data went.
+//   - Executions of tasks not in the final Redis are fine when their tick
+//     has a fired event or a lost fired record (the task went with the data);
+//     tasks a killed worker held are fine when gone with a later loss.
+//
+// Every fired event must also have been stored no earlier than its tick
+// (1 s tolerance): the replica with the offset clock may not fire early.
 //
 // It owns only tests and their fixture worker (testdata/worker); it never
 // changes production code and nothing imports it. Run it with `make chaos`

@@ -180,7 +180,7 @@ func TestNetworkCut(t *testing.T) {
 	pauseAt := time.Now()
 	s.pauseEntries(ids)
 	end := checkEnd(pauseAt)
-	settle(t, s, nil, pauseAt)
+	settle(t, s, nil, nil, pauseAt)
 	snap, err := snapshotRedis(ctx, s.rdb, cutQueues)
 	if err != nil {
 		t.Fatalf("snapshot Redis: %v", err)

@@ -43,6 +43,9 @@ type systemConfig struct {
 	workers        int
 	queues         []string
 	seed           uint64
+	// clockOffsets, when set, runs replica i with its local clock off by
+	// clockOffsets[i] (--test-clock-offset; zero: the right clock).
+	clockOffsets []time.Duration
 }
 
 // system is the processes of one test: cronstream replicas and asynq
@@ -96,6 +99,9 @@ func newSystem(t *testing.T, cfg systemConfig) *system {
 			"--log-format", "json"}
 		if cfg.maxStaleness > 0 {
 			args = append(args, "--max-staleness", cfg.maxStaleness.String())
+		}
+		if i < len(cfg.clockOffsets) && cfg.clockOffsets[i] != 0 {
+			args = append(args, "--test-clock-offset", cfg.clockOffsets[i].String())
 		}
 		s.replicas = append(s.replicas, &replicaProc{proc: newProc(id, bin, filepath.Join(s.dir, id+".log"), args...), id: id, addr: addr})
 	}

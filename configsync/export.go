@@ -8,6 +8,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"time"
 	"unicode"
 	"unicode/utf8"
 
@@ -90,6 +91,26 @@ func entryNode(e events.Entry) *yaml.Node {
 		n.Content = append(n.Content, str("pause_on_failure"), &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!bool", Value: "true"})
 	}
 	n.Content = append(n.Content, str("owner"), str(e.Owner))
+	if !e.StartAt.IsZero() {
+		n.Content = append(n.Content, str("start_at"), str(e.StartAt.UTC().Format(time.RFC3339)))
+	}
+	if !e.EndAt.IsZero() {
+		n.Content = append(n.Content, str("end_at"), str(e.EndAt.UTC().Format(time.RFC3339)))
+	}
+	if len(e.Exclude) > 0 {
+		x := &yaml.Node{Kind: yaml.SequenceNode}
+		for _, spec := range e.Exclude {
+			x.Content = append(x.Content, str(spec))
+		}
+		n.Content = append(n.Content, str("exclude"), x)
+	}
+	if len(e.Labels) > 0 {
+		l := mapping()
+		for _, k := range slices.Sorted(maps.Keys(e.Labels)) {
+			l.Content = append(l.Content, str(k), str(e.Labels[k]))
+		}
+		n.Content = append(n.Content, str("labels"), l)
+	}
 	return n
 }
 

@@ -67,6 +67,31 @@ var entryGen = map[string]func(r *rand.Rand, i int) any{
 	"PauseOnFailure": func(r *rand.Rand, _ int) any { return r.IntN(2) == 0 },
 	// An export holds live entries only.
 	"Removed": func(*rand.Rand, int) any { return false },
+	// Start in 2026, end in 2028: always a valid window.
+	"StartAt": func(r *rand.Rand, _ int) any { return randTime(r, 2026) },
+	"EndAt":   func(r *rand.Rand, _ int) any { return randTime(r, 2028) },
+	"Exclude": func(r *rand.Rand, _ int) any {
+		if r.IntN(2) == 0 {
+			return []string(nil)
+		}
+		return []string{pick(r, "* * 25 12 *", "0 0 * * 0"), "*/5 * * * * *"}[:1+r.IntN(2)]
+	},
+	"Labels": func(r *rand.Rand, _ int) any {
+		if r.IntN(3) == 0 {
+			return map[string]string(nil)
+		}
+		return map[string]string{"team": pick(r, "payments", "ops", ""), "example.com/tier": "a-1_b.c"}
+	},
+}
+
+// randTime is zero or a whole second of year y, in a random zone (the
+// stored form is UTC).
+func randTime(r *rand.Rand, y int) time.Time {
+	if r.IntN(3) == 0 {
+		return time.Time{}
+	}
+	t := time.Date(y, 1, 1, 0, 0, 0, 0, time.UTC).Add(time.Duration(r.Int64N(365*24*3600)) * time.Second)
+	return t.In(time.FixedZone("", 3600*(r.IntN(25)-12)))
 }
 
 // alwaysZero are fields the generator leaves zero on purpose.
@@ -121,7 +146,7 @@ func leafFields(t reflect.Type, prefix string) []string {
 	for i := range t.NumField() {
 		f := t.Field(i)
 		path := prefix + f.Name
-		if f.Type.Kind() == reflect.Struct {
+		if f.Type.Kind() == reflect.Struct && f.Type != reflect.TypeFor[time.Time]() {
 			out = append(out, leafFields(f.Type, path+".")...)
 			continue
 		}

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"gopkg.in/yaml.v3"
 
@@ -390,12 +391,61 @@ func (p *parser) entryNode(n *yaml.Node) Config {
 		case "owner":
 			o := p.str(v, key)
 			c.Owner = &o
+		case "start_at":
+			e.StartAt = p.time(v, key)
+		case "end_at":
+			e.EndAt = p.time(v, key)
+		case "exclude":
+			e.Exclude = p.strList(v, key)
+		case "labels":
+			if isNull(v) || !p.mapping(v, key) {
+				return true
+			}
+			e.Labels = map[string]string{}
+			p.fields(v, "labels.", func(key string, lv *yaml.Node) bool {
+				e.Labels[key] = p.str(lv, "labels."+key)
+				return true
+			})
 		default:
 			return false
 		}
 		return true
 	})
 	return c
+}
+
+// time is an RFC 3339 time ("2027-03-01T09:00:00Z") or a date
+// ("2027-03-01", midnight UTC), however YAML tagged it.
+func (p *parser) time(n *yaml.Node, field string) time.Time {
+	s := p.str(n, field)
+	if s == "" {
+		return time.Time{}
+	}
+	for _, layout := range []string{time.RFC3339Nano, "2006-01-02"} {
+		if t, err := time.Parse(layout, s); err == nil {
+			return t
+		}
+	}
+	p.fail(n, field, "%q: use RFC 3339 (2027-03-01T09:00:00Z) or a date (2027-03-01, UTC)", s)
+	return time.Time{}
+}
+
+// strList is a list of strings; a single string is a list of one.
+func (p *parser) strList(n *yaml.Node, field string) []string {
+	switch {
+	case isNull(n):
+		return nil
+	case n.Kind == yaml.ScalarNode:
+		return []string{n.Value}
+	case n.Kind != yaml.SequenceNode:
+		p.fail(n, field, "must be a list of strings")
+		return nil
+	}
+	out := make([]string, 0, len(n.Content))
+	for _, c := range n.Content {
+		out = append(out, p.str(c, field))
+	}
+	return out
 }
 
 func (p *parser) task(n *yaml.Node, t *events.Task) {

@@ -141,6 +141,32 @@ func MakePlan(current []events.Current, desired []Config, owner string, prune bo
 	return p
 }
 
+// Select narrows a sync to the entries a label selector picks: only the
+// desired entries whose labels match are written, and only live entries
+// that match (or that a selected desired entry updates) are considered,
+// so --prune never removes an entry outside the selector. An empty
+// selector selects everything.
+func Select(current []events.Current, desired []Config, sel events.Selector) ([]events.Current, []Config) {
+	if sel.Empty() {
+		return current, desired
+	}
+	var ds []Config
+	wanted := map[string]bool{}
+	for _, d := range desired {
+		if sel.Matches(d.Entry.Labels) {
+			ds = append(ds, d)
+			wanted[d.Entry.ID] = true
+		}
+	}
+	var cs []events.Current
+	for _, c := range current {
+		if wanted[c.ID] || (c.Err == nil && sel.Matches(c.Entry.Labels)) {
+			cs = append(cs, c)
+		}
+	}
+	return cs, ds
+}
+
 // FieldChange is one field that differs between two states of an entry.
 // Values are shown as people read them: strings unquoted, durations in Go
 // syntax, payloads as text when they are text.
@@ -199,7 +225,7 @@ func Diff(old, new events.Entry) []FieldChange {
 
 // fieldOrder sorts the fields people care about first.
 func fieldOrder(f string) string {
-	for i, p := range []string{"id", "cron", "timezone", "task.type", "task.payload", "task.headers", "options", "catchup", "overlap", "jitter", "pause_on_failure", "paused", "note", "owner"} {
+	for i, p := range []string{"id", "cron", "timezone", "task.type", "task.payload", "task.headers", "options", "catchup", "overlap", "jitter", "pause_on_failure", "paused", "note", "owner", "start_at", "end_at", "exclude", "labels"} {
 		if f == p || strings.HasPrefix(f, p+".") {
 			return fmt.Sprintf("%02d%s", i, f)
 		}

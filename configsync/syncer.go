@@ -98,6 +98,9 @@ type Syncer struct {
 	// returns.
 	Owner string
 	Prune bool
+	// Selector, when not empty, narrows every sync to the entries whose
+	// labels match it (see Select).
+	Selector events.Selector
 	// Interval between syncs (default DefaultInterval).
 	Interval time.Duration
 	Logger   *slog.Logger
@@ -138,6 +141,7 @@ func (s *Syncer) SyncOnce(ctx context.Context) (Report, error) {
 		r.Err = err
 		return r, err
 	}
+	cur, cfgs = Select(cur, cfgs, s.Selector)
 	r.Plan = MakePlan(cur, cfgs, s.owner(), s.Prune)
 	r.Outcomes, r.Err = Apply(ctx, s.Client, r.Plan)
 	return r, r.Err

@@ -88,11 +88,14 @@ func BenchmarkConsole(b *testing.B) {
 	}
 	b.Logf("published %d config events in %s", 2*entries, time.Since(start).Round(time.Millisecond))
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	proj := projector.New(js, names, projector.WithLogger(quiet))
+	proj, err := projector.New(projector.Config{JS: js, Names: names, Logger: quiet})
+	if err != nil {
+		b.Fatal(err)
+	}
 	if err := proj.Start(ctx); err != nil {
 		b.Fatal(err)
 	}
-	defer proj.Stop()
+	defer func() { _ = proj.Stop(ctx) }()
 	if err := proj.WaitCaughtUp(ctx); err != nil {
 		b.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"html/template"
+	"maps"
 	"net/http"
 	"net/url"
 	"slices"
@@ -169,13 +170,18 @@ func parseEntryFilter(q url.Values) entryFilter {
 }
 
 func (f entryFilter) keep(e events.Entry) bool {
+	ended := e.Ended(time.Now())
 	switch f.State {
 	case "active":
-		if e.Paused {
+		if e.Paused || ended {
 			return false
 		}
 	case "paused":
-		if !e.Paused {
+		if !e.Paused || ended {
+			return false
+		}
+	case "ended":
+		if !ended {
 			return false
 		}
 	}
@@ -271,7 +277,7 @@ func nextFire(e events.Entry, after time.Time) time.Time {
 	if err != nil {
 		return time.Time{}
 	}
-	t := s.Next(after)
+	t := s.NextFire(after)
 	if t.IsZero() {
 		return t
 	}
@@ -447,7 +453,7 @@ func (c *Console) entry(w http.ResponseWriter, r *http.Request) {
 		d.Fields = c.fields(d.State.Entry)
 		if !d.State.Entry.Paused {
 			if s, err := scheduler.NewSchedule(d.State.Entry); err == nil {
-				for t, i := s.Next(now), 0; !t.IsZero() && i < 10; t, i = s.Next(t), i+1 {
+				for t, i := s.NextFire(now), 0; !t.IsZero() && i < 10; t, i = s.NextFire(t), i+1 {
 					d.Next = append(d.Next, t.Add(s.Jitter(t)).UTC())
 				}
 			}
@@ -542,6 +548,8 @@ func (c *Console) fields(e events.Entry) []field {
 		{"catchup", fmt.Sprintf("%s within %s", e.Catchup.Policy, e.Catchup.Window)},
 		{"overlap", string(e.Overlap)}, {"jitter", e.Jitter.String()},
 		{"paused", strconv.FormatBool(e.Paused)}, {"note", e.Note}, {"owner", e.Owner},
+		{"start at", timeField(e.StartAt)}, {"end at", timeField(e.EndAt)},
+		{"exclude", strings.Join(e.Exclude, "; ")}, {"labels", labelsField(e.Labels)},
 	}
 	for i := range fs {
 		fs[i].Value = visible(fs[i].Value)
@@ -588,4 +596,21 @@ func strip(fires []fireRow, now time.Time, late *stall.Late) []stripCell {
 		set(late.Due, "late")
 	}
 	return out
+}
+
+// timeField is an optional time as the entry page shows it.
+func timeField(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+// labelsField is an entry's labels as k=v, sorted.
+func labelsField(labels map[string]string) string {
+	parts := make([]string, 0, len(labels))
+	for _, k := range slices.Sorted(maps.Keys(labels)) {
+		parts = append(parts, k+"="+labels[k])
+	}
+	return strings.Join(parts, ", ")
 }

@@ -233,6 +233,9 @@ func (c *Console) forecastFor(src *Source, window time.Duration) *forecastView {
 }
 
 var funcs = map[string]any{
+	// ended: the entry is past its end_at (it fires nothing, and is
+	// neither paused nor removed).
+	"ended": func(e events.Entry) bool { return e.Ended(time.Now()) },
 	"ts": func(t time.Time) string {
 		if t.IsZero() {
 			return "—"

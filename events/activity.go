@@ -25,6 +25,8 @@ const (
 	// SkipUnique: the entry's unique option found its previous task still
 	// holding asynq's unique lock.
 	SkipUnique = "unique"
+	// SkipExcluded: the tick matched one of the entry's exclude specs.
+	SkipExcluded = "excluded"
 )
 
 // Skipped is the data of cronstream.entry.skipped. When many consecutive

@@ -348,6 +348,9 @@ func (c *Client) write(ctx context.Context, op, id string, opts []WriteOption, d
 		if typ == "" {
 			return Result{Revision: cur.rev, Entry: next}, nil
 		}
+		// An entry with schedule fields goes out in the form earlier
+		// builds refuse (see GatedSuffix).
+		typ = GatedType(typ, next)
 		// Put validated its entry before the loop; what the other changes
 		// derive (a pause note, say) is checked here: nothing invalid is
 		// ever published.
@@ -787,9 +790,11 @@ func DecodeConfigEvent(b []byte) (*Event, *Entry, error) {
 	if !IsConfigType(ev.Type) {
 		return ev, nil, fmt.Errorf("%w: event %s has unknown config event type %q", ErrMalformedEvent, ev.ID, ev.Type)
 	}
-	if !fast {
+	if gated := IsGatedType(ev.Type); gated || !fast {
+		// A gated event must hold only fields this build knows: one it
+		// does not is a later build's schedule field that it cannot apply.
 		e = new(Entry)
-		if err := ev.DecodeData(e); err != nil {
+		if err := ev.decodeData(e, gated); err != nil {
 			return ev, nil, err
 		}
 	}
@@ -805,14 +810,15 @@ func DecodeConfigEvent(b []byte) (*Event, *Entry, error) {
 	} else if err := e.validateNormalized(); err != nil {
 		return ev, nil, fmt.Errorf("%w: %s event %s: %w", ErrMalformedEvent, ev.Type, ev.ID, err)
 	}
+	kind := ConfigKind(ev.Type)
 	switch {
 	case ev.Subject != "" && ev.Subject != e.ID:
 		return ev, nil, fmt.Errorf("%w: %s event %s: event subject %q does not match entry id %q", ErrMalformedEvent, ev.Type, ev.ID, ev.Subject, e.ID)
-	case ev.Type == TypeEntryRemoved && !e.Removed:
+	case kind == TypeEntryRemoved && !e.Removed:
 		return ev, nil, fmt.Errorf("%w: %s event %s without removed=true", ErrMalformedEvent, ev.Type, ev.ID)
-	case ev.Type != TypeEntryRemoved && e.Removed:
+	case kind != TypeEntryRemoved && e.Removed:
 		return ev, nil, fmt.Errorf("%w: %s event %s with removed=true", ErrMalformedEvent, ev.Type, ev.ID)
-	case ev.Type == TypeEntryPaused && !e.Paused, ev.Type == TypeEntryResumed && e.Paused:
+	case kind == TypeEntryPaused && !e.Paused, kind == TypeEntryResumed && e.Paused:
 		return ev, nil, fmt.Errorf("%w: %s event %s with paused=%t", ErrMalformedEvent, ev.Type, ev.ID, e.Paused)
 	}
 	return ev, e, nil

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -73,9 +75,25 @@ type Entry struct {
 	Owner    string        `json:"owner,omitempty"`
 	Removed  bool          `json:"removed,omitempty"`
 
+	// The schedule fields below change which ticks fire, or (labels) what
+	// an earlier build would drop on a rewrite, so an entry that sets any
+	// of them is published under a gated event type that earlier builds
+	// refuse (see Gated). Unset, they leave the JSON byte for byte as it
+	// was before they existed.
+
+	// StartAt and EndAt bound the entry's ticks: none before StartAt or
+	// after EndAt (both inclusive, whole seconds, UTC once normalized).
+	StartAt time.Time `json:"start_at,omitzero"`
+	EndAt   time.Time `json:"end_at,omitzero"`
+	// Exclude are cron specs, in the entry's zone, whose matching ticks are
+	// not fired but recorded as skipped with reason "excluded".
+	Exclude []string `json:"exclude,omitempty"`
+	// Labels organise entries; selectors (ParseSelector) filter on them.
+	Labels map[string]string `json:"labels,omitempty"`
 	// PauseOnFailure pauses the entry, through a config event whose note
 	// names the task and its last error, when one of its tasks is archived
 	// (retries exhausted, by a worker or the recoverer): package failpause.
+	// Gated too: an earlier build's client would drop it on a rewrite.
 	PauseOnFailure bool `json:"pause_on_failure,omitempty"`
 }
 
@@ -160,6 +178,13 @@ func (n *Entry) normalize() {
 	if len(n.Task.Headers) == 0 {
 		n.Task.Headers = nil
 	}
+	n.StartAt, n.EndAt = normalTime(n.StartAt), normalTime(n.EndAt)
+	if len(n.Exclude) == 0 {
+		n.Exclude = nil
+	}
+	if len(n.Labels) == 0 {
+		n.Labels = nil
+	}
 }
 
 // Clone returns a deep copy of e.
@@ -178,6 +203,8 @@ func (e Entry) Clone() Entry {
 		r := *e.Options.MaxRetry
 		c.Options.MaxRetry = &r
 	}
+	c.Exclude = slices.Clone(e.Exclude)
+	c.Labels = maps.Clone(e.Labels)
 	return c
 }
 
@@ -344,6 +371,7 @@ func (n Entry) validateNormalized() error {
 	if len(n.Owner) > maxOwnerLen || !utf8.ValidString(n.Owner) {
 		add("owner", n.Owner, fmt.Sprintf("must be valid UTF-8 of at most %d bytes", maxOwnerLen))
 	}
+	errs = append(errs, n.validateSchedule(loc)...)
 	if len(errs) == 0 {
 		return nil
 	}

@@ -1,11 +1,14 @@
 package events
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"strings"
 	"time"
 )
 
@@ -35,8 +38,44 @@ const (
 // expect to meet them in an entry's life.
 var ConfigTypes = []string{TypeEntryRegistered, TypeEntryUpdated, TypeEntryPaused, TypeEntryResumed, TypeEntryRemoved}
 
-// IsConfigType reports whether t is a config event type this version knows.
+// GatedSuffix marks the gated form of a config event type: the same change,
+// of an entry that sets a field builds before the schedule fields (start_at,
+// end_at, exclude, labels, pause_on_failure) do not know (Entry.Gated). Those builds refuse
+// the type as unknown and quarantine the entry instead of ignoring the
+// field and misfiring. This build decodes a gated event's data strictly: a
+// field it does not know makes the event bad, so a later build's gated
+// fields are refused here in turn. Removals are never gated: every build
+// applies them.
+const GatedSuffix = ".v2"
+
+// GatedType returns the type to publish a change of kind typ (one of
+// ConfigTypes) to entry e as: typ itself unless e is gated.
+func GatedType(typ string, e Entry) string {
+	if typ == TypeEntryRemoved || !e.Gated() || strings.HasSuffix(typ, GatedSuffix) {
+		return typ
+	}
+	return typ + GatedSuffix
+}
+
+// ConfigKind returns the plain config type of t (t without GatedSuffix), so
+// readers branch on the kind of change whichever form carried it.
+func ConfigKind(t string) string {
+	if k, ok := strings.CutSuffix(t, GatedSuffix); ok && k != TypeEntryRemoved && isPlainConfigType(k) {
+		return k
+	}
+	return t
+}
+
+// IsGatedType reports whether t is the gated form of a config type.
+func IsGatedType(t string) bool { return ConfigKind(t) != t }
+
+// IsConfigType reports whether t is a config event type this version knows,
+// plain or gated.
 func IsConfigType(t string) bool {
+	return isPlainConfigType(ConfigKind(t))
+}
+
+func isPlainConfigType(t string) bool {
 	switch t {
 	case TypeEntryRegistered, TypeEntryUpdated, TypeEntryPaused, TypeEntryResumed, TypeEntryRemoved:
 		return true
@@ -133,10 +172,30 @@ func (e *Event) check() error {
 
 // DecodeData unmarshals the event's data into v.
 func (e *Event) DecodeData(v any) error {
+	return e.decodeData(v, false)
+}
+
+// decodeData is DecodeData, refusing fields v does not have when strict.
+func (e *Event) decodeData(v any, strict bool) error {
 	if len(e.Data) == 0 || string(e.Data) == "null" {
 		return fmt.Errorf("%w: %s event %s has no data", ErrMalformedEvent, e.Type, e.ID)
 	}
-	if err := json.Unmarshal(e.Data, v); err != nil {
+	var err error
+	if !strict {
+		err = json.Unmarshal(e.Data, v)
+	} else {
+		d := json.NewDecoder(bytes.NewReader(e.Data))
+		d.DisallowUnknownFields()
+		if err = d.Decode(v); err == nil {
+			if _, terr := d.Token(); terr != io.EOF {
+				err = errors.New("invalid data after top-level value")
+			}
+		}
+	}
+	if err != nil {
+		if strict && strings.HasPrefix(err.Error(), "json: unknown field") {
+			return fmt.Errorf("%w: %s event %s data: %v this build does not know: a later build's schedule field it cannot apply", ErrMalformedEvent, e.Type, e.ID, err)
+		}
 		return fmt.Errorf("%w: %s event %s data: %v", ErrMalformedEvent, e.Type, e.ID, err)
 	}
 	return nil

@@ -71,6 +71,12 @@ func (n Names) ConfigFilter() string { return n.Prefix() + ".config.>" }
 // FireSubject is the subject of one entry's fired and skipped events.
 func (n Names) FireSubject(entryID string) string { return n.Prefix() + ".fire." + entryID }
 
+// FireFilter matches every fire subject.
+func (n Names) FireFilter() string { return n.Prefix() + ".fire.>" }
+
+// RecoveryFilter matches every recovery subject.
+func (n Names) RecoveryFilter() string { return n.Prefix() + ".recovery.>" }
+
 // RecoverySubject is the subject of one queue's recovery outcomes.
 func (n Names) RecoverySubject(queue string) string {
 	return n.Prefix() + ".recovery." + EncodeQueueToken(queue)
@@ -78,7 +84,7 @@ func (n Names) RecoverySubject(queue string) string {
 
 // ActivitySubjects are the subjects the activity stream captures.
 func (n Names) ActivitySubjects() []string {
-	return []string{n.Prefix() + ".fire.>", n.Prefix() + ".recovery.>"}
+	return []string{n.FireFilter(), n.RecoveryFilter()}
 }
 
 // EntryFromConfigSubject returns the entry id of a config subject.

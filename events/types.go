@@ -19,14 +19,16 @@ var Types = []TypeInfo{
 	{TypeEntryResumed, "config", "entry resumed"},
 	{TypeEntryRemoved, "config", "entry removed (data: its last state)"},
 	{TypeEntryFired, "activity", "a tick became an asynq task (Fired)"},
-	{TypeEntrySkipped, "activity", "ticks skipped: missed, overlap or unique (Skipped)"},
+	{TypeEntrySkipped, "activity", "ticks skipped: missed, overlap, unique or excluded (Skipped)"},
 	{TypeTaskRetried, "activity", "a task whose worker died was retried (TaskRecovered)"},
 	{TypeTaskArchived, "activity", "a task whose worker died was archived (TaskRecovered)"},
 	{TypeAggregationReclaimed, "activity", "a stale aggregation set went back to its group"},
 }
 
 // ShortType is a type's last dot-separated part ("fired" for
-// cronstream.entry.fired); each is unique among Types.
+// cronstream.entry.fired); each is unique among Types. A gated config type
+// has its plain type's short name.
 func ShortType(t string) string {
+	t = ConfigKind(t)
 	return t[strings.LastIndex(t, ".")+1:]
 }

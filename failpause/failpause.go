@@ -74,19 +74,20 @@ type Projection interface {
 	CaughtUp() bool
 }
 
-// Config writes the pauses and reads an entry's history; *events.Client
-// implements it.
-type Config interface {
+// Entries writes the pauses and reads an entry's state and history;
+// *events.Client implements it.
+type Entries interface {
 	Pause(ctx context.Context, id, note string, opts ...events.WriteOption) (events.Result, error)
 	Get(ctx context.Context, id string) (events.Entry, uint64, error)
 	History(ctx context.Context, id string) ([]events.Record, error)
 }
 
-// Params configure a Watcher. Zero values mean the defaults.
-type Params struct {
+// Config configures a Watcher. Zero values mean the defaults; Store,
+// Projection and Entries are required.
+type Config struct {
 	Store      Store
 	Projection Projection
-	Config     Config
+	Entries    Entries
 	Names      events.Names
 	// Interval between scans (default DefaultInterval, at most MaxInterval).
 	Interval time.Duration
@@ -101,7 +102,7 @@ type Params struct {
 // Watcher pauses entries whose tasks were archived: one loop, Start to
 // Stop; Scan runs one pass (tests call it directly).
 type Watcher struct {
-	p Params
+	p Config
 
 	// Owned by the loop (or a test's direct Scan calls).
 	cursors map[string]*cursor    // by queue
@@ -109,9 +110,8 @@ type Watcher struct {
 	armedAt map[string]armedSince // by entry: from history, per revision
 	mu      sync.Mutex
 	started bool
-	stop    chan struct{}
+	cancel  context.CancelFunc
 	done    chan struct{}
-	once    sync.Once
 }
 
 // cursor is how far the archived set of one queue has been read: every
@@ -140,7 +140,10 @@ type armedSince struct {
 }
 
 // New returns a Watcher; Start runs it.
-func New(p Params) *Watcher {
+func New(p Config) (*Watcher, error) {
+	if p.Store == nil || p.Projection == nil || p.Entries == nil {
+		return nil, errors.New("failpause: Config.Store, Projection and Entries are required")
+	}
 	p.Interval = min(cmp.Or(max(p.Interval, 0), DefaultInterval), MaxInterval)
 	p.Lookback = cmp.Or(max(p.Lookback, 0), DefaultLookback)
 	p.Page = cmp.Or(max(p.Page, 0), DefaultPage)
@@ -156,51 +159,47 @@ func New(p Params) *Watcher {
 	}
 	return &Watcher{
 		p: p, cursors: map[string]*cursor{}, pending: map[string]candidate{}, armedAt: map[string]armedSince{},
-		stop: make(chan struct{}), done: make(chan struct{}),
-	}
+		done: make(chan struct{}),
+	}, nil
 }
 
-// Start runs the scan loop until Stop.
-func (w *Watcher) Start() {
+// Start runs the scan loop until Stop (ctx's values are kept, its end is
+// not: Stop ends the loop).
+func (w *Watcher) Start(ctx context.Context) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.started {
-		return
+		return nil
 	}
 	w.started = true
-	go w.loop()
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	w.cancel = cancel
+	go w.loop(runCtx)
+	return nil
 }
 
 // Stop ends the loop, cancelling a scan in flight, and waits for it. It may
-// be called more than once, and without Start.
-func (w *Watcher) Stop() {
-	w.once.Do(func() { close(w.stop) })
+// be called more than once, and without Start; it never fails.
+func (w *Watcher) Stop(context.Context) error {
 	w.mu.Lock()
-	started := w.started
+	started, cancel := w.started, w.cancel
 	w.started = true // a Start after Stop must not run a loop nobody waits for
 	w.mu.Unlock()
-	if started {
+	if started && cancel != nil {
+		cancel()
 		<-w.done
 	}
+	return nil
 }
 
-func (w *Watcher) loop() {
+func (w *Watcher) loop(ctx context.Context) {
 	defer close(w.done)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() {
-		select {
-		case <-w.stop:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
 	t := time.NewTicker(w.p.Interval)
 	defer t.Stop()
 	for {
 		w.Scan(ctx)
 		select {
-		case <-w.stop:
+		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
@@ -349,14 +348,14 @@ func (w *Watcher) apply(ctx context.Context, c *candidate) (done, paused bool) {
 		}
 	}
 	note := Note(c.task, c.at, c.errMsg)
-	res, err := w.p.Config.Pause(ctx, c.entry, note, events.IfRevision(st.Revision))
+	res, err := w.p.Entries.Pause(ctx, c.entry, note, events.IfRevision(st.Revision))
 	switch {
 	case errors.Is(err, events.ErrNotFound):
 		return true, false
 	case errors.Is(err, events.ErrRevisionConflict):
 		if c.failed {
 			// An attempt that failed may have landed after all.
-			if e, rev, gerr := w.p.Config.Get(ctx, c.entry); gerr == nil && e.Paused && e.Note == note {
+			if e, rev, gerr := w.p.Entries.Get(ctx, c.entry); gerr == nil && e.Paused && e.Note == note {
 				w.paused(c, rev)
 				return true, true
 			}
@@ -397,7 +396,7 @@ func (w *Watcher) armedSince(ctx context.Context, entry string, st projector.Sta
 	if a, ok := w.armedAt[entry]; ok && a.rev == st.Revision {
 		return a, nil
 	}
-	recs, err := w.p.Config.History(ctx, entry)
+	recs, err := w.p.Entries.History(ctx, entry)
 	if err != nil {
 		return armedSince{}, err
 	}

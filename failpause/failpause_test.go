@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
@@ -335,11 +336,7 @@ func TestPauseRetriedWhileNATSDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	put := time.Now()
-	proj := projector.New(js, names, projector.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))), projector.WithHeartbeat(500*time.Millisecond))
-	if err := proj.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer proj.Stop()
+	proj := startProjector(t, js, names)
 	if err := proj.WaitFor(ctx, res.Revision); err != nil {
 		t.Fatal(err)
 	}
@@ -361,7 +358,7 @@ func TestPauseRetriedWhileNATSDown(t *testing.T) {
 
 	logs := &logLines{}
 	metrics := failpause.NewMetrics(nil)
-	w := failpause.New(failpause.Params{Store: taskstate.New(rc), Projection: proj, Config: client, Names: names,
+	w := newWatcher(t, failpause.Config{Store: taskstate.New(rc), Projection: proj, Entries: client, Names: names,
 		Logger: slog.New(logs), Metrics: metrics})
 	ns.Shutdown()
 	scanCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -428,11 +425,7 @@ func TestScanPagesThroughArchive(t *testing.T) {
 		last = res.Revision
 	}
 	put := time.Now()
-	proj := projector.New(js, names, projector.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
-	if err := proj.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer proj.Stop()
+	proj := startProjector(t, js, names)
 	if err := proj.WaitFor(ctx, last); err != nil {
 		t.Fatal(err)
 	}
@@ -464,7 +457,7 @@ func TestScanPagesThroughArchive(t *testing.T) {
 	archive(taskB, s0.Add(2*time.Second), "b failed")
 
 	const lookback = time.Hour
-	w := failpause.New(failpause.Params{Store: taskstate.New(rc), Projection: proj, Config: client, Names: names,
+	w := newWatcher(t, failpause.Config{Store: taskstate.New(rc), Projection: proj, Entries: client, Names: names,
 		Lookback: lookback, Page: 3, Now: func() time.Time { return s0.Add(lookback) },
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	got := w.Scan(ctx)
@@ -481,4 +474,26 @@ func TestScanPagesThroughArchive(t *testing.T) {
 	if got := w.Scan(ctx); len(got) != 0 {
 		t.Fatalf("second scan paused %v", got)
 	}
+}
+
+func startProjector(t *testing.T, js jetstream.JetStream, names events.Names) *projector.Projector {
+	t.Helper()
+	proj, err := projector.New(projector.Config{JS: js, Names: names, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Heartbeat: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := proj.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proj.Stop(context.Background()) })
+	return proj
+}
+
+func newWatcher(t *testing.T, cfg failpause.Config) *failpause.Watcher {
+	t.Helper()
+	w, err := failpause.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
 }

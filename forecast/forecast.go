@@ -217,6 +217,9 @@ func ComputeSeq(entries iter.Seq[*events.Entry], p Params) *Forecast {
 // jitter when it fires more than once a minute (its jitter is a mean shift,
 // the same for every entry).
 func shareKey(e events.Entry) (string, bool) {
+	if bounded(e) {
+		return "", false // its window and exclusions are its own
+	}
 	if e.Jitter <= 0 {
 		return e.Cron + "\x00" + e.Timezone, true
 	}
@@ -242,6 +245,9 @@ func series(e events.Entry, from time.Time, minutes int, walks map[walkKey][]tic
 	meanShift := int64(0)
 	if jitter > 0 {
 		meanShift = int64(jitter/time.Second-1) / 2
+	}
+	if bounded(e) {
+		return boundedSeries(e, s, from, minutes, acc), nil
 	}
 	if every, ok := strings.CutPrefix(e.Cron, "@every "); ok {
 		d, _ := time.ParseDuration(every) // NewSchedule checked it
@@ -271,6 +277,25 @@ func series(e events.Entry, from time.Time, minutes int, walks map[walkKey][]tic
 		acc.add(tm.unix+jit.offset(tm.unix), tm.n)
 	}
 	return acc.points(), nil
+}
+
+// bounded reports whether e has an active window or exclusions, which the
+// shortcuts (arithmetic for @every, walks shared by spec) do not know.
+func bounded(e events.Entry) bool {
+	return !e.StartAt.IsZero() || !e.EndAt.IsZero() || len(e.Exclude) > 0
+}
+
+// boundedSeries counts the ticks that fire one by one, with the
+// scheduler's own NextFire (window and exclusions applied).
+func boundedSeries(e events.Entry, s *scheduler.Schedule, from time.Time, minutes int, acc *accumulator) []point {
+	jitter := e.Jitter.D().Truncate(time.Second)
+	end := from.Add(time.Duration(minutes) * time.Minute)
+	acc.reset()
+	jit := newJitterer(e.ID, jitter)
+	for t := s.NextFire(from.Add(-jitter - time.Second)); !t.IsZero() && t.Before(end); t = s.NextFire(t) {
+		acc.add(t.Unix()+jit.offset(t.Unix()), 1)
+	}
+	return acc.points()
 }
 
 // accumulator collects one entry's fires by minute: sparse while few,

@@ -177,3 +177,42 @@ func TestJittererMatchesScheduler(t *testing.T) {
 		}
 	}
 }
+
+// TestComputeWindowAndExclusions: an entry's window and exclusions count
+// as the scheduler applies them: no fire before the start, after the end or
+// on an excluded tick.
+func TestComputeWindowAndExclusions(t *testing.T) {
+	from := time.Date(2027, 3, 1, 0, 0, 0, 0, time.UTC)
+	entries := []events.Entry{
+		{ID: "sub", Cron: "@every 10s", StartAt: from.Add(10 * time.Minute), EndAt: from.Add(20 * time.Minute)},
+		{ID: "min", Cron: "* * * * *", Exclude: []string{"0-29 * * * *"}},
+		{ID: "same", Cron: "* * * * *"}, // shares no walk with "min"
+	}
+	f := Compute(entries, Params{From: from, Window: time.Hour})
+	// sub: 10:00..20:00 inclusive every 10 s = 61; min: 30 a hour; same: 60.
+	if want := int64(61 + 30 + 60); f.Total != want {
+		t.Errorf("total %d, want %d", f.Total, want)
+	}
+	var got []int64
+	for _, e := range entries {
+		got = append(got, bruteForceFires(t, e, from, 60))
+	}
+	if got[0] != 61 || got[1] != 30 || got[2] != 60 {
+		t.Errorf("brute force %v", got)
+	}
+}
+
+// bruteForceFires counts the fires of e (NextFire: window and exclusions)
+// in the minutes from from.
+func bruteForceFires(t *testing.T, e events.Entry, from time.Time, minutes int) int64 {
+	s, err := scheduler.NewSchedule(e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	end := from.Add(time.Duration(minutes) * time.Minute)
+	var n int64
+	for tick := s.NextFire(from.Add(-time.Second)); !tick.IsZero() && tick.Before(end); tick = s.NextFire(tick) {
+		n++
+	}
+	return n
+}

@@ -26,6 +26,7 @@ package keygc
 import (
 	"cmp"
 	"context"
+	"errors"
 	"log/slog"
 	"math/rand/v2"
 	"slices"
@@ -91,13 +92,15 @@ type Sweeper struct {
 
 	mu      sync.Mutex
 	started bool
-	stop    chan struct{}
+	cancel  context.CancelFunc // ends the loop's context; set by Start
 	done    chan struct{}
-	once    sync.Once
 }
 
-// New returns a Sweeper; Start runs it.
-func New(cfg Config) *Sweeper {
+// New validates cfg and returns a Sweeper; Start runs it.
+func New(cfg Config) (*Sweeper, error) {
+	if cfg.Store == nil || cfg.Removals == nil || cfg.Projection == nil {
+		return nil, errors.New("keygc: Config.Store, Removals and Projection are required")
+	}
 	// A negative value is taken as unset too: a negative grace would
 	// delete keys at the removal, and a negative interval cannot be waited.
 	cfg.Grace = cmp.Or(max(cfg.Grace, 0), DefaultGrace)
@@ -106,55 +109,52 @@ func New(cfg Config) *Sweeper {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(nil)
 	}
-	return &Sweeper{cfg: cfg, stop: make(chan struct{}), done: make(chan struct{})}
+	return &Sweeper{cfg: cfg, done: make(chan struct{})}, nil
 }
 
-// Start runs the sweep loop until Stop.
-func (s *Sweeper) Start() {
+// Start runs the sweep loop until Stop and returns at once. The sweeps run
+// on a context of their own (ctx's values, not its end), which Stop
+// cancels. Calling it again, or after Stop, does nothing more.
+func (s *Sweeper) Start(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.started {
-		return
+		return nil
 	}
 	s.started = true
-	go s.loop()
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	s.cancel = cancel
+	go s.loop(runCtx)
+	return nil
 }
 
-// Stop ends the loop, cancelling a sweep in flight, and waits for it. It may
-// be called more than once, and without Start.
-func (s *Sweeper) Stop() {
-	s.once.Do(func() { close(s.stop) })
+// Stop ends the loop, cancelling a sweep in flight (deleting a removed
+// entry's keys is idempotent: the next sweep, here or on another replica,
+// finishes it), and waits for it; ctx is not waited on. It may be called
+// more than once, and without Start.
+func (s *Sweeper) Stop(context.Context) error {
 	s.mu.Lock()
-	started := s.started
+	started, cancel := s.started, s.cancel
 	s.started = true // a Start after Stop must not run a loop nobody waits for
 	s.mu.Unlock()
-	if started {
+	if started && cancel != nil {
+		cancel()
 		<-s.done
 	}
+	return nil
 }
 
-func (s *Sweeper) loop() {
+func (s *Sweeper) loop(ctx context.Context) {
 	defer close(s.done)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() {
-		select {
-		case <-s.stop:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
 	t := time.NewTimer(s.wait())
 	defer t.Stop()
 	for {
 		select {
-		case <-s.stop:
+		case <-ctx.Done():
 			return
 		case <-t.C:
 		}

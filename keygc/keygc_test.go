@@ -258,11 +258,14 @@ func TestSweepKeepsWhatItMustNot(t *testing.T) {
 		t.Fatal(err)
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	proj := projector.New(js, names, projector.WithLogger(quiet))
+	proj, err := projector.New(projector.Config{JS: js, Names: names, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := proj.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	defer proj.Stop()
+	defer func() { _ = proj.Stop(ctx) }()
 	if err := proj.WaitCaughtUp(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -279,10 +282,13 @@ func TestSweepKeepsWhatItMustNot(t *testing.T) {
 
 	now := time.Now()
 	reg := prometheus.NewRegistry()
-	sw := keygc.New(keygc.Config{
+	sw, err := keygc.New(keygc.Config{
 		Store: taskstate.New(rc), Removals: client, Projection: proj, Names: names,
 		Grace: time.Hour, Now: func() time.Time { return now }, Metrics: keygc.NewMetrics(reg), Logger: quiet,
 	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if res := sw.Sweep(ctx); res.Keys != 0 || res.Waiting != 1 || res.Errors != 0 {
 		t.Fatalf("sweep within the grace: %+v, want nothing deleted and gone waiting", res)
 	}
@@ -307,5 +313,39 @@ func TestSweepKeepsWhatItMustNot(t *testing.T) {
 	}
 	if deleted != 1 {
 		t.Errorf("cronstream_removed_entry_keys_deleted_total = %v, want 1", deleted)
+	}
+}
+
+// unusedProjection is the projection of a sweeper that never sweeps.
+type unusedProjection struct{}
+
+func (unusedProjection) Get(string) (projector.State, bool) { return projector.State{}, false }
+func (unusedProjection) CaughtUp() bool                     { return false }
+
+// TestLifecycle: New refuses a config without its dependencies; Start
+// returns at once, Stop ends the loop (goleak checks it), and Stop again or
+// Start after Stop does nothing.
+func TestLifecycle(t *testing.T) {
+	if _, err := keygc.New(keygc.Config{}); err == nil || !strings.Contains(err.Error(), "required") {
+		t.Fatalf("New without dependencies: %v", err)
+	}
+	ctx := context.Background()
+	sw, err := keygc.New(keygc.Config{Store: taskstate.New(nil), Removals: &events.Client{}, Projection: unusedProjection{}, Interval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sw.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := sw.Stop(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := sw.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := sw.Stop(ctx); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -191,7 +191,7 @@ func BenchmarkProjector(b *testing.B) {
 	total, bytes := buildBenchStream(b, pub, entries)
 	b.Logf("built %d events (%d entries × %d, %.0f MB of events) in %s",
 		total, entries, benchEventsPerEntry, float64(bytes)/1e6, time.Since(start).Round(time.Millisecond))
-	quiet := WithLogger(testLogger(b))
+	quiet := Config{JS: js, Names: testNames, Logger: testLogger(b)}
 
 	b.Run("ColdStart", func(b *testing.B) {
 		var raw, rawCPU, proj, projCPU time.Duration
@@ -200,7 +200,7 @@ func BenchmarkProjector(b *testing.B) {
 			raw, rawCPU = raw+w, rawCPU+c
 			var p *Projector
 			w, c = timed(b, func() {
-				p = New(js, testNames, quiet)
+				p = mustNew(b, quiet)
 				if err := p.Start(context.Background()); err != nil {
 					b.Fatal(err)
 				}
@@ -212,7 +212,7 @@ func BenchmarkProjector(b *testing.B) {
 			if p.Len() != entries {
 				b.Fatalf("%d entries, want %d", p.Len(), entries)
 			}
-			p.Stop()
+			_ = p.Stop(context.Background())
 		}
 		ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1e3 / float64(b.N) }
 		b.ReportMetric(ms(raw), "raw-ms/op")
@@ -226,14 +226,14 @@ func BenchmarkProjector(b *testing.B) {
 	b.Run("Memory", func(b *testing.B) {
 		var perEntry float64
 		for b.Loop() {
-			p := New(js, testNames, quiet)
+			p := mustNew(b, quiet)
 			if err := p.Start(context.Background()); err != nil {
 				b.Fatal(err)
 			}
 			if err := p.WaitCaughtUp(context.Background()); err != nil {
 				b.Fatal(err)
 			}
-			p.Stop()
+			_ = p.Stop(context.Background())
 			loaded := heapAlloc()
 			runtime.KeepAlive(p)
 			p = nil

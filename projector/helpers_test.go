@@ -2,6 +2,7 @@ package projector
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -56,14 +57,26 @@ func startNATS(t testing.TB) (*testenv.NATS, jetstream.JetStream) {
 
 // startProjector starts a projector on its own connection-bound js and stops
 // it at cleanup.
-func startProjector(t testing.TB, js jetstream.JetStream, opts ...Option) *Projector {
+// startProjector runs a projector of testNames on js (cfg sets more;
+// its JS and Names are set here, its Logger defaults to the test's).
+func startProjector(t testing.TB, js jetstream.JetStream, cfg Config) *Projector {
 	t.Helper()
-	opts = append([]Option{WithLogger(testLogger(t))}, opts...)
-	p := New(js, testNames, opts...)
+	cfg.JS, cfg.Names = js, testNames
+	cfg.Logger = cmp.Or(cfg.Logger, testLogger(t))
+	p := mustNew(t, cfg)
 	if err := p.Start(testCtx(t, 30*time.Second)); err != nil {
 		t.Fatalf("start projector: %v", err)
 	}
-	t.Cleanup(p.Stop)
+	t.Cleanup(func() { _ = p.Stop(context.Background()) })
+	return p
+}
+
+func mustNew(t testing.TB, cfg Config) *Projector {
+	t.Helper()
+	p, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
 	return p
 }
 

@@ -89,38 +89,22 @@ var (
 	ErrClosed = errors.New("subscription closed")
 )
 
-// Option configures a Projector.
-type Option func(*Projector)
-
-// WithLogger sets the logger for bad events and consumer resets (default
-// slog.Default()).
-func WithLogger(l *slog.Logger) Option {
-	return func(p *Projector) {
-		if l != nil {
-			p.log = l
-		}
-	}
-}
-
-// WithHeartbeat sets the consumer's idle heartbeat (default
-// DefaultHeartbeat, allowed 500ms to 15s). It bounds how stale LastHeard can
-// be on a silent stream and how fast a dead consumer is noticed (two missed
-// heartbeats).
-func WithHeartbeat(d time.Duration) Option {
-	return func(p *Projector) {
-		p.hb = min(max(d, 500*time.Millisecond), 15*time.Second)
-	}
-}
-
-// WithClock sets the clock LastHeard is stamped with (default time.Now).
-// A replica passes its Redis-corrected clock: LastHeard is presented to
-// Redis as the replica's freshness and compared with other replicas'.
-func WithClock(now func() time.Time) Option {
-	return func(p *Projector) {
-		if now != nil {
-			p.now = now
-		}
-	}
+// Config configures a Projector. Zero values mean the defaults.
+type Config struct {
+	// JS reaches the config stream, which Names names.
+	JS    jetstream.JetStream
+	Names events.Names
+	// Logger logs bad events and consumer resets (default slog.Default()).
+	Logger *slog.Logger
+	// Heartbeat is the consumer's idle heartbeat (default
+	// DefaultHeartbeat, held within 500ms to 15s). It bounds how stale
+	// LastHeard can be on a silent stream and how fast a dead consumer is
+	// noticed (two missed heartbeats).
+	Heartbeat time.Duration
+	// Now is the clock LastHeard is stamped with (default time.Now). A
+	// replica passes its Redis-corrected clock: LastHeard is presented to
+	// Redis as the replica's freshness and compared with other replicas'.
+	Now func() time.Time
 }
 
 // Projector holds the live registered-entry map of one config stream. Its
@@ -159,24 +143,31 @@ type Projector struct {
 	reloading bool
 }
 
-// New returns a projector of the config stream named by names. It does
+// New validates cfg and returns a projector of the config stream. It does
 // nothing until Start.
-func New(js jetstream.JetStream, names events.Names, opts ...Option) *Projector {
-	p := &Projector{
-		js:      js,
-		names:   names,
-		log:     slog.Default(),
-		hb:      DefaultHeartbeat,
-		now:     time.Now,
-		fold:    NewFold(names),
+func New(cfg Config) (*Projector, error) {
+	if cfg.JS == nil {
+		return nil, errors.New("projector: Config.JS is required")
+	}
+	hb := DefaultHeartbeat
+	if cfg.Heartbeat != 0 {
+		hb = min(max(cfg.Heartbeat, 500*time.Millisecond), 15*time.Second)
+	}
+	now := cfg.Now
+	if now == nil { // a func: cmp.Or cannot default it
+		now = time.Now
+	}
+	return &Projector{
+		js:      cfg.JS,
+		names:   cfg.Names,
+		log:     cmp.Or(cfg.Logger, slog.Default()),
+		hb:      hb,
+		now:     now,
+		fold:    NewFold(cfg.Names),
 		subs:    make(map[*Subscription]struct{}),
 		ready:   make(chan struct{}),
 		stopped: make(chan struct{}),
-	}
-	for _, o := range opts {
-		o(p)
-	}
-	return p
+	}, nil
 }
 
 // Start looks up the config stream and creates the consumer, then loads and
@@ -209,7 +200,7 @@ func (p *Projector) Start(ctx context.Context) error {
 		p.started = false
 		return err
 	}
-	runCtx, cancel := context.WithCancel(context.Background())
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	p.target = target
 	p.cancel = cancel
 	p.heard(p.now())
@@ -243,10 +234,11 @@ func (p *Projector) open(ctx context.Context) (*orderedReader, uint64, error) {
 	return r, target, nil
 }
 
-// Stop ends the projection and waits for its goroutine. The map stays
-// readable; waits and subscriptions return ErrStopped. Stop before Start, or
-// twice, is harmless, and a Start after Stop returns ErrStopped.
-func (p *Projector) Stop() {
+// Stop ends the projection and waits for its goroutine, which has
+// nothing to drain (ctx is for the shape all components share). The map
+// stays readable; waits and subscriptions return ErrStopped. Stop before
+// Start, or twice, is harmless, and a Start after Stop returns ErrStopped.
+func (p *Projector) Stop(context.Context) error {
 	p.mu.Lock()
 	p.stopRequested = true
 	cancel := p.cancel
@@ -255,10 +247,11 @@ func (p *Projector) Stop() {
 	if cancel == nil {
 		// Never ran (or already stopped): nothing to wait for.
 		p.stopOnce.Do(func() { close(p.stopped) })
-		return
+		return nil
 	}
 	cancel()
 	<-p.stopped
+	return nil
 }
 
 // maxBatch bounds how many messages are decoded together and applied under

@@ -18,7 +18,7 @@ import (
 func TestPoisonEventsQuarantineOnlyTheirEntry(t *testing.T) {
 	_, js := startNATS(t)
 	logs := &logCapture{}
-	p := startProjector(t, js, WithLogger(slog.New(logs)))
+	p := startProjector(t, js, Config{Logger: slog.New(logs)})
 	ctx := testCtx(t, 30*time.Second)
 
 	victims := []string{"garbage", "unknowntype", "badcron", "mismatch", "oversized", "badremove", "newenum"}
@@ -122,7 +122,7 @@ func TestPoisonEventsQuarantineOnlyTheirEntry(t *testing.T) {
 
 func TestWaitForReadsOwnWrite(t *testing.T) {
 	_, js := startNATS(t)
-	p := startProjector(t, js)
+	p := startProjector(t, js, Config{})
 	ctx := testCtx(t, 10*time.Second)
 	for i := range 20 {
 		e := validEntry(fmt.Sprintf("w%d", i%3))
@@ -148,7 +148,7 @@ func TestWaitForReadsOwnWrite(t *testing.T) {
 
 func TestCaughtUp(t *testing.T) {
 	_, js := startNATS(t)
-	empty := startProjector(t, js)
+	empty := startProjector(t, js, Config{})
 	if !empty.CaughtUp() {
 		t.Fatal("a projector of an empty stream must be caught up at once")
 	}
@@ -178,7 +178,7 @@ func TestCaughtUp(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	p := startProjector(t, js)
+	p := startProjector(t, js, Config{})
 	if p.CaughtUp() {
 		t.Fatal("caught up right after Start, before loading 1000 entries")
 	}
@@ -200,7 +200,7 @@ func TestCaughtUp(t *testing.T) {
 
 func TestSlowSubscriberDoesNotBlockAndGetsCoalescedChanges(t *testing.T) {
 	_, js := startNATS(t)
-	p := startProjector(t, js)
+	p := startProjector(t, js, Config{})
 	ctx := testCtx(t, 30*time.Second)
 	sub := p.Subscribe()
 	defer sub.Close()
@@ -255,7 +255,7 @@ func TestSlowSubscriberDoesNotBlockAndGetsCoalescedChanges(t *testing.T) {
 
 func TestLastHeardFollowsHeartbeatsAndOutage(t *testing.T) {
 	n, js := startNATS(t)
-	p := startProjector(t, n.JetStream(t), WithHeartbeat(500*time.Millisecond))
+	p := startProjector(t, n.JetStream(t), Config{Heartbeat: 500 * time.Millisecond})
 	ctx := testCtx(t, 60*time.Second)
 	if err := p.WaitCaughtUp(ctx); err != nil {
 		t.Fatal(err)
@@ -292,7 +292,7 @@ func TestClosedConnectionEndsProjection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := startProjector(t, pjs)
+	p := startProjector(t, pjs, Config{})
 	ctx := testCtx(t, 10*time.Second)
 	if err := p.WaitCaughtUp(ctx); err != nil {
 		t.Fatal(err)
@@ -320,24 +320,24 @@ func TestStartAndStop(t *testing.T) {
 	_, js := startNATS(t)
 	ctx := testCtx(t, 10*time.Second)
 
-	missing := New(js, events.MustNames("nostream"))
+	missing := mustNew(t, Config{JS: js, Names: events.MustNames("nostream")})
 	if err := missing.Start(ctx); !errors.Is(err, jetstream.ErrStreamNotFound) {
 		t.Fatalf("Start without a stream: %v, want ErrStreamNotFound", err)
 	}
-	missing.Stop()
+	_ = missing.Stop(ctx)
 
-	p := New(js, testNames, WithLogger(testLogger(t)))
-	p.Stop() // before Start: harmless
+	p := mustNew(t, Config{JS: js, Names: testNames, Logger: testLogger(t)})
+	_ = p.Stop(ctx) // before Start: harmless
 	if err := p.Start(ctx); !errors.Is(err, ErrStopped) {
 		t.Fatalf("Start after Stop: %v, want ErrStopped", err)
 	}
 
-	q := startProjector(t, js)
+	q := startProjector(t, js, Config{})
 	if err := q.Start(ctx); !errors.Is(err, ErrAlreadyStarted) {
 		t.Fatalf("second Start: %v", err)
 	}
-	q.Stop()
-	q.Stop()
+	_ = q.Stop(ctx)
+	_ = q.Stop(ctx)
 	if err := q.WaitFor(ctx, 1); !errors.Is(err, ErrStopped) {
 		t.Fatalf("WaitFor after Stop: %v", err)
 	}

@@ -120,12 +120,12 @@ func TestPropertyLiveAndAsOfEqualReferenceFold(t *testing.T) {
 	ops := randomOps(r, 20, 300)
 
 	// A projector that follows the whole history live, with a feed.
-	live := startProjector(t, js)
+	live := startProjector(t, js, Config{})
 	feed := recordFeed(t, live)
 	half := len(ops) / 2
 	publishOps(t, js, ops[:half], badKinds)
 	// One that starts halfway: last message per subject, then live.
-	mid := startProjector(t, js)
+	mid := startProjector(t, js, Config{})
 	publishOps(t, js, ops[half:], badKinds)
 	last := ops[len(ops)-1].seq
 
@@ -143,7 +143,7 @@ func TestPropertyLiveAndAsOfEqualReferenceFold(t *testing.T) {
 		}
 	}
 	// A cold start after everything: last message per subject only.
-	cold := startProjector(t, js)
+	cold := startProjector(t, js, Config{})
 	if err := cold.WaitCaughtUp(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -25,7 +25,7 @@ func TestLiveFollowAcrossStreamRecreation(t *testing.T) {
 		publishEvent(t, js, events.TypeEntryUpdated, randomEntry(r, fmt.Sprintf("a%d", i)))
 	}
 	logs := &logCapture{}
-	p := startProjector(t, n.JetStream(t), WithHeartbeat(500*time.Millisecond), WithLogger(slog.New(logs)))
+	p := startProjector(t, n.JetStream(t), Config{Heartbeat: 500 * time.Millisecond, Logger: slog.New(logs)})
 	ctx := testCtx(t, 60*time.Second)
 	if err := p.WaitFor(ctx, 20); err != nil {
 		t.Fatalf("wait for seq 20: %v", err)

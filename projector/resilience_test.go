@@ -134,7 +134,7 @@ func checkFollowed(t *testing.T, js jetstream.JetStream, p *Projector, feed *fee
 
 func TestLiveFollowConcurrentPublishers(t *testing.T) {
 	n, js := startNATS(t)
-	p := startProjector(t, n.JetStream(t))
+	p := startProjector(t, n.JetStream(t), Config{})
 	feed := recordFeed(t, p)
 	startPublishers(t, js, 4, 100, 30).wait(t)
 	checkFollowed(t, js, p, feed)
@@ -145,7 +145,7 @@ func TestLiveFollowAcrossServerRestart(t *testing.T) {
 	// Events before the projector starts, so the restart can also land in
 	// the middle of the initial load of a slow machine.
 	startPublishers(t, js, 2, 50, 30).wait(t)
-	p := startProjector(t, n.JetStream(t), WithHeartbeat(500*time.Millisecond))
+	p := startProjector(t, n.JetStream(t), Config{Heartbeat: 500 * time.Millisecond})
 	feed := recordFeed(t, p)
 	ps := startPublishers(t, js, 2, 150, 30)
 	testenv.Eventually(t, 30*time.Second, func() bool { return ps.published.Load() >= 60 }, "publishers under way")
@@ -178,7 +178,7 @@ func TestLiveFollowAcrossStreamLeaderLoss(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := startProjector(t, pjs, WithHeartbeat(500*time.Millisecond))
+	p := startProjector(t, pjs, Config{Heartbeat: 500 * time.Millisecond})
 	feed := recordFeed(t, p)
 	ps := startPublishers(t, js, 2, 150, 30)
 	testenv.Eventually(t, 30*time.Second, func() bool { return ps.published.Load() >= 60 }, "publishers under way")

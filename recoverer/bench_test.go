@@ -11,7 +11,6 @@ import (
 	"github.com/cronstream/cronstream/internal/massrecovery"
 	"github.com/cronstream/cronstream/internal/testenv"
 	"github.com/cronstream/cronstream/recoverer"
-	"github.com/cronstream/cronstream/taskstate"
 )
 
 // BenchmarkPass measures a full recoverer pass (Recoverer.Pass: orphan
@@ -55,10 +54,13 @@ func BenchmarkPass(b *testing.B) {
 				if err := rc.SlowLogReset(ctx).Err(); err != nil {
 					b.Fatal(err)
 				}
-				rec := recoverer.New(recoverer.Config{
-					Store: taskstate.New(rc), Names: names, ReplicaID: "bench", Queues: []string{massrecovery.Queue},
+				rec, err := recoverer.New(recoverer.Config{
+					Redis: rc, Names: names, ReplicaID: "bench", Queues: []string{massrecovery.Queue},
 					Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 				})
+				if err != nil {
+					b.Fatal(err)
+				}
 				b.StartTimer()
 				start := time.Now()
 				res := rec.Pass(ctx)

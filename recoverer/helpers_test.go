@@ -96,7 +96,11 @@ func newRecoverer(t testing.TB, cfg recoverer.Config, sink *logSink) *recoverer.
 		sink = &logSink{t: t}
 	}
 	cfg.Logger = slog.New(sink)
-	return recoverer.New(cfg)
+	r, err := recoverer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }
 
 // seedActive puts tasks into queue exactly as asynq's Dequeue leaves them
@@ -208,9 +212,14 @@ func startActivity(t *testing.T) jetstream.JetStream {
 // startRelay runs a relay for owner until the test ends.
 func startRelay(t *testing.T, store *taskstate.Store, js jetstream.JetStream, owner string) *relay.Relay {
 	t.Helper()
-	rl := relay.New(relay.Config{Outbox: store, JS: js, Names: names, Owner: owner,
+	rl, err := relay.New(relay.Config{Outbox: store, JS: js, Names: names, Owner: owner,
 		Interval: 50 * time.Millisecond, Logger: slog.New(&logSink{t: t})})
-	rl.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rl.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() {
 		if err := rl.Stop(ctxT(t, 10*time.Second)); err != nil {
 			t.Errorf("stop relay %s: %v", owner, err)

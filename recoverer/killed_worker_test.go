@@ -80,15 +80,15 @@ func TestKilledWorkerRecovered(t *testing.T) {
 
 	// Our recoverer on "mine" only; the relay publishes its records.
 	rl := startRelay(t, store, js, "relay1")
-	rec := newRecoverer(t, recoverer.Config{Store: store, Queues: []string{mine}, OnRecord: rl.Notify}, nil)
-	rec.Start()
-	t.Cleanup(rec.Stop)
+	rec := newRecoverer(t, recoverer.Config{Redis: rc, Queues: []string{mine}, OnRecord: rl.Notify}, nil)
+	_ = rec.Start(context.Background())
+	t.Cleanup(func() { _ = rec.Stop(context.Background()) })
 	testenv.Eventually(t, 50*time.Second, func() bool {
 		s := rec.Stats()[mine]
 		return s.Retried == withRetries && s.Archived == atMax
 	}, "our recoverer retries and archives the dead worker's tasks")
 	recoveredAt := time.Now()
-	rec.Stop()
+	_ = rec.Stop(context.Background())
 
 	// asynq's own recoverer on the twin.
 	func() {

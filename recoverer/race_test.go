@@ -64,13 +64,13 @@ func TestThreeRecoverersTenThousandTasks(t *testing.T) {
 		relays = append(relays, rl)
 		// Small batches so that the replicas interleave many times.
 		recs = append(recs, newRecoverer(t, recoverer.Config{
-			Store: store, ReplicaID: fmt.Sprintf("rep%d", i+1), Batch: 300 + 100*i,
+			Redis: rc, ReplicaID: fmt.Sprintf("rep%d", i+1), Batch: 300 + 100*i,
 			Interval: 50 * time.Millisecond, OnRecord: rl.Notify,
 		}, nil))
 	}
 	for _, r := range recs {
-		r.Start()
-		t.Cleanup(r.Stop)
+		_ = r.Start(context.Background())
+		t.Cleanup(func() { _ = r.Stop(context.Background()) })
 	}
 	testenv.Eventually(t, 60*time.Second, func() bool {
 		for q := range queues {
@@ -81,7 +81,7 @@ func TestThreeRecoverersTenThousandTasks(t *testing.T) {
 		return true
 	}, "every expired task recovered")
 	for _, r := range recs {
-		r.Stop()
+		_ = r.Stop(context.Background())
 	}
 
 	// Redis: each task moved once.

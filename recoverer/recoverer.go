@@ -16,25 +16,26 @@
 package recoverer
 
 import (
+	"cmp"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math"
 	"math/rand/v2"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/taskstate"
 )
 
-// Store is the recoverer's seam to Redis; *taskstate.Store implements it.
-type Store interface {
+// store is the recoverer's seam to Redis; *taskstate.Store implements it,
+// and tests wrap it to inject faults (export_test.go).
+type store interface {
 	Queues(ctx context.Context) ([]string, error)
 	ListLeaseExpiredFrom(ctx context.Context, queue string, cutoff time.Time, offset, limit int) ([]taskstate.LeaseExpired, []taskstate.BadTask, error)
 	RecoverBatch(ctx context.Context, prefix, queue string, cutoff time.Time, decisions []taskstate.Decision) ([]taskstate.Outcome, error)
@@ -46,7 +47,17 @@ type Store interface {
 // RetryDelayFunc returns how long to wait before the next attempt of a task
 // that failed for the retried-th time (retried counts the failures before
 // this one), like asynq's Config.RetryDelayFunc.
-type RetryDelayFunc func(retried int, err error, task *taskstate.TaskMessage) time.Duration
+type RetryDelayFunc func(retried int, err error, task *Task) time.Duration
+
+// Task is what a RetryDelayFunc learns of the task it delays: the fields of
+// asynq's task message that its own RetryDelayFunc can read.
+type Task struct {
+	ID, Type, Queue string
+	Payload         []byte
+	// Retried counts the failures before this one; MaxRetry is the task's
+	// retry limit.
+	Retried, MaxRetry int
+}
 
 // IsFailureFunc says whether err counts as a failure (retried+1 and the
 // failed counters), like asynq's Config.IsFailure.
@@ -54,11 +65,11 @@ type IsFailureFunc func(err error) bool
 
 // ErrLeaseExpired is the error a recovered task failed with; its text is
 // asynq's.
-var ErrLeaseExpired = errors.New(taskstate.ErrLeaseExpiredText)
+var ErrLeaseExpired = errors.New("asynq: task lease expired")
 
 // DefaultRetryDelay is asynq's DefaultRetryDelayFunc: n⁴ + 15 + r·(n+1)
 // seconds with r uniform in [0, 30).
-func DefaultRetryDelay(n int, _ error, _ *taskstate.TaskMessage) time.Duration {
+func DefaultRetryDelay(n int, _ error, _ *Task) time.Duration {
 	r := rand.IntN(30)
 	s := int64(math.Pow(float64(n), 4)) + 15 + int64(r*(n+1))
 	return time.Duration(s) * time.Second
@@ -76,7 +87,8 @@ const (
 
 // Config configures a Recoverer. Zero values mean the defaults.
 type Config struct {
-	Store     Store
+	// Redis holds the asynq queues to recover.
+	Redis     redis.UniversalClient
 	Names     events.Names
 	ReplicaID string
 	// Queues to recover; empty means every queue in asynq:queues, read
@@ -91,8 +103,8 @@ type Config struct {
 	// 10,000; taskstate splits both into short script calls). Each move
 	// first locates its tasks in the active list, which reads the list up
 	// to the deepest of them: after a mass crash they are spread over the
-	// whole list, so fewer, larger batches read it fewer times (measured:
-	// 100k expired tasks recover ~25% faster with 10,000 than with 1,000).
+	// whole list, so fewer, larger batches read it fewer times
+	// (docs/benchmarks.md has the figure).
 	Batch      int
 	RetryDelay RetryDelayFunc
 	IsFailure  IsFailureFunc
@@ -106,6 +118,8 @@ type Config struct {
 	// right when they agree with Redis, and a replica whose own clock runs
 	// fast must not recover live tasks.
 	Now func() time.Time
+
+	store store // Redis, or a test's wrapper around it
 }
 
 // Recoverer is one replica's recovery loop.
@@ -126,6 +140,7 @@ type Recoverer struct {
 	stop     chan struct{}
 	stopOnce sync.Once
 	done     chan struct{}
+	cancel   context.CancelFunc // ends the loop's context; set by Start
 }
 
 // QueueStats are one queue's recovery counters.
@@ -141,25 +156,25 @@ type PassResult struct {
 	Err     error
 }
 
-// New returns a recoverer; Start runs it.
-func New(cfg Config) *Recoverer {
-	if cfg.Interval <= 0 {
-		cfg.Interval = DefaultInterval
+// New validates cfg and returns a recoverer; Start runs it.
+func New(cfg Config) (*Recoverer, error) {
+	if cfg.Redis == nil && cfg.store == nil {
+		return nil, errors.New("recoverer: Config.Redis is required")
 	}
-	if cfg.Grace <= 0 {
-		cfg.Grace = DefaultGrace
+	if cfg.store == nil {
+		cfg.store = taskstate.New(cfg.Redis)
 	}
-	if cfg.Batch <= 0 {
-		cfg.Batch = DefaultBatch
-	}
+	// A negative value is taken as unset too, as it always was.
+	cfg.Interval = cmp.Or(max(cfg.Interval, 0), DefaultInterval)
+	cfg.Grace = cmp.Or(max(cfg.Grace, 0), DefaultGrace)
+	cfg.Batch = cmp.Or(max(cfg.Batch, 0), DefaultBatch)
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
+	// Functions are not comparable, so cmp.Or cannot default them.
 	if cfg.RetryDelay == nil {
 		cfg.RetryDelay = DefaultRetryDelay
 	}
 	if cfg.IsFailure == nil {
 		cfg.IsFailure = DefaultIsFailure
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -174,7 +189,7 @@ func New(cfg Config) *Recoverer {
 	slices.Sort(cfg.Queues)
 	return &Recoverer{cfg: cfg, log: cfg.Logger, m: m,
 		stats: map[string]*QueueStats{}, reported: map[string]bool{}, registered: map[string]bool{},
-		stop: make(chan struct{}), done: make(chan struct{})}
+		stop: make(chan struct{}), done: make(chan struct{})}, nil
 }
 
 // Passes returns a channel that receives the result of every pass from now
@@ -188,32 +203,47 @@ func (r *Recoverer) Passes() <-chan PassResult {
 	return r.passes
 }
 
-// Start runs a pass now and then every interval until Stop. Calling it
-// again, or after Stop, does nothing more.
-func (r *Recoverer) Start() {
+// Start runs a pass now and then every interval until Stop, and returns
+// at once. The passes run on a context of their own (ctx's values, not its
+// end), which Stop cancels. Calling it again, or after Stop, does nothing
+// more.
+func (r *Recoverer) Start(ctx context.Context) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.started {
-		return
+		return nil
 	}
 	r.started = true
-	go r.loop()
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	r.cancel = cancel
+	go r.loop(runCtx)
+	return nil
 }
 
-// Stop waits for the pass in flight to finish its current batch and stops.
-// It may be called more than once, and without Start.
-func (r *Recoverer) Stop() {
+// Stop lets the pass in flight finish its current batch, no longer than
+// ctx allows (then the batch is cancelled and ctx's error returned), and
+// stops. It may be called more than once, and without Start.
+func (r *Recoverer) Stop(ctx context.Context) error {
 	r.stopOnce.Do(func() { close(r.stop) })
 	r.mu.Lock()
-	started := r.started
+	started, cancel := r.started, r.cancel
 	r.started = true // a Start after Stop must not run a loop nobody waits for
 	r.mu.Unlock()
-	if started {
+	if !started || cancel == nil {
+		return nil
+	}
+	defer cancel()
+	select {
+	case <-r.done:
+		return nil
+	case <-ctx.Done():
+		cancel()
 		<-r.done
+		return fmt.Errorf("recoverer: stop: batch cancelled: %w", ctx.Err())
 	}
 }
 
-func (r *Recoverer) loop() {
+func (r *Recoverer) loop(ctx context.Context) {
 	defer close(r.done)
 	t := time.NewTimer(0)
 	defer t.Stop()
@@ -223,7 +253,7 @@ func (r *Recoverer) loop() {
 			return
 		case <-t.C:
 		}
-		res := r.Pass(context.Background())
+		res := r.Pass(ctx)
 		r.mu.Lock()
 		if r.passes != nil {
 			select {
@@ -252,7 +282,7 @@ func (r *Recoverer) Pass(ctx context.Context) PassResult {
 	res := PassResult{Started: start}
 	queues := r.cfg.Queues // sorted by New
 	if len(queues) == 0 {
-		qs, err := r.cfg.Store.Queues(ctx)
+		qs, err := r.cfg.store.Queues(ctx)
 		if err != nil {
 			r.m.Errors.WithLabelValues("").Inc()
 			r.log.Warn("recoverer: list queues", "err", err)
@@ -290,7 +320,7 @@ func (r *Recoverer) Pass(ctx context.Context) PassResult {
 func (r *Recoverer) recoverQueue(ctx context.Context, q string) (int, error) {
 	prefix := r.cfg.Names.Prefix()
 	if !r.isRegistered(q) {
-		if err := r.cfg.Store.RegisterOutbox(ctx, prefix, q); err != nil {
+		if err := r.cfg.store.RegisterOutbox(ctx, prefix, q); err != nil {
 			return 0, fmt.Errorf("register outbox: %w", err)
 		}
 		r.mu.Lock()
@@ -309,7 +339,7 @@ func (r *Recoverer) recoverQueue(ctx context.Context, q string) (int, error) {
 	}
 	// 0: taskstate's lease duration (asynq's 30 s) and page size, which
 	// keeps each script call short whatever Batch is.
-	rep, err := r.cfg.Store.RecoverOrphans(ctx, q, r.cfg.Now(), 0, 0)
+	rep, err := r.cfg.store.RecoverOrphans(ctx, q, r.cfg.Now(), 0, 0)
 	if err != nil {
 		errs = append(errs, fmt.Errorf("orphans: %w", err))
 	} else if len(rep.Leased)+len(rep.Removed) > 0 {
@@ -321,7 +351,7 @@ func (r *Recoverer) recoverQueue(ctx context.Context, q string) (int, error) {
 		r.m.Orphans.WithLabelValues(q, "removed").Add(float64(len(rep.Removed)))
 		r.log.Info("recoverer: repaired orphaned active tasks", "queue", q, "leased", len(rep.Leased), "removed", len(rep.Removed))
 	}
-	reclaimed, err := r.cfg.Store.ReclaimStaleAggregationSets(ctx, prefix, q, r.cfg.Now(), r.reclaimRecord)
+	reclaimed, err := r.cfg.store.ReclaimStaleAggregationSets(ctx, prefix, q, r.cfg.Now(), r.reclaimRecord)
 	if err != nil {
 		errs = append(errs, fmt.Errorf("reclaim aggregation sets: %w", err))
 	}
@@ -369,7 +399,7 @@ func (r *Recoverer) recoverLeases(ctx context.Context, q string) (int, error) {
 		return 0, nil
 	}
 	size := min(firstPage, r.cfg.Batch)
-	tasks, bad, err := r.cfg.Store.ListLeaseExpiredFrom(ctx, q, cutoff, 0, size)
+	tasks, bad, err := r.cfg.store.ListLeaseExpiredFrom(ctx, q, cutoff, 0, size)
 	if err != nil {
 		return 0, fmt.Errorf("list expired leases: %w", err)
 	}
@@ -380,7 +410,7 @@ func (r *Recoverer) recoverLeases(ctx context.Context, q string) (int, error) {
 		var nextErr error
 		if more {
 			size = min(2*size, r.cfg.Batch)
-			tasks, bad, nextErr = r.cfg.Store.ListLeaseExpiredFrom(ctx, q, cutoff, offset+cur.listed, size)
+			tasks, bad, nextErr = r.cfg.store.ListLeaseExpiredFrom(ctx, q, cutoff, offset+cur.listed, size)
 		}
 		var (
 			outcomes []taskstate.Outcome
@@ -389,7 +419,7 @@ func (r *Recoverer) recoverLeases(ctx context.Context, q string) (int, error) {
 		)
 		go func() {
 			defer close(movedCh)
-			outcomes, moveErr = r.cfg.Store.RecoverBatch(ctx, prefix, q, cutoff, cur.decisions)
+			outcomes, moveErr = r.cfg.store.RecoverBatch(ctx, prefix, q, cutoff, cur.decisions)
 		}()
 		var next page
 		if more && nextErr == nil {
@@ -462,7 +492,8 @@ func (r *Recoverer) decide(le taskstate.LeaseExpired, now time.Time) (taskstate.
 		d, err = le.Archive(ErrLeaseExpired.Error(), now)
 	} else {
 		isFailure := r.cfg.IsFailure(ErrLeaseExpired)
-		at := now.Add(r.cfg.RetryDelay(int(msg.Retried), ErrLeaseExpired, msg)).Truncate(time.Second)
+		task := Task{ID: msg.ID, Type: msg.Type, Queue: msg.Queue, Payload: msg.Payload, Retried: int(msg.Retried), MaxRetry: int(msg.Retry)}
+		at := now.Add(r.cfg.RetryDelay(int(msg.Retried), ErrLeaseExpired, &task)).Truncate(time.Second)
 		data.Retried = int(msg.Retried)
 		if isFailure {
 			data.Retried++
@@ -476,7 +507,7 @@ func (r *Recoverer) decide(le taskstate.LeaseExpired, now time.Time) (taskstate.
 	}
 	// The id names the attempt that was lost, so the same loss always has
 	// the same event id however many recoverers decide it.
-	id := eventID("recover:", events.EncodeQueueToken(msg.Queue)+":"+msg.ID+":"+strconv.Itoa(int(msg.Retried))+":"+strconv.FormatInt(le.LeaseExpiry.Unix(), 10))
+	id := events.RecoveredEventID(msg.Queue, msg.ID, int(msg.Retried), le.LeaseExpiry)
 	ev, err := events.NewEventAt(id, now, typ, "cronstream/"+r.cfg.ReplicaID, msg.Queue, data)
 	if err != nil {
 		return taskstate.Decision{}, err
@@ -491,7 +522,7 @@ func (r *Recoverer) decide(le taskstate.LeaseExpired, now time.Time) (taskstate.
 
 // reclaimRecord builds the outbox record of one reclaimed aggregation set.
 func (r *Recoverer) reclaimRecord(set taskstate.StaleAggregationSet) (taskstate.Record, error) {
-	id := eventID("reclaim:", events.EncodeQueueToken(set.Queue)+":"+set.SetID)
+	id := events.ReclaimedEventID(set.Queue, set.SetID)
 	ev, err := events.NewEventAt(id, r.cfg.Now(), events.TypeAggregationReclaimed, "cronstream/"+r.cfg.ReplicaID, set.Queue, events.AggregationReclaimed{
 		Queue: set.Queue, Group: set.Group, Set: set.SetID, Tasks: len(set.TaskIDs), Replica: r.cfg.ReplicaID,
 	})
@@ -500,26 +531,6 @@ func (r *Recoverer) reclaimRecord(set taskstate.StaleAggregationSet) (taskstate.
 	}
 	b, err := ev.Marshal()
 	return taskstate.Record{ID: id, Data: b}, err
-}
-
-// maxReadableEventID bounds event ids built from names; events readers
-// accept ids up to 256 bytes.
-const maxReadableEventID = 200
-
-// eventID returns kind + key when that is short and plain printable ASCII,
-// else kind + the SHA-256 of key. Task ids and queue names are any string
-// in asynq, and the id is also the Nats-Msg-Id header, which cannot carry
-// control characters; either way the same loss gets the same id.
-func eventID(kind, key string) string {
-	ok := len(kind)+len(key) <= maxReadableEventID
-	for i := 0; ok && i < len(key); i++ {
-		ok = key[i] > ' ' && key[i] < 0x7f
-	}
-	if ok {
-		return kind + key
-	}
-	sum := sha256.Sum256([]byte(key))
-	return kind + hex.EncodeToString(sum[:])
 }
 
 func (r *Recoverer) count(q string, outcomes []taskstate.Outcome) int {

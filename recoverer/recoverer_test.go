@@ -72,7 +72,7 @@ func TestScanMoveRaces(t *testing.T) {
 	}
 	reg := prometheus.NewRegistry()
 	metrics := recoverer.NewMetrics(reg)
-	rec := newRecoverer(t, recoverer.Config{Store: store, Queues: []string{q}, Metrics: metrics}, nil)
+	rec := newRecoverer(t, recoverer.WithStore(recoverer.Config{Queues: []string{q}, Metrics: metrics}, store), nil)
 
 	res := rec.Pass(ctx)
 	if res.Err != nil || res.Moved != 2 {
@@ -166,7 +166,7 @@ func TestOrphanedActiveTask(t *testing.T) {
 	rc.LPush(ctx, k.Active(), "pendingtask")
 
 	clock := &fakeClock{now: start}
-	rec := newRecoverer(t, recoverer.Config{Store: taskstate.New(rc), Queues: []string{q}, Now: clock.Now}, nil)
+	rec := newRecoverer(t, recoverer.Config{Redis: rc, Queues: []string{q}, Now: clock.Now}, nil)
 	if res := rec.Pass(ctx); res.Err != nil || res.Moved != 0 {
 		t.Fatalf("first pass: %+v", res)
 	}
@@ -245,7 +245,7 @@ func TestOrphanWithLiveWorkerKeepsTask(t *testing.T) {
 	}, "the worker takes the task")
 	rc.ZRem(ctx, k.Lease(), "held")
 
-	rec := newRecoverer(t, recoverer.Config{Store: taskstate.New(rc), Queues: []string{q}}, nil)
+	rec := newRecoverer(t, recoverer.Config{Redis: rc, Queues: []string{q}}, nil)
 	if res := rec.Pass(ctx); res.Err != nil {
 		t.Fatal(res.Err)
 	}
@@ -314,7 +314,7 @@ func TestStaleAggregationSetReclaimed(t *testing.T) {
 	}
 
 	rl := startRelay(t, store, js, "relay1")
-	rec := newRecoverer(t, recoverer.Config{Store: store, OnRecord: rl.Notify}, nil) // every queue in asynq:queues
+	rec := newRecoverer(t, recoverer.Config{Redis: rc, OnRecord: rl.Notify}, nil) // every queue in asynq:queues
 	if res := rec.Pass(ctx); res.Err != nil {
 		t.Fatal(res.Err)
 	}
@@ -400,7 +400,7 @@ func TestBadTasksAndBrokenQueue(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	metrics := recoverer.NewMetrics(reg)
 	sink := &logSink{t: t}
-	rec := newRecoverer(t, recoverer.Config{Store: taskstate.New(rc), Batch: 3, Metrics: metrics}, sink)
+	rec := newRecoverer(t, recoverer.Config{Redis: rc, Batch: 3, Metrics: metrics}, sink)
 	for pass := 1; pass <= 2; pass++ {
 		res := rec.Pass(ctx)
 		if res.Err == nil || !strings.Contains(res.Err.Error(), `queue "broken"`) || strings.Contains(res.Err.Error(), good) {
@@ -457,10 +457,10 @@ func TestNewQueuePickedUp(t *testing.T) {
 	ctx := context.Background()
 	rc := testenv.StartRedis(t).Client(t)
 	seedActive(t, rc, "first", []string{"f1"}, time.Now().Add(-time.Minute), nil)
-	rec := newRecoverer(t, recoverer.Config{Store: taskstate.New(rc), Interval: 50 * time.Millisecond}, nil)
+	rec := newRecoverer(t, recoverer.Config{Redis: rc, Interval: 50 * time.Millisecond}, nil)
 	passes := rec.Passes()
-	rec.Start()
-	t.Cleanup(rec.Stop)
+	_ = rec.Start(context.Background())
+	t.Cleanup(func() { _ = rec.Stop(context.Background()) })
 	select {
 	case res := <-passes:
 		if res.Err != nil || res.Moved != 1 {
@@ -521,7 +521,7 @@ func TestDecisions(t *testing.T) {
 		{name: "over the maximum", retry: 1, retried: 5, state: taskstate.StateArchived, wantRetried: 5, counted: 1,
 			retryAt: nearNow},
 		{name: "custom delay and not a failure", retry: 3, retried: 1, state: taskstate.StateRetry, wantRetried: 1, counted: 0,
-			delay: func(n int, err error, m *taskstate.TaskMessage) time.Duration {
+			delay: func(n int, err error, m *recoverer.Task) time.Duration {
 				if n != 1 || !errors.Is(err, recoverer.ErrLeaseExpired) || m.Type != "work" {
 					return time.Hour
 				}
@@ -536,7 +536,7 @@ func TestDecisions(t *testing.T) {
 			seedActive(t, rc, q, []string{"x"}, now.Add(-time.Minute), func(m *taskstate.TaskMessage) {
 				m.Retry, m.Retried = tc.retry, tc.retried
 			})
-			rec := newRecoverer(t, recoverer.Config{Store: taskstate.New(rc), Queues: []string{q},
+			rec := newRecoverer(t, recoverer.Config{Redis: rc, Queues: []string{q},
 				RetryDelay: tc.delay, IsFailure: tc.isFailure, Now: func() time.Time { return now }}, nil)
 			if res := rec.Pass(ctx); res.Err != nil || res.Moved != 1 {
 				t.Fatalf("pass %+v", res)
@@ -588,7 +588,7 @@ func TestConfiguredQueuesNotModified(t *testing.T) {
 	ctx := context.Background()
 	rc := testenv.StartRedis(t).Client(t)
 	queues := []string{"b", "a"}
-	rec := newRecoverer(t, recoverer.Config{Store: taskstate.New(rc), Queues: queues}, nil)
+	rec := newRecoverer(t, recoverer.Config{Redis: rc, Queues: queues}, nil)
 	var wg sync.WaitGroup
 	for range 3 {
 		wg.Add(1)
@@ -634,7 +634,7 @@ func TestEventIDsForAnyTaskID(t *testing.T) {
 	lease := time.Now().Add(-time.Minute)
 	seedActive(t, rc, q, ids, lease, nil)
 	rl := startRelay(t, store, js, "relay1")
-	rec := newRecoverer(t, recoverer.Config{Store: store, Queues: []string{q}, OnRecord: rl.Notify}, nil)
+	rec := newRecoverer(t, recoverer.Config{Redis: rc, Queues: []string{q}, OnRecord: rl.Notify}, nil)
 	if res := rec.Pass(ctx); res.Err != nil || res.Moved != len(ids) {
 		t.Fatalf("pass %+v", res)
 	}
@@ -662,5 +662,13 @@ func TestEventIDsForAnyTaskID(t *testing.T) {
 			t.Fatalf("message id %q for event %q", se.MsgID, se.Event.ID)
 		}
 		seen[se.MsgID] = true
+	}
+}
+
+// The error recovered tasks carry is written by taskstate's scripts; the
+// exported error must say the same.
+func TestErrLeaseExpiredText(t *testing.T) {
+	if recoverer.ErrLeaseExpired.Error() != taskstate.ErrLeaseExpiredText {
+		t.Fatalf("ErrLeaseExpired %q, taskstate writes %q", recoverer.ErrLeaseExpired, taskstate.ErrLeaseExpiredText)
 	}
 }

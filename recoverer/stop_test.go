@@ -2,7 +2,10 @@ package recoverer
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -57,9 +60,12 @@ func TestStopFinishesTheBatchInFlight(t *testing.T) {
 	}
 
 	store := &blockingStore{Store: taskstate.New(rc), entered: make(chan struct{}), release: make(chan struct{})}
-	r := New(Config{Store: store, Names: events.MustNames("rv"), ReplicaID: "rep1", Queues: []string{q},
+	r, err := New(Config{store: store, Names: events.MustNames("rv"), ReplicaID: "rep1", Queues: []string{q},
 		Batch: batch, Interval: time.Hour, Grace: time.Second})
-	r.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = r.Start(context.Background())
 	select {
 	case <-store.entered:
 	case <-time.After(10 * time.Second):
@@ -67,7 +73,7 @@ func TestStopFinishesTheBatchInFlight(t *testing.T) {
 	}
 	stopped := make(chan struct{})
 	go func() {
-		r.Stop()
+		_ = r.Stop(context.Background())
 		close(stopped)
 	}()
 	testenv.Eventually(t, 5*time.Second, r.stopping, "Stop signals the loop")
@@ -101,11 +107,81 @@ func TestStopFinishesTheBatchInFlight(t *testing.T) {
 		t.Fatalf("%d outbox records, want %d", got, batch)
 	}
 
-	r.Stop()  // again: no panic, no wait
-	r.Start() // after Stop: runs nothing
-	r.Stop()
+	_ = r.Stop(context.Background())  // again: no panic, no wait
+	_ = r.Start(context.Background()) // after Stop: runs nothing
+	_ = r.Stop(context.Background())
 	if c := store.calls.Load(); c != 1 {
 		t.Fatalf("a batch ran after Stop (%d calls)", c)
 	}
-	New(Config{Store: store}).Stop() // never started: returns at once
+	idle, err := New(Config{store: store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := idle.Stop(context.Background()); err != nil { // never started: returns at once
+		t.Fatal(err)
+	}
+}
+
+// hangingStore holds every RecoverBatch call until its context ends.
+type hangingStore struct {
+	*taskstate.Store
+	entered chan struct{}
+	once    sync.Once
+}
+
+func (h *hangingStore) RecoverBatch(ctx context.Context, _, _ string, _ time.Time, _ []taskstate.Decision) ([]taskstate.Outcome, error) {
+	h.once.Do(func() { close(h.entered) })
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// TestStopBoundedByContext: a batch that does not finish within Stop's
+// context is cancelled (the passes run on a context Stop cancels), and Stop
+// returns the context's error once the loop has ended.
+func TestStopBoundedByContext(t *testing.T) {
+	ctx := context.Background()
+	rc := testenv.StartRedis(t).Client(t)
+	const q = "hangq"
+	k := taskstate.Keys(q)
+	msg, err := taskstate.EncodeTaskMessage(&taskstate.TaskMessage{Type: "w", ID: "t1", Queue: q, Retry: 25, Timeout: 1800})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pipe := rc.Pipeline()
+	pipe.HSet(ctx, k.Task("t1"), "msg", msg, "state", taskstate.StateActive)
+	pipe.LPush(ctx, k.Active(), "t1")
+	pipe.ZAdd(ctx, k.Lease(), redis.Z{Score: float64(time.Now().Add(-time.Minute).Unix()), Member: "t1"})
+	if _, err := pipe.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+	store := &hangingStore{Store: taskstate.New(rc), entered: make(chan struct{})}
+	r, err := New(Config{store: store, Names: events.MustNames("rv"), ReplicaID: "rep1", Queues: []string{q},
+		Interval: time.Hour, Grace: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-store.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first batch never started")
+	}
+	sctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	if err := r.Stop(sctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Stop = %v, want the context's deadline", err)
+	}
+	select {
+	case <-r.done:
+	default:
+		t.Fatal("Stop returned before the loop ended")
+	}
+}
+
+func TestNewRequiresRedis(t *testing.T) {
+	if _, err := New(Config{}); err == nil || !strings.Contains(err.Error(), "Redis") {
+		t.Fatalf("New without Redis: %v", err)
+	}
 }

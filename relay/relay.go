@@ -19,6 +19,7 @@ package relay
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -130,33 +131,21 @@ type Relay struct {
 	done   chan struct{}
 }
 
-// New returns a relay; Start runs it.
-func New(cfg Config) *Relay {
-	if cfg.Interval <= 0 {
-		cfg.Interval = 200 * time.Millisecond
+// New validates cfg and returns a relay; Start runs it.
+func New(cfg Config) (*Relay, error) {
+	if cfg.Outbox == nil || cfg.JS == nil {
+		return nil, errors.New("relay: Config.Outbox and Config.JS are required")
 	}
-	if cfg.LeaseTTL <= 0 {
-		cfg.LeaseTTL = 10 * time.Second
-	}
-	if cfg.Batch <= 0 {
-		cfg.Batch = 512
-	}
-	if cfg.SizeEvery <= 0 {
-		cfg.SizeEvery = time.Second
-	}
-	if cfg.DuplicateWindow <= 0 {
-		cfg.DuplicateWindow = time.Hour
-	}
-	if cfg.PublishTimeout <= 0 {
-		cfg.PublishTimeout = 5 * time.Second
-	}
-	if cfg.MaxHold <= 0 {
-		cfg.MaxHold = 2 * time.Second
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	return &Relay{cfg: cfg, log: cfg.Logger, wake: make(chan struct{}, 1), owned: map[string]string{}, yielded: map[string]time.Time{}, sizes: map[string]sizeSample{}}
+	// A negative value is taken as unset too, as it always was.
+	cfg.Interval = cmp.Or(max(cfg.Interval, 0), 200*time.Millisecond)
+	cfg.LeaseTTL = cmp.Or(max(cfg.LeaseTTL, 0), 10*time.Second)
+	cfg.Batch = cmp.Or(max(cfg.Batch, 0), 512)
+	cfg.SizeEvery = cmp.Or(max(cfg.SizeEvery, 0), time.Second)
+	cfg.DuplicateWindow = cmp.Or(max(cfg.DuplicateWindow, 0), time.Hour)
+	cfg.PublishTimeout = cmp.Or(max(cfg.PublishTimeout, 0), 5*time.Second)
+	cfg.MaxHold = cmp.Or(max(cfg.MaxHold, 0), 2*time.Second)
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
+	return &Relay{cfg: cfg, log: cfg.Logger, wake: make(chan struct{}, 1), owned: map[string]string{}, yielded: map[string]time.Time{}, sizes: map[string]sizeSample{}}, nil
 }
 
 // Notify wakes the relay: records were just written.
@@ -182,12 +171,17 @@ func (r *Relay) Published() uint64 { return r.published.Load() }
 // the stream by a different message under the same id.
 func (r *Relay) Forgeries() uint64 { return r.forgeries.Load() }
 
-// Start runs the relay until Stop.
-func (r *Relay) Start() {
-	ctx, cancel := context.WithCancel(context.Background())
+// Start runs the relay until Stop and returns at once. The loop runs on a
+// context of its own (ctx's values, not its end), which Stop cancels.
+func (r *Relay) Start(ctx context.Context) error {
+	if r.cancel != nil {
+		return errors.New("relay already started")
+	}
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	r.cancel = cancel
 	r.done = make(chan struct{})
-	go r.loop(ctx)
+	go r.loop(runCtx)
+	return nil
 }
 
 // Stop stops the loop, then flushes what this replica owns until the

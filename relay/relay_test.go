@@ -111,7 +111,7 @@ func (e *env) write(queue, entry string, n int) []string {
 		})
 		ids = append(ids, evID)
 	}
-	res, err := e.store.FireBatch(ctx(e.t, 30*time.Second), fires)
+	res, err := e.store.FireBatch(ctx(e.t, 30*time.Second), taskstate.Fences{}, fires)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -188,13 +188,24 @@ func (e *env) newRelay(owner string, mod func(*relay.Config)) *relay.Relay {
 	if mod != nil {
 		mod(&cfg)
 	}
-	r := relay.New(cfg)
+	r, err := relay.New(cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
 	e.t.Cleanup(func() {
 		c, cancel := context.WithCancel(context.Background())
 		cancel()
 		_ = r.Stop(c)
 	})
 	return r
+}
+
+// start runs r.
+func start(t *testing.T, r *relay.Relay) {
+	t.Helper()
+	if err := r.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // kill stops r as a crash would: no flush, no lease release.
@@ -227,7 +238,7 @@ func TestRelayPublishesInOrder(t *testing.T) {
 		want = append(want, e.write("default", entry, 100)...)
 	}
 	r := e.newRelay("r1", nil)
-	r.Start()
+	start(t, r)
 	testenv.Eventually(t, 20*time.Second, func() bool { return e.outboxLen("default") == 0 }, "the outbox to drain")
 	checkExactlyOnce(t, e.stored(), want)
 	if got := r.Published(); got != uint64(len(want)) {
@@ -243,8 +254,8 @@ func TestRelayOneOwnerAtATime(t *testing.T) {
 	e := newEnv(t, 0)
 	r1 := e.newRelay("r1", nil)
 	r2 := e.newRelay("r2", nil)
-	r1.Start()
-	r2.Start()
+	start(t, r1)
+	start(t, r2)
 	var want []string
 	for i := range 20 {
 		want = append(want, e.write("default", fmt.Sprintf("e%d", i%4), 25)...)
@@ -266,7 +277,7 @@ func TestRelayTakeover(t *testing.T) {
 	ttl := time.Second
 	r1 := e.newRelay("r1", func(c *relay.Config) { c.LeaseTTL = ttl })
 	want := e.write("default", "a", 50)
-	r1.Start()
+	start(t, r1)
 	testenv.Eventually(t, 20*time.Second, func() bool { return e.outboxLen("default") == 0 }, "r1 to drain")
 	// r1 holds the lease from its last pass; it dies with records arriving.
 	more := e.write("default", "a", 10)
@@ -275,7 +286,7 @@ func TestRelayTakeover(t *testing.T) {
 	want = append(want, more...)
 	want = append(want, e.write("default", "b", 10)...)
 	r2 := e.newRelay("r2", func(c *relay.Config) { c.LeaseTTL = ttl })
-	r2.Start()
+	start(t, r2)
 	testenv.Eventually(t, 20*time.Second, func() bool { return e.outboxLen("default") == 0 }, "r2 to take over")
 	checkExactlyOnce(t, e.stored(), want)
 	if r2.Published() == 0 {
@@ -290,7 +301,7 @@ func TestRelayNATSDown(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 0)
 	r := e.newRelay("r1", func(c *relay.Config) { c.PublishTimeout = time.Second })
-	r.Start()
+	start(t, r)
 	want := e.write("default", "a", 20)
 	testenv.Eventually(t, 20*time.Second, func() bool { return e.outboxLen("default") == 0 }, "the first records to go out")
 	e.nats.Shutdown()
@@ -392,7 +403,7 @@ func TestRelayHold(t *testing.T) {
 		c.MaxHold = 1500 * time.Millisecond
 	})
 	want := e.write("default", "a", 10)
-	r.Start()
+	start(t, r)
 	begin := time.Now()
 	testenv.Eventually(t, 10*time.Second, func() bool { return e.outboxLen("default") == 0 }, "the relay to publish despite a Hold that never lets go")
 	if waited := time.Since(begin); waited < time.Second {
@@ -480,7 +491,7 @@ func TestRelayLeavesNewerRecords(t *testing.T) {
 		Msg:         &taskstate.TaskMessage{Type: "t", ID: "newer-task"},
 		FiredRecord: taskstate.Record{ID: "fire:b:1800000000", Data: []byte("F2 some future layout")},
 	}
-	if _, err := e.store.FireOnce(c, newer); err != nil {
+	if _, err := e.store.FireOnce(c, taskstate.Fences{}, newer); err != nil {
 		t.Fatal(err)
 	}
 	e.write("default", "a", 2)

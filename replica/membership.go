@@ -1,6 +1,7 @@
 package replica
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -63,12 +64,8 @@ type Membership struct {
 	self     Info
 	interval time.Duration
 	log      *slog.Logger
-	// Update, when set before Start, refreshes the dynamic fields of this
-	// replica's Info before each beat.
-	Update func(*Info)
-	// Reopen, when set before Start, creates the bucket again after it was
-	// lost (OpenReplicasBucket with the start-up settings).
-	Reopen func(context.Context) (jetstream.KeyValue, error)
+	update   func(*Info)
+	reopen   func(context.Context) (jetstream.KeyValue, error)
 
 	mu   sync.RWMutex
 	live map[string]Info
@@ -89,24 +86,45 @@ type Membership struct {
 	wg     sync.WaitGroup
 }
 
-// NewMembership prepares the heartbeat of self in kv.
-func NewMembership(kv jetstream.KeyValue, self Info, interval time.Duration, log *slog.Logger) *Membership {
-	if interval <= 0 {
-		interval = DefaultHeartbeat
-	}
-	if log == nil {
-		log = slog.Default()
-	}
-	return &Membership{kv: kv, self: self, interval: interval, log: log,
-		live: map[string]Info{self.ID: self}, seen: map[string]time.Time{self.ID: time.Now()}}
+// MembershipConfig configures a Membership. Zero values mean the defaults.
+type MembershipConfig struct {
+	// KV is the replicas bucket (OpenReplicasBucket); Self is this
+	// replica, whose ID is its key there.
+	KV   jetstream.KeyValue
+	Self Info
+	// Interval between heartbeats (default DefaultHeartbeat).
+	Interval time.Duration
+	Logger   *slog.Logger
+	// Update, when set, refreshes the dynamic fields of this replica's
+	// Info before each beat.
+	Update func(*Info)
+	// Reopen, when set, creates the bucket again after it was lost
+	// (OpenReplicasBucket with the start-up settings).
+	Reopen func(context.Context) (jetstream.KeyValue, error)
 }
 
-// Start writes the first heartbeat and starts beating and watching.
+// NewMembership validates cfg and prepares the heartbeat of cfg.Self in
+// cfg.KV.
+func NewMembership(cfg MembershipConfig) (*Membership, error) {
+	if cfg.KV == nil || cfg.Self.ID == "" {
+		return nil, errors.New("membership: MembershipConfig.KV and Self.ID are required")
+	}
+	// A negative interval is taken as unset too, as it always was.
+	interval := cmp.Or(max(cfg.Interval, 0), DefaultHeartbeat)
+	self := cfg.Self
+	return &Membership{kv: cfg.KV, self: self, interval: interval, log: cmp.Or(cfg.Logger, slog.Default()),
+		update: cfg.Update, reopen: cfg.Reopen,
+		live: map[string]Info{self.ID: self}, seen: map[string]time.Time{self.ID: time.Now()}}, nil
+}
+
+// Start writes the first heartbeat (ctx bounds it) and starts beating and
+// watching, on a context of their own (ctx's values, not its end) that
+// Stop cancels.
 func (m *Membership) Start(ctx context.Context) error {
 	if err := m.beat(ctx); err != nil {
 		return err
 	}
-	m.ctx, m.cancel = context.WithCancel(context.Background())
+	m.ctx, m.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	if err := m.watch(); err != nil {
 		m.cancel()
 		return err
@@ -133,21 +151,23 @@ func (m *Membership) watch() error {
 	return nil
 }
 
-// Stop stops beating and removes this replica's heartbeat, so the others
-// take over its entries at once rather than after the expiry.
-func (m *Membership) Stop(ctx context.Context) {
+// Stop stops beating and removes this replica's heartbeat (ctx bounds
+// that), so the others take over its entries at once rather than after the
+// expiry; the error says when it could not be removed.
+func (m *Membership) Stop(ctx context.Context) error {
 	if m.cancel != nil {
 		m.cancel()
 		m.wg.Wait()
 	}
 	if err := m.kv.Delete(ctx, m.self.ID); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
-		m.log.Warn("remove heartbeat", "replica", m.self.ID, "err", err)
+		return fmt.Errorf("remove heartbeat of %s: %w", m.self.ID, err)
 	}
+	return nil
 }
 
 func (m *Membership) beat(ctx context.Context) error {
-	if m.Update != nil {
-		m.Update(&m.self)
+	if m.update != nil {
+		m.update(&m.self)
 	}
 	m.self.Beat = time.Now().UTC()
 	b, err := json.Marshal(m.self)
@@ -216,7 +236,7 @@ func (m *Membership) recreate(ctx context.Context, cause error) {
 	if !m.lost {
 		m.lost = true
 		m.reopenWait = m.interval
-		if m.Reopen == nil {
+		if m.reopen == nil {
 			m.log.Warn("replicas bucket is gone (NATS restarted or the bucket was deleted): keeping the last known replicas until another replica re-creates it",
 				"replica", m.self.ID, "err", cause)
 		} else {
@@ -224,12 +244,12 @@ func (m *Membership) recreate(ctx context.Context, cause error) {
 				"replica", m.self.ID, "err", cause)
 		}
 	}
-	if m.Reopen == nil || time.Now().Before(m.reopenAfter) {
+	if m.reopen == nil || time.Now().Before(m.reopenAfter) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(ctx, m.interval)
 	defer cancel()
-	kv, err := m.Reopen(ctx)
+	kv, err := m.reopen(ctx)
 	if err == nil {
 		m.kv = kv
 		err = m.beat(ctx)

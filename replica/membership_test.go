@@ -35,12 +35,15 @@ func TestMembershipSurvivesLostBucket(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		m := NewMembership(kv, Info{ID: id}, hb, slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelDebug})))
-		m.Reopen = open
+		m, err := NewMembership(MembershipConfig{KV: kv, Self: Info{ID: id}, Interval: hb, Reopen: open,
+			Logger: slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+		if err != nil {
+			t.Fatal(err)
+		}
 		if err := m.Start(ctx); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { m.Stop(ctx) })
+		t.Cleanup(func() { _ = m.Stop(ctx) })
 		return m
 	}
 	a, b := start("a"), start("b")

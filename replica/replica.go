@@ -1,6 +1,7 @@
 package replica
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -175,24 +176,15 @@ func newReplica(cfg Config) (*Replica, error) {
 	if cfg.Redis == nil {
 		return nil, errors.New("replica: a Redis client is required")
 	}
-	if cfg.NATSURL == "" {
-		cfg.NATSURL = nats.DefaultURL
-	}
+	cfg.NATSURL = cmp.Or(cfg.NATSURL, nats.DefaultURL)
 	if cfg.ReplicaID == "" {
-		cfg.ReplicaID = DefaultReplicaID()
+		cfg.ReplicaID = DefaultReplicaID() // random: only when unset
 	}
-	if cfg.Heartbeat <= 0 {
-		cfg.Heartbeat = DefaultHeartbeat
-	}
-	if cfg.ShutdownTimeout <= 0 {
-		cfg.ShutdownTimeout = DefaultShutdownTimeout
-	}
-	if cfg.MaxOutboxBytes <= 0 {
-		cfg.MaxOutboxBytes = DefaultMaxOutboxBytes
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
+	// A negative value is taken as unset too, as it always was.
+	cfg.Heartbeat = cmp.Or(max(cfg.Heartbeat, 0), DefaultHeartbeat)
+	cfg.ShutdownTimeout = cmp.Or(max(cfg.ShutdownTimeout, 0), DefaultShutdownTimeout)
+	cfg.MaxOutboxBytes = cmp.Or(max(cfg.MaxOutboxBytes, 0), DefaultMaxOutboxBytes)
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	cfg.Logger = cfg.Logger.With("replica", cfg.ReplicaID)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -355,7 +347,9 @@ func (r *Replica) start(ctx context.Context) error {
 	}
 	r.warnRedisConfig(ctx)
 
-	r.proj = projector.New(js, r.cfg.Names, projector.WithLogger(r.log), projector.WithClock(r.clock.Now))
+	if r.proj, err = projector.New(projector.Config{JS: js, Names: r.cfg.Names, Logger: r.log, Now: r.clock.Now}); err != nil {
+		return err
+	}
 	if err := r.retry(ctx, "projector", r.proj.Start); err != nil {
 		return err
 	}
@@ -400,16 +394,23 @@ func (r *Replica) start(ctx context.Context) error {
 	r.stall = det
 
 	hostname, _ := os.Hostname()
-	r.members = NewMembership(kv, Info{ID: r.cfg.ReplicaID, Host: hostname, PID: os.Getpid(), Started: time.Now().UTC(), Version: r.cfg.Version, HTTP: r.httpAddr(), Warnings: streamWarnings}, r.cfg.Heartbeat, r.log)
-	r.members.Update = func(i *Info) {
-		i.ConfigSeq = r.proj.LastSeq()
-		i.Late = det.Late(maxReportedLate)
-	}
-	// Re-created as at start: missing is created, an existing bucket is
-	// never changed (stream settings are explicit).
-	r.members.Reopen = func(ctx context.Context) (jetstream.KeyValue, error) {
-		kv, _, err := SyncReplicasBucket(ctx, js, ReplicasBucketConfig(r.cfg.Names, r.cfg.StreamReplicas, 3*r.cfg.Heartbeat), events.CreateMissing)
-		return kv, err
+	r.members, err = NewMembership(MembershipConfig{
+		KV:       kv,
+		Self:     Info{ID: r.cfg.ReplicaID, Host: hostname, PID: os.Getpid(), Started: time.Now().UTC(), Version: r.cfg.Version, HTTP: r.httpAddr(), Warnings: streamWarnings},
+		Interval: r.cfg.Heartbeat, Logger: r.log,
+		Update: func(i *Info) {
+			i.ConfigSeq = r.proj.LastSeq()
+			i.Late = det.Late(maxReportedLate)
+		},
+		// Re-created as at start: missing is created, an existing bucket is
+		// never changed (stream settings are explicit).
+		Reopen: func(ctx context.Context) (jetstream.KeyValue, error) {
+			kv, _, err := SyncReplicasBucket(ctx, js, ReplicasBucketConfig(r.cfg.Names, r.cfg.StreamReplicas, 3*r.cfg.Heartbeat), events.CreateMissing)
+			return kv, err
+		},
+	})
+	if err != nil {
+		return err
 	}
 	if err := r.retry(ctx, "heartbeat", r.members.Start); err != nil {
 		return err
@@ -418,21 +419,28 @@ func (r *Replica) start(ctx context.Context) error {
 	// The relay yields the cores to a burst of fires (at most its MaxHold);
 	// it is built before the scheduler, so it reads it through a pointer.
 	var busy atomic.Pointer[scheduler.Scheduler]
-	r.relay = relay.New(relay.Config{
+	r.relay, err = relay.New(relay.Config{
 		Outbox: r.store, JS: js, Names: r.cfg.Names, Owner: r.cfg.ReplicaID,
 		Hold:            func() bool { s := busy.Load(); return s != nil && s.Busy() },
-		DuplicateWindow: cmpOr(r.cfg.DuplicateWindow, events.DefaultDuplicateWindow), Logger: r.log, Metrics: relay.NewMetrics(r.reg),
+		DuplicateWindow: cmp.Or(max(r.cfg.DuplicateWindow, 0), events.DefaultDuplicateWindow), Logger: r.log, Metrics: relay.NewMetrics(r.reg),
 		OnPublished: func(recs []taskstate.OutboxRecord) {
 			det.ObserveRecords(recs)
 			if s := busy.Load(); s != nil {
-				s.ObserveRecords(recs)
+				for _, rec := range recs {
+					s.ObservePublished(rec.EventID)
+				}
 			}
 		},
 	})
-	r.relay.Start()
+	if err != nil {
+		return err
+	}
+	if err := r.relay.Start(ctx); err != nil {
+		return err
+	}
 
 	sched, err := scheduler.New(scheduler.Config{
-		Broker: r.store, Projection: r.proj, Members: r.members, Names: r.cfg.Names,
+		Redis: r.cfg.Redis, Projection: r.proj, Members: r.members, Names: r.cfg.Names,
 		ReplicaID: r.cfg.ReplicaID, Clock: r.clock, Grace: r.cfg.Grace, LateDelay: r.cfg.LateDelay,
 		MaxStaleness: r.cfg.MaxStaleness, OutboxBytes: r.relay.BacklogBytes, MaxOutboxBytes: r.cfg.MaxOutboxBytes,
 		OnFire: r.relay.Notify, OnOutcome: det.Outcome, Logger: r.log, Metrics: scheduler.NewMetrics(r.reg),
@@ -448,7 +456,9 @@ func (r *Replica) start(ctx context.Context) error {
 		return err
 	}
 	det.SetFiring(sched.Firing)
-	det.Start()
+	if err := det.Start(ctx); err != nil {
+		return err
+	}
 	if r.http != nil {
 		r.http.addCheck("stall", func(context.Context) error { return det.Ready() })
 	}
@@ -456,7 +466,7 @@ func (r *Replica) start(ctx context.Context) error {
 	// consumer): lets a non-primary read the watermark instead of firing
 	// a tick its primary handled (a hint only: anyone allowed to publish
 	// there can send one). Those this replica relays come from OnPublished.
-	r.obsSub, err = nc.Subscribe(r.cfg.Names.Prefix()+".fire.>", func(m *nats.Msg) {
+	r.obsSub, err = nc.Subscribe(r.cfg.Names.FireFilter(), func(m *nats.Msg) {
 		// Not told to the stall detector: a fire heard here may be forged;
 		// the detector learns other replicas' fires from the watermarks.
 		sched.ObserveActivity(m.Subject, m.Header.Get(jetstream.MsgIDHeader))
@@ -473,35 +483,37 @@ func (r *Replica) start(ctx context.Context) error {
 		})
 	}
 
-	r.recov = recoverer.New(recoverer.Config{
-		Store: r.store, Names: r.cfg.Names, ReplicaID: r.cfg.ReplicaID, Queues: r.cfg.Queues,
+	if r.recov, err = recoverer.New(recoverer.Config{
+		Redis: r.cfg.Redis, Names: r.cfg.Names, ReplicaID: r.cfg.ReplicaID, Queues: r.cfg.Queues,
 		Interval: r.cfg.RecoverInterval, Grace: r.cfg.RecoverGrace, OnRecord: r.relay.Notify, Now: r.clock.Now,
 		Logger: r.log, Metrics: recoverer.NewMetrics(r.reg),
-	})
-	r.recov.Start()
-	r.keygc = keygc.New(keygc.Config{
+	}); err != nil {
+		return err
+	}
+	if err := r.recov.Start(ctx); err != nil {
+		return err
+	}
+	if r.keygc, err = keygc.New(keygc.Config{
 		Store: r.store, Removals: events.NewClient(js, r.cfg.Names), Projection: r.proj, Names: r.cfg.Names,
 		Grace: r.cfg.RemovedKeyGrace, Interval: r.cfg.KeySweepInterval, Now: r.clock.Now, Logger: r.log, Metrics: keygc.NewMetrics(r.reg),
-	})
-	r.keygc.Start()
-	r.failPause = failpause.New(failpause.Params{
-		Store: r.store, Projection: r.proj, Config: events.NewClient(js, r.cfg.Names, events.WithSource(r.cfg.ReplicaID)),
+	}); err != nil {
+		return err
+	}
+	if err := r.keygc.Start(ctx); err != nil {
+		return err
+	}
+	if r.failPause, err = failpause.New(failpause.Config{
+		Store: r.store, Projection: r.proj, Entries: events.NewClient(js, r.cfg.Names, events.WithSource(r.cfg.ReplicaID)),
 		Names: r.cfg.Names, Now: r.clock.Now, Logger: r.log, Metrics: failpause.NewMetrics(r.reg),
-	})
-	r.failPause.Start()
-	return nil
+	}); err != nil {
+		return err
+	}
+	return r.failPause.Start(ctx)
 }
 
 // maxReportedLate bounds the late entries a replica reports in its
 // heartbeat (status merges their reasons).
 const maxReportedLate = 32
-
-func cmpOr(d, def time.Duration) time.Duration {
-	if d > 0 {
-		return d
-	}
-	return def
-}
 
 func (r *Replica) maxStaleness() time.Duration {
 	if r.cfg.MaxStaleness > 0 {
@@ -577,20 +589,25 @@ func (r *Replica) shutdown() {
 	if r.obsSub != nil {
 		_ = r.obsSub.Unsubscribe()
 	}
+	// Each Stop ends its component's background work; ctx bounds the
+	// drains (the recoverer's batch, the relay's flush, the heartbeat's
+	// removal). Nothing is left running whatever they return.
 	if r.sched != nil {
-		r.sched.Stop()
+		_ = r.sched.Stop(ctx) // nothing to drain: never fails
 	}
 	if r.stall != nil {
-		r.stall.Stop()
+		_ = r.stall.Stop(ctx) // likewise
 	}
 	if r.recov != nil {
-		r.recov.Stop()
+		if err := r.recov.Stop(ctx); err != nil {
+			r.log.Warn("recovery batch cut short; the next pass, here or on another replica, redoes it", "err", err)
+		}
 	}
 	if r.keygc != nil {
-		r.keygc.Stop()
+		_ = r.keygc.Stop(ctx) // a sweep in flight is cancelled: never fails
 	}
 	if r.failPause != nil {
-		r.failPause.Stop()
+		_ = r.failPause.Stop(ctx) // a scan in flight is cancelled: never fails
 	}
 	if r.relay != nil {
 		if err := r.relay.Stop(ctx); err != nil {
@@ -598,10 +615,12 @@ func (r *Replica) shutdown() {
 		}
 	}
 	if r.members != nil {
-		r.members.Stop(ctx)
+		if err := r.members.Stop(ctx); err != nil {
+			r.log.Warn("remove heartbeat", "err", err)
+		}
 	}
 	if r.proj != nil {
-		r.proj.Stop()
+		_ = r.proj.Stop(ctx) // nothing to drain: never fails
 	}
 	if r.http != nil {
 		r.http.stop(ctx)

@@ -38,20 +38,20 @@ func TestMembershipFollowsReplicas(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := NewMembership(kv, Info{ID: "a"}, 200*time.Millisecond, quietLogger())
-	b := NewMembership(kv, Info{ID: "b"}, 200*time.Millisecond, quietLogger())
+	a := mustMembership(t, MembershipConfig{KV: kv, Self: Info{ID: "a"}, Interval: 200 * time.Millisecond, Logger: quietLogger()})
 	seq := uint64(0)
 	var mu sync.Mutex
-	b.Update = func(i *Info) {
-		mu.Lock()
-		defer mu.Unlock()
-		seq++
-		i.ConfigSeq = seq
-	}
+	b := mustMembership(t, MembershipConfig{KV: kv, Self: Info{ID: "b"}, Interval: 200 * time.Millisecond, Logger: quietLogger(),
+		Update: func(i *Info) {
+			mu.Lock()
+			defer mu.Unlock()
+			seq++
+			i.ConfigSeq = seq
+		}})
 	if err := a.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	defer a.Stop(ctx)
+	defer func() { _ = a.Stop(ctx) }()
 	if err := b.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +70,9 @@ func TestMembershipFollowsReplicas(t *testing.T) {
 	}
 
 	// A clean stop removes the heartbeat at once.
-	b.Stop(ctx)
+	if err := b.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
 	testenv.Eventually(t, 2*time.Second, func() bool { return slices.Equal(a.Live(), []string{"a"}) }, "a still sees b after its stop: %v", a.Live())
 }
 
@@ -83,11 +85,11 @@ func TestMembershipExpiresSilentReplica(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := NewMembership(kv, Info{ID: "a"}, 200*time.Millisecond, quietLogger())
+	a := mustMembership(t, MembershipConfig{KV: kv, Self: Info{ID: "a"}, Interval: 200 * time.Millisecond, Logger: quietLogger()})
 	if err := a.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	defer a.Stop(ctx)
+	defer func() { _ = a.Stop(ctx) }()
 	// A replica that beats once and dies without removing its key.
 	b, _ := json.Marshal(Info{ID: "ghost", Beat: time.Now()})
 	if _, err := kv.Put(ctx, "ghost", b); err != nil {
@@ -176,5 +178,20 @@ func TestReplicaLifecycle(t *testing.T) {
 	}
 	if _, err := kv.Get(context.Background(), "r1"); err == nil {
 		t.Fatal("heartbeat left behind after a clean stop")
+	}
+}
+
+func mustMembership(t *testing.T, cfg MembershipConfig) *Membership {
+	t.Helper()
+	m, err := NewMembership(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func TestNewMembershipValidates(t *testing.T) {
+	if _, err := NewMembership(MembershipConfig{Self: Info{ID: "a"}}); err == nil {
+		t.Fatal("NewMembership without a bucket: no error")
 	}
 }

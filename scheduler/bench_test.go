@@ -222,25 +222,35 @@ func startBenchReplica(b *testing.B, url string, rc *redis.Client, clock *schedu
 	nc, js := benchConnect(b, url, nats.NoEcho())
 	store := taskstate.New(rc)
 	r := &benchReplica{}
-	r.proj = projector.New(js, testNames, projector.WithLogger(discardLogger))
+	var err error
+	if r.proj, err = projector.New(projector.Config{JS: js, Names: testNames, Logger: discardLogger}); err != nil {
+		b.Fatal(err)
+	}
 	if err := r.proj.Start(context.Background()); err != nil {
 		b.Fatal(err)
 	}
-	r.relay = relay.New(relay.Config{Outbox: store, JS: js, Names: testNames, Owner: "bench", Logger: discardLogger,
-		Hold:        func() bool { return r.sched != nil && r.sched.Busy() },
-		OnPublished: func(recs []taskstate.OutboxRecord) { r.sched.ObserveRecords(recs) }})
-	var err error
+	if r.relay, err = relay.New(relay.Config{Outbox: store, JS: js, Names: testNames, Owner: "bench", Logger: discardLogger,
+		Hold: func() bool { return r.sched != nil && r.sched.Busy() },
+		OnPublished: func(recs []taskstate.OutboxRecord) {
+			for _, rec := range recs {
+				r.sched.ObservePublished(rec.EventID)
+			}
+		}}); err != nil {
+		b.Fatal(err)
+	}
 	r.sched, err = scheduler.New(scheduler.Config{
-		Broker: store, Projection: r.proj, Names: testNames, ReplicaID: "bench", Clock: clock,
+		Redis: rc, Projection: r.proj, Names: testNames, ReplicaID: "bench", Clock: clock,
 		OutboxBytes: r.relay.BacklogBytes, MaxOutboxBytes: 1 << 30, OnFire: r.relay.Notify, Logger: discardLogger,
 		History: scheduler.NewStreamHistory(js, testNames),
 	})
 	if err != nil {
 		b.Fatal(err)
 	}
-	r.relay.Start()
 	c, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
+	if err := r.relay.Start(c); err != nil {
+		b.Fatal(err)
+	}
 	if err := r.sched.Start(c); err != nil {
 		b.Fatal(err)
 	}
@@ -260,11 +270,11 @@ func (r *benchReplica) stop() {
 	}
 	_ = r.sub.Unsubscribe()
 	r.sub = nil
-	r.sched.Stop()
 	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	_ = r.sched.Stop(c)
 	_ = r.relay.Stop(c)
-	r.proj.Stop()
+	_ = r.proj.Stop(c)
 }
 
 // pendingSince reads pending_since (unix ns) of the given tasks.

@@ -26,7 +26,7 @@ func countTicks(s *Schedule, after, before time.Time) tickRange {
 	if !after.Before(before) {
 		return tickRange{Exact: true}
 	}
-	if s.every > 0 {
+	if s.every > 0 && s.end.IsZero() { // an end bounds the ticks: walk them
 		first := s.Next(after)
 		if !first.Before(before) {
 			return tickRange{Exact: true}

@@ -279,3 +279,43 @@ func laggingReplicaPromoted(t *testing.T, restarted bool) {
 	}
 	checkNotRefired(t, fresh, lastOnMaster)
 }
+
+// TestRedisLostUnderConfirmingReplica: two replicas run an entry registered
+// after both started, so the one that is not its primary knows the entry's
+// watermark only from confirming the primary's fires. Redis loses its data,
+// writes stay paused beyond the late delay, and the primary dies meanwhile:
+// the other replica takes the entry over on an empty Redis. It must restore
+// the watermark (from what it confirmed and the activity stream), not take
+// the vanished watermark for an entry that never fired: no tick whose event
+// reached the stream fires again.
+func TestRedisLostUnderConfirmingReplica(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	hist := nodeOpts{sched: func(c *scheduler.Config) { c.History = scheduler.NewStreamHistory(e.js, testNames) }}
+	a := e.startNode("a", hist)
+	b := e.startNode("b", hist)
+	e.put(every("w", "@every 1s", withCatchup(events.CatchupAll, time.Hour)))
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Fired+b.sched.Stats().Fired >= 5 }, "the primary to fire")
+	primary, other := a, b
+	if b.sched.Stats().Fired > a.sched.Stats().Fired {
+		primary, other = b, a
+	}
+	_, lastStream := ledgers(e.readActivity())["w"].firedRange()
+
+	// One step: the data goes, and writes wait 3 s (longer than the late
+	// delay, so the other replica's next attempt is its own, not a
+	// confirmation of a fire).
+	c := context.Background()
+	if _, err := e.rc.TxPipelined(c, func(p redis.Pipeliner) error {
+		p.FlushDB(c)
+		p.Do(c, "CLIENT", "PAUSE", "3000", "WRITE")
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	primary.crash()
+	firedAt := other.sched.Stats().Fired
+	testenv.Eventually(t, 30*time.Second, func() bool { return other.sched.Stats().Fired >= firedAt+3 }, "the other replica to fire after the loss")
+	other.stop()
+	checkNotRefired(t, e.entryTicks("w"), lastStream)
+}

@@ -103,10 +103,10 @@ func (s *Scheduler) listEntryTimes() []entryTimes {
 			continue
 		}
 		e := entryTimes{id: id, queue: r.queue}
-		if r.known && r.hasCursor {
+		if r.phase == phaseReady && r.hasCursor {
 			e.last = r.cursor
 		}
-		if !r.st.Entry.Paused && r.sched != nil && r.known {
+		if !r.st.Entry.Paused && r.sched != nil && r.phase == phaseReady {
 			e.next = r.next()
 		}
 		out = append(out, e)

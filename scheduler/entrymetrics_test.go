@@ -28,7 +28,7 @@ func timesScheduler(tb testing.TB, id string, live []string, n int) *Scheduler {
 	for i := range n {
 		eid := fmt.Sprintf("e%06d", i)
 		s.entries[eid] = &entryRun{id: eid, st: projector.State{Entry: en}, sched: sched, queue: "default",
-			cursor: cursor, hasCursor: true, known: true, index: -1}
+			cursor: cursor, hasCursor: true, phase: phaseReady, index: -1}
 	}
 	for i := range n / 10 {
 		eid := fmt.Sprintf("p%06d", i)

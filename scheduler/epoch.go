@@ -3,6 +3,9 @@ package scheduler
 import (
 	"context"
 	"time"
+
+	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/clock"
 )
 
 // Stream epochs (docs/design.md INV-revision-fence). The revision fence and
@@ -11,12 +14,13 @@ import (
 // below them, and every fire would be refused for ever. A replica refused by
 // a fence, or by a "moved out" marker its configuration cannot explain,
 // checks the sequence against the stream; when the stream has no message
-// there, or another message than Redis recorded (the fence's message id,
-// events.ConfigMessageID; for a marker, a message of another entry), the
-// sequence belongs to an earlier stream: the replica starts a new epoch
-// (warning, metric) by clearing that value in Redis, compared first, and
-// fires again. A fence stored without an id (an earlier build's) is checked
-// by its sequence only.
+// there, or another message than Redis recorded (the message id stored
+// beside the fence or marker, events.ConfigMessageID; for a marker also a
+// message of another entry), the sequence belongs to an earlier stream: the
+// replica starts a new epoch (warning, metric) by clearing that value in
+// Redis, compared first, and fires again. A fence or marker stored without
+// an id (an earlier build's) is checked by its sequence (and a marker by
+// its entry) only.
 //
 // A healthy fence is never cleared: every fence value was presented by a
 // replica that read the message at that sequence from the stream (its id is
@@ -45,7 +49,7 @@ func (s *Scheduler) suspectEpoch(queue, entry string, seq uint64, id string) {
 		return
 	}
 	k := epochSuspect{queue, entry, seq, id}
-	if at, ok := s.epochChecked[k]; ok && time.Since(at) < epochRecheck {
+	if at, ok := s.epochChecked[k]; ok && s.clock.Since(at) < epochRecheck {
 		return
 	}
 	if s.epochSuspects == nil {
@@ -61,10 +65,10 @@ func (s *Scheduler) checkEpochs(ctx context.Context) {
 		return
 	}
 	if s.epochChecked == nil {
-		s.epochChecked = map[epochSuspect]time.Time{}
+		s.epochChecked = map[epochSuspect]clock.Mono{}
 	}
 	for k, at := range s.epochChecked {
-		if time.Since(at) >= epochRecheck {
+		if s.clock.Since(at) >= epochRecheck {
 			delete(s.epochChecked, k)
 		}
 	}
@@ -72,30 +76,41 @@ func (s *Scheduler) checkEpochs(ctx context.Context) {
 	cleared := map[string]bool{} // queues with a cleared fence or marker
 	for k := range s.epochSuspects {
 		delete(s.epochSuspects, k)
+		storedID := k.id
+		if k.entry != "" && storedID == "" {
+			// A marker's id is not in the fire's reply: it is read
+			// when the marker is checked.
+			var err error
+			if storedID, err = s.broker.HandoverID(ctx, prefix, k.queue, k.entry, k.seq); err != nil {
+				s.countError()
+				s.log.Warn("read the config message id of a refusing handover marker", "queue", k.queue, "entry", k.entry, "seq", k.seq, "err", err)
+				continue
+			}
+		}
 		subject, id, found, err := s.cfg.History.ConfigMessageAt(ctx, k.seq)
 		if err != nil {
 			s.countError()
 			s.log.Warn("check a refusing config sequence against the config stream", "queue", k.queue, "entry", k.entry, "seq", k.seq, "err", err)
-			s.epochChecked[k] = time.Now() // again after epochRecheck, not every pass
+			s.epochChecked[k] = s.clock.Mono() // again after epochRecheck, not every pass
 			continue
 		}
 		var what string
 		switch {
 		case !found:
 			what = "the config stream has no message at that sequence"
-		case k.id != "" && k.id != id:
+		case storedID != "" && storedID != id:
 			what = "the config stream holds another message at that sequence"
 		case k.entry != "" && subject != s.cfg.Names.ConfigSubject(k.entry):
 			what = "the config stream holds another entry's message at that sequence"
 		default:
-			s.epochChecked[k] = time.Now()
+			s.epochChecked[k] = s.clock.Mono()
 			continue
 		}
 		var ok bool
 		if k.entry == "" {
-			ok, err = s.cfg.Broker.ClearFence(ctx, prefix, k.queue, k.seq)
+			ok, err = s.broker.ClearFence(ctx, prefix, k.queue, k.seq)
 		} else {
-			ok, err = s.cfg.Broker.ClearHandover(ctx, prefix, k.queue, k.entry, k.seq)
+			ok, err = s.broker.ClearHandover(ctx, prefix, k.queue, k.entry, k.seq)
 		}
 		if err != nil {
 			s.countError()
@@ -123,4 +138,14 @@ func (s *Scheduler) checkEpochs(ctx context.Context) {
 			s.schedule(r, now)
 		}
 	}
+}
+
+// revisionID is the id of the config message of r's current revision
+// (events.ConfigMessageID), stored beside the handover markers written at
+// that revision; "" when the projection does not know when it was stored.
+func (s *Scheduler) revisionID(r *entryRun) string {
+	if r.st.Time.IsZero() {
+		return ""
+	}
+	return events.ConfigMessageID(s.cfg.Names.ConfigSubject(r.id), r.st.Time)
 }

@@ -332,3 +332,55 @@ func TestStreamRecreatedUnderRunningReplica(t *testing.T) {
 	a.stop()
 	e.checkOnce(ids, "default")
 }
+
+// TestHandoverMarkerOfAnotherMessage: after the config stream was recreated,
+// a "moved out" marker's sequence holds a message of the same entry (its
+// registration in the new stream), but another message than the move the
+// marker recorded. The subject alone cannot tell them apart; the message id
+// stored with the marker does: the replica starts a new epoch and fires the
+// entry in its queue again.
+func TestHandoverMarkerOfAnotherMessage(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ids := []string{"k0", "mover"}
+	for _, id := range ids {
+		e.put(every(id, "@every 1s"))
+	}
+	a := e.epochNode("a", nil, nodeOpts{})
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Fired >= 4 }, "a to fire")
+	moved := e.put(every("mover", "@every 1s", func(en *events.Entry) { en.Options.Queue = "elsewhere" }))
+	before := a.sched.Stats().Fired
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Fired >= before+4 }, "a to fire after the move")
+	a.stop()
+	e.waitOutboxEmpty(10*time.Second, "default", "elsewhere")
+
+	// The new stream: k0, fillers registered once each, then mover's
+	// registration (in its first queue) lands exactly at the sequence of
+	// the old move.
+	e.recreateConfigStream()
+	last := e.put(every("k0", "@every 1s"))
+	for i := 0; last+1 < moved; i++ {
+		last = e.put(every(fmt.Sprint("filler", i), "@every 1h"))
+	}
+	if seq := e.put(every("mover", "@every 1s")); seq != moved {
+		t.Fatalf("mover registered at sequence %d, want %d", seq, moved)
+	}
+	var w warnLog
+	b := e.epochNode("b", &w, nodeOpts{})
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		for _, a := range e.readActivity() {
+			if a.Type == events.TypeEntryFired && a.Fired.Replica == "b" && a.Fired.Entry == "mover" {
+				return true
+			}
+		}
+		return false
+	}, "mover to fire in its queue again")
+	if n := epochsOf(b); n != 1 {
+		t.Errorf("%d new epochs started, want 1 (mover's marker)", n)
+	}
+	if n := w.count("holds another message"); n != 1 {
+		t.Errorf("%d warnings naming another message at the marker, want 1:\n%s", n, w.buf.String())
+	}
+	b.stop()
+	e.checkOnce(ids, "default", "elsewhere")
+}

@@ -156,8 +156,13 @@ func TestOutboxBackpressure(t *testing.T) {
 	if got := a.sched.Stats().Fired; got != fired || !a.sched.Paused() {
 		t.Fatalf("fired %d more ticks while paused (paused %v)", got-fired, a.sched.Paused())
 	}
-	r := relay.New(relay.Config{Outbox: e.store, JS: e.js, Names: testNames, Owner: "late-relay", Interval: 50 * time.Millisecond, Logger: testLogger(t)})
-	r.Start()
+	r, err := relay.New(relay.Config{Outbox: e.store, JS: e.js, Names: testNames, Owner: "late-relay", Interval: 50 * time.Millisecond, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(ctx(t, time.Second)); err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { _ = r.Stop(context.Background()) })
 	testenv.Eventually(t, 20*time.Second, func() bool { return !a.sched.Paused() && a.sched.Stats().Fired >= fired+20 }, "firing to resume")
 	a.stop()

@@ -34,6 +34,10 @@ type Schedule struct {
 	loc    *time.Location
 	jitter time.Duration
 	entry  string
+	// The entry's active window (zero: unbounded) and exclusions, from
+	// events so that every reader of Next agrees on them.
+	start, end time.Time
+	exclude    events.Exclusions
 }
 
 // NewSchedule builds the schedule of e. The entry must have passed
@@ -43,7 +47,10 @@ func NewSchedule(e events.Entry) (*Schedule, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Schedule{loc: loc, jitter: e.Jitter.D(), entry: e.ID}
+	s := &Schedule{loc: loc, jitter: e.Jitter.D(), entry: e.ID, start: e.StartAt, end: e.EndAt}
+	if s.exclude, err = e.Exclusions(); err != nil {
+		return nil, fmt.Errorf("entry %q: %w", e.ID, err)
+	}
 	if every, ok := strings.CutPrefix(e.Cron, "@every "); ok {
 		d, err := time.ParseDuration(every)
 		if err != nil || d < time.Second {
@@ -64,9 +71,42 @@ func NewSchedule(e events.Entry) (*Schedule, error) {
 	return s, nil
 }
 
-// Next returns the first tick strictly after t, or the zero time when the
-// spec never fires again.
+// Next returns the first tick strictly after t within the entry's active
+// window, or the zero time when there is none. Excluded ticks are ticks:
+// the scheduler records them as skipped (NextFire passes over them).
 func (s *Schedule) Next(t time.Time) time.Time {
+	if !s.start.IsZero() && t.Before(s.start) {
+		// Ticks are whole seconds: the first one at or after start.
+		t = s.start.Add(-time.Nanosecond)
+	}
+	next := s.nextTick(t)
+	if !s.end.IsZero() && next.After(s.end) {
+		return time.Time{}
+	}
+	return next
+}
+
+// maxExcludedRun bounds how many excluded ticks in a row NextFire passes
+// over before it gives up (an exclusion that covers every tick).
+const maxExcludedRun = 100_000
+
+// NextFire is Next passing over excluded ticks: the first tick after t
+// that would fire.
+func (s *Schedule) NextFire(t time.Time) time.Time {
+	for range maxExcludedRun {
+		t = s.Next(t)
+		if t.IsZero() || !s.Excluded(t) {
+			return t
+		}
+	}
+	return time.Time{}
+}
+
+// Excluded reports whether tick matches one of the entry's exclude specs.
+func (s *Schedule) Excluded(tick time.Time) bool { return s.exclude.Match(tick) }
+
+// nextTick is the spec's first tick strictly after t.
+func (s *Schedule) nextTick(t time.Time) time.Time {
 	if s.every > 0 {
 		step := int64(s.every / time.Second)
 		sec := t.Unix()
@@ -189,10 +229,11 @@ func (s *Schedule) Jitter(tick time.Time) time.Duration {
 	return time.Duration(h.Sum64()%uint64(secs)) * time.Second
 }
 
-// Ticks returns the ticks in (after, until], oldest first, at most max of
-// them (max ≤ 0: no bound); more reports whether ticks were left out.
+// Ticks returns the ticks in (after, until] that would fire (excluded ones
+// left out), oldest first, at most max of them (max ≤ 0: no bound); more
+// reports whether ticks were left out.
 func (s *Schedule) Ticks(after, until time.Time, max int) (ticks []time.Time, more bool) {
-	for t := s.Next(after); !t.IsZero() && !t.After(until); t = s.Next(t) {
+	for t := s.NextFire(after); !t.IsZero() && !t.After(until); t = s.NextFire(t) {
 		if max > 0 && len(ticks) == max {
 			return ticks, true
 		}
@@ -205,7 +246,7 @@ func (s *Schedule) Ticks(after, until time.Time, max int) (ticks []time.Time, mo
 // zero time when there is none. It walks forward from floor, so callers
 // bound the walk with floor (a catch-up window).
 func (s *Schedule) Prev(t, floor time.Time) time.Time {
-	if s.every > 0 {
+	if s.every > 0 && s.start.IsZero() && s.end.IsZero() {
 		step := int64(s.every / time.Second)
 		q := t.Unix() / step
 		if t.Unix()%step != 0 && t.Unix() < 0 {
@@ -227,7 +268,7 @@ func (s *Schedule) Prev(t, floor time.Time) time.Time {
 // TaskID is the asynq task id of an entry's tick: readable in asynq's UI and
 // the same on every replica, so a tick can only ever be one task.
 func TaskID(prefix, entryID string, tick time.Time) string {
-	return prefix + ":" + entryID + ":" + tick.UTC().Format(time.RFC3339)
+	return events.TaskID(prefix, entryID, tick)
 }
 
 // TaskEntry reads the entry id back from a task id that cronstream wrote

@@ -160,7 +160,9 @@ func (e *env) startNode(id string, o nodeOpts) *node {
 	n.store = taskstate.New(n.rc)
 	log := testLogger(t).With("replica", id)
 
-	n.proj = projector.New(js, testNames, projector.WithLogger(log), projector.WithHeartbeat(500*time.Millisecond))
+	if n.proj, err = projector.New(projector.Config{JS: js, Names: testNames, Logger: log, Heartbeat: 500 * time.Millisecond}); err != nil {
+		t.Fatalf("%s: new projector: %v", id, err)
+	}
 	if err := n.proj.Start(ctx(t, 30*time.Second)); err != nil {
 		t.Fatalf("%s: start projector: %v", id, err)
 	}
@@ -168,7 +170,9 @@ func (e *env) startNode(id string, o nodeOpts) *node {
 	if err != nil {
 		t.Fatalf("%s: replicas bucket: %v", id, err)
 	}
-	n.members = replica.NewMembership(kv, replica.Info{ID: id, Started: time.Now()}, heartbeat, log)
+	if n.members, err = replica.NewMembership(replica.MembershipConfig{KV: kv, Self: replica.Info{ID: id, Started: time.Now()}, Interval: heartbeat, Logger: log}); err != nil {
+		t.Fatalf("%s: new membership: %v", id, err)
+	}
 	if err := n.members.Start(ctx(t, 10*time.Second)); err != nil {
 		t.Fatalf("%s: membership: %v", id, err)
 	}
@@ -179,16 +183,20 @@ func (e *env) startNode(id string, o nodeOpts) *node {
 	if o.relay != nil {
 		o.relay(&rcfg)
 	}
-	n.relay = relay.New(rcfg)
+	if n.relay, err = relay.New(rcfg); err != nil {
+		t.Fatalf("%s: new relay: %v", id, err)
+	}
 	if !o.noRelay {
-		n.relay.Start()
+		if err := n.relay.Start(ctx(t, time.Second)); err != nil {
+			t.Fatalf("%s: start relay: %v", id, err)
+		}
 	}
 	var proj scheduler.Projection = n.proj
 	if o.projection != nil {
 		proj = o.projection(n.proj)
 	}
 	scfg := scheduler.Config{
-		Broker: n.store, Projection: proj, Members: n.members, Names: testNames,
+		Redis: n.rc, Projection: proj, Members: n.members, Names: testNames,
 		ReplicaID: id, Clock: o.clock, LateDelay: time.Second, Visibility: time.Second,
 		OutboxBytes: n.relay.BacklogBytes, OnFire: n.relay.Notify, Logger: log,
 	}
@@ -217,12 +225,12 @@ func (e *env) startNode(id string, o nodeOpts) *node {
 func (n *node) stop() {
 	n.once.Do(func() {
 		_ = n.sub.Unsubscribe()
-		n.sched.Stop()
 		c, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 		defer cancel()
+		_ = n.sched.Stop(c)
 		_ = n.relay.Stop(c)
-		n.members.Stop(c)
-		n.proj.Stop()
+		_ = n.members.Stop(c)
+		_ = n.proj.Stop(c)
 		n.nc.Close()
 	})
 }
@@ -233,12 +241,12 @@ func (n *node) crash() {
 	n.once.Do(func() {
 		n.nc.Close()
 		_ = n.rc.Close()
-		n.sched.Stop()
 		dead, cancel := context.WithCancel(context.Background())
 		cancel()
+		_ = n.sched.Stop(dead)
 		_ = n.relay.Stop(dead)
-		n.members.Stop(dead)
-		n.proj.Stop()
+		_ = n.members.Stop(dead)
+		_ = n.proj.Stop(dead)
 	})
 }
 

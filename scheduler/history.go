@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/clock"
 )
 
 // History tells the scheduler which queues an entry used before its current
@@ -114,7 +115,7 @@ func (h *StreamHistory) PreviousQueues(ctx context.Context, entry string) ([]str
 		if rec.Entry == nil {
 			continue
 		}
-		if rec.Event != nil && rec.Event.Type == events.TypeEntryRegistered {
+		if rec.Event != nil && events.ConfigKind(rec.Event.Type) == events.TypeEntryRegistered {
 			// Queues of an earlier life of the entry no longer matter.
 			seen, out = map[string]bool{}, nil
 		}
@@ -299,8 +300,8 @@ func handledTick(data []byte) (time.Time, string, bool) {
 }
 
 // historyRefresh bounds how often the event counts and the fired entries
-// are read: each lists every entry's subject (about 15 ms per 10,000), and
-// registrations arrive in bursts.
+// are read: each lists every entry's subject, and registrations arrive in
+// bursts.
 const historyRefresh = time.Second
 
 // historyCache holds what History said about all entries, for the loop
@@ -308,11 +309,11 @@ const historyRefresh = time.Second
 type historyCache struct {
 	counts   map[string]uint64
 	asOf     uint64
-	countsAt time.Time
+	countsAt clock.Mono
 	fired    map[string]bool
-	firedAt  time.Time
+	firedAt  clock.Mono
 	last     map[string]time.Time // LastHandledAll
-	lastAt   time.Time
+	lastAt   clock.Mono
 }
 
 // errHistoryLater: the cached counts predate the entry's revision and may
@@ -328,10 +329,10 @@ var errHistoryLater = errors.New("config event counts are older than the entry")
 func (s *Scheduler) onlyRegistration(ctx context.Context, r *entryRun) (bool, error) {
 	h := &s.hist
 	if h.counts == nil || h.asOf < r.st.Revision {
-		if time.Since(h.countsAt) < historyRefresh {
+		if s.clock.Since(h.countsAt) < historyRefresh {
 			return false, errHistoryLater
 		}
-		h.countsAt = time.Now()
+		h.countsAt = s.clock.Mono()
 		counts, asOf, err := s.cfg.History.EventCounts(ctx)
 		if err != nil {
 			s.log.Warn("read config event counts", "err", err)
@@ -387,74 +388,14 @@ func (s *Scheduler) scheduleSince(ctx context.Context, r *entryRun) (time.Time, 
 	return since, nil
 }
 
-// restore seeds r's lost watermark: an entry with no watermark in its
-// queue whose fires are in the activity stream lost it (Redis lost data),
-// and so did one whose watermark is older than r.handled (the watermark
-// this replica last knew) or than the stream's last tick (see behind).
-// Without it the catch-up policy would fire again ticks that already
-// fired. The seed is the later of r.handled and the stream's last handled
-// tick, whatever queue that was in. It reports whether a watermark was
-// seeded.
-func (s *Scheduler) restore(ctx context.Context, r *entryRun) bool {
-	var tick time.Time
-	var task, from string
-	if r.hasHandled {
-		tick, task, from = r.handled, TaskID(s.cfg.Names.Prefix(), r.id, r.handled), "cursor"
-	}
-	if st, sttask, ok := s.lastHandled(ctx, r); ok && (from == "" || st.After(tick)) {
-		tick, task, from = st, sttask, "stream"
-	}
-	if from == "" {
-		return false
-	}
-	// At the entry's revision: it never overrides a handover to another
-	// queue at a later revision, and passes this configuration's own
-	// handover marker (an entry with more than its registration has one).
-	if err := s.cfg.Broker.SeedWatermark(ctx, s.cfg.Names.Prefix(), r.queue, r.id, tick, task, r.st.Revision); err != nil {
-		s.log.Warn("restore the entry's watermark", "entry", r.id, "queue", r.queue, "tick", tick, "from", from, "err", err)
-		return false
-	}
-	s.m.Restored.WithLabelValues(from).Inc()
-	s.log.Debug("restored the entry's watermark", "entry", r.id, "queue", r.queue, "tick", tick, "from", from)
-	return true
-}
-
-// behind reports whether r's watermark wm is older than a tick known to be
-// handled: r.handled when this replica holds one; otherwise, for an entry
-// whose next tick after wm is already due, the last tick the activity
-// stream recorded for it. A stream ahead of Redis means Redis lost the
-// fires after wm (a lagging replica was promoted while no replica ran):
-// their events were published only after their Redis writes. The stream's
-// last ticks of all entries are read in one pass, at most once per
-// historyRefresh.
-func (s *Scheduler) behind(ctx context.Context, r *entryRun, wm, now time.Time) bool {
-	if r.hasHandled {
-		return wm.Before(r.handled)
-	}
-	if s.cfg.History == nil || r.sched.Next(wm).After(now) {
-		return false
-	}
-	h := &s.hist
-	if time.Since(h.lastAt) >= historyRefresh {
-		h.lastAt = time.Now()
-		last, err := s.cfg.History.LastHandledAll(ctx)
-		if err != nil {
-			s.log.Warn("read the entries' last ticks from the stream; not checking watermarks against it", "err", err)
-		}
-		h.last = last
-	}
-	last, ok := h.last[r.id]
-	return ok && last.After(wm)
-}
-
 // lastHandled is the last scheduled tick of r the activity stream holds.
 func (s *Scheduler) lastHandled(ctx context.Context, r *entryRun) (time.Time, string, bool) {
 	if s.cfg.History == nil {
 		return time.Time{}, "", false
 	}
 	h := &s.hist
-	if !h.fired[r.id] && time.Since(h.firedAt) >= historyRefresh {
-		h.firedAt = time.Now()
+	if !h.fired[r.id] && s.clock.Since(h.firedAt) >= historyRefresh {
+		h.firedAt = s.clock.Mono()
 		fired, err := s.cfg.History.FiredEntries(ctx)
 		if err != nil {
 			s.log.Warn("read which entries fired; not restoring lost watermarks from the stream", "err", err)

@@ -63,7 +63,7 @@ func TestNewEntriesNeedNoHistory(t *testing.T) {
 	if h.counts < 1 || h.previous != 1 {
 		t.Fatalf("history asked %d times for counts and %d times for queues; want counts at least once and queues once (for old)", h.counts, h.previous)
 	}
-	res, err := e.store.FireBatch(ctx(t, 5*time.Second), []taskstate.Fire{staleFire(t, "old", "alpha", time.Now().Add(time.Hour).Truncate(time.Second))})
+	res, err := e.store.FireBatch(ctx(t, 5*time.Second), staleFences, []taskstate.Fire{staleFire(t, "old", "alpha", time.Now().Add(time.Hour).Truncate(time.Second))})
 	if err != nil {
 		t.Fatal(err)
 	}

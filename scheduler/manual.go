@@ -7,15 +7,16 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/projector"
 	"github.com/cronstream/cronstream/taskstate"
 )
 
-// Firer is what manual fires need of Redis; *taskstate.Store implements it.
-type Firer interface {
-	FireBatch(ctx context.Context, fires []taskstate.Fire) ([]taskstate.FireResult, error)
+// firer is what manual fires need of Redis; *taskstate.Store implements it.
+type firer interface {
+	FireBatch(ctx context.Context, fences taskstate.Fences, fires []taskstate.Fire) ([]taskstate.FireResult, error)
 }
 
 // Manual fires an entry outside its schedule: a trigger now, or a backfill
@@ -23,11 +24,15 @@ type Firer interface {
 // They need no running scheduler, only Redis and the streams, so the CLI
 // uses them directly.
 type Manual struct {
-	Firer  Firer
+	Redis  redis.UniversalClient // the asynq Redis
 	JS     jetstream.JetStream
 	Names  events.Names
 	Source string // who asks, for the events' source (e.g. "cronstream/cli")
 	Now    func() time.Time
+
+	// firer, when set (tests: fault injection), is used instead of a
+	// Store on Redis.
+	firer firer
 }
 
 // MaxBackfill bounds the ticks one backfill call considers.
@@ -41,6 +46,9 @@ func (m Manual) now() time.Time {
 	if m.Now != nil {
 		return m.Now()
 	}
+	// The CLI's local clock: Manual runs without a replica's corrected
+	// clock, and its instant never decides whether a tick is due (it
+	// stamps a trigger's task and events, and bounds a backfill's range).
 	return time.Now()
 }
 
@@ -114,7 +122,7 @@ func (m Manual) fireFresh(ctx context.Context, t Target, items int, build func(t
 		var again []int
 		for start := 0; start < len(fires); start += DefaultBatch {
 			end := min(start+DefaultBatch, len(fires))
-			res, err := m.fire(ctx, fires[start:end])
+			res, err := m.fire(ctx, taskstate.Fences{ConfigSeq: t.ConfigSeq}, fires[start:end])
 			if err != nil {
 				return nil, t, err
 			}
@@ -149,7 +157,7 @@ func refusal(r taskstate.FireResult, seq uint64) string {
 }
 
 // Trigger enqueues one task of t's entry now. requestID makes it
-// idempotent: the same id fires once (for taskstate.DefaultTriggerTTL); the
+// idempotent: the same id fires once (for a day); the
 // task id and the event id are derived from it. It never moves the
 // watermark, so the schedule is unaffected. It returns the task id and
 // whether this call created it; a refused fire is an error wrapping
@@ -163,21 +171,18 @@ func (m Manual) Trigger(ctx context.Context, t Target, requestID string) (string
 	id := t.Entry.ID
 	build := func(t Target, _ int) (taskstate.Fire, error) {
 		e := t.Entry
-		taskID := prefix + ":" + e.ID + ":trigger:" + requestID
-		rec, err := m.record("trigger:"+e.ID+":"+requestID, events.TypeEntryFired, e.ID, now, events.Fired{
+		taskID := events.TriggerTaskID(prefix, e.ID, requestID)
+		rec, err := m.record(events.TriggerFiredEventID(e.ID, requestID), events.TypeEntryFired, e.ID, now, events.Fired{
 			Entry: e.ID, ScheduledAt: now.UTC().Truncate(time.Second), EnqueuedAt: now.UTC(), TaskID: taskID,
 			Queue: e.Options.QueueName(), Revision: t.Revision, Replica: m.source(), Trigger: requestID,
 		})
 		if err != nil {
 			return taskstate.Fire{}, err
 		}
-		f := taskstate.Fire{
-			Prefix: prefix, Entry: e.ID, Queue: e.Options.QueueName(), Kind: taskstate.FireTrigger,
-			Tick: now, RequestID: requestID, Msg: TaskMessage(e, taskID, now),
-			UniqueTTL: e.Options.Unique.D(), FiredRecord: rec, ConfigSeq: t.ConfigSeq,
-		}
+		f := taskstate.NewTriggerFire(prefix, e.Options.QueueName(), e.ID, requestID, now, entryTaskMessage(e, taskID, now), rec)
+		f.UniqueTTL = e.Options.Unique.D()
 		if f.UniqueTTL > 0 {
-			if f.DuplicateRecord, err = m.record("skip:"+e.ID+":trigger:"+requestID, events.TypeEntrySkipped, e.ID, now,
+			if f.DuplicateRecord, err = m.record(events.TriggerSkippedEventID(e.ID, requestID), events.TypeEntrySkipped, e.ID, now,
 				events.Skipped{Entry: e.ID, ScheduledAt: now.UTC().Truncate(time.Second), Reason: events.SkipUnique, Revision: t.Revision, Replica: m.source()}); err != nil {
 				return taskstate.Fire{}, err
 			}
@@ -275,11 +280,8 @@ func (m Manual) Backfill(ctx context.Context, t Target, from, to time.Time) (Bac
 		if err != nil {
 			return taskstate.Fire{}, err
 		}
-		f := taskstate.Fire{
-			Prefix: prefix, Entry: e.ID, Queue: queue, Kind: taskstate.FireBackfill, Tick: tick,
-			Msg: TaskMessage(e, taskID, tick), FiredRecord: rec, ConfigSeq: t.ConfigSeq,
-			UniqueTTL: e.Options.Unique.D(),
-		}
+		f := taskstate.NewBackfillFire(prefix, queue, e.ID, tick, entryTaskMessage(e, taskID, tick), rec)
+		f.UniqueTTL = e.Options.Unique.D()
 		if f.UniqueTTL > 0 {
 			if f.DuplicateRecord, err = m.record(skippedEventID(e.ID, tickRange{First: tick, Last: tick, Count: 1}), events.TypeEntrySkipped, e.ID, now,
 				events.Skipped{Entry: e.ID, ScheduledAt: tick, Reason: events.SkipUnique, Revision: t.Revision, Replica: m.source()}); err != nil {
@@ -320,7 +322,7 @@ func (m Manual) registered(ctx context.Context, entry string) (time.Time, error)
 	}
 	var at time.Time
 	for _, rec := range recs {
-		if rec.Event != nil && rec.Event.Type == events.TypeEntryRegistered {
+		if rec.Event != nil && events.ConfigKind(rec.Event.Type) == events.TypeEntryRegistered {
 			at = rec.Time
 		}
 	}
@@ -369,8 +371,12 @@ func (m Manual) firedTicks(ctx context.Context, entry string, from, to time.Time
 	}
 }
 
-func (m Manual) fire(ctx context.Context, fires []taskstate.Fire) ([]taskstate.FireResult, error) {
-	res, err := m.Firer.FireBatch(ctx, fires)
+func (m Manual) fire(ctx context.Context, fences taskstate.Fences, fires []taskstate.Fire) ([]taskstate.FireResult, error) {
+	f := m.firer
+	if f == nil {
+		f = taskstate.New(m.Redis)
+	}
+	res, err := f.FireBatch(ctx, fences, fires)
 	if err != nil {
 		return nil, err
 	}

@@ -16,7 +16,10 @@ import (
 // flush publishes every outbox record with a one-off relay.
 func (e *env) flush() {
 	e.t.Helper()
-	r := relay.New(relay.Config{Outbox: e.store, JS: e.js, Names: testNames, Owner: "flush", Logger: testLogger(e.t)})
+	r, err := relay.New(relay.Config{Outbox: e.store, JS: e.js, Names: testNames, Owner: "flush", Logger: testLogger(e.t)})
+	if err != nil {
+		e.t.Fatal(err)
+	}
 	if err := r.Flush(ctx(e.t, 20*time.Second)); err != nil {
 		e.t.Fatal(err)
 	}
@@ -33,7 +36,7 @@ func TestTriggerAndBackfillIdempotent(t *testing.T) {
 	e := newEnv(t)
 	e.put(every("m", "*/2 * * * * *"))
 	now := time.Now()
-	m := scheduler.Manual{Firer: e.store, JS: e.js, Names: testNames, Source: "cronstream/test", Now: func() time.Time { return now }}
+	m := scheduler.Manual{Redis: e.rc, JS: e.js, Names: testNames, Source: "cronstream/test", Now: func() time.Time { return now }}
 	c := ctx(t, 30*time.Second)
 	st, err := m.Load(c, "m")
 	if err != nil {
@@ -134,7 +137,7 @@ func TestManualFireAfterConfigChange(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	e.put(every("m1", "@every 2s"), every("m2", "@every 2s"))
-	m := scheduler.Manual{Firer: e.store, JS: e.js, Names: testNames, Source: "cronstream/test"}
+	m := scheduler.Manual{Redis: e.rc, JS: e.js, Names: testNames, Source: "cronstream/test"}
 	c := ctx(t, 30*time.Second)
 	target, err := m.Load(c, "m1")
 	if err != nil {

@@ -123,7 +123,7 @@ func TestQueueMovedBackWhileDown(t *testing.T) {
 	l := ledgers(acts)["x"]
 	first, last := l.firedRange()
 	checkEverySecond(t, "x", l, first, last)
-	res, err := e.store.FireBatch(ctx(t, 5*time.Second), []taskstate.Fire{staleFire(t, "x", "beta", time.Unix(last+1, 0))})
+	res, err := e.store.FireBatch(ctx(t, 5*time.Second), staleFences, []taskstate.Fire{staleFire(t, "x", "beta", time.Unix(last+1, 0))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,12 +132,15 @@ func TestQueueMovedBackWhileDown(t *testing.T) {
 	}
 }
 
+// staleFences are what staleFire's replica presents: an early configuration.
+var staleFences = taskstate.Fences{ConfigSeq: 1}
+
 // staleFire is a fire of a replica whose configuration still has entry in
 // queue: it expects whatever watermark beta holds.
 func staleFire(t *testing.T, entry, queue string, tick time.Time) taskstate.Fire {
 	id := scheduler.TaskID(testPrefix, entry, tick)
 	return taskstate.Fire{
-		Prefix: testPrefix, Entry: entry, Queue: queue, Kind: taskstate.FireTick, Tick: tick, ExpectNone: true, ConfigSeq: 1,
+		Prefix: testPrefix, Entry: entry, Queue: queue, Kind: taskstate.FireTick, Tick: tick, ExpectNone: true,
 		Msg:         &taskstate.TaskMessage{Type: "tick:" + entry, ID: id},
 		FiredRecord: taskstate.Record{ID: "stale:" + id, Data: []byte(`{}`)},
 	}

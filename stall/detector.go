@@ -1,6 +1,7 @@
 package stall
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -95,14 +96,13 @@ func New(cfg Config) (*Detector, error) {
 	if cfg.Watermarks == nil || cfg.Projection == nil {
 		return nil, errors.New("stall: Watermarks and Projection are required")
 	}
-	cfg.LateAfter = cmpOr(cfg.LateAfter, DefaultLateAfter)
-	cfg.Interval = cmpOr(cfg.Interval, min(cfg.LateAfter/3, 10*time.Second))
-	if cfg.Now == nil {
+	// A negative value is taken as unset too, as it always was.
+	cfg.LateAfter = cmp.Or(max(cfg.LateAfter, 0), DefaultLateAfter)
+	cfg.Interval = cmp.Or(max(cfg.Interval, 0), min(cfg.LateAfter/3, 10*time.Second))
+	if cfg.Now == nil { // a func: cmp.Or cannot default it
 		cfg.Now = time.Now
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	m := cfg.Metrics
 	if m == nil {
 		m = NewMetrics(nil)
@@ -116,11 +116,15 @@ func New(cfg Config) (*Detector, error) {
 // call it before Start.
 func (d *Detector) SetFiring(f func() time.Duration) { d.cfg.Firing = f }
 
-// Start runs the checks until Stop. Call it once the projection is caught
-// up.
-func (d *Detector) Start() {
+// Start runs the checks until Stop and returns at once. Call it once the
+// projection is caught up. The checks run on a context of their own
+// (ctx's values, not its end), which Stop cancels.
+func (d *Detector) Start(ctx context.Context) error {
+	if d.cancel != nil {
+		return errors.New("stall detector already started")
+	}
 	sub := d.cfg.Projection.Subscribe()
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	d.cancel = cancel
 	d.since = d.cfg.Now()
 	changes := make(chan []projector.Change)
@@ -145,14 +149,17 @@ func (d *Detector) Start() {
 		defer d.wg.Done()
 		d.loop(ctx, changes)
 	}()
+	return nil
 }
 
-// Stop stops the checks and waits for them.
-func (d *Detector) Stop() {
+// Stop stops the checks and waits for them; a watermark read in flight is
+// cancelled, as there is nothing to drain.
+func (d *Detector) Stop(context.Context) error {
 	if d.cancel != nil {
 		d.cancel()
 	}
 	d.wg.Wait()
+	return nil
 }
 
 func (d *Detector) loop(ctx context.Context, changes <-chan []projector.Change) {
@@ -220,7 +227,7 @@ func (d *Detector) Outcome(o scheduler.Outcome) {
 	switch {
 	case o.Err != nil:
 		d.failed(o, o.Err.Error())
-	case o.Status == taskstate.StatusWatermarkMismatch:
+	case o.Status == scheduler.StatusWatermarkMismatch:
 	case o.Status.Refused():
 		d.failed(o, "refused: "+o.Status.String())
 	default:

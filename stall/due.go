@@ -9,9 +9,10 @@
 // path cannot hide from it. The scheduler only tells it why its attempts
 // failed (Detector.Outcome), so that a late entry is shown with its reason.
 //
-// An entry is late when the tick after its last handled one is due (tick
-// plus jitter) for more than LateAfter. Paused entries and entries whose
-// schedule never fires again are never late; a tick at or before the
+// An entry is late when the tick after its last handled one that fires is
+// due (tick plus jitter) for more than LateAfter. Paused entries and
+// entries whose schedule never fires again (an entry past its end_at among
+// them) are never late, nor is a tick its exclusions skip; a tick at or before the
 // entry's last config change is never due (a registration, a resume or a
 // queue change starts the entry afresh). Catch-up policies need nothing
 // special: ticks a policy drops are recorded as skipped, which moves the
@@ -19,6 +20,7 @@
 package stall
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
@@ -120,7 +122,8 @@ func (t *track) due() (tick, due time.Time, ok bool) {
 	}
 	if !t.memoValid || !t.memoFrom.Equal(from) {
 		t.memoFrom, t.memoValid = from, true
-		t.memoTick = t.sched.Next(from)
+		// Excluded ticks are never late: the first tick that fires is.
+		t.memoTick = t.sched.NextFire(from)
 		t.memoDue = t.memoTick
 		if !t.memoTick.IsZero() {
 			t.memoDue = t.memoTick.Add(t.sched.Jitter(t.memoTick))
@@ -136,6 +139,10 @@ func (t *track) due() (tick, due time.Time, ok bool) {
 // now, counted from since at the earliest (a detector does not blame the
 // time before it ran); ok is false when nothing is due.
 func (t *track) lateness(now, since time.Time) (late Late, over time.Duration, ok bool) {
+	if t.st.Entry.Ended(now) {
+		// Past its end_at the entry shows as ended, never as late.
+		return Late{}, 0, false
+	}
 	tick, due, ok := t.due()
 	if !ok || !now.After(due) {
 		return Late{}, 0, false
@@ -220,7 +227,7 @@ func sortLate(l []Late) {
 // watermarks in Redis (`cronstream status` runs it). A queue whose
 // watermarks cannot be read is left out and reported in the error.
 func Check(ctx context.Context, wm Watermarks, names events.Names, entries []projector.State, now time.Time, lateAfter time.Duration) ([]Late, error) {
-	lateAfter = cmpOr(lateAfter, DefaultLateAfter)
+	lateAfter = cmp.Or(max(lateAfter, 0), DefaultLateAfter)
 	tracks := make([]*track, 0, len(entries))
 	for _, st := range entries {
 		t := newTrack(st)
@@ -246,11 +253,4 @@ func Check(ctx context.Context, wm Watermarks, names events.Names, entries []pro
 	}
 	sortLate(out)
 	return out, err
-}
-
-func cmpOr(d, def time.Duration) time.Duration {
-	if d > 0 {
-		return d
-	}
-	return def
 }

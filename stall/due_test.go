@@ -107,6 +107,33 @@ func TestDueNeverLate(t *testing.T) {
 	}
 }
 
+// TestDueEndedNeverLate: past its end_at an entry is never late, even
+// when the last ticks of its window never fired; within the window it is.
+func TestDueEndedNeverLate(t *testing.T) {
+	tr := newTrack(state(t, events.Entry{ID: "ended", Cron: "@every 1s", EndAt: base.Add(time.Minute)}, base))
+	if _, late := lateAt(tr, base.Add(30*time.Second), time.Time{}, time.Second); !late {
+		t.Error("not late inside its window with no tick fired")
+	}
+	if _, late := lateAt(tr, base.Add(48*time.Hour), time.Time{}, time.Second); late {
+		t.Error("late after its end")
+	}
+}
+
+// TestDueExcludedNeverLate: an excluded tick is never the due one, however
+// long nobody records it; the first tick after it that fires is.
+func TestDueExcludedNeverLate(t *testing.T) {
+	tr := newTrack(state(t, events.Entry{ID: "x", Cron: "@every 1m", Exclude: []string{"5-9 3 * * *"}}, base.Add(-time.Hour)))
+	tr.wm, tr.hasWM, tr.known = base, true, true // 03:04
+	bound := 30 * time.Second
+	if tick, late := lateAt(tr, base.Add(5*time.Minute), time.Time{}, bound); late {
+		t.Errorf("late at 03:09 with tick %s, which is excluded", tick)
+	}
+	tick, late := lateAt(tr, base.Add(6*time.Minute+bound+time.Second), time.Time{}, bound)
+	if !late || !tick.Equal(base.Add(6*time.Minute)) {
+		t.Errorf("late %t tick %s, want late for 03:10, the first tick after the exclusion", late, tick)
+	}
+}
+
 func TestDueFromLastConfigChange(t *testing.T) {
 	bound := 5 * time.Second
 	// Just registered (or resumed, or moved to another queue: every
@@ -179,9 +206,14 @@ func TestTrackSetKeepsHandled(t *testing.T) {
 	}
 }
 
+// unusedProjection is the projection of a detector that is never started.
+type unusedProjection struct{}
+
+func (unusedProjection) Subscribe() *projector.Subscription { panic("not started: nothing subscribes") }
+
 func TestOutcomeReadiness(t *testing.T) {
 	// Never started: only Outcome and Ready are exercised.
-	d, err := New(Config{Watermarks: taskstate.New(nil), Projection: projector.New(nil, events.MustNames("stalltest")), LateAfter: time.Second})
+	d, err := New(Config{Watermarks: taskstate.New(nil), Projection: unusedProjection{}, LateAfter: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,14 +222,14 @@ func TestOutcomeReadiness(t *testing.T) {
 
 	// Watermark mismatches are routine on non-primaries.
 	for range 10 {
-		d.Outcome(scheduler.Outcome{Entry: "e", Tick: base, Status: taskstate.StatusWatermarkMismatch})
+		d.Outcome(scheduler.Outcome{Entry: "e", Tick: base, Status: scheduler.StatusWatermarkMismatch})
 		elapse(time.Second)
 	}
 	if err := d.Ready(); err != nil {
 		t.Fatalf("not ready after watermark mismatches: %v", err)
 	}
 
-	d.Outcome(scheduler.Outcome{Entry: "e", Tick: base, Status: taskstate.StatusRevisionFenced})
+	d.Outcome(scheduler.Outcome{Entry: "e", Tick: base, Status: scheduler.StatusRevisionFenced})
 	if err := d.Ready(); err != nil {
 		t.Fatalf("not ready at the first refusal: %v", err)
 	}
@@ -213,7 +245,7 @@ func TestOutcomeReadiness(t *testing.T) {
 	}
 
 	// One success ends the streak and the entry's reason.
-	d.Outcome(scheduler.Outcome{Entry: "e", Tick: base.Add(time.Second), Status: taskstate.StatusFired})
+	d.Outcome(scheduler.Outcome{Entry: "e", Tick: base.Add(time.Second), Status: scheduler.StatusFired})
 	if err := d.Ready(); err != nil {
 		t.Errorf("not ready after a success: %v", err)
 	}
@@ -223,9 +255,9 @@ func TestOutcomeReadiness(t *testing.T) {
 
 	// A streak that stopped long ago (nothing left to fire) has ended.
 	elapse(time.Second)
-	d.Outcome(scheduler.Outcome{Entry: "f", Tick: base, Status: taskstate.StatusStale})
+	d.Outcome(scheduler.Outcome{Entry: "f", Tick: base, Status: scheduler.StatusStale})
 	elapse(2 * time.Second)
-	d.Outcome(scheduler.Outcome{Entry: "f", Tick: base, Status: taskstate.StatusStale})
+	d.Outcome(scheduler.Outcome{Entry: "f", Tick: base, Status: scheduler.StatusStale})
 	if d.Ready() == nil {
 		t.Fatal("ready while stale")
 	}
@@ -254,7 +286,7 @@ func TestCheck(t *testing.T) {
 	}
 	seed := func(queue, entry string, tick time.Time) {
 		t.Helper()
-		if err := store.SeedWatermark(ctx, names.Prefix(), queue, entry, tick, scheduler.TaskID(names.Prefix(), entry, tick), 1); err != nil {
+		if err := store.SeedWatermark(ctx, names.Prefix(), queue, entry, tick, scheduler.TaskID(names.Prefix(), entry, tick), 1, ""); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/cronstream/cronstream/internal/redisscript"
 )
 
 // This file is the firing side of the package: one atomic script per queue
@@ -65,7 +67,12 @@ type Record struct {
 
 func (r Record) empty() bool { return r.ID == "" && len(r.Data) == 0 }
 
-// Fire is one request to enqueue an entry's task for one tick.
+// Fire is one request to enqueue an entry's task for one tick (or, for
+// FireSkip, to record missed ticks). Each kind has its constructor
+// (NewTickFire, NewSkipFire, NewTriggerFire, NewBackfillFire), which sets
+// what that kind requires; the options below them are set on the result.
+// What the firing replica presents of its configuration is the batch's
+// (Fences), not the fire's.
 type Fire struct {
 	// Prefix is the tenant prefix of cronstream's own keys ("" = DefaultPrefix).
 	Prefix string
@@ -81,18 +88,6 @@ type Fire struct {
 	// never fired in this slot. Only FireTick compares them.
 	Expected   time.Time
 	ExpectNone bool
-	// ConfigSeq is the projection's config stream sequence (revision fence).
-	// Sequences above 2^53 lose precision inside the script. ConfigID is
-	// the id of the config message at ConfigSeq (events.ConfigMessageID),
-	// stored with the fence when this fire raises it; "" stores none.
-	ConfigSeq uint64
-	ConfigID  string
-	// FreshAsOf is when this replica's projection last heard the config
-	// stream; MaxStaleness how far it may lag the freshest replica firing
-	// into this slot. A zero FreshAsOf presents nothing and is not checked;
-	// a zero MaxStaleness records FreshAsOf without checking it.
-	FreshAsOf    time.Time
-	MaxStaleness time.Duration
 	// ProcessAt, when later than Redis's clock at the moment of the fire,
 	// schedules the task (asynq's Schedule) instead of enqueuing it.
 	ProcessAt time.Time
@@ -124,6 +119,84 @@ type Fire struct {
 	// DuplicateRecord is appended when asynq's unique lock is held by
 	// another task (required with UniqueTTL).
 	DuplicateRecord Record
+}
+
+// NewTickFire is the fire of entry's scheduled tick into queue (FireTick):
+// it creates msg's task and appends fired, if the watermark is still
+// expected (hasExpected false: the entry never fired in this slot), and
+// moves the watermark to tick. Options (OverlapSkip, UniqueTTL, the gap's
+// SkippedRecords, ProcessAt) are set on the result.
+func NewTickFire(prefix, queue, entry string, tick, expected time.Time, hasExpected bool, msg *TaskMessage, fired Record) Fire {
+	return Fire{Prefix: prefix, Entry: entry, Queue: queue, Kind: FireTick, Tick: tick,
+		Expected: expected, ExpectNone: !hasExpected, Msg: msg, FiredRecord: fired}
+}
+
+// NewSkipFire records the missed ticks the catch-up policy drops (FireSkip):
+// it appends skipped and moves the watermark to last, the last of them, if
+// the watermark is still expected; it creates no task.
+func NewSkipFire(prefix, queue, entry string, last, expected time.Time, hasExpected bool, skipped []Record) Fire {
+	return Fire{Prefix: prefix, Entry: entry, Queue: queue, Kind: FireSkip, Tick: last,
+		Expected: expected, ExpectNone: !hasExpected, SkippedRecords: skipped}
+}
+
+// NewTriggerFire is a manual trigger of entry at at (FireTrigger): msg's
+// task, once per requestID (derive msg's id from it), whatever the
+// watermark, which it leaves alone.
+func NewTriggerFire(prefix, queue, entry, requestID string, at time.Time, msg *TaskMessage, fired Record) Fire {
+	return Fire{Prefix: prefix, Entry: entry, Queue: queue, Kind: FireTrigger, Tick: at,
+		RequestID: requestID, Msg: msg, FiredRecord: fired}
+}
+
+// NewBackfillFire fires entry's past tick that has no fired event
+// (FireBackfill): msg's task unless it exists, whatever the watermark,
+// which it leaves alone.
+func NewBackfillFire(prefix, queue, entry string, tick time.Time, msg *TaskMessage, fired Record) Fire {
+	return Fire{Prefix: prefix, Entry: entry, Queue: queue, Kind: FireBackfill, Tick: tick,
+		Msg: msg, FiredRecord: fired}
+}
+
+// Fences are what every fire of a batch presents of the firing replica's
+// view of the configuration: the script checks them against the slot's
+// revision and staleness fences (docs/design.md INV-revision-fence,
+// INV-staleness-fence) and raises those.
+type Fences struct {
+	// ConfigSeq is the projection's config stream sequence (revision fence).
+	// Sequences above 2^53 lose precision inside the script. ConfigID is
+	// the id of the config message at ConfigSeq (events.ConfigMessageID),
+	// stored with the fence when a fire raises it; "" stores none.
+	ConfigSeq uint64
+	ConfigID  string
+	// FreshAsOf is when this replica's projection last heard the config
+	// stream; MaxStaleness how far it may lag the freshest replica firing
+	// into this slot. A zero FreshAsOf presents nothing and is not checked;
+	// a zero MaxStaleness records FreshAsOf without checking it.
+	FreshAsOf    time.Time
+	MaxStaleness time.Duration
+}
+
+func (fc Fences) check() error {
+	switch {
+	case fc.MaxStaleness < 0:
+		return fmt.Errorf("%w: negative staleness bound %s", ErrInvalidFire, fc.MaxStaleness)
+	case fc.ConfigSeq > 1<<53:
+		return fmt.Errorf("%w: config sequence %d above 2^53", ErrInvalidFire, fc.ConfigSeq)
+	}
+	return nil
+}
+
+// fenceArgs are a batch's fences as the script reads them (fireArgConfig,
+// fireArgFresh, fireArgMaxStale), made once per batch.
+type fenceArgs struct{ config, fresh, maxStale any }
+
+func (fc Fences) args() fenceArgs {
+	fa := fenceArgs{config: strconv.FormatUint(fc.ConfigSeq, 10), fresh: "", maxStale: strconv.FormatInt(fc.MaxStaleness.Milliseconds(), 10)}
+	if fc.ConfigID != "" {
+		fa.config = strconv.FormatUint(fc.ConfigSeq, 10) + ":" + fc.ConfigID
+	}
+	if !fc.FreshAsOf.IsZero() {
+		fa.fresh = strconv.FormatInt(fc.FreshAsOf.UnixMilli(), 10)
+	}
+	return fa
 }
 
 // DefaultTriggerTTL is how long a trigger's request id is remembered.
@@ -239,380 +312,11 @@ const (
 	maxFiresPerFlight = 1024
 )
 
-// maxFiresPerCall was chosen with BenchmarkFireOnce on a 2-core machine: 8–16
-// fires per script call, several calls per pipeline, beat both one call per
-// fire in a pipeline (~30% fewer fires/s, more Redis time per fire) and larger
-// calls (64–256 fires: the server idles until a whole call has arrived and
-// spends more time per fire). maxFiresPerFlight bounds one pipeline's memory.
-
-// fireScript fires a chunk of fires that all go to one queue, in order. A fire
-// later in the chunk sees the effects of earlier ones, so consecutive ticks of
-// one entry (catch-up "all") may share a call.
-//
-// KEYS (common): 1 fence, 2 freshness, 3 outbox, 4 pending, 5 scheduled,
-// 6 groups, 7 fence id. Then per fire: watermark, moved-marker, task, unique lock, group
-// zset, trigger key. Unused per-fire keys are the fire's task key (a real key
-// of the same slot: Redis Cluster rejects empty names).
-//
-// ARGV (common): 1 task-key prefix, 2 number of fires. Then per fire:
-//
-//	1 kind (t tick, r trigger, b backfill, s skip)   2 tick ms   3 expected ms ("" = none)
-//	4 config seq ("<seq>" or "<seq>:<config message id>")
-//	5 fresh_as_of ms ("" = not presented)   6 max staleness ms
-//	7 process_at ms (0 = now)   8 unique ttl ms (0 = none)   9 group
-//	10 msg   11 task id   12 overlap-skip (1/0)   13 previous task id
-//	14 trigger ttl ms   15/16 fired record   17/18 overlap record
-//	19/20 duplicate record   21 n skipped records, then n id/data pairs.
-//
-// Returns one array per fire: {code, watermark ms, watermark task id, extra,
-// task id, state}; extra is the fence, moved revision or freshest ms.
-//
-// Two short paths take fewer keys and arguments: lean ('T' as a fire's kind:
-// a plain tick, 10 arguments and 3 keys) and bulk ('B' in ARGV[3]: a whole
-// chunk of plain ticks of different entries presenting the same fences,
-// laid out as described at bulk()). Both answer a bare 1 for "fired,
-// pending". TestFirePathsAgree holds them to the full path's results and
-// writes.
-//
-// Order of checks: moved marker, revision fence, staleness fence, watermark
-// CAS, trigger request id, then (before any write) task id conflict, overlap,
-// unique lock. Every check reads; writes come after the checks passed, so a
-// refusal writes nothing except raising the fences, which only ever record
-// what some replica truthfully presented.
-//
-// Why the staleness fence compares fires with each other and not with Redis
-// TIME: fresh_as_of is when a replica's projection last heard the config
-// stream. The slot keeps the highest fresh_as_of any fire has presented. A
-// replica that lags it by more than max staleness either lost the stream while
-// another replica still hears it, or stalled (GC, VM pause) while others moved
-// on — in both cases a config change may have been published that it has not
-// seen, so it must not fire. When nobody hears NATS, nobody can publish a
-// change either (INV-staleness-fence in docs/design.md): every replica's fresh_as_of stops at
-// about the same instant, none lags the maximum, and all keep firing on the
-// last known configuration. A comparison with Redis TIME would instead stop
-// every replica during a NATS outage, which is exactly what INV-staleness-fence
-// forbids. Redis TIME only bounds what is believed: a freshness more than 2 s
-// ahead of it is capped there (presented) or ignored (stored), so a replica
-// whose clock runs fast cannot make every other replica's fires stale.
-var fireScript = redis.NewScript(fireScriptSrc)
-
-const fireScriptSrc = `
-local t = redis.call('TIME')
-local now_s = t[1]
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local now_ns = t[1] .. string.format('%06d', tonumber(t[2])) .. '000'
-local task_prefix = ARGV[1]
-local nfires = tonumber(ARGV[2])
-local busy = {pending=true, scheduled=true, retry=true, active=true, aggregating=true}
--- The fences are read once per call and written when raised.
-local fence = redis.call('GET', KEYS[1])
-local freshest = redis.call('GET', KEYS[2])
--- fence_ref is "<seq>:<id>" when the fence id key names the fence's
--- message, else just the fence (an earlier build raised it, or no fire
--- presented an id).
-local fence_ref = fence
-if fence then
-  local fid = redis.call('GET', KEYS[7])
-  if fid and string.match(fid, '^(%d+)') == fence then fence_ref = fid end
-end
--- No freshness is believed more than 2 s ahead of Redis's clock: a presented
--- one is capped there before it is compared or stored, and a stored one
--- beyond it (left by a replica with a fast clock, or an earlier build) counts
--- as absent and is overwritten by the next fire that presents one.
-local fresh_cap = now_ms + 2000
-if freshest and tonumber(freshest) > fresh_cap then freshest = nil end
-
-local function split(v) -- "<a> <b>": watermark "<ms> <task>", marker "<rev> <in|out>"
-  if not v then return nil, nil end
-  local sp = string.find(v, ' ', 1, true)
-  if not sp then return v, '' end
-  return string.sub(v, 1, sp - 1), string.sub(v, sp + 1)
-end
-
--- res builds one fire's reply; a nil would cut a Lua array short.
-local function res(code, wm, wmtask, extra, taskid, state)
-  return {code, wm or '', wmtask or '', extra or '', taskid or '', state or ''}
-end
-
-local function append(from, n)
-  for i = 0, n - 1 do
-    redis.call('XADD', KEYS[3], '*', 'id', ARGV[from + 2*i], 'data', ARGV[from + 2*i + 1])
-  end
-end
-
--- fences checks a fire presenting config sequence seq, freshness fresh
--- ("" = not presented) and staleness bound maxstale against the revision
--- fence and the staleness fence, raising each one it passes. It returns the
--- refusal's code and extra, or nil. Calling it again with the same arguments
--- gives the same answer and writes nothing.
-local function fences(seq, fresh, maxstale)
-  local ref = seq
-  seq = string.match(ref, '^(%d+)')
-  if fence and tonumber(seq) < tonumber(fence) then return -3, fence_ref end
-  if not fence or tonumber(seq) > tonumber(fence) then
-    fence, fence_ref = seq, seq
-    redis.call('SET', KEYS[1], seq)
-  end
-  -- The fence's message id, when this fire knows it and it is not the one
-  -- stored (none, or another stream's message at the same sequence: the
-  -- fire read its message from the stream it follows).
-  if ref ~= seq and fence_ref ~= ref and tonumber(seq) == tonumber(fence) then
-    fence_ref = ref
-    redis.call('SET', KEYS[7], ref)
-  end
-  if fresh ~= '' then
-    if tonumber(fresh) > fresh_cap then fresh = string.format('%d', fresh_cap) end
-    maxstale = tonumber(maxstale)
-    if freshest and maxstale > 0 and tonumber(fresh) < tonumber(freshest) - maxstale then
-      return -4, freshest
-    end
-    if not freshest or tonumber(fresh) > tonumber(freshest) then
-      freshest = fresh
-      redis.call('SET', KEYS[2], fresh)
-    end
-  end
-  return nil
-end
-
--- gate reads the fire's watermark and moved-marker (KEYS k, k+1) and makes
--- the checks every fire passes first: moved marker, then the fences (ARGV
--- a+3 to a+5). It returns the watermark and, when the fire is refused, its
--- reply.
-local function gate(k, a)
-  local v = redis.call('MGET', KEYS[k], KEYS[k+1])
-  local wm, wmtask = split(v[1])
-  local rev, dir = split(v[2])
-  if dir == 'out' then return wm, wmtask, res(-2, wm, wmtask, rev) end
-  local code, extra = fences(ARGV[a+3], ARGV[a+4], ARGV[a+5])
-  if code then return wm, wmtask, res(code, wm, wmtask, extra) end
-  return wm, wmtask, nil
-end
-
--- mismatch is the watermark compare-and-set's refusal (nil when the
--- watermark is the expected one, "" = none).
-local function mismatch(wm, wmtask, expected)
-  if (expected == '' and wm) or (expected ~= '' and wm ~= expected) then
-    return res(-1, wm, wmtask)
-  end
-  return nil
-end
-
-local function fire(k, a)
-  local kind, tick, expected = ARGV[a], ARGV[a+1], ARGV[a+2]
-  local kwm, ktask, ktrigger = KEYS[k], KEYS[k+2], KEYS[k+5]
-
-  local wm, wmtask, refused = gate(k, a)
-  if refused then return refused end
-
-  if kind == 't' or kind == 's' then
-    refused = mismatch(wm, wmtask, expected)
-    if refused then return refused end
-    if kind == 's' then
-      -- A skip keeps the last fired task id for overlap checks.
-      append(a + 21, tonumber(ARGV[a+20]))
-      redis.call('SET', kwm, tick .. ' ' .. (wmtask or ''))
-      return res(5, tick, wmtask or '')
-    end
-  elseif kind == 'r' then
-    local served = redis.call('GET', ktrigger)
-    if served then return res(2, wm, wmtask, '', served) end
-  end
-
-  local id = ARGV[a+10]
-  -- Checks done; from here every outcome appends the gap's skipped records
-  -- and its own record, moves a tick's watermark and remembers a trigger's
-  -- request id.
-  local code, rec, wm_task, taskid, state
-  if redis.call('EXISTS', ktask) == 1 then
-    code, wm_task, taskid = 2, id, id
-  end
-
-  if not code and ARGV[a+11] == '1' then
-    local prev = ARGV[a+12]
-    if prev == '' then prev = wmtask or '' end
-    if prev ~= '' then
-      local st = redis.call('HGET', task_prefix .. prev, 'state')
-      if st and busy[st] then
-        code, rec, wm_task, taskid, state = 4, a + 16, prev, prev, st
-      end
-    end
-  end
-
-  if not code then
-    local process_at, uttl = tonumber(ARGV[a+6]), tonumber(ARGV[a+7])
-    local delayed = process_at > now_ms
-    local kunique = KEYS[k+3]
-    if uttl > 0 then
-      local ttl_s
-      if delayed then
-        ttl_s = math.floor((process_at + uttl - now_ms) / 1000)
-      else
-        ttl_s = math.floor(uttl / 1000)
-      end
-      if ttl_s < 1 then ttl_s = 1 end
-      if not redis.call('SET', kunique, id, 'NX', 'EX', string.format('%d', ttl_s)) then
-        code, rec, wm_task, taskid = 3, a + 18, wmtask or '', redis.call('GET', kunique)
-      end
-    end
-    if not code then
-      local msg, group = ARGV[a+9], ARGV[a+8]
-      if delayed then
-        -- asynq's Schedule(Unique): no pending_since, and no group field
-        -- even when the message has a group (the forwarder then sends it
-        -- to pending).
-        state = 'scheduled'
-        if uttl > 0 then
-          redis.call('HSET', ktask, 'msg', msg, 'state', state, 'unique_key', kunique)
-        else
-          redis.call('HSET', ktask, 'msg', msg, 'state', state)
-        end
-        redis.call('ZADD', KEYS[5], string.format('%d', math.floor(process_at / 1000)), id)
-      elseif group ~= '' then
-        -- asynq's AddToGroup(Unique): the unique variant writes no unique_key.
-        state = 'aggregating'
-        redis.call('HSET', ktask, 'msg', msg, 'state', state, 'group', group)
-        redis.call('ZADD', KEYS[k+4], now_s, id)
-        redis.call('SADD', KEYS[6], group)
-      else
-        state = 'pending'
-        if uttl > 0 then
-          redis.call('HSET', ktask, 'msg', msg, 'state', state, 'pending_since', now_ns, 'unique_key', kunique)
-        else
-          redis.call('HSET', ktask, 'msg', msg, 'state', state, 'pending_since', now_ns)
-        end
-        redis.call('LPUSH', KEYS[4], id)
-      end
-      code, rec, wm_task, taskid = 1, a + 14, id, id
-    end
-  end
-
-  append(a + 21, tonumber(ARGV[a+20]))
-  if rec then append(rec, 1) end
-  if kind == 't' then
-    redis.call('SET', kwm, tick .. ' ' .. wm_task)
-    wm, wmtask = tick, wm_task
-  elseif kind == 'r' then
-    redis.call('SET', ktrigger, taskid or '', 'PX', ARGV[a+13])
-  end
-  return res(code, wm, wmtask, '', taskid, state)
-end
-
--- lean is fire() for a plain tick ('T'): no overlap check, no unique lock,
--- no group, no delay, no skipped records; it takes 10 arguments and 3 keys
--- (watermark, moved-marker, task) and answers 1 for "fired, pending"
--- instead of a row. Its checks (gate, mismatch) and writes are fire()'s for
--- such a tick, and the LPUSHes of consecutive lean fires are made as one
--- (flush, before any other fire and at the end: the list gets the same ids
--- in the same order, in the same atomic step). Measured with
--- BenchmarkFireOnce (batch-16, 20 iterations) when it came: Redis CPU per
--- fire 15.7 µs before, 11.2–13.8 µs after.
-local pushed = {}
-local function flush()
-  if #pushed > 0 then
-    redis.call('LPUSH', KEYS[4], unpack(pushed))
-    pushed = {}
-  end
-end
-
-local function lean(k, a)
-  local tick, expected = ARGV[a+1], ARGV[a+2]
-  local kwm, ktask = KEYS[k], KEYS[k+2]
-  local wm, wmtask, refused = gate(k, a)
-  if refused then return refused end
-  refused = mismatch(wm, wmtask, expected)
-  if refused then return refused end
-
-  local id = ARGV[a+7]
-  if redis.call('EXISTS', ktask) == 1 then
-    redis.call('SET', kwm, tick .. ' ' .. id)
-    return res(2, tick, id, '', id)
-  end
-  redis.call('HSET', ktask, 'msg', ARGV[a+6], 'state', 'pending', 'pending_since', now_ns)
-  pushed[#pushed + 1] = id
-  redis.call('XADD', KEYS[3], '*', 'id', ARGV[a+8], 'data', ARGV[a+9])
-  redis.call('SET', kwm, tick .. ' ' .. id)
-  return 1
-end
-
--- holds reports whether the stored watermark value v ("<ms> <task>", or
--- false when absent) is at tick expected ("" = none): mismatch's test
--- without cutting v into new strings.
-local function holds(v, expected)
-  if expected == '' then return not v end
-  if not v then return false end
-  local n = #expected
-  return string.sub(v, 1, n) == expected and (#v == n or string.byte(v, n + 1) == 32)
-end
-
--- bulk fires a chunk of plain ticks ('B' in ARGV[3]): lean's fires, each
--- of a different entry, all presenting the config sequence, freshness and
--- staleness bound in ARGV[4..6]. KEYS from 8: the n watermarks, the n
--- moved-markers, the n task keys. ARGV from 7, six per fire: tick, expected,
--- msg, task id, fired record id and data. The fires touch disjoint keys and
--- present the same fences (decided once, at the first fire that passes its
--- marker, as lean would), so reading every watermark and marker first and
--- writing every watermark last gives each fire lean's outcome and leaves the
--- same state, with three commands per fire instead of five. Measured when it
--- came (SameInstant100k, three runs each): Redis CPU per 100,000 fires
--- 1.32–1.64 s before, 0.98–1.19 s after.
-local function bulk(n)
-  local v = redis.call('MGET', unpack(KEYS, 8, 7 + 2 * n))
-  local out, marks, gated, code, extra = {}, {}, false, nil, nil
-  for i = 1, n do
-    local a, rev, dir = 1 + 6 * i, split(v[n + i])
-    if dir == 'out' then
-      local wm, wmtask = split(v[i])
-      out[i] = res(-2, wm, wmtask, rev)
-    else
-      if not gated then
-        gated = true
-        code, extra = fences(ARGV[4], ARGV[5], ARGV[6])
-      end
-      if code then
-        local wm, wmtask = split(v[i])
-        out[i] = res(code, wm, wmtask, extra)
-      elseif not holds(v[i], ARGV[a + 1]) then
-        local wm, wmtask = split(v[i])
-        out[i] = res(-1, wm, wmtask)
-      else
-        local tick, id, ktask = ARGV[a], ARGV[a + 3], KEYS[7 + 2 * n + i]
-        if redis.call('EXISTS', ktask) == 1 then
-          out[i] = res(2, tick, id, '', id)
-        else
-          redis.call('HSET', ktask, 'msg', ARGV[a + 2], 'state', 'pending', 'pending_since', now_ns)
-          pushed[#pushed + 1] = id
-          redis.call('XADD', KEYS[3], '*', 'id', ARGV[a + 4], 'data', ARGV[a + 5])
-          out[i] = 1
-        end
-        marks[#marks + 1] = KEYS[7 + i]
-        marks[#marks + 1] = tick .. ' ' .. id
-      end
-    end
-  end
-  flush()
-  if #marks > 0 then redis.call('MSET', unpack(marks)) end
-  return out
-end
-
-if ARGV[3] == 'B' then return bulk(nfires) end
-
-local out = {}
-local k, a = 8, 3
-for i = 1, nfires do
-  if ARGV[a] == 'T' then
-    out[i] = lean(k, a)
-    a = a + 10
-    k = k + 3
-  else
-    flush()
-    out[i] = fire(k, a)
-    a = a + 21 + 2 * tonumber(ARGV[a + 20])
-    k = k + 6
-  end
-end
-flush()
-return out
-`
+// maxFiresPerCall: a call of a few fires amortises the round trip and the
+// script's fixed cost over its fires, while several calls per pipeline keep
+// the server busy as the next call arrives; a large call makes the server
+// wait for all of it and costs more per fire (figures in docs/benchmarks.md).
+// maxFiresPerFlight bounds one pipeline's memory.
 
 // preparedFire is a validated fire with its encoded message.
 type preparedFire struct {
@@ -635,10 +339,6 @@ func prepareSkip(f *Fire, bad func(string, ...any) (preparedFire, error)) (prepa
 		return bad("tick is not after the expected watermark %s", f.Expected.UTC().Format(time.RFC3339Nano))
 	case len(f.SkippedRecords) == 0:
 		return bad("a skip without skipped records")
-	case f.MaxStaleness < 0:
-		return bad("negative duration")
-	case f.ConfigSeq > 1<<53:
-		return bad("config sequence %d above 2^53", f.ConfigSeq)
 	}
 	for i, r := range f.SkippedRecords {
 		if err := checkRecord(fmt.Sprintf("skipped[%d]", i), r, true); err != nil {
@@ -698,11 +398,8 @@ func prepare(f *Fire) (preparedFire, error) {
 	if f.UniqueTTL != 0 && f.UniqueTTL < time.Second {
 		return bad("unique TTL %s is below asynq's minimum of 1s", f.UniqueTTL)
 	}
-	if f.MaxStaleness < 0 || f.TriggerTTL < 0 {
-		return bad("negative duration")
-	}
-	if f.ConfigSeq > 1<<53 {
-		return bad("config sequence %d above 2^53", f.ConfigSeq)
+	if f.TriggerTTL < 0 {
+		return bad("negative trigger TTL")
 	}
 	if err := checkRecord("fired", f.FiredRecord, true); err != nil {
 		return bad("%v", err)
@@ -744,50 +441,49 @@ func checkRecord(name string, r Record, required bool) error {
 	return nil
 }
 
-// appendFire adds p's keys and arguments to a chunk's KEYS and ARGV.
-func appendFire(keys []string, args []any, p preparedFire, nums *numArgs, path firePath) ([]string, []any) {
+// appendFire adds p's keys and arguments to a chunk's KEYS and ARGV, laid
+// out as firelayout.go names them: the lean path's when the fire takes it,
+// else the full path's.
+func appendFire(keys []string, args []any, p preparedFire, nums *numArgs, fa fenceArgs, path firePath) ([]string, []any) {
 	f := p.f
 	task := p.keys.Task(p.id)
 	if path != pathFull && p.lean() {
-		keys = append(keys, p.own.Watermark(f.Entry), p.own.Handover(f.Entry), task)
-		return keys, append(args,
-			"T",
-			nums.arg(2, f.Tick.UnixMilli()),
-			expectedArg(f, nums),
-			nums.configArg(f),
-			freshArg(f, nums),
-			nums.arg(4, f.MaxStaleness.Milliseconds()),
-			p.msg,
-			p.id,
-			f.FiredRecord.ID, f.FiredRecord.Data,
-		)
+		var k [leanKeys]string
+		k[fireKeyWatermark], k[fireKeyMarker], k[fireKeyTask] = p.own.Watermark(f.Entry), p.own.Handover(f.Entry), task
+		var a [leanArgs]any
+		a[fireArgKind] = kindLean
+		a[fireArgTick] = nums.arg(numTick, f.Tick.UnixMilli())
+		a[fireArgExpected] = expectedArg(f, nums)
+		a[fireArgConfig], a[fireArgFresh], a[fireArgMaxStale] = fa.config, fa.fresh, fa.maxStale
+		a[leanArgMsg] = p.msg
+		a[leanArgTaskID] = p.id
+		a[leanArgFiredID], a[leanArgFiredData] = f.FiredRecord.ID, f.FiredRecord.Data
+		return append(keys, k[:]...), append(args, a[:]...)
 	}
-	unique, group, trigger := task, task, task
+	var k [fullKeys]string
+	k[fireKeyWatermark], k[fireKeyMarker], k[fireKeyTask] = p.own.Watermark(f.Entry), p.own.Handover(f.Entry), task
+	k[fireKeyUnique], k[fireKeyGroup], k[fireKeyTrigger] = task, task, task
 	if f.UniqueTTL > 0 && f.Msg != nil {
-		unique = p.keys.Unique(f.Msg.Type, f.Msg.Payload)
+		k[fireKeyUnique] = p.keys.Unique(f.Msg.Type, f.Msg.Payload)
 	}
 	if p.group != "" {
-		group = p.keys.Group(p.group)
+		k[fireKeyGroup] = p.keys.Group(p.group)
 	}
-	kind := "t"
+	kind := kindTick
 	switch f.Kind {
 	case FireTrigger:
-		kind = "r"
-		trigger = p.own.Trigger(f.RequestID)
+		kind = kindTrigger
+		k[fireKeyTrigger] = p.own.Trigger(f.RequestID)
 	case FireBackfill:
-		kind = "b"
+		kind = kindBackfill
 	case FireSkip:
-		kind = "s"
+		kind = kindSkip
 	}
-	keys = append(keys, p.own.Watermark(f.Entry), p.own.Handover(f.Entry), task, unique, group, trigger)
+	keys = append(keys, k[:]...)
 
 	expected := ""
 	if (f.Kind == FireTick || f.Kind == FireSkip) && !f.ExpectNone {
 		expected = strconv.FormatInt(f.Expected.UnixMilli(), 10)
-	}
-	fresh := ""
-	if !f.FreshAsOf.IsZero() {
-		fresh = strconv.FormatInt(f.FreshAsOf.UnixMilli(), 10)
 	}
 	var processAt int64
 	if !f.ProcessAt.IsZero() {
@@ -801,26 +497,24 @@ func appendFire(keys []string, args []any, p preparedFire, nums *numArgs, path f
 	if triggerTTL == 0 {
 		triggerTTL = DefaultTriggerTTL
 	}
-	args = append(args,
-		kind,
-		strconv.FormatInt(f.Tick.UnixMilli(), 10),
-		expected,
-		nums.configArg(f),
-		fresh,
-		strconv.FormatInt(f.MaxStaleness.Milliseconds(), 10),
-		strconv.FormatInt(processAt, 10),
-		strconv.FormatInt(f.UniqueTTL.Milliseconds(), 10),
-		p.group,
-		p.msg,
-		p.id,
-		overlap,
-		f.PrevTaskID,
-		strconv.FormatInt(max(triggerTTL.Milliseconds(), 1), 10),
-		f.FiredRecord.ID, f.FiredRecord.Data,
-		f.OverlapRecord.ID, f.OverlapRecord.Data,
-		f.DuplicateRecord.ID, f.DuplicateRecord.Data,
-		len(f.SkippedRecords),
-	)
+	var a [fullArgs]any
+	a[fireArgKind] = kind
+	a[fireArgTick] = strconv.FormatInt(f.Tick.UnixMilli(), 10)
+	a[fireArgExpected] = expected
+	a[fireArgConfig], a[fireArgFresh], a[fireArgMaxStale] = fa.config, fa.fresh, fa.maxStale
+	a[fullArgProcessAt] = strconv.FormatInt(processAt, 10)
+	a[fullArgUniqueTTL] = strconv.FormatInt(f.UniqueTTL.Milliseconds(), 10)
+	a[fullArgGroup] = p.group
+	a[fullArgMsg] = p.msg
+	a[fullArgTaskID] = p.id
+	a[fullArgOverlap] = overlap
+	a[fullArgPrevTask] = f.PrevTaskID
+	a[fullArgTriggerTTL] = strconv.FormatInt(max(triggerTTL.Milliseconds(), 1), 10)
+	a[fullArgFiredID], a[fullArgFiredData] = f.FiredRecord.ID, f.FiredRecord.Data
+	a[fullArgOverlapID], a[fullArgOverlapData] = f.OverlapRecord.ID, f.OverlapRecord.Data
+	a[fullArgDuplicateID], a[fullArgDuplicateData] = f.DuplicateRecord.ID, f.DuplicateRecord.Data
+	a[fullArgSkippedCount] = len(f.SkippedRecords)
+	args = append(args, a[:]...)
 	for _, r := range f.SkippedRecords {
 		args = append(args, r.ID, r.Data)
 	}
@@ -841,14 +535,12 @@ const (
 )
 
 // bulkable reports whether a chunk takes the script's bulk path: every fire
-// a plain tick (lean), of a different entry, presenting the same config
-// sequence, freshness and staleness bound.
+// a plain tick (lean), of a different entry (the batch's fences are
+// presented once).
 func bulkable(fires []*preparedFire) bool {
-	first := fires[0].f
 	for i, p := range fires {
 		f := p.f
-		if !p.lean() || f.ConfigSeq != first.ConfigSeq || f.ConfigID != first.ConfigID || f.FreshAsOf.IsZero() != first.FreshAsOf.IsZero() ||
-			f.FreshAsOf.UnixMilli() != first.FreshAsOf.UnixMilli() || f.MaxStaleness.Milliseconds() != first.MaxStaleness.Milliseconds() {
+		if !p.lean() {
 			return false
 		}
 		for _, q := range fires[:i] {
@@ -861,23 +553,32 @@ func bulkable(fires []*preparedFire) bool {
 }
 
 // appendBulk adds a bulkable chunk's keys and arguments in the bulk path's
-// layout: the watermarks, then the moved-markers, then the task keys; the
-// common fence arguments once, then six arguments per fire.
-func appendBulk(keys []string, args []any, fires []*preparedFire, nums *numArgs) ([]string, []any) {
-	first := fires[0].f
-	for _, p := range fires {
-		keys = append(keys, p.own.Watermark(p.f.Entry))
+// layout: the blocks of watermarks, moved-markers and task keys; the
+// common fence arguments once, then bulkArgs arguments per fire.
+func appendBulk(keys []string, args []any, fires []*preparedFire, nums *numArgs, fa fenceArgs) ([]string, []any) {
+	n := len(fires)
+	at := len(keys)
+	keys = slices.Grow(keys, 3*n)[:at+3*n]
+	for i, p := range fires {
+		keys[at+bulkBlockWatermark*n+i] = p.own.Watermark(p.f.Entry)
+		keys[at+bulkBlockMarker*n+i] = p.own.Handover(p.f.Entry)
+		keys[at+bulkBlockTask*n+i] = p.keys.Task(p.id)
 	}
-	for _, p := range fires {
-		keys = append(keys, p.own.Handover(p.f.Entry))
-	}
-	for _, p := range fires {
-		keys = append(keys, p.keys.Task(p.id))
-	}
-	args = append(args, "B", nums.configArg(first), freshArg(first, nums), nums.arg(4, first.MaxStaleness.Milliseconds()))
+	var head [argBulkFirstFire - argBulk]any
+	head[argBulk-argBulk] = kindBulk
+	head[argBulkConfig-argBulk] = fa.config
+	head[argBulkFresh-argBulk] = fa.fresh
+	head[argBulkMaxStale-argBulk] = fa.maxStale
+	args = append(args, head[:]...)
 	for _, p := range fires {
 		f := p.f
-		args = append(args, nums.arg(2, f.Tick.UnixMilli()), expectedArg(f, nums), p.msg, p.id, f.FiredRecord.ID, f.FiredRecord.Data)
+		var a [bulkArgs]any
+		a[bulkArgTick] = nums.arg(numTick, f.Tick.UnixMilli())
+		a[bulkArgExpected] = expectedArg(f, nums)
+		a[bulkArgMsg] = p.msg
+		a[bulkArgTaskID] = p.id
+		a[bulkArgFiredID], a[bulkArgFiredData] = f.FiredRecord.ID, f.FiredRecord.Data
+		args = append(args, a[:]...)
 	}
 	return keys, args
 }
@@ -886,41 +587,24 @@ func expectedArg(f *Fire, nums *numArgs) any {
 	if f.ExpectNone {
 		return ""
 	}
-	return nums.arg(0, f.Expected.UnixMilli())
-}
-
-func freshArg(f *Fire, nums *numArgs) any {
-	if f.FreshAsOf.IsZero() {
-		return ""
-	}
-	return nums.arg(1, f.FreshAsOf.UnixMilli())
+	return nums.arg(numExpected, f.Expected.UnixMilli())
 }
 
 // numArgs remembers the last decimal argument made for each of a few
-// numeric fields: in a burst every fire has the same tick, expected
-// watermark, config sequence, freshness and staleness bound, and the
-// string and its boxing are then made once instead of once per fire.
+// numeric fields: in a burst every fire has the same tick and expected
+// watermark, and the string and its boxing are then made once instead of
+// once per fire.
 type numArgs struct {
-	set  [5]bool
-	val  [5]int64
-	args [5]any
-	// The last config argument with an id (configArg).
-	cfgSeq uint64
-	cfgID  string
-	cfgArg any
+	set  [2]bool
+	val  [2]int64
+	args [2]any
 }
 
-// configArg is the config sequence argument: "<seq>", or "<seq>:<id>"
-// when the fire knows the id of the config message at seq.
-func (n *numArgs) configArg(f *Fire) any {
-	if f.ConfigID == "" {
-		return n.arg(3, int64(f.ConfigSeq))
-	}
-	if n.cfgArg == nil || n.cfgSeq != f.ConfigSeq || n.cfgID != f.ConfigID {
-		n.cfgSeq, n.cfgID, n.cfgArg = f.ConfigSeq, f.ConfigID, strconv.FormatUint(f.ConfigSeq, 10)+":"+f.ConfigID
-	}
-	return n.cfgArg
-}
+// Fields numArgs remembers.
+const (
+	numExpected = iota
+	numTick
+)
 
 func (n *numArgs) arg(i int, v int64) any {
 	if !n.set[i] || n.val[i] != v {
@@ -955,7 +639,7 @@ type fireCall struct {
 //
 // The calls' commands are laid out in *arena (grown as needed), which must
 // outlive the calls; fireBatch reuses it from flight to flight.
-func chunkFires(prepared []preparedFire, offset, perCall int, path firePath, arena *[]any) []*fireCall {
+func chunkFires(prepared []preparedFire, offset, perCall int, fa fenceArgs, path firePath, arena *[]any) []*fireCall {
 	type slot struct{ prefix, queue string }
 	open := make(map[slot]*fireCall)
 	var calls []*fireCall
@@ -985,13 +669,24 @@ func chunkFires(prepared []preparedFire, offset, perCall int, path firePath, are
 	for c, call := range calls {
 		first := call.fires[0]
 		own := first.own
-		keys = append(keys[:0], own.Fence(), own.Freshness(), own.Outbox(), first.keys.Pending(), first.keys.Scheduled(), first.keys.Groups(), own.FenceID())
-		args = append(args[:0], first.keys.TaskPrefix(), len(call.fires))
+		var common [keyFirstFire - 1]string
+		common[keyFence-1] = own.Fence()
+		common[keyFreshness-1] = own.Freshness()
+		common[keyOutbox-1] = own.Outbox()
+		common[keyPending-1] = first.keys.Pending()
+		common[keyScheduled-1] = first.keys.Scheduled()
+		common[keyGroups-1] = first.keys.Groups()
+		common[keyFenceID-1] = own.FenceID()
+		keys = append(keys[:0], common[:]...)
+		var head [argFirstFire - 1]any
+		head[argTaskPrefix-1] = first.keys.TaskPrefix()
+		head[argFires-1] = len(call.fires)
+		args = append(args[:0], head[:]...)
 		if path == pathAuto && bulkable(call.fires) {
-			keys, args = appendBulk(keys, args, call.fires, &nums)
+			keys, args = appendBulk(keys, args, call.fires, &nums, fa)
 		} else {
 			for _, p := range call.fires {
-				keys, args = appendFire(keys, args, *p, &nums, path)
+				keys, args = appendFire(keys, args, *p, &nums, fa, path)
 			}
 		}
 		cmds = append(cmds, "evalsha", fireScript.Hash(), len(keys))
@@ -1025,44 +720,29 @@ var (
 // enqueue) and the tenant's set of queues with an outbox (so the relay finds
 // every outbox). Re-adding is cheap inside a pipeline, so nothing is cached.
 func runFireCalls(ctx context.Context, c redis.UniversalClient, calls []*fireCall) {
-	send := func(calls []*fireCall) {
-		pipe := c.Pipeline()
-		registered := make(map[[2]string]bool)
-		for _, call := range calls {
-			if slot := [2]string{call.prefix, call.queue}; !registered[slot] {
-				registered[slot] = true
-				pipe.SAdd(ctx, AllQueuesKey, call.queue)
-				pipe.SAdd(ctx, OutboxesKey(call.prefix), call.queue)
-			}
-			// As go-redis's EvalSha builds it, so a cluster client routes
-			// it by its first key.
-			call.cmd = redis.NewCmd(ctx, call.args...)
-			call.cmd.SetFirstKeyPos(3)
-			_ = pipe.Process(ctx, call.cmd)
-		}
-		_, _ = pipe.Exec(ctx)
-	}
-	send(calls)
-	var missing []*fireCall
+	batch := redisscript.NewBatch(c)
+	registered := make(map[[2]string]bool)
 	for _, call := range calls {
-		if isNoScript(call.cmd.Err()) {
-			// The script cache was empty (a fresh or restarted server):
-			// NOSCRIPT means the call did not run, so sending it again
-			// with EVAL is safe.
-			call.args[0], call.args[1] = "eval", fireScriptSrc
-			missing = append(missing, call)
+		if slot := [2]string{call.prefix, call.queue}; !registered[slot] {
+			registered[slot] = true
+			batch.Pipe().SAdd(ctx, AllQueuesKey, call.queue)
+			batch.Pipe().SAdd(ctx, OutboxesKey(call.prefix), call.queue)
 		}
+		// As Script.Cmd builds it, so a cluster client routes it by its
+		// first key.
+		call.cmd = redis.NewCmd(ctx, call.args...)
+		call.cmd.SetFirstKeyPos(3)
+		batch.Process(ctx, fireScript, call.cmd)
 	}
-	if len(missing) > 0 {
-		send(missing)
-	}
+	batch.Exec(ctx)
 }
 
-// FireOnce fires f in one atomic script call. Refusals are statuses, not
-// errors; an error means the fire was invalid or Redis failed (the outcome is
-// then unknown, and firing the same Fire again is safe).
-func (s *Store) FireOnce(ctx context.Context, f Fire) (FireResult, error) {
-	res, err := s.fireBatch(ctx, []Fire{f}, maxFiresPerCall)
+// FireOnce fires f, presenting fences, in one atomic script call. Refusals
+// are statuses, not errors; an error means the fire was invalid or Redis
+// failed (the outcome is then unknown, and firing the same Fire again is
+// safe).
+func (s *Store) FireOnce(ctx context.Context, fences Fences, f Fire) (FireResult, error) {
+	res, err := s.fireBatch(ctx, fences, []Fire{f}, maxFiresPerCall)
 	if err != nil {
 		return FireResult{}, err
 	}
@@ -1072,22 +752,27 @@ func (s *Store) FireOnce(ctx context.Context, f Fire) (FireResult, error) {
 	return res[0], nil
 }
 
-// FireBatch fires many fires, grouped per queue (and per tenant prefix) into
-// script calls of up to maxFiresPerCall fires each, sent in pipelines. Fires
+// FireBatch fires many fires, each presenting fences, grouped per queue (and
+// per tenant prefix) into script calls of up to maxFiresPerCall fires each,
+// sent in pipelines. Fires
 // of one queue run in the order given, so a later fire sees the watermark an
 // earlier one moved. The results are in the order of fires. A fire whose call
 // failed has Err set; FireBatch then also returns an error. An invalid fire
-// fails the whole batch before anything is sent.
+// or invalid fences fail the whole batch before anything is sent.
 //
 // FireBatch does not look at the outbox backlog: the scheduler pauses firing
 // on OutboxLen.
-func (s *Store) FireBatch(ctx context.Context, fires []Fire) ([]FireResult, error) {
-	return s.fireBatch(ctx, fires, maxFiresPerCall)
+func (s *Store) FireBatch(ctx context.Context, fences Fences, fires []Fire) ([]FireResult, error) {
+	return s.fireBatch(ctx, fences, fires, maxFiresPerCall)
 }
 
 // fireBatch is FireBatch with the chunk size as a parameter: 1 sends a
 // pipeline of one script call per fire (the benchmark's comparison).
-func (s *Store) fireBatch(ctx context.Context, fires []Fire, perCall int) ([]FireResult, error) {
+func (s *Store) fireBatch(ctx context.Context, fences Fences, fires []Fire, perCall int) ([]FireResult, error) {
+	if err := fences.check(); err != nil {
+		return nil, err
+	}
+	fa := fences.args()
 	pbuf := preparedBufs.Get().(*[]preparedFire)
 	prepared := slices.Grow((*pbuf)[:0], len(fires))[:len(fires)]
 	arena := cmdArenas.Get().(*[]any)
@@ -1121,7 +806,7 @@ func (s *Store) fireBatch(ctx context.Context, fires []Fire, perCall int) ([]Fir
 	var firstErr error
 	for start := 0; start < len(prepared); start += maxFiresPerFlight {
 		end := min(start+maxFiresPerFlight, len(prepared))
-		calls := chunkFires(prepared[start:end], start, perCall, s.firePath, arena)
+		calls := chunkFires(prepared[start:end], start, perCall, fa, s.firePath, arena)
 		runFireCalls(ctx, s.client, calls)
 		for _, call := range calls {
 			decodeFireCall(call, results)
@@ -1141,8 +826,6 @@ func (s *Store) fireBatch(ctx context.Context, fires []Fire, perCall int) ([]Fir
 	}
 	return results, nil
 }
-
-func isNoScript(err error) bool { return redis.HasErrorPrefix(err, "NOSCRIPT") }
 
 // decodeFireCall stores call's per-fire outcomes in results.
 func decodeFireCall(call *fireCall, results []FireResult) {
@@ -1226,195 +909,4 @@ func parseFireReply(v any) (FireResult, error) {
 		return FireResult{}, fmt.Errorf("unknown fire script code %d", code)
 	}
 	return r, nil
-}
-
-// Watermark returns entry's watermark in queue's slot: its last fired or
-// skipped tick and the task id stored with it. ok is false when the entry
-// never fired there.
-func (s *Store) Watermark(ctx context.Context, prefix, queue, entry string) (tick time.Time, taskID string, ok bool, err error) {
-	v, err := s.client.Get(ctx, Own(prefix, queue).Watermark(entry)).Result()
-	if errors.Is(err, redis.Nil) {
-		return time.Time{}, "", false, nil
-	}
-	if err != nil {
-		return time.Time{}, "", false, fmt.Errorf("read watermark of entry %q in queue %q: %w", entry, queue, err)
-	}
-	tick, taskID, err = parseWatermark(v)
-	if err != nil {
-		return time.Time{}, "", false, fmt.Errorf("read watermark of entry %q in queue %q: %w", entry, queue, err)
-	}
-	return tick, taskID, true, nil
-}
-
-// parseWatermark reads the stored form "<tick unix ms> <task id>".
-func parseWatermark(v string) (time.Time, string, error) {
-	msPart, taskID, _ := strings.Cut(v, " ")
-	ms, err := strconv.ParseInt(msPart, 10, 64)
-	if err != nil {
-		return time.Time{}, "", fmt.Errorf("malformed watermark %q", v)
-	}
-	return time.UnixMilli(ms).UTC(), taskID, nil
-}
-
-// Queue change = handover (docs/design.md INV-handover). The watermark lives in the queue's
-// slot, so when an entry moves from queue A to queue B at config revision R:
-//
-//  1. CloseForHandover(A, R) writes the marker "R out" in A's slot: fires into
-//     A refuse from then on (StatusMoved, with A's last watermark), so a
-//     replica still on the old configuration cannot fire a tick there.
-//  2. SeedWatermark(B, A's watermark, R) writes "R in" in B's slot and raises
-//     B's watermark to A's when B's is absent or older.
-//
-// The marker ("<revision> <in|out>" in the Handover key) only ever moves to a
-// higher revision, so both steps are idempotent, a crash between them is
-// harmless (repeat both), and a late, repeated step of an older handover
-// changes nothing: after A→B at R1 and B→A at R2, A holds "R2 in", and a
-// stale CloseForHandover(A, R1) or SeedWatermark(B, …, R1) is ignored.
-//
-// Both steps also raise the slot's revision fence to R: whoever hands over has
-// seen revision R, so a replica whose projection is older than R must not
-// fire into either slot. Without this, after A→B→A a replica still on a
-// configuration from before the first move (queue A) could fire into A again.
-
-// ErrHandoverSuperseded reports a SeedWatermark for a revision that a later
-// (or the same) handover already moved the entry away from.
-var ErrHandoverSuperseded = errors.New("handover superseded by a later revision")
-
-// raiseFenceLua raises the revision fence in KEYS[3] to ARGV[1].
-const raiseFenceLua = `
-local fence = redis.call('GET', KEYS[3])
-if not fence or tonumber(fence) < tonumber(ARGV[1]) then redis.call('SET', KEYS[3], ARGV[1]) end
-`
-
-// closeForHandoverScript: KEYS 1 marker, 2 watermark, 3 fence; ARGV 1
-// revision. Returns {watermark or "", marker}.
-var closeForHandoverScript = redis.NewScript(raiseFenceLua + `
-local marker = redis.call('GET', KEYS[1])
-if not marker or tonumber(string.match(marker, '^(%d+)')) < tonumber(ARGV[1]) then
-  marker = ARGV[1] .. ' out'
-  redis.call('SET', KEYS[1], marker)
-end
-return {redis.call('GET', KEYS[2]) or '', marker}
-`)
-
-// seedWatermarkScript: KEYS 1 marker, 2 watermark, 3 fence; ARGV 1
-// revision, 2 watermark ms ("" = none), 3 its task id. Returns {1 seeded | 0
-// superseded, marker}.
-var seedWatermarkScript = redis.NewScript(`
-local marker = redis.call('GET', KEYS[1])
-if marker then
-  local rev = tonumber(string.match(marker, '^(%d+)'))
-  local rev_in = tonumber(ARGV[1])
-  if rev > rev_in or (rev == rev_in and string.sub(marker, -4) == ' out') then
-    return {0, marker}
-  end
-end
-marker = ARGV[1] .. ' in'
-redis.call('SET', KEYS[1], marker)
-` + raiseFenceLua + `
-if ARGV[2] ~= '' then
-  local cur = redis.call('GET', KEYS[2])
-  if not cur or tonumber(string.match(cur, '^(-?%d+)')) < tonumber(ARGV[2]) then
-    redis.call('SET', KEYS[2], ARGV[2] .. ' ' .. ARGV[3])
-  end
-end
-return {1, marker}
-`)
-
-// CloseForHandover closes entry in oldQueue's slot at config revision: fires
-// there refuse with StatusMoved from now on, and the slot's revision fence is
-// raised to revision. It returns the slot's watermark
-// (ok false when the entry never fired there), to be passed to SeedWatermark.
-// It is idempotent, and a close for a revision older than the slot's marker
-// changes nothing.
-func (s *Store) CloseForHandover(ctx context.Context, prefix, oldQueue, entry string, revision uint64) (tick time.Time, taskID string, ok bool, err error) {
-	if entry == "" || oldQueue == "" {
-		return time.Time{}, "", false, fmt.Errorf("close entry %q in queue %q for handover: %w: empty entry or queue", entry, oldQueue, ErrInvalidFire)
-	}
-	own := Own(prefix, oldQueue)
-	reply, err := closeForHandoverScript.Run(ctx, s.client, []string{own.Handover(entry), own.Watermark(entry), own.Fence()}, revision).Slice()
-	if err != nil {
-		return time.Time{}, "", false, fmt.Errorf("close entry %q in queue %q for handover at revision %d: %w", entry, oldQueue, revision, err)
-	}
-	wm, _ := reply[0].(string)
-	if wm == "" {
-		return time.Time{}, "", false, nil
-	}
-	tick, taskID, err = parseWatermark(wm)
-	if err != nil {
-		return time.Time{}, "", false, fmt.Errorf("close entry %q in queue %q for handover: %w", entry, oldQueue, err)
-	}
-	return tick, taskID, true, nil
-}
-
-// SeedWatermark opens entry in newQueue's slot at config revision: it records
-// the handover, raises the slot's revision fence to revision, and raises the
-// slot's watermark to tick (with taskID) when the slot has none or an older
-// one. A zero tick seeds nothing but still opens the
-// slot (the entry never fired in its old queue). It clears a "moved out"
-// marker of an older revision, so an entry moved A→B→A fires in A again. It
-// returns ErrHandoverSuperseded when the slot was closed at this or a later
-// revision. It is idempotent.
-//
-// It also serves to restore a lost watermark from the last fired event in the
-// stream (revision 0 then, so it never overrides a handover).
-func (s *Store) SeedWatermark(ctx context.Context, prefix, newQueue, entry string, tick time.Time, taskID string, revision uint64) error {
-	if entry == "" || newQueue == "" {
-		return fmt.Errorf("seed watermark of entry %q in queue %q: %w: empty entry or queue", entry, newQueue, ErrInvalidFire)
-	}
-	own := Own(prefix, newQueue)
-	ms := ""
-	if !tick.IsZero() {
-		ms = strconv.FormatInt(tick.UnixMilli(), 10)
-	}
-	reply, err := seedWatermarkScript.Run(ctx, s.client, []string{own.Handover(entry), own.Watermark(entry), own.Fence()}, revision, ms, taskID).Slice()
-	if err != nil {
-		return fmt.Errorf("seed watermark of entry %q in queue %q at revision %d: %w", entry, newQueue, revision, err)
-	}
-	if seeded, _ := reply[0].(int64); seeded != 1 {
-		marker, _ := reply[1].(string)
-		return fmt.Errorf("seed watermark of entry %q in queue %q at revision %d (slot marker %q): %w", entry, newQueue, revision, marker, ErrHandoverSuperseded)
-	}
-	return nil
-}
-
-// Stream epochs (docs/design.md INV-revision-fence). The revision fence and
-// the handover markers hold config stream sequences. When the config stream
-// is deleted and recreated, or restored from an older snapshot, they may name
-// sequences the stream no longer has; a replica that finds so (scheduler)
-// clears them with ClearFence and ClearHandover. Both compare first: they
-// clear only the value the replica checked, so two replicas clearing at once
-// do not fight, and a fence another replica raised meanwhile (from the new
-// stream) stays.
-
-// clearSeqScript: KEYS 1 fence or marker; ARGV 1 sequence. Deletes the key
-// when the sequence it starts with ("<seq>" or "<seq> <in|out>") is ARGV[1].
-// Returns 1 when it deleted, else 0.
-var clearSeqScript = redis.NewScript(`
-local v = redis.call('GET', KEYS[1])
-if v and string.match(v, '^(%d+)') == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  return 1
-end
-return 0
-`)
-
-// ClearFence deletes queue's revision fence if it still holds seq, and
-// reports whether it did. The next fire into the slot sets it again.
-func (s *Store) ClearFence(ctx context.Context, prefix, queue string, seq uint64) (bool, error) {
-	n, err := clearSeqScript.Run(ctx, s.client, []string{Own(prefix, queue).Fence()}, strconv.FormatUint(seq, 10)).Int()
-	if err != nil {
-		return false, fmt.Errorf("clear revision fence %d of queue %q: %w", seq, queue, err)
-	}
-	return n == 1, nil
-}
-
-// ClearHandover deletes entry's handover marker in queue's slot if it still
-// records revision, and reports whether it did: the slot is open again.
-func (s *Store) ClearHandover(ctx context.Context, prefix, queue, entry string, revision uint64) (bool, error) {
-	n, err := clearSeqScript.Run(ctx, s.client, []string{Own(prefix, queue).Handover(entry)}, strconv.FormatUint(revision, 10)).Int()
-	if err != nil {
-		return false, fmt.Errorf("clear handover marker %d of entry %q in queue %q: %w", revision, entry, queue, err)
-	}
-	return n == 1, nil
 }

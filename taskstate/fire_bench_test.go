@@ -73,7 +73,7 @@ func BenchmarkFireOnce(b *testing.B) {
 		run(b, func(fires []Fire) ([]FireResult, error) {
 			out := make([]FireResult, len(fires))
 			for i := range fires {
-				r, err := s.FireOnce(ctx, fires[i])
+				r, err := s.FireOnce(ctx, testFences, fires[i])
 				if err != nil {
 					return nil, err
 				}
@@ -83,11 +83,11 @@ func BenchmarkFireOnce(b *testing.B) {
 		})
 	})
 	b.Run("pipeline", func(b *testing.B) {
-		run(b, func(fires []Fire) ([]FireResult, error) { return s.fireBatch(ctx, fires, 1) })
+		run(b, func(fires []Fire) ([]FireResult, error) { return s.fireBatch(ctx, testFences, fires, 1) })
 	})
 	for _, n := range []int{maxFiresPerCall, 64, 256} {
 		b.Run(fmt.Sprintf("batch-%d", n), func(b *testing.B) {
-			run(b, func(fires []Fire) ([]FireResult, error) { return s.fireBatch(ctx, fires, n) })
+			run(b, func(fires []Fire) ([]FireResult, error) { return s.fireBatch(ctx, testFences, fires, n) })
 		})
 	}
 }

@@ -38,17 +38,16 @@ func record(kind, entry string, tick time.Time) Record {
 	return Record{ID: id, Data: []byte(`{"id":"` + id + `"}`)}
 }
 
+// testFences are the fences the tests' fires present unless a test says
+// otherwise.
+var testFences = Fences{ConfigSeq: 10}
+
 // tickFire builds a FireTick of entry at tick expecting prev (zero = none).
 func tickFire(entry, queue string, tick, prev time.Time) Fire {
-	return Fire{
-		Prefix: testPrefix, Entry: entry, Queue: queue, Kind: FireTick,
-		Tick: tick, Expected: prev, ExpectNone: prev.IsZero(), ConfigSeq: 10,
-		Msg: &TaskMessage{
-			Type: "report:daily", Payload: []byte(`{"team":"ops"}`), ID: taskIDFor(entry, tick),
-			Retry: 25, Timeout: 1800, Headers: map[string]string{"source": "cron"},
-		},
-		FiredRecord: record("fired", entry, tick),
-	}
+	return NewTickFire(testPrefix, queue, entry, tick, prev, !prev.IsZero(), &TaskMessage{
+		Type: "report:daily", Payload: []byte(`{"team":"ops"}`), ID: taskIDFor(entry, tick),
+		Retry: 25, Timeout: 1800, Headers: map[string]string{"source": "cron"},
+	}, record("fired", entry, tick))
 }
 
 func newTestStore(t testing.TB) (*Store, *redis.Client) {
@@ -57,10 +56,17 @@ func newTestStore(t testing.TB) (*Store, *redis.Client) {
 	return New(rc), rc
 }
 
-// mustFire fires f and fails the test on an error or an unexpected status.
+// mustFire fires f presenting testFences and fails the test on an error or
+// an unexpected status.
 func mustFire(t testing.TB, s *Store, f Fire, want FireStatus) FireResult {
 	t.Helper()
-	res, err := s.FireOnce(context.Background(), f)
+	return mustFireWith(t, s, testFences, f, want)
+}
+
+// mustFireWith is mustFire presenting fences.
+func mustFireWith(t testing.TB, s *Store, fences Fences, f Fire, want FireStatus) FireResult {
+	t.Helper()
+	res, err := s.FireOnce(context.Background(), fences, f)
 	if err != nil {
 		t.Fatalf("fire %s of %q at %s: %v", f.Kind, f.Entry, f.Tick.Format(time.RFC3339), err)
 	}
@@ -484,7 +490,7 @@ func TestFireCompareAndSetRace(t *testing.T) {
 		errs := make([]error, 2)
 		for g, st := range []*Store{s, s2} {
 			wg.Go(func() {
-				results[g], errs[g] = st.FireOnce(context.Background(), tickFire("race", "default", tick, prev))
+				results[g], errs[g] = st.FireOnce(context.Background(), testFences, tickFire("race", "default", tick, prev))
 			})
 		}
 		wg.Wait()
@@ -557,45 +563,41 @@ func TestFireCatchUpGap(t *testing.T) {
 // already seen in the slot.
 func TestFireRevisionFence(t *testing.T) {
 	s, _ := newTestStore(t)
+	seq := func(n uint64) Fences { return Fences{ConfigSeq: n} }
 	f := tickFire("rev", "default", tickAt(1), time.Time{})
-	f.ConfigSeq = 42
-	mustFire(t, s, f, StatusFired)
+	mustFireWith(t, s, seq(42), f, StatusFired)
 	old := tickFire("rev", "default", tickAt(2), tickAt(1))
-	old.ConfigSeq = 41
-	if res := mustFire(t, s, old, StatusRevisionFenced); res.Fence != 42 || !res.Watermark.Equal(tickAt(1)) {
+	if res := mustFireWith(t, s, seq(41), old, StatusRevisionFenced); res.Fence != 42 || !res.Watermark.Equal(tickAt(1)) {
 		t.Fatalf("fenced result %+v", res)
 	}
 	// The fence is per slot, not per entry: another entry of an older
 	// projection is refused too.
 	other := tickFire("other", "default", tickAt(2), time.Time{})
-	other.ConfigSeq = 40
-	mustFire(t, s, other, StatusRevisionFenced)
+	mustFireWith(t, s, seq(40), other, StatusRevisionFenced)
 	same := old
-	same.ConfigSeq = 42
-	mustFire(t, s, same, StatusFired)
+	mustFireWith(t, s, seq(42), same, StatusFired)
 	newer := tickFire("rev", "default", tickAt(3), tickAt(2))
-	newer.ConfigSeq = 50
-	mustFire(t, s, newer, StatusFired)
+	mustFireWith(t, s, seq(50), newer, StatusFired)
 	again := tickFire("other", "default", tickAt(2), time.Time{})
-	again.ConfigSeq = 42
-	if res := mustFire(t, s, again, StatusRevisionFenced); res.Fence != 50 {
+	if res := mustFireWith(t, s, seq(42), again, StatusRevisionFenced); res.Fence != 50 {
 		t.Fatalf("fence %d, want 50", res.Fence)
 	}
 	if got := outboxIDs(t, s, "default"); len(got) != 3 {
 		t.Fatalf("outbox %v, want 3 fired records", got)
 	}
-	// Within one script call, a later fire sees the fence an earlier one
-	// raised, and a lower sequence never lowers it.
+	// A batch carries one set of fences: after a batch raised the fence, a
+	// batch of a lower sequence is refused throughout and never lowers it.
 	up := tickFire("b1", "default", tickAt(1), time.Time{})
-	up.ConfigSeq = 60
 	down := tickFire("b2", "default", tickAt(1), time.Time{})
-	down.ConfigSeq = 55
-	res, err := s.FireBatch(context.Background(), []Fire{up, down, down})
+	if res, err := s.FireBatch(context.Background(), seq(60), []Fire{up}); err != nil || res[0].Status != StatusFired {
+		t.Fatalf("batch at 60: %v %v", res, err)
+	}
+	res, err := s.FireBatch(context.Background(), seq(55), []Fire{down, down})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res[0].Status != StatusFired || res[1].Status != StatusRevisionFenced || res[2].Status != StatusRevisionFenced || res[2].Fence != 60 {
-		t.Fatalf("batch statuses %v %v %v (fence %d)", res[0].Status, res[1].Status, res[2].Status, res[2].Fence)
+	if res[0].Status != StatusRevisionFenced || res[1].Status != StatusRevisionFenced || res[1].Fence != 60 {
+		t.Fatalf("batch statuses %v %v (fence %d)", res[0].Status, res[1].Status, res[1].Fence)
 	}
 }
 
@@ -611,8 +613,7 @@ func TestFireStalenessFence(t *testing.T) {
 			prev = tickAt(n - 1)
 		}
 		f := tickFire(entry, "default", tickAt(n), prev)
-		f.FreshAsOf, f.MaxStaleness = freshAsOf, 30*time.Second
-		return mustFire(t, s, f, want)
+		return mustFireWith(t, s, Fences{ConfigSeq: 10, FreshAsOf: freshAsOf, MaxStaleness: 30 * time.Second}, f, want)
 	}
 	// Nobody hears NATS: three replicas whose projections stopped within a
 	// few seconds of each other all keep firing, minutes later.
@@ -627,18 +628,20 @@ func TestFireStalenessFence(t *testing.T) {
 	}
 	// Within max staleness of the freshest: fine again.
 	fire("a", 3, heard.Add(14*time.Second), StatusFired)
-	// Within one script call, a later fire sees the freshness an earlier one
-	// raised.
+	// A batch carries one set of fences: after a batch raised the
+	// freshness, a batch lagging it is stale throughout.
 	ahead := tickFire("d", "default", tickAt(1), time.Time{})
-	ahead.FreshAsOf, ahead.MaxStaleness = heard.Add(100*time.Second), 30*time.Second
 	behind := tickFire("e", "default", tickAt(1), time.Time{})
-	behind.FreshAsOf, behind.MaxStaleness = heard.Add(60*time.Second), 30*time.Second
-	batch, err := s.FireBatch(context.Background(), []Fire{ahead, behind, behind})
+	fresh := func(at time.Time) Fences { return Fences{ConfigSeq: 10, FreshAsOf: at, MaxStaleness: 30 * time.Second} }
+	if batch, err := s.FireBatch(context.Background(), fresh(heard.Add(100*time.Second)), []Fire{ahead}); err != nil || batch[0].Status != StatusFired {
+		t.Fatalf("batch ahead: %v %v", batch, err)
+	}
+	batch, err := s.FireBatch(context.Background(), fresh(heard.Add(60*time.Second)), []Fire{behind, behind})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if batch[0].Status != StatusFired || batch[1].Status != StatusStale || batch[2].Status != StatusStale {
-		t.Fatalf("batch statuses %v %v %v", batch[0].Status, batch[1].Status, batch[2].Status)
+	if batch[0].Status != StatusStale || batch[1].Status != StatusStale {
+		t.Fatalf("batch statuses %v %v", batch[0].Status, batch[1].Status)
 	}
 	// A fire that presents no freshness is not checked.
 	f := tickFire("c", "default", tickAt(1), time.Time{})
@@ -656,8 +659,7 @@ func TestFireFenceID(t *testing.T) {
 	fire := func(entry string, seq uint64, id string, want FireStatus) FireResult {
 		t.Helper()
 		f := tickFire(entry, "default", tickAt(1), time.Time{})
-		f.ConfigSeq, f.ConfigID = seq, id
-		return mustFire(t, s, f, want)
+		return mustFireWith(t, s, Fences{ConfigSeq: seq, ConfigID: id}, f, want)
 	}
 	fire("a", 5, "aaaaaaaaaaaa", StatusFired)
 	if v := rc.Get(ctx, own.FenceID()).Val(); v != "5:aaaaaaaaaaaa" {
@@ -696,7 +698,7 @@ func TestFireFenceID(t *testing.T) {
 	if v := rc.Get(ctx, own.FenceID()).Val(); v != "2:eeeeeeeeeeee" {
 		t.Fatalf("fence id after a new epoch %q", v)
 	}
-	if _, _, _, err := s.CloseForHandover(ctx, testPrefix, "default", "m", 7); err != nil {
+	if _, _, _, err := s.CloseForHandover(ctx, testPrefix, "default", "m", 7, ""); err != nil {
 		t.Fatal(err)
 	}
 	if ok, err := s.ClearHandover(ctx, testPrefix, "default", "m", 6); err != nil || ok {
@@ -706,6 +708,70 @@ func TestFireFenceID(t *testing.T) {
 		t.Fatalf("clear marker: %v %v", ok, err)
 	}
 	fire("m", 7, "", StatusFired)
+}
+
+// TestHandoverMarkerID: each handover marker stores the id of the config
+// message at its revision beside it, in a key of its own, so the marker
+// keeps the format earlier builds read; a marker an earlier build wrote (or
+// raised past the stored id) has no known id; ClearHandover deletes both.
+func TestHandoverMarkerID(t *testing.T) {
+	s, rc := newTestStore(t)
+	ctx := context.Background()
+	a, b := Own(testPrefix, "A"), Own(testPrefix, "B")
+	idOf := func(queue string, rev uint64) string {
+		t.Helper()
+		id, err := s.HandoverID(ctx, testPrefix, queue, "mv", rev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	if _, _, _, err := s.CloseForHandover(ctx, testPrefix, "A", "mv", 20, "aaaaaaaaaaaa"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SeedWatermark(ctx, testPrefix, "B", "mv", tickAt(2), "t", 20, "aaaaaaaaaaaa"); err != nil {
+		t.Fatal(err)
+	}
+	for _, own := range []OwnKeys{a, b} {
+		if v := rc.Get(ctx, own.HandoverID("mv")).Val(); v != "20:aaaaaaaaaaaa" {
+			t.Fatalf("marker id %q", v)
+		}
+	}
+	if m := rc.Get(ctx, a.Handover("mv")).Val(); m != "20 out" {
+		t.Fatalf("marker %q, want the earlier builds' format", m)
+	}
+	if id := idOf("A", 20); id != "aaaaaaaaaaaa" {
+		t.Fatalf("HandoverID = %q", id)
+	}
+	if id := idOf("A", 19); id != "" {
+		t.Fatalf("HandoverID of another revision = %q", id)
+	}
+	// A repeated close without an id keeps the one stored; a refused seed
+	// (superseded) writes none.
+	if _, _, _, err := s.CloseForHandover(ctx, testPrefix, "A", "mv", 20, ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SeedWatermark(ctx, testPrefix, "A", "mv", time.Time{}, "", 20, "bbbbbbbbbbbb"); !errors.Is(err, ErrHandoverSuperseded) {
+		t.Fatalf("seed into a slot closed at the same revision: %v", err)
+	}
+	if id := idOf("A", 20); id != "aaaaaaaaaaaa" {
+		t.Fatalf("HandoverID = %q after a repeat and a refused seed", id)
+	}
+	// An earlier build moves the entry back at 30: it writes the marker
+	// only; the id stored is of another revision, so the marker's is
+	// unknown.
+	if err := rc.Set(ctx, a.Handover("mv"), "30 in", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if id := idOf("A", 30); id != "" {
+		t.Fatalf("HandoverID of an earlier build's marker = %q", id)
+	}
+	if ok, err := s.ClearHandover(ctx, testPrefix, "B", "mv", 20); err != nil || !ok {
+		t.Fatalf("clear marker: %v %v", ok, err)
+	}
+	if n := rc.Exists(ctx, b.Handover("mv"), b.HandoverID("mv")).Val(); n != 0 {
+		t.Fatalf("%d of the marker and its id left after ClearHandover", n)
+	}
 }
 
 // TestFireFreshnessCapped: a replica whose clock runs an hour fast presents
@@ -719,8 +785,7 @@ func TestFireFreshnessCapped(t *testing.T) {
 	fire := func(entry string, freshAsOf time.Time, want FireStatus) {
 		t.Helper()
 		f := tickFire(entry, "default", tickAt(1), time.Time{})
-		f.FreshAsOf, f.MaxStaleness = freshAsOf, 30*time.Second
-		mustFire(t, s, f, want)
+		mustFireWith(t, s, Fences{ConfigSeq: 10, FreshAsOf: freshAsOf, MaxStaleness: 30 * time.Second}, f, want)
 	}
 	stored := func() time.Time {
 		t.Helper()
@@ -916,15 +981,14 @@ func TestHandover(t *testing.T) {
 			prev = tickAt(n - 1)
 		}
 		f := tickFire(entry, queue, tickAt(n), prev)
-		f.ConfigSeq = seq
-		return mustFire(t, s, f, want)
+		return mustFireWith(t, s, Fences{ConfigSeq: seq}, f, want)
 	}
 	fireAt(10, "mv", "A", 1, StatusFired)
 	fireAt(10, "mv", "A", 2, StatusFired)
 
 	// Revision 20 moves the entry to B. Closing twice is harmless.
 	for range 2 {
-		tick, task, ok, err := s.CloseForHandover(ctx, testPrefix, "A", "mv", 20)
+		tick, task, ok, err := s.CloseForHandover(ctx, testPrefix, "A", "mv", 20, "")
 		if err != nil || !ok || !tick.Equal(tickAt(2)) || task != taskIDFor("mv", tickAt(2)) {
 			t.Fatalf("close A = (%s, %q, %v, %v)", tick, task, ok, err)
 		}
@@ -934,7 +998,7 @@ func TestHandover(t *testing.T) {
 		t.Fatalf("late fire in A: %+v", res)
 	}
 	for range 2 {
-		if err := s.SeedWatermark(ctx, testPrefix, "B", "mv", tickAt(2), taskIDFor("mv", tickAt(2)), 20); err != nil {
+		if err := s.SeedWatermark(ctx, testPrefix, "B", "mv", tickAt(2), taskIDFor("mv", tickAt(2)), 20, ""); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -946,26 +1010,26 @@ func TestHandover(t *testing.T) {
 	fireAt(20, "mv", "B", 3, StatusFired)
 	fireAt(20, "mv", "B", 4, StatusFired)
 	// A stale seed of B (older watermark) does not move B's watermark back.
-	if err := s.SeedWatermark(ctx, testPrefix, "B", "mv", tickAt(2), "x", 20); err != nil {
+	if err := s.SeedWatermark(ctx, testPrefix, "B", "mv", tickAt(2), "x", 20, ""); err != nil {
 		t.Fatal(err)
 	}
 	assertWatermark(t, s, "B", "mv", tickAt(4), taskIDFor("mv", tickAt(4)))
 
 	// Revision 30 moves it back to A.
-	tick, task, ok, err := s.CloseForHandover(ctx, testPrefix, "B", "mv", 30)
+	tick, task, ok, err := s.CloseForHandover(ctx, testPrefix, "B", "mv", 30, "")
 	if err != nil || !ok || !tick.Equal(tickAt(4)) {
 		t.Fatalf("close B = (%s, %q, %v, %v)", tick, task, ok, err)
 	}
 	fireAt(20, "mv", "B", 5, StatusMoved)
-	if err := s.SeedWatermark(ctx, testPrefix, "A", "mv", tick, task, 30); err != nil {
+	if err := s.SeedWatermark(ctx, testPrefix, "A", "mv", tick, task, 30, ""); err != nil {
 		t.Fatal(err)
 	}
 	assertWatermark(t, s, "A", "mv", tickAt(4), taskIDFor("mv", tickAt(4)))
 	// A late repetition of the first handover changes nothing.
-	if _, _, _, err := s.CloseForHandover(ctx, testPrefix, "A", "mv", 20); err != nil {
+	if _, _, _, err := s.CloseForHandover(ctx, testPrefix, "A", "mv", 20, ""); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.SeedWatermark(ctx, testPrefix, "B", "mv", tickAt(2), "", 20); !errors.Is(err, ErrHandoverSuperseded) {
+	if err := s.SeedWatermark(ctx, testPrefix, "B", "mv", tickAt(2), "", 20, ""); !errors.Is(err, ErrHandoverSuperseded) {
 		t.Fatalf("stale seed of B: %v, want ErrHandoverSuperseded", err)
 	}
 	// A replica still on the configuration from before the first move
@@ -991,10 +1055,10 @@ func TestHandover(t *testing.T) {
 		t.Fatalf("outbox B %v, want %v", got, wantB)
 	}
 	// An entry that never fired in its old queue hands over no watermark.
-	if _, _, ok, err := s.CloseForHandover(ctx, testPrefix, "A", "fresh", 40); err != nil || ok {
+	if _, _, ok, err := s.CloseForHandover(ctx, testPrefix, "A", "fresh", 40, ""); err != nil || ok {
 		t.Fatalf("close of never-fired entry: ok %v, err %v", ok, err)
 	}
-	if err := s.SeedWatermark(ctx, testPrefix, "B", "fresh", time.Time{}, "", 40); err != nil {
+	if err := s.SeedWatermark(ctx, testPrefix, "B", "fresh", time.Time{}, "", 40, ""); err != nil {
 		t.Fatal(err)
 	}
 	fireAt(40, "fresh", "B", 1, StatusFired)
@@ -1022,7 +1086,7 @@ func TestFireBatch(t *testing.T) {
 			// A refusal in the middle of a call leaves the rest alone.
 			bad := tickFire("seq", "q1", tickAt(500), tickAt(7))
 			fires = slices.Insert(fires, 5, bad)
-			res, err := s.fireBatch(ctx, fires, perCall)
+			res, err := s.fireBatch(ctx, testFences, fires, perCall)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -1078,11 +1142,11 @@ func TestFireInvalid(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			f := valid()
 			mod(&f)
-			_, err := s.FireOnce(context.Background(), f)
+			_, err := s.FireOnce(context.Background(), testFences, f)
 			if !errors.Is(err, ErrInvalidFire) {
 				t.Fatalf("err %v, want ErrInvalidFire", err)
 			}
-			if _, err := s.FireBatch(context.Background(), []Fire{valid(), f}); !errors.Is(err, ErrInvalidFire) {
+			if _, err := s.FireBatch(context.Background(), testFences, []Fire{valid(), f}); !errors.Is(err, ErrInvalidFire) {
 				t.Fatalf("batch err %v, want ErrInvalidFire", err)
 			}
 		})
@@ -1124,7 +1188,7 @@ func TestFireCluster(t *testing.T) {
 			batch = append(batch, f)
 		}
 	}
-	res, err := s.FireBatch(ctx, batch)
+	res, err := s.FireBatch(ctx, testFences, batch)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1154,18 +1218,18 @@ func TestFireCluster(t *testing.T) {
 		if err := s.ReleaseOutbox(ctx, testPrefix, q, "relay-1"); err != nil {
 			t.Fatal(err)
 		}
-		if _, _, _, err := s.CloseForHandover(ctx, testPrefix, q, "cl", 5); err != nil {
+		if _, _, _, err := s.CloseForHandover(ctx, testPrefix, q, "cl", 5, ""); err != nil {
 			t.Fatal(err)
 		}
 		mustFire(t, s, tickFire("cl", q, tickAt(6), tickAt(5)), StatusMoved)
-		if err := s.SeedWatermark(ctx, testPrefix, q, "cl", tickAt(5), "", 6); err != nil {
+		if err := s.SeedWatermark(ctx, testPrefix, q, "cl", tickAt(5), "", 6, ""); err != nil {
 			t.Fatal(err)
 		}
 		mustFire(t, s, tickFire("cl", q, tickAt(6), tickAt(5)), StatusFired)
 	}
 	// A queue name with an empty hash tag cannot be fired into on a cluster.
 	bad := tickFire("cl", "}x", tickAt(1), time.Time{})
-	if _, err := s.FireOnce(ctx, bad); !errors.Is(err, ErrInvalidFire) || !errors.Is(err, ErrInvalidQueue) {
+	if _, err := s.FireOnce(ctx, testFences, bad); !errors.Is(err, ErrInvalidFire) || !errors.Is(err, ErrInvalidQueue) {
 		t.Fatalf("fire into %q: %v, want ErrInvalidFire and ErrInvalidQueue", bad.Queue, err)
 	}
 	oq, err := s.OutboxQueues(ctx, testPrefix)

@@ -43,7 +43,7 @@ func TestFirePathsAgree(t *testing.T) {
 			}
 			sc.seed(t, rc, own, keys)
 			s.firePath = path
-			got, err := s.FireBatch(ctx, sc.fires)
+			got, err := s.FireBatch(ctx, sc.fences, sc.fires)
 			if err != nil {
 				t.Fatalf("round %d path %d: %v", round, path, err)
 			}
@@ -69,9 +69,10 @@ func TestFirePathsAgree(t *testing.T) {
 
 // pathScenario is a slot state and a batch of fires into it.
 type pathScenario struct {
-	desc  []string
-	bulk  bool // every chunk qualifies for the bulk path
-	fires []Fire
+	desc   []string
+	bulk   bool // every chunk qualifies for the bulk path
+	fences Fences
+	fires  []Fire
 	// state to seed
 	fence, freshest string
 	fenceID         string
@@ -148,6 +149,7 @@ func newPathScenario(rng *rand.Rand, round int) *pathScenario {
 	sc.desc = append(sc.desc, fmt.Sprintf("fence id %q config id %q", sc.fenceID, cid))
 	sc.desc = append(sc.desc, fmt.Sprintf("fence %q freshest %q fresh %v (capped %v) maxstale %s", sc.fence, sc.freshest, !fresh.IsZero(), sc.capped, maxStale))
 
+	sc.fences = Fences{ConfigSeq: seq, ConfigID: cid, FreshAsOf: fresh, MaxStaleness: maxStale}
 	n := 1 + rng.IntN(40)
 	sc.bulk = true
 	tick := rng.IntN(3) + 2
@@ -158,7 +160,6 @@ func newPathScenario(rng *rand.Rand, round int) *pathScenario {
 			prev = time.Time{}
 		}
 		f := tickFire(entry, queue, tickAt(tick), prev)
-		f.FreshAsOf, f.MaxStaleness, f.ConfigID = fresh, maxStale, cid
 		wm := own.Watermark(entry)
 		switch rng.IntN(9) {
 		case 6: // as expected, written without a task id (a seeded watermark)
@@ -200,15 +201,14 @@ func newPathScenario(rng *rand.Rand, round int) *pathScenario {
 	case 0: // the next tick of an entry already in the batch
 		i := rng.IntN(n)
 		f := tickFire(sc.fires[i].Entry, queue, tickAt(tick+1), tickAt(tick))
-		f.FreshAsOf, f.MaxStaleness, f.ConfigID = fresh, maxStale, cid
 		sc.fires = append(sc.fires, f)
 		sc.bulk = false
 		sc.desc = append(sc.desc, "repeated entry")
-	case 1: // a newer configuration for one fire
+	case 1: // a tick that carries its gap's skipped record
 		f := &sc.fires[rng.IntN(n)]
-		f.ConfigSeq, f.ConfigID = seq+2, "dddddddddddd"
+		f.SkippedRecords = []Record{record("skipped", f.Entry, f.Tick.Add(-time.Second))}
 		sc.bulk = false
-		sc.desc = append(sc.desc, "mixed config seq")
+		sc.desc = append(sc.desc, "skipped record")
 	case 2: // a fire that is not a plain tick
 		f := &sc.fires[rng.IntN(n)]
 		f.OverlapSkip, f.OverlapRecord = true, record("overlap", f.Entry, f.Tick)

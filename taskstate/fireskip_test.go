@@ -13,7 +13,7 @@ func TestFireSkip(t *testing.T) {
 	mustFire(t, s, tickFire("skip", "default", tickAt(0), time.Time{}), StatusFired)
 	skip := Fire{
 		Prefix: testPrefix, Entry: "skip", Queue: "default", Kind: FireSkip,
-		Tick: tickAt(4), Expected: tickAt(0), ConfigSeq: 10,
+		Tick: tickAt(4), Expected: tickAt(0),
 		SkippedRecords: []Record{record("skipped", "skip", tickAt(1))},
 	}
 	stale := skip
@@ -40,7 +40,7 @@ func TestFireSkip(t *testing.T) {
 	// A skip with nothing to record is refused before it reaches Redis.
 	empty := skip
 	empty.SkippedRecords = nil
-	if _, err := s.FireOnce(t.Context(), empty); err == nil {
+	if _, err := s.FireOnce(t.Context(), testFences, empty); err == nil {
 		t.Fatal("a skip without records was accepted")
 	}
 }

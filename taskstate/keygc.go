@@ -93,19 +93,6 @@ func (s *Store) ScanEntryKeys(ctx context.Context, prefix string, want func(entr
 	return kept, nil
 }
 
-// deleteUnchangedScript deletes each of KEYS (one queue's slot) that still
-// holds the value in the same place of ARGV, and returns {number deleted}.
-var deleteUnchangedScript = redis.NewScript(`
-local n = 0
-for i, k in ipairs(KEYS) do
-  if redis.call('GET', k) == ARGV[i] then
-    redis.call('DEL', k)
-    n = n + 1
-  end
-end
-return {n}
-`)
-
 // DeleteRemovedEntryKeys deletes the per-entry keys of one removed entry
 // (keys from ScanEntryKeys, all of the same entry) and the entry's asynq
 // scheduler history from before removedAt, and returns how many keys it

@@ -5,6 +5,8 @@ import (
 	"encoding/hex"
 	"strings"
 	"time"
+
+	"github.com/cronstream/cronstream/events"
 )
 
 // This file is the one place where Redis key names are built. asynq's names
@@ -139,8 +141,9 @@ func (k QueueKeys) Unique(taskType string, payload []byte) string {
 	return k.prefix + "unique:" + taskType + ":" + hex.EncodeToString(sum[:])
 }
 
-// DefaultPrefix is cronstream's default tenant prefix.
-const DefaultPrefix = "cronstream"
+// DefaultPrefix is cronstream's default tenant prefix: the subject
+// prefix's default, so keys and subjects of one tenant share it.
+const DefaultPrefix = events.DefaultPrefix
 
 // OwnKeys builds cronstream's own keys in one queue's slot. The layout is
 // "cronstream:{<queue>}:<prefix>:<kind>…": the fixed head keeps the hash tag
@@ -169,6 +172,13 @@ func (o OwnKeys) Watermark(entry string) string { return o.head + kindWatermark 
 // CloseForHandover and SeedWatermark).
 func (o OwnKeys) Handover(entry string) string { return o.head + kindHandover + ":" + entry }
 
+// HandoverID is the STRING "<revision>:<id>": the config message id
+// (events.ConfigMessageID) at the revision entry's handover marker was last
+// written at by a handover that knew it. Like FenceID it is a key of its own
+// so that the marker keeps the format earlier builds read; when its revision
+// is not the marker's, the marker's message is unknown.
+func (o OwnKeys) HandoverID(entry string) string { return o.head + kindHandoverID + ":" + entry }
+
 // Fence is the STRING holding the highest config sequence applied by any
 // replica firing into this slot (the revision fence).
 func (o OwnKeys) Fence() string { return o.head + "fence" }
@@ -193,10 +203,12 @@ func (o OwnKeys) Outbox() string { return o.head + "outbox" }
 func (o OwnKeys) OutboxOwner() string { return o.head + "outbox:owner" }
 
 // Kinds of cronstream's per-entry keys: each one's name is
-// "cronstream:{<queue>}:<prefix>:<kind>:<entry>" (Watermark, Handover).
+// "cronstream:{<queue>}:<prefix>:<kind>:<entry>" (Watermark, Handover,
+// HandoverID).
 const (
-	kindWatermark = "wm"
-	kindHandover  = "moved"
+	kindWatermark  = "wm"
+	kindHandover   = "moved"
+	kindHandoverID = "moved:id"
 )
 
 // EntryKeyPattern is the SCAN MATCH pattern of cronstream's keys of tenant
@@ -220,7 +232,7 @@ func ParseEntryKey(prefix, key string) (queue, entry string, ok bool) {
 	if prefix == "" {
 		prefix = DefaultPrefix
 	}
-	for _, kind := range []string{kindWatermark, kindHandover} {
+	for _, kind := range []string{kindWatermark, kindHandover, kindHandoverID} {
 		sep := "}:" + prefix + ":" + kind + ":"
 		i := strings.LastIndex(key, sep)
 		if i < 0 || !strings.HasPrefix(key, "cronstream:{") || i < len("cronstream:{") {
@@ -228,7 +240,7 @@ func ParseEntryKey(prefix, key string) (queue, entry string, ok bool) {
 		}
 		queue, entry = key[len("cronstream:{"):i], key[i+len(sep):]
 		own := Own(prefix, queue)
-		if entry != "" && !strings.ContainsAny(entry, ":{}") && (own.Watermark(entry) == key || own.Handover(entry) == key) {
+		if entry != "" && !strings.ContainsAny(entry, ":{}") && (own.Watermark(entry) == key || own.Handover(entry) == key || own.HandoverID(entry) == key) {
 			return queue, entry, true
 		}
 	}

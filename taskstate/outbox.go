@@ -105,41 +105,6 @@ func (s *Store) OutboxBytes(ctx context.Context, prefix, queue string) (int64, e
 	return n, nil
 }
 
-// acquireOutboxScript: KEYS 1 owner lease; ARGV 1 owner, 2 ttl ms.
-var acquireOutboxScript = redis.NewScript(`
-local cur = redis.call('GET', KEYS[1])
-if not cur then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return 1
-end
-if cur == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-return 0
-`)
-
-// releaseOutboxScript: KEYS 1 owner lease; ARGV 1 owner.
-var releaseOutboxScript = redis.NewScript(`
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-`)
-
-// ackOutboxScript: KEYS 1 owner lease, 2 outbox; ARGV 1 owner, then stream
-// ids. Returns the number deleted, or -1 when ARGV[1] is not the owner.
-var ackOutboxScript = redis.NewScript(`
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-  return -1
-end
-local n = 0
-for i = 2, #ARGV, 500 do
-  n = n + redis.call('XDEL', KEYS[2], unpack(ARGV, i, math.min(i + 499, #ARGV)))
-end
-return n
-`)
-
 // AcquireOutbox takes queue's outbox lease for owner for ttl, or renews it
 // when owner already holds it. It reports whether owner holds it now.
 func (s *Store) AcquireOutbox(ctx context.Context, prefix, queue, owner string, ttl time.Duration) (bool, error) {
@@ -176,7 +141,7 @@ func (s *Store) ReadOutbox(ctx context.Context, prefix, queue, after string, cou
 	}
 	// A generic reply rather than XRangeN's: the relay reads one record per
 	// fire, and XRangeN's map per record was a tenth of a replica's
-	// allocations in BenchmarkSteadyEvery1s (146 MB of 1,327 MB).
+	// allocations (docs/benchmarks.md).
 	reply, err := s.client.Do(ctx, "xrange", Own(prefix, queue).Outbox(), start, "+", "count", count).Slice()
 	if err != nil {
 		return nil, fmt.Errorf("read outbox of queue %q: %w", queue, err)

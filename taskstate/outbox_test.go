@@ -127,7 +127,7 @@ func TestOutboxAckMany(t *testing.T) {
 	for i := range 1200 {
 		fires = append(fires, tickFire("m"+string(rune('a'+i%26))+string(rune('a'+i/26)), "default", tickAt(1), time.Time{}))
 	}
-	if _, err := s.FireBatch(ctx, fires); err != nil {
+	if _, err := s.FireBatch(ctx, testFences, fires); err != nil {
 		t.Fatal(err)
 	}
 	recs, err := s.ReadOutbox(ctx, testPrefix, "default", "", 2000)

@@ -11,10 +11,11 @@ import (
 	"math"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/cronstream/cronstream/internal/redisscript"
 )
 
 // The recovery side of asynq's task life cycle (docs/asynq-compat.md "Leases"
@@ -45,13 +46,12 @@ import (
 // to LPOS. The cost per task is therefore the same whatever order the caller
 // found its tasks in.
 //
-// Measured on Redis 7.0 with a 100k-element active list, which decided the
-// design: LREM or LPOS for one id scans ~100 elements per µs (~0.5–0.9 ms per
-// task at 100k, asynq's cost); LINDEX and LSET at any depth take 1–2 µs;
-// loading the list into Lua costs 0.3–0.5 µs per element (30–50 ms per pass
-// at 100k, so a "mark and rebuild in one script" pass breaks the 10 ms budget
-// of a script call); reading it from Go in LRANGE pages of 5,000 costs Redis
-// ~0.3 ms per page and blocks nothing for long.
+// Why this design: finding one id with LREM or LPOS scans the list, so its
+// cost grows with the list (asynq's cost per task); LINDEX and LSET cost the
+// same at any depth; loading the whole list into Lua to mark and rebuild it
+// in one script breaks the 10 ms budget of a script call at large lists,
+// while reading it from Go in LRANGE pages blocks nothing for long (figures
+// in docs/benchmarks.md).
 
 // LeaseExpired is one task whose lease expired at or before the scan's cutoff.
 type LeaseExpired struct {
@@ -222,34 +222,6 @@ func MsgHash(msg []byte) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// listLeaseExpiredScript returns id, lease score and msg (false when the
-// hash has no msg) for one page of the lease set up to the cutoff, then 1
-// when the page was cut by the cutoff (nothing more to list). It pages by
-// rank: expired entries are the lowest ranks, and ZRANGE by rank finds an
-// offset in O(log n), where ZRANGEBYSCORE … LIMIT walks to it.
-//
-// KEYS[1] lease, KEYS[2] task-key prefix (declared for cluster routing)
-// ARGV[1] cutoff secs, ARGV[2] offset, ARGV[3] count
-var listLeaseExpiredScript = redis.NewScript(`
-local off = tonumber(ARGV[2])
-local page = redis.call('ZRANGE', KEYS[1], off, off + tonumber(ARGV[3]) - 1, 'WITHSCORES')
-local cutoff = tonumber(ARGV[1])
-local res = {}
-local ended = 0
-if #page < 2 * tonumber(ARGV[3]) then ended = 1 end
-for i = 1, #page, 2 do
-  if tonumber(page[i+1]) > cutoff then
-    ended = 1
-    break
-  end
-  res[#res+1] = page[i]
-  res[#res+1] = page[i+1]
-  res[#res+1] = redis.call('HGET', KEYS[2] .. page[i], 'msg')
-end
-res[#res+1] = ended
-return res
-`)
-
 // ListLeaseExpired returns up to limit tasks of queue whose lease score is at
 // or before cutoff, lowest score first, with the ids that cannot be
 // recovered reported in the second slice. It is ListLeaseExpiredFrom with
@@ -331,184 +303,12 @@ func decodeLeaseExpired(queue, id, score, raw string) (LeaseExpired, error) {
 	return LeaseExpired{Msg: msg, LeaseExpiry: time.Unix(int64(secs), 0), MsgHash: MsgHash([]byte(raw))}, nil
 }
 
-// recoverScriptTemplate applies one chunk of decisions. Per decision it re-checks
-// the lease (still present, score <= cutoff), the message (sha1 unchanged)
-// and the state (active); then it writes the outbox record, replaces the
-// task's active-list element with the tombstone (at the hinted tail depth
-// when LINDEX confirms it, else where LPOS finds it from the tail), and does
-// asynq's Retry or Archive. After the loop: one LREM of the tombstones from
-// the tail, the counters (asynq's daily keys, EXPIREAT on creation, totals
-// reset at MaxInt64), and a bounded archive trim.
-//
-// KEYS: 1 lease, 2 active, 3 retry, 4 archived, 5 processed:<day>,
-// 6 failed:<day>, 7 processed, 8 failed, 9 task-key prefix, 10 outbox
-// ARGV: 1 cutoff, 2 now, 3 stats expire-at, 4 archive age cutoff,
-// 5 archive max size, 6 trim budget, 7 tombstone, 8 MaxInt64, then per
-// decision 9 values: id, sha1, action (r|a), retry-at, is-failure (1|0),
-// new msg, event id, record data, tail-depth hint (0 = none)
-//
-// Reply: per decision status, stream id, removed-from-list (0|1); then
-// 1 when the archive trim ran out of budget.
-const recoverScriptTemplate = `
-local cutoff = tonumber(ARGV[1])
-local now = ARGV[2]
-local tomb = ARGV[7]
-local res = {}
-local tombs, counted, archived = 0, 0, 0
-local llen = redis.call('LLEN', KEYS[2])
-local mind, maxd = llen + 1, 0
-local moved, unlease, toretry, toarchive = {}, {}, {}, {}
-for b = 9, #ARGV, 9 do
-  local id = ARGV[b]
-  local status, xid, removed = 0, '', 0
-  local score = false
-  if not moved[id] then
-    score = redis.call('ZSCORE', KEYS[1], id)
-  end
-  local tkey = KEYS[9] .. id
-  if not score then
-    status = 3
-  elseif tonumber(score) > cutoff then
-    status = 4
-  else
-    local h = redis.call('HMGET', tkey, 'msg', 'state')
-    if not h[1] or redis.sha1hex(h[1]) ~= ARGV[b+1] then
-      status = 5
-    elseif h[2] ~= 'active' then
-      status = 6
-    else
-      moved[id] = true
-      xid = redis.call('XADD', KEYS[10], '*', 'id', ARGV[b+6], 'data', ARGV[b+7])
-      local hint = tonumber(ARGV[b+8])
-      local depth = false
-      if hint > 0 and redis.call('LINDEX', KEYS[2], -hint) == id then
-        depth = hint
-      else
-        local idx = redis.call('LPOS', KEYS[2], id, 'RANK', -1)
-        if idx then depth = llen - idx end
-      end
-      if depth then
-        redis.call('LSET', KEYS[2], -depth, tomb)
-        tombs = tombs + 1
-        removed = 1
-        if depth < mind then mind = depth end
-        if depth > maxd then maxd = depth end
-      end
-      unlease[#unlease+1] = id
-      if ARGV[b+2] == 'r' then
-        toretry[#toretry+1] = ARGV[b+3]
-        toretry[#toretry+1] = id
-        redis.call('HSET', tkey, 'msg', ARGV[b+5], 'state', 'retry')
-        if ARGV[b+4] == '1' then counted = counted + 1 end
-        status = 1
-      else
-        toarchive[#toarchive+1] = now
-        toarchive[#toarchive+1] = id
-        redis.call('HSET', tkey, 'msg', ARGV[b+5], 'state', 'archived')
-        counted = counted + 1
-        archived = archived + 1
-        status = 2
-      end
-    end
-  end
-  res[#res+1] = status
-  res[#res+1] = xid
-  res[#res+1] = removed
-end
--- One command per container instead of one per task, in slices that stay
--- far below Lua's unpack limit.
-local function each(cmd, key, args)
-  for i = 1, #args, 500 do
-    redis.call(cmd, key, unpack(args, i, math.min(i + 499, #args)))
-  end
-end
-each('ZREM', KEYS[1], unlease)
-each('ZADD', KEYS[3], toretry)
-each('ZADD', KEYS[4], toarchive)
--- Remove the tombstones scanning from the nearer end: from the tail the
--- scan reaches depth maxd, from the head it reaches depth mind.
-if tombs > 0 then
-  if maxd <= llen - mind + 1 then
-    redis.call('LREM', KEYS[2], -tombs, tomb)
-  else
-    redis.call('LREM', KEYS[2], tombs, tomb)
-  end
-end
-if counted > 0 then
-  for _, day in ipairs({KEYS[5], KEYS[6]}) do
-    if redis.call('INCRBY', day, counted) == counted then
-      redis.call('EXPIREAT', day, ARGV[3])
-    end
-  end
-  local maxint = tonumber(ARGV[8])
-  local p = tonumber(redis.call('GET', KEYS[7]) or '0') or 0
-  local f = tonumber(redis.call('GET', KEYS[8]) or '0') or 0
-  if p < maxint - counted - 1024 and f < maxint - counted - 1024 then
-    redis.call('INCRBY', KEYS[7], counted)
-    redis.call('INCRBY', KEYS[8], counted)
-  else
-    -- Near MaxInt64: asynq's rule task by task, the processed total
-    -- deciding for both totals.
-    for _ = 1, counted do
-      if tonumber(redis.call('GET', KEYS[7])) == maxint then
-        redis.call('SET', KEYS[7], 1)
-        redis.call('SET', KEYS[8], 1)
-      else
-        redis.call('INCR', KEYS[7])
-        redis.call('INCR', KEYS[8])
-      end
-    end
-  end
-end
-local more = 0
-if archived > 0 then
-  more = __TRIM__
-end
-res[#res+1] = more
-return res
-`
-
-// trimArchiveLua is asynq's archive trim (age first, then size, deleting
-// the hashes of trimmed tasks), limited to ARGV[6] members per call so that
-// a huge backlog cannot make one script slow or overflow unpack. It
-// evaluates to 1 when members were left for another call.
-const trimArchiveLua = `(function()
-  local budget = tonumber(ARGV[6])
-  local more = 0
-  local old = redis.call('ZRANGE', KEYS[4], '-inf', ARGV[4], 'BYSCORE', 'LIMIT', 0, budget)
-  for i = 1, #old, 500 do
-    local last = math.min(i + 499, #old)
-    for j = i, last do redis.call('DEL', KEYS[9] .. old[j]) end
-    redis.call('ZREM', KEYS[4], unpack(old, i, last))
-  end
-  if #old == budget then return 1 end
-  budget = budget - #old
-  local excess = redis.call('ZCARD', KEYS[4]) - (tonumber(ARGV[5]) - 1)
-  if excess > 0 then
-    local m = math.min(excess, budget)
-    if m > 0 then
-      local ids = redis.call('ZRANGE', KEYS[4], 0, m - 1)
-      for j = 1, #ids do redis.call('DEL', KEYS[9] .. ids[j]) end
-      redis.call('ZREMRANGEBYRANK', KEYS[4], 0, m - 1)
-    end
-    if m < excess then more = 1 end
-  end
-  return more
-end)()`
-
-// recoverScript is recoverScriptTemplate with trimArchiveLua spliced in
-// for __TRIM__, so that the trim's Lua exists once.
-var recoverScript = redis.NewScript(strings.Replace(recoverScriptTemplate, "__TRIM__", trimArchiveLua, 1))
-
-// trimArchiveScript runs the bounded trim alone, with the same KEYS and
-// ARGV layout as recoverScript (unused entries may be empty).
-var trimArchiveScript = redis.NewScript("return " + trimArchiveLua)
-
 // Store-side tuning of RecoverBatch's list positioning.
 const (
-	// Positions are read when LPOS from the tail would cost more: LPOS
-	// scans ~100 list elements per µs, so decisions × list length below
-	// positionMinWork keeps every LPOS of a call under ~1 ms in total.
+	// Positions are read when LPOS from the tail would cost more: below
+	// positionMinWork decisions × list length, every LPOS of a call
+	// together stays around a millisecond (LPOS's scan rate in
+	// docs/benchmarks.md).
 	positionMinWork = 200_000
 	positionMinList = 2048
 	// positionPage is how many list elements one LRANGE reads.
@@ -611,7 +411,7 @@ func (s *Store) recoverInListOrder(ctx context.Context, prefix, queue string, cu
 		// them back to back. A chunk's depth hints assume every earlier
 		// decision with a known depth is removed; one that is not only
 		// costs the chunks after it an LPOS per task.
-		pipe := s.client.Pipeline()
+		batch := redisscript.NewBatch(s.client)
 		var calls []chunkCall
 		assumed := removedBefore
 		for len(calls) < recoverPipeline && start < len(order) {
@@ -639,17 +439,12 @@ func (s *Store) recoverInListOrder(ctx context.Context, prefix, queue string, cu
 					assumed++
 				}
 			}
-			calls = append(calls, chunkCall{chunk: chunk, cmd: recoverScript.EvalSha(ctx, pipe, keys, args...)})
+			calls = append(calls, chunkCall{chunk: chunk, cmd: batch.Run(ctx, recoverScript, keys, args...)})
 		}
-		_, _ = pipe.Exec(ctx)
+		batch.Exec(ctx)
 		var firstErr error
 		for _, c := range calls {
 			reply, err := c.cmd.Slice()
-			if isNoScript(err) {
-				// The script cache was emptied (a restarted server): the
-				// call did not run; run it now, loading the script.
-				reply, err = runScript(ctx, s.client, recoverScript, keys, c.cmd.Args()[3+len(keys):]...)
-			}
 			switch {
 			case err != nil:
 				err = fmt.Errorf("recover queue %q: %d tasks: %w", queue, len(c.chunk), err)
@@ -774,36 +569,6 @@ type OrphanReport struct {
 	// has no message, or its state is not "active".
 	Removed []string
 }
-
-// recoverOrphansScript examines one page of the active list, counted from
-// the tail, and repairs the ids that have no lease entry.
-//
-// KEYS: 1 active, 2 lease, 3 task-key prefix
-// ARGV: 1 tail offset, 2 page size, 3 lease expiry secs, 4 tombstone
-var recoverOrphansScript = redis.NewScript(`
-local off = tonumber(ARGV[1])
-local page = tonumber(ARGV[2])
-local ids = redis.call('LRANGE', KEYS[1], -(off + page), -(off + 1))
-local n = #ids
-local leased, removed = {}, {}
-for j = 1, n do
-  local id = ids[j]
-  if not redis.call('ZSCORE', KEYS[2], id) then
-    local h = redis.call('HMGET', KEYS[3] .. id, 'state', 'msg')
-    if h[1] == 'active' and h[2] then
-      redis.call('ZADD', KEYS[2], 'NX', ARGV[3], id)
-      leased[#leased+1] = id
-    else
-      redis.call('LSET', KEYS[1], -(off + 1 + n - j), ARGV[4])
-      removed[#removed+1] = id
-    end
-  end
-end
-if #removed > 0 then
-  redis.call('LREM', KEYS[1], -#removed, ARGV[4])
-end
-return {n, leased, removed}
-`)
 
 // RecoverOrphans walks queue's whole active list, limit entries per script
 // call (0 = 1000), and repairs what asynq leaves stuck (asynq issues 1144,

@@ -26,6 +26,7 @@ type auditFlags struct {
 	since, until string
 	follow       bool
 	limit, tail  int
+	selector     string
 }
 
 func newAuditCommand(g *globalFlags) *cobra.Command {
@@ -39,6 +40,8 @@ streams stored them.
 
 Filters combine:
   --entry ID     config events of the entry and its fired/skipped events
+  --selector S   config, fired and skipped events of entries whose labels
+                 match S (team=payments, tier!=batch, team, !team)
   --queue Q      recoveries in queue Q, fires into Q, and config events of
                  entries that are in Q (or just left it)
   --type T,...   event types: short names (fired), with or without the
@@ -79,6 +82,7 @@ shown as they are.`,
 	fl := cmd.Flags()
 	fl.StringVar(&f.entry, "entry", "", "only events of this entry")
 	fl.StringVar(&f.queue, "queue", "", "only events concerning this asynq queue")
+	fl.StringVarP(&f.selector, "selector", "l", "", "only events of entries whose labels match (k=v, k!=v, k, !k; commas join)")
 	fl.StringVar(&f.typ, "type", "", "only these event types: short names (fired), full names or globs, comma separated")
 	fl.StringVar(&f.since, "since", "", "only events stored at or after this time (RFC 3339, a date, or ago: 1h, 7d)")
 	fl.StringVar(&f.until, "until", "", "only events stored at or before this time (RFC 3339, a date, or ago: 1h, 7d)")
@@ -128,6 +132,10 @@ func runAudit(cmd *cobra.Command, g *globalFlags, f *auditFlags) error {
 			return usageError{fmt.Errorf("--entry: %w", err)}
 		}
 	}
+	sel, err := events.ParseSelector(f.selector)
+	if err != nil {
+		return usagef("--selector: %v", err)
+	}
 	s, err := openStreamsSession(ctx, g, &f.conn)
 	if err != nil {
 		return err
@@ -137,7 +145,7 @@ func runAudit(cmd *cobra.Command, g *globalFlags, f *auditFlags) error {
 	prog := newProgress(os.Stderr, isTerminal(os.Stdout))
 	defer prog.clear()
 	r, err := audit.Open(ctx, s.js, audit.Params{
-		Names: s.names, Entry: f.entry, Queue: f.queue, Types: globs, Since: since, Until: until,
+		Names: s.names, Entry: f.entry, Queue: f.queue, Selector: sel, Types: globs, Since: since, Until: until,
 		Limit: f.limit, Tail: f.tail, Follow: f.follow, Progress: prog.update,
 	})
 	if err != nil {
@@ -285,7 +293,7 @@ func withStreamSeq(rec audit.Record) ([]byte, error) {
 
 // eventSummary says what an event is about in a few words.
 func eventSummary(ev *events.Event) string {
-	switch ev.Type {
+	switch events.ConfigKind(ev.Type) {
 	case events.TypeEntryRegistered, events.TypeEntryUpdated:
 		var e events.Entry
 		if ev.DecodeData(&e) == nil {

@@ -209,7 +209,7 @@ func describeActivity(ctx context.Context, s *session, e events.Entry, since tim
 // moment and keeps those of the entry's tasks (task ids
 // <prefix>:<entry>:…).
 func describeRecoveries(ctx context.Context, s *session, id string, queues []string, since time.Time, v *describeView) error {
-	own := s.names.Prefix() + ":" + id + ":"
+	own := events.TaskIDPrefix(s.names.Prefix(), id)
 	for _, q := range queues {
 		err := readSubject(ctx, s, s.names.ActivityStream(), s.names.RecoverySubject(q), since, func(at time.Time, data []byte) {
 			ev, err := events.DecodeEvent(data)
@@ -258,7 +258,8 @@ func describeTaskStates(ctx context.Context, g *globalFlags, conn *connFlags, v 
 }
 
 // nextFires are the entry's next n fire times after now, jitter applied,
-// computed by the scheduler's own code. None while paused.
+// computed by the scheduler's own code (window and exclusions applied).
+// None while paused.
 func nextFires(e events.Entry, now time.Time, n int) []time.Time {
 	out := []time.Time{}
 	if e.Paused {
@@ -268,7 +269,7 @@ func nextFires(e events.Entry, now time.Time, n int) []time.Time {
 	if err != nil {
 		return out
 	}
-	for t := sched.Next(now); !t.IsZero() && len(out) < n; t = sched.Next(t) {
+	for t := sched.NextFire(now); !t.IsZero() && len(out) < n; t = sched.NextFire(t) {
 		out = append(out, t.Add(sched.Jitter(t)).UTC())
 	}
 	return out
@@ -382,6 +383,8 @@ func printDescribe(w io.Writer, v describeView) error {
 	}
 
 	switch {
+	case v.Entry.State == stateEnded:
+		fmt.Fprintf(w, "\nnext fires: none, the entry ended at %s\n", fmtTime(v.Entry.EndAt))
 	case v.Entry.State == statePaused:
 		fmt.Fprintln(w, "\nnext fires: none while paused")
 	case len(v.NextFires) > 0:

@@ -106,7 +106,7 @@ func changeSummary(typ string, prev, cur *events.Entry) []string {
 	if cur == nil {
 		return nil
 	}
-	switch typ {
+	switch events.ConfigKind(typ) {
 	case events.TypeEntryRegistered:
 		return []string{fmt.Sprintf("cron %q, type %s, queue %s", cur.Cron, cur.Task.Type, cur.Options.QueueName())}
 	case events.TypeEntryPaused:

@@ -25,17 +25,18 @@ func newEntryLsCommand(g *globalFlags) *cobra.Command {
 		Use:     "ls",
 		Aliases: []string{"list"},
 		Short:   "List entries, now or as they were at any moment",
-		Long: `List every registered entry: state (active, paused, or quarantined when
-its last config event cannot be applied), spec, queue, revision, last fire
-and next fire.
+		Long: `List every registered entry: state (active, paused, ended when past its
+end_at, or quarantined when its last config event cannot be applied), spec,
+queue, revision, last fire and next fire.
 
 LAST FIRE is the scheduled time of the entry's last tick with an event in
 the activity stream, followed by "skipped (reason)" when that tick was
 skipped rather than fired. NEXT FIRE includes the jitter.
 
-Filters combine: --queue Q, --state active|paused|quarantined, --owner O
-(--owner "" : entries without an owner), --type GLOB (task type, e.g.
-'report:*').
+Filters combine: --queue Q, --state active|paused|ended|quarantined,
+--owner O (--owner "" : entries without an owner), --type GLOB (task type,
+e.g. 'report:*'), --selector (-l) on labels, as in Kubernetes: team=payments,
+tier!=batch, team (has the label), !team (has not); commas join them.
 
 --at replays the config stream up to a moment and lists the entries exactly
 as they were then (the fold of every config event stored up to that time,
@@ -44,12 +45,13 @@ moment.
 
 -o picks the output: table (default), wide (the table plus the entry's
 policy columns: catch-up, overlap, jitter, max retry, timeout, updated,
-note), json (a JSON array; --json is the same) or yaml (the same fields as
+note, window, exclude, labels), json (a JSON array; --json is the same) or yaml (the same fields as
 json).`,
 		Example: `  cronstream entry ls
   cronstream entry ls -o wide
   cronstream entry ls --queue critical --state paused
   cronstream entry ls --owner team-billing --type 'invoice:*'
+  cronstream entry ls --selector team=payments,tier!=batch
   cronstream entry ls --at -2h
   cronstream entry ls --at 2025-03-01T09:00:00Z --json`,
 		Args: cobra.NoArgs,
@@ -139,7 +141,8 @@ json).`,
 	cmd.Flags().StringVar(&at, "at", "", "list the entries as they were at this time: RFC 3339, or relative (-2h, -30m)")
 	cmd.Flags().BoolVar(&g.json, "json", false, "print the entries as a JSON array (same as -o json)")
 	cmd.Flags().StringVar(&flt.queue, "queue", "", "only entries firing into this queue")
-	cmd.Flags().StringVar(&flt.state, "state", "", "only entries in this state: active, paused or quarantined")
+	cmd.Flags().StringVar(&flt.state, "state", "", "only entries in this state: active, paused, ended or quarantined")
+	cmd.Flags().StringVarP(&flt.selector, "selector", "l", "", "only entries whose labels match this selector (k=v, k!=v, k, !k; commas join)")
 	cmd.Flags().StringVar(&flt.owner, "owner", "", `only entries of this owner ("" : without one)`)
 	cmd.Flags().StringVar(&flt.typ, "type", "", "only entries whose task type matches this glob")
 	addConn(cmd, &conn, false)
@@ -165,17 +168,23 @@ func lsOutput(cmd *cobra.Command, output string, json bool) (string, error) {
 
 // lsFilter is entry ls's filters; unset ones keep everything.
 type lsFilter struct {
-	queue, state, owner, typ string
-	byQueue, byOwner         bool
+	queue, state, owner, typ, selector string
+	byQueue, byOwner                   bool
+	sel                                events.Selector
 }
 
 func (f *lsFilter) check(cmd *cobra.Command) error {
 	f.byQueue, f.byOwner = cmd.Flags().Changed("queue"), cmd.Flags().Changed("owner")
 	switch f.state {
-	case "", stateActive, statePaused, stateQuarantined:
+	case "", stateActive, statePaused, stateEnded, stateQuarantined:
 	default:
-		return usagef("--state %q: use active, paused or quarantined", f.state)
+		return usagef("--state %q: use active, paused, ended or quarantined", f.state)
 	}
+	sel, err := events.ParseSelector(f.selector)
+	if err != nil {
+		return usagef("--selector: %v", err)
+	}
+	f.sel = sel
 	if _, err := path.Match(f.typ, ""); err != nil {
 		return usagef("--type %q: %v", f.typ, err)
 	}
@@ -191,6 +200,9 @@ func (f *lsFilter) keep(v entryView) bool {
 		return false
 	}
 	if f.byOwner && (quarantined || v.Owner != f.owner) {
+		return false
+	}
+	if !f.sel.Empty() && (quarantined || !f.sel.Matches(v.Labels)) {
 		return false
 	}
 	if f.typ != "" {

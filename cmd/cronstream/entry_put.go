@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -30,6 +32,11 @@ type putFlags struct {
 	replace                              bool
 	pauseOnFailure                       bool
 	payloadBytes                         []byte // --payload or --payload-file, read once
+	startAt, endAt                       string
+	exclude, labels                      []string
+	// now is what relative --start-at and --end-at count from: one
+	// instant for the whole command, so every merge round agrees.
+	now time.Time
 }
 
 // flagFields maps the entry state's fields to the flags that set them, so
@@ -40,7 +47,8 @@ var flagFields = map[string]string{
 	"options.max_retry": "--max-retry", "options.timeout": "--timeout", "options.deadline": "--deadline",
 	"options.unique": "--unique", "options.retention": "--retention", "options.group": "--group",
 	"catchup.policy": "--catchup", "catchup.window": "--catchup-window", "overlap": "--overlap",
-	"jitter": "--jitter", "note": "--note",
+	"jitter": "--jitter", "note": "--note", "start_at": "--start-at", "end_at": "--end-at",
+	"exclude": "--exclude", "labels": "--label",
 }
 
 func newEntryPutCommand(g *globalFlags) *cobra.Command {
@@ -61,12 +69,23 @@ it fails, naming the current revision, when someone else changed the entry
 since you read revision N. --if-revision 0 only creates.
 
 Cron specs: 5 fields, or 6 with leading seconds, descriptors (@daily,
-@every 5m, aligned to the Unix epoch) and CRON_TZ=; evaluated in --timezone.`,
+@every 5m, aligned to the Unix epoch) and CRON_TZ=; evaluated in --timezone.
+
+--start-at and --end-at bound the ticks (both inclusive); past its end the
+entry shows as ended. --exclude specs (in the entry's zone) name ticks that
+are not fired but recorded as skipped with reason excluded. --label k=v
+organises entries for --selector in entry ls, audit, sync and export. An
+entry that uses any of these is written in a form replicas of earlier
+builds refuse (they quarantine it rather than fire past its end or inside
+an exclusion): upgrade every replica before using them.`,
 		Example: `  cronstream entry put report --cron "0 9 * * 1-5" --timezone Europe/Berlin --type report:daily \
       --payload '{"team":"ops"}' --queue reports --max-retry 5 --timeout 10m
   cronstream entry put report --queue critical           # change one field
   cronstream entry put report --if-revision 12 --cron "0 8 * * 1-5"
-  cronstream entry put cleanup --cron "@every 15m" --type cleanup --overlap skip --catchup latest --catchup-window 1h`,
+  cronstream entry put cleanup --cron "@every 15m" --type cleanup --overlap skip --catchup latest --catchup-window 1h
+  cronstream entry put campaign --cron "0 * * * *" --type mail --start-at 2027-03-01 --end-at 2027-04-01T00:00:00Z
+  cronstream entry put standup --cron "0 9 * * 1-5" --type remind --exclude "* * 25 12 *" --exclude "* * 1 1 *" \
+      --label team=payments --label tier=critical`,
 		Args: entryIDArg,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runEntryPut(cmd, g, f, args[0])
@@ -91,6 +110,10 @@ Cron specs: 5 fields, or 6 with leading seconds, descriptors (@daily,
 	fl.StringVar(&f.catchupWindow, "catchup-window", "", "how far back catch-up looks (default 1h; at most the activity stream's max age)")
 	fl.StringVar(&f.overlap, "overlap", "", "allow (default) or skip a tick while the previous task is still queued or running")
 	fl.StringVar(&f.note, "note", "", "free-form note")
+	fl.StringVar(&f.startAt, "start-at", "", "no tick before this time: RFC 3339, a date (UTC), or relative (+2h); '' clears it")
+	fl.StringVar(&f.endAt, "end-at", "", "no tick after this time (the entry then shows as ended): RFC 3339, a date (UTC), or relative (+720h); '' clears it")
+	fl.StringArrayVar(&f.exclude, "exclude", nil, "cron spec in the entry's zone whose ticks are skipped (reason excluded), e.g. '* * 25 12 *' (repeatable; replaces all; --exclude '' clears them)")
+	fl.StringArrayVar(&f.labels, "label", nil, "label k=v, Kubernetes rules (repeatable; replaces all labels; --label '' clears them)")
 	fl.BoolVar(&f.pauseOnFailure, "pause-on-failure", false, "pause the entry when one of its tasks is archived (retries exhausted); the pause note names the task and its error (--pause-on-failure=false turns it off)")
 	fl.BoolVar(&f.replace, "replace", false, "replace the whole entry with what the command line gives (keeps only the pause state)")
 	fl.BoolVar(&g.json, "json", false, "print the result as JSON")
@@ -151,6 +174,43 @@ func (f *putFlags) patch(cmd *cobra.Command, e *events.Entry) error {
 	}
 	if ch("payload") || ch("payload-file") {
 		e.Task.Payload = f.payloadBytes
+	}
+	at := func(flag, v string, dst *time.Time) {
+		if !ch(flag) {
+			return
+		}
+		if v == "" {
+			*dst = time.Time{}
+			return
+		}
+		t, err := parseTime(flag, v, f.now)
+		if err != nil {
+			errs = append(errs, err)
+			return
+		}
+		*dst = t
+	}
+	at("start-at", f.startAt, &e.StartAt)
+	at("end-at", f.endAt, &e.EndAt)
+	if ch("exclude") {
+		e.Exclude = slices.DeleteFunc(slices.Clone(f.exclude), func(s string) bool { return s == "" })
+	}
+	if ch("label") {
+		e.Labels = nil
+		for _, l := range f.labels {
+			if l == "" {
+				continue
+			}
+			k, v, err := events.ParseLabel(l)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("--label: %w", err))
+				continue
+			}
+			if e.Labels == nil {
+				e.Labels = map[string]string{}
+			}
+			e.Labels[k] = v
+		}
 	}
 	if ch("header") {
 		e.Task.Headers = nil
@@ -228,6 +288,7 @@ const maxPutRounds = 5
 
 func runEntryPut(cmd *cobra.Command, g *globalFlags, f *putFlags, id string) error {
 	ctx := cmd.Context()
+	f.now = time.Now()
 	// Flags are checked before connecting: a typo costs no round trip.
 	switch {
 	case cmd.Flags().Changed("payload") && cmd.Flags().Changed("payload-file"):
@@ -303,7 +364,7 @@ func runEntryPut(cmd *cobra.Command, g *globalFlags, f *putFlags, id string) err
 			return err
 		}
 		out := putResult{ID: id, Revision: res.Revision, Entry: res.Entry}
-		switch res.Type {
+		switch events.ConfigKind(res.Type) {
 		case events.TypeEntryRegistered:
 			out.Result = "registered"
 		case events.TypeEntryUpdated:

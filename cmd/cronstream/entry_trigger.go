@@ -98,11 +98,11 @@ func manualFor(ctx context.Context, g *globalFlags, conn *connFlags, id string) 
 		s.Close()
 		return m, t, nil, err
 	}
-	store, rc, err := openStore(ctx, g, conn)
+	_, rc, err := openStore(ctx, g, conn)
 	if err != nil {
 		s.Close()
 		return m, t, nil, err
 	}
-	m.Firer = store
+	m.Redis = rc
 	return m, t, func() { _ = rc.Close(); s.Close() }, nil
 }

@@ -19,6 +19,8 @@ func newExportCommand(g *globalFlags) *cobra.Command {
 		conn  connFlags
 		out   string
 		owner string
+		// selector exports only the entries whose labels match.
+		selector string
 	)
 	cmd := &cobra.Command{
 		Use:   "export [-o FILE] [--owner O]",
@@ -34,13 +36,19 @@ payload_base64. An entry whose last config event cannot be applied
 (quarantined) has no state to export: it is named on stderr and left out.
 
 --owner exports only the entries of that owner (--owner "" : those without
-one).`,
+one); --selector (-l) only those whose labels match (team=payments,
+tier!=batch, team, !team; commas join).`,
 		Example: `  cronstream export -o schedules.yaml
   cronstream export --owner team-billing > billing.yaml
+  cronstream export --selector team=payments -o payments.yaml
   cronstream export | cronstream --prefix staging sync -f -`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
+			sel, err := events.ParseSelector(selector)
+			if err != nil {
+				return usagef("--selector: %v", err)
+			}
 			s, err := openStreamsSession(ctx, g, &conn)
 			if err != nil {
 				return err
@@ -57,7 +65,7 @@ one).`,
 					fmt.Fprintf(cmd.ErrOrStderr(), "left out %s: quarantined (%s)\n", terminalSafe(c.ID), terminalSafe(c.Err.Error()))
 					continue
 				}
-				if byOwner && c.Entry.Owner != owner {
+				if byOwner && c.Entry.Owner != owner || !sel.Matches(c.Entry.Labels) {
 					continue
 				}
 				entries = append(entries, c.Entry)
@@ -80,6 +88,7 @@ one).`,
 	f := cmd.Flags()
 	f.StringVarP(&out, "output", "o", "", "write to this file instead of stdout")
 	f.StringVar(&owner, "owner", "", "export only the entries of this owner")
+	f.StringVarP(&selector, "selector", "l", "", "export only the entries whose labels match (k=v, k!=v, k, !k; commas join)")
 	addConn(cmd, &conn, false)
 	return cmd
 }

@@ -146,3 +146,35 @@ func TestRunForgedFiresIgnored(t *testing.T) {
 		}
 	}
 }
+
+// TestRunMembershipAfterNATSClusterRestart: every node of a 3-node NATS
+// cluster stops and starts again (the R3 replicas bucket lives in memory,
+// so its heartbeats are gone); two replicas' heartbeats come back, status
+// lists both, and the entry keeps firing.
+func TestRunMembershipAfterNATSClusterRestart(t *testing.T) {
+	t.Parallel()
+	cluster := testenv.StartNATSCluster(t, 3)
+	rd := testenv.StartRedis(t)
+	e := &cliEnv{t: t, redis: rd, vars: append(baseEnv(), "CRONSTREAM_NATS="+cluster.URLs(), "CRONSTREAM_REDIS="+rd.URL)}
+	e.ok("streams", "apply", "--replicas", "3")
+	e.ok("entry", "put", "tick", "--cron", "@every 1s", "--type", "tick")
+	var ps []*proc
+	for _, id := range []string{"r1", "r2"} {
+		ps = append(ps, start(t, e.vars, "run", "--http", "127.0.0.1:0", "--log-format", "json", "--replicas", "3", "--replica-id", id))
+	}
+	waitLive(t, e, 60*time.Second, []string{"r1", "r2"}, "at start", ps...)
+	ins := inspector(t, rd.URL)
+	testenv.Eventually(t, 30*time.Second, func() bool { return len(pendingTasks(t, ins, "default")) >= 2 }, "no tasks fired")
+
+	cluster.RestartAll(t)
+	restarted := time.Now()
+	waitLive(t, e, 60*time.Second, []string{"r1", "r2"}, "after the NATS cluster restart", ps...)
+	t.Logf("status lists both replicas %s after the restart", time.Since(restarted).Round(100*time.Millisecond))
+	before := len(pendingTasks(t, ins, "default"))
+	testenv.Eventually(t, 30*time.Second, func() bool { return len(pendingTasks(t, ins, "default")) >= before+2 }, "no tasks fired after the restart")
+	for _, p := range ps {
+		if code := p.stop(syscall.SIGTERM, 20*time.Second); code != 0 {
+			t.Errorf("run exited %d\n%s", code, p.Stderr())
+		}
+	}
+}

@@ -78,7 +78,7 @@ type entryView struct {
 	events.Entry
 	Revision uint64     `json:"revision"`
 	Updated  *time.Time `json:"updated,omitempty"`
-	State    string     `json:"state"` // active, paused or quarantined
+	State    string     `json:"state"` // active, paused, ended or quarantined
 	NextFire *time.Time `json:"next_fire,omitempty"`
 	Error    string     `json:"error,omitempty"`
 	// LastFire is the scheduled time of the entry's last tick with an
@@ -93,6 +93,8 @@ const (
 	stateActive      = "active"
 	statePaused      = "paused"
 	stateQuarantined = "quarantined"
+	// stateEnded: past its end_at; it stays registered and fires nothing.
+	stateEnded = "ended"
 )
 
 func newEntryView(e events.Entry, rev uint64, updated time.Time, now time.Time) entryView {
@@ -100,6 +102,10 @@ func newEntryView(e events.Entry, rev uint64, updated time.Time, now time.Time) 
 	if !updated.IsZero() {
 		u := updated.UTC()
 		v.Updated = &u
+	}
+	if e.Ended(now) {
+		v.State = stateEnded
+		return v
 	}
 	if e.Paused {
 		v.State = statePaused
@@ -117,7 +123,7 @@ func nextFire(e events.Entry, now time.Time) (time.Time, bool) {
 	if err != nil {
 		return time.Time{}, false
 	}
-	tick := s.Next(now)
+	tick := s.NextFire(now)
 	if tick.IsZero() {
 		return time.Time{}, false
 	}
@@ -153,7 +159,7 @@ func printEntryTable(w io.Writer, views []entryView) error {
 // policies, update time and note.
 func printEntryTableWide(w io.Writer, views []entryView) error {
 	tw := newTable(w)
-	fmt.Fprintln(tw, "ID\tSTATE\tCRON\tTIMEZONE\tTYPE\tQUEUE\tREVISION\tLAST FIRE\tNEXT FIRE\tOWNER\tCATCHUP\tOVERLAP\tJITTER\tMAX RETRY\tTIMEOUT\tUPDATED\tNOTE")
+	fmt.Fprintln(tw, "ID\tSTATE\tCRON\tTIMEZONE\tTYPE\tQUEUE\tREVISION\tLAST FIRE\tNEXT FIRE\tOWNER\tCATCHUP\tOVERLAP\tJITTER\tMAX RETRY\tTIMEOUT\tUPDATED\tNOTE\tWINDOW\tEXCLUDE\tLABELS")
 	for _, v := range views {
 		next, last, updated := "-", "-", "-"
 		if v.NextFire != nil {
@@ -169,7 +175,7 @@ func printEntryTableWide(w io.Writer, views []entryView) error {
 			updated = fmtTime(*v.Updated)
 		}
 		if v.State == stateQuarantined {
-			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t%d\t%s\t-\t-\t-\t-\t-\t-\t-\t%s\t%s\n", terminalSafe(v.ID), v.State, v.Revision, last, updated, terminalSafe(dash(v.Error)))
+			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t%d\t%s\t-\t-\t-\t-\t-\t-\t-\t%s\t%s\t-\t-\t-\n", terminalSafe(v.ID), v.State, v.Revision, last, updated, terminalSafe(dash(v.Error)))
 			continue
 		}
 		e := v.Entry.Normalize()
@@ -185,9 +191,10 @@ func printEntryTableWide(w io.Writer, views []entryView) error {
 		if e.Jitter > 0 {
 			jitter = e.Jitter.String()
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", terminalSafe(v.ID), v.State, terminalSafe(v.Cron), terminalSafe(dash(v.Timezone)),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", terminalSafe(v.ID), v.State, terminalSafe(v.Cron), terminalSafe(dash(v.Timezone)),
 			terminalSafe(v.Task.Type), terminalSafe(v.Options.QueueName()), v.Revision, last, next, terminalSafe(dash(v.Owner)),
-			terminalSafe(catchup), terminalSafe(string(e.Overlap)), jitter, e.Options.Retries(), timeout, updated, terminalSafe(dash(v.Note)))
+			terminalSafe(catchup), terminalSafe(string(e.Overlap)), jitter, e.Options.Retries(), timeout, updated, terminalSafe(dash(v.Note)),
+			windowText(e), terminalSafe(dash(strings.Join(e.Exclude, "; "))), terminalSafe(dash(labelsText(e.Labels))))
 	}
 	return tw.Flush()
 }
@@ -274,6 +281,18 @@ func printEntry(w io.Writer, v entryView) error {
 			row("note", e.Note)
 		}
 		row("owner", dash(e.Owner))
+		if !e.StartAt.IsZero() {
+			row("start_at", fmtTime(e.StartAt))
+		}
+		if !e.EndAt.IsZero() {
+			row("end_at", fmtTime(e.EndAt))
+		}
+		for _, x := range e.Exclude {
+			row("exclude", x)
+		}
+		for _, k := range sortedKeys(e.Labels) {
+			row("labels."+k, e.Labels[k])
+		}
 		if v.NextFire != nil {
 			row("next fire", fmtTime(*v.NextFire))
 		}
@@ -282,6 +301,29 @@ func printEntry(w io.Writer, v entryView) error {
 }
 
 func payloadText(b []byte) string { return configsync.PayloadText(b) }
+
+// labelsText writes labels as a selector would match them: k=v,k=v.
+func labelsText(labels map[string]string) string {
+	parts := make([]string, 0, len(labels))
+	for _, k := range sortedKeys(labels) {
+		parts = append(parts, k+"="+labels[k])
+	}
+	return strings.Join(parts, ",")
+}
+
+// windowText is an entry's active window as "start..end" ("-" unbounded).
+func windowText(e events.Entry) string {
+	if e.StartAt.IsZero() && e.EndAt.IsZero() {
+		return "-"
+	}
+	side := func(t time.Time) string {
+		if t.IsZero() {
+			return ""
+		}
+		return fmtTime(t)
+	}
+	return side(e.StartAt) + ".." + side(e.EndAt)
+}
 
 func sortedKeys(m map[string]string) []string { return slices.Sorted(maps.Keys(m)) }
 

@@ -67,6 +67,7 @@ type replicaStatus struct {
 type entryCounts struct {
 	Active      int              `json:"active"`
 	Paused      int              `json:"paused"`
+	Ended       int              `json:"ended"` // past their end_at
 	Quarantined int              `json:"quarantined"`
 	Bad         []quarantineView `json:"quarantined_entries,omitempty"`
 	// FailurePaused are entries paused on failure (failpause), reason in
@@ -241,15 +242,18 @@ func collectStatus(ctx context.Context, g *globalFlags, conn *connFlags, s *sess
 	// what a replica sees (quarantine included).
 	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	proj := projector.New(s.js, s.names, projector.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
-	if err := proj.Start(pctx); err != nil {
+	proj, err := projector.New(projector.Config{JS: s.js, Names: s.names, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err == nil {
+		err = proj.Start(pctx)
+	}
+	if err != nil {
 		fail("entries", err)
 	} else {
 		if err := proj.WaitCaughtUp(pctx); err != nil {
 			fail("entries", fmt.Errorf("projection did not catch up: %w", err))
 		}
 		entries, bad := proj.Entries(), proj.Quarantined()
-		proj.Stop()
+		_ = proj.Stop(pctx) // nothing to drain: never fails
 		states = entries
 		var fires []nextFireView
 		beyond := 0
@@ -258,6 +262,10 @@ func collectStatus(ctx context.Context, g *globalFlags, conn *connFlags, s *sess
 				if beyond++; beyond <= maxRetentionWarnings {
 					rep.Warnings = append(rep.Warnings, err.Error())
 				}
+			}
+			if st.Entry.Ended(now) {
+				rep.Entries.Ended++
+				continue
 			}
 			if st.Entry.Paused {
 				rep.Entries.Paused++
@@ -493,7 +501,7 @@ func printStatus(w io.Writer, r statusReport) {
 		fmt.Fprintln(w, "  none: no entry fires and no task is recovered until a replica runs (cronstream run)")
 	}
 
-	fmt.Fprintf(w, "\nEntries: %d active, %d paused, %d quarantined\n", r.Entries.Active, r.Entries.Paused, r.Entries.Quarantined)
+	fmt.Fprintf(w, "\nEntries: %d active, %d paused, %d ended, %d quarantined\n", r.Entries.Active, r.Entries.Paused, r.Entries.Ended, r.Entries.Quarantined)
 	for _, q := range r.Entries.Bad {
 		fmt.Fprintf(w, "  quarantined %s at revision %d (%s): %s\n", terminalSafe(q.ID), q.Revision, fmtTime(q.Time), terminalSafe(q.Reason))
 	}

@@ -41,8 +41,10 @@ func newSyncCommand(g *globalFlags) *cobra.Command {
 		prune  bool
 		dryRun bool
 		owner  string
-		watch  time.Duration
-		detail bool
+		// selector narrows the sync to the entries whose labels match.
+		selector string
+		watch    time.Duration
+		detail   bool
 	)
 	cmd := &cobra.Command{
 		Use:   "sync -f FILE",
@@ -61,6 +63,9 @@ unless the file gives the entry an "owner:" (as "cronstream export" writes;
 lists, and nothing else: entries made with "entry put" (no owner) or by another owner
 are never pruned. Pause state: sync never pauses or resumes an entry
 unless the file says "paused:", so an entry paused by hand stays paused.
+--selector (-l) narrows the sync to entries whose labels match
+(team=payments, tier!=batch, team, !team; commas join): file entries that
+do not match are left out, and --prune removes only live entries that do.
 
 File format (the entry state's field names; durations as 30s, 10m, 1h):
 
@@ -80,6 +85,10 @@ File format (the entry state's field names; durations as 30s, 10m, 1h):
       jitter: 30s
       paused: false
       owner: team-reports           # default --owner
+      start_at: 2027-03-01T00:00:00Z  # no tick before (RFC 3339, or a date: UTC midnight)
+      end_at: 2027-04-01            # no tick after; the entry then shows as ended
+      exclude: ["* * 25 12 *"]      # cron specs in the entry's zone: matching ticks are skipped (excluded)
+      labels: {team: reports}       # Kubernetes label rules; --selector matches them
 
 --dry-run --detailed-exitcode exits 0 when the entries already match the
 file, 2 when the plan has changes, 1 on an error (as terraform plan does):
@@ -91,6 +100,7 @@ file that becomes invalid is reported and the current entries are kept.`,
   cronstream sync -f schedules.yaml --prune
   cronstream sync -f schedules.yaml --dry-run --detailed-exitcode   # 0 in sync, 2 drift, 1 error
   cronstream sync -f schedules.yaml --owner team-billing --prune --watch 1m
+  cronstream sync -f schedules.yaml --selector team=payments --prune
   generate-schedules | cronstream sync -f -`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -112,8 +122,11 @@ file that becomes invalid is reported and the current entries are kept.`,
 			if err := (events.Entry{ID: "x", Cron: "@daily", Task: events.Task{Type: "x"}, Owner: owner}).Validate(); err != nil {
 				return usagef("--owner %q: at most 128 bytes of UTF-8", owner)
 			}
+			sel, err := events.ParseSelector(selector)
+			if err != nil {
+				return usagef("--selector: %v", err)
+			}
 			var cfgs []configsync.Config
-			var err error
 			if file == "-" {
 				b, rerr := io.ReadAll(cmd.InOrStdin())
 				if rerr != nil {
@@ -154,6 +167,7 @@ file that becomes invalid is reported and the current entries are kept.`,
 					return err
 				}
 			}
+			current, cfgs = configsync.Select(current, cfgs, sel)
 			plan := configsync.MakePlan(current, cfgs, owner, prune)
 			if streamsExist { // a retention is only known once the streams exist
 				for _, a := range plan.Actions {
@@ -194,7 +208,7 @@ file that becomes invalid is reported and the current entries are kept.`,
 				return nil
 			}
 			syncer := &configsync.Syncer{
-				Provider: configsync.FileProvider{Path: file}, Client: s.client, Owner: owner, Prune: prune,
+				Provider: configsync.FileProvider{Path: file}, Client: s.client, Owner: owner, Prune: prune, Selector: sel,
 				Interval: watch, Logger: slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil)),
 				OnSync: func(r configsync.Report) {
 					if r.Err == nil && !r.Plan.Empty() {
@@ -212,6 +226,7 @@ file that becomes invalid is reported and the current entries are kept.`,
 	f.BoolVar(&prune, "prune", false, "remove entries of --owner that the file does not list")
 	f.BoolVar(&dryRun, "dry-run", false, "print the plan (+ create, ~ update, - remove) and publish nothing")
 	f.StringVar(&owner, "owner", configsync.DefaultOwner, "owner label of the entries this file manages")
+	f.StringVarP(&selector, "selector", "l", "", "manage only entries whose labels match (k=v, k!=v, k, !k; commas join): others in the file are left out, others live are never pruned")
 	f.BoolVar(&detail, "detailed-exitcode", false, "with --dry-run: exit 0 when nothing would change, 2 when the plan has changes, 1 on error")
 	f.DurationVar(&watch, "watch", 0, "re-sync on this interval until interrupted (e.g. 1m)")
 	f.BoolVar(&g.json, "json", false, "print the plan and its outcome as JSON")

@@ -2,8 +2,8 @@
 // with ticks, leases or other replicas' instants come from Now: the local
 // clock corrected by its offset to Redis TIME, so every replica decides
 // "due" on one shared clock however far its own drifts. Durations (timeouts,
-// backoffs, how long a condition lasted) use the monotonic clock
-// (time.Since), which no offset reaches.
+// backoffs, how long a condition lasted) use the monotonic clock (Mono,
+// Since, Until), which no offset reaches.
 //
 // For fault tests a Clock can run on a local clock that is deliberately
 // wrong (Options.LocalOffset): the real binary then behaves like a replica
@@ -93,3 +93,26 @@ func (c *Clock) Offset() (time.Duration, bool) {
 	defer c.mu.RUnlock()
 	return c.offset, c.measured
 }
+
+// Mono is a reading of the local monotonic clock (Clock.Mono): the start
+// of a wait or the end of a backoff, for durations only. It is never an
+// instant to compare with Now's or with ticks, which is why it is a type of
+// its own. The zero Mono lies long in the past.
+type Mono struct{ t time.Time }
+
+// Mono reads the local monotonic clock, which no offset reaches: a Sync
+// between two readings does not stretch or shrink the duration between
+// them.
+func (c *Clock) Mono() Mono { return Mono{c.local()} }
+
+// Since returns the monotonic time elapsed since m.
+func (c *Clock) Since(m Mono) time.Duration { return c.local().Sub(m.t) }
+
+// Until returns the monotonic time left until m (negative once past).
+func (c *Clock) Until(m Mono) time.Duration { return m.t.Sub(c.local()) }
+
+// Add returns m moved by d.
+func (m Mono) Add(d time.Duration) Mono { return Mono{m.t.Add(d)} }
+
+// Before reports whether m is earlier than o.
+func (m Mono) Before(o Mono) bool { return m.t.Before(o.t) }

@@ -3,6 +3,7 @@ package clock
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -37,5 +38,31 @@ func TestSyncError(t *testing.T) {
 	}
 	if err := Local().Sync(context.Background()); err != nil {
 		t.Errorf("Local().Sync = %v", err)
+	}
+}
+
+// Durations from Mono ignore the offset and its corrections; the zero Mono
+// is long past.
+func TestMono(t *testing.T) {
+	var off atomic.Int64
+	c := New(func(context.Context) (time.Time, error) { return time.Now().Add(time.Duration(off.Load())), nil }, Options{LocalOffset: time.Hour})
+	start := c.Mono()
+	off.Store(int64(24 * time.Hour))
+	if err := c.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if d := c.Since(start); d < 0 || d > time.Second {
+		t.Errorf("Since across a Sync moving the clock a day = %s", d)
+	}
+	deadline := start.Add(time.Minute)
+	if d := c.Until(deadline); d < time.Minute-time.Second || d > time.Minute {
+		t.Errorf("Until a minute after start = %s", d)
+	}
+	if !start.Before(deadline) || deadline.Before(start) {
+		t.Error("Before disagrees with Add")
+	}
+	var zero Mono
+	if c.Since(zero) < 24*time.Hour || c.Until(zero) > 0 || !zero.Before(start) {
+		t.Errorf("zero Mono: Since %s, Until %s", c.Since(zero), c.Until(zero))
 	}
 }

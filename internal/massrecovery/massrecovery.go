@@ -17,6 +17,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/cronstream/cronstream/internal/redisscript"
 	"github.com/cronstream/cronstream/taskstate"
 )
 
@@ -114,7 +115,7 @@ func RetryDelay(n int32) time.Duration {
 
 // asynqListLeaseExpiredScript is asynq's ListLeaseExpired: every msg whose
 // lease score is at or before the cutoff, in one call.
-var asynqListLeaseExpiredScript = redis.NewScript(`
+var asynqListLeaseExpiredScript = redisscript.New(`
 local res = {}
 for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])) do
   local msg = redis.call('HGET', ARGV[2] .. id, 'msg')
@@ -127,7 +128,7 @@ return res
 // KEYS: task, active, lease, retry, processed:<day>, failed:<day>,
 // processed, failed. ARGV: id, msg, process-at, stats expiry, is-failure,
 // MaxInt64.
-var asynqRetryScript = redis.NewScript(`
+var asynqRetryScript = redisscript.New(`
 if redis.call('LREM', KEYS[2], 0, ARGV[1]) == 0 then
   return redis.error_reply('NOT FOUND')
 end

@@ -152,6 +152,28 @@ func (c *NATSCluster) RestartNode(t testing.TB, i int) {
 	}, "node %s caught up with its stream leaders (last: %s)", n.name, lazyString(func() string { return problem }))
 }
 
+// RestartAll stops every node (a whole-cluster outage: those still up are
+// shut down abruptly) and starts them all again on the same ports and
+// stores. The nodes boot together, because one node of a stopped cluster
+// has no quorum to elect a meta leader; it returns once a meta leader that
+// every node is current with exists and each node passes its health check,
+// whose stream checks need the stream leaders elected and caught up.
+func (c *NATSCluster) RestartAll(t testing.TB) {
+	t.Helper()
+	for _, n := range c.Nodes {
+		n.Shutdown()
+	}
+	for _, n := range c.Nodes {
+		if err := n.boot(); err != nil {
+			t.Fatalf("testenv: restart nats node %s of the stopped cluster: %v", n.name, err)
+		}
+	}
+	c.WaitMetaLeader(t)
+	for _, n := range c.Nodes {
+		n.waitHealthy(t)
+	}
+}
+
 // catchUpProblem returns why node i's streams are behind their leaders, or ""
 // when every stream it holds has its leader's last sequence.
 func (c *NATSCluster) catchUpProblem(i int) string {

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/cronstream/cronstream/internal/redisscript"
 )
 
 // Redis is one Redis database for one test: a private redis-server process, or
@@ -198,13 +200,13 @@ const (
 )
 
 var (
-	claimStealScript = redis.NewScript(`
+	claimStealScript = redisscript.New(`
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
   return 1
 end
 return 0`)
-	claimReleaseScript = redis.NewScript(`
+	claimReleaseScript = redisscript.New(`
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
 end

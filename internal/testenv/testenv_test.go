@@ -466,6 +466,45 @@ func TestNATSClusterFailover(t *testing.T) {
 	}
 }
 
+// TestNATSClusterRestartAll: every node stopped, then all started again:
+// the replicated stream keeps its messages and takes new ones.
+func TestNATSClusterRestartAll(t *testing.T) {
+	t.Parallel()
+	ctx := ctxT(t)
+	c := StartNATSCluster(t, 3)
+	js := c.JetStream(t)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "A", Subjects: []string{"a.>"}, Replicas: 3}); err != nil {
+		t.Fatal(err)
+	}
+	publish := func(i int) error {
+		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		_, err := js.Publish(pctx, "a.x", []byte(strconv.Itoa(i)), jetstream.WithMsgID("m"+strconv.Itoa(i)))
+		return err
+	}
+	for i := range 10 {
+		if err := publish(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range c.Nodes {
+		c.StopNode(i)
+	}
+	c.RestartAll(t)
+	var lastErr error
+	Eventually(t, natsLeaderTimeout, func() bool {
+		lastErr = publish(10)
+		return lastErr == nil
+	}, "publish after the whole cluster restarted (last error: %v)", lazyString(func() string { return fmt.Sprint(lastErr) }))
+	held := map[string]uint64{}
+	Eventually(t, natsLeaderTimeout, func() bool {
+		for _, n := range c.Nodes {
+			held[n.name] = streamMsgsOn(t, n.Server(), "A")
+		}
+		return held["n0"] == 11 && held["n1"] == 11 && held["n2"] == 11
+	}, "every node holds the 11 messages after the restart (holds %v)", lazyString(func() string { return fmt.Sprint(held) }))
+}
+
 func TestNATSClusterTooSmall(t *testing.T) {
 	t.Parallel()
 	msg := expectFatal(t, func(tb testing.TB) { StartNATSCluster(tb, 1) })

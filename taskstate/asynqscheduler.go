@@ -38,26 +38,6 @@ func SchedulerID(prefix string) string {
 	return "cronstream:" + prefix
 }
 
-// writeSchedulerEntriesScript: KEYS 1 entries list; ARGV 1 ttl secs, then
-// encoded entries. As asynq: DEL, LPUSH each (the list ends up reversed),
-// EXPIRE.
-var writeSchedulerEntriesScript = redis.NewScript(`
-redis.call('DEL', KEYS[1])
-for i = 2, #ARGV do
-  redis.call('LPUSH', KEYS[1], ARGV[i])
-end
-redis.call('EXPIRE', KEYS[1], ARGV[1])
-return 1
-`)
-
-// recordSchedulerEventScript: KEYS 1 history zset; ARGV 1 score secs,
-// 2 encoded event, 3 cap. As asynq: trim to cap-1, then add.
-var recordSchedulerEventScript = redis.NewScript(`
-redis.call('ZREMRANGEBYRANK', KEYS[1], 0, -tonumber(ARGV[3]))
-redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])
-return 1
-`)
-
 // WriteSchedulerEntries publishes entries under schedulerID for ttl, as
 // asynq's scheduler heartbeat does: a plain ZADD of the list key into
 // asynq:schedulers scored now+ttl (readers drop it after that), then one
@@ -175,4 +155,46 @@ func (o EnqueueOptions) Strings() []string {
 		out = append(out, "Group("+strconv.Quote(o.Group)+")")
 	}
 	return out
+}
+
+// EnqueueEventRecord is one asynq enqueue-history event of one entry.
+type EnqueueEventRecord struct {
+	Entry string
+	Event SchedulerEnqueueEvent
+	// Trim cuts the entry's history to the newest MaxSchedulerHistory
+	// after this event. A writer that records every fire may trim on
+	// every k-th record of an entry only: the history then holds at most
+	// k-1 events more between trims, and Redis is spared a command per
+	// fire.
+	Trim bool
+}
+
+// RecordSchedulerEnqueueEvents appends many history events in one pipeline,
+// with RecordSchedulerEnqueueEvent's result for each record with Trim set:
+// the newest MaxSchedulerHistory events are kept. History keys are global (no hash
+// tag), so each event is written with plain commands, ZADD then a trim to
+// the newest MaxSchedulerHistory, rather than a script: this runs for every
+// fire, and two plain commands cost Redis less than a script call. The pair
+// is not atomic, which only matters to a reader that counts the history
+// while a fire is being recorded (it may see one event more).
+func (s *Store) RecordSchedulerEnqueueEvents(ctx context.Context, recs []EnqueueEventRecord) error {
+	if len(recs) == 0 {
+		return nil
+	}
+	pipe := s.client.Pipeline()
+	for _, r := range recs {
+		b, err := EncodeSchedulerEnqueueEvent(&r.Event)
+		if err != nil {
+			continue // a task id that is not UTF-8 cannot come from us
+		}
+		key := SchedulerHistoryKey(r.Entry)
+		pipe.ZAdd(ctx, key, redis.Z{Score: float64(r.Event.EnqueueTime.Unix()), Member: b})
+		if r.Trim {
+			pipe.ZRemRangeByRank(ctx, key, 0, -MaxSchedulerHistory-1)
+		}
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("record %d enqueue events: %w", len(recs), err)
+	}
+	return nil
 }

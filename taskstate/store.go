@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/cronstream/cronstream/internal/redisscript"
 )
 
 // Store is cronstream's handle on asynq-compatible task state in one Redis
@@ -18,7 +20,7 @@ import (
 //
 // Every script a Store runs touches the keys of one queue only (one cluster
 // slot). Scripts are sent with EVALSHA and fall back to EVAL when Redis does
-// not know them yet (redis.Script.Run).
+// not know them yet, single or pipelined (internal/redisscript).
 type Store struct {
 	client redis.UniversalClient
 	now    func() time.Time
@@ -54,9 +56,8 @@ func WithRecoverChunk(n int) Option {
 	}
 }
 
-// Defaults chosen by measurement (recover_bench_test.go): a recover chunk
-// costs roughly 10–20 µs of Redis time per task, so 128 tasks stay well under
-// 10 ms even on a busy server; a listing page of 500 costs ~1 ms.
+// Defaults sized so that one script call stays well under 10 ms of Redis
+// time even on a busy server (figures in docs/benchmarks.md).
 const (
 	defaultRecoverChunk = 128
 	defaultListPage     = 500
@@ -110,7 +111,7 @@ func (s *Store) Queues(ctx context.Context) ([]string, error) {
 }
 
 // runScript runs script on one queue's keys and returns its array reply.
-func runScript(ctx context.Context, c redis.UniversalClient, script *redis.Script, keys []string, args ...any) ([]any, error) {
+func runScript(ctx context.Context, c redis.UniversalClient, script *redisscript.Script, keys []string, args ...any) ([]any, error) {
 	v, err := script.Run(ctx, c, keys, args...).Result()
 	if err != nil {
 		return nil, err
@@ -120,4 +121,14 @@ func runScript(ctx context.Context, c redis.UniversalClient, script *redis.Scrip
 		return nil, fmt.Errorf("unexpected script reply %T", v)
 	}
 	return arr, nil
+}
+
+// Time returns Redis's clock (TIME), the one clock every replica corrects
+// its own by.
+func (s *Store) Time(ctx context.Context) (time.Time, error) {
+	t, err := s.client.Time(ctx).Result()
+	if err != nil {
+		return time.Time{}, fmt.Errorf("redis TIME: %w", err)
+	}
+	return t, nil
 }

@@ -1,0 +1,35 @@
+package console_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cronstream/cronstream/console"
+	"github.com/cronstream/cronstream/events"
+)
+
+// TestConsoleScheduleFields: an entry past its end_at shows as ended (not
+// paused) in the entries table, under the ended filter and on its page,
+// with its window, exclusions and labels.
+func TestConsoleScheduleFields(t *testing.T) {
+	t.Parallel()
+	s := startSite(t, console.Config{})
+	end := time.Now().Add(-time.Hour).UTC().Truncate(time.Second)
+	s.put(events.Entry{ID: "over", Cron: "@every 1h", Task: events.Task{Type: "t"}, EndAt: end,
+		Exclude: []string{"* * 25 12 *"}, Labels: map[string]string{"team": "payments"}})
+	s.put(events.Entry{ID: "live", Cron: "@every 1h", Task: events.Task{Type: "t"}})
+	s.waitFor("/entries?state=ended", "over")
+	if body := s.page("/entries?state=ended"); strings.Contains(body, ">live<") {
+		t.Error("an active entry is listed as ended")
+	}
+	if body := s.page("/entries?state=active"); strings.Contains(body, ">over<") {
+		t.Error("an ended entry is listed as active")
+	}
+	body := s.page("/entries/over")
+	for _, want := range []string{end.Format(time.RFC3339), "* * 25 12 *", "team=payments", "None: ended."} {
+		if !strings.Contains(body, want) {
+			t.Errorf("entry page lacks %q", want)
+		}
+	}
+}

@@ -1,0 +1,32 @@
+package scheduler
+
+import (
+	"time"
+
+	"github.com/cronstream/cronstream/events"
+)
+
+// Event ids are derived from what they describe, so the same fact always
+// has the same id (and the stream drops a republished one), and observers
+// can read entry and tick off the Nats-Msg-Id header without decoding.
+// Their formats live in events (ids.go).
+func firedEventID(entry string, tick time.Time) string {
+	return events.FiredEventID(entry, tick)
+}
+
+func skippedEventID(entry string, r tickRange) string {
+	if r.Count <= 1 {
+		return events.SkippedEventID(entry, r.Last)
+	}
+	return events.SkippedRangeEventID(entry, r.First, r.Last)
+}
+
+// ParseActivityID reads entry and last tick from a fired or skipped event
+// id; ok is false for other ids (triggers, recoveries).
+func ParseActivityID(id string) (entry string, tick time.Time, ok bool) {
+	f, ok := events.ParseEventID(id)
+	if !ok || (f.Kind != events.EventIDFired && f.Kind != events.EventIDSkipped) || f.IsTrigger() {
+		return "", time.Time{}, false // not a tick's record: a trigger's, a recovery's
+	}
+	return f.Entry, f.Last, true
+}

@@ -1,0 +1,112 @@
+package scheduler
+
+import (
+	"time"
+
+	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/taskstate"
+)
+
+// sentFire is what apply needs to know of a fire once it was sent.
+type sentFire struct {
+	kind     taskstate.FireKind
+	tick     time.Time
+	skipped  bool // it carried skipped records of missed ticks
+	excluded bool // it carried a skipped record of excluded ticks
+}
+
+func sentOf(f *taskstate.Fire) sentFire {
+	sf := sentFire{kind: f.Kind, tick: f.Tick}
+	sf.skipped, sf.excluded = skipReasons(f.SkippedRecords)
+	return sf
+}
+
+// apply acts on one fire's result and returns the asynq history record of
+// a created task.
+func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (taskstate.EnqueueEventRecord, bool) {
+	s.outcome(Outcome{Entry: r.id, Tick: f.tick, Status: fireStatus(res.Status), Err: res.Err})
+	if res.Err != nil {
+		s.countError()
+		r.tries++
+		s.log.Warn("fire failed; will retry", "entry", r.id, "tick", f.tick, "err", res.Err)
+		return taskstate.EnqueueEventRecord{}, false
+	}
+	status := res.Status
+	if status.Refused() {
+		s.countRefused(status.String())
+		switch status {
+		case taskstate.StatusWatermarkMismatch:
+			if r.hasHandled && (!res.HasWatermark || res.Watermark.Before(r.handled)) {
+				// The watermark vanished under us, or went back before a
+				// tick it held (Redis lost data, a lagging replica was
+				// promoted): load it again, which re-seeds it from the
+				// later of r.handled and the stream, instead of firing
+				// those ticks again.
+				r.phase = phaseLoading
+				r.tries++
+				s.heap.remove(r)
+				s.load[r.id] = r
+				break
+			}
+			r.cursor, r.hasCursor, r.lastTask = res.Watermark, res.HasWatermark, res.WatermarkTaskID
+			r.handled, r.hasHandled = res.Watermark, res.HasWatermark
+			r.phase = phaseReady
+			if res.HasWatermark && !res.Watermark.Before(f.tick) {
+				r.tries = 0 // someone else handled it: nothing wrong
+			} else {
+				r.tries++
+			}
+		case taskstate.StatusMoved:
+			r.tries++
+			if r.st.Revision > res.MovedAt {
+				// Our configuration, newer than the move, says the entry
+				// lives here again (it moved away and back while this
+				// replica did not follow live): close the queues it used
+				// since and reopen this one.
+				r.phase, r.loading.reopen = phaseLoading, true
+				s.heap.remove(r)
+				s.load[r.id] = r
+			} else {
+				s.suspectEpoch(r.queue, r.id, res.MovedAt, "")
+			}
+		case taskstate.StatusRevisionFenced:
+			r.tries++
+			s.suspectEpoch(r.queue, "", res.Fence, res.FenceID)
+		default: // stale: our view of the config is behind
+			r.tries++
+		}
+		return taskstate.EnqueueEventRecord{}, false
+	}
+	r.tries = 0
+	if f.kind == taskstate.FireTick || f.kind == taskstate.FireSkip {
+		r.cursor, r.hasCursor, r.phase = f.tick, true, phaseReady
+		r.handled, r.hasHandled = f.tick, true
+	}
+	if f.skipped {
+		s.count(func(st *Stats) { st.SkippedMissed++ })
+		s.m.Skipped.WithLabelValues(events.SkipMissed).Inc()
+	}
+	if f.excluded {
+		s.count(func(st *Stats) { st.SkippedExcluded++ })
+		s.m.Skipped.WithLabelValues(events.SkipExcluded).Inc()
+	}
+	switch status {
+	case taskstate.StatusFired:
+		r.lastTask = res.TaskID
+		s.count(func(st *Stats) { st.Fired++ })
+		s.m.Fired.WithLabelValues(r.queue).Inc()
+		s.m.FireLag.Observe(s.clock.Now().Sub(f.tick).Seconds())
+		trim := r.recorded%historyTrimEvery == 0
+		r.recorded++
+		return taskstate.EnqueueEventRecord{Entry: r.id, Event: taskstate.SchedulerEnqueueEvent{TaskID: res.TaskID, EnqueueTime: s.clock.Now()}, Trim: trim}, true
+	case taskstate.StatusAlreadyExists:
+		s.count(func(st *Stats) { st.AlreadyExisted++ })
+	case taskstate.StatusSkippedOverlap:
+		s.count(func(st *Stats) { st.SkippedOverlap++ })
+		s.m.Skipped.WithLabelValues(events.SkipOverlap).Inc()
+	case taskstate.StatusDuplicate:
+		s.count(func(st *Stats) { st.SkippedUnique++ })
+		s.m.Skipped.WithLabelValues(events.SkipUnique).Inc()
+	}
+	return taskstate.EnqueueEventRecord{}, false
+}

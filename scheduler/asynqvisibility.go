@@ -1,0 +1,116 @@
+package scheduler
+
+import (
+	"context"
+	"time"
+
+	"github.com/cronstream/cronstream/projector"
+	"github.com/cronstream/cronstream/taskstate"
+)
+
+// historyTrimEvery: an entry's asynq enqueue history is trimmed to asynq's
+// 1,000 events on every 16th event this replica records for it (and on the
+// first), so it holds at most 15 more per replica between trims.
+const historyTrimEvery = 16
+
+// writeHistory records asynq's enqueue history beside the loop, so the
+// loop does not wait for it.
+func (s *Scheduler) writeHistory() {
+	for recs := range s.history {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if err := s.broker.RecordSchedulerEnqueueEvents(ctx, recs); err != nil {
+			s.log.Debug("record asynq enqueue history", "events", len(recs), "err", err)
+		}
+		cancel()
+	}
+}
+
+// visibilityGap is how far the next due fire must be for asynq's entries
+// to be rewritten: the rewrite writes every entry in one go, which must not
+// land on a burst of fires (its cost is in docs/benchmarks.md).
+const visibilityGap = time.Second
+
+// maybeWriteVisibility starts the pending rewrite of asynq's scheduler
+// entries when nothing is due within visibilityGap; when entries are due
+// all the time (every second), right after a pass of fires once it waited
+// half a period; and after a whole period in any case (the entries expire
+// after two).
+func (s *Scheduler) maybeWriteVisibility(afterFire bool) {
+	if !s.visPending {
+		return
+	}
+	waited := s.clock.Since(s.visSince)
+	quiet := true
+	if at, ok := s.heap.peek(); ok && at.Sub(s.clock.Now()) < visibilityGap {
+		quiet = false
+	}
+	if !quiet && !(afterFire && waited >= s.cfg.Visibility/2) && waited < s.cfg.Visibility {
+		return
+	}
+	if len(s.vis) > 0 {
+		return // the last snapshot is not even taken up yet: stay pending
+	}
+	if entries, ok := s.visibilitySnapshot(); ok {
+		s.vis <- entries // the loop is the only sender: there is room
+	}
+	s.visPending = false
+}
+
+// writeVisibilityLoop writes the snapshots the loop hands over, beside it.
+func (s *Scheduler) writeVisibilityLoop() {
+	for entries := range s.vis {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		if err := s.broker.WriteSchedulerEntries(ctx, taskstate.SchedulerID(s.cfg.Names.Prefix()), entries, 2*s.cfg.Visibility); err != nil {
+			s.log.Debug("write asynq scheduler entries", "err", err)
+		}
+		cancel()
+	}
+}
+
+// visibilitySnapshot lists asynq's scheduler entries for ours, so
+// `asynq cron ls` lists them. One replica writes (the primary of a fixed
+// key), so the cost does not grow with the number of replicas; ok is false
+// on the others. asynq's SchedulerEntry has no paused field: a paused entry
+// is listed with its spec marked (taskstate.PausedSpec) and no next enqueue
+// time (docs/asynq-compat.md).
+func (s *Scheduler) visibilitySnapshot() ([]taskstate.SchedulerEntry, bool) {
+	if primaryOf("~asynq-visibility", s.liveReplicas()) != s.cfg.ReplicaID {
+		return nil, false
+	}
+	out := make([]taskstate.SchedulerEntry, 0, len(s.entries)+len(s.pausedEntries))
+	for _, r := range s.entries {
+		if r.st.Entry.Paused || r.sched == nil {
+			continue
+		}
+		var prev time.Time
+		if r.hasCursor {
+			prev = r.cursor
+		}
+		out = append(out, schedulerEntry(r.id, r.st, r.next(), prev))
+	}
+	for id, st := range s.pausedEntries {
+		var prev time.Time
+		if r := s.entries[id]; r != nil && r.hasCursor {
+			prev = r.cursor
+		}
+		out = append(out, schedulerEntry(id, st, time.Time{}, prev))
+	}
+	return out, true
+}
+
+// schedulerEntry is asynq's view of entry id in state st.
+func schedulerEntry(id string, st projector.State, next, prev time.Time) taskstate.SchedulerEntry {
+	e := st.Entry
+	opts := taskstate.EnqueueOptions{
+		Queue: e.Options.QueueName(), MaxRetry: e.Options.Retries(), Timeout: e.Options.Timeout.D(),
+		Unique: e.Options.Unique.D(), Retention: e.Options.Retention.D(), Group: e.Options.Group,
+	}
+	spec := e.Cron
+	if e.Paused {
+		spec = taskstate.PausedSpec(spec)
+	}
+	return taskstate.SchedulerEntry{
+		ID: id, Spec: spec, TaskType: e.Task.Type, TaskPayload: e.Task.Payload,
+		EnqueueOptions: opts.Strings(), Next: next, Prev: prev,
+	}
+}

@@ -1,0 +1,213 @@
+package scheduler
+
+import (
+	"time"
+
+	"github.com/cronstream/cronstream/projector"
+)
+
+// entryRun is the scheduler's state of one registered entry.
+type entryRun struct {
+	id    string
+	st    projector.State
+	sched *Schedule
+	queue string
+
+	// phase is where the entry stands on this replica (entryPhase);
+	// loading is what its load involves besides reading the watermark.
+	phase   entryPhase
+	loading loadSteps
+
+	// cursor is the entry's last handled (fired or skipped) tick in its
+	// queue, as last known: read from Redis or learned from a fire.
+	// hasCursor is false when the queue holds no watermark for it (it never
+	// fired there). Both are data of either phase, not a phase: an entry
+	// loading again keeps the cursor it had.
+	cursor    time.Time
+	hasCursor bool
+	lastTask  string
+
+	// handled is the last tick this replica knows the watermark held: read
+	// from Redis or written by its own fire (cursor may come from observed
+	// events, backfills among them, which prove nothing of the watermark).
+	// A watermark found missing or older than it means Redis lost data; it
+	// is kept to restore the watermark then.
+	handled    time.Time
+	hasHandled bool
+	// floor: ticks at or before it are never fired (they belong to a pause
+	// or to an earlier spec).
+	floor time.Time
+	// heard is a tick a fire of which was heard on the activity subjects
+	// while it was the entry's next: a hint only (see applyObservation).
+	heard time.Time
+
+	due   time.Time
+	index int
+	// tries counts consecutive refusals and errors, whatever the phase:
+	// schedule backs off by it.
+	tries int
+	// recorded counts asynq history events written for the entry; its
+	// history is trimmed on every historyTrimEvery-th.
+	recorded uint32
+
+	// The last Next computed: schedule computes the tick after start,
+	// and plan needs the same one when it comes due.
+	memoSched    *Schedule
+	memoFrom     time.Time
+	memoNext     time.Time
+	memoComputed bool
+}
+
+// entryPhase is where an entry stands on this replica: loading (its
+// watermark is to be read) or ready (the watermark is known and the entry
+// fires on its schedule). A paused entry keeps its phase but is neither in
+// s.load nor in the heap; applyChange puts it back where its phase says
+// when it resumes.
+type entryPhase uint8
+
+const (
+	// phaseLoading: the entry waits in s.load, not in the heap, until
+	// loadWatermarks has done what r.loading asks (close the old queue,
+	// reopen this one, restore a lost watermark, find when the schedule
+	// began) and read the watermark into the cursor; that moves it to
+	// phaseReady. Every entry starts here (applyChange: a registration, or
+	// the entry as found at start, with loading.floorAtLoad), and comes back
+	// here when
+	//   - its queue changes live (applyChange, with loading.fromQueue);
+	//   - a fire finds its watermark vanished or gone back before a tick it
+	//     held (apply: Redis lost data; the load restores it);
+	//   - a fire finds it moved out of its queue although this replica's
+	//     configuration, newer than the move, puts it there (apply, with
+	//     loading.reopen).
+	phaseLoading entryPhase = iota
+	// phaseReady: the watermark is known; the entry waits in the heap for
+	// its next due instant (schedule), fires from there (fireDue), and
+	// stays ready after a fire, a refusal or an error (apply) unless one of
+	// the cases above sends it back to phaseLoading.
+	phaseReady
+)
+
+// loadSteps is what loading an entry involves besides reading its
+// watermark (phaseLoading). loadWatermarks clears each step as it is done;
+// a step that fails leaves the entry loading, to be retried.
+type loadSteps struct {
+	// fromQueue is a queue the entry must be closed in before it fires in
+	// queue (a queue change seen live).
+	fromQueue string
+	// reopen: the entry's queue slot was found closed by an older handover
+	// (the entry moved away and back); it is reopened from the history.
+	reopen bool
+	// floorAtLoad: floor is the entry's last config time as found at
+	// start, not a schedule change seen live (see scheduleSince).
+	floorAtLoad bool
+	// restored: a lost watermark was looked for in the activity stream
+	// during this load (once per load: the stream may hold nothing usable).
+	restored bool
+}
+
+// next returns r's first tick after start() (zero when none).
+func (r *entryRun) next() time.Time {
+	from := r.start()
+	if !r.memoComputed || r.memoSched != r.sched || !r.memoFrom.Equal(from) {
+		r.memoSched, r.memoFrom, r.memoNext, r.memoComputed = r.sched, from, r.sched.Next(from), true
+	}
+	return r.memoNext
+}
+
+// applyChange follows the projection: entries join, change, pause, leave.
+func (s *Scheduler) applyChange(c projector.Change) {
+	r := s.entries[c.ID]
+	if c.New != nil && c.New.Entry.Paused {
+		if s.pausedEntries == nil {
+			s.pausedEntries = map[string]projector.State{}
+		}
+		s.pausedEntries[c.ID] = *c.New
+	} else {
+		delete(s.pausedEntries, c.ID)
+	}
+	if c.New == nil || c.New.Entry.Paused {
+		if r != nil {
+			s.heap.remove(r)
+			delete(s.load, r.id)
+			if c.New == nil {
+				delete(s.entries, c.ID)
+			} else {
+				r.st = *c.New
+			}
+		}
+		return
+	}
+	st := *c.New
+	sched, err := NewSchedule(st.Entry)
+	if err != nil {
+		// The projector validated the entry; this is a bug, not bad input.
+		s.log.Error("entry has no usable schedule; not firing it", "entry", c.ID, "err", err)
+		if r != nil {
+			s.heap.remove(r)
+			delete(s.entries, c.ID)
+		}
+		return
+	}
+	if r == nil {
+		r = &entryRun{id: c.ID, index: -1, phase: phaseLoading, floor: st.Time, loading: loadSteps{floorAtLoad: true}}
+		s.entries[c.ID] = r
+	} else {
+		old := r.st.Entry
+		switch {
+		case old.Paused:
+			// Ticks while paused are not missed: they never fire.
+			r.floor, r.loading.floorAtLoad = st.Time, false
+		case old.Cron != st.Entry.Cron || old.Timezone != st.Entry.Timezone:
+			// A new spec never fires ticks of the old one, nor its own
+			// ticks from before the change.
+			r.floor, r.loading.floorAtLoad = st.Time, false
+		}
+		if q := st.Entry.Options.QueueName(); q != r.queue && r.queue != "" {
+			r.loading.fromQueue = r.queue
+			r.phase = phaseLoading
+		}
+	}
+	r.st, r.sched, r.queue = st, sched, st.Entry.Options.QueueName()
+	r.tries = 0
+	if r.phase == phaseLoading {
+		s.heap.remove(r)
+		s.load[r.id] = r
+		return
+	}
+	s.schedule(r, s.clock.Now())
+}
+
+// schedule computes when this replica should next act on r and places it
+// in the heap.
+func (s *Scheduler) schedule(r *entryRun, now time.Time) {
+	next := r.next()
+	if next.IsZero() {
+		s.heap.remove(r)
+		return
+	}
+	due := next.Add(r.sched.Jitter(next))
+	if primaryOf(r.id, s.live) != s.cfg.ReplicaID && len(s.live) > 0 {
+		due = due.Add(s.cfg.LateDelay)
+	}
+	if r.tries > 0 {
+		// Back off after refusals and errors, up to 5 s.
+		due = maxTime(due, now.Add(min(time.Duration(r.tries)*200*time.Millisecond, 5*time.Second)))
+	}
+	s.heap.set(r, due)
+}
+
+// start is the instant after which r's ticks are still to be handled.
+func (r *entryRun) start() time.Time {
+	s := r.floor
+	if r.hasCursor && r.cursor.After(s) {
+		s = r.cursor
+	}
+	return s
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}

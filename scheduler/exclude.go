@@ -1,0 +1,63 @@
+package scheduler
+
+import (
+	"bytes"
+	"time"
+
+	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/taskstate"
+)
+
+// planExcluded records the run of excluded ticks that starts at r's due
+// tick next, up to now, as one skipped event with reason excluded, moving
+// the watermark to the last of them without creating a task: the same
+// atomic step as a missed-tick skip, so an excluded tick is handled once
+// whichever replica gets there. more is true when the run was cut at
+// maxCount and continues.
+func (s *Scheduler) planExcluded(r *entryRun, next, now time.Time, into []taskstate.Fire) ([]taskstate.Fire, bool) {
+	rng := tickRange{First: next, Last: next, Count: 1, Exact: true}
+	more := false
+	for t := r.sched.Next(next); !t.IsZero() && !t.After(now) && r.sched.Excluded(t); t = r.sched.Next(t) {
+		if rng.Count == maxCount {
+			more = true
+			break
+		}
+		rng.Last = t
+		rng.Count++
+	}
+	f, err := s.excludedFire(r, rng, r.cursor, r.hasCursor, now)
+	if err != nil {
+		s.countError()
+		s.log.Error("cannot build skipped record", "entry", r.id, "err", err)
+		return nil, false
+	}
+	return append(into, f), more
+}
+
+// excludedFire is the skip step of a run of excluded ticks, expecting the
+// watermark at expected (hasExpected false: none).
+func (s *Scheduler) excludedFire(r *entryRun, rng tickRange, expected time.Time, hasExpected bool, now time.Time) (taskstate.Fire, error) {
+	rec, err := s.skippedRecord(r, rng, events.SkipExcluded, now)
+	if err != nil {
+		return taskstate.Fire{}, err
+	}
+	return taskstate.NewSkipFire(s.cfg.Names.Prefix(), r.queue, r.id, rng.Last, expected, hasExpected,
+		[]taskstate.Record{rec}), nil
+}
+
+// excludedReason is how skippedRecord's JSON writes the excluded reason.
+var excludedReason = []byte(`"reason":"` + events.SkipExcluded + `"`)
+
+// skipReasons says which kinds of skipped records a fire carries, for the
+// counters: the records are already-encoded events, and the scheduler
+// writes the reason of each exactly as excludedReason.
+func skipReasons(recs []taskstate.Record) (missed, excluded bool) {
+	for _, rec := range recs {
+		if bytes.Contains(rec.Data, excludedReason) {
+			excluded = true
+		} else {
+			missed = true
+		}
+	}
+	return missed, excluded
+}

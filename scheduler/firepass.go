@@ -1,0 +1,150 @@
+package scheduler
+
+import (
+	"context"
+	"sync"
+
+	"github.com/cronstream/cronstream/taskstate"
+)
+
+// fireDue builds the fires of every due entry and sends them per queue in
+// batches. Up to Parallel batches are in flight at once while the next ones
+// are built, so building (CPU here) and firing (CPU in Redis) overlap; the
+// results are applied on the loop goroutine once all are back (applying
+// them in between would take CPU from the fires still to go). A batch that
+// is back keeps only what apply needs of its fires and hands its buffer to
+// the next batch, so a burst of any size holds about Parallel+1 batches of
+// fires. A plan's fires (one entry's ticks) always share a batch, so their
+// order holds.
+func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
+	if due = s.confirmHeard(ctx, due); len(due) == 0 {
+		return
+	}
+	if len(due) > s.cfg.Batch {
+		s.busy.Store(true)
+		defer s.busy.Store(false)
+	}
+	s.firingSince.Store(int64(max(s.clock.Since(s.epoch), 1)))
+	defer s.firingSince.Store(0)
+	now := s.clock.Now()
+	seq := s.cfg.Projection.LastSeq()
+	s.configID = s.cfg.Projection.ConfigMessageID(seq)
+	fences := taskstate.Fences{ConfigSeq: seq, ConfigID: s.configID, FreshAsOf: s.cfg.Projection.LastHeard(), MaxStaleness: s.cfg.MaxStaleness}
+	type planned struct {
+		r    *entryRun
+		more bool
+	}
+	type call struct {
+		fires   []taskstate.Fire
+		owners  []int // plan index of each fire
+		sent    []sentFire
+		results []taskstate.FireResult
+	}
+	size := min(s.cfg.Batch, len(due))
+	plans := make([]planned, 0, len(due))
+	var scratch []taskstate.Fire
+	open := map[string]*call{}
+	var calls []*call
+	// Buffers of batches that are back, for the next batches.
+	free := make(chan []taskstate.Fire, s.cfg.Parallel+1)
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, s.cfg.Parallel)
+	send := func(c *call) {
+		calls = append(calls, c)
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			results, err := s.broker.FireBatch(ctx, fences, c.fires)
+			if err != nil && len(results) != len(c.fires) {
+				results = make([]taskstate.FireResult, len(c.fires))
+				for i := range results {
+					results[i].Err = err
+				}
+			}
+			c.results = results
+			c.sent = make([]sentFire, len(c.fires))
+			for i := range c.fires {
+				c.sent[i] = sentOf(&c.fires[i])
+				if m := c.fires[i].Msg; m != nil { // made by buildFire
+					*m = taskstate.TaskMessage{}
+					fireMessages.Put(m)
+				}
+			}
+			clear(c.fires)
+			select {
+			case free <- c.fires[:0]:
+			default:
+			}
+			c.fires = nil
+			if s.cfg.OnFire != nil {
+				s.cfg.OnFire()
+			}
+		}()
+	}
+	for _, r := range due {
+		fires, more := s.plan(r, now, scratch[:0])
+		scratch = fires
+		if len(fires) == 0 {
+			s.schedule(r, now)
+			continue
+		}
+		pi := len(plans)
+		plans = append(plans, planned{r, more})
+		c := open[r.queue]
+		if c != nil && len(c.fires)+len(fires) > s.cfg.Batch {
+			send(c)
+			c = nil
+		}
+		if c == nil {
+			var buf []taskstate.Fire
+			select {
+			case buf = <-free:
+			default:
+				buf = s.fireBuf(size)
+			}
+			c = &call{fires: buf, owners: make([]int, 0, size)}
+			open[r.queue] = c
+		}
+		for range fires {
+			c.owners = append(c.owners, pi)
+		}
+		c.fires = append(c.fires, fires...)
+	}
+	for _, c := range open {
+		send(c)
+	}
+	wg.Wait()
+	close(free)
+	for b := range free {
+		s.putFireBuf(b)
+	}
+	history := make([]taskstate.EnqueueEventRecord, 0, len(due))
+	for _, c := range calls {
+		for i, res := range c.results {
+			if h, ok := s.apply(plans[c.owners[i]].r, c.sent[i], res); ok {
+				history = append(history, h)
+			}
+		}
+	}
+	for _, p := range plans {
+		if p.r.phase == phaseLoading {
+			continue // waiting in s.load for its watermark
+		}
+		if p.more && p.r.tries == 0 {
+			// More missed ticks to fire: come back at once.
+			s.heap.set(p.r, now)
+			continue
+		}
+		s.schedule(p.r, s.clock.Now())
+	}
+	if len(history) > 0 {
+		select {
+		case s.history <- history:
+		default:
+			// asynq's own history is best effort too; ours is the stream.
+			s.log.Debug("asynq enqueue history writer busy: dropping", "events", len(history))
+		}
+	}
+}

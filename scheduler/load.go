@@ -1,0 +1,217 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/cronstream/cronstream/taskstate"
+)
+
+// loadWatermarks reads the watermark of every entry that needs one, per
+// queue in one round trip, doing queue handovers first. Entries whose load
+// failed stay in s.load and are retried after a backoff.
+func (s *Scheduler) loadWatermarks(ctx context.Context) {
+	prefix := s.cfg.Names.Prefix()
+	byQueue := map[string][]*entryRun{}
+	failed, later := false, false
+	for _, r := range s.load {
+		if r.loading.fromQueue != "" {
+			if _, err := s.handover(ctx, r, []string{r.loading.fromQueue}); err != nil {
+				// Firing into the new queue before the old one is closed
+				// could fire a tick in both: wait.
+				failed = true
+				continue
+			}
+		}
+		byQueue[r.queue] = append(byQueue[r.queue], r)
+	}
+	now := s.clock.Now()
+	var restored []string
+	for q, runs := range byQueue {
+		ids := make([]string, len(runs))
+		for i, r := range runs {
+			ids[i] = r.id
+		}
+		wms, err := s.broker.Watermarks(ctx, prefix, q, ids)
+		if err != nil {
+			s.countError()
+			s.log.Warn("read watermarks", "queue", q, "entries", len(ids), "err", err)
+			for _, r := range runs {
+				s.outcome(Outcome{Entry: r.id, Err: err})
+			}
+			failed = true
+			continue // stay in s.load; retried after a backoff
+		}
+		for i, r := range runs {
+			wm := wms[i]
+			// A missing watermark, or one older than a tick known to be
+			// handled, is restored (once per load: the stream may hold
+			// nothing usable), after the handover that closes the entry's
+			// other queues: the restore opens this one.
+			restoreNow := !r.loading.restored && (!wm.OK || s.behind(ctx, r, wm.Tick, now))
+			reread := false
+			if !wm.OK || r.loading.reopen || restoreNow {
+				prev, err := s.previousQueues(ctx, r)
+				if err != nil {
+					later = true
+					continue
+				}
+				if len(prev) > 0 || r.loading.reopen {
+					seeded, err := s.handover(ctx, r, prev)
+					if err != nil {
+						failed = true
+						continue
+					}
+					if r.loading.reopen || seeded {
+						r.loading.reopen = false
+						reread = true // the watermark changed: read it again next turn
+					}
+				}
+			}
+			if restoreNow {
+				r.loading.restored = true
+				if s.restore(ctx, r) {
+					restored = append(restored, r.id)
+					reread = true
+				}
+			}
+			if reread {
+				continue
+			}
+			// Only when a tick of its schedule fell between the watermark
+			// and the last config change does the floor matter (and the
+			// history get read): a daily entry edited after its last fire
+			// needs nothing.
+			if r.loading.floorAtLoad && wm.OK && wm.Tick.Before(r.floor) && !r.sched.Next(wm.Tick).After(r.floor) {
+				since, err := s.scheduleSince(ctx, r)
+				if err != nil {
+					later = true
+					continue
+				}
+				r.floor = since
+			}
+			r.loading.floorAtLoad = false
+			delete(s.load, r.id)
+			r.phase, r.loading.restored = phaseReady, false
+			r.cursor, r.hasCursor, r.lastTask = wm.Tick, wm.OK, wm.TaskID
+			r.handled, r.hasHandled = wm.Tick, wm.OK
+			if r.st.Entry.Paused {
+				continue
+			}
+			s.schedule(r, now)
+		}
+	}
+	if len(restored) > 0 {
+		s.log.Warn("watermarks missing in Redis or older than ticks known to be handled (did Redis lose data?): restored from this replica's cursors and the activity stream",
+			"entries", len(restored), "first", restored[0])
+	}
+	switch {
+	case failed:
+		s.loadFails++
+		s.loadAfter = s.clock.Mono().Add(min(time.Duration(s.loadFails)*200*time.Millisecond, 5*time.Second))
+	case later:
+		s.loadFails = 0
+		s.loadAfter = s.hist.countsAt.Add(historyRefresh)
+	default:
+		s.loadFails = 0
+	}
+}
+
+// handover closes the entry in each old queue and opens its queue, seeded
+// with the newest watermark found. It reports whether a watermark was
+// seeded (it must then be read again). Both steps are idempotent, so after
+// an error the whole handover is simply repeated.
+func (s *Scheduler) handover(ctx context.Context, r *entryRun, from []string) (bool, error) {
+	prefix := s.cfg.Names.Prefix()
+	var best time.Time
+	var bestTask string
+	found := false
+	for _, q := range from {
+		if q == r.queue {
+			continue
+		}
+		tick, task, ok, err := s.broker.CloseForHandover(ctx, prefix, q, r.id, r.st.Revision, s.revisionID(r))
+		if err != nil {
+			s.countError()
+			s.log.Warn("close entry in its old queue", "entry", r.id, "queue", q, "err", err)
+			s.outcome(Outcome{Entry: r.id, Err: err})
+			return false, err
+		}
+		if ok && (!found || tick.After(best)) {
+			best, bestTask, found = tick, task, true
+		}
+	}
+	if err := s.broker.SeedWatermark(ctx, prefix, r.queue, r.id, best, bestTask, r.st.Revision, s.revisionID(r)); err != nil {
+		if !errors.Is(err, taskstate.ErrHandoverSuperseded) {
+			s.countError()
+			s.log.Warn("seed entry in its new queue", "entry", r.id, "queue", r.queue, "err", err)
+			s.outcome(Outcome{Entry: r.id, Err: err})
+			return false, err
+		}
+		// A newer configuration moved the entry on; our fires there will
+		// be refused until the projection catches up.
+	}
+	r.loading.fromQueue = ""
+	return found, nil
+}
+
+// restore seeds r's lost watermark: an entry with no watermark in its
+// queue whose fires are in the activity stream lost it (Redis lost data),
+// and so did one whose watermark is older than r.handled (the watermark
+// this replica last knew) or than the stream's last tick (see behind).
+// Without it the catch-up policy would fire again ticks that already
+// fired. The seed is the later of r.handled and the stream's last handled
+// tick, whatever queue that was in. It reports whether a watermark was
+// seeded.
+func (s *Scheduler) restore(ctx context.Context, r *entryRun) bool {
+	var tick time.Time
+	var task, from string
+	if r.hasHandled {
+		tick, task, from = r.handled, TaskID(s.cfg.Names.Prefix(), r.id, r.handled), "cursor"
+	}
+	if st, sttask, ok := s.lastHandled(ctx, r); ok && (from == "" || st.After(tick)) {
+		tick, task, from = st, sttask, "stream"
+	}
+	if from == "" {
+		return false
+	}
+	// At the entry's revision: it never overrides a handover to another
+	// queue at a later revision, and passes this configuration's own
+	// handover marker (an entry with more than its registration has one).
+	if err := s.broker.SeedWatermark(ctx, s.cfg.Names.Prefix(), r.queue, r.id, tick, task, r.st.Revision, s.revisionID(r)); err != nil {
+		s.log.Warn("restore the entry's watermark", "entry", r.id, "queue", r.queue, "tick", tick, "from", from, "err", err)
+		return false
+	}
+	s.m.Restored.WithLabelValues(from).Inc()
+	s.log.Debug("restored the entry's watermark", "entry", r.id, "queue", r.queue, "tick", tick, "from", from)
+	return true
+}
+
+// behind reports whether r's watermark wm is older than a tick known to be
+// handled: r.handled when this replica holds one; otherwise, for an entry
+// whose next tick after wm is already due, the last tick the activity
+// stream recorded for it. A stream ahead of Redis means Redis lost the
+// fires after wm (a lagging replica was promoted while no replica ran):
+// their events were published only after their Redis writes. The stream's
+// last ticks of all entries are read in one pass, at most once per
+// historyRefresh.
+func (s *Scheduler) behind(ctx context.Context, r *entryRun, wm, now time.Time) bool {
+	if r.hasHandled {
+		return wm.Before(r.handled)
+	}
+	if s.cfg.History == nil || r.sched.Next(wm).After(now) {
+		return false
+	}
+	h := &s.hist
+	if s.clock.Since(h.lastAt) >= historyRefresh {
+		h.lastAt = s.clock.Mono()
+		last, err := s.cfg.History.LastHandledAll(ctx)
+		if err != nil {
+			s.log.Warn("read the entries' last ticks from the stream; not checking watermarks against it", "err", err)
+		}
+		h.last = last
+	}
+	last, ok := h.last[r.id]
+	return ok && last.After(wm)
+}

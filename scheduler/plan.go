@@ -1,0 +1,149 @@
+package scheduler
+
+import (
+	"bytes"
+	"time"
+
+	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/outbox"
+	"github.com/cronstream/cronstream/taskstate"
+)
+
+// plan turns r's due tick, and any missed ticks before it, into fires,
+// appended to into (a scratch slice the caller reuses).
+func (s *Scheduler) plan(r *entryRun, now time.Time, into []taskstate.Fire) ([]taskstate.Fire, bool) {
+	start := r.start()
+	next := r.next()
+	if next.IsZero() || next.Add(r.sched.Jitter(next)).After(now) {
+		return nil, false
+	}
+	if r.sched.Excluded(next) {
+		return s.planExcluded(r, next, now, into)
+	}
+	// Only ticks older than grace and the largest jitter are missed; a
+	// younger tick is fired normally.
+	grace := s.cfg.Grace + r.sched.jitter
+	var one [1]time.Time
+	var ticks []time.Time
+	var skipped tickRange
+	more := false
+	if next.Before(now.Add(-grace)) {
+		p := planCatchup(r.sched, r.st.Entry.Catchup, start, now, grace, s.cfg.MaxCatchup)
+		skipped = p.Skipped
+		ticks, more = p.Fire, p.More
+		if len(ticks) == 0 {
+			// Nothing to fire now: record the missed ticks at once, in a
+			// step of their own under the same compare-and-set.
+			return s.planSkip(r, skipped, now, into)
+		}
+	} else {
+		one[0] = next
+		ticks = one[:]
+	}
+	fires := into
+	expected, hasExpected := r.cursor, r.hasCursor
+	for i, tick := range ticks {
+		var f taskstate.Fire
+		var err error
+		if r.sched.Excluded(tick) {
+			f, err = s.excludedFire(r, tickRange{First: tick, Last: tick, Count: 1, Exact: true}, expected, hasExpected, now)
+		} else {
+			f, err = s.buildFire(r, tick, expected, hasExpected, now)
+		}
+		if err != nil {
+			s.countError()
+			s.log.Error("cannot build fire", "entry", r.id, "tick", tick, "err", err)
+			return nil, false
+		}
+		if i == 0 && !skipped.empty() {
+			rec, err := s.skippedRecord(r, skipped, events.SkipMissed, now)
+			if err == nil {
+				f.SkippedRecords = append(f.SkippedRecords, rec)
+			}
+		}
+		fires = append(fires, f)
+		expected, hasExpected = tick, true
+	}
+	return fires, more
+}
+
+// planSkip records missed ticks that the catch-up policy drops, moving the
+// watermark to the last of them, without creating a task.
+func (s *Scheduler) planSkip(r *entryRun, skipped tickRange, now time.Time, into []taskstate.Fire) ([]taskstate.Fire, bool) {
+	if skipped.empty() {
+		return nil, false
+	}
+	rec, err := s.skippedRecord(r, skipped, events.SkipMissed, now)
+	if err != nil {
+		s.countError()
+		s.log.Error("cannot build skipped record", "entry", r.id, "err", err)
+		return nil, false
+	}
+	return append(into, taskstate.NewSkipFire(s.cfg.Names.Prefix(), r.queue, r.id, skipped.Last, r.cursor, r.hasCursor,
+		[]taskstate.Record{rec})), false
+}
+
+// buildFire makes the fire of one tick of r, expecting the watermark at
+// expected (hasExpected false: none).
+func (s *Scheduler) buildFire(r *entryRun, tick, expected time.Time, hasExpected bool, now time.Time) (taskstate.Fire, error) {
+	prefix := s.cfg.Names.Prefix()
+	e := r.st.Entry
+	taskID := events.TaskIDOfTickText(prefix, r.id, s.tickText(tick))
+	msg := fireMessages.Get().(*taskstate.TaskMessage)
+	fillTaskMessage(msg, e, taskID, tick)
+	fired := s.firedRecord(r, tick, taskID, now)
+	f := taskstate.NewTickFire(prefix, r.queue, r.id, tick, expected, hasExpected, msg, fired)
+	f.UniqueTTL = e.Options.Unique.D()
+	var err error
+	if e.Overlap == events.OverlapSkip {
+		f.OverlapSkip = true
+		if f.OverlapRecord, err = s.skippedRecord(r, tickRange{First: tick, Last: tick, Count: 1, Exact: true}, events.SkipOverlap, now); err != nil {
+			return taskstate.Fire{}, err
+		}
+	}
+	if f.UniqueTTL > 0 {
+		if f.DuplicateRecord, err = s.skippedRecord(r, tickRange{First: tick, Last: tick, Count: 1, Exact: true}, events.SkipUnique, now); err != nil {
+			return taskstate.Fire{}, err
+		}
+	}
+	return f, nil
+}
+
+// tickText is tick as TaskID writes it, remembered for the last tick: the
+// fires of one instant share it, and formatting it for every fire of a
+// burst shows in the burst's CPU profile.
+func (s *Scheduler) tickText(tick time.Time) string {
+	if !tick.Equal(s.lastTick) || s.lastTickText == "" {
+		s.lastTick, s.lastTickText = tick, events.FormatTaskTick(tick)
+	}
+	return s.lastTickText
+}
+
+func (s *Scheduler) source() string { return s.src }
+
+// firedRecord is the outbox record of a scheduled tick's fired event, in
+// the compact form the relay expands (outbox.AppendFiredRecord); its times
+// come out in UTC, as in every activity event.
+func (s *Scheduler) firedRecord(r *entryRun, tick time.Time, taskID string, now time.Time) taskstate.Record {
+	f := events.Fired{
+		Entry: r.id, ScheduledAt: tick, EnqueuedAt: now, TaskID: taskID, Queue: r.queue,
+		Revision: r.st.Revision, Replica: s.cfg.ReplicaID,
+	}
+	var tmp [256]byte
+	return taskstate.Record{ID: firedEventID(r.id, tick), Data: bytes.Clone(outbox.AppendFiredRecord(tmp[:0], &f))}
+}
+
+func (s *Scheduler) skippedRecord(r *entryRun, rng tickRange, reason string, now time.Time) (taskstate.Record, error) {
+	id := skippedEventID(r.id, rng)
+	data := events.Skipped{Entry: r.id, ScheduledAt: rng.First.UTC(), Reason: reason, Revision: r.st.Revision, Replica: s.cfg.ReplicaID}
+	if rng.Count > 1 {
+		last := rng.Last.UTC()
+		data.Until, data.Count = &last, rng.Count
+	}
+	ev, err := events.NewEventAt(id, now, events.TypeEntrySkipped, s.source(), r.id, data)
+	if err != nil {
+		return taskstate.Record{}, err
+	}
+	b, err := ev.Marshal()
+	return taskstate.Record{ID: id, Data: b}, err
+}

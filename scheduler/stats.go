@@ -1,0 +1,63 @@
+package scheduler
+
+// Stats are counters for status and tests.
+type Stats struct {
+	Fired, AlreadyExisted, SkippedMissed, SkippedOverlap, SkippedUnique uint64
+	SkippedExcluded                                                     uint64
+	Refused                                                             map[string]uint64
+	Errors                                                              uint64
+	Entries                                                             int
+	// Loading counts entries not firing yet because their watermark is
+	// still to be read (after a start, a queue change or a re-register).
+	Loading int
+	// Implausible counts fires heard on the activity subjects for a tick
+	// far ahead of the clock (forged, or from a publisher with a broken
+	// clock); they are ignored.
+	Implausible uint64
+	// Epochs counts fences and markers of an earlier config stream this
+	// replica cleared (new stream epochs).
+	Epochs uint64
+}
+
+// Stats returns a copy of the counters.
+func (s *Scheduler) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := s.stats
+	c.Refused = make(map[string]uint64, len(s.stats.Refused))
+	for k, v := range s.stats.Refused {
+		c.Refused[k] = v
+	}
+	return c
+}
+
+func (s *Scheduler) setEntriesGauge() {
+	n := len(s.entries)
+	s.mu.Lock()
+	s.stats.Entries, s.stats.Loading = n, len(s.load)
+	s.mu.Unlock()
+	s.m.Entries.Set(float64(n))
+}
+
+func (s *Scheduler) count(f func(*Stats)) {
+	s.mu.Lock()
+	f(&s.stats)
+	s.mu.Unlock()
+}
+
+func (s *Scheduler) countError() {
+	s.count(func(st *Stats) { st.Errors++ })
+	s.m.Errors.Inc()
+}
+
+func (s *Scheduler) countRefused(status string) {
+	s.count(func(st *Stats) { st.Refused[status]++ })
+	s.m.Refused.WithLabelValues(status).Inc()
+}
+
+func boolGauge(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
