@@ -87,6 +87,9 @@ func entryNode(e events.Entry) *yaml.Node {
 	add(n, "jitter", dur(e.Jitter))
 	n.Content = append(n.Content, str("paused"), &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!bool", Value: strconv.FormatBool(e.Paused)})
 	add(n, "note", str(e.Note))
+	if e.PauseOnFailure {
+		n.Content = append(n.Content, str("pause_on_failure"), &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!bool", Value: "true"})
+	}
 	n.Content = append(n.Content, str("owner"), str(e.Owner))
 	if !e.StartAt.IsZero() {
 		n.Content = append(n.Content, str("start_at"), str(e.StartAt.UTC().Format(time.RFC3339)))

@@ -64,6 +64,7 @@ var entryGen = map[string]func(r *rand.Rand, i int) any{
 	"Paused":         func(r *rand.Rand, _ int) any { return r.IntN(2) == 0 },
 	"Note":           func(r *rand.Rand, _ int) any { return randString(r, 20) },
 	"Owner":          func(r *rand.Rand, _ int) any { return pick(r, "", "sync", "team-ä") },
+	"PauseOnFailure": func(r *rand.Rand, _ int) any { return r.IntN(2) == 0 },
 	// An export holds live entries only.
 	"Removed": func(*rand.Rand, int) any { return false },
 	// Start in 2026, end in 2028: always a valid window.

@@ -90,6 +90,11 @@ type Entry struct {
 	Exclude []string `json:"exclude,omitempty"`
 	// Labels organise entries; selectors (ParseSelector) filter on them.
 	Labels map[string]string `json:"labels,omitempty"`
+	// PauseOnFailure pauses the entry, through a config event whose note
+	// names the task and its last error, when one of its tasks is archived
+	// (retries exhausted, by a worker or the recoverer): package failpause.
+	// Gated too: an earlier build's client would drop it on a rewrite.
+	PauseOnFailure bool `json:"pause_on_failure,omitempty"`
 }
 
 // Task is what each firing enqueues.

@@ -40,7 +40,7 @@ var ConfigTypes = []string{TypeEntryRegistered, TypeEntryUpdated, TypeEntryPause
 
 // GatedSuffix marks the gated form of a config event type: the same change,
 // of an entry that sets a field builds before the schedule fields (start_at,
-// end_at, exclude, labels) do not know (Entry.Gated). Those builds refuse
+// end_at, exclude, labels, pause_on_failure) do not know (Entry.Gated). Those builds refuse
 // the type as unknown and quarantine the entry instead of ignoring the
 // field and misfiring. This build decodes a gated event's data strictly: a
 // field it does not know makes the event bad, so a later build's gated

@@ -287,6 +287,9 @@ func entryField(s *fastScanner, e *Entry, key []byte) (bit uint32, ok bool) {
 	case "removed":
 		e.Removed, ok = s.boolean()
 		return 1 << 11, ok
+	case "pause_on_failure":
+		e.PauseOnFailure, ok = s.boolean()
+		return 1 << 12, ok
 	}
 	return 0, false
 }

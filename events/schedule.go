@@ -26,7 +26,7 @@ func normalTime(t time.Time) time.Time {
 // an earlier build quarantines the entry instead of firing past its end or
 // inside an exclusion during a rolling upgrade.
 func (e Entry) Gated() bool {
-	return !e.StartAt.IsZero() || !e.EndAt.IsZero() || len(e.Exclude) > 0 || len(e.Labels) > 0
+	return !e.StartAt.IsZero() || !e.EndAt.IsZero() || len(e.Exclude) > 0 || len(e.Labels) > 0 || e.PauseOnFailure
 }
 
 // InWindow reports whether tick lies in the entry's active window

@@ -270,3 +270,20 @@ func (s *Schedule) Prev(t, floor time.Time) time.Time {
 func TaskID(prefix, entryID string, tick time.Time) string {
 	return events.TaskID(prefix, entryID, tick)
 }
+
+// TaskEntry reads the entry id back from a task id that cronstream wrote
+// under prefix: a scheduled or backfilled tick (TaskID) or a trigger
+// (<prefix>:<entry>:trigger:<request>). ok is false for any other id, such
+// as tasks enqueued by asynq clients. Entry ids hold no ':', so the entry
+// is the part up to the next one.
+func TaskEntry(prefix, taskID string) (entry string, ok bool) {
+	rest, found := strings.CutPrefix(taskID, prefix+":")
+	if !found {
+		return "", false
+	}
+	entry, tail, found := strings.Cut(rest, ":")
+	if !found || entry == "" || tail == "" || events.ValidateID(entry) != nil {
+		return "", false
+	}
+	return entry, true
+}

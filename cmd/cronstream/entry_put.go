@@ -30,6 +30,7 @@ type putFlags struct {
 	jitter, catchup, catchupWindow       string
 	overlap                              string
 	replace                              bool
+	pauseOnFailure                       bool
 	payloadBytes                         []byte // --payload or --payload-file, read once
 	startAt, endAt                       string
 	exclude, labels                      []string
@@ -113,6 +114,7 @@ an exclusion): upgrade every replica before using them.`,
 	fl.StringVar(&f.endAt, "end-at", "", "no tick after this time (the entry then shows as ended): RFC 3339, a date (UTC), or relative (+720h); '' clears it")
 	fl.StringArrayVar(&f.exclude, "exclude", nil, "cron spec in the entry's zone whose ticks are skipped (reason excluded), e.g. '* * 25 12 *' (repeatable; replaces all; --exclude '' clears them)")
 	fl.StringArrayVar(&f.labels, "label", nil, "label k=v, Kubernetes rules (repeatable; replaces all labels; --label '' clears them)")
+	fl.BoolVar(&f.pauseOnFailure, "pause-on-failure", false, "pause the entry when one of its tasks is archived (retries exhausted); the pause note names the task and its error (--pause-on-failure=false turns it off)")
 	fl.BoolVar(&f.replace, "replace", false, "replace the whole entry with what the command line gives (keeps only the pause state)")
 	fl.BoolVar(&g.json, "json", false, "print the result as JSON")
 	f.rev.add(cmd)
@@ -148,6 +150,9 @@ func (f *putFlags) patch(cmd *cobra.Command, e *events.Entry) error {
 	str("note", f.note, &e.Note)
 	if ch("overlap") {
 		e.Overlap = events.OverlapPolicy(f.overlap)
+	}
+	if ch("pause-on-failure") {
+		e.PauseOnFailure = f.pauseOnFailure
 	}
 	if ch("catchup") {
 		e.Catchup.Policy = events.CatchupPolicy(f.catchup)

@@ -274,6 +274,9 @@ func printEntry(w io.Writer, v entryView) error {
 		if e.Jitter != 0 {
 			row("jitter", e.Jitter.String())
 		}
+		if e.PauseOnFailure {
+			row("pause_on_failure", "true")
+		}
 		if e.Note != "" {
 			row("note", e.Note)
 		}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/clock"
+	"github.com/cronstream/cronstream/internal/failpause"
 	"github.com/cronstream/cronstream/internal/replica"
 	"github.com/cronstream/cronstream/internal/stall"
 	"github.com/cronstream/cronstream/internal/taskstate"
@@ -69,7 +70,12 @@ type entryCounts struct {
 	Ended       int              `json:"ended"` // past their end_at
 	Quarantined int              `json:"quarantined"`
 	Bad         []quarantineView `json:"quarantined_entries,omitempty"`
+	// FailurePaused are entries paused on failure (failpause), reason in
+	// the note, at most maxFailurePaused of them.
+	FailurePaused []quarantineView `json:"paused_on_failure,omitempty"`
 }
+
+const maxFailurePaused = 20
 
 type quarantineView struct {
 	ID       string    `json:"id"`
@@ -263,6 +269,9 @@ func collectStatus(ctx context.Context, g *globalFlags, conn *connFlags, s *sess
 			}
 			if st.Entry.Paused {
 				rep.Entries.Paused++
+				if strings.HasPrefix(st.Entry.Note, failpause.NotePrefix) && len(rep.Entries.FailurePaused) < maxFailurePaused {
+					rep.Entries.FailurePaused = append(rep.Entries.FailurePaused, quarantineView{ID: st.Entry.ID, Revision: st.Revision, Time: st.Time.UTC(), Reason: st.Entry.Note})
+				}
 				continue
 			}
 			rep.Entries.Active++
@@ -495,6 +504,9 @@ func printStatus(w io.Writer, r statusReport) {
 	fmt.Fprintf(w, "\nEntries: %d active, %d paused, %d ended, %d quarantined\n", r.Entries.Active, r.Entries.Paused, r.Entries.Ended, r.Entries.Quarantined)
 	for _, q := range r.Entries.Bad {
 		fmt.Fprintf(w, "  quarantined %s at revision %d (%s): %s\n", terminalSafe(q.ID), q.Revision, fmtTime(q.Time), terminalSafe(q.Reason))
+	}
+	for _, q := range r.Entries.FailurePaused {
+		fmt.Fprintf(w, "  paused %s at revision %d (%s): %s\n", terminalSafe(q.ID), q.Revision, fmtTime(q.Time), terminalSafe(q.Reason))
 	}
 
 	fmt.Fprintln(w, "\nStreams:")

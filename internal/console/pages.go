@@ -547,7 +547,8 @@ func (c *Console) fields(e events.Entry) []field {
 		{"unique", e.Options.Unique.String()}, {"retention", e.Options.Retention.String()}, {"group", e.Options.Group},
 		{"catchup", fmt.Sprintf("%s within %s", e.Catchup.Policy, e.Catchup.Window)},
 		{"overlap", string(e.Overlap)}, {"jitter", e.Jitter.String()},
-		{"paused", strconv.FormatBool(e.Paused)}, {"note", e.Note}, {"owner", e.Owner},
+		{"paused", strconv.FormatBool(e.Paused)}, {"pause on failure", strconv.FormatBool(e.PauseOnFailure)},
+		{"note", e.Note}, {"owner", e.Owner},
 		{"start at", timeField(e.StartAt)}, {"end at", timeField(e.EndAt)},
 		{"exclude", strings.Join(e.Exclude, "; ")}, {"labels", labelsField(e.Labels)},
 	}

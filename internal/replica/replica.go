@@ -22,6 +22,7 @@ import (
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/clock"
 	"github.com/cronstream/cronstream/internal/console"
+	"github.com/cronstream/cronstream/internal/failpause"
 	"github.com/cronstream/cronstream/internal/keygc"
 	"github.com/cronstream/cronstream/internal/redact"
 	"github.com/cronstream/cronstream/internal/relay"
@@ -148,6 +149,9 @@ type Replica struct {
 	obsSub  *nats.Subscription
 	auth    *authWatch
 	console *console.Console
+
+	// failPause pauses entries with pause_on_failure whose tasks are archived.
+	failPause *failpause.Watcher
 
 	mu      sync.Mutex
 	started bool
@@ -495,7 +499,16 @@ func (r *Replica) start(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	return r.keygc.Start(ctx)
+	if err := r.keygc.Start(ctx); err != nil {
+		return err
+	}
+	if r.failPause, err = failpause.New(failpause.Config{
+		Store: r.store, Projection: r.proj, Entries: events.NewClient(js, r.cfg.Names, events.WithSource(r.cfg.ReplicaID)),
+		Names: r.cfg.Names, Now: r.clock.Now, Logger: r.log, Metrics: failpause.NewMetrics(r.reg),
+	}); err != nil {
+		return err
+	}
+	return r.failPause.Start(ctx)
 }
 
 // maxReportedLate bounds the late entries a replica reports in its
@@ -592,6 +605,9 @@ func (r *Replica) shutdown() {
 	}
 	if r.keygc != nil {
 		_ = r.keygc.Stop(ctx) // a sweep in flight is cancelled: never fails
+	}
+	if r.failPause != nil {
+		_ = r.failPause.Stop(ctx) // a scan in flight is cancelled: never fails
 	}
 	if r.relay != nil {
 		if err := r.relay.Stop(ctx); err != nil {
