@@ -4,6 +4,9 @@ package scheduler
 type Stats struct {
 	Fired, AlreadyExisted, SkippedMissed, SkippedOverlap, SkippedUnique uint64
 	SkippedExcluded                                                     uint64
+	// Held counts ticks held by overlap buffer-one; Released those of
+	// them this replica fired, DroppedHeld those it dropped.
+	Held, Released, DroppedHeld uint64
 	Refused                                                             map[string]uint64
 	Errors                                                              uint64
 	Entries                                                             int
