@@ -56,6 +56,10 @@ type OverlapPolicy string
 const (
 	OverlapAllow OverlapPolicy = "allow"
 	OverlapSkip  OverlapPolicy = "skip"
+	// OverlapBufferOne holds one tick in Redis while the previous task is
+	// busy and fires it, with its original scheduled time, once that task
+	// is done; further ticks meanwhile are skipped (docs/entries.md).
+	OverlapBufferOne OverlapPolicy = "buffer-one"
 )
 
 // Entry is the full state of one periodic entry. A config event's data is
@@ -359,8 +363,17 @@ func (n Entry) validateNormalized() error {
 	}
 	switch n.Overlap {
 	case OverlapAllow, OverlapSkip:
+	case OverlapBufferOne:
+		// A held tick is released as a plain pending task: a group or a
+		// unique lock would be taken at a later instant than the tick's.
+		if n.Options.Group != "" {
+			add("overlap", string(n.Overlap), "cannot be combined with options.group")
+		}
+		if n.Options.Unique != 0 {
+			add("overlap", string(n.Overlap), "cannot be combined with options.unique")
+		}
 	default:
-		add("overlap", string(n.Overlap), "must be allow or skip")
+		add("overlap", string(n.Overlap), "must be allow, skip or buffer-one")
 	}
 	if j := n.Jitter; j < 0 || j > maxJitter {
 		add("jitter", j.String(), fmt.Sprintf("must be between 0 and %s", maxJitter))

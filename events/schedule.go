@@ -24,9 +24,12 @@ func normalTime(t time.Time) time.Time {
 // existed do not know. Such an entry's config events are published under
 // the gated types (GatedType), which earlier builds refuse, so a replica of
 // an earlier build quarantines the entry instead of firing past its end or
-// inside an exclusion during a rolling upgrade.
+// inside an exclusion during a rolling upgrade. An overlap policy they do
+// not know (buffer-one) is gated too: they would refuse it in validation
+// anyway, and the gated type makes that refusal the documented one.
 func (e Entry) Gated() bool {
-	return !e.StartAt.IsZero() || !e.EndAt.IsZero() || len(e.Exclude) > 0 || len(e.Labels) > 0 || e.PauseOnFailure
+	return !e.StartAt.IsZero() || !e.EndAt.IsZero() || len(e.Exclude) > 0 || len(e.Labels) > 0 || e.PauseOnFailure ||
+		e.Overlap == OverlapBufferOne
 }
 
 // InWindow reports whether tick lies in the entry's active window

@@ -104,6 +104,10 @@ func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (ta
 	case taskstate.StatusSkippedOverlap:
 		s.count(func(st *Stats) { st.SkippedOverlap++ })
 		s.m.Skipped.WithLabelValues(events.SkipOverlap).Inc()
+	case taskstate.StatusHeld:
+		s.count(func(st *Stats) { st.Held++ })
+		s.held.holding = true
+		s.log.Debug("tick held: the previous task is busy", "entry", r.id, "tick", f.tick, "task", res.TaskID)
 	case taskstate.StatusDuplicate:
 		s.count(func(st *Stats) { st.SkippedUnique++ })
 		s.m.Skipped.WithLabelValues(events.SkipUnique).Inc()

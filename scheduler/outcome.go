@@ -25,6 +25,10 @@ const (
 	StatusSkippedOverlap
 	// StatusSkippedMissed: missed ticks were recorded as skipped.
 	StatusSkippedMissed
+	// StatusHeld: the entry's previous task is busy and its overlap policy
+	// is buffer-one; the tick is held in Redis and fires when that task is
+	// done.
+	StatusHeld
 	// StatusWatermarkMismatch: refused, the watermark is not what the fire
 	// expected (another replica handled the tick, or Redis lost data).
 	StatusWatermarkMismatch

@@ -15,6 +15,7 @@ func TestFireStatusMatches(t *testing.T) {
 		taskstate.StatusDuplicate:         StatusDuplicate,
 		taskstate.StatusSkippedOverlap:    StatusSkippedOverlap,
 		taskstate.StatusSkippedMissed:     StatusSkippedMissed,
+		taskstate.StatusHeld:              StatusHeld,
 		taskstate.StatusWatermarkMismatch: StatusWatermarkMismatch,
 		taskstate.StatusMoved:             StatusMoved,
 		taskstate.StatusRevisionFenced:    StatusRevisionFenced,

@@ -95,8 +95,9 @@ func (s *Scheduler) buildFire(r *entryRun, tick, expected time.Time, hasExpected
 	f := taskstate.NewTickFire(prefix, r.queue, r.id, tick, expected, hasExpected, msg, fired)
 	f.UniqueTTL = e.Options.Unique.D()
 	var err error
-	if e.Overlap == events.OverlapSkip {
-		f.OverlapSkip = true
+	if e.Overlap == events.OverlapSkip || e.Overlap == events.OverlapBufferOne {
+		f.OverlapSkip = e.Overlap == events.OverlapSkip
+		f.OverlapBuffer = !f.OverlapSkip
 		if f.OverlapRecord, err = s.skippedRecord(r, tickRange{First: tick, Last: tick, Count: 1, Exact: true}, events.SkipOverlap, now); err != nil {
 			return taskstate.Fire{}, err
 		}

@@ -66,6 +66,8 @@ type broker interface {
 	HandoverID(ctx context.Context, prefix, queue, entry string, revision uint64) (string, error)
 	WriteSchedulerEntries(ctx context.Context, schedulerID string, entries []taskstate.SchedulerEntry, ttl time.Duration) error
 	RecordSchedulerEnqueueEvents(ctx context.Context, events []taskstate.EnqueueEventRecord) error
+	HeldTicks(ctx context.Context, prefix string, queues []string) ([]taskstate.HeldTick, error)
+	ReleaseHeld(ctx context.Context, h taskstate.HeldTick, drop bool) (taskstate.HeldOutcome, error)
 }
 
 // Projection is what the scheduler reads of the live projection;
@@ -198,6 +200,7 @@ type Scheduler struct {
 	visPending bool
 	visSince   clock.Mono
 	fireBufs   [][]taskstate.Fire // see fireBuf
+	held       heldCheck          // overlap buffer-one's release check (held.go)
 
 	// implausibleLogged: when an implausible observation was last logged.
 	implausibleLogged clock.Mono
@@ -370,6 +373,9 @@ func (s *Scheduler) loop(ctx context.Context, changes <-chan []projector.Change)
 		if len(s.load) > 0 {
 			wait = min(wait, max(s.clock.Until(s.loadAfter), 0))
 		}
+		if s.held.holding {
+			wait = min(wait, max(s.clock.Until(s.held.next), 0))
+		}
 		if !timer.Stop() {
 			select {
 			case <-timer.C:
@@ -445,6 +451,7 @@ func (s *Scheduler) loop(ctx context.Context, changes <-chan []projector.Change)
 			s.checkEpochs(ctx)
 			s.maybeWriteVisibility(true)
 		}
+		s.releaseHeld(ctx)
 		s.setEntriesGauge()
 	}
 }

@@ -17,6 +17,9 @@ type Stats struct {
 	// Epochs counts fences and markers of an earlier config stream this
 	// replica cleared (new stream epochs).
 	Epochs uint64
+	// Held counts ticks held by overlap buffer-one; Released those of
+	// them this replica fired, DroppedHeld those it dropped.
+	Held, Released, DroppedHeld uint64
 }
 
 // Stats returns a copy of the counters.

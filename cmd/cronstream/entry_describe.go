@@ -34,6 +34,16 @@ type describeView struct {
 	Recoveries    []describeRecov `json:"recoveries"`
 	NextFires     []time.Time     `json:"next_fires"`
 	RedisError    string          `json:"redis_error,omitempty"`
+	// Held is the tick overlap buffer-one holds while the previous task is
+	// busy (none: no tick held, or Redis could not be read).
+	Held *describeHeld `json:"held,omitempty"`
+}
+
+// describeHeld is a held tick: it fires as TaskID once WaitingFor is done.
+type describeHeld struct {
+	ScheduledAt time.Time `json:"scheduled_at"`
+	TaskID      string    `json:"task_id"`
+	WaitingFor  string    `json:"waiting_for"`
 }
 
 type describeHistory struct {
@@ -131,6 +141,9 @@ not an event: see cronstream_fire_refused_total on the replicas.`,
 			}
 			v.NextFires = nextFires(e, now, next)
 			describeTaskStates(ctx, g, &conn, &v)
+			if e.Overlap == events.OverlapBufferOne {
+				describeHeldTick(ctx, g, &conn, s.names.Prefix(), e, &v)
+			}
 			if g.json {
 				return printJSON(cmd.OutOrStdout(), v)
 			}
@@ -257,6 +270,27 @@ func describeTaskStates(ctx context.Context, g *globalFlags, conn *connFlags, v 
 	}
 }
 
+// describeHeldTick fills in the tick the entry holds (overlap buffer-one)
+// from Redis; a failure to read it shows like one of the task states.
+func describeHeldTick(ctx context.Context, g *globalFlags, conn *connFlags, prefix string, e events.Entry, v *describeView) {
+	store, rc, err := openStore(ctx, g, conn)
+	if err != nil {
+		v.RedisError = err.Error()
+		return
+	}
+	defer rc.Close()
+	held, err := store.HeldTicks(ctx, prefix, []string{e.Options.Queue})
+	if err != nil {
+		v.RedisError = g.secrets.String(err.Error())
+		return
+	}
+	for _, h := range held {
+		if h.Entry == e.ID {
+			v.Held = &describeHeld{ScheduledAt: h.Tick, TaskID: h.TaskID, WaitingFor: h.PrevTaskID}
+		}
+	}
+}
+
 // nextFires are the entry's next n fire times after now, jitter applied,
 // computed by the scheduler's own code (window and exclusions applied).
 // None while paused.
@@ -366,6 +400,11 @@ func printDescribe(w io.Writer, v describeView) error {
 		if v.RedisError != "" {
 			fmt.Fprintf(w, "  task states unknown: %s\n", terminalSafe(v.RedisError))
 		}
+	}
+
+	if h := v.Held; h != nil {
+		fmt.Fprintf(w, "\nheld tick (overlap buffer-one): %s as task %s, fires when %s is done\n",
+			fmtTime(h.ScheduledAt), terminalSafe(h.TaskID), terminalSafe(h.WaitingFor))
 	}
 
 	if len(v.Recoveries) == 0 {

@@ -102,6 +102,11 @@ type Fire struct {
 	// scheduled, retrying, active or aggregating.
 	OverlapSkip bool
 	PrevTaskID  string
+	// OverlapBuffer (FireTick only) holds the tick in the entry's Held key
+	// instead of skipping it while the previous task is busy (StatusHeld),
+	// and skips it with OverlapRecord while a tick is held already.
+	// ReleaseHeld fires a held tick. It excludes OverlapSkip.
+	OverlapBuffer bool
 	// RequestID makes a FireTrigger idempotent for TriggerTTL (default 24h);
 	// derive the trigger's Msg.ID from it, so a retried trigger is also the
 	// same task.
@@ -113,8 +118,8 @@ type Fire struct {
 	SkippedRecords []Record
 	// FiredRecord is appended when the task is created (required).
 	FiredRecord Record
-	// OverlapRecord is appended when OverlapSkip skips the tick (required
-	// with OverlapSkip).
+	// OverlapRecord is appended when OverlapSkip or OverlapBuffer skips the
+	// tick (required with either).
 	OverlapRecord Record
 	// DuplicateRecord is appended when asynq's unique lock is held by
 	// another task (required with UniqueTTL).
@@ -224,6 +229,11 @@ const (
 	// StatusSkippedMissed: a FireSkip recorded its skipped records and
 	// advanced the watermark.
 	StatusSkippedMissed
+	// StatusHeld: the previous task is busy and the overlap policy is
+	// buffer-one; the tick was stored in the entry's Held key (TaskID is the
+	// task it will create) and the watermark advanced. No record yet: the
+	// fired record is appended when ReleaseHeld fires it.
+	StatusHeld
 	// StatusWatermarkMismatch: the stored watermark is not the expected one.
 	// FireResult carries the current one; recompute and retry.
 	StatusWatermarkMismatch
@@ -245,6 +255,7 @@ var statusNames = map[FireStatus]string{
 	StatusDuplicate:         "duplicate",
 	StatusSkippedOverlap:    "skipped-overlap",
 	StatusSkippedMissed:     "skipped-missed",
+	StatusHeld:              "held",
 	StatusWatermarkMismatch: "watermark-mismatch",
 	StatusMoved:             "moved",
 	StatusRevisionFenced:    "revision-fenced",
@@ -304,6 +315,7 @@ const (
 	codeDuplicate     = 3
 	codeOverlap       = 4
 	codeSkipped       = 5
+	codeHeld          = 6
 	codeMismatch      = -1
 	codeMoved         = -2
 	codeFenced        = -3
@@ -404,7 +416,10 @@ func prepare(f *Fire) (preparedFire, error) {
 	if err := checkRecord("fired", f.FiredRecord, true); err != nil {
 		return bad("%v", err)
 	}
-	if err := checkRecord("overlap", f.OverlapRecord, f.OverlapSkip); err != nil {
+	if f.OverlapBuffer && (f.OverlapSkip || f.Kind != FireTick) {
+		return bad("OverlapBuffer is for a FireTick without OverlapSkip")
+	}
+	if err := checkRecord("overlap", f.OverlapRecord, f.OverlapSkip || f.OverlapBuffer); err != nil {
 		return bad("%v", err)
 	}
 	if err := checkRecord("duplicate", f.DuplicateRecord, f.UniqueTTL > 0); err != nil {
@@ -463,6 +478,10 @@ func appendFire(keys []string, args []any, p preparedFire, nums *numArgs, fa fen
 	var k [fullKeys]string
 	k[fireKeyWatermark], k[fireKeyMarker], k[fireKeyTask] = p.own.Watermark(f.Entry), p.own.Handover(f.Entry), task
 	k[fireKeyUnique], k[fireKeyGroup], k[fireKeyTrigger] = task, task, task
+	k[fireKeyHeld], k[fireKeyHeldIndex] = task, task
+	if f.OverlapBuffer {
+		k[fireKeyHeld], k[fireKeyHeldIndex] = p.own.Held(f.Entry), p.own.HeldIndex()
+	}
 	if f.UniqueTTL > 0 && f.Msg != nil {
 		k[fireKeyUnique] = p.keys.Unique(f.Msg.Type, f.Msg.Payload)
 	}
@@ -489,9 +508,12 @@ func appendFire(keys []string, args []any, p preparedFire, nums *numArgs, fa fen
 	if !f.ProcessAt.IsZero() {
 		processAt = f.ProcessAt.UnixMilli()
 	}
-	overlap := "0"
-	if f.OverlapSkip {
-		overlap = "1"
+	overlap := overlapAllow
+	switch {
+	case f.OverlapSkip:
+		overlap = overlapSkip
+	case f.OverlapBuffer:
+		overlap = overlapBuffer
 	}
 	triggerTTL := f.TriggerTTL
 	if triggerTTL == 0 {
@@ -617,7 +639,7 @@ func (n *numArgs) arg(i int, v int64) any {
 // that enqueues a pending task with nothing else to check or record.
 func (p preparedFire) lean() bool {
 	f := p.f
-	return f.Kind == FireTick && !f.OverlapSkip && f.UniqueTTL <= 0 && p.group == "" &&
+	return f.Kind == FireTick && !f.OverlapSkip && !f.OverlapBuffer && f.UniqueTTL <= 0 && p.group == "" &&
 		f.ProcessAt.IsZero() && len(f.SkippedRecords) == 0
 }
 
@@ -890,6 +912,8 @@ func parseFireReply(v any) (FireResult, error) {
 		r.Status = StatusDuplicate
 	case codeOverlap:
 		r.Status = StatusSkippedOverlap
+	case codeHeld:
+		r.Status = StatusHeld
 	case codeMismatch:
 		r.Status = StatusWatermarkMismatch
 	case codeMoved:

@@ -32,6 +32,8 @@ const (
 	fireKeyUnique    // asynq's unique lock (unused: the task key)
 	fireKeyGroup     // the group zset (unused: the task key)
 	fireKeyTrigger   // the trigger's request id (unused: the task key)
+	fireKeyHeld      // the entry's held tick (unused: the task key)
+	fireKeyHeldIndex // the slot's held-tick index (unused: the task key)
 	fullKeys         // keys per fire, full path
 	leanKeys         = fireKeyTask + 1
 )
@@ -69,7 +71,7 @@ const (
 	fullArgGroup                                   // "" = none
 	fullArgMsg                                     // encoded TaskMessage
 	fullArgTaskID                                  //
-	fullArgOverlap                                 // "1" = skip while the previous task runs
+	fullArgOverlap                                 // overlapAllow, overlapSkip or overlapBuffer
 	fullArgPrevTask                                // "" = the watermark's task
 	fullArgTriggerTTL                              // ms
 	fullArgFiredID                                 // fired record: event id
@@ -111,6 +113,13 @@ const (
 	bulkArgs                // arguments per fire
 )
 
+// Overlap policies as the script reads them (fullArgOverlap).
+const (
+	overlapAllow  = "0"
+	overlapSkip   = "1" // skip while the previous task is busy
+	overlapBuffer = "2" // hold one tick while it is busy, skip the rest
+)
+
 // Fire kinds as the script reads them (fireArgKind, argBulk).
 const (
 	kindTick     = "t"
@@ -128,6 +137,7 @@ var fireLayoutLua = luaConstants([]luaConstant{
 	{"K_FENCE_ID", keyFenceID}, {"K_FIRST_FIRE", keyFirstFire},
 	{"FK_WATERMARK", fireKeyWatermark}, {"FK_MARKER", fireKeyMarker}, {"FK_TASK", fireKeyTask},
 	{"FK_UNIQUE", fireKeyUnique}, {"FK_GROUP", fireKeyGroup}, {"FK_TRIGGER", fireKeyTrigger},
+	{"FK_HELD", fireKeyHeld}, {"FK_HELD_INDEX", fireKeyHeldIndex},
 	{"FULL_KEYS", fullKeys}, {"LEAN_KEYS", leanKeys},
 	{"BK_WATERMARK", bulkBlockWatermark}, {"BK_MARKER", bulkBlockMarker}, {"BK_TASK", bulkBlockTask},
 	{"A_TASK_PREFIX", argTaskPrefix}, {"A_FIRES", argFires}, {"A_FIRST_FIRE", argFirstFire},
@@ -146,6 +156,7 @@ var fireLayoutLua = luaConstants([]luaConstant{
 	{"BA_TASK_ID", bulkArgTaskID}, {"BA_FIRED_ID", bulkArgFiredID}, {"BA_FIRED_DATA", bulkArgFiredData},
 	{"BULK_ARGS", bulkArgs},
 	{"KIND_TICK", kindTick}, {"KIND_TRIGGER", kindTrigger}, {"KIND_BACKFILL", kindBackfill},
+	{"OVERLAP_SKIP", overlapSkip}, {"OVERLAP_BUFFER", overlapBuffer},
 	{"KIND_SKIP", kindSkip}, {"KIND_LEAN", kindLean}, {"KIND_BULK", kindBulk},
 })
 

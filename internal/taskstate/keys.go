@@ -190,6 +190,21 @@ func (o OwnKeys) Fence() string { return o.head + "fence" }
 // fence's message is unknown (raised by an earlier build or without an id).
 func (o OwnKeys) FenceID() string { return o.head + "fence:id" }
 
+// Held is the HASH of entry's held tick (overlap buffer-one): the tick the
+// fire script took instead of firing it while the entry's previous task was
+// busy, with what releasing it writes (HeldTick). At most one per entry.
+func (o OwnKeys) Held(entry string) string { return o.head + kindHeld + ":" + entry }
+
+// HeldIndex is the SET of this slot's Held keys, so the release check reads
+// one key per queue to learn whether it holds any tick.
+func (o OwnKeys) HeldIndex() string { return o.head + kindHeld }
+
+// heldEntry is the entry of Held key k, or false when k is not one.
+func (o OwnKeys) heldEntry(k string) (string, bool) {
+	e, ok := strings.CutPrefix(k, o.head+kindHeld+":")
+	return e, ok && e != ""
+}
+
 // Trigger is the STRING remembering a manual trigger's request id, so a
 // retried trigger does not enqueue twice.
 func (o OwnKeys) Trigger(requestID string) string { return o.head + "trigger:" + requestID }
@@ -209,6 +224,7 @@ const (
 	kindWatermark  = "wm"
 	kindHandover   = "moved"
 	kindHandoverID = "moved:id"
+	kindHeld       = "held"
 )
 
 // EntryKeyPattern is the SCAN MATCH pattern of cronstream's keys of tenant

@@ -35,6 +35,9 @@ var (
 
 	deleteUnchangedScript = luaScript("", "delete_unchanged.lua")
 
+	// releaseHeldScript fires or drops a held tick (ReleaseHeld).
+	releaseHeldScript = luaScript("", "release_held.lua")
+
 	writeSchedulerEntriesScript = luaScript("", "scheduler_entries.lua")
 	recordSchedulerEventScript  = luaScript("", "scheduler_event.lua")
 )

@@ -11,7 +11,8 @@
 --       config message id; then from K_FIRST_FIRE per fire:
 --         full (FULL_KEYS): FK_WATERMARK, FK_MARKER handover marker,
 --           FK_TASK, FK_UNIQUE asynq unique lock, FK_GROUP group zset,
---           FK_TRIGGER trigger request id; unused ones are the task key (a
+--           FK_TRIGGER trigger request id, FK_HELD the entry's held tick,
+--           FK_HELD_INDEX the slot's held index; unused ones are the task key (a
 --           real key of the same slot: Redis Cluster rejects empty names)
 --         lean (LEAN_KEYS): FK_WATERMARK, FK_MARKER, FK_TASK
 --         bulk: a block of n of each: BK_WATERMARK, BK_MARKER, BK_TASK
@@ -24,7 +25,8 @@
 --           presented), FA_MAX_STALE ms
 --         full (FULL_ARGS + 2n): FULL_PROCESS_AT ms (0 = now),
 --           FULL_UNIQUE_TTL ms (0 = none), FULL_GROUP, FULL_MSG,
---           FULL_TASK_ID, FULL_OVERLAP (1/0), FULL_PREV_TASK,
+--           FULL_TASK_ID, FULL_OVERLAP (OVERLAP_SKIP, OVERLAP_BUFFER or
+--           "0" = allow), FULL_PREV_TASK,
 --           FULL_TRIGGER_TTL ms, FULL_FIRED_REC, FULL_OVERLAP_REC,
 --           FULL_DUPLICATE_REC (each an id/data pair), FULL_SKIPPED_COUNT n,
 --           then n skipped id/data pairs
@@ -34,7 +36,8 @@
 --         A_BULK_MAX_STALE (as the head's), then from A_BULK_FIRST_FIRE
 --         per fire (BULK_ARGS): BA_TICK, BA_EXPECTED, BA_MSG, BA_TASK_ID,
 --         BA_FIRED_ID, BA_FIRED_DATA
--- Reply one value per fire: {code, watermark ms, watermark task id, extra,
+-- Reply one value per fire: {code (6 = held, overlap buffer-one), watermark
+--       ms, watermark task id, extra,
 --       task id, state}, extra being the fence, the moved revision or the
 --       freshest ms; or a bare 1 for "fired, pending" (lean and bulk).
 --
@@ -199,13 +202,30 @@ local function fire(k, a)
     code, wm_task, taskid = 2, id, id
   end
 
-  if not code and ARGV[a + FULL_OVERLAP] == '1' then
+  local overlap = ARGV[a + FULL_OVERLAP]
+  if not code and (overlap == OVERLAP_SKIP or overlap == OVERLAP_BUFFER) then
     local prev = ARGV[a + FULL_PREV_TASK]
     if prev == '' then prev = wmtask or '' end
-    if prev ~= '' then
+    local kheld = KEYS[k + FK_HELD]
+    if overlap == OVERLAP_BUFFER and redis.call('EXISTS', kheld) == 1 then
+      -- A tick is held already: this one is skipped whatever the previous
+      -- task's state (the held one goes first, released by release_held).
+      code, rec, wm_task, taskid = 4, a + FULL_OVERLAP_REC, prev, prev
+    elseif prev ~= '' then
       local st = redis.call('HGET', task_prefix .. prev, 'state')
       if st and busy[st] then
-        code, rec, wm_task, taskid, state = 4, a + FULL_OVERLAP_REC, prev, prev, st
+        if overlap == OVERLAP_BUFFER then
+          -- Hold the tick: what firing it writes is kept, and the watermark
+          -- moves past it (below) as for a fire, so no replica fires it
+          -- again; the watermark keeps the busy task for later checks.
+          redis.call('HSET', kheld, 'tick', tick, 'task', id, 'prev', prev,
+            'msg', ARGV[a + FULL_MSG], 'rec_id', ARGV[a + FULL_FIRED_REC],
+            'rec_data', ARGV[a + FULL_FIRED_REC + 1])
+          redis.call('SADD', KEYS[k + FK_HELD_INDEX], kheld)
+          code, wm_task, taskid, state = 6, prev, id, 'held'
+        else
+          code, rec, wm_task, taskid, state = 4, a + FULL_OVERLAP_REC, prev, prev, st
+        end
       end
     end
   end

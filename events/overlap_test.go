@@ -1,0 +1,36 @@
+package events
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestOverlapBufferOne: buffer-one is valid alone, refused with a group or
+// a unique lock, and gated (earlier builds, which reject the value in
+// validation, refuse the event type too).
+func TestOverlapBufferOne(t *testing.T) {
+	t.Parallel()
+	e := validEntry("buf")
+	e.Overlap = OverlapBufferOne
+	if err := e.Normalize().Validate(); err != nil {
+		t.Fatalf("buffer-one: %v", err)
+	}
+	if !e.Gated() || GatedType(TypeEntryRegistered, e) != TypeEntryRegistered+GatedSuffix {
+		t.Error("an entry with overlap buffer-one is not gated")
+	}
+	for field, mod := range map[string]func(*Entry){
+		"options.group":  func(e *Entry) { e.Options.Group = "g" },
+		"options.unique": func(e *Entry) { e.Options.Unique = Duration(60e9) },
+	} {
+		bad := e.Clone()
+		mod(&bad)
+		err := bad.Normalize().Validate()
+		if err == nil || !strings.Contains(err.Error(), "cannot be combined with "+field) {
+			t.Errorf("buffer-one with %s: %v", field, err)
+		}
+	}
+	e.Overlap = "sometimes"
+	if err := e.Normalize().Validate(); err == nil || !strings.Contains(err.Error(), "must be allow, skip or buffer-one") {
+		t.Errorf("unknown overlap: %v", err)
+	}
+}

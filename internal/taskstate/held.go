@@ -1,0 +1,128 @@
+package taskstate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// HeldTick is a tick the fire script held for an entry with overlap
+// buffer-one (StatusHeld): it fires as TaskID once PrevTaskID has left the
+// busy states (ReleaseHeld).
+type HeldTick struct {
+	Prefix     string // tenant prefix ("" = DefaultPrefix)
+	Queue      string
+	Entry      string
+	Tick       time.Time
+	TaskID     string
+	PrevTaskID string
+}
+
+// HeldTicks returns the ticks held in each of queues, reading each queue's
+// held index (one key; empty for a queue that holds none) and then the held
+// ticks it lists, in two pipelined round trips.
+func (s *Store) HeldTicks(ctx context.Context, prefix string, queues []string) ([]HeldTick, error) {
+	if len(queues) == 0 {
+		return nil, nil
+	}
+	pipe := s.client.Pipeline()
+	index := make([]*redis.StringSliceCmd, len(queues))
+	for i, q := range queues {
+		index[i] = pipe.SMembers(ctx, Own(prefix, q).HeldIndex())
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, fmt.Errorf("read held-tick indexes: %w", err)
+	}
+	var out []HeldTick
+	var reads []*redis.SliceCmd
+	for i, q := range queues {
+		own := Own(prefix, q)
+		for _, k := range index[i].Val() {
+			entry, ok := own.heldEntry(k)
+			if !ok {
+				continue
+			}
+			out = append(out, HeldTick{Prefix: prefix, Queue: q, Entry: entry})
+			reads = append(reads, pipe.HMGet(ctx, k, "tick", "task", "prev"))
+		}
+	}
+	if len(out) == 0 {
+		return nil, nil
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("read held ticks: %w", err)
+	}
+	kept := out[:0]
+	for i, h := range out {
+		v := reads[i].Val()
+		tick, _ := v[0].(string)
+		h.TaskID, _ = v[1].(string)
+		h.PrevTaskID, _ = v[2].(string)
+		ms, err := strconv.ParseInt(tick, 10, 64)
+		if err != nil || h.TaskID == "" {
+			continue // released between the two reads
+		}
+		h.Tick = time.UnixMilli(ms).UTC()
+		kept = append(kept, h)
+	}
+	return kept, nil
+}
+
+// HeldOutcome is what ReleaseHeld did.
+type HeldOutcome int
+
+// Outcomes of ReleaseHeld.
+const (
+	// HeldGone: no such held tick any more (another replica released or
+	// dropped it); nothing was written.
+	HeldGone HeldOutcome = iota
+	// HeldReleased: the task was created pending and the tick's fired
+	// record appended.
+	HeldReleased
+	// HeldWaiting: the previous task is still busy; nothing was written.
+	HeldWaiting
+	// HeldDropped: the tick was dropped (asked to, or the entry moved out
+	// of the queue).
+	HeldDropped
+	// HeldExisted: the task existed already; the tick was dropped.
+	HeldExisted
+)
+
+// ReleaseHeld fires h if it is still held and its previous task has left
+// the busy states, or drops it when drop is set: a compare-and-set on the
+// held task id in one script call, so that replicas checking at once fire
+// it exactly once. The task is enqueued pending with the message and the
+// fired record kept when the tick was held (its scheduled time is the
+// tick's); the watermark's task becomes h.TaskID.
+func (s *Store) ReleaseHeld(ctx context.Context, h HeldTick, drop bool) (HeldOutcome, error) {
+	own, keys := Own(h.Prefix, h.Queue), Keys(h.Queue)
+	mode := ""
+	if drop {
+		mode = "drop"
+	}
+	reply, err := runScript(ctx, s.client, releaseHeldScript, []string{
+		own.Held(h.Entry), own.HeldIndex(), own.Watermark(h.Entry), own.Handover(h.Entry),
+		keys.Task(h.TaskID), keys.Task(h.PrevTaskID), keys.Pending(), own.Outbox(),
+	}, h.TaskID, mode)
+	if err != nil {
+		return HeldGone, fmt.Errorf("release held tick %s of entry %q in queue %q: %w", h.Tick.Format(time.RFC3339Nano), h.Entry, h.Queue, err)
+	}
+	code, _ := reply[0].(int64)
+	switch code {
+	case 0:
+		return HeldGone, nil
+	case 1:
+		return HeldReleased, nil
+	case 2:
+		return HeldWaiting, nil
+	case 3:
+		return HeldDropped, nil
+	case 4:
+		return HeldExisted, nil
+	}
+	return HeldGone, fmt.Errorf("release held tick of entry %q: unexpected reply %v", h.Entry, reply)
+}

@@ -1,0 +1,127 @@
+package taskstate
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/cronstream/cronstream/internal/testenv"
+)
+
+func bufferFire(n int) Fire {
+	f := tickFire("buf", "default", tickAt(n), tickAt(n-1))
+	f.OverlapBuffer, f.OverlapRecord = true, record("overlap", "buf", tickAt(n))
+	return f
+}
+
+// TestFireOverlapBuffer: while the previous task is busy the first tick is
+// held (watermark moved, nothing created, no record), a further one is
+// skipped as overlap, and the held tick is released exactly once, as a
+// pending task with its own fired record, once a real asynq worker finished
+// the previous task.
+func TestFireOverlapBuffer(t *testing.T) {
+	ctx := context.Background()
+	s, rc := newTestStore(t)
+	first := tickFire("buf", "default", tickAt(0), time.Time{})
+	mustFire(t, s, first, StatusFired)
+
+	res := mustFire(t, s, bufferFire(1), StatusHeld)
+	if res.TaskID != taskIDFor("buf", tickAt(1)) {
+		t.Fatalf("held result %+v", res)
+	}
+	// The watermark moved past the held tick and still names the busy task.
+	assertWatermark(t, s, "default", "buf", tickAt(1), first.Msg.ID)
+	if rc.Exists(ctx, Keys("default").Task(res.TaskID)).Val() != 0 {
+		t.Fatal("the held tick created its task")
+	}
+	// A replica racing for the same tick is refused by the watermark.
+	mustFire(t, s, bufferFire(1), StatusWatermarkMismatch)
+	// A second tick while one is held is skipped.
+	mustFire(t, s, bufferFire(2), StatusSkippedOverlap)
+
+	held, err := s.HeldTicks(ctx, testPrefix, []string{"default", "other"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := HeldTick{Prefix: testPrefix, Queue: "default", Entry: "buf", Tick: tickAt(1),
+		TaskID: taskIDFor("buf", tickAt(1)), PrevTaskID: first.Msg.ID}
+	if len(held) != 1 || held[0] != want {
+		t.Fatalf("held ticks %+v, want %+v", held, want)
+	}
+	if out, err := s.ReleaseHeld(ctx, held[0], false); err != nil || out != HeldWaiting {
+		t.Fatalf("release while the previous task is pending: %v, %v", out, err)
+	}
+
+	done := make(chan string, 10)
+	startAsynqServer(t, rc, asynq.Config{Concurrency: 4, Queues: map[string]int{"default": 1}}, asynq.HandlerFunc(
+		func(ctx context.Context, task *asynq.Task) error {
+			id, _ := asynq.GetTaskID(ctx)
+			done <- id
+			return nil
+		}))
+	if id := <-done; id != first.Msg.ID {
+		t.Fatalf("worker took %q", id)
+	}
+	testenv.Eventually(t, 5*time.Second, func() bool {
+		return rc.Exists(ctx, Keys("default").Task(first.Msg.ID)).Val() == 0
+	}, "first task done")
+
+	// Replicas checking at once: exactly one releases it.
+	outs := make([]HeldOutcome, 8)
+	var wg sync.WaitGroup
+	for i := range outs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out, err := s.ReleaseHeld(ctx, held[0], false)
+			if err != nil {
+				t.Error(err)
+			}
+			outs[i] = out
+		}()
+	}
+	wg.Wait()
+	if n := len(slices.DeleteFunc(slices.Clone(outs), func(o HeldOutcome) bool { return o != HeldReleased })); n != 1 {
+		t.Fatalf("release outcomes %v, want exactly one released", outs)
+	}
+	if id := <-done; id != want.TaskID {
+		t.Fatalf("worker took %q, want the held task", id)
+	}
+	if held, err := s.HeldTicks(ctx, testPrefix, []string{"default"}); err != nil || len(held) != 0 {
+		t.Fatalf("held ticks after release: %v, %v", held, err)
+	}
+	// The watermark names the released task: the next tick checks it.
+	assertWatermark(t, s, "default", "buf", tickAt(2), want.TaskID)
+	wantIDs := []string{record("fired", "buf", tickAt(0)).ID, record("overlap", "buf", tickAt(2)).ID,
+		record("fired", "buf", tickAt(1)).ID}
+	if got := outboxIDs(t, s, "default"); !slices.Equal(got, wantIDs) {
+		t.Fatalf("outbox %v, want %v", got, wantIDs)
+	}
+}
+
+// TestReleaseHeldDrop drops a held tick without creating its task.
+func TestReleaseHeldDrop(t *testing.T) {
+	ctx := context.Background()
+	s, rc := newTestStore(t)
+	mustFire(t, s, tickFire("buf", "default", tickAt(0), time.Time{}), StatusFired)
+	mustFire(t, s, bufferFire(1), StatusHeld)
+	held, err := s.HeldTicks(ctx, testPrefix, []string{"default"})
+	if err != nil || len(held) != 1 {
+		t.Fatalf("held ticks %v, %v", held, err)
+	}
+	if out, err := s.ReleaseHeld(ctx, held[0], true); err != nil || out != HeldDropped {
+		t.Fatalf("drop: %v, %v", out, err)
+	}
+	if out, err := s.ReleaseHeld(ctx, held[0], false); err != nil || out != HeldGone {
+		t.Fatalf("release after drop: %v, %v", out, err)
+	}
+	if rc.Exists(ctx, Keys("default").Task(held[0].TaskID)).Val() != 0 {
+		t.Fatal("a dropped tick created its task")
+	}
+	// Nothing held: the next busy tick is held again.
+	mustFire(t, s, bufferFire(2), StatusHeld)
+}

@@ -1,0 +1,56 @@
+-- Releases (or drops) one entry's held tick (overlap buffer-one), in one
+-- atomic step: a compare-and-set on the held tick's task id, so that of the
+-- replicas checking the slot at once exactly one fires it.
+--
+-- KEYS  1 the entry's held tick (OwnKeys.Held), 2 the slot's held index,
+--       3 the entry's watermark, 4 its handover marker, 5 the held task's
+--       hash, 6 the previous task's hash, 7 asynq's pending list, 8 the
+--       slot's outbox
+-- ARGV  1 the held task id the caller read, 2 "drop" to drop the tick
+--       instead of firing it
+-- Reply {code, state}: 1 released (fired, pending), 2 waiting (the previous
+--       task is still busy; state is its state), 0 gone (no such held tick:
+--       released or dropped already), 3 dropped (asked to, or the entry
+--       moved out of the queue), 4 the task existed already (the tick is
+--       dropped, nothing created)
+
+local busy = {pending=true, scheduled=true, retry=true, active=true, aggregating=true}
+local kheld = KEYS[1]
+local v = redis.call('HMGET', kheld, 'task', 'prev', 'msg', 'rec_id', 'rec_data')
+local task, prev = v[1], v[2]
+if not task or task ~= ARGV[1] then return {0, ''} end
+
+local function forget()
+  redis.call('DEL', kheld)
+  redis.call('SREM', KEYS[2], kheld)
+end
+
+local marker = redis.call('GET', KEYS[4])
+if ARGV[2] == 'drop' or (marker and string.match(marker, ' out$')) then
+  forget()
+  return {3, ''}
+end
+local st = redis.call('HGET', KEYS[6], 'state')
+if st and busy[st] then return {2, st} end
+if redis.call('EXISTS', KEYS[5]) == 1 then
+  forget()
+  return {4, ''}
+end
+
+local t = redis.call('TIME')
+local now_ns = t[1] .. string.format('%06d', tonumber(t[2])) .. '000'
+redis.call('HSET', KEYS[5], 'msg', v[3], 'state', 'pending', 'pending_since', now_ns)
+redis.call('LPUSH', KEYS[7], task)
+redis.call('XADD', KEYS[8], '*', 'id', v[4], 'data', v[5])
+-- The watermark still names the previous task (the hold kept it, the
+-- overlap skips since kept it too): it names the released one from now on,
+-- so the entry's next tick sees this task busy.
+local wm = redis.call('GET', KEYS[3])
+if wm then
+  local sp = string.find(wm, ' ', 1, true)
+  if sp and string.sub(wm, sp + 1) == prev then
+    redis.call('SET', KEYS[3], string.sub(wm, 1, sp - 1) .. ' ' .. task)
+  end
+end
+forget()
+return {1, 'pending'}
