@@ -255,6 +255,9 @@ func New(cfg Config) (*Scheduler, error) {
 	if clk == nil {
 		clk = clock.Local()
 	}
+	if cfg.History != nil {
+		cfg.History = &boundedHistory{h: cfg.History, clock: clk, log: cfg.Logger}
+	}
 	m := cfg.Metrics
 	if m == nil {
 		m = NewMetrics(nil)
