@@ -90,6 +90,11 @@ type Entry struct {
 	Exclude []string `json:"exclude,omitempty"`
 	// Labels organise entries; selectors (ParseSelector) filter on them.
 	Labels map[string]string `json:"labels,omitempty"`
+	// MaxFires, when set (at least 1), stops the entry after that many of
+	// its scheduled ticks created a task, counted from the revision where
+	// MaxFires last changed value (projector.State.MaxFiresSince); the
+	// entry then shows as completed. Triggers and backfills do not count.
+	MaxFires int `json:"max_fires,omitempty"`
 }
 
 // Task is what each firing enqueues.

@@ -26,7 +26,7 @@ func normalTime(t time.Time) time.Time {
 // an earlier build quarantines the entry instead of firing past its end or
 // inside an exclusion during a rolling upgrade.
 func (e Entry) Gated() bool {
-	return !e.StartAt.IsZero() || !e.EndAt.IsZero() || len(e.Exclude) > 0 || len(e.Labels) > 0
+	return !e.StartAt.IsZero() || !e.EndAt.IsZero() || len(e.Exclude) > 0 || len(e.Labels) > 0 || e.MaxFires != 0
 }
 
 // InWindow reports whether tick lies in the entry's active window
@@ -101,6 +101,9 @@ func (x Exclusions) Match(tick time.Time) bool {
 	return false
 }
 
+// Limited reports whether the entry has a fire limit (MaxFires).
+func (e Entry) Limited() bool { return e.MaxFires > 0 }
+
 // parseExclusion parses one exclusion spec. @every specs make no sense as
 // calendars (they tick from the Unix epoch, not on dates) and are refused.
 func parseExclusion(spec string, loc *time.Location) (cron.Schedule, error) {
@@ -134,6 +137,9 @@ func (n Entry) validateSchedule(loc *time.Location) []error {
 		if _, err := parseExclusion(spec, loc); err != nil {
 			add("exclude", spec, err.Error())
 		}
+	}
+	if n.MaxFires < 0 {
+		add("max_fires", fmt.Sprint(n.MaxFires), "must be at least 1 (leave it unset for no limit)")
 	}
 	if err := ValidateLabels(n.Labels); err != nil {
 		errs = append(errs, err)

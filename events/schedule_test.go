@@ -32,6 +32,8 @@ func TestScheduleFieldsValidate(t *testing.T) {
 		{"label key with space", func(e *Entry) { e.Labels = map[string]string{"my team": "x"} }, "labels", "key name"},
 		{"label value dash end", func(e *Entry) { e.Labels = map[string]string{"team": "pay-"} }, "labels.team", "value"},
 		{"label prefix upper", func(e *Entry) { e.Labels = map[string]string{"Example.com/x": "y"} }, "labels", "prefix"},
+		{"max fires", func(e *Entry) { e.MaxFires = 5 }, "", ""},
+		{"negative max fires", func(e *Entry) { e.MaxFires = -1 }, "max_fires", "at least 1"},
 		{"label value too long", func(e *Entry) { e.Labels = map[string]string{"k": strings.Repeat("a", 64)} }, "labels.k", "value"},
 	}
 	for _, c := range cases {
@@ -159,6 +161,15 @@ func TestClientWritesGatedTypes(t *testing.T) {
 	}
 	if r, err = c.Remove(ctx, "w"); err != nil || r.Type != TypeEntryRemoved {
 		t.Fatalf("remove: %+v %v", r, err)
+	}
+	// A fire limit is gated too: an earlier build would fire past it.
+	e = validEntry("m")
+	e.MaxFires = 3
+	if r, err = c.Put(ctx, e); err != nil || r.Type != TypeEntryRegistered+GatedSuffix {
+		t.Fatalf("put with max_fires: %+v %v", r, err)
+	}
+	if got, _, err = c.Get(ctx, "m"); err != nil || got.MaxFires != 3 {
+		t.Fatalf("get with max_fires: %+v %v", got, err)
 	}
 }
 

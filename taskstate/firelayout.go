@@ -32,6 +32,7 @@ const (
 	fireKeyUnique    // asynq's unique lock (unused: the task key)
 	fireKeyGroup     // the group zset (unused: the task key)
 	fireKeyTrigger   // the trigger's request id (unused: the task key)
+	fireKeyFires     // the entry's fires counter (unused: the task key)
 	fullKeys         // keys per fire, full path
 	leanKeys         = fireKeyTask + 1
 )
@@ -78,6 +79,8 @@ const (
 	fullArgOverlapData                             //
 	fullArgDuplicateID                             // duplicate record
 	fullArgDuplicateData                           //
+	fullArgMaxFires                                // 0 = no limit
+	fullArgMaxFiresSince                           // revision the count is keyed by
 	fullArgSkippedCount                            // n, then n id/data pairs
 	fullArgs                                       // the fixed part's length
 )
@@ -127,7 +130,7 @@ var fireLayoutLua = luaConstants([]luaConstant{
 	{"K_PENDING", keyPending}, {"K_SCHEDULED", keyScheduled}, {"K_GROUPS", keyGroups},
 	{"K_FENCE_ID", keyFenceID}, {"K_FIRST_FIRE", keyFirstFire},
 	{"FK_WATERMARK", fireKeyWatermark}, {"FK_MARKER", fireKeyMarker}, {"FK_TASK", fireKeyTask},
-	{"FK_UNIQUE", fireKeyUnique}, {"FK_GROUP", fireKeyGroup}, {"FK_TRIGGER", fireKeyTrigger},
+	{"FK_UNIQUE", fireKeyUnique}, {"FK_GROUP", fireKeyGroup}, {"FK_TRIGGER", fireKeyTrigger}, {"FK_FIRES", fireKeyFires},
 	{"FULL_KEYS", fullKeys}, {"LEAN_KEYS", leanKeys},
 	{"BK_WATERMARK", bulkBlockWatermark}, {"BK_MARKER", bulkBlockMarker}, {"BK_TASK", bulkBlockTask},
 	{"A_TASK_PREFIX", argTaskPrefix}, {"A_FIRES", argFires}, {"A_FIRST_FIRE", argFirstFire},
@@ -137,6 +140,7 @@ var fireLayoutLua = luaConstants([]luaConstant{
 	{"FULL_MSG", fullArgMsg}, {"FULL_TASK_ID", fullArgTaskID}, {"FULL_OVERLAP", fullArgOverlap},
 	{"FULL_PREV_TASK", fullArgPrevTask}, {"FULL_TRIGGER_TTL", fullArgTriggerTTL},
 	{"FULL_FIRED_REC", fullArgFiredID}, {"FULL_OVERLAP_REC", fullArgOverlapID}, {"FULL_DUPLICATE_REC", fullArgDuplicateID},
+	{"FULL_MAX_FIRES", fullArgMaxFires}, {"FULL_MAX_FIRES_SINCE", fullArgMaxFiresSince},
 	{"FULL_SKIPPED_COUNT", fullArgSkippedCount}, {"FULL_ARGS", fullArgs},
 	{"LEAN_MSG", leanArgMsg}, {"LEAN_TASK_ID", leanArgTaskID}, {"LEAN_FIRED_ID", leanArgFiredID},
 	{"LEAN_FIRED_DATA", leanArgFiredData}, {"LEAN_ARGS", leanArgs},
