@@ -104,6 +104,20 @@ func (x Exclusions) Match(tick time.Time) bool {
 // Limited reports whether the entry has a fire limit (MaxFires).
 func (e Entry) Limited() bool { return e.MaxFires > 0 }
 
+// MaxFiresSince is the revision an entry's fire limit counts from after
+// the config event at seq set it to next: the previous state's (prev, whose
+// limit counted from prevSince; nil when the entry was absent, removed or
+// quarantined) when the limit kept its value, else seq. 0 for no limit.
+func MaxFiresSince(prev *Entry, prevSince uint64, next Entry, seq uint64) uint64 {
+	switch {
+	case !next.Limited():
+		return 0
+	case prev != nil && prev.MaxFires == next.MaxFires && prevSince != 0:
+		return prevSince
+	}
+	return seq
+}
+
 // parseExclusion parses one exclusion spec. @every specs make no sense as
 // calendars (they tick from the Unix epoch, not on dates) and are refused.
 func parseExclusion(spec string, loc *time.Location) (cron.Schedule, error) {

@@ -248,11 +248,10 @@ func (f *Fold) commit(d decoded) (Change, bool, error) {
 		delete(f.entries, d.id)
 		return ch, old != nil, nil
 	}
-	if d.state.Entry.Limited() {
-		d.state.MaxFiresSince = d.seq
-		if old != nil && old.Entry.MaxFires == d.state.Entry.MaxFires {
-			d.state.MaxFiresSince = old.MaxFiresSince
-		}
+	if old != nil {
+		d.state.MaxFiresSince = events.MaxFiresSince(&old.Entry, old.MaxFiresSince, d.state.Entry, d.seq)
+	} else {
+		d.state.MaxFiresSince = events.MaxFiresSince(nil, 0, d.state.Entry, d.seq)
 	}
 	f.entries[d.id] = d.state
 	ch.New = d.state

@@ -34,6 +34,8 @@ type describeView struct {
 	Recoveries    []describeRecov `json:"recoveries"`
 	NextFires     []time.Time     `json:"next_fires"`
 	RedisError    string          `json:"redis_error,omitempty"`
+	// maxFiresSince is the revision the entry's fire limit counts from.
+	maxFiresSince uint64
 }
 
 type describeHistory struct {
@@ -131,6 +133,7 @@ not an event: see cronstream_fire_refused_total on the replicas.`,
 			}
 			v.NextFires = nextFires(e, now, next)
 			describeTaskStates(ctx, g, &conn, &v)
+			describeFireCount(ctx, g, &conn, s.names.Prefix(), &v)
 			if g.json {
 				return printJSON(cmd.OutOrStdout(), v)
 			}
@@ -152,6 +155,19 @@ func describeHistoryOf(ctx context.Context, s *session, id string, v *describeVi
 		return err
 	}
 	v.History.Revisions = len(recs)
+	// The revision the entry's fire limit counts from, as the projector
+	// folds it.
+	var prev *events.Entry
+	var since uint64
+	for _, r := range recs {
+		if r.Entry == nil || r.Entry.Removed {
+			prev, since = nil, 0
+			continue
+		}
+		since = events.MaxFiresSince(prev, since, *r.Entry, r.Seq)
+		prev = r.Entry
+	}
+	v.maxFiresSince = since
 	if len(recs) > 0 {
 		last := recs[len(recs)-1]
 		v.History.LastTime = last.Time.UTC()
@@ -255,6 +271,32 @@ func describeTaskStates(ctx context.Context, g *globalFlags, conn *connFlags, v 
 	for i := range v.Fires {
 		v.Fires[i].State = states[i]
 	}
+}
+
+// describeFireCount fills in how many fires a limited entry has left, from
+// its fires counter in Redis (docs/design.md INV-max-fires); at none it
+// shows as completed.
+func describeFireCount(ctx context.Context, g *globalFlags, conn *connFlags, prefix string, v *describeView) {
+	e := v.Entry.Entry
+	if !e.Limited() || v.maxFiresSince == 0 {
+		return
+	}
+	store, rc, err := openStore(ctx, g, conn)
+	if err != nil {
+		v.RedisError = err.Error()
+		return
+	}
+	defer rc.Close()
+	c, ok, err := store.FireCount(ctx, prefix, e.Options.QueueName(), e.ID)
+	if err != nil {
+		v.RedisError = g.secrets.String(err.Error())
+		return
+	}
+	fired := 0
+	if ok && c.Since == v.maxFiresSince {
+		fired = c.Count
+	}
+	v.Entry.setRemaining(max(e.MaxFires-fired, 0))
 }
 
 // nextFires are the entry's next n fire times after now, jitter applied,
@@ -385,6 +427,8 @@ func printDescribe(w io.Writer, v describeView) error {
 	switch {
 	case v.Entry.State == stateEnded:
 		fmt.Fprintf(w, "\nnext fires: none, the entry ended at %s\n", fmtTime(v.Entry.EndAt))
+	case v.Entry.State == stateCompleted:
+		fmt.Fprintf(w, "\nnext fires: none, the entry completed its %d fires\n", v.Entry.MaxFires)
 	case v.Entry.State == statePaused:
 		fmt.Fprintln(w, "\nnext fires: none while paused")
 	case len(v.NextFires) > 0:

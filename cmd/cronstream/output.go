@@ -7,6 +7,7 @@ import (
 	"maps"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -86,6 +87,18 @@ type entryView struct {
 	// the reason (entry ls only).
 	LastFire    *time.Time `json:"last_fire,omitempty"`
 	LastOutcome string     `json:"last_outcome,omitempty"`
+	// MaxFiresRemaining is how many scheduled ticks a limited entry may
+	// still fire, when read from Redis (entry describe).
+	MaxFiresRemaining *int `json:"max_fires_remaining,omitempty"`
+}
+
+// setRemaining records a limited entry's remaining fires; at none an
+// active entry is completed.
+func (v *entryView) setRemaining(n int) {
+	v.MaxFiresRemaining = &n
+	if n == 0 && v.State == stateActive {
+		v.State, v.NextFire = stateCompleted, nil
+	}
 }
 
 // Entry states as shown.
@@ -95,6 +108,9 @@ const (
 	stateQuarantined = "quarantined"
 	// stateEnded: past its end_at; it stays registered and fires nothing.
 	stateEnded = "ended"
+	// stateCompleted: a limited entry that fired its max_fires ticks; it
+	// stays registered and fires nothing until the limit changes.
+	stateCompleted = "completed"
 )
 
 func newEntryView(e events.Entry, rev uint64, updated time.Time, now time.Time) entryView {
@@ -289,6 +305,12 @@ func printEntry(w io.Writer, v entryView) error {
 		}
 		for _, k := range sortedKeys(e.Labels) {
 			row("labels."+k, e.Labels[k])
+		}
+		if e.Limited() {
+			row("max_fires", strconv.Itoa(e.MaxFires))
+			if v.MaxFiresRemaining != nil {
+				row("max_fires remaining", strconv.Itoa(*v.MaxFiresRemaining))
+			}
 		}
 		if v.NextFire != nil {
 			row("next fire", fmtTime(*v.NextFire))
