@@ -155,19 +155,7 @@ func describeHistoryOf(ctx context.Context, s *session, id string, v *describeVi
 		return err
 	}
 	v.History.Revisions = len(recs)
-	// The revision the entry's fire limit counts from, as the projector
-	// folds it.
-	var prev *events.Entry
-	var since uint64
-	for _, r := range recs {
-		if r.Entry == nil || r.Entry.Removed {
-			prev, since = nil, 0
-			continue
-		}
-		since = events.MaxFiresSince(prev, since, *r.Entry, r.Seq)
-		prev = r.Entry
-	}
-	v.maxFiresSince = since
+	v.maxFiresSince = maxFiresSinceOf(recs)
 	if len(recs) > 0 {
 		last := recs[len(recs)-1]
 		v.History.LastTime = last.Time.UTC()
@@ -273,12 +261,10 @@ func describeTaskStates(ctx context.Context, g *globalFlags, conn *connFlags, v 
 	}
 }
 
-// describeFireCount fills in how many fires a limited entry has left, from
-// its fires counter in Redis (docs/design.md INV-max-fires); at none it
-// shows as completed.
+// describeFireCount fills in how many fires a limited entry has left (see
+// addRemaining); at none it shows as completed.
 func describeFireCount(ctx context.Context, g *globalFlags, conn *connFlags, prefix string, v *describeView) {
-	e := v.Entry.Entry
-	if !e.Limited() || v.maxFiresSince == 0 {
+	if !v.Entry.Limited() || v.maxFiresSince == 0 {
 		return
 	}
 	store, rc, err := openStore(ctx, g, conn)
@@ -287,16 +273,72 @@ func describeFireCount(ctx context.Context, g *globalFlags, conn *connFlags, pre
 		return
 	}
 	defer rc.Close()
+	if err := setRemaining(ctx, store, prefix, &v.Entry, v.maxFiresSince); err != nil {
+		v.RedisError = g.secrets.String(err.Error())
+	}
+}
+
+// setRemaining reads a limited entry's fires counter in its queue's slot
+// (docs/design.md INV-max-fires) and records the fires left: its limit
+// less the count, when the counter is of the limit's revision since.
+func setRemaining(ctx context.Context, store *taskstate.Store, prefix string, v *entryView, since uint64) error {
+	e := v.Entry
 	c, ok, err := store.FireCount(ctx, prefix, e.Options.QueueName(), e.ID)
 	if err != nil {
-		v.RedisError = g.secrets.String(err.Error())
-		return
+		return err
 	}
 	fired := 0
-	if ok && c.Since == v.maxFiresSince {
+	if ok && c.Since == since {
 		fired = c.Count
 	}
-	v.Entry.setRemaining(max(e.MaxFires-fired, 0))
+	v.setRemaining(max(e.MaxFires-fired, 0))
+	return nil
+}
+
+// maxFiresSinceOf folds an entry's config history as the projector does
+// (events.MaxFiresSince): the revision its fire limit counts from.
+func maxFiresSinceOf(recs []events.Record) uint64 {
+	var prev *events.Entry
+	var since uint64
+	for _, r := range recs {
+		if r.Entry == nil || r.Entry.Removed {
+			prev, since = nil, 0
+			continue
+		}
+		since = events.MaxFiresSince(prev, since, *r.Entry, r.Seq)
+		prev = r.Entry
+	}
+	return since
+}
+
+// addRemaining fills in the fires left of the limited entries among views
+// (entry ls): each one's config history and counter are read, so entries
+// without a limit cost nothing. Without Redis the counts stay unknown and
+// ls says why on stderr.
+func addRemaining(ctx context.Context, g *globalFlags, conn *connFlags, s *session, views []entryView, warn io.Writer) {
+	var store *taskstate.Store
+	for i := range views {
+		v := &views[i]
+		if !v.Entry.Limited() || v.State == stateQuarantined {
+			continue
+		}
+		if store == nil {
+			st, rc, err := openStore(ctx, g, conn)
+			if err != nil {
+				fmt.Fprintf(warn, "fires left unknown: %s\n", terminalSafe(g.secrets.String(err.Error())))
+				return
+			}
+			defer rc.Close()
+			store = st
+		}
+		recs, err := s.client.History(ctx, v.ID)
+		if err == nil {
+			err = setRemaining(ctx, store, s.names.Prefix(), v, maxFiresSinceOf(recs))
+		}
+		if err != nil {
+			fmt.Fprintf(warn, "fires left of %s unknown: %s\n", terminalSafe(v.ID), terminalSafe(g.secrets.String(err.Error())))
+		}
+	}
 }
 
 // nextFires are the entry's next n fire times after now, jitter applied,

@@ -175,7 +175,7 @@ func printEntryTable(w io.Writer, views []entryView) error {
 // policies, update time and note.
 func printEntryTableWide(w io.Writer, views []entryView) error {
 	tw := newTable(w)
-	fmt.Fprintln(tw, "ID\tSTATE\tCRON\tTIMEZONE\tTYPE\tQUEUE\tREVISION\tLAST FIRE\tNEXT FIRE\tOWNER\tCATCHUP\tOVERLAP\tJITTER\tMAX RETRY\tTIMEOUT\tUPDATED\tNOTE\tWINDOW\tEXCLUDE\tLABELS")
+	fmt.Fprintln(tw, "ID\tSTATE\tCRON\tTIMEZONE\tTYPE\tQUEUE\tREVISION\tLAST FIRE\tNEXT FIRE\tOWNER\tCATCHUP\tOVERLAP\tJITTER\tMAX RETRY\tTIMEOUT\tUPDATED\tNOTE\tWINDOW\tEXCLUDE\tLABELS\tFIRES LEFT")
 	for _, v := range views {
 		next, last, updated := "-", "-", "-"
 		if v.NextFire != nil {
@@ -191,7 +191,7 @@ func printEntryTableWide(w io.Writer, views []entryView) error {
 			updated = fmtTime(*v.Updated)
 		}
 		if v.State == stateQuarantined {
-			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t%d\t%s\t-\t-\t-\t-\t-\t-\t-\t%s\t%s\t-\t-\t-\n", terminalSafe(v.ID), v.State, v.Revision, last, updated, terminalSafe(dash(v.Error)))
+			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t%d\t%s\t-\t-\t-\t-\t-\t-\t-\t%s\t%s\t-\t-\t-\t-\n", terminalSafe(v.ID), v.State, v.Revision, last, updated, terminalSafe(dash(v.Error)))
 			continue
 		}
 		e := v.Entry.Normalize()
@@ -207,10 +207,17 @@ func printEntryTableWide(w io.Writer, views []entryView) error {
 		if e.Jitter > 0 {
 			jitter = e.Jitter.String()
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", terminalSafe(v.ID), v.State, terminalSafe(v.Cron), terminalSafe(dash(v.Timezone)),
+		left := "-"
+		switch {
+		case v.MaxFiresRemaining != nil:
+			left = fmt.Sprintf("%d/%d", *v.MaxFiresRemaining, e.MaxFires)
+		case e.Limited():
+			left = fmt.Sprintf("?/%d", e.MaxFires)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", terminalSafe(v.ID), v.State, terminalSafe(v.Cron), terminalSafe(dash(v.Timezone)),
 			terminalSafe(v.Task.Type), terminalSafe(v.Options.QueueName()), v.Revision, last, next, terminalSafe(dash(v.Owner)),
 			terminalSafe(catchup), terminalSafe(string(e.Overlap)), jitter, e.Options.Retries(), timeout, updated, terminalSafe(dash(v.Note)),
-			windowText(e), terminalSafe(dash(strings.Join(e.Exclude, "; "))), terminalSafe(dash(labelsText(e.Labels))))
+			windowText(e), terminalSafe(dash(strings.Join(e.Exclude, "; "))), terminalSafe(dash(labelsText(e.Labels))), left)
 	}
 	return tw.Flush()
 }
