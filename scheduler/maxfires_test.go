@@ -92,3 +92,27 @@ func TestMaxFiresAcrossReplicas(t *testing.T) {
 		t.Errorf("lim has %d tasks in Redis since the loss, want the new limit's 3", n)
 	}
 }
+
+// TestMaxFiresAcrossQueueMove: the count moves with a queue handover. An
+// entry limited to 4 fires moves to another queue after 2: it fires 2 more
+// there, and the count in the new slot says 4.
+func TestMaxFiresAcrossQueueMove(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	en := every("mv", "@every 1s", inQueue("alpha"), func(en *events.Entry) { en.MaxFires = 4 })
+	e.put(en)
+	a := e.startNode("a", nodeOpts{})
+	ticks := func() int { return len(e.entryTicks("mv")) }
+	testenv.Eventually(t, 20*time.Second, func() bool { return ticks() >= 2 }, "mv to fire in alpha")
+	e.put(every("mv", "@every 1s", inQueue("beta"), func(en *events.Entry) { en.MaxFires = 4 }))
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Completed > 0 }, "mv to complete in beta")
+	waitUntil(t, time.Now, time.Now().Add(2*time.Second))
+	a.stop()
+	if n := ticks(); n != 4 {
+		t.Errorf("mv created %d tasks across the move, want 4", n)
+	}
+	c, ok, err := e.store.FireCount(context.Background(), testPrefix, "beta", "mv")
+	if err != nil || !ok || c.Count != 4 {
+		t.Errorf("count in beta: %+v %t %v", c, ok, err)
+	}
+}
