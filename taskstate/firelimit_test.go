@@ -69,8 +69,7 @@ func TestFireLimitInOneBatch(t *testing.T) {
 
 // TestFireLimitCountsCreatedTasksOnly: a tick whose task exists, or whose
 // unique lock another task holds, creates nothing and does not count; a
-// changed limit (another revision) counts afresh; a limit of a later
-// revision than the fire's is not the fire's to use.
+// changed limit (another revision) counts afresh.
 func TestFireLimitCountsCreatedTasksOnly(t *testing.T) {
 	s, rc := newTestStore(t)
 	ctx := context.Background()
@@ -110,8 +109,9 @@ func TestFireLimitCountsCreatedTasksOnly(t *testing.T) {
 	if c, _, _ := s.FireCount(ctx, testPrefix, queue, "e"); c != (FireCount{Since: 7, Count: 1}) {
 		t.Errorf("counter after the change %+v", c)
 	}
-	// A fire still counting from revision 5 is behind the change.
-	mustFireWith(t, s, fences, limitedFire("e", queue, tickAt(5), tickAt(4), 3, 5), StatusRevisionFenced)
+	// A fire from a configuration before the change is refused by the
+	// revision fence before its limit is looked at.
+	mustFireWith(t, s, Fences{ConfigSeq: 6}, limitedFire("e", queue, tickAt(5), tickAt(4), 3, 5), StatusRevisionFenced)
 }
 
 // TestSeedFireCount: seeding only ever raises the counter of a revision and

@@ -194,13 +194,15 @@ local function fire(k, a)
     if served then return res(2, wm, wmtask, '', served) end
   end
 
-  -- The fire limit: a count kept under another revision is of an earlier
-  -- limit (counted afresh) or of a later one this fire's configuration
-  -- predates (refused as fenced: a newer configuration fired here).
+  -- The fire limit: a count kept under another revision is of another
+  -- limit and counts afresh. Replicas that fold the same config stream
+  -- agree on the revision at every sequence, and one with an older
+  -- configuration was refused by the revision fence above; a different
+  -- revision at the same sequence only comes from an earlier stream epoch
+  -- (INV-revision-fence), whose counts are not this stream's.
   local limit, since, count = tonumber(ARGV[a + FULL_MAX_FIRES]), ARGV[a + FULL_MAX_FIRES_SINCE], 0
   if kind == KIND_TICK and limit > 0 then
     local rev, n = split(redis.call('GET', KEYS[k + FK_FIRES]))
-    if rev and tonumber(rev) > tonumber(since) then return res(-3, wm, wmtask, fence_ref) end
     if rev == since then count = tonumber(n) or 0 end
     if count >= limit then return res(-5, wm, wmtask, string.format('%d', count)) end
   end
