@@ -104,6 +104,9 @@ func entryNode(e events.Entry) *yaml.Node {
 		}
 		n.Content = append(n.Content, str("exclude"), x)
 	}
+	if e.MaxFires > 0 {
+		n.Content = append(n.Content, str("max_fires"), &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!int", Value: strconv.Itoa(e.MaxFires)})
+	}
 	if len(e.Labels) > 0 {
 		l := mapping()
 		for _, k := range slices.Sorted(maps.Keys(e.Labels)) {

@@ -82,6 +82,7 @@ var entryGen = map[string]func(r *rand.Rand, i int) any{
 		}
 		return map[string]string{"team": pick(r, "payments", "ops", ""), "example.com/tier": "a-1_b.c"}
 	},
+	"MaxFires": func(r *rand.Rand, _ int) any { return []int{0, 1, 5, 1000}[r.IntN(4)] },
 }
 
 // randTime is zero or a whole second of year y, in a random zone (the

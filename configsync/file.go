@@ -397,6 +397,16 @@ func (p *parser) entryNode(n *yaml.Node) Config {
 			e.EndAt = p.time(v, key)
 		case "exclude":
 			e.Exclude = p.strList(v, key)
+		case "max_fires":
+			if isNull(v) {
+				return true
+			}
+			n, err := strconv.Atoi(v.Value)
+			if v.Kind != yaml.ScalarNode || err != nil || n < 1 {
+				p.fail(v, key, "must be a whole number of at least 1 (leave it out for no limit), got %q", v.Value)
+				return true
+			}
+			e.MaxFires = n
 		case "labels":
 			if isNull(v) || !p.mapping(v, key) {
 				return true

@@ -145,6 +145,10 @@ func TestParseProblems(t *testing.T) {
 			[]want{{"a", "jitter", 5, "invalid duration"}}},
 		{"bad max_retry", "entries:\n  - id: a\n    cron: '@daily'\n    task: {type: t}\n    options: {max_retry: many}\n",
 			[]want{{"a", "options.max_retry", 5, "whole number"}}},
+		{"max_fires zero", "entries:\n  - id: a\n    cron: '@daily'\n    task: {type: t}\n    max_fires: 0\n",
+			[]want{{"a", "max_fires", 5, "at least 1"}}},
+		{"max_fires not a number", "entries:\n  - id: a\n    cron: '@daily'\n    task: {type: t}\n    max_fires: lots\n",
+			[]want{{"a", "max_fires", 5, "whole number"}}},
 		{"bad paused", "entries:\n  - id: a\n    cron: '@daily'\n    task: {type: t}\n    paused: maybe\n",
 			[]want{{"a", "paused", 5, "true or false"}}},
 		{"invalid cron and missing type", "entries:\n  - id: a\n    cron: '0 9 * *'\n    task: {type: ''}\n",
@@ -226,5 +230,12 @@ func TestExampleSchedules(t *testing.T) {
 	}
 	if len(cfgs) == 0 {
 		t.Fatal("no entries in examples/schedules.yaml")
+	}
+	limited := false
+	for _, c := range cfgs {
+		limited = limited || c.Entry.MaxFires == 5
+	}
+	if !limited {
+		t.Error("the example with max_fires: 5 did not parse to a limit")
 	}
 }

@@ -99,6 +99,11 @@ type Entry struct {
 	// (retries exhausted, by a worker or the recoverer): package failpause.
 	// Gated too: an earlier build's client would drop it on a rewrite.
 	PauseOnFailure bool `json:"pause_on_failure,omitempty"`
+	// MaxFires, when set (at least 1), stops the entry after that many of
+	// its scheduled ticks created a task, counted from the revision where
+	// MaxFires last changed value (projector.State.MaxFiresSince); the
+	// entry then shows as completed. Triggers and backfills do not count.
+	MaxFires int `json:"max_fires,omitempty"`
 }
 
 // Task is what each firing enqueues.
@@ -371,6 +376,11 @@ func (n Entry) validateNormalized() error {
 		}
 		if n.Options.Unique != 0 {
 			add("overlap", string(n.Overlap), "cannot be combined with options.unique")
+		}
+		// The release of a held tick is a step of its own that does not
+		// count against the limit.
+		if n.MaxFires != 0 {
+			add("overlap", string(n.Overlap), "cannot be combined with max_fires")
 		}
 	default:
 		add("overlap", string(n.Overlap), "must be allow, skip or buffer-one")

@@ -21,6 +21,7 @@ func TestOverlapBufferOne(t *testing.T) {
 	for field, mod := range map[string]func(*Entry){
 		"options.group":  func(e *Entry) { e.Options.Group = "g" },
 		"options.unique": func(e *Entry) { e.Options.Unique = Duration(60e9) },
+		"max_fires":      func(e *Entry) { e.MaxFires = 3 },
 	} {
 		bad := e.Clone()
 		mod(&bad)

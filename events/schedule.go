@@ -29,7 +29,7 @@ func normalTime(t time.Time) time.Time {
 // anyway, and the gated type makes that refusal the documented one.
 func (e Entry) Gated() bool {
 	return !e.StartAt.IsZero() || !e.EndAt.IsZero() || len(e.Exclude) > 0 || len(e.Labels) > 0 || e.PauseOnFailure ||
-		e.Overlap == OverlapBufferOne
+		e.Overlap == OverlapBufferOne || e.MaxFires != 0
 }
 
 // InWindow reports whether tick lies in the entry's active window
@@ -104,6 +104,23 @@ func (x Exclusions) Match(tick time.Time) bool {
 	return false
 }
 
+// Limited reports whether the entry has a fire limit (MaxFires).
+func (e Entry) Limited() bool { return e.MaxFires > 0 }
+
+// MaxFiresSince is the revision an entry's fire limit counts from after
+// the config event at seq set it to next: the previous state's (prev, whose
+// limit counted from prevSince; nil when the entry was absent, removed or
+// quarantined) when the limit kept its value, else seq. 0 for no limit.
+func MaxFiresSince(prev *Entry, prevSince uint64, next Entry, seq uint64) uint64 {
+	switch {
+	case !next.Limited():
+		return 0
+	case prev != nil && prev.MaxFires == next.MaxFires && prevSince != 0:
+		return prevSince
+	}
+	return seq
+}
+
 // parseExclusion parses one exclusion spec. @every specs make no sense as
 // calendars (they tick from the Unix epoch, not on dates) and are refused.
 func parseExclusion(spec string, loc *time.Location) (cron.Schedule, error) {
@@ -137,6 +154,9 @@ func (n Entry) validateSchedule(loc *time.Location) []error {
 		if _, err := parseExclusion(spec, loc); err != nil {
 			add("exclude", spec, err.Error())
 		}
+	}
+	if n.MaxFires < 0 {
+		add("max_fires", fmt.Sprint(n.MaxFires), "must be at least 1 (leave it unset for no limit)")
 	}
 	if err := ValidateLabels(n.Labels); err != nil {
 		errs = append(errs, err)

@@ -32,6 +32,8 @@ func TestScheduleFieldsValidate(t *testing.T) {
 		{"label key with space", func(e *Entry) { e.Labels = map[string]string{"my team": "x"} }, "labels", "key name"},
 		{"label value dash end", func(e *Entry) { e.Labels = map[string]string{"team": "pay-"} }, "labels.team", "value"},
 		{"label prefix upper", func(e *Entry) { e.Labels = map[string]string{"Example.com/x": "y"} }, "labels", "prefix"},
+		{"max fires", func(e *Entry) { e.MaxFires = 5 }, "", ""},
+		{"negative max fires", func(e *Entry) { e.MaxFires = -1 }, "max_fires", "at least 1"},
 		{"label value too long", func(e *Entry) { e.Labels = map[string]string{"k": strings.Repeat("a", 64)} }, "labels.k", "value"},
 	}
 	for _, c := range cases {
@@ -115,9 +117,9 @@ func TestDecodeGatedConfigEvent(t *testing.T) {
 	if err != nil || !got.EndAt.Equal(e.EndAt) || got.Labels["team"] != "payments" || len(got.Exclude) != 1 {
 		t.Fatalf("gated event: %+v, %v", got, err)
 	}
-	later := []byte(strings.Replace(string(data), `{"id":"g"`, `{"id":"g","max_fires":5`, 1))
-	if _, _, err := DecodeConfigEvent(event(TypeEntryUpdated+GatedSuffix, later)); !errors.Is(err, ErrMalformedEvent) || !strings.Contains(err.Error(), "max_fires") {
-		t.Errorf("gated event with an unknown field: %v, want malformed naming max_fires", err)
+	later := []byte(strings.Replace(string(data), `{"id":"g"`, `{"id":"g","a_later_field":5`, 1))
+	if _, _, err := DecodeConfigEvent(event(TypeEntryUpdated+GatedSuffix, later)); !errors.Is(err, ErrMalformedEvent) || !strings.Contains(err.Error(), "a_later_field") {
+		t.Errorf("gated event with an unknown field: %v, want malformed naming a_later_field", err)
 	}
 	if _, _, err := DecodeConfigEvent(event(TypeEntryUpdated, later)); err != nil {
 		t.Errorf("plain event with an unknown field: %v, want it ignored as before", err)
@@ -159,6 +161,15 @@ func TestClientWritesGatedTypes(t *testing.T) {
 	}
 	if r, err = c.Remove(ctx, "w"); err != nil || r.Type != TypeEntryRemoved {
 		t.Fatalf("remove: %+v %v", r, err)
+	}
+	// A fire limit is gated too: an earlier build would fire past it.
+	e = validEntry("m")
+	e.MaxFires = 3
+	if r, err = c.Put(ctx, e); err != nil || r.Type != TypeEntryRegistered+GatedSuffix {
+		t.Fatalf("put with max_fires: %+v %v", r, err)
+	}
+	if got, _, err = c.Get(ctx, "m"); err != nil || got.MaxFires != 3 {
+		t.Fatalf("get with max_fires: %+v %v", got, err)
 	}
 }
 

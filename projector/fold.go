@@ -23,6 +23,12 @@ type State struct {
 	Entry events.Entry
 	// Revision is the stream sequence of the entry's last config event.
 	Revision uint64
+	// MaxFiresSince is the revision where Entry.MaxFires last changed value
+	// (0 when the entry has no limit): its fires are counted from there, so
+	// re-sending the same state does not restart the count, and a changed
+	// limit starts afresh. A re-registration after a removal or a
+	// quarantine is a change.
+	MaxFiresSince uint64
 	// Time is when the stream stored that event (the JetStream timestamp,
 	// not the publisher's CloudEvents time).
 	Time time.Time
@@ -241,6 +247,11 @@ func (f *Fold) commit(d decoded) (Change, bool, error) {
 	if d.state == nil {
 		delete(f.entries, d.id)
 		return ch, old != nil, nil
+	}
+	if old != nil {
+		d.state.MaxFiresSince = events.MaxFiresSince(&old.Entry, old.MaxFiresSince, d.state.Entry, d.seq)
+	} else {
+		d.state.MaxFiresSince = events.MaxFiresSince(nil, 0, d.state.Entry, d.seq)
 	}
 	f.entries[d.id] = d.state
 	ch.New = d.state

@@ -140,3 +140,35 @@ func TestFoldAppliesByType(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 }
+
+// TestFoldMaxFiresSince: the count of a fire limit starts at the revision
+// where max_fires last changed value; re-sending the same limit, or changing
+// other fields, keeps it.
+func TestFoldMaxFiresSince(t *testing.T) {
+	f := NewFold(testNames)
+	e := validEntry("a")
+	e.MaxFires = 3
+	typ := events.TypeEntryRegistered + events.GatedSuffix
+	steps := []struct {
+		edit func(*events.Entry)
+		want uint64
+	}{
+		{func(*events.Entry) {}, 1},
+		{func(*events.Entry) {}, 1},                                       // same state again
+		{func(e *events.Entry) { e.Note = "x"; e.Cron = "* * * * *" }, 1}, // another field
+		{func(e *events.Entry) { e.MaxFires = 4 }, 4},                     // the limit changed
+		{func(e *events.Entry) { e.MaxFires = 0 }, 0},                     // no limit
+		{func(e *events.Entry) { e.MaxFires = 4 }, 6},                     // a limit again
+	}
+	for i, st := range steps {
+		st.edit(&e)
+		seq := uint64(i + 1)
+		if _, _, err := f.Apply("pt.config.a", seq, time.Now(), rawEvent(t, typ, "a", e)); err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+		typ = events.TypeEntryUpdated + events.GatedSuffix
+		if got, _ := f.Get("a"); got.MaxFiresSince != st.want {
+			t.Errorf("step %d: max_fires since %d, want %d", i, got.MaxFiresSince, st.want)
+		}
+	}
+}

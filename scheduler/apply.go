@@ -32,6 +32,14 @@ func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (ta
 		return taskstate.EnqueueEventRecord{}, false
 	}
 	status := res.Status
+	if status == taskstate.StatusCompleted {
+		// Not a fault: the entry's limit is reached and it fires no more.
+		r.tries, r.completedSince = 0, r.st.MaxFiresSince
+		s.heap.remove(r)
+		s.count(func(st *Stats) { st.Completed++ })
+		s.log.Info("entry completed its max fires; firing nothing more", "entry", r.id, "max_fires", r.st.Entry.MaxFires, "fired", res.Fires)
+		return taskstate.EnqueueEventRecord{}, false
+	}
 	if status.Refused() {
 		s.countRefused(status.String())
 		switch status {

@@ -41,6 +41,11 @@ type entryRun struct {
 	// while it was the entry's next: a hint only (see applyObservation).
 	heard time.Time
 
+	// completedSince is the revision of the fire limit found reached (a
+	// fire refused as completed): the entry fires nothing more while its
+	// limit counts from there (completed).
+	completedSince uint64
+
 	due   time.Time
 	index int
 	// tries counts consecutive refusals and errors, whatever the phase:
@@ -177,11 +182,18 @@ func (s *Scheduler) applyChange(c projector.Change) {
 	s.schedule(r, s.clock.Now())
 }
 
+// completed reports whether r's fire limit was found reached: it then
+// waits for a new limit (which counts from another revision), out of the
+// heap.
+func (r *entryRun) completed() bool {
+	return r.completedSince != 0 && r.st.Entry.Limited() && r.completedSince == r.st.MaxFiresSince
+}
+
 // schedule computes when this replica should next act on r and places it
 // in the heap.
 func (s *Scheduler) schedule(r *entryRun, now time.Time) {
 	next := r.next()
-	if next.IsZero() {
+	if next.IsZero() || r.completed() {
 		s.heap.remove(r)
 		return
 	}

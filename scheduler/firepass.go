@@ -132,7 +132,7 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 		if p.r.phase == phaseLoading {
 			continue // waiting in s.load for its watermark
 		}
-		if p.more && p.r.tries == 0 {
+		if p.more && p.r.tries == 0 && !p.r.completed() {
 			// More missed ticks to fire: come back at once.
 			s.heap.set(p.r, now)
 			continue

@@ -44,6 +44,11 @@ type History interface {
 	// recorded for entry (fired, or skipped as a tick: not a trigger or a
 	// backfill) and its task id; ok is false when there is none.
 	LastHandled(ctx context.Context, entry string) (tick time.Time, taskID string, ok bool, err error)
+	// FiredSince counts entry's scheduled ticks (not triggers or
+	// backfills) the activity stream recorded as fired under a revision at
+	// or after since: the count of a fire limit (events.Entry.MaxFires).
+	// Fires older than the stream's retention are not counted.
+	FiredSince(ctx context.Context, entry string, since uint64) (int, error)
 	// ScheduleSince returns when entry's current schedule began, by the
 	// stream's clock: the event that (re)registered it, last changed its
 	// cron spec or time zone, or followed a paused state. ok is false when
@@ -221,6 +226,47 @@ func (h *StreamHistory) LastHandled(ctx context.Context, entry string) (time.Tim
 		}
 		if md.Sequence.Stream >= last.Sequence || md.NumPending == 0 {
 			return tick, task, found, nil
+		}
+	}
+}
+
+// FiredSince reads entry's fire subject from its first message; a tick
+// counts once however often its fired event was published.
+func (h *StreamHistory) FiredSince(ctx context.Context, entry string, since uint64) (int, error) {
+	subj := h.names.FireSubject(entry)
+	s, err := h.js.Stream(ctx, h.names.ActivityStream())
+	if err != nil {
+		return 0, fmt.Errorf("count fires of entry %q: %w", entry, err)
+	}
+	last, err := s.GetLastMsgForSubject(ctx, subj)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("count fires of entry %q: %w", entry, err)
+	}
+	c, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subj}})
+	if err != nil {
+		return 0, fmt.Errorf("count fires of entry %q: %w", entry, err)
+	}
+	ticks := map[int64]bool{}
+	for {
+		m, err := c.Next(jetstream.FetchMaxWait(5 * time.Second))
+		if err != nil {
+			return 0, fmt.Errorf("count fires of entry %q: read %s: %w", entry, subj, err)
+		}
+		if ev, err := events.DecodeEvent(m.Data()); err == nil && ev.Type == events.TypeEntryFired {
+			var f events.Fired
+			if ev.DecodeData(&f) == nil && f.Trigger == "" && !f.Backfill && !f.ScheduledAt.IsZero() && f.Revision >= since {
+				ticks[f.ScheduledAt.UnixMilli()] = true
+			}
+		}
+		md, err := m.Metadata()
+		if err != nil {
+			return 0, fmt.Errorf("count fires of entry %q: %w", entry, err)
+		}
+		if md.Sequence.Stream >= last.Sequence || md.NumPending == 0 {
+			return len(ticks), nil
 		}
 	}
 }

@@ -69,6 +69,15 @@ func (s *Scheduler) loadWatermarks(ctx context.Context) {
 					}
 				}
 			}
+			if restoreNow && r.st.Entry.Limited() {
+				// The fires counter went with the watermark: rebuilt
+				// before the watermark, or a fire in between would count
+				// from zero.
+				if err := s.restoreFireCount(ctx, r); err != nil {
+					failed = true
+					continue
+				}
+			}
 			if restoreNow {
 				r.loading.restored = true
 				if s.restore(ctx, r) {
@@ -127,6 +136,7 @@ func (s *Scheduler) handover(ctx context.Context, r *entryRun, from []string) (b
 	var best time.Time
 	var bestTask string
 	found := false
+	var fires taskstate.FireCount
 	for _, q := range from {
 		if q == r.queue {
 			continue
@@ -140,6 +150,26 @@ func (s *Scheduler) handover(ctx context.Context, r *entryRun, from []string) (b
 		}
 		if ok && (!found || tick.After(best)) {
 			best, bestTask, found = tick, task, true
+		}
+		if r.st.Entry.Limited() {
+			// Closed, the old slot's count can no longer move.
+			c, ok, err := s.broker.FireCount(ctx, prefix, q, r.id)
+			if err != nil {
+				s.countError()
+				s.log.Warn("read the entry's fires count in its old queue", "entry", r.id, "queue", q, "err", err)
+				return false, err
+			}
+			if ok && c.Since == r.st.MaxFiresSince && c.Count > fires.Count {
+				fires = c
+			}
+		}
+	}
+	if fires.Count > 0 {
+		// Before the new slot opens: its fires count on from here.
+		if _, err := s.broker.SeedFireCount(ctx, prefix, r.queue, r.id, fires); err != nil {
+			s.countError()
+			s.log.Warn("carry the entry's fires count to its new queue", "entry", r.id, "queue", r.queue, "err", err)
+			return false, err
 		}
 	}
 	if err := s.broker.SeedWatermark(ctx, prefix, r.queue, r.id, best, bestTask, r.st.Revision, s.revisionID(r)); err != nil {
@@ -186,6 +216,30 @@ func (s *Scheduler) restore(ctx context.Context, r *entryRun) bool {
 	s.m.Restored.WithLabelValues(from).Inc()
 	s.log.Debug("restored the entry's watermark", "entry", r.id, "queue", r.queue, "tick", tick, "from", from)
 	return true
+}
+
+// restoreFireCount rebuilds r's fires counter after Redis lost data: the
+// scheduled ticks the activity stream recorded as fired since the revision
+// its limit counts from, raised into the slot (never lowered: a count the
+// slot kept is at least as true). Fires older than the activity stream's
+// retention, and fires whose events were still in the lost outbox, are not
+// in the stream (docs/design.md INV-max-fires).
+func (s *Scheduler) restoreFireCount(ctx context.Context, r *entryRun) error {
+	if s.cfg.History == nil {
+		return nil
+	}
+	n, err := s.cfg.History.FiredSince(ctx, r.id, r.st.MaxFiresSince)
+	if err == nil {
+		_, err = s.broker.SeedFireCount(ctx, s.cfg.Names.Prefix(), r.queue, r.id, taskstate.FireCount{Since: r.st.MaxFiresSince, Count: n})
+	}
+	if err != nil {
+		s.countError()
+		s.log.Warn("rebuild the entry's fires count from the activity stream; not firing it until it is", "entry", r.id, "queue", r.queue, "err", err)
+		s.outcome(Outcome{Entry: r.id, Err: err})
+		return err
+	}
+	s.log.Info("rebuilt the entry's fires count from the activity stream", "entry", r.id, "queue", r.queue, "since", r.st.MaxFiresSince, "fired", n)
+	return nil
 }
 
 // behind reports whether r's watermark wm is older than a tick known to be

@@ -40,6 +40,9 @@ const (
 	// StatusStale: refused, this replica's view of the configuration lags
 	// the freshest replica's by more than MaxStaleness.
 	StatusStale
+	// StatusCompleted: refused, the entry's max fires ticks already created
+	// a task; it fires nothing more.
+	StatusCompleted
 )
 
 // fireStatus is s as a FireStatus; the two lists are the same, in the

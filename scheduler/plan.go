@@ -94,6 +94,9 @@ func (s *Scheduler) buildFire(r *entryRun, tick, expected time.Time, hasExpected
 	fired := s.firedRecord(r, tick, taskID, now)
 	f := taskstate.NewTickFire(prefix, r.queue, r.id, tick, expected, hasExpected, msg, fired)
 	f.UniqueTTL = e.Options.Unique.D()
+	if e.Limited() {
+		f.MaxFires, f.MaxFiresSince = e.MaxFires, r.st.MaxFiresSince
+	}
 	var err error
 	if e.Overlap == events.OverlapSkip || e.Overlap == events.OverlapBufferOne {
 		f.OverlapSkip = e.Overlap == events.OverlapSkip

@@ -4,9 +4,12 @@ package scheduler
 type Stats struct {
 	Fired, AlreadyExisted, SkippedMissed, SkippedOverlap, SkippedUnique uint64
 	SkippedExcluded                                                     uint64
-	Refused                                                             map[string]uint64
-	Errors                                                              uint64
-	Entries                                                             int
+	// Completed counts fires refused because their entry's max fires were
+	// reached (the entry then waits for a new limit).
+	Completed uint64
+	Refused   map[string]uint64
+	Errors    uint64
+	Entries   int
 	// Loading counts entries not firing yet because their watermark is
 	// still to be read (after a start, a queue change or a re-register).
 	Loading int

@@ -127,3 +127,16 @@ func (b *boundedHistory) ConfigMessageAt(ctx context.Context, seq uint64) (strin
 	subject, id, found, err := b.h.ConfigMessageAt(rctx, seq)
 	return subject, id, found, b.end(ctx, cancel, err)
 }
+
+// FiredSince is bounded like the other reads although it may read the
+// whole of one entry's fire subject: a rebuild that cannot finish in time
+// leaves only that entry unfired (late, so the detector shows it) and is
+// tried again, where an unbounded read would stop the loop.
+func (b *boundedHistory) FiredSince(ctx context.Context, entry string, since uint64) (int, error) {
+	rctx, cancel, err := b.begin(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("fires since revision %d: %w", since, err)
+	}
+	n, err := b.h.FiredSince(rctx, entry, since)
+	return n, b.end(ctx, cancel, err)
+}

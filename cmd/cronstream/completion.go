@@ -26,7 +26,7 @@ func addCompletions(root *cobra.Command, g *globalFlags) {
 	enums := map[string][]string{
 		"catchup": {string(events.CatchupNone), string(events.CatchupLatest), string(events.CatchupAll)},
 		"overlap": {string(events.OverlapAllow), string(events.OverlapSkip), string(events.OverlapBufferOne)},
-		"state":   {stateActive, statePaused, stateEnded, stateQuarantined},
+		"state":   {stateActive, statePaused, stateEnded, stateCompleted, stateQuarantined},
 	}
 	var walk func(*cobra.Command)
 	walk = func(cmd *cobra.Command) {

@@ -37,6 +37,8 @@ type describeView struct {
 	// Held is the tick overlap buffer-one holds while the previous task is
 	// busy (none: no tick held, or Redis could not be read).
 	Held *describeHeld `json:"held,omitempty"`
+	// maxFiresSince is the revision the entry's fire limit counts from.
+	maxFiresSince uint64
 }
 
 // describeHeld is a held tick: it fires as TaskID once WaitingFor is done.
@@ -144,6 +146,7 @@ not an event: see cronstream_fire_refused_total on the replicas.`,
 			if e.Overlap == events.OverlapBufferOne {
 				describeHeldTick(ctx, g, &conn, s.names.Prefix(), e, &v)
 			}
+			describeFireCount(ctx, g, &conn, s.names.Prefix(), &v)
 			if g.json {
 				return printJSON(cmd.OutOrStdout(), v)
 			}
@@ -165,6 +168,7 @@ func describeHistoryOf(ctx context.Context, s *session, id string, v *describeVi
 		return err
 	}
 	v.History.Revisions = len(recs)
+	v.maxFiresSince = maxFiresSinceOf(recs)
 	if len(recs) > 0 {
 		last := recs[len(recs)-1]
 		v.History.LastTime = last.Time.UTC()
@@ -441,4 +445,84 @@ func plural(n int, one, many string) string {
 		return "1 " + one
 	}
 	return fmt.Sprintf("%d %s", n, many)
+}
+
+// describeFireCount fills in how many fires a limited entry has left (see
+// addRemaining); at none it shows as completed.
+func describeFireCount(ctx context.Context, g *globalFlags, conn *connFlags, prefix string, v *describeView) {
+	if !v.Entry.Limited() || v.maxFiresSince == 0 {
+		return
+	}
+	store, rc, err := openStore(ctx, g, conn)
+	if err != nil {
+		v.RedisError = err.Error()
+		return
+	}
+	defer rc.Close()
+	if err := setRemaining(ctx, store, prefix, &v.Entry, v.maxFiresSince); err != nil {
+		v.RedisError = g.secrets.String(err.Error())
+	}
+}
+
+// setRemaining reads a limited entry's fires counter in its queue's slot
+// (docs/design.md INV-max-fires) and records the fires left: its limit
+// less the count, when the counter is of the limit's revision since.
+func setRemaining(ctx context.Context, store *taskstate.Store, prefix string, v *entryView, since uint64) error {
+	e := v.Entry
+	c, ok, err := store.FireCount(ctx, prefix, e.Options.QueueName(), e.ID)
+	if err != nil {
+		return err
+	}
+	fired := 0
+	if ok && c.Since == since {
+		fired = c.Count
+	}
+	v.setRemaining(max(e.MaxFires-fired, 0))
+	return nil
+}
+
+// maxFiresSinceOf folds an entry's config history as the projector does
+// (events.MaxFiresSince): the revision its fire limit counts from.
+func maxFiresSinceOf(recs []events.Record) uint64 {
+	var prev *events.Entry
+	var since uint64
+	for _, r := range recs {
+		if r.Entry == nil || r.Entry.Removed {
+			prev, since = nil, 0
+			continue
+		}
+		since = events.MaxFiresSince(prev, since, *r.Entry, r.Seq)
+		prev = r.Entry
+	}
+	return since
+}
+
+// addRemaining fills in the fires left of the limited entries among views
+// (entry ls): each one's config history and counter are read, so entries
+// without a limit cost nothing. Without Redis the counts stay unknown and
+// ls says why on stderr.
+func addRemaining(ctx context.Context, g *globalFlags, conn *connFlags, s *session, views []entryView, warn io.Writer) {
+	var store *taskstate.Store
+	for i := range views {
+		v := &views[i]
+		if !v.Entry.Limited() || v.State == stateQuarantined {
+			continue
+		}
+		if store == nil {
+			st, rc, err := openStore(ctx, g, conn)
+			if err != nil {
+				fmt.Fprintf(warn, "fires left unknown: %s\n", terminalSafe(g.secrets.String(err.Error())))
+				return
+			}
+			defer rc.Close()
+			store = st
+		}
+		recs, err := s.client.History(ctx, v.ID)
+		if err == nil {
+			err = setRemaining(ctx, store, s.names.Prefix(), v, maxFiresSinceOf(recs))
+		}
+		if err != nil {
+			fmt.Fprintf(warn, "fires left of %s unknown: %s\n", terminalSafe(v.ID), terminalSafe(g.secrets.String(err.Error())))
+		}
+	}
 }

@@ -26,14 +26,15 @@ func newEntryLsCommand(g *globalFlags) *cobra.Command {
 		Aliases: []string{"list"},
 		Short:   "List entries, now or as they were at any moment",
 		Long: `List every registered entry: state (active, paused, ended when past its
-end_at, or quarantined when its last config event cannot be applied), spec,
+end_at, completed when it fired its --max-fires ticks (read from Redis), or
+quarantined when its last config event cannot be applied), spec,
 queue, revision, last fire and next fire.
 
 LAST FIRE is the scheduled time of the entry's last tick with an event in
 the activity stream, followed by "skipped (reason)" when that tick was
 skipped rather than fired. NEXT FIRE includes the jitter.
 
-Filters combine: --queue Q, --state active|paused|ended|quarantined,
+Filters combine: --queue Q, --state active|paused|ended|completed|quarantined,
 --owner O (--owner "" : entries without an owner), --type GLOB (task type,
 e.g. 'report:*'), --selector (-l) on labels, as in Kubernetes: team=payments,
 tier!=batch, team (has the label), !team (has not); commas join them.
@@ -45,7 +46,7 @@ moment.
 
 -o picks the output: table (default), wide (the table plus the entry's
 policy columns: catch-up, overlap, jitter, max retry, timeout, updated,
-note, window, exclude, labels), json (a JSON array; --json is the same) or yaml (the same fields as
+note, window, exclude, labels, fires left of a --max-fires limit), json (a JSON array; --json is the same) or yaml (the same fields as
 json).`,
 		Example: `  cronstream entry ls
   cronstream entry ls -o wide
@@ -91,6 +92,7 @@ json).`,
 					}
 					views = append(views, newEntryView(c.Entry, c.Revision, c.Time, now))
 				}
+				addRemaining(ctx, g, &conn, s, views, cmd.ErrOrStderr())
 				views = slices.DeleteFunc(views, func(v entryView) bool { return !flt.keep(v) })
 				if err := addLastFires(ctx, s, views); err != nil {
 					return err
@@ -141,11 +143,11 @@ json).`,
 	cmd.Flags().StringVar(&at, "at", "", "list the entries as they were at this time: RFC 3339, or relative (-2h, -30m)")
 	cmd.Flags().BoolVar(&g.json, "json", false, "print the entries as a JSON array (same as -o json)")
 	cmd.Flags().StringVar(&flt.queue, "queue", "", "only entries firing into this queue")
-	cmd.Flags().StringVar(&flt.state, "state", "", "only entries in this state: active, paused, ended or quarantined")
+	cmd.Flags().StringVar(&flt.state, "state", "", "only entries in this state: active, paused, ended, completed or quarantined")
 	cmd.Flags().StringVarP(&flt.selector, "selector", "l", "", "only entries whose labels match this selector (k=v, k!=v, k, !k; commas join)")
 	cmd.Flags().StringVar(&flt.owner, "owner", "", `only entries of this owner ("" : without one)`)
 	cmd.Flags().StringVar(&flt.typ, "type", "", "only entries whose task type matches this glob")
-	addConn(cmd, &conn, false)
+	addConn(cmd, &conn, true)
 	return cmd
 }
 
@@ -176,9 +178,9 @@ type lsFilter struct {
 func (f *lsFilter) check(cmd *cobra.Command) error {
 	f.byQueue, f.byOwner = cmd.Flags().Changed("queue"), cmd.Flags().Changed("owner")
 	switch f.state {
-	case "", stateActive, statePaused, stateEnded, stateQuarantined:
+	case "", stateActive, statePaused, stateEnded, stateCompleted, stateQuarantined:
 	default:
-		return usagef("--state %q: use active, paused, ended or quarantined", f.state)
+		return usagef("--state %q: use active, paused, ended, completed or quarantined", f.state)
 	}
 	sel, err := events.ParseSelector(f.selector)
 	if err != nil {

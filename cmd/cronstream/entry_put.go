@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -34,6 +35,7 @@ type putFlags struct {
 	payloadBytes                         []byte // --payload or --payload-file, read once
 	startAt, endAt                       string
 	exclude, labels                      []string
+	maxFires                             string
 	// now is what relative --start-at and --end-at count from: one
 	// instant for the whole command, so every merge round agrees.
 	now time.Time
@@ -48,7 +50,7 @@ var flagFields = map[string]string{
 	"options.unique": "--unique", "options.retention": "--retention", "options.group": "--group",
 	"catchup.policy": "--catchup", "catchup.window": "--catchup-window", "overlap": "--overlap",
 	"jitter": "--jitter", "note": "--note", "start_at": "--start-at", "end_at": "--end-at",
-	"exclude": "--exclude", "labels": "--label",
+	"exclude": "--exclude", "labels": "--label", "max_fires": "--max-fires",
 }
 
 func newEntryPutCommand(g *globalFlags) *cobra.Command {
@@ -74,10 +76,12 @@ Cron specs: 5 fields, or 6 with leading seconds, descriptors (@daily,
 --start-at and --end-at bound the ticks (both inclusive); past its end the
 entry shows as ended. --exclude specs (in the entry's zone) name ticks that
 are not fired but recorded as skipped with reason excluded. --label k=v
-organises entries for --selector in entry ls, audit, sync and export. An
-entry that uses any of these is written in a form replicas of earlier
+organises entries for --selector in entry ls, audit, sync and export.
+--max-fires N fires at most N scheduled ticks (counted from when the limit
+was last set to another value; triggers and backfills do not count), then
+the entry shows as completed. An entry that uses any of these is written in a form replicas of earlier
 builds refuse (they quarantine it rather than fire past its end or inside
-an exclusion): upgrade every replica before using them.`,
+an exclusion or its limit): upgrade every replica before using them.`,
 		Example: `  cronstream entry put report --cron "0 9 * * 1-5" --timezone Europe/Berlin --type report:daily \
       --payload '{"team":"ops"}' --queue reports --max-retry 5 --timeout 10m
   cronstream entry put report --queue critical           # change one field
@@ -85,7 +89,8 @@ an exclusion): upgrade every replica before using them.`,
   cronstream entry put cleanup --cron "@every 15m" --type cleanup --overlap skip --catchup latest --catchup-window 1h
   cronstream entry put campaign --cron "0 * * * *" --type mail --start-at 2027-03-01 --end-at 2027-04-01T00:00:00Z
   cronstream entry put standup --cron "0 9 * * 1-5" --type remind --exclude "* * 25 12 *" --exclude "* * 1 1 *" \
-      --label team=payments --label tier=critical`,
+      --label team=payments --label tier=critical
+  cronstream entry put onboarding --cron "0 10 * * *" --type welcome-mail --max-fires 5`,
 		Args: entryIDArg,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runEntryPut(cmd, g, f, args[0])
@@ -115,6 +120,7 @@ an exclusion): upgrade every replica before using them.`,
 	fl.StringArrayVar(&f.exclude, "exclude", nil, "cron spec in the entry's zone whose ticks are skipped (reason excluded), e.g. '* * 25 12 *' (repeatable; replaces all; --exclude '' clears them)")
 	fl.StringArrayVar(&f.labels, "label", nil, "label k=v, Kubernetes rules (repeatable; replaces all labels; --label '' clears them)")
 	fl.BoolVar(&f.pauseOnFailure, "pause-on-failure", false, "pause the entry when one of its tasks is archived (retries exhausted); the pause note names the task and its error (--pause-on-failure=false turns it off)")
+	fl.StringVar(&f.maxFires, "max-fires", "", "fire at most N scheduled ticks, then show as completed (N at least 1; a new N counts afresh; '' removes the limit)")
 	fl.BoolVar(&f.replace, "replace", false, "replace the whole entry with what the command line gives (keeps only the pause state)")
 	fl.BoolVar(&g.json, "json", false, "print the result as JSON")
 	f.rev.add(cmd)
@@ -189,6 +195,17 @@ func (f *putFlags) patch(cmd *cobra.Command, e *events.Entry) error {
 			return
 		}
 		*dst = t
+	}
+	if ch("max-fires") {
+		e.MaxFires = 0
+		if f.maxFires != "" {
+			n, err := strconv.Atoi(strings.TrimSpace(f.maxFires))
+			if err != nil || n < 1 {
+				errs = append(errs, fmt.Errorf("--max-fires %q: must be a whole number of at least 1 (--max-fires '' removes the limit)", f.maxFires))
+			} else {
+				e.MaxFires = n
+			}
+		}
 	}
 	at("start-at", f.startAt, &e.StartAt)
 	at("end-at", f.endAt, &e.EndAt)

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -86,6 +87,18 @@ type entryView struct {
 	// the reason (entry ls only).
 	LastFire    *time.Time `json:"last_fire,omitempty"`
 	LastOutcome string     `json:"last_outcome,omitempty"`
+	// MaxFiresRemaining is how many scheduled ticks a limited entry may
+	// still fire, when read from Redis (entry describe).
+	MaxFiresRemaining *int `json:"max_fires_remaining,omitempty"`
+}
+
+// setRemaining records a limited entry's remaining fires; at none an
+// active entry is completed.
+func (v *entryView) setRemaining(n int) {
+	v.MaxFiresRemaining = &n
+	if n == 0 && v.State == stateActive {
+		v.State, v.NextFire = stateCompleted, nil
+	}
 }
 
 // Entry states as shown.
@@ -95,6 +108,9 @@ const (
 	stateQuarantined = "quarantined"
 	// stateEnded: past its end_at; it stays registered and fires nothing.
 	stateEnded = "ended"
+	// stateCompleted: a limited entry that fired its max_fires ticks; it
+	// stays registered and fires nothing until the limit changes.
+	stateCompleted = "completed"
 )
 
 func newEntryView(e events.Entry, rev uint64, updated time.Time, now time.Time) entryView {
@@ -159,7 +175,7 @@ func printEntryTable(w io.Writer, views []entryView) error {
 // policies, update time and note.
 func printEntryTableWide(w io.Writer, views []entryView) error {
 	tw := newTable(w)
-	fmt.Fprintln(tw, "ID\tSTATE\tCRON\tTIMEZONE\tTYPE\tQUEUE\tREVISION\tLAST FIRE\tNEXT FIRE\tOWNER\tCATCHUP\tOVERLAP\tJITTER\tMAX RETRY\tTIMEOUT\tUPDATED\tNOTE\tWINDOW\tEXCLUDE\tLABELS")
+	fmt.Fprintln(tw, "ID\tSTATE\tCRON\tTIMEZONE\tTYPE\tQUEUE\tREVISION\tLAST FIRE\tNEXT FIRE\tOWNER\tCATCHUP\tOVERLAP\tJITTER\tMAX RETRY\tTIMEOUT\tUPDATED\tNOTE\tWINDOW\tEXCLUDE\tLABELS\tFIRES LEFT")
 	for _, v := range views {
 		next, last, updated := "-", "-", "-"
 		if v.NextFire != nil {
@@ -175,7 +191,7 @@ func printEntryTableWide(w io.Writer, views []entryView) error {
 			updated = fmtTime(*v.Updated)
 		}
 		if v.State == stateQuarantined {
-			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t%d\t%s\t-\t-\t-\t-\t-\t-\t-\t%s\t%s\t-\t-\t-\n", terminalSafe(v.ID), v.State, v.Revision, last, updated, terminalSafe(dash(v.Error)))
+			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t%d\t%s\t-\t-\t-\t-\t-\t-\t-\t%s\t%s\t-\t-\t-\t-\n", terminalSafe(v.ID), v.State, v.Revision, last, updated, terminalSafe(dash(v.Error)))
 			continue
 		}
 		e := v.Entry.Normalize()
@@ -191,10 +207,17 @@ func printEntryTableWide(w io.Writer, views []entryView) error {
 		if e.Jitter > 0 {
 			jitter = e.Jitter.String()
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", terminalSafe(v.ID), v.State, terminalSafe(v.Cron), terminalSafe(dash(v.Timezone)),
+		left := "-"
+		switch {
+		case v.MaxFiresRemaining != nil:
+			left = fmt.Sprintf("%d/%d", *v.MaxFiresRemaining, e.MaxFires)
+		case e.Limited():
+			left = fmt.Sprintf("?/%d", e.MaxFires)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", terminalSafe(v.ID), v.State, terminalSafe(v.Cron), terminalSafe(dash(v.Timezone)),
 			terminalSafe(v.Task.Type), terminalSafe(v.Options.QueueName()), v.Revision, last, next, terminalSafe(dash(v.Owner)),
 			terminalSafe(catchup), terminalSafe(string(e.Overlap)), jitter, e.Options.Retries(), timeout, updated, terminalSafe(dash(v.Note)),
-			windowText(e), terminalSafe(dash(strings.Join(e.Exclude, "; "))), terminalSafe(dash(labelsText(e.Labels))))
+			windowText(e), terminalSafe(dash(strings.Join(e.Exclude, "; "))), terminalSafe(dash(labelsText(e.Labels))), left)
 	}
 	return tw.Flush()
 }
@@ -292,6 +315,12 @@ func printEntry(w io.Writer, v entryView) error {
 		}
 		for _, k := range sortedKeys(e.Labels) {
 			row("labels."+k, e.Labels[k])
+		}
+		if e.Limited() {
+			row("max_fires", strconv.Itoa(e.MaxFires))
+			if v.MaxFiresRemaining != nil {
+				row("max_fires remaining", strconv.Itoa(*v.MaxFiresRemaining))
+			}
 		}
 		if v.NextFire != nil {
 			row("next fire", fmtTime(*v.NextFire))

@@ -20,7 +20,7 @@ const releaseBeforeScheduleFields = "fa34a5e"
 
 // TestScheduleFieldsMixedVersions: during a rolling upgrade a replica of the
 // release before the schedule fields runs beside one of this build. An
-// entry past its end_at and an entry with an exclusion, written by the new
+// entry past its end_at, an entry with an exclusion and one with max_fires, written by the new
 // CLI, are quarantined by the old replica (which would ignore the fields
 // and fire them) and handled correctly by the new one; an entry without the
 // new fields stays byte-compatible and the old replica fires it alone once
@@ -32,6 +32,7 @@ func TestScheduleFieldsMixedVersions(t *testing.T) {
 	e.ok("entry", "put", "plain", "--cron", "@every 1s", "--type", "p")
 	e.ok("entry", "put", "ended", "--cron", "@every 1s", "--type", "x", "--end-at", "-1m")
 	e.ok("entry", "put", "excl", "--cron", "@every 1s", "--type", "y", "--exclude", "*/2 * * * * *", "--label", "team=payments")
+	e.ok("entry", "put", "capped", "--cron", "@every 1s", "--type", "z", "--max-fires", "2")
 
 	replica := func(path, id string) *proc {
 		t.Helper()
@@ -76,7 +77,7 @@ func TestScheduleFieldsMixedVersions(t *testing.T) {
 		fired, _ := activity()
 		return count(fired, "plain") >= 4 && count(fired, "excl") >= 3
 	}, "plain and excl do not fire with o1 and n1")
-	for _, id := range []string{"ended", "excl"} {
+	for _, id := range []string{"ended", "excl", "capped"} {
 		if !strings.Contains(o1.Stderr(), `"entry":"`+id+`"`) || !strings.Contains(o1.Stderr(), "entry quarantined") {
 			t.Errorf("the old replica did not quarantine %s:\n%s", id, o1.Stderr())
 		}
@@ -119,6 +120,9 @@ func TestScheduleFieldsMixedVersions(t *testing.T) {
 		case f.Entry == "excl" && f.ScheduledAt.After(stopped.Add(time.Second)):
 			t.Errorf("excl fired %s after the new replica stopped", f.ScheduledAt)
 		}
+	}
+	if n := count(fired, "capped"); n != 2 || slices.ContainsFunc(fired, func(f events.Fired) bool { return f.Entry == "capped" && f.Replica != "n1" }) {
+		t.Errorf("capped (max_fires 2) fired %d ticks, want 2, all by the new replica", n)
 	}
 	if !slices.ContainsFunc(fired, func(f events.Fired) bool { return f.Entry == "plain" && f.Replica == "o1" }) {
 		t.Error("the old replica never fired plain")

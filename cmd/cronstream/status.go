@@ -67,7 +67,8 @@ type replicaStatus struct {
 type entryCounts struct {
 	Active      int              `json:"active"`
 	Paused      int              `json:"paused"`
-	Ended       int              `json:"ended"` // past their end_at
+	Ended       int              `json:"ended"`     // past their end_at
+	Completed   int              `json:"completed"` // fired their max_fires (read from Redis)
 	Quarantined int              `json:"quarantined"`
 	Bad         []quarantineView `json:"quarantined_entries,omitempty"`
 	// FailurePaused are entries paused on failure (failpause), reason in
@@ -311,6 +312,23 @@ func collectStatus(ctx context.Context, g *globalFlags, conn *connFlags, s *sess
 	}
 	defer rc.Close()
 	rep.Warnings = append(rep.Warnings, replica.RedisWarnings(ctx, rc)...)
+	for _, st := range states {
+		// An active limited entry whose counter reached its limit is
+		// completed (docs/design.md INV-max-fires).
+		e := st.Entry
+		if !e.Limited() || e.Paused || e.Ended(now) {
+			continue
+		}
+		c, ok, err := store.FireCount(ctx, s.names.Prefix(), e.Options.QueueName(), e.ID)
+		if err != nil {
+			fail("completed entries", err)
+			break
+		}
+		if ok && c.Since == st.MaxFiresSince && c.Count >= e.MaxFires {
+			rep.Entries.Active--
+			rep.Entries.Completed++
+		}
+	}
 	if states != nil {
 		// The replicas' clock: corrected to Redis TIME.
 		clk := clock.New(store.Time, clock.Options{})
@@ -501,7 +519,7 @@ func printStatus(w io.Writer, r statusReport) {
 		fmt.Fprintln(w, "  none: no entry fires and no task is recovered until a replica runs (cronstream run)")
 	}
 
-	fmt.Fprintf(w, "\nEntries: %d active, %d paused, %d ended, %d quarantined\n", r.Entries.Active, r.Entries.Paused, r.Entries.Ended, r.Entries.Quarantined)
+	fmt.Fprintf(w, "\nEntries: %d active, %d paused, %d ended, %d completed, %d quarantined\n", r.Entries.Active, r.Entries.Paused, r.Entries.Ended, r.Entries.Completed, r.Entries.Quarantined)
 	for _, q := range r.Entries.Bad {
 		fmt.Fprintf(w, "  quarantined %s at revision %d (%s): %s\n", terminalSafe(q.ID), q.Revision, fmtTime(q.Time), terminalSafe(q.Reason))
 	}

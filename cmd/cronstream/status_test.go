@@ -93,7 +93,7 @@ func TestStatus(t *testing.T) {
 	}
 
 	text := e.ok("status")
-	for _, want := range []string{"Replicas: 0 live", "Entries: 2 active, 1 paused, 0 ended, 1 quarantined", "quarantined broken", "Outbox backlog", ": 1",
+	for _, want := range []string{"Replicas: 0 live", "Entries: 2 active, 1 paused, 0 ended, 0 completed, 1 quarantined", "quarantined broken", "Outbox backlog", ": 1",
 		"QUEUE", "default", "Next fires:", "soon", "persistence is off", "asynq servers run their own recoverer"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("status text lacks %q:\n%s", want, text)

@@ -89,6 +89,7 @@ File format (the entry state's field names; durations as 30s, 10m, 1h):
       end_at: 2027-04-01            # no tick after; the entry then shows as ended
       exclude: ["* * 25 12 *"]      # cron specs in the entry's zone: matching ticks are skipped (excluded)
       labels: {team: reports}       # Kubernetes label rules; --selector matches them
+      max_fires: 5                  # at most 5 scheduled ticks fire, then the entry shows as completed
 
 --dry-run --detailed-exitcode exits 0 when the entries already match the
 file, 2 when the plan has changes, 1 on an error (as terraform plan does):

@@ -216,6 +216,28 @@ type entryRow struct {
 	// only).
 	LastFire    time.Time
 	LastOutcome string
+	// Completed: a limited entry whose fires counter reached its
+	// max_fires (read from Redis; live page only).
+	Completed bool
+}
+
+// firesLeft reads how many fires a limited entry has left from its fires
+// counter in Redis (docs/design.md INV-max-fires); known is false for an
+// entry without a limit, or when Redis could not be read.
+func firesLeft(ctx context.Context, src *Source, st projector.State) (left int, known bool) {
+	e := st.Entry
+	if !e.Limited() || src.Tasks == nil {
+		return 0, false
+	}
+	c, ok, err := src.Tasks.FireCount(ctx, src.Names.Prefix(), e.Options.QueueName(), e.ID)
+	if err != nil {
+		return 0, false
+	}
+	fired := 0
+	if ok && c.Since == st.MaxFiresSince {
+		fired = c.Count
+	}
+	return max(e.MaxFires-fired, 0), true
 }
 
 type tableData struct {
@@ -294,6 +316,11 @@ func (c *Console) entries(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
 	defer cancel()
 	c.addLastFires(ctx, src, d.Rows)
+	for i := range d.Rows {
+		if left, ok := firesLeft(ctx, src, d.Rows[i].State); ok && left == 0 {
+			d.Rows[i].Completed, d.Rows[i].NextFire = true, time.Time{}
+		}
+	}
 	c.render(w, r, http.StatusOK, "entries", page{Title: "Entries", Data: d, Server: time.Since(start)})
 }
 
@@ -399,6 +426,8 @@ type entryData struct {
 	StatesErr string
 	Late      *stall.Late
 	Payloads  bool
+	// Completed: the entry fired its max_fires (see firesLeft).
+	Completed bool
 }
 
 type field struct{ Name, Value string }
@@ -451,7 +480,11 @@ func (c *Console) entry(w http.ResponseWriter, r *http.Request) {
 	slices.Reverse(d.Revisions)
 	if d.State != nil {
 		d.Fields = c.fields(d.State.Entry)
-		if !d.State.Entry.Paused {
+		if left, ok := firesLeft(ctx, src, *d.State); ok {
+			d.Completed = left == 0
+			d.Fields = append(d.Fields, field{"max fires", fmt.Sprintf("%d (%d left)", d.State.Entry.MaxFires, left)})
+		}
+		if !d.State.Entry.Paused && !d.Completed {
 			if s, err := scheduler.NewSchedule(d.State.Entry); err == nil {
 				for t, i := s.NextFire(now), 0; !t.IsZero() && i < 10; t, i = s.NextFire(t), i+1 {
 					d.Next = append(d.Next, t.Add(s.Jitter(t)).UTC())

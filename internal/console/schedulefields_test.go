@@ -33,3 +33,18 @@ func TestConsoleScheduleFields(t *testing.T) {
 		}
 	}
 }
+
+// TestConsoleMaxFires: an entry that fired its max_fires shows as completed
+// in the entries table and on its page, with none left and no next fire.
+func TestConsoleMaxFires(t *testing.T) {
+	t.Parallel()
+	s := startSite(t, console.Config{})
+	s.put(events.Entry{ID: "lim", Cron: "@every 1s", Task: events.Task{Type: "t"}, MaxFires: 1})
+	s.waitFor("/entries", "completed")
+	body := s.page("/entries/lim")
+	for _, want := range []string{"1 (0 left)", "None: completed."} {
+		if !strings.Contains(body, want) {
+			t.Errorf("entry page lacks %q", want)
+		}
+	}
+}

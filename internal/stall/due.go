@@ -41,10 +41,11 @@ import (
 // late.
 const DefaultLateAfter = 30 * time.Second
 
-// Watermarks reads entries' watermarks in one queue's slot;
-// *taskstate.Store implements it.
+// Watermarks reads entries' watermarks, and a limited entry's fires
+// counter, in one queue's slot; *taskstate.Store implements it.
 type Watermarks interface {
 	Watermarks(ctx context.Context, prefix, queue string, entries []string) ([]taskstate.WatermarkInfo, error)
+	FireCount(ctx context.Context, prefix, queue, entry string) (taskstate.FireCount, bool, error)
 }
 
 // Late is one late entry.
@@ -72,9 +73,12 @@ type track struct {
 	// wm is the watermark last read from Redis (known: read at least
 	// once since the entry or its queue changed); seen is the newest
 	// fired or skipped tick seen in events.
-	wm, seen   time.Time
-	hasWM      bool
-	known      bool
+	wm, seen time.Time
+	hasWM    bool
+	known    bool
+	// completed: the entry's fires counter, last read, says its max_fires
+	// are reached (it fires nothing more, so it is never late).
+	completed  bool
 	memoFrom   time.Time
 	memoTick   time.Time
 	memoDue    time.Time
@@ -92,6 +96,7 @@ func newTrack(st projector.State) *track {
 // is read again, in the entry's queue as it is now.
 func (t *track) set(st projector.State) {
 	t.st, t.queue, t.known, t.memoValid = st, st.Entry.Options.QueueName(), false, false
+	t.completed = false
 	t.sched = nil
 	if !st.Entry.Paused {
 		// The projector validated the entry; one it cannot schedule does
@@ -142,8 +147,9 @@ func (t *track) due() (tick, due time.Time, ok bool) {
 // now, counted from since at the earliest (a detector does not blame the
 // time before it ran); ok is false when nothing is due.
 func (t *track) lateness(now, since time.Time) (late Late, over time.Duration, ok bool) {
-	if t.st.Entry.Ended(now) {
-		// Past its end_at the entry shows as ended, never as late.
+	if t.st.Entry.Ended(now) || t.completed {
+		// Past its end_at the entry shows as ended, at its max_fires as
+		// completed: never as late.
 		return Late{}, 0, false
 	}
 	tick, due, ok := t.due()
@@ -163,17 +169,28 @@ type readQueue struct {
 	queue string
 	ids   []string
 	infos []taskstate.WatermarkInfo // nil: not read
+	// limited are the ids with a fire limit (maxFires, counting since);
+	// fires their counters as read.
+	limited map[string]projector.State
+	fires   map[string]taskstate.FireCount
 }
 
 // readRequests groups the entries of tracks per queue.
 func readRequests(tracks []*track) []readQueue {
 	byQueue := map[string][]string{}
+	limited := map[string]map[string]projector.State{}
 	for _, t := range tracks {
 		byQueue[t.queue] = append(byQueue[t.queue], t.id)
+		if t.st.Entry.Limited() {
+			if limited[t.queue] == nil {
+				limited[t.queue] = map[string]projector.State{}
+			}
+			limited[t.queue][t.id] = t.st
+		}
 	}
 	out := make([]readQueue, 0, len(byQueue))
 	for _, q := range slices.Sorted(maps.Keys(byQueue)) {
-		out = append(out, readQueue{queue: q, ids: byQueue[q]})
+		out = append(out, readQueue{queue: q, ids: byQueue[q], limited: limited[q]})
 	}
 	return out
 }
@@ -186,6 +203,17 @@ func fetch(ctx context.Context, wm Watermarks, names events.Names, reqs []readQu
 	var first error
 	for i := range reqs {
 		infos, err := wm.Watermarks(ctx, names.Prefix(), reqs[i].queue, reqs[i].ids)
+		fires := map[string]taskstate.FireCount{}
+		for id := range reqs[i].limited {
+			if err != nil {
+				break
+			}
+			var c taskstate.FireCount
+			var ok bool
+			if c, ok, err = wm.FireCount(ctx, names.Prefix(), reqs[i].queue, id); ok {
+				fires[id] = c
+			}
+		}
 		if err != nil {
 			if first == nil {
 				first = err
@@ -193,7 +221,7 @@ func fetch(ctx context.Context, wm Watermarks, names events.Names, reqs []readQu
 			errs = append(errs, err.Error())
 			continue
 		}
-		reqs[i].infos = infos
+		reqs[i].infos, reqs[i].fires = infos, fires
 	}
 	if first != nil {
 		return fmt.Errorf("read watermarks: %s: %w", strings.Join(errs, "; "), first)
@@ -211,6 +239,8 @@ func record(tracks func(id string) *track, reqs []readQueue) {
 		for i, id := range r.ids {
 			if t := tracks(id); t != nil && t.queue == r.queue {
 				t.wm, t.hasWM, t.known = r.infos[i].Tick, r.infos[i].OK, true
+				c, ok := r.fires[id]
+				t.completed = ok && t.st.Entry.Limited() && c.Since == t.st.MaxFiresSince && c.Count >= t.st.Entry.MaxFires
 			}
 		}
 	}

@@ -268,7 +268,9 @@ func TestOutcomeReadiness(t *testing.T) {
 }
 
 // Check against a real Redis: watermarks read per queue, late entries
-// found, paused ones left out.
+// found, paused ones and ones that completed their max_fires left out (a
+// limited entry whose counter is of an earlier limit, or below it, is
+// late as any other).
 func TestCheck(t *testing.T) {
 	r := testenv.StartRedis(t)
 	store := taskstate.New(r.Client(t))
@@ -283,6 +285,9 @@ func TestCheck(t *testing.T) {
 		state(t, events.Entry{ID: "never-fired", Cron: "@every 1s"}, reg),
 		state(t, events.Entry{ID: "paused", Cron: "@every 1s", Paused: true}, reg),
 		state(t, events.Entry{ID: "new", Cron: "@every 1s"}, now.Add(-time.Second)),
+		limitedState(t, "completed", 3, 7, reg),
+		limitedState(t, "limit-changed", 3, 9, reg),
+		limitedState(t, "below-limit", 3, 7, reg),
 	}
 	seed := func(queue, entry string, tick time.Time) {
 		t.Helper()
@@ -294,6 +299,12 @@ func TestCheck(t *testing.T) {
 	seed("default", "stuck", now.Add(-time.Minute))
 	seed("q2", "stuck-q2", now.Add(-2*time.Minute))
 	seed("default", "paused", now.Add(-time.Hour))
+	for id, c := range map[string]taskstate.FireCount{"completed": {Since: 7, Count: 3}, "limit-changed": {Since: 7, Count: 3}, "below-limit": {Since: 7, Count: 2}} {
+		seed("default", id, now.Add(-time.Minute))
+		if _, err := store.SeedFireCount(ctx, names.Prefix(), "default", id, c); err != nil {
+			t.Fatal(err)
+		}
+	}
 
 	late, err := Check(ctx, store, names, entries, now, 10*time.Second)
 	if err != nil {
@@ -303,7 +314,7 @@ func TestCheck(t *testing.T) {
 	for _, l := range late {
 		got = append(got, l.Entry)
 	}
-	want := []string{"never-fired", "stuck-q2", "stuck"} // oldest tick first
+	want := []string{"never-fired", "stuck-q2", "below-limit", "limit-changed", "stuck"} // oldest tick first
 	if len(got) != len(want) {
 		t.Fatalf("late %v, want %v", got, want)
 	}
@@ -312,7 +323,15 @@ func TestCheck(t *testing.T) {
 			t.Fatalf("late %v, want %v", got, want)
 		}
 	}
-	if l := late[2]; !l.Tick.Equal(now.Add(-time.Minute+time.Second)) || l.Queue != "default" || l.OverdueSeconds != 59 {
+	if l := late[4]; !l.Tick.Equal(now.Add(-time.Minute+time.Second)) || l.Queue != "default" || l.OverdueSeconds != 59 {
 		t.Errorf("stuck: %+v", l)
 	}
+}
+
+// limitedState is an entry fired every second at most max times, counted
+// since revision since.
+func limitedState(t *testing.T, id string, max int, since uint64, registered time.Time) projector.State {
+	st := state(t, events.Entry{ID: id, Cron: "@every 1s", MaxFires: max}, registered)
+	st.MaxFiresSince = since
+	return st
 }

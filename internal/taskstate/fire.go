@@ -116,6 +116,14 @@ type Fire struct {
 	// catch-up policy; they are appended before the outcome's record whenever
 	// the fire is not refused.
 	SkippedRecords []Record
+	// MaxFires > 0 limits a FireTick: it creates a task only while fewer
+	// than MaxFires of the entry's ticks created one in this slot since
+	// revision MaxFiresSince (the slot's fires counter, OwnKeys.Fires,
+	// keyed by that revision: another revision counts from zero), and is
+	// refused with StatusCompleted at the limit. Only a created task
+	// counts. Such a fire takes the script's full path.
+	MaxFires      int
+	MaxFiresSince uint64
 	// FiredRecord is appended when the task is created (required).
 	FiredRecord Record
 	// OverlapRecord is appended when OverlapSkip or OverlapBuffer skips the
@@ -247,6 +255,10 @@ const (
 	// this slot by more than MaxStaleness; FireResult.FreshestAsOf says by
 	// how much.
 	StatusStale
+	// StatusCompleted: the fire's MaxFires ticks already created a task
+	// since MaxFiresSince; nothing was written. FireResult.Fires is the
+	// count.
+	StatusCompleted
 )
 
 var statusNames = map[FireStatus]string{
@@ -260,6 +272,7 @@ var statusNames = map[FireStatus]string{
 	StatusMoved:             "moved",
 	StatusRevisionFenced:    "revision-fenced",
 	StatusStale:             "stale",
+	StatusCompleted:         "completed",
 }
 
 func (s FireStatus) String() string {
@@ -296,6 +309,9 @@ type FireResult struct {
 	MovedAt uint64
 	// FreshestAsOf is the freshest fresh_as_of seen in the slot (StatusStale).
 	FreshestAsOf time.Time
+	// Fires is the entry's count of fires towards its limit
+	// (StatusCompleted).
+	Fires int
 	// Err is set when this fire's outcome is unknown because Redis failed;
 	// retrying the same fire is safe.
 	Err error
@@ -320,6 +336,7 @@ const (
 	codeMoved         = -2
 	codeFenced        = -3
 	codeStale         = -4
+	codeCompleted     = -5
 	maxFiresPerCall   = 16
 	maxFiresPerFlight = 1024
 )
@@ -399,6 +416,12 @@ func prepare(f *Fire) (preparedFire, error) {
 		if !f.ExpectNone && f.Tick.UnixMilli() <= f.Expected.UnixMilli() {
 			return bad("tick is not after the expected watermark %s", f.Expected.UTC().Format(time.RFC3339Nano))
 		}
+		if f.MaxFires < 0 {
+			return bad("negative max fires %d", f.MaxFires)
+		}
+		if f.MaxFires > 0 && (f.MaxFiresSince == 0 || f.MaxFiresSince > 1<<53) {
+			return bad("max fires without the revision it counts from (1 to 2^53)")
+		}
 	case FireTrigger:
 		if f.RequestID == "" {
 			return bad("trigger without request id")
@@ -477,10 +500,14 @@ func appendFire(keys []string, args []any, p preparedFire, nums *numArgs, fa fen
 	}
 	var k [fullKeys]string
 	k[fireKeyWatermark], k[fireKeyMarker], k[fireKeyTask] = p.own.Watermark(f.Entry), p.own.Handover(f.Entry), task
-	k[fireKeyUnique], k[fireKeyGroup], k[fireKeyTrigger] = task, task, task
+	k[fireKeyUnique], k[fireKeyGroup], k[fireKeyTrigger], k[fireKeyFires] = task, task, task, task
 	k[fireKeyHeld], k[fireKeyHeldIndex] = task, task
 	if f.OverlapBuffer {
 		k[fireKeyHeld], k[fireKeyHeldIndex] = p.own.Held(f.Entry), p.own.HeldIndex()
+	}
+	limited := f.Kind == FireTick && f.MaxFires > 0
+	if limited {
+		k[fireKeyFires] = p.own.Fires(f.Entry)
 	}
 	if f.UniqueTTL > 0 && f.Msg != nil {
 		k[fireKeyUnique] = p.keys.Unique(f.Msg.Type, f.Msg.Payload)
@@ -535,6 +562,11 @@ func appendFire(keys []string, args []any, p preparedFire, nums *numArgs, fa fen
 	a[fullArgFiredID], a[fullArgFiredData] = f.FiredRecord.ID, f.FiredRecord.Data
 	a[fullArgOverlapID], a[fullArgOverlapData] = f.OverlapRecord.ID, f.OverlapRecord.Data
 	a[fullArgDuplicateID], a[fullArgDuplicateData] = f.DuplicateRecord.ID, f.DuplicateRecord.Data
+	a[fullArgMaxFires], a[fullArgMaxFiresSince] = "0", "0"
+	if limited {
+		a[fullArgMaxFires] = strconv.Itoa(f.MaxFires)
+		a[fullArgMaxFiresSince] = strconv.FormatUint(f.MaxFiresSince, 10)
+	}
 	a[fullArgSkippedCount] = len(f.SkippedRecords)
 	args = append(args, a[:]...)
 	for _, r := range f.SkippedRecords {
@@ -636,11 +668,12 @@ func (n *numArgs) arg(i int, v int64) any {
 }
 
 // lean reports whether p takes the fire script's short path: a plain tick
-// that enqueues a pending task with nothing else to check or record.
+// that enqueues a pending task with nothing else to check or record (a fire
+// limit is a check: limited fires take the full path).
 func (p preparedFire) lean() bool {
 	f := p.f
 	return f.Kind == FireTick && !f.OverlapSkip && !f.OverlapBuffer && f.UniqueTTL <= 0 && p.group == "" &&
-		f.ProcessAt.IsZero() && len(f.SkippedRecords) == 0
+		f.ProcessAt.IsZero() && len(f.SkippedRecords) == 0 && f.MaxFires <= 0
 }
 
 // fireCall is one script call: a chunk of fires into one queue.
@@ -924,6 +957,9 @@ func parseFireReply(v any) (FireResult, error) {
 		seq, id, _ := strings.Cut(extra, ":")
 		r.Fence, _ = strconv.ParseUint(seq, 10, 64)
 		r.FenceID = id
+	case codeCompleted:
+		r.Status = StatusCompleted
+		r.Fires, _ = strconv.Atoi(extra)
 	case codeStale:
 		r.Status = StatusStale
 		if ms, err := strconv.ParseInt(extra, 10, 64); err == nil {

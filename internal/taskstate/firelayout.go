@@ -34,6 +34,7 @@ const (
 	fireKeyTrigger   // the trigger's request id (unused: the task key)
 	fireKeyHeld      // the entry's held tick (unused: the task key)
 	fireKeyHeldIndex // the slot's held-tick index (unused: the task key)
+	fireKeyFires     // the entry's fires counter (unused: the task key)
 	fullKeys         // keys per fire, full path
 	leanKeys         = fireKeyTask + 1
 )
@@ -80,6 +81,8 @@ const (
 	fullArgOverlapData                             //
 	fullArgDuplicateID                             // duplicate record
 	fullArgDuplicateData                           //
+	fullArgMaxFires                                // 0 = no limit
+	fullArgMaxFiresSince                           // revision the count is keyed by
 	fullArgSkippedCount                            // n, then n id/data pairs
 	fullArgs                                       // the fixed part's length
 )
@@ -137,7 +140,7 @@ var fireLayoutLua = luaConstants([]luaConstant{
 	{"K_FENCE_ID", keyFenceID}, {"K_FIRST_FIRE", keyFirstFire},
 	{"FK_WATERMARK", fireKeyWatermark}, {"FK_MARKER", fireKeyMarker}, {"FK_TASK", fireKeyTask},
 	{"FK_UNIQUE", fireKeyUnique}, {"FK_GROUP", fireKeyGroup}, {"FK_TRIGGER", fireKeyTrigger},
-	{"FK_HELD", fireKeyHeld}, {"FK_HELD_INDEX", fireKeyHeldIndex},
+	{"FK_HELD", fireKeyHeld}, {"FK_HELD_INDEX", fireKeyHeldIndex}, {"FK_FIRES", fireKeyFires},
 	{"FULL_KEYS", fullKeys}, {"LEAN_KEYS", leanKeys},
 	{"BK_WATERMARK", bulkBlockWatermark}, {"BK_MARKER", bulkBlockMarker}, {"BK_TASK", bulkBlockTask},
 	{"A_TASK_PREFIX", argTaskPrefix}, {"A_FIRES", argFires}, {"A_FIRST_FIRE", argFirstFire},
@@ -147,6 +150,7 @@ var fireLayoutLua = luaConstants([]luaConstant{
 	{"FULL_MSG", fullArgMsg}, {"FULL_TASK_ID", fullArgTaskID}, {"FULL_OVERLAP", fullArgOverlap},
 	{"FULL_PREV_TASK", fullArgPrevTask}, {"FULL_TRIGGER_TTL", fullArgTriggerTTL},
 	{"FULL_FIRED_REC", fullArgFiredID}, {"FULL_OVERLAP_REC", fullArgOverlapID}, {"FULL_DUPLICATE_REC", fullArgDuplicateID},
+	{"FULL_MAX_FIRES", fullArgMaxFires}, {"FULL_MAX_FIRES_SINCE", fullArgMaxFiresSince},
 	{"FULL_SKIPPED_COUNT", fullArgSkippedCount}, {"FULL_ARGS", fullArgs},
 	{"LEAN_MSG", leanArgMsg}, {"LEAN_TASK_ID", leanArgTaskID}, {"LEAN_FIRED_ID", leanArgFiredID},
 	{"LEAN_FIRED_DATA", leanArgFiredData}, {"LEAN_ARGS", leanArgs},

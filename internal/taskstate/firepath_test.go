@@ -197,7 +197,7 @@ func newPathScenario(rng *rand.Rand, round int) *pathScenario {
 		sc.fires = append(sc.fires, f)
 	}
 	// Some batches break one of bulk's conditions.
-	switch rng.IntN(6) {
+	switch rng.IntN(8) {
 	case 0: // the next tick of an entry already in the batch
 		i := rng.IntN(n)
 		f := tickFire(sc.fires[i].Entry, queue, tickAt(tick+1), tickAt(tick))
@@ -214,6 +214,25 @@ func newPathScenario(rng *rand.Rand, round int) *pathScenario {
 		f.OverlapSkip, f.OverlapRecord = true, record("overlap", f.Entry, f.Tick)
 		sc.bulk = false
 		sc.desc = append(sc.desc, "overlap fire")
+	case 3: // limited fires, one of them with its entry's next tick
+		for range 1 + rng.IntN(3) {
+			f := &sc.fires[rng.IntN(n)]
+			f.MaxFires, f.MaxFiresSince = 1+rng.IntN(2), 5
+			switch rng.IntN(4) {
+			case 0:
+				sc.marks[own.Fires(f.Entry)] = "5 1"
+			case 1:
+				sc.marks[own.Fires(f.Entry)] = "4 9" // an earlier limit
+			case 2:
+				sc.marks[own.Fires(f.Entry)] = "6 0" // a later one
+			}
+		}
+		i := rng.IntN(n)
+		f := limitedFire(sc.fires[i].Entry, queue, tickAt(tick+1), tickAt(tick), 1+rng.IntN(2), 5)
+		sc.fires[i].MaxFires, sc.fires[i].MaxFiresSince = f.MaxFires, 5
+		sc.fires = append(sc.fires, f)
+		sc.bulk = false
+		sc.desc = append(sc.desc, "limited fires")
 	}
 	sc.desc = append(sc.desc, fmt.Sprintf("%d fires", len(sc.fires)))
 	return sc

@@ -179,6 +179,12 @@ func (o OwnKeys) Handover(entry string) string { return o.head + kindHandover + 
 // is not the marker's, the marker's message is unknown.
 func (o OwnKeys) HandoverID(entry string) string { return o.head + kindHandoverID + ":" + entry }
 
+// Fires is the STRING "<revision> <count>": how many of entry's scheduled
+// ticks created a task in this slot since revision, the one where the
+// entry's max_fires last changed (Fire.MaxFires). A fire presenting another
+// revision counts from zero.
+func (o OwnKeys) Fires(entry string) string { return o.head + kindFires + ":" + entry }
+
 // Fence is the STRING holding the highest config sequence applied by any
 // replica firing into this slot (the revision fence).
 func (o OwnKeys) Fence() string { return o.head + "fence" }
@@ -219,12 +225,13 @@ func (o OwnKeys) OutboxOwner() string { return o.head + "outbox:owner" }
 
 // Kinds of cronstream's per-entry keys: each one's name is
 // "cronstream:{<queue>}:<prefix>:<kind>:<entry>" (Watermark, Handover,
-// HandoverID).
+// HandoverID, Fires).
 const (
 	kindWatermark  = "wm"
 	kindHandover   = "moved"
 	kindHandoverID = "moved:id"
 	kindHeld       = "held"
+	kindFires      = "fires"
 )
 
 // EntryKeyPattern is the SCAN MATCH pattern of cronstream's keys of tenant
@@ -248,7 +255,7 @@ func ParseEntryKey(prefix, key string) (queue, entry string, ok bool) {
 	if prefix == "" {
 		prefix = DefaultPrefix
 	}
-	for _, kind := range []string{kindWatermark, kindHandover, kindHandoverID} {
+	for _, kind := range []string{kindWatermark, kindHandover, kindHandoverID, kindFires} {
 		sep := "}:" + prefix + ":" + kind + ":"
 		i := strings.LastIndex(key, sep)
 		if i < 0 || !strings.HasPrefix(key, "cronstream:{") || i < len("cronstream:{") {
@@ -256,7 +263,7 @@ func ParseEntryKey(prefix, key string) (queue, entry string, ok bool) {
 		}
 		queue, entry = key[len("cronstream:{"):i], key[i+len(sep):]
 		own := Own(prefix, queue)
-		if entry != "" && !strings.ContainsAny(entry, ":{}") && (own.Watermark(entry) == key || own.Handover(entry) == key || own.HandoverID(entry) == key) {
+		if entry != "" && !strings.ContainsAny(entry, ":{}") && (own.Watermark(entry) == key || own.Handover(entry) == key || own.HandoverID(entry) == key || own.Fires(entry) == key) {
 			return queue, entry, true
 		}
 	}

@@ -18,6 +18,8 @@ var (
 	// a queue handover (CloseForHandover, SeedWatermark).
 	closeForHandoverScript = luaScript("", "handover_lib.lua", "handover_close.lua")
 	seedWatermarkScript    = luaScript("", "handover_lib.lua", "handover_seed.lua")
+	// seedFiresScript raises an entry's fires counter (SeedFireCount).
+	seedFiresScript = luaScript("", "fires_seed.lua")
 	// clearSeqScript clears a fence or marker of an earlier config stream.
 	clearSeqScript = luaScript("", "clear_seq.lua")
 

@@ -12,7 +12,8 @@
 --         full (FULL_KEYS): FK_WATERMARK, FK_MARKER handover marker,
 --           FK_TASK, FK_UNIQUE asynq unique lock, FK_GROUP group zset,
 --           FK_TRIGGER trigger request id, FK_HELD the entry's held tick,
---           FK_HELD_INDEX the slot's held index; unused ones are the task key (a
+--           FK_HELD_INDEX the slot's held index, FK_FIRES the entry's fires
+--           counter "<revision> <count>"; unused ones are the task key (a
 --           real key of the same slot: Redis Cluster rejects empty names)
 --         lean (LEAN_KEYS): FK_WATERMARK, FK_MARKER, FK_TASK
 --         bulk: a block of n of each: BK_WATERMARK, BK_MARKER, BK_TASK
@@ -28,7 +29,8 @@
 --           FULL_TASK_ID, FULL_OVERLAP (OVERLAP_SKIP, OVERLAP_BUFFER or
 --           "0" = allow), FULL_PREV_TASK,
 --           FULL_TRIGGER_TTL ms, FULL_FIRED_REC, FULL_OVERLAP_REC,
---           FULL_DUPLICATE_REC (each an id/data pair), FULL_SKIPPED_COUNT n,
+--           FULL_DUPLICATE_REC (each an id/data pair), FULL_MAX_FIRES n
+--           (0 = no limit), FULL_MAX_FIRES_SINCE revision, FULL_SKIPPED_COUNT n,
 --           then n skipped id/data pairs
 --         lean (LEAN_ARGS): LEAN_MSG, LEAN_TASK_ID, LEAN_FIRED_ID,
 --           LEAN_FIRED_DATA
@@ -47,8 +49,10 @@
 -- and writes.
 --
 -- Order of checks: moved marker, revision fence, staleness fence, watermark
--- CAS, trigger request id, then (before any write) task id conflict,
--- overlap, unique lock. Every check reads; writes come after the checks
+-- CAS, trigger request id, fire limit, then (before any write) task id
+-- conflict, overlap, unique lock. A limited tick always takes the full
+-- path: only it reads and moves the fires counter, so the counter moves in
+-- the same atomic step as the task it counts, and only for a created task. Every check reads; writes come after the checks
 -- passed, so a refusal writes nothing except raising the fences, which only
 -- ever record what some replica truthfully presented.
 --
@@ -193,6 +197,19 @@ local function fire(k, a)
     if served then return res(2, wm, wmtask, '', served) end
   end
 
+  -- The fire limit: a count kept under another revision is of another
+  -- limit and counts afresh. Replicas that fold the same config stream
+  -- agree on the revision at every sequence, and one with an older
+  -- configuration was refused by the revision fence above; a different
+  -- revision at the same sequence only comes from an earlier stream epoch
+  -- (INV-revision-fence), whose counts are not this stream's.
+  local limit, since, count = tonumber(ARGV[a + FULL_MAX_FIRES]), ARGV[a + FULL_MAX_FIRES_SINCE], 0
+  if kind == KIND_TICK and limit > 0 then
+    local rev, n = split(redis.call('GET', KEYS[k + FK_FIRES]))
+    if rev == since then count = tonumber(n) or 0 end
+    if count >= limit then return res(-5, wm, wmtask, string.format('%d', count)) end
+  end
+
   local id = ARGV[a + FULL_TASK_ID]
   -- Checks done; from here every outcome appends the gap's skipped records
   -- and its own record, moves a tick's watermark and remembers a trigger's
@@ -280,6 +297,9 @@ local function fire(k, a)
 
   append(skipped, nskipped)
   if rec then append(rec, 1) end
+  if code == 1 and kind == KIND_TICK and limit > 0 then
+    redis.call('SET', KEYS[k + FK_FIRES], since .. ' ' .. string.format('%d', count + 1))
+  end
   if kind == KIND_TICK then
     redis.call('SET', kwm, tick .. ' ' .. wm_task)
     wm, wmtask = tick, wm_task

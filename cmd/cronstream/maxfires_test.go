@@ -1,0 +1,73 @@
+package main
+
+import (
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cronstream/cronstream/internal/testenv"
+)
+
+// TestMaxFiresCLI: --max-fires is validated, a replica fires exactly that
+// many ticks (a trigger does not count), and describe, ls, ls -o wide,
+// status and audit show the limit, what is left of it and the completed
+// state.
+func TestMaxFiresCLI(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, true)
+	for _, bad := range []string{"0", "-3", "x"} {
+		out := e.fail("entry", "put", "bad", "--cron", "@every 1s", "--type", "b", "--max-fires", bad)
+		if !strings.Contains(out, "--max-fires") || !strings.Contains(out, "at least 1") {
+			t.Errorf("--max-fires %s: %q", bad, out)
+		}
+	}
+	e.ok("entry", "put", "lim", "--cron", "@every 1s", "--type", "l", "--max-fires", "3")
+	p := start(t, e.vars, "run", "--http", "127.0.0.1:0", "--replica-id", "m1")
+	type view struct {
+		Entry struct {
+			State     string `json:"state"`
+			MaxFires  int    `json:"max_fires"`
+			Remaining *int   `json:"max_fires_remaining"`
+		} `json:"entry"`
+	}
+	var v view
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		e.okJSON(&v, "entry", "describe", "lim", "--json")
+		return v.Entry.State == "completed"
+	}, "lim to complete (last state %q):\n%s", v.Entry.State, p.Stderr())
+	e.ok("entry", "trigger", "lim")
+	ins := inspector(t, e.redis.URL)
+	waitUntil := time.Now().Add(2 * time.Second)
+	testenv.Eventually(t, 5*time.Second, func() bool { return time.Now().After(waitUntil) }, "time to pass")
+	if n := len(pendingTasks(t, ins, "default")); n != 4 {
+		t.Errorf("%d tasks pending, want the 3 fires and the trigger", n)
+	}
+	if v.Entry.MaxFires != 3 || v.Entry.Remaining == nil || *v.Entry.Remaining != 0 {
+		t.Errorf("describe: %+v", v.Entry)
+	}
+	if d := e.ok("entry", "describe", "lim"); !strings.Contains(d, "max_fires remaining:") || !strings.Contains(d, "completed its 3 fires") {
+		t.Errorf("describe:\n%s", d)
+	}
+	if wide := e.ok("entry", "ls", "-o", "wide"); !strings.Contains(wide, "FIRES LEFT") || !strings.Contains(wide, "0/3") || !strings.Contains(wide, "completed") {
+		t.Errorf("ls -o wide:\n%s", wide)
+	}
+	if ids := e.ok("entry", "ls", "--state", "completed"); !strings.Contains(ids, "lim") {
+		t.Errorf("ls --state completed:\n%s", ids)
+	}
+	if st := e.ok("status"); !strings.Contains(st, "1 completed") {
+		t.Errorf("status:\n%s", st)
+	}
+	if aud := e.ok("audit", "--json"); !strings.Contains(aud, `"max_fires":3`) {
+		t.Errorf("audit lacks max_fires:\n%s", aud)
+	}
+	// A new limit counts afresh.
+	e.ok("entry", "put", "lim", "--max-fires", "4")
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		e.okJSON(&v, "entry", "describe", "lim", "--json")
+		return v.Entry.Remaining != nil && *v.Entry.Remaining < 4
+	}, "lim to fire under its new limit:\n%s", p.Stderr())
+	if code := p.stop(syscall.SIGTERM, 20*time.Second); code != 0 {
+		t.Fatalf("run exited %d", code)
+	}
+}
