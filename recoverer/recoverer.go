@@ -114,7 +114,7 @@ type Config struct {
 	Metrics  *Metrics
 	// Now is the clock lease expiries are compared with (default
 	// time.Now). A replica passes its clock corrected to Redis TIME
-	// (internal/clock): lease scores come from workers' clocks, which are
+	// (clock): lease scores come from workers' clocks, which are
 	// right when they agree with Redis, and a replica whose own clock runs
 	// fast must not recover live tasks.
 	Now func() time.Time

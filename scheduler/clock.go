@@ -4,10 +4,10 @@ import (
 	"context"
 	"time"
 
-	"github.com/cronstream/cronstream/internal/clock"
+	"github.com/cronstream/cronstream/clock"
 )
 
-// Clock is the replica's one clock (internal/clock): instants corrected to
+// Clock is the replica's one clock (clock): instants corrected to
 // Redis TIME, durations monotonic.
 type Clock = clock.Clock
 

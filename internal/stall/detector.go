@@ -30,7 +30,7 @@ type Config struct {
 	Watermarks Watermarks
 	Projection Projection
 	Names      events.Names
-	// Now is the replica's corrected clock (internal/clock), the one the
+	// Now is the replica's corrected clock (clock), the one the
 	// scheduler decides "due" with.
 	Now func() time.Time
 	// LateAfter: an entry whose tick is due for longer is late (default
