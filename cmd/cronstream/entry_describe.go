@@ -428,6 +428,8 @@ func printDescribe(w io.Writer, v describeView) error {
 	switch {
 	case v.Entry.State == stateEnded:
 		fmt.Fprintf(w, "\nnext fires: none, the entry ended at %s\n", fmtTime(v.Entry.EndAt))
+	case v.Entry.State == stateCompleted:
+		fmt.Fprintf(w, "\nnext fires: none, the entry completed its %d fires\n", v.Entry.MaxFires)
 	case v.Entry.State == statePaused:
 		fmt.Fprintln(w, "\nnext fires: none while paused")
 	case len(v.NextFires) > 0:
