@@ -66,6 +66,7 @@ type Membership struct {
 	log      *slog.Logger
 	update   func(*Info)
 	reopen   func(context.Context) (jetstream.KeyValue, error)
+	now      func() time.Time // stamps Beat
 
 	mu   sync.RWMutex
 	live map[string]Info
@@ -101,6 +102,10 @@ type MembershipConfig struct {
 	// Reopen, when set, creates the bucket again after it was lost
 	// (OpenReplicasBucket with the start-up settings).
 	Reopen func(context.Context) (jetstream.KeyValue, error)
+	// Now stamps each heartbeat's Beat (default time.Now). A replica
+	// passes its Redis-corrected clock, so that readers on other hosts
+	// compute a beat's age without this host's clock error in it.
+	Now func() time.Time
 }
 
 // NewMembership validates cfg and prepares the heartbeat of cfg.Self in
@@ -111,9 +116,12 @@ func NewMembership(cfg MembershipConfig) (*Membership, error) {
 	}
 	// A negative interval is taken as unset too, as it always was.
 	interval := cmp.Or(max(cfg.Interval, 0), DefaultHeartbeat)
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
 	self := cfg.Self
 	return &Membership{kv: cfg.KV, self: self, interval: interval, log: cmp.Or(cfg.Logger, slog.Default()),
-		update: cfg.Update, reopen: cfg.Reopen,
+		update: cfg.Update, reopen: cfg.Reopen, now: cfg.Now,
 		live: map[string]Info{self.ID: self}, seen: map[string]time.Time{self.ID: time.Now()}}, nil
 }
 
@@ -169,7 +177,7 @@ func (m *Membership) beat(ctx context.Context) error {
 	if m.update != nil {
 		m.update(&m.self)
 	}
-	m.self.Beat = time.Now().UTC()
+	m.self.Beat = m.now().UTC()
 	b, err := json.Marshal(m.self)
 	if err != nil {
 		return err

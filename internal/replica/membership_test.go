@@ -106,3 +106,34 @@ func (w testLog) Write(b []byte) (int, error) {
 type lazy func() string
 
 func (l lazy) String() string { return l() }
+
+// TestMembershipBeatUsesGivenClock: a beat is stamped by the clock the
+// replica passes (its Redis-corrected one), not by the host's, so a host
+// whose clock is an hour off still shows a fresh beat to other readers.
+func TestMembershipBeatUsesGivenClock(t *testing.T) {
+	t.Parallel()
+	ns := testenv.StartNATS(t)
+	ctx := context.Background()
+	names := events.MustNames("mclock")
+	js := ns.JetStream(t)
+	kv, err := OpenReplicasBucket(ctx, js, names, 1, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	corrected := func() time.Time { return time.Now().Add(-time.Hour) }
+	m, err := NewMembership(MembershipConfig{KV: kv, Self: Info{ID: "skewed"}, Interval: 100 * time.Millisecond, Now: corrected})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Stop(ctx) })
+	infos, err := ListReplicas(ctx, kv)
+	if err != nil || len(infos) != 1 {
+		t.Fatalf("ListReplicas = %v, %v", infos, err)
+	}
+	if age := time.Since(infos[0].Beat); age < 59*time.Minute || age > 61*time.Minute {
+		t.Fatalf("beat stamped %v ago, want the given clock's time (an hour back)", age)
+	}
+}

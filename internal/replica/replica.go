@@ -396,8 +396,8 @@ func (r *Replica) start(ctx context.Context) error {
 	hostname, _ := os.Hostname()
 	r.members, err = NewMembership(MembershipConfig{
 		KV:       kv,
-		Self:     Info{ID: r.cfg.ReplicaID, Host: hostname, PID: os.Getpid(), Started: time.Now().UTC(), Version: r.cfg.Version, HTTP: r.httpAddr(), Warnings: streamWarnings},
-		Interval: r.cfg.Heartbeat, Logger: r.log,
+		Self:     Info{ID: r.cfg.ReplicaID, Host: hostname, PID: os.Getpid(), Started: r.clock.Now().UTC(), Version: r.cfg.Version, HTTP: r.httpAddr(), Warnings: streamWarnings},
+		Interval: r.cfg.Heartbeat, Logger: r.log, Now: r.clock.Now,
 		Update: func(i *Info) {
 			i.ConfigSeq = r.proj.LastSeq()
 			i.Late = det.Late(maxReportedLate)
