@@ -119,8 +119,21 @@ func (r *entryRun) next() time.Time {
 	return r.memoNext
 }
 
+// pausedOnlyOne is 1 when id is a paused entry this replica never loaded.
+func (s *Scheduler) pausedOnlyOne(id string) int {
+	if _, paused := s.pausedEntries[id]; !paused {
+		return 0
+	}
+	if _, loaded := s.entries[id]; loaded {
+		return 0
+	}
+	return 1
+}
+
 // applyChange follows the projection: entries join, change, pause, leave.
 func (s *Scheduler) applyChange(c projector.Change) {
+	s.pausedOnly -= s.pausedOnlyOne(c.ID)
+	defer func() { s.pausedOnly += s.pausedOnlyOne(c.ID) }()
 	r := s.entries[c.ID]
 	if c.New != nil && c.New.Entry.Paused {
 		if s.pausedEntries == nil {

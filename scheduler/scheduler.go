@@ -171,6 +171,10 @@ type Scheduler struct {
 	// pausedEntries holds the paused entries, so asynq's scheduler entries list
 	// them marked paused (visibilitySnapshot); they never fire.
 	pausedEntries map[string]projector.State
+	// pausedOnly counts the paused entries absent from entries (paused
+	// before this replica loaded them), so the entries gauge counts each
+	// known entry once without walking the paused map on every pass.
+	pausedOnly int
 	// loadAfter delays the next watermark load after a failed one. It,
 	// visSince and the other clock.Mono fields measure durations
 	// (backoffs, rechecks); they are never compared with ticks, which use

@@ -38,7 +38,7 @@ func (s *Scheduler) Stats() Stats {
 }
 
 func (s *Scheduler) setEntriesGauge() {
-	n := len(s.entries)
+	n := len(s.entries) + s.pausedOnly
 	s.mu.Lock()
 	s.stats.Entries, s.stats.Loading = n, len(s.load)
 	s.mu.Unlock()
