@@ -157,3 +157,80 @@ func TestOverlapCancelPreviousPending(t *testing.T) {
 		t.Errorf("%d cancelled events for %d fired tasks", deleted, len(l.taskIDs))
 	}
 }
+
+// TestOverlapCancelPreviousIgnoredCancel: the handler of a real asynq
+// worker ignores its context. asynq answers the cancellation anyway: it
+// stops waiting for the handler and moves the task to retry, where it is
+// deleted and the held tick fires — while the abandoned handler still runs.
+// This is why docs/entries.md says a handler must honour ctx cancellation.
+func TestOverlapCancelPreviousIgnoredCancel(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.put(every("ign", "@every 2s", func(en *events.Entry) { en.Overlap = events.OverlapCancelPrevious }))
+	done := make(chan struct{})
+	var started sync.Map
+	var running atomic.Int32
+	var overlapped atomic.Bool
+	startWorker(t, e, 4, func(ctx context.Context, task *asynq.Task) error {
+		id, _ := asynq.GetTaskID(ctx)
+		started.Store(id, true)
+		if running.Add(1) > 1 {
+			overlapped.Store(true)
+		}
+		defer running.Add(-1)
+		<-done // ignores ctx
+		return nil
+	})
+	t.Cleanup(func() { close(done) }) // before the worker's shutdown (cleanups run last first)
+	a := e.startNode("a", nodeOpts{})
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		st := a.sched.Stats()
+		return st.Released >= 1 && st.CancelDeleted >= 1
+	}, "a held tick released after its cancelled task went to retry")
+	testenv.Eventually(t, 10*time.Second, overlapped.Load, "the replacing task to start beside the abandoned handler")
+	a.stop()
+}
+
+// TestOverlapCancelPreviousStuckActive: the previous task stays active (its
+// worker died: nothing answers the cancellation) with a 1 s timeout. The
+// held tick waits for it, then fires once the timeout counted from the
+// hold (plus the grace) has passed; the stuck task is left to the
+// recoverer.
+func TestOverlapCancelPreviousStuckActive(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.put(every("stuck", "@every 3s", func(en *events.Entry) {
+		en.Overlap = events.OverlapCancelPrevious
+		en.Options.Timeout = events.Duration(time.Second)
+	}))
+	a := e.startNode("a", nodeOpts{})
+	k := taskstate.Keys("default")
+	bg := context.Background()
+	// Take the first task as asynq's dequeue would, and never finish it.
+	var stuck string
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		ids := e.rc.LRange(bg, k.Pending(), 0, -1).Val()
+		if len(ids) == 0 {
+			return false
+		}
+		stuck = ids[0]
+		pipe := e.rc.TxPipeline()
+		pipe.LRem(bg, k.Pending(), 0, stuck)
+		pipe.LPush(bg, k.Active(), stuck)
+		pipe.HSet(bg, k.Task(stuck), "state", "active")
+		if _, err := pipe.Exec(bg); err != nil {
+			t.Fatal(err)
+		}
+		return true
+	}, "the first task")
+	testenv.Eventually(t, 10*time.Second, func() bool { return a.sched.Stats().CancelsSent >= 1 }, "the cancellation of the stuck task")
+	held := time.Now()
+	testenv.Eventually(t, 30*time.Second, func() bool { return a.sched.Stats().Released >= 1 }, "the held tick to fire past the timeout")
+	if waited := time.Since(held); waited < time.Second+4*time.Second {
+		t.Errorf("the held tick fired %s after the hold, before the stuck task's timeout and grace", waited)
+	}
+	a.stop()
+	if st := e.rc.HGet(bg, k.Task(stuck), "state").Val(); st != "active" {
+		t.Errorf("stuck task is %q, want left active for the recoverer", st)
+	}
+}
