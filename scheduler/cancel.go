@@ -69,7 +69,21 @@ func (s *Scheduler) sendCancels(ctx context.Context) {
 		s.sendCancel(ctx, c, "the tick is held until it stops")
 	}
 	s.held.cancels = s.held.cancels[:0]
+	// A tick another replica released is never seen here again: forget
+	// what was sent long ago (a tick still held is sent again at most once
+	// more).
+	now := s.clock.Mono()
+	for task, at := range s.held.sent {
+		if now.Add(-cancelForgetAfter).Before(at) {
+			continue
+		}
+		delete(s.held.sent, task)
+	}
 }
+
+// cancelForgetAfter is how long this replica remembers publishing a
+// cancellation.
+const cancelForgetAfter = time.Minute
 
 func (s *Scheduler) sendCancel(ctx context.Context, c heldCancel, why string) {
 	if err := s.broker.PublishCancel(ctx, c.task); err != nil {
