@@ -164,7 +164,7 @@ func TestParseProblems(t *testing.T) {
 		{"bad timezone", "entries:\n  - id: a\n    cron: '@daily'\n    timezone: Mars/Olympus\n    task: {type: t}\n",
 			[]want{{"a", "timezone", 4, "IANA"}}},
 		{"bad enum", "entries:\n  - id: a\n    cron: '@daily'\n    overlap: sometimes\n    catchup: {policy: most}\n    task: {type: t}\n",
-			[]want{{"a", "overlap", 4, "allow, skip or buffer-one"}, {"a", "catchup.policy", 5, "none, latest or all"}}},
+			[]want{{"a", "overlap", 4, "allow, skip, buffer-one or cancel-previous"}, {"a", "catchup.policy", 5, "none, latest or all"}}},
 		{"buffer-one with a group", "entries:\n  - id: a\n    cron: '@daily'\n    overlap: buffer-one\n    options: {group: g}\n    task: {type: t}\n",
 			[]want{{"a", "overlap", 4, "cannot be combined with options.group"}}},
 		{"problems in several entries", "entries:\n  - id: a\n    cron: nope\n    task: {type: t}\n  - id: b\n    cron: '@daily'\n    task: {type: t, headers: [x]}\n",

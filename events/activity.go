@@ -65,5 +65,33 @@ type AggregationReclaimed struct {
 	Replica string `json:"replica,omitempty"`
 }
 
+// Ways a replaced task went (TaskCancelled.Action).
+const (
+	// CancelDeleted: the task was waiting (pending, scheduled, retry or
+	// aggregating) and was deleted in the step that fired its replacement.
+	CancelDeleted = "deleted"
+	// CancelRequested: the task was running; its cancellation was published
+	// to asynq's workers and the replacing tick is held until it stops.
+	CancelRequested = "cancel-requested"
+)
+
+// TaskCancelled is the data of cronstream.task.cancelled: a tick of an
+// entry with overlap cancel-previous replaced the entry's previous task.
+// It is written in the same atomic step that fires or holds the tick.
+type TaskCancelled struct {
+	Entry string `json:"entry"`
+	Queue string `json:"queue"`
+	// ScheduledAt is the replacing tick, ReplacedBy the task it fires as.
+	ScheduledAt time.Time `json:"scheduled_at"`
+	ReplacedBy  string    `json:"replaced_by"`
+	Revision    uint64    `json:"revision,omitempty"`
+	Replica     string    `json:"replica,omitempty"`
+	// TaskID is the replaced task, State the asynq state it was in, Action
+	// what became of it (CancelDeleted, CancelRequested).
+	TaskID string `json:"task_id"`
+	State  string `json:"state"`
+	Action string `json:"action"`
+}
+
 // ReplicaSource is the CloudEvents source of the events a replica writes.
 func ReplicaSource(replica string) string { return "cronstream/" + replica }

@@ -60,6 +60,11 @@ const (
 	// busy and fires it, with its original scheduled time, once that task
 	// is done; further ticks meanwhile are skipped (docs/entries.md).
 	OverlapBufferOne OverlapPolicy = "buffer-one"
+	// OverlapCancelPrevious replaces the previous task: one still waiting
+	// (pending, scheduled, retry, aggregating) is deleted and the tick fires
+	// at once; a running one is cancelled through asynq and the tick is held
+	// as buffer-one holds it until that task has stopped (docs/entries.md).
+	OverlapCancelPrevious OverlapPolicy = "cancel-previous"
 )
 
 // Entry is the full state of one periodic entry. A config event's data is
@@ -368,7 +373,7 @@ func (n Entry) validateNormalized() error {
 	}
 	switch n.Overlap {
 	case OverlapAllow, OverlapSkip:
-	case OverlapBufferOne:
+	case OverlapBufferOne, OverlapCancelPrevious:
 		// A held tick is released as a plain pending task: a group or a
 		// unique lock would be taken at a later instant than the tick's.
 		if n.Options.Group != "" {
@@ -383,7 +388,7 @@ func (n Entry) validateNormalized() error {
 			add("overlap", string(n.Overlap), "cannot be combined with max_fires")
 		}
 	default:
-		add("overlap", string(n.Overlap), "must be allow, skip or buffer-one")
+		add("overlap", string(n.Overlap), "must be allow, skip, buffer-one or cancel-previous")
 	}
 	if j := n.Jitter; j < 0 || j > maxJitter {
 		add("jitter", j.String(), fmt.Sprintf("must be between 0 and %s", maxJitter))

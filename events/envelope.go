@@ -34,6 +34,11 @@ const (
 	maxSourceLen             = 1024
 )
 
+// TypeTaskCancelled: overlap cancel-previous replaced an entry's previous
+// task (TaskCancelled). Builds before it drop it in the relay (an
+// unroutable record, logged) and ignore it on read.
+const TypeTaskCancelled = "cronstream.task.cancelled"
+
 // ConfigTypes lists the config event types in the order a reader would
 // expect to meet them in an entry's life.
 var ConfigTypes = []string{TypeEntryRegistered, TypeEntryUpdated, TypeEntryPaused, TypeEntryResumed, TypeEntryRemoved}

@@ -103,6 +103,9 @@ const (
 	EventIDSkipped   EventKind = "skip"
 	EventIDRecovered EventKind = "recover" // recover:<queue token>:<task id>:<retried>:<unix lease expiry>
 	EventIDReclaimed EventKind = "reclaim" // reclaim:<queue token>:<set id>
+	// cancel:<entry>:<unix tick>, the tick whose fire replaced the task;
+	// ParseEventID does not read it (no observer needs its parts).
+	EventIDCancelled EventKind = "cancel"
 )
 
 // FiredEventID is the id of the fired event of an entry's scheduled or
@@ -121,6 +124,13 @@ func SkippedEventID(entry string, tick time.Time) string {
 // first to last.
 func SkippedRangeEventID(entry string, first, last time.Time) string {
 	return "skip:" + entry + ":" + strconv.FormatInt(first.Unix(), 10) + "-" + strconv.FormatInt(last.Unix(), 10)
+}
+
+// CancelledEventID is the id of the cancelled event of the task that
+// entry's tick replaced (overlap cancel-previous): one per tick, as only
+// the tick's one fire replaces a task.
+func CancelledEventID(entry string, tick time.Time) string {
+	return string(EventIDCancelled) + ":" + entry + ":" + strconv.FormatInt(tick.Unix(), 10)
 }
 
 // TriggerFiredEventID is the id of the fired event of a manual trigger.

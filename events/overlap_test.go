@@ -31,7 +31,57 @@ func TestOverlapBufferOne(t *testing.T) {
 		}
 	}
 	e.Overlap = "sometimes"
-	if err := e.Normalize().Validate(); err == nil || !strings.Contains(err.Error(), "must be allow, skip or buffer-one") {
+	if err := e.Normalize().Validate(); err == nil || !strings.Contains(err.Error(), "must be allow, skip, buffer-one or cancel-previous") {
 		t.Errorf("unknown overlap: %v", err)
+	}
+}
+
+// TestOverlapCancelPrevious: cancel-previous is valid alone, refused with a
+// group, a unique lock or max_fires (its held tick is released as a plain
+// pending task, as buffer-one's), and gated.
+func TestOverlapCancelPrevious(t *testing.T) {
+	t.Parallel()
+	e := validEntry("can")
+	e.Overlap = OverlapCancelPrevious
+	if err := e.Normalize().Validate(); err != nil {
+		t.Fatalf("cancel-previous: %v", err)
+	}
+	if !e.Gated() || GatedType(TypeEntryUpdated, e) != TypeEntryUpdated+GatedSuffix {
+		t.Error("an entry with overlap cancel-previous is not gated")
+	}
+	for field, mod := range map[string]func(*Entry){
+		"options.group":  func(e *Entry) { e.Options.Group = "g" },
+		"options.unique": func(e *Entry) { e.Options.Unique = Duration(60e9) },
+		"max_fires":      func(e *Entry) { e.MaxFires = 3 },
+	} {
+		bad := e.Clone()
+		mod(&bad)
+		err := bad.Normalize().Validate()
+		if err == nil || !strings.Contains(err.Error(), "cannot be combined with "+field) {
+			t.Errorf("cancel-previous with %s: %v", field, err)
+		}
+	}
+}
+
+// TestOverlapCancelPreviousClientGated: the Go client publishes an entry
+// with overlap cancel-previous under the gated type and reads it back; the
+// same entry back on allow is written under the plain type.
+func TestOverlapCancelPreviousClientGated(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	_, _, c := newSingle(t, "gatedcancel")
+	e := validEntry("can")
+	e.Overlap = OverlapCancelPrevious
+	r, err := c.Put(ctx, e)
+	if err != nil || r.Type != TypeEntryRegistered+GatedSuffix {
+		t.Fatalf("put: %+v %v", r, err)
+	}
+	got, _, err := c.Get(ctx, "can")
+	if err != nil || got.Overlap != OverlapCancelPrevious {
+		t.Fatalf("get: %+v %v", got, err)
+	}
+	got.Overlap = OverlapAllow
+	if r, err = c.Put(ctx, got); err != nil || r.Type != TypeEntryUpdated {
+		t.Fatalf("put with overlap allow: %+v %v", r, err)
 	}
 }

@@ -25,11 +25,11 @@ func normalTime(t time.Time) time.Time {
 // the gated types (GatedType), which earlier builds refuse, so a replica of
 // an earlier build quarantines the entry instead of firing past its end or
 // inside an exclusion during a rolling upgrade. An overlap policy they do
-// not know (buffer-one) is gated too: they would refuse it in validation
+// not know (buffer-one, cancel-previous) is gated too: they would refuse it in validation
 // anyway, and the gated type makes that refusal the documented one.
 func (e Entry) Gated() bool {
 	return !e.StartAt.IsZero() || !e.EndAt.IsZero() || len(e.Exclude) > 0 || len(e.Labels) > 0 || e.PauseOnFailure ||
-		e.Overlap == OverlapBufferOne || e.MaxFires != 0
+		e.Overlap == OverlapBufferOne || e.Overlap == OverlapCancelPrevious || e.MaxFires != 0
 }
 
 // InWindow reports whether tick lies in the entry's active window

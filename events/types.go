@@ -23,6 +23,7 @@ var Types = []TypeInfo{
 	{TypeTaskRetried, "activity", "a task whose worker died was retried (TaskRecovered)"},
 	{TypeTaskArchived, "activity", "a task whose worker died was archived (TaskRecovered)"},
 	{TypeAggregationReclaimed, "activity", "a stale aggregation set went back to its group"},
+	{TypeTaskCancelled, "activity", "overlap cancel-previous deleted or cancelled an entry's previous task (TaskCancelled)"},
 }
 
 // ShortType is a type's last dot-separated part ("fired" for

@@ -100,6 +100,9 @@ func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (ta
 	}
 	switch status {
 	case taskstate.StatusFired:
+		if res.Replaced != "" {
+			s.replacedWaiting(r, f.tick, res)
+		}
 		r.lastTask = res.TaskID
 		s.count(func(st *Stats) { st.Fired++ })
 		s.m.Fired.WithLabelValues(r.queue).Inc()
@@ -116,6 +119,9 @@ func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (ta
 		s.count(func(st *Stats) { st.Held++ })
 		s.held.holding = true
 		s.log.Debug("tick held: the previous task is busy", "entry", r.id, "tick", f.tick, "task", res.TaskID)
+		if res.Replaced != "" {
+			s.held.cancels = append(s.held.cancels, heldCancel{queue: r.queue, entry: r.id, task: res.Replaced})
+		}
 	case taskstate.StatusDuplicate:
 		s.count(func(st *Stats) { st.SkippedUnique++ })
 		s.m.Skipped.WithLabelValues(events.SkipUnique).Inc()

@@ -290,6 +290,8 @@ type activity struct {
 	Type    string
 	Fired   events.Fired
 	Skipped events.Skipped
+	// Cancelled is a cronstream.task.cancelled event's data.
+	Cancelled events.TaskCancelled
 }
 
 // readActivity returns every event in the activity stream, in stream order.
@@ -336,6 +338,10 @@ func (e *env) readActivity() []activity {
 			}
 		case events.TypeEntrySkipped:
 			if err := ev.DecodeData(&a.Skipped); err != nil {
+				e.t.Fatal(err)
+			}
+		case events.TypeTaskCancelled:
+			if err := ev.DecodeData(&a.Cancelled); err != nil {
 				e.t.Fatal(err)
 			}
 		}

@@ -25,6 +25,11 @@ type heldCheck struct {
 	// queues that held ticks at the last check, checked again even when no
 	// entry of theirs is buffer-one any more.
 	queues map[string]bool
+	// cancels are the running tasks overlap cancel-previous replaced in
+	// the last fire pass, to cancel (cancel.go); sent is when this replica
+	// last published each held tick's cancellation.
+	cancels []heldCancel
+	sent    map[string]clock.Mono
 }
 
 // releaseHeld is the per-queue release check of overlap buffer-one, run
@@ -34,6 +39,7 @@ type heldCheck struct {
 // states. The release is a compare-and-set in Redis, so the replicas that
 // check at once fire each held tick exactly once.
 func (s *Scheduler) releaseHeld(ctx context.Context) {
+	s.sendCancels(ctx)
 	now := s.clock.Mono()
 	if now.Before(s.held.next) {
 		return
@@ -44,7 +50,7 @@ func (s *Scheduler) releaseHeld(ctx context.Context) {
 		queues = append(queues, q)
 	}
 	for _, r := range s.entries {
-		if r.st.Entry.Overlap == events.OverlapBufferOne && !slices.Contains(queues, r.queue) {
+		if (r.st.Entry.Overlap == events.OverlapBufferOne || r.st.Entry.Overlap == events.OverlapCancelPrevious) && !slices.Contains(queues, r.queue) {
 			queues = append(queues, r.queue)
 		}
 	}
@@ -70,6 +76,10 @@ func (s *Scheduler) releaseHeld(ctx context.Context) {
 		} else if _, paused := s.pausedEntries[h.Entry]; paused {
 			drop = true
 		} else {
+			continue
+		}
+		if h.Cancel {
+			s.releaseCancel(ctx, h, drop)
 			continue
 		}
 		out, err := s.broker.ReleaseHeld(ctx, h, drop)

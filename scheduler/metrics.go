@@ -19,7 +19,14 @@ type Metrics struct {
 	Restored     *prometheus.CounterVec // by source of the seed
 	Implausible  prometheus.Counter
 	Epochs       prometheus.Counter
+	Cancels      *prometheus.CounterVec // by action: cancelSent, cancelDeleted
 }
+
+// Actions of overlap cancel-previous (Metrics.Cancels).
+const (
+	cancelSent    = "cancel-sent"
+	cancelDeleted = "deleted"
+)
 
 // NewMetrics creates the scheduler metrics and registers them with reg (nil:
 // not registered).
@@ -56,6 +63,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Epochs: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "cronstream_stream_epochs_total", Help: "Revision fences and handover markers holding a sequence of an earlier config stream (recreated or restored) that this replica cleared.",
 		}),
+		Cancels: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "cronstream_overlap_cancels_total", Help: "Overlap cancel-previous: cancellations of running previous tasks this replica published (cancel-sent), and replaced tasks it deleted (deleted: waiting ones, and cancelled ones back in retry).",
+		}, []string{"action"}),
 	}
 	// Every known label value starts at 0, so the series exist before the
 	// first refusal or skip: rate() and increase() see that first one, and
@@ -63,11 +73,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for s := taskstate.StatusWatermarkMismatch; s <= taskstate.StatusStale; s++ {
 		m.Refused.WithLabelValues(s.String())
 	}
+	m.Cancels.WithLabelValues(cancelSent)
+	m.Cancels.WithLabelValues(cancelDeleted)
 	for _, reason := range []string{events.SkipMissed, events.SkipOverlap, events.SkipUnique} {
 		m.Skipped.WithLabelValues(reason)
 	}
 	if reg != nil {
-		reg.MustRegister(m.Fired, m.Skipped, m.Refused, m.Errors, m.FireLag, m.Entries, m.Backpressure, m.Restored, m.Implausible, m.Epochs)
+		reg.MustRegister(m.Fired, m.Skipped, m.Refused, m.Errors, m.FireLag, m.Entries, m.Backpressure, m.Restored, m.Implausible, m.Epochs, m.Cancels)
 	}
 	return m
 }

@@ -105,6 +105,11 @@ func (s *Scheduler) buildFire(r *entryRun, tick, expected time.Time, hasExpected
 			return taskstate.Fire{}, err
 		}
 	}
+	if e.Overlap == events.OverlapCancelPrevious {
+		if f, err = s.cancelPreviousFire(r, f, now); err != nil {
+			return taskstate.Fire{}, err
+		}
+	}
 	if f.UniqueTTL > 0 {
 		if f.DuplicateRecord, err = s.skippedRecord(r, tickRange{First: tick, Last: tick, Count: 1, Exact: true}, events.SkipUnique, now); err != nil {
 			return taskstate.Fire{}, err

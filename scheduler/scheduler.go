@@ -70,6 +70,8 @@ type broker interface {
 	RecordSchedulerEnqueueEvents(ctx context.Context, events []taskstate.EnqueueEventRecord) error
 	HeldTicks(ctx context.Context, prefix string, queues []string) ([]taskstate.HeldTick, error)
 	ReleaseHeld(ctx context.Context, h taskstate.HeldTick, drop bool) (taskstate.HeldOutcome, error)
+	ReleaseCancel(ctx context.Context, h taskstate.HeldTick, drop bool) (taskstate.CancelRelease, error)
+	PublishCancel(ctx context.Context, taskID string) error
 }
 
 // Projection is what the scheduler reads of the live projection;

@@ -23,6 +23,10 @@ type Stats struct {
 	// Held counts ticks held by overlap buffer-one; Released those of
 	// them this replica fired, DroppedHeld those it dropped.
 	Held, Released, DroppedHeld uint64
+	// CancelsSent counts cancellations of running tasks this replica
+	// published for overlap cancel-previous; CancelDeleted the replaced
+	// tasks it deleted (waiting, or back in retry once cancelled).
+	CancelsSent, CancelDeleted uint64
 }
 
 // Stats returns a copy of the counters.

@@ -342,6 +342,11 @@ func eventSummary(ev *events.Event) string {
 		if ev.DecodeData(&d) == nil {
 			return fmt.Sprintf("queue %s group %s set %s: %d tasks back in the group", d.Queue, d.Group, d.Set, d.Tasks)
 		}
+	case events.TypeTaskCancelled:
+		var d events.TaskCancelled
+		if ev.DecodeData(&d) == nil {
+			return fmt.Sprintf("task %s queue %s was %s: %s, replaced by %s scheduled %s", d.TaskID, d.Queue, d.State, d.Action, d.ReplacedBy, fmtTime(d.ScheduledAt))
+		}
 	}
 	var buf bytes.Buffer
 	if json.Compact(&buf, ev.Data) == nil {

@@ -25,7 +25,7 @@ const completionWait = 3 * time.Second
 func addCompletions(root *cobra.Command, g *globalFlags) {
 	enums := map[string][]string{
 		"catchup": {string(events.CatchupNone), string(events.CatchupLatest), string(events.CatchupAll)},
-		"overlap": {string(events.OverlapAllow), string(events.OverlapSkip), string(events.OverlapBufferOne)},
+		"overlap": {string(events.OverlapAllow), string(events.OverlapSkip), string(events.OverlapBufferOne), string(events.OverlapCancelPrevious)},
 		"state":   {stateActive, statePaused, stateEnded, stateCompleted, stateQuarantined},
 	}
 	var walk func(*cobra.Command)

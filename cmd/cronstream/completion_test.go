@@ -52,7 +52,7 @@ func TestCompletion(t *testing.T) {
 		{[]string{"entry", "ls", "--queue", ""}, []string{"billing", "default", "reports"}},
 		{[]string{"entry", "put", "x", "--queue", "re"}, []string{"reports"}},
 		{[]string{"entry", "put", "x", "--catchup", ""}, []string{"none", "latest", "all"}},
-		{[]string{"entry", "put", "x", "--overlap", ""}, []string{"allow", "skip", "buffer-one"}},
+		{[]string{"entry", "put", "x", "--overlap", ""}, []string{"allow", "skip", "buffer-one", "cancel-previous"}},
 		{[]string{"entry", "ls", "--state", "p"}, []string{"paused"}},
 		{[]string{"entry", "ls", "-o", ""}, []string{"table", "wide", "json", "yaml"}},
 		{[]string{"audit", "--type", "fired,sk"}, []string{"fired,skipped"}},

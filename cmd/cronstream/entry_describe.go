@@ -34,7 +34,7 @@ type describeView struct {
 	Recoveries    []describeRecov `json:"recoveries"`
 	NextFires     []time.Time     `json:"next_fires"`
 	RedisError    string          `json:"redis_error,omitempty"`
-	// Held is the tick overlap buffer-one holds while the previous task is
+	// Held is the tick overlap buffer-one (or cancel-previous) holds while the previous task is
 	// busy (none: no tick held, or Redis could not be read).
 	Held *describeHeld `json:"held,omitempty"`
 	// maxFiresSince is the revision the entry's fire limit counts from.
@@ -46,6 +46,8 @@ type describeHeld struct {
 	ScheduledAt time.Time `json:"scheduled_at"`
 	TaskID      string    `json:"task_id"`
 	WaitingFor  string    `json:"waiting_for"`
+	// Cancelling: overlap cancel-previous asked asynq to cancel WaitingFor.
+	Cancelling bool `json:"cancelling,omitempty"`
 }
 
 type describeHistory struct {
@@ -143,7 +145,7 @@ not an event: see cronstream_fire_refused_total on the replicas.`,
 			}
 			v.NextFires = nextFires(e, now, next)
 			describeTaskStates(ctx, g, &conn, &v)
-			if e.Overlap == events.OverlapBufferOne {
+			if e.Overlap == events.OverlapBufferOne || e.Overlap == events.OverlapCancelPrevious {
 				describeHeldTick(ctx, g, &conn, s.names.Prefix(), e, &v)
 			}
 			describeFireCount(ctx, g, &conn, s.names.Prefix(), &v)
@@ -290,7 +292,7 @@ func describeHeldTick(ctx context.Context, g *globalFlags, conn *connFlags, pref
 	}
 	for _, h := range held {
 		if h.Entry == e.ID {
-			v.Held = &describeHeld{ScheduledAt: h.Tick, TaskID: h.TaskID, WaitingFor: h.PrevTaskID}
+			v.Held = &describeHeld{ScheduledAt: h.Tick, TaskID: h.TaskID, WaitingFor: h.PrevTaskID, Cancelling: h.Cancel}
 		}
 	}
 }
@@ -406,7 +408,10 @@ func printDescribe(w io.Writer, v describeView) error {
 		}
 	}
 
-	if h := v.Held; h != nil {
+	if h := v.Held; h != nil && h.Cancelling {
+		fmt.Fprintf(w, "\nheld tick (overlap cancel-previous): %s as task %s, fires when the cancelled task %s has stopped\n",
+			fmtTime(h.ScheduledAt), terminalSafe(h.TaskID), terminalSafe(h.WaitingFor))
+	} else if h != nil {
 		fmt.Fprintf(w, "\nheld tick (overlap buffer-one): %s as task %s, fires when %s is done\n",
 			fmtTime(h.ScheduledAt), terminalSafe(h.TaskID), terminalSafe(h.WaitingFor))
 	}

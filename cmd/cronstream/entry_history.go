@@ -95,7 +95,7 @@ func shortType(t string) string {
 
 func isActivityType(t string) bool {
 	switch t {
-	case events.TypeEntryFired, events.TypeEntrySkipped, events.TypeTaskRetried, events.TypeTaskArchived, events.TypeAggregationReclaimed:
+	case events.TypeEntryFired, events.TypeEntrySkipped, events.TypeTaskRetried, events.TypeTaskArchived, events.TypeAggregationReclaimed, events.TypeTaskCancelled:
 		return true
 	}
 	return false

@@ -254,6 +254,14 @@ func addLastFires(ctx context.Context, s *session, views []entryView) error {
 				}
 				views[i].LastFire, views[i].LastOutcome = &t, "skipped ("+d.Reason+")"
 			}
+		case events.TypeTaskCancelled:
+			// Last on the subject only while overlap cancel-previous holds
+			// the tick: its fired event follows once the task stopped.
+			var d events.TaskCancelled
+			if ev.DecodeData(&d) == nil && d.Action == events.CancelRequested {
+				t := d.ScheduledAt.UTC()
+				views[i].LastFire, views[i].LastOutcome = &t, "held (cancelling the previous task)"
+			}
 		}
 	})
 }

@@ -113,7 +113,7 @@ an exclusion or its limit): upgrade every replica before using them.`,
 	fl.StringVar(&f.jitter, "jitter", "", "delay each tick by a deterministic amount in [0, jitter)")
 	fl.StringVar(&f.catchup, "catchup", "", "missed ticks after an outage: none (default), latest or all")
 	fl.StringVar(&f.catchupWindow, "catchup-window", "", "how far back catch-up looks (default 1h; at most the activity stream's max age)")
-	fl.StringVar(&f.overlap, "overlap", "", "allow (default), skip a tick while the previous task is still queued or running, or buffer-one: hold one such tick and fire it when that task is done")
+	fl.StringVar(&f.overlap, "overlap", "", "allow (default), skip a tick while the previous task is still queued or running, buffer-one: hold one such tick and fire it when that task is done, or cancel-previous: delete that task if it waits, cancel it if it runs (its handler must honour ctx cancellation), and fire the tick in its place")
 	fl.StringVar(&f.note, "note", "", "free-form note")
 	fl.StringVar(&f.startAt, "start-at", "", "no tick before this time: RFC 3339, a date (UTC), or relative (+2h); '' clears it")
 	fl.StringVar(&f.endAt, "end-at", "", "no tick after this time (the entry then shows as ended): RFC 3339, a date (UTC), or relative (+720h); '' clears it")

@@ -20,7 +20,8 @@ const releaseBeforeScheduleFields = "fa34a5e"
 
 // TestScheduleFieldsMixedVersions: during a rolling upgrade a replica of the
 // release before the schedule fields runs beside one of this build. An
-// entry past its end_at, an entry with an exclusion and one with max_fires, written by the new
+// entry past its end_at, an entry with an exclusion, one with max_fires and
+// one with overlap cancel-previous, written by the new
 // CLI, are quarantined by the old replica (which would ignore the fields
 // and fire them) and handled correctly by the new one; an entry without the
 // new fields stays byte-compatible and the old replica fires it alone once
@@ -33,6 +34,7 @@ func TestScheduleFieldsMixedVersions(t *testing.T) {
 	e.ok("entry", "put", "ended", "--cron", "@every 1s", "--type", "x", "--end-at", "-1m")
 	e.ok("entry", "put", "excl", "--cron", "@every 1s", "--type", "y", "--exclude", "*/2 * * * * *", "--label", "team=payments")
 	e.ok("entry", "put", "capped", "--cron", "@every 1s", "--type", "z", "--max-fires", "2")
+	e.ok("entry", "put", "canc", "--cron", "@every 1s", "--type", "w", "--overlap", "cancel-previous")
 
 	replica := func(path, id string) *proc {
 		t.Helper()
@@ -77,7 +79,7 @@ func TestScheduleFieldsMixedVersions(t *testing.T) {
 		fired, _ := activity()
 		return count(fired, "plain") >= 4 && count(fired, "excl") >= 3
 	}, "plain and excl do not fire with o1 and n1")
-	for _, id := range []string{"ended", "excl", "capped"} {
+	for _, id := range []string{"ended", "excl", "capped", "canc"} {
 		if !strings.Contains(o1.Stderr(), `"entry":"`+id+`"`) || !strings.Contains(o1.Stderr(), "entry quarantined") {
 			t.Errorf("the old replica did not quarantine %s:\n%s", id, o1.Stderr())
 		}
@@ -113,7 +115,7 @@ func TestScheduleFieldsMixedVersions(t *testing.T) {
 		switch {
 		case f.Entry == "ended":
 			t.Errorf("ended fired tick %s (replica %s)", f.ScheduledAt, f.Replica)
-		case f.Entry == "excl" && f.Replica != "n1":
+		case (f.Entry == "excl" || f.Entry == "canc") && f.Replica != "n1":
 			t.Errorf("excl fired by %s at %s: only the new build may fire it", f.Replica, f.ScheduledAt)
 		case f.Entry == "excl" && f.ScheduledAt.Unix()%2 == 0:
 			t.Errorf("excl fired excluded tick %s", f.ScheduledAt)
@@ -123,6 +125,9 @@ func TestScheduleFieldsMixedVersions(t *testing.T) {
 	}
 	if n := count(fired, "capped"); n != 2 || slices.ContainsFunc(fired, func(f events.Fired) bool { return f.Entry == "capped" && f.Replica != "n1" }) {
 		t.Errorf("capped (max_fires 2) fired %d ticks, want 2, all by the new replica", n)
+	}
+	if count(fired, "canc") == 0 {
+		t.Error("the new replica never fired canc")
 	}
 	if !slices.ContainsFunc(fired, func(f events.Fired) bool { return f.Entry == "plain" && f.Replica == "o1" }) {
 		t.Error("the old replica never fired plain")

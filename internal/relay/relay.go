@@ -510,7 +510,7 @@ type envelopeHead struct {
 // subjectOf maps an event to its activity subject.
 func (r *Relay) subjectOf(h envelopeHead) (string, error) {
 	switch h.Type {
-	case events.TypeEntryFired, events.TypeEntrySkipped:
+	case events.TypeEntryFired, events.TypeEntrySkipped, events.TypeTaskCancelled:
 		if events.ValidateID(h.Subject) != nil {
 			return "", fmt.Errorf("event %s: %s with bad entry %q", h.ID, h.Type, h.Subject)
 		}

@@ -16,8 +16,10 @@
 // entry's last config change is never due (a registration, a resume or a
 // queue change starts the entry afresh). Catch-up policies need nothing
 // special: ticks a policy drops are recorded as skipped, which moves the
-// watermark like a fire. A tick that overlap buffer-one holds moves the watermark
-// too (the fire script holds it in the step that would have fired it), so
+// watermark like a fire. A tick that overlap buffer-one holds, or
+// cancel-previous holds while the running task it replaces is cancelled,
+// moves the watermark too (the fire script holds it in the step that would
+// have fired it), so
 // an entry holding a tick is never late for it, nor for the ticks skipped
 // while it is held.
 package stall

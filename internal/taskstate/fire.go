@@ -107,6 +107,16 @@ type Fire struct {
 	// and skips it with OverlapRecord while a tick is held already.
 	// ReleaseHeld fires a held tick. It excludes OverlapSkip.
 	OverlapBuffer bool
+	// OverlapCancel (FireTick only; overlap cancel-previous) replaces the
+	// previous task while it is busy: one waiting (pending, scheduled,
+	// retry, aggregating) is deleted and the tick fires in the same step
+	// (StatusFired, FireResult.Replaced); an active one is left for the
+	// caller to cancel (PublishCancel) and the tick is held as OverlapBuffer
+	// holds it (StatusHeld, FireResult.Replaced), released by ReleaseCancel.
+	// Either way CancelRecord is appended. It excludes OverlapSkip and
+	// OverlapBuffer.
+	OverlapCancel bool
+	CancelRecord  CancelRecord
 	// RequestID makes a FireTrigger idempotent for TriggerTTL (default 24h);
 	// derive the trigger's Msg.ID from it, so a retried trigger is also the
 	// same task.
@@ -312,6 +322,11 @@ type FireResult struct {
 	// Fires is the entry's count of fires towards its limit
 	// (StatusCompleted).
 	Fires int
+	// Replaced is the previous task a fire with OverlapCancel replaced
+	// (StatusFired: deleted; StatusHeld: active, to be cancelled), and
+	// ReplacedState the asynq state it was in; "" when it replaced none.
+	Replaced      string
+	ReplacedState string
 	// Err is set when this fire's outcome is unknown because Redis failed;
 	// retrying the same fire is safe.
 	Err error
@@ -442,7 +457,13 @@ func prepare(f *Fire) (preparedFire, error) {
 	if f.OverlapBuffer && (f.OverlapSkip || f.Kind != FireTick) {
 		return bad("OverlapBuffer is for a FireTick without OverlapSkip")
 	}
-	if err := checkRecord("overlap", f.OverlapRecord, f.OverlapSkip || f.OverlapBuffer); err != nil {
+	if f.OverlapCancel && (f.OverlapSkip || f.OverlapBuffer || f.Kind != FireTick) {
+		return bad("OverlapCancel is for a FireTick without OverlapSkip or OverlapBuffer")
+	}
+	if err := f.CancelRecord.check(f.OverlapCancel); err != nil {
+		return bad("%v", err)
+	}
+	if err := checkRecord("overlap", f.OverlapRecord, f.OverlapSkip || f.OverlapBuffer || f.OverlapCancel); err != nil {
 		return bad("%v", err)
 	}
 	if err := checkRecord("duplicate", f.DuplicateRecord, f.UniqueTTL > 0); err != nil {
@@ -502,7 +523,7 @@ func appendFire(keys []string, args []any, p preparedFire, nums *numArgs, fa fen
 	k[fireKeyWatermark], k[fireKeyMarker], k[fireKeyTask] = p.own.Watermark(f.Entry), p.own.Handover(f.Entry), task
 	k[fireKeyUnique], k[fireKeyGroup], k[fireKeyTrigger], k[fireKeyFires] = task, task, task, task
 	k[fireKeyHeld], k[fireKeyHeldIndex] = task, task
-	if f.OverlapBuffer {
+	if f.OverlapBuffer || f.OverlapCancel {
 		k[fireKeyHeld], k[fireKeyHeldIndex] = p.own.Held(f.Entry), p.own.HeldIndex()
 	}
 	limited := f.Kind == FireTick && f.MaxFires > 0
@@ -541,6 +562,8 @@ func appendFire(keys []string, args []any, p preparedFire, nums *numArgs, fa fen
 		overlap = overlapSkip
 	case f.OverlapBuffer:
 		overlap = overlapBuffer
+	case f.OverlapCancel:
+		overlap = overlapCancel
 	}
 	triggerTTL := f.TriggerTTL
 	if triggerTTL == 0 {
@@ -562,6 +585,10 @@ func appendFire(keys []string, args []any, p preparedFire, nums *numArgs, fa fen
 	a[fullArgFiredID], a[fullArgFiredData] = f.FiredRecord.ID, f.FiredRecord.Data
 	a[fullArgOverlapID], a[fullArgOverlapData] = f.OverlapRecord.ID, f.OverlapRecord.Data
 	a[fullArgDuplicateID], a[fullArgDuplicateData] = f.DuplicateRecord.ID, f.DuplicateRecord.Data
+	a[fullArgCancelID] = f.CancelRecord.ID
+	for i, part := range f.CancelRecord.parts {
+		a[fullArgCancelData1+i] = part
+	}
 	a[fullArgMaxFires], a[fullArgMaxFiresSince] = "0", "0"
 	if limited {
 		a[fullArgMaxFires] = strconv.Itoa(f.MaxFires)
@@ -672,7 +699,7 @@ func (n *numArgs) arg(i int, v int64) any {
 // limit is a check: limited fires take the full path).
 func (p preparedFire) lean() bool {
 	f := p.f
-	return f.Kind == FireTick && !f.OverlapSkip && !f.OverlapBuffer && f.UniqueTTL <= 0 && p.group == "" &&
+	return f.Kind == FireTick && !f.OverlapSkip && !f.OverlapBuffer && !f.OverlapCancel && f.UniqueTTL <= 0 && p.group == "" &&
 		f.ProcessAt.IsZero() && len(f.SkippedRecords) == 0 && f.MaxFires <= 0
 }
 
@@ -939,6 +966,7 @@ func parseFireReply(v any) (FireResult, error) {
 		r.Status = StatusSkippedMissed
 	case codeFired:
 		r.Status = StatusFired
+		r.ReplacedState, r.Replaced, _ = strings.Cut(extra, " ")
 	case codeExists:
 		r.Status = StatusAlreadyExists
 	case codeDuplicate:
@@ -947,6 +975,7 @@ func parseFireReply(v any) (FireResult, error) {
 		r.Status = StatusSkippedOverlap
 	case codeHeld:
 		r.Status = StatusHeld
+		r.ReplacedState, r.Replaced, _ = strings.Cut(extra, " ")
 	case codeMismatch:
 		r.Status = StatusWatermarkMismatch
 	case codeMoved:

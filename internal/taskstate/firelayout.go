@@ -3,6 +3,8 @@ package taskstate
 import (
 	"fmt"
 	"strings"
+
+	"github.com/cronstream/cronstream/events"
 )
 
 // The fire script's KEYS and ARGV layouts (lua/fire.lua), named once: Go
@@ -81,6 +83,11 @@ const (
 	fullArgOverlapData                             //
 	fullArgDuplicateID                             // duplicate record
 	fullArgDuplicateData                           //
+	fullArgCancelID                                // cancelled record (cancel-previous): event id,
+	fullArgCancelData1                             // then its data's four parts (CancelRecord)
+	fullArgCancelData2                             //
+	fullArgCancelData3                             //
+	fullArgCancelData4                             //
 	fullArgMaxFires                                // 0 = no limit
 	fullArgMaxFiresSince                           // revision the count is keyed by
 	fullArgSkippedCount                            // n, then n id/data pairs
@@ -121,6 +128,7 @@ const (
 	overlapAllow  = "0"
 	overlapSkip   = "1" // skip while the previous task is busy
 	overlapBuffer = "2" // hold one tick while it is busy, skip the rest
+	overlapCancel = "3" // delete it when waiting, else cancel it and hold the tick
 )
 
 // Fire kinds as the script reads them (fireArgKind, argBulk).
@@ -160,7 +168,9 @@ var fireLayoutLua = luaConstants([]luaConstant{
 	{"BA_TASK_ID", bulkArgTaskID}, {"BA_FIRED_ID", bulkArgFiredID}, {"BA_FIRED_DATA", bulkArgFiredData},
 	{"BULK_ARGS", bulkArgs},
 	{"KIND_TICK", kindTick}, {"KIND_TRIGGER", kindTrigger}, {"KIND_BACKFILL", kindBackfill},
-	{"OVERLAP_SKIP", overlapSkip}, {"OVERLAP_BUFFER", overlapBuffer},
+	{"OVERLAP_SKIP", overlapSkip}, {"OVERLAP_BUFFER", overlapBuffer}, {"OVERLAP_CANCEL", overlapCancel},
+	{"FULL_CANCEL_REC", fullArgCancelID},
+	{"CANCEL_DELETED", events.CancelDeleted}, {"CANCEL_REQUESTED", events.CancelRequested},
 	{"KIND_SKIP", kindSkip}, {"KIND_LEAN", kindLean}, {"KIND_BULK", kindBulk},
 })
 

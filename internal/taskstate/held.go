@@ -20,6 +20,10 @@ type HeldTick struct {
 	Tick       time.Time
 	TaskID     string
 	PrevTaskID string
+	// Cancel: the tick is held by overlap cancel-previous while PrevTaskID,
+	// whose cancellation was published at HeldAt, stops (ReleaseCancel).
+	Cancel bool
+	HeldAt time.Time
 }
 
 // HeldTicks returns the ticks held in each of queues, reading each queue's
@@ -47,7 +51,7 @@ func (s *Store) HeldTicks(ctx context.Context, prefix string, queues []string) (
 				continue
 			}
 			out = append(out, HeldTick{Prefix: prefix, Queue: q, Entry: entry})
-			reads = append(reads, pipe.HMGet(ctx, k, "tick", "task", "prev"))
+			reads = append(reads, pipe.HMGet(ctx, k, "tick", "task", "prev", "cancel", "held_at"))
 		}
 	}
 	if len(out) == 0 {
@@ -67,6 +71,12 @@ func (s *Store) HeldTicks(ctx context.Context, prefix string, queues []string) (
 			continue // released between the two reads
 		}
 		h.Tick = time.UnixMilli(ms).UTC()
+		h.Cancel = v[3] == "1"
+		if at, ok := v[4].(string); ok {
+			if ms, err := strconv.ParseInt(at, 10, 64); err == nil {
+				h.HeldAt = time.UnixMilli(ms).UTC()
+			}
+		}
 		kept = append(kept, h)
 	}
 	return kept, nil

@@ -26,10 +26,12 @@
 --           presented), FA_MAX_STALE ms
 --         full (FULL_ARGS + 2n): FULL_PROCESS_AT ms (0 = now),
 --           FULL_UNIQUE_TTL ms (0 = none), FULL_GROUP, FULL_MSG,
---           FULL_TASK_ID, FULL_OVERLAP (OVERLAP_SKIP, OVERLAP_BUFFER or
---           "0" = allow), FULL_PREV_TASK,
+--           FULL_TASK_ID, FULL_OVERLAP (OVERLAP_SKIP, OVERLAP_BUFFER,
+--           OVERLAP_CANCEL or "0" = allow), FULL_PREV_TASK,
 --           FULL_TRIGGER_TTL ms, FULL_FIRED_REC, FULL_OVERLAP_REC,
---           FULL_DUPLICATE_REC (each an id/data pair), FULL_MAX_FIRES n
+--           FULL_DUPLICATE_REC (each an id/data pair), FULL_CANCEL_REC
+--           (the cancelled record's id and its data's four parts,
+--           cancelled_record), FULL_MAX_FIRES n
 --           (0 = no limit), FULL_MAX_FIRES_SINCE revision, FULL_SKIPPED_COUNT n,
 --           then n skipped id/data pairs
 --         lean (LEAN_ARGS): LEAN_MSG, LEAN_TASK_ID, LEAN_FIRED_ID,
@@ -38,10 +40,12 @@
 --         A_BULK_MAX_STALE (as the head's), then from A_BULK_FIRST_FIRE
 --         per fire (BULK_ARGS): BA_TICK, BA_EXPECTED, BA_MSG, BA_TASK_ID,
 --         BA_FIRED_ID, BA_FIRED_DATA
--- Reply one value per fire: {code (6 = held, overlap buffer-one), watermark
---       ms, watermark task id, extra,
---       task id, state}, extra being the fence, the moved revision or the
---       freshest ms; or a bare 1 for "fired, pending" (lean and bulk).
+-- Reply one value per fire: {code (6 = held, overlap buffer-one or
+--       cancel-previous), watermark ms, watermark task id, extra,
+--       task id, state}, extra being the fence, the moved revision, the
+--       freshest ms, or for a fire or hold that replaced the previous task
+--       (cancel-previous) "<its state> <its id>"; or a bare 1 for "fired,
+--       pending" (lean and bulk).
 --
 -- Two short paths take fewer keys and arguments: lean (a plain tick) and
 -- bulk (a whole chunk of plain ticks of different entries presenting the
@@ -220,18 +224,29 @@ local function fire(k, a)
   end
 
   local overlap = ARGV[a + FULL_OVERLAP]
-  if not code and (overlap == OVERLAP_SKIP or overlap == OVERLAP_BUFFER) then
+  -- replaced: "<state> <task>" of the previous task overlap cancel-previous
+  -- replaced (the reply's extra), with its cancelled record.
+  local replaced, cancel_rec = '', nil
+  if not code and (overlap == OVERLAP_SKIP or overlap == OVERLAP_BUFFER or overlap == OVERLAP_CANCEL) then
     local prev = ARGV[a + FULL_PREV_TASK]
     if prev == '' then prev = wmtask or '' end
     local kheld = KEYS[k + FK_HELD]
-    if overlap == OVERLAP_BUFFER and redis.call('EXISTS', kheld) == 1 then
+    local holding = overlap == OVERLAP_BUFFER or overlap == OVERLAP_CANCEL
+    if holding and redis.call('EXISTS', kheld) == 1 then
       -- A tick is held already: this one is skipped whatever the previous
       -- task's state (the held one goes first, released by release_held).
       code, rec, wm_task, taskid = 4, a + FULL_OVERLAP_REC, prev, prev
     elseif prev ~= '' then
       local st = redis.call('HGET', task_prefix .. prev, 'state')
-      if st and busy[st] then
-        if overlap == OVERLAP_BUFFER then
+      if st and busy[st] and overlap == OVERLAP_CANCEL and st ~= 'active' then
+        -- cancel-previous: a waiting task is deleted and this tick fires
+        -- below, in this same step.
+        delete_task(string.sub(task_prefix, 1, -3), prev)
+        replaced = st .. ' ' .. prev
+        cancel_rec = cancelled_record(ARGV[a + FULL_CANCEL_REC + 1], ARGV[a + FULL_CANCEL_REC + 2],
+          ARGV[a + FULL_CANCEL_REC + 3], ARGV[a + FULL_CANCEL_REC + 4], prev, st)
+      elseif st and busy[st] then
+        if holding then
           -- Hold the tick: what firing it writes is kept, and the watermark
           -- moves past it (below) as for a fire, so no replica fires it
           -- again; the watermark keeps the busy task for later checks.
@@ -240,6 +255,15 @@ local function fire(k, a)
             'rec_data', ARGV[a + FULL_FIRED_REC + 1])
           redis.call('SADD', KEYS[k + FK_HELD_INDEX], kheld)
           code, wm_task, taskid, state = 6, prev, id, 'held'
+          if overlap == OVERLAP_CANCEL then
+            -- cancel-previous: the running task is cancelled by the caller
+            -- (asynq's cancel channel); cancel_previous.lua releases the
+            -- tick once it has stopped, or past held_at plus its timeout.
+            redis.call('HSET', kheld, 'cancel', '1', 'held_at', string.format('%d', now_ms))
+            replaced = st .. ' ' .. prev
+            cancel_rec = cancelled_record(ARGV[a + FULL_CANCEL_REC + 1], ARGV[a + FULL_CANCEL_REC + 2],
+              ARGV[a + FULL_CANCEL_REC + 3], ARGV[a + FULL_CANCEL_REC + 4], prev, st)
+          end
         else
           code, rec, wm_task, taskid, state = 4, a + FULL_OVERLAP_REC, prev, prev, st
         end
@@ -296,6 +320,9 @@ local function fire(k, a)
   end
 
   append(skipped, nskipped)
+  if cancel_rec then
+    redis.call('XADD', KEYS[K_OUTBOX], '*', 'id', ARGV[a + FULL_CANCEL_REC], 'data', cancel_rec)
+  end
   if rec then append(rec, 1) end
   if code == 1 and kind == KIND_TICK and limit > 0 then
     redis.call('SET', KEYS[k + FK_FIRES], since .. ' ' .. string.format('%d', count + 1))
@@ -306,7 +333,7 @@ local function fire(k, a)
   elseif kind == KIND_TRIGGER then
     redis.call('SET', ktrigger, taskid or '', 'PX', ARGV[a + FULL_TRIGGER_TTL])
   end
-  return res(code, wm, wmtask, '', taskid, state)
+  return res(code, wm, wmtask, replaced, taskid, state)
 end
 
 -- lean is fire() for a plain tick (KIND_LEAN): no overlap check, no unique
