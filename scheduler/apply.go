@@ -37,6 +37,7 @@ func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (ta
 		r.tries, r.completedSince = 0, r.st.MaxFiresSince
 		s.heap.remove(r)
 		s.count(func(st *Stats) { st.Completed++ })
+		s.m.Completed.Inc()
 		s.log.Info("entry completed its max fires; firing nothing more", "entry", r.id, "max_fires", r.st.Entry.MaxFires, "fired", res.Fires)
 		return taskstate.EnqueueEventRecord{}, false
 	}

@@ -19,6 +19,7 @@ type Metrics struct {
 	Restored     *prometheus.CounterVec // by source of the seed
 	Implausible  prometheus.Counter
 	Epochs       prometheus.Counter
+	Completed    prometheus.Counter
 }
 
 // NewMetrics creates the scheduler metrics and registers them with reg (nil:
@@ -56,6 +57,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Epochs: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "cronstream_stream_epochs_total", Help: "Revision fences and handover markers holding a sequence of an earlier config stream (recreated or restored) that this replica cleared.",
 		}),
+		Completed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cronstream_max_fires_reached_total", Help: "Ticks refused because their entry already fired its max_fires (the entry is completed and fires nothing more until its limit changes).",
+		}),
 	}
 	// Every known label value starts at 0, so the series exist before the
 	// first refusal or skip: rate() and increase() see that first one, and
@@ -67,7 +71,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.Skipped.WithLabelValues(reason)
 	}
 	if reg != nil {
-		reg.MustRegister(m.Fired, m.Skipped, m.Refused, m.Errors, m.FireLag, m.Entries, m.Backpressure, m.Restored, m.Implausible, m.Epochs)
+		reg.MustRegister(m.Fired, m.Skipped, m.Refused, m.Errors, m.FireLag, m.Entries, m.Backpressure, m.Restored, m.Implausible, m.Epochs, m.Completed)
 	}
 	return m
 }

@@ -23,7 +23,7 @@ func TestMaxFiresCLI(t *testing.T) {
 		}
 	}
 	e.ok("entry", "put", "lim", "--cron", "@every 1s", "--type", "l", "--max-fires", "3")
-	p := start(t, e.vars, "run", "--http", "127.0.0.1:0", "--replica-id", "m1")
+	p, base := startMetricsReplica(t, e, "m1")
 	type view struct {
 		Entry struct {
 			State     string `json:"state"`
@@ -55,8 +55,28 @@ func TestMaxFiresCLI(t *testing.T) {
 	if ids := e.ok("entry", "ls", "--state", "completed"); !strings.Contains(ids, "lim") {
 		t.Errorf("ls --state completed:\n%s", ids)
 	}
-	if st := e.ok("status"); !strings.Contains(st, "1 completed") {
+	if st := e.ok("status"); !strings.Contains(st, "1 completed") || !strings.Contains(st, "completed lim: fired its max_fires") {
 		t.Errorf("status:\n%s", st)
+	}
+	var st struct {
+		Entries struct {
+			Completed []string `json:"completed_entries"`
+		} `json:"entries"`
+		NextFires []struct {
+			Entry string `json:"entry"`
+		} `json:"next_fires"`
+	}
+	e.okJSON(&st, "status", "--json")
+	if len(st.Entries.Completed) != 1 || st.Entries.Completed[0] != "lim" {
+		t.Errorf("status --json completed_entries: %v", st.Entries.Completed)
+	}
+	for _, f := range st.NextFires {
+		if f.Entry == "lim" {
+			t.Error("status lists a next fire of the completed entry")
+		}
+	}
+	if n := metricValue(base, "cronstream_max_fires_reached_total"); n < 1 {
+		t.Errorf("cronstream_max_fires_reached_total = %v, want at least 1", n)
 	}
 	if aud := e.ok("audit", "--json"); !strings.Contains(aud, `"max_fires":3`) {
 		t.Errorf("audit lacks max_fires:\n%s", aud)
