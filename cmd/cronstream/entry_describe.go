@@ -39,6 +39,8 @@ type describeView struct {
 	Held *describeHeld `json:"held,omitempty"`
 	// maxFiresSince is the revision the entry's fire limit counts from.
 	maxFiresSince uint64
+	// nextFiresLimited: NextFires stops at the entry's fires left.
+	nextFiresLimited bool
 }
 
 // describeHeld is a held tick: it fires as TaskID once WaitingFor is done.
@@ -147,6 +149,7 @@ not an event: see cronstream_fire_refused_total on the replicas.`,
 				describeHeldTick(ctx, g, &conn, s.names.Prefix(), e, &v)
 			}
 			describeFireCount(ctx, g, &conn, s.names.Prefix(), &v)
+			v.limitNextFires()
 			if g.json {
 				return printJSON(cmd.OutOrStdout(), v)
 			}
@@ -437,8 +440,26 @@ func printDescribe(w io.Writer, v describeView) error {
 		for _, t := range v.NextFires {
 			fmt.Fprintf(w, "  %s\n", fmtTime(t))
 		}
+		if v.nextFiresLimited {
+			fmt.Fprintf(w, "  then none: the last of its max_fires %d\n", v.Entry.MaxFires)
+		}
 	}
 	return nil
+}
+
+// limitNextFires keeps no more of a limited entry's next fires than it
+// has left (its whole max_fires when the count is unknown).
+func (v *describeView) limitNextFires() {
+	if !v.Entry.Limited() {
+		return
+	}
+	left := v.Entry.MaxFires
+	if v.Entry.MaxFiresRemaining != nil {
+		left = *v.Entry.MaxFiresRemaining
+	}
+	if len(v.NextFires) > left {
+		v.NextFires, v.nextFiresLimited = v.NextFires[:left], true
+	}
 }
 
 // plural is "1 thing" or "n things".
@@ -470,17 +491,26 @@ func describeFireCount(ctx context.Context, g *globalFlags, conn *connFlags, pre
 // (docs/design.md INV-max-fires) and records the fires left: its limit
 // less the count, when the counter is of the limit's revision since.
 func setRemaining(ctx context.Context, store *taskstate.Store, prefix string, v *entryView, since uint64) error {
-	e := v.Entry
-	c, ok, err := store.FireCount(ctx, prefix, e.Options.QueueName(), e.ID)
+	n, err := firesLeft(ctx, store, prefix, v.Entry, since)
 	if err != nil {
 		return err
+	}
+	v.setRemaining(n)
+	return nil
+}
+
+// firesLeft is a limited entry's limit less its fires counter, when the
+// counter is of the limit's revision since.
+func firesLeft(ctx context.Context, store *taskstate.Store, prefix string, e events.Entry, since uint64) (int, error) {
+	c, ok, err := store.FireCount(ctx, prefix, e.Options.QueueName(), e.ID)
+	if err != nil {
+		return 0, err
 	}
 	fired := 0
 	if ok && c.Since == since {
 		fired = c.Count
 	}
-	v.setRemaining(max(e.MaxFires-fired, 0))
-	return nil
+	return max(e.MaxFires-fired, 0), nil
 }
 
 // maxFiresSinceOf folds an entry's config history as the projector does

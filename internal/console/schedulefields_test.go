@@ -56,6 +56,11 @@ func TestConsoleMaxFires(t *testing.T) {
 	if strings.Contains(body, ">lim<") || !strings.Contains(body, ">open<") {
 		t.Errorf("the active filter lists a completed entry or misses an active one:\n%s", body)
 	}
+	// The forecast counts no tick of the completed entry and at most the
+	// fires left of the other (one @every 1h tick in the hour).
+	if body := s.page("/forecast?window=1h"); !strings.Contains(body, "1 fires from 1 entries") {
+		t.Errorf("forecast counts the completed entry:\n%.2000s", body)
+	}
 }
 
 // TestConsoleCompletedFilterInBrowser: the state filter offers completed on
