@@ -431,6 +431,8 @@ func printDescribe(w io.Writer, v describeView) error {
 	switch {
 	case v.Entry.State == stateEnded:
 		fmt.Fprintf(w, "\nnext fires: none, the entry ended at %s\n", fmtTime(v.Entry.EndAt))
+	case v.Entry.State == stateCompleted && v.Entry.MaxFiresUnknown:
+		fmt.Fprintf(w, "\nnext fires: none, %s\n", maxFiresUnknownReason)
 	case v.Entry.State == stateCompleted:
 		fmt.Fprintf(w, "\nnext fires: none, the entry completed its %d fires\n", v.Entry.MaxFires)
 	case v.Entry.State == statePaused:
@@ -446,6 +448,10 @@ func printDescribe(w io.Writer, v describeView) error {
 	}
 	return nil
 }
+
+// maxFiresUnknownReason says why an entry whose fires count could not be
+// rebuilt fires nothing, and what undoes it.
+const maxFiresUnknownReason = "its max_fires count is unknown: Redis lost it and the activity stream no longer holds every fire since the limit was set; put the entry with another --max-fires (it counts afresh) to fire again"
 
 // limitNextFires keeps no more of a limited entry's next fires than it
 // has left (its whole max_fires when the count is unknown).
@@ -491,26 +497,29 @@ func describeFireCount(ctx context.Context, g *globalFlags, conn *connFlags, pre
 // (docs/design.md INV-max-fires) and records the fires left: its limit
 // less the count, when the counter is of the limit's revision since.
 func setRemaining(ctx context.Context, store *taskstate.Store, prefix string, v *entryView, since uint64) error {
-	n, err := firesLeft(ctx, store, prefix, v.Entry, since)
+	n, unknown, err := firesLeft(ctx, store, prefix, v.Entry, since)
 	if err != nil {
 		return err
 	}
 	v.setRemaining(n)
+	v.MaxFiresUnknown = unknown
 	return nil
 }
 
 // firesLeft is a limited entry's limit less its fires counter, when the
-// counter is of the limit's revision since.
-func firesLeft(ctx context.Context, store *taskstate.Store, prefix string, e events.Entry, since uint64) (int, error) {
+// counter is of the limit's revision since; unknown says the counter could
+// not be rebuilt after Redis lost data (none left then).
+func firesLeft(ctx context.Context, store *taskstate.Store, prefix string, e events.Entry, since uint64) (left int, unknown bool, err error) {
 	c, ok, err := store.FireCount(ctx, prefix, e.Options.QueueName(), e.ID)
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	fired := 0
 	if ok && c.Since == since {
 		fired = c.Count
+		unknown = c.Unknown()
 	}
-	return max(e.MaxFires-fired, 0), nil
+	return max(e.MaxFires-fired, 0), unknown, nil
 }
 
 // maxFiresSinceOf folds an entry's config history as the projector does

@@ -103,7 +103,7 @@ func forecastFiresLeft(ctx context.Context, g *globalFlags, conn *connFlags, s *
 		recs, err := s.client.History(ctx, e.ID)
 		var n int
 		if err == nil {
-			n, err = firesLeft(ctx, store, s.names.Prefix(), e, maxFiresSinceOf(recs))
+			n, _, err = firesLeft(ctx, store, s.names.Prefix(), e, maxFiresSinceOf(recs))
 		}
 		if err != nil {
 			fmt.Fprintf(warn, "fires left of %s unknown: %s\n", terminalSafe(e.ID), terminalSafe(g.secrets.String(err.Error())))

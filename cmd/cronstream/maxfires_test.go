@@ -140,4 +140,16 @@ func TestMaxFiresForecast(t *testing.T) {
 	if got["lim"] != 1 || got["free"] != 24 {
 		t.Errorf("forecast by entry: %v, want lim 1 and free 24", got)
 	}
+
+	// A count a replica could not rebuild after Redis lost data: completed,
+	// and describe and status say why and what undoes it.
+	if _, err := store.SeedFireCount(context.Background(), events.DefaultPrefix, "default", "lim", taskstate.FireCount{Since: d.Entry.Revision, Count: taskstate.FireCountUnknown}); err != nil {
+		t.Fatal(err)
+	}
+	if out := e.ok("entry", "describe", "lim"); !strings.Contains(out, "count unknown after Redis lost data") || !strings.Contains(out, "max_fires count is unknown") {
+		t.Errorf("describe of an unknown count:\n%s", out)
+	}
+	if out := e.ok("status"); !strings.Contains(out, "1 completed") || !strings.Contains(out, "completed lim: its max_fires count is unknown") {
+		t.Errorf("status of an unknown count:\n%s", out)
+	}
 }

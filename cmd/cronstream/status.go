@@ -76,6 +76,9 @@ type entryCounts struct {
 	FailurePaused []quarantineView `json:"paused_on_failure,omitempty"`
 	// CompletedIDs are the completed entries, at most maxFailurePaused.
 	CompletedIDs []string `json:"completed_entries,omitempty"`
+	// CountUnknown are the completed entries among them whose fires count
+	// could not be rebuilt after Redis lost data.
+	CountUnknown []string `json:"max_fires_count_unknown,omitempty"`
 }
 
 const maxFailurePaused = 20
@@ -330,6 +333,9 @@ func collectStatus(ctx context.Context, g *globalFlags, conn *connFlags, s *sess
 			if len(rep.Entries.CompletedIDs) < maxFailurePaused {
 				rep.Entries.CompletedIDs = append(rep.Entries.CompletedIDs, e.ID)
 			}
+			if c.Unknown() && len(rep.Entries.CountUnknown) < maxFailurePaused {
+				rep.Entries.CountUnknown = append(rep.Entries.CountUnknown, e.ID)
+			}
 			// It fires nothing more.
 			rep.NextFires = slices.DeleteFunc(rep.NextFires, func(f nextFireView) bool { return f.Entry == e.ID })
 		}
@@ -533,6 +539,10 @@ func printStatus(w io.Writer, r statusReport) {
 		fmt.Fprintf(w, "  paused %s at revision %d (%s): %s\n", terminalSafe(q.ID), q.Revision, fmtTime(q.Time), terminalSafe(q.Reason))
 	}
 	for _, id := range r.Entries.CompletedIDs {
+		if slices.Contains(r.Entries.CountUnknown, id) {
+			fmt.Fprintf(w, "  completed %s: %s\n", terminalSafe(id), maxFiresUnknownReason)
+			continue
+		}
 		fmt.Fprintf(w, "  completed %s: fired its max_fires, fires nothing more\n", terminalSafe(id))
 	}
 
