@@ -37,7 +37,12 @@ func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (ta
 		r.tries, r.completedSince = 0, r.st.MaxFiresSince
 		s.heap.remove(r)
 		s.count(func(st *Stats) { st.Completed++ })
-		s.log.Info("entry completed its max fires; firing nothing more", "entry", r.id, "max_fires", r.st.Entry.MaxFires, "fired", res.Fires)
+		s.m.Completed.Inc()
+		if res.Fires >= taskstate.FireCountUnknown {
+			s.log.Info("entry's max fires count is unknown (Redis lost it); firing nothing more until its max_fires changes", "entry", r.id, "max_fires", r.st.Entry.MaxFires)
+		} else {
+			s.log.Info("entry completed its max fires; firing nothing more", "entry", r.id, "max_fires", r.st.Entry.MaxFires, "fired", res.Fires)
+		}
 		return taskstate.EnqueueEventRecord{}, false
 	}
 	if status.Refused() {

@@ -47,8 +47,9 @@ type History interface {
 	// FiredSince counts entry's scheduled ticks (not triggers or
 	// backfills) the activity stream recorded as fired under a revision at
 	// or after since: the count of a fire limit (events.Entry.MaxFires).
-	// Fires older than the stream's retention are not counted.
-	FiredSince(ctx context.Context, entry string, since uint64) (int, error)
+	// Fires the stream no longer holds (its retention) are not counted;
+	// the tally says when such fires may have been.
+	FiredSince(ctx context.Context, entry string, since uint64) (FireTally, error)
 	// ScheduleSince returns when entry's current schedule began, by the
 	// stream's clock: the event that (re)registered it, last changed its
 	// cron spec or time zone, or followed a paused state. ok is false when
@@ -230,30 +231,72 @@ func (h *StreamHistory) LastHandled(ctx context.Context, entry string) (time.Tim
 	}
 }
 
+// FireTally is what the activity stream holds of an entry's fires under
+// a limit: Count of them, and, when the stream may have dropped some of
+// them (its retention: max age, messages or bytes, or a per-subject
+// limit), the span [GapFrom, GapTo) of publish times whose events may be
+// gone. GapTo is zero when the stream holds every event published since
+// the limit's revision (GapFrom, the revision's time).
+type FireTally struct {
+	Count          int
+	GapFrom, GapTo time.Time
+}
+
 // FiredSince reads entry's fire subject from its first message; a tick
-// counts once however often its fired event was published.
-func (h *StreamHistory) FiredSince(ctx context.Context, entry string, since uint64) (int, error) {
+// counts once however often its fired event was published. The limits
+// drop the oldest messages first, so the stream holds every event
+// published after the revision's time when its first retained message (or
+// the subject's, once the subject is at a per-subject limit) is no later.
+func (h *StreamHistory) FiredSince(ctx context.Context, entry string, since uint64) (FireTally, error) {
+	fail := func(err error) (FireTally, error) {
+		return FireTally{}, fmt.Errorf("count fires of entry %q: %w", entry, err)
+	}
+	var t FireTally
+	cs, err := h.js.Stream(ctx, h.names.ConfigStream())
+	if err != nil {
+		return fail(err)
+	}
+	switch rev, err := cs.GetMsg(ctx, since); {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		// Unknown revision time: anything the stream dropped may count.
+	case err != nil:
+		return fail(err)
+	default:
+		t.GapFrom = rev.Time
+	}
 	subj := h.names.FireSubject(entry)
 	s, err := h.js.Stream(ctx, h.names.ActivityStream())
 	if err != nil {
-		return 0, fmt.Errorf("count fires of entry %q: %w", entry, err)
+		return fail(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return fail(err)
+	}
+	switch st := info.State; {
+	case st.FirstSeq <= 1:
+		// Nothing dropped yet.
+	case st.Msgs == 0:
+		t.GapTo = st.LastTime.Add(time.Nanosecond) // everything dropped
+	case st.FirstTime.After(t.GapFrom):
+		t.GapTo = st.FirstTime
 	}
 	last, err := s.GetLastMsgForSubject(ctx, subj)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return 0, nil
+		return t, nil
 	}
 	if err != nil {
-		return 0, fmt.Errorf("count fires of entry %q: %w", entry, err)
+		return fail(err)
 	}
 	c, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subj}})
 	if err != nil {
-		return 0, fmt.Errorf("count fires of entry %q: %w", entry, err)
+		return fail(err)
 	}
 	ticks := map[int64]bool{}
-	for {
+	for first := true; ; first = false {
 		m, err := c.Next(jetstream.FetchMaxWait(5 * time.Second))
 		if err != nil {
-			return 0, fmt.Errorf("count fires of entry %q: read %s: %w", entry, subj, err)
+			return fail(fmt.Errorf("read %s: %w", subj, err))
 		}
 		if ev, err := events.DecodeEvent(m.Data()); err == nil && ev.Type == events.TypeEntryFired {
 			var f events.Fired
@@ -263,10 +306,14 @@ func (h *StreamHistory) FiredSince(ctx context.Context, entry string, since uint
 		}
 		md, err := m.Metadata()
 		if err != nil {
-			return 0, fmt.Errorf("count fires of entry %q: %w", entry, err)
+			return fail(err)
+		}
+		if limit := info.Config.MaxMsgsPerSubject; first && limit > 0 && int64(md.NumPending)+1 >= limit && md.Timestamp.After(t.GapFrom) && md.Timestamp.After(t.GapTo) {
+			t.GapTo = md.Timestamp // the subject is full: older events of it may be gone
 		}
 		if md.Sequence.Stream >= last.Sequence || md.NumPending == 0 {
-			return len(ticks), nil
+			t.Count = len(ticks)
+			return t, nil
 		}
 	}
 }

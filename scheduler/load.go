@@ -228,7 +228,12 @@ func (s *Scheduler) restoreFireCount(ctx context.Context, r *entryRun) error {
 	if s.cfg.History == nil {
 		return nil
 	}
-	n, err := s.cfg.History.FiredSince(ctx, r.id, r.st.MaxFiresSince)
+	t, err := s.cfg.History.FiredSince(ctx, r.id, r.st.MaxFiresSince)
+	unknown := err == nil && s.firesInGap(r, t)
+	n := t.Count
+	if unknown {
+		n = taskstate.FireCountUnknown
+	}
 	if err == nil {
 		_, err = s.broker.SeedFireCount(ctx, s.cfg.Names.Prefix(), r.queue, r.id, taskstate.FireCount{Since: r.st.MaxFiresSince, Count: n})
 	}
@@ -238,8 +243,33 @@ func (s *Scheduler) restoreFireCount(ctx context.Context, r *entryRun) error {
 		s.outcome(Outcome{Entry: r.id, Err: err})
 		return err
 	}
+	if unknown {
+		s.count(func(st *Stats) { st.FireCountUnknown++ })
+		s.m.FireCountUnknown.Inc()
+		s.log.Warn("the entry's max_fires count is unknown: Redis lost it and the activity stream no longer holds every fire since the limit was set; firing it no more (completed) until its max_fires is set to another value",
+			"entry", r.id, "queue", r.queue, "since", r.st.MaxFiresSince, "counted", t.Count, "events_gone_from", t.GapFrom, "events_gone_until", t.GapTo)
+		return nil
+	}
 	s.log.Info("rebuilt the entry's fires count from the activity stream", "entry", r.id, "queue", r.queue, "since", r.st.MaxFiresSince, "fired", n)
 	return nil
+}
+
+// firesInGap reports whether r may have fired ticks whose events the
+// activity stream no longer holds (t's gap): a tick of its schedule falls
+// in the gap, widened by the jitter (a fire is published after its tick
+// plus jitter) and a minute for the clocks of Redis and NATS. An entry
+// whose schedule had no tick there (it starts later, say) lost nothing.
+func (s *Scheduler) firesInGap(r *entryRun, t FireTally) bool {
+	if t.GapTo.IsZero() || !t.GapTo.After(t.GapFrom) {
+		return false
+	}
+	const clockMargin = time.Minute
+	from := t.GapFrom.Add(-r.st.Entry.Jitter.D() - clockMargin)
+	if t.GapFrom.IsZero() {
+		from = time.Time{}
+	}
+	next := r.sched.NextFire(from)
+	return !next.IsZero() && next.Before(t.GapTo.Add(clockMargin))
 }
 
 // behind reports whether r's watermark wm is older than a tick known to be

@@ -122,3 +122,75 @@ func TestMaxFiresAcrossQueueMove(t *testing.T) {
 		t.Errorf("count in beta: %+v %t %v", c, ok, err)
 	}
 }
+
+// TestMaxFiresCountBeyondRetention: Redis loses its data after the
+// activity stream (a small one, here limited in messages) dropped the
+// first fired events of a limited entry. The count cannot be rebuilt: the
+// entry is made completed with its count unknown (counted, logged) and
+// fires nothing, until its max_fires is set to another value, which counts
+// afresh. An entry whose schedule had no tick in the dropped span is
+// rebuilt as usual.
+func TestMaxFiresCountBeyondRetention(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	c := ctx(t, 2*time.Minute)
+	s, err := e.js.Stream(c, testNames.ActivityStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	small := s.CachedInfo().Config
+	small.MaxMsgs = 15
+	if _, err := e.js.UpdateStream(c, small); err != nil {
+		t.Fatal(err)
+	}
+	limited := func(n int) func(*events.Entry) { return func(en *events.Entry) { en.MaxFires = n } }
+	rev := e.put(every("lim", "@every 1s", limited(100)))
+	e.put(every("noise", "@every 1s"), every("later", "@every 1s", limited(3), func(en *events.Entry) { en.StartAt = time.Now().Add(time.Hour) }))
+	o := nodeOpts{sched: func(c *scheduler.Config) { c.History = scheduler.NewStreamHistory(e.js, testNames) }}
+	r1 := e.startNode("r1", o)
+	revTime := func() time.Time {
+		m, err := e.js.Stream(c, testNames.ConfigStream())
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg, err := m.GetMsg(c, rev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return msg.Time
+	}()
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		info, err := s.Info(c)
+		return err == nil && len(e.entryTicks("lim")) >= 3 && info.State.FirstSeq > 1 && info.State.FirstTime.After(revTime.Add(2*time.Second))
+	}, "the activity stream to drop lim's first fires")
+	r1.stop()
+	e.waitOutboxEmpty(10*time.Second, "default")
+	if err := e.rc.FlushAll(c).Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	r2 := e.startNode("r2", o)
+	testenv.Eventually(t, 20*time.Second, func() bool { return r2.sched.Stats().FireCountUnknown == 1 }, "r2 to find lim's count unknown")
+	fc, ok, err := e.store.FireCount(c, testPrefix, "default", "lim")
+	if err != nil || !ok || !fc.Unknown() || fc.Since != rev {
+		t.Fatalf("lim's counter %+v %t %v: want unknown at revision %d", fc, ok, err, rev)
+	}
+	if fc, ok, err := e.store.FireCount(c, testPrefix, "default", "later"); err != nil || ok && fc.Unknown() {
+		t.Errorf("later's counter %+v %t %v: unknown, though it had no tick in the dropped span", fc, ok, err)
+	}
+	testenv.Eventually(t, 20*time.Second, func() bool { return len(e.entryTicks("noise")) >= 3 }, "noise to fire after the loss")
+	if n := len(e.entryTicks("lim")); n != 0 {
+		t.Fatalf("lim created %d tasks with its count unknown", n)
+	}
+	// A new limit counts afresh.
+	e.put(every("lim", "@every 1s", limited(2)))
+	testenv.Eventually(t, 20*time.Second, func() bool { return r2.sched.Stats().Completed > 0 && len(e.entryTicks("lim")) == 2 }, "lim to fire its new limit")
+	waitUntil(t, time.Now, time.Now().Add(2*time.Second))
+	r2.stop()
+	if n := len(e.entryTicks("lim")); n != 2 {
+		t.Errorf("lim created %d tasks under its new limit, want 2", n)
+	}
+	if n := r2.sched.Stats().FireCountUnknown; n != 1 {
+		t.Errorf("%d counts found unknown, want lim's alone", n)
+	}
+}

@@ -20,6 +20,10 @@ type Metrics struct {
 	Implausible  prometheus.Counter
 	Epochs       prometheus.Counter
 	Cancels      *prometheus.CounterVec // by action: cancelSent, cancelDeleted
+	Completed    prometheus.Counter
+	// FireCountUnknown counts limited entries made completed because
+	// their fires could not be counted after Redis lost data.
+	FireCountUnknown prometheus.Counter
 }
 
 // Actions of overlap cancel-previous (Metrics.Cancels).
@@ -66,6 +70,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Cancels: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "cronstream_overlap_cancels_total", Help: "Overlap cancel-previous: cancellations of running previous tasks this replica published (cancel-sent), and replaced tasks it deleted (deleted: waiting ones, and cancelled ones back in retry).",
 		}, []string{"action"}),
+		Completed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cronstream_max_fires_reached_total", Help: "Ticks refused because their entry already fired its max_fires (the entry is completed and fires nothing more until its limit changes).",
+		}),
+		FireCountUnknown: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cronstream_max_fires_unknown_total", Help: "Limited entries whose max_fires count Redis lost and the activity stream could no longer rebuild (events past its retention): made completed, firing nothing until max_fires is set to another value.",
+		}),
 	}
 	// Every known label value starts at 0, so the series exist before the
 	// first refusal or skip: rate() and increase() see that first one, and
@@ -79,7 +89,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.Skipped.WithLabelValues(reason)
 	}
 	if reg != nil {
-		reg.MustRegister(m.Fired, m.Skipped, m.Refused, m.Errors, m.FireLag, m.Entries, m.Backpressure, m.Restored, m.Implausible, m.Epochs, m.Cancels)
+		reg.MustRegister(m.Fired, m.Skipped, m.Refused, m.Errors, m.FireLag, m.Entries, m.Backpressure, m.Restored, m.Implausible, m.Epochs, m.Cancels, m.Completed, m.FireCountUnknown)
 	}
 	return m
 }

@@ -24,6 +24,10 @@ func primaryOf(entry string, live []string) string {
 	return best
 }
 
+// PrimaryOf is primaryOf for other components that share work among the
+// live replicas by the same rule: key names the work.
+func PrimaryOf(key string, live []string) string { return primaryOf(key, live) }
+
 // mix64 is the splitmix64 finaliser.
 func mix64(z uint64) uint64 {
 	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9

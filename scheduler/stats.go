@@ -7,9 +7,12 @@ type Stats struct {
 	// Completed counts fires refused because their entry's max fires were
 	// reached (the entry then waits for a new limit).
 	Completed uint64
-	Refused   map[string]uint64
-	Errors    uint64
-	Entries   int
+	// FireCountUnknown counts limited entries made completed because
+	// their fires count could not be rebuilt after Redis lost data.
+	FireCountUnknown uint64
+	Refused          map[string]uint64
+	Errors           uint64
+	Entries          int
 	// Loading counts entries not firing yet because their watermark is
 	// still to be read (after a start, a queue change or a re-register).
 	Loading int

@@ -132,11 +132,11 @@ func (b *boundedHistory) ConfigMessageAt(ctx context.Context, seq uint64) (strin
 // whole of one entry's fire subject: a rebuild that cannot finish in time
 // leaves only that entry unfired (late, so the detector shows it) and is
 // tried again, where an unbounded read would stop the loop.
-func (b *boundedHistory) FiredSince(ctx context.Context, entry string, since uint64) (int, error) {
+func (b *boundedHistory) FiredSince(ctx context.Context, entry string, since uint64) (FireTally, error) {
 	rctx, cancel, err := b.begin(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("fires since revision %d: %w", since, err)
+		return FireTally{}, fmt.Errorf("fires since revision %d: %w", since, err)
 	}
-	n, err := b.h.FiredSince(rctx, entry, since)
-	return n, b.end(ctx, cancel, err)
+	t, err := b.h.FiredSince(rctx, entry, since)
+	return t, b.end(ctx, cancel, err)
 }

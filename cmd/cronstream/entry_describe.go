@@ -39,6 +39,8 @@ type describeView struct {
 	Held *describeHeld `json:"held,omitempty"`
 	// maxFiresSince is the revision the entry's fire limit counts from.
 	maxFiresSince uint64
+	// nextFiresLimited: NextFires stops at the entry's fires left.
+	nextFiresLimited bool
 }
 
 // describeHeld is a held tick: it fires as TaskID once WaitingFor is done.
@@ -149,6 +151,7 @@ not an event: see cronstream_fire_refused_total on the replicas.`,
 				describeHeldTick(ctx, g, &conn, s.names.Prefix(), e, &v)
 			}
 			describeFireCount(ctx, g, &conn, s.names.Prefix(), &v)
+			v.limitNextFires()
 			if g.json {
 				return printJSON(cmd.OutOrStdout(), v)
 			}
@@ -433,6 +436,8 @@ func printDescribe(w io.Writer, v describeView) error {
 	switch {
 	case v.Entry.State == stateEnded:
 		fmt.Fprintf(w, "\nnext fires: none, the entry ended at %s\n", fmtTime(v.Entry.EndAt))
+	case v.Entry.State == stateCompleted && v.Entry.MaxFiresUnknown:
+		fmt.Fprintf(w, "\nnext fires: none, %s\n", maxFiresUnknownReason)
 	case v.Entry.State == stateCompleted:
 		fmt.Fprintf(w, "\nnext fires: none, the entry completed its %d fires\n", v.Entry.MaxFires)
 	case v.Entry.State == statePaused:
@@ -442,8 +447,30 @@ func printDescribe(w io.Writer, v describeView) error {
 		for _, t := range v.NextFires {
 			fmt.Fprintf(w, "  %s\n", fmtTime(t))
 		}
+		if v.nextFiresLimited {
+			fmt.Fprintf(w, "  then none: the last of its max_fires %d\n", v.Entry.MaxFires)
+		}
 	}
 	return nil
+}
+
+// maxFiresUnknownReason says why an entry whose fires count could not be
+// rebuilt fires nothing, and what undoes it.
+const maxFiresUnknownReason = "its max_fires count is unknown: Redis lost it and the activity stream no longer holds every fire since the limit was set; put the entry with another --max-fires (it counts afresh) to fire again"
+
+// limitNextFires keeps no more of a limited entry's next fires than it
+// has left (its whole max_fires when the count is unknown).
+func (v *describeView) limitNextFires() {
+	if !v.Entry.Limited() {
+		return
+	}
+	left := v.Entry.MaxFires
+	if v.Entry.MaxFiresRemaining != nil {
+		left = *v.Entry.MaxFiresRemaining
+	}
+	if len(v.NextFires) > left {
+		v.NextFires, v.nextFiresLimited = v.NextFires[:left], true
+	}
 }
 
 // plural is "1 thing" or "n things".
@@ -475,17 +502,29 @@ func describeFireCount(ctx context.Context, g *globalFlags, conn *connFlags, pre
 // (docs/design.md INV-max-fires) and records the fires left: its limit
 // less the count, when the counter is of the limit's revision since.
 func setRemaining(ctx context.Context, store *taskstate.Store, prefix string, v *entryView, since uint64) error {
-	e := v.Entry
-	c, ok, err := store.FireCount(ctx, prefix, e.Options.QueueName(), e.ID)
+	n, unknown, err := firesLeft(ctx, store, prefix, v.Entry, since)
 	if err != nil {
 		return err
+	}
+	v.setRemaining(n)
+	v.MaxFiresUnknown = unknown
+	return nil
+}
+
+// firesLeft is a limited entry's limit less its fires counter, when the
+// counter is of the limit's revision since; unknown says the counter could
+// not be rebuilt after Redis lost data (none left then).
+func firesLeft(ctx context.Context, store *taskstate.Store, prefix string, e events.Entry, since uint64) (left int, unknown bool, err error) {
+	c, ok, err := store.FireCount(ctx, prefix, e.Options.QueueName(), e.ID)
+	if err != nil {
+		return 0, false, err
 	}
 	fired := 0
 	if ok && c.Since == since {
 		fired = c.Count
+		unknown = c.Unknown()
 	}
-	v.setRemaining(max(e.MaxFires-fired, 0))
-	return nil
+	return max(e.MaxFires-fired, 0), unknown, nil
 }
 
 // maxFiresSinceOf folds an entry's config history as the projector does

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"strings"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/forecast"
+	"github.com/cronstream/cronstream/internal/taskstate"
 )
 
 func init() { subcommands = append(subcommands, newForecastCommand) }
@@ -30,7 +32,9 @@ and a hint where jitter would flatten one.
 Counts are computed, not listed tick by tick: "@every D" arithmetically,
 cron specs one step per minute that holds a tick. Jitter is the
 scheduler's own offset; for entries that fire several times a minute it
-shifts their steady rate by its mean.`,
+shifts their steady rate by its mean. An entry with --max-fires counts
+no more ticks than it has left (read from Redis; without Redis, its whole
+limit).`,
 		Example: `  cronstream forecast
   cronstream forecast --window 2h --by entry
   cronstream forecast --json`,
@@ -59,7 +63,8 @@ shifts their steady rate by its mean.`,
 					entries = append(entries, c.Entry)
 				}
 			}
-			f := forecast.Compute(entries, forecast.Params{Window: window, By: grouping})
+			left := forecastFiresLeft(ctx, g, &conn, s, entries, cmd.ErrOrStderr())
+			f := forecast.Compute(entries, forecast.Params{Window: window, By: grouping, Remaining: left})
 			if g.json {
 				return printJSON(cmd.OutOrStdout(), f)
 			}
@@ -70,8 +75,43 @@ shifts their steady rate by its mean.`,
 	cmd.Flags().DurationVar(&window, "window", 24*time.Hour, "how far ahead to forecast (at most a week)")
 	cmd.Flags().StringVar(&by, "by", "queue", "group fires by queue or entry")
 	cmd.Flags().BoolVar(&g.json, "json", false, "print the forecast as JSON: per-minute counts per group, totals, peaks")
-	addConn(cmd, &conn, false)
+	addConn(cmd, &conn, true)
 	return cmd
+}
+
+// forecastFiresLeft reads the fires left of the limited entries among
+// entries (their config history and fires counter). Redis is only asked
+// when there are such entries; a count that cannot be read stays unknown
+// (the forecast then bounds the entry by its whole max_fires) and is said
+// on warn.
+func forecastFiresLeft(ctx context.Context, g *globalFlags, conn *connFlags, s *session, entries []events.Entry, warn io.Writer) map[string]int {
+	left := map[string]int{}
+	var store *taskstate.Store
+	for _, e := range entries {
+		if !e.Limited() || e.Paused {
+			continue
+		}
+		if store == nil {
+			st, rc, err := openStore(ctx, g, conn)
+			if err != nil {
+				fmt.Fprintf(warn, "fires left unknown, limited entries counted up to their whole max_fires: %s\n", terminalSafe(g.secrets.String(err.Error())))
+				return left
+			}
+			defer rc.Close()
+			store = st
+		}
+		recs, err := s.client.History(ctx, e.ID)
+		var n int
+		if err == nil {
+			n, _, err = firesLeft(ctx, store, s.names.Prefix(), e, maxFiresSinceOf(recs))
+		}
+		if err != nil {
+			fmt.Fprintf(warn, "fires left of %s unknown: %s\n", terminalSafe(e.ID), terminalSafe(g.secrets.String(err.Error())))
+			continue
+		}
+		left[e.ID] = n
+	}
+	return left
 }
 
 var sparks = []rune("▁▂▃▄▅▆▇█")

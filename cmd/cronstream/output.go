@@ -90,6 +90,9 @@ type entryView struct {
 	// MaxFiresRemaining is how many scheduled ticks a limited entry may
 	// still fire, when read from Redis (entry describe).
 	MaxFiresRemaining *int `json:"max_fires_remaining,omitempty"`
+	// MaxFiresUnknown: the fires counter could not be rebuilt after Redis
+	// lost data, so the entry is completed until its limit changes.
+	MaxFiresUnknown bool `json:"max_fires_count_unknown,omitempty"`
 }
 
 // setRemaining records a limited entry's remaining fires; at none an
@@ -318,7 +321,9 @@ func printEntry(w io.Writer, v entryView) error {
 		}
 		if e.Limited() {
 			row("max_fires", strconv.Itoa(e.MaxFires))
-			if v.MaxFiresRemaining != nil {
+			if v.MaxFiresUnknown {
+				row("max_fires remaining", "0 (count unknown after Redis lost data)")
+			} else if v.MaxFiresRemaining != nil {
 				row("max_fires remaining", strconv.Itoa(*v.MaxFiresRemaining))
 			}
 		}

@@ -74,6 +74,11 @@ type entryCounts struct {
 	// FailurePaused are entries paused on failure (failpause), reason in
 	// the note, at most maxFailurePaused of them.
 	FailurePaused []quarantineView `json:"paused_on_failure,omitempty"`
+	// CompletedIDs are the completed entries, at most maxFailurePaused.
+	CompletedIDs []string `json:"completed_entries,omitempty"`
+	// CountUnknown are the completed entries among them whose fires count
+	// could not be rebuilt after Redis lost data.
+	CountUnknown []string `json:"max_fires_count_unknown,omitempty"`
 }
 
 const maxFailurePaused = 20
@@ -289,10 +294,7 @@ func collectStatus(ctx context.Context, g *globalFlags, conn *connFlags, s *sess
 		if beyond > maxRetentionWarnings {
 			rep.Warnings = append(rep.Warnings, fmt.Sprintf("%d more entries have a catch-up window longer than the activity stream's retention", beyond-maxRetentionWarnings))
 		}
-		if len(fires) > maxNextFires {
-			fires = fires[:maxNextFires]
-		}
-		if fires != nil {
+		if fires != nil { // trimmed to maxNextFires once completed entries are known
 			rep.NextFires = fires
 		}
 		rep.Entries.Quarantined = len(bad)
@@ -308,6 +310,7 @@ func collectStatus(ctx context.Context, g *globalFlags, conn *connFlags, s *sess
 		fail("redis", err)
 		rep.Outbox = outboxStatus{Error: err.Error()}
 		rep.Queues, rep.QueuesErr = nil, err.Error()
+		rep.NextFires = rep.NextFires[:min(len(rep.NextFires), maxNextFires)]
 		return rep
 	}
 	defer rc.Close()
@@ -327,8 +330,17 @@ func collectStatus(ctx context.Context, g *globalFlags, conn *connFlags, s *sess
 		if ok && c.Since == st.MaxFiresSince && c.Count >= e.MaxFires {
 			rep.Entries.Active--
 			rep.Entries.Completed++
+			if len(rep.Entries.CompletedIDs) < maxFailurePaused {
+				rep.Entries.CompletedIDs = append(rep.Entries.CompletedIDs, e.ID)
+			}
+			if c.Unknown() && len(rep.Entries.CountUnknown) < maxFailurePaused {
+				rep.Entries.CountUnknown = append(rep.Entries.CountUnknown, e.ID)
+			}
+			// It fires nothing more.
+			rep.NextFires = slices.DeleteFunc(rep.NextFires, func(f nextFireView) bool { return f.Entry == e.ID })
 		}
 	}
+	rep.NextFires = rep.NextFires[:min(len(rep.NextFires), maxNextFires)]
 	if states != nil {
 		// The replicas' clock: corrected to Redis TIME.
 		clk := clock.New(store.Time, clock.Options{})
@@ -525,6 +537,13 @@ func printStatus(w io.Writer, r statusReport) {
 	}
 	for _, q := range r.Entries.FailurePaused {
 		fmt.Fprintf(w, "  paused %s at revision %d (%s): %s\n", terminalSafe(q.ID), q.Revision, fmtTime(q.Time), terminalSafe(q.Reason))
+	}
+	for _, id := range r.Entries.CompletedIDs {
+		if slices.Contains(r.Entries.CountUnknown, id) {
+			fmt.Fprintf(w, "  completed %s: %s\n", terminalSafe(id), maxFiresUnknownReason)
+			continue
+		}
+		fmt.Fprintf(w, "  completed %s: fired its max_fires, fires nothing more\n", terminalSafe(id))
 	}
 
 	fmt.Fprintln(w, "\nStreams:")

@@ -184,6 +184,12 @@ func (f entryFilter) keep(e events.Entry) bool {
 		if !ended {
 			return false
 		}
+	case "completed":
+		// Only a limited active entry can be; whether it is, is read
+		// from Redis (onlyCompleted).
+		if !e.Limited() || e.Paused || ended {
+			return false
+		}
 	}
 	return (f.Queue == "" || e.Options.QueueName() == f.Queue) &&
 		(f.Owner == "" || e.Owner == f.Owner) &&
@@ -238,6 +244,21 @@ func firesLeft(ctx context.Context, src *Source, st projector.State) (left int, 
 		fired = c.Count
 	}
 	return max(e.MaxFires-fired, 0), true
+}
+
+// splitCompleted returns the states of completed entries (completed) or
+// those of the others: the completed and active filters of the live
+// entries table, which need each limited entry's fires counter in Redis.
+// An entry whose counter cannot be read counts as not completed.
+func splitCompleted(ctx context.Context, src *Source, states []*projector.State, completed bool) []*projector.State {
+	out := make([]*projector.State, 0, len(states))
+	for _, st := range states {
+		left, known := firesLeft(ctx, src, *st)
+		if (known && left == 0) == completed {
+			out = append(out, st)
+		}
+	}
+	return out
 }
 
 type tableData struct {
@@ -312,9 +333,14 @@ func (c *Console) entries(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	start := time.Now()
-	d := table(c.entriesOf(src), parseEntryFilter(r.URL.Query()), c.cfg.Now(), nil)
 	ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
 	defer cancel()
+	f := parseEntryFilter(r.URL.Query())
+	states := c.entriesOf(src)
+	if f.State == "active" || f.State == "completed" {
+		states = splitCompleted(ctx, src, states, f.State == "completed")
+	}
+	d := table(states, f, c.cfg.Now(), nil)
 	c.addLastFires(ctx, src, d.Rows)
 	for i := range d.Rows {
 		if left, ok := firesLeft(ctx, src, d.Rows[i].State); ok && left == 0 {

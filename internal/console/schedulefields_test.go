@@ -40,11 +40,47 @@ func TestConsoleMaxFires(t *testing.T) {
 	t.Parallel()
 	s := startSite(t, console.Config{})
 	s.put(events.Entry{ID: "lim", Cron: "@every 1s", Task: events.Task{Type: "t"}, MaxFires: 1})
-	s.waitFor("/entries", "completed")
+	s.put(events.Entry{ID: "open", Cron: "@every 1h", Task: events.Task{Type: "t"}, MaxFires: 5})
+	s.waitFor("/entries", `<span class="paused">completed</span>`)
 	body := s.page("/entries/lim")
 	for _, want := range []string{"1 (0 left)", "None: completed."} {
 		if !strings.Contains(body, want) {
 			t.Errorf("entry page lacks %q", want)
 		}
+	}
+	s.waitFor("/entries?state=completed", ">lim<")
+	if body := s.page("/entries?state=completed"); strings.Contains(body, ">open<") {
+		t.Error("an entry with fires left is listed as completed")
+	}
+	body = s.page("/entries?state=active")
+	if strings.Contains(body, ">lim<") || !strings.Contains(body, ">open<") {
+		t.Errorf("the active filter lists a completed entry or misses an active one:\n%s", body)
+	}
+	// The forecast counts no tick of the completed entry and at most the
+	// fires left of the other (one @every 1h tick in the hour).
+	if body := s.page("/forecast?window=1h"); !strings.Contains(body, "1 fires from 1 entries") {
+		t.Errorf("forecast counts the completed entry:\n%.2000s", body)
+	}
+}
+
+// TestConsoleCompletedFilterInBrowser: the state filter offers completed on
+// the live table (not on time travel, which cannot know it) and keeps it
+// selected.
+func TestConsoleCompletedFilterInBrowser(t *testing.T) {
+	t.Parallel()
+	b := newBrowser(t)
+	s := startSite(t, console.Config{})
+	s.put(events.Entry{ID: "lim", Cron: "@every 1s", Task: events.Task{Type: "t"}, MaxFires: 1})
+	s.put(events.Entry{ID: "hourly-x", Cron: "@every 1h", Task: events.Task{Type: "t"}})
+	s.waitFor("/entries?state=completed", ">lim<")
+	text := b.visit(s.url("/entries?state=completed"))
+	if !strings.Contains(text, "lim") || strings.Contains(text, "hourly-x") {
+		t.Errorf("completed filter shows:\n%s", text)
+	}
+	if body := s.page("/entries?state=completed"); !strings.Contains(body, `<option value="completed" selected>`) {
+		t.Error("the completed option is not selected")
+	}
+	if body := s.page("/timetravel?at=" + time.Now().UTC().Format(time.RFC3339)); strings.Contains(body, `value="completed"`) {
+		t.Error("time travel offers the completed filter")
 	}
 }

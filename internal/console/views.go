@@ -195,14 +195,16 @@ func (c *Console) forecast(w http.ResponseWriter, r *http.Request) {
 		}
 		window = d
 	}
-	v := c.forecastFor(src, window)
+	ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
+	defer cancel()
+	v := c.forecastFor(ctx, src, window)
 	c.render(w, r, http.StatusOK, "forecast", page{Title: "Forecast", Data: v, Server: time.Since(start)})
 }
 
 // forecastFor computes (or reuses) the forecast of the projection as it is,
 // from the current minute: the same revision and minute give the same
-// forecast.
-func (c *Console) forecastFor(src *Source, window time.Duration) *forecastView {
+// forecast. Limited entries count no more ticks than they have left.
+func (c *Console) forecastFor(ctx context.Context, src *Source, window time.Duration) *forecastView {
 	var seq uint64
 	if src.LastSeq != nil {
 		seq = src.LastSeq()
@@ -214,13 +216,19 @@ func (c *Console) forecastFor(src *Source, window time.Duration) *forecastView {
 		return v
 	}
 	states := c.entriesOf(src)
+	left := map[string]int{}
+	for _, st := range states {
+		if n, ok := firesLeft(ctx, src, *st); ok {
+			left[st.Entry.ID] = n
+		}
+	}
 	f := forecast.ComputeSeq(func(yield func(*events.Entry) bool) {
 		for i := range states {
 			if !yield(&states[i].Entry) {
 				return
 			}
 		}
-	}, forecast.Params{From: key.from, Window: window, By: forecast.ByQueue})
+	}, forecast.Params{From: key.from, Window: window, By: forecast.ByQueue, Remaining: left})
 	v := &forecastView{F: f, Chart: buildChart(f), Window: window.String(), Windows: forecastWindows}
 	for _, w := range forecastWindows {
 		if d, _ := time.ParseDuration(w); d == window {

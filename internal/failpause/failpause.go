@@ -6,14 +6,18 @@
 // ls, history and audit, and `entry resume` undoes it.
 //
 // Each replica runs one Watcher. Every Interval it reads, for each queue
-// that holds an armed entry (pause_on_failure, not paused), the archived set
-// from the score it reached last time (ZRANGEBYSCORE, in bounded pages), so
-// a large archive is read once, not per scan. A task id tells its entry
+// that holds an armed entry (pause_on_failure, not paused) and of which it
+// is the primary among the live replicas (scheduler.PrimaryOf), the
+// archived set from the score it reached last time (ZRANGEBYSCORE, in
+// bounded pages), so a large archive is read once, not per scan. An
+// entry's old queue after a move is scanned for it too, until no busy task
+// of the entry is left there or for MovedScan. A task id tells its entry
 // (scheduler.TaskEntry); only tasks of armed entries have their message read,
 // for the error.
 //
-// Exactly one pause: every replica may see the same archived task, and
-// each pauses conditionally on the revision it saw armed (IfRevision); the
+// Exactly one pause: two replicas may both take themselves for a queue's
+// primary for a moment (their live sets differ) and see the same archived
+// task, and each pauses conditionally on the revision it saw armed (IfRevision); the
 // first write wins and the others get a revision conflict, see the entry
 // paused on their next look and do nothing. A task archived before the
 // entry last became armed (a resume, or the put that set pause_on_failure)
@@ -59,12 +63,20 @@ const (
 	DefaultMaxPages = 20
 	// MaxErrorLen caps the task's error in the pause note (bytes).
 	MaxErrorLen = 300
+	// DefaultMovedScan is how long after a queue move the entry's old
+	// queue is still scanned, unless it holds no busy task of the entry
+	// sooner.
+	DefaultMovedScan = 24 * time.Hour
+	// busyCheckEvery spaces the checks for busy tasks of a moved entry in
+	// its old queue.
+	busyCheckEvery = time.Minute
 )
 
 // Store reads the archived sets; *taskstate.Store implements it.
 type Store interface {
 	ArchivedSince(ctx context.Context, queue string, from time.Time, skip, limit int) ([]taskstate.ArchivedTask, error)
 	ArchivedMessages(ctx context.Context, queue string, ids []string) ([]*taskstate.TaskMessage, []error, error)
+	HasBusyTask(ctx context.Context, queue, idPrefix string) (bool, error)
 }
 
 // Projection is the registered-entry map; *projector.Projector implements it.
@@ -94,9 +106,18 @@ type Config struct {
 	Lookback time.Duration // default DefaultLookback
 	Page     int           // archived set members per read (default DefaultPage)
 	MaxPages int           // reads per queue and scan (default DefaultMaxPages)
-	Now      func() time.Time
-	Logger   *slog.Logger // default slog.Default()
-	Metrics  *Metrics     // default NewMetrics(nil)
+	// MovedScan is how long a moved entry's old queue is still scanned
+	// (default DefaultMovedScan): tasks it left there may be archived
+	// later, when their retries run out.
+	MovedScan time.Duration
+	// Live returns the live replicas and ReplicaID is this one: only the
+	// primary of a queue among them (scheduler.PrimaryOf) scans it and
+	// publishes its pauses. Nil Live: this replica scans every queue.
+	Live      func() []string
+	ReplicaID string
+	Now       func() time.Time
+	Logger    *slog.Logger // default slog.Default()
+	Metrics   *Metrics     // default NewMetrics(nil)
 }
 
 // Watcher pauses entries whose tasks were archived: one loop, Start to
@@ -108,6 +129,11 @@ type Watcher struct {
 	cursors map[string]*cursor    // by queue
 	pending map[string]candidate  // by entry: pauses to retry
 	armedAt map[string]armedSince // by entry: from history, per revision
+	// queueOf is the queue each entry with pause_on_failure was last seen
+	// in, and moved the old queues still scanned for it (moves seen live,
+	// or read from its history at first sight).
+	queueOf map[string]string
+	moved   map[string]map[string]*oldQueue // by entry, then old queue
 	mu      sync.Mutex
 	started bool
 	cancel  context.CancelFunc
@@ -119,6 +145,14 @@ type Watcher struct {
 type cursor struct {
 	from time.Time
 	seen map[string]bool
+}
+
+// oldQueue is a queue an entry moved away from, scanned for its tasks
+// until no busy task of it is left there, or until the bound.
+type oldQueue struct {
+	until   time.Time
+	checked time.Time // last look for busy tasks
+	idle    bool      // that look found none: done after this scan
 }
 
 // candidate is an archived task of an armed entry.
@@ -148,6 +182,7 @@ func New(p Config) (*Watcher, error) {
 	p.Lookback = cmp.Or(max(p.Lookback, 0), DefaultLookback)
 	p.Page = cmp.Or(max(p.Page, 0), DefaultPage)
 	p.MaxPages = cmp.Or(max(p.MaxPages, 0), DefaultMaxPages)
+	p.MovedScan = cmp.Or(max(p.MovedScan, 0), DefaultMovedScan)
 	if p.Now == nil {
 		p.Now = time.Now
 	}
@@ -159,6 +194,7 @@ func New(p Config) (*Watcher, error) {
 	}
 	return &Watcher{
 		p: p, cursors: map[string]*cursor{}, pending: map[string]candidate{}, armedAt: map[string]armedSince{},
+		queueOf: map[string]string{}, moved: map[string]map[string]*oldQueue{},
 		done: make(chan struct{}),
 	}, nil
 }
@@ -215,17 +251,39 @@ func (w *Watcher) Scan(ctx context.Context) []string {
 		return nil
 	}
 	armed := map[string]map[string]bool{} // queue -> entries
+	add := func(q, entry string) {
+		if armed[q] == nil {
+			armed[q] = map[string]bool{}
+		}
+		armed[q][entry] = true
+	}
+	now := w.p.Now()
+	var unseen []*projector.State
 	for _, st := range w.p.Projection.States() {
+		if w.trackQueue(st, now) {
+			unseen = append(unseen, st)
+		}
 		if isArmed(st.Entry) {
-			q := st.Entry.Options.QueueName()
-			if armed[q] == nil {
-				armed[q] = map[string]bool{}
+			add(st.Entry.Options.QueueName(), st.Entry.ID)
+			for q := range w.moved[st.Entry.ID] {
+				add(q, st.Entry.ID)
 			}
-			armed[q][st.Entry.ID] = true
+		}
+	}
+	var live []string
+	if w.p.Live != nil {
+		live = w.p.Live()
+	}
+	for q := range armed {
+		if len(live) > 0 && scheduler.PrimaryOf(primaryKey(q), live) != w.p.ReplicaID {
+			// Another replica scans this queue and publishes its pauses;
+			// the conditional pause below stays the safety net.
+			delete(armed, q)
 		}
 	}
 	w.p.Metrics.Queues.Set(float64(len(armed)))
 	for q, entries := range armed {
+		w.checkMoved(ctx, q, entries, now)
 		found, err := w.read(ctx, q, entries)
 		if err != nil {
 			if ctx.Err() == nil {
@@ -234,6 +292,7 @@ func (w *Watcher) Scan(ctx context.Context) []string {
 			}
 			continue
 		}
+		w.doneMoved(q, entries)
 		for _, c := range found {
 			// The earliest archive of an entry is the one a pause names.
 			if _, ok := w.pending[c.entry]; !ok {
@@ -257,10 +316,140 @@ func (w *Watcher) Scan(ctx context.Context) []string {
 		}
 	}
 	w.p.Metrics.Pending.Set(float64(len(w.pending)))
+	// Last, so a slow or failing read delays no pause; a bounded number a
+	// scan, the rest next time.
+	for i, st := range unseen {
+		if i == maxHistoryReads || !w.readMoves(ctx, st, now) {
+			break
+		}
+	}
 	return paused
 }
 
 func isArmed(e events.Entry) bool { return e.PauseOnFailure && !e.Paused && !e.Removed }
+
+// primaryKey is the name whose primary scans queue's archived set.
+func primaryKey(queue string) string { return "~failpause:" + queue }
+
+// trackQueue follows the queue of an entry with pause_on_failure: a move
+// keeps its old queue scanned (MovedScan). It reports an entry first seen
+// whose last change is recent enough to follow a move this replica did
+// not see (it started after it): readMoves reads its history.
+func (w *Watcher) trackQueue(st *projector.State, now time.Time) (unseen bool) {
+	e := st.Entry
+	id, q := e.ID, e.Options.QueueName()
+	if !e.PauseOnFailure || e.Removed {
+		delete(w.queueOf, id)
+		delete(w.moved, id)
+		return false
+	}
+	prev, seen := w.queueOf[id]
+	switch {
+	case seen && prev != q:
+		w.addMoved(id, prev, now.Add(w.p.MovedScan))
+	case !seen && now.Sub(st.Time) < w.p.MovedScan:
+		return true
+	}
+	w.queueOf[id] = q
+	w.expireMoved(id, q, now)
+	return false
+}
+
+// historyTimeout bounds one history read of readMoves, and
+// maxHistoryReads the reads of one scan.
+const (
+	historyTimeout  = 2 * time.Second
+	maxHistoryReads = 100
+)
+
+// readMoves reads the queue moves of st's entry within MovedScan from its
+// history. It reports false when the read failed (tried again next scan).
+func (w *Watcher) readMoves(ctx context.Context, st *projector.State, now time.Time) bool {
+	id := st.Entry.ID
+	rctx, cancel := context.WithTimeout(ctx, historyTimeout)
+	defer cancel()
+	recs, err := w.p.Entries.History(rctx, id)
+	if err != nil {
+		w.fail(ctx, candidate{entry: id}, "read the entry's history for its queue moves", err)
+		return false
+	}
+	var last string
+	for _, r := range recs {
+		if r.Entry == nil || r.Entry.Removed {
+			last = ""
+			continue
+		}
+		rq := r.Entry.Options.QueueName()
+		if last != "" && rq != last && now.Sub(r.Time) < w.p.MovedScan {
+			w.addMoved(id, last, r.Time.Add(w.p.MovedScan))
+		}
+		last = rq
+	}
+	q := st.Entry.Options.QueueName()
+	w.queueOf[id] = q
+	w.expireMoved(id, q, now)
+	return true
+}
+
+// expireMoved drops the old queues of entry (now in q) past their bound,
+// and q itself (it moved back: scanned as its queue).
+func (w *Watcher) expireMoved(id, q string, now time.Time) {
+	if m := w.moved[id]; m != nil {
+		delete(m, q) // moved back: scanned as its queue
+		for oq, o := range m {
+			if now.After(o.until) {
+				w.p.Logger.Info("pause on failure: no longer scanning the entry's old queue (bound reached)", "entry", id, "queue", oq)
+				delete(m, oq)
+			}
+		}
+		if len(m) == 0 {
+			delete(w.moved, id)
+		}
+	}
+}
+
+func (w *Watcher) addMoved(entry, queue string, until time.Time) {
+	if w.moved[entry] == nil {
+		w.moved[entry] = map[string]*oldQueue{}
+	}
+	if o, ok := w.moved[entry][queue]; ok && o.until.After(until) {
+		return
+	}
+	w.moved[entry][queue] = &oldQueue{until: until}
+	w.p.Logger.Info("pause on failure: the entry moved; its old queue is still scanned for its archived tasks", "entry", entry, "queue", queue, "until", until.Format(time.RFC3339))
+}
+
+// checkMoved looks, at most every busyCheckEvery, whether queue still
+// holds a busy task of each entry that moved away from it. One that holds
+// none can archive no more there: the read that follows is its last.
+func (w *Watcher) checkMoved(ctx context.Context, queue string, entries map[string]bool, now time.Time) {
+	for id := range entries {
+		o := w.moved[id][queue]
+		if o == nil || now.Sub(o.checked) < busyCheckEvery {
+			continue
+		}
+		busy, err := w.p.Store.HasBusyTask(ctx, queue, w.p.Names.Prefix()+":"+id+":")
+		if err != nil {
+			w.fail(ctx, candidate{entry: id, queue: queue}, "look for the entry's busy tasks in its old queue", err)
+			continue
+		}
+		o.checked, o.idle = now, !busy
+	}
+}
+
+// doneMoved stops scanning queue for the moved entries it holds no busy
+// task of, once a read after that finding succeeded.
+func (w *Watcher) doneMoved(queue string, entries map[string]bool) {
+	for id := range entries {
+		if o := w.moved[id][queue]; o != nil && o.idle {
+			w.p.Logger.Info("pause on failure: no longer scanning the entry's old queue (no busy task of it left there)", "entry", id, "queue", queue)
+			delete(w.moved[id], queue)
+			if len(w.moved[id]) == 0 {
+				delete(w.moved, id)
+			}
+		}
+	}
+}
 
 // read returns the archived tasks of queue's armed entries since the
 // queue's cursor, moving it.
@@ -495,7 +684,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		Queues: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "cronstream_failure_pause_queues",
-			Help: "Queues whose archived sets are scanned because they hold entries with pause_on_failure.",
+			Help: "Queues whose archived sets this replica scans (it is their primary) because they hold entries with pause_on_failure, or did before one moved away.",
 		}),
 	}
 	if reg != nil {

@@ -497,3 +497,131 @@ func newWatcher(t *testing.T, cfg failpause.Config) *failpause.Watcher {
 	}
 	return w
 }
+
+// TestPauseOnFailureAfterQueueMove: a task of the entry fails in its queue
+// and waits for its retry there; the entry moves to another queue before
+// the retry. The retry fails too and archives the task in the old queue,
+// after the move: the replica still scans the old queue for the entry and
+// pauses it. A replica that starts after the move learns the old queue
+// from the entry's history.
+func TestPauseOnFailureAfterQueueMove(t *testing.T) {
+	ns := testenv.StartNATS(t)
+	rd := testenv.StartRedis(t)
+	rc := rd.Client(t)
+	names := events.MustNames("mv")
+	ctx := context.Background()
+	startReplica(t, ns, rc, names, "r1")
+
+	srv := asynq.NewServerFromRedisClient(rc, asynq.Config{
+		Concurrency: 4, Queues: map[string]int{"old": 1}, LogLevel: asynq.FatalLevel,
+		TaskCheckInterval: 50 * time.Millisecond, ShutdownTimeout: time.Second,
+		RetryDelayFunc: func(int, error, *asynq.Task) time.Duration { return 6 * time.Second },
+	})
+	if err := srv.Start(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return errors.New("still broken") })); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+
+	client := events.NewClient(ns.JetStream(t), names)
+	one := 1
+	e := events.Entry{ID: "mover", Cron: "@every 1s", Task: events.Task{Type: "work"}, PauseOnFailure: true,
+		Options: events.Options{Queue: "old", MaxRetry: &one}}
+	if _, err := client.Put(ctx, e); err != nil {
+		t.Fatal(err)
+	}
+	k := taskstate.Keys("old")
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		n, err := rc.ZCard(ctx, k.Retry()).Result()
+		return err == nil && n > 0
+	}, "a task of the entry to wait for its retry in the old queue")
+	e.Options.Queue = "new" // no worker there: its tasks wait
+	if _, err := client.Put(ctx, e); err != nil {
+		t.Fatal(err)
+	}
+	movedAt := time.Now()
+	if n, err := rc.ZCard(ctx, k.Archived()).Result(); err != nil || n != 0 {
+		t.Fatalf("%d tasks archived in the old queue before the move (%v): the test needs the archive after it", n, err)
+	}
+
+	var got events.Entry
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		en, _, err := client.Get(ctx, "mover")
+		got = en
+		return err == nil && en.Paused
+	}, "the entry never paused for a task archived in its old queue after the move")
+	if !strings.Contains(got.Note, "still broken") {
+		t.Fatalf("pause note %q", got.Note)
+	}
+	task := strings.Fields(got.Note)[4]
+	if at, err := rc.ZScore(ctx, k.Archived(), task).Result(); err != nil || int64(at) < movedAt.Unix() {
+		t.Fatalf("task %s archived at %v in the old queue (%v), want after the move at %s", task, at, err, movedAt)
+	}
+
+	// A watcher started after the move learns the old queue from the
+	// entry's history.
+	if _, err := client.Resume(ctx, "mover"); err != nil {
+		t.Fatal(err)
+	}
+	logs := &logLines{}
+	proj := startProjector(t, ns.JetStream(t), names)
+	w := newWatcher(t, failpause.Config{Store: taskstate.New(rc), Projection: proj, Entries: client, Names: names, Logger: slog.New(logs)})
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		w.Scan(ctx)
+		return logs.count("its old queue is still scanned") > 0
+	}, "a watcher started after the move did not learn the old queue: %q", logs.tail())
+}
+
+// TestOnlyThePrimaryScans: with two replicas, each queue holding entries
+// with pause_on_failure is scanned by exactly one of them (its primary),
+// and a pause still happens.
+func TestOnlyThePrimaryScans(t *testing.T) {
+	ns := testenv.StartNATS(t)
+	rc := testenv.StartRedis(t).Client(t)
+	names := events.MustNames("prim")
+	ctx := context.Background()
+	addr1 := startReplica(t, ns, rc, names, "r1")
+	addr2 := startReplica(t, ns, rc, names, "r2")
+	client := events.NewClient(ns.JetStream(t), names)
+	queues := []string{"qa", "qb", "qc"}
+	for _, q := range queues {
+		if _, err := client.Put(ctx, events.Entry{ID: "far-" + q, Cron: "0 0 1 1 *", Task: events.Task{Type: "work"},
+			Options: events.Options{Queue: q}, PauseOnFailure: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	scanned := func() (int, int) {
+		a, _ := strconv.Atoi(metric(t, addr1, "cronstream_failure_pause_queues"))
+		b, _ := strconv.Atoi(metric(t, addr2, "cronstream_failure_pause_queues"))
+		return a, b
+	}
+	testenv.Eventually(t, 20*time.Second, func() bool { a, b := scanned(); return a+b == len(queues) }, "each queue scanned once")
+	for range 5 {
+		deadline := time.Now().Add(failpause.DefaultInterval)
+		testenv.Eventually(t, 10*time.Second, func() bool { return time.Now().After(deadline) }, "")
+		if a, b := scanned(); a+b != len(queues) {
+			t.Fatalf("replicas scan %d and %d queues, want %d in all", a, b, len(queues))
+		}
+	}
+	t.Logf("r1 scans %d queues, r2 %d", func() int { a, _ := scanned(); return a }(), func() int { _, b := scanned(); return b }())
+
+	// A task of an entry archived in one of the queues pauses it.
+	id := scheduler.TaskID(names.Prefix(), "far-qb", time.Now().Add(-time.Minute).Truncate(time.Second))
+	b, err := taskstate.EncodeTaskMessage(&taskstate.TaskMessage{Type: "work", ID: id, Queue: "qb", ErrorMsg: "nope", LastFailedAt: time.Now().Unix()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := taskstate.Keys("qb")
+	if err := rc.HSet(ctx, k.Task(id), "msg", b, "state", taskstate.StateArchived).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rc.ZAdd(ctx, k.Archived(), redis.Z{Score: float64(time.Now().Add(2 * time.Second).Unix()), Member: id}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		e, _, err := client.Get(ctx, "far-qb")
+		return err == nil && e.Paused
+	}, "far-qb never paused")
+	if n := pausedEvents(t, client, "far-qb"); n != 1 {
+		t.Fatalf("%d paused events, want 1", n)
+	}
+}

@@ -67,6 +67,10 @@ type Params struct {
 	MaxGroups int
 	// MaxPeaks is how many peaks are reported. Zero: 3.
 	MaxPeaks int
+	// Remaining is the fires left of entries with max_fires, by id, as
+	// read from their fires counters in Redis. A limited entry not in it
+	// is bounded by its whole max_fires (nothing is known of its count).
+	Remaining map[string]int
 }
 
 // OtherGroup names the sum of the groups beyond MaxGroups.
@@ -138,7 +142,9 @@ type unit struct {
 }
 
 // Compute forecasts the fires of entries. Paused and removed entries are
-// left out; an entry whose schedule does not build is listed in Skipped.
+// left out, and so are limited entries with no fires left; an entry whose
+// schedule does not build is listed in Skipped. A limited entry counts no
+// more ticks than its fires left.
 func Compute(entries []events.Entry, p Params) *Forecast {
 	return ComputeSeq(func(yield func(*events.Entry) bool) {
 		for i := range entries {
@@ -167,6 +173,16 @@ func ComputeSeq(entries iter.Seq[*events.Entry], p Params) *Forecast {
 		if e.Paused || e.Removed {
 			continue
 		}
+		left := -1 // no limit
+		if e.Limited() {
+			left = e.MaxFires
+			if n, ok := p.Remaining[e.ID]; ok {
+				left = n
+			}
+			if left <= 0 {
+				continue // completed: it fires nothing more
+			}
+		}
 		k, shareable := shareKey(*e)
 		if shareable {
 			if u, ok := shared[k]; ok {
@@ -178,7 +194,7 @@ func ComputeSeq(entries iter.Seq[*events.Entry], p Params) *Forecast {
 				continue
 			}
 		}
-		pts, err := series(*e, from, minutes, walks, acc)
+		pts, err := series(*e, from, minutes, walks, acc, left)
 		if err != nil {
 			f.Skipped = append(f.Skipped, e.ID)
 			continue
@@ -232,10 +248,11 @@ func shareKey(e events.Entry) (string, bool) {
 }
 
 // series computes the fires of one entry per minute over [from,
-// from+minutes). walks holds the minute walks already done, by spec, zone
-// and jitter: entries that differ only in id (and so in their jitter
-// offsets) walk their schedule once.
-func series(e events.Entry, from time.Time, minutes int, walks map[walkKey][]tickMinute, acc *accumulator) ([]point, error) {
+// from+minutes), at most left of them (negative: no limit). walks holds
+// the minute walks already done, by spec, zone and jitter: entries that
+// differ only in id (and so in their jitter offsets) walk their schedule
+// once.
+func series(e events.Entry, from time.Time, minutes int, walks map[walkKey][]tickMinute, acc *accumulator, left int) ([]point, error) {
 	s, err := scheduler.NewSchedule(e)
 	if err != nil {
 		return nil, err
@@ -247,7 +264,7 @@ func series(e events.Entry, from time.Time, minutes int, walks map[walkKey][]tic
 		meanShift = int64(jitter/time.Second-1) / 2
 	}
 	if bounded(e) {
-		return boundedSeries(e, s, from, minutes, acc), nil
+		return boundedSeries(e, s, from, minutes, acc, left), nil
 	}
 	if every, ok := strings.CutPrefix(e.Cron, "@every "); ok {
 		d, _ := time.ParseDuration(every) // NewSchedule checked it
@@ -279,21 +296,24 @@ func series(e events.Entry, from time.Time, minutes int, walks map[walkKey][]tic
 	return acc.points(), nil
 }
 
-// bounded reports whether e has an active window or exclusions, which the
-// shortcuts (arithmetic for @every, walks shared by spec) do not know.
+// bounded reports whether e has an active window, exclusions or a fire
+// limit, which the shortcuts (arithmetic for @every, walks shared by spec)
+// do not know.
 func bounded(e events.Entry) bool {
-	return !e.StartAt.IsZero() || !e.EndAt.IsZero() || len(e.Exclude) > 0
+	return !e.StartAt.IsZero() || !e.EndAt.IsZero() || len(e.Exclude) > 0 || e.Limited()
 }
 
 // boundedSeries counts the ticks that fire one by one, with the
-// scheduler's own NextFire (window and exclusions applied).
-func boundedSeries(e events.Entry, s *scheduler.Schedule, from time.Time, minutes int, acc *accumulator) []point {
+// scheduler's own NextFire (window and exclusions applied), at most left
+// of them (negative: no limit).
+func boundedSeries(e events.Entry, s *scheduler.Schedule, from time.Time, minutes int, acc *accumulator, left int) []point {
 	jitter := e.Jitter.D().Truncate(time.Second)
 	end := from.Add(time.Duration(minutes) * time.Minute)
 	acc.reset()
 	jit := newJitterer(e.ID, jitter)
-	for t := s.NextFire(from.Add(-jitter - time.Second)); !t.IsZero() && t.Before(end); t = s.NextFire(t) {
+	for t := s.NextFire(from.Add(-jitter - time.Second)); !t.IsZero() && t.Before(end) && left != 0; t = s.NextFire(t) {
 		acc.add(t.Unix()+jit.offset(t.Unix()), 1)
+		left--
 	}
 	return acc.points()
 }

@@ -216,3 +216,44 @@ func bruteForceFires(t *testing.T, e events.Entry, from time.Time, minutes int) 
 	}
 	return n
 }
+
+// TestComputeMaxFires: a limited entry counts no more ticks than its fires
+// left (its whole max_fires when the count is unknown), in time order; a
+// completed one counts none and is left out of the entries.
+func TestComputeMaxFires(t *testing.T) {
+	from := time.Date(2027, 3, 1, 0, 0, 0, 0, time.UTC)
+	entries := []events.Entry{
+		{ID: "left3", Cron: "@every 10s", MaxFires: 100},
+		{ID: "unknown", Cron: "* * * * *", MaxFires: 5, Options: events.Options{Queue: "q2"}},
+		{ID: "done", Cron: "@every 1s", MaxFires: 2},
+		{ID: "wide", Cron: "0 * * * *", MaxFires: 50}, // fewer ticks than fires left
+		{ID: "free", Cron: "@every 1m"},
+	}
+	f := Compute(entries, Params{From: from, Window: time.Hour, By: ByEntry,
+		Remaining: map[string]int{"left3": 3, "done": 0, "wide": 40}})
+	want := map[string]int64{"left3": 3, "unknown": 5, "wide": 1, "free": 60}
+	got := map[string]int64{}
+	for _, g := range f.Groups {
+		got[g.Name] = g.Total
+	}
+	for id, n := range want {
+		if got[id] != n {
+			t.Errorf("%s: %d fires, want %d (groups %v)", id, got[id], n, got)
+		}
+	}
+	if _, ok := got["done"]; ok || f.Entries != 4 {
+		t.Errorf("the completed entry is counted: %d entries, groups %v", f.Entries, got)
+	}
+	if f.Total != 3+5+1+60 {
+		t.Errorf("total %d", f.Total)
+	}
+	// The fires left are the first ticks: left3's three in the first minute.
+	for _, g := range f.Groups {
+		if g.Name == "left3" && g.Counts[0] != 3 {
+			t.Errorf("left3 per minute starts %v", g.Counts[:3])
+		}
+		if g.Name == "unknown" && (g.Counts[4] != 1 || g.Counts[5] != 0) {
+			t.Errorf("unknown per minute starts %v", g.Counts[:7])
+		}
+	}
+}

@@ -505,6 +505,7 @@ func (r *Replica) start(ctx context.Context) error {
 	if r.failPause, err = failpause.New(failpause.Config{
 		Store: r.store, Projection: r.proj, Entries: events.NewClient(js, r.cfg.Names, events.WithSource(r.cfg.ReplicaID)),
 		Names: r.cfg.Names, Now: r.clock.Now, Logger: r.log, Metrics: failpause.NewMetrics(r.reg),
+		Live: r.members.Live, ReplicaID: r.cfg.ReplicaID,
 	}); err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -71,4 +72,40 @@ func (s *Store) ArchivedMessages(ctx context.Context, queue string, ids []string
 		}
 	}
 	return msgs, errs, nil
+}
+
+// maxBusyList bounds the ids HasBusyTask reads of a pending or active list.
+const maxBusyList = 10000
+
+// HasBusyTask reports whether queue holds a task whose id starts with
+// idPrefix that is still pending, active, scheduled or retrying: one that
+// may yet be archived there. The sorted sets are matched by Redis (ZSCAN
+// MATCH); the lists are read up to maxBusyList ids each, and a longer list
+// counts as holding one (the caller asks again later).
+func (s *Store) HasBusyTask(ctx context.Context, queue, idPrefix string) (bool, error) {
+	k := Keys(queue)
+	for _, set := range []string{k.Scheduled(), k.Retry()} {
+		it := s.client.ZScan(ctx, set, 0, globEscape(idPrefix)+"*", 1000).Iterator()
+		for it.Next(ctx) {
+			return true, nil
+		}
+		if err := it.Err(); err != nil {
+			return false, fmt.Errorf("busy tasks of %q in queue %q: %w", idPrefix, queue, err)
+		}
+	}
+	for _, list := range []string{k.Pending(), k.Active()} {
+		ids, err := s.client.LRange(ctx, list, 0, maxBusyList).Result()
+		if err != nil {
+			return false, fmt.Errorf("busy tasks of %q in queue %q: %w", idPrefix, queue, err)
+		}
+		if len(ids) > maxBusyList {
+			return true, nil
+		}
+		for _, id := range ids {
+			if strings.HasPrefix(id, idPrefix) {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
 }

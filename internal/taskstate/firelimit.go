@@ -23,6 +23,17 @@ type FireCount struct {
 	Count int
 }
 
+// FireCountUnknown is the count of a counter whose fires could not be
+// counted (Redis lost data and the activity stream no longer holds every
+// fire since the limit's revision): above any limit, so the fire script
+// refuses every tick as completed until the limit changes, and exact as a
+// Lua number.
+const FireCountUnknown = 1 << 53
+
+// Unknown reports whether c is a counter whose fires could not be counted
+// (FireCountUnknown).
+func (c FireCount) Unknown() bool { return c.Count >= FireCountUnknown }
+
 // FireCount reads entry's fires counter in queue's slot; ok is false when
 // there is none (the entry never fired there under a limit).
 func (s *Store) FireCount(ctx context.Context, prefix, queue, entry string) (FireCount, bool, error) {
