@@ -28,7 +28,7 @@ const prefix = "rl"
 var names = events.MustNames(prefix)
 
 type env struct {
-	t     *testing.T
+	t     testing.TB
 	nats  *testenv.NATS
 	rc    *redis.Client
 	store *taskstate.Store
@@ -39,7 +39,7 @@ type env struct {
 // newEnv starts Redis and NATS with the streams; dup, when non-zero,
 // overrides the activity stream's duplicate window (EnsureStreams refuses
 // windows this short).
-func newEnv(t *testing.T, dup time.Duration) *env {
+func newEnv(t testing.TB, dup time.Duration) *env {
 	t.Helper()
 	e := &env{t: t, nats: testenv.StartNATS(t)}
 	e.rc = testenv.StartRedis(t).Client(t)
@@ -416,6 +416,37 @@ func TestRelayHold(t *testing.T) {
 	checkExactlyOnce(t, e.stored(), want)
 }
 
+// TestRelayHeldOnceUntilCaughtUp: a relay held for MaxHold is not held
+// again until it has caught up with its outbox (a scheduler busy every
+// second would otherwise leave it only the gaps), and is held again once it
+// has.
+func TestRelayHeldOnceUntilCaughtUp(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 0)
+	r := e.newRelay("r1", func(c *relay.Config) {
+		c.Hold = func() bool { return true }
+		c.MaxHold = time.Second
+		c.Batch, c.BatchesPerPass = 8, 1 // one small batch per pass: 20 passes
+	})
+	want := e.write("default", "a", 160)
+	start(t, r)
+	begin := time.Now()
+	// Held before every pass, the 20 passes would take 20 s.
+	testenv.Eventually(t, 8*time.Second, func() bool { return e.outboxLen("default") == 0 }, "the relay to drain its outbox after one hold")
+	if waited := time.Since(begin); waited < 900*time.Millisecond {
+		t.Fatalf("published after %s under a Hold that never lets go (MaxHold 1s)", waited)
+	}
+	// Caught up, so the next records wait for a hold again.
+	want = append(want, e.write("default", "b", 8)...)
+	begin = time.Now()
+	r.Notify()
+	testenv.Eventually(t, 8*time.Second, func() bool { return e.outboxLen("default") == 0 }, "the relay to publish after the next hold")
+	if waited := time.Since(begin); waited < 900*time.Millisecond {
+		t.Fatalf("published after %s: a relay that caught up was not held again", waited)
+	}
+	checkExactlyOnce(t, e.stored(), want)
+}
+
 // TestRelayExpandsCompactRecords: a compact fired record goes to the stream
 // as the event's JSON, byte for byte what the full form would have been,
 // on the entry's subject.
@@ -484,7 +515,9 @@ func TestRelayExpandsCompactRecords(t *testing.T) {
 func TestRelayLeavesNewerRecords(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 0)
-	before := e.write("default", "a", 3)
+	// More records before it than one batch (64): the pass stops at it
+	// in its third batch.
+	before := e.write("default", "a", 150)
 	c := ctx(t, 20*time.Second)
 	newer := taskstate.Fire{
 		Prefix: prefix, Entry: "b", Queue: "default", Kind: taskstate.FireBackfill, Tick: time.Unix(1_800_000_000, 0),
