@@ -585,6 +585,10 @@ func (r *Relay) subjectOf(h envelopeHead) (string, error) {
 	return "", fmt.Errorf("event %s: type %q does not belong in the activity stream", h.ID, h.Type)
 }
 
+// firedEventBytes is about the length of an expanded fired event, to size
+// a batch's buffer.
+const firedEventBytes = 448
+
 // sending is a batch of records on its way to the stream.
 type sending struct {
 	r    *Relay
@@ -606,14 +610,22 @@ func (r *Relay) send(ctx context.Context, queue string, recs []taskstate.OutboxR
 	stream := r.cfg.Names.ActivityStream()
 	s := &sending{r: r, recs: recs, msgs: make([]pubMsg, 0, len(recs)), at: make([]int, 0, len(recs)), end: len(recs)}
 	var seen *publishedSince
+	// The expanded events of the batch share one buffer; a message's data
+	// is its slice (set before the buffer grows, so it stays valid).
+	var expanded []byte
 	for i, rec := range recs {
 		var h envelopeHead
 		data := rec.Data
 		var err error
 		switch outbox.FormOf(rec.Data) {
 		case outbox.RecordFired:
+			if expanded == nil {
+				expanded = make([]byte, 0, firedEventBytes*len(recs))
+			}
 			var entry string
-			data, entry, err = outbox.ExpandFiredRecord(make([]byte, 0, 512), rec.EventID, rec.Data, queue)
+			from := len(expanded)
+			expanded, entry, err = outbox.ExpandFiredRecord(expanded, rec.EventID, rec.Data, queue)
+			data = expanded[from:len(expanded):len(expanded)]
 			h = envelopeHead{ID: rec.EventID, Type: events.TypeEntryFired, Subject: entry}
 		case outbox.RecordNewer:
 			// Written by a newer cronstream: history this relay cannot
