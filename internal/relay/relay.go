@@ -80,11 +80,12 @@ type Config struct {
 	// pass never hangs on a lost connection and the backlog stays current.
 	PublishTimeout time.Duration
 	// Hold, when set, is asked before each pass: while it returns true the
-	// relay waits (at most MaxHold in a row, and not again until it has
-	// caught up with the outboxes it owns, so it is never starved). The
+	// relay waits (at most MaxHold in a row, so it is never starved). The
 	// replica passes the scheduler's Busy: during a burst of fires the
 	// relay then leaves the cores and Redis to the fires, and publishes
-	// right after.
+	// right after. Fires come first even when the relay falls behind: a
+	// late event is published later, a late tick past the scheduler's
+	// grace is skipped.
 	Hold    func() bool
 	MaxHold time.Duration
 	// OnPublished, when set, is called with each batch of records once the
@@ -242,11 +243,6 @@ func (r *Relay) loop(ctx context.Context) {
 	t := time.NewTimer(0)
 	defer t.Stop()
 	var heldSince time.Time
-	// mayHold: the relay has caught up with its outboxes since it was last
-	// held. A relay still behind is not held again: under sustained firing
-	// the scheduler is busy most of every second, and a relay held each
-	// time would publish only in the gaps and fall further behind.
-	mayHold := true
 	for {
 		select {
 		case <-ctx.Done():
@@ -254,7 +250,7 @@ func (r *Relay) loop(ctx context.Context) {
 		case <-t.C:
 		case <-r.wake:
 		}
-		if r.cfg.Hold != nil && mayHold && r.cfg.Hold() {
+		if r.cfg.Hold != nil && r.cfg.Hold() {
 			if heldSince.IsZero() {
 				heldSince = time.Now()
 			}
@@ -263,14 +259,8 @@ func (r *Relay) loop(ctx context.Context) {
 				continue
 			}
 		}
-		if !heldSince.IsZero() {
-			mayHold = false
-		}
 		heldSince = time.Time{}
 		n, err := r.Pass(ctx)
-		if r.ownedBacklog.Load() == 0 {
-			mayHold = true
-		}
 		r.watchNATS()
 		switch {
 		case err == nil || ctx.Err() != nil:

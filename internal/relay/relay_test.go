@@ -416,37 +416,6 @@ func TestRelayHold(t *testing.T) {
 	checkExactlyOnce(t, e.stored(), want)
 }
 
-// TestRelayHeldOnceUntilCaughtUp: a relay held for MaxHold is not held
-// again until it has caught up with its outbox (a scheduler busy every
-// second would otherwise leave it only the gaps), and is held again once it
-// has.
-func TestRelayHeldOnceUntilCaughtUp(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, 0)
-	r := e.newRelay("r1", func(c *relay.Config) {
-		c.Hold = func() bool { return true }
-		c.MaxHold = time.Second
-		c.Batch, c.BatchesPerPass = 8, 1 // one small batch per pass: 20 passes
-	})
-	want := e.write("default", "a", 160)
-	start(t, r)
-	begin := time.Now()
-	// Held before every pass, the 20 passes would take 20 s.
-	testenv.Eventually(t, 8*time.Second, func() bool { return e.outboxLen("default") == 0 }, "the relay to drain its outbox after one hold")
-	if waited := time.Since(begin); waited < 900*time.Millisecond {
-		t.Fatalf("published after %s under a Hold that never lets go (MaxHold 1s)", waited)
-	}
-	// Caught up, so the next records wait for a hold again.
-	want = append(want, e.write("default", "b", 8)...)
-	begin = time.Now()
-	r.Notify()
-	testenv.Eventually(t, 8*time.Second, func() bool { return e.outboxLen("default") == 0 }, "the relay to publish after the next hold")
-	if waited := time.Since(begin); waited < 900*time.Millisecond {
-		t.Fatalf("published after %s: a relay that caught up was not held again", waited)
-	}
-	checkExactlyOnce(t, e.stored(), want)
-}
-
 // TestRelayExpandsCompactRecords: a compact fired record goes to the stream
 // as the event's JSON, byte for byte what the full form would have been,
 // on the entry's subject.
