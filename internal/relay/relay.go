@@ -62,10 +62,11 @@ type Config struct {
 	// Batch is how many records are read and published at once (default 512).
 	Batch int
 	// BatchesPerPass is how many batches of one outbox a pass publishes
-	// while it has them, at most for a fourth of LeaseTTL (default 8). Each
-	// batch's Redis reads and deletes overlap the previous or next batch's
-	// wait for the stream, so a busy outbox costs fewer round trips per
-	// record; 1 publishes one batch per pass and overlaps nothing.
+	// while it has them (default 8), for at most a fourth of LeaseTTL and
+	// not past the start of a burst (Hold). Each batch's Redis reads and
+	// deletes overlap the previous or next batch's wait for the stream, so
+	// a busy outbox costs fewer round trips per record; 1 publishes one
+	// batch per pass and overlaps nothing.
 	BatchesPerPass int
 	// SizeEvery is how often each outbox's memory is sampled for
 	// BacklogBytes (default 1s); passes in between reuse the last sample.
@@ -469,7 +470,9 @@ func (r *Relay) drainOne(ctx context.Context, queue string) (int, int64, bool, e
 		acked = nil
 		var next []taskstate.OutboxRecord
 		var nextErr error
-		if sent.stop == nil && sent.sent.err == nil && len(recs) == r.cfg.Batch && batch < r.cfg.BatchesPerPass && time.Now().Before(passEnd) {
+		// A burst of fires starting ends the pass after this batch (Hold).
+		if sent.stop == nil && sent.sent.err == nil && len(recs) == r.cfg.Batch && batch < r.cfg.BatchesPerPass && time.Now().Before(passEnd) &&
+			(r.cfg.Hold == nil || !r.cfg.Hold()) {
 			next, nextErr = r.cfg.Outbox.ReadOutbox(ctx, prefix, queue, recs[len(recs)-1].StreamID, r.cfg.Batch)
 		}
 		n, err := sent.wait(ctx)

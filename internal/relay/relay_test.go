@@ -416,6 +416,36 @@ func TestRelayHold(t *testing.T) {
 	checkExactlyOnce(t, e.stored(), want)
 }
 
+// TestRelayPassBatches: a pass publishes several batches of an outbox in
+// order, at most BatchesPerPass, and only one while the scheduler is busy
+// (Hold).
+func TestRelayPassBatches(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 0)
+	want := e.write("default", "a", 300)
+	var hold atomic.Bool
+	hold.Store(true)
+	r := e.newRelay("r1", func(c *relay.Config) {
+		c.Batch, c.BatchesPerPass = 64, 3
+		c.Hold = hold.Load
+	})
+	c := ctx(t, 30*time.Second)
+	for _, step := range []struct {
+		hold bool
+		n    int
+	}{{true, 64}, {false, 3 * 64}, {false, 300 - 4*64}} {
+		hold.Store(step.hold)
+		n, err := r.Pass(c)
+		if err != nil || n != step.n {
+			t.Fatalf("pass (held %v): published %d, err %v; want %d", step.hold, n, err, step.n)
+		}
+	}
+	checkExactlyOnce(t, e.stored(), want)
+	if left := e.outboxLen("default"); left != 0 {
+		t.Fatalf("%d records left in the outbox", left)
+	}
+}
+
 // TestRelayExpandsCompactRecords: a compact fired record goes to the stream
 // as the event's JSON, byte for byte what the full form would have been,
 // on the entry's subject.
