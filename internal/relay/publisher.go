@@ -75,8 +75,27 @@ type pubMsg struct {
 // stream stored (a duplicate counts: it is stored already), and the error
 // that stopped the count. It waits at most timeout, and not after ctx ends.
 func (p *batchPublisher) publish(ctx context.Context, msgs []pubMsg, timeout time.Duration) (int, error) {
+	return p.send(msgs, timeout).wait(ctx)
+}
+
+// sentBatch is a batch sent to the stream whose acknowledgements may still
+// be on their way: the relay reads and deletes outbox records meanwhile.
+type sentBatch struct {
+	p        *batchPublisher
+	b        *pubBatch
+	id       uint64
+	sent     int
+	err      error // the send's own failure (the count stops before it)
+	timeout  time.Duration
+	deadline time.Time
+}
+
+// send sends msgs in order without waiting for their acknowledgements;
+// wait collects them, until timeout from now.
+func (p *batchPublisher) send(msgs []pubMsg, timeout time.Duration) *sentBatch {
+	sb := &sentBatch{p: p, timeout: timeout, deadline: time.Now().Add(timeout)}
 	if len(msgs) == 0 {
-		return 0, nil
+		return sb
 	}
 	b := &pubBatch{
 		msgs: msgs, errs: make([]error, len(msgs)), answered: make([]bool, len(msgs)),
@@ -84,26 +103,37 @@ func (p *batchPublisher) publish(ctx context.Context, msgs []pubMsg, timeout tim
 	}
 	id, inbox, err := p.register(b)
 	if err != nil {
-		return 0, err
+		sb.err = err
+		return sb
 	}
+	sb.b, sb.id = b, id
 	reply := make([]byte, 0, len(inbox)+24)
 	reply = strconv.AppendUint(append(reply, inbox...), id, 10)
 	reply = append(reply, '.')
 	base := len(reply)
-	sent := 0
-	var pubErr error
 	// PublishMsg copies the message into the connection's buffer before it
 	// returns, so one Msg and one header map serve the whole batch.
 	msg := &nats.Msg{Header: nats.Header{jetstream.MsgIDHeader: []string{""}, jetstream.ExpectedStreamHeader: []string{p.stream}}}
 	for i := range msgs {
 		setPubMsg(msg, &msgs[i], reply[:base], i)
-		if pubErr = p.nc.PublishMsg(msg); pubErr != nil {
+		if sb.err = p.nc.PublishMsg(msg); sb.err != nil {
 			break
 		}
-		sent++
+		sb.sent++
 	}
-	if sent > 0 {
-		t := time.NewTimer(timeout)
+	return sb
+}
+
+// wait waits for the acknowledgements of a sent batch (until its deadline,
+// and not after ctx ends) and returns how many leading messages the stream
+// stored, and the error that stopped the count.
+func (sb *sentBatch) wait(ctx context.Context) (int, error) {
+	if sb.b == nil {
+		return 0, sb.err
+	}
+	p, b, timeout := sb.p, sb.b, time.Until(sb.deadline)
+	if sb.sent > 0 {
+		t := time.NewTimer(max(timeout, 0))
 		select {
 		case <-b.done:
 		case <-t.C:
@@ -114,19 +144,19 @@ func (p *batchPublisher) publish(ctx context.Context, msgs []pubMsg, timeout tim
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	// Unregistered under the lock that answers take: no late answer
-	// writes into msgs once publish has returned.
-	delete(p.batches, id)
-	for i := range sent {
+	// writes into msgs once wait has returned.
+	delete(p.batches, sb.id)
+	for i := range sb.sent {
 		switch {
 		case !b.answered[i] && ctx.Err() != nil:
-			return i, errors.Join(pubErr, fmt.Errorf("wait for the stream's acknowledgement: %w", ctx.Err()))
+			return i, errors.Join(sb.err, fmt.Errorf("wait for the stream's acknowledgement: %w", ctx.Err()))
 		case !b.answered[i]:
-			return i, errors.Join(pubErr, fmt.Errorf("wait for the stream's acknowledgement: none from %s within %s", p.stream, timeout))
+			return i, errors.Join(sb.err, fmt.Errorf("wait for the stream's acknowledgement: none from %s within %s", p.stream, sb.timeout))
 		case b.errs[i] != nil:
-			return i, errors.Join(pubErr, b.errs[i])
+			return i, errors.Join(sb.err, b.errs[i])
 		}
 	}
-	return sent, pubErr
+	return sb.sent, sb.err
 }
 
 // register files b under a new id, subscribing to the inbox on first use.

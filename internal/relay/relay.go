@@ -61,6 +61,13 @@ type Config struct {
 	LeaseTTL time.Duration
 	// Batch is how many records are read and published at once (default 512).
 	Batch int
+	// BatchesPerPass is how many batches of one outbox a pass publishes
+	// while it has them (default 8), for at most a fourth of LeaseTTL and
+	// not past the start of a burst (Hold). Each batch's Redis reads and
+	// deletes overlap the previous or next batch's wait for the stream, so
+	// a busy outbox costs fewer round trips per record; 1 publishes one
+	// batch per pass and overlaps nothing.
+	BatchesPerPass int
 	// SizeEvery is how often each outbox's memory is sampled for
 	// BacklogBytes (default 1s); passes in between reuse the last sample.
 	SizeEvery time.Duration
@@ -77,7 +84,9 @@ type Config struct {
 	// relay waits (at most MaxHold in a row, so it is never starved). The
 	// replica passes the scheduler's Busy: during a burst of fires the
 	// relay then leaves the cores and Redis to the fires, and publishes
-	// right after.
+	// right after. Fires come first even when the relay falls behind: a
+	// late event is published later, a late tick past the scheduler's
+	// grace is skipped.
 	Hold    func() bool
 	MaxHold time.Duration
 	// OnPublished, when set, is called with each batch of records once the
@@ -140,6 +149,7 @@ func New(cfg Config) (*Relay, error) {
 	cfg.Interval = cmp.Or(max(cfg.Interval, 0), 200*time.Millisecond)
 	cfg.LeaseTTL = cmp.Or(max(cfg.LeaseTTL, 0), 10*time.Second)
 	cfg.Batch = cmp.Or(max(cfg.Batch, 0), 512)
+	cfg.BatchesPerPass = cmp.Or(max(cfg.BatchesPerPass, 0), 8)
 	cfg.SizeEvery = cmp.Or(max(cfg.SizeEvery, 0), time.Second)
 	cfg.DuplicateWindow = cmp.Or(max(cfg.DuplicateWindow, 0), time.Hour)
 	cfg.PublishTimeout = cmp.Or(max(cfg.PublishTimeout, 0), 5*time.Second)
@@ -438,46 +448,93 @@ func (r *Relay) drainOne(ctx context.Context, queue string) (int, int64, bool, e
 	if err != nil || len(recs) == 0 {
 		return 0, left, true, err
 	}
-	n, err := r.publish(ctx, queue, recs)
-	if n > 0 && r.cfg.OnPublished != nil {
-		r.cfg.OnPublished(recs[:n])
+	// Up to BatchesPerPass batches, one in the stream's hands at a time
+	// (so a failure stops the outbox at its first record not stored).
+	// While the stream stores one batch, the last one's records are
+	// deleted and the next one is read: the Redis round trips of a batch
+	// overlap its acknowledgements instead of following them.
+	total := 0
+	var acked []taskstate.OutboxRecord // published, not yet deleted
+	passEnd := time.Now().Add(r.cfg.LeaseTTL / 4)
+	for batch := 1; ; batch++ {
+		sent := r.send(ctx, queue, recs)
+		if aerr := r.ack(ctx, queue, acked); aerr != nil {
+			// The outbox is no longer ours: the next owner starts at the
+			// first record not deleted, and republishes this batch.
+			if n, _ := sent.wait(ctx); n > 0 && r.cfg.OnPublished != nil {
+				r.cfg.OnPublished(recs[:n])
+			}
+			return total, left - int64(total), true, aerr
+		}
+		total += len(acked)
+		acked = nil
+		var next []taskstate.OutboxRecord
+		var nextErr error
+		// A burst of fires starting ends the pass after this batch (Hold).
+		if sent.stop == nil && sent.sent.err == nil && len(recs) == r.cfg.Batch && batch < r.cfg.BatchesPerPass && time.Now().Before(passEnd) &&
+			(r.cfg.Hold == nil || !r.cfg.Hold()) {
+			next, nextErr = r.cfg.Outbox.ReadOutbox(ctx, prefix, queue, recs[len(recs)-1].StreamID, r.cfg.Batch)
+		}
+		n, err := sent.wait(ctx)
+		if n > 0 && r.cfg.OnPublished != nil {
+			r.cfg.OnPublished(recs[:n])
+		}
+		acked = recs[:n]
+		if err != nil {
+			if m := r.cfg.Metrics; m != nil {
+				m.PublishErrors.Inc()
+			}
+			aerr := r.ack(ctx, queue, acked)
+			if aerr == nil {
+				total += n
+			}
+			if total == 0 && ctx.Err() == nil {
+				// Nothing got through (NATS unreachable from here, or no
+				// stream leader): another replica may do better. A pass cut
+				// short by our own stop is no such sign.
+				r.yield(ctx, queue)
+			}
+			return total, left - int64(total), true, errors.Join(err, aerr)
+		}
+		if nextErr != nil || len(next) == 0 {
+			aerr := r.ack(ctx, queue, acked)
+			if aerr == nil {
+				total += n
+			}
+			return total, left - int64(total), true, errors.Join(nextErr, aerr)
+		}
+		recs = next
 	}
-	if n > 0 {
-		ids := make([]string, n)
-		for i := range recs[:n] {
-			ids[i] = recs[i].StreamID
-		}
-		if aerr := r.cfg.Outbox.AckOutbox(ctx, prefix, queue, r.cfg.Owner, ids...); aerr != nil {
-			// Lost the lease (or Redis failed): the next owner republishes
-			// from its first unacked record and the stream drops the
-			// duplicates.
-			r.mu.Lock()
-			delete(r.owned, queue)
-			r.mu.Unlock()
-			return 0, left, true, errors.Join(err, aerr)
-		}
+}
+
+// ack deletes published records from queue's outbox and counts them; on
+// failure (the lease lost, or Redis failed) the outbox is no longer ours,
+// and the next owner republishes from its first record left (the stream
+// drops the duplicates).
+func (r *Relay) ack(ctx context.Context, queue string, recs []taskstate.OutboxRecord) error {
+	if len(recs) == 0 {
+		return nil
+	}
+	ids := make([]string, len(recs))
+	for i := range recs {
+		ids[i] = recs[i].StreamID
+	}
+	if err := r.cfg.Outbox.AckOutbox(ctx, r.cfg.Names.Prefix(), queue, r.cfg.Owner, ids...); err != nil {
 		r.mu.Lock()
-		if _, still := r.owned[queue]; still {
-			r.owned[queue] = recs[n-1].StreamID
-		}
+		delete(r.owned, queue)
 		r.mu.Unlock()
-		r.published.Add(uint64(n))
-		if m := r.cfg.Metrics; m != nil {
-			m.Published.Add(float64(n))
-		}
+		return err
 	}
-	if err != nil {
-		if m := r.cfg.Metrics; m != nil {
-			m.PublishErrors.Inc()
-		}
-		if n == 0 && ctx.Err() == nil {
-			// Nothing got through (NATS unreachable from here, or no
-			// stream leader): another replica may do better. A pass cut
-			// short by our own stop is no such sign.
-			r.yield(ctx, queue)
-		}
+	r.mu.Lock()
+	if _, still := r.owned[queue]; still {
+		r.owned[queue] = ids[len(ids)-1]
 	}
-	return n, left - int64(n), true, err
+	r.mu.Unlock()
+	r.published.Add(uint64(len(recs)))
+	if m := r.cfg.Metrics; m != nil {
+		m.Published.Add(float64(len(recs)))
+	}
+	return nil
 }
 
 // yield gives up queue's outbox if this relay owns it and keeps off it for
@@ -521,36 +578,57 @@ func (r *Relay) subjectOf(h envelopeHead) (string, error) {
 	return "", fmt.Errorf("event %s: type %q does not belong in the activity stream", h.ID, h.Type)
 }
 
-// publish publishes recs in order and returns how many of the leading
-// records are safely in the stream. It stops at the first failure so order
-// is kept.
-func (r *Relay) publish(ctx context.Context, queue string, recs []taskstate.OutboxRecord) (int, error) {
-	stream := r.cfg.Names.ActivityStream()
+// firedEventBytes is about the length of an expanded fired event, to size
+// a batch's buffer.
+const firedEventBytes = 448
+
+// sending is a batch of records on its way to the stream.
+type sending struct {
+	r    *Relay
+	recs []taskstate.OutboxRecord
 	// msgs[j] carries recs[at[j]]; records dropped or found in the stream
 	// already count as done without a publish.
-	msgs := make([]pubMsg, 0, len(recs))
-	at := make([]int, 0, len(recs))
-	var stop error // ends the batch before the record it is found at
-	end := len(recs)
+	msgs []pubMsg
+	at   []int
+	// stop ends the batch before recs[end].
+	stop error
+	end  int
+	sent *sentBatch
+}
+
+// send publishes recs in order without waiting for the stream's
+// acknowledgements; wait collects them. It stops before the first record
+// it may not publish yet, so order is kept.
+func (r *Relay) send(ctx context.Context, queue string, recs []taskstate.OutboxRecord) *sending {
+	stream := r.cfg.Names.ActivityStream()
+	s := &sending{r: r, recs: recs, msgs: make([]pubMsg, 0, len(recs)), at: make([]int, 0, len(recs)), end: len(recs)}
 	var seen *publishedSince
+	// The expanded events of the batch share one buffer; a message's data
+	// is its slice (set before the buffer grows, so it stays valid).
+	var expanded []byte
 	for i, rec := range recs {
 		var h envelopeHead
 		data := rec.Data
 		var err error
 		switch outbox.FormOf(rec.Data) {
 		case outbox.RecordFired:
+			if expanded == nil {
+				expanded = make([]byte, 0, firedEventBytes*len(recs))
+			}
 			var entry string
-			data, entry, err = outbox.ExpandFiredRecord(make([]byte, 0, 512), rec.EventID, rec.Data, queue)
+			from := len(expanded)
+			expanded, entry, err = outbox.ExpandFiredRecord(expanded, rec.EventID, rec.Data, queue)
+			data = expanded[from:len(expanded):len(expanded)]
 			h = envelopeHead{ID: rec.EventID, Type: events.TypeEntryFired, Subject: entry}
 		case outbox.RecordNewer:
 			// Written by a newer cronstream: history this relay cannot
 			// read, so it must not drop it either. Stop before it; the
 			// outbox is yielded and a newer replica publishes it.
-			stop, end = fmt.Errorf("outbox record %s (event %s) is in a newer format than this replica reads: %w", rec.StreamID, rec.EventID, ErrNewerRecord), i
+			s.stop, s.end = fmt.Errorf("outbox record %s (event %s) is in a newer format than this replica reads: %w", rec.StreamID, rec.EventID, ErrNewerRecord), i
 		default:
 			h, err = readHead(rec.Data)
 		}
-		if stop != nil {
+		if s.stop != nil {
 			break
 		}
 		if err != nil || h.ID == "" {
@@ -573,28 +651,36 @@ func (r *Relay) publish(ctx context.Context, queue string, recs []taskstate.Outb
 			}
 			found, err := seen.has(ctx, r.cfg.JS, stream, subj, t, h.ID)
 			if err != nil {
-				stop, end = fmt.Errorf("check whether %s was published: %w", h.ID, err), i
+				s.stop, s.end = fmt.Errorf("check whether %s was published: %w", h.ID, err), i
 				break
 			}
 			if found {
 				continue
 			}
 		}
-		msgs = append(msgs, pubMsg{subject: subj, msgID: h.ID, data: data})
-		at = append(at, i)
+		s.msgs = append(s.msgs, pubMsg{subject: subj, msgID: h.ID, data: data})
+		s.at = append(s.at, i)
 	}
 	r.pubOnce.Do(func() { r.pub = newBatchPublisher(r.cfg.JS.Conn(), stream) })
-	stored, err := r.pub.publish(ctx, msgs, r.cfg.PublishTimeout)
-	for j := range msgs[:stored] {
-		if msgs[j].dupSeq != 0 {
-			r.checkDuplicate(ctx, stream, &msgs[j])
+	s.sent = r.pub.send(s.msgs, r.cfg.PublishTimeout)
+	return s
+}
+
+// wait waits for the acknowledgements of a sent batch and returns how many
+// of its leading records are safely in the stream, and the error that
+// stopped the count.
+func (s *sending) wait(ctx context.Context) (int, error) {
+	stored, err := s.sent.wait(ctx)
+	for j := range s.msgs[:stored] {
+		if s.msgs[j].dupSeq != 0 {
+			s.r.checkDuplicate(ctx, s.r.cfg.Names.ActivityStream(), &s.msgs[j])
 		}
 	}
-	if stored < len(msgs) {
+	if stored < len(s.msgs) {
 		// Everything before the first message not stored is done.
-		return at[stored], errors.Join(err, stop)
+		return s.at[stored], errors.Join(err, s.stop)
 	}
-	return end, errors.Join(err, stop)
+	return s.end, errors.Join(err, s.stop)
 }
 
 // checkDuplicate compares the message the stream holds under m's id with

@@ -28,7 +28,7 @@ const prefix = "rl"
 var names = events.MustNames(prefix)
 
 type env struct {
-	t     *testing.T
+	t     testing.TB
 	nats  *testenv.NATS
 	rc    *redis.Client
 	store *taskstate.Store
@@ -39,7 +39,7 @@ type env struct {
 // newEnv starts Redis and NATS with the streams; dup, when non-zero,
 // overrides the activity stream's duplicate window (EnsureStreams refuses
 // windows this short).
-func newEnv(t *testing.T, dup time.Duration) *env {
+func newEnv(t testing.TB, dup time.Duration) *env {
 	t.Helper()
 	e := &env{t: t, nats: testenv.StartNATS(t)}
 	e.rc = testenv.StartRedis(t).Client(t)
@@ -416,6 +416,36 @@ func TestRelayHold(t *testing.T) {
 	checkExactlyOnce(t, e.stored(), want)
 }
 
+// TestRelayPassBatches: a pass publishes several batches of an outbox in
+// order, at most BatchesPerPass, and only one while the scheduler is busy
+// (Hold).
+func TestRelayPassBatches(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 0)
+	want := e.write("default", "a", 300)
+	var hold atomic.Bool
+	hold.Store(true)
+	r := e.newRelay("r1", func(c *relay.Config) {
+		c.Batch, c.BatchesPerPass = 64, 3
+		c.Hold = hold.Load
+	})
+	c := ctx(t, 30*time.Second)
+	for _, step := range []struct {
+		hold bool
+		n    int
+	}{{true, 64}, {false, 3 * 64}, {false, 300 - 4*64}} {
+		hold.Store(step.hold)
+		n, err := r.Pass(c)
+		if err != nil || n != step.n {
+			t.Fatalf("pass (held %v): published %d, err %v; want %d", step.hold, n, err, step.n)
+		}
+	}
+	checkExactlyOnce(t, e.stored(), want)
+	if left := e.outboxLen("default"); left != 0 {
+		t.Fatalf("%d records left in the outbox", left)
+	}
+}
+
 // TestRelayExpandsCompactRecords: a compact fired record goes to the stream
 // as the event's JSON, byte for byte what the full form would have been,
 // on the entry's subject.
@@ -484,7 +514,9 @@ func TestRelayExpandsCompactRecords(t *testing.T) {
 func TestRelayLeavesNewerRecords(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 0)
-	before := e.write("default", "a", 3)
+	// More records before it than one batch (64): the pass stops at it
+	// in its third batch.
+	before := e.write("default", "a", 150)
 	c := ctx(t, 20*time.Second)
 	newer := taskstate.Fire{
 		Prefix: prefix, Entry: "b", Queue: "default", Kind: taskstate.FireBackfill, Tick: time.Unix(1_800_000_000, 0),
