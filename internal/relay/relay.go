@@ -111,6 +111,9 @@ type Relay struct {
 	// time after it failed to publish it, so a relay cut off from NATS
 	// hands its outboxes to one that is not.
 	yielded map[string]time.Time
+	// yields counts the passes in a row that yielded each outbox; the
+	// time kept off it doubles with each, up to a lease period.
+	yields map[string]int
 	// sizes holds each outbox's last memory sample.
 	sizes map[string]sizeSample
 	// sizeRefused: Redis refused MEMORY USAGE (said once); sizes are then
@@ -155,7 +158,7 @@ func New(cfg Config) (*Relay, error) {
 	cfg.PublishTimeout = cmp.Or(max(cfg.PublishTimeout, 0), 5*time.Second)
 	cfg.MaxHold = cmp.Or(max(cfg.MaxHold, 0), 2*time.Second)
 	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
-	return &Relay{cfg: cfg, log: cfg.Logger, wake: make(chan struct{}, 1), owned: map[string]string{}, yielded: map[string]time.Time{}, sizes: map[string]sizeSample{}}, nil
+	return &Relay{cfg: cfg, log: cfg.Logger, wake: make(chan struct{}, 1), owned: map[string]string{}, yielded: map[string]time.Time{}, yields: map[string]int{}, sizes: map[string]sizeSample{}}, nil
 }
 
 // Notify wakes the relay: records were just written.
@@ -298,6 +301,7 @@ func (r *Relay) watchNATS() {
 	}
 	r.mu.Lock()
 	clear(r.yielded)
+	clear(r.yields)
 	r.mu.Unlock()
 	r.log.Info("NATS reachable again: relaying the outbox backlog", "backlog", r.Backlog(), "backlog_bytes", r.BacklogBytes())
 }
@@ -529,6 +533,7 @@ func (r *Relay) ack(ctx context.Context, queue string, recs []taskstate.OutboxRe
 	if _, still := r.owned[queue]; still {
 		r.owned[queue] = ids[len(ids)-1]
 	}
+	delete(r.yields, queue)
 	r.mu.Unlock()
 	r.published.Add(uint64(len(recs)))
 	if m := r.cfg.Metrics; m != nil {
@@ -537,14 +542,23 @@ func (r *Relay) ack(ctx context.Context, queue string, recs []taskstate.OutboxRe
 	return nil
 }
 
+// firstYield is how long a relay keeps off an outbox after its first pass
+// in a row that published nothing: long enough for the other replicas'
+// passes to take the released lease, short enough that a lone replica
+// whose stream missed one acknowledgement under load is back at once.
+const firstYield = time.Second
+
 // yield gives up queue's outbox if this relay owns it and keeps off it for
-// one lease period. Records are never lost by this: the next owner resumes
+// a while: firstYield, doubled by each further yield in a row, at most a
+// lease period. Records are never lost by this: the next owner resumes
 // from the first record left, and duplicates are dropped by the stream.
 func (r *Relay) yield(ctx context.Context, queue string) {
 	r.mu.Lock()
 	_, owned := r.owned[queue]
 	delete(r.owned, queue)
-	r.yielded[queue] = time.Now().Add(r.cfg.LeaseTTL)
+	n := min(r.yields[queue], 8)
+	r.yields[queue]++
+	r.yielded[queue] = time.Now().Add(min(firstYield<<n, r.cfg.LeaseTTL))
 	r.mu.Unlock()
 	if owned {
 		if err := r.cfg.Outbox.ReleaseOutbox(ctx, r.cfg.Names.Prefix(), queue, r.cfg.Owner); err != nil {

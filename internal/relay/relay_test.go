@@ -590,3 +590,34 @@ func TestRelayReportsForgery(t *testing.T) {
 	}
 	checkExactlyOnce(t, e.stored(), ids)
 }
+
+// TestRelayBackSoonAfterFailedPass: a pass that publishes nothing gives
+// the outbox up so another replica may take it, but a lone relay must not
+// then leave its backlog for a whole lease period: it is back after about
+// a second, and keeps off longer only while its passes keep failing.
+func TestRelayBackSoonAfterFailedPass(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 0)
+	r := e.newRelay("r1", func(c *relay.Config) { c.LeaseTTL, c.PublishTimeout = 20*time.Second, 500*time.Millisecond })
+	want := e.write("default", "a", 10)
+	c := ctx(t, 60*time.Second)
+	if err := e.js.DeleteStream(c, names.ActivityStream()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Pass(c); err == nil {
+		t.Fatal("a pass without the activity stream published")
+	}
+	if err := events.EnsureStreams(c, e.js, events.StreamConfig{Names: names}); err != nil {
+		t.Fatal(err)
+	}
+	failed := time.Now()
+	if n, _ := r.Pass(c); n != 0 {
+		t.Fatalf("the relay took the outbox back at once (%d published): other replicas get no chance", n)
+	}
+	testenv.Eventually(t, 5*time.Second, func() bool {
+		_, _ = r.Pass(c)
+		return e.outboxLen("default") == 0
+	}, "the relay to take its outbox back (lease %s)", 20*time.Second)
+	t.Logf("back %s after the failed pass", time.Since(failed).Round(10*time.Millisecond))
+	checkExactlyOnce(t, e.stored(), want)
+}
