@@ -35,7 +35,6 @@ import (
 	"log/slog"
 	"maps"
 	"strings"
-	"sync"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -43,6 +42,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/bgloop"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/projector"
 	"github.com/cronstream/cronstream/scheduler"
@@ -134,10 +134,7 @@ type Watcher struct {
 	// or read from its history at first sight).
 	queueOf map[string]string
 	moved   map[string]map[string]*oldQueue // by entry, then old queue
-	mu      sync.Mutex
-	started bool
-	cancel  context.CancelFunc
-	done    chan struct{}
+	run     bgloop.Loop
 }
 
 // cursor is how far the archived set of one queue has been read: every
@@ -195,41 +192,24 @@ func New(p Config) (*Watcher, error) {
 	return &Watcher{
 		p: p, cursors: map[string]*cursor{}, pending: map[string]candidate{}, armedAt: map[string]armedSince{},
 		queueOf: map[string]string{}, moved: map[string]map[string]*oldQueue{},
-		done: make(chan struct{}),
 	}, nil
 }
 
 // Start runs the scan loop until Stop (ctx's values are kept, its end is
 // not: Stop ends the loop).
 func (w *Watcher) Start(ctx context.Context) error {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.started {
-		return nil
-	}
-	w.started = true
-	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	w.cancel = cancel
-	go w.loop(runCtx)
+	w.run.Start(ctx, w.loop)
 	return nil
 }
 
 // Stop ends the loop, cancelling a scan in flight, and waits for it. It may
 // be called more than once, and without Start; it never fails.
 func (w *Watcher) Stop(context.Context) error {
-	w.mu.Lock()
-	started, cancel := w.started, w.cancel
-	w.started = true // a Start after Stop must not run a loop nobody waits for
-	w.mu.Unlock()
-	if started && cancel != nil {
-		cancel()
-		<-w.done
-	}
+	w.run.Stop()
 	return nil
 }
 
 func (w *Watcher) loop(ctx context.Context) {
-	defer close(w.done)
 	t := time.NewTicker(w.p.Interval)
 	defer t.Stop()
 	for {

@@ -30,12 +30,12 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/bgloop"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/projector"
 )
@@ -90,10 +90,7 @@ type Config struct {
 type Sweeper struct {
 	cfg Config
 
-	mu      sync.Mutex
-	started bool
-	cancel  context.CancelFunc // ends the loop's context; set by Start
-	done    chan struct{}
+	run bgloop.Loop
 }
 
 // New validates cfg and returns a Sweeper; Start runs it.
@@ -113,22 +110,14 @@ func New(cfg Config) (*Sweeper, error) {
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(nil)
 	}
-	return &Sweeper{cfg: cfg, done: make(chan struct{})}, nil
+	return &Sweeper{cfg: cfg}, nil
 }
 
 // Start runs the sweep loop until Stop and returns at once. The sweeps run
 // on a context of their own (ctx's values, not its end), which Stop
 // cancels. Calling it again, or after Stop, does nothing more.
 func (s *Sweeper) Start(ctx context.Context) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.started {
-		return nil
-	}
-	s.started = true
-	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	s.cancel = cancel
-	go s.loop(runCtx)
+	s.run.Start(ctx, s.loop)
 	return nil
 }
 
@@ -137,19 +126,11 @@ func (s *Sweeper) Start(ctx context.Context) error {
 // finishes it), and waits for it; ctx is not waited on. It may be called
 // more than once, and without Start.
 func (s *Sweeper) Stop(context.Context) error {
-	s.mu.Lock()
-	started, cancel := s.started, s.cancel
-	s.started = true // a Start after Stop must not run a loop nobody waits for
-	s.mu.Unlock()
-	if started && cancel != nil {
-		cancel()
-		<-s.done
-	}
+	s.run.Stop()
 	return nil
 }
 
 func (s *Sweeper) loop(ctx context.Context) {
-	defer close(s.done)
 	t := time.NewTimer(s.wait())
 	defer t.Stop()
 	for {
