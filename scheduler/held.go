@@ -58,6 +58,11 @@ func (s *Scheduler) releaseHeld(ctx context.Context) {
 		s.log.Warn("cannot read held ticks; will retry", "err", err)
 		return
 	}
+	// A release presents the fences a fire of this replica would, so a
+	// projection that lags the slot's neither releases nor drops.
+	seq := s.cfg.Projection.LastSeq()
+	fences := taskstate.Fences{ConfigSeq: seq, ConfigID: s.cfg.Projection.ConfigMessageID(seq),
+		FreshAsOf: s.cfg.Projection.LastHeard(), MaxStaleness: s.cfg.MaxStaleness}
 	s.held.queues = map[string]bool{}
 	for _, h := range held {
 		s.held.queues[h.Queue] = true
@@ -72,7 +77,7 @@ func (s *Scheduler) releaseHeld(ctx context.Context) {
 		} else {
 			continue
 		}
-		out, err := s.broker.ReleaseHeld(ctx, h, drop)
+		out, err := s.broker.ReleaseHeld(ctx, fences, h, taskstate.HeldRelease{Drop: drop})
 		if err != nil {
 			s.countError()
 			s.log.Warn("cannot release held tick; will retry", "entry", h.Entry, "tick", h.Tick, "err", err)
@@ -90,6 +95,13 @@ func (s *Scheduler) releaseHeld(ctx context.Context) {
 		case taskstate.HeldDropped, taskstate.HeldExisted:
 			s.count(func(st *Stats) { st.DroppedHeld++ })
 			s.log.Info("held tick dropped: the entry is paused, moved, or its task exists", "entry", h.Entry, "tick", h.Tick, "task", h.TaskID)
+		case taskstate.HeldFenced, taskstate.HeldStale:
+			status := taskstate.StatusRevisionFenced
+			if out == taskstate.HeldStale {
+				status = taskstate.StatusStale
+			}
+			s.m.Refused.WithLabelValues(status.String()).Inc()
+			s.log.Debug("held tick not released: this replica's configuration is behind the slot's", "entry", h.Entry, "tick", h.Tick, "refused", status)
 		}
 	}
 	s.held.holding = s.held.holding || len(s.held.queues) > 0

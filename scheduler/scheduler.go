@@ -69,7 +69,7 @@ type broker interface {
 	WriteSchedulerEntries(ctx context.Context, schedulerID string, entries []taskstate.SchedulerEntry, ttl time.Duration) error
 	RecordSchedulerEnqueueEvents(ctx context.Context, events []taskstate.EnqueueEventRecord) error
 	HeldTicks(ctx context.Context, prefix string, queues []string) ([]taskstate.HeldTick, error)
-	ReleaseHeld(ctx context.Context, h taskstate.HeldTick, drop bool) (taskstate.HeldOutcome, error)
+	ReleaseHeld(ctx context.Context, fences taskstate.Fences, h taskstate.HeldTick, how taskstate.HeldRelease) (taskstate.HeldOutcome, error)
 }
 
 // Projection is what the scheduler reads of the live projection;
