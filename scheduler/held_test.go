@@ -9,8 +9,10 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
 	"github.com/cronstream/cronstream/scheduler"
 )
@@ -138,5 +140,120 @@ func TestOverlapBufferOneWithRealWorker(t *testing.T) {
 	}
 	if got := a.sched.Stats().Released + b.sched.Stats().Released; got < uint64(held) {
 		t.Errorf("replicas released %d held ticks, %d fired late", got, held)
+	}
+}
+
+// heldEntries returns the entries holding a tick in queue, by entry.
+func (e *env) heldEntries(queue string) map[string]taskstate.HeldTick {
+	e.t.Helper()
+	held, err := e.store.HeldTicks(ctx(e.t, 5*time.Second), testPrefix, []string{queue})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	out := map[string]taskstate.HeldTick{}
+	for _, h := range held {
+		out[h.Entry] = h
+	}
+	return out
+}
+
+// counterValue is the value of counter name with label reason in reg.
+func counterValue(t *testing.T, reg *prometheus.Registry, name, reason string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "reason" && l.GetValue() == reason {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// TestBufferOneHeldDroppedOnLoad: ticks held for entries that are then
+// paused, moved off buffer-one or removed while no replica runs are
+// dropped by the next replica to start — found through asynq's queue list,
+// since no buffer-one entry uses their queue any more — each with a skipped
+// event (reason overlap-dropped) at its tick, counted in
+// cronstream_held_dropped_total by reason, and never fired; the held tick
+// of an entry still on buffer-one stays held.
+func TestBufferOneHeldDroppedOnLoad(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	buf := func(queue string) func(*events.Entry) {
+		return func(en *events.Entry) {
+			en.Overlap = events.OverlapBufferOne
+			en.Options.Queue = queue
+		}
+	}
+	// No worker: every first task stays pending, so the next tick is held.
+	e.put(every("keep", "@every 1s", buf("default")),
+		every("paused", "@every 1s", buf("q2")), every("policy", "@every 1s", buf("q2")), every("removed", "@every 1s", buf("q2")))
+	a := e.startNode("a", nodeOpts{})
+	testenv.Eventually(t, 15*time.Second, func() bool {
+		return len(e.heldEntries("default")) == 1 && len(e.heldEntries("q2")) == 3
+	}, "every entry to hold a tick")
+	a.stop()
+	held := e.heldEntries("q2")
+
+	c := ctx(t, 10*time.Second)
+	if _, err := e.client.Pause(c, "paused", "maintenance"); err != nil {
+		t.Fatal(err)
+	}
+	e.put(every("policy", "@every 1s", func(en *events.Entry) { en.Overlap = events.OverlapSkip; en.Options.Queue = "q2" }))
+	if _, err := e.client.Remove(c, "removed"); err != nil {
+		t.Fatal(err)
+	}
+
+	reg := prometheus.NewRegistry()
+	b := e.startNode("b", nodeOpts{sched: func(c *scheduler.Config) { c.Metrics = scheduler.NewMetrics(reg) }})
+	testenv.Eventually(t, 10*time.Second, func() bool { return len(e.heldEntries("q2")) == 0 }, "the held ticks of q2 to be dropped")
+	if len(e.heldEntries("default")) != 1 {
+		t.Error("the held tick of the entry still on buffer-one was dropped")
+	}
+	if got := b.sched.Stats().DroppedHeld; got != 3 {
+		t.Errorf("DroppedHeld %d, want 3", got)
+	}
+	for _, reason := range []string{"paused", "policy", "removed"} {
+		if v := counterValue(t, reg, "cronstream_held_dropped_total", reason); v != 1 {
+			t.Errorf("cronstream_held_dropped_total{reason=%q} = %v, want 1", reason, v)
+		}
+	}
+	b.stop()
+	e.waitOutboxEmpty(10*time.Second, "default", "q2")
+
+	dropped := map[string]time.Time{}
+	for _, act := range e.readActivity() {
+		if act.Type == events.TypeEntrySkipped && act.Skipped.Reason == events.SkipOverlapDropped {
+			if _, dup := dropped[act.Skipped.Entry]; dup {
+				t.Errorf("two overlap-dropped events for %s", act.Skipped.Entry)
+			}
+			dropped[act.Skipped.Entry] = act.Skipped.ScheduledAt
+		}
+		if act.Type == events.TypeEntryFired {
+			if h, ok := held[act.Fired.Entry]; ok && act.Fired.ScheduledAt.Equal(h.Tick) {
+				t.Errorf("the dropped held tick %s of %s fired", h.Tick, h.Entry)
+			}
+		}
+	}
+	for entry, h := range held {
+		if at, ok := dropped[entry]; !ok || !at.Equal(h.Tick) {
+			t.Errorf("%s: overlap-dropped event at %v (found %v), want at the held tick %v", entry, at, ok, h.Tick)
+		}
+		if e.taskExists("q2", h.TaskID) {
+			t.Errorf("%s: the dropped tick's task %s exists", entry, h.TaskID)
+		}
+	}
+	if _, ok := dropped["keep"]; ok {
+		t.Error("the held tick of the entry still on buffer-one was dropped")
 	}
 }

@@ -19,6 +19,7 @@ type Metrics struct {
 	Restored     *prometheus.CounterVec // by source of the seed
 	Implausible  prometheus.Counter
 	Epochs       prometheus.Counter
+	HeldDropped  *prometheus.CounterVec // by reason
 }
 
 // NewMetrics creates the scheduler metrics and registers them with reg (nil:
@@ -56,6 +57,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Epochs: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "cronstream_stream_epochs_total", Help: "Revision fences and handover markers holding a sequence of an earlier config stream (recreated or restored) that this replica cleared.",
 		}),
+		HeldDropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "cronstream_held_dropped_total", Help: "Ticks held by overlap buffer-one that this replica dropped instead of firing, by reason (paused, removed, moved, policy: no longer buffer-one, existed: the task was there already).",
+		}, []string{"reason"}),
 	}
 	// Every known label value starts at 0, so the series exist before the
 	// first refusal or skip: rate() and increase() see that first one, and
@@ -66,8 +70,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, reason := range []string{events.SkipMissed, events.SkipOverlap, events.SkipUnique} {
 		m.Skipped.WithLabelValues(reason)
 	}
+	for _, reason := range heldDropReasons {
+		m.HeldDropped.WithLabelValues(reason)
+	}
 	if reg != nil {
-		reg.MustRegister(m.Fired, m.Skipped, m.Refused, m.Errors, m.FireLag, m.Entries, m.Backpressure, m.Restored, m.Implausible, m.Epochs)
+		reg.MustRegister(m.Fired, m.Skipped, m.Refused, m.Errors, m.FireLag, m.Entries, m.Backpressure, m.Restored, m.Implausible, m.Epochs, m.HeldDropped)
 	}
 	return m
 }

@@ -69,6 +69,7 @@ type broker interface {
 	WriteSchedulerEntries(ctx context.Context, schedulerID string, entries []taskstate.SchedulerEntry, ttl time.Duration) error
 	RecordSchedulerEnqueueEvents(ctx context.Context, events []taskstate.EnqueueEventRecord) error
 	HeldTicks(ctx context.Context, prefix string, queues []string) ([]taskstate.HeldTick, error)
+	Queues(ctx context.Context) ([]string, error)
 	ReleaseHeld(ctx context.Context, fences taskstate.Fences, h taskstate.HeldTick, how taskstate.HeldRelease) (taskstate.HeldOutcome, error)
 }
 
@@ -82,6 +83,9 @@ type Projection interface {
 	ConfigMessageID(seq uint64) string
 	LastHeard() time.Time
 	WaitCaughtUp(ctx context.Context) error
+	// Get and Quarantined tell what became of the entry of a held tick.
+	Get(id string) (projector.State, bool)
+	Quarantined() []projector.Quarantine
 }
 
 // Members tells which replicas are live, for the primary of each entry.
