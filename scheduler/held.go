@@ -132,6 +132,7 @@ func (s *Scheduler) releaseHeld(ctx context.Context) {
 	fences := taskstate.Fences{ConfigSeq: seq, ConfigID: s.cfg.Projection.ConfigMessageID(seq),
 		FreshAsOf: s.cfg.Projection.LastHeard(), MaxStaleness: s.cfg.MaxStaleness}
 	s.held.queues = map[string]bool{}
+	var history []taskstate.EnqueueEventRecord
 	for _, h := range held {
 		s.held.queues[h.Queue] = true
 		// The projection, not the loop's entries, says what became of the
@@ -163,6 +164,12 @@ func (s *Scheduler) releaseHeld(ctx context.Context) {
 			s.m.FireLag.Observe(s.clock.Now().Sub(h.Tick).Seconds())
 			if r := s.entries[h.Entry]; r != nil {
 				r.lastTask = h.TaskID
+				// Recorded in asynq's enqueue history as a fire is
+				// (apply), for `asynq cron history` and asynqmon.
+				trim := r.recorded%historyTrimEvery == 0
+				r.recorded++
+				history = append(history, taskstate.EnqueueEventRecord{Entry: h.Entry,
+					Event: taskstate.SchedulerEnqueueEvent{TaskID: h.TaskID, EnqueueTime: s.clock.Now()}, Trim: trim})
 			}
 			s.log.Debug("held tick released", "entry", h.Entry, "tick", h.Tick, "task", h.TaskID)
 		case taskstate.HeldDropped:
@@ -181,6 +188,14 @@ func (s *Scheduler) releaseHeld(ctx context.Context) {
 		}
 	}
 	s.held.holding = s.held.holding || len(s.held.queues) > 0
+	if len(history) > 0 {
+		select {
+		case s.history <- history:
+		default:
+			// Best effort, as for fires: ours is the activity stream.
+			s.log.Debug("asynq enqueue history writer busy: dropping", "events", len(history))
+		}
+	}
 }
 
 // droppedHeld counts and logs a held tick dropped for reason.

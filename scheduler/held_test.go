@@ -141,6 +141,23 @@ func TestOverlapBufferOneWithRealWorker(t *testing.T) {
 	if got := a.sched.Stats().Released + b.sched.Stats().Released; got < uint64(held) {
 		t.Errorf("replicas released %d held ticks, %d fired late", got, held)
 	}
+	// asynq's enqueue history (`asynq cron history`, asynqmon) lists the
+	// released tasks as it lists fired ones.
+	insp := asynq.NewInspector(asynq.RedisClientOpt{Addr: e.redis.Addr})
+	defer insp.Close()
+	evs, err := insp.ListSchedulerEnqueueEvents("buf", asynq.PageSize(1000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	inHistory := map[string]bool{}
+	for _, ev := range evs {
+		inHistory[ev.TaskID] = true
+	}
+	for id := range l.taskIDs {
+		if !inHistory[id] {
+			t.Errorf("fired task %s is not in asynq's enqueue history", id)
+		}
+	}
 }
 
 // heldEntries returns the entries holding a tick in queue, by entry.
