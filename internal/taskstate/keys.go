@@ -225,7 +225,7 @@ func (o OwnKeys) OutboxOwner() string { return o.head + "outbox:owner" }
 
 // Kinds of cronstream's per-entry keys: each one's name is
 // "cronstream:{<queue>}:<prefix>:<kind>:<entry>" (Watermark, Handover,
-// HandoverID, Fires).
+// HandoverID, Fires, Held).
 const (
 	kindWatermark  = "wm"
 	kindHandover   = "moved"
@@ -255,7 +255,7 @@ func ParseEntryKey(prefix, key string) (queue, entry string, ok bool) {
 	if prefix == "" {
 		prefix = DefaultPrefix
 	}
-	for _, kind := range []string{kindWatermark, kindHandover, kindHandoverID, kindFires} {
+	for _, kind := range []string{kindWatermark, kindHandover, kindHandoverID, kindFires, kindHeld} {
 		sep := "}:" + prefix + ":" + kind + ":"
 		i := strings.LastIndex(key, sep)
 		if i < 0 || !strings.HasPrefix(key, "cronstream:{") || i < len("cronstream:{") {
@@ -263,7 +263,7 @@ func ParseEntryKey(prefix, key string) (queue, entry string, ok bool) {
 		}
 		queue, entry = key[len("cronstream:{"):i], key[i+len(sep):]
 		own := Own(prefix, queue)
-		if entry != "" && !strings.ContainsAny(entry, ":{}") && (own.Watermark(entry) == key || own.Handover(entry) == key || own.HandoverID(entry) == key || own.Fires(entry) == key) {
+		if entry != "" && !strings.ContainsAny(entry, ":{}") && (own.Watermark(entry) == key || own.Handover(entry) == key || own.HandoverID(entry) == key || own.Fires(entry) == key || own.Held(entry) == key) {
 			return queue, entry, true
 		}
 	}
