@@ -53,4 +53,34 @@ func TestOverlapBufferOneCLI(t *testing.T) {
 	if out := e.ok("entry", "describe", "buf"); !strings.Contains(out, "held tick (overlap buffer-one)") || !strings.Contains(out, "buffer-one") {
 		t.Errorf("describe text:\n%s", out)
 	}
+
+	// status counts the held tick, then the dropped one.
+	heldCounts := func() (held, dropped int64) {
+		t.Helper()
+		var rep statusReport
+		e.okJSON(&rep, "status", "--json")
+		for _, q := range rep.Queues {
+			if q.Queue == "default" {
+				return q.Held, q.HeldDropped
+			}
+		}
+		t.Fatalf("status lists no queue default: %+v", rep.Queues)
+		return 0, 0
+	}
+	if held, dropped := heldCounts(); held != 1 || dropped != 0 {
+		t.Errorf("status: %d held, %d dropped; want 1, 0", held, dropped)
+	}
+	hs, err := store.HeldTicks(context.Background(), prefix, []string{"default"})
+	if err != nil || len(hs) != 1 {
+		t.Fatalf("held ticks %v, %v", hs, err)
+	}
+	if out, err := store.ReleaseHeld(context.Background(), taskstate.Fences{ConfigSeq: 1}, hs[0], taskstate.HeldRelease{Drop: true}); err != nil || out != taskstate.HeldDropped {
+		t.Fatalf("drop: %v, %v", out, err)
+	}
+	if held, dropped := heldCounts(); held != 0 || dropped != 1 {
+		t.Errorf("status after the drop: %d held, %d dropped; want 0, 1", held, dropped)
+	}
+	if out := e.ok("status"); !strings.Contains(out, "default: 0 held tick(s) waiting (overlap buffer-one), 1 dropped unfired") {
+		t.Errorf("status text shows no dropped held tick:\n%s", out)
+	}
 }

@@ -132,7 +132,7 @@ func (s *Store) ReleaseHeld(ctx context.Context, fences Fences, h HeldTick, how 
 	reply, err := runScript(ctx, s.client, releaseHeldScript, []string{
 		own.Held(h.Entry), own.HeldIndex(), own.Watermark(h.Entry), own.Handover(h.Entry),
 		keys.Task(h.TaskID), keys.Task(h.PrevTaskID), keys.Pending(), own.Outbox(),
-		own.Fence(), own.Freshness(), own.FenceID(),
+		own.Fence(), own.Freshness(), own.FenceID(), own.HeldDrops(),
 	}, h.TaskID, mode, fa.config, fa.fresh, fa.maxStale, how.DroppedRecord.ID, how.DroppedRecord.Data)
 	if err != nil {
 		return HeldGone, fmt.Errorf("release held tick %s of entry %q in queue %q: %w", h.Tick.Format(time.RFC3339Nano), h.Entry, h.Queue, err)
@@ -155,4 +155,19 @@ func (s *Store) ReleaseHeld(ctx context.Context, fences Fences, h HeldTick, how 
 		return HeldStale, nil
 	}
 	return HeldGone, fmt.Errorf("release held tick of entry %q: unexpected reply %v", h.Entry, reply)
+}
+
+// HeldCounts returns how many ticks queue holds now (overlap buffer-one)
+// and how many held ticks were dropped there rather than fired, ever (for
+// status).
+func (s *Store) HeldCounts(ctx context.Context, prefix, queue string) (held, dropped int64, err error) {
+	own := Own(prefix, queue)
+	pipe := s.client.Pipeline()
+	n := pipe.SCard(ctx, own.HeldIndex())
+	d := pipe.Get(ctx, own.HeldDrops())
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return 0, 0, fmt.Errorf("held ticks of queue %q: %w", queue, err)
+	}
+	dropped, _ = d.Int64()
+	return n.Val(), dropped, nil
 }

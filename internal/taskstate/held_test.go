@@ -174,6 +174,9 @@ func TestReleaseHeldFences(t *testing.T) {
 	if rc.Exists(ctx, Keys("default").Task(held[0].TaskID)).Val() != 0 {
 		t.Fatal("a dropped tick created its task")
 	}
+	if held, n, err := s.HeldCounts(ctx, testPrefix, "default"); err != nil || held != 0 || n != 1 {
+		t.Fatalf("held counts after the drop: %d held, %d dropped, %v; want 0, 1", held, n, err)
+	}
 	ids := outboxIDs(t, s, "default")
 	if !slices.Contains(ids, dropped.ID) || slices.Contains(ids, record("fired", "buf", tickAt(1)).ID) {
 		t.Fatalf("outbox %v: want the dropped record and no fired record of the held tick", ids)

@@ -205,6 +205,10 @@ func (o OwnKeys) Held(entry string) string { return o.head + kindHeld + ":" + en
 // one key per queue to learn whether it holds any tick.
 func (o OwnKeys) HeldIndex() string { return o.head + kindHeld }
 
+// HeldDrops is the STRING counting the held ticks of this slot that were
+// dropped rather than fired (ReleaseHeld), for status.
+func (o OwnKeys) HeldDrops() string { return o.head + "helddrops" }
+
 // heldEntry is the entry of Held key k, or false when k is not one.
 func (o OwnKeys) heldEntry(k string) (string, bool) {
 	e, ok := strings.CutPrefix(k, o.head+kindHeld+":")

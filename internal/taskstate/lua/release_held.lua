@@ -10,7 +10,8 @@
 --       3 the entry's watermark, 4 its handover marker, 5 the held task's
 --       hash, 6 the previous task's hash, 7 asynq's pending list, 8 the
 --       slot's outbox, 9 the revision fence, 10 the staleness fence, 11
---       the fence's config message id
+--       the fence's config message id, 12 the slot's count of dropped
+--       held ticks (OwnKeys.HeldDrops)
 -- ARGV  1 the held task id the caller read, 2 "drop" to drop the tick
 --       instead of firing it, 3 config "<seq>" or "<seq>:<id>", 4
 --       fresh_as_of ms ("" = not presented), 5 max staleness ms (as a
@@ -29,9 +30,12 @@ local v = redis.call('HMGET', kheld, 'task', 'prev', 'msg', 'rec_id', 'rec_data'
 local task, prev = v[1], v[2]
 if not task or task ~= ARGV[1] then return {0, ''} end
 
-local function forget(recorded)
+-- forget deletes the held tick: released, or dropped (counted in the
+-- slot's dropped counter, with the dropped record when recorded).
+local function forget(dropped, recorded)
   redis.call('DEL', kheld)
   redis.call('SREM', KEYS[2], kheld)
+  if dropped then redis.call('INCR', KEYS[12]) end
   if recorded and ARGV[6] ~= '' then
     redis.call('XADD', KEYS[8], '*', 'id', ARGV[6], 'data', ARGV[7])
   end
@@ -39,7 +43,7 @@ end
 
 local marker = redis.call('GET', KEYS[4])
 if marker and string.match(marker, ' out$') then
-  forget(true)
+  forget(true, true)
   return {3, ''}
 end
 local t = redis.call('TIME')
@@ -49,13 +53,13 @@ local code, extra = fences(ARGV[3], ARGV[4], ARGV[5])
 if code == -3 then return {5, extra} end
 if code == -4 then return {6, extra} end
 if ARGV[2] == 'drop' then
-  forget(true)
+  forget(true, true)
   return {3, ''}
 end
 local st = redis.call('HGET', KEYS[6], 'state')
 if st and busy[st] then return {2, st} end
 if redis.call('EXISTS', KEYS[5]) == 1 then
-  forget(false)
+  forget(true, false)
   return {4, ''}
 end
 local now_ns = t[1] .. string.format('%06d', tonumber(t[2])) .. '000'
@@ -72,5 +76,5 @@ if wm then
     redis.call('SET', KEYS[3], string.sub(wm, 1, sp - 1) .. ' ' .. task)
   end
 end
-forget(false)
+forget(false, false)
 return {1, 'pending'}
