@@ -377,11 +377,6 @@ func (n Entry) validateNormalized() error {
 		if n.Options.Unique != 0 {
 			add("overlap", string(n.Overlap), "cannot be combined with options.unique")
 		}
-		// The release of a held tick is a step of its own that does not
-		// count against the limit.
-		if n.MaxFires != 0 {
-			add("overlap", string(n.Overlap), "cannot be combined with max_fires")
-		}
 	default:
 		add("overlap", string(n.Overlap), "must be allow, skip or buffer-one")
 	}

@@ -28,16 +28,17 @@ const heldSweepEvery = time.Minute
 // Why a held tick is dropped rather than fired: the reason label of
 // cronstream_held_dropped_total and the log line's.
 const (
-	heldDropPaused  = "paused"  // the entry is paused
-	heldDropRemoved = "removed" // the entry was removed
-	heldDropMoved   = "moved"   // the entry moved to another queue
-	heldDropPolicy  = "policy"  // the entry's overlap policy no longer holds ticks
-	heldDropExisted = "existed" // its task existed already (fired otherwise)
+	heldDropPaused    = "paused"    // the entry is paused
+	heldDropRemoved   = "removed"   // the entry was removed
+	heldDropMoved     = "moved"     // the entry moved to another queue
+	heldDropPolicy    = "policy"    // the entry's overlap policy no longer holds ticks
+	heldDropExisted   = "existed"   // its task existed already (fired otherwise)
+	heldDropCompleted = "completed" // the entry's max_fires is reached
 )
 
 // heldDropReasons are the reasons a held tick is dropped, for the metric's
 // series to exist from the start.
-var heldDropReasons = []string{heldDropPaused, heldDropRemoved, heldDropMoved, heldDropPolicy, heldDropExisted}
+var heldDropReasons = []string{heldDropPaused, heldDropRemoved, heldDropMoved, heldDropPolicy, heldDropExisted, heldDropCompleted}
 
 // holdsTicks reports whether overlap policy o keeps a held tick to fire
 // later; a held tick of an entry whose policy does not is dropped, as
@@ -151,7 +152,11 @@ func (s *Scheduler) releaseHeld(ctx context.Context) {
 			s.log.Error("cannot build the skipped event of a held tick", "entry", h.Entry, "tick", h.Tick, "err", err)
 			continue
 		}
-		out, err := s.broker.ReleaseHeld(ctx, fences, h, taskstate.HeldRelease{Drop: reason != "", DroppedRecord: dropped})
+		how := taskstate.HeldRelease{Drop: reason != "", DroppedRecord: dropped}
+		if st.Entry.Limited() {
+			how.MaxFires, how.MaxFiresSince = st.Entry.MaxFires, st.MaxFiresSince
+		}
+		out, err := s.broker.ReleaseHeld(ctx, fences, h, how)
 		if err != nil {
 			s.countError()
 			s.log.Warn("cannot release held tick; will retry", "entry", h.Entry, "tick", h.Tick, "err", err)
@@ -178,6 +183,8 @@ func (s *Scheduler) releaseHeld(ctx context.Context) {
 			s.droppedHeld(h, cmp.Or(reason, heldDropMoved))
 		case taskstate.HeldExisted:
 			s.droppedHeld(h, heldDropExisted)
+		case taskstate.HeldCompleted:
+			s.droppedHeld(h, heldDropCompleted)
 		case taskstate.HeldFenced, taskstate.HeldStale:
 			status := taskstate.StatusRevisionFenced
 			if out == taskstate.HeldStale {

@@ -274,3 +274,63 @@ func TestBufferOneHeldDroppedOnLoad(t *testing.T) {
 		t.Error("the held tick of the entry still on buffer-one was dropped")
 	}
 }
+
+// TestBufferOneMaxFires: a buffer-one entry with max_fires 3 whose task
+// (a real asynq worker) outlasts its period creates exactly 3 tasks, held
+// ones released included (a release counts as a fire), and then completes.
+func TestBufferOneMaxFires(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.put(every("lim", "@every 1s", func(en *events.Entry) {
+		en.Overlap = events.OverlapBufferOne
+		en.MaxFires = 3
+	}))
+	var (
+		mu  sync.Mutex
+		ran = map[string]int{}
+	)
+	startWorker(t, e, 4, func(ctx context.Context, task *asynq.Task) error {
+		id, _ := asynq.GetTaskID(ctx)
+		mu.Lock()
+		ran[id]++
+		mu.Unlock()
+		select {
+		case <-time.After(1500 * time.Millisecond):
+		case <-ctx.Done():
+		}
+		return nil
+	})
+	a := e.startNode("a", nodeOpts{})
+	b := e.startNode("b", nodeOpts{})
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		return a.sched.Stats().Completed+b.sched.Stats().Completed > 0
+	}, "the entry to complete")
+	if a.sched.Stats().Released+b.sched.Stats().Released == 0 {
+		t.Error("no held tick was released: the test did not exercise buffer-one")
+	}
+	// A few more periods: nothing more fires.
+	deadline := time.Now().Add(3 * time.Second)
+	testenv.Eventually(t, 10*time.Second, func() bool { return time.Now().After(deadline) }, "")
+	a.stop()
+	b.stop()
+	e.waitOutboxEmpty(10*time.Second, "default")
+	l := ledgers(e.readActivity())["lim"]
+	if len(l.taskIDs) != 3 {
+		t.Errorf("%d tasks fired, want exactly 3: %v", len(l.taskIDs), l.taskIDs)
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(ran) >= len(l.taskIDs)
+	}, "the fired tasks to run")
+	mu.Lock()
+	defer mu.Unlock()
+	if len(ran) != 3 {
+		t.Errorf("the worker ran %d tasks, want exactly 3: %v", len(ran), ran)
+	}
+	for _, s := range l.skipped {
+		if s.Reason != events.SkipOverlap {
+			t.Errorf("unexpected skipped event %+v", s)
+		}
+	}
+}

@@ -58,7 +58,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "cronstream_stream_epochs_total", Help: "Revision fences and handover markers holding a sequence of an earlier config stream (recreated or restored) that this replica cleared.",
 		}),
 		HeldDropped: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "cronstream_held_dropped_total", Help: "Ticks held by overlap buffer-one that this replica dropped instead of firing, by reason (paused, removed, moved, policy: no longer buffer-one, existed: the task was there already).",
+			Name: "cronstream_held_dropped_total", Help: "Ticks held by overlap buffer-one that this replica dropped instead of firing, by reason (paused, removed, moved, policy: no longer buffer-one, existed: the task was there already, completed: max_fires reached).",
 		}, []string{"reason"}),
 	}
 	// Every known label value starts at 0, so the series exist before the

@@ -98,6 +98,9 @@ const (
 	// seen in this slot by more than its MaxStaleness (the staleness
 	// fence); nothing was written.
 	HeldStale
+	// HeldCompleted: the entry's fire limit is reached (HeldRelease.MaxFires);
+	// the tick was dropped and the release's DroppedRecord appended.
+	HeldCompleted
 )
 
 // HeldRelease says how ReleaseHeld treats a held tick.
@@ -108,6 +111,11 @@ type HeldRelease struct {
 	// whenever the tick is dropped rather than fired (asked to, or the
 	// entry moved out of the queue): the skipped event of the tick.
 	DroppedRecord Record
+	// MaxFires and MaxFiresSince are the entry's fire limit as a fire
+	// presents it (Fire.MaxFires): a release counts against it, checked and
+	// moved in the same step, and a tick beyond it is dropped.
+	MaxFires      int
+	MaxFiresSince uint64
 }
 
 // ReleaseHeld fires h if it is still held and its previous task has left
@@ -132,8 +140,9 @@ func (s *Store) ReleaseHeld(ctx context.Context, fences Fences, h HeldTick, how 
 	reply, err := runScript(ctx, s.client, releaseHeldScript, []string{
 		own.Held(h.Entry), own.HeldIndex(), own.Watermark(h.Entry), own.Handover(h.Entry),
 		keys.Task(h.TaskID), keys.Task(h.PrevTaskID), keys.Pending(), own.Outbox(),
-		own.Fence(), own.Freshness(), own.FenceID(), own.HeldDrops(),
-	}, h.TaskID, mode, fa.config, fa.fresh, fa.maxStale, how.DroppedRecord.ID, how.DroppedRecord.Data)
+		own.Fence(), own.Freshness(), own.FenceID(), own.HeldDrops(), own.Fires(h.Entry),
+	}, h.TaskID, mode, fa.config, fa.fresh, fa.maxStale, how.DroppedRecord.ID, how.DroppedRecord.Data,
+		strconv.Itoa(max(how.MaxFires, 0)), strconv.FormatUint(how.MaxFiresSince, 10))
 	if err != nil {
 		return HeldGone, fmt.Errorf("release held tick %s of entry %q in queue %q: %w", h.Tick.Format(time.RFC3339Nano), h.Entry, h.Queue, err)
 	}
@@ -153,6 +162,8 @@ func (s *Store) ReleaseHeld(ctx context.Context, fences Fences, h HeldTick, how 
 		return HeldFenced, nil
 	case 6:
 		return HeldStale, nil
+	case 7:
+		return HeldCompleted, nil
 	}
 	return HeldGone, fmt.Errorf("release held tick of entry %q: unexpected reply %v", h.Entry, reply)
 }

@@ -182,3 +182,59 @@ func TestReleaseHeldFences(t *testing.T) {
 		t.Fatalf("outbox %v: want the dropped record and no fired record of the held tick", ids)
 	}
 }
+
+// TestReleaseHeldCountsFires: a release counts against the entry's fire
+// limit in the same step (the fires counter moves with the task), and a
+// held tick beyond the limit is dropped with its record, not fired.
+func TestReleaseHeldCountsFires(t *testing.T) {
+	ctx := context.Background()
+	s, rc := newTestStore(t)
+	limited := func(f Fire) Fire {
+		f.MaxFires, f.MaxFiresSince = 2, 7
+		return f
+	}
+	first := limited(tickFire("buf", "default", tickAt(0), time.Time{}))
+	mustFire(t, s, first, StatusFired)
+	mustFire(t, s, limited(bufferFire(1)), StatusHeld)
+	rc.Del(ctx, Keys("default").Task(first.Msg.ID))
+	held, err := s.HeldTicks(ctx, testPrefix, []string{"default"})
+	if err != nil || len(held) != 1 {
+		t.Fatalf("held ticks %v, %v", held, err)
+	}
+	how := HeldRelease{MaxFires: 2, MaxFiresSince: 7, DroppedRecord: record("dropped", "buf", tickAt(1))}
+	if out, err := s.ReleaseHeld(ctx, testFences, held[0], how); err != nil || out != HeldReleased {
+		t.Fatalf("release: %v, %v", out, err)
+	}
+	if c, ok, err := s.FireCount(ctx, testPrefix, "default", "buf"); err != nil || !ok || c.Count != 2 || c.Since != 7 {
+		t.Fatalf("fires counter after the release: %+v, %t, %v; want 2 since 7", c, ok, err)
+	}
+	// The limit is reached: the next tick fires nothing.
+	mustFire(t, s, limited(bufferFire(2)), StatusCompleted)
+
+	// A tick held under a higher limit, released once the limit is lower
+	// again, is dropped with its record and counts nothing.
+	raised := func(f Fire) Fire {
+		f = limited(f)
+		f.MaxFires = 3
+		return f
+	}
+	mustFire(t, s, raised(bufferFire(2)), StatusHeld)
+	held, err = s.HeldTicks(ctx, testPrefix, []string{"default"})
+	if err != nil || len(held) != 1 {
+		t.Fatalf("held ticks %v, %v", held, err)
+	}
+	rc.Del(ctx, Keys("default").Task(held[0].PrevTaskID))
+	how.DroppedRecord = record("dropped", "buf", tickAt(2))
+	if out, err := s.ReleaseHeld(ctx, testFences, held[0], how); err != nil || out != HeldCompleted {
+		t.Fatalf("release beyond the limit: %v, %v; want completed", out, err)
+	}
+	if rc.Exists(ctx, Keys("default").Task(held[0].TaskID)).Val() != 0 {
+		t.Fatal("a tick beyond the limit created its task")
+	}
+	if c, _, _ := s.FireCount(ctx, testPrefix, "default", "buf"); c.Count != 2 {
+		t.Fatalf("fires counter %+v after a drop, want 2", c)
+	}
+	if ids := outboxIDs(t, s, "default"); !slices.Contains(ids, how.DroppedRecord.ID) {
+		t.Fatalf("outbox %v: no dropped record", ids)
+	}
+}
