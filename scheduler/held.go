@@ -78,6 +78,20 @@ type heldCheck struct {
 	queues map[string]bool
 }
 
+// wakeAt is when the loop must next run the check: by next while some
+// queue may hold a tick or the first sweep is to come, else at the next
+// sweep. The loop arms its timer for it, so the check runs on a replica
+// with nothing due (no entry, or every one paused) too.
+func (h *heldCheck) wakeAt() clock.Mono {
+	if h.holding || !h.swept {
+		return h.next
+	}
+	if h.sweepNext.Before(h.next) {
+		return h.next
+	}
+	return h.sweepNext
+}
+
 // releaseHeld is the per-queue release check of overlap buffer-one, run
 // by the loop at most every heldCheckEvery: it reads the held-tick index
 // of the queues of buffer-one entries (and of queues that held ticks
@@ -190,7 +204,7 @@ func (s *Scheduler) releaseHeld(ctx context.Context) {
 			if out == taskstate.HeldStale {
 				status = taskstate.StatusStale
 			}
-			s.m.Refused.WithLabelValues(status.String()).Inc()
+			s.countRefused(status.String())
 			s.log.Debug("held tick not released: this replica's configuration is behind the slot's", "entry", h.Entry, "tick", h.Tick, "refused", status)
 		}
 	}

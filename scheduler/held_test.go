@@ -14,6 +14,7 @@ import (
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
+	"github.com/cronstream/cronstream/projector"
 	"github.com/cronstream/cronstream/scheduler"
 )
 
@@ -332,5 +333,75 @@ func TestBufferOneMaxFires(t *testing.T) {
 		if s.Reason != events.SkipOverlap {
 			t.Errorf("unexpected skipped event %+v", s)
 		}
+	}
+}
+
+// frozenProjection is a live projection whose answers about the entries
+// and the sequence stay those of an earlier moment: a replica whose view
+// of the config stream is behind.
+type frozenProjection struct {
+	*projector.Projector
+	seq    uint64
+	states map[string]projector.State
+}
+
+func (p frozenProjection) LastSeq() uint64 { return p.seq }
+
+func (p frozenProjection) Get(id string) (projector.State, bool) {
+	st, ok := p.states[id]
+	return st, ok
+}
+
+// TestReleaseHeldFencedAfterPause: a tick is held, then the entry is paused
+// by a newer config event, from which another replica fired into the same
+// queue. A replica whose projection still shows the entry active on
+// buffer-one (its view is behind) finds the previous task done, but its
+// release is refused by the revision fence: the held tick never fires.
+func TestReleaseHeldFencedAfterPause(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.put(every("buf", "@every 1s", func(en *events.Entry) { en.Overlap = events.OverlapBufferOne }))
+	a := e.startNode("a", nodeOpts{})
+	var h taskstate.HeldTick
+	testenv.Eventually(t, 15*time.Second, func() bool {
+		var ok bool
+		h, ok = e.heldEntries("default")["buf"]
+		return ok
+	}, "a tick to be held")
+	a.stop()
+	before, ok := a.proj.Get("buf")
+	if !ok {
+		t.Fatal("a's projection lost the entry")
+	}
+	old := a.proj.LastSeq()
+
+	res, err := e.client.Pause(ctx(t, 10*time.Second), "buf", "maintenance")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A replica at the pause's sequence fires another entry into the slot.
+	other := taskstate.NewTickFire(testPrefix, "default", "other", time.Now().UTC().Truncate(time.Second), time.Time{}, false,
+		&taskstate.TaskMessage{Type: "t", ID: "other-1", Queue: "default"}, taskstate.Record{ID: "fired-other-1", Data: []byte(`{}`)})
+	if r, err := e.store.FireOnce(ctx(t, 5*time.Second), taskstate.Fences{ConfigSeq: res.Revision}, other); err != nil || r.Status != taskstate.StatusFired {
+		t.Fatalf("fire from the newer configuration: %+v, %v", r, err)
+	}
+	// The previous task is done: only the fence stands in the way.
+	if err := e.rc.Del(ctx(t, 5*time.Second), taskstate.Keys("default").Task(h.PrevTaskID)).Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	lag := e.startNode("lag", nodeOpts{noRelay: true, projection: func(p *projector.Projector) scheduler.Projection {
+		return frozenProjection{Projector: p, seq: old, states: map[string]projector.State{"buf": before}}
+	}})
+	testenv.Eventually(t, 10*time.Second, func() bool { return lag.sched.Stats().Refused["revision-fenced"] >= 2 },
+		"lag's release to be fenced (%+v)", lag.sched.Stats())
+	if st := lag.sched.Stats(); st.Released != 0 || st.DroppedHeld != 0 {
+		t.Errorf("a replica behind the fence released %d and dropped %d held ticks", st.Released, st.DroppedHeld)
+	}
+	if _, ok := e.heldEntries("default")["buf"]; !ok {
+		t.Error("the held tick is gone")
+	}
+	if e.taskExists("default", h.TaskID) {
+		t.Error("the held tick fired from an older configuration")
 	}
 }

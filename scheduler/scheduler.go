@@ -382,9 +382,7 @@ func (s *Scheduler) loop(ctx context.Context, changes <-chan []projector.Change)
 		if len(s.load) > 0 {
 			wait = min(wait, max(s.clock.Until(s.loadAfter), 0))
 		}
-		if s.held.holding {
-			wait = min(wait, max(s.clock.Until(s.held.next), 0))
-		}
+		wait = min(wait, max(s.clock.Until(s.held.wakeAt()), 0))
 		if !timer.Stop() {
 			select {
 			case <-timer.C:
