@@ -67,7 +67,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for s := taskstate.StatusWatermarkMismatch; s <= taskstate.StatusStale; s++ {
 		m.Refused.WithLabelValues(s.String())
 	}
-	for _, reason := range []string{events.SkipMissed, events.SkipOverlap, events.SkipUnique} {
+	for _, reason := range []string{events.SkipMissed, events.SkipOverlap, events.SkipUnique, events.SkipOverlapDropped} {
 		m.Skipped.WithLabelValues(reason)
 	}
 	for _, reason := range heldDropReasons {
