@@ -27,6 +27,10 @@ const (
 	SkipUnique = "unique"
 	// SkipExcluded: the tick matched one of the entry's exclude specs.
 	SkipExcluded = "excluded"
+	// SkipOverlapDropped: a tick held by overlap buffer-one was dropped
+	// instead of fired, because its entry was paused, removed, moved to
+	// another queue or no longer uses buffer-one.
+	SkipOverlapDropped = "overlap-dropped"
 )
 
 // Skipped is the data of cronstream.entry.skipped. When many consecutive

@@ -382,9 +382,9 @@ func (n Entry) validateNormalized() error {
 		if n.Options.Unique != 0 {
 			add("overlap", string(n.Overlap), "cannot be combined with options.unique")
 		}
-		// The release of a held tick is a step of its own that does not
-		// count against the limit.
-		if n.MaxFires != 0 {
+		// A buffer-one release counts against max_fires; a cancel-previous
+		// release does not.
+		if n.Overlap == OverlapCancelPrevious && n.MaxFires != 0 {
 			add("overlap", string(n.Overlap), "cannot be combined with max_fires")
 		}
 	default:

@@ -5,8 +5,8 @@ import (
 	"testing"
 )
 
-// TestOverlapBufferOne: buffer-one is valid alone, refused with a group or
-// a unique lock, and gated (earlier builds, which reject the value in
+// TestOverlapBufferOne: buffer-one is valid alone and with max_fires,
+// refused with a group or a unique lock, and gated (earlier builds, which reject the value in
 // validation, refuse the event type too).
 func TestOverlapBufferOne(t *testing.T) {
 	t.Parallel()
@@ -21,7 +21,6 @@ func TestOverlapBufferOne(t *testing.T) {
 	for field, mod := range map[string]func(*Entry){
 		"options.group":  func(e *Entry) { e.Options.Group = "g" },
 		"options.unique": func(e *Entry) { e.Options.Unique = Duration(60e9) },
-		"max_fires":      func(e *Entry) { e.MaxFires = 3 },
 	} {
 		bad := e.Clone()
 		mod(&bad)
@@ -29,6 +28,12 @@ func TestOverlapBufferOne(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "cannot be combined with "+field) {
 			t.Errorf("buffer-one with %s: %v", field, err)
 		}
+	}
+	// max_fires combines with it: a release counts as a fire.
+	limited := e.Clone()
+	limited.MaxFires = 3
+	if err := limited.Normalize().Validate(); err != nil {
+		t.Errorf("buffer-one with max_fires: %v", err)
 	}
 	e.Overlap = "sometimes"
 	if err := e.Normalize().Validate(); err == nil || !strings.Contains(err.Error(), "must be allow, skip, buffer-one or cancel-previous") {

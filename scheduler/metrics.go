@@ -24,6 +24,7 @@ type Metrics struct {
 	// FireCountUnknown counts limited entries made completed because
 	// their fires could not be counted after Redis lost data.
 	FireCountUnknown prometheus.Counter
+	HeldDropped      *prometheus.CounterVec // by reason
 }
 
 // Actions of overlap cancel-previous (Metrics.Cancels).
@@ -76,6 +77,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		FireCountUnknown: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "cronstream_max_fires_unknown_total", Help: "Limited entries whose max_fires count Redis lost and the activity stream could no longer rebuild (events past its retention): made completed, firing nothing until max_fires is set to another value.",
 		}),
+		HeldDropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "cronstream_held_dropped_total", Help: "Ticks held by overlap buffer-one that this replica dropped instead of firing, by reason (paused, removed, moved, policy: no longer buffer-one, existed: the task was there already, completed: max_fires reached).",
+		}, []string{"reason"}),
 	}
 	// Every known label value starts at 0, so the series exist before the
 	// first refusal or skip: rate() and increase() see that first one, and
@@ -85,11 +89,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	m.Cancels.WithLabelValues(cancelSent)
 	m.Cancels.WithLabelValues(cancelDeleted)
-	for _, reason := range []string{events.SkipMissed, events.SkipOverlap, events.SkipUnique} {
+	for _, reason := range []string{events.SkipMissed, events.SkipOverlap, events.SkipUnique, events.SkipOverlapDropped} {
 		m.Skipped.WithLabelValues(reason)
 	}
+	for _, reason := range heldDropReasons {
+		m.HeldDropped.WithLabelValues(reason)
+	}
 	if reg != nil {
-		reg.MustRegister(m.Fired, m.Skipped, m.Refused, m.Errors, m.FireLag, m.Entries, m.Backpressure, m.Restored, m.Implausible, m.Epochs, m.Cancels, m.Completed, m.FireCountUnknown)
+		reg.MustRegister(m.Fired, m.Skipped, m.Refused, m.Errors, m.FireLag, m.Entries, m.Backpressure, m.Restored, m.Implausible, m.Epochs, m.Cancels, m.Completed, m.FireCountUnknown, m.HeldDropped)
 	}
 	return m
 }

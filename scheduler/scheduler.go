@@ -69,7 +69,8 @@ type broker interface {
 	WriteSchedulerEntries(ctx context.Context, schedulerID string, entries []taskstate.SchedulerEntry, ttl time.Duration) error
 	RecordSchedulerEnqueueEvents(ctx context.Context, events []taskstate.EnqueueEventRecord) error
 	HeldTicks(ctx context.Context, prefix string, queues []string) ([]taskstate.HeldTick, error)
-	ReleaseHeld(ctx context.Context, h taskstate.HeldTick, drop bool) (taskstate.HeldOutcome, error)
+	Queues(ctx context.Context) ([]string, error)
+	ReleaseHeld(ctx context.Context, fences taskstate.Fences, h taskstate.HeldTick, how taskstate.HeldRelease) (taskstate.HeldOutcome, error)
 	ReleaseCancel(ctx context.Context, h taskstate.HeldTick, drop bool) (taskstate.CancelRelease, error)
 	PublishCancel(ctx context.Context, taskID string) error
 }
@@ -84,6 +85,9 @@ type Projection interface {
 	ConfigMessageID(seq uint64) string
 	LastHeard() time.Time
 	WaitCaughtUp(ctx context.Context) error
+	// Get and Quarantined tell what became of the entry of a held tick.
+	Get(id string) (projector.State, bool)
+	Quarantined() []projector.Quarantine
 }
 
 // Members tells which replicas are live, for the primary of each entry.
@@ -384,9 +388,7 @@ func (s *Scheduler) loop(ctx context.Context, changes <-chan []projector.Change)
 		if len(s.load) > 0 {
 			wait = min(wait, max(s.clock.Until(s.loadAfter), 0))
 		}
-		if s.held.holding {
-			wait = min(wait, max(s.clock.Until(s.held.next), 0))
-		}
+		wait = min(wait, max(s.clock.Until(s.held.wakeAt()), 0))
 		if !timer.Stop() {
 			select {
 			case <-timer.C:

@@ -2,13 +2,20 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/hibiken/asynq"
+
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/taskstate"
+	"github.com/cronstream/cronstream/internal/testenv"
 	"github.com/cronstream/cronstream/scheduler"
 )
 
@@ -53,6 +60,177 @@ func TestOverlapBufferOneCLI(t *testing.T) {
 	}
 	if out := e.ok("entry", "describe", "buf"); !strings.Contains(out, "held tick (overlap buffer-one)") || !strings.Contains(out, "buffer-one") {
 		t.Errorf("describe text:\n%s", out)
+	}
+
+	// status counts the held tick, then the dropped one.
+	heldCounts := func() (held, dropped int64) {
+		t.Helper()
+		var rep statusReport
+		e.okJSON(&rep, "status", "--json")
+		for _, q := range rep.Queues {
+			if q.Queue == "default" {
+				return q.Held, q.HeldDropped
+			}
+		}
+		t.Fatalf("status lists no queue default: %+v", rep.Queues)
+		return 0, 0
+	}
+	if held, dropped := heldCounts(); held != 1 || dropped != 0 {
+		t.Errorf("status: %d held, %d dropped; want 1, 0", held, dropped)
+	}
+	hs, err := store.HeldTicks(context.Background(), prefix, []string{"default"})
+	if err != nil || len(hs) != 1 {
+		t.Fatalf("held ticks %v, %v", hs, err)
+	}
+	if out, err := store.ReleaseHeld(context.Background(), taskstate.Fences{ConfigSeq: 1}, hs[0], taskstate.HeldRelease{Drop: true}); err != nil || out != taskstate.HeldDropped {
+		t.Fatalf("drop: %v, %v", out, err)
+	}
+	if held, dropped := heldCounts(); held != 0 || dropped != 1 {
+		t.Errorf("status after the drop: %d held, %d dropped; want 0, 1", held, dropped)
+	}
+	if out := e.ok("status"); !strings.Contains(out, "default: 0 held tick(s) waiting (overlap buffer-one), 1 dropped unfired") {
+		t.Errorf("status text shows no dropped held tick:\n%s", out)
+	}
+}
+
+// TestOverlapBufferOneThreeReplicas: three `cronstream run` replicas fire
+// a buffer-one entry every second whose task (a real asynq v0.26.0 worker)
+// takes 2.5 s; one replica is killed with SIGKILL mid-run. Never are two
+// tasks of the entry busy at once, every held tick is released within
+// 1.25 s of the previous task ending (the release check runs every 500 ms
+// on every replica, the worker polls every 50 ms), and no tick fires twice.
+func TestOverlapBufferOneThreeReplicas(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("-short: a 30 s run of three replicas and a real asynq worker")
+	}
+	e := newEnv(t, true)
+	e.ok("entry", "put", "buf", "--cron", "@every 1s", "--type", "buf", "--overlap", "buffer-one")
+
+	type run struct{ start, end time.Time }
+	var (
+		mu      sync.Mutex
+		runs    = map[string]*run{}
+		runsOf  = map[string]int{}
+		ended   int
+		running atomic.Int32
+		overlap atomic.Int32
+	)
+	opt, err := asynq.ParseRedisURI(e.redis.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := asynq.NewServer(opt, asynq.Config{Concurrency: 4, TaskCheckInterval: 50 * time.Millisecond,
+		Logger: quietLogger{}, LogLevel: asynq.FatalLevel})
+	mux := asynq.NewServeMux()
+	mux.HandleFunc("buf", func(ctx context.Context, _ *asynq.Task) error {
+		id, _ := asynq.GetTaskID(ctx)
+		if running.Add(1) > 1 {
+			overlap.Add(1)
+		}
+		defer running.Add(-1)
+		mu.Lock()
+		runs[id] = &run{start: time.Now()}
+		runsOf[id]++
+		mu.Unlock()
+		select { // the work itself, longer than the period
+		case <-time.After(2500 * time.Millisecond):
+		case <-ctx.Done():
+		}
+		mu.Lock()
+		runs[id].end = time.Now()
+		ended++
+		mu.Unlock()
+		return nil
+	})
+	if err := srv.Start(mux); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	endedRuns := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return ended
+	}
+
+	replicas := map[string]*proc{}
+	for _, id := range []string{"r1", "r2", "r3"} {
+		p := start(t, e.vars, "run", "--http", "127.0.0.1:0", "--log-format", "json", "--replica-id", id)
+		replicas[id] = p
+		testenv.Eventually(t, 30*time.Second, func() bool { return strings.Contains(p.Stderr(), "replica running") },
+			"replica %s did not start:\n%v", id, lazyStderr{p})
+	}
+	testenv.Eventually(t, 30*time.Second, func() bool { return endedRuns() >= 2 }, "two tasks of the entry to run")
+	replicas["r1"].stop(syscall.SIGKILL, 10*time.Second)
+	killedAfter := endedRuns()
+	testenv.Eventually(t, 60*time.Second, func() bool { return endedRuns() >= killedAfter+4 }, "four more tasks after the kill")
+	for _, id := range []string{"r2", "r3"} {
+		if code := replicas[id].stop(syscall.SIGTERM, 20*time.Second); code != 0 {
+			t.Errorf("replica %s exited %d:\n%s", id, code, replicas[id].Stderr())
+		}
+	}
+
+	// The fired events, from the stream (every replica flushed its outbox
+	// on SIGTERM; the killed one's records were in Redis, which the others
+	// published).
+	fired := map[string]int{}
+	var ticks []time.Time
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		fired, ticks = map[string]int{}, nil
+		for _, l := range strings.Split(e.ok("audit", "--json", "--entry", "buf", "--type", "fired"), "\n") {
+			var ev struct {
+				Type string       `json:"type"`
+				Data events.Fired `json:"data"`
+			}
+			if json.Unmarshal([]byte(l), &ev) == nil && ev.Type == events.TypeEntryFired {
+				if fired[ev.Data.TaskID]++; fired[ev.Data.TaskID] == 1 {
+					ticks = append(ticks, ev.Data.ScheduledAt)
+				}
+			}
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for id := range fired {
+			if r := runs[id]; r == nil || r.end.IsZero() {
+				return false
+			}
+		}
+		return len(fired) > 0
+	}, "every fired task to run to its end")
+
+	if n := overlap.Load(); n > 0 {
+		t.Errorf("%d times two tasks of the entry ran at once", n)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for id, n := range fired {
+		if n != 1 {
+			t.Errorf("task %s: %d fired events", id, n)
+		}
+	}
+	for id, n := range runsOf {
+		if n != 1 {
+			t.Errorf("task %s ran %d times", id, n)
+		}
+		if fired[id] == 0 {
+			t.Errorf("task %s ran without a fired event", id)
+		}
+	}
+	slices.SortFunc(ticks, func(x, y time.Time) int { return x.Compare(y) })
+	held := 0
+	for i := 1; i < len(ticks); i++ {
+		prev := runs[scheduler.TaskID(events.DefaultPrefix, "buf", ticks[i-1])]
+		cur := runs[scheduler.TaskID(events.DefaultPrefix, "buf", ticks[i])]
+		if !ticks[i].Before(prev.end) {
+			continue // fired on time, nothing was busy
+		}
+		held++
+		if wait := cur.start.Sub(prev.end); wait > 1250*time.Millisecond {
+			t.Errorf("held tick %s started %s after the previous task ended", ticks[i].Format(time.TimeOnly), wait)
+		}
+	}
+	if held < 4 {
+		t.Errorf("%d held ticks fired, want at least 4 (ticks %v)", held, ticks)
 	}
 }
 

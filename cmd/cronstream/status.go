@@ -120,6 +120,11 @@ type queueStatus struct {
 	FailedToday    int64  `json:"failed_today"`
 	Paused         bool   `json:"paused"`
 	Outbox         int64  `json:"outbox"`
+	// Held are the ticks held by overlap buffer-one now, HeldDropped those
+	// dropped rather than fired (entry paused, removed, moved or off
+	// buffer-one), ever.
+	Held        int64 `json:"held"`
+	HeldDropped int64 `json:"held_dropped"`
 }
 
 type nextFireView struct {
@@ -391,7 +396,11 @@ func collectStatus(ctx context.Context, g *globalFlags, conn *connFlags, s *sess
 			fail("queue "+q, err)
 			continue
 		}
-		rep.Queues = append(rep.Queues, queueView(qs, rep.Outbox.ByQueue[q]))
+		v := queueView(qs, rep.Outbox.ByQueue[q])
+		if v.Held, v.HeldDropped, err = store.HeldCounts(ctx, s.names.Prefix(), q); err != nil {
+			fail("queue "+q, err)
+		}
+		rep.Queues = append(rep.Queues, v)
 	}
 	return rep
 }
@@ -579,6 +588,12 @@ func printStatus(w io.Writer, r statusReport) {
 				q.Retry, q.Archived, q.Processed, q.Failed, q.ProcessedToday-q.FailedToday, q.FailedToday, q.Outbox, paused)
 		}
 		tw.Flush()
+		for _, q := range r.Queues {
+			if q.Held > 0 || q.HeldDropped > 0 {
+				fmt.Fprintf(w, "  %s: %d held tick(s) waiting (overlap buffer-one), %d dropped unfired (skipped: overlap-dropped)\n",
+					terminalSafe(q.Queue), q.Held, q.HeldDropped)
+			}
+		}
 	}
 
 	fmt.Fprintln(w, "\nNext fires:")

@@ -281,6 +281,13 @@ func TestSweepKeepsWhatItMustNot(t *testing.T) {
 		rc.Set(ctx, k, "1 t", 0)
 		keysOf[id] = k
 	}
+	// A held tick (overlap buffer-one) of the removed entry and of a live
+	// one, as the fire script writes them.
+	own := taskstate.Own(prefix, "default")
+	for _, id := range []string{"live", "gone"} {
+		rc.HSet(ctx, own.Held(id), "tick", "1000", "task", id+"-task", "prev", "p", "msg", "m", "rec_id", "r", "rec_data", "d")
+		rc.SAdd(ctx, own.HeldIndex(), own.Held(id))
+	}
 
 	now := time.Now()
 	reg := prometheus.NewRegistry()
@@ -295,8 +302,14 @@ func TestSweepKeepsWhatItMustNot(t *testing.T) {
 		t.Fatalf("sweep within the grace: %+v, want nothing deleted and gone waiting", res)
 	}
 	now = now.Add(time.Hour + time.Second)
-	if res := sw.Sweep(ctx); res.Keys != 1 || res.Entries != 1 || res.Errors != 0 {
-		t.Fatalf("sweep after the grace: %+v, want gone's watermark deleted", res)
+	if res := sw.Sweep(ctx); res.Keys != 2 || res.Entries != 1 || res.Errors != 0 {
+		t.Fatalf("sweep after the grace: %+v, want gone's watermark and held tick deleted", res)
+	}
+	if rc.Exists(ctx, own.Held("gone")).Val() != 0 || rc.SIsMember(ctx, own.HeldIndex(), own.Held("gone")).Val() {
+		t.Error("the removed entry's held tick was not swept from its key and the held index")
+	}
+	if rc.Exists(ctx, own.Held("live")).Val() != 1 || !rc.SIsMember(ctx, own.HeldIndex(), own.Held("live")).Val() {
+		t.Error("the live entry's held tick was swept")
 	}
 	for id, k := range keysOf {
 		if got, want := rc.Exists(ctx, k).Val() == 1, id != "gone"; got != want {
@@ -313,8 +326,8 @@ func TestSweepKeepsWhatItMustNot(t *testing.T) {
 			deleted = mf.GetMetric()[0].GetCounter().GetValue()
 		}
 	}
-	if deleted != 1 {
-		t.Errorf("cronstream_removed_entry_keys_deleted_total = %v, want 1", deleted)
+	if deleted != 2 {
+		t.Errorf("cronstream_removed_entry_keys_deleted_total = %v, want 2", deleted)
 	}
 }
 

@@ -96,28 +96,63 @@ const (
 	// HeldWaiting: the previous task is still busy; nothing was written.
 	HeldWaiting
 	// HeldDropped: the tick was dropped (asked to, or the entry moved out
-	// of the queue).
+	// of the queue) and the release's DroppedRecord appended.
 	HeldDropped
 	// HeldExisted: the task existed already; the tick was dropped.
 	HeldExisted
+	// HeldFenced: another replica already fired or released into this
+	// slot from a newer configuration (the revision fence); nothing was
+	// written.
+	HeldFenced
+	// HeldStale: the releasing replica's projection lags the freshest one
+	// seen in this slot by more than its MaxStaleness (the staleness
+	// fence); nothing was written.
+	HeldStale
+	// HeldCompleted: the entry's fire limit is reached (HeldRelease.MaxFires);
+	// the tick was dropped and the release's DroppedRecord appended.
+	HeldCompleted
 )
 
+// HeldRelease says how ReleaseHeld treats a held tick.
+type HeldRelease struct {
+	// Drop discards the tick instead of firing it.
+	Drop bool
+	// DroppedRecord, when set, is appended to the outbox in the same step
+	// whenever the tick is dropped rather than fired (asked to, or the
+	// entry moved out of the queue): the skipped event of the tick.
+	DroppedRecord Record
+	// MaxFires and MaxFiresSince are the entry's fire limit as a fire
+	// presents it (Fire.MaxFires): a release counts against it, checked and
+	// moved in the same step, and a tick beyond it is dropped.
+	MaxFires      int
+	MaxFiresSince uint64
+}
+
 // ReleaseHeld fires h if it is still held and its previous task has left
-// the busy states, or drops it when drop is set: a compare-and-set on the
-// held task id in one script call, so that replicas checking at once fire
-// it exactly once. The task is enqueued pending with the message and the
-// fired record kept when the tick was held (its scheduled time is the
-// tick's); the watermark's task becomes h.TaskID.
-func (s *Store) ReleaseHeld(ctx context.Context, h HeldTick, drop bool) (HeldOutcome, error) {
+// the busy states, or drops it when how.Drop is set: a compare-and-set on
+// the held task id in one script call, so that replicas checking at once
+// fire it exactly once. The call presents fences and is refused by the
+// slot's revision and staleness fences as a fire would be (HeldFenced,
+// HeldStale), so a replica whose projection lags neither fires nor drops a
+// tick a newer configuration decided about. The task is enqueued pending
+// with the message and the fired record kept when the tick was held (its
+// scheduled time is the tick's); the watermark's task becomes h.TaskID.
+func (s *Store) ReleaseHeld(ctx context.Context, fences Fences, h HeldTick, how HeldRelease) (HeldOutcome, error) {
+	if err := fences.check(); err != nil {
+		return HeldGone, err
+	}
 	own, keys := Own(h.Prefix, h.Queue), Keys(h.Queue)
 	mode := ""
-	if drop {
+	if how.Drop {
 		mode = "drop"
 	}
+	fa := fences.args()
 	reply, err := runScript(ctx, s.client, releaseHeldScript, []string{
 		own.Held(h.Entry), own.HeldIndex(), own.Watermark(h.Entry), own.Handover(h.Entry),
 		keys.Task(h.TaskID), keys.Task(h.PrevTaskID), keys.Pending(), own.Outbox(),
-	}, h.TaskID, mode)
+		own.Fence(), own.Freshness(), own.FenceID(), own.HeldDrops(), own.Fires(h.Entry),
+	}, h.TaskID, mode, fa.config, fa.fresh, fa.maxStale, how.DroppedRecord.ID, how.DroppedRecord.Data,
+		strconv.Itoa(max(how.MaxFires, 0)), strconv.FormatUint(how.MaxFiresSince, 10))
 	if err != nil {
 		return HeldGone, fmt.Errorf("release held tick %s of entry %q in queue %q: %w", h.Tick.Format(time.RFC3339Nano), h.Entry, h.Queue, err)
 	}
@@ -133,6 +168,27 @@ func (s *Store) ReleaseHeld(ctx context.Context, h HeldTick, drop bool) (HeldOut
 		return HeldDropped, nil
 	case 4:
 		return HeldExisted, nil
+	case 5:
+		return HeldFenced, nil
+	case 6:
+		return HeldStale, nil
+	case 7:
+		return HeldCompleted, nil
 	}
 	return HeldGone, fmt.Errorf("release held tick of entry %q: unexpected reply %v", h.Entry, reply)
+}
+
+// HeldCounts returns how many ticks queue holds now (overlap buffer-one)
+// and how many held ticks were dropped there rather than fired, ever (for
+// status).
+func (s *Store) HeldCounts(ctx context.Context, prefix, queue string) (held, dropped int64, err error) {
+	own := Own(prefix, queue)
+	pipe := s.client.Pipeline()
+	n := pipe.SCard(ctx, own.HeldIndex())
+	d := pipe.Get(ctx, own.HeldDrops())
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return 0, 0, fmt.Errorf("held ticks of queue %q: %w", queue, err)
+	}
+	dropped, _ = d.Int64()
+	return n.Val(), dropped, nil
 }

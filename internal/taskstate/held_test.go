@@ -52,7 +52,7 @@ func TestFireOverlapBuffer(t *testing.T) {
 	if len(held) != 1 || held[0] != want {
 		t.Fatalf("held ticks %+v, want %+v", held, want)
 	}
-	if out, err := s.ReleaseHeld(ctx, held[0], false); err != nil || out != HeldWaiting {
+	if out, err := s.ReleaseHeld(ctx, testFences, held[0], HeldRelease{}); err != nil || out != HeldWaiting {
 		t.Fatalf("release while the previous task is pending: %v, %v", out, err)
 	}
 
@@ -77,7 +77,7 @@ func TestFireOverlapBuffer(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			out, err := s.ReleaseHeld(ctx, held[0], false)
+			out, err := s.ReleaseHeld(ctx, testFences, held[0], HeldRelease{})
 			if err != nil {
 				t.Error(err)
 			}
@@ -113,10 +113,10 @@ func TestReleaseHeldDrop(t *testing.T) {
 	if err != nil || len(held) != 1 {
 		t.Fatalf("held ticks %v, %v", held, err)
 	}
-	if out, err := s.ReleaseHeld(ctx, held[0], true); err != nil || out != HeldDropped {
+	if out, err := s.ReleaseHeld(ctx, testFences, held[0], HeldRelease{Drop: true}); err != nil || out != HeldDropped {
 		t.Fatalf("drop: %v, %v", out, err)
 	}
-	if out, err := s.ReleaseHeld(ctx, held[0], false); err != nil || out != HeldGone {
+	if out, err := s.ReleaseHeld(ctx, testFences, held[0], HeldRelease{}); err != nil || out != HeldGone {
 		t.Fatalf("release after drop: %v, %v", out, err)
 	}
 	if rc.Exists(ctx, Keys("default").Task(held[0].TaskID)).Val() != 0 {
@@ -124,4 +124,117 @@ func TestReleaseHeldDrop(t *testing.T) {
 	}
 	// Nothing held: the next busy tick is held again.
 	mustFire(t, s, bufferFire(2), StatusHeld)
+}
+
+// TestReleaseHeldFences: a release presents the fences a fire does. After
+// a newer configuration (sequence 11: the entry paused, say) fired into the
+// slot, a replica still at sequence 10 neither releases nor drops the held
+// tick, and one whose projection lags the freshest by more than its bound
+// does neither either; the replica at the newer sequence drops it, with
+// the dropped record appended in the same step.
+func TestReleaseHeldFences(t *testing.T) {
+	ctx := context.Background()
+	s, rc := newTestStore(t)
+	first := tickFire("buf", "default", tickAt(0), time.Time{})
+	mustFire(t, s, first, StatusFired)
+	mustFire(t, s, bufferFire(1), StatusHeld)
+	held, err := s.HeldTicks(ctx, testPrefix, []string{"default"})
+	if err != nil || len(held) != 1 {
+		t.Fatalf("held ticks %v, %v", held, err)
+	}
+	// The previous task is done, so only the fences stand in the way.
+	if err := rc.Del(ctx, Keys("default").Task(first.Msg.ID)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	newer := Fences{ConfigSeq: 11, FreshAsOf: now, MaxStaleness: 30 * time.Second}
+	// Another entry of the slot fires from the newer configuration.
+	mustFireWith(t, s, newer, tickFire("other", "default", tickAt(0), time.Time{}), StatusFired)
+
+	for _, drop := range []bool{false, true} {
+		if out, err := s.ReleaseHeld(ctx, testFences, held[0], HeldRelease{Drop: drop}); err != nil || out != HeldFenced {
+			t.Fatalf("release (drop %v) from sequence 10 after 11 fired: %v, %v; want fenced", drop, out, err)
+		}
+		stale := Fences{ConfigSeq: 11, FreshAsOf: now.Add(-time.Minute), MaxStaleness: 30 * time.Second}
+		if out, err := s.ReleaseHeld(ctx, stale, held[0], HeldRelease{Drop: drop}); err != nil || out != HeldStale {
+			t.Fatalf("release (drop %v) a minute stale: %v, %v; want stale", drop, out, err)
+		}
+	}
+	if rc.Exists(ctx, Keys("default").Task(held[0].TaskID)).Val() != 0 {
+		t.Fatal("a refused release created the task")
+	}
+	if got, err := s.HeldTicks(ctx, testPrefix, []string{"default"}); err != nil || len(got) != 1 {
+		t.Fatalf("held ticks after refused releases: %v, %v", got, err)
+	}
+
+	dropped := record("dropped", "buf", tickAt(1))
+	if out, err := s.ReleaseHeld(ctx, newer, held[0], HeldRelease{Drop: true, DroppedRecord: dropped}); err != nil || out != HeldDropped {
+		t.Fatalf("drop from sequence 11: %v, %v", out, err)
+	}
+	if rc.Exists(ctx, Keys("default").Task(held[0].TaskID)).Val() != 0 {
+		t.Fatal("a dropped tick created its task")
+	}
+	if held, n, err := s.HeldCounts(ctx, testPrefix, "default"); err != nil || held != 0 || n != 1 {
+		t.Fatalf("held counts after the drop: %d held, %d dropped, %v; want 0, 1", held, n, err)
+	}
+	ids := outboxIDs(t, s, "default")
+	if !slices.Contains(ids, dropped.ID) || slices.Contains(ids, record("fired", "buf", tickAt(1)).ID) {
+		t.Fatalf("outbox %v: want the dropped record and no fired record of the held tick", ids)
+	}
+}
+
+// TestReleaseHeldCountsFires: a release counts against the entry's fire
+// limit in the same step (the fires counter moves with the task), and a
+// held tick beyond the limit is dropped with its record, not fired.
+func TestReleaseHeldCountsFires(t *testing.T) {
+	ctx := context.Background()
+	s, rc := newTestStore(t)
+	limited := func(f Fire) Fire {
+		f.MaxFires, f.MaxFiresSince = 2, 7
+		return f
+	}
+	first := limited(tickFire("buf", "default", tickAt(0), time.Time{}))
+	mustFire(t, s, first, StatusFired)
+	mustFire(t, s, limited(bufferFire(1)), StatusHeld)
+	rc.Del(ctx, Keys("default").Task(first.Msg.ID))
+	held, err := s.HeldTicks(ctx, testPrefix, []string{"default"})
+	if err != nil || len(held) != 1 {
+		t.Fatalf("held ticks %v, %v", held, err)
+	}
+	how := HeldRelease{MaxFires: 2, MaxFiresSince: 7, DroppedRecord: record("dropped", "buf", tickAt(1))}
+	if out, err := s.ReleaseHeld(ctx, testFences, held[0], how); err != nil || out != HeldReleased {
+		t.Fatalf("release: %v, %v", out, err)
+	}
+	if c, ok, err := s.FireCount(ctx, testPrefix, "default", "buf"); err != nil || !ok || c.Count != 2 || c.Since != 7 {
+		t.Fatalf("fires counter after the release: %+v, %t, %v; want 2 since 7", c, ok, err)
+	}
+	// The limit is reached: the next tick fires nothing.
+	mustFire(t, s, limited(bufferFire(2)), StatusCompleted)
+
+	// A tick held under a higher limit, released once the limit is lower
+	// again, is dropped with its record and counts nothing.
+	raised := func(f Fire) Fire {
+		f = limited(f)
+		f.MaxFires = 3
+		return f
+	}
+	mustFire(t, s, raised(bufferFire(2)), StatusHeld)
+	held, err = s.HeldTicks(ctx, testPrefix, []string{"default"})
+	if err != nil || len(held) != 1 {
+		t.Fatalf("held ticks %v, %v", held, err)
+	}
+	rc.Del(ctx, Keys("default").Task(held[0].PrevTaskID))
+	how.DroppedRecord = record("dropped", "buf", tickAt(2))
+	if out, err := s.ReleaseHeld(ctx, testFences, held[0], how); err != nil || out != HeldCompleted {
+		t.Fatalf("release beyond the limit: %v, %v; want completed", out, err)
+	}
+	if rc.Exists(ctx, Keys("default").Task(held[0].TaskID)).Val() != 0 {
+		t.Fatal("a tick beyond the limit created its task")
+	}
+	if c, _, _ := s.FireCount(ctx, testPrefix, "default", "buf"); c.Count != 2 {
+		t.Fatalf("fires counter %+v after a drop, want 2", c)
+	}
+	if ids := outboxIDs(t, s, "default"); !slices.Contains(ids, how.DroppedRecord.ID) {
+		t.Fatalf("outbox %v: no dropped record", ids)
+	}
 }

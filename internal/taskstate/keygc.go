@@ -1,6 +1,7 @@
 package taskstate
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -11,15 +12,19 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// EntryKey is one of cronstream's per-entry keys (a watermark or a handover
-// marker in one queue's slot) as a sweep found it.
+// EntryKey is one of cronstream's per-entry keys (a watermark, a handover
+// marker, a fires counter or a held tick in one queue's slot) as a sweep
+// found it.
 type EntryKey struct {
 	Key   string
 	Queue string
 	Entry string
-	// Value is the key's value when it was read: the key is deleted only
-	// if it still holds it (DeleteEntryKeys).
+	// Value is the key's value when it was read (a held tick's: its task
+	// id): the key is deleted only if it still holds it (DeleteEntryKeys).
 	Value string
+	// heldIndex is the slot's held-tick index when Key is a held tick
+	// (OwnKeys.Held), which loses it with the key.
+	heldIndex string
 }
 
 // scanCount is the COUNT hint of each SCAN call: how many slots of the
@@ -51,7 +56,11 @@ func (s *Store) ScanEntryKeys(ctx context.Context, prefix string, want func(entr
 				if !ok || (want != nil && !want(e)) || full() {
 					continue
 				}
-				found[k] = EntryKey{Key: k, Queue: q, Entry: e}
+				ek := EntryKey{Key: k, Queue: q, Entry: e}
+				if own := Own(prefix, q); own.Held(e) == k {
+					ek.heldIndex = own.HeldIndex()
+				}
+				found[k] = ek
 			}
 			stop := full()
 			mu.Unlock()
@@ -78,7 +87,11 @@ func (s *Store) ScanEntryKeys(ctx context.Context, prefix string, want func(entr
 	pipe := s.client.Pipeline()
 	for _, k := range found {
 		out = append(out, k)
-		cmds = append(cmds, pipe.Get(ctx, k.Key))
+		if k.heldIndex != "" {
+			cmds = append(cmds, pipe.HGet(ctx, k.Key, "task"))
+		} else {
+			cmds = append(cmds, pipe.Get(ctx, k.Key))
+		}
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("read per-entry keys: %w", err)
@@ -94,7 +107,8 @@ func (s *Store) ScanEntryKeys(ctx context.Context, prefix string, want func(entr
 }
 
 // DeleteRemovedEntryKeys deletes the per-entry keys of one removed entry
-// (keys from ScanEntryKeys, all of the same entry) and the entry's asynq
+// (keys from ScanEntryKeys, all of the same entry; a held tick leaves its
+// slot's held index too) and the entry's asynq
 // scheduler history from before removedAt, and returns how many keys it
 // deleted. Each queue slot's keys go in one script that deletes a key only
 // if it still holds the value the scan read, so a key a re-registration of
@@ -114,10 +128,15 @@ func (s *Store) DeleteRemovedEntryKeys(ctx context.Context, keys []EntryKey, rem
 	}
 	deleted := 0
 	for queue, ks := range bySlot {
-		names := make([]string, len(ks))
+		names := make([]string, len(ks), len(ks)+1)
 		values := make([]any, len(ks))
+		index := ""
 		for i, k := range ks {
 			names[i], values[i] = k.Key, k.Value
+			index = cmp.Or(index, k.heldIndex)
+		}
+		if index != "" {
+			names = append(names, index)
 		}
 		reply, err := runScript(ctx, s.client, deleteUnchangedScript, names, values...)
 		if err != nil {

@@ -18,13 +18,13 @@ func TestParseEntryKey(t *testing.T) {
 	for _, prefix := range []string{"", "acme"} {
 		for _, queue := range []string{"default", "a:b", "x{y", "}:cronstream:wm:z", ""} {
 			own := Own(prefix, queue)
-			for _, key := range []string{own.Watermark("e-1"), own.Handover("e-1"), own.HandoverID("e-1")} {
+			for _, key := range []string{own.Watermark("e-1"), own.Handover("e-1"), own.HandoverID("e-1"), own.Held("e-1")} {
 				q, e, ok := ParseEntryKey(prefix, key)
 				if !ok || q != queue || e != "e-1" {
 					t.Errorf("ParseEntryKey(%q, %q) = %q, %q, %t; want %q, e-1", prefix, key, q, e, ok, queue)
 				}
 			}
-			for _, key := range []string{own.Fence(), own.Outbox(), own.Trigger("r"), own.FenceID(), Own("other", queue).Watermark("e-1")} {
+			for _, key := range []string{own.Fence(), own.Outbox(), own.Trigger("r"), own.FenceID(), own.HeldIndex(), Own("other", queue).Watermark("e-1")} {
 				if _, _, ok := ParseEntryKey(prefix, key); ok {
 					t.Errorf("ParseEntryKey(%q, %q) accepted a key that is not a per-entry key", prefix, key)
 				}

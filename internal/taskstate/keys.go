@@ -205,6 +205,10 @@ func (o OwnKeys) Held(entry string) string { return o.head + kindHeld + ":" + en
 // one key per queue to learn whether it holds any tick.
 func (o OwnKeys) HeldIndex() string { return o.head + kindHeld }
 
+// HeldDrops is the STRING counting the held ticks of this slot that were
+// dropped rather than fired (ReleaseHeld), for status.
+func (o OwnKeys) HeldDrops() string { return o.head + "helddrops" }
+
 // heldEntry is the entry of Held key k, or false when k is not one.
 func (o OwnKeys) heldEntry(k string) (string, bool) {
 	e, ok := strings.CutPrefix(k, o.head+kindHeld+":")
@@ -225,7 +229,7 @@ func (o OwnKeys) OutboxOwner() string { return o.head + "outbox:owner" }
 
 // Kinds of cronstream's per-entry keys: each one's name is
 // "cronstream:{<queue>}:<prefix>:<kind>:<entry>" (Watermark, Handover,
-// HandoverID, Fires).
+// HandoverID, Fires, Held).
 const (
 	kindWatermark  = "wm"
 	kindHandover   = "moved"
@@ -255,7 +259,7 @@ func ParseEntryKey(prefix, key string) (queue, entry string, ok bool) {
 	if prefix == "" {
 		prefix = DefaultPrefix
 	}
-	for _, kind := range []string{kindWatermark, kindHandover, kindHandoverID, kindFires} {
+	for _, kind := range []string{kindWatermark, kindHandover, kindHandoverID, kindFires, kindHeld} {
 		sep := "}:" + prefix + ":" + kind + ":"
 		i := strings.LastIndex(key, sep)
 		if i < 0 || !strings.HasPrefix(key, "cronstream:{") || i < len("cronstream:{") {
@@ -263,7 +267,7 @@ func ParseEntryKey(prefix, key string) (queue, entry string, ok bool) {
 		}
 		queue, entry = key[len("cronstream:{"):i], key[i+len(sep):]
 		own := Own(prefix, queue)
-		if entry != "" && !strings.ContainsAny(entry, ":{}") && (own.Watermark(entry) == key || own.Handover(entry) == key || own.HandoverID(entry) == key || own.Fires(entry) == key) {
+		if entry != "" && !strings.ContainsAny(entry, ":{}") && (own.Watermark(entry) == key || own.Handover(entry) == key || own.HandoverID(entry) == key || own.Fires(entry) == key || own.Held(entry) == key) {
 			return queue, entry, true
 		}
 	}

@@ -12,7 +12,7 @@ import (
 // EVAL when the server does not know the script yet), single or pipelined.
 var (
 	// fireScript fires a chunk of fires into one queue (FireBatch).
-	fireScript = luaScript(fireLayoutLua, "cancel_lib.lua", "fire.lua")
+	fireScript = luaScript(fireLayoutLua, "fences_lib.lua", "cancel_lib.lua", "fire.lua")
 
 	// closeForHandoverScript and seedWatermarkScript are the two steps of
 	// a queue handover (CloseForHandover, SeedWatermark).
@@ -38,7 +38,7 @@ var (
 	deleteUnchangedScript = luaScript("", "delete_unchanged.lua")
 
 	// releaseHeldScript fires or drops a held tick (ReleaseHeld).
-	releaseHeldScript = luaScript("", "release_held.lua")
+	releaseHeldScript = luaScript("", "fences_lib.lua", "release_held.lua")
 	// releaseCancelScript fires or drops a tick held by overlap
 	// cancel-previous (ReleaseCancel).
 	releaseCancelScript = luaScript(cancelLayoutLua, "cancel_lib.lua", "cancel_previous.lua")

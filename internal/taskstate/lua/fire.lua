@@ -60,21 +60,8 @@
 -- passed, so a refusal writes nothing except raising the fences, which only
 -- ever record what some replica truthfully presented.
 --
--- Why the staleness fence compares fires with each other and not with Redis
--- TIME: fresh_as_of is when a replica's projection last heard the config
--- stream. The slot keeps the highest fresh_as_of any fire has presented. A
--- replica that lags it by more than max staleness either lost the stream
--- while another replica still hears it, or stalled (GC, VM pause) while
--- others moved on — in both cases a config change may have been published
--- that it has not seen, so it must not fire. When nobody hears NATS, nobody
--- can publish a change either (INV-staleness-fence in docs/design.md): every
--- replica's fresh_as_of stops at about the same instant, none lags the
--- maximum, and all keep firing on the last known configuration. A
--- comparison with Redis TIME would instead stop every replica during a NATS
--- outage, which is exactly what INV-staleness-fence forbids. Redis TIME only
--- bounds what is believed: a freshness more than 2 s ahead of it is capped
--- there (presented) or ignored (stored), so a replica whose clock runs fast
--- cannot make every other replica's fires stale.
+-- The fences and why the staleness fence compares fires with each other
+-- and not with Redis TIME: fences_lib.lua.
 
 local t = redis.call('TIME')
 local now_s = t[1]
@@ -84,22 +71,7 @@ local task_prefix = ARGV[A_TASK_PREFIX]
 local nfires = tonumber(ARGV[A_FIRES])
 local busy = {pending=true, scheduled=true, retry=true, active=true, aggregating=true}
 -- The fences are read once per call and written when raised.
-local fence = redis.call('GET', KEYS[K_FENCE])
-local freshest = redis.call('GET', KEYS[K_FRESHNESS])
--- fence_ref is "<seq>:<id>" when the fence id key names the fence's
--- message, else just the fence (an earlier build raised it, or no fire
--- presented an id).
-local fence_ref = fence
-if fence then
-  local fid = redis.call('GET', KEYS[K_FENCE_ID])
-  if fid and string.match(fid, '^(%d+)') == fence then fence_ref = fid end
-end
--- No freshness is believed more than 2 s ahead of Redis's clock: a presented
--- one is capped there before it is compared or stored, and a stored one
--- beyond it (left by a replica with a fast clock, or an earlier build) counts
--- as absent and is overwritten by the next fire that presents one.
-local fresh_cap = now_ms + 2000
-if freshest and tonumber(freshest) > fresh_cap then freshest = nil end
+local fences = fence_check(KEYS[K_FENCE], KEYS[K_FRESHNESS], KEYS[K_FENCE_ID], now_ms)
 
 local function split(v) -- "<a> <b>": watermark "<ms> <task>", marker "<rev> <in|out>"
   if not v then return nil, nil end
@@ -117,40 +89,6 @@ local function append(from, n)
   for i = 0, n - 1 do
     redis.call('XADD', KEYS[K_OUTBOX], '*', 'id', ARGV[from + 2*i], 'data', ARGV[from + 2*i + 1])
   end
-end
-
--- fences checks a fire presenting config sequence seq, freshness fresh
--- ("" = not presented) and staleness bound maxstale against the revision
--- fence and the staleness fence, raising each one it passes. It returns the
--- refusal's code and extra, or nil. Calling it again with the same arguments
--- gives the same answer and writes nothing.
-local function fences(seq, fresh, maxstale)
-  local ref = seq
-  seq = string.match(ref, '^(%d+)')
-  if fence and tonumber(seq) < tonumber(fence) then return -3, fence_ref end
-  if not fence or tonumber(seq) > tonumber(fence) then
-    fence, fence_ref = seq, seq
-    redis.call('SET', KEYS[K_FENCE], seq)
-  end
-  -- The fence's message id, when this fire knows it and it is not the one
-  -- stored (none, or another stream's message at the same sequence: the
-  -- fire read its message from the stream it follows).
-  if ref ~= seq and fence_ref ~= ref and tonumber(seq) == tonumber(fence) then
-    fence_ref = ref
-    redis.call('SET', KEYS[K_FENCE_ID], ref)
-  end
-  if fresh ~= '' then
-    if tonumber(fresh) > fresh_cap then fresh = string.format('%d', fresh_cap) end
-    maxstale = tonumber(maxstale)
-    if freshest and maxstale > 0 and tonumber(fresh) < tonumber(freshest) - maxstale then
-      return -4, freshest
-    end
-    if not freshest or tonumber(fresh) > tonumber(freshest) then
-      freshest = fresh
-      redis.call('SET', KEYS[K_FRESHNESS], fresh)
-    end
-  end
-  return nil
 end
 
 -- gate reads the fire's watermark and moved-marker (its keys from k) and
