@@ -69,6 +69,9 @@ type broker interface {
 	WriteSchedulerEntries(ctx context.Context, schedulerID string, entries []taskstate.SchedulerEntry, ttl time.Duration) error
 	RecordSchedulerEnqueueEvents(ctx context.Context, events []taskstate.EnqueueEventRecord) error
 	HeldTicks(ctx context.Context, prefix string, queues []string) ([]taskstate.HeldTick, error)
+	ProposeRestore(ctx context.Context, prefix, queue, entry string, tick time.Time, taskID string, settle time.Duration) (taskstate.RestoreProposal, error)
+	ClearRestore(ctx context.Context, prefix, queue, entry string, tick time.Time) error
+	RestoreProposals(ctx context.Context, prefix string, queues []string) (map[string]map[string]time.Time, error)
 	ReleaseHeld(ctx context.Context, h taskstate.HeldTick, drop bool) (taskstate.HeldOutcome, error)
 }
 
@@ -150,6 +153,11 @@ type Config struct {
 	Logger  *slog.Logger
 	Metrics *Metrics
 
+	// RestoreSettle is how long a restore proposal for a watermark Redis
+	// lost waits for every live replica to add its position before it
+	// seeds the watermark (DefaultRestoreSettle).
+	RestoreSettle time.Duration
+
 	// broker, when set (tests: fault injection), is used instead of a
 	// Store on Redis.
 	broker broker
@@ -207,6 +215,9 @@ type Scheduler struct {
 	// implausibleLogged: when an implausible observation was last logged.
 	implausibleLogged clock.Mono
 
+	// pos: the entries' positions, for raiseProposals.
+	pos positions
+
 	mu    sync.Mutex
 	stats Stats
 
@@ -249,6 +260,9 @@ func New(cfg Config) (*Scheduler, error) {
 	}
 	if cfg.Visibility <= 0 {
 		cfg.Visibility = DefaultVisibility
+	}
+	if cfg.RestoreSettle <= 0 {
+		cfg.RestoreSettle = DefaultRestoreSettle
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -326,6 +340,11 @@ func (s *Scheduler) Start(ctx context.Context) error {
 	go func() {
 		defer s.wg.Done()
 		s.writeVisibilityLoop()
+	}()
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.raiseProposals(lctx)
 	}()
 	return nil
 }
