@@ -98,6 +98,8 @@ func (s *Scheduler) loadWatermarks(ctx context.Context) {
 				case restoreSeeded:
 					restored = append(restored, r.id)
 					reread = true
+				case restoreReread:
+					reread = true
 				}
 				r.loading.restored, r.loading.seed, r.loading.held = true, nil, false
 			}
@@ -129,7 +131,7 @@ func (s *Scheduler) loadWatermarks(ctx context.Context) {
 	}
 	held.report(s)
 	if len(restored) > 0 {
-		s.log.Warn("watermarks missing in Redis or older than ticks known to be handled (did Redis lose data?): restored from this replica's cursors and the activity stream",
+		s.log.Warn("watermarks missing in Redis or older than ticks known to be handled (did Redis lose data?): restored from the running replicas' positions and the activity stream",
 			"entries", len(restored), "first", restored[0])
 	}
 	switch {

@@ -70,6 +70,9 @@ const (
 	restoreHeld
 	// restoreFailed: Redis failed; retried after the load's backoff.
 	restoreFailed
+	// restoreReread: another replica restored the watermark; read it
+	// again.
+	restoreReread
 )
 
 // restore proposes r's seed and seeds the watermark once the proposal has
@@ -102,6 +105,8 @@ func (s *Scheduler) restore(ctx context.Context, r *entryRun) (restoreStep, time
 		return restoreFailed, 0
 	}
 	switch {
+	case p.Restored:
+		return restoreReread, 0
 	case !p.Found && streamUnread:
 		// No position anywhere, and the stream may hold fires.
 		s.outcome(Outcome{Entry: r.id, Err: fmt.Errorf("%w: no running replica holds a position for it and the activity stream cannot be read", ErrRestoring)})

@@ -26,7 +26,11 @@ import (
 type RestoreProposal struct {
 	// Found is false when the slot holds no proposal for the entry (and
 	// none was proposed).
-	Found  bool
+	Found bool
+	// Restored: there was no proposal, and the watermark is at or past
+	// the tick proposed (another replica restored it); nothing was
+	// proposed.
+	Restored bool
 	Tick   time.Time
 	TaskID string
 	// Settled: the proposal may seed the watermark now; otherwise it
@@ -37,7 +41,9 @@ type RestoreProposal struct {
 
 // ProposeRestore raises entry's restore proposal in queue's slot to tick
 // (with taskID), creating it to settle after settle when there is none, and
-// returns the proposal. A zero tick proposes nothing: it only reads.
+// returns the proposal. A zero tick proposes nothing: it only reads. With
+// no proposal and a watermark at or past tick, it proposes nothing and
+// reports Restored.
 func (s *Store) ProposeRestore(ctx context.Context, prefix, queue, entry string, tick time.Time, taskID string, settle time.Duration) (RestoreProposal, error) {
 	if entry == "" || queue == "" {
 		return RestoreProposal{}, fmt.Errorf("propose a restore of entry %q in queue %q: %w: empty entry or queue", entry, queue, ErrInvalidFire)
@@ -46,13 +52,17 @@ func (s *Store) ProposeRestore(ctx context.Context, prefix, queue, entry string,
 	if !tick.IsZero() {
 		ms = strconv.FormatInt(tick.UnixMilli(), 10)
 	}
-	reply, err := runScript(ctx, s.client, proposeRestoreScript, []string{Own(prefix, queue).Restore()}, entry, ms, taskID, settle.Milliseconds())
+	own := Own(prefix, queue)
+	reply, err := runScript(ctx, s.client, proposeRestoreScript, []string{own.Restore(), own.Watermark(entry)}, entry, ms, taskID, settle.Milliseconds())
 	if err != nil {
 		return RestoreProposal{}, fmt.Errorf("propose a restore of entry %q in queue %q: %w", entry, queue, err)
 	}
 	code, _ := reply[0].(int64)
-	if code == 0 {
+	switch code {
+	case 0:
 		return RestoreProposal{}, nil
+	case 3:
+		return RestoreProposal{Restored: true}, nil
 	}
 	if len(reply) < 3 {
 		return RestoreProposal{}, fmt.Errorf("propose a restore of entry %q in queue %q: unexpected reply %v", entry, queue, reply)

@@ -64,4 +64,20 @@ func TestRestoreProposal(t *testing.T) {
 		t.Fatal(err)
 	}
 	propose(-1, -1)
+
+	// A watermark at or past the tick proposed: restored already.
+	if err := s.SeedWatermark(ctx, testPrefix, "default", "w", tickAt(5), taskIDFor("w", tickAt(5)), 1, ""); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []int{-1, 4, 5} {
+		var tick time.Time
+		if n >= 0 {
+			tick = tickAt(n)
+		}
+		p, err := s.ProposeRestore(ctx, testPrefix, "default", "w", tick, "x", time.Second)
+		if err != nil || !p.Restored || p.Found {
+			t.Fatalf("proposing %v over a watermark at %s: %+v, %v; want restored already", tick, tickAt(5), p, err)
+		}
+	}
+	propose(6, 6) // past the watermark: proposed
 }

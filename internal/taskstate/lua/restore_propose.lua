@@ -4,12 +4,18 @@
 -- delay its creator asked for). A proposal only ever moves to a higher tick;
 -- the settle instant stays the creation's.
 --
+-- With no proposal for the entry, a watermark at or past the tick
+-- proposed means another replica has restored it already: nothing is
+-- proposed.
+--
 -- KEYS  1 restore proposals (HASH entry -> "<tick ms> <settles at ms> <task id>")
+--       2 the entry's watermark
 -- ARGV  1 entry
 --       2 tick proposed (unix ms, "" = none: read only)
 --       3 its task id
 --       4 settle delay of a new proposal (ms)
 -- Reply {0} none | {1, tick, task id, ms left} settling | {2, tick, task id} settled
+--       | {3} restored already
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -17,6 +23,13 @@ local tick, at, task
 local cur = redis.call('HGET', KEYS[1], ARGV[1])
 if cur then
   tick, at, task = string.match(cur, '^(%-?%d+) (%-?%d+) (.*)$')
+end
+if not tick then
+  local wm = redis.call('GET', KEYS[2])
+  local wm_ms = wm and tonumber(string.match(wm, '^(%-?%d+)'))
+  if wm_ms and (ARGV[2] == '' or wm_ms >= tonumber(ARGV[2])) then
+    return {3}
+  end
 end
 if ARGV[2] ~= '' then
   if not tick then
