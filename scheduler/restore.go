@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/cronstream/cronstream/internal/taskstate"
 )
 
 // Restoring a lost watermark (docs/design.md INV-restore). Redis lost an
@@ -125,11 +127,20 @@ func (s *Scheduler) restore(ctx context.Context, r *entryRun) (restoreStep, time
 	// queue at a later revision, and passes this configuration's own
 	// handover marker (an entry with more than its registration has one).
 	if err := s.broker.SeedWatermark(ctx, prefix, r.queue, r.id, p.Tick, p.TaskID, r.st.Revision, s.revisionID(r)); err != nil {
-		s.log.Warn("restore the entry's watermark", "entry", r.id, "queue", r.queue, "tick", p.Tick, "from", from, "err", err)
-		return restoreNone, 0
+		if errors.Is(err, taskstate.ErrHandoverSuperseded) {
+			// A newer configuration moved the entry on: its fires here
+			// are refused until the projection catches up.
+			s.log.Warn("restore the entry's watermark", "entry", r.id, "queue", r.queue, "tick", p.Tick, "from", from, "err", err)
+			return restoreNone, 0
+		}
+		s.countError()
+		s.log.Warn("restore the entry's watermark; not firing it until it is", "entry", r.id, "queue", r.queue, "tick", p.Tick, "from", from, "err", err)
+		s.outcome(Outcome{Entry: r.id, Err: err})
+		return restoreFailed, 0
 	}
 	if err := s.broker.ClearRestore(ctx, prefix, r.queue, r.id, p.Tick); err != nil {
-		// Harmless: a proposal no higher than the watermark seeds nothing.
+		// Harmless: the next restore drops a proposal no higher than the
+		// watermark.
 		s.log.Warn("clear the settled restore proposal", "entry", r.id, "queue", r.queue, "err", err)
 	}
 	s.m.Restored.WithLabelValues(from).Inc()

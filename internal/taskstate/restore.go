@@ -31,8 +31,8 @@ type RestoreProposal struct {
 	// the tick proposed (another replica restored it); nothing was
 	// proposed.
 	Restored bool
-	Tick   time.Time
-	TaskID string
+	Tick     time.Time
+	TaskID   string
 	// Settled: the proposal may seed the watermark now; otherwise it
 	// settles in Left.
 	Settled bool

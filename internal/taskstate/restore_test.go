@@ -80,4 +80,17 @@ func TestRestoreProposal(t *testing.T) {
 		}
 	}
 	propose(6, 6) // past the watermark: proposed
+
+	// A leftover proposal at or below the watermark (its restore seeded
+	// the watermark, the clear was lost) is dropped, not taken as settled
+	// by a later restore.
+	if err := s.SeedWatermark(ctx, testPrefix, "default", "w", tickAt(6), taskIDFor("w", tickAt(6)), 1, ""); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := s.ProposeRestore(ctx, testPrefix, "default", "w", time.Time{}, "", time.Second); err != nil || !p.Restored {
+		t.Fatalf("reading a leftover proposal: %+v, %v; want restored already", p, err)
+	}
+	if all, err := s.RestoreProposals(ctx, testPrefix, []string{"default"}); err != nil || len(all["default"]) != 0 {
+		t.Fatalf("proposals after the leftover was read: %v, %v", all, err)
+	}
 }

@@ -6,7 +6,8 @@
 --
 -- With no proposal for the entry, a watermark at or past the tick
 -- proposed means another replica has restored it already: nothing is
--- proposed.
+-- proposed. A proposal at or below the watermark is a leftover of a
+-- restore done, and is dropped.
 --
 -- KEYS  1 restore proposals (HASH entry -> "<tick ms> <settles at ms> <task id>")
 --       2 the entry's watermark
@@ -24,12 +25,16 @@ local cur = redis.call('HGET', KEYS[1], ARGV[1])
 if cur then
   tick, at, task = string.match(cur, '^(%-?%d+) (%-?%d+) (.*)$')
 end
-if not tick then
-  local wm = redis.call('GET', KEYS[2])
-  local wm_ms = wm and tonumber(string.match(wm, '^(%-?%d+)'))
-  if wm_ms and (ARGV[2] == '' or wm_ms >= tonumber(ARGV[2])) then
-    return {3}
-  end
+local wm = redis.call('GET', KEYS[2])
+local wm_ms = wm and tonumber(string.match(wm, '^(%-?%d+)'))
+if tick and wm_ms and wm_ms >= tonumber(tick) then
+  -- Left over from a restore that seeded the watermark: a later loss
+  -- must wait for the replicas' positions again.
+  redis.call('HDEL', KEYS[1], ARGV[1])
+  tick = nil
+end
+if not tick and wm_ms and (ARGV[2] == '' or wm_ms >= tonumber(ARGV[2])) then
+  return {3}
 end
 if ARGV[2] ~= '' then
   if not tick then
