@@ -12,22 +12,22 @@ import (
 
 // Restoring a lost watermark (docs/design.md INV-restore). Redis lost an
 // entry's watermark (or holds one older than a tick known to be handled).
-// The replica that notices first seeds it from the later of its own
-// position (r.handled) and the activity stream's last tick, but a fire
-// whose record went with Redis before the relay published it is in neither
-// when another running replica made it: that replica's position is the
-// only trace. So a replica does not seed the watermark from what it knows
-// alone: it proposes its seed in the queue's slot (taskstate
-// ProposeRestore, raised only) and holds the entry. Every replica reads
-// the restore proposals of its queues once per restoreCheck and raises
-// each proposal below a position of its own, holding that entry too.
-// Once the proposal has settled (RestoreSettle after its creation, by
-// Redis TIME) every live replica's loop has read it at least twice, and
-// the first replica to come back seeds the watermark from it and clears
-// it. Redis refuses every fire meanwhile: the watermark is gone, so no
-// fire's compare-and-set matches. A replica whose loop is stuck longer than
-// the settle delay (a fire pass hanging on Redis) may raise its proposal
-// too late; that is the bound.
+// The replica that notices first knows the later of its own position
+// (r.handled) and the activity stream's last tick, but a fire whose record
+// went with Redis before the relay published it is in neither when another
+// running replica made it: that replica's position is the only trace. So a
+// replica does not seed the watermark from what it knows alone: it
+// proposes its seed in the queue's slot (taskstate ProposeRestore, raised
+// only) and holds the entry. Beside the loop, every replica reads the
+// restore proposals of its queues once per restoreCheck and raises each
+// one below its own position for the entry (raiseProposals); its own fires
+// of the entry fail meanwhile and hold it too. Once the proposal has
+// settled (RestoreSettle after its creation, by Redis TIME) every running
+// replica has read it several times, and the first replica to come back
+// seeds the watermark from it and clears it. Redis refuses every fire
+// meanwhile: the watermark is gone, so no fire's compare-and-set matches.
+// A replica that cannot reach Redis for longer than the settle delay may
+// raise the proposal too late; that is the bound.
 //
 // Without the activity stream (NATS down) the proposal is made of the
 // replicas' positions alone; an entry no running replica holds a position
