@@ -25,7 +25,9 @@ import (
 // settled (RestoreSettle after its creation, by Redis TIME) every running
 // replica has read it several times, and the first replica to come back
 // seeds the watermark from it and clears it. Redis refuses every fire
-// meanwhile: the watermark is gone, so no fire's compare-and-set matches.
+// meanwhile: the watermark is gone, so no fire's compare-and-set matches
+// (but one of a replica that holds no position for the entry and took it
+// for one that never fired: a replica started just after the loss).
 // A replica that cannot reach Redis for longer than the settle delay may
 // raise the proposal too late; that is the bound.
 //
