@@ -35,20 +35,18 @@
 // (docs/operations.md, Redis). NATS node stops stay clear of the full NATS
 // restart, since one node cannot rejoin a cluster whose others are down.
 // The data loss and the full NATS outage are kept apart too. A data loss
-// during a whole-NATS outage is a fault of its own, and it fails the
-// checks as they stand. The replicas cannot read the activity stream to
-// restore from, so they fire nothing until NATS is back, and the ticks of
-// that wait follow the catch-up policy. The whole outbox backlog goes
-// with Redis, and a replica that had not made those fires restored behind
-// them and then skipped ticks that had been enqueued before the loss.
+// during a whole-NATS outage is a fault of its own, tested in scheduler
+// TestRedisLostWhileNATSDown: the replicas restore from their own
+// positions and keep firing, and the whole outbox backlog goes with Redis.
 //
-// Records lost with Redis are where the restore has a known gap, which
-// CRONSTREAM_CHAOS_LOSS_AFTER_FIRES=1 shows: the replica that made such a
-// fire holds it as its position, but another replica may act on the entry
-// first once Redis is back (every tick is late after the downtime),
-// restore from its own older position and the stream, and fire that tick
-// again. The check counts that as a duplicate (seen once in three such
-// runs of the short form, one tick of 34 lost).
+// Records lost with Redis are where the restore needs the running
+// replicas' positions, which CRONSTREAM_CHAOS_LOSS_AFTER_FIRES=1 shows:
+// the replica that made such a fire holds it as its position, and another
+// replica may act on the entry first once Redis is back (every tick is
+// late after the downtime). That one only proposes its older position;
+// the replica that made the fire raises the proposal before it settles
+// (docs/design.md INV-restore), so the tick does not fire again. The check
+// counts any such tick as a duplicate.
 //
 // # Outage bands
 //

@@ -108,6 +108,11 @@ type loadSteps struct {
 	// restored: a lost watermark was looked for in the activity stream
 	// during this load (once per load: the stream may hold nothing usable).
 	restored bool
+	// seed is what this replica proposes for a lost watermark while the
+	// restore proposal settles, and held whether the entry's fires are
+	// held for it (restore.go).
+	seed *restoreSeed
+	held bool
 }
 
 // next returns r's first tick after start() (zero when none).
@@ -149,6 +154,7 @@ func (s *Scheduler) applyChange(c projector.Change) {
 			delete(s.load, r.id)
 			if c.New == nil {
 				delete(s.entries, c.ID)
+				s.pos.forget(c.ID)
 			} else {
 				r.st = *c.New
 			}
@@ -205,6 +211,7 @@ func (r *entryRun) completed() bool {
 // schedule computes when this replica should next act on r and places it
 // in the heap.
 func (s *Scheduler) schedule(r *entryRun, now time.Time) {
+	s.pos.note(r)
 	next := r.next()
 	if next.IsZero() || r.completed() {
 		s.heap.remove(r)

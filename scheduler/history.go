@@ -407,6 +407,11 @@ type historyCache struct {
 	firedAt  clock.Mono
 	last     map[string]time.Time // LastHandledAll
 	lastAt   clock.Mono
+
+	// countsFailed and firedErr: the last EventCounts and FiredEntries
+	// reads failed.
+	countsFailed bool
+	firedErr     error
 }
 
 // errHistoryLater: the cached counts predate the entry's revision and may
@@ -423,10 +428,17 @@ func (s *Scheduler) onlyRegistration(ctx context.Context, r *entryRun) (bool, er
 	h := &s.hist
 	if h.counts == nil || h.asOf < r.st.Revision {
 		if s.clock.Since(h.countsAt) < historyRefresh {
+			if h.countsFailed {
+				// As when the read fails: read the entry's history (which
+				// fails at once while stream reads pause), not one entry
+				// per historyRefresh.
+				return false, nil
+			}
 			return false, errHistoryLater
 		}
 		h.countsAt = s.clock.Mono()
 		counts, asOf, err := s.cfg.History.EventCounts(ctx)
+		h.countsFailed = err != nil
 		if err != nil {
 			s.log.Warn("read config event counts", "err", err)
 		} else {
@@ -450,6 +462,11 @@ func (s *Scheduler) previousQueues(ctx context.Context, r *entryRun) ([]string, 
 	if err != nil {
 		// INV-staleness-fence: without NATS nobody can change the config either,
 		// so keep firing on what is known.
+		if errors.Is(err, errStreamsUnavailable) {
+			// Paused after a failure boundedHistory logged: one line
+			// per entry would flood the log.
+			return nil, nil
+		}
 		s.log.Warn("read the entry's earlier queues; firing without closing them", "entry", r.id, "err", err)
 		return nil, nil
 	}
@@ -472,7 +489,9 @@ func (s *Scheduler) scheduleSince(ctx context.Context, r *entryRun) (time.Time, 
 	}
 	since, ok, err := s.cfg.History.ScheduleSince(ctx, r.id)
 	if err != nil {
-		s.log.Warn("read the entry's config history; missed ticks before its last change are not caught up", "entry", r.id, "err", err)
+		if !errors.Is(err, errStreamsUnavailable) {
+			s.log.Warn("read the entry's config history; missed ticks before its last change are not caught up", "entry", r.id, "err", err)
+		}
 		return r.floor, nil
 	}
 	if !ok || !since.Before(r.floor) {
@@ -481,31 +500,37 @@ func (s *Scheduler) scheduleSince(ctx context.Context, r *entryRun) (time.Time, 
 	return since, nil
 }
 
-// lastHandled is the last scheduled tick of r the activity stream holds.
-func (s *Scheduler) lastHandled(ctx context.Context, r *entryRun) (time.Time, string, bool) {
+// lastHandled is the last scheduled tick of r the activity stream holds;
+// err is set when the stream could not tell (read failed now, or which
+// entries fired could not be read within historyRefresh).
+func (s *Scheduler) lastHandled(ctx context.Context, r *entryRun) (time.Time, string, bool, error) {
 	if s.cfg.History == nil {
-		return time.Time{}, "", false
+		return time.Time{}, "", false, nil
 	}
 	h := &s.hist
 	if !h.fired[r.id] && s.clock.Since(h.firedAt) >= historyRefresh {
 		h.firedAt = s.clock.Mono()
 		fired, err := s.cfg.History.FiredEntries(ctx)
-		if err != nil {
-			s.log.Warn("read which entries fired; not restoring lost watermarks from the stream", "err", err)
-		} else {
+		h.firedErr = err
+		switch {
+		case err == nil:
 			h.fired = fired
+		case !errors.Is(err, errStreamsUnavailable):
+			s.log.Warn("read which entries fired; not restoring lost watermarks from the stream", "err", err)
 		}
 	}
 	if !h.fired[r.id] {
-		return time.Time{}, "", false
+		return time.Time{}, "", false, h.firedErr
 	}
 	tick, task, ok, err := s.cfg.History.LastHandled(ctx, r.id)
 	if err != nil {
-		s.log.Warn("read the entry's last fire to restore its watermark", "entry", r.id, "err", err)
-		return time.Time{}, "", false
+		if !errors.Is(err, errStreamsUnavailable) {
+			s.log.Warn("read the entry's last fire to restore its watermark", "entry", r.id, "err", err)
+		}
+		return time.Time{}, "", false, err
 	}
 	if !ok {
-		return time.Time{}, "", false
+		return time.Time{}, "", false, nil
 	}
 	if ahead := tick.Sub(s.clock.Now()); ahead > implausibleAhead {
 		// Not a fire of any replica: a forged event. Seeding it would stop
@@ -513,7 +538,7 @@ func (s *Scheduler) lastHandled(ctx context.Context, r *entryRun) (time.Time, st
 		s.count(func(st *Stats) { st.Implausible++ })
 		s.m.Implausible.Inc()
 		s.log.Warn("the entry's last fire in the activity stream is far ahead of the clock (forged?): not restoring its watermark from it", "entry", r.id, "tick", tick.UTC().Format(time.RFC3339), "ahead", ahead.Round(time.Second))
-		return time.Time{}, "", false
+		return time.Time{}, "", false, nil
 	}
-	return tick, task, true
+	return tick, task, true, nil
 }

@@ -28,6 +28,7 @@ func (s *Scheduler) loadWatermarks(ctx context.Context) {
 	}
 	now := s.clock.Now()
 	var restored []string
+	var held restoreHolds
 	for q, runs := range byQueue {
 		ids := make([]string, len(runs))
 		for i, r := range runs {
@@ -50,8 +51,15 @@ func (s *Scheduler) loadWatermarks(ctx context.Context) {
 			// nothing usable), after the handover that closes the entry's
 			// other queues: the restore opens this one.
 			restoreNow := !r.loading.restored && (!wm.OK || s.behind(ctx, r, wm.Tick, now))
+			if !restoreNow {
+				// Nothing (more) to restore: another replica seeded the
+				// watermark meanwhile.
+				r.loading.seed, r.loading.held = nil, false
+			}
 			reread := false
-			if !wm.OK || r.loading.reopen || restoreNow {
+			// A restore in progress (r.loading.seed) did the handover
+			// in an earlier turn of this load.
+			if (!wm.OK || r.loading.reopen || restoreNow) && r.loading.seed == nil {
 				prev, err := s.previousQueues(ctx, r)
 				if err != nil {
 					later = true
@@ -69,7 +77,7 @@ func (s *Scheduler) loadWatermarks(ctx context.Context) {
 					}
 				}
 			}
-			if restoreNow && r.st.Entry.Limited() {
+			if restoreNow && r.st.Entry.Limited() && r.loading.seed == nil {
 				// The fires counter went with the watermark: rebuilt
 				// before the watermark, or a fire in between would count
 				// from zero.
@@ -79,11 +87,21 @@ func (s *Scheduler) loadWatermarks(ctx context.Context) {
 				}
 			}
 			if restoreNow {
-				r.loading.restored = true
-				if s.restore(ctx, r) {
+				step, wait := s.restore(ctx, r)
+				switch step {
+				case restoreFailed:
+					failed = true
+					continue
+				case restoreHeld:
+					held.add(r, wait)
+					continue
+				case restoreSeeded:
 					restored = append(restored, r.id)
 					reread = true
+				case restoreReread:
+					reread = true
 				}
+				r.loading.restored, r.loading.seed, r.loading.held = true, nil, false
 			}
 			if reread {
 				continue
@@ -111,8 +129,9 @@ func (s *Scheduler) loadWatermarks(ctx context.Context) {
 			s.schedule(r, now)
 		}
 	}
+	held.report(s)
 	if len(restored) > 0 {
-		s.log.Warn("watermarks missing in Redis or older than ticks known to be handled (did Redis lose data?): restored from this replica's cursors and the activity stream",
+		s.log.Warn("watermarks missing in Redis or older than ticks known to be handled (did Redis lose data?): restored from the running replicas' positions and the activity stream",
 			"entries", len(restored), "first", restored[0])
 	}
 	switch {
@@ -124,6 +143,15 @@ func (s *Scheduler) loadWatermarks(ctx context.Context) {
 		s.loadAfter = s.hist.countsAt.Add(historyRefresh)
 	default:
 		s.loadFails = 0
+	}
+	if held.n > 0 {
+		// Back when the first proposal settles, or after a failure's
+		// backoff when that is sooner.
+		at := s.clock.Mono().Add(held.wait)
+		if (failed || later) && s.loadAfter.Before(at) {
+			at = s.loadAfter
+		}
+		s.loadAfter = at
 	}
 }
 
@@ -184,38 +212,6 @@ func (s *Scheduler) handover(ctx context.Context, r *entryRun, from []string) (b
 	}
 	r.loading.fromQueue = ""
 	return found, nil
-}
-
-// restore seeds r's lost watermark: an entry with no watermark in its
-// queue whose fires are in the activity stream lost it (Redis lost data),
-// and so did one whose watermark is older than r.handled (the watermark
-// this replica last knew) or than the stream's last tick (see behind).
-// Without it the catch-up policy would fire again ticks that already
-// fired. The seed is the later of r.handled and the stream's last handled
-// tick, whatever queue that was in. It reports whether a watermark was
-// seeded.
-func (s *Scheduler) restore(ctx context.Context, r *entryRun) bool {
-	var tick time.Time
-	var task, from string
-	if r.hasHandled {
-		tick, task, from = r.handled, TaskID(s.cfg.Names.Prefix(), r.id, r.handled), "cursor"
-	}
-	if st, sttask, ok := s.lastHandled(ctx, r); ok && (from == "" || st.After(tick)) {
-		tick, task, from = st, sttask, "stream"
-	}
-	if from == "" {
-		return false
-	}
-	// At the entry's revision: it never overrides a handover to another
-	// queue at a later revision, and passes this configuration's own
-	// handover marker (an entry with more than its registration has one).
-	if err := s.broker.SeedWatermark(ctx, s.cfg.Names.Prefix(), r.queue, r.id, tick, task, r.st.Revision, s.revisionID(r)); err != nil {
-		s.log.Warn("restore the entry's watermark", "entry", r.id, "queue", r.queue, "tick", tick, "from", from, "err", err)
-		return false
-	}
-	s.m.Restored.WithLabelValues(from).Inc()
-	s.log.Debug("restored the entry's watermark", "entry", r.id, "queue", r.queue, "tick", tick, "from", from)
-	return true
 }
 
 // restoreFireCount rebuilds r's fires counter after Redis lost data: the

@@ -17,6 +17,7 @@ type Metrics struct {
 	Entries      prometheus.Gauge
 	Backpressure prometheus.Gauge
 	Restored     *prometheus.CounterVec // by source of the seed
+	Restoring    prometheus.Gauge
 	Implausible  prometheus.Counter
 	Epochs       prometheus.Counter
 	Cancels      *prometheus.CounterVec // by action: cancelSent, cancelDeleted
@@ -60,8 +61,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "cronstream_scheduler_backpressure", Help: "1 while firing is paused because the outbox backlog is over its bound.",
 		}),
 		Restored: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "cronstream_watermarks_restored_total", Help: "Watermarks found missing or older than a handled tick (Redis lost data) and restored, by where the seed came from (cursor: this replica's, stream: the activity stream).",
+			Name: "cronstream_watermarks_restored_total", Help: "Watermarks found missing or older than a handled tick (Redis lost data) and restored, by where the seed came from (cursor: this replica's position, replica: another running replica's, stream: the activity stream).",
 		}, []string{"from"}),
+		Restoring: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "cronstream_watermarks_restoring", Help: "Entries whose fires this replica holds while their watermark, lost in Redis, is restored (the restore proposal settling, or the activity stream unreadable with no replica's position to restore from).",
+		}),
 		Implausible: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "cronstream_scheduler_implausible_observations_total", Help: "Fires heard on the activity subjects, or read back from the activity stream, for a tick far ahead of the clock (forged, or a publisher's wrong clock); ignored.",
 		}),
@@ -96,7 +100,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.HeldDropped.WithLabelValues(reason)
 	}
 	if reg != nil {
-		reg.MustRegister(m.Fired, m.Skipped, m.Refused, m.Errors, m.FireLag, m.Entries, m.Backpressure, m.Restored, m.Implausible, m.Epochs, m.Cancels, m.Completed, m.FireCountUnknown, m.HeldDropped)
+		reg.MustRegister(m.Fired, m.Skipped, m.Refused, m.Errors, m.FireLag, m.Entries, m.Backpressure, m.Restored, m.Restoring, m.Implausible, m.Epochs, m.Cancels, m.Completed, m.FireCountUnknown, m.HeldDropped)
 	}
 	return m
 }

@@ -73,6 +73,9 @@ type broker interface {
 	ReleaseHeld(ctx context.Context, fences taskstate.Fences, h taskstate.HeldTick, how taskstate.HeldRelease) (taskstate.HeldOutcome, error)
 	ReleaseCancel(ctx context.Context, h taskstate.HeldTick, drop bool) (taskstate.CancelRelease, error)
 	PublishCancel(ctx context.Context, taskID string) error
+	ProposeRestore(ctx context.Context, prefix, queue, entry string, tick time.Time, taskID string, settle time.Duration) (taskstate.RestoreProposal, error)
+	ClearRestore(ctx context.Context, prefix, queue, entry string, tick time.Time) error
+	RestoreProposals(ctx context.Context, prefix string, queues []string) (map[string]map[string]time.Time, error)
 }
 
 // Projection is what the scheduler reads of the live projection;
@@ -156,6 +159,11 @@ type Config struct {
 	Logger  *slog.Logger
 	Metrics *Metrics
 
+	// RestoreSettle is how long a restore proposal for a watermark Redis
+	// lost waits for every live replica to add its position before it
+	// seeds the watermark (DefaultRestoreSettle).
+	RestoreSettle time.Duration
+
 	// broker, when set (tests: fault injection), is used instead of a
 	// Store on Redis.
 	broker broker
@@ -217,6 +225,9 @@ type Scheduler struct {
 	// implausibleLogged: when an implausible observation was last logged.
 	implausibleLogged clock.Mono
 
+	// pos: the entries' positions, for raiseProposals.
+	pos positions
+
 	mu    sync.Mutex
 	stats Stats
 
@@ -259,6 +270,9 @@ func New(cfg Config) (*Scheduler, error) {
 	}
 	if cfg.Visibility <= 0 {
 		cfg.Visibility = DefaultVisibility
+	}
+	if cfg.RestoreSettle <= 0 {
+		cfg.RestoreSettle = DefaultRestoreSettle
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -336,6 +350,11 @@ func (s *Scheduler) Start(ctx context.Context) error {
 	go func() {
 		defer s.wg.Done()
 		s.writeVisibilityLoop()
+	}()
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.raiseProposals(lctx)
 	}()
 	return nil
 }

@@ -16,6 +16,9 @@ type Stats struct {
 	// Loading counts entries not firing yet because their watermark is
 	// still to be read (after a start, a queue change or a re-register).
 	Loading int
+	// Restoring counts entries whose fires are held while their lost
+	// watermark is restored (ErrRestoring).
+	Restoring int
 	// Implausible counts fires heard on the activity subjects for a tick
 	// far ahead of the clock (forged, or from a publisher with a broken
 	// clock); they are ignored.
@@ -45,11 +48,12 @@ func (s *Scheduler) Stats() Stats {
 }
 
 func (s *Scheduler) setEntriesGauge() {
-	n := len(s.entries) + s.pausedOnly
+	n, restoring := len(s.entries)+s.pausedOnly, s.restoringEntries()
 	s.mu.Lock()
-	s.stats.Entries, s.stats.Loading = n, len(s.load)
+	s.stats.Entries, s.stats.Loading, s.stats.Restoring = n, len(s.load), restoring
 	s.mu.Unlock()
 	s.m.Entries.Set(float64(n))
+	s.m.Restoring.Set(float64(restoring))
 }
 
 func (s *Scheduler) count(f func(*Stats)) {

@@ -215,6 +215,11 @@ func (o OwnKeys) heldEntry(k string) (string, bool) {
 	return e, ok && e != ""
 }
 
+// Restore is the HASH of this slot's restore proposals: per entry whose
+// watermark Redis lost, the highest tick the replicas proposed to seed it
+// with and when the proposal settles (ProposeRestore).
+func (o OwnKeys) Restore() string { return o.head + "restore" }
+
 // Trigger is the STRING remembering a manual trigger's request id, so a
 // retried trigger does not enqueue twice.
 func (o OwnKeys) Trigger(requestID string) string { return o.head + "trigger:" + requestID }

@@ -37,6 +37,11 @@ var (
 
 	deleteUnchangedScript = luaScript("", "delete_unchanged.lua")
 
+	// proposeRestoreScript and clearRestoreScript keep the proposals
+	// that seed lost watermarks (ProposeRestore, ClearRestore).
+	proposeRestoreScript = luaScript("", "restore_propose.lua")
+	clearRestoreScript   = luaScript("", "restore_clear.lua")
+
 	// releaseHeldScript fires or drops a held tick (ReleaseHeld).
 	releaseHeldScript = luaScript("", "fences_lib.lua", "release_held.lua")
 	// releaseCancelScript fires or drops a tick held by overlap

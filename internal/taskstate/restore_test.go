@@ -1,0 +1,96 @@
+package taskstate
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/cronstream/cronstream/internal/testenv"
+)
+
+// TestRestoreProposal: a proposal only rises, keeps the settle instant of
+// its creation (Redis TIME), settles, is listed per queue, and is cleared
+// only while it still proposes the tick seeded.
+func TestRestoreProposal(t *testing.T) {
+	ctx := context.Background()
+	s, _ := newTestStore(t)
+	propose := func(n int, want int) RestoreProposal {
+		t.Helper()
+		var tick time.Time
+		if n >= 0 {
+			tick = tickAt(n)
+		}
+		p, err := s.ProposeRestore(ctx, testPrefix, "default", "w", tick, taskIDFor("w", tick), 500*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want < 0 {
+			if p.Found {
+				t.Fatalf("proposal %+v, want none", p)
+			}
+			return p
+		}
+		if !p.Found || !p.Tick.Equal(tickAt(want)) || p.TaskID != taskIDFor("w", tickAt(want)) {
+			t.Fatalf("proposal %+v, want tick %s", p, tickAt(want))
+		}
+		return p
+	}
+	propose(-1, -1) // reading creates nothing
+	if p := propose(3, 3); p.Settled || p.Left <= 0 || p.Left > 500*time.Millisecond {
+		t.Fatalf("a new proposal %+v, want settling within 500ms", p)
+	}
+	propose(1, 3) // never lowered
+	propose(5, 5) // raised
+	propose(-1, 5)
+	if _, err := s.ProposeRestore(ctx, testPrefix, "other", "w", tickAt(2), "x", time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	all, err := s.RestoreProposals(ctx, testPrefix, []string{"default", "other", "empty"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all) != 2 || !all["default"]["w"].Equal(tickAt(5)) || !all["other"]["w"].Equal(tickAt(2)) {
+		t.Fatalf("proposals %v", all)
+	}
+	testenv.Eventually(t, 5*time.Second, func() bool {
+		p, err := s.ProposeRestore(ctx, testPrefix, "default", "w", time.Time{}, "", time.Hour)
+		return err == nil && p.Settled && p.Tick.Equal(tickAt(5))
+	}, "the proposal to settle at the delay of its creation")
+	if err := s.ClearRestore(ctx, testPrefix, "default", "w", tickAt(3)); err != nil {
+		t.Fatal(err)
+	}
+	propose(-1, 5) // another tick than the one proposed: kept
+	if err := s.ClearRestore(ctx, testPrefix, "default", "w", tickAt(5)); err != nil {
+		t.Fatal(err)
+	}
+	propose(-1, -1)
+
+	// A watermark at or past the tick proposed: restored already.
+	if err := s.SeedWatermark(ctx, testPrefix, "default", "w", tickAt(5), taskIDFor("w", tickAt(5)), 1, ""); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []int{-1, 4, 5} {
+		var tick time.Time
+		if n >= 0 {
+			tick = tickAt(n)
+		}
+		p, err := s.ProposeRestore(ctx, testPrefix, "default", "w", tick, "x", time.Second)
+		if err != nil || !p.Restored || p.Found {
+			t.Fatalf("proposing %v over a watermark at %s: %+v, %v; want restored already", tick, tickAt(5), p, err)
+		}
+	}
+	propose(6, 6) // past the watermark: proposed
+
+	// A leftover proposal at or below the watermark (its restore seeded
+	// the watermark, the clear was lost) is dropped, not taken as settled
+	// by a later restore.
+	if err := s.SeedWatermark(ctx, testPrefix, "default", "w", tickAt(6), taskIDFor("w", tickAt(6)), 1, ""); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := s.ProposeRestore(ctx, testPrefix, "default", "w", time.Time{}, "", time.Second); err != nil || !p.Restored {
+		t.Fatalf("reading a leftover proposal: %+v, %v; want restored already", p, err)
+	}
+	if all, err := s.RestoreProposals(ctx, testPrefix, []string{"default"}); err != nil || len(all["default"]) != 0 {
+		t.Fatalf("proposals after the leftover was read: %v, %v", all, err)
+	}
+}

@@ -1,0 +1,198 @@
+package scheduler_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/taskstate"
+	"github.com/cronstream/cronstream/internal/testenv"
+	"github.com/cronstream/cronstream/scheduler"
+)
+
+// TestRedisLostAheadOfAnotherReplica: two replicas run an entry; the
+// primary fires a tick, and Redis loses its data before any relay
+// published the tick's record, so neither Redis nor the activity stream
+// holds it. The other replica, whose own position is one tick older (it
+// acts late, and had not yet tried that tick), finds the watermark gone
+// first, while the primary does not try its next tick (its clock is set
+// back an hour). The restore must take the primary's position: the tick it
+// fired is never fired again.
+func TestRedisLostAheadOfAnotherReplica(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.put(every("w", "@every 1s", withCatchup(events.CatchupAll, time.Hour)))
+	clocks := map[string]*shiftClock{"a": newShiftClock(t, 0), "b": newShiftClock(t, 0)}
+	var held atomic.Int64 // outcomes reporting a fire held for the restore
+	opts := func(id string) nodeOpts {
+		// No relay: nothing reaches the stream, and no replica hears
+		// another's fires; each knows only what its own attempts read.
+		return nodeOpts{noRelay: true, clock: clocks[id].clock, sched: func(c *scheduler.Config) {
+			c.History = scheduler.NewStreamHistory(e.js, testNames)
+			c.LateDelay = 800 * time.Millisecond
+			c.OnOutcome = func(o scheduler.Outcome) {
+				if errors.Is(o.Err, scheduler.ErrRestoring) {
+					held.Add(1)
+				}
+			}
+		}}
+	}
+	a, b := e.startNode("a", opts("a")), e.startNode("b", opts("b"))
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		return len(a.members.Live()) == 2 && len(b.members.Live()) == 2 && a.sched.Stats().Fired+b.sched.Stats().Fired >= 3
+	}, "both replicas live and the entry firing")
+	primary, other, id := a, b, "a"
+	if b.sched.Stats().Fired > a.sched.Stats().Fired {
+		primary, other, id = b, a, "b"
+	}
+	c := context.Background()
+	watermark := func() time.Time {
+		tick, _, _, err := e.store.Watermark(c, testPrefix, "default", "w")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tick
+	}
+	// Right after the primary fired a tick (the other replica tries it
+	// 800 ms later): the primary stops trying, and Redis loses its data.
+	before := watermark()
+	testenv.Eventually(t, 10*time.Second, func() bool { return watermark().After(before) }, "the primary to fire the next tick")
+	clocks[id].set(t, -time.Hour)
+	lost := e.flushAndList("w")
+	if len(lost) == 0 {
+		t.Fatal("no task in Redis before the loss")
+	}
+	lastBefore := slices.Max(lost)
+
+	firedAt := other.sched.Stats().Fired
+	testenv.Eventually(t, 30*time.Second, func() bool { return other.sched.Stats().Fired >= firedAt+3 }, "the other replica to fire after the loss")
+	clocks[id].set(t, 0)
+	firedAt = primary.sched.Stats().Fired + other.sched.Stats().Fired
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		return primary.sched.Stats().Fired+other.sched.Stats().Fired >= firedAt+3
+	}, "both replicas to fire on")
+	primary.stop()
+	other.stop()
+	checkNotRefired(t, e.entryTicks("w"), lastBefore)
+	if held.Load() == 0 {
+		t.Error("no replica reported the entry's fires held for the restore (Outcome ErrRestoring)")
+	}
+}
+
+// pendingTicksByEntry returns the ticks (unix seconds) of the scheduled
+// tasks pending in queue, by entry.
+func (e *env) pendingTicksByEntry(ids []string) map[string][]int64 {
+	e.t.Helper()
+	out := map[string][]int64{}
+	for _, id := range ids {
+		rest, ok := strings.CutPrefix(id, testPrefix+":")
+		if !ok {
+			continue
+		}
+		entry, tickText, ok := strings.Cut(rest, ":")
+		if !ok {
+			continue
+		}
+		tick, err := time.Parse(time.RFC3339, tickText)
+		if err != nil {
+			e.t.Fatalf("task id %s: %v", id, err)
+		}
+		out[entry] = append(out[entry], tick.Unix())
+	}
+	return out
+}
+
+// TestRedisLostWhileNATSDown: Redis loses its data while the only NATS
+// server is down, under two running replicas that started on watermarks
+// already in Redis (so they never read the config event counts), with 20
+// entries firing every second. The replicas restore every watermark from
+// their own positions without the stream, and keep firing: every entry
+// fires again within a few seconds (the reload is not let through one
+// entry per second), no tick Redis held fires again, and none is missed.
+func TestRedisLostWhileNATSDown(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const n = 20
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = "e" + string(rune('a'+i))
+		e.put(every(ids[i], "@every 1s", withCatchup(events.CatchupAll, time.Hour)))
+	}
+	hist := func(c *scheduler.Config) { c.History = scheduler.NewStreamHistory(e.js, testNames) }
+	// A first replica leaves a watermark for every entry, and stops.
+	first := e.startNode("first", nodeOpts{sched: hist})
+	testenv.Eventually(t, 20*time.Second, func() bool { return first.sched.Stats().Fired >= 2*n }, "every entry to fire")
+	first.stop()
+	a := e.startNode("a", nodeOpts{sched: hist})
+	b := e.startNode("b", nodeOpts{sched: hist})
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Fired+b.sched.Stats().Fired >= 3*n }, "a and b to fire every entry")
+
+	e.nats.Shutdown()
+	firedAt := a.sched.Stats().Fired + b.sched.Stats().Fired
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Fired+b.sched.Stats().Fired >= firedAt+2*n }, "firing on with NATS down")
+
+	lost := e.flushAllAndList()
+	flushed := time.Now()
+	for _, id := range ids {
+		if len(lost[id]) == 0 {
+			t.Fatalf("entry %s had no task in Redis before the loss", id)
+		}
+	}
+	// Every entry fires twice more while NATS is still down, soon.
+	testenv.Eventually(t, 15*time.Second, func() bool {
+		now := e.pendingTicksByEntry(e.pendingIDs("default"))
+		for _, id := range ids {
+			if len(now[id]) < 2 {
+				return false
+			}
+		}
+		return true
+	}, "every entry to fire twice after the loss, with NATS down")
+	t.Logf("every entry fired twice %s after the loss", time.Since(flushed).Round(time.Millisecond))
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		return a.sched.Stats().Restoring+b.sched.Stats().Restoring == 0
+	}, "no entry held for a restore any more")
+
+	e.nats.Restart(t)
+	firedAt = a.sched.Stats().Fired + b.sched.Stats().Fired
+	testenv.Eventually(t, 30*time.Second, func() bool { return a.sched.Stats().Fired+b.sched.Stats().Fired >= firedAt+2*n }, "firing on with NATS back")
+	a.stop()
+	b.stop()
+	after := e.pendingTicksByEntry(e.pendingIDs("default"))
+	for _, id := range ids {
+		ticks := after[id]
+		slices.Sort(ticks)
+		lastBefore := slices.Max(lost[id])
+		checkNotRefired(t, ticks, lastBefore)
+		for i, s := range ticks {
+			if want := lastBefore + 1 + int64(i); s != want {
+				t.Errorf("entry %s: after the loss fired %s, want every second from %s: %s", id, fmtUnix(s), fmtUnix(lastBefore+1), fmtUnixes(ticks))
+				break
+			}
+		}
+	}
+}
+
+// flushAllAndList empties Redis's database in one atomic step with listing
+// the default queue's pending tasks, and returns their ticks by entry.
+func (e *env) flushAllAndList() map[string][]int64 {
+	e.t.Helper()
+	c := context.Background()
+	var list *redis.StringSliceCmd
+	_, err := e.rc.TxPipelined(c, func(p redis.Pipeliner) error {
+		list = p.LRange(c, taskstate.Keys("default").Pending(), 0, -1)
+		p.FlushDB(c)
+		return nil
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return e.pendingTicksByEntry(list.Val())
+}
