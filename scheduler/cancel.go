@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"cmp"
 	"context"
 	"time"
 
@@ -100,9 +101,11 @@ func (s *Scheduler) sendCancel(ctx context.Context, c heldCancel, why string) {
 	s.log.Info("overlap cancel-previous: cancelling the running previous task; "+why, "entry", c.entry, "queue", c.queue, "task", c.task)
 }
 
-// releaseCancel is releaseHeld's step for a tick held by cancel-previous.
-func (s *Scheduler) releaseCancel(ctx context.Context, h taskstate.HeldTick, drop bool) {
-	out, err := s.broker.ReleaseCancel(ctx, h, drop)
+// releaseCancel is releaseHeld's step for a tick held by cancel-previous:
+// how and fences as a buffer-one release's, reason why it is dropped ("" =
+// to be fired).
+func (s *Scheduler) releaseCancel(ctx context.Context, fences taskstate.Fences, h taskstate.HeldTick, how taskstate.HeldRelease, reason string) {
+	out, err := s.broker.ReleaseCancel(ctx, fences, h, how)
 	if err != nil {
 		s.countError()
 		s.log.Warn("cannot release held tick; will retry", "entry", h.Entry, "tick", h.Tick, "err", err)
@@ -135,9 +138,16 @@ func (s *Scheduler) releaseCancel(ctx context.Context, h taskstate.HeldTick, dro
 		} else {
 			s.log.Debug("held tick released", "entry", h.Entry, "tick", h.Tick, "task", h.TaskID)
 		}
-	case taskstate.HeldDropped, taskstate.HeldExisted:
-		s.count(func(st *Stats) { st.DroppedHeld++ })
-		s.log.Info("held tick dropped: the entry is paused, moved, or its task exists", "entry", h.Entry, "tick", h.Tick, "task", h.TaskID)
+	case taskstate.HeldDropped:
+		// Without a reason of ours the script found the entry moved out of
+		// the queue (its handover marker).
+		s.droppedHeld(h, cmp.Or(reason, heldDropMoved))
+	case taskstate.HeldExisted:
+		s.droppedHeld(h, heldDropExisted)
+	case taskstate.HeldFenced, taskstate.HeldStale:
+		// Still held: a replica whose configuration is caught up decides.
+		s.refusedHeld(h, out.Outcome)
+		return
 	}
 	delete(s.held.sent, h.PrevTaskID)
 }

@@ -2,16 +2,19 @@ package scheduler_test
 
 import (
 	"context"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
+	"github.com/cronstream/cronstream/projector"
 	"github.com/cronstream/cronstream/scheduler"
 )
 
@@ -233,4 +236,93 @@ func TestOverlapCancelPreviousStuckActive(t *testing.T) {
 	if st := e.rc.HGet(bg, k.Task(stuck), "state").Val(); st != "active" {
 		t.Errorf("stuck task is %q, want left active for the recoverer", st)
 	}
+}
+
+// TestReleaseCancelFencedAfterPause: as TestReleaseHeldFencedAfterPause for
+// overlap cancel-previous. A tick is held while the previous task runs,
+// then the entry is paused by a newer config event, from which another
+// replica fired into the same queue. A replica whose projection still
+// shows the entry active finds the cancelled task in retry, but its
+// release is refused by the revision fence: the held tick never fires and
+// the cancelled task is not deleted.
+func TestReleaseCancelFencedAfterPause(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.put(every("can", "@every 1s", func(en *events.Entry) { en.Overlap = events.OverlapCancelPrevious }))
+	a := e.startNode("a", nodeOpts{})
+	k := taskstate.Keys("default")
+	bg := context.Background()
+	// Take the first task as asynq's dequeue would, so the next tick is
+	// held behind it.
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		ids := e.rc.LRange(bg, k.Pending(), 0, -1).Val()
+		if len(ids) == 0 {
+			return false
+		}
+		pipe := e.rc.TxPipeline()
+		pipe.LRem(bg, k.Pending(), 0, ids[0])
+		pipe.LPush(bg, k.Active(), ids[0])
+		pipe.HSet(bg, k.Task(ids[0]), "state", "active")
+		if _, err := pipe.Exec(bg); err != nil {
+			t.Fatal(err)
+		}
+		return true
+	}, "the first task")
+	var h taskstate.HeldTick
+	testenv.Eventually(t, 15*time.Second, func() bool {
+		var ok bool
+		h, ok = e.heldEntries("default")["can"]
+		return ok && h.Cancel
+	}, "a tick to be held")
+	a.stop()
+	before, ok := a.proj.Get("can")
+	if !ok {
+		t.Fatal("a's projection lost the entry")
+	}
+	old := a.proj.LastSeq()
+
+	res, err := e.client.Pause(ctx(t, 10*time.Second), "can", "maintenance")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := taskstate.NewTickFire(testPrefix, "default", "other", time.Now().UTC().Truncate(time.Second), time.Time{}, false,
+		&taskstate.TaskMessage{Type: "t", ID: "other-1", Queue: "default"}, taskstate.Record{ID: "fired-other-1", Data: []byte(`{}`)})
+	if r, err := e.store.FireOnce(ctx(t, 5*time.Second), taskstate.Fences{ConfigSeq: res.Revision}, other); err != nil || r.Status != taskstate.StatusFired {
+		t.Fatalf("fire from the newer configuration: %+v, %v", r, err)
+	}
+	// The cancelled task went to retry: only the fence stands in the way.
+	pipe := e.rc.TxPipeline()
+	pipe.LRem(bg, k.Active(), 0, h.PrevTaskID)
+	pipe.ZAdd(bg, k.Retry(), redis.Z{Score: float64(time.Now().Add(time.Minute).Unix()), Member: h.PrevTaskID})
+	pipe.HSet(bg, k.Task(h.PrevTaskID), "state", "retry")
+	if _, err := pipe.Exec(bg); err != nil {
+		t.Fatal(err)
+	}
+
+	// The node's debug log tells its refused releases from its refused
+	// fires (both count in Stats.Refused).
+	var logged warnLog
+	lag := e.startNode("lag", nodeOpts{noRelay: true,
+		sched: func(c *scheduler.Config) {
+			c.Logger = slog.New(slog.NewTextHandler(&logged, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		},
+		projection: func(p *projector.Projector) scheduler.Projection {
+			return frozenProjection{Projector: p, seq: old, states: map[string]projector.State{"can": before}}
+		}})
+	testenv.Eventually(t, 10*time.Second, func() bool { return logged.count("held tick not released") >= 2 },
+		"lag's release to be fenced")
+	if st := lag.sched.Stats(); st.Released != 0 || st.DroppedHeld != 0 || st.CancelDeleted != 0 || st.Refused["revision-fenced"] < 2 {
+		t.Errorf("a replica behind the fence released %d, dropped %d held ticks, deleted %d cancelled tasks, refused %v",
+			st.Released, st.DroppedHeld, st.CancelDeleted, st.Refused)
+	}
+	if _, ok := e.heldEntries("default")["can"]; !ok {
+		t.Error("the held tick is gone")
+	}
+	if e.taskExists("default", h.TaskID) {
+		t.Error("the held tick fired from an older configuration")
+	}
+	if st := e.rc.HGet(bg, k.Task(h.PrevTaskID), "state").Val(); st != "retry" {
+		t.Errorf("the cancelled task is %q, want left in retry", st)
+	}
+	lag.stop()
 }

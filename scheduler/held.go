@@ -168,10 +168,6 @@ func (s *Scheduler) releaseHeld(ctx context.Context) {
 			continue
 		}
 		reason := heldDropReason(st, known, h.Queue)
-		if h.Cancel {
-			s.releaseCancel(ctx, h, reason != "")
-			continue
-		}
 		dropped, err := s.heldDroppedRecord(h, st.Revision)
 		if err != nil {
 			s.countError()
@@ -179,6 +175,10 @@ func (s *Scheduler) releaseHeld(ctx context.Context) {
 			continue
 		}
 		how := taskstate.HeldRelease{Drop: reason != "", DroppedRecord: dropped}
+		if h.Cancel {
+			s.releaseCancel(ctx, fences, h, how, reason)
+			continue
+		}
 		if st.Entry.Limited() {
 			how.MaxFires, how.MaxFiresSince = st.Entry.MaxFires, st.MaxFiresSince
 		}
@@ -212,12 +212,7 @@ func (s *Scheduler) releaseHeld(ctx context.Context) {
 		case taskstate.HeldCompleted:
 			s.droppedHeld(h, heldDropCompleted)
 		case taskstate.HeldFenced, taskstate.HeldStale:
-			status := taskstate.StatusRevisionFenced
-			if out == taskstate.HeldStale {
-				status = taskstate.StatusStale
-			}
-			s.countRefused(status.String())
-			s.log.Debug("held tick not released: this replica's configuration is behind the slot's", "entry", h.Entry, "tick", h.Tick, "refused", status)
+			s.refusedHeld(h, out)
 		}
 	}
 	s.held.holding = s.held.holding || len(s.held.queues) > 0
@@ -231,6 +226,17 @@ func (s *Scheduler) releaseHeld(ctx context.Context) {
 	}
 }
 
+// refusedHeld counts and logs a release of held tick h the slot's fences
+// refused (out is HeldFenced or HeldStale): the tick stays held.
+func (s *Scheduler) refusedHeld(h taskstate.HeldTick, out taskstate.HeldOutcome) {
+	status := taskstate.StatusRevisionFenced
+	if out == taskstate.HeldStale {
+		status = taskstate.StatusStale
+	}
+	s.countRefused(status.String())
+	s.log.Debug("held tick not released: this replica's configuration is behind the slot's", "entry", h.Entry, "tick", h.Tick, "refused", status)
+}
+
 // droppedHeld counts and logs a held tick dropped for reason.
 func (s *Scheduler) droppedHeld(h taskstate.HeldTick, reason string) {
 	s.count(func(st *Stats) { st.DroppedHeld++ })
@@ -238,7 +244,11 @@ func (s *Scheduler) droppedHeld(h taskstate.HeldTick, reason string) {
 	if reason != heldDropExisted {
 		s.m.Skipped.WithLabelValues(events.SkipOverlapDropped).Inc()
 	}
-	s.log.Info("held tick dropped, not fired (overlap buffer-one)", "entry", h.Entry, "queue", h.Queue,
+	overlap := events.OverlapBufferOne
+	if h.Cancel {
+		overlap = events.OverlapCancelPrevious
+	}
+	s.log.Info("held tick dropped, not fired", "overlap", overlap, "entry", h.Entry, "queue", h.Queue,
 		"tick", h.Tick, "task", h.TaskID, "reason", reason)
 }
 

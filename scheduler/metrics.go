@@ -82,7 +82,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "cronstream_max_fires_unknown_total", Help: "Limited entries whose max_fires count Redis lost and the activity stream could no longer rebuild (events past its retention): made completed, firing nothing until max_fires is set to another value.",
 		}),
 		HeldDropped: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "cronstream_held_dropped_total", Help: "Ticks held by overlap buffer-one that this replica dropped instead of firing, by reason (paused, removed, moved, policy: no longer buffer-one, existed: the task was there already, completed: max_fires reached).",
+			Name: "cronstream_held_dropped_total", Help: "Ticks held by overlap buffer-one or cancel-previous that this replica dropped instead of firing, by reason (paused, removed, moved, policy: no longer holds ticks, existed: the task was there already, completed: max_fires reached).",
 		}, []string{"reason"}),
 	}
 	// Every known label value starts at 0, so the series exist before the

@@ -71,7 +71,7 @@ type broker interface {
 	HeldTicks(ctx context.Context, prefix string, queues []string) ([]taskstate.HeldTick, error)
 	Queues(ctx context.Context) ([]string, error)
 	ReleaseHeld(ctx context.Context, fences taskstate.Fences, h taskstate.HeldTick, how taskstate.HeldRelease) (taskstate.HeldOutcome, error)
-	ReleaseCancel(ctx context.Context, h taskstate.HeldTick, drop bool) (taskstate.CancelRelease, error)
+	ReleaseCancel(ctx context.Context, fences taskstate.Fences, h taskstate.HeldTick, how taskstate.HeldRelease) (taskstate.CancelRelease, error)
 	PublishCancel(ctx context.Context, taskID string) error
 	ProposeRestore(ctx context.Context, prefix, queue, entry string, tick time.Time, taskID string, settle time.Duration) (taskstate.RestoreProposal, error)
 	ClearRestore(ctx context.Context, prefix, queue, entry string, tick time.Time) error

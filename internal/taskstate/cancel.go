@@ -136,18 +136,28 @@ var cancelLayoutLua = luaConstants([]luaConstant{
 
 // ReleaseCancel fires h, a tick held by overlap cancel-previous
 // (HeldTick.Cancel), once its previous task has left active, deleting that
-// task when it went back to a waiting state (retry), or drops it when drop
-// is set: a compare-and-set on the held task id in one script call, so
-// replicas checking at once fire it exactly once. A previous task still
-// active past its timeout or deadline (counted from h.HeldAt) holds the
-// tick no longer.
-func (s *Store) ReleaseCancel(ctx context.Context, h HeldTick, drop bool) (CancelRelease, error) {
+// task when it went back to a waiting state (retry), or drops it when
+// how.Drop is set: a compare-and-set on the held task id in one script
+// call, so replicas checking at once fire it exactly once. As ReleaseHeld,
+// the call presents fences and is refused by the slot's revision and
+// staleness fences (HeldFenced, HeldStale, nothing written), and a dropped
+// tick is counted in the slot's dropped counter with how.DroppedRecord
+// appended. A previous task still active past its timeout or deadline
+// (counted from h.HeldAt) holds the tick no longer. Cancel-previous has no
+// fire limit (events refuses max_fires with it): how.MaxFires must be 0.
+func (s *Store) ReleaseCancel(ctx context.Context, fences Fences, h HeldTick, how HeldRelease) (CancelRelease, error) {
 	own, keys := Own(h.Prefix, h.Queue), Keys(h.Queue)
 	fail := func(err error) (CancelRelease, error) {
 		return CancelRelease{}, fmt.Errorf("release held tick %s of entry %q in queue %q: %w", h.Tick.Format(time.RFC3339Nano), h.Entry, h.Queue, err)
 	}
+	if err := fences.check(); err != nil {
+		return fail(err)
+	}
+	if how.MaxFires != 0 {
+		return fail(fmt.Errorf("%w: overlap cancel-previous with max fires %d", ErrInvalidFire, how.MaxFires))
+	}
 	mode, giveUp := "", int64(0)
-	if drop {
+	if how.Drop {
 		mode = "drop"
 	} else {
 		msg, err := s.client.HGet(ctx, keys.Task(h.PrevTaskID), "msg").Bytes()
@@ -158,10 +168,13 @@ func (s *Store) ReleaseCancel(ctx context.Context, h HeldTick, drop bool) (Cance
 			giveUp = at.UnixMilli()
 		}
 	}
+	fa := fences.args()
 	reply, err := runScript(ctx, s.client, releaseCancelScript, []string{
 		own.Held(h.Entry), own.HeldIndex(), own.Watermark(h.Entry), own.Handover(h.Entry),
 		keys.Task(h.TaskID), keys.Task(h.PrevTaskID), keys.Pending(), own.Outbox(),
-	}, h.TaskID, mode, strconv.FormatInt(giveUp, 10), keys.Prefix())
+		own.Fence(), own.Freshness(), own.FenceID(), own.HeldDrops(),
+	}, h.TaskID, mode, strconv.FormatInt(giveUp, 10), keys.Prefix(),
+		fa.config, fa.fresh, fa.maxStale, how.DroppedRecord.ID, how.DroppedRecord.Data)
 	if err != nil {
 		return fail(err)
 	}
@@ -184,6 +197,10 @@ func (s *Store) ReleaseCancel(ctx context.Context, h HeldTick, drop bool) (Cance
 		r.Outcome = HeldExisted
 	case 5:
 		r.Outcome, r.GaveUp = HeldReleased, true
+	case 6:
+		r.Outcome = HeldFenced
+	case 7:
+		r.Outcome = HeldStale
 	default:
 		return fail(fmt.Errorf("unexpected reply %v", reply))
 	}

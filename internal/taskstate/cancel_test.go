@@ -2,6 +2,7 @@ package taskstate
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync"
 	"testing"
@@ -136,7 +137,7 @@ func TestFireOverlapCancelActive(t *testing.T) {
 	if err != nil || len(held) != 1 || !held[0].Cancel || held[0].HeldAt.IsZero() || held[0].PrevTaskID != first.Msg.ID {
 		t.Fatalf("held ticks %+v, %v", held, err)
 	}
-	if r, err := s.ReleaseCancel(ctx, held[0], false); err != nil || r.Outcome != HeldWaiting {
+	if r, err := s.ReleaseCancel(ctx, testFences, held[0], HeldRelease{}); err != nil || r.Outcome != HeldWaiting {
 		t.Fatalf("release while the previous task runs: %+v, %v", r, err)
 	}
 	testenv.Eventually(t, 10*time.Second, func() bool {
@@ -152,7 +153,7 @@ func TestFireOverlapCancelActive(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r, err := s.ReleaseCancel(ctx, held[0], false)
+			r, err := s.ReleaseCancel(ctx, testFences, held[0], HeldRelease{})
 			if err != nil {
 				t.Error(err)
 			}
@@ -198,14 +199,14 @@ func TestReleaseCancelGivesUp(t *testing.T) {
 	if err != nil || len(held) != 1 {
 		t.Fatalf("held ticks %+v, %v", held, err)
 	}
-	if r, err := s.ReleaseCancel(ctx, held[0], false); err != nil || r.Outcome != HeldWaiting {
+	if r, err := s.ReleaseCancel(ctx, testFences, held[0], HeldRelease{}); err != nil || r.Outcome != HeldWaiting {
 		t.Fatalf("release within the timeout: %+v, %v", r, err)
 	}
 	// Held a timeout plus the grace ago: the task's handler is past its
 	// deadline.
 	late := held[0]
 	late.HeldAt = late.HeldAt.Add(-time.Minute - cancelGrace - time.Second)
-	r, err := s.ReleaseCancel(ctx, late, false)
+	r, err := s.ReleaseCancel(ctx, testFences, late, HeldRelease{})
 	if err != nil || r.Outcome != HeldReleased || !r.GaveUp || r.Deleted != "" {
 		t.Fatalf("release past the timeout: %+v, %v", r, err)
 	}
@@ -214,5 +215,120 @@ func TestReleaseCancelGivesUp(t *testing.T) {
 	}
 	if got := rc.LRange(ctx, k.Pending(), 0, -1).Val(); !slices.Equal(got, []string{held[0].TaskID}) {
 		t.Fatalf("pending list %v, want the released task", got)
+	}
+}
+
+// setTaskState moves task id of the default queue to state as asynq
+// would: out of pending, into active (a worker took it) or retry (its
+// cancelled handler returned).
+func setTaskState(t testing.TB, rc *redis.Client, id, state string) {
+	t.Helper()
+	ctx := context.Background()
+	k := Keys("default")
+	pipe := rc.TxPipeline()
+	pipe.LRem(ctx, k.Pending(), 0, id)
+	pipe.LRem(ctx, k.Active(), 0, id)
+	switch state {
+	case "active":
+		pipe.LPush(ctx, k.Active(), id)
+		pipe.ZAdd(ctx, k.Lease(), redis.Z{Score: float64(time.Now().Add(30 * time.Second).Unix()), Member: id})
+	case "retry":
+		pipe.ZRem(ctx, k.Lease(), id)
+		pipe.ZAdd(ctx, k.Retry(), redis.Z{Score: float64(time.Now().Add(time.Minute).Unix()), Member: id})
+	default:
+		t.Fatalf("setTaskState: state %q", state)
+	}
+	pipe.HSet(ctx, k.Task(id), "state", state)
+	if _, err := pipe.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestReleaseCancelFences: the cancel-previous release presents the fences
+// a fire does, as ReleaseHeld (TestReleaseHeldFences). After a newer
+// configuration (sequence 11) fired into the slot, a replica still at
+// sequence 10 neither releases nor drops the held tick, nor deletes the
+// cancelled previous task, and one whose projection lags the freshest by
+// more than its bound does neither either. The replica at the newer
+// sequence releases it; a later held tick it drops, counted and with the
+// dropped record appended in the same step.
+func TestReleaseCancelFences(t *testing.T) {
+	ctx := context.Background()
+	s, rc := newTestStore(t)
+	k := Keys("default")
+	first := tickFire("can", "default", tickAt(0), time.Time{})
+	mustFire(t, s, first, StatusFired)
+	setTaskState(t, rc, first.Msg.ID, "active")
+	f := cancelFire(t, 1)
+	mustFire(t, s, f, StatusHeld)
+	held, err := s.HeldTicks(ctx, testPrefix, []string{"default"})
+	if err != nil || len(held) != 1 || !held[0].Cancel {
+		t.Fatalf("held ticks %+v, %v", held, err)
+	}
+	// The cancelled task went to retry, so only the fences stand in the way.
+	setTaskState(t, rc, first.Msg.ID, "retry")
+	now := time.Now()
+	newer := Fences{ConfigSeq: 11, FreshAsOf: now, MaxStaleness: 30 * time.Second}
+	mustFireWith(t, s, newer, tickFire("other", "default", tickAt(0), time.Time{}), StatusFired)
+
+	stale := Fences{ConfigSeq: 11, FreshAsOf: now.Add(-time.Minute), MaxStaleness: 30 * time.Second}
+	for _, drop := range []bool{false, true} {
+		dropped := record("dropped", "can", tickAt(1))
+		if r, err := s.ReleaseCancel(ctx, testFences, held[0], HeldRelease{Drop: drop, DroppedRecord: dropped}); err != nil || r.Outcome != HeldFenced || r.Deleted != "" {
+			t.Fatalf("release (drop %v) from sequence 10 after 11 fired: %+v, %v; want fenced", drop, r, err)
+		}
+		if r, err := s.ReleaseCancel(ctx, stale, held[0], HeldRelease{Drop: drop, DroppedRecord: dropped}); err != nil || r.Outcome != HeldStale || r.Deleted != "" {
+			t.Fatalf("release (drop %v) a minute stale: %+v, %v; want stale", drop, r, err)
+		}
+	}
+	if rc.Exists(ctx, k.Task(f.Msg.ID)).Val() != 0 {
+		t.Fatal("a refused release created the task")
+	}
+	if st := rc.HGet(ctx, k.Task(first.Msg.ID), "state").Val(); st != "retry" {
+		t.Fatalf("the cancelled task is %q after refused releases, want left in retry", st)
+	}
+	if h, n, err := s.HeldCounts(ctx, testPrefix, "default"); err != nil || h != 1 || n != 0 {
+		t.Fatalf("held counts after refused releases: %d held, %d dropped, %v; want 1, 0", h, n, err)
+	}
+	if ids := outboxIDs(t, s, "default"); slices.Contains(ids, record("dropped", "can", tickAt(1)).ID) || slices.Contains(ids, record("fired", "can", tickAt(1)).ID) {
+		t.Fatalf("outbox %v after refused releases: want neither the dropped nor the fired record", ids)
+	}
+
+	r, err := s.ReleaseCancel(ctx, newer, held[0], HeldRelease{})
+	if err != nil || r.Outcome != HeldReleased || r.Deleted != "retry" {
+		t.Fatalf("release from sequence 11: %+v, %v; want released, deleted from retry", r, err)
+	}
+	if got := rc.LRange(ctx, k.Pending(), 0, -1).Val(); !slices.Contains(got, f.Msg.ID) || rc.Exists(ctx, k.Task(first.Msg.ID)).Val() != 0 {
+		t.Fatalf("pending list %v: want the released task, and the cancelled one deleted", got)
+	}
+	assertWatermark(t, s, "default", "can", tickAt(1), f.Msg.ID)
+
+	// The next tick is held behind the released task; the caught-up
+	// replica drops it (the entry paused, say).
+	setTaskState(t, rc, f.Msg.ID, "active")
+	mustFireWith(t, s, newer, cancelFire(t, 2), StatusHeld)
+	held, err = s.HeldTicks(ctx, testPrefix, []string{"default"})
+	if err != nil || len(held) != 1 || !held[0].Tick.Equal(tickAt(2)) {
+		t.Fatalf("held ticks %+v, %v", held, err)
+	}
+	if r, err := s.ReleaseCancel(ctx, testFences, held[0], HeldRelease{Drop: true}); err != nil || r.Outcome != HeldFenced {
+		t.Fatalf("drop from sequence 10: %+v, %v; want fenced", r, err)
+	}
+	dropped := record("dropped", "can", tickAt(2))
+	if r, err := s.ReleaseCancel(ctx, newer, held[0], HeldRelease{Drop: true, DroppedRecord: dropped}); err != nil || r.Outcome != HeldDropped {
+		t.Fatalf("drop from sequence 11: %+v, %v", r, err)
+	}
+	if rc.Exists(ctx, k.Task(held[0].TaskID)).Val() != 0 {
+		t.Fatal("a dropped tick created its task")
+	}
+	if h, n, err := s.HeldCounts(ctx, testPrefix, "default"); err != nil || h != 0 || n != 1 {
+		t.Fatalf("held counts after the drop: %d held, %d dropped, %v; want 0, 1", h, n, err)
+	}
+	ids := outboxIDs(t, s, "default")
+	if !slices.Contains(ids, dropped.ID) || slices.Contains(ids, record("fired", "can", tickAt(2)).ID) {
+		t.Fatalf("outbox %v: want the dropped record and no fired record of the dropped tick", ids)
+	}
+	if _, err := s.ReleaseCancel(ctx, newer, held[0], HeldRelease{MaxFires: 3, MaxFiresSince: 11}); !errors.Is(err, ErrInvalidFire) {
+		t.Fatalf("release with a fire limit: %v, want ErrInvalidFire", err)
 	}
 }

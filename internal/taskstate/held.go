@@ -113,7 +113,7 @@ const (
 	HeldCompleted
 )
 
-// HeldRelease says how ReleaseHeld treats a held tick.
+// HeldRelease says how ReleaseHeld (and ReleaseCancel) treats a held tick.
 type HeldRelease struct {
 	// Drop discards the tick instead of firing it.
 	Drop bool

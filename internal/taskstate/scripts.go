@@ -45,8 +45,8 @@ var (
 	// releaseHeldScript fires or drops a held tick (ReleaseHeld).
 	releaseHeldScript = luaScript("", "fences_lib.lua", "release_held.lua")
 	// releaseCancelScript fires or drops a tick held by overlap
-	// cancel-previous (ReleaseCancel).
-	releaseCancelScript = luaScript(cancelLayoutLua, "cancel_lib.lua", "cancel_previous.lua")
+	// cancel-previous (ReleaseCancel), fenced as releaseHeldScript is.
+	releaseCancelScript = luaScript(cancelLayoutLua, "fences_lib.lua", "cancel_lib.lua", "cancel_previous.lua")
 
 	writeSchedulerEntriesScript = luaScript("", "scheduler_entries.lua")
 	recordSchedulerEventScript  = luaScript("", "scheduler_event.lua")

@@ -1,8 +1,8 @@
 -- Shared by fire.lua and cancel_previous.lua (overlap cancel-previous).
 --
--- KEYS  none of its own: its functions take the keys of the including
---       script's call (an asynq queue's key prefix)
--- ARGV  none of its own
+-- KEYS  none of its own: the including script passes its queue's asynq key
+--       prefix (delete_task's qprefix)
+-- ARGV  none of its own: likewise the task and record parts it works on
 
 -- delete_task deletes the task id of the queue whose asynq key prefix is
 -- qprefix ("asynq:{<queue>}:") as asynq's Inspector.DeleteTask does: out of
