@@ -32,9 +32,21 @@ func (s *Scheduler) plan(r *entryRun, now time.Time, into []taskstate.Fire) ([]t
 		skipped = p.Skipped
 		ticks, more = p.Fire, p.More
 		if len(ticks) == 0 {
-			// Nothing to fire now: record the missed ticks at once, in a
-			// step of their own under the same compare-and-set.
-			return s.planSkip(r, skipped, now, into)
+			// No missed tick to fire. The tick right after them is within
+			// the grace: when it is due already, it fires in the same step
+			// that records the missed ones. A step of its own would leave
+			// the entry a grace behind, and a replica whose pass takes
+			// longer than the rest of the grace (overloaded) would find it
+			// missed again and record skips pass after pass, firing
+			// nothing.
+			if first, ok := s.dueAfterSkip(r, skipped, now); ok {
+				one[0] = first
+				ticks = one[:]
+			} else {
+				// Nothing due now: record the missed ticks at once, in a
+				// step of their own under the same compare-and-set.
+				return s.planSkip(r, skipped, now, into)
+			}
 		}
 	} else {
 		one[0] = next
@@ -65,6 +77,19 @@ func (s *Scheduler) plan(r *entryRun, now time.Time, into []taskstate.Fire) ([]t
 		expected, hasExpected = tick, true
 	}
 	return fires, more
+}
+
+// dueAfterSkip is r's first tick after the missed ticks skipped, when it is
+// due at now (its jitter included) and not excluded.
+func (s *Scheduler) dueAfterSkip(r *entryRun, skipped tickRange, now time.Time) (time.Time, bool) {
+	if skipped.empty() || !skipped.Exact {
+		return time.Time{}, false
+	}
+	first := r.sched.Next(skipped.Last)
+	if first.IsZero() || first.Add(r.sched.Jitter(first)).After(now) || r.sched.Excluded(first) {
+		return time.Time{}, false
+	}
+	return first, true
 }
 
 // planSkip records missed ticks that the catch-up policy drops, moving the
