@@ -86,7 +86,10 @@ type Config struct {
 	// relay then leaves the cores and Redis to the fires, and publishes
 	// right after. Fires come first even when the relay falls behind: a
 	// late event is published later, a late tick past the scheduler's
-	// grace is skipped.
+	// grace is skipped. A Hold that lasts past MaxHold is no burst but a
+	// replica with more due than it can fire: the relay then publishes
+	// full passes beside the fires until Hold lets go, or the outbox would
+	// grow until firing pauses on its bound.
 	Hold    func() bool
 	MaxHold time.Duration
 	// OnPublished, when set, is called with each batch of records once the
@@ -122,6 +125,9 @@ type Relay struct {
 	// natsDown: the last pass found the NATS connection down (loop-owned;
 	// the change is logged once each way).
 	natsDown bool
+	// overheld: Hold has said yes for longer than MaxHold in a row; passes
+	// ignore it until it lets go (set by the loop, read by passes).
+	overheld atomic.Bool
 
 	backlog   atomic.Int64
 	published atomic.Uint64
@@ -262,8 +268,13 @@ func (r *Relay) loop(ctx context.Context) {
 				resetTimer(t, holdPoll)
 				continue
 			}
+			// Held a whole MaxHold and still held: keep heldSince, so
+			// the passes go on, whole, until Hold lets go.
+			r.overheld.Store(true)
+		} else {
+			heldSince = time.Time{}
+			r.overheld.Store(false)
 		}
-		heldSince = time.Time{}
 		n, err := r.Pass(ctx)
 		r.watchNATS()
 		switch {
@@ -476,7 +487,7 @@ func (r *Relay) drainOne(ctx context.Context, queue string) (int, int64, bool, e
 		var nextErr error
 		// A burst of fires starting ends the pass after this batch (Hold).
 		if sent.stop == nil && sent.sent.err == nil && len(recs) == r.cfg.Batch && batch < r.cfg.BatchesPerPass && time.Now().Before(passEnd) &&
-			(r.cfg.Hold == nil || !r.cfg.Hold()) {
+			(r.cfg.Hold == nil || r.overheld.Load() || !r.cfg.Hold()) {
 			next, nextErr = r.cfg.Outbox.ReadOutbox(ctx, prefix, queue, recs[len(recs)-1].StreamID, r.cfg.Batch)
 		}
 		n, err := sent.wait(ctx)

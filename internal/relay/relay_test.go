@@ -416,6 +416,26 @@ func TestRelayHold(t *testing.T) {
 	checkExactlyOnce(t, e.stored(), want)
 }
 
+// TestRelayHoldPastMaxHold: a Hold that never lets go (a replica with more
+// due than it can fire, its scheduler busy without a break) holds the relay
+// for MaxHold, then no longer: the relay publishes whole passes beside the
+// fires instead of one batch per MaxHold, which let the outbox grow until
+// firing paused on its bound.
+func TestRelayHoldPastMaxHold(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 0)
+	r := e.newRelay("r1", func(c *relay.Config) {
+		c.Batch = 10
+		c.Hold = func() bool { return true }
+		c.MaxHold = time.Second
+	})
+	// 40 batches: one batch per MaxHold would take 40 s.
+	want := e.write("default", "a", 200)
+	start(t, r)
+	testenv.Eventually(t, 15*time.Second, func() bool { return e.outboxLen("default") == 0 }, "the relay to publish whole passes once held past MaxHold")
+	checkExactlyOnce(t, e.stored(), want)
+}
+
 // TestRelayPassBatches: a pass publishes several batches of an outbox in
 // order, at most BatchesPerPass, and only one while the scheduler is busy
 // (Hold).
