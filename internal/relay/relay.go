@@ -86,10 +86,12 @@ type Config struct {
 	// relay then leaves the cores and Redis to the fires, and publishes
 	// right after. Fires come first even when the relay falls behind: a
 	// late event is published later, a late tick past the scheduler's
-	// grace is skipped. A Hold that lasts past MaxHold is no burst but a
-	// replica with more due than it can fire: the relay then publishes
-	// full passes beside the fires until Hold lets go, or the outbox would
-	// grow until firing pauses on its bound.
+	// grace is skipped. A relay held for MaxHold in all since it last
+	// caught up (a long burst, or a replica with more due than it can fire,
+	// busy with short gaps) publishes whole passes beside the fires until
+	// its backlog is down to a batch: held at every pass, it published one
+	// batch per MaxHold, and the outbox grew until firing paused on its
+	// bound.
 	Hold    func() bool
 	MaxHold time.Duration
 	// OnPublished, when set, is called with each batch of records once the
@@ -125,8 +127,9 @@ type Relay struct {
 	// natsDown: the last pass found the NATS connection down (loop-owned;
 	// the change is logged once each way).
 	natsDown bool
-	// overheld: Hold has said yes for longer than MaxHold in a row; passes
-	// ignore it until it lets go (set by the loop, read by passes).
+	// overheld: the relay was held for MaxHold since it last caught up;
+	// passes ignore Hold until it catches up (set by the loop, read by
+	// passes).
 	overheld atomic.Bool
 
 	backlog   atomic.Int64
@@ -260,7 +263,10 @@ func (r *Relay) loop(ctx context.Context) {
 		case <-t.C:
 		case <-r.wake:
 		}
-		if r.cfg.Hold != nil && r.cfg.Hold() {
+		// heldSince is when the relay was first held since it last caught
+		// up: short gaps between a busy scheduler's passes do not start
+		// the count again (each gap lets one batch through).
+		if !r.overheld.Load() && r.cfg.Hold != nil && r.cfg.Hold() {
 			if heldSince.IsZero() {
 				heldSince = time.Now()
 			}
@@ -268,14 +274,15 @@ func (r *Relay) loop(ctx context.Context) {
 				resetTimer(t, holdPoll)
 				continue
 			}
-			// Held a whole MaxHold and still held: keep heldSince, so
-			// the passes go on, whole, until Hold lets go.
+			// Held for MaxHold without catching up: whole passes, held
+			// no more, until the backlog of its outboxes is down to a batch.
 			r.overheld.Store(true)
-		} else {
+		}
+		n, err := r.Pass(ctx)
+		if r.ownedBacklog.Load() <= int64(r.cfg.Batch) {
 			heldSince = time.Time{}
 			r.overheld.Store(false)
 		}
-		n, err := r.Pass(ctx)
 		r.watchNATS()
 		switch {
 		case err == nil || ctx.Err() != nil:
