@@ -85,3 +85,40 @@ func TestPlanSkipsAloneWhenNextNotDue(t *testing.T) {
 		t.Fatalf("skip moves the watermark to %s, a tick not missed", fires[0].Tick)
 	}
 }
+
+// TestPlanBehindAgainFiresLatest: an entry found with missed ticks again
+// soon after the last time (a replica with more due than it can fire)
+// fires its latest due tick, the ticks before it recorded as one skipped
+// run, instead of its oldest tick within the grace, which would leave it
+// to be found missed again at the next pass: one skipped record per fire.
+func TestPlanBehindAgainFiresLatest(t *testing.T) {
+	s := planScheduler()
+	now := time.Date(2026, 12, 2, 1, 0, 0, 300_000_000, time.UTC)
+	r := planEntry(t, "@every 1s", now.Add(-20*time.Second).Truncate(time.Second))
+	r.missedAt = now.Add(-3 * time.Second)
+	fires, _ := s.plan(r, now, nil)
+	if len(fires) != 1 || fires[0].Kind != taskstate.FireTick || fires[0].Msg == nil {
+		t.Fatalf("plan = %+v, want one tick fire", fires)
+	}
+	f := fires[0]
+	if latest := now.Truncate(time.Second); !f.Tick.Equal(latest) {
+		t.Fatalf("fired %s, want the latest due tick %s", f.Tick, latest)
+	}
+	if len(f.SkippedRecords) != 1 {
+		t.Fatalf("%d skipped records, want one run", len(f.SkippedRecords))
+	}
+	ev, err := events.DecodeEvent(f.SkippedRecords[0].Data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sk events.Skipped
+	if err := ev.DecodeData(&sk); err != nil {
+		t.Fatal(err)
+	}
+	if sk.Until == nil || !sk.Until.Equal(f.Tick.Add(-time.Second)) || !sk.ScheduledAt.Equal(r.cursor.Add(time.Second)) || sk.Count != 19 {
+		t.Fatalf("skipped %s..%v (%d), want every tick from after the cursor %s to before the fired tick %s", sk.ScheduledAt, sk.Until, sk.Count, r.cursor, f.Tick)
+	}
+	if !r.missedAt.Equal(now) {
+		t.Fatalf("missedAt %s, want %s", r.missedAt, now)
+	}
+}
