@@ -86,7 +86,12 @@ type Config struct {
 	// relay then leaves the cores and Redis to the fires, and publishes
 	// right after. Fires come first even when the relay falls behind: a
 	// late event is published later, a late tick past the scheduler's
-	// grace is skipped.
+	// grace is skipped. A relay held for MaxHold in all since it last
+	// caught up (a long burst, or a replica with more due than it can fire,
+	// busy with short gaps) publishes whole passes beside the fires until
+	// its backlog is down to a batch: held at every pass, it published one
+	// batch per MaxHold, and the outbox grew until firing paused on its
+	// bound.
 	Hold    func() bool
 	MaxHold time.Duration
 	// OnPublished, when set, is called with each batch of records once the
@@ -122,6 +127,10 @@ type Relay struct {
 	// natsDown: the last pass found the NATS connection down (loop-owned;
 	// the change is logged once each way).
 	natsDown bool
+	// overheld: the relay was held for MaxHold since it last caught up;
+	// passes ignore Hold until it catches up (set by the loop, read by
+	// passes).
+	overheld atomic.Bool
 
 	backlog   atomic.Int64
 	published atomic.Uint64
@@ -254,7 +263,10 @@ func (r *Relay) loop(ctx context.Context) {
 		case <-t.C:
 		case <-r.wake:
 		}
-		if r.cfg.Hold != nil && r.cfg.Hold() {
+		// heldSince is when the relay was first held since it last caught
+		// up: short gaps between a busy scheduler's passes do not start
+		// the count again (each gap lets one batch through).
+		if !r.overheld.Load() && r.cfg.Hold != nil && r.cfg.Hold() {
 			if heldSince.IsZero() {
 				heldSince = time.Now()
 			}
@@ -262,9 +274,15 @@ func (r *Relay) loop(ctx context.Context) {
 				resetTimer(t, holdPoll)
 				continue
 			}
+			// Held for MaxHold without catching up: whole passes, held
+			// no more, until the backlog of its outboxes is down to a batch.
+			r.overheld.Store(true)
 		}
-		heldSince = time.Time{}
 		n, err := r.Pass(ctx)
+		if r.ownedBacklog.Load() <= int64(r.cfg.Batch) {
+			heldSince = time.Time{}
+			r.overheld.Store(false)
+		}
 		r.watchNATS()
 		switch {
 		case err == nil || ctx.Err() != nil:
@@ -476,7 +494,7 @@ func (r *Relay) drainOne(ctx context.Context, queue string) (int, int64, bool, e
 		var nextErr error
 		// A burst of fires starting ends the pass after this batch (Hold).
 		if sent.stop == nil && sent.sent.err == nil && len(recs) == r.cfg.Batch && batch < r.cfg.BatchesPerPass && time.Now().Before(passEnd) &&
-			(r.cfg.Hold == nil || !r.cfg.Hold()) {
+			(r.cfg.Hold == nil || r.overheld.Load() || !r.cfg.Hold()) {
 			next, nextErr = r.cfg.Outbox.ReadOutbox(ctx, prefix, queue, recs[len(recs)-1].StreamID, r.cfg.Batch)
 		}
 		n, err := sent.wait(ctx)

@@ -416,6 +416,27 @@ func TestRelayHold(t *testing.T) {
 	checkExactlyOnce(t, e.stored(), want)
 }
 
+// TestRelayHoldPastMaxHold: a Hold that lets go only in short gaps (a
+// replica with more due than it can fire, its scheduler busy from one pass
+// to the next) holds the relay for MaxHold, then no longer until it has
+// caught up: the relay publishes whole passes beside the fires instead of
+// about one batch per gap or per MaxHold, which let the outbox grow until
+// firing paused on its bound.
+func TestRelayHoldPastMaxHold(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 0)
+	r := e.newRelay("r1", func(c *relay.Config) {
+		c.Batch, c.BatchesPerPass = 10, 1
+		c.Hold = func() bool { return time.Now().UnixMilli()%500 >= 20 }
+		c.MaxHold = time.Second
+	})
+	// 60 batches: a batch per gap would take 30 s.
+	want := e.write("default", "a", 600)
+	start(t, r)
+	testenv.Eventually(t, 8*time.Second, func() bool { return e.outboxLen("default") == 0 }, "the relay to publish pass after pass once held for MaxHold")
+	checkExactlyOnce(t, e.stored(), want)
+}
+
 // TestRelayPassBatches: a pass publishes several batches of an outbox in
 // order, at most BatchesPerPass, and only one while the scheduler is busy
 // (Hold).

@@ -3,6 +3,10 @@ package systembench
 import (
 	"context"
 	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -31,6 +35,9 @@ import (
 //
 // CRONSTREAM_BENCH_ENTRIES is N (default 1,000), CRONSTREAM_BENCH_SECONDS
 // is D (default 10); -bench 'BenchmarkSustained/replicas=1' runs one side.
+// CRONSTREAM_BENCH_PERF names a file: the first replica's CPU is then
+// recorded over the window with perf (perf record -e cpu-clock -g; read it
+// with perf report --children), where perf is installed.
 func BenchmarkSustained(b *testing.B) {
 	n := envInt("CRONSTREAM_BENCH_ENTRIES", 1_000)
 	secs := envInt("CRONSTREAM_BENCH_SECONDS", 10)
@@ -56,11 +63,13 @@ func sustained(b *testing.B, n, secs, k int) {
 	from := nextSecond(700 * time.Millisecond)
 	to := from.Add(time.Duration(secs) * time.Second)
 	waitUntil(from)
+	stopPerf := perfRecord(b, ps[0], os.Getenv("CRONSTREAM_BENCH_PERF"))
 	stopSampling := s.sampleBacklog(250 * time.Millisecond)
 	cpu0, fires0, msgs0 := s.cpu(ps), s.pending("default"), s.activityMsgs()
 	waitUntil(to)
 	used, fires, msgs := s.cpu(ps).sub(cpu0), int(s.pending("default")-fires0), int(s.activityMsgs()-msgs0)
 	samples := stopSampling()
+	stopPerf()
 	// A stopped replica flushes its outbox before it exits, for a while;
 	// what is left then stays unpublished (no replica runs to take it
 	// over), and shows as fires without an event.
@@ -132,4 +141,27 @@ func sustained(b *testing.B, n, secs, k int) {
 	b.Logf("outbox backlog: largest %d records, slope over the second half %+.1f records/s (%d samples); fired event into the stream after p50 %s p99 %s max %s; last fire to its event in the stream %s",
 		largest, slope, len(samples), percentile(delays, 0.5).Round(time.Millisecond), percentile(delays, 0.99).Round(time.Millisecond),
 		percentile(delays, 1).Round(time.Millisecond), drained)
+}
+
+// perfRecord records p's CPU with perf into path until the returned stop
+// (a no-op when path is empty). perf missing or refused is logged, not a
+// failure: the profile is an aid, not a figure of the benchmark.
+func perfRecord(b *testing.B, p *replicaProc, path string) (stop func()) {
+	if path == "" {
+		return func() {}
+	}
+	cmd := exec.Command("perf", "record", "-e", "cpu-clock", "-F", "199", "-g", "-p", strconv.Itoa(p.pid()), "-o", path)
+	if err := cmd.Start(); err != nil {
+		b.Logf("perf record: %v (no profile)", err)
+		return func() {}
+	}
+	return func() {
+		// SIGINT makes perf write its file and exit.
+		_ = cmd.Process.Signal(syscall.SIGINT)
+		err := cmd.Wait()
+		if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); err != nil && !(ok && ws.Signaled() && ws.Signal() == syscall.SIGINT) {
+			b.Logf("perf record: %v", err)
+		}
+		b.Logf("CPU profile of replica %s over the window: %s", p.id, path)
+	}
 }
