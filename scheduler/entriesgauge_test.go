@@ -18,13 +18,11 @@ func TestEntriesGaugeCountsPausedAtStart(t *testing.T) {
 	n := e.startNode("r1", nodeOpts{})
 	entries := func(want int) {
 		t.Helper()
-		// The loop counts after a pass, which waits on the watermark reads
-		// of the resumed entry (stream reads, slow on a loaded machine).
-		testenv.Eventually(t, 30*time.Second, func() bool { return n.sched.Stats().Entries == want },
+		testenv.Eventually(t, 10*time.Second, func() bool { return n.sched.Stats().Entries == want },
 			"entries gauge %d, want %d", n.sched.Stats().Entries, want)
 	}
 	entries(2)
-	c := ctx(t, 60*time.Second)
+	c := ctx(t, 30*time.Second)
 	if _, err := e.client.Resume(c, "held"); err != nil {
 		t.Fatal(err)
 	}

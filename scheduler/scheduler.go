@@ -396,6 +396,11 @@ func (s *Scheduler) loop(ctx context.Context, changes <-chan []projector.Change)
 	vis := time.NewTicker(s.cfg.Visibility)
 	defer vis.Stop()
 	var due []*entryRun
+	// armed is when the timer fires (zero: it fired). A turn that only
+	// takes a message (a change, an observation, a visibility tick) keeps
+	// an earlier deadline: re-arming it a full wait ahead at every message
+	// would starve the pass while messages come more often than that.
+	var armed time.Time
 	for {
 		// Arm the timer for the first due entry, at most a second ahead:
 		// the clock's offset to Redis may change at a heartbeat, and a timer
@@ -408,13 +413,16 @@ func (s *Scheduler) loop(ctx context.Context, changes <-chan []projector.Change)
 			wait = min(wait, max(s.clock.Until(s.loadAfter), 0))
 		}
 		wait = min(wait, max(s.clock.Until(s.held.wakeAt()), 0))
-		if !timer.Stop() {
-			select {
-			case <-timer.C:
-			default:
+		if at := time.Now().Add(wait); armed.IsZero() || at.Before(armed) {
+			if !timer.Stop() {
+				select {
+				case <-timer.C:
+				default:
+				}
 			}
+			timer.Reset(wait)
+			armed = at
 		}
-		timer.Reset(wait)
 		select {
 		case <-ctx.Done():
 			return
@@ -453,6 +461,7 @@ func (s *Scheduler) loop(ctx context.Context, changes <-chan []projector.Change)
 			continue
 		case <-s.wake:
 		case <-timer.C:
+			armed = time.Time{}
 		}
 		s.live = s.liveReplicas()
 		if len(s.load) > 0 && !s.clock.Mono().Before(s.loadAfter) {
