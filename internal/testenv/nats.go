@@ -172,11 +172,34 @@ func (n *NATS) Restart(t testing.TB) {
 }
 
 // boot creates and starts a server and waits for its listeners. The first
-// boot lets the server pick its client port, so only cluster ports (which
-// routes must know in advance) can meet a bind conflict.
+// boot picks the client port with freePorts (outside the kernel's
+// ephemeral range, so a restart finds it free) and picks again when another
+// process took it first.
 func (n *NATS) boot() error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	if n.port != 0 {
+		return n.bootLocked()
+	}
+	var err error
+	for range startAttempts {
+		ports, perr := freePorts(1)
+		if perr != nil {
+			return perr
+		}
+		n.port = ports[0]
+		if err = n.bootLocked(); !errors.Is(err, errBindConflict) {
+			break
+		}
+	}
+	if err != nil {
+		n.port = 0
+	}
+	return err
+}
+
+// bootLocked is boot on n.port, with n.mu held.
+func (n *NATS) bootLocked() error {
 	if n.up {
 		return fmt.Errorf("nats-server %s is already running", n.name)
 	}
@@ -190,9 +213,6 @@ func (n *NATS) boot() error {
 	opts.ServerName, opts.Host, opts.Port = n.name, "127.0.0.1", n.port
 	opts.JetStream, opts.StoreDir = true, n.storeDir
 	opts.NoLog, opts.NoSigs = true, true
-	if opts.Port == 0 {
-		opts.Port = server.RANDOM_PORT
-	}
 	if c := n.cluster; c != nil {
 		opts.Cluster = server.ClusterOpts{Name: c.name, Host: "127.0.0.1", Port: c.port}
 		opts.Routes = c.routes
@@ -225,15 +245,6 @@ func (n *NATS) boot() error {
 			cause = errBindConflict
 		}
 		return fmt.Errorf("nats-server %s: %w\n--- log tail (%s) ---\n%s", n.name, cause, n.log.path, tail)
-	}
-	if n.port == 0 {
-		addr, ok := srv.Addr().(*net.TCPAddr)
-		if !ok {
-			srv.Shutdown()
-			srv.WaitForShutdown()
-			return fmt.Errorf("nats-server %s: unexpected listen address %v", n.name, srv.Addr())
-		}
-		n.port = addr.Port
 	}
 	n.srv = srv
 	n.up = true

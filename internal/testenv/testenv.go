@@ -23,9 +23,12 @@ package testenv
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -73,6 +76,13 @@ func (f lazyString) String() string { return f() }
 // All n listeners are held open together so the ports differ from each other;
 // another process can still take one before the caller binds it, which is why
 // callers retry on a bind conflict.
+//
+// The ports are picked below the kernel's ephemeral range
+// (net.ipv4.ip_local_port_range), where the kernel never puts the local end
+// of an outgoing connection: a server stopped and started again on its port
+// (a restart test) would otherwise find it taken by any client connection
+// opened meanwhile. Only where that range leaves no room are they picked by
+// the kernel.
 func freePorts(n int) ([]int, error) {
 	listeners := make([]net.Listener, 0, n)
 	defer func() {
@@ -80,20 +90,48 @@ func freePorts(n int) ([]int, error) {
 			_ = l.Close()
 		}
 	}()
+	low, high := fixedPortRange()
 	ports := make([]int, 0, n)
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+	for len(ports) < n {
+		addr := "127.0.0.1:0"
+		if high > low {
+			addr = "127.0.0.1:" + strconv.Itoa(low+rand.IntN(high-low))
+		}
+		l, err := net.Listen("tcp", addr)
 		if err != nil {
+			if high > low && errors.Is(err, syscall.EADDRINUSE) {
+				continue
+			}
 			return nil, fmt.Errorf("reserve loopback port: %w", err)
 		}
 		listeners = append(listeners, l)
-		addr, ok := l.Addr().(*net.TCPAddr)
+		a, ok := l.Addr().(*net.TCPAddr)
 		if !ok {
 			return nil, fmt.Errorf("reserve loopback port: unexpected address %v", l.Addr())
 		}
-		ports = append(ports, addr.Port)
+		ports = append(ports, a.Port)
 	}
 	return ports, nil
+}
+
+// fixedPortRange is where freePorts picks: [low, high), from 10000 up to
+// the start of the kernel's ephemeral range; an empty range when that
+// start is unknown or leaves fewer than 1000 ports.
+func fixedPortRange() (low, high int) {
+	const first = 10000
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0, 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		return 0, 0
+	}
+	start, err := strconv.Atoi(f[0])
+	if err != nil || start-first < 1000 {
+		return 0, 0
+	}
+	return first, start
 }
 
 // tailFile returns the last maxLines lines of the file at path, starting no
