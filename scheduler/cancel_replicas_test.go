@@ -30,24 +30,7 @@ func TestOverlapCancelPreviousAcrossReplicaKill(t *testing.T) {
 	e := newEnv(t)
 	e.put(every("cank", "@every 1s", func(en *events.Entry) { en.Overlap = events.OverlapCancelPrevious }))
 
-	var (
-		mu      sync.Mutex
-		runsOf  = map[string]int{}
-		running atomic.Int32
-		overlap atomic.Int32
-	)
-	startWorker(t, e, 4, func(ctx context.Context, task *asynq.Task) error {
-		id, _ := asynq.GetTaskID(ctx)
-		if running.Add(1) > 1 {
-			overlap.Add(1)
-		}
-		defer running.Add(-1)
-		mu.Lock()
-		runsOf[id]++
-		mu.Unlock()
-		<-ctx.Done() // runs until cancelled
-		return ctx.Err()
-	})
+	w := startCancellableWorker(t, e)
 	nodes := map[string]*node{}
 	for _, id := range []string{"a", "b", "c"} {
 		nodes[id] = e.startNode(id, nodeOpts{})
@@ -70,7 +53,7 @@ func TestOverlapCancelPreviousAcrossReplicaKill(t *testing.T) {
 	}
 	e.waitOutboxEmpty(10*time.Second, "default")
 
-	if n := overlap.Load(); n > 0 {
+	if n := w.overlap.Load(); n > 0 {
 		t.Errorf("%d times two tasks of the entry ran at once", n)
 	}
 	acts := e.readActivity()
@@ -96,11 +79,38 @@ func TestOverlapCancelPreviousAcrossReplicaKill(t *testing.T) {
 			t.Errorf("task %s of the entry stays in retry", id)
 		}
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	for id, n := range runsOf {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for id, n := range w.runsOf {
 		if n != 1 {
 			t.Errorf("task %s ran %d times", id, n)
 		}
 	}
+}
+
+// cancellableWorker is a real asynq worker whose handler runs until its
+// context is cancelled, counting each task's runs and the times two ran at
+// once.
+type cancellableWorker struct {
+	mu      sync.Mutex
+	runsOf  map[string]int
+	running atomic.Int32
+	overlap atomic.Int32
+}
+
+func startCancellableWorker(t *testing.T, e *env) *cancellableWorker {
+	w := &cancellableWorker{runsOf: map[string]int{}}
+	startWorker(t, e, 4, func(ctx context.Context, task *asynq.Task) error {
+		id, _ := asynq.GetTaskID(ctx)
+		if w.running.Add(1) > 1 {
+			w.overlap.Add(1)
+		}
+		defer w.running.Add(-1)
+		w.mu.Lock()
+		w.runsOf[id]++
+		w.mu.Unlock()
+		<-ctx.Done() // runs until cancelled
+		return ctx.Err()
+	})
+	return w
 }

@@ -33,24 +33,7 @@ func TestOverlapCancelPreviousWithRealWorker(t *testing.T) {
 	e := newEnv(t)
 	e.put(every("can", "@every 1s", func(en *events.Entry) { en.Overlap = events.OverlapCancelPrevious }))
 
-	var (
-		mu      sync.Mutex
-		runsOf  = map[string]int{}
-		running atomic.Int32
-		overlap atomic.Int32
-	)
-	startWorker(t, e, 4, func(ctx context.Context, task *asynq.Task) error {
-		id, _ := asynq.GetTaskID(ctx)
-		if running.Add(1) > 1 {
-			overlap.Add(1)
-		}
-		defer running.Add(-1)
-		mu.Lock()
-		runsOf[id]++
-		mu.Unlock()
-		<-ctx.Done() // runs until cancelled
-		return ctx.Err()
-	})
+	w := startCancellableWorker(t, e)
 	a := e.startNode("a", nodeOpts{})
 	b := e.startNode("b", nodeOpts{})
 	stats := func() (sent, deleted, released uint64) {
@@ -65,7 +48,7 @@ func TestOverlapCancelPreviousWithRealWorker(t *testing.T) {
 	b.stop()
 	e.waitOutboxEmpty(10*time.Second, "default")
 
-	if n := overlap.Load(); n > 0 {
+	if n := w.overlap.Load(); n > 0 {
 		t.Errorf("%d times two tasks of the entry ran at once", n)
 	}
 	acts := e.readActivity()
@@ -114,9 +97,9 @@ func TestOverlapCancelPreviousWithRealWorker(t *testing.T) {
 	if sent, deleted, _ := stats(); sent < 4 || deleted < 4 {
 		t.Errorf("cancels sent %d, deleted %d, want at least 4 each", sent, deleted)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	for id, n := range runsOf {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for id, n := range w.runsOf {
 		if n != 1 {
 			t.Errorf("task %s ran %d times", id, n)
 		}
