@@ -40,9 +40,6 @@ type entryRun struct {
 	// heard is a tick a fire of which was heard on the activity subjects
 	// while it was the entry's next: a hint only (see applyObservation).
 	heard time.Time
-	// missedAt is when plan last found the entry with missed ticks and
-	// fired in the step recording them (dueAfterSkip).
-	missedAt time.Time
 
 	// completedSince is the revision of the fire limit found reached (a
 	// fire refused as completed): the entry fires nothing more while its
