@@ -405,6 +405,14 @@ func TestChaos(t *testing.T) {
 		return true
 	}, "status shows %d active entries and %d ready replicas (last: %+v)", chaosEntries, len(s.replicas), lazy(func() string { return fmt.Sprintf("%+v", st) }))
 
+	// Entries whose watermark Redis lost hold their fires until a restore
+	// proposal settles (INV-restore): steady firing starts once no replica
+	// holds any, or the pause below would stop ticks that were only held.
+	for i := range s.replicas {
+		testenv.Eventually(t, 30*time.Second, func() bool {
+			return s.metric(i, "cronstream_watermarks_restoring") == 0
+		}, "replica r%d still holds entries whose watermark is being restored", i)
+	}
 	// A few seconds of steady firing by the recovered system, then stop
 	// the entries so the state can settle and be counted.
 	f0 := s.totalFires()
