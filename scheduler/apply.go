@@ -96,6 +96,7 @@ func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (ta
 		r.handled, r.hasHandled = f.tick, true
 	}
 	if f.skipped {
+		r.skippedAt = s.clock.Now()
 		s.count(func(st *Stats) { st.SkippedMissed++ })
 		s.m.Skipped.WithLabelValues(events.SkipMissed).Inc()
 	}

@@ -40,6 +40,13 @@ type entryRun struct {
 	// heard is a tick a fire of which was heard on the activity subjects
 	// while it was the entry's next: a hint only (see applyObservation).
 	heard time.Time
+	// skippedAt is when a fire of this replica that recorded missed ticks
+	// of the entry last committed. Found with missed ticks again soon
+	// after, the entry is one this replica does not keep up with (see
+	// dueAfterSkip). Only a committed step counts: a step refused, or
+	// held while a lost watermark is restored, says nothing of the
+	// replica's pace, and loading clears it.
+	skippedAt time.Time
 
 	// completedSince is the revision of the fire limit found reached (a
 	// fire refused as completed): the entry fires nothing more while its

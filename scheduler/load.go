@@ -120,7 +120,7 @@ func (s *Scheduler) loadWatermarks(ctx context.Context) {
 			}
 			r.loading.floorAtLoad = false
 			delete(s.load, r.id)
-			r.phase, r.loading.restored = phaseReady, false
+			r.phase, r.loading.restored, r.skippedAt = phaseReady, false, time.Time{}
 			r.cursor, r.hasCursor, r.lastTask = wm.Tick, wm.OK, wm.TaskID
 			r.handled, r.hasHandled = wm.Tick, wm.OK
 			if r.st.Entry.Paused {

@@ -39,8 +39,8 @@ func (s *Scheduler) plan(r *entryRun, now time.Time, into []taskstate.Fire) ([]t
 			// longer than the rest of the grace (overloaded) would find it
 			// missed again and record skips pass after pass, firing
 			// nothing.
-			if first, ok := s.dueAfterSkip(r, skipped, now); ok {
-				one[0] = first
+			if tick, run, ok := s.dueAfterSkip(r, start, skipped, now, grace); ok {
+				one[0], skipped = tick, run
 				ticks = one[:]
 			} else {
 				// Nothing due now: record the missed ticks at once, in a
@@ -79,17 +79,42 @@ func (s *Scheduler) plan(r *entryRun, now time.Time, into []taskstate.Fire) ([]t
 	return fires, more
 }
 
-// dueAfterSkip is r's first tick after the missed ticks skipped, when it is
-// due at now (its jitter included) and not excluded.
-func (s *Scheduler) dueAfterSkip(r *entryRun, skipped tickRange, now time.Time) (time.Time, bool) {
+// dueAfterSkip is the tick of r that fires in the step recording the
+// missed ticks skipped, and the run of ticks that step records: the first
+// tick after the missed ones, when it is due at now (its jitter included)
+// and not excluded.
+//
+// An entry found with missed ticks again within two graces of a committed
+// step that recorded missed ones is one this replica does not keep up
+// with (more due than it fires in a grace): firing its oldest tick within
+// the grace would keep it a grace behind, found missed again at every
+// pass, a skipped record with every fire, which the relay and the stream
+// pay for too. It fires its latest due tick instead, the ticks before it
+// recorded in the same skipped run, and is back on time. Ticks within the
+// grace are skipped only then: after an outage or a restore the first
+// step fires the oldest of them, and a replica that keeps up fires the
+// rest before they age out.
+func (s *Scheduler) dueAfterSkip(r *entryRun, start time.Time, skipped tickRange, now time.Time, grace time.Duration) (time.Time, tickRange, bool) {
 	if skipped.empty() || !skipped.Exact {
-		return time.Time{}, false
+		return time.Time{}, tickRange{}, false
+	}
+	due := func(t time.Time) bool {
+		return !t.IsZero() && !t.Add(r.sched.Jitter(t)).After(now) && !r.sched.Excluded(t)
+	}
+	if !r.skippedAt.IsZero() && now.Sub(r.skippedAt) < 2*grace {
+		// The ticks in (start, now], the last of them fired.
+		all := countTicks(r.sched, start, now.Add(time.Nanosecond))
+		if latest := all.Last; all.Exact && latest.After(skipped.Last) && due(latest) {
+			if run := countTicks(r.sched, start, latest); run.Exact && !run.empty() {
+				return latest, run, true
+			}
+		}
 	}
 	first := r.sched.Next(skipped.Last)
-	if first.IsZero() || first.Add(r.sched.Jitter(first)).After(now) || r.sched.Excluded(first) {
-		return time.Time{}, false
+	if !due(first) {
+		return time.Time{}, tickRange{}, false
 	}
-	return first, true
+	return first, skipped, true
 }
 
 // planSkip records missed ticks that the catch-up policy drops, moving the

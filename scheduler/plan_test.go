@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cronstream/cronstream/clock"
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/taskstate"
 )
@@ -11,7 +12,7 @@ import (
 // planScheduler is a scheduler built without running, for plan.
 func planScheduler() *Scheduler {
 	return &Scheduler{cfg: Config{ReplicaID: "r1", Grace: DefaultGrace, MaxCatchup: DefaultMaxCatchup, Names: events.MustNames(events.DefaultPrefix)},
-		src: events.ReplicaSource("r1"), m: NewMetrics(nil)}
+		src: events.ReplicaSource("r1"), m: NewMetrics(nil), clock: clock.Local()}
 }
 
 func planEntry(t *testing.T, spec string, cursor time.Time) *entryRun {
@@ -83,5 +84,93 @@ func TestPlanSkipsAloneWhenNextNotDue(t *testing.T) {
 	}
 	if !fires[0].Tick.Before(now.Add(-s.cfg.Grace)) {
 		t.Fatalf("skip moves the watermark to %s, a tick not missed", fires[0].Tick)
+	}
+}
+
+// decodeSkipped is the skipped run a fire records.
+func decodeSkipped(t *testing.T, f taskstate.Fire) events.Skipped {
+	t.Helper()
+	if len(f.SkippedRecords) != 1 {
+		t.Fatalf("%d skipped records, want one run", len(f.SkippedRecords))
+	}
+	ev, err := events.DecodeEvent(f.SkippedRecords[0].Data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sk events.Skipped
+	if err := ev.DecodeData(&sk); err != nil {
+		t.Fatal(err)
+	}
+	return sk
+}
+
+// TestPlanBehindAgainFiresLatest: an entry found with missed ticks again
+// soon after a committed step that recorded missed ones (a replica with
+// more due than it fires in a grace) fires its latest due tick, the ticks
+// before it recorded as one skipped run, instead of its oldest tick within
+// the grace, which would leave it to be found missed again at the next
+// pass: a skipped record with every fire.
+func TestPlanBehindAgainFiresLatest(t *testing.T) {
+	s := planScheduler()
+	now := time.Date(2026, 12, 2, 1, 0, 0, 300_000_000, time.UTC)
+	r := planEntry(t, "@every 1s", now.Add(-20*time.Second).Truncate(time.Second))
+	r.skippedAt = now.Add(-3 * time.Second)
+	fires, _ := s.plan(r, now, nil)
+	if len(fires) != 1 || fires[0].Kind != taskstate.FireTick || fires[0].Msg == nil {
+		t.Fatalf("plan = %+v, want one tick fire", fires)
+	}
+	f := fires[0]
+	if latest := now.Truncate(time.Second); !f.Tick.Equal(latest) {
+		t.Fatalf("fired %s, want the latest due tick %s", f.Tick, latest)
+	}
+	sk := decodeSkipped(t, f)
+	if sk.Until == nil || !sk.Until.Equal(f.Tick.Add(-time.Second)) || !sk.ScheduledAt.Equal(r.cursor.Add(time.Second)) || sk.Count != 19 {
+		t.Fatalf("skipped %s..%v (%d), want every tick from after the cursor %s to before the fired tick %s", sk.ScheduledAt, sk.Until, sk.Count, r.cursor, f.Tick)
+	}
+	if !r.skippedAt.Equal(now.Add(-3 * time.Second)) {
+		t.Fatalf("plan moved skippedAt to %s: only a committed step may", r.skippedAt)
+	}
+}
+
+// TestPlanBehindLongAgoFiresOldestInGrace: a committed skip more than two
+// graces ago says nothing of the replica's pace now (an outage, a restore
+// after a Redis data loss): the oldest tick within the grace fires, and
+// the ticks after it, all within the grace, are left to fire.
+func TestPlanBehindLongAgoFiresOldestInGrace(t *testing.T) {
+	s := planScheduler()
+	now := time.Date(2026, 12, 2, 1, 0, 0, 300_000_000, time.UTC)
+	r := planEntry(t, "@every 1s", now.Add(-20*time.Second).Truncate(time.Second))
+	r.skippedAt = now.Add(-2*s.cfg.Grace - time.Millisecond)
+	fires, _ := s.plan(r, now, nil)
+	if len(fires) != 1 {
+		t.Fatalf("plan = %d fires, want 1", len(fires))
+	}
+	if f := fires[0]; f.Tick.Before(now.Add(-s.cfg.Grace)) || !f.Tick.Before(now.Add(-s.cfg.Grace).Add(time.Second)) {
+		t.Fatalf("fired %s, want the oldest tick within the grace", f.Tick)
+	}
+}
+
+// TestApplySetsSkippedAtOnCommit: only a step that recorded missed ticks
+// and committed marks the entry; a refused step (a watermark lost in
+// Redis, a restore still settling) does not, so an entry reloaded after a
+// data loss fires every tick still within the grace.
+func TestApplySetsSkippedAtOnCommit(t *testing.T) {
+	s := planScheduler()
+	s.load = map[string]*entryRun{}
+	s.stats.Refused = map[string]uint64{}
+	now := s.clock.Now()
+	r := planEntry(t, "@every 1s", now.Add(-20*time.Second).Truncate(time.Second))
+	fires, _ := s.plan(r, now, nil)
+	if len(fires) != 1 {
+		t.Fatalf("plan = %d fires, want 1", len(fires))
+	}
+	sent := sentOf(&fires[0])
+	s.apply(r, sent, taskstate.FireResult{Status: taskstate.StatusWatermarkMismatch, Watermark: r.cursor, HasWatermark: true})
+	if !r.skippedAt.IsZero() {
+		t.Fatalf("a refused step set skippedAt %s", r.skippedAt)
+	}
+	s.apply(r, sent, taskstate.FireResult{Status: taskstate.StatusFired, TaskID: "t1"})
+	if r.skippedAt.IsZero() {
+		t.Fatal("a committed step that recorded missed ticks left skippedAt unset")
 	}
 }

@@ -196,3 +196,72 @@ func (e *env) flushAllAndList() map[string][]int64 {
 	}
 	return e.pendingTicksByEntry(list.Val())
 }
+
+// TestInGraceTicksFireAfterLongRedisLoss: Redis is down for longer than the
+// grace and comes back empty. The replica records the ticks older than the
+// grace as missed, holds its fires until the restore settles, and then
+// fires every tick still within the grace. Neither the step refused on the
+// lost watermark nor the hold for the restore says the replica cannot keep
+// up; if they did, it would fire only the latest tick and skip the ones
+// still within the grace.
+func TestInGraceTicksFireAfterLongRedisLoss(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.redis = testenv.StartRedis(t, testenv.WithPrivateServer())
+	e.rc = e.redis.Client(t)
+	e.store = taskstate.New(e.rc)
+	ids := []string{"ga", "gb", "gc", "gd", "ge"}
+	for _, id := range ids {
+		e.put(every(id, "@every 1s"))
+	}
+	a := e.startNode("a", nodeOpts{sched: func(c *scheduler.Config) { c.History = scheduler.NewStreamHistory(e.js, testNames) }})
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Fired >= uint64(3*len(ids)) }, "every entry to fire")
+	e.redis.Stop(t)
+	lostAt := time.Now()
+	// The outage itself: it must outlast the grace for ticks to be missed.
+	time.Sleep(scheduler.DefaultGrace + 2*time.Second)
+	e.redis.Start(t)
+	firedAt := a.sched.Stats().Fired
+	testenv.Eventually(t, 30*time.Second, func() bool { return a.sched.Stats().Fired >= firedAt+uint64(8*len(ids)) }, "firing again after the loss")
+	a.stop()
+
+	acts := e.readActivity()
+	enqueued := map[string]map[int64]time.Time{}
+	for _, act := range acts {
+		if act.Type == events.TypeEntryFired {
+			if enqueued[act.Fired.Entry] == nil {
+				enqueued[act.Fired.Entry] = map[int64]time.Time{}
+			}
+			enqueued[act.Fired.Entry][act.Fired.ScheduledAt.Unix()] = act.Fired.EnqueuedAt
+		}
+	}
+	ls := ledgers(acts)
+	for _, id := range ids {
+		l := ls[id]
+		var after *events.Skipped
+		for i, sk := range l.skipped {
+			if sk.Reason == events.SkipMissed && !sk.ScheduledAt.Before(lostAt.Add(-time.Second)) {
+				after = &l.skipped[i]
+			}
+		}
+		if after == nil {
+			t.Errorf("entry %s: no missed ticks recorded after an outage longer than the grace", id)
+			continue
+		}
+		last := after.ScheduledAt
+		if after.Until != nil {
+			last = *after.Until
+		}
+		firedNext, ok := enqueued[id][last.Unix()+1]
+		if !ok {
+			t.Errorf("entry %s: the tick after the missed run %s..%s never fired", id, after.ScheduledAt.Format("15:04:05"), last.Format("15:04:05"))
+			continue
+		}
+		if !last.Before(firedNext.Add(-scheduler.DefaultGrace)) {
+			t.Errorf("entry %s: ticks up to %s recorded missed in a step at %s, within the grace of %s", id,
+				last.Format("15:04:05"), firedNext.Format("15:04:05.000"), scheduler.DefaultGrace)
+		}
+		_, lastFired := l.firedRange()
+		checkEverySecond(t, id, l, after.ScheduledAt.Unix(), lastFired)
+	}
+}
