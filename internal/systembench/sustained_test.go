@@ -65,9 +65,11 @@ func sustained(b *testing.B, n, secs, k int) {
 	waitUntil(from)
 	stopPerf := perfRecord(b, ps[0], os.Getenv("CRONSTREAM_BENCH_PERF"))
 	stopSampling := s.sampleBacklog(250 * time.Millisecond)
+	resetCommandStats(b, s.rc)
 	cpu0, fires0, msgs0 := s.cpu(ps), s.pending("default"), s.activityMsgs()
 	waitUntil(to)
 	used, fires, msgs := s.cpu(ps).sub(cpu0), int(s.pending("default")-fires0), int(s.activityMsgs()-msgs0)
+	commands := commandStats(b, s.rc)
 	samples := stopSampling()
 	stopPerf()
 	// A stopped replica flushes its outbox before it exits, for a while;
@@ -134,6 +136,7 @@ func sustained(b *testing.B, n, secs, k int) {
 		percentile(lags, 0.5).Round(time.Millisecond), percentile(lags, 0.99).Round(time.Millisecond), percentile(lags, 1).Round(time.Millisecond), missed)
 	b.Logf("CPU per fire %.1f µs = replicas %.1f + redis-server %.1f; NATS and this harness %.1f µs more",
 		cpu, usPer(used.replicas, fires), usPer(used.redis, fires), usPer(used.self, fires))
+	b.Logf("Redis server time per fire by command: %s", commandsPer(commands, fires, 12))
 	drained := "never (fires unpublished)"
 	if drain >= 0 {
 		drained = drain.Round(time.Millisecond).String()

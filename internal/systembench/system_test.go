@@ -2,6 +2,7 @@ package systembench
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -691,4 +692,60 @@ func tail(s string, lines int) string {
 		l = l[len(l)-lines:]
 	}
 	return strings.Join(l, "\n")
+}
+
+// commandTime is one Redis command's share of server time over a window.
+type commandTime struct {
+	name  string
+	calls int64
+	usec  int64
+}
+
+// resetCommandStats starts a window of Redis's per-command counters.
+func resetCommandStats(b *testing.B, rc *redis.Client) {
+	b.Helper()
+	if err := rc.ConfigResetStat(context.Background()).Err(); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// commandStats returns the commands Redis ran since resetCommandStats, the
+// most server time first. Commands a script runs count under their own
+// names as well as in the script's time.
+func commandStats(b *testing.B, rc *redis.Client) []commandTime {
+	b.Helper()
+	info, err := rc.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var out []commandTime
+	for _, line := range strings.Split(info, "\n") {
+		name, fields, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
+			continue
+		}
+		c := commandTime{name: strings.TrimPrefix(name, "cmdstat_")}
+		for _, kv := range strings.Split(fields, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			n, _ := strconv.ParseInt(v, 10, 64)
+			switch k {
+			case "calls":
+				c.calls = n
+			case "usec":
+				c.usec = n
+			}
+		}
+		out = append(out, c)
+	}
+	slices.SortFunc(out, func(a, b commandTime) int { return cmp.Compare(b.usec, a.usec) })
+	return out
+}
+
+// commandsPer formats the first few commands as server µs per fire.
+func commandsPer(cs []commandTime, fires int, top int) string {
+	var parts []string
+	for _, c := range cs[:min(len(cs), top)] {
+		parts = append(parts, fmt.Sprintf("%s %.1f µs (%.2f calls)", c.name, float64(c.usec)/float64(max(fires, 1)), float64(c.calls)/float64(max(fires, 1))))
+	}
+	return strings.Join(parts, ", ")
 }
