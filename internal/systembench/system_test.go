@@ -586,20 +586,20 @@ func backlogTrend(samples []backlogSample) (largest int64, slope float64) {
 	return largest, slope
 }
 
-// slowlog records every Redis command's server time from start until the
-// returned stop, which restores the server's settings and returns the
-// longest call. Redis logs the commands a script runs as well as the
-// script, so a mass recovery logs about a dozen calls per task: keep is
-// sized for that, since draining the log while measuring would stall the
-// server (a SLOWLOG RESET of 100,000 entries takes 0.2 s).
-func slowlog(b *testing.B, rc *redis.Client, keep int) (stop func() slowCall) {
+// slowlog records every Redis call that takes slowCallMin or more of
+// server time, from start until the returned stop, which restores the
+// server's settings and returns the longest call. It does not record every
+// call: Redis logs the commands a script runs as well as the script, and
+// with every call logged (about a dozen per recovered task) the logging
+// itself, done inside the script, lengthened the calls it measured.
+func slowlog(b *testing.B, rc *redis.Client) (stop func() slowCall) {
 	b.Helper()
 	ctx := context.Background()
 	prev, err := rc.ConfigGet(ctx, "slowlog-*").Result()
 	if err != nil {
 		b.Fatal(err)
 	}
-	for k, v := range map[string]string{"slowlog-log-slower-than": "0", "slowlog-max-len": strconv.Itoa(keep)} {
+	for k, v := range map[string]string{"slowlog-log-slower-than": strconv.FormatInt(slowCallMin.Microseconds(), 10), "slowlog-max-len": strconv.Itoa(slowlogKeep)} {
 		if err := rc.ConfigSet(ctx, k, v).Err(); err != nil {
 			b.Fatal(err)
 		}
@@ -633,7 +633,7 @@ func slowlog(b *testing.B, rc *redis.Client, keep int) (stop func() slowCall) {
 				longest = slowCall{took: l.Duration, command: strings.Join(args, " ")}
 			}
 		}
-		longest.calls, longest.full = len(logs), len(logs) >= keep
+		longest.calls, longest.full = len(logs), len(logs) >= slowlogKeep
 		if err := reader.Do(ctx, "SLOWLOG", "RESET").Err(); err != nil {
 			b.Fatal(err)
 		}
@@ -644,7 +644,16 @@ func slowlog(b *testing.B, rc *redis.Client, keep int) (stop func() slowCall) {
 	}
 }
 
-// slowCall is the longest Redis call SLOWLOG saw, out of calls.
+const (
+	// slowCallMin is the shortest call SLOWLOG records: a tenth of the
+	// 10 ms a call may take.
+	slowCallMin = time.Millisecond
+	// slowlogKeep is how many such calls it keeps.
+	slowlogKeep = 250_000
+)
+
+// slowCall is the longest Redis call SLOWLOG saw, out of calls of
+// slowCallMin or more.
 type slowCall struct {
 	took    time.Duration
 	command string
@@ -653,7 +662,10 @@ type slowCall struct {
 }
 
 func (c slowCall) String() string {
-	s := fmt.Sprintf("%s (%s) of %d calls", c.took, c.command, c.calls)
+	if c.calls == 0 {
+		return fmt.Sprintf("none of %s or more", slowCallMin)
+	}
+	s := fmt.Sprintf("%s (%s) of %d calls of %s or more", c.took, c.command, c.calls, slowCallMin)
 	if c.full {
 		s += " (SLOWLOG full: the earliest calls were dropped)"
 	}
@@ -741,11 +753,12 @@ func commandStats(b *testing.B, rc *redis.Client) []commandTime {
 	return out
 }
 
-// commandsPer formats the first few commands as server µs per fire.
-func commandsPer(cs []commandTime, fires int, top int) string {
+// commandsPer formats the first few commands as server µs per unit of
+// work (a fire, a recovered task).
+func commandsPer(cs []commandTime, units int, top int) string {
 	var parts []string
 	for _, c := range cs[:min(len(cs), top)] {
-		parts = append(parts, fmt.Sprintf("%s %.1f µs (%.2f calls)", c.name, float64(c.usec)/float64(max(fires, 1)), float64(c.calls)/float64(max(fires, 1))))
+		parts = append(parts, fmt.Sprintf("%s %.1f µs (%.2f calls)", c.name, float64(c.usec)/float64(max(units, 1)), float64(c.calls)/float64(max(units, 1))))
 	}
 	return strings.Join(parts, ", ")
 }
