@@ -48,6 +48,7 @@ func BenchmarkBurstVsFloor(b *testing.B) {
 			ours.cpu.replicas.Round(time.Millisecond), ours.cpu.redis.Round(time.Millisecond), ours.cpu.self.Round(time.Millisecond))
 		b.Logf("floor: a bare pipelined enqueue of %d asynq tasks %s (redis-server CPU %s); all in Redis %.2f× the floor (goal ≤ 2), lag p99 %.2f× (goal ≤ 2.5)",
 			n, floor.Round(time.Millisecond), floorRedis.Round(time.Millisecond), ours.inRedis.Seconds()/floor.Seconds(), ours.p99.Seconds()/floor.Seconds())
+		b.Logf("Redis server time per fire by command until all were in Redis: %s", commandsPer(ours.commands, n, 12))
 	}
 }
 
@@ -55,6 +56,8 @@ type burstResult struct {
 	inRedis, inStream time.Duration
 	p50, p99, max     time.Duration
 	cpu               cpuUse
+	// commands: Redis's time by command until every task was in Redis.
+	commands []commandTime
 }
 
 func burst(b *testing.B, n int, lead time.Duration) burstResult {
@@ -72,12 +75,14 @@ func burst(b *testing.B, n int, lead time.Duration) burstResult {
 		b.Fatalf("the replica loaded %d entries only %s before the instant: raise CRONSTREAM_BENCH_BURST_LEAD", n, left)
 	}
 	waitUntil(instant.Add(-100 * time.Millisecond))
+	resetCommandStats(b, s.rc)
 	before := s.cpu([]*replicaProc{p})
 	var out burstResult
 	testenv.Eventually(b, 10*time.Minute, func() bool {
 		if out.inRedis == 0 && s.pending("default") >= int64(n) {
 			out.inRedis = time.Since(instant)
 			out.cpu = s.cpu([]*replicaProc{p}).sub(before)
+			out.commands = commandStats(b, s.rc)
 		}
 		if out.inRedis == 0 || s.activityMsgs() < uint64(n) {
 			return false
