@@ -56,17 +56,7 @@ func TestPlanFiresDueTickWithSkip(t *testing.T) {
 	if !f.Expected.Equal(r.cursor) {
 		t.Fatalf("expected watermark %s, want the cursor %s", f.Expected, r.cursor)
 	}
-	if len(f.SkippedRecords) != 1 {
-		t.Fatalf("%d skipped records, want the missed run as one", len(f.SkippedRecords))
-	}
-	ev, err := events.DecodeEvent(f.SkippedRecords[0].Data)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sk events.Skipped
-	if err := ev.DecodeData(&sk); err != nil {
-		t.Fatal(err)
-	}
+	sk := decodeSkipped(t, f)
 	if sk.Until == nil || !sk.Until.Equal(f.Tick.Add(-time.Second)) || !sk.ScheduledAt.Equal(r.cursor.Add(time.Second)) {
 		t.Fatalf("skipped %s..%v, want every tick from after the cursor %s to before the fired tick %s", sk.ScheduledAt, sk.Until, r.cursor, f.Tick)
 	}
