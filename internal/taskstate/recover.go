@@ -33,25 +33,28 @@ import (
 //
 // Removing ids from the active list is the expensive part of recovery:
 // asynq's LREM with count 0 scans the whole list for every task, which is why
-// asynq falls to ~1,000 tasks/s at 100k active tasks. RecoverBatch instead
-// learns where its tasks sit (one read of the list, from the tail, per call),
-// sends them to Redis in list order, oldest first, and inside each script
-// overwrites each found element with a per-call tombstone (LINDEX check +
-// LSET, both cheap at any depth because the list is a quicklist) and removes
-// all tombstones with one LREM counted from the tail. Processing in tail
-// order keeps that LREM short: the tombstones of a chunk are the elements
-// nearest the tail. Positions counted from the tail do not change when
-// workers push new tasks at the head, and a stale position (another client
-// removed something meanwhile) is detected by the LINDEX check and falls back
-// to LPOS. The cost per task is therefore the same whatever order the caller
-// found its tasks in.
+// asynq falls to ~1,000 tasks/s at 100k active tasks. A caller instead lists
+// the expired ids (ListLeaseRefs), orders them by where they sit in the
+// active list, nearest the tail first (SortTailFirst), and hands them to
+// RecoverBatch in batches cut in that order. RecoverBatch learns where its
+// tasks sit (one read of the list from the tail, in LRANGE pages, until all
+// are found) and sends them in chunks, oldest first. A chunk whose tasks
+// fill a short stretch of the tail is taken out through a window: the
+// script reads the stretch, takes it off the tail with one LTRIM and puts
+// back the elements that are not its tasks (live tasks) at the head with
+// one LPUSH. Put back at the tail, they would pile up there and every later
+// window would copy them again; asynq reads nothing from the list's order.
+// Positions counted from the tail do not change when workers push new tasks
+// at the head, and a task that is not where its chunk expects it (another
+// client removed something meanwhile) is overwritten with a per-call
+// tombstone where LINDEX or LPOS finds it, all such removed with one LREM.
 //
 // Why this design: finding one id with LREM or LPOS scans the list, so its
-// cost grows with the list (asynq's cost per task); LINDEX and LSET cost the
-// same at any depth; loading the whole list into Lua to mark and rebuild it
-// in one script breaks the 10 ms budget of a script call at large lists,
-// while reading it from Go in LRANGE pages blocks nothing for long (figures
-// in docs/benchmarks.md).
+// cost grows with the list (asynq's cost per task); LSET and LREM in the
+// middle of the list shift the bytes of a list node per element; loading
+// the whole list into Lua to rebuild it in one script breaks the 10 ms
+// budget of a script call at large lists, while reading it from Go in
+// LRANGE pages blocks nothing for long (figures in docs/benchmarks.md).
 
 // LeaseExpired is one task whose lease expired at or before the scan's cutoff.
 type LeaseExpired struct {
@@ -222,6 +225,14 @@ func MsgHash(msg []byte) string {
 	return hex.EncodeToString(sum[:])
 }
 
+// LeaseRef is one entry of a queue's lease set: a task id and the end of
+// its lease.
+type LeaseRef struct {
+	ID string
+	// LeaseExpiry is the entry's score (whole seconds).
+	LeaseExpiry time.Time
+}
+
 // ListLeaseExpired returns up to limit tasks of queue whose lease score is at
 // or before cutoff, lowest score first, with the ids that cannot be
 // recovered reported in the second slice. It is ListLeaseExpiredFrom with
@@ -231,76 +242,190 @@ func (s *Store) ListLeaseExpired(ctx context.Context, queue string, cutoff time.
 }
 
 // ListLeaseExpiredFrom is ListLeaseExpired starting at the offset-th entry of
-// the lease range. Bad tasks stay in the lease set, so a caller that pages
-// through a pass skips them with offset += len(bad) (plus the decisions that
-// RecoverBatch left in place). Each script call reads at most 500 entries; a
-// page may overlap or miss entries that others remove meanwhile, which the
-// re-checks of RecoverBatch and the next pass make harmless.
+// the lease range: ListLeaseRefs, then LoadLeaseExpired. Bad tasks stay in
+// the lease set, so a caller that pages through a pass skips them with
+// offset += len(bad) (plus the decisions that RecoverBatch left in place).
 func (s *Store) ListLeaseExpiredFrom(ctx context.Context, queue string, cutoff time.Time, offset, limit int) ([]LeaseExpired, []BadTask, error) {
+	refs, err := s.ListLeaseRefs(ctx, queue, cutoff, offset, limit)
+	if err != nil {
+		return nil, nil, err
+	}
+	return s.LoadLeaseExpired(ctx, queue, refs)
+}
+
+// Listing tuning: a page of ids is one ZRANGE, several pages go in one
+// pipeline; a page of messages is one script call of listPage ids.
+const (
+	leaseRefPage      = 2000
+	leaseRefPipeline  = 5
+	leaseMsgsPipeline = 4
+)
+
+// ListLeaseRefs returns up to limit entries of queue's lease set with a
+// score at or before cutoff, lowest score first, starting at the offset-th
+// of them. It pages by rank: the expired entries are the lowest ranks, and
+// ZRANGE by rank finds an offset in O(log n), where ZRANGEBYSCORE … LIMIT
+// walks to it. Pages are read one pipeline at a time and may overlap or miss
+// entries that others remove meanwhile; RecoverBatch re-checks every task
+// and the next pass lists what was missed.
+func (s *Store) ListLeaseRefs(ctx context.Context, queue string, cutoff time.Time, offset, limit int) ([]LeaseRef, error) {
+	if err := s.CheckQueue(queue); err != nil {
+		return nil, err
+	}
+	key := Keys(queue).Lease()
+	last := float64(cutoff.Unix())
+	var refs []LeaseRef
+	seen := make(map[string]struct{})
+	for len(refs) < limit {
+		pipe := s.client.Pipeline()
+		var cmds []*redis.ZSliceCmd
+		for p, from := 0, offset; p < leaseRefPipeline && from < offset+limit-len(refs); p, from = p+1, from+leaseRefPage {
+			n := min(leaseRefPage, offset+limit-len(refs)-from)
+			cmds = append(cmds, pipe.ZRangeWithScores(ctx, key, int64(from), int64(from+n-1)))
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			return refs, fmt.Errorf("list lease-expired tasks of queue %q: %w", queue, err)
+		}
+		for _, c := range cmds {
+			page := c.Val()
+			for _, z := range page {
+				if z.Score > last || len(refs) == limit {
+					return refs, nil
+				}
+				id, _ := z.Member.(string)
+				if _, dup := seen[id]; dup {
+					continue
+				}
+				seen[id] = struct{}{}
+				refs = append(refs, LeaseRef{ID: id, LeaseExpiry: time.Unix(int64(z.Score), 0)})
+			}
+			offset += len(page)
+			if len(page) < leaseRefPage {
+				return refs, nil
+			}
+		}
+	}
+	return refs, nil
+}
+
+// LoadLeaseExpired reads the messages of refs (listed by ListLeaseRefs) and
+// returns the tasks in refs' order, with the ids that cannot be recovered
+// as they are in the second slice. An id that left the lease set since it
+// was listed (finished, or recovered by someone else) is in neither.
+func (s *Store) LoadLeaseExpired(ctx context.Context, queue string, refs []LeaseRef) ([]LeaseExpired, []BadTask, error) {
 	if err := s.CheckQueue(queue); err != nil {
 		return nil, nil, err
 	}
-	if limit <= 0 {
-		return nil, nil, nil
-	}
 	k := Keys(queue)
 	keys := []string{k.Lease(), k.TaskPrefix()}
-	var (
-		tasks []LeaseExpired
-		bad   []BadTask
-		seen  = make(map[string]struct{})
-	)
-	for got := 0; got < limit; {
-		n := min(s.listPage, limit-got)
-		reply, err := runScript(ctx, s.client, listLeaseExpiredScript, keys, cutoff.Unix(), offset, n)
-		if err != nil {
-			return tasks, bad, fmt.Errorf("list lease-expired tasks of queue %q: %w", queue, err)
-		}
-		if len(reply)%3 != 1 {
-			return tasks, bad, fmt.Errorf("list lease-expired tasks of queue %q: reply has %d values", queue, len(reply))
-		}
-		for i := 0; i+2 < len(reply); i += 3 {
-			id, _ := reply[i].(string)
-			if _, dup := seen[id]; dup {
-				continue
+	tasks := make([]LeaseExpired, 0, len(refs))
+	var bad []BadTask
+	for len(refs) > 0 {
+		batch := redisscript.NewBatch(s.client)
+		var (
+			cmds  []*redis.Cmd
+			pages [][]LeaseRef
+		)
+		for len(cmds) < leaseMsgsPipeline && len(refs) > 0 {
+			page := refs[:min(s.listPage, len(refs))]
+			refs = refs[len(page):]
+			args := make([]any, len(page))
+			for i, r := range page {
+				args[i] = r.ID
 			}
-			seen[id] = struct{}{}
-			got++
-			score, _ := reply[i+1].(string)
-			raw, ok := reply[i+2].(string)
-			if !ok {
-				bad = append(bad, BadTask{ID: id, Err: fmt.Errorf("queue %q task %q: %w", queue, id, ErrNoMessage)})
-				continue
+			cmds = append(cmds, batch.Run(ctx, leaseMessagesScript, keys, args...))
+			pages = append(pages, page)
+		}
+		batch.Exec(ctx)
+		for i, c := range cmds {
+			reply, err := c.Slice()
+			if err == nil && len(reply) != len(pages[i]) {
+				err = fmt.Errorf("reply has %d values for %d tasks", len(reply), len(pages[i]))
 			}
-			le, err := decodeLeaseExpired(queue, id, score, raw)
 			if err != nil {
-				bad = append(bad, BadTask{ID: id, Err: err})
-				continue
+				return tasks, bad, fmt.Errorf("read lease-expired tasks of queue %q: %w", queue, err)
 			}
-			tasks = append(tasks, le)
+			for j, ref := range pages[i] {
+				switch v := reply[j].(type) {
+				case string:
+					le, err := decodeLeaseExpired(queue, ref, v)
+					if err != nil {
+						bad = append(bad, BadTask{ID: ref.ID, Err: err})
+						continue
+					}
+					tasks = append(tasks, le)
+				case int64:
+					if v == 0 {
+						bad = append(bad, BadTask{ID: ref.ID, Err: fmt.Errorf("queue %q task %q: %w", queue, ref.ID, ErrNoMessage)})
+					}
+				}
+			}
 		}
-		if ended, _ := reply[len(reply)-1].(int64); ended == 1 {
-			break
-		}
-		offset += n
 	}
 	return tasks, bad, nil
 }
 
-func decodeLeaseExpired(queue, id, score, raw string) (LeaseExpired, error) {
+func decodeLeaseExpired(queue string, ref LeaseRef, raw string) (LeaseExpired, error) {
 	msg, err := DecodeTaskMessage([]byte(raw))
 	if err != nil {
-		return LeaseExpired{}, fmt.Errorf("queue %q task %q: %w", queue, id, err)
+		return LeaseExpired{}, fmt.Errorf("queue %q task %q: %w", queue, ref.ID, err)
 	}
-	if msg.ID != id || msg.Queue != queue {
+	if msg.ID != ref.ID || msg.Queue != queue {
 		return LeaseExpired{}, fmt.Errorf("queue %q task %q: message says id %q queue %q: %w",
-			queue, id, msg.ID, msg.Queue, ErrMismatch)
+			queue, ref.ID, msg.ID, msg.Queue, ErrMismatch)
 	}
-	secs, err := strconv.ParseFloat(score, 64)
+	return LeaseExpired{Msg: msg, LeaseExpiry: ref.LeaseExpiry, MsgHash: MsgHash([]byte(raw))}, nil
+}
+
+// SortTailFirst orders refs by where their tasks sit in queue's active
+// list, nearest the tail (the oldest) first, and those not found last, in
+// their order. RecoverBatch removes a batch of tasks from the list with one
+// scan from the tail up to the deepest of them, so batches cut from refs in
+// this order each scan only their own part of the list. It reads the list
+// (listDepths) only when RecoverBatch would: on a short list, or for few
+// refs, the order stays as it is.
+func (s *Store) SortTailFirst(ctx context.Context, queue string, refs []LeaseRef) error {
+	if err := s.CheckQueue(queue); err != nil {
+		return err
+	}
+	ids := make([]string, len(refs))
+	for i, r := range refs {
+		ids[i] = r.ID
+	}
+	depth, err := s.listDepths(ctx, Keys(queue), ids)
 	if err != nil {
-		return LeaseExpired{}, fmt.Errorf("queue %q task %q: lease score %q: %w", queue, id, score, err)
+		return fmt.Errorf("order lease-expired tasks of queue %q: %w", queue, err)
 	}
-	return LeaseExpired{Msg: msg, LeaseExpiry: time.Unix(int64(secs), 0), MsgHash: MsgHash([]byte(raw))}, nil
+	// The depths are looked up once, not in every comparison, and the
+	// listing's order breaks ties (the refs not found).
+	type placed struct {
+		ref          LeaseRef
+		depth, index int
+	}
+	all := make([]placed, len(refs))
+	for i, r := range refs {
+		all[i] = placed{r, depth[r.ID], i}
+	}
+	slices.SortFunc(all, func(a, b placed) int {
+		return cmp.Or(compareDepth(a.depth, b.depth), cmp.Compare(a.index, b.index))
+	})
+	for i := range all {
+		refs[i] = all[i].ref
+	}
+	return nil
+}
+
+// compareDepth orders tail depths ascending, unknown (0) last.
+func compareDepth(a, b int) int {
+	switch {
+	case a == b:
+		return 0
+	case a == 0:
+		return 1
+	case b == 0:
+		return -1
+	}
+	return cmp.Compare(a, b)
 }
 
 // Store-side tuning of RecoverBatch's list positioning.
@@ -319,6 +444,10 @@ const (
 	recoverPipeline = 8
 	// maxTrimCalls bounds the extra trim-only calls after a batch.
 	maxTrimCalls = 1000
+	// A chunk spread over at most windowMaxFactor times its size of the
+	// list's tail is taken out through a window of that stretch; a longer
+	// window would move more of the list than it saves.
+	windowMaxFactor = 4
 )
 
 // RecoverBatch applies decisions to queue's tasks and writes one outbox
@@ -352,7 +481,11 @@ func (s *Store) RecoverBatch(ctx context.Context, prefix, queue string, cutoff t
 	if err := s.RegisterOutbox(ctx, prefix, queue); err != nil {
 		return outcomes, err
 	}
-	depth, err := s.listDepths(ctx, Keys(queue), decisions)
+	ids := make([]string, len(decisions))
+	for i := range decisions {
+		ids[i] = decisions[i].TaskID
+	}
+	depth, err := s.listDepths(ctx, Keys(queue), ids)
 	if err != nil {
 		return outcomes, fmt.Errorf("recover queue %q: %w", queue, err)
 	}
@@ -371,18 +504,7 @@ func (s *Store) recoverInListOrder(ctx context.Context, prefix, queue string, cu
 		order[i] = i
 		depths[i] = depth[decisions[i].TaskID]
 	}
-	slices.SortStableFunc(order, func(a, b int) int {
-		da, db := depths[a], depths[b]
-		switch {
-		case da == db:
-			return 0
-		case da == 0:
-			return 1
-		case db == 0:
-			return -1
-		}
-		return cmp.Compare(da, db)
-	})
+	slices.SortStableFunc(order, func(a, b int) int { return compareDepth(depths[a], depths[b]) })
 
 	now := s.now()
 	tomb, err := tombstone()
@@ -397,7 +519,7 @@ func (s *Store) recoverInListOrder(ctx context.Context, prefix, queue string, cu
 		cutoff.Unix(), now.Unix(), now.Add(statsTTL).Unix(), now.AddDate(0, 0, -archiveMaxAgeDays).Unix(),
 		archiveMaxSize, s.trimBudget, tomb, int64(math.MaxInt64),
 	}
-	removedBefore := 0 // list elements removed by earlier chunks (all nearer the tail)
+	taken := 0 // list elements taken off the tail by earlier chunks
 	trimMore := false
 	type chunkCall struct {
 		chunk []int
@@ -409,21 +531,34 @@ func (s *Store) recoverInListOrder(ctx context.Context, prefix, queue string, cu
 		}
 		// Up to recoverPipeline chunks go in one pipeline, so Redis runs
 		// them back to back. A chunk's depth hints assume every earlier
-		// decision with a known depth is removed; one that is not only
-		// costs the chunks after it an LPOS per task.
+		// chunk took what it was sent to take off the tail; one that did
+		// not only costs the chunks after it an LPOS per task.
 		batch := redisscript.NewBatch(s.client)
 		var calls []chunkCall
-		assumed := removedBefore
+		assumed := taken
 		for len(calls) < recoverPipeline && start < len(order) {
 			chunk := order[start:min(start+s.recoverChunk, len(order))]
 			start += len(chunk)
-			args := append(make([]any, 0, len(head)+9*len(chunk)), head...)
-			for _, i := range chunk {
-				d := &decisions[i]
-				hint := 0
+			hints := make([]int, len(chunk))
+			deepest := 0
+			for j, i := range chunk {
 				if dp := depths[i]; dp > 0 && dp-assumed >= 1 {
-					hint = dp - assumed
+					hints[j] = dp - assumed
+					deepest = max(deepest, hints[j])
 				}
+			}
+			// A chunk whose tasks sit together at the tail goes through a
+			// window: every element down to its deepest task leaves the
+			// tail (recover.lua).
+			window := 0
+			if deepest > 0 && deepest <= windowMaxFactor*len(chunk) {
+				window = deepest
+			}
+			args := append(make([]any, 0, len(head)+1+9*len(chunk)), head...)
+			args = append(args, window)
+			for j, i := range chunk {
+				d := &decisions[i]
+				hint := hints[j]
 				action, fail := "r", "0"
 				if d.Action == ActionArchive {
 					action = "a"
@@ -434,9 +569,13 @@ func (s *Store) recoverInListOrder(ctx context.Context, prefix, queue string, cu
 				args = append(args, d.TaskID, d.MsgHash, action, d.RetryAt.Unix(), fail, d.NewMsg,
 					d.Record.ID, d.Record.Data, hint)
 			}
-			for _, i := range chunk {
-				if depths[i] > 0 {
-					assumed++
+			if window > 0 {
+				assumed += window
+			} else {
+				for _, i := range chunk {
+					if depths[i] > 0 {
+						assumed++
+					}
 				}
 			}
 			calls = append(calls, chunkCall{chunk: chunk, cmd: batch.Run(ctx, recoverScript, keys, args...)})
@@ -448,7 +587,7 @@ func (s *Store) recoverInListOrder(ctx context.Context, prefix, queue string, cu
 			switch {
 			case err != nil:
 				err = fmt.Errorf("recover queue %q: %d tasks: %w", queue, len(c.chunk), err)
-			case len(reply) != 3*len(c.chunk)+1:
+			case len(reply) != 3*len(c.chunk)+2:
 				err = fmt.Errorf("recover queue %q: reply has %d values for %d tasks", queue, len(reply), len(c.chunk))
 			}
 			if err != nil {
@@ -461,10 +600,12 @@ func (s *Store) recoverInListOrder(ctx context.Context, prefix, queue string, cu
 				st, _ := reply[3*j].(int64)
 				xid, _ := reply[3*j+1].(string)
 				if rm, _ := reply[3*j+2].(int64); rm == 1 && depths[i] > 0 {
-					removedBefore++
+					taken++
 				}
 				outcomes[i].Status, outcomes[i].StreamID = RecoverStatus(st), xid
 			}
+			w, _ := reply[len(reply)-2].(int64)
+			taken += int(w)
 			if more, _ := reply[len(reply)-1].(int64); more == 1 {
 				trimMore = true
 			}
@@ -499,23 +640,23 @@ func checkDecision(d *Decision) error {
 	return nil
 }
 
-// listDepths finds the tail depth (1 = last element) of the decisions' ids
-// in the active list by reading it from the tail in pages, stopping once
+// listDepths finds the tail depth (1 = last element) of ids in the active
+// list by reading it from the tail in pages, stopping once
 // every id is found. Depths counted from the tail stay valid while workers
 // push at the head. It reads nothing when the list is short or the batch so
 // small that LPOS is cheaper.
-func (s *Store) listDepths(ctx context.Context, k QueueKeys, decisions []Decision) (map[string]int, error) {
-	depth := make(map[string]int, len(decisions))
+func (s *Store) listDepths(ctx context.Context, k QueueKeys, ids []string) (map[string]int, error) {
+	depth := make(map[string]int, len(ids))
 	n, err := s.client.LLen(ctx, k.Active()).Result()
 	if err != nil {
 		return nil, fmt.Errorf("active list length: %w", err)
 	}
-	if n < positionMinList || int64(len(decisions))*n < positionMinWork {
+	if n < positionMinList || int64(len(ids))*n < positionMinWork {
 		return depth, nil
 	}
-	want := make(map[string]struct{}, len(decisions))
-	for i := range decisions {
-		want[decisions[i].TaskID] = struct{}{}
+	want := make(map[string]struct{}, len(ids))
+	for _, id := range ids {
+		want[id] = struct{}{}
 	}
 	// Pages are read positionPages at a time in one pipeline: Redis reads
 	// the next while this side scans the last (at most a few pages more

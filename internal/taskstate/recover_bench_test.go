@@ -3,6 +3,7 @@ package taskstate_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -122,21 +123,27 @@ func redisCPUTime(b *testing.B, rc redis.UniversalClient) time.Duration {
 	return time.Duration(secs * float64(time.Second))
 }
 
-// recoverOurs is a recoverer pass on our path: bounded listing, asynq's
-// decision, one outbox record per task, RecoverBatch per page.
+// recoverOurs is a recoverer pass on our path: the expired ids listed and
+// ordered by their place in the active list, then per batch of 10,000 the
+// messages read, asynq's decision, one outbox record per task, RecoverBatch.
 func recoverOurs(ctx context.Context, rc redis.UniversalClient, now time.Time) (int, error) {
 	s := taskstate.New(rc)
 	cutoff := now.Add(-20 * time.Second)
-	moved, offset := 0, 0
-	for {
-		tasks, bad, err := s.ListLeaseExpiredFrom(ctx, massrecovery.Queue, cutoff, offset, 10_000)
+	refs, err := s.ListLeaseRefs(ctx, massrecovery.Queue, cutoff, 0, math.MaxInt)
+	if err != nil {
+		return 0, err
+	}
+	if err := s.SortTailFirst(ctx, massrecovery.Queue, refs); err != nil {
+		return 0, err
+	}
+	moved := 0
+	for len(refs) > 0 {
+		batch := refs[:min(10_000, len(refs))]
+		refs = refs[len(batch):]
+		tasks, _, err := s.LoadLeaseExpired(ctx, massrecovery.Queue, batch)
 		if err != nil {
 			return moved, err
 		}
-		if len(tasks)+len(bad) == 0 {
-			return moved, nil
-		}
-		offset += len(bad)
 		ds := make([]taskstate.Decision, 0, len(tasks))
 		for _, le := range tasks {
 			d, err := le.Retry(now.Add(massrecovery.RetryDelay(le.Msg.Retried)), taskstate.ErrLeaseExpiredText, true, now)
@@ -153,9 +160,8 @@ func recoverOurs(ctx context.Context, rc redis.UniversalClient, now time.Time) (
 		for _, o := range out {
 			if o.Status.Moved() {
 				moved++
-			} else if o.Status != taskstate.RecoverSkippedGone {
-				offset++
 			}
 		}
 	}
+	return moved, nil
 }

@@ -328,7 +328,7 @@ func retriedID(t *testing.T, insp *asynq.Inspector, q string) string {
 
 // TestRecoverPreservesListAndOrder recovers a realistic active list: many
 // expired tasks with tied lease scores interleaved with live ones. Only the
-// expired ones leave, the live ones keep their order, and nothing else moves.
+// expired ones leave the active list; every live one stays, once.
 func TestRecoverPreservesListAndOrder(t *testing.T) {
 	ctx := context.Background()
 	rc := testenv.StartRedis(t).Client(t)
@@ -389,8 +389,12 @@ func TestRecoverPreservesListAndOrder(t *testing.T) {
 			wantAfter = append(wantAfter, id)
 		}
 	}
+	// Live tasks that sat between the dead ones are put back at the head
+	// (recover.lua): the order is not kept, the tasks are, once each.
+	slices.Sort(after)
+	slices.Sort(wantAfter)
 	if !slices.Equal(after, wantAfter) {
-		t.Fatalf("active list after recovery: %d ids, want the %d live ones in their order", len(after), len(wantAfter))
+		t.Fatalf("active list after recovery: %d ids, want the %d live ones, once each", len(after), len(wantAfter))
 	}
 	if n, _ := rc.ZCard(ctx, Keys(q).Retry()).Result(); n != int64(len(expired)) {
 		t.Fatalf("retry set has %d", n)
@@ -1075,5 +1079,185 @@ func TestRecoverWhileWorkersRun(t *testing.T) {
 	}
 	if n, _ := rc.ZCard(ctx, k.Retry()).Result(); n != int64(len(expired)) {
 		t.Fatalf("retry set %d", n)
+	}
+}
+
+// TestRecoverTailWindows: a mass crash recovered the way the recoverer
+// does it (ids listed, ordered tail first, moved in batches) while the
+// list's tail changes under it: a worker finishes a live task near the
+// tail and pushes new ones at the head between the ordering and the moves,
+// and one dead id sits in the list twice. Every dead task moves once,
+// every other element stays once, and the tasks leave through tail
+// windows (a handful of per-task LSETs for the stale hints, not one each).
+func TestRecoverTailWindows(t *testing.T) {
+	ctx := context.Background()
+	rc := testenv.StartRedis(t, testenv.WithPrivateServer()).Client(t)
+	s := New(rc, WithRecoverChunk(50))
+	const q = "windows"
+	k := Keys(q)
+	now := time.Now()
+	ids := taskIDs("w", 3000)
+	seedActive(t, rc, q, ids, now.Add(-time.Minute), nil)
+	var live, dead []string
+	for i, id := range ids {
+		if i%4 == 0 {
+			live = append(live, id)
+			rc.ZAdd(ctx, k.Lease(), redis.Z{Score: float64(now.Add(time.Minute).Unix()), Member: id})
+			continue
+		}
+		dead = append(dead, id)
+	}
+	// Younger tasks, all live, keep the list long enough for RecoverBatch
+	// to read positions (a short one is searched with LPOS).
+	young := taskIDs("young", positionMinList)
+	seedActive(t, rc, q, young, now.Add(time.Minute), nil)
+	live = append(live, young...)
+	// The oldest dead task's id also sits in the middle of the list.
+	twice := ids[1]
+	if err := rc.LInsert(ctx, k.Active(), "BEFORE", ids[1500], twice).Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	cutoff := now.Add(-20 * time.Second)
+	refs, err := s.ListLeaseRefs(ctx, q, cutoff, 0, 10_000)
+	if err != nil || len(refs) != len(dead) {
+		t.Fatalf("listed %d, want %d: %v", len(refs), len(dead), err)
+	}
+	if err := s.SortTailFirst(ctx, q, refs); err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range refs[:len(refs)-1] {
+		// seedActive pushes at the head: the first id is at the tail.
+		if a, b := slices.Index(ids, r.ID), slices.Index(ids, refs[i+1].ID); a > b {
+			t.Fatalf("refs %d and %d out of tail order: %s before %s", i, i+1, r.ID, refs[i+1].ID)
+		}
+	}
+	// The world moves on after the ordering.
+	if err := rc.LRem(ctx, k.Active(), 1, live[3]).Err(); err != nil {
+		t.Fatal(err)
+	}
+	rc.ZRem(ctx, k.Lease(), live[3])
+	fresh := taskIDs("fresh", 5)
+	for _, id := range fresh {
+		rc.LPush(ctx, k.Active(), id)
+	}
+	if err := rc.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	for len(refs) > 0 {
+		batch := refs[:min(700, len(refs))]
+		refs = refs[len(batch):]
+		tasks, bad, err := s.LoadLeaseExpired(ctx, q, batch)
+		if err != nil || len(bad) > 0 || len(tasks) != len(batch) {
+			t.Fatalf("load: %d tasks %v %v", len(tasks), bad, err)
+		}
+		out, err := s.RecoverBatch(ctx, recPrefix, q, cutoff, retryAll(t, tasks, now.Add(time.Hour), now))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range out {
+			if o.Status != RecoverRetried {
+				t.Fatalf("outcome %+v", o)
+			}
+		}
+	}
+
+	after, _ := rc.LRange(ctx, k.Active(), 0, -1).Result()
+	want := append(slices.Concat(fresh, slices.Delete(slices.Clone(live), 3, 4)), twice)
+	slices.Sort(after)
+	slices.Sort(want)
+	if !slices.Equal(after, want) {
+		t.Fatalf("active list holds %d ids, want %d: the live, the fresh and one copy of %s", len(after), len(want), twice)
+	}
+	if n, _ := rc.ZCard(ctx, k.Retry()).Result(); n != int64(len(dead)) {
+		t.Fatalf("retry set has %d, want %d", n, len(dead))
+	}
+	if n := len(outboxEventIDs(t, rc, q)); n != len(dead) {
+		t.Fatalf("outbox has %d records, want %d", n, len(dead))
+	}
+	if lset := commandCalls(t, rc, "lset"); lset > 10 {
+		t.Fatalf("%d LSETs for %d tasks: the windows were not used", lset, len(dead))
+	}
+}
+
+// commandCalls is how many times Redis ran cmd since the last CONFIG
+// RESETSTAT (inside scripts too).
+func commandCalls(t *testing.T, rc redis.UniversalClient, cmd string) int {
+	t.Helper()
+	info, err := rc.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\r\n") {
+		if rest, ok := strings.CutPrefix(line, "cmdstat_"+cmd+":calls="); ok {
+			n, _ := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
+			return n
+		}
+	}
+	return 0
+}
+
+// TestLoadLeaseExpiredGoneAndBad: between listing and loading, one task
+// finished (its hash and lease are gone) and one lost its message while
+// still leased. The first is in neither result, the second is bad.
+func TestLoadLeaseExpiredGoneAndBad(t *testing.T) {
+	ctx := context.Background()
+	rc := testenv.StartRedis(t).Client(t)
+	s := New(rc)
+	const q = "load"
+	k := Keys(q)
+	now := time.Now()
+	seedActive(t, rc, q, []string{"a", "done", "nomsg", "z"}, now.Add(-time.Minute), nil)
+	refs, err := s.ListLeaseRefs(ctx, q, now, 0, 100)
+	if err != nil || len(refs) != 4 {
+		t.Fatalf("listed %d: %v", len(refs), err)
+	}
+	if refs[0].LeaseExpiry.Unix() != now.Add(-time.Minute).Unix() {
+		t.Fatalf("lease expiry %v", refs[0].LeaseExpiry)
+	}
+	rc.Del(ctx, k.Task("done"))
+	rc.ZRem(ctx, k.Lease(), "done")
+	rc.HDel(ctx, k.Task("nomsg"), "msg")
+	tasks, bad, err := s.LoadLeaseExpired(ctx, q, refs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tasks) != 2 || tasks[0].Msg.ID != "a" || tasks[1].Msg.ID != "z" {
+		t.Fatalf("tasks %+v", tasks)
+	}
+	if len(bad) != 1 || bad[0].ID != "nomsg" || !errors.Is(bad[0].Err, ErrNoMessage) {
+		t.Fatalf("bad %+v", bad)
+	}
+}
+
+// TestListLeaseRefsPages: a listing longer than one pipeline of pages
+// stops at the cutoff and honours offset and limit.
+func TestListLeaseRefsPages(t *testing.T) {
+	ctx := context.Background()
+	rc := testenv.StartRedis(t).Client(t)
+	s := New(rc)
+	const q = "refs"
+	now := time.Now()
+	n := leaseRefPage*leaseRefPipeline + 1234
+	seedActive(t, rc, q, taskIDs("old", n), now.Add(-time.Minute), nil)
+	seedActive(t, rc, q, taskIDs("new", 10), now.Add(time.Minute), nil)
+	all, err := s.ListLeaseRefs(ctx, q, now, 0, 1<<30)
+	if err != nil || len(all) != n {
+		t.Fatalf("listed %d, want %d: %v", len(all), n, err)
+	}
+	seen := map[string]bool{}
+	for _, r := range all {
+		if !strings.HasPrefix(r.ID, "old") || seen[r.ID] {
+			t.Fatalf("listed %s", r.ID)
+		}
+		seen[r.ID] = true
+	}
+	part, err := s.ListLeaseRefs(ctx, q, now, 100, 3000)
+	if err != nil || !slices.Equal(part, all[100:3100]) {
+		t.Fatalf("offset 100, limit 3000: %d refs: %v", len(part), err)
+	}
+	if tail, _ := s.ListLeaseRefs(ctx, q, now, n-5, 100); len(tail) != 5 {
+		t.Fatalf("from %d: %d refs, want 5", n-5, len(tail))
 	}
 }

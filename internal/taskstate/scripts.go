@@ -25,11 +25,11 @@ var (
 
 	// recoverScript applies a chunk of recovery decisions (RecoverBatch);
 	// trimArchiveScript runs its bounded archive trim alone.
-	recoverScript          = luaScript("", "trim_archive_lib.lua", "recover.lua")
-	trimArchiveScript      = luaScript("", "trim_archive_lib.lua", "trim_archive.lua")
-	listLeaseExpiredScript = luaScript("", "list_lease_expired.lua")
-	recoverOrphansScript   = luaScript("", "recover_orphans.lua")
-	reclaimScript          = luaScript("", "reclaim.lua")
+	recoverScript        = luaScript("", "trim_archive_lib.lua", "recover.lua")
+	trimArchiveScript    = luaScript("", "trim_archive_lib.lua", "trim_archive.lua")
+	leaseMessagesScript  = luaScript("", "lease_messages.lua")
+	recoverOrphansScript = luaScript("", "recover_orphans.lua")
+	reclaimScript        = luaScript("", "reclaim.lua")
 
 	acquireOutboxScript = luaScript("", "outbox_acquire.lua")
 	releaseOutboxScript = luaScript("", "outbox_release.lua")

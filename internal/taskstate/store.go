@@ -26,7 +26,7 @@ type Store struct {
 	now    func() time.Time
 
 	recoverChunk int // decisions per RecoverBatch script call
-	listPage     int // lease entries per ListLeaseExpired script call
+	listPage     int // tasks per LoadLeaseExpired script call
 	trimBudget   int // archive members trimmed per script call
 
 	firePath firePath // which fire script paths to use (tests force one)

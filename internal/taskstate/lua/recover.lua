@@ -1,27 +1,39 @@
 -- Applies one chunk of recovery decisions. Per decision it re-checks the
 -- lease (still present, score <= cutoff), the message (sha1 unchanged) and
--- the state (active); then it writes the outbox record, replaces the task's
--- active-list element with the tombstone (at the hinted tail depth when
--- LINDEX confirms it, else where LPOS finds it from the tail), and does
--- asynq's Retry or Archive. After the loop: one LREM of the tombstones from
--- the tail, the counters (asynq's daily keys, EXPIREAT on creation, totals
--- reset at MaxInt64), and a bounded archive trim (trim_archive_lib.lua,
--- prepended).
+-- the state (active); then it writes the outbox record, takes the task out
+-- of the active list, and does asynq's Retry or Archive. After the loop:
+-- the list rewritten, the counters (asynq's daily keys, EXPIREAT on
+-- creation, totals reset at MaxInt64), and a bounded archive trim
+-- (trim_archive_lib.lua, prepended).
+--
+-- Taking tasks out of the list: when the caller names a tail window (a
+-- chunk cut from the list's tail: its deepest task's depth), the script
+-- reads those elements once and takes them all off the tail with one
+-- LTRIM; the chunk's tasks are dropped and the others (live tasks the
+-- stretch held) go back at the head, in their order, with one LPUSH. Put
+-- back at the tail they would pile up there and lengthen every later
+-- window; asynq reads nothing from the list's order. A task outside the
+-- window is overwritten with the tombstone where it sits (at the hinted
+-- tail depth when LINDEX confirms it, else where LPOS finds it from the
+-- tail), and all tombstones go with one LREM counted from the nearer end.
 --
 -- KEYS  1 lease              6 failed:<day>
 --       2 active             7 processed
 --       3 retry              8 failed
 --       4 archived           9 task-key prefix
 --       5 processed:<day>   10 outbox
--- ARGV  1 cutoff (unix s)    5 archive max size
---       2 now (unix s)       6 trim budget
---       3 stats expire-at    7 tombstone
---       4 archive age cutoff 8 MaxInt64
+-- ARGV  1 cutoff (unix s)    6 trim budget
+--       2 now (unix s)       7 tombstone
+--       3 stats expire-at    8 MaxInt64
+--       4 archive age cutoff 9 tail window (elements; 0 = none)
+--       5 archive max size
 --       then per decision 9 values: id, sha1, action (r|a), retry-at,
 --       is-failure (1|0), new msg, event id, record data, tail-depth hint
 --       (0 = none)
--- Reply per decision: status, stream id, removed-from-list (0|1); then 1
---       when the archive trim ran out of budget.
+-- Reply per decision: status, stream id, removed from the list (0 no, 1 by
+--       its tombstone, 2 with the window); then how
+--       many elements the window took off the tail (0 = none), and 1 when
+--       the archive trim ran out of budget.
 
 local cutoff = tonumber(ARGV[1])
 local now = ARGV[2]
@@ -30,8 +42,18 @@ local res = {}
 local tombs, counted, archived = 0, 0, 0
 local llen = redis.call('LLEN', KEYS[2])
 local mind, maxd = llen + 1, 0
+-- win holds the tail window, deepest first (win[i] is at tail depth
+-- #win - i + 1; false once its task is taken out); winpos finds an id's
+-- element nearest the tail.
+local win, winpos, inwin = {}, {}, 0
+if tonumber(ARGV[9]) > 0 then
+  win = redis.call('LRANGE', KEYS[2], -tonumber(ARGV[9]), -1)
+  for i = #win, 1, -1 do
+    if winpos[win[i]] == nil then winpos[win[i]] = i end
+  end
+end
 local moved, unlease, toretry, toarchive = {}, {}, {}, {}
-for b = 9, #ARGV, 9 do
+for b = 10, #ARGV, 9 do
   local id = ARGV[b]
   local status, xid, removed = 0, '', 0
   local score = false
@@ -54,13 +76,20 @@ for b = 9, #ARGV, 9 do
       xid = redis.call('XADD', KEYS[10], '*', 'id', ARGV[b+6], 'data', ARGV[b+7])
       local hint = tonumber(ARGV[b+8])
       local depth = false
-      if hint > 0 and redis.call('LINDEX', KEYS[2], -hint) == id then
+      if winpos[id] then
+        depth = #win - winpos[id] + 1
+      elseif hint > 0 and redis.call('LINDEX', KEYS[2], -hint) == id then
         depth = hint
       else
         local idx = redis.call('LPOS', KEYS[2], id, 'RANK', -1)
         if idx then depth = llen - idx end
       end
-      if depth then
+      if depth and depth <= #win then
+        win[#win - depth + 1] = false
+        winpos[id] = nil
+        inwin = inwin + 1
+        removed = 2
+      elseif depth then
         redis.call('LSET', KEYS[2], -depth, tomb)
         tombs = tombs + 1
         removed = 1
@@ -98,6 +127,17 @@ end
 each('ZREM', KEYS[1], unlease)
 each('ZADD', KEYS[3], toretry)
 each('ZADD', KEYS[4], toarchive)
+local taken = 0
+if inwin > 0 then
+  -- Oldest first, so that the newest ends up at the head.
+  local kept = {}
+  for i = #win, 1, -1 do
+    if win[i] then kept[#kept+1] = win[i] end
+  end
+  redis.call('LTRIM', KEYS[2], 0, -(#win + 1))
+  each('LPUSH', KEYS[2], kept)
+  taken = #win
+end
 -- Remove the tombstones scanning from the nearer end: from the tail the
 -- scan reaches depth maxd, from the head it reaches depth mind.
 if tombs > 0 then
@@ -137,5 +177,6 @@ local more = 0
 if archived > 0 then
   more = trim_archive()
 end
+res[#res+1] = taken
 res[#res+1] = more
 return res
