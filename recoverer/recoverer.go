@@ -30,6 +30,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/outbox"
 	"github.com/cronstream/cronstream/internal/taskstate"
 )
 
@@ -37,7 +38,9 @@ import (
 // and tests wrap it to inject faults (export_test.go).
 type store interface {
 	Queues(ctx context.Context) ([]string, error)
-	ListLeaseExpiredFrom(ctx context.Context, queue string, cutoff time.Time, offset, limit int) ([]taskstate.LeaseExpired, []taskstate.BadTask, error)
+	ListLeaseRefs(ctx context.Context, queue string, cutoff time.Time, offset, limit int) ([]taskstate.LeaseRef, error)
+	SortTailFirst(ctx context.Context, queue string, refs []taskstate.LeaseRef) error
+	LoadLeaseExpired(ctx context.Context, queue string, refs []taskstate.LeaseRef) ([]taskstate.LeaseExpired, []taskstate.BadTask, error)
 	RecoverBatch(ctx context.Context, prefix, queue string, cutoff time.Time, decisions []taskstate.Decision) ([]taskstate.Outcome, error)
 	RecoverOrphans(ctx context.Context, queue string, now time.Time, leaseDuration time.Duration, limit int) (taskstate.OrphanReport, error)
 	ReclaimStaleAggregationSets(ctx context.Context, prefix, queue string, now time.Time, record taskstate.ReclaimRecordFunc) ([]taskstate.Reclaimed, error)
@@ -99,12 +102,10 @@ type Config struct {
 	// Grace: a task is recovered once its lease has been expired this long
 	// (default 20 s), so workers' clock skew cannot make us steal a task.
 	Grace time.Duration
-	// Batch is how many tasks one listing and one move handle (default
-	// 10,000; taskstate splits both into short script calls). Each move
-	// first locates its tasks in the active list, which reads the list up
-	// to the deepest of them: after a mass crash they are spread over the
-	// whole list, so fewer, larger batches read it fewer times
-	// (docs/benchmarks.md has the figure).
+	// Batch is how many tasks one move handles (default 10,000;
+	// taskstate splits it into short script calls); a pass lists the ids
+	// of ten batches at a time and cuts its batches in active-list order,
+	// so each move touches one stretch of the list's tail.
 	Batch      int
 	RetryDelay RetryDelayFunc
 	IsFailure  IsFailureFunc
@@ -363,55 +364,74 @@ func (r *Recoverer) recoverQueue(ctx context.Context, q string) (int, error) {
 	return moved, errors.Join(errs...)
 }
 
-// page is one listing of lease-expired tasks and the decisions made on it.
+// page is one batch of lease-expired tasks and the decisions made on it.
 type page struct {
 	decisions []taskstate.Decision
-	// listed is how many lease entries the listing covered (tasks + bad).
-	listed int
-	// stays is how many of them are known to stay in the lease range
+	// stays is how many of its tasks are known to stay in the lease range
 	// (bad, or no decision could be made).
 	stays int
-	// last: the listing reached the cutoff; nothing is left after it.
-	last bool
 }
 
-// recoverLeases lists lease-expired tasks in bounded batches and moves them.
-//
-// Listing and moving use ranks in the lease set, so a listing never runs
-// while one of our moves does: a move removes entries below the next page
-// and would shift it. But the next page is listed before the current one is
-// moved (the current page's entries are still in place, so the next page
-// starts right after them), and it is decided while the current one moves:
-// deciding (re-encoding each message, building its event) is Go work that
-// would otherwise wait for Redis, and Redis for it.
-//
-// Only the first page is decided with nothing to overlap, so pages start
-// small (firstPage) and double up to Batch: a few small moves in front of a
-// mass crash cost little, and deciding a whole Batch first would cost more.
+// recoverLeases lists the ids of lease-expired tasks, up to
+// listingBatches batches at a time, orders them by where they sit in the active list (SortTailFirst)
+// and moves them in batches cut in that order. After a mass crash the
+// expired tasks are spread over the whole list; a batch cut in lease order
+// would be spread over it too, and each of its moves would scan the list
+// up to its deepest task. Cut in list order, a batch is one stretch of the
+// list's tail.
 //
 // Tasks left where they are (bad, or skipped because their message changed
-// or their state is not active) stay in the lease range, so the offset
-// steps past them.
+// or their state is not active) stay in the lease range, so the next
+// round's listing steps past them.
 func (r *Recoverer) recoverLeases(ctx context.Context, q string) (int, error) {
-	prefix := r.cfg.Names.Prefix()
 	cutoff := r.cfg.Now().Add(-r.cfg.Grace)
-	if r.stopping() {
-		return 0, nil
-	}
-	size := min(firstPage, r.cfg.Batch)
-	tasks, bad, err := r.cfg.store.ListLeaseExpiredFrom(ctx, q, cutoff, 0, size)
-	if err != nil {
-		return 0, fmt.Errorf("list expired leases: %w", err)
-	}
-	cur := r.decidePage(q, tasks, bad, size)
+	round := listingBatches * r.cfg.Batch
 	offset, moved := 0, 0
-	for {
-		more := !cur.last && !r.stopping()
-		var nextErr error
-		if more {
-			size = min(2*size, r.cfg.Batch)
-			tasks, bad, nextErr = r.cfg.store.ListLeaseExpiredFrom(ctx, q, cutoff, offset+cur.listed, size)
+	for !r.stopping() {
+		refs, err := r.cfg.store.ListLeaseRefs(ctx, q, cutoff, offset, round)
+		if err != nil {
+			return moved, fmt.Errorf("list expired leases: %w", err)
 		}
+		if len(refs) == 0 {
+			break
+		}
+		if err := r.cfg.store.SortTailFirst(ctx, q, refs); err != nil {
+			return moved, err
+		}
+		n, stays, err := r.recoverRefs(ctx, q, cutoff, refs)
+		moved += n
+		if err != nil || len(refs) < round {
+			return moved, err
+		}
+		offset += stays
+	}
+	return moved, nil
+}
+
+// listingBatches bounds the ids one listing of recoverLeases holds, in
+// batches: the ids are small, and a larger listing orders more of a mass
+// crash at once.
+const listingBatches = 10
+
+// recoverRefs moves refs in batches and returns how many it moved and how
+// many stay in the lease range.
+//
+// The next batch is loaded and decided while the current one moves:
+// deciding (re-encoding each message, building its event) is Go work that
+// would otherwise wait for Redis, and Redis for it. Only the first batch is
+// decided with nothing to overlap, so batches start small (firstPage) and
+// double up to Batch: a few small moves in front of a mass crash cost
+// little, and deciding a whole Batch first would cost more.
+func (r *Recoverer) recoverRefs(ctx context.Context, q string, cutoff time.Time, refs []taskstate.LeaseRef) (moved, stays int, err error) {
+	prefix := r.cfg.Names.Prefix()
+	size := min(firstPage, r.cfg.Batch, len(refs))
+	cur, err := r.loadPage(ctx, q, refs[:size])
+	if err != nil {
+		return 0, 0, err
+	}
+	refs = refs[size:]
+	for {
+		more := len(refs) > 0 && !r.stopping()
 		var (
 			outcomes []taskstate.Outcome
 			moveErr  error
@@ -421,9 +441,14 @@ func (r *Recoverer) recoverLeases(ctx context.Context, q string) (int, error) {
 			defer close(movedCh)
 			outcomes, moveErr = r.cfg.store.RecoverBatch(ctx, prefix, q, cutoff, cur.decisions)
 		}()
-		var next page
-		if more && nextErr == nil {
-			next = r.decidePage(q, tasks, bad, size)
+		var (
+			next    page
+			nextErr error
+		)
+		if more {
+			size = min(2*size, r.cfg.Batch, len(refs))
+			next, nextErr = r.loadPage(ctx, q, refs[:size])
+			refs = refs[size:]
 		}
 		<-movedCh
 		n := r.count(q, outcomes)
@@ -431,37 +456,38 @@ func (r *Recoverer) recoverLeases(ctx context.Context, q string) (int, error) {
 		if n > 0 {
 			r.notify()
 		}
-		offset += cur.stays
-		// Whatever was not moved and not gone is still listed: skip it.
+		stays += cur.stays
+		// Whatever was not moved and not gone is still listed.
 		for _, o := range outcomes {
 			if o.Status == taskstate.RecoverSkippedMessageChanged || o.Status == taskstate.RecoverSkippedNotActive {
-				offset++
+				stays++
 			}
 		}
 		switch {
 		case moveErr != nil:
-			return moved, fmt.Errorf("recover batch: %w", moveErr)
+			return moved, stays, fmt.Errorf("recover batch: %w", moveErr)
 		case nextErr != nil:
-			return moved, fmt.Errorf("list expired leases: %w", nextErr)
+			return moved, stays, nextErr
 		case !more || r.stopping():
-			// Stopping: the next page was only decided, nothing written.
-			return moved, nil
+			// Stopping: the next batch was only decided, nothing written.
+			return moved, stays, nil
 		}
 		cur = next
 	}
 }
 
-// firstPage is the size of a pass's first page of lease-expired tasks.
+// firstPage is the size of a pass's first batch of lease-expired tasks.
 const firstPage = 500
 
-// decidePage reports a listing of up to size entries' bad tasks and makes
-// the decisions on its good ones.
-func (r *Recoverer) decidePage(q string, tasks []taskstate.LeaseExpired, bad []taskstate.BadTask, size int) page {
+// loadPage reads the messages of refs, reports the bad ones and makes the
+// decisions on the others.
+func (r *Recoverer) loadPage(ctx context.Context, q string, refs []taskstate.LeaseRef) (page, error) {
+	tasks, bad, err := r.cfg.store.LoadLeaseExpired(ctx, q, refs)
+	if err != nil {
+		return page{}, fmt.Errorf("read expired leases: %w", err)
+	}
 	r.reportBad(q, bad)
-	p := page{listed: len(tasks) + len(bad), stays: len(bad)}
-	// A listing shorter than asked for reached the cutoff (bad tasks took
-	// places of the page too).
-	p.last = p.listed < size
+	p := page{stays: len(bad)}
 	now := r.cfg.Now()
 	p.decisions = make([]taskstate.Decision, 0, len(tasks))
 	for _, le := range tasks {
@@ -473,7 +499,7 @@ func (r *Recoverer) decidePage(q string, tasks []taskstate.LeaseExpired, bad []t
 		}
 		p.decisions = append(p.decisions, d)
 	}
-	return p
+	return p, nil
 }
 
 // decide applies asynq's rule to one task: archive when its retries are
@@ -508,22 +534,14 @@ func (r *Recoverer) decide(le taskstate.LeaseExpired, now time.Time) (taskstate.
 	// The id names the attempt that was lost, so the same loss always has
 	// the same event id however many recoverers decide it.
 	id := events.RecoveredEventID(msg.Queue, msg.ID, int(msg.Retried), le.LeaseExpiry)
-	ev, err := events.NewEventAt(id, now, typ, "cronstream/"+r.cfg.ReplicaID, msg.Queue, data)
-	if err != nil {
-		return taskstate.Decision{}, err
-	}
-	b, err := ev.Marshal()
-	if err != nil {
-		return taskstate.Decision{}, err
-	}
-	d.Record = taskstate.Record{ID: id, Data: b}
+	d.Record = taskstate.Record{ID: id, Data: outbox.AppendTaskRecoveredEvent(make([]byte, 0, 512), id, now, typ, events.ReplicaSource(r.cfg.ReplicaID), msg.Queue, &data)}
 	return d, nil
 }
 
 // reclaimRecord builds the outbox record of one reclaimed aggregation set.
 func (r *Recoverer) reclaimRecord(set taskstate.StaleAggregationSet) (taskstate.Record, error) {
 	id := events.ReclaimedEventID(set.Queue, set.SetID)
-	ev, err := events.NewEventAt(id, r.cfg.Now(), events.TypeAggregationReclaimed, "cronstream/"+r.cfg.ReplicaID, set.Queue, events.AggregationReclaimed{
+	ev, err := events.NewEventAt(id, r.cfg.Now(), events.TypeAggregationReclaimed, events.ReplicaSource(r.cfg.ReplicaID), set.Queue, events.AggregationReclaimed{
 		Queue: set.Queue, Group: set.Group, Set: set.SetID, Tasks: len(set.TaskIDs), Replica: r.cfg.ReplicaID,
 	})
 	if err != nil {

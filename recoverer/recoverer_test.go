@@ -451,6 +451,53 @@ func TestBadTasksAndBrokenQueue(t *testing.T) {
 	}
 }
 
+// TestPassListsInRounds: a pass lists ten batches of ids at a time. Bad
+// tasks stay in the lease set at its lowest ranks, so each listing after
+// the first starts past them (a first listing of nothing but bad tasks
+// must not end the pass, nor repeat forever); every good task moves in the
+// one pass, each bad one is reported once, and the next pass finds nothing
+// new.
+func TestPassListsInRounds(t *testing.T) {
+	ctx := context.Background()
+	rc := testenv.StartRedis(t).Client(t)
+	now := time.Now()
+	const q = "rounds"
+	k := taskstate.Keys(q)
+	var good []string
+	for i := range 75 {
+		good = append(good, fmt.Sprintf("t%03d", i))
+	}
+	// Tied lease scores come back in member order: the bad ones first,
+	// more of them than one listing holds (ten batches of 2).
+	var bad []string
+	for i := range 25 {
+		bad = append(bad, fmt.Sprintf("a-nomsg%02d", i))
+	}
+	seedActive(t, rc, q, append(slices.Clone(bad), good...), now.Add(-time.Minute), nil)
+	for _, id := range bad {
+		rc.HDel(ctx, k.Task(id), "msg")
+	}
+	sink := &logSink{t: t}
+	rec := newRecoverer(t, recoverer.Config{Redis: rc, Queues: []string{q}, Batch: 2}, sink)
+	if res := rec.Pass(ctx); res.Err != nil || res.Moved != len(good) {
+		t.Fatalf("pass 1 moved %d (%v), want %d", res.Moved, res.Err, len(good))
+	}
+	if res := rec.Pass(ctx); res.Err != nil || res.Moved != 0 {
+		t.Fatalf("pass 2 moved %d (%v)", res.Moved, res.Err)
+	}
+	if st := rec.Stats()[q]; st.Retried != uint64(len(good)) || st.Bad != uint64(len(bad)) {
+		t.Fatalf("stats %+v", st)
+	}
+	for _, id := range bad {
+		if n := sink.count("cannot be recovered", "task="+id); n != 1 {
+			t.Errorf("bad task %s reported %d times", id, n)
+		}
+	}
+	if n := outboxLen(t, rc, q); n != int64(len(good)) {
+		t.Fatalf("outbox has %d records, want %d", n, len(good))
+	}
+}
+
 // TestNewQueuePickedUp: with no queues configured, a queue that appears in
 // asynq:queues while the recoverer runs is recovered without a restart.
 func TestNewQueuePickedUp(t *testing.T) {
