@@ -56,7 +56,7 @@ func BenchmarkRecoveryEndToEnd(b *testing.B) {
 		b.ReportMetric(ms(ours.workersDuring), "workers-dequeue-p99-ms-during")
 		b.Logf("%d lease-expired tasks (+%d live): ours %s from process start until all in the retry set (%.0f tasks/s), all %d outcome events in the activity stream after %s",
 			n, n/10, ours.inRetry.Round(time.Millisecond), oursRate, n, ours.inStream.Round(time.Millisecond))
-		b.Logf("longest Redis call (SLOWLOG): ours %s", ours.longest)
+		b.Logf("longest Redis call (SLOWLOG): ours %s; redis-server preempted %d times meanwhile", ours.longest, ours.redisPreempted)
 		if !onlyOurs {
 			theirRate := float64(n) / theirs.took.Seconds()
 			b.ReportMetric(theirRate, "asynq-tasks/s")
@@ -112,6 +112,7 @@ type replicaRecovery struct {
 	workersDuring, workersDuringP50 time.Duration
 	workersDuringMax                time.Duration
 	workersBeforeN, workersDuringN  int
+	redisPreempted                  int
 	commands                        []commandTime
 }
 
@@ -129,7 +130,7 @@ func recoverThroughReplica(b *testing.B, n int) replicaRecovery {
 	retry := taskstate.Keys(massrecovery.Queue).Retry()
 	stopLog := slowlog(b, s.rc)
 	resetCommandStats(b, s.rc)
-	before := s.cpu(nil)
+	before, preempted := s.cpu(nil), preemptions(s.redisPID)
 	start := time.Now()
 	p := s.startReplica("recover", "--recover-interval", "1s")
 	var out replicaRecovery
@@ -150,6 +151,7 @@ func recoverThroughReplica(b *testing.B, n int) replicaRecovery {
 	out.commands = commandStats(b, s.rc)
 	out.longest = stopLog()
 	out.cpu = s.cpu([]*replicaProc{p}).sub(before)
+	out.redisPreempted = preemptions(s.redisPID) - preempted
 	p.stop(b)
 	w.stop()
 	massrecovery.Check(b, s.rc, n, live)

@@ -300,6 +300,23 @@ func procCPU(pid int) time.Duration {
 	return time.Duration(ut+st) * time.Second / userHZ
 }
 
+// preemptions is how many times the kernel took the CPU from pid while it
+// could still run (nonvoluntary_ctxt_switches): for redis-server, each one
+// lengthens the call it was running by the time it waited.
+func preemptions(pid int) int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "nonvoluntary_ctxt_switches:"); ok {
+			n, _ := strconv.Atoi(strings.TrimSpace(v))
+			return n
+		}
+	}
+	return 0
+}
+
 // selfCPU is this test process's CPU time: the embedded nats-server, the
 // benchmark's own readers and samplers, and (in the recovery benchmark) the
 // asynq workers.
@@ -623,6 +640,9 @@ func slowlog(b *testing.B, rc *redis.Client) (stop func() slowCall) {
 		}
 		var longest slowCall
 		for _, l := range logs {
+			if l.Duration > callBudget {
+				longest.over++
+			}
 			if l.Duration > longest.took {
 				// The command and its first arguments (for a script, the
 				// first key) say which call it was.
@@ -658,14 +678,18 @@ type slowCall struct {
 	took    time.Duration
 	command string
 	calls   int
+	over    int  // calls over callBudget
 	full    bool // the log filled up: the earliest calls are not in it
 }
+
+// callBudget is the longest a Redis call should take (issue goals).
+const callBudget = 10 * time.Millisecond
 
 func (c slowCall) String() string {
 	if c.calls == 0 {
 		return fmt.Sprintf("none of %s or more", slowCallMin)
 	}
-	s := fmt.Sprintf("%s (%s) of %d calls of %s or more", c.took, c.command, c.calls, slowCallMin)
+	s := fmt.Sprintf("%s (%s) of %d calls of %s or more, %d over %s", c.took, c.command, c.calls, slowCallMin, c.over, callBudget)
 	if c.full {
 		s += " (SLOWLOG full: the earliest calls were dropped)"
 	}
