@@ -38,8 +38,7 @@ import (
 // and tests wrap it to inject faults (export_test.go).
 type store interface {
 	Queues(ctx context.Context) ([]string, error)
-	ListLeaseRefs(ctx context.Context, queue string, cutoff time.Time, offset, limit int) ([]taskstate.LeaseRef, error)
-	SortTailFirst(ctx context.Context, queue string, refs []taskstate.LeaseRef) error
+	ListTailFirst(ctx context.Context, queue string, cutoff time.Time, offset, limit int) ([]taskstate.LeaseRef, error)
 	LoadLeaseExpired(ctx context.Context, queue string, refs []taskstate.LeaseRef) ([]taskstate.LeaseExpired, []taskstate.BadTask, error)
 	RecoverBatch(ctx context.Context, prefix, queue string, cutoff time.Time, decisions []taskstate.Decision) ([]taskstate.Outcome, error)
 	RecoverOrphans(ctx context.Context, queue string, now time.Time, leaseDuration time.Duration, limit int) (taskstate.OrphanReport, error)
@@ -388,15 +387,12 @@ func (r *Recoverer) recoverLeases(ctx context.Context, q string) (int, error) {
 	round := listingBatches * r.cfg.Batch
 	offset, moved := 0, 0
 	for !r.stopping() {
-		refs, err := r.cfg.store.ListLeaseRefs(ctx, q, cutoff, offset, round)
+		refs, err := r.cfg.store.ListTailFirst(ctx, q, cutoff, offset, round)
 		if err != nil {
 			return moved, fmt.Errorf("list expired leases: %w", err)
 		}
 		if len(refs) == 0 {
 			break
-		}
-		if err := r.cfg.store.SortTailFirst(ctx, q, refs); err != nil {
-			return moved, err
 		}
 		n, stays, err := r.recoverRefs(ctx, q, cutoff, refs)
 		moved += n

@@ -253,43 +253,59 @@ func (s *Store) ListLeaseExpiredFrom(ctx context.Context, queue string, cutoff t
 	return s.LoadLeaseExpired(ctx, queue, refs)
 }
 
-// Listing tuning: a page of ids is one ZRANGE, several pages go in one
-// pipeline; a page of messages is one script call of listPage ids.
+// Listing tuning: a page of ids is one ZRANGE, and the pages of one
+// listing go leaseRefPipeline at a time in one pipeline; a page of
+// messages is one script call of listPage ids.
 const (
 	leaseRefPage      = 2000
-	leaseRefPipeline  = 5
+	leaseRefPipeline  = 25
 	leaseMsgsPipeline = 4
 )
 
 // ListLeaseRefs returns up to limit entries of queue's lease set with a
 // score at or before cutoff, lowest score first, starting at the offset-th
-// of them. It pages by rank: the expired entries are the lowest ranks, and
-// ZRANGE by rank finds an offset in O(log n), where ZRANGEBYSCORE … LIMIT
-// walks to it. Pages are read one pipeline at a time and may overlap or miss
-// entries that others remove meanwhile; RecoverBatch re-checks every task
-// and the next pass lists what was missed.
+// of them. ZCOUNT says how many there are, and the listing reads exactly
+// those ranks: the expired entries are the lowest ranks, and ZRANGE by rank
+// finds an offset in O(log n), where ZRANGEBYSCORE … LIMIT walks to it.
+// Pages may overlap or miss entries that others remove meanwhile;
+// RecoverBatch re-checks every task and the next pass lists what was
+// missed.
 func (s *Store) ListLeaseRefs(ctx context.Context, queue string, cutoff time.Time, offset, limit int) ([]LeaseRef, error) {
 	if err := s.CheckQueue(queue); err != nil {
 		return nil, err
 	}
-	key := Keys(queue).Lease()
+	k := Keys(queue)
+	expired, err := s.client.ZCount(ctx, k.Lease(), "-inf", strconv.FormatInt(cutoff.Unix(), 10)).Result()
+	if err != nil {
+		return nil, fmt.Errorf("count lease-expired tasks of queue %q: %w", queue, err)
+	}
+	return s.listLeaseRefs(ctx, k, cutoff, offset, min(int(expired)-offset, limit))
+}
+
+// listLeaseRefs reads n lease entries from rank offset on, keeping those at
+// or before cutoff.
+func (s *Store) listLeaseRefs(ctx context.Context, k QueueKeys, cutoff time.Time, offset, n int) ([]LeaseRef, error) {
+	if n <= 0 {
+		return nil, nil
+	}
 	last := float64(cutoff.Unix())
-	var refs []LeaseRef
-	seen := make(map[string]struct{})
-	for len(refs) < limit {
+	refs := make([]LeaseRef, 0, n)
+	seen := make(map[string]struct{}, n)
+	for end := offset + n; offset < end; {
 		pipe := s.client.Pipeline()
 		var cmds []*redis.ZSliceCmd
-		for p, from := 0, offset; p < leaseRefPipeline && from < offset+limit-len(refs); p, from = p+1, from+leaseRefPage {
-			n := min(leaseRefPage, offset+limit-len(refs)-from)
-			cmds = append(cmds, pipe.ZRangeWithScores(ctx, key, int64(from), int64(from+n-1)))
+		for p := 0; p < leaseRefPipeline && offset < end; p++ {
+			m := min(leaseRefPage, end-offset)
+			cmds = append(cmds, pipe.ZRangeWithScores(ctx, k.Lease(), int64(offset), int64(offset+m-1)))
+			offset += m
 		}
 		if _, err := pipe.Exec(ctx); err != nil {
-			return refs, fmt.Errorf("list lease-expired tasks of queue %q: %w", queue, err)
+			return refs, fmt.Errorf("list lease-expired tasks of queue %q: %w", k.Queue(), err)
 		}
 		for _, c := range cmds {
 			page := c.Val()
 			for _, z := range page {
-				if z.Score > last || len(refs) == limit {
+				if z.Score > last {
 					return refs, nil
 				}
 				id, _ := z.Member.(string)
@@ -299,12 +315,55 @@ func (s *Store) ListLeaseRefs(ctx context.Context, queue string, cutoff time.Tim
 				seen[id] = struct{}{}
 				refs = append(refs, LeaseRef{ID: id, LeaseExpiry: time.Unix(int64(z.Score), 0)})
 			}
-			offset += len(page)
-			if len(page) < leaseRefPage {
-				return refs, nil
+			if len(page) < leaseRefPage && offset < end {
+				return refs, nil // the set is shorter than counted: others removed entries
 			}
 		}
 	}
+	return refs, nil
+}
+
+// ListTailFirst is ListLeaseRefs in the order SortTailFirst gives. In a
+// mass crash (expired entries at least half as many as the active list
+// holds, so their tasks are spread over all of it) it reads the whole list
+// while it lists, instead of after.
+func (s *Store) ListTailFirst(ctx context.Context, queue string, cutoff time.Time, offset, limit int) ([]LeaseRef, error) {
+	if err := s.CheckQueue(queue); err != nil {
+		return nil, err
+	}
+	k := Keys(queue)
+	pipe := s.client.Pipeline()
+	count := pipe.ZCount(ctx, k.Lease(), "-inf", strconv.FormatInt(cutoff.Unix(), 10))
+	llen := pipe.LLen(ctx, k.Active())
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, fmt.Errorf("count lease-expired tasks of queue %q: %w", queue, err)
+	}
+	n, listed := min(int(count.Val())-offset, limit), int(llen.Val())
+	if listed < positionMinList || 2*n < listed {
+		refs, err := s.listLeaseRefs(ctx, k, cutoff, offset, n)
+		if err != nil {
+			return nil, err
+		}
+		return refs, s.SortTailFirst(ctx, queue, refs)
+	}
+	var (
+		depth    map[string]int
+		depthErr error
+		read     = make(chan struct{})
+	)
+	go func() {
+		defer close(read)
+		depth, depthErr = s.readDepths(ctx, k, listed, nil)
+	}()
+	refs, err := s.listLeaseRefs(ctx, k, cutoff, offset, n)
+	<-read
+	if err != nil {
+		return nil, err
+	}
+	if depthErr != nil {
+		return nil, fmt.Errorf("order lease-expired tasks of queue %q: %w", queue, depthErr)
+	}
+	sortByDepth(refs, depth)
 	return refs, nil
 }
 
@@ -396,8 +455,14 @@ func (s *Store) SortTailFirst(ctx context.Context, queue string, refs []LeaseRef
 	if err != nil {
 		return fmt.Errorf("order lease-expired tasks of queue %q: %w", queue, err)
 	}
-	// The depths are looked up once, not in every comparison, and the
-	// listing's order breaks ties (the refs not found).
+	sortByDepth(refs, depth)
+	return nil
+}
+
+// sortByDepth orders refs by their tail depth in depth, unknown last. The
+// depths are looked up once, not in every comparison, and the listing's
+// order breaks ties (the refs not found).
+func sortByDepth(refs []LeaseRef, depth map[string]int) {
 	type placed struct {
 		ref          LeaseRef
 		depth, index int
@@ -412,7 +477,6 @@ func (s *Store) SortTailFirst(ctx context.Context, queue string, refs []LeaseRef
 	for i := range all {
 		refs[i] = all[i].ref
 	}
-	return nil
 }
 
 // compareDepth orders tail depths ascending, unknown (0) last.
@@ -646,25 +710,36 @@ func checkDecision(d *Decision) error {
 // push at the head. It reads nothing when the list is short or the batch so
 // small that LPOS is cheaper.
 func (s *Store) listDepths(ctx context.Context, k QueueKeys, ids []string) (map[string]int, error) {
-	depth := make(map[string]int, len(ids))
 	n, err := s.client.LLen(ctx, k.Active()).Result()
 	if err != nil {
 		return nil, fmt.Errorf("active list length: %w", err)
 	}
 	if n < positionMinList || int64(len(ids))*n < positionMinWork {
-		return depth, nil
+		return map[string]int{}, nil
 	}
 	want := make(map[string]struct{}, len(ids))
 	for _, id := range ids {
 		want[id] = struct{}{}
 	}
+	return s.readDepths(ctx, k, int(n), want)
+}
+
+// readDepths reads the active list (n long when asked) from the tail and
+// returns the tail depth of each id in want, stopping once all are found,
+// or of every element when want is nil.
+func (s *Store) readDepths(ctx context.Context, k QueueKeys, n int, want map[string]struct{}) (map[string]int, error) {
+	size := len(want)
+	if want == nil {
+		size = n
+	}
+	depth := make(map[string]int, size)
 	// Pages are read positionPages at a time in one pipeline: Redis reads
 	// the next while this side scans the last (at most a few pages more
 	// than needed are read).
-	for off := 0; len(want) > 0 && off < int(n); {
+	for off := 0; (want == nil || len(want) > 0) && off < n; {
 		pipe := s.client.Pipeline()
 		var cmds []*redis.StringSliceCmd
-		for p := 0; p < positionPages && off+p*positionPage < int(n); p++ {
+		for p := 0; p < positionPages && off+p*positionPage < n; p++ {
 			o := off + p*positionPage
 			cmds = append(cmds, pipe.LRange(ctx, k.Active(), int64(-(o+positionPage)), int64(-(o+1))))
 		}
@@ -675,6 +750,12 @@ func (s *Store) listDepths(ctx context.Context, k QueueKeys, ids []string) (map[
 			page := c.Val()
 			for j := len(page) - 1; j >= 0; j-- {
 				id := page[j]
+				if want == nil {
+					if _, dup := depth[id]; !dup {
+						depth[id] = off + len(page) - j
+					}
+					continue
+				}
 				if _, ok := want[id]; ok {
 					depth[id] = off + len(page) - j
 					delete(want, id)

@@ -129,11 +129,8 @@ func redisCPUTime(b *testing.B, rc redis.UniversalClient) time.Duration {
 func recoverOurs(ctx context.Context, rc redis.UniversalClient, now time.Time) (int, error) {
 	s := taskstate.New(rc)
 	cutoff := now.Add(-20 * time.Second)
-	refs, err := s.ListLeaseRefs(ctx, massrecovery.Queue, cutoff, 0, math.MaxInt)
+	refs, err := s.ListTailFirst(ctx, massrecovery.Queue, cutoff, 0, math.MaxInt)
 	if err != nil {
-		return 0, err
-	}
-	if err := s.SortTailFirst(ctx, massrecovery.Queue, refs); err != nil {
 		return 0, err
 	}
 	moved := 0

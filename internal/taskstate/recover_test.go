@@ -1261,3 +1261,42 @@ func TestListLeaseRefsPages(t *testing.T) {
 		t.Fatalf("from %d: %d refs, want 5", n-5, len(tail))
 	}
 }
+
+// TestListTailFirst: in a mass crash (the list read while listing) and
+// otherwise (the list read after), ListTailFirst gives the order of
+// ListLeaseRefs then SortTailFirst.
+func TestListTailFirst(t *testing.T) {
+	ctx := context.Background()
+	rc := testenv.StartRedis(t).Client(t)
+	s := New(rc)
+	now := time.Now()
+	for _, c := range []struct {
+		queue       string
+		dead, young int
+	}{
+		{"mass", 3000, 500},
+		{"some", 1000, 3000},
+	} {
+		t.Run(c.queue, func(t *testing.T) {
+			ids := taskIDs(c.queue, c.dead)
+			seedActive(t, rc, c.queue, ids, now.Add(-time.Minute), nil)
+			seedActive(t, rc, c.queue, taskIDs("young-"+c.queue, c.young), now.Add(time.Minute), nil)
+			// One id twice: its depth is the one nearest the tail.
+			rc.LPush(ctx, Keys(c.queue).Active(), ids[0])
+			want, err := s.ListLeaseRefs(ctx, c.queue, now, 7, 2000)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := s.SortTailFirst(ctx, c.queue, want); err != nil {
+				t.Fatal(err)
+			}
+			got, err := s.ListTailFirst(ctx, c.queue, now, 7, 2000)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != min(c.dead-7, 2000) || !slices.Equal(got, want) {
+				t.Fatalf("ListTailFirst gave %d refs, not the %d of ListLeaseRefs and SortTailFirst in their order", len(got), len(want))
+			}
+		})
+	}
+}
