@@ -66,9 +66,10 @@ func sustained(b *testing.B, n, secs, k int) {
 	stopPerf := perfRecord(b, ps[0], os.Getenv("CRONSTREAM_BENCH_PERF"))
 	stopSampling := s.sampleBacklog(250 * time.Millisecond)
 	resetCommandStats(b, s.rc)
-	cpu0, fires0, msgs0 := s.cpu(ps), s.pending("default"), s.activityMsgs()
+	cpu0, fires0, msgs0, attempts0 := s.cpu(ps), s.pending("default"), s.activityMsgs(), fireAttempts(ps)
 	waitUntil(to)
 	used, fires, msgs := s.cpu(ps).sub(cpu0), int(s.pending("default")-fires0), int(s.activityMsgs()-msgs0)
+	attempts := fireAttempts(ps).sub(attempts0)
 	commands := commandStats(b, s.rc)
 	samples := stopSampling()
 	stopPerf()
@@ -137,6 +138,8 @@ func sustained(b *testing.B, n, secs, k int) {
 	b.Logf("CPU per fire %.1f µs = replicas %.1f + redis-server %.1f; NATS and this harness %.1f µs more",
 		cpu, usPer(used.replicas, fires), usPer(used.redis, fires), usPer(used.self, fires))
 	b.Logf("Redis server time per fire by command: %s", commandsPer(commands, fires, 12))
+	b.Logf("fire attempts by the replicas: %d fired, %d refused (%.2f attempts per fire), %d skipped records written",
+		int(attempts.fired), int(attempts.refused), (attempts.fired+attempts.refused)/max(attempts.fired, 1), int(attempts.skipped))
 	drained := "never (fires unpublished)"
 	if drain >= 0 {
 		drained = drain.Round(time.Millisecond).String()
@@ -167,4 +170,22 @@ func perfRecord(b *testing.B, p *replicaProc, path string) (stop func()) {
 		}
 		b.Logf("CPU profile of replica %s over the window: %s", p.id, path)
 	}
+}
+
+// attempts are the replicas' fire outcomes, summed from their /metrics.
+type attempts struct{ fired, refused, skipped float64 }
+
+func fireAttempts(ps []*replicaProc) attempts {
+	var a attempts
+	for _, p := range ps {
+		f, _ := p.metric("cronstream_fires_total")
+		r, _ := p.metric("cronstream_fire_refused_total")
+		sk, _ := p.metric("cronstream_skipped_total")
+		a.fired, a.refused, a.skipped = a.fired+f, a.refused+r, a.skipped+sk
+	}
+	return a
+}
+
+func (a attempts) sub(o attempts) attempts {
+	return attempts{a.fired - o.fired, a.refused - o.refused, a.skipped - o.skipped}
 }
