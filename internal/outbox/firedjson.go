@@ -16,21 +16,8 @@ import (
 // encoding/json twice (data, then the envelope, which re-validates and
 // compacts the data) was once the largest CPU cost of a fire.
 func AppendFiredEvent(buf []byte, id string, at time.Time, source string, f *events.Fired) []byte {
-	buf = append(buf, `{"specversion":`...)
-	buf = appendJSONString(buf, events.SpecVersion)
-	buf = append(buf, `,"id":`...)
-	buf = appendJSONString(buf, id)
-	buf = append(buf, `,"source":`...)
-	buf = appendJSONString(buf, source)
-	buf = append(buf, `,"type":`...)
-	buf = appendJSONString(buf, events.TypeEntryFired)
-	if f.Entry != "" {
-		buf = append(buf, `,"subject":`...)
-		buf = appendJSONString(buf, f.Entry)
-	}
-	buf = append(buf, `,"time":`...)
-	buf = appendJSONTime(buf, at.UTC().Truncate(time.Microsecond))
-	buf = append(buf, `,"datacontenttype":"application/json","data":{"entry":`...)
+	buf = appendEventHead(buf, id, at, events.TypeEntryFired, source, f.Entry)
+	buf = append(buf, `{"entry":`...)
 	buf = appendJSONString(buf, f.Entry)
 	buf = append(buf, `,"scheduled_at":`...)
 	buf = appendJSONTime(buf, f.ScheduledAt)
@@ -52,6 +39,27 @@ func AppendFiredEvent(buf []byte, id string, at time.Time, source string, f *eve
 		buf = append(buf, `,"backfill":true`...)
 	}
 	return append(buf, "}}"...)
+}
+
+// appendEventHead appends an event envelope's fields up to its data, as
+// Event.Marshal writes them for events.NewEventAt(id, at, typ, source,
+// subject, …): the caller appends the data object and the closing brace.
+func appendEventHead(buf []byte, id string, at time.Time, typ, source, subject string) []byte {
+	buf = append(buf, `{"specversion":`...)
+	buf = appendJSONString(buf, events.SpecVersion)
+	buf = append(buf, `,"id":`...)
+	buf = appendJSONString(buf, id)
+	buf = append(buf, `,"source":`...)
+	buf = appendJSONString(buf, source)
+	buf = append(buf, `,"type":`...)
+	buf = appendJSONString(buf, typ)
+	if subject != "" {
+		buf = append(buf, `,"subject":`...)
+		buf = appendJSONString(buf, subject)
+	}
+	buf = append(buf, `,"time":`...)
+	buf = appendJSONTime(buf, at.UTC().Truncate(time.Microsecond))
+	return append(buf, `,"datacontenttype":"application/json","data":`...)
 }
 
 // appendJSONString appends s as encoding/json would: plain printable ASCII
