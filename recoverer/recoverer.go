@@ -372,12 +372,11 @@ type page struct {
 }
 
 // recoverLeases lists the ids of lease-expired tasks, up to
-// listingBatches batches at a time, orders them by where they sit in the active list (SortTailFirst)
-// and moves them in batches cut in that order. After a mass crash the
-// expired tasks are spread over the whole list; a batch cut in lease order
-// would be spread over it too, and each of its moves would scan the list
-// up to its deepest task. Cut in list order, a batch is one stretch of the
-// list's tail.
+// listingBatches batches at a time, ordered by where they sit in the
+// active list (ListTailFirst), and moves them in batches cut in that
+// order. After a mass crash the expired tasks are spread over the whole
+// list; a batch cut in lease order would be spread over it too, and its
+// moves could not take their tasks off the list's tail in one stretch.
 //
 // Tasks left where they are (bad, or skipped because their message changed
 // or their state is not active) stay in the lease range, so the next

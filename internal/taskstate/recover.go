@@ -438,11 +438,11 @@ func decodeLeaseExpired(queue string, ref LeaseRef, raw string) (LeaseExpired, e
 
 // SortTailFirst orders refs by where their tasks sit in queue's active
 // list, nearest the tail (the oldest) first, and those not found last, in
-// their order. RecoverBatch removes a batch of tasks from the list with one
-// scan from the tail up to the deepest of them, so batches cut from refs in
-// this order each scan only their own part of the list. It reads the list
-// (listDepths) only when RecoverBatch would: on a short list, or for few
-// refs, the order stays as it is.
+// their order. RecoverBatch takes a chunk whose tasks fill one stretch of
+// the list's tail off the list through a window; batches cut from refs in
+// this order are such stretches. It reads the list (listDepths) only when
+// RecoverBatch would: on a short list, or for few refs, the order stays as
+// it is.
 func (s *Store) SortTailFirst(ctx context.Context, queue string, refs []LeaseRef) error {
 	if err := s.CheckQueue(queue); err != nil {
 		return err
