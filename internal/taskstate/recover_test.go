@@ -373,11 +373,7 @@ func TestRecoverPreservesListAndOrder(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, o := range out {
-			if o.Status != RecoverRetried {
-				t.Fatalf("outcome %+v", o)
-			}
-		}
+		requireRetried(t, out)
 	}
 	if len(all) != len(expired) {
 		t.Fatalf("recovered %d, want %d", len(all), len(expired))
@@ -440,11 +436,7 @@ func TestRecoverWithWrongPositions(t *testing.T) {
 	if err := s.recoverInListOrder(ctx, recPrefix, q, now, ds, depth, outcomes); err != nil {
 		t.Fatal(err)
 	}
-	for _, o := range outcomes {
-		if o.Status != RecoverRetried {
-			t.Fatalf("outcome %+v", o)
-		}
-	}
+	requireRetried(t, outcomes)
 	active, _ := rc.LRange(ctx, Keys(q).Active(), 0, -1).Result()
 	var want []string
 	for i := len(ids) - 1; i >= 0; i-- {
@@ -1055,11 +1047,7 @@ func TestRecoverWhileWorkersRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, o := range out {
-		if o.Status != RecoverRetried {
-			t.Fatalf("outcome %+v", o)
-		}
-	}
+	requireRetried(t, out)
 	active, _ := rc.LRange(ctx, k.Active(), 0, -1).Result()
 	seen := map[string]int{}
 	for _, id := range active {
@@ -1156,11 +1144,7 @@ func TestRecoverTailWindows(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, o := range out {
-			if o.Status != RecoverRetried {
-				t.Fatalf("outcome %+v", o)
-			}
-		}
+		requireRetried(t, out)
 	}
 
 	after, _ := rc.LRange(ctx, k.Active(), 0, -1).Result()
@@ -1178,6 +1162,16 @@ func TestRecoverTailWindows(t *testing.T) {
 	}
 	if lset := commandCalls(t, rc, "lset"); lset > 10 {
 		t.Fatalf("%d LSETs for %d tasks: the windows were not used", lset, len(dead))
+	}
+}
+
+// requireRetried fails t unless every outcome is RecoverRetried.
+func requireRetried(t *testing.T, out []Outcome) {
+	t.Helper()
+	for _, o := range out {
+		if o.Status != RecoverRetried {
+			t.Fatalf("outcome %+v", o)
+		}
 	}
 }
 
