@@ -68,11 +68,14 @@ type Record struct {
 	Seq     uint64    // the stream sequence
 	Time    time.Time // when the stream stored it
 	Subject string    // the NATS subject it was stored on
-	Data    []byte    // the message as stored: a CloudEvent in JSON
+	Data    []byte    // the event as stored: a CloudEvent in JSON (one of a batch message's; they share Seq)
 	// Event is Data decoded, nil when it is not a CloudEvent; Err then
 	// says why (it wraps events.ErrMalformedEvent).
 	Event *events.Event
 	Err   error
+	// more is set on every event of a batch message but the last: the
+	// history counts messages.
+	more bool
 }
 
 // Reader returns the records of both streams in the order the streams
@@ -301,13 +304,15 @@ func (r *Reader) nextOfHistory(ctx context.Context) (rec Record, ok bool, err er
 		for !src.done && src.head == nil {
 			select {
 			case m := <-src.ch:
-				src.pending--
+				if !m.more {
+					src.pending--
+				}
 				if !r.p.Until.IsZero() && m.Time.After(r.p.Until) {
 					src.done = true
 					break
 				}
 				src.head = &m
-				if src.pending == 0 {
+				if src.pending == 0 && !m.more {
 					// The last message of the history is this head.
 					src.done = true
 				}
@@ -329,7 +334,9 @@ func (r *Reader) nextOfHistory(ctx context.Context) (rec Record, ok bool, err er
 	}
 	rec = *next.head
 	next.head = nil
-	r.read++
+	if !rec.more {
+		r.read++
+	}
 	if r.p.Progress != nil {
 		r.p.Progress(r.read, r.total)
 	}
@@ -377,12 +384,21 @@ func (src *source) read(ctx context.Context) {
 		if err != nil {
 			continue
 		}
-		rec := Record{Stream: src.stream, Config: src.config, Seq: md.Sequence.Stream, Time: md.Timestamp, Subject: m.Subject(), Data: m.Data()}
-		rec.Event, rec.Err = events.DecodeEvent(rec.Data)
-		select {
-		case src.ch <- rec:
-		case <-ctx.Done():
-			return
+		// A batch message (the recoverer's) is a record per event.
+		parts, splitErr := events.SplitEvents(m.Data())
+		if splitErr != nil {
+			parts = [][]byte{m.Data()}
+		}
+		for i, p := range parts {
+			rec := Record{Stream: src.stream, Config: src.config, Seq: md.Sequence.Stream, Time: md.Timestamp, Subject: m.Subject(), Data: p, more: i < len(parts)-1}
+			if rec.Event, rec.Err = events.DecodeEvent(p); splitErr != nil {
+				rec.Event, rec.Err = nil, splitErr
+			}
+			select {
+			case src.ch <- rec:
+			case <-ctx.Done():
+				return
+			}
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package audit_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -343,6 +344,77 @@ func TestMatchAndCheckType(t *testing.T) {
 			t.Errorf("CheckType(%q) = %v, want %v", pattern, err, want)
 		case errors.Is(want, audit.ErrUnknownType) && !errors.Is(err, audit.ErrUnknownType):
 			t.Errorf("CheckType(%q) = %v, want ErrUnknownType", pattern, err)
+		}
+	}
+}
+
+// TestReaderBatch: a batch message (a mass recovery's outcomes) is a record
+// per event, in order, sharing the message's sequence; the progress counts
+// messages; Tail and Limit count events; a batch that does not decode is
+// one malformed record.
+func TestReaderBatch(t *testing.T) {
+	w := newWorld(t)
+	w.put("x", "q1")
+	var parts [][]byte
+	for i := range 3 {
+		ev, err := events.NewEventAt(fmt.Sprintf("recover-%d", i), time.Now(), events.TypeTaskRetried, "cronstream/test", "q1",
+			events.TaskRecovered{TaskID: fmt.Sprintf("t%d", i), Queue: "q1", Type: "work", Retried: 1, MaxRetry: 25})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := ev.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		parts = append(parts, b)
+	}
+	w.publish(w.names.RecoverySubject("q1"), append(append([]byte("["), bytes.Join(parts, []byte(","))...), ']'))
+	w.publish(w.names.RecoverySubject("q1"), []byte(`[1]`))
+	w.fired("x", "q1")
+
+	var last [2]uint64
+	r := open(t, w.js, audit.Params{Names: w.names, Progress: func(read, total uint64) { last = [2]uint64{read, total} }})
+	var recs []audit.Record
+	for {
+		rec, err := r.Next(testCtx(t))
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		recs = append(recs, rec)
+	}
+	got := make([]string, len(recs))
+	for i, rec := range recs {
+		got[i] = label(rec)
+	}
+	want := []string{"entry.registered/x", "task.retried/q1", "task.retried/q1", "task.retried/q1", "malformed/q1", "entry.fired/x"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("got  %v\nwant %v", got, want)
+	}
+	for i, rec := range recs[1:4] {
+		var d events.TaskRecovered
+		if rec.Seq != 1 || rec.Event.ID != fmt.Sprintf("recover-%d", i) || rec.Event.DecodeData(&d) != nil || d.TaskID != fmt.Sprintf("t%d", i) || !bytes.Equal(rec.Data, parts[i]) {
+			t.Errorf("batch event %d: %+v", i, rec)
+		}
+	}
+	if bad := recs[4]; bad.Event != nil || !errors.Is(bad.Err, events.ErrMalformedEvent) || string(bad.Data) != "[1]" {
+		t.Errorf("malformed batch %+v", bad)
+	}
+	if last != [2]uint64{4, 4} {
+		t.Errorf("last progress %v, want 4 of 4 messages", last)
+	}
+	for _, tc := range []struct {
+		p    audit.Params
+		want []string
+	}{
+		{audit.Params{Tail: 2, Types: []string{"task.*"}}, []string{"task.retried/q1", "task.retried/q1"}},
+		{audit.Params{Limit: 3}, want[:3]},
+	} {
+		tc.p.Names = w.names
+		if got := readAll(t, open(t, w.js, tc.p)); !slices.Equal(got, tc.want) {
+			t.Errorf("%+v: got %v, want %v", tc.p, got, tc.want)
 		}
 	}
 }

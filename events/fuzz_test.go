@@ -28,6 +28,7 @@ func FuzzDecodeEvent(f *testing.F) {
 	seedGolden(f)
 	for _, s := range []string{
 		``, `null`, `{}`, `[]`, `"x"`, `{"specversion":"1.0","id":"a","type":"t"}`,
+		`[{"specversion":"1.0","id":"a","type":"t"},{"specversion":"1.0","id":"b","type":"t"}]`, `[{}]`, `[1,{"specversion":"1.0","id":"a","type":"t"}]`,
 		`{"specversion":"1.0","id":"a","type":"cronstream.entry.updated","subject":"j","time":"2026-01-02T03:04:05Z","data":{"id":"j","cron":"@every 1s","task":{"type":"t"}}}`,
 		`{"specversion":"1.0","id":"a","type":"cronstream.entry.updated","data":{"jitter":30}}`,
 		`{"specversion":"1.0","id":"a","type":"t","time":"2026-13-45T99:00:00Z"}`,
@@ -36,6 +37,21 @@ func FuzzDecodeEvent(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
+		// Read as an activity message (a batch or one event): every
+		// error wraps ErrMalformedEvent, and a batch's events are each
+		// what DecodeEvent reads.
+		if evs, err := DecodeEvents(b); err != nil {
+			if !errors.Is(err, ErrMalformedEvent) {
+				t.Fatalf("DecodeEvents error %v does not wrap ErrMalformedEvent", err)
+			}
+		} else if IsBatch(b) {
+			parts, _ := SplitEvents(b)
+			for i, p := range parts {
+				if ev, err := DecodeEvent(p); err != nil || ev.ID != evs[i].ID {
+					t.Fatalf("batch element %d decodes differently alone: %v", i, err)
+				}
+			}
+		}
 		ev, err := DecodeEvent(b)
 		if err != nil {
 			if !errors.Is(err, ErrMalformedEvent) {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -83,6 +84,31 @@ func (a *activity) publish(subject, typ, eventSubject string, data any) {
 	defer cancel()
 	if _, err := a.js.Publish(ctx, subject, b, jetstream.WithMsgID(id)); err != nil {
 		a.t.Fatalf("publish %s: %v", subject, err)
+	}
+}
+
+// publishBatch publishes recovery events of queue as one batch message,
+// as the relay does with a recovery's batch record.
+func (a *activity) publishBatch(queue string, typ string, data ...events.TaskRecovered) {
+	a.t.Helper()
+	var parts [][]byte
+	for _, d := range data {
+		a.n++
+		ev, err := events.NewEventAt(fmt.Sprintf("test-%d", a.n), time.Now(), typ, "cronstream/test", queue, d)
+		if err != nil {
+			a.t.Fatal(err)
+		}
+		b, err := ev.Marshal()
+		if err != nil {
+			a.t.Fatal(err)
+		}
+		parts = append(parts, b)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	msg := append(append([]byte("["), bytes.Join(parts, []byte(","))...), ']')
+	if _, err := a.js.Publish(ctx, a.names.RecoverySubject(queue), msg, jetstream.WithMsgID(fmt.Sprintf("batch-%d", a.n))); err != nil {
+		a.t.Fatalf("publish batch: %v", err)
 	}
 }
 

@@ -234,16 +234,18 @@ func describeRecoveries(ctx context.Context, s *session, id string, queues []str
 	own := events.TaskIDPrefix(s.names.Prefix(), id)
 	for _, q := range queues {
 		err := readSubject(ctx, s, s.names.ActivityStream(), s.names.RecoverySubject(q), since, func(at time.Time, data []byte) {
-			ev, err := events.DecodeEvent(data)
-			if err != nil || (ev.Type != events.TypeTaskRetried && ev.Type != events.TypeTaskArchived) {
-				return
+			evs, _ := events.DecodeEvents(data) // a batch of a mass recovery, or one event
+			for _, ev := range evs {
+				if ev.Type != events.TypeTaskRetried && ev.Type != events.TypeTaskArchived {
+					continue
+				}
+				var d events.TaskRecovered
+				if ev.DecodeData(&d) != nil || !strings.HasPrefix(d.TaskID, own) {
+					continue
+				}
+				v.Recoveries = append(v.Recoveries, describeRecov{Time: at.UTC(), Type: events.ShortType(ev.Type),
+					TaskID: d.TaskID, Queue: d.Queue, Retried: d.Retried, Error: d.Error})
 			}
-			var d events.TaskRecovered
-			if ev.DecodeData(&d) != nil || !strings.HasPrefix(d.TaskID, own) {
-				return
-			}
-			v.Recoveries = append(v.Recoveries, describeRecov{Time: at.UTC(), Type: events.ShortType(ev.Type),
-				TaskID: d.TaskID, Queue: d.Queue, Retried: d.Retried, Error: d.Error})
 		})
 		if err != nil {
 			return err

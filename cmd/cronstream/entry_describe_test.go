@@ -50,7 +50,9 @@ func TestEntryDescribe(t *testing.T) {
 	act.publish(act.names.FireSubject("rep"), events.TypeEntrySkipped, "rep", events.Skipped{Entry: "rep", ScheduledAt: base, Count: 3, Reason: events.SkipMissed})
 	act.publish(act.names.FireSubject("rep"), events.TypeEntrySkipped, "rep", events.Skipped{Entry: "rep", ScheduledAt: base, Reason: events.SkipOverlap})
 	act.fired("other", "reports")
-	act.publish(act.names.RecoverySubject("reports"), events.TypeTaskArchived, "reports", events.TaskRecovered{
+	// The archive in a batch, as a recovery of several tasks publishes it.
+	act.publishBatch("reports", events.TypeTaskArchived, events.TaskRecovered{
+		TaskID: "cronstream:rep2:y", Queue: "reports", Type: "report", Retried: 25, MaxRetry: 25, Error: "other entry", Replica: "r1"}, events.TaskRecovered{
 		TaskID: ids[1], Queue: "reports", Type: "report", Retried: 25, MaxRetry: 25, Error: "asynq: task lease expired", Replica: "r1"})
 	act.publish(act.names.RecoverySubject("reports"), events.TypeTaskRetried, "reports", events.TaskRecovered{
 		TaskID: "cronstream:rep2:x", Queue: "reports", Type: "report", Retried: 1, MaxRetry: 25, Error: "other entry", Replica: "r1"})

@@ -213,3 +213,37 @@ func TestConsoleOverviewQueueTasks(t *testing.T) {
 		return pending.MatchString(body)
 	}, "overview never showed pending tasks in queue ticks")
 }
+
+// TestConsoleAuditBatch: the audit page shows each event of a batch message
+// (a recovery of several tasks publishes one) as a row of its own.
+func TestConsoleAuditBatch(t *testing.T) {
+	t.Parallel()
+	s := startSite(t, console.Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var parts []string
+	for _, task := range []string{"task-one", "task-two"} {
+		ev, err := events.NewEventAt("recover:"+task, time.Now(), events.TypeTaskRetried, "cronstream/test", "mass",
+			events.TaskRecovered{TaskID: task, Queue: "mass", Type: "work", Retried: 1, MaxRetry: 25, Error: "asynq: task lease expired"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := ev.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		parts = append(parts, string(b))
+	}
+	if _, err := s.js.Publish(ctx, s.names.RecoverySubject("mass"), []byte("["+strings.Join(parts, ",")+"]")); err != nil {
+		t.Fatal(err)
+	}
+	body := s.waitFor("/audit?queue=mass", "task task-two (work)")
+	for _, want := range []string{"task task-one (work), retried 1/25", "task task-two (work), retried 1/25"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("audit page lacks %q:\n%.4000s", want, body)
+		}
+	}
+	if strings.Contains(body, "unreadable") {
+		t.Errorf("audit page shows the batch as unreadable:\n%.4000s", body)
+	}
+}

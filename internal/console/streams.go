@@ -214,14 +214,17 @@ func (c *Console) readAudit(ctx context.Context, src *Source, q auditQuery, limi
 		all = append(all, msgs...)
 	}
 	slices.SortFunc(all, func(a, b streamMsg) int { return cmp.Or(b.Time.Compare(a.Time), cmp.Compare(b.Seq, a.Seq)) })
+rows:
 	for _, m := range all {
-		row, ok := c.auditRow(src, m, q)
-		if !ok {
-			continue
-		}
-		rows = append(rows, row)
-		if len(rows) == limit {
-			break
+		for _, e := range eventsOf(m) {
+			row, ok := c.auditRow(src, e, q)
+			if !ok {
+				continue
+			}
+			rows = append(rows, row)
+			if len(rows) == limit {
+				break rows
+			}
 		}
 	}
 	if len(lowest) > 0 {
@@ -236,6 +239,24 @@ func (c *Console) readAudit(ctx context.Context, src *Source, q auditQuery, limi
 		older = template.URL("/audit?" + v.Encode())
 	}
 	return rows, older, err
+}
+
+// eventsOf is a message as one message per event, latest first: a batch
+// (a mass recovery's outcomes) is split; anything else stays whole.
+func eventsOf(m streamMsg) []streamMsg {
+	if !events.IsBatch(m.Data) {
+		return []streamMsg{m}
+	}
+	parts, err := events.SplitEvents(m.Data)
+	if err != nil {
+		return []streamMsg{m}
+	}
+	out := make([]streamMsg, len(parts))
+	for i, p := range parts {
+		out[len(parts)-1-i] = m
+		out[len(parts)-1-i].Data = p
+	}
+	return out
 }
 
 func (c *Console) auditRow(src *Source, m streamMsg, q auditQuery) (auditRow, bool) {
