@@ -71,17 +71,39 @@ func readActivity(ctx context.Context, js jetstream.JetStream, names events.Name
 		if err != nil {
 			return out, fmt.Errorf("activity metadata: %w", err)
 		}
-		a, err := decodeActivity(m.Data())
+		as, err := decodeActivities(m.Data())
 		if err != nil {
 			return out, fmt.Errorf("activity seq %d: %w", meta.Sequence.Stream, err)
 		}
-		a.seq, a.stored = meta.Sequence.Stream, meta.Timestamp
-		a.msgID = m.Headers().Get(jetstream.MsgIDHeader)
-		out = append(out, a)
+		for _, a := range as {
+			a.seq, a.stored = meta.Sequence.Stream, meta.Timestamp
+			if len(as) == 1 {
+				a.msgID = m.Headers().Get(jetstream.MsgIDHeader)
+			}
+			out = append(out, a)
+		}
 		if meta.Sequence.Stream >= last {
 			return out, nil
 		}
 	}
+}
+
+// decodeActivities decodes the events of an activity message (several for
+// a batch); each activity's msgID is its event's id.
+func decodeActivities(msg []byte) ([]activity, error) {
+	parts, err := events.SplitEvents(msg)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]activity, 0, len(parts))
+	for _, p := range parts {
+		a, err := decodeActivity(p)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, a)
+	}
+	return out, nil
 }
 
 func decodeActivity(b []byte) (activity, error) {
@@ -89,7 +111,7 @@ func decodeActivity(b []byte) (activity, error) {
 	if err := json.Unmarshal(b, &ev); err != nil {
 		return activity{}, err
 	}
-	a := activity{typ: ev.Type, attempt: -1}
+	a := activity{typ: ev.Type, attempt: -1, msgID: ev.ID}
 	var err error
 	switch ev.Type {
 	case events.TypeEntryFired:
@@ -283,17 +305,22 @@ func freezeRedis(ctx context.Context, rdb *redis.Client) (time.Time, []activity,
 			}
 			for _, rec := range recs {
 				data := rec.Data
-				if outbox.FormOf(data) == outbox.RecordFired {
+				switch outbox.FormOf(data) {
+				case outbox.RecordFired:
 					if data, _, err = outbox.ExpandFiredRecord(nil, rec.EventID, rec.Data, q); err != nil {
 						return at, nil, nil, fmt.Errorf("outbox record %s: %w", rec.EventID, err)
 					}
+				case outbox.RecordBatch:
+					data, _ = outbox.BatchEvents(data)
 				}
-				a, err := decodeActivity(data)
+				as, err := decodeActivities(data)
 				if err != nil {
 					return at, nil, nil, fmt.Errorf("outbox record %s: %w", rec.EventID, err)
 				}
-				a.msgID = rec.EventID
-				out = append(out, a)
+				if len(as) == 1 {
+					as[0].msgID = rec.EventID
+				}
+				out = append(out, as...)
 			}
 			if len(recs) < 1000 {
 				break

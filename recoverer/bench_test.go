@@ -70,8 +70,8 @@ func BenchmarkPass(b *testing.B) {
 					b.Fatalf("our pass moved %d of %d: %v", res.Moved, n, res.Err)
 				}
 				massrecovery.Check(b, rc, n, live)
-				if got := outboxLen(b, rc, massrecovery.Queue); got != int64(n) {
-					b.Fatalf("outbox has %d records, want %d", got, n)
+				if got := outboxEventCount(b, rc, massrecovery.Queue); got != int64(n) {
+					b.Fatalf("outbox has %d events, want %d", got, n)
 				}
 				for _, d := range massrecovery.ScriptDurations(b, rc) {
 					slowest = max(slowest, d)

@@ -1,6 +1,7 @@
 package recoverer_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -14,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/outbox"
 	"github.com/cronstream/cronstream/internal/relay"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
@@ -165,17 +167,14 @@ func storedMsg(t testing.TB, rc redis.UniversalClient, queue, id string) *taskst
 	return m
 }
 
-// outboxLen is the number of records in queue's outbox.
-func outboxLen(t testing.TB, rc redis.UniversalClient, queue string) int64 {
+// outboxEventCount is the number of events in queue's outbox (a batch
+// record holds several).
+func outboxEventCount(t testing.TB, rc redis.UniversalClient, queue string) int64 {
 	t.Helper()
-	n, err := rc.XLen(context.Background(), taskstate.Own(prefix, queue).Outbox()).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
+	return int64(len(outboxEvents(t, rc, queue)))
 }
 
-// outboxEvents decodes every record of queue's outbox.
+// outboxEvents decodes every event of queue's outbox, in order.
 func outboxEvents(t testing.TB, rc redis.UniversalClient, queue string) []*events.Event {
 	t.Helper()
 	msgs, err := rc.XRange(context.Background(), taskstate.Own(prefix, queue).Outbox(), "-", "+").Result()
@@ -185,11 +184,23 @@ func outboxEvents(t testing.TB, rc redis.UniversalClient, queue string) []*event
 	out := make([]*events.Event, 0, len(msgs))
 	for _, m := range msgs {
 		data, _ := m.Values["data"].(string)
+		id, _ := m.Values["id"].(string)
+		if batch, ok := outbox.BatchEvents([]byte(data)); ok {
+			evs, err := events.DecodeEvents(batch)
+			if err != nil || len(evs) < 2 {
+				t.Fatalf("outbox batch record %s: %d events, %v", m.ID, len(evs), err)
+			}
+			if want := events.BatchID(len(evs), evs[0].ID); id != want {
+				t.Fatalf("outbox batch record %s: record id %q, want %q", m.ID, id, want)
+			}
+			out = append(out, evs...)
+			continue
+		}
 		ev, err := events.DecodeEvent([]byte(data))
 		if err != nil {
 			t.Fatalf("outbox record %s: %v", m.ID, err)
 		}
-		if id, _ := m.Values["id"].(string); id != ev.ID {
+		if id != ev.ID {
 			t.Fatalf("outbox record %s: record id %q, event id %q", m.ID, id, ev.ID)
 		}
 		out = append(out, ev)
@@ -242,14 +253,23 @@ func activityMsgs(t testing.TB, js jetstream.JetStream) uint64 {
 	return info.State.Msgs
 }
 
-// streamEvent is one message of the activity stream.
-type streamEvent struct {
-	Subject string
-	MsgID   string // Nats-Msg-Id header
-	Event   *events.Event
+// activityEventCount is the number of events in the activity stream.
+func activityEventCount(t testing.TB, js jetstream.JetStream) uint64 {
+	t.Helper()
+	return uint64(len(activityEvents(t, js)))
 }
 
-// activityEvents reads every message of the activity stream, in order.
+// streamEvent is one event of the activity stream.
+type streamEvent struct {
+	Subject string
+	// MsgID is the message's Nats-Msg-Id header; for an event of a batch
+	// message, whose header is checked to be events.BatchID, the event's
+	// own id.
+	MsgID string
+	Event *events.Event
+}
+
+// activityEvents reads every event of the activity stream, in order.
 func activityEvents(t testing.TB, js jetstream.JetStream) []streamEvent {
 	t.Helper()
 	ctx := ctxT(t, 60*time.Second)
@@ -263,26 +283,36 @@ func activityEvents(t testing.TB, js jetstream.JetStream) []streamEvent {
 		t.Fatal(err)
 	}
 	out := make([]streamEvent, 0, want)
-	for uint64(len(out)) < want {
-		batch, err := c.Fetch(int(min(want-uint64(len(out)), 1000)), jetstream.FetchMaxWait(5*time.Second))
+	for got := uint64(0); got < want; {
+		batch, err := c.Fetch(int(min(want-got, 1000)), jetstream.FetchMaxWait(5*time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}
 		n := 0
 		for m := range batch.Messages() {
 			n++
-			ev, err := events.DecodeEvent(m.Data())
+			evs, err := events.DecodeEvents(m.Data())
 			if err != nil {
 				t.Fatalf("activity message on %s: %v", m.Subject(), err)
 			}
-			out = append(out, streamEvent{Subject: m.Subject(), MsgID: m.Headers().Get(jetstream.MsgIDHeader), Event: ev})
+			msgID := m.Headers().Get(jetstream.MsgIDHeader)
+			if events.IsBatch(m.Data()) {
+				if want := events.BatchID(len(evs), evs[0].ID); msgID != want || len(evs) < 2 {
+					t.Fatalf("batch of %d events on %s: Nats-Msg-Id %q, want %q", len(evs), m.Subject(), msgID, want)
+				}
+				msgID = ""
+			}
+			for _, ev := range evs {
+				out = append(out, streamEvent{Subject: m.Subject(), MsgID: cmp.Or(msgID, ev.ID), Event: ev})
+			}
 		}
 		if err := batch.Error(); err != nil {
 			t.Fatalf("fetch activity: %v", err)
 		}
 		if n == 0 {
-			t.Fatalf("fetch activity: no messages after %d of %d", len(out), want)
+			t.Fatalf("fetch activity: no messages after %d of %d", got, want)
 		}
+		got += uint64(n)
 	}
 	return out
 }

@@ -189,7 +189,7 @@ func TestKilledWorkerRecovered(t *testing.T) {
 	}
 
 	// One event per outcome in the activity stream, with docs/design.md's data.
-	testenv.Eventually(t, 10*time.Second, func() bool { return activityMsgs(t, js) == withRetries+atMax },
+	testenv.Eventually(t, 10*time.Second, func() bool { return activityEventCount(t, js) == withRetries+atMax },
 		"the relay publishes one event per recovered task")
 	byTask := map[string]streamEvent{}
 	for _, se := range activityEvents(t, js) {

@@ -156,7 +156,7 @@ func TestThreeRecoverersTenThousandTasks(t *testing.T) {
 	}
 
 	// The stream: exactly one event per task.
-	testenv.Eventually(t, 60*time.Second, func() bool { return activityMsgs(t, js) >= total },
+	testenv.Eventually(t, 60*time.Second, func() bool { return activityEventCount(t, js) >= total },
 		"the relays publish every outcome")
 	for _, rl := range relays {
 		if err := rl.Stop(ctxT(t, 10*time.Second)); err != nil {
@@ -189,7 +189,7 @@ func TestThreeRecoverersTenThousandTasks(t *testing.T) {
 	if len(seen) != total {
 		t.Fatalf("events for %d tasks, want %d", len(seen), total)
 	}
-	if n := activityMsgs(t, js); n != total {
-		t.Fatalf("activity stream has %d messages, want %d", n, total)
+	if n := activityEventCount(t, js); n != total {
+		t.Fatalf("activity stream has %d events, want %d", n, total)
 	}
 }

@@ -122,8 +122,8 @@ func TestScanMoveRaces(t *testing.T) {
 	if st, _ := rc.HGet(ctx, k.Task("extended"), "state").Result(); st != taskstate.StateActive {
 		t.Fatalf("extended task: state %s", st)
 	}
-	if n := outboxLen(t, rc, q); n != 3 {
-		t.Fatalf("outbox has %d records, want 3", n)
+	if n := outboxEventCount(t, rc, q); n != 3 {
+		t.Fatalf("outbox has %d events, want 3", n)
 	}
 }
 
@@ -446,8 +446,8 @@ func TestBadTasksAndBrokenQueue(t *testing.T) {
 			t.Errorf("task %s: state %s", id, st)
 		}
 	}
-	if n := outboxLen(t, rc, good); n != int64(len(goodIDs)) {
-		t.Fatalf("outbox of %s has %d records", good, n)
+	if n := outboxEventCount(t, rc, good); n != int64(len(goodIDs)) {
+		t.Fatalf("outbox of %s has %d events", good, n)
 	}
 }
 
@@ -493,8 +493,8 @@ func TestPassListsInRounds(t *testing.T) {
 			t.Errorf("bad task %s reported %d times", id, n)
 		}
 	}
-	if n := outboxLen(t, rc, q); n != int64(len(good)) {
-		t.Fatalf("outbox has %d records, want %d", n, len(good))
+	if n := outboxEventCount(t, rc, q); n != int64(len(good)) {
+		t.Fatalf("outbox has %d events, want %d", n, len(good))
 	}
 }
 
@@ -701,7 +701,7 @@ func TestEventIDsForAnyTaskID(t *testing.T) {
 			t.Errorf("task %q: event id %q, want a hashed one", id, byTask[id])
 		}
 	}
-	testenv.Eventually(t, 10*time.Second, func() bool { return activityMsgs(t, js) == uint64(len(ids)) },
+	testenv.Eventually(t, 10*time.Second, func() bool { return activityEventCount(t, js) == uint64(len(ids)) },
 		"every event published")
 	seen := map[string]bool{}
 	for _, se := range activityEvents(t, js) {

@@ -1,6 +1,7 @@
 package recoverer
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/outbox"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
 )
@@ -103,8 +105,20 @@ func TestStopFinishesTheBatchInFlight(t *testing.T) {
 	if got := r.Stats()[q].Retried; got != batch {
 		t.Fatalf("stats: %d retried", got)
 	}
-	if got, _ := rc.XLen(ctx, taskstate.Own("rv", q).Outbox()).Result(); got != batch {
-		t.Fatalf("%d outbox records, want %d", got, batch)
+	recs, err := taskstate.New(rc).ReadOutbox(ctx, "rv", q, "", 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := 0
+	for _, rec := range recs {
+		parts, err := events.SplitEvents(bytes.TrimPrefix(rec.Data, []byte(outbox.BatchRecordTag)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		evs += len(parts)
+	}
+	if evs != batch {
+		t.Fatalf("%d events in the outbox, want %d", evs, batch)
 	}
 
 	_ = r.Stop(context.Background())  // again: no panic, no wait

@@ -19,6 +19,11 @@
 // "F2 ...") must leave it in place for a newer relay: the record is history
 // and is never dropped.
 //
-// It is engine-internal: the scheduler writes these records and the relay
-// reads them; readers of the streams only ever see the JSON events.
+// A recovery's events travel in batch records (BatchRecordTag, then a JSON
+// array of the events), published as one message each: readers of the
+// recovery subjects split them with events.SplitEvents.
+//
+// It is engine-internal: the scheduler and the recoverer write these
+// records and the relay reads them; readers of the streams only ever see
+// the JSON events.
 package outbox

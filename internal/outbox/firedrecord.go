@@ -41,6 +41,9 @@ const (
 	RecordJSON RecordForm = iota
 	// RecordFired: a compact fired event (AppendFiredRecord).
 	RecordFired
+	// RecordBatch: several events, published as one message
+	// (BatchRecordTag).
+	RecordBatch
 	// RecordNewer: a compact form of a later version than this build
 	// knows: leave it for a newer relay.
 	RecordNewer
@@ -53,6 +56,8 @@ func FormOf(data []byte) RecordForm {
 	switch {
 	case bytes.HasPrefix(data, []byte(firedRecordV1)):
 		return RecordFired
+	case bytes.HasPrefix(data, []byte(BatchRecordTag)):
+		return RecordBatch
 	case len(data) > 0 && data[0] == '{', len(data) > 0 && (data[0] == ' ' || data[0] == '\t' || data[0] == '\n' || data[0] == '\r'):
 		return RecordJSON
 	case compactTag(data):

@@ -70,6 +70,9 @@ func TestFormOf(t *testing.T) {
 		" \n{}":               RecordJSON,
 		"F1 1 2 3 0 0 ":       RecordFired,
 		"F2 anything":         RecordNewer,
+		`B1 [{"id":"x"}]`:     RecordBatch,
+		"B1 ":                 RecordBatch,
+		"B2 [{}]":             RecordNewer,
 		"G17 1 2":             RecordNewer,
 		"F1x":                 RecordUnknown,
 		"F 1":                 RecordUnknown,
@@ -81,6 +84,9 @@ func TestFormOf(t *testing.T) {
 		if got := FormOf([]byte(data)); got != want {
 			t.Errorf("FormOf(%q) = %d, want %d", data, got, want)
 		}
+	}
+	if b, ok := BatchEvents([]byte(`B1 [{"id":"x"}]`)); !ok || string(b) != `[{"id":"x"}]` {
+		t.Errorf("BatchEvents = %q, %v", b, ok)
 	}
 }
 

@@ -121,6 +121,9 @@ type Relay struct {
 	yields map[string]int
 	// sizes holds each outbox's last memory sample.
 	sizes map[string]sizeSample
+	// readCounts holds how many records the next read of each outbox asks
+	// for (readCount); missing: Batch.
+	readCounts map[string]int
 	// sizeRefused: Redis refused MEMORY USAGE (said once); sizes are then
 	// estimated from record counts.
 	sizeRefused bool
@@ -167,7 +170,7 @@ func New(cfg Config) (*Relay, error) {
 	cfg.PublishTimeout = cmp.Or(max(cfg.PublishTimeout, 0), 5*time.Second)
 	cfg.MaxHold = cmp.Or(max(cfg.MaxHold, 0), 2*time.Second)
 	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
-	return &Relay{cfg: cfg, log: cfg.Logger, wake: make(chan struct{}, 1), owned: map[string]string{}, yielded: map[string]time.Time{}, yields: map[string]int{}, sizes: map[string]sizeSample{}}, nil
+	return &Relay{cfg: cfg, log: cfg.Logger, wake: make(chan struct{}, 1), owned: map[string]string{}, yielded: map[string]time.Time{}, yields: map[string]int{}, sizes: map[string]sizeSample{}, readCounts: map[string]int{}}, nil
 }
 
 // Notify wakes the relay: records were just written.
@@ -466,7 +469,8 @@ func (r *Relay) drainOne(ctx context.Context, queue string) (int, int64, bool, e
 	if !ok {
 		return 0, left, false, nil
 	}
-	recs, err := r.cfg.Outbox.ReadOutbox(ctx, prefix, queue, after, r.cfg.Batch)
+	count := r.readCount(ctx, queue, left)
+	recs, err := r.cfg.Outbox.ReadOutbox(ctx, prefix, queue, after, count)
 	if err != nil || len(recs) == 0 {
 		return 0, left, true, err
 	}
@@ -479,6 +483,8 @@ func (r *Relay) drainOne(ctx context.Context, queue string) (int, int64, bool, e
 	var acked []taskstate.OutboxRecord // published, not yet deleted
 	passEnd := time.Now().Add(r.cfg.LeaseTTL / 4)
 	for batch := 1; ; batch++ {
+		full := len(recs) == count
+		count = r.noteRead(queue, recs)
 		sent := r.send(ctx, queue, recs)
 		if aerr := r.ack(ctx, queue, acked); aerr != nil {
 			// The outbox is no longer ours: the next owner starts at the
@@ -493,9 +499,9 @@ func (r *Relay) drainOne(ctx context.Context, queue string) (int, int64, bool, e
 		var next []taskstate.OutboxRecord
 		var nextErr error
 		// A burst of fires starting ends the pass after this batch (Hold).
-		if sent.stop == nil && sent.sent.err == nil && len(recs) == r.cfg.Batch && batch < r.cfg.BatchesPerPass && time.Now().Before(passEnd) &&
+		if sent.stop == nil && sent.sent.err == nil && full && batch < r.cfg.BatchesPerPass && time.Now().Before(passEnd) &&
 			(r.cfg.Hold == nil || r.overheld.Load() || !r.cfg.Hold()) {
-			next, nextErr = r.cfg.Outbox.ReadOutbox(ctx, prefix, queue, recs[len(recs)-1].StreamID, r.cfg.Batch)
+			next, nextErr = r.cfg.Outbox.ReadOutbox(ctx, prefix, queue, recs[len(recs)-1].StreamID, count)
 		}
 		n, err := sent.wait(ctx)
 		if n > 0 && r.cfg.OnPublished != nil {
@@ -527,6 +533,43 @@ func (r *Relay) drainOne(ctx context.Context, queue string) (int, int64, bool, e
 		}
 		recs = next
 	}
+}
+
+// readBytes bounds what one outbox read asks Redis for: a batch record
+// (a mass recovery's) holds about a hundred events, and Batch of them would
+// be one Redis call copying tens of megabytes.
+const readBytes = 1 << 20
+
+// readCount is how many records the next read of queue's outbox, which
+// holds left records, asks for: sized by the last read, or before the first
+// by the outbox's memory (a relay starting on a backlog of batches).
+func (r *Relay) readCount(ctx context.Context, queue string, left int64) int {
+	r.mu.Lock()
+	n, ok := r.readCounts[queue]
+	r.mu.Unlock()
+	if ok {
+		return n
+	}
+	per := r.outboxBytes(ctx, queue, left) / max(left, 1)
+	return int(min(int64(r.cfg.Batch), max(readBytes/max(per, 1), 1)))
+}
+
+// noteRead sizes the next read of queue's outbox by the records just read
+// (Batch, fewer where they are large, so a read stays near readBytes) and
+// returns that count.
+func (r *Relay) noteRead(queue string, recs []taskstate.OutboxRecord) int {
+	size := 0
+	for _, rec := range recs {
+		size += len(rec.Data)
+	}
+	n := r.cfg.Batch
+	if size > 0 {
+		n = min(n, max(readBytes/max(size/len(recs), 1), 1))
+	}
+	r.mu.Lock()
+	r.readCounts[queue] = n
+	r.mu.Unlock()
+	return n
 }
 
 // ack deletes published records from queue's outbox and counts them; on
@@ -652,6 +695,21 @@ func (r *Relay) send(ctx context.Context, queue string, recs []taskstate.OutboxR
 			expanded, entry, err = outbox.ExpandFiredRecord(expanded, rec.EventID, rec.Data, queue)
 			data = expanded[from:len(expanded):len(expanded)]
 			h = envelopeHead{ID: rec.EventID, Type: events.TypeEntryFired, Subject: entry}
+		case outbox.RecordBatch:
+			// Published as it is, one message under the record's id; routed
+			// by its first event (a batch holds one queue's recoveries).
+			payload, _ := outbox.BatchEvents(rec.Data)
+			if max := r.cfg.JS.Conn().MaxPayload(); max > 0 && int64(len(payload))+batchHeaderBytes > max {
+				// More than this server takes in one message: each event
+				// goes on its own, under its own id.
+				if err := r.splitBatch(s, i, payload); err != nil {
+					r.log.Error("dropping undecodable outbox batch", "stream_id", rec.StreamID, "event_id", rec.EventID, "err", err)
+				}
+				continue
+			}
+			data = payload
+			h, err = batchHead(payload)
+			h.ID = rec.EventID
 		case outbox.RecordNewer:
 			// Written by a newer cronstream: history this relay cannot
 			// read, so it must not drop it either. Stop before it; the
@@ -696,6 +754,47 @@ func (r *Relay) send(ctx context.Context, queue string, recs []taskstate.OutboxR
 	r.pubOnce.Do(func() { r.pub = newBatchPublisher(r.cfg.JS.Conn(), stream) })
 	s.sent = r.pub.send(s.msgs, r.cfg.PublishTimeout)
 	return s
+}
+
+// batchHeaderBytes is room for a message's headers beside its data when a
+// batch is held against the server's max_payload.
+const batchHeaderBytes = 1024
+
+// splitBatch queues each event of the batch record recs[i] as a message of
+// its own (s.at maps them all to i: the record is done once every one is
+// stored).
+func (r *Relay) splitBatch(s *sending, i int, payload []byte) error {
+	parts, err := events.SplitEvents(payload)
+	if err != nil {
+		return err
+	}
+	msgs := make([]pubMsg, 0, len(parts))
+	for _, p := range parts {
+		h, err := readHead(p)
+		if err != nil || h.ID == "" {
+			return fmt.Errorf("event without a readable id: %v", err)
+		}
+		subj, err := r.subjectOf(h)
+		if err != nil {
+			return err
+		}
+		msgs = append(msgs, pubMsg{subject: subj, msgID: h.ID, data: p})
+	}
+	for _, m := range msgs {
+		s.msgs = append(s.msgs, m)
+		s.at = append(s.at, i)
+	}
+	return nil
+}
+
+// batchHead reads the head of a batch's first event.
+func batchHead(payload []byte) (envelopeHead, error) {
+	i := skipSpace(payload, 1)
+	end, ok := skipValue(payload, i)
+	if !ok || i >= len(payload) || payload[i] != '{' {
+		return envelopeHead{}, errors.New("batch does not start with an event")
+	}
+	return readHead(payload[i:end])
 }
 
 // wait waits for the acknowledgements of a sent batch and returns how many

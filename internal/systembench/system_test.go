@@ -427,6 +427,41 @@ func (s *system) activityMsgs() uint64 {
 	return info.State.Msgs
 }
 
+// recoveryEvents counts the events on the activity stream's recovery
+// subjects and the messages that hold them.
+func (s *system) recoveryEvents() (evs, msgs int) {
+	s.b.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	st, err := s.js.Stream(ctx, s.names.ActivityStream())
+	if err != nil {
+		s.b.Fatal(err)
+	}
+	c, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{s.names.RecoveryFilter()}})
+	if err != nil {
+		s.b.Fatal(err)
+	}
+	for {
+		batch, err := c.Fetch(1000, jetstream.FetchMaxWait(2*time.Second))
+		if err != nil {
+			s.b.Fatal(err)
+		}
+		got := 0
+		for m := range batch.Messages() {
+			got++
+			parts, err := events.SplitEvents(m.Data())
+			if err != nil {
+				s.b.Fatalf("recovery message on %s: %v", m.Subject(), err)
+			}
+			evs += len(parts)
+		}
+		msgs += got
+		if got == 0 {
+			return evs, msgs
+		}
+	}
+}
+
 // pending is the length of queue's pending list.
 func (s *system) pending(queue string) int64 {
 	return s.rc.LLen(context.Background(), taskstate.Keys(queue).Pending()).Val()

@@ -15,6 +15,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/cronstream/cronstream/internal/outbox"
 	"github.com/cronstream/cronstream/internal/redisscript"
 )
 
@@ -506,6 +507,12 @@ const (
 	// recoverPipeline is how many chunks of a RecoverBatch are sent in one
 	// pipeline (each chunk stays one atomic script call).
 	recoverPipeline = 8
+	// RecoveredBatchBytes bounds the events of one outbox batch record
+	// (about 150 recovery events; a script chunk's fit in one or two). A
+	// batch is one message in the activity stream: far below NATS's
+	// default max_payload of 1 MB, and a relay whose server allows less
+	// publishes its events one by one.
+	RecoveredBatchBytes = 64 << 10
 	// maxTrimCalls bounds the extra trim-only calls after a batch.
 	maxTrimCalls = 1000
 	// A chunk spread over at most windowMaxFactor times its size of the
@@ -514,8 +521,11 @@ const (
 	windowMaxFactor = 4
 )
 
-// RecoverBatch applies decisions to queue's tasks and writes one outbox
-// record (prefix's outbox of queue) per moved task, atomically with the move.
+// RecoverBatch applies decisions to queue's tasks and writes the events of
+// the moved tasks (their Record) to prefix's outbox of queue, atomically
+// with the move: each script call's events go in batch records of at most
+// RecoveredBatchBytes (outbox.BatchRecordTag, id events.BatchID), an event
+// alone in its batch in a record of its own.
 // Each decision is re-checked inside the script: the task must still be in
 // the lease set with a score at or before cutoff, its stored message must
 // still hash to MsgHash, and its state must be "active"; otherwise it is left
@@ -618,8 +628,16 @@ func (s *Store) recoverInListOrder(ctx context.Context, prefix, queue string, cu
 			if deepest > 0 && deepest <= windowMaxFactor*len(chunk) {
 				window = deepest
 			}
-			args := append(make([]any, 0, len(head)+1+9*len(chunk)), head...)
-			args = append(args, window)
+			// Events are batched when each is a JSON object, as the
+			// recoverer's are.
+			batchBytes := RecoveredBatchBytes
+			for _, i := range chunk {
+				if data := decisions[i].Record.Data; len(data) == 0 || data[0] != '{' {
+					batchBytes = 0
+				}
+			}
+			args := append(make([]any, 0, len(head)+3+9*len(chunk)), head...)
+			args = append(args, window, batchBytes, outbox.BatchRecordTag)
 			for j, i := range chunk {
 				d := &decisions[i]
 				hint := hints[j]

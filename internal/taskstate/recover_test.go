@@ -2,6 +2,7 @@ package taskstate
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -17,6 +18,9 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/outbox"
 
 	"github.com/cronstream/cronstream/internal/testenv"
 )
@@ -77,21 +81,41 @@ func retryAll(t testing.TB, tasks []LeaseExpired, retryAt, now time.Time) []Deci
 		if err != nil {
 			t.Fatal(err)
 		}
-		d.Record = Record{ID: "recovered:" + le.Msg.ID, Data: []byte(`{"task_id":"` + le.Msg.ID + `"}`)}
+		d.Record = Record{ID: "recovered:" + le.Msg.ID, Data: []byte(`{"id":"recovered:` + le.Msg.ID + `","task_id":"` + le.Msg.ID + `"}`)}
 		ds = append(ds, d)
 	}
 	return ds
 }
 
+// outboxEventIDs are the ids of the events in queue's outbox, in order: a
+// batch record's events (checked to be under events.BatchID) one by one.
 func outboxEventIDs(t testing.TB, rc redis.UniversalClient, queue string) []string {
 	t.Helper()
 	msgs, err := rc.XRange(context.Background(), Own(recPrefix, queue).Outbox(), "-", "+").Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	ids := make([]string, len(msgs))
-	for i, m := range msgs {
-		ids[i], _ = m.Values["id"].(string)
+	var ids []string
+	for _, m := range msgs {
+		id, _ := m.Values["id"].(string)
+		data, _ := m.Values["data"].(string)
+		batch, ok := outbox.BatchEvents([]byte(data))
+		if !ok {
+			ids = append(ids, id)
+			continue
+		}
+		var evs []struct {
+			ID string `json:"id"`
+		}
+		if err := json.Unmarshal(batch, &evs); err != nil || len(evs) < 2 {
+			t.Fatalf("outbox batch record %s: %d events, %v", m.ID, len(evs), err)
+		}
+		if want := events.BatchID(len(evs), evs[0].ID); id != want {
+			t.Fatalf("outbox batch record %s: id %q, want %q", m.ID, id, want)
+		}
+		for _, ev := range evs {
+			ids = append(ids, ev.ID)
+		}
 	}
 	return ids
 }
@@ -1292,5 +1316,118 @@ func TestListTailFirst(t *testing.T) {
 				t.Fatalf("ListTailFirst gave %d refs, not the %d of ListLeaseRefs and SortTailFirst in their order", len(got), len(want))
 			}
 		})
+	}
+}
+
+// TestRecoverBatchesEvents: the events of one script call's moves go to
+// the outbox as batch records (the batch tag, a JSON array, the id
+// events.BatchID of its size and first event) of at most
+// RecoveredBatchBytes; an event alone in its batch, or one that is not a
+// JSON object, is a record of its own. Every moved task's outcome names
+// the record that holds its event.
+func TestRecoverBatchesEvents(t *testing.T) {
+	ctx := context.Background()
+	rc := testenv.StartRedis(t).Client(t)
+	s := New(rc)
+	now := time.Now()
+	cutoff := now.Add(-20 * time.Second)
+	recover := func(q string, n int, data func(id string) []byte) ([]Outcome, []redis.XMessage) {
+		t.Helper()
+		seedActive(t, rc, q, taskIDs(q, n), now.Add(-time.Minute), nil)
+		tasks, _, err := s.ListLeaseExpired(ctx, q, cutoff, n)
+		if err != nil || len(tasks) != n {
+			t.Fatalf("list %d %v", len(tasks), err)
+		}
+		ds := retryAll(t, tasks, now.Add(time.Hour), now)
+		for i := range ds {
+			ds[i].Record.Data = data(ds[i].TaskID)
+		}
+		out, err := s.RecoverBatch(ctx, recPrefix, q, cutoff, ds)
+		if err != nil {
+			t.Fatal(err)
+		}
+		requireRetried(t, out)
+		recs, err := rc.XRange(ctx, Own(recPrefix, q).Outbox(), "-", "+").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out, recs
+	}
+	// byRecord checks that each task's event is in the record its outcome
+	// names, once, and returns how many events each record holds.
+	byRecord := func(out []Outcome, recs []redis.XMessage) []int {
+		t.Helper()
+		holds := map[string]string{} // event id -> stream id
+		var sizes []int
+		for _, m := range recs {
+			data, _ := m.Values["data"].(string)
+			evs, err := events.SplitEvents([]byte(strings.TrimPrefix(data, outbox.BatchRecordTag)))
+			if err != nil {
+				t.Fatalf("record %s: %v", m.ID, err)
+			}
+			for _, ev := range evs {
+				var head struct {
+					ID string `json:"id"`
+				}
+				if err := json.Unmarshal(ev, &head); err != nil {
+					t.Fatalf("record %s: %v", m.ID, err)
+				}
+				if _, dup := holds[head.ID]; dup {
+					t.Fatalf("event %s twice in the outbox", head.ID)
+				}
+				holds[head.ID] = m.ID
+			}
+			sizes = append(sizes, len(evs))
+		}
+		for _, o := range out {
+			if got := holds["recovered:"+o.TaskID]; got == "" || got != o.StreamID {
+				t.Fatalf("task %s: outcome names record %q, its event is in %q", o.TaskID, o.StreamID, got)
+			}
+		}
+		if len(holds) != len(out) {
+			t.Fatalf("%d events in the outbox for %d tasks", len(holds), len(out))
+		}
+		return sizes
+	}
+	small := func(id string) []byte { return []byte(`{"id":"recovered:` + id + `","task_id":"` + id + `"}`) }
+
+	// Three script calls (chunks of 128): a batch each, under its id.
+	out, recs := recover("small", 300, small)
+	if got := byRecord(out, recs); !slices.Equal(got, []int{128, 128, 44}) {
+		t.Fatalf("events per record %v, want a batch per script call", got)
+	}
+	if got := outboxEventIDs(t, rc, "small"); len(got) != 300 {
+		t.Fatalf("%d events in the outbox", len(got))
+	}
+
+	// Events of 20 KiB: three to a batch of at most RecoveredBatchBytes;
+	// the last one alone is a plain record under its own id.
+	pad := strings.Repeat("x", 20<<10)
+	out, recs = recover("large", 10, func(id string) []byte {
+		return []byte(`{"id":"recovered:` + id + `","pad":"` + pad + `"}`)
+	})
+	if got := byRecord(out, recs); !slices.Equal(got, []int{3, 3, 3, 1}) {
+		t.Fatalf("events per record %v, want 3, 3, 3, 1", got)
+	}
+	for _, m := range recs {
+		data, _ := m.Values["data"].(string)
+		if len(data) > RecoveredBatchBytes+len(outbox.BatchRecordTag)+2 {
+			t.Fatalf("record %s holds %d bytes, over %d", m.ID, len(data), RecoveredBatchBytes)
+		}
+	}
+	last := recs[len(recs)-1].Values
+	if id, _ := last["id"].(string); !strings.HasPrefix(id, "recovered:") || outbox.FormOf([]byte(last["data"].(string))) != outbox.RecordJSON {
+		t.Fatalf("a lone event's record: %v", last)
+	}
+
+	// Events that are not JSON objects are never batched.
+	out, recs = recover("opaque", 5, func(id string) []byte { return []byte("opaque " + id) })
+	if len(recs) != 5 {
+		t.Fatalf("%d records for 5 opaque events", len(recs))
+	}
+	for i, m := range recs {
+		if data, _ := m.Values["data"].(string); !strings.HasPrefix(data, "opaque ") || m.ID != out[slices.IndexFunc(out, func(o Outcome) bool { return o.StreamID == m.ID })].StreamID {
+			t.Fatalf("record %d: %v", i, m.Values)
+		}
 	}
 }

@@ -1,7 +1,7 @@
 -- Applies one chunk of recovery decisions. Per decision it re-checks the
 -- lease (still present, score <= cutoff), the message (sha1 unchanged) and
--- the state (active); then it writes the outbox record, takes the task out
--- of the active list, and does asynq's Retry or Archive. After the loop:
+-- the state (active); then it adds the task's event to the outbox, takes
+-- the task out of the active list, and does asynq's Retry or Archive. After the loop:
 -- the list rewritten, the counters (asynq's daily keys, EXPIREAT on
 -- creation, totals reset at MaxInt64), and a bounded archive trim
 -- (trim_archive_lib.lua, prepended).
@@ -17,23 +17,30 @@
 -- tail depth when LINDEX confirms it, else where LPOS finds it from the
 -- tail), and all tombstones go with one LREM counted from the nearer end.
 --
+-- Outbox records: the events of the moved tasks go into batch records
+-- (the batch tag, then a JSON array of the events; its id is
+-- events.BatchID: "batch:<n>:<first event's id>") of at most the batch
+-- size in bytes; an event alone in its batch is a record of its own, as
+-- when the batch size is 0.
+--
 -- KEYS  1 lease              6 failed:<day>
 --       2 active             7 processed
 --       3 retry              8 failed
 --       4 archived           9 task-key prefix
 --       5 processed:<day>   10 outbox
--- ARGV  1 cutoff (unix s)    6 trim budget
---       2 now (unix s)       7 tombstone
---       3 stats expire-at    8 MaxInt64
---       4 archive age cutoff 9 tail window (elements; 0 = none)
---       5 archive max size
+-- ARGV  1 cutoff (unix s)    7 tombstone
+--       2 now (unix s)       8 MaxInt64
+--       3 stats expire-at    9 tail window (elements; 0 = none)
+--       4 archive age cutoff 10 batch size (bytes; 0 = a record per event)
+--       5 archive max size  11 batch tag
+--       6 trim budget
 --       then per decision 9 values: id, sha1, action (r|a), retry-at,
---       is-failure (1|0), new msg, event id, record data, tail-depth hint
---       (0 = none)
--- Reply per decision: status, stream id, removed from the list (0 no, 1 by
---       its tombstone, 2 with the window); then how
---       many elements the window took off the tail (0 = none), and 1 when
---       the archive trim ran out of budget.
+--       is-failure (1|0), new msg, event id, event (JSON object),
+--       tail-depth hint (0 = none)
+-- Reply per decision: status, stream id of the record holding its event,
+--       removed from the list (0 no, 1 by its tombstone, 2 with the
+--       window); then how many elements the window took off the tail (0 =
+--       none), and 1 when the archive trim ran out of budget.
 
 local cutoff = tonumber(ARGV[1])
 local now = ARGV[2]
@@ -53,7 +60,23 @@ if tonumber(ARGV[9]) > 0 then
   end
 end
 local moved, unlease, toretry, toarchive = {}, {}, {}, {}
-for b = 10, #ARGV, 9 do
+-- The batch being filled: its events, their bytes, the first one's id,
+-- and where the reply holds the stream id of each of its tasks.
+local batchmax, tag = tonumber(ARGV[10]), ARGV[11]
+local batch, batchbytes, batchfirst, batchslots = {}, 0, '', {}
+local function flush()
+  if #batch == 0 then return end
+  local xid
+  if #batch == 1 then
+    xid = redis.call('XADD', KEYS[10], '*', 'id', batchfirst, 'data', batch[1])
+  else
+    xid = redis.call('XADD', KEYS[10], '*', 'id', 'batch:' .. #batch .. ':' .. batchfirst,
+      'data', tag .. '[' .. table.concat(batch, ',') .. ']')
+  end
+  for _, k in ipairs(batchslots) do res[k] = xid end
+  batch, batchbytes, batchfirst, batchslots = {}, 0, '', {}
+end
+for b = 12, #ARGV, 9 do
   local id = ARGV[b]
   local status, xid, removed = 0, '', 0
   local score = false
@@ -73,7 +96,12 @@ for b = 10, #ARGV, 9 do
       status = 6
     else
       moved[id] = true
-      xid = redis.call('XADD', KEYS[10], '*', 'id', ARGV[b+6], 'data', ARGV[b+7])
+      local ev = ARGV[b+7]
+      if #batch > 0 and batchbytes + #ev + 1 > batchmax then flush() end
+      if #batch == 0 then batchfirst = ARGV[b+6] end
+      batch[#batch+1] = ev
+      batchbytes = batchbytes + #ev + 1
+      batchslots[#batchslots+1] = #res + 2
       local hint = tonumber(ARGV[b+8])
       local depth = false
       if winpos[id] then
@@ -117,6 +145,7 @@ for b = 10, #ARGV, 9 do
   res[#res+1] = xid
   res[#res+1] = removed
 end
+flush()
 -- One command per container instead of one per task, in slices that stay
 -- far below Lua's unpack limit.
 local function each(cmd, key, args)
