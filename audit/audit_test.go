@@ -115,6 +115,22 @@ func readAll(t *testing.T, r *audit.Reader) []string {
 	}
 }
 
+// readRecords reads r's records up to its first io.EOF.
+func readRecords(t *testing.T, r *audit.Reader) []audit.Record {
+	t.Helper()
+	var recs []audit.Record
+	for {
+		rec, err := r.Next(testCtx(t))
+		if errors.Is(err, io.EOF) {
+			return recs
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		recs = append(recs, rec)
+	}
+}
+
 func open(t *testing.T, js jetstream.JetStream, p audit.Params) *audit.Reader {
 	t.Helper()
 	r, err := audit.Open(testCtx(t), js, p)
@@ -179,18 +195,7 @@ func TestReader(t *testing.T) {
 
 	t.Run("records", func(t *testing.T) {
 		var last [2]uint64
-		r := open(t, w.js, audit.Params{Names: w.names, Progress: func(read, total uint64) { last = [2]uint64{read, total} }})
-		var recs []audit.Record
-		for {
-			rec, err := r.Next(testCtx(t))
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			recs = append(recs, rec)
-		}
+		recs := readRecords(t, open(t, w.js, audit.Params{Names: w.names, Progress: func(read, total uint64) { last = [2]uint64{read, total} }}))
 		if last != [2]uint64{9, 9} {
 			t.Errorf("last progress %v, want 9 of 9", last)
 		}
@@ -373,18 +378,7 @@ func TestReaderBatch(t *testing.T) {
 	w.fired("x", "q1")
 
 	var last [2]uint64
-	r := open(t, w.js, audit.Params{Names: w.names, Progress: func(read, total uint64) { last = [2]uint64{read, total} }})
-	var recs []audit.Record
-	for {
-		rec, err := r.Next(testCtx(t))
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		recs = append(recs, rec)
-	}
+	recs := readRecords(t, open(t, w.js, audit.Params{Names: w.names, Progress: func(read, total uint64) { last = [2]uint64{read, total} }}))
 	got := make([]string, len(recs))
 	for i, rec := range recs {
 		got[i] = label(rec)

@@ -1,10 +1,10 @@
 -- Applies one chunk of recovery decisions. Per decision it re-checks the
 -- lease (still present, score <= cutoff), the message (sha1 unchanged) and
 -- the state (active); then it adds the task's event to the outbox, takes
--- the task out of the active list, and does asynq's Retry or Archive. After the loop:
--- the list rewritten, the counters (asynq's daily keys, EXPIREAT on
--- creation, totals reset at MaxInt64), and a bounded archive trim
--- (trim_archive_lib.lua, prepended).
+-- the task out of the active list, and does asynq's Retry or Archive.
+-- After the loop: the list rewritten, the counters (asynq's daily keys,
+-- EXPIREAT on creation, totals reset at MaxInt64), and a bounded archive
+-- trim (trim_archive_lib.lua, prepended).
 --
 -- Taking tasks out of the list: when the caller names a tail window (a
 -- chunk cut from the list's tail: its deepest task's depth), the script
