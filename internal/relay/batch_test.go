@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
@@ -128,17 +129,7 @@ func TestRelayPublishesBatchRecords(t *testing.T) {
 // under its own id, in order, and the record is done once all are stored.
 func TestRelaySplitsBatchOverMaxPayload(t *testing.T) {
 	t.Parallel()
-	conf := filepath.Join(t.TempDir(), "nats.conf")
-	if err := os.WriteFile(conf, []byte("max_payload: 4096\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	e := &env{t: t, nats: testenv.StartNATSFromConfig(t, conf)}
-	e.rc = testenv.StartRedis(t).Client(t)
-	e.store = taskstate.New(e.rc)
-	e.js = e.nats.JetStream(t)
-	if err := events.EnsureStreams(ctx(t, 30*time.Second), e.js, events.StreamConfig{Names: names}); err != nil {
-		t.Fatal(err)
-	}
+	e := newEnvOn(t, natsWithMaxPayload(t, 4096), 0)
 	_, ids, evs := e.writeBatch("q", 10, 600) // about 8 KB
 	r := e.newRelay("r1", nil)
 	if err := r.Flush(ctx(t, 20*time.Second)); err != nil {
@@ -191,5 +182,69 @@ func TestRelayReadsLargeRecordsInSmallReads(t *testing.T) {
 	// 4.8 MB in reads of at most about 1 MB.
 	if reads < 5 {
 		t.Fatalf("%d XRANGE calls for %d records of 200 KB, want reads of about 1 MB", reads, records)
+	}
+}
+
+// natsWithMaxPayload starts a NATS server that takes at most max bytes in
+// one message.
+func natsWithMaxPayload(t *testing.T, max int) *testenv.NATS {
+	t.Helper()
+	conf := filepath.Join(t.TempDir(), "nats.conf")
+	if err := os.WriteFile(conf, []byte(fmt.Sprintf("max_payload: %d\n", max)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return testenv.StartNATSFromConfig(t, conf)
+}
+
+// TestRelayOldBatchesChecked: a batch record that a relay published before
+// it died, left in the outbox past the stream's duplicate window, is not
+// published again: neither as one message, nor event by event where the
+// server's max_payload splits it and the dead relay had stored only its
+// first events (those are looked up, the others published).
+func TestRelayOldBatchesChecked(t *testing.T) {
+	t.Parallel()
+	const window = time.Second
+	for _, tc := range []struct {
+		name       string
+		maxPayload int // 0: the default, which takes the whole batch
+	}{{"whole", 0}, {"split", 4096}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			n := testenv.StartNATS(t)
+			if tc.maxPayload > 0 {
+				n = natsWithMaxPayload(t, tc.maxPayload)
+			}
+			e := newEnvOn(t, n, window)
+			batchID, ids, evs := e.writeBatch("q", 10, 600)
+			c := ctx(t, 10*time.Second)
+			subj := names.RecoverySubject("q")
+			publish := func(id string, data []byte) {
+				t.Helper()
+				if _, err := e.js.PublishMsg(c, &nats.Msg{Subject: subj, Data: data, Header: nats.Header{jetstream.MsgIDHeader: []string{id}}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want := []string{batchID}
+			if tc.maxPayload == 0 {
+				publish(batchID, append(append([]byte("["), bytes.Join(evs, []byte(","))...), ']'))
+			} else {
+				for i := range 4 {
+					publish(ids[i], evs[i])
+				}
+				want = ids
+			}
+			// Past the stream's window and half the relay's: the stream
+			// would take a republished message as new.
+			stale := time.Now().Add(2 * window)
+			testenv.Eventually(t, 10*time.Second, func() bool { return time.Now().After(stale) }, "the duplicate window to pass")
+			r := e.newRelay("r2", func(c *relay.Config) { c.DuplicateWindow = window })
+			if err := r.Flush(ctx(t, 20*time.Second)); err != nil {
+				t.Fatal(err)
+			}
+			checkExactlyOnce(t, e.stored(), want)
+			if n := e.outboxLen("q"); n != 0 {
+				t.Fatalf("%d records left", n)
+			}
+		})
 	}
 }

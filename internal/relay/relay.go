@@ -684,6 +684,7 @@ func (r *Relay) send(ctx context.Context, queue string, recs []taskstate.OutboxR
 	for i, rec := range recs {
 		var h envelopeHead
 		data := rec.Data
+		var split []pubMsg // a batch published event by event
 		var err error
 		switch outbox.FormOf(rec.Data) {
 		case outbox.RecordFired:
@@ -702,10 +703,11 @@ func (r *Relay) send(ctx context.Context, queue string, recs []taskstate.OutboxR
 			if max := r.cfg.JS.Conn().MaxPayload(); max > 0 && int64(len(payload))+batchHeaderBytes > max {
 				// More than this server takes in one message: each event
 				// goes on its own, under its own id.
-				if err := r.splitBatch(s, i, payload); err != nil {
+				if split, err = r.splitBatch(payload); err != nil {
 					r.log.Error("dropping undecodable outbox batch", "stream_id", rec.StreamID, "event_id", rec.EventID, "err", err)
+					continue
 				}
-				continue
+				break
 			}
 			data = payload
 			h, err = batchHead(payload)
@@ -721,35 +723,48 @@ func (r *Relay) send(ctx context.Context, queue string, recs []taskstate.OutboxR
 		if s.stop != nil {
 			break
 		}
-		if err != nil || h.ID == "" {
-			// Our own writers produced it, so this is a bug; keeping it
-			// would block the outbox forever. Log loudly, count, drop.
-			r.log.Error("dropping undecodable outbox record", "stream_id", rec.StreamID, "event_id", rec.EventID, "err", err)
-			continue
-		}
-		subj, err := r.subjectOf(h)
-		if err != nil {
-			r.log.Error("dropping unroutable outbox record", "stream_id", rec.StreamID, "err", err)
-			continue
-		}
-		if t, ok := recordTime(rec.StreamID); ok && time.Since(t) > r.cfg.DuplicateWindow/2 {
-			// The stream may no longer remember an earlier publish of this
-			// record (the window counts from that publish, which came after
-			// the record was written): look.
-			if seen == nil {
-				seen = &publishedSince{}
-			}
-			found, err := seen.has(ctx, r.cfg.JS, stream, subj, t, h.ID)
-			if err != nil {
-				s.stop, s.end = fmt.Errorf("check whether %s was published: %w", h.ID, err), i
-				break
-			}
-			if found {
+		msgs := split
+		if msgs == nil {
+			if err != nil || h.ID == "" {
+				// Our own writers produced it, so this is a bug; keeping it
+				// would block the outbox forever. Log loudly, count, drop.
+				r.log.Error("dropping undecodable outbox record", "stream_id", rec.StreamID, "event_id", rec.EventID, "err", err)
 				continue
 			}
+			subj, err := r.subjectOf(h)
+			if err != nil {
+				r.log.Error("dropping unroutable outbox record", "stream_id", rec.StreamID, "err", err)
+				continue
+			}
+			msgs = []pubMsg{{subject: subj, msgID: h.ID, data: data}}
 		}
-		s.msgs = append(s.msgs, pubMsg{subject: subj, msgID: h.ID, data: data})
-		s.at = append(s.at, i)
+		t, old := recordTime(rec.StreamID)
+		old = old && time.Since(t) > r.cfg.DuplicateWindow/2
+		for _, m := range msgs {
+			if old {
+				// The stream may no longer remember an earlier publish of
+				// this record (the window counts from that publish, which
+				// came after the record was written): look.
+				if seen == nil {
+					seen = &publishedSince{}
+				}
+				found, err := seen.has(ctx, r.cfg.JS, stream, m.subject, t, m.msgID)
+				if err != nil {
+					s.stop, s.end = fmt.Errorf("check whether %s was published: %w", m.msgID, err), i
+					break
+				}
+				if found {
+					continue
+				}
+			}
+			// s.at maps every message of a split batch to its record: the
+			// record is done once all of them are stored.
+			s.msgs = append(s.msgs, m)
+			s.at = append(s.at, i)
+		}
+		if s.stop != nil {
+			break
+		}
 	}
 	r.pubOnce.Do(func() { r.pub = newBatchPublisher(r.cfg.JS.Conn(), stream) })
 	s.sent = r.pub.send(s.msgs, r.cfg.PublishTimeout)
@@ -760,31 +775,25 @@ func (r *Relay) send(ctx context.Context, queue string, recs []taskstate.OutboxR
 // batch is held against the server's max_payload.
 const batchHeaderBytes = 1024
 
-// splitBatch queues each event of the batch record recs[i] as a message of
-// its own (s.at maps them all to i: the record is done once every one is
-// stored).
-func (r *Relay) splitBatch(s *sending, i int, payload []byte) error {
+// splitBatch returns the events of a batch as messages of their own.
+func (r *Relay) splitBatch(payload []byte) ([]pubMsg, error) {
 	parts, err := events.SplitEvents(payload)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	msgs := make([]pubMsg, 0, len(parts))
 	for _, p := range parts {
 		h, err := readHead(p)
 		if err != nil || h.ID == "" {
-			return fmt.Errorf("event without a readable id: %v", err)
+			return nil, fmt.Errorf("event without a readable id: %v", err)
 		}
 		subj, err := r.subjectOf(h)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		msgs = append(msgs, pubMsg{subject: subj, msgID: h.ID, data: p})
 	}
-	for _, m := range msgs {
-		s.msgs = append(s.msgs, m)
-		s.at = append(s.at, i)
-	}
-	return nil
+	return msgs, nil
 }
 
 // batchHead reads the head of a batch's first event.

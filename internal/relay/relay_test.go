@@ -41,7 +41,13 @@ type env struct {
 // windows this short).
 func newEnv(t testing.TB, dup time.Duration) *env {
 	t.Helper()
-	e := &env{t: t, nats: testenv.StartNATS(t)}
+	return newEnvOn(t, testenv.StartNATS(t), dup)
+}
+
+// newEnvOn is newEnv on a NATS server the test started.
+func newEnvOn(t testing.TB, n *testenv.NATS, dup time.Duration) *env {
+	t.Helper()
+	e := &env{t: t, nats: n}
 	e.rc = testenv.StartRedis(t).Client(t)
 	e.store = taskstate.New(e.rc)
 	e.js = e.nats.JetStream(t)
