@@ -508,7 +508,8 @@ const (
 	// pipeline (each chunk stays one atomic script call).
 	recoverPipeline = 8
 	// RecoveredBatchBytes bounds the events of one outbox batch record
-	// (about 150 recovery events; a script chunk's fit in one or two). A
+	// (a recovery event is about 470 bytes with a UUID task id, so a
+	// script chunk's 128 fit in one unless names are long). A
 	// batch is one message in the activity stream: far below NATS's
 	// default max_payload of 1 MB, and a relay whose server allows less
 	// publishes its events one by one.
