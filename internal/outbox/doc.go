@@ -19,6 +19,10 @@
 // "F2 ...") must leave it in place for a newer relay: the record is history
 // and is never dropped.
 //
+// The fires of one bulk script call (plain ticks of many entries) share one
+// multi-record (MultiRecordTag): their records framed one after another,
+// each still published as its own message.
+//
 // A recovery's events travel in batch records (BatchRecordTag, then a JSON
 // array of the events), published as one message each: readers of the
 // recovery subjects split them with events.SplitEvents.

@@ -44,12 +44,31 @@ const (
 	// RecordBatch: several events, published as one message
 	// (BatchRecordTag).
 	RecordBatch
+	// RecordMulti: the records of several events, each published as its
+	// own message (MultiRecordTag).
+	RecordMulti
 	// RecordNewer: a compact form of a later version than this build
 	// knows: leave it for a newer relay.
 	RecordNewer
 	// RecordUnknown: none of the above (not written by cronstream).
 	RecordUnknown
 )
+
+func (f RecordForm) String() string {
+	switch f {
+	case RecordJSON:
+		return "JSON"
+	case RecordFired:
+		return "compact fired"
+	case RecordBatch:
+		return "batch"
+	case RecordMulti:
+		return "multi-record"
+	case RecordNewer:
+		return "newer compact"
+	}
+	return "unknown"
+}
 
 // FormOf tells how an outbox record's data is encoded.
 func FormOf(data []byte) RecordForm {
@@ -58,6 +77,8 @@ func FormOf(data []byte) RecordForm {
 		return RecordFired
 	case bytes.HasPrefix(data, []byte(BatchRecordTag)):
 		return RecordBatch
+	case bytes.HasPrefix(data, []byte(MultiRecordTag)):
+		return RecordMulti
 	case len(data) > 0 && data[0] == '{', len(data) > 0 && (data[0] == ' ' || data[0] == '\t' || data[0] == '\n' || data[0] == '\r'):
 		return RecordJSON
 	case compactTag(data):

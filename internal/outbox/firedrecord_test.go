@@ -73,6 +73,8 @@ func TestFormOf(t *testing.T) {
 		`B1 [{"id":"x"}]`:     RecordBatch,
 		"B1 ":                 RecordBatch,
 		"B2 [{}]":             RecordNewer,
+		"M1 1 2 ab{}":         RecordMulti,
+		"M2 1 2 ab{}":         RecordNewer,
 		"G17 1 2":             RecordNewer,
 		"F1x":                 RecordUnknown,
 		"F 1":                 RecordUnknown,
