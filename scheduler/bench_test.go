@@ -231,9 +231,9 @@ func startBenchReplica(b *testing.B, url string, rc *redis.Client, clock *schedu
 	}
 	if r.relay, err = relay.New(relay.Config{Outbox: store, JS: js, Names: testNames, Owner: "bench", Logger: discardLogger,
 		Hold: func() bool { return r.sched != nil && r.sched.Busy() },
-		OnPublished: func(recs []taskstate.OutboxRecord) {
-			for _, rec := range recs {
-				r.sched.ObservePublished(rec.EventID)
+		OnPublished: func(eventIDs []string) {
+			for _, id := range eventIDs {
+				r.sched.ObservePublished(id)
 			}
 		}}); err != nil {
 		b.Fatal(err)

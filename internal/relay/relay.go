@@ -94,12 +94,13 @@ type Config struct {
 	// bound.
 	Hold    func() bool
 	MaxHold time.Duration
-	// OnPublished, when set, is called with each batch of records once the
-	// stream has stored them, in order. A replica connects to NATS with
-	// NoEcho (it does not hear its own publishes back) and learns of the
-	// fires it relays here instead: the same news at no cost to NATS or to
-	// the process.
-	OnPublished func(recs []taskstate.OutboxRecord)
+	// OnPublished, when set, is called with the event ids of each batch of
+	// records once the stream has stored them, in order (a batch record's
+	// under its batch id; a multi-record's each). A replica connects to
+	// NATS with NoEcho (it does not hear its own publishes back) and
+	// learns of the fires it relays here instead: the same news at no cost
+	// to NATS or to the process.
+	OnPublished func(eventIDs []string)
 	Logger      *slog.Logger
 	Metrics     *Metrics
 }
@@ -484,13 +485,13 @@ func (r *Relay) drainOne(ctx context.Context, queue string) (int, int64, bool, e
 	passEnd := time.Now().Add(r.cfg.LeaseTTL / 4)
 	for batch := 1; ; batch++ {
 		full := len(recs) == count
-		count = r.noteRead(queue, recs)
 		sent := r.send(ctx, queue, recs)
+		count = r.noteRead(queue, recs, sent.events)
 		if aerr := r.ack(ctx, queue, acked); aerr != nil {
 			// The outbox is no longer ours: the next owner starts at the
 			// first record not deleted, and republishes this batch.
-			if n, _ := sent.wait(ctx); n > 0 && r.cfg.OnPublished != nil {
-				r.cfg.OnPublished(recs[:n])
+			if n, _ := sent.wait(ctx); n > 0 {
+				r.notifyPublished(recs[:n])
 			}
 			return total, left - int64(total), true, aerr
 		}
@@ -504,8 +505,8 @@ func (r *Relay) drainOne(ctx context.Context, queue string) (int, int64, bool, e
 			next, nextErr = r.cfg.Outbox.ReadOutbox(ctx, prefix, queue, recs[len(recs)-1].StreamID, count)
 		}
 		n, err := sent.wait(ctx)
-		if n > 0 && r.cfg.OnPublished != nil {
-			r.cfg.OnPublished(recs[:n])
+		if n > 0 {
+			r.notifyPublished(recs[:n])
 		}
 		acked = recs[:n]
 		if err != nil {
@@ -535,6 +536,18 @@ func (r *Relay) drainOne(ctx context.Context, queue string) (int, int64, bool, e
 	}
 }
 
+// notifyPublished tells OnPublished of the events of recs.
+func (r *Relay) notifyPublished(recs []taskstate.OutboxRecord) {
+	if r.cfg.OnPublished == nil {
+		return
+	}
+	ids := make([]string, 0, len(recs))
+	for _, rec := range recs {
+		ids = append(ids, outbox.EventIDs(rec.EventID, rec.Data)...)
+	}
+	r.cfg.OnPublished(ids)
+}
+
 // readBytes bounds what one outbox read asks Redis for: a batch record
 // (a mass recovery's) holds about a hundred events, and Batch of them would
 // be one Redis call copying tens of megabytes.
@@ -554,10 +567,12 @@ func (r *Relay) readCount(ctx context.Context, queue string, left int64) int {
 	return int(min(int64(r.cfg.Batch), max(readBytes/max(per, 1), 1)))
 }
 
-// noteRead sizes the next read of queue's outbox by the records just read
-// (Batch, fewer where they are large, so a read stays near readBytes) and
+// noteRead sizes the next read of queue's outbox by the records just read,
+// which made events messages: Batch records, fewer where they are large (so
+// a read stays near readBytes) or hold several messages each (so a read
+// publishes about Batch messages, as one of single records does). It
 // returns that count.
-func (r *Relay) noteRead(queue string, recs []taskstate.OutboxRecord) int {
+func (r *Relay) noteRead(queue string, recs []taskstate.OutboxRecord, events int) int {
 	size := 0
 	for _, rec := range recs {
 		size += len(rec.Data)
@@ -565,6 +580,9 @@ func (r *Relay) noteRead(queue string, recs []taskstate.OutboxRecord) int {
 	n := r.cfg.Batch
 	if size > 0 {
 		n = min(n, max(readBytes/max(size/len(recs), 1), 1))
+	}
+	if events > len(recs) {
+		n = min(n, max(r.cfg.Batch*len(recs)/events, 1))
 	}
 	r.mu.Lock()
 	r.readCounts[queue] = n
@@ -665,6 +683,8 @@ type sending struct {
 	// already count as done without a publish.
 	msgs []pubMsg
 	at   []int
+	// events is how many messages the records made, published or not.
+	events int
 	// stop ends the batch before recs[end].
 	stop error
 	end  int
@@ -678,24 +698,11 @@ func (r *Relay) send(ctx context.Context, queue string, recs []taskstate.OutboxR
 	stream := r.cfg.Names.ActivityStream()
 	s := &sending{r: r, recs: recs, msgs: make([]pubMsg, 0, len(recs)), at: make([]int, 0, len(recs)), end: len(recs)}
 	var seen *publishedSince
-	// The expanded events of the batch share one buffer; a message's data
-	// is its slice (set before the buffer grows, so it stays valid).
+	// The expanded events of the batch share one buffer (single).
 	var expanded []byte
 	for i, rec := range recs {
-		var h envelopeHead
-		data := rec.Data
-		var split []pubMsg // a batch published event by event
-		var err error
+		var msgs []pubMsg
 		switch outbox.FormOf(rec.Data) {
-		case outbox.RecordFired:
-			if expanded == nil {
-				expanded = make([]byte, 0, firedEventBytes*len(recs))
-			}
-			var entry string
-			from := len(expanded)
-			expanded, entry, err = outbox.ExpandFiredRecord(expanded, rec.EventID, rec.Data, queue)
-			data = expanded[from:len(expanded):len(expanded)]
-			h = envelopeHead{ID: rec.EventID, Type: events.TypeEntryFired, Subject: entry}
 		case outbox.RecordBatch:
 			// Published as it is, one message under the record's id; routed
 			// by its first event (a batch holds one queue's recoveries).
@@ -703,41 +710,62 @@ func (r *Relay) send(ctx context.Context, queue string, recs []taskstate.OutboxR
 			if max := r.cfg.JS.Conn().MaxPayload(); max > 0 && int64(len(payload))+batchHeaderBytes > max {
 				// More than this server takes in one message: each event
 				// goes on its own, under its own id.
-				if split, err = r.splitBatch(payload); err != nil {
+				split, err := r.splitBatch(payload)
+				if err != nil {
 					r.log.Error("dropping undecodable outbox batch", "stream_id", rec.StreamID, "event_id", rec.EventID, "err", err)
 					continue
 				}
+				msgs = split
 				break
 			}
-			data = payload
-			h, err = batchHead(payload)
+			h, err := batchHead(payload)
 			h.ID = rec.EventID
+			if err == nil {
+				var subj string
+				if subj, err = r.subjectOf(h); err == nil {
+					msgs = []pubMsg{{subject: subj, msgID: h.ID, data: payload}}
+				}
+			}
+			if err != nil {
+				r.log.Error("dropping undecodable outbox batch", "stream_id", rec.StreamID, "event_id", rec.EventID, "err", err)
+				continue
+			}
+		case outbox.RecordMulti:
+			// Each framed record is published as its own message, in order;
+			// one that does not decode is dropped alone.
+			frames, err := outbox.SplitMulti(rec.Data)
+			if err != nil {
+				r.log.Error("dropping undecodable outbox record", "stream_id", rec.StreamID, "event_id", rec.EventID, "err", err)
+				continue
+			}
+			msgs = make([]pubMsg, 0, len(frames))
+			for _, f := range frames {
+				m, err := r.single(queue, f.ID, f.Data, &expanded, len(recs)*len(frames))
+				if err != nil {
+					r.log.Error("dropping undecodable record of an outbox multi-record", "stream_id", rec.StreamID, "event_id", f.ID, "err", err)
+					continue
+				}
+				msgs = append(msgs, m)
+			}
 		case outbox.RecordNewer:
 			// Written by a newer cronstream: history this relay cannot
 			// read, so it must not drop it either. Stop before it; the
 			// outbox is yielded and a newer replica publishes it.
 			s.stop, s.end = fmt.Errorf("outbox record %s (event %s) is in a newer format than this replica reads: %w", rec.StreamID, rec.EventID, ErrNewerRecord), i
 		default:
-			h, err = readHead(rec.Data)
-		}
-		if s.stop != nil {
-			break
-		}
-		msgs := split
-		if msgs == nil {
-			if err != nil || h.ID == "" {
+			m, err := r.single(queue, rec.EventID, rec.Data, &expanded, len(recs))
+			if err != nil {
 				// Our own writers produced it, so this is a bug; keeping it
 				// would block the outbox forever. Log loudly, count, drop.
 				r.log.Error("dropping undecodable outbox record", "stream_id", rec.StreamID, "event_id", rec.EventID, "err", err)
 				continue
 			}
-			subj, err := r.subjectOf(h)
-			if err != nil {
-				r.log.Error("dropping unroutable outbox record", "stream_id", rec.StreamID, "err", err)
-				continue
-			}
-			msgs = []pubMsg{{subject: subj, msgID: h.ID, data: data}}
+			msgs = []pubMsg{m}
 		}
+		if s.stop != nil {
+			break
+		}
+		s.events += len(msgs)
 		t, old := recordTime(rec.StreamID)
 		old = old && time.Since(t) > r.cfg.DuplicateWindow/2
 		for _, m := range msgs {
@@ -757,8 +785,9 @@ func (r *Relay) send(ctx context.Context, queue string, recs []taskstate.OutboxR
 					continue
 				}
 			}
-			// s.at maps every message of a split batch to its record: the
-			// record is done once all of them are stored.
+			// s.at maps every message of a split batch or a multi-record
+			// to its record: the record is done once all of them are
+			// stored.
 			s.msgs = append(s.msgs, m)
 			s.at = append(s.at, i)
 		}
@@ -769,6 +798,42 @@ func (r *Relay) send(ctx context.Context, queue string, recs []taskstate.OutboxR
 	r.pubOnce.Do(func() { r.pub = newBatchPublisher(r.cfg.JS.Conn(), stream) })
 	s.sent = r.pub.send(s.msgs, r.cfg.PublishTimeout)
 	return s
+}
+
+// single makes the message of one event's record (a JSON or a compact
+// fired record) with id from queue's outbox. A compact record is expanded
+// into *expanded, the batch's shared buffer (made for about records events
+// on first use); the message's data is its slice, set before the buffer
+// grows, so it stays valid.
+func (r *Relay) single(queue, id string, data []byte, expanded *[]byte, records int) (pubMsg, error) {
+	var h envelopeHead
+	var err error
+	switch form := outbox.FormOf(data); form {
+	case outbox.RecordFired:
+		if *expanded == nil {
+			*expanded = make([]byte, 0, firedEventBytes*records)
+		}
+		var entry string
+		from := len(*expanded)
+		*expanded, entry, err = outbox.ExpandFiredRecord(*expanded, id, data, queue)
+		data = (*expanded)[from:len(*expanded):len(*expanded)]
+		h = envelopeHead{ID: id, Type: events.TypeEntryFired, Subject: entry}
+	case outbox.RecordJSON, outbox.RecordUnknown:
+		h, err = readHead(data)
+	default:
+		err = fmt.Errorf("a %s record is not one event's", form)
+	}
+	if err == nil && h.ID == "" {
+		err = errors.New("event without an id")
+	}
+	if err != nil {
+		return pubMsg{}, err
+	}
+	subj, err := r.subjectOf(h)
+	if err != nil {
+		return pubMsg{}, err
+	}
+	return pubMsg{subject: subj, msgID: h.ID, data: data}, nil
 }
 
 // batchHeaderBytes is room for a message's headers beside its data when a

@@ -423,11 +423,11 @@ func (r *Replica) start(ctx context.Context) error {
 		Outbox: r.store, JS: js, Names: r.cfg.Names, Owner: r.cfg.ReplicaID,
 		Hold:            func() bool { s := busy.Load(); return s != nil && s.Busy() },
 		DuplicateWindow: cmp.Or(max(r.cfg.DuplicateWindow, 0), events.DefaultDuplicateWindow), Logger: r.log, Metrics: relay.NewMetrics(r.reg),
-		OnPublished: func(recs []taskstate.OutboxRecord) {
-			det.ObserveRecords(recs)
+		OnPublished: func(eventIDs []string) {
+			det.ObservePublished(eventIDs)
 			if s := busy.Load(); s != nil {
-				for _, rec := range recs {
-					s.ObservePublished(rec.EventID)
+				for _, id := range eventIDs {
+					s.ObservePublished(id)
 				}
 			}
 		},

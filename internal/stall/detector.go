@@ -14,7 +14,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cronstream/cronstream/events"
-	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/projector"
 	"github.com/cronstream/cronstream/scheduler"
 )
@@ -210,11 +209,11 @@ func (d *Detector) Observe(entry string, tick time.Time) {
 	d.mu.Unlock()
 }
 
-// ObserveRecords is Observe for each fired or skipped event among outbox
-// records the relay published.
-func (d *Detector) ObserveRecords(recs []taskstate.OutboxRecord) {
-	for _, rec := range recs {
-		if entry, tick, ok := scheduler.ParseActivityID(rec.EventID); ok {
+// ObservePublished is Observe for each fired or skipped event among the
+// events the relay published (relay.Config.OnPublished).
+func (d *Detector) ObservePublished(eventIDs []string) {
+	for _, id := range eventIDs {
+		if entry, tick, ok := scheduler.ParseActivityID(id); ok {
 			d.Observe(entry, tick)
 		}
 	}
