@@ -304,23 +304,31 @@ func freezeRedis(ctx context.Context, rdb *redis.Client) (time.Time, []activity,
 				return at, nil, nil, err
 			}
 			for _, rec := range recs {
-				data := rec.Data
-				switch outbox.FormOf(data) {
-				case outbox.RecordFired:
-					if data, _, err = outbox.ExpandFiredRecord(nil, rec.EventID, rec.Data, q); err != nil {
+				frames := []outbox.Frame{{ID: rec.EventID, Data: rec.Data}}
+				if outbox.FormOf(rec.Data) == outbox.RecordMulti {
+					if frames, err = outbox.SplitMulti(rec.Data); err != nil {
 						return at, nil, nil, fmt.Errorf("outbox record %s: %w", rec.EventID, err)
 					}
-				case outbox.RecordBatch:
-					data, _ = outbox.BatchEvents(data)
 				}
-				as, err := decodeActivities(data)
-				if err != nil {
-					return at, nil, nil, fmt.Errorf("outbox record %s: %w", rec.EventID, err)
+				for _, f := range frames {
+					data := f.Data
+					switch outbox.FormOf(data) {
+					case outbox.RecordFired:
+						if data, _, err = outbox.ExpandFiredRecord(nil, f.ID, f.Data, q); err != nil {
+							return at, nil, nil, fmt.Errorf("outbox record %s: %w", f.ID, err)
+						}
+					case outbox.RecordBatch:
+						data, _ = outbox.BatchEvents(data)
+					}
+					as, err := decodeActivities(data)
+					if err != nil {
+						return at, nil, nil, fmt.Errorf("outbox record %s: %w", f.ID, err)
+					}
+					if len(as) == 1 {
+						as[0].msgID = f.ID
+					}
+					out = append(out, as...)
 				}
-				if len(as) == 1 {
-					as[0].msgID = rec.EventID
-				}
-				out = append(out, as...)
 			}
 			if len(recs) < 1000 {
 				break

@@ -42,12 +42,12 @@ func TestCrashBetweenRedisWriteAndPublish(t *testing.T) {
 	// r1 fires but never publishes: its records stay in the outbox when it
 	// dies.
 	r1 := e.startNode("r1", nodeOpts{noRelay: true})
-	testenv.Eventually(t, 20*time.Second, func() bool { return e.outboxLen("default") >= 9 }, "r1 to fire a few ticks")
+	testenv.Eventually(t, 20*time.Second, func() bool { return e.outboxEvents("default") >= 9 }, "r1 to fire a few ticks")
 	r1.crash()
 	if got := e.readActivity(); len(got) != 0 {
 		t.Fatalf("nothing should be published yet, got %d events", len(got))
 	}
-	left := e.outboxLen("default")
+	left := e.outboxEvents("default")
 
 	// r2's relay publishes everything, but its first two deletes "crash".
 	var ob *failingAck
@@ -78,6 +78,6 @@ func TestCrashBetweenRedisWriteAndPublish(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d records were left by the crashed replica; relay published %d", left, r2.relay.Published())
+	t.Logf("%d events were left by the crashed replica; relay published %d records", left, r2.relay.Published())
 	_ = fmt.Sprint
 }

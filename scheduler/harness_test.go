@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/outbox"
 	"github.com/cronstream/cronstream/internal/relay"
 	"github.com/cronstream/cronstream/internal/replica"
 	"github.com/cronstream/cronstream/internal/taskstate"
@@ -375,6 +376,20 @@ func (e *env) outboxLen(queue string) int64 {
 	n, err := e.store.OutboxLen(context.Background(), testPrefix, queue)
 	if err != nil {
 		e.t.Fatal(err)
+	}
+	return n
+}
+
+// outboxEvents is the number of events in the records waiting in queue's
+// outbox (a multi-record holds several).
+func (e *env) outboxEvents(queue string) int {
+	recs, err := e.store.ReadOutbox(context.Background(), testPrefix, queue, "", 100_000)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	n := 0
+	for _, r := range recs {
+		n += len(outbox.EventIDs(r.EventID, r.Data))
 	}
 	return n
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/cronstream/cronstream/internal/outbox"
 	"github.com/cronstream/cronstream/internal/redisscript"
 )
 
@@ -352,15 +353,18 @@ const (
 	codeFenced        = -3
 	codeStale         = -4
 	codeCompleted     = -5
-	maxFiresPerCall   = 16
 	maxFiresPerFlight = 1024
 )
 
-// maxFiresPerCall: a call of a few fires amortises the round trip and the
+// fireCallSizes: a call of a few fires amortises the round trip and the
 // script's fixed cost over its fires, while several calls per pipeline keep
-// the server busy as the next call arrives; a large call makes the server
-// wait for all of it and costs more per fire (figures in docs/benchmarks.md).
+// the server busy as the next call arrives; a large call of fires taken one
+// by one makes the server wait for all of it and costs more per fire. A
+// bulk call's fixed cost (fences, one read and one write of every
+// watermark, one push, one outbox record) is a larger share, and it pays
+// to spread it over more fires (figures in docs/benchmarks.md).
 // maxFiresPerFlight bounds one pipeline's memory.
+var fireCallSizes = callSizes{each: 16, bulk: 64}
 
 // preparedFire is a validated fire with its encoded message.
 type preparedFire struct {
@@ -645,11 +649,21 @@ func appendBulk(keys []string, args []any, fires []*preparedFire, nums *numArgs,
 		keys[at+bulkBlockMarker*n+i] = p.own.Handover(p.f.Entry)
 		keys[at+bulkBlockTask*n+i] = p.keys.Task(p.id)
 	}
+	size := len(outbox.MultiRecordTag)
+	for _, p := range fires {
+		size += len(p.f.FiredRecord.ID) + len(p.f.FiredRecord.Data) + frameHeadBytes
+	}
+	recs := append(make([]byte, 0, size), outbox.MultiRecordTag...)
+	for _, p := range fires {
+		recs = outbox.AppendFrame(recs, p.f.FiredRecord.ID, p.f.FiredRecord.Data)
+	}
 	var head [argBulkFirstFire - argBulk]any
 	head[argBulk-argBulk] = kindBulk
 	head[argBulkConfig-argBulk] = fa.config
 	head[argBulkFresh-argBulk] = fa.fresh
 	head[argBulkMaxStale-argBulk] = fa.maxStale
+	head[argBulkRecordID-argBulk] = outbox.MultiRecordID(fires[0].f.FiredRecord.ID)
+	head[argBulkRecords-argBulk] = recs
 	args = append(args, head[:]...)
 	for _, p := range fires {
 		f := p.f
@@ -658,11 +672,13 @@ func appendBulk(keys []string, args []any, fires []*preparedFire, nums *numArgs,
 		a[bulkArgExpected] = expectedArg(f, nums)
 		a[bulkArgMsg] = p.msg
 		a[bulkArgTaskID] = p.id
-		a[bulkArgFiredID], a[bulkArgFiredData] = f.FiredRecord.ID, f.FiredRecord.Data
 		args = append(args, a[:]...)
 	}
 	return keys, args
 }
+
+// frameHeadBytes is room for a frame's two lengths and their spaces.
+const frameHeadBytes = 16
 
 func expectedArg(f *Fire, nums *numArgs) any {
 	if f.ExpectNone {
@@ -709,22 +725,29 @@ type fireCall struct {
 	queue   string
 	indexes []int // positions in the caller's slice
 	fires   []*preparedFire
+	bulk    bool // on the script's bulk path
 	// args is the whole command: EVALSHA, the script's hash, the number of
 	// keys, the keys, the arguments (built once, at its final size).
 	args []any
 	cmd  *redis.Cmd
 }
 
+// callSizes bounds the fires of one script call: a call on the bulk path
+// takes up to bulk, any other up to each.
+type callSizes struct{ each, bulk int }
+
 // chunkFires groups fires by (prefix, queue) in first-seen order, keeping the
-// caller's order inside each group, and cuts each group into calls of up to
-// perCall fires.
+// caller's order inside each group, and cuts each group into calls: runs of
+// up to sizes.bulk fires, each one bulk call when it qualifies, else calls
+// of up to sizes.each fires.
 //
 // The calls' commands are laid out in *arena (grown as needed), which must
 // outlive the calls; fireBatch reuses it from flight to flight.
-func chunkFires(prepared []preparedFire, offset, perCall int, fa fenceArgs, path firePath, arena *[]any) []*fireCall {
+func chunkFires(prepared []preparedFire, offset int, sizes callSizes, fa fenceArgs, path firePath, arena *[]any) []*fireCall {
 	type slot struct{ prefix, queue string }
 	open := make(map[slot]*fireCall)
-	var calls []*fireCall
+	var runs []*fireCall
+	perRun := max(sizes.each, sizes.bulk)
 	for i := range prepared {
 		p := &prepared[i]
 		key := slot{p.f.Prefix, p.f.Queue}
@@ -732,14 +755,28 @@ func chunkFires(prepared []preparedFire, offset, perCall int, fa fenceArgs, path
 			key.prefix = DefaultPrefix
 		}
 		call := open[key]
-		if call == nil || len(call.indexes) >= perCall {
-			n := min(perCall, len(prepared)-i)
+		if call == nil || len(call.indexes) >= perRun {
+			n := min(perRun, len(prepared)-i)
 			call = &fireCall{prefix: key.prefix, queue: p.f.Queue, indexes: make([]int, 0, n), fires: make([]*preparedFire, 0, n)}
 			open[key] = call
-			calls = append(calls, call)
+			runs = append(runs, call)
 		}
 		call.indexes = append(call.indexes, offset+i)
 		call.fires = append(call.fires, p)
+	}
+	calls := make([]*fireCall, 0, len(runs))
+	for _, run := range runs {
+		// A single fire takes the lean path, which writes its own record.
+		run.bulk = path == pathAuto && len(run.fires) > 1 && len(run.fires) <= sizes.bulk && bulkable(run.fires)
+		if run.bulk || len(run.fires) <= sizes.each {
+			calls = append(calls, run)
+			continue
+		}
+		// Consecutive calls of one queue run in order (one pipeline).
+		for from := 0; from < len(run.fires); from += sizes.each {
+			to := min(from+sizes.each, len(run.fires))
+			calls = append(calls, &fireCall{prefix: run.prefix, queue: run.queue, indexes: run.indexes[from:to:to], fires: run.fires[from:to:to]})
+		}
 	}
 	// Keys and arguments interleave per fire, so each call's are gathered
 	// in scratch space and then laid out in one slice.
@@ -764,7 +801,7 @@ func chunkFires(prepared []preparedFire, offset, perCall int, fa fenceArgs, path
 		head[argTaskPrefix-1] = first.keys.TaskPrefix()
 		head[argFires-1] = len(call.fires)
 		args = append(args[:0], head[:]...)
-		if path == pathAuto && bulkable(call.fires) {
+		if call.bulk {
 			keys, args = appendBulk(keys, args, call.fires, &nums, fa)
 		} else {
 			for _, p := range call.fires {
@@ -824,7 +861,7 @@ func runFireCalls(ctx context.Context, c redis.UniversalClient, calls []*fireCal
 // failed (the outcome is then unknown, and firing the same Fire again is
 // safe).
 func (s *Store) FireOnce(ctx context.Context, fences Fences, f Fire) (FireResult, error) {
-	res, err := s.fireBatch(ctx, fences, []Fire{f}, maxFiresPerCall)
+	res, err := s.fireBatch(ctx, fences, []Fire{f}, fireCallSizes)
 	if err != nil {
 		return FireResult{}, err
 	}
@@ -835,7 +872,7 @@ func (s *Store) FireOnce(ctx context.Context, fences Fences, f Fire) (FireResult
 }
 
 // FireBatch fires many fires, each presenting fences, grouped per queue (and
-// per tenant prefix) into script calls of up to maxFiresPerCall fires each,
+// per tenant prefix) into script calls of up to fireCallSizes fires each,
 // sent in pipelines. Fires
 // of one queue run in the order given, so a later fire sees the watermark an
 // earlier one moved. The results are in the order of fires. A fire whose call
@@ -845,12 +882,12 @@ func (s *Store) FireOnce(ctx context.Context, fences Fences, f Fire) (FireResult
 // FireBatch does not look at the outbox backlog: the scheduler pauses firing
 // on OutboxLen.
 func (s *Store) FireBatch(ctx context.Context, fences Fences, fires []Fire) ([]FireResult, error) {
-	return s.fireBatch(ctx, fences, fires, maxFiresPerCall)
+	return s.fireBatch(ctx, fences, fires, fireCallSizes)
 }
 
-// fireBatch is FireBatch with the chunk size as a parameter: 1 sends a
+// fireBatch is FireBatch with the call sizes as a parameter: {1, 1} sends a
 // pipeline of one script call per fire (the benchmark's comparison).
-func (s *Store) fireBatch(ctx context.Context, fences Fences, fires []Fire, perCall int) ([]FireResult, error) {
+func (s *Store) fireBatch(ctx context.Context, fences Fences, fires []Fire, sizes callSizes) ([]FireResult, error) {
 	if err := fences.check(); err != nil {
 		return nil, err
 	}
@@ -888,7 +925,7 @@ func (s *Store) fireBatch(ctx context.Context, fences Fences, fires []Fire, perC
 	var firstErr error
 	for start := 0; start < len(prepared); start += maxFiresPerFlight {
 		end := min(start+maxFiresPerFlight, len(prepared))
-		calls := chunkFires(prepared[start:end], start, perCall, fa, s.firePath, arena)
+		calls := chunkFires(prepared[start:end], start, sizes, fa, s.firePath, arena)
 		runFireCalls(ctx, s.client, calls)
 		for _, call := range calls {
 			decodeFireCall(call, results)

@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
+	"github.com/cronstream/cronstream/internal/outbox"
 	"github.com/cronstream/cronstream/internal/testenv"
 )
 
@@ -76,7 +77,9 @@ func mustFireWith(t testing.TB, s *Store, fences Fences, f Fire, want FireStatus
 	return res
 }
 
-// outboxIDs returns the event ids in queue's outbox, in order.
+// outboxIDs returns the event ids in queue's outbox, in order: a
+// multi-record's (checked to hold several, under outbox.MultiRecordID)
+// one by one.
 func outboxIDs(t testing.TB, s *Store, queue string) []string {
 	t.Helper()
 	recs, err := s.ReadOutbox(context.Background(), testPrefix, queue, "", 100000)
@@ -85,7 +88,15 @@ func outboxIDs(t testing.TB, s *Store, queue string) []string {
 	}
 	ids := make([]string, 0, len(recs))
 	for _, r := range recs {
-		ids = append(ids, r.EventID)
+		if outbox.FormOf(r.Data) != outbox.RecordMulti {
+			ids = append(ids, r.EventID)
+			continue
+		}
+		framed := outbox.EventIDs(r.EventID, r.Data)
+		if len(framed) < 2 || r.EventID != outbox.MultiRecordID(framed[0]) {
+			t.Fatalf("multi-record %s holds %q", r.EventID, framed)
+		}
+		ids = append(ids, framed...)
 	}
 	return ids
 }
@@ -1067,8 +1078,8 @@ func TestHandover(t *testing.T) {
 // TestFireBatch fires several queues and consecutive ticks of one entry in
 // one batch, in both call shapes, and recovers from an empty script cache.
 func TestFireBatch(t *testing.T) {
-	for _, perCall := range []int{1, maxFiresPerCall} {
-		t.Run(fmt.Sprintf("per-call-%d", perCall), func(t *testing.T) {
+	for _, perCall := range []callSizes{{1, 1}, fireCallSizes} {
+		t.Run(fmt.Sprintf("per-call-%d-%d", perCall.each, perCall.bulk), func(t *testing.T) {
 			ctx := context.Background()
 			s, rc := newTestStore(t)
 			if err := rc.ScriptFlush(ctx).Err(); err != nil {
@@ -1239,4 +1250,103 @@ func TestFireCluster(t *testing.T) {
 	if slices.Sort(oq); !slices.Equal(oq, []string{"a:b", "critical", "x{y"}) {
 		t.Fatalf("outbox queues %v", oq)
 	}
+}
+
+// TestFireBulkMultiRecord: a bulk call writes the fired records of the
+// fires that fired as one multi-record named after the first of them, in
+// order; a lone fired fire's record is a plain record, and a call that
+// fires nothing writes none. Calls hold up to fireCallSizes.bulk fires.
+func TestFireBulkMultiRecord(t *testing.T) {
+	ctx := context.Background()
+	s, rc := newTestStore(t)
+	// raw reads queue's outbox records as written: id and data.
+	raw := func(queue string) []Record {
+		t.Helper()
+		recs, err := s.ReadOutbox(ctx, testPrefix, queue, "", 1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := make([]Record, len(recs))
+		for i, r := range recs {
+			out[i] = Record{ID: r.EventID, Data: r.Data}
+		}
+		return out
+	}
+	multi := func(recs ...Record) Record {
+		data := []byte(outbox.MultiRecordTag)
+		for _, r := range recs {
+			data = outbox.AppendFrame(data, r.ID, r.Data)
+		}
+		return Record{ID: outbox.MultiRecordID(recs[0].ID), Data: data}
+	}
+	fires := func(queue string, n int) []Fire {
+		out := make([]Fire, n)
+		for i := range out {
+			out[i] = tickFire(fmt.Sprintf("%s-%d", queue, i), queue, tickAt(1), time.Time{})
+		}
+		return out
+	}
+	check := func(queue string, want ...Record) {
+		t.Helper()
+		got := raw(queue)
+		if !slices.EqualFunc(got, want, func(a, b Record) bool { return a.ID == b.ID && string(a.Data) == string(b.Data) }) {
+			t.Fatalf("outbox of %s:\n%q\nwant\n%q", queue, got, want)
+		}
+	}
+
+	// All fire: one multi-record.
+	all := fires("all", 5)
+	if _, err := s.FireBatch(ctx, testFences, all); err != nil {
+		t.Fatal(err)
+	}
+	check("all", multi(all[0].FiredRecord, all[1].FiredRecord, all[2].FiredRecord, all[3].FiredRecord, all[4].FiredRecord))
+
+	// The first and the fourth refused (a watermark ahead, a task there):
+	// the others' frames, named after the second.
+	some := fires("some", 5)
+	if err := rc.Set(ctx, Own(testPrefix, "some").Watermark(some[0].Entry), fmt.Sprint(tickAt(5).UnixMilli())+" x", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rc.HSet(ctx, Keys("some").Task(some[3].Msg.ID), "state", "active").Err(); err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.FireBatch(ctx, testFences, some)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res[0].Status != StatusWatermarkMismatch || res[3].Status != StatusAlreadyExists || res[1].Status != StatusFired || res[4].Status != StatusFired {
+		t.Fatalf("statuses %v %v %v %v %v", res[0].Status, res[1].Status, res[2].Status, res[3].Status, res[4].Status)
+	}
+	check("some", multi(some[1].FiredRecord, some[2].FiredRecord, some[4].FiredRecord))
+
+	// Only one fires: its own record. None fires: nothing.
+	one := fires("one", 3)
+	for _, i := range []int{0, 2} {
+		if err := rc.HSet(ctx, Keys("one").Task(one[i].Msg.ID), "state", "pending").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.FireBatch(ctx, testFences, one); err != nil {
+		t.Fatal(err)
+	}
+	check("one", one[1].FiredRecord)
+	if _, err := s.FireBatch(ctx, testFences, fires("one", 3)); err != nil {
+		t.Fatal(err)
+	}
+	check("one", one[1].FiredRecord)
+
+	// More than a bulk call holds: one record per call, in order.
+	many := fires("many", fireCallSizes.bulk+3)
+	if _, err := s.FireBatch(ctx, testFences, many); err != nil {
+		t.Fatal(err)
+	}
+	var first, second []Record
+	for i, f := range many {
+		if i < fireCallSizes.bulk {
+			first = append(first, f.FiredRecord)
+		} else {
+			second = append(second, f.FiredRecord)
+		}
+	}
+	check("many", multi(first...), multi(second...))
 }

@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/outbox"
 )
 
 // The fire script's KEYS and ARGV layouts (lua/fire.lua), named once: Go
@@ -104,23 +105,24 @@ const (
 )
 
 // The bulk path: ARGV[argBulk] is kindBulk, then the fences every fire
-// presents, then bulkArgs arguments per fire.
+// presents, the fired records of all its fires as one multi-record, then
+// bulkArgs arguments per fire.
 const (
 	argBulk          = argFirstFire + iota // kindBulk
 	argBulkConfig                          // as fireArgConfig
 	argBulkFresh                           // as fireArgFresh
 	argBulkMaxStale                        // as fireArgMaxStale
+	argBulkRecordID                        // the multi-record's id (outbox.MultiRecordID)
+	argBulkRecords                         // and data: a frame per fire, in order
 	argBulkFirstFire                       // where the fires' arguments begin
 )
 
 const (
-	bulkArgTick      = iota // unix ms
-	bulkArgExpected         // unix ms, "" = none
-	bulkArgMsg              // encoded TaskMessage
-	bulkArgTaskID           //
-	bulkArgFiredID          // fired record: event id
-	bulkArgFiredData        // and data
-	bulkArgs                // arguments per fire
+	bulkArgTick     = iota // unix ms
+	bulkArgExpected        // unix ms, "" = none
+	bulkArgMsg             // encoded TaskMessage
+	bulkArgTaskID          //
+	bulkArgs               // arguments per fire
 )
 
 // Overlap policies as the script reads them (fullArgOverlap).
@@ -163,10 +165,11 @@ var fireLayoutLua = luaConstants([]luaConstant{
 	{"LEAN_MSG", leanArgMsg}, {"LEAN_TASK_ID", leanArgTaskID}, {"LEAN_FIRED_ID", leanArgFiredID},
 	{"LEAN_FIRED_DATA", leanArgFiredData}, {"LEAN_ARGS", leanArgs},
 	{"A_BULK", argBulk}, {"A_BULK_CONFIG", argBulkConfig}, {"A_BULK_FRESH", argBulkFresh},
-	{"A_BULK_MAX_STALE", argBulkMaxStale}, {"A_BULK_FIRST_FIRE", argBulkFirstFire},
+	{"A_BULK_MAX_STALE", argBulkMaxStale}, {"A_BULK_RECORD_ID", argBulkRecordID}, {"A_BULK_RECORDS", argBulkRecords},
+	{"A_BULK_FIRST_FIRE", argBulkFirstFire}, {"MULTI_TAG", outbox.MultiRecordTag},
+	{"MULTI_ID_PREFIX", outbox.MultiRecordIDPrefix},
 	{"BA_TICK", bulkArgTick}, {"BA_EXPECTED", bulkArgExpected}, {"BA_MSG", bulkArgMsg},
-	{"BA_TASK_ID", bulkArgTaskID}, {"BA_FIRED_ID", bulkArgFiredID}, {"BA_FIRED_DATA", bulkArgFiredData},
-	{"BULK_ARGS", bulkArgs},
+	{"BA_TASK_ID", bulkArgTaskID}, {"BULK_ARGS", bulkArgs},
 	{"KIND_TICK", kindTick}, {"KIND_TRIGGER", kindTrigger}, {"KIND_BACKFILL", kindBackfill},
 	{"OVERLAP_SKIP", overlapSkip}, {"OVERLAP_BUFFER", overlapBuffer}, {"OVERLAP_CANCEL", overlapCancel},
 	{"FULL_CANCEL_REC", fullArgCancelID},

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/cronstream/cronstream/internal/outbox"
 )
 
 // TestFirePathsAgree runs random chunks of fires against random slot states
@@ -320,10 +322,23 @@ func dumpState(t *testing.T, rc *redis.Client) map[string]string {
 			v, err = rc.ZRangeWithScores(ctx, k, 0, -1).Result()
 		case "stream":
 			var msgs []redis.XMessage
+			// A multi-record counts as its framed records (the bulk path
+			// writes one per call where the others write one per fire).
 			msgs, err = rc.XRange(ctx, k, "-", "+").Result()
-			vals := make([]map[string]any, len(msgs))
-			for i, m := range msgs {
-				vals[i] = m.Values
+			var vals []map[string]any
+			for _, m := range msgs {
+				data, _ := m.Values["data"].(string)
+				if outbox.FormOf([]byte(data)) != outbox.RecordMulti {
+					vals = append(vals, m.Values)
+					continue
+				}
+				frames, ferr := outbox.SplitMulti([]byte(data))
+				if ferr != nil || len(frames) < 2 || m.Values["id"] != outbox.MultiRecordID(frames[0].ID) {
+					t.Fatalf("multi-record %v: %d frames, %v", m.Values["id"], len(frames), ferr)
+				}
+				for _, f := range frames {
+					vals = append(vals, map[string]any{"id": f.ID, "data": string(f.Data)})
+				}
 			}
 			v = vals
 		default:

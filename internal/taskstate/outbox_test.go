@@ -123,6 +123,7 @@ func TestOutboxOrderAndOwnership(t *testing.T) {
 func TestOutboxAckMany(t *testing.T) {
 	ctx := context.Background()
 	s, _ := newTestStore(t)
+	s.firePath = pathEach // a record per fire
 	var fires []Fire
 	for i := range 1200 {
 		fires = append(fires, tickFire("m"+string(rune('a'+i%26))+string(rune('a'+i/26)), "default", tickAt(1), time.Time{}))
