@@ -585,13 +585,16 @@ func (s *system) outboxLen(ctx context.Context) int64 {
 }
 
 type backlogSample struct {
-	at      time.Time
-	records int64
+	at     time.Time
+	events int64
 }
 
-// sampleBacklog samples outboxLen every interval until the returned stop
-// is called, which returns the samples.
-func (s *system) sampleBacklog(interval time.Duration) (stop func() []backlogSample) {
+// sampleBacklog samples, every interval until the returned stop is called
+// (which returns the samples), how many of queue's fires have no event in
+// the activity stream yet: tasks in its pending list (the benchmarks that
+// sample run no workers) minus the stream's messages. Counting the outbox's
+// records instead would count the fires of one script call once.
+func (s *system) sampleBacklog(queue string, interval time.Duration) (stop func() []backlogSample) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var samples []backlogSample
 	done := make(chan struct{})
@@ -600,7 +603,7 @@ func (s *system) sampleBacklog(interval time.Duration) (stop func() []backlogSam
 		t := time.NewTicker(interval)
 		defer t.Stop()
 		for {
-			samples = append(samples, backlogSample{at: time.Now(), records: s.outboxLen(ctx)})
+			samples = append(samples, backlogSample{at: time.Now(), events: s.pending(queue) - int64(s.activityMsgs())})
 			select {
 			case <-ctx.Done():
 				return
@@ -615,11 +618,11 @@ func (s *system) sampleBacklog(interval time.Duration) (stop func() []backlogSam
 	}
 }
 
-// backlogTrend is the largest sample and the least-squares slope (records
+// backlogTrend is the largest sample and the least-squares slope (events
 // per second) over the second half of the samples.
 func backlogTrend(samples []backlogSample) (largest int64, slope float64) {
 	for _, x := range samples {
-		largest = max(largest, x.records)
+		largest = max(largest, x.events)
 	}
 	half := samples[len(samples)/2:]
 	if len(half) < 2 {
@@ -628,7 +631,7 @@ func backlogTrend(samples []backlogSample) (largest int64, slope float64) {
 	var sx, sy, sxx, sxy float64
 	for _, x := range half {
 		t := x.at.Sub(half[0].at).Seconds()
-		y := float64(x.records)
+		y := float64(x.events)
 		sx, sy, sxx, sxy = sx+t, sy+y, sxx+t*t, sxy+t*y
 	}
 	n := float64(len(half))
