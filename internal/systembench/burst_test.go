@@ -3,6 +3,7 @@ package systembench
 import (
 	"context"
 	"fmt"
+	"os"
 	"strconv"
 	"testing"
 	"time"
@@ -29,7 +30,9 @@ import (
 //	CRONSTREAM_BENCH_INSTANT_ENTRIES=100000 go test -run '^$' -bench BenchmarkBurstVsFloor -benchtime 1x -timeout 30m -v ./internal/systembench/
 //
 // CRONSTREAM_BENCH_INSTANT_ENTRIES is N (default 10,000);
-// CRONSTREAM_BENCH_BURST_LEAD is the lead in seconds (default 30 + N/1000).
+// CRONSTREAM_BENCH_BURST_LEAD is the lead in seconds (default 30 + N/1000);
+// CRONSTREAM_BENCH_PERF names a file: the replica's CPU from the instant
+// until all tasks are in Redis is then recorded there with perf.
 func BenchmarkBurstVsFloor(b *testing.B) {
 	n := envInt("CRONSTREAM_BENCH_INSTANT_ENTRIES", 10_000)
 	lead := time.Duration(envInt("CRONSTREAM_BENCH_BURST_LEAD", 30+n/1000)) * time.Second
@@ -75,6 +78,7 @@ func burst(b *testing.B, n int, lead time.Duration) burstResult {
 		b.Fatalf("the replica loaded %d entries only %s before the instant: raise CRONSTREAM_BENCH_BURST_LEAD", n, left)
 	}
 	waitUntil(instant.Add(-100 * time.Millisecond))
+	stopPerf := perfRecord(b, p, os.Getenv("CRONSTREAM_BENCH_PERF"), 999)
 	resetCommandStats(b, s.rc)
 	before := s.cpu([]*replicaProc{p})
 	var out burstResult
@@ -83,6 +87,7 @@ func burst(b *testing.B, n int, lead time.Duration) burstResult {
 			out.inRedis = time.Since(instant)
 			out.cpu = s.cpu([]*replicaProc{p}).sub(before)
 			out.commands = commandStats(b, s.rc)
+			stopPerf()
 		}
 		if out.inRedis == 0 || s.activityMsgs() < uint64(n) {
 			return false

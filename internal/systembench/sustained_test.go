@@ -63,7 +63,7 @@ func sustained(b *testing.B, n, secs, k int) {
 	from := nextSecond(700 * time.Millisecond)
 	to := from.Add(time.Duration(secs) * time.Second)
 	waitUntil(from)
-	stopPerf := perfRecord(b, ps[0], os.Getenv("CRONSTREAM_BENCH_PERF"))
+	stopPerf := perfRecord(b, ps[0], os.Getenv("CRONSTREAM_BENCH_PERF"), 199)
 	stopSampling := s.sampleBacklog("default", 250*time.Millisecond)
 	resetCommandStats(b, s.rc)
 	cpu0, fires0, msgs0, attempts0 := s.cpu(ps), s.pending("default"), s.activityMsgs(), fireAttempts(ps)
@@ -149,14 +149,15 @@ func sustained(b *testing.B, n, secs, k int) {
 		percentile(delays, 1).Round(time.Millisecond), drained)
 }
 
-// perfRecord records p's CPU with perf into path until the returned stop
-// (a no-op when path is empty). perf missing or refused is logged, not a
-// failure: the profile is an aid, not a figure of the benchmark.
-func perfRecord(b *testing.B, p *replicaProc, path string) (stop func()) {
+// perfRecord records p's CPU with perf, hz samples a second, into path
+// until the returned stop (a no-op when path is empty). perf missing or
+// refused is logged, not a failure: the profile is an aid, not a figure of
+// the benchmark.
+func perfRecord(b *testing.B, p *replicaProc, path string, hz int) (stop func()) {
 	if path == "" {
 		return func() {}
 	}
-	cmd := exec.Command("perf", "record", "-e", "cpu-clock", "-F", "199", "-g", "-p", strconv.Itoa(p.pid()), "-o", path)
+	cmd := exec.Command("perf", "record", "-e", "cpu-clock", "-F", strconv.Itoa(hz), "-g", "-p", strconv.Itoa(p.pid()), "-o", path)
 	if err := cmd.Start(); err != nil {
 		b.Logf("perf record: %v (no profile)", err)
 		return func() {}
