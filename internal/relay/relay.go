@@ -46,6 +46,7 @@ type Outbox interface {
 	AckOutbox(ctx context.Context, prefix, queue, owner string, streamIDs ...string) error
 	OutboxLen(ctx context.Context, prefix, queue string) (int64, error)
 	OutboxBytes(ctx context.Context, prefix, queue string) (int64, error)
+	OutboxFirstRecordBytes(ctx context.Context, prefix, queue string) (int64, error)
 }
 
 // Config configures a Relay. Zero values mean the defaults.
@@ -382,7 +383,8 @@ type sizeSample struct {
 
 // outboxBytes returns the memory queue's outbox takes while it holds left
 // records: a MEMORY USAGE sample at most every SizeEvery, the last sample in
-// between. Where Redis refuses MEMORY USAGE it is estimated from the count.
+// between. Where Redis refuses MEMORY USAGE it is estimated from the count
+// and the size of the oldest record (estimateBytes).
 func (r *Relay) outboxBytes(ctx context.Context, queue string, left int64) int64 {
 	r.mu.Lock()
 	s, ok := r.sizes[queue]
@@ -394,10 +396,10 @@ func (r *Relay) outboxBytes(ctx context.Context, queue string, left int64) int64
 	switch {
 	case left <= 0:
 		return 0
-	case refused:
-		return left * taskstate.OutboxRecordBytes
 	case ok && time.Since(s.at) < r.cfg.SizeEvery:
 		return s.bytes
+	case refused:
+		return r.estimateBytes(ctx, queue, left)
 	}
 	b, err := r.cfg.Outbox.OutboxBytes(ctx, r.cfg.Names.Prefix(), queue)
 	switch {
@@ -413,12 +415,28 @@ func (r *Relay) outboxBytes(ctx context.Context, queue string, left int64) int64
 		r.sizeRefused = true
 		r.mu.Unlock()
 		if !refused {
-			r.log.Warn("Redis refused MEMORY USAGE: outbox sizes estimated from record counts", "bytes_per_record", taskstate.OutboxRecordBytes, "err", err)
+			r.log.Warn("Redis refused MEMORY USAGE: outbox sizes estimated from record counts and the size of each outbox's oldest record", "min_bytes_per_record", taskstate.OutboxRecordBytes, "err", err)
 		}
+		return r.estimateBytes(ctx, queue, left)
 	case ok:
 		return s.bytes // Redis failed for a moment: the last sample
 	}
 	return left * taskstate.OutboxRecordBytes
+}
+
+// estimateBytes is outboxBytes where Redis refuses MEMORY USAGE: left
+// records the size of the outbox's oldest one (a multi-record or a batch
+// holds many events), at least OutboxRecordBytes each, sampled as often.
+func (r *Relay) estimateBytes(ctx context.Context, queue string, left int64) int64 {
+	per := int64(taskstate.OutboxRecordBytes)
+	if n, err := r.cfg.Outbox.OutboxFirstRecordBytes(ctx, r.cfg.Names.Prefix(), queue); err == nil {
+		per = max(per, n)
+	}
+	b := left * per
+	r.mu.Lock()
+	r.sizes[queue] = sizeSample{bytes: b, at: time.Now()}
+	r.mu.Unlock()
+	return b
 }
 
 // errDisconnected: the NATS connection is down; records wait in Redis.

@@ -78,11 +78,11 @@ func (s *Store) OutboxLen(ctx context.Context, prefix, queue string) (int64, err
 	return n, nil
 }
 
-// OutboxRecordBytes is what one record takes in an outbox, rounded up from
-// the fired record of a scheduled tick measured with MEMORY USAGE (figure and
-// method in docs/operations.md, "NATS outages"). It converts record counts
-// to bytes where Redis cannot be asked (MEMORY USAGE refused) and for the
-// deprecated --max-outbox.
+// OutboxRecordBytes is what one fire's record takes in an outbox, rounded
+// up from the fired record of a scheduled tick measured with MEMORY USAGE
+// (figure and method in docs/operations.md, "NATS outages"). It converts
+// record counts to bytes where Redis cannot be asked (MEMORY USAGE refused;
+// at least this per record) and for the deprecated --max-outbox.
 const OutboxRecordBytes = 256
 
 // ErrMemoryUsageRefused reports a Redis that refuses MEMORY USAGE (an ACL
@@ -103,6 +103,18 @@ func (s *Store) OutboxBytes(ctx context.Context, prefix, queue string) (int64, e
 		return 0, fmt.Errorf("outbox size of queue %q: %w", queue, err)
 	}
 	return n, nil
+}
+
+// OutboxFirstRecordBytes is the size of the oldest record in queue's
+// outbox, its id and data, or 0 when it is empty: a rough measure of what
+// its records hold where MEMORY USAGE is refused (a multi-record or a
+// batch holds many events, a single record one).
+func (s *Store) OutboxFirstRecordBytes(ctx context.Context, prefix, queue string) (int64, error) {
+	recs, err := s.ReadOutbox(ctx, prefix, queue, "", 1)
+	if err != nil || len(recs) == 0 {
+		return 0, err
+	}
+	return int64(len(recs[0].EventID) + len(recs[0].Data)), nil
 }
 
 // AcquireOutbox takes queue's outbox lease for owner for ttl, or renews it
