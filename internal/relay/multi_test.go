@@ -3,6 +3,7 @@ package relay_test
 import (
 	"bytes"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -89,9 +90,15 @@ func TestRelayPublishesMultiRecords(t *testing.T) {
 		}
 	}
 
-	r := e.newRelay("r1", nil)
+	var heard []string
+	r := e.newRelay("r1", func(c *relay.Config) { c.OnPublished = func(ids []string) { heard = append(heard, ids...) } })
 	if err := r.Flush(c); err != nil {
 		t.Fatal(err)
+	}
+	// The replica hears of every event its relay handled, framed ones too
+	// (the scheduler and the stall detector learn of their own fires so).
+	if want := append(append([]string{}, ids...), good, "odd", "batch", last); !slices.Equal(heard, want) {
+		t.Fatalf("OnPublished heard %d ids, want %d: %q", len(heard), len(want), heard)
 	}
 	msgs := e.storedMsgs()
 	wantIDs := append(append([]string{}, ids...), good, last)
