@@ -64,8 +64,8 @@ func SplitMulti(rec []byte) ([]Frame, error) {
 			if sp < 1 {
 				return nil, fmt.Errorf("%w: frame %d: no length", ErrBadRecord, len(out))
 			}
-			n, err := strconv.Atoi(string(rest[:sp]))
-			if err != nil || n < 0 || rest[0] == '+' || rest[0] == '-' {
+			n, ok := frameLen(rest[:sp])
+			if !ok {
 				return nil, fmt.Errorf("%w: frame %d: length %q", ErrBadRecord, len(out), rest[:sp])
 			}
 			lens[i], rest = n, rest[sp+1:]
@@ -84,6 +84,21 @@ func SplitMulti(rec []byte) ([]Frame, error) {
 		return nil, fmt.Errorf("%w: a multi-record without records", ErrBadRecord)
 	}
 	return out, nil
+}
+
+// frameLen reads a frame's length as AppendFrame writes it: decimal
+// digits, no sign, no leading zero, so a multi-record has one spelling.
+func frameLen(b []byte) (int, bool) {
+	if len(b) == 0 || (b[0] == '0' && len(b) > 1) {
+		return 0, false
+	}
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+	}
+	n, err := strconv.Atoi(string(b))
+	return n, err == nil
 }
 
 // EventIDs returns the ids of the events an outbox record holds: a

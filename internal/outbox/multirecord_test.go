@@ -59,6 +59,8 @@ func TestSplitMultiRefuses(t *testing.T) {
 		"M1 x 1 ab",
 		"M1 -1 1 ab",
 		"M1 +1 1 ab",
+		"M1 01 1 ab",
+		"M1 1 00 a",
 		"M1 1 -1 ab",
 		"M1 0 1 a",
 		"M1 9223372036854775807 9223372036854775807 ab",
