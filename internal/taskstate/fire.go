@@ -640,7 +640,10 @@ func bulkable(fires []*preparedFire) bool {
 // appendBulk adds a bulkable chunk's keys and arguments in the bulk path's
 // layout: the blocks of watermarks, moved-markers and task keys; the
 // common fence arguments once, then bulkArgs arguments per fire.
-func appendBulk(keys []string, args []any, fires []*preparedFire, nums *numArgs, fa fenceArgs) ([]string, []any) {
+//
+// The multi-record of the fires' records is appended to *records, the
+// flight's scratch, and passed as a slice of it.
+func appendBulk(keys []string, args []any, records *[]byte, fires []*preparedFire, nums *numArgs, fa fenceArgs) ([]string, []any) {
 	n := len(fires)
 	at := len(keys)
 	keys = slices.Grow(keys, 3*n)[:at+3*n]
@@ -649,14 +652,13 @@ func appendBulk(keys []string, args []any, fires []*preparedFire, nums *numArgs,
 		keys[at+bulkBlockMarker*n+i] = p.own.Handover(p.f.Entry)
 		keys[at+bulkBlockTask*n+i] = p.keys.Task(p.id)
 	}
-	size := len(outbox.MultiRecordTag)
-	for _, p := range fires {
-		size += len(p.f.FiredRecord.ID) + len(p.f.FiredRecord.Data) + frameHeadBytes
-	}
-	recs := append(make([]byte, 0, size), outbox.MultiRecordTag...)
+	from := len(*records)
+	recs := append(*records, outbox.MultiRecordTag...)
 	for _, p := range fires {
 		recs = outbox.AppendFrame(recs, p.f.FiredRecord.ID, p.f.FiredRecord.Data)
 	}
+	*records = recs
+	recs = recs[from:len(recs):len(recs)]
 	var head [argBulkFirstFire - argBulk]any
 	head[argBulk-argBulk] = kindBulk
 	head[argBulkConfig-argBulk] = fa.config
@@ -676,9 +678,6 @@ func appendBulk(keys []string, args []any, fires []*preparedFire, nums *numArgs,
 	}
 	return keys, args
 }
-
-// frameHeadBytes is room for a frame's two lengths and their spaces.
-const frameHeadBytes = 16
 
 func expectedArg(f *Fire, nums *numArgs) any {
 	if f.ExpectNone {
@@ -741,9 +740,9 @@ type callSizes struct{ each, bulk int }
 // up to sizes.bulk fires, each one bulk call when it qualifies, else calls
 // of up to sizes.each fires.
 //
-// The calls' commands are laid out in *arena (grown as needed), which must
+// The calls' commands are laid out in arena (grown as needed), which must
 // outlive the calls; fireBatch reuses it from flight to flight.
-func chunkFires(prepared []preparedFire, offset int, sizes callSizes, fa fenceArgs, path firePath, arena *[]any) []*fireCall {
+func chunkFires(prepared []preparedFire, offset int, sizes callSizes, fa fenceArgs, path firePath, arena *flightArena) []*fireCall {
 	type slot struct{ prefix, queue string }
 	open := make(map[slot]*fireCall)
 	var runs []*fireCall
@@ -783,7 +782,7 @@ func chunkFires(prepared []preparedFire, offset int, sizes callSizes, fa fenceAr
 	var keys []string
 	var args []any
 	var nums numArgs
-	cmds := (*arena)[:0]
+	cmds := arena.cmds[:0]
 	ends := make([]int, len(calls))
 	for c, call := range calls {
 		first := call.fires[0]
@@ -802,7 +801,7 @@ func chunkFires(prepared []preparedFire, offset int, sizes callSizes, fa fenceAr
 		head[argFires-1] = len(call.fires)
 		args = append(args[:0], head[:]...)
 		if call.bulk {
-			keys, args = appendBulk(keys, args, call.fires, &nums, fa)
+			keys, args = appendBulk(keys, args, &arena.records, call.fires, &nums, fa)
 		} else {
 			for _, p := range call.fires {
 				keys, args = appendFire(keys, args, *p, &nums, fa, path)
@@ -821,15 +820,30 @@ func chunkFires(prepared []preparedFire, offset int, sizes callSizes, fa fenceAr
 		call.args = cmds[start:ends[c]:ends[c]]
 		start = ends[c]
 	}
-	*arena = cmds
+	arena.cmds = cmds
 	return calls
 }
 
-// Scratch reused across fire batches (which may run concurrently): the
-// commands of a flight, and a batch's prepared fires. Each is cleared
-// before it goes back, so it keeps no message or record alive.
+// flightArena is the scratch of one flight's commands: the commands, and
+// the bytes of the multi-records they pass. Neither is read once the
+// flight's pipeline is written and answered.
+type flightArena struct {
+	cmds    []any
+	records []byte
+}
+
+// reset empties a for the next flight, keeping its room; the commands are
+// cleared so they keep no message or record alive.
+func (a *flightArena) reset() {
+	clear(a.cmds)
+	a.cmds, a.records = a.cmds[:0], a.records[:0]
+}
+
+// Scratch reused across fire batches (which may run concurrently): a
+// flight's commands, and a batch's prepared fires. Each is cleared before
+// it goes back, so it keeps no message or record alive.
 var (
-	cmdArenas    = sync.Pool{New: func() any { return new([]any) }}
+	cmdArenas    = sync.Pool{New: func() any { return new(flightArena) }}
 	preparedBufs = sync.Pool{New: func() any { return new([]preparedFire) }}
 )
 
@@ -894,13 +908,12 @@ func (s *Store) fireBatch(ctx context.Context, fences Fences, fires []Fire, size
 	fa := fences.args()
 	pbuf := preparedBufs.Get().(*[]preparedFire)
 	prepared := slices.Grow((*pbuf)[:0], len(fires))[:len(fires)]
-	arena := cmdArenas.Get().(*[]any)
+	arena := cmdArenas.Get().(*flightArena)
 	defer func() {
 		clear(prepared)
 		*pbuf = prepared[:0]
 		preparedBufs.Put(pbuf)
-		clear(*arena)
-		*arena = (*arena)[:0]
+		arena.reset()
 		cmdArenas.Put(arena)
 	}()
 	for i := range fires {
@@ -930,7 +943,7 @@ func (s *Store) fireBatch(ctx context.Context, fences Fences, fires []Fire, size
 		for _, call := range calls {
 			decodeFireCall(call, results)
 		}
-		clear(*arena)
+		arena.reset()
 		for i := start; i < end; i++ {
 			if results[i].Err != nil {
 				failed++
