@@ -9,6 +9,7 @@ type Metrics struct {
 	Backlog       prometheus.Gauge
 	Forgeries     prometheus.Counter
 	BacklogBytes  prometheus.Gauge
+	Dropped       prometheus.Counter
 }
 
 // NewMetrics creates the relay metrics and registers them with reg (nil:
@@ -30,9 +31,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		BacklogBytes: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "cronstream_relay_backlog_bytes", Help: "Redis memory taken by outboxes holding records (MEMORY USAGE, sampled).",
 		}),
+		Dropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cronstream_relay_dropped_total", Help: "Outbox records, or records of a multi-record, dropped as undecodable or unroutable: their events are not in the activity stream (each is logged).",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Published, m.PublishErrors, m.Backlog, m.Forgeries, m.BacklogBytes)
+		reg.MustRegister(m.Published, m.PublishErrors, m.Backlog, m.Forgeries, m.BacklogBytes, m.Dropped)
 	}
 	return m
 }

@@ -120,6 +120,10 @@ func TestRelayPublishesMultiRecords(t *testing.T) {
 	if n := e.outboxLen(queue); n != 0 {
 		t.Fatalf("%d records left", n)
 	}
+	// The two frames and the record dropped are counted (and logged).
+	if n := r.Dropped(); n != 3 {
+		t.Fatalf("%d records counted as dropped, want 3", n)
+	}
 }
 
 // TestRelayOldMultiRecordChecked: a multi-record whose first events a relay

@@ -140,6 +140,7 @@ type Relay struct {
 	backlog   atomic.Int64
 	published atomic.Uint64
 	forgeries atomic.Uint64
+	dropped   atomic.Uint64
 	// forgeryLogged and forgeriesSince (under mu) bound the forgery
 	// warnings to one a minute.
 	forgeryLogged  time.Time
@@ -193,6 +194,20 @@ func (r *Relay) BacklogBytes() int64 { return r.backlogBytes.Load() }
 
 // Published returns how many records this relay has published.
 func (r *Relay) Published() uint64 { return r.published.Load() }
+
+// Dropped returns how many records (or records of a multi-record) this
+// relay dropped as undecodable or unroutable.
+func (r *Relay) Dropped() uint64 { return r.dropped.Load() }
+
+// drop logs and counts a record dropped: written by our own writers, it is
+// a bug, and keeping it would block its outbox for ever.
+func (r *Relay) drop(msg string, args ...any) {
+	r.dropped.Add(1)
+	if m := r.cfg.Metrics; m != nil {
+		m.Dropped.Inc()
+	}
+	r.log.Error(msg, args...)
+}
 
 // Forgeries returns how many of its records this relay found displaced in
 // the stream by a different message under the same id.
@@ -730,7 +745,7 @@ func (r *Relay) send(ctx context.Context, queue string, recs []taskstate.OutboxR
 				// goes on its own, under its own id.
 				split, err := r.splitBatch(payload)
 				if err != nil {
-					r.log.Error("dropping undecodable outbox batch", "stream_id", rec.StreamID, "event_id", rec.EventID, "err", err)
+					r.drop("dropping undecodable outbox batch", "stream_id", rec.StreamID, "event_id", rec.EventID, "err", err)
 					continue
 				}
 				msgs = split
@@ -745,7 +760,7 @@ func (r *Relay) send(ctx context.Context, queue string, recs []taskstate.OutboxR
 				}
 			}
 			if err != nil {
-				r.log.Error("dropping undecodable outbox batch", "stream_id", rec.StreamID, "event_id", rec.EventID, "err", err)
+				r.drop("dropping undecodable outbox batch", "stream_id", rec.StreamID, "event_id", rec.EventID, "err", err)
 				continue
 			}
 		case outbox.RecordMulti:
@@ -753,14 +768,14 @@ func (r *Relay) send(ctx context.Context, queue string, recs []taskstate.OutboxR
 			// one that does not decode is dropped alone.
 			frames, err := outbox.SplitMulti(rec.Data)
 			if err != nil {
-				r.log.Error("dropping undecodable outbox record", "stream_id", rec.StreamID, "event_id", rec.EventID, "err", err)
+				r.drop("dropping undecodable outbox record", "stream_id", rec.StreamID, "event_id", rec.EventID, "err", err)
 				continue
 			}
 			msgs = make([]pubMsg, 0, len(frames))
 			for _, f := range frames {
 				m, err := r.single(queue, f.ID, f.Data, &expanded, len(recs)*len(frames))
 				if err != nil {
-					r.log.Error("dropping undecodable record of an outbox multi-record", "stream_id", rec.StreamID, "event_id", f.ID, "err", err)
+					r.drop("dropping undecodable record of an outbox multi-record", "stream_id", rec.StreamID, "event_id", f.ID, "err", err)
 					continue
 				}
 				msgs = append(msgs, m)
@@ -775,7 +790,7 @@ func (r *Relay) send(ctx context.Context, queue string, recs []taskstate.OutboxR
 			if err != nil {
 				// Our own writers produced it, so this is a bug; keeping it
 				// would block the outbox forever. Log loudly, count, drop.
-				r.log.Error("dropping undecodable outbox record", "stream_id", rec.StreamID, "event_id", rec.EventID, "err", err)
+				r.drop("dropping undecodable outbox record", "stream_id", rec.StreamID, "event_id", rec.EventID, "err", err)
 				continue
 			}
 			msgs = []pubMsg{m}
