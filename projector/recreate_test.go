@@ -3,7 +3,9 @@ package projector
 import (
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -69,9 +71,14 @@ func TestLiveFollowAcrossStreamRecreation(t *testing.T) {
 	if st := p.Stats(); st.Reloads != 1 {
 		t.Fatalf("stats %+v: want 1 reload", st)
 	}
+	// The projector may notice the new stream before the test has
+	// published all of it (even while it is empty): the reload then holds
+	// a prefix of it and the rest follows as live events. So the
+	// subscriber may see b2 registered and removed, or a1 removed and
+	// registered again; what it must end with is the new stream.
 	var removed map[string]bool
+	var last map[string]*State
 	testenv.Eventually(t, 10*time.Second, func() bool {
-		var last map[string]*State
 		last, removed = seen()
 		for id, s := range last {
 			w, ok := want.states[id]
@@ -79,12 +86,16 @@ func TestLiveFollowAcrossStreamRecreation(t *testing.T) {
 				return false
 			}
 		}
-		return len(last) == 12 // a0-a9, b1, b3 (b2 was never registered for it)
-	}, "subscriber converged to the new stream")
+		for id := range want.states {
+			if last[id] == nil {
+				return false
+			}
+		}
+		return true
+	}, "subscriber converged to the new stream (it saw %v)", lazy(func() string { return fmt.Sprint(slices.Sorted(maps.Keys(last))) }))
 	for i := range 10 {
-		id := fmt.Sprintf("a%d", i)
-		if got := removed[id]; got != (id != "a1") {
-			t.Errorf("%s removed for the subscriber: %v", id, got)
+		if id := fmt.Sprintf("a%d", i); id != "a1" && !removed[id] {
+			t.Errorf("%s not removed for the subscriber", id)
 		}
 	}
 	logs.mu.Lock()
