@@ -61,8 +61,9 @@ func aclDenials(t *testing.T, rc *redis.Client) []string {
 }
 
 // TestRedisACL runs the real binary as the users of deploy/redis/users.acl:
-// the replica fires and recovers a task whose worker died, the operator
-// triggers and reads status, and Redis logs no denial but CONFIG's.
+// the replica fires, cancels a running task overlap cancel-previous
+// replaces and recovers a task whose worker died, the operator triggers and
+// reads status, and Redis logs no denial but CONFIG's.
 func TestRedisACL(t *testing.T) {
 	t.Parallel()
 	rd := testenv.StartRedis(t, testenv.WithPrivateServer())
@@ -119,6 +120,38 @@ func TestRedisACL(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, 30*time.Second, func() bool { return admin.ZCard(ctx, k.Retry()).Val() == dead }, "lease-expired tasks not recovered as the ACL user:\n%s", p.Stderr())
+
+	// Overlap cancel-previous publishes on asynq:cancel the id of the
+	// running task a tick replaces. A "worker" (the admin here) takes the
+	// entry's pending task and runs it, with a live lease so the recoverer
+	// leaves it; the next tick is then held and the running task cancelled.
+	sub := admin.Subscribe(ctx, "asynq:cancel")
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil { // the subscription's confirmation
+		t.Fatal(err)
+	}
+	e.ok("entry", "put", "acl-cancel", "--cron", "@every 1s", "--type", "acl:cancel", "--queue", "canc", "--overlap", "cancel-previous")
+	ck := taskstate.Keys("canc")
+	run := redis.NewScript(`
+local id = redis.call('RPOPLPUSH', KEYS[1], KEYS[2])
+if not id then return false end
+redis.call('HSET', KEYS[4] .. id, 'state', 'active')
+redis.call('ZADD', KEYS[3], ARGV[1], id)
+return id`)
+	running := map[string]bool{}
+	cancelled := ""
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		if id, err := run.Run(ctx, admin, []string{ck.Pending(), ck.Active(), ck.Lease(), ck.TaskPrefix()}, time.Now().Add(time.Hour).Unix()).Text(); err == nil {
+			running[id] = true
+		}
+		select {
+		case m := <-sub.Channel():
+			cancelled = m.Payload
+			return running[cancelled]
+		case <-time.After(200 * time.Millisecond):
+			return false
+		}
+	}, "no cancellation of a running task (%v) published as the ACL user (got %q):\n%s", running, cancelled, p.Stderr())
 
 	// The operator's commands: trigger as the replica user, status as the
 	// read-only one.
