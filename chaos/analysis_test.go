@@ -443,7 +443,7 @@ func check(ctx context.Context, rdb *redis.Client, in checkInput) report {
 	r.distinctExecuted = len(distinct)
 
 	// Tasks the killed workers held: each recovered once, by us or asynq,
-	// or gone with a later data loss.
+	// or gone with a data loss while they were held (lostWhileHeld).
 	heldKeys := map[string]bool{}
 	for _, h := range in.held {
 		r.held++
@@ -455,7 +455,7 @@ func check(ctx context.Context, rdb *redis.Client, in checkInput) report {
 		}
 		retried, state, err := taskRetried(ctx, rdb, h.queue, h.id)
 		switch {
-		case errors.Is(err, errNoTaskHash) && flushedAfter(in.flushes, h.killedAt):
+		case errors.Is(err, errNoTaskHash) && lostWhileHeld(in.flushes, h.killedAt):
 			r.heldFlushed++
 		case err != nil:
 			r.heldUnknown++
@@ -490,10 +490,19 @@ func sameFire(a, b events.Fired) bool {
 	return a.EnqueuedAt.Equal(b.EnqueuedAt) && a.Replica == b.Replica && a.TaskID == b.TaskID && a.Queue == b.Queue
 }
 
-// flushedAfter reports whether Redis lost its data after t.
-func flushedAfter(flushes []flush, t time.Time) bool {
+// workerMaxWork is the longest a chaos worker's handler runs (its
+// --max-work default): a task a worker held when killed started at most
+// this long before.
+const workerMaxWork = 2 * time.Second
+
+// lostWhileHeld reports whether a task a worker held when it was killed at
+// killedAt can have gone with a Redis data loss: one after the kill, one
+// under way at the kill (the worker kept running handlers while Redis was
+// down), or one that ended so shortly before the kill that the task may
+// have started before it.
+func lostWhileHeld(flushes []flush, killedAt time.Time) bool {
 	for _, f := range flushes {
-		if f.lost.After(t) {
+		if f.lost.After(killedAt) || f.back.After(killedAt.Add(-workerMaxWork)) {
 			return true
 		}
 	}

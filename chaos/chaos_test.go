@@ -844,7 +844,7 @@ func settle(t *testing.T, s *system, held []heldTask, flushes []flush, pauseAt t
 		pending := 0
 		for _, h := range held {
 			retried, _, err := taskRetried(ctx, s.rdb, h.queue, h.id)
-			if errors.Is(err, errNoTaskHash) && flushedAfter(flushes, h.killedAt) {
+			if errors.Is(err, errNoTaskHash) && lostWhileHeld(flushes, h.killedAt) {
 				continue // gone with a Redis data loss
 			}
 			if err != nil || retried <= h.retried {

@@ -106,3 +106,28 @@ func snapWith(ids ...string) redisSnapshot {
 	}
 	return s
 }
+
+// TestLostWhileHeld: a task a killed worker held can have gone with a data
+// loss that came after the kill, was under way at it (the worker ran its
+// handlers on while Redis was down), or ended less than a handler's longest
+// run before it; not with one that was over well before.
+func TestLostWhileHeld(t *testing.T) {
+	lost := time.Date(2026, 1, 1, 0, 0, 10, 0, time.UTC)
+	flushes := []flush{{lost: lost, back: lost.Add(2 * time.Second)}}
+	for _, c := range []struct {
+		killed time.Duration // after lost
+		want   bool
+	}{
+		{-time.Second, true},                    // before the loss
+		{time.Second, true},                     // while Redis was down and empty
+		{2*time.Second + workerMaxWork/2, true}, // a handler started before the loss may still run
+		{2*time.Second + workerMaxWork + time.Second, false},
+	} {
+		if got := lostWhileHeld(flushes, lost.Add(c.killed)); got != c.want {
+			t.Errorf("killed %s after the loss: lostWhileHeld %v, want %v", c.killed, got, c.want)
+		}
+	}
+	if lostWhileHeld(nil, lost) {
+		t.Error("lostWhileHeld without a data loss")
+	}
+}
