@@ -379,6 +379,17 @@ func TestChaos(t *testing.T) {
 	tl.start = time.Now()
 	held := runChaos(t, s, nc, rd, plan, tl, entryQueue)
 	chaosEnd := time.Now()
+	// A wait that fails below ends the test before the summary: the
+	// actions as they happened (the plan's times shift when a kill waits
+	// for a busy worker) are then logged here.
+	logged := false
+	t.Cleanup(func() {
+		if t.Failed() && !logged {
+			tl.mu.Lock()
+			defer tl.mu.Unlock()
+			t.Logf("chaos actions:\n    %s", strings.Join(tl.actions, "\n    "))
+		}
+	})
 
 	// Everything is back: no replica may be left with a stale projection.
 	s.waitReady(120 * time.Second)
@@ -506,6 +517,7 @@ func TestChaos(t *testing.T) {
 		c["redis data loss"], c["nats full restart"],
 		rep.tasksInRange, rep.duplicates(), rep.missedOutside, rep.lost(), rep.lostWithRedis(), rep.early)
 	t.Logf("chaos actions:\n    %s", actions)
+	logged = true
 	t.Log(sum.String())
 
 	for _, u := range unexpected {
