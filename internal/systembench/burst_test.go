@@ -157,42 +157,22 @@ func burst(b *testing.B, n int, lead time.Duration) []burstResult {
 // list), pipelined 1,000 tasks per round trip, and returns the time it took
 // and redis-server's CPU meanwhile.
 func enqueueFloor(b *testing.B, n int) (took, redisCPU time.Duration) {
-	b.Helper()
-	rd := testenv.StartRedis(b, testenv.WithPrivateServer())
-	rc := rd.Client(b)
-	ctx := context.Background()
-	pid := redisPID(b, rc)
 	keys := taskstate.Keys("default")
-	if err := rc.SAdd(ctx, taskstate.AllQueuesKey, "default").Err(); err != nil {
-		b.Fatal(err)
-	}
-	cpu0 := procCPU(pid)
-	start := time.Now()
-	pipe := rc.Pipeline()
-	for i := range n {
-		id := "floor-" + strconv.Itoa(i)
-		msg, err := taskstate.EncodeTaskMessage(&taskstate.TaskMessage{Type: "bench:i", Payload: []byte(`{"id":"i` + strconv.Itoa(i) + `"}`),
-			ID: id, Queue: "default", Retry: 25, Timeout: 1800})
-		if err != nil {
-			b.Fatal(err)
-		}
-		pipe.HSet(ctx, keys.Task(id), "msg", msg, "state", "pending", "pending_since", time.Now().UnixNano())
-		pipe.LPush(ctx, keys.Pending(), id)
-		if pipe.Len() >= 2000 {
-			if _, err := pipe.Exec(ctx); err != nil {
+	return timedWrites(b, "floor", n, nil, func(ctx context.Context, pipe redis.Pipeliner, flush func()) {
+		for i := range n {
+			id := "floor-" + strconv.Itoa(i)
+			msg, err := taskstate.EncodeTaskMessage(&taskstate.TaskMessage{Type: "bench:i", Payload: []byte(`{"id":"i` + strconv.Itoa(i) + `"}`),
+				ID: id, Queue: "default", Retry: 25, Timeout: 1800})
+			if err != nil {
 				b.Fatal(err)
 			}
+			pipe.HSet(ctx, keys.Task(id), "msg", msg, "state", "pending", "pending_since", time.Now().UnixNano())
+			pipe.LPush(ctx, keys.Pending(), id)
+			if pipe.Len() >= 2000 {
+				flush()
+			}
 		}
-	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		b.Fatal(err)
-	}
-	took = time.Since(start)
-	redisCPU = procCPU(pid) - cpu0
-	if l := rc.LLen(ctx, keys.Pending()).Val(); l != int64(n) {
-		b.Fatalf("floor: %d tasks pending, want %d", l, n)
-	}
-	return took, redisCPU
+	})
 }
 
 // commandsFloor writes n tasks into a fresh redis-server with the commands
@@ -205,77 +185,91 @@ func enqueueFloor(b *testing.B, n int) (took, redisCPU time.Duration) {
 // entry's first), written before the clock starts. It returns the time it
 // took and redis-server's CPU meanwhile.
 func commandsFloor(b *testing.B, n int) (took, redisCPU time.Duration) {
-	b.Helper()
 	const chunk, perTrip = 64, 1024
-	rd := testenv.StartRedis(b, testenv.WithPrivateServer())
-	rc := rd.Client(b)
-	ctx := context.Background()
-	pid := redisPID(b, rc)
 	keys, own := taskstate.Keys("default"), taskstate.Own("", "default")
 	prev := time.Now().UTC().Truncate(time.Second)
 	tick := prev.Add(time.Minute)
 	entry := func(i int) string { return fmt.Sprintf("i%06d", i) }
-	seed := rc.Pipeline()
-	for i := range n {
-		seed.Set(ctx, own.Watermark(entry(i)), strconv.FormatInt(prev.UnixMilli(), 10)+" "+events.TaskID(taskstate.DefaultPrefix, entry(i), prev), 0)
-		if seed.Len() >= perTrip {
-			if _, err := seed.Exec(ctx); err != nil {
-				b.Fatal(err)
+	seed := func(ctx context.Context, pipe redis.Pipeliner, flush func()) {
+		for i := range n {
+			pipe.Set(ctx, own.Watermark(entry(i)), strconv.FormatInt(prev.UnixMilli(), 10)+" "+events.TaskID(taskstate.DefaultPrefix, entry(i), prev), 0)
+			if pipe.Len() >= perTrip {
+				flush()
 			}
 		}
 	}
-	if _, err := seed.Exec(ctx); err != nil {
+	tickMS := strconv.FormatInt(tick.UnixMilli(), 10)
+	return timedWrites(b, "commands floor", n, seed, func(ctx context.Context, pipe redis.Pipeliner, flush func()) {
+		for first := 0; first < n; first += chunk {
+			m := min(chunk, n-first)
+			reads := make([]string, 0, 2*m)
+			marks := make([]any, 0, 2*m)
+			ids := make([]any, 0, m)
+			recs := []byte(outbox.MultiRecordTag)
+			for i := first; i < first+m; i++ {
+				e := entry(i)
+				id := events.TaskID(taskstate.DefaultPrefix, e, tick)
+				reads = append(reads, own.Watermark(e))
+				marks = append(marks, own.Watermark(e), tickMS+" "+id)
+				ids = append(ids, id)
+				f := events.Fired{Entry: e, ScheduledAt: tick, EnqueuedAt: time.Now(), TaskID: id, Queue: "default", Revision: 1, Replica: "floor"}
+				recs = outbox.AppendFrame(recs, events.FiredEventID(e, tick), outbox.AppendFiredRecord(nil, &f))
+			}
+			for i := first; i < first+m; i++ {
+				reads = append(reads, own.Handover(entry(i)))
+			}
+			pipe.MGet(ctx, reads...)
+			for i := first; i < first+m; i++ {
+				id := ids[i-first].(string)
+				msg, err := taskstate.EncodeTaskMessage(&taskstate.TaskMessage{Type: "bench:i", Payload: []byte(`{"id":"` + entry(i) + `"}`),
+					ID: id, Queue: "default", Retry: 25, Timeout: 1800})
+				if err != nil {
+					b.Fatal(err)
+				}
+				pipe.Exists(ctx, keys.Task(id))
+				pipe.HSet(ctx, keys.Task(id), "msg", msg, "state", "pending", "pending_since", time.Now().UnixNano())
+			}
+			pipe.LPush(ctx, keys.Pending(), ids...)
+			pipe.XAdd(ctx, &redis.XAddArgs{Stream: own.Outbox(), Values: []any{"id", outbox.MultiRecordID(events.FiredEventID(entry(first), tick)), "data", recs}})
+			pipe.MSet(ctx, marks...)
+			if (first+m)%perTrip == 0 {
+				flush()
+			}
+		}
+	})
+}
+
+// timedWrites starts a fresh redis-server, lets prepare write what must
+// exist beforehand, then times write and checks that n tasks are pending
+// in "default" after it. Both send their commands through pipe, flush
+// sending what it holds (and failing the benchmark on an error). It returns
+// write's time and redis-server's CPU meanwhile.
+func timedWrites(b *testing.B, name string, n int, prepare, write func(ctx context.Context, pipe redis.Pipeliner, flush func())) (took, redisCPU time.Duration) {
+	b.Helper()
+	rc := testenv.StartRedis(b, testenv.WithPrivateServer()).Client(b)
+	ctx := context.Background()
+	pid := redisPID(b, rc)
+	if err := rc.SAdd(ctx, taskstate.AllQueuesKey, "default").Err(); err != nil {
 		b.Fatal(err)
+	}
+	pipe := rc.Pipeline()
+	flush := func() {
+		if _, err := pipe.Exec(ctx); err != nil {
+			b.Fatalf("%s: %v", name, err)
+		}
+	}
+	if prepare != nil {
+		prepare(ctx, pipe, flush)
+		flush()
 	}
 	cpu0 := procCPU(pid)
 	start := time.Now()
-	pipe := rc.Pipeline()
-	tickMS := strconv.FormatInt(tick.UnixMilli(), 10)
-	for first := 0; first < n; first += chunk {
-		m := min(chunk, n-first)
-		reads := make([]string, 0, 2*m)
-		marks := make([]any, 0, 2*m)
-		ids := make([]any, 0, m)
-		recs := []byte(outbox.MultiRecordTag)
-		for i := first; i < first+m; i++ {
-			e := entry(i)
-			id := events.TaskID(taskstate.DefaultPrefix, e, tick)
-			reads = append(reads, own.Watermark(e))
-			marks = append(marks, own.Watermark(e), tickMS+" "+id)
-			ids = append(ids, id)
-			f := events.Fired{Entry: e, ScheduledAt: tick, EnqueuedAt: time.Now(), TaskID: id, Queue: "default", Revision: 1, Replica: "floor"}
-			recs = outbox.AppendFrame(recs, events.FiredEventID(e, tick), outbox.AppendFiredRecord(nil, &f))
-		}
-		for i := first; i < first+m; i++ {
-			reads = append(reads, own.Handover(entry(i)))
-		}
-		pipe.MGet(ctx, reads...)
-		for i := first; i < first+m; i++ {
-			id := ids[i-first].(string)
-			msg, err := taskstate.EncodeTaskMessage(&taskstate.TaskMessage{Type: "bench:i", Payload: []byte(`{"id":"` + entry(i) + `"}`),
-				ID: id, Queue: "default", Retry: 25, Timeout: 1800})
-			if err != nil {
-				b.Fatal(err)
-			}
-			pipe.Exists(ctx, keys.Task(id))
-			pipe.HSet(ctx, keys.Task(id), "msg", msg, "state", "pending", "pending_since", time.Now().UnixNano())
-		}
-		pipe.LPush(ctx, keys.Pending(), ids...)
-		pipe.XAdd(ctx, &redis.XAddArgs{Stream: own.Outbox(), Values: []any{"id", outbox.MultiRecordID(events.FiredEventID(entry(first), tick)), "data", recs}})
-		pipe.MSet(ctx, marks...)
-		if (first+m)%perTrip == 0 {
-			if _, err := pipe.Exec(ctx); err != nil {
-				b.Fatal(err)
-			}
-		}
-	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		b.Fatal(err)
-	}
+	write(ctx, pipe, flush)
+	flush()
 	took = time.Since(start)
 	redisCPU = procCPU(pid) - cpu0
-	if l := rc.LLen(ctx, keys.Pending()).Val(); l != int64(n) {
-		b.Fatalf("commands floor: %d tasks pending, want %d", l, n)
+	if l := rc.LLen(ctx, taskstate.Keys("default").Pending()).Val(); l != int64(n) {
+		b.Fatalf("%s: %d tasks pending, want %d", name, l, n)
 	}
 	return took, redisCPU
 }
