@@ -825,15 +825,6 @@ func scanTaskLog(path string, off int64, pid int, open map[string]bool) int64 {
 	return off + int64(end) + 1
 }
 
-// settle waits until nothing changes any more: the outbox is empty, every
-// task a killed worker held has left its lost attempt, and the activity
-// stream has stopped growing for a few seconds.
-// checkEnd is the last tick the check requires to have fired when the
-// entries were paused at pauseAt. A pause takes effect at once, also for a
-// tick already due whose primary had not fired it yet: another replica
-// fires such a tick only once it is the late delay (2 s) old, and the
-// pause cancels that. Ticks older than the late delay plus a second were
-// due to be fired by someone before the pause.
 // entriesBehind returns the entries whose watermark (the last tick fired
 // or skipped, in their queue's slot) is before tick, or unreadable.
 func entriesBehind(rdb *redis.Client, entryQueue map[string]string, tick time.Time) []string {
@@ -857,10 +848,19 @@ func entriesBehind(rdb *redis.Client, entryQueue map[string]string, tick time.Ti
 	return behind
 }
 
+// checkEnd is the last tick the check requires to have fired when the
+// entries were paused at pauseAt. A pause takes effect at once, also for a
+// tick already due whose primary had not fired it yet: another replica
+// fires such a tick only once it is the late delay (2 s) old, and the
+// pause cancels that. Ticks older than the late delay plus a second were
+// due to be fired by someone before the pause.
 func checkEnd(pauseAt time.Time) time.Time {
 	return pauseAt.Truncate(time.Second).Add(-3 * time.Second)
 }
 
+// settle waits until nothing changes any more: the outbox is empty, every
+// task a killed worker held has left its lost attempt, and the activity
+// stream has stopped growing for a few seconds.
 func settle(t *testing.T, s *system, held []heldTask, flushes []flush, pauseAt time.Time) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)

@@ -3,8 +3,10 @@ package main
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -151,7 +153,8 @@ return id`)
 		case <-time.After(200 * time.Millisecond):
 			return false
 		}
-	}, "no cancellation of a running task (%v) published as the ACL user (got %q):\n%s", running, cancelled, p.Stderr())
+	}, "no cancellation of a running task (%v) published as the ACL user (got %q):\n%v", lazy(func() string { return fmt.Sprint(slices.Sorted(maps.Keys(running))) }),
+		lazy(func() string { return cancelled }), lazy(p.Stderr))
 
 	// The operator's commands: trigger as the replica user, status as the
 	// read-only one.
