@@ -342,19 +342,21 @@ var (
 
 // Script return codes, mirrored in fireScript.
 const (
-	codeFired         = 1
-	codeExists        = 2
-	codeDuplicate     = 3
-	codeOverlap       = 4
-	codeSkipped       = 5
-	codeHeld          = 6
-	codeMismatch      = -1
-	codeMoved         = -2
-	codeFenced        = -3
-	codeStale         = -4
-	codeCompleted     = -5
-	maxFiresPerFlight = 1024
+	codeFired     = 1
+	codeExists    = 2
+	codeDuplicate = 3
+	codeOverlap   = 4
+	codeSkipped   = 5
+	codeHeld      = 6
+	codeMismatch  = -1
+	codeMoved     = -2
+	codeFenced    = -3
+	codeStale     = -4
+	codeCompleted = -5
 )
+
+// maxFiresPerFlight bounds one pipeline's memory.
+const maxFiresPerFlight = 1024
 
 // fireCallSizes: a call of a few fires amortises the round trip and the
 // script's fixed cost over its fires, while several calls per pipeline keep
@@ -363,7 +365,6 @@ const (
 // bulk call's fixed cost (fences, one read and one write of every
 // watermark, one push, one outbox record) is a larger share, and it pays
 // to spread it over more fires (figures in docs/benchmarks.md).
-// maxFiresPerFlight bounds one pipeline's memory.
 var fireCallSizes = callSizes{each: 16, bulk: 64}
 
 // preparedFire is a validated fire with its encoded message.
