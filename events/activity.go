@@ -31,6 +31,10 @@ const (
 	// instead of fired, because its entry was paused, removed, moved to
 	// another queue or no longer uses buffer-one.
 	SkipOverlapDropped = "overlap-dropped"
+	// SkipPaused: the tick was due before its entry was paused, but no
+	// replica had fired it when the pause took effect (every replica down,
+	// or Redis failing); the pause stops it from firing late.
+	SkipPaused = "paused"
 )
 
 // Skipped is the data of cronstream.entry.skipped. When many consecutive

@@ -13,11 +13,12 @@ type sentFire struct {
 	tick     time.Time
 	skipped  bool // it carried skipped records of missed ticks
 	excluded bool // it carried a skipped record of excluded ticks
+	paused   bool // it recorded ticks due before a pause
 }
 
 func sentOf(f *taskstate.Fire) sentFire {
 	sf := sentFire{kind: f.Kind, tick: f.Tick}
-	sf.skipped, sf.excluded = skipReasons(f.SkippedRecords)
+	sf.skipped, sf.excluded, sf.paused = skipReasons(f.SkippedRecords)
 	return sf
 }
 
@@ -103,6 +104,11 @@ func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (ta
 	if f.excluded {
 		s.count(func(st *Stats) { st.SkippedExcluded++ })
 		s.m.Skipped.WithLabelValues(events.SkipExcluded).Inc()
+	}
+	if f.paused {
+		s.count(func(st *Stats) { st.SkippedPaused++ })
+		s.m.Skipped.WithLabelValues(events.SkipPaused).Inc()
+		s.log.Info("ticks due before the entry was paused, which no replica had fired, recorded as skipped (reason paused)", "entry", r.id, "until", f.tick)
 	}
 	switch status {
 	case taskstate.StatusFired:

@@ -48,6 +48,13 @@ type entryRun struct {
 	// replica's pace, and loading clears it.
 	skippedAt time.Time
 
+	// settle, while set, is a pause that took effect with ticks due before
+	// it that no replica had handled (every replica was down, or Redis
+	// failing): they are recorded as skipped (reason paused) through the
+	// fire script's compare-and-set, as missed ticks are, before the entry
+	// rests, so a pause never leaves a hole in the audit log.
+	settle *pauseSettle
+
 	// completedSince is the revision of the fire limit found reached (a
 	// fire refused as completed): the entry fires nothing more while its
 	// limit counts from there (completed).
@@ -73,8 +80,10 @@ type entryRun struct {
 // entryPhase is where an entry stands on this replica: loading (its
 // watermark is to be read) or ready (the watermark is known and the entry
 // fires on its schedule). A paused entry keeps its phase but is neither in
-// s.load nor in the heap; applyChange puts it back where its phase says
-// when it resumes.
+// s.load nor in the heap, except while its pause settles (pauseSettle: in
+// s.load until its watermark is read, then in the heap until the ticks due
+// before the pause are recorded); applyChange puts it back where its phase
+// says when it resumes.
 type entryPhase uint8
 
 const (
@@ -122,6 +131,47 @@ type loadSteps struct {
 	held bool
 }
 
+// pauseSettle is a pause whose due ticks are still to be recorded.
+type pauseSettle struct {
+	// until is when the pause took effect (its event's stream time, at most
+	// the clock when it was applied): ticks at or before it were due before
+	// the pause. Zero until loadPaused has read it from the history of an
+	// entry found paused.
+	until time.Time
+	// sched and after are the schedule and floor of before the pause, kept
+	// when the entry resumes before the settle committed (the resume moves
+	// the floor and may change the spec). Unset, the entry's own still are.
+	sched *Schedule
+	after time.Time
+}
+
+// pausedTicks is the run of r's ticks its pause settle still has to
+// record: after its floor and cursor, up to the pause.
+func (r *entryRun) pausedTicks() tickRange {
+	p := r.settle
+	sched, after := r.sched, r.floor
+	if p.sched != nil {
+		sched, after = p.sched, p.after
+	}
+	if r.hasCursor && r.cursor.After(after) {
+		after = r.cursor
+	}
+	return countTicks(sched, after, p.until.Add(time.Nanosecond))
+}
+
+// settling reports whether r's pause settle has ticks left to record, and
+// drops the settle when not.
+func (r *entryRun) settling() bool {
+	if r.settle == nil {
+		return false
+	}
+	if r.settle.until.IsZero() || r.completed() || r.pausedTicks().empty() {
+		r.settle = nil
+		return false
+	}
+	return true
+}
+
 // next returns r's first tick after start() (zero when none).
 func (r *entryRun) next() time.Time {
 	from := r.start()
@@ -155,17 +205,17 @@ func (s *Scheduler) applyChange(c projector.Change) {
 	} else {
 		delete(s.pausedEntries, c.ID)
 	}
-	if c.New == nil || c.New.Entry.Paused {
+	if c.New == nil {
 		if r != nil {
 			s.heap.remove(r)
 			delete(s.load, r.id)
-			if c.New == nil {
-				delete(s.entries, c.ID)
-				s.pos.forget(c.ID)
-			} else {
-				r.st = *c.New
-			}
+			delete(s.entries, c.ID)
+			s.pos.forget(c.ID)
 		}
+		return
+	}
+	if c.New.Entry.Paused {
+		s.pause(r, c)
 		return
 	}
 	st := *c.New
@@ -186,6 +236,11 @@ func (s *Scheduler) applyChange(c projector.Change) {
 		old := r.st.Entry
 		switch {
 		case old.Paused:
+			if r.settle != nil && r.settle.sched == nil && !r.settle.until.IsZero() {
+				// Its ticks from before the pause are still to be
+				// recorded, by the schedule and floor they belong to.
+				r.settle.sched, r.settle.after = r.sched, r.floor
+			}
 			// Ticks while paused are not missed: they never fire.
 			r.floor, r.loading.floorAtLoad = st.Time, false
 		case old.Cron != st.Entry.Cron || old.Timezone != st.Entry.Timezone:
@@ -208,6 +263,47 @@ func (s *Scheduler) applyChange(c projector.Change) {
 	s.schedule(r, s.clock.Now())
 }
 
+// pause follows an entry's pause: the entry leaves the firing loop once
+// the ticks due before the pause that no replica handled are recorded
+// (pauseSettle).
+func (s *Scheduler) pause(r *entryRun, c projector.Change) {
+	st := *c.New
+	if r == nil {
+		if c.Old != nil {
+			return // paused before this replica loaded it: nothing new
+		}
+		// Found paused (at start, or registered paused): if every replica
+		// was down when the pause came, ticks due before it may be
+		// unhandled. loadPaused finds out from its watermark and history.
+		sched, err := NewSchedule(st.Entry)
+		if err != nil {
+			s.log.Error("entry has no usable schedule; not loading it", "entry", c.ID, "err", err)
+			return
+		}
+		r = &entryRun{id: c.ID, st: st, sched: sched, queue: st.Entry.Options.QueueName(), index: -1,
+			phase: phaseLoading, floor: st.Time, loading: loadSteps{floorAtLoad: true}, settle: &pauseSettle{}}
+		s.entries[c.ID] = r
+		s.load[r.id] = r
+		return
+	}
+	wasPaused := r.st.Entry.Paused
+	r.st = st
+	if wasPaused {
+		return // still paused: a note or another field changed
+	}
+	now := s.clock.Now()
+	until := st.Time
+	if until.IsZero() || until.After(now) {
+		// Not a tick that is not due yet by this replica's clock.
+		until = now
+	}
+	r.settle = &pauseSettle{until: until}
+	if r.phase == phaseLoading {
+		return // in s.load: loadPaused decides once the watermark is read
+	}
+	s.schedule(r, now)
+}
+
 // completed reports whether r's fire limit was found reached: it then
 // waits for a new limit (which counts from another revision), out of the
 // heap.
@@ -219,12 +315,21 @@ func (r *entryRun) completed() bool {
 // in the heap.
 func (s *Scheduler) schedule(r *entryRun, now time.Time) {
 	s.pos.note(r)
-	next := r.next()
-	if next.IsZero() || r.completed() {
+	var due time.Time
+	switch {
+	case r.settling():
+		due = r.settle.until
+	case r.st.Entry.Paused || r.completed():
 		s.heap.remove(r)
 		return
+	default:
+		next := r.next()
+		if next.IsZero() {
+			s.heap.remove(r)
+			return
+		}
+		due = next.Add(r.sched.Jitter(next))
 	}
-	due := next.Add(r.sched.Jitter(next))
 	if primaryOf(r.id, s.live) != s.cfg.ReplicaID && len(s.live) > 0 {
 		due = due.Add(s.cfg.LateDelay)
 	}

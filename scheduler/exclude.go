@@ -45,19 +45,26 @@ func (s *Scheduler) excludedFire(r *entryRun, rng tickRange, expected time.Time,
 		[]taskstate.Record{rec}), nil
 }
 
-// excludedReason is how skippedRecord's JSON writes the excluded reason.
-var excludedReason = []byte(`"reason":"` + events.SkipExcluded + `"`)
+// excludedReason and pausedReason are how skippedRecord's JSON writes
+// those reasons.
+var (
+	excludedReason = []byte(`"reason":"` + events.SkipExcluded + `"`)
+	pausedReason   = []byte(`"reason":"` + events.SkipPaused + `"`)
+)
 
 // skipReasons says which kinds of skipped records a fire carries, for the
 // counters: the records are already-encoded events, and the scheduler
 // writes the reason of each exactly as excludedReason.
-func skipReasons(recs []taskstate.Record) (missed, excluded bool) {
+func skipReasons(recs []taskstate.Record) (missed, excluded, paused bool) {
 	for _, rec := range recs {
-		if bytes.Contains(rec.Data, excludedReason) {
+		switch {
+		case bytes.Contains(rec.Data, excludedReason):
 			excluded = true
-		} else {
+		case bytes.Contains(rec.Data, pausedReason):
+			paused = true
+		default:
 			missed = true
 		}
 	}
-	return missed, excluded
+	return missed, excluded, paused
 }

@@ -55,6 +55,11 @@ type History interface {
 	// cron spec or time zone, or followed a paused state. ok is false when
 	// its history holds no applicable event.
 	ScheduleSince(ctx context.Context, entry string) (since time.Time, ok bool, err error)
+	// PauseSince returns, for an entry whose last state is paused, when
+	// that pause began and when the schedule it stopped had begun (by
+	// ScheduleSince's rules, as of the pause). ok is false when the entry's
+	// last state is not paused.
+	PauseSince(ctx context.Context, entry string) (span PauseSpan, ok bool, err error)
 	// ConfigMessageAt returns the subject and events.ConfigMessageID of
 	// the config stream's message at seq; found is false when the stream
 	// has no message there (beyond its last sequence, or deleted).
@@ -135,16 +140,46 @@ func (h *StreamHistory) PreviousQueues(ctx context.Context, entry string) ([]str
 }
 
 // ScheduleSince reads entry's config history. Its rules are the
-// scheduler's for a live change: an entry that was removed or quarantined
-// (a bad event) starts afresh at its next valid event, and an event after a
-// paused state or with another cron spec or time zone starts a new
-// schedule; other changes (payload, queue, note...) do not.
+// scheduler's for a live change (walkSchedule).
 func (h *StreamHistory) ScheduleSince(ctx context.Context, entry string) (time.Time, bool, error) {
 	recs, err := h.client.History(ctx, entry)
 	if err != nil {
 		return time.Time{}, false, err
 	}
-	var since time.Time
+	w := walkSchedule(recs)
+	return w.since, w.live, nil
+}
+
+// PauseSpan is when a paused entry's pause began (Paused) and when the
+// schedule it stopped had begun (Since), by the stream's clock.
+type PauseSpan struct {
+	Paused, Since time.Time
+}
+
+// PauseSince reads entry's config history, with ScheduleSince's rules.
+func (h *StreamHistory) PauseSince(ctx context.Context, entry string) (PauseSpan, bool, error) {
+	recs, err := h.client.History(ctx, entry)
+	if err != nil {
+		return PauseSpan{}, false, err
+	}
+	w := walkSchedule(recs)
+	return w.pause, w.live && w.paused, nil
+}
+
+// scheduleWalk is what an entry's config history says of its schedule.
+type scheduleWalk struct {
+	since        time.Time // when the current schedule began
+	pause        PauseSpan // the pause the entry is in, when paused
+	live, paused bool      // the entry exists; its last state is paused
+}
+
+// walkSchedule folds config records: an entry that was removed or
+// quarantined (a bad event) starts afresh at its next valid event, and an
+// event after a paused state or with another cron spec or time zone starts
+// a new schedule; other changes (payload, queue, note...) do not. A run of
+// paused states began at its first.
+func walkSchedule(recs []events.Record) scheduleWalk {
+	var w scheduleWalk
 	var prev *events.Entry
 	for _, rec := range recs {
 		e := rec.Entry
@@ -152,12 +187,20 @@ func (h *StreamHistory) ScheduleSince(ctx context.Context, entry string) (time.T
 			prev = nil
 			continue
 		}
+		if e.Paused && (prev == nil || !prev.Paused) {
+			w.pause = PauseSpan{Paused: rec.Time, Since: w.since}
+			if prev == nil {
+				// Registered paused: no schedule ran before it.
+				w.pause.Since = rec.Time
+			}
+		}
 		if prev == nil || prev.Paused || prev.Cron != e.Cron || prev.Timezone != e.Timezone {
-			since = rec.Time
+			w.since = rec.Time
 		}
 		prev = e
 	}
-	return since, prev != nil, nil
+	w.live, w.paused = prev != nil, prev != nil && prev.Paused
+	return w
 }
 
 // FiredEntries reads the per-subject counts of the activity stream's fire
@@ -498,6 +541,29 @@ func (s *Scheduler) scheduleSince(ctx context.Context, r *entryRun) (time.Time, 
 		return r.floor, nil
 	}
 	return since, nil
+}
+
+// pauseSince returns when paused r's pause began and when the schedule it
+// stopped had begun, for an entry found paused with a tick between its
+// watermark and its last config event. ok is false when there is nothing
+// to go by: no history, only a registration (registered paused), or a read
+// that failed (logged; those ticks then stay unrecorded). errHistoryLater
+// asks the caller to come back after historyRefresh.
+func (s *Scheduler) pauseSince(ctx context.Context, r *entryRun) (PauseSpan, bool, error) {
+	if s.cfg.History == nil {
+		return PauseSpan{}, false, nil
+	}
+	if only, err := s.onlyRegistration(ctx, r); only || err != nil {
+		return PauseSpan{}, false, err
+	}
+	span, ok, err := s.cfg.History.PauseSince(ctx, r.id)
+	if err != nil {
+		if !errors.Is(err, errStreamsUnavailable) {
+			s.log.Warn("read the paused entry's config history; ticks due before its pause that no replica fired are not recorded", "entry", r.id, "err", err)
+		}
+		return PauseSpan{}, false, nil
+	}
+	return span, ok, nil
 }
 
 // lastHandled is the last scheduled tick of r the activity stream holds;

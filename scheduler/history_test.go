@@ -44,6 +44,50 @@ func TestStreamHistory(t *testing.T) {
 	}
 }
 
+// TestPauseSince: when a paused entry's pause began (its first paused
+// state, however often it was edited since) and when the schedule it
+// stopped began (its last spec change before the pause; a registration
+// made paused has none); nothing for an entry that is not paused.
+func TestPauseSince(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	c := ctx(t, 10*time.Second)
+	e.put(every("p", "@every 1m"))
+	e.put(every("p", "@every 2m"))
+	e.put(every("p", "@every 2m", withPayload("x")))
+	e.pauseOf("p", "first")
+	e.pauseOf("p", "second")
+	e.put(every("born-paused", "@every 1m", func(en *events.Entry) { en.Paused = true }))
+	e.put(every("resumed", "@every 1m"))
+	e.pauseOf("resumed", "")
+	e.resume("resumed")
+	times := func(id string) []time.Time {
+		recs, err := e.client.History(c, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := make([]time.Time, len(recs))
+		for i, r := range recs {
+			out[i] = r.Time
+		}
+		return out
+	}
+	h := scheduler.NewStreamHistory(e.js, testNames)
+	p := times("p")
+	for id, want := range map[string]scheduler.PauseSpan{
+		"p":           {Paused: p[3], Since: p[1]},
+		"born-paused": {Paused: times("born-paused")[0], Since: times("born-paused")[0]},
+	} {
+		got, ok, err := h.PauseSince(c, id)
+		if err != nil || !ok || !got.Paused.Equal(want.Paused) || !got.Since.Equal(want.Since) {
+			t.Errorf("PauseSince(%s) = %+v, %v, %v; want %+v", id, got, ok, err, want)
+		}
+	}
+	if got, ok, err := h.PauseSince(c, "resumed"); err != nil || ok {
+		t.Errorf("PauseSince(resumed) = %+v, %v, %v; want not paused", got, ok, err)
+	}
+}
+
 // TestNewEntriesNeedNoHistory: entries that never fired and whose subject
 // holds only their registration are loaded without reading any history
 // (one event-count request instead of a consumer per entry), and still

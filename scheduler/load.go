@@ -46,6 +46,12 @@ func (s *Scheduler) loadWatermarks(ctx context.Context) {
 		}
 		for i, r := range runs {
 			wm := wms[i]
+			if r.st.Entry.Paused {
+				if !s.loadPaused(ctx, r, wm, now) {
+					later = true
+				}
+				continue
+			}
 			// A missing watermark, or one older than a tick known to be
 			// handled, is restored (once per load: the stream may hold
 			// nothing usable), after the handover that closes the entry's
@@ -123,9 +129,6 @@ func (s *Scheduler) loadWatermarks(ctx context.Context) {
 			r.phase, r.loading.restored, r.skippedAt = phaseReady, false, time.Time{}
 			r.cursor, r.hasCursor, r.lastTask = wm.Tick, wm.OK, wm.TaskID
 			r.handled, r.hasHandled = wm.Tick, wm.OK
-			if r.st.Entry.Paused {
-				continue
-			}
 			s.schedule(r, now)
 		}
 	}
@@ -153,6 +156,51 @@ func (s *Scheduler) loadWatermarks(ctx context.Context) {
 		}
 		s.loadAfter = at
 	}
+}
+
+// loadPaused ends the load of a paused entry. When its watermark shows
+// ticks due before the pause that no replica handled, it becomes ready and
+// settles (pauseSettle); otherwise it leaves s.load still loading and
+// loads in full if it resumes. It returns false when its history is to be
+// read later (errHistoryLater).
+func (s *Scheduler) loadPaused(ctx context.Context, r *entryRun, wm taskstate.WatermarkInfo, now time.Time) bool {
+	rest := func() bool {
+		r.settle = nil
+		delete(s.load, r.id)
+		return true
+	}
+	if r.settle == nil || !wm.OK || r.loading.fromQueue != "" || r.loading.reopen || r.loading.seed != nil ||
+		(r.hasHandled && wm.Tick.Before(r.handled)) {
+		// Nothing to go by: the entry never fired in its queue, or Redis
+		// lost its watermark (restored if it resumes).
+		return rest()
+	}
+	if r.loading.floorAtLoad {
+		// Found paused at start, or paused before its first load: its
+		// history says when the pause began, and is read only when a tick
+		// fell between the watermark and the entry's last change.
+		if next := r.sched.Next(wm.Tick); next.IsZero() || next.After(r.st.Time) {
+			return rest()
+		}
+		span, ok, err := s.pauseSince(ctx, r)
+		if err != nil {
+			return false
+		}
+		if !ok {
+			return rest()
+		}
+		r.settle.until, r.floor = span.Paused, span.Since
+		if r.settle.until.After(now) {
+			r.settle.until = now
+		}
+	}
+	delete(s.load, r.id)
+	r.loading = loadSteps{}
+	r.phase, r.skippedAt = phaseReady, time.Time{}
+	r.cursor, r.hasCursor, r.lastTask = wm.Tick, true, wm.TaskID
+	r.handled, r.hasHandled = wm.Tick, true
+	s.schedule(r, now)
+	return true
 }
 
 // handover closes the entry in each old queue and opens its queue, seeded

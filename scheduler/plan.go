@@ -12,6 +12,14 @@ import (
 // plan turns r's due tick, and any missed ticks before it, into fires,
 // appended to into (a scratch slice the caller reuses).
 func (s *Scheduler) plan(r *entryRun, now time.Time, into []taskstate.Fire) ([]taskstate.Fire, bool) {
+	if r.settling() {
+		rng := r.pausedTicks()
+		fires, _ := s.planSkip(r, rng, events.SkipPaused, now, into)
+		return fires, !rng.Exact
+	}
+	if r.st.Entry.Paused {
+		return nil, false
+	}
 	start := r.start()
 	next := r.next()
 	if next.IsZero() || next.Add(r.sched.Jitter(next)).After(now) {
@@ -45,7 +53,7 @@ func (s *Scheduler) plan(r *entryRun, now time.Time, into []taskstate.Fire) ([]t
 			} else {
 				// Nothing due now: record the missed ticks at once, in a
 				// step of their own under the same compare-and-set.
-				return s.planSkip(r, skipped, now, into)
+				return s.planSkip(r, skipped, events.SkipMissed, now, into)
 			}
 		}
 	} else {
@@ -117,13 +125,14 @@ func (s *Scheduler) dueAfterSkip(r *entryRun, start time.Time, skipped tickRange
 	return first, skipped, true
 }
 
-// planSkip records missed ticks that the catch-up policy drops, moving the
-// watermark to the last of them, without creating a task.
-func (s *Scheduler) planSkip(r *entryRun, skipped tickRange, now time.Time, into []taskstate.Fire) ([]taskstate.Fire, bool) {
+// planSkip records ticks that do not fire (missed ticks the catch-up policy
+// drops, or those due before a pause), moving the watermark to the last of
+// them, without creating a task.
+func (s *Scheduler) planSkip(r *entryRun, skipped tickRange, reason string, now time.Time, into []taskstate.Fire) ([]taskstate.Fire, bool) {
 	if skipped.empty() {
 		return nil, false
 	}
-	rec, err := s.skippedRecord(r, skipped, events.SkipMissed, now)
+	rec, err := s.skippedRecord(r, skipped, reason, now)
 	if err != nil {
 		s.countError()
 		s.log.Error("cannot build skipped record", "entry", r.id, "err", err)

@@ -4,6 +4,9 @@ package scheduler
 type Stats struct {
 	Fired, AlreadyExisted, SkippedMissed, SkippedOverlap, SkippedUnique uint64
 	SkippedExcluded                                                     uint64
+	// SkippedPaused counts steps that recorded ticks due before a pause
+	// that no replica had fired (each may cover many ticks).
+	SkippedPaused uint64
 	// Completed counts fires refused because their entry's max fires were
 	// reached (the entry then waits for a new limit).
 	Completed uint64

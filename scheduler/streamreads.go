@@ -119,6 +119,15 @@ func (b *boundedHistory) ScheduleSince(ctx context.Context, entry string) (time.
 	return since, ok, b.end(ctx, cancel, err)
 }
 
+func (b *boundedHistory) PauseSince(ctx context.Context, entry string) (PauseSpan, bool, error) {
+	rctx, cancel, err := b.begin(ctx)
+	if err != nil {
+		return PauseSpan{}, false, fmt.Errorf("pause of %s: %w", entry, err)
+	}
+	span, ok, err := b.h.PauseSince(rctx, entry)
+	return span, ok, b.end(ctx, cancel, err)
+}
+
 func (b *boundedHistory) ConfigMessageAt(ctx context.Context, seq uint64) (string, string, bool, error) {
 	rctx, cancel, err := b.begin(ctx)
 	if err != nil {

@@ -1,0 +1,209 @@
+package scheduler_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/testenv"
+	"github.com/cronstream/cronstream/scheduler"
+)
+
+// pauseOf pauses id and returns when the config stream stored the pause.
+func (e *env) pauseOf(id, note string) time.Time {
+	e.t.Helper()
+	c := ctx(e.t, 10*time.Second)
+	if _, err := e.client.Pause(c, id, note); err != nil {
+		e.t.Fatalf("pause %s: %v", id, err)
+	}
+	recs, err := e.client.History(c, id)
+	if err != nil || len(recs) == 0 {
+		e.t.Fatalf("history of %s: %d records, %v", id, len(recs), err)
+	}
+	return recs[len(recs)-1].Time
+}
+
+func (e *env) resume(id string) time.Time {
+	e.t.Helper()
+	c := ctx(e.t, 10*time.Second)
+	if _, err := e.client.Resume(c, id); err != nil {
+		e.t.Fatalf("resume %s: %v", id, err)
+	}
+	recs, err := e.client.History(c, id)
+	if err != nil || len(recs) == 0 {
+		e.t.Fatalf("history of %s: %d records, %v", id, len(recs), err)
+	}
+	return recs[len(recs)-1].Time
+}
+
+func (e *env) watermarkOf(queue, id string) time.Time {
+	e.t.Helper()
+	tick, _, ok, err := e.store.Watermark(context.Background(), testPrefix, queue, id)
+	if err != nil || !ok {
+		e.t.Fatalf("watermark of %s: %v %v", id, ok, err)
+	}
+	return tick
+}
+
+// checkPausedSkip asserts that l recorded exactly the ticks of an every-
+// second entry in (wm, paused] as one skipped event with reason paused,
+// fired none of them, and fired nothing while paused (until resumed, when
+// set).
+func checkPausedSkip(t *testing.T, id string, l *ledger, wm, paused, resumed time.Time) {
+	t.Helper()
+	var got []events.Skipped
+	for _, s := range l.skipped {
+		if s.Reason == events.SkipPaused {
+			got = append(got, s)
+		} else if !s.ScheduledAt.After(paused) {
+			t.Errorf("%s: skipped with reason %q at %s, before its pause", id, s.Reason, s.ScheduledAt.Format(time.TimeOnly))
+		}
+	}
+	first, last := wm.Unix()+1, paused.Unix()
+	if len(got) != 1 {
+		t.Fatalf("%s: want one skipped event (paused) for %s..%s, got %+v", id, fmtUnix(first), fmtUnix(last), got)
+	}
+	s := got[0]
+	until := s.ScheduledAt
+	if s.Until != nil {
+		until = *s.Until
+	}
+	if s.ScheduledAt.Unix() != first || until.Unix() != last || max(s.Count, 1) != int(last-first+1) {
+		t.Errorf("%s: skipped (paused) %s..%s (%d ticks), want %s..%s", id, s.ScheduledAt.Format(time.TimeOnly), until.Format(time.TimeOnly), s.Count, fmtUnix(first), fmtUnix(last))
+	}
+	for sec, n := range l.fired {
+		if sec > wm.Unix() && (resumed.IsZero() || sec <= resumed.Unix()) {
+			t.Errorf("%s: tick %s fired %d times after the watermark at its pause", id, fmtUnix(sec), n)
+		}
+	}
+}
+
+// TestPauseWhileEveryReplicaDown: an entry paused while no replica runs
+// has its ticks due before the pause recorded as skipped (reason paused)
+// by the next replica to start, never fired; ticks while paused are not
+// recorded, and after a resume it fires from the resume. Entries paused
+// while a replica ran, one of them edited while every replica was down,
+// record nothing, and an entry never paused catches up by its policy.
+func TestPauseWhileEveryReplicaDown(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ids := []string{"p", "steady", "idle", "edited"}
+	for _, id := range ids {
+		e.put(every(id, "@every 1s"))
+	}
+	hist := nodeOpts{sched: func(c *scheduler.Config) { c.History = scheduler.NewStreamHistory(e.js, testNames) }}
+	a := e.startNode("a", hist)
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Fired >= 8 }, "a to fire every entry")
+	e.pauseOf("idle", "")
+	e.pauseOf("edited", "first")
+	time.Sleep(1500 * time.Millisecond)
+	a.stop()
+	wm := e.watermarkOf("default", "p")
+
+	time.Sleep(3 * time.Second)
+	paused := e.pauseOf("p", "while down")
+	e.pauseOf("edited", "second") // an edit while paused moves its last config time
+	time.Sleep(2 * time.Second)
+
+	b := e.startNode("b", hist)
+	testenv.Eventually(t, 20*time.Second, func() bool { return b.sched.Stats().SkippedPaused >= 1 }, "b to record p's ticks due before its pause")
+	resumed := e.resume("p")
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		return !e.watermarkOf("default", "p").Before(resumed.Add(2 * time.Second))
+	}, "p to fire after its resume")
+	b.stop()
+	e.waitOutboxEmpty(10*time.Second, "default")
+
+	led := ledgers(e.readActivity())
+	checkPausedSkip(t, "p", led["p"], wm, paused, resumed)
+	if st := b.sched.Stats(); st.SkippedPaused != 1 {
+		t.Errorf("b recorded %d paused skips, want 1 (p's)", st.SkippedPaused)
+	}
+	for _, id := range []string{"idle", "edited"} {
+		for _, s := range led[id].skipped {
+			if s.Reason == events.SkipPaused {
+				t.Errorf("%s, paused while a replica ran: skipped (paused) %+v", id, s)
+			}
+		}
+	}
+	first, last := led["steady"].firedRange()
+	checkEverySecond(t, "steady", led["steady"], first, last)
+	for _, s := range led["steady"].skipped {
+		if s.Reason != events.SkipMissed {
+			t.Errorf("steady: skipped with reason %q", s.Reason)
+		}
+	}
+	// p fires from its resume on, and records no missed ticks for its pause.
+	checkEverySecond(t, "p", led["p"], resumed.Unix()+1, e.watermarkOf("default", "p").Unix())
+	for _, s := range led["p"].skipped {
+		if s.Reason == events.SkipMissed {
+			t.Errorf("p: the ticks of its pause recorded as missed: %+v", s)
+		}
+	}
+}
+
+// TestPauseWhileRedisUnreachable: a replica whose Redis is cut off keeps
+// failing an entry's ticks when the entry is paused; once Redis is back,
+// the ticks due before the pause are recorded as skipped (reason paused),
+// never fired, while another entry catches up. Resumed before Redis came
+// back, the entry still records them, then fires from its resume.
+func TestPauseWhileRedisUnreachable(t *testing.T) {
+	t.Parallel()
+	for _, resumeFirst := range []bool{false, true} {
+		name := "paused"
+		if resumeFirst {
+			name = "resumed before Redis is back"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			e.put(every("p", "@every 1s"), every("steady", "@every 1s", withCatchup(events.CatchupAll, time.Hour)))
+			proxy := testenv.StartProxy(t, e.redis.Addr)
+			opts := e.redis.Options()
+			opts.Addr = proxy.Addr()
+			rc := redis.NewClient(opts)
+			t.Cleanup(func() { _ = rc.Close() })
+			a := e.startNode("a", nodeOpts{rc: rc})
+			testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Fired >= 4 }, "a to fire both entries")
+
+			proxy.Cut(testenv.Drop)
+			time.Sleep(1500 * time.Millisecond)
+			wm := e.watermarkOf("default", "p")
+			time.Sleep(1500 * time.Millisecond)
+			paused := e.pauseOf("p", "")
+			time.Sleep(time.Second)
+			var resumed time.Time
+			if resumeFirst {
+				resumed = e.resume("p")
+			}
+			errs := a.sched.Stats().Errors
+			proxy.Heal()
+			testenv.Eventually(t, 30*time.Second, func() bool { return a.sched.Stats().SkippedPaused >= 1 }, "a to record p's ticks due before its pause")
+			if resumeFirst {
+				testenv.Eventually(t, 20*time.Second, func() bool {
+					return !e.watermarkOf("default", "p").Before(resumed.Add(2 * time.Second))
+				}, "p to fire after its resume")
+			} else {
+				time.Sleep(2 * time.Second) // p must stay paused
+			}
+			a.stop()
+			e.waitOutboxEmpty(10*time.Second, "default")
+			if errs == 0 {
+				t.Errorf("no fire failed while Redis was cut off")
+			}
+
+			led := ledgers(e.readActivity())
+			checkPausedSkip(t, "p", led["p"], wm, paused, resumed)
+			if resumeFirst {
+				checkEverySecond(t, "p", led["p"], resumed.Unix()+1, e.watermarkOf("default", "p").Unix())
+			} else if got := e.watermarkOf("default", "p"); got.Unix() != paused.Unix() {
+				t.Errorf("p's watermark at %s, want its pause's %s", got.Format(time.TimeOnly), paused.Format(time.TimeOnly))
+			}
+			first, last := led["steady"].firedRange()
+			checkEverySecond(t, "steady", led["steady"], first, last)
+		})
+	}
+}
