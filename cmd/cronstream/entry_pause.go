@@ -18,9 +18,12 @@ func newEntryPauseCommand(g *globalFlags) *cobra.Command {
 		Use:   "pause ID",
 		Short: "Stop an entry from firing until it is resumed",
 		Long: `Pause an entry: replicas stop firing it at once. Ticks that pass while it
-is paused are not missed, just not fired (no catch-up on resume). The
-optional note says why and shows in "entry get" and the audit log. "sync"
-leaves a paused entry paused unless its file says otherwise.`,
+is paused are not missed, just not fired (no catch-up on resume). A tick
+that was due before the pause but that no replica had fired yet (all
+replicas down, Redis failing) is not fired late: the audit log records it
+as skipped with reason "paused". The optional note says why and shows in
+"entry get" and the audit log. "sync" leaves a paused entry paused unless
+its file says otherwise.`,
 		Example: `  cronstream entry pause report --note "report db migration, ask #data"`,
 		Args:    entryIDArg,
 		RunE: func(cmd *cobra.Command, args []string) error {
