@@ -103,14 +103,17 @@ func (s *Scheduler) sendCancel(ctx context.Context, c heldCancel, why string) {
 
 // releaseCancel is releaseHeld's step for a tick held by cancel-previous:
 // how and fences as a buffer-one release's, reason why it is dropped ("" =
-// to be fired).
-func (s *Scheduler) releaseCancel(ctx context.Context, fences taskstate.Fences, h taskstate.HeldTick, how taskstate.HeldRelease, reason string) {
+// to be fired). A fired tick's record in asynq's enqueue history is
+// returned (released).
+func (s *Scheduler) releaseCancel(ctx context.Context, fences taskstate.Fences, h taskstate.HeldTick, how taskstate.HeldRelease, reason string) (taskstate.EnqueueEventRecord, bool) {
 	out, err := s.broker.ReleaseCancel(ctx, fences, h, how)
 	if err != nil {
 		s.countError()
 		s.log.Warn("cannot release held tick; will retry", "entry", h.Entry, "tick", h.Tick, "err", err)
-		return
+		return taskstate.EnqueueEventRecord{}, false
 	}
+	var rec taskstate.EnqueueEventRecord
+	recorded := false
 	if out.Deleted != "" {
 		s.count(func(st *Stats) { st.CancelDeleted++ })
 		s.m.Cancels.WithLabelValues(cancelDeleted).Inc()
@@ -124,14 +127,9 @@ func (s *Scheduler) releaseCancel(ctx context.Context, fences taskstate.Fences, 
 		if (!sent && s.clock.Now().Sub(h.HeldAt) >= cancelResendEvery) || (sent && !now.Before(last.Add(cancelResendEvery))) {
 			s.sendCancel(ctx, heldCancel{queue: h.Queue, entry: h.Entry, task: h.PrevTaskID}, "it is still running")
 		}
-		return
+		return rec, false
 	case taskstate.HeldReleased:
-		s.count(func(st *Stats) { st.Released++; st.Fired++ })
-		s.m.Fired.WithLabelValues(h.Queue).Inc()
-		s.m.FireLag.Observe(s.clock.Now().Sub(h.Tick).Seconds())
-		if r := s.entries[h.Entry]; r != nil {
-			r.lastTask = h.TaskID
-		}
+		rec, recorded = s.released(h)
 		if out.GaveUp {
 			s.log.Warn("overlap cancel-previous: fired the held tick while the previous task is still active past its timeout (its worker is gone or ignores cancellation; the recoverer handles its lease)",
 				"entry", h.Entry, "tick", h.Tick, "task", h.TaskID, "previous", h.PrevTaskID)
@@ -147,7 +145,8 @@ func (s *Scheduler) releaseCancel(ctx context.Context, fences taskstate.Fences, 
 	case taskstate.HeldFenced, taskstate.HeldStale:
 		// Still held: a replica whose configuration is caught up decides.
 		s.refusedHeld(h, out.Outcome)
-		return
+		return rec, false
 	}
 	delete(s.held.sent, h.PrevTaskID)
+	return rec, recorded
 }

@@ -97,6 +97,7 @@ func TestOverlapCancelPreviousWithRealWorker(t *testing.T) {
 	if sent, deleted, _ := stats(); sent < 4 || deleted < 4 {
 		t.Errorf("cancels sent %d, deleted %d, want at least 4 each", sent, deleted)
 	}
+	e.checkEnqueueHistory("can", l)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for id, n := range w.runsOf {

@@ -176,7 +176,9 @@ func (s *Scheduler) releaseHeld(ctx context.Context) {
 		}
 		how := taskstate.HeldRelease{Drop: reason != "", DroppedRecord: dropped}
 		if h.Cancel {
-			s.releaseCancel(ctx, fences, h, how, reason)
+			if rec, ok := s.releaseCancel(ctx, fences, h, how, reason); ok {
+				history = append(history, rec)
+			}
 			continue
 		}
 		if st.Entry.Limited() {
@@ -190,17 +192,8 @@ func (s *Scheduler) releaseHeld(ctx context.Context) {
 		}
 		switch out {
 		case taskstate.HeldReleased:
-			s.count(func(st *Stats) { st.Released++; st.Fired++ })
-			s.m.Fired.WithLabelValues(h.Queue).Inc()
-			s.m.FireLag.Observe(s.clock.Now().Sub(h.Tick).Seconds())
-			if r := s.entries[h.Entry]; r != nil {
-				r.lastTask = h.TaskID
-				// Recorded in asynq's enqueue history as a fire is
-				// (apply), for `asynq cron history` and asynqmon.
-				trim := r.recorded%historyTrimEvery == 0
-				r.recorded++
-				history = append(history, taskstate.EnqueueEventRecord{Entry: h.Entry,
-					Event: taskstate.SchedulerEnqueueEvent{TaskID: h.TaskID, EnqueueTime: s.clock.Now()}, Trim: trim})
+			if rec, ok := s.released(h); ok {
+				history = append(history, rec)
 			}
 			s.log.Debug("held tick released", "entry", h.Entry, "tick", h.Tick, "task", h.TaskID)
 		case taskstate.HeldDropped:
@@ -224,6 +217,25 @@ func (s *Scheduler) releaseHeld(ctx context.Context) {
 			s.log.Debug("asynq enqueue history writer busy: dropping", "events", len(history))
 		}
 	}
+}
+
+// released counts held tick h released (fired) by this replica and
+// returns its record in asynq's enqueue history, written as a fire's is
+// (apply) for `asynq cron history` and asynqmon; ok is false when the entry
+// is not loaded here.
+func (s *Scheduler) released(h taskstate.HeldTick) (taskstate.EnqueueEventRecord, bool) {
+	s.count(func(st *Stats) { st.Released++; st.Fired++ })
+	s.m.Fired.WithLabelValues(h.Queue).Inc()
+	s.m.FireLag.Observe(s.clock.Now().Sub(h.Tick).Seconds())
+	r := s.entries[h.Entry]
+	if r == nil {
+		return taskstate.EnqueueEventRecord{}, false
+	}
+	r.lastTask = h.TaskID
+	trim := r.recorded%historyTrimEvery == 0
+	r.recorded++
+	return taskstate.EnqueueEventRecord{Entry: h.Entry,
+		Event: taskstate.SchedulerEnqueueEvent{TaskID: h.TaskID, EnqueueTime: s.clock.Now()}, Trim: trim}, true
 }
 
 // refusedHeld counts and logs a release of held tick h the slot's fences

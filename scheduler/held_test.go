@@ -142,13 +142,19 @@ func TestOverlapBufferOneWithRealWorker(t *testing.T) {
 	if got := a.sched.Stats().Released + b.sched.Stats().Released; got < uint64(held) {
 		t.Errorf("replicas released %d held ticks, %d fired late", got, held)
 	}
-	// asynq's enqueue history (`asynq cron history`, asynqmon) lists the
-	// released tasks as it lists fired ones.
+	e.checkEnqueueHistory("buf", l)
+}
+
+// checkEnqueueHistory asserts that asynq's enqueue history of entry
+// (`asynq cron history`, asynqmon) lists every task l fired, released held
+// ticks included.
+func (e *env) checkEnqueueHistory(entry string, l *ledger) {
+	e.t.Helper()
 	insp := asynq.NewInspector(asynq.RedisClientOpt{Addr: e.redis.Addr})
 	defer insp.Close()
-	evs, err := insp.ListSchedulerEnqueueEvents("buf", asynq.PageSize(1000))
+	evs, err := insp.ListSchedulerEnqueueEvents(entry, asynq.PageSize(1000))
 	if err != nil {
-		t.Fatal(err)
+		e.t.Fatal(err)
 	}
 	inHistory := map[string]bool{}
 	for _, ev := range evs {
@@ -156,7 +162,7 @@ func TestOverlapBufferOneWithRealWorker(t *testing.T) {
 	}
 	for id := range l.taskIDs {
 		if !inHistory[id] {
-			t.Errorf("fired task %s is not in asynq's enqueue history", id)
+			e.t.Errorf("%s: fired task %s is not in asynq's enqueue history", entry, id)
 		}
 	}
 }
