@@ -76,6 +76,11 @@ type Config struct {
 	// older than half of it are checked against the stream before they are
 	// republished (default 1h, the stream's default).
 	DuplicateWindow time.Duration
+	// Now is the clock a record's age is read by (default time.Now). A
+	// record's time is Redis's, from its stream id: a replica passes its
+	// clock corrected to Redis's, so a host clock far behind does not take
+	// a record the stream has forgotten for one it still remembers.
+	Now func() time.Time
 	// PublishTimeout bounds the wait for JetStream's acknowledgements of one
 	// batch (default 5s). Records not acknowledged in time stay in the
 	// outbox and are published again (the stream drops duplicates), so a
@@ -170,6 +175,9 @@ func New(cfg Config) (*Relay, error) {
 	cfg.BatchesPerPass = cmp.Or(max(cfg.BatchesPerPass, 0), 8)
 	cfg.SizeEvery = cmp.Or(max(cfg.SizeEvery, 0), time.Second)
 	cfg.DuplicateWindow = cmp.Or(max(cfg.DuplicateWindow, 0), time.Hour)
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
 	cfg.PublishTimeout = cmp.Or(max(cfg.PublishTimeout, 0), 5*time.Second)
 	cfg.MaxHold = cmp.Or(max(cfg.MaxHold, 0), 2*time.Second)
 	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
@@ -800,7 +808,7 @@ func (r *Relay) send(ctx context.Context, queue string, recs []taskstate.OutboxR
 		}
 		s.events += len(msgs)
 		t, old := recordTime(rec.StreamID)
-		old = old && time.Since(t) > r.cfg.DuplicateWindow/2
+		old = old && r.cfg.Now().Sub(t) > r.cfg.DuplicateWindow/2
 		for _, m := range msgs {
 			if old {
 				// The stream may no longer remember an earlier publish of

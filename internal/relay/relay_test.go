@@ -326,10 +326,28 @@ func TestRelayNATSDown(t *testing.T) {
 // TestRelayOldRecordsChecked: records published by a relay that died before
 // deleting them, and left in the outbox longer than the stream's duplicate
 // window, are not published again — although several of them share one
-// subject, so the subject's last message names only one.
+// subject, so the subject's last message names only one. A record's age is
+// read by the relay's clock (a replica's, corrected to Redis's): one whose
+// host clock is far behind still finds the records old.
 func TestRelayOldRecordsChecked(t *testing.T) {
 	t.Parallel()
 	const window = time.Second
+	for _, tc := range []struct {
+		name   string
+		window time.Duration // the relay's view of the stream's
+		now    func() time.Time
+	}{
+		{"host clock", window, nil},
+		{"clock corrected past a slow host's", time.Hour, func() time.Time { return time.Now().Add(2 * time.Hour) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			testOldRecordsChecked(t, window, func(c *relay.Config) { c.DuplicateWindow, c.Now = tc.window, tc.now })
+		})
+	}
+}
+
+func testOldRecordsChecked(t *testing.T, window time.Duration, cfg func(*relay.Config)) {
 	e := newEnv(t, window)
 	ids := e.write("default", "a", 5)
 	ids = append(ids, e.write("default", "b", 2)...)
@@ -355,7 +373,7 @@ func TestRelayOldRecordsChecked(t *testing.T) {
 	// a republished record as new.
 	stale := time.Now().Add(2 * window)
 	testenv.Eventually(t, 10*time.Second, func() bool { return time.Now().After(stale) }, "the duplicate window to pass")
-	r := e.newRelay("r2", func(c *relay.Config) { c.DuplicateWindow = window })
+	r := e.newRelay("r2", cfg)
 	if err := r.Flush(ctx(t, 20*time.Second)); err != nil {
 		t.Fatal(err)
 	}

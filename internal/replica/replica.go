@@ -422,7 +422,8 @@ func (r *Replica) start(ctx context.Context) error {
 	r.relay, err = relay.New(relay.Config{
 		Outbox: r.store, JS: js, Names: r.cfg.Names, Owner: r.cfg.ReplicaID,
 		Hold:            func() bool { s := busy.Load(); return s != nil && s.Busy() },
-		DuplicateWindow: cmp.Or(max(r.cfg.DuplicateWindow, 0), events.DefaultDuplicateWindow), Logger: r.log, Metrics: relay.NewMetrics(r.reg),
+		DuplicateWindow: cmp.Or(max(r.cfg.DuplicateWindow, 0), events.DefaultDuplicateWindow), Now: r.clock.Now,
+		Logger: r.log, Metrics: relay.NewMetrics(r.reg),
 		OnPublished: func(eventIDs []string) {
 			det.ObservePublished(eventIDs)
 			if s := busy.Load(); s != nil {
