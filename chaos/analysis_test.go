@@ -90,6 +90,10 @@ type report struct {
 	otherUnsynced, heldUnknown                int
 	firedBy                                   map[string]int
 	early                                     int
+	// pausedSkipEvents counts the skipped events with reason paused (ticks
+	// due before the final pause that no replica had fired), counted in
+	// skipEvents too.
+	pausedSkipEvents int
 
 	// Across Redis data losses (see doc.go).
 	flushes                            int
@@ -311,7 +315,11 @@ func check(ctx context.Context, rdb *redis.Client, in checkInput) report {
 			}
 		case a.skipped != nil:
 			s := a.skipped
-			if s.Reason != "missed" {
+			switch s.Reason {
+			case events.SkipMissed:
+			case events.SkipPaused:
+				r.pausedSkipEvents++
+			default:
 				continue
 			}
 			r.skipEvents++
@@ -535,7 +543,7 @@ func (r *report) String() string {
 	}
 	fmt.Fprintf(&b, "  missed: %d outside outages; %d inside outage bands (%d covered by skipped events); unaccounted (no task, no skipped event): %d\n",
 		r.missedOutside, r.missedInBands, r.missedInBandsSkipped, r.unaccounted)
-	fmt.Fprintf(&b, "  fired events: %d, skipped(missed) events: %d covering %d ticks; fired by replica: %v\n", r.firedEvents, r.skipEvents, r.skippedTicks, sortedCounts(r.firedBy))
+	fmt.Fprintf(&b, "  fired events: %d, skipped(missed or paused) events: %d (%d paused) covering %d ticks; fired by replica: %v\n", r.firedEvents, r.skipEvents, r.pausedSkipEvents, r.skippedTicks, sortedCounts(r.firedBy))
 	fmt.Fprintf(&b, "  lost events: %d (task without fired event %d, fired event without task %d, event disagreeing with task %d)\n",
 		r.lostEvents+r.phantomEvents+r.mismatchedEvents, r.lostEvents, r.phantomEvents, r.mismatchedEvents)
 	fmt.Fprintf(&b, "  executions: %d starts of %d distinct tasks; executed but not in Redis: %d\n", r.executions, r.distinctExecuted, r.executedNotInRedis)

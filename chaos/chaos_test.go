@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -15,6 +17,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
 )
 
@@ -429,10 +434,18 @@ func TestChaos(t *testing.T) {
 	f0 := s.totalFires()
 	testenv.Eventually(t, 60*time.Second, func() bool { return s.totalFires() >= f0+3*chaosEntries },
 		"steady firing after the chaos")
-	// An entry that still backs off after the outages' errors may trail
-	// the others by seconds when the pause comes: its ticks due before
-	// the pause are then recorded as skipped (reason paused), which the
-	// check counts as handled.
+	// A pause records an entry's due ticks that no replica has fired yet
+	// as skipped (reason paused), and the check wants every tick outside
+	// the outages fired, so every entry must have caught up first: one
+	// that backs off after the outages' errors can trail the others by
+	// seconds. With each watermark at most 2 s behind the clock when the
+	// pause starts, every tick the check counts (up to 3 s before it) was
+	// fired or skipped by its catch-up policy.
+	var behind []string
+	testenv.Eventually(t, 60*time.Second, func() bool {
+		behind = entriesBehind(s.rdb, entryQueue, time.Now().Truncate(time.Second).Add(-2*time.Second))
+		return len(behind) == 0
+	}, "every entry's watermark within 2 s of the clock (behind: %v)", lazy(func() string { return fmt.Sprint(behind) }))
 	pauseAt := time.Now()
 	s.pauseEntries(ids)
 	end := checkEnd(pauseAt)
@@ -814,12 +827,36 @@ func scanTaskLog(path string, off int64, pid int, open map[string]bool) int64 {
 	return off + int64(end) + 1
 }
 
-// checkEnd is the last tick the check requires to have been handled when
-// the entries were paused at pauseAt. A tick due but not yet fired when
-// the pause reaches a replica is recorded as skipped (reason paused)
-// rather than fired; ending the check 3 s before the pause keeps it from
-// depending on how fast the pause reaches each replica and whose clock it
-// is measured by.
+// entriesBehind returns the entries whose watermark (the last tick fired
+// or skipped, in their queue's slot) is before tick, or unreadable.
+func entriesBehind(rdb *redis.Client, entryQueue map[string]string, tick time.Time) []string {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ids := slices.Sorted(maps.Keys(entryQueue))
+	pipe := rdb.Pipeline()
+	cmds := make([]*redis.StringCmd, len(ids))
+	for i, id := range ids {
+		cmds[i] = pipe.Get(ctx, taskstate.Own(prefix, entryQueue[id]).Watermark(id))
+	}
+	_, _ = pipe.Exec(ctx)
+	var behind []string
+	for i, id := range ids {
+		ms, _, _ := strings.Cut(cmds[i].Val(), " ")
+		at, err := strconv.ParseInt(ms, 10, 64)
+		if cmds[i].Err() != nil || err != nil || time.UnixMilli(at).Before(tick) {
+			behind = append(behind, id)
+		}
+	}
+	return behind
+}
+
+// checkEnd is the last tick the check requires to have fired when the
+// entries were paused at pauseAt. A pause takes effect at once, also for a
+// tick already due whose primary had not fired it yet (it is then recorded
+// as skipped, reason paused): another replica fires such a tick only once
+// it is the late delay (2 s) old, and the pause comes first. Ticks older
+// than the late delay plus a second were due to be fired by someone before
+// the pause.
 func checkEnd(pauseAt time.Time) time.Time {
 	return pauseAt.Truncate(time.Second).Add(-3 * time.Second)
 }
