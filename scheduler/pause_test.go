@@ -48,11 +48,15 @@ func (e *env) watermarkOf(queue, id string) time.Time {
 	return tick
 }
 
-// checkPausedSkip asserts that l recorded exactly the ticks of an every-
-// second entry in (wm, paused] as one skipped event with reason paused,
-// fired none of them, and fired nothing while paused (until resumed, when
-// set).
-func checkPausedSkip(t *testing.T, id string, l *ledger, wm, paused, resumed time.Time) {
+// checkPausedSkip asserts, for an every-second entry paused at paused,
+// that its ticks up to the pause were each handled once: fired, or the last
+// unfired ones recorded as one skipped event with reason paused that ends
+// at the pause (and starts after wm, when set: the watermark when every
+// replica stopped). Nothing fired while paused (until resumed, when set).
+// mustSkip requires the skipped event; otherwise every tick up to the pause
+// may have fired, by a replica whose fire pass was under way when the
+// pause came (it applies the pause after that pass).
+func checkPausedSkip(t *testing.T, id string, l *ledger, wm, paused, resumed time.Time, mustSkip bool) {
 	t.Helper()
 	var got []events.Skipped
 	for _, s := range l.skipped {
@@ -62,22 +66,31 @@ func checkPausedSkip(t *testing.T, id string, l *ledger, wm, paused, resumed tim
 			t.Errorf("%s: skipped with reason %q at %s, before its pause", id, s.Reason, s.ScheduledAt.Format(time.TimeOnly))
 		}
 	}
-	first, last := wm.Unix()+1, paused.Unix()
-	if len(got) != 1 {
-		t.Fatalf("%s: want one skipped event (paused) for %s..%s, got %+v", id, fmtUnix(first), fmtUnix(last), got)
+	first, _ := l.firedRange()
+	checkEverySecond(t, id, l, first, paused.Unix())
+	for sec, n := range l.fired {
+		if sec > paused.Unix() && (resumed.IsZero() || sec <= resumed.Unix()) {
+			t.Errorf("%s: tick %s fired %d times while paused", id, fmtUnix(sec), n)
+		}
+	}
+	switch {
+	case len(got) == 0 && !mustSkip:
+		t.Logf("%s: every tick up to its pause fired", id)
+		return
+	case len(got) != 1:
+		t.Fatalf("%s: want one skipped event (paused) ending at %s, got %+v", id, paused.Format(time.TimeOnly), got)
 	}
 	s := got[0]
 	until := s.ScheduledAt
 	if s.Until != nil {
 		until = *s.Until
 	}
-	if s.ScheduledAt.Unix() != first || until.Unix() != last || max(s.Count, 1) != int(last-first+1) {
-		t.Errorf("%s: skipped (paused) %s..%s (%d ticks), want %s..%s", id, s.ScheduledAt.Format(time.TimeOnly), until.Format(time.TimeOnly), s.Count, fmtUnix(first), fmtUnix(last))
+	if until.Unix() != paused.Unix() || (!wm.IsZero() && s.ScheduledAt.Unix() != wm.Unix()+1) {
+		t.Errorf("%s: skipped (paused) %s..%s (%d ticks), want up to %s from after the watermark %s", id,
+			s.ScheduledAt.Format(time.TimeOnly), until.Format(time.TimeOnly), s.Count, paused.Format(time.TimeOnly), wm.Format(time.TimeOnly))
 	}
-	for sec, n := range l.fired {
-		if sec > wm.Unix() && (resumed.IsZero() || sec <= resumed.Unix()) {
-			t.Errorf("%s: tick %s fired %d times after the watermark at its pause", id, fmtUnix(sec), n)
-		}
+	if want := int(until.Unix() - s.ScheduledAt.Unix() + 1); max(s.Count, 1) != want {
+		t.Errorf("%s: skipped (paused) event counts %d ticks, its range %d", id, s.Count, want)
 	}
 }
 
@@ -118,7 +131,7 @@ func TestPauseWhileEveryReplicaDown(t *testing.T) {
 	e.waitOutboxEmpty(10*time.Second, "default")
 
 	led := ledgers(e.readActivity())
-	checkPausedSkip(t, "p", led["p"], wm, paused, resumed)
+	checkPausedSkip(t, "p", led["p"], wm, paused, resumed, true)
 	if st := b.sched.Stats(); st.SkippedPaused != 1 {
 		t.Errorf("b recorded %d paused skips, want 1 (p's)", st.SkippedPaused)
 	}
@@ -145,11 +158,12 @@ func TestPauseWhileEveryReplicaDown(t *testing.T) {
 	}
 }
 
-// TestPauseWhileRedisUnreachable: a replica whose Redis is cut off keeps
+// TestPauseWhileRedisUnreachable: two replicas whose Redis is cut off keep
 // failing an entry's ticks when the entry is paused; once Redis is back,
-// the ticks due before the pause are recorded as skipped (reason paused),
-// never fired, while another entry catches up. Resumed before Redis came
-// back, the entry still records them, then fires from its resume.
+// the ticks due before the pause are recorded as skipped (reason paused)
+// exactly once, never fired, while entries in two queues catch up.
+// Resumed before Redis came back, the entry still records them, then fires
+// from its resume.
 func TestPauseWhileRedisUnreachable(t *testing.T) {
 	t.Parallel()
 	for _, resumeFirst := range []bool{false, true} {
@@ -160,28 +174,41 @@ func TestPauseWhileRedisUnreachable(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t)
-			e.put(every("p", "@every 1s"), every("steady", "@every 1s", withCatchup(events.CatchupAll, time.Hour)))
+			steady := []string{"steady", "other"}
+			e.put(every("p", "@every 1s"), every("steady", "@every 1s", withCatchup(events.CatchupAll, time.Hour)),
+				every("other", "@every 1s", inQueue("other"), withCatchup(events.CatchupAll, time.Hour)))
 			proxy := testenv.StartProxy(t, e.redis.Addr)
-			opts := e.redis.Options()
-			opts.Addr = proxy.Addr()
-			rc := redis.NewClient(opts)
-			t.Cleanup(func() { _ = rc.Close() })
-			a := e.startNode("a", nodeOpts{rc: rc})
-			testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Fired >= 4 }, "a to fire both entries")
+			node := func(id string) *node {
+				opts := e.redis.Options()
+				opts.Addr = proxy.Addr()
+				rc := redis.NewClient(opts)
+				t.Cleanup(func() { _ = rc.Close() })
+				return e.startNode(id, nodeOpts{rc: rc})
+			}
+			a, b := node("a"), node("b")
+			stats := func() scheduler.Stats {
+				sa, sb := a.sched.Stats(), b.sched.Stats()
+				return scheduler.Stats{Fired: sa.Fired + sb.Fired, Errors: sa.Errors + sb.Errors, SkippedPaused: sa.SkippedPaused + sb.SkippedPaused}
+			}
+			testenv.Eventually(t, 20*time.Second, func() bool { return stats().Fired >= 6 }, "the replicas to fire every entry")
 
 			proxy.Cut(testenv.Drop)
-			time.Sleep(1500 * time.Millisecond)
-			wm := e.watermarkOf("default", "p")
-			time.Sleep(1500 * time.Millisecond)
+			// A fire in flight at the cut may still have run: which ticks
+			// fired before the pause is read from the stream at the end.
+			time.Sleep(3 * time.Second)
 			paused := e.pauseOf("p", "")
 			time.Sleep(time.Second)
 			var resumed time.Time
 			if resumeFirst {
 				resumed = e.resume("p")
 			}
-			errs := a.sched.Stats().Errors
+			errs := stats().Errors
 			proxy.Heal()
-			testenv.Eventually(t, 30*time.Second, func() bool { return a.sched.Stats().SkippedPaused >= 1 }, "a to record p's ticks due before its pause")
+			// Every tick up to the pause handled: the ones no replica fired
+			// recorded as skipped (paused).
+			testenv.Eventually(t, 30*time.Second, func() bool {
+				return !e.watermarkOf("default", "p").Before(paused.Truncate(time.Second))
+			}, "p's ticks up to its pause to be handled")
 			if resumeFirst {
 				testenv.Eventually(t, 20*time.Second, func() bool {
 					return !e.watermarkOf("default", "p").Before(resumed.Add(2 * time.Second))
@@ -190,20 +217,26 @@ func TestPauseWhileRedisUnreachable(t *testing.T) {
 				time.Sleep(2 * time.Second) // p must stay paused
 			}
 			a.stop()
-			e.waitOutboxEmpty(10*time.Second, "default")
+			b.stop()
+			e.waitOutboxEmpty(10*time.Second, "default", "other")
 			if errs == 0 {
 				t.Errorf("no fire failed while Redis was cut off")
 			}
+			if n := stats().SkippedPaused; n > 1 {
+				t.Errorf("%d steps recorded p's paused ticks, want at most 1", n)
+			}
 
 			led := ledgers(e.readActivity())
-			checkPausedSkip(t, "p", led["p"], wm, paused, resumed)
+			checkPausedSkip(t, "p", led["p"], time.Time{}, paused, resumed, false)
 			if resumeFirst {
 				checkEverySecond(t, "p", led["p"], resumed.Unix()+1, e.watermarkOf("default", "p").Unix())
 			} else if got := e.watermarkOf("default", "p"); got.Unix() != paused.Unix() {
 				t.Errorf("p's watermark at %s, want its pause's %s", got.Format(time.TimeOnly), paused.Format(time.TimeOnly))
 			}
-			first, last := led["steady"].firedRange()
-			checkEverySecond(t, "steady", led["steady"], first, last)
+			for _, id := range steady {
+				first, last := led[id].firedRange()
+				checkEverySecond(t, id, led[id], first, last)
+			}
 		})
 	}
 }
