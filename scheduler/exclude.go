@@ -54,7 +54,8 @@ var (
 
 // skipReasons says which kinds of skipped records a fire carries, for the
 // counters: the records are already-encoded events, and the scheduler
-// writes the reason of each exactly as excludedReason.
+// writes those reasons exactly as excludedReason and pausedReason hold
+// them.
 func skipReasons(recs []taskstate.Record) (missed, excluded, paused bool) {
 	for _, rec := range recs {
 		switch {
