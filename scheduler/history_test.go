@@ -61,22 +61,11 @@ func TestPauseSince(t *testing.T) {
 	e.put(every("resumed", "@every 1m"))
 	e.pauseOf("resumed", "")
 	e.resume("resumed")
-	times := func(id string) []time.Time {
-		recs, err := e.client.History(c, id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out := make([]time.Time, len(recs))
-		for i, r := range recs {
-			out[i] = r.Time
-		}
-		return out
-	}
 	h := scheduler.NewStreamHistory(e.js, testNames)
-	p := times("p")
+	p, born := e.configTimes("p"), e.configTimes("born-paused")
 	for id, want := range map[string]scheduler.PauseSpan{
 		"p":           {Paused: p[3], Since: p[1]},
-		"born-paused": {Paused: times("born-paused")[0], Since: times("born-paused")[0]},
+		"born-paused": {Paused: born[0], Since: born[0]},
 	} {
 		got, ok, err := h.PauseSince(c, id)
 		if err != nil || !ok || !got.Paused.Equal(want.Paused) || !got.Since.Equal(want.Since) {

@@ -15,28 +15,36 @@ import (
 // pauseOf pauses id and returns when the config stream stored the pause.
 func (e *env) pauseOf(id, note string) time.Time {
 	e.t.Helper()
-	c := ctx(e.t, 10*time.Second)
-	if _, err := e.client.Pause(c, id, note); err != nil {
+	if _, err := e.client.Pause(ctx(e.t, 10*time.Second), id, note); err != nil {
 		e.t.Fatalf("pause %s: %v", id, err)
 	}
-	recs, err := e.client.History(c, id)
-	if err != nil || len(recs) == 0 {
-		e.t.Fatalf("history of %s: %d records, %v", id, len(recs), err)
-	}
-	return recs[len(recs)-1].Time
+	times := e.configTimes(id)
+	return times[len(times)-1]
 }
 
+// resume resumes id and returns when the config stream stored the resume.
 func (e *env) resume(id string) time.Time {
 	e.t.Helper()
-	c := ctx(e.t, 10*time.Second)
-	if _, err := e.client.Resume(c, id); err != nil {
+	if _, err := e.client.Resume(ctx(e.t, 10*time.Second), id); err != nil {
 		e.t.Fatalf("resume %s: %v", id, err)
 	}
-	recs, err := e.client.History(c, id)
+	times := e.configTimes(id)
+	return times[len(times)-1]
+}
+
+// configTimes returns when the config stream stored each of id's events,
+// oldest first.
+func (e *env) configTimes(id string) []time.Time {
+	e.t.Helper()
+	recs, err := e.client.History(ctx(e.t, 10*time.Second), id)
 	if err != nil || len(recs) == 0 {
 		e.t.Fatalf("history of %s: %d records, %v", id, len(recs), err)
 	}
-	return recs[len(recs)-1].Time
+	out := make([]time.Time, len(recs))
+	for i, r := range recs {
+		out[i] = r.Time
+	}
+	return out
 }
 
 func (e *env) watermarkOf(queue, id string) time.Time {
