@@ -42,8 +42,11 @@ type Change struct {
 	Old *State
 	New *State
 	// Seq is the stream sequence of the event behind the change (of the
-	// latest one, when a subscription coalesced several).
-	Seq uint64
+	// latest one, when a subscription coalesced several), and Time when the
+	// stream stored it; Time is zero where no one event is behind the
+	// change (a reload's difference).
+	Seq  uint64
+	Time time.Time
 	// Quarantined says New is nil because a bad event quarantined the entry,
 	// not because it was removed.
 	Quarantined bool
@@ -234,7 +237,7 @@ func (f *Fold) commit(d decoded) (Change, bool, error) {
 		return Change{}, false, d.bad
 	}
 	old := f.entries[d.id]
-	ch := Change{ID: d.id, Old: old, Seq: d.seq}
+	ch := Change{ID: d.id, Old: old, Seq: d.seq, Time: d.at}
 	if d.bad != nil {
 		f.stats.Bad++
 		delete(f.entries, d.id)
@@ -335,7 +338,7 @@ func (f *Fold) Stats() Stats {
 func (f *Fold) snapshot() []Change {
 	out := make([]Change, 0, len(f.entries))
 	for id, s := range f.entries {
-		out = append(out, Change{ID: id, New: s, Seq: s.Revision})
+		out = append(out, Change{ID: id, New: s, Seq: s.Revision, Time: s.Time})
 	}
 	slices.SortFunc(out, func(a, b Change) int { return cmp.Compare(a.Seq, b.Seq) })
 	return out

@@ -122,7 +122,7 @@ func TestFoldAppliesByType(t *testing.T) {
 	e.Paused = false
 	apply(3, events.TypeEntryResumed, e)
 	e.Removed = true
-	if ch := apply(4, events.TypeEntryRemoved, e); ch.New != nil || ch.Old.Revision != 3 || ch.Quarantined {
+	if ch := apply(4, events.TypeEntryRemoved, e); ch.New != nil || ch.Old.Revision != 3 || ch.Quarantined || !ch.Time.Equal(time.Unix(4, 0)) {
 		t.Fatalf("removed: %+v", ch)
 	}
 	if f.Len() != 0 {

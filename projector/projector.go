@@ -438,7 +438,7 @@ func diff(from, to *Fold) []Change {
 		if old != nil && reflect.DeepEqual(*old, *s) {
 			continue
 		}
-		out = append(out, Change{ID: id, Old: old, New: s, Seq: s.Revision})
+		out = append(out, Change{ID: id, Old: old, New: s, Seq: s.Revision, Time: s.Time})
 	}
 	slices.SortFunc(out, func(a, b Change) int { return cmp.Or(cmp.Compare(a.Seq, b.Seq), cmp.Compare(a.ID, b.ID)) })
 	return out

@@ -42,7 +42,7 @@ func (s *Subscription) push(c Change) {
 		return
 	}
 	if prev, ok := s.pending[c.ID]; ok {
-		prev.New, prev.Seq, prev.Quarantined = c.New, c.Seq, c.Quarantined
+		prev.New, prev.Seq, prev.Time, prev.Quarantined = c.New, c.Seq, c.Time, c.Quarantined
 		if prev.Old == nil && prev.New == nil {
 			// The subscriber never saw the entry and it is gone again.
 			delete(s.pending, c.ID)
