@@ -35,6 +35,10 @@ const (
 	// replica had fired it when the pause took effect (every replica down,
 	// or Redis failing); the pause stops it from firing late.
 	SkipPaused = "paused"
+	// SkipRemoved: the tick was due before its entry was removed, but no
+	// replica had fired it when the removal took effect; the removal stops
+	// it from firing late.
+	SkipRemoved = "removed"
 )
 
 // Skipped is the data of cronstream.entry.skipped. When many consecutive

@@ -9,17 +9,26 @@ import (
 
 // sentFire is what apply needs to know of a fire once it was sent.
 type sentFire struct {
-	kind     taskstate.FireKind
-	tick     time.Time
-	skipped  bool // it carried skipped records of missed ticks
-	excluded bool // it carried a skipped record of excluded ticks
-	paused   bool // it recorded ticks due before a pause
+	kind    taskstate.FireKind
+	tick    time.Time
+	carried skipKinds // the skipped records it carried
 }
 
 func sentOf(f *taskstate.Fire) sentFire {
-	sf := sentFire{kind: f.Kind, tick: f.Tick}
-	sf.skipped, sf.excluded, sf.paused = skipReasons(f.SkippedRecords)
-	return sf
+	return sentFire{kind: f.Kind, tick: f.Tick, carried: skipReasons(f.SkippedRecords)}
+}
+
+// reload sends r, found needing its watermark loaded again, to s.load. A
+// removed entry's run goes instead: a load would have to restore the
+// watermark of an entry the projection no longer holds.
+func (s *Scheduler) reload(r *entryRun) {
+	if r.removed {
+		s.forgetRemoved(r)
+		s.log.Info("ticks due before the entry was removed left unrecorded: its watermark needs loading again", "entry", r.id)
+		return
+	}
+	s.heap.remove(r)
+	s.load[r.id] = r
 }
 
 // apply acts on one fire's result and returns the asynq history record of
@@ -58,8 +67,7 @@ func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (ta
 				// those ticks again.
 				r.phase = phaseLoading
 				r.tries++
-				s.heap.remove(r)
-				s.load[r.id] = r
+				s.reload(r)
 				break
 			}
 			r.cursor, r.hasCursor, r.lastTask = res.Watermark, res.HasWatermark, res.WatermarkTaskID
@@ -78,8 +86,7 @@ func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (ta
 				// replica did not follow live): close the queues it used
 				// since and reopen this one.
 				r.phase, r.loading.reopen = phaseLoading, true
-				s.heap.remove(r)
-				s.load[r.id] = r
+				s.reload(r)
 			} else {
 				s.suspectEpoch(r.queue, r.id, res.MovedAt, "")
 			}
@@ -96,19 +103,24 @@ func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (ta
 		r.cursor, r.hasCursor, r.phase = f.tick, true, phaseReady
 		r.handled, r.hasHandled = f.tick, true
 	}
-	if f.skipped {
+	if f.carried.missed {
 		r.skippedAt = s.clock.Now()
 		s.count(func(st *Stats) { st.SkippedMissed++ })
 		s.m.Skipped.WithLabelValues(events.SkipMissed).Inc()
 	}
-	if f.excluded {
+	if f.carried.excluded {
 		s.count(func(st *Stats) { st.SkippedExcluded++ })
 		s.m.Skipped.WithLabelValues(events.SkipExcluded).Inc()
 	}
-	if f.paused {
+	if f.carried.paused {
 		s.count(func(st *Stats) { st.SkippedPaused++ })
 		s.m.Skipped.WithLabelValues(events.SkipPaused).Inc()
 		s.log.Info("ticks due before the entry was paused, which no replica had fired, recorded as skipped (reason paused)", "entry", r.id, "until", f.tick)
+	}
+	if f.carried.removed {
+		s.count(func(st *Stats) { st.SkippedRemoved++ })
+		s.m.Skipped.WithLabelValues(events.SkipRemoved).Inc()
+		s.log.Info("ticks due before the entry was removed, which no replica had fired, recorded as skipped (reason removed)", "entry", r.id, "until", f.tick)
 	}
 	switch status {
 	case taskstate.StatusFired:

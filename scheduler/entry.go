@@ -3,6 +3,7 @@ package scheduler
 import (
 	"time"
 
+	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/projector"
 )
 
@@ -48,12 +49,18 @@ type entryRun struct {
 	// replica's pace, and loading clears it.
 	skippedAt time.Time
 
-	// settle, while set, is a pause that took effect with ticks due before
-	// it that no replica had handled (every replica was down, or Redis
-	// failing): they are recorded as skipped (reason paused) through the
-	// fire script's compare-and-set, as missed ticks are, before the entry
-	// rests, so a pause never leaves a hole in the audit log.
-	settle *pauseSettle
+	// settle, while set, is a pause or removal that took effect with ticks
+	// due before it that no replica had handled (every replica was down,
+	// or Redis failing): they are recorded as skipped (reason paused or
+	// removed) through the fire script's compare-and-set, as missed ticks
+	// are, before the entry rests or goes, so neither leaves a hole in the
+	// audit log.
+	settle *stopSettle
+	// removed: the entry was removed while its settle had ticks left. Its
+	// run is then in s.removing instead of s.entries, and in the heap until
+	// the settle is done (remove); registered again meanwhile, it is the
+	// entry's run again, as a resumed one is.
+	removed bool
 
 	// completedSince is the revision of the fire limit found reached (a
 	// fire refused as completed): the entry fires nothing more while its
@@ -80,7 +87,7 @@ type entryRun struct {
 // entryPhase is where an entry stands on this replica: loading (its
 // watermark is to be read) or ready (the watermark is known and the entry
 // fires on its schedule). A paused entry keeps its phase but is neither in
-// s.load nor in the heap, except while its pause settles (pauseSettle: in
+// s.load nor in the heap, except while its pause settles (stopSettle: in
 // s.load until its watermark is read, then in the heap until the ticks due
 // before the pause are recorded); applyChange puts it back where its phase
 // says when it resumes.
@@ -131,12 +138,18 @@ type loadSteps struct {
 	held bool
 }
 
-// pauseSettle is a pause whose due ticks are still to be recorded.
-type pauseSettle struct {
-	// until is when the pause took effect (its event's stream time, at most
-	// the clock when it was applied): ticks at or before it were due before
-	// the pause. Zero until loadPaused has read it from the history of an
-	// entry found paused.
+// stopSettle is a pause or removal whose due ticks are still to be
+// recorded.
+type stopSettle struct {
+	// reason is the skip reason the ticks are recorded with
+	// (events.SkipPaused or events.SkipRemoved), and revision the config
+	// event's that stopped the entry, which the skipped event names.
+	reason   string
+	revision uint64
+	// until is when the pause or removal took effect (its event's stream
+	// time, at most the clock when it was applied): ticks at or before it
+	// were due before it. Zero until loadPaused has read it from the
+	// history of an entry found paused.
 	until time.Time
 	// sched and after are the schedule and floor of before the pause, kept
 	// when the entry resumes before the settle committed (the resume moves
@@ -145,9 +158,9 @@ type pauseSettle struct {
 	after time.Time
 }
 
-// pausedTicks is the run of r's ticks its pause settle still has to
-// record: after its floor and cursor, up to the pause.
-func (r *entryRun) pausedTicks() tickRange {
+// settleTicks is the run of r's ticks its settle still has to record:
+// after its floor and cursor, up to the pause or removal.
+func (r *entryRun) settleTicks() tickRange {
 	p := r.settle
 	sched, after := r.sched, r.floor
 	if p.sched != nil {
@@ -159,13 +172,13 @@ func (r *entryRun) pausedTicks() tickRange {
 	return countTicks(sched, after, p.until.Add(time.Nanosecond))
 }
 
-// settling reports whether r's pause settle has ticks left to record, and
-// drops the settle when not.
+// settling reports whether r's settle has ticks left to record, and drops
+// the settle when not.
 func (r *entryRun) settling() bool {
 	if r.settle == nil {
 		return false
 	}
-	if r.settle.until.IsZero() || r.completed() || r.pausedTicks().empty() {
+	if r.settle.until.IsZero() || r.completed() || r.settleTicks().empty() {
 		r.settle = nil
 		return false
 	}
@@ -197,6 +210,16 @@ func (s *Scheduler) applyChange(c projector.Change) {
 	s.pausedOnly -= s.pausedOnlyOne(c.ID)
 	defer func() { s.pausedOnly += s.pausedOnlyOne(c.ID) }()
 	r := s.entries[c.ID]
+	revived := false
+	if r == nil && c.New != nil {
+		if r = s.removing[c.ID]; r != nil {
+			// Registered again while its removal settles: one run keeps
+			// the watermark's compare-and-set ordered.
+			delete(s.removing, c.ID)
+			r.removed, revived = false, true
+			s.entries[c.ID] = r
+		}
+	}
 	if c.New != nil && c.New.Entry.Paused {
 		if s.pausedEntries == nil {
 			s.pausedEntries = map[string]projector.State{}
@@ -211,6 +234,9 @@ func (s *Scheduler) applyChange(c projector.Change) {
 			delete(s.load, r.id)
 			delete(s.entries, c.ID)
 			s.pos.forget(c.ID)
+			if !c.Quarantined {
+				s.remove(r, c)
+			}
 		}
 		return
 	}
@@ -235,13 +261,14 @@ func (s *Scheduler) applyChange(c projector.Change) {
 	} else {
 		old := r.st.Entry
 		switch {
-		case old.Paused:
+		case old.Paused || revived:
 			if r.settle != nil && r.settle.sched == nil && !r.settle.until.IsZero() {
-				// Its ticks from before the pause are still to be
-				// recorded, by the schedule and floor they belong to.
+				// Its ticks from before the pause or removal are still to
+				// be recorded, by the schedule and floor they belong to.
 				r.settle.sched, r.settle.after = r.sched, r.floor
 			}
-			// Ticks while paused are not missed: they never fire.
+			// Ticks while paused or removed are not missed: they never
+			// fire.
 			r.floor, r.loading.floorAtLoad = st.Time, false
 		case old.Cron != st.Entry.Cron || old.Timezone != st.Entry.Timezone:
 			// A new spec never fires ticks of the old one, nor its own
@@ -265,7 +292,7 @@ func (s *Scheduler) applyChange(c projector.Change) {
 
 // pause follows an entry's pause: the entry leaves the firing loop once
 // the ticks due before the pause that no replica handled are recorded
-// (pauseSettle).
+// (stopSettle).
 func (s *Scheduler) pause(r *entryRun, c projector.Change) {
 	st := *c.New
 	if r == nil {
@@ -281,7 +308,7 @@ func (s *Scheduler) pause(r *entryRun, c projector.Change) {
 			return
 		}
 		r = &entryRun{id: c.ID, st: st, sched: sched, queue: st.Entry.Options.QueueName(), index: -1,
-			phase: phaseLoading, floor: st.Time, loading: loadSteps{floorAtLoad: true}, settle: &pauseSettle{}}
+			phase: phaseLoading, floor: st.Time, loading: loadSteps{floorAtLoad: true}, settle: &stopSettle{reason: events.SkipPaused, revision: st.Revision}}
 		s.entries[c.ID] = r
 		s.load[r.id] = r
 		return
@@ -292,16 +319,58 @@ func (s *Scheduler) pause(r *entryRun, c projector.Change) {
 		return // still paused: a note or another field changed
 	}
 	now := s.clock.Now()
-	until := st.Time
-	if until.IsZero() || until.After(now) {
-		// Not a tick that is not due yet by this replica's clock.
-		until = now
-	}
-	r.settle = &pauseSettle{until: until}
+	r.settle = &stopSettle{reason: events.SkipPaused, revision: st.Revision, until: settleUntil(st.Time, now)}
 	if r.phase == phaseLoading {
 		return // in s.load: loadPaused decides once the watermark is read
 	}
 	s.schedule(r, now)
+}
+
+// settleUntil is the last instant whose ticks were due before a pause or
+// removal the stream stored at stored, applied at now.
+func settleUntil(stored, now time.Time) time.Time {
+	if stored.IsZero() || stored.After(now) {
+		// Not a tick that is not due yet by this replica's clock.
+		return now
+	}
+	return stored
+}
+
+// remove follows an entry's removal (r already out of s.entries, s.load
+// and the heap): ticks due before it that no replica handled are recorded
+// as skipped (reason removed) first, by a run kept in the heap alone until
+// they are (stopSettle). Only a removal seen live can: its event's time
+// says which ticks were due, and the run knows the watermark. An entry
+// still loading, or one whose removal came from a reload of the stream,
+// goes at once.
+func (s *Scheduler) remove(r *entryRun, c projector.Change) {
+	if r.phase != phaseReady || c.Time.IsZero() {
+		return
+	}
+	now := s.clock.Now()
+	// A pause's settle still under way is kept: it goes first, and a
+	// paused entry had nothing due since.
+	if !r.settling() && !r.st.Entry.Paused {
+		r.settle = &stopSettle{reason: events.SkipRemoved, revision: c.Seq, until: settleUntil(c.Time, now)}
+	}
+	if !r.settling() {
+		return
+	}
+	r.removed = true
+	if s.removing == nil {
+		s.removing = map[string]*entryRun{}
+	}
+	s.removing[r.id] = r
+	s.schedule(r, now)
+}
+
+// forgetRemoved drops a removed entry's run once its settle is done or
+// given up.
+func (s *Scheduler) forgetRemoved(r *entryRun) {
+	s.heap.remove(r)
+	if s.removing[r.id] == r {
+		delete(s.removing, r.id)
+	}
 }
 
 // completed reports whether r's fire limit was found reached: it then
@@ -314,11 +383,16 @@ func (r *entryRun) completed() bool {
 // schedule computes when this replica should next act on r and places it
 // in the heap.
 func (s *Scheduler) schedule(r *entryRun, now time.Time) {
-	s.pos.note(r)
+	if !r.removed {
+		s.pos.note(r)
+	}
 	var due time.Time
 	switch {
 	case r.settling():
 		due = r.settle.until
+	case r.removed:
+		s.forgetRemoved(r)
+		return
 	case r.st.Entry.Paused || r.completed():
 		s.heap.remove(r)
 		return

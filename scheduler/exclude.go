@@ -45,27 +45,36 @@ func (s *Scheduler) excludedFire(r *entryRun, rng tickRange, expected time.Time,
 		[]taskstate.Record{rec}), nil
 }
 
-// excludedReason and pausedReason are how skippedRecord's JSON writes
-// those reasons.
+// excludedReason, pausedReason and removedReason are how skippedRecord's
+// JSON writes those reasons.
 var (
 	excludedReason = []byte(`"reason":"` + events.SkipExcluded + `"`)
 	pausedReason   = []byte(`"reason":"` + events.SkipPaused + `"`)
+	removedReason  = []byte(`"reason":"` + events.SkipRemoved + `"`)
 )
 
-// skipReasons says which kinds of skipped records a fire carries, for the
+// skipKinds says which kinds of skipped records a fire carries.
+type skipKinds struct {
+	missed, excluded, paused, removed bool
+}
+
+// skipReasons reads the kinds of skipped records recs holds, for the
 // counters: the records are already-encoded events, and the scheduler
-// writes those reasons exactly as excludedReason and pausedReason hold
-// them.
-func skipReasons(recs []taskstate.Record) (missed, excluded, paused bool) {
+// writes those reasons exactly as excludedReason, pausedReason and
+// removedReason hold them.
+func skipReasons(recs []taskstate.Record) skipKinds {
+	var k skipKinds
 	for _, rec := range recs {
 		switch {
 		case bytes.Contains(rec.Data, excludedReason):
-			excluded = true
+			k.excluded = true
 		case bytes.Contains(rec.Data, pausedReason):
-			paused = true
+			k.paused = true
+		case bytes.Contains(rec.Data, removedReason):
+			k.removed = true
 		default:
-			missed = true
+			k.missed = true
 		}
 	}
-	return missed, excluded, paused
+	return k
 }

@@ -160,7 +160,7 @@ func (s *Scheduler) loadWatermarks(ctx context.Context) {
 
 // loadPaused ends the load of a paused entry. When its watermark shows
 // ticks due before the pause that no replica handled, it becomes ready and
-// settles (pauseSettle); otherwise it leaves s.load still loading and
+// settles (stopSettle); otherwise it leaves s.load still loading and
 // loads in full if it resumes. It returns false when its history is to be
 // read later (errHistoryLater).
 func (s *Scheduler) loadPaused(ctx context.Context, r *entryRun, wm taskstate.WatermarkInfo, now time.Time) bool {

@@ -93,7 +93,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	m.Cancels.WithLabelValues(cancelSent)
 	m.Cancels.WithLabelValues(cancelDeleted)
-	for _, reason := range []string{events.SkipMissed, events.SkipOverlap, events.SkipUnique, events.SkipExcluded, events.SkipPaused, events.SkipOverlapDropped} {
+	for _, reason := range []string{events.SkipMissed, events.SkipOverlap, events.SkipUnique, events.SkipExcluded, events.SkipPaused, events.SkipRemoved, events.SkipOverlapDropped} {
 		m.Skipped.WithLabelValues(reason)
 	}
 	for _, reason := range heldDropReasons {

@@ -56,49 +56,50 @@ func (e *env) watermarkOf(queue, id string) time.Time {
 	return tick
 }
 
-// checkPausedSkip asserts, for an every-second entry paused at paused,
-// that its ticks up to the pause were each handled once: fired, or the last
-// unfired ones recorded as one skipped event with reason paused that ends
-// at the pause (and starts after wm, when set: the watermark when every
-// replica stopped). Nothing fired while paused (until resumed, when set).
-// mustSkip requires the skipped event; otherwise every tick up to the pause
-// may have fired, by a replica whose fire pass was under way when the
-// pause came (it applies the pause after that pass).
-func checkPausedSkip(t *testing.T, id string, l *ledger, wm, paused, resumed time.Time, mustSkip bool) {
+// checkStopSkip asserts, for an every-second entry paused or removed at
+// stopped (reason events.SkipPaused or events.SkipRemoved), that its ticks
+// up to then were each handled once: fired, or the last unfired ones
+// recorded as one skipped event with that reason that ends at stopped (and
+// starts after wm, when set: the watermark when every replica stopped).
+// Nothing fired since (until restarted, when set: resumed or registered
+// again). mustSkip requires the skipped event; otherwise every tick up to
+// stopped may have fired, by a replica whose fire pass was under way when
+// the change came (it applies changes after that pass).
+func checkStopSkip(t *testing.T, id string, l *ledger, reason string, wm, stopped, restarted time.Time, mustSkip bool) {
 	t.Helper()
 	var got []events.Skipped
 	for _, s := range l.skipped {
-		if s.Reason == events.SkipPaused {
+		if s.Reason == reason {
 			got = append(got, s)
-		} else if !s.ScheduledAt.After(paused) {
-			t.Errorf("%s: skipped with reason %q at %s, before its pause", id, s.Reason, s.ScheduledAt.Format(time.TimeOnly))
+		} else if !s.ScheduledAt.After(stopped) {
+			t.Errorf("%s: skipped with reason %q at %s, before it was %s", id, s.Reason, s.ScheduledAt.Format(time.TimeOnly), reason)
 		}
 	}
 	first, _ := l.firedRange()
-	checkEverySecond(t, id, l, first, paused.Unix())
+	checkEverySecond(t, id, l, first, stopped.Unix())
 	for sec, n := range l.fired {
-		if sec > paused.Unix() && (resumed.IsZero() || sec <= resumed.Unix()) {
-			t.Errorf("%s: tick %s fired %d times while paused", id, fmtUnix(sec), n)
+		if sec > stopped.Unix() && (restarted.IsZero() || sec <= restarted.Unix()) {
+			t.Errorf("%s: tick %s fired %d times while %s", id, fmtUnix(sec), n, reason)
 		}
 	}
 	switch {
 	case len(got) == 0 && !mustSkip:
-		t.Logf("%s: every tick up to its pause fired", id)
+		t.Logf("%s: every tick up to when it was %s fired", id, reason)
 		return
 	case len(got) != 1:
-		t.Fatalf("%s: want one skipped event (paused) ending at %s, got %+v", id, paused.Format(time.TimeOnly), got)
+		t.Fatalf("%s: want one skipped event (%s) ending at %s, got %+v", id, reason, stopped.Format(time.TimeOnly), got)
 	}
 	s := got[0]
 	until := s.ScheduledAt
 	if s.Until != nil {
 		until = *s.Until
 	}
-	if until.Unix() != paused.Unix() || (!wm.IsZero() && s.ScheduledAt.Unix() != wm.Unix()+1) {
-		t.Errorf("%s: skipped (paused) %s..%s (%d ticks), want up to %s from after the watermark %s", id,
-			s.ScheduledAt.Format(time.TimeOnly), until.Format(time.TimeOnly), s.Count, paused.Format(time.TimeOnly), wm.Format(time.TimeOnly))
+	if until.Unix() != stopped.Unix() || (!wm.IsZero() && s.ScheduledAt.Unix() != wm.Unix()+1) {
+		t.Errorf("%s: skipped (%s) %s..%s (%d ticks), want up to %s from after the watermark %s", id, reason,
+			s.ScheduledAt.Format(time.TimeOnly), until.Format(time.TimeOnly), s.Count, stopped.Format(time.TimeOnly), wm.Format(time.TimeOnly))
 	}
 	if want := int(until.Unix() - s.ScheduledAt.Unix() + 1); max(s.Count, 1) != want {
-		t.Errorf("%s: skipped (paused) event counts %d ticks, its range %d", id, s.Count, want)
+		t.Errorf("%s: skipped (%s) event counts %d ticks, its range %d", id, reason, s.Count, want)
 	}
 }
 
@@ -139,7 +140,7 @@ func TestPauseWhileEveryReplicaDown(t *testing.T) {
 	e.waitOutboxEmpty(10*time.Second, "default")
 
 	led := ledgers(e.readActivity())
-	checkPausedSkip(t, "p", led["p"], wm, paused, resumed, true)
+	checkStopSkip(t, "p", led["p"], events.SkipPaused, wm, paused, resumed, true)
 	if st := b.sched.Stats(); st.SkippedPaused != 1 {
 		t.Errorf("b recorded %d paused skips, want 1 (p's)", st.SkippedPaused)
 	}
@@ -235,7 +236,7 @@ func TestPauseWhileRedisUnreachable(t *testing.T) {
 			}
 
 			led := ledgers(e.readActivity())
-			checkPausedSkip(t, "p", led["p"], time.Time{}, paused, resumed, false)
+			checkStopSkip(t, "p", led["p"], events.SkipPaused, time.Time{}, paused, resumed, false)
 			if resumeFirst {
 				checkEverySecond(t, "p", led["p"], resumed.Unix()+1, e.watermarkOf("default", "p").Unix())
 			} else if got := e.watermarkOf("default", "p"); got.Unix() != paused.Unix() {

@@ -13,11 +13,11 @@ import (
 // appended to into (a scratch slice the caller reuses).
 func (s *Scheduler) plan(r *entryRun, now time.Time, into []taskstate.Fire) ([]taskstate.Fire, bool) {
 	if r.settling() {
-		rng := r.pausedTicks()
-		fires, _ := s.planSkip(r, rng, events.SkipPaused, now, into)
+		rng := r.settleTicks()
+		fires, _ := s.planSkip(r, rng, r.settle.reason, now, into)
 		return fires, !rng.Exact
 	}
-	if r.st.Entry.Paused {
+	if r.removed || r.st.Entry.Paused {
 		return nil, false
 	}
 	start := r.start()
@@ -126,7 +126,7 @@ func (s *Scheduler) dueAfterSkip(r *entryRun, start time.Time, skipped tickRange
 }
 
 // planSkip records ticks that do not fire (missed ticks the catch-up policy
-// drops, or those due before a pause), moving the watermark to the last of
+// drops, or those due before a pause or removal), moving the watermark to the last of
 // them, without creating a task.
 func (s *Scheduler) planSkip(r *entryRun, skipped tickRange, reason string, now time.Time, into []taskstate.Fire) ([]taskstate.Fire, bool) {
 	if skipped.empty() {
@@ -203,7 +203,11 @@ func (s *Scheduler) firedRecord(r *entryRun, tick time.Time, taskID string, now 
 
 func (s *Scheduler) skippedRecord(r *entryRun, rng tickRange, reason string, now time.Time) (taskstate.Record, error) {
 	id := skippedEventID(r.id, rng)
-	data := events.Skipped{Entry: r.id, ScheduledAt: rng.First.UTC(), Reason: reason, Revision: r.st.Revision, Replica: s.cfg.ReplicaID}
+	rev := r.st.Revision
+	if r.settle != nil && r.settle.reason == reason {
+		rev = r.settle.revision // the pause or removal, even after a resume
+	}
+	data := events.Skipped{Entry: r.id, ScheduledAt: rng.First.UTC(), Reason: reason, Revision: rev, Replica: s.cfg.ReplicaID}
 	if rng.Count > 1 {
 		last := rng.Last.UTC()
 		data.Until, data.Count = &last, rng.Count

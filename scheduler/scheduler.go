@@ -182,6 +182,9 @@ type Scheduler struct {
 	entries map[string]*entryRun
 	heap    dueHeap
 	load    map[string]*entryRun // entries whose watermark must be read
+	// removing holds the runs of removed entries whose ticks due before
+	// the removal are still to be recorded (remove).
+	removing map[string]*entryRun
 	// pausedEntries holds the paused entries, so asynq's scheduler entries list
 	// them marked paused (visibilitySnapshot); they never fire.
 	pausedEntries map[string]projector.State

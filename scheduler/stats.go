@@ -7,6 +7,8 @@ type Stats struct {
 	// SkippedPaused counts steps that recorded ticks due before a pause
 	// that no replica had fired (each may cover many ticks).
 	SkippedPaused uint64
+	// SkippedRemoved counts the same for ticks due before a removal.
+	SkippedRemoved uint64
 	// Completed counts fires refused because their entry's max fires were
 	// reached (the entry then waits for a new limit).
 	Completed uint64

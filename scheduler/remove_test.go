@@ -1,0 +1,115 @@
+package scheduler_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/testenv"
+	"github.com/cronstream/cronstream/scheduler"
+)
+
+// removeOf removes id and returns when the config stream stored the
+// removal, and its revision.
+func (e *env) removeOf(id string) (time.Time, uint64) {
+	e.t.Helper()
+	res, err := e.client.Remove(ctx(e.t, 10*time.Second), id)
+	if err != nil {
+		e.t.Fatalf("remove %s: %v", id, err)
+	}
+	times := e.configTimes(id)
+	return times[len(times)-1], res.Revision
+}
+
+// TestRemoveWhileRedisUnreachable: two replicas whose Redis is cut off keep
+// failing an entry's ticks when the entry is removed; once Redis is back,
+// the ticks due before the removal are recorded as skipped (reason
+// removed) exactly once, never fired, and nothing fires after, while
+// entries in two queues catch up. Registered again before Redis came back,
+// the entry still records them, fires nothing of the time it was removed,
+// and fires from its registration on.
+func TestRemoveWhileRedisUnreachable(t *testing.T) {
+	t.Parallel()
+	for _, again := range []bool{false, true} {
+		name := "removed"
+		if again {
+			name = "registered again before Redis is back"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			steady := []string{"steady", "other"}
+			e.put(every("r", "@every 1s"), every("steady", "@every 1s", withCatchup(events.CatchupAll, time.Hour)),
+				every("other", "@every 1s", inQueue("other"), withCatchup(events.CatchupAll, time.Hour)))
+			proxy := testenv.StartProxy(t, e.redis.Addr)
+			node := func(id string) *node {
+				opts := e.redis.Options()
+				opts.Addr = proxy.Addr()
+				rc := redis.NewClient(opts)
+				t.Cleanup(func() { _ = rc.Close() })
+				return e.startNode(id, nodeOpts{rc: rc})
+			}
+			a, b := node("a"), node("b")
+			stats := func() scheduler.Stats {
+				sa, sb := a.sched.Stats(), b.sched.Stats()
+				return scheduler.Stats{Fired: sa.Fired + sb.Fired, Errors: sa.Errors + sb.Errors, SkippedRemoved: sa.SkippedRemoved + sb.SkippedRemoved}
+			}
+			testenv.Eventually(t, 20*time.Second, func() bool { return stats().Fired >= 6 }, "the replicas to fire every entry")
+
+			proxy.Cut(testenv.Drop)
+			// A fire in flight at the cut may still have run: which ticks
+			// fired before the removal is read from the stream at the end.
+			time.Sleep(3 * time.Second)
+			removed, rev := e.removeOf("r")
+			time.Sleep(2 * time.Second)
+			var registered time.Time
+			if again {
+				e.put(every("r", "@every 1s"))
+				times := e.configTimes("r")
+				registered = times[len(times)-1]
+			}
+			errs := stats().Errors
+			proxy.Heal()
+			// Every tick up to the removal handled: the ones no replica
+			// fired recorded as skipped (removed).
+			testenv.Eventually(t, 30*time.Second, func() bool {
+				return !e.watermarkOf("default", "r").Before(removed.Truncate(time.Second))
+			}, "r's ticks up to its removal to be handled")
+			if again {
+				testenv.Eventually(t, 20*time.Second, func() bool {
+					return !e.watermarkOf("default", "r").Before(registered.Add(2 * time.Second))
+				}, "r to fire after its registration")
+			} else {
+				time.Sleep(2 * time.Second) // nothing more of r may fire
+			}
+			a.stop()
+			b.stop()
+			e.waitOutboxEmpty(10*time.Second, "default", "other")
+			if errs == 0 {
+				t.Errorf("no fire failed while Redis was cut off")
+			}
+			if n := stats().SkippedRemoved; n > 1 {
+				t.Errorf("%d steps recorded r's removed ticks, want at most 1", n)
+			}
+
+			led := ledgers(e.readActivity())
+			checkStopSkip(t, "r", led["r"], events.SkipRemoved, time.Time{}, removed, registered, false)
+			for _, s := range led["r"].skipped {
+				if s.Reason == events.SkipRemoved && s.Revision != rev {
+					t.Errorf("r: skipped (removed) names revision %d, want the removal's %d", s.Revision, rev)
+				}
+			}
+			if again {
+				checkEverySecond(t, "r", led["r"], registered.Unix()+1, e.watermarkOf("default", "r").Unix())
+			} else if got := e.watermarkOf("default", "r"); got.Unix() != removed.Unix() {
+				t.Errorf("r's watermark at %s, want its removal's %s", got.Format(time.TimeOnly), removed.Format(time.TimeOnly))
+			}
+			for _, id := range steady {
+				first, last := led[id].firedRange()
+				checkEverySecond(t, id, led[id], first, last)
+			}
+		})
+	}
+}
