@@ -44,7 +44,8 @@ type Change struct {
 	// Seq is the stream sequence of the event behind the change (of the
 	// latest one, when a subscription coalesced several), and Time when the
 	// stream stored it; Time is zero where no one event is behind the
-	// change (a reload's difference).
+	// change (an entry a reload found gone without a removal, or
+	// quarantined).
 	Seq  uint64
 	Time time.Time
 	// Quarantined says New is nil because a bad event quarantined the entry,
@@ -116,7 +117,12 @@ type Fold struct {
 	names       events.Names
 	entries     map[string]*State
 	quarantined map[string]Quarantine
-	stats       Stats
+	// removed holds each removed entry's last state as its removal event
+	// carried it, Revision and Time the removal's, until the entry is
+	// registered again or quarantined: a subscriber that starts later
+	// learns of the removal from it (Subscription.Removed).
+	removed map[string]*State
+	stats   Stats
 	// The message at stats.LastSeq, for LastMessageID.
 	lastSubject string
 	lastAt      time.Time
@@ -128,6 +134,7 @@ func NewFold(names events.Names) *Fold {
 		names:       names,
 		entries:     make(map[string]*State),
 		quarantined: make(map[string]Quarantine),
+		removed:     make(map[string]*State),
 	}
 }
 
@@ -190,6 +197,7 @@ type decoded struct {
 	subject string
 	id      string // "" when the subject has no valid entry id
 	state   *State // nil for removals and bad events
+	removal *State // a removal's last state (its Revision and Time the removal's)
 	bad     *BadEventError
 }
 
@@ -217,6 +225,7 @@ func decode(names events.Names, m message) decoded {
 		return fail("data.id %q does not match the entry of the subject", e.ID)
 	}
 	if e.Removed {
+		d.removal = &State{Entry: *e, Revision: seq, Time: at}
 		return d
 	}
 	d.state = &State{Entry: *e, Revision: seq, Time: at}
@@ -242,6 +251,7 @@ func (f *Fold) commit(d decoded) (Change, bool, error) {
 		f.stats.Bad++
 		delete(f.entries, d.id)
 		f.quarantined[d.id] = Quarantine{ID: d.id, Seq: d.seq, Time: d.at, Reason: d.bad.Reason}
+		delete(f.removed, d.id)
 		ch.Quarantined = true
 		return ch, old != nil, d.bad
 	}
@@ -249,8 +259,10 @@ func (f *Fold) commit(d decoded) (Change, bool, error) {
 	delete(f.quarantined, d.id)
 	if d.state == nil {
 		delete(f.entries, d.id)
+		f.removed[d.id] = d.removal
 		return ch, old != nil, nil
 	}
+	delete(f.removed, d.id)
 	if old != nil {
 		d.state.MaxFiresSince = events.MaxFiresSince(&old.Entry, old.MaxFiresSince, d.state.Entry, d.seq)
 	} else {
@@ -331,6 +343,17 @@ func (f *Fold) Stats() Stats {
 	s.Entries = len(f.entries)
 	s.Quarantined = len(f.quarantined)
 	return s
+}
+
+// removals returns every removed entry's removal as a change from its
+// last state, in stream order.
+func (f *Fold) removals() []Change {
+	out := make([]Change, 0, len(f.removed))
+	for id, s := range f.removed {
+		out = append(out, Change{ID: id, Old: s, Seq: s.Revision, Time: s.Time})
+	}
+	slices.SortFunc(out, func(a, b Change) int { return cmp.Compare(a.Seq, b.Seq) })
+	return out
 }
 
 // snapshot returns every registered entry as a change from nothing, in

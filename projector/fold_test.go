@@ -128,6 +128,9 @@ func TestFoldAppliesByType(t *testing.T) {
 	if f.Len() != 0 {
 		t.Fatal("removed entry still in the map")
 	}
+	if rm := f.removals(); len(rm) != 1 || rm[0].ID != "a" || rm[0].Seq != 4 || rm[0].Old.Entry.Cron != e.Cron || !rm[0].Time.Equal(time.Unix(4, 0)) {
+		t.Fatalf("removals %+v, want a's at seq 4 with its last state", rm)
+	}
 	// Duplicates and stale messages are skipped without an error.
 	if _, changed, err := f.Apply("pt.config.a", 2, time.Now(), []byte("garbage")); changed || err != nil || f.Stats().Duplicates != 1 {
 		t.Fatalf("duplicate: changed %v err %v stats %+v", changed, err, f.Stats())
@@ -135,6 +138,9 @@ func TestFoldAppliesByType(t *testing.T) {
 	e.Removed = false
 	if ch := apply(5, events.TypeEntryRegistered, e); ch.Old != nil || ch.New.Revision != 5 {
 		t.Fatalf("re-registered: %+v", ch)
+	}
+	if rm := f.removals(); len(rm) != 0 {
+		t.Fatalf("a registered again is still among the removals: %+v", rm)
 	}
 	if st := f.Stats(); st.Applied != 5 || st.LastSeq != 5 || st.Entries != 1 {
 		t.Fatalf("stats %+v", st)
@@ -170,5 +176,35 @@ func TestFoldMaxFiresSince(t *testing.T) {
 		if got, _ := f.Get("a"); got.MaxFiresSince != st.want {
 			t.Errorf("step %d: max_fires since %d, want %d", i, got.MaxFiresSince, st.want)
 		}
+	}
+}
+
+// TestDiffNamesRemovals: a reload's difference gives an entry the new fold
+// holds removed its removal event's sequence and time; one that vanished
+// without a removal (a recreated stream) has no time.
+func TestDiffNamesRemovals(t *testing.T) {
+	from, to := NewFold(testNames), NewFold(testNames)
+	apply := func(f *Fold, seq uint64, typ string, e events.Entry) {
+		t.Helper()
+		if _, _, err := f.Apply(testNames.ConfigSubject(e.ID), seq, time.Unix(int64(seq), 0), rawEvent(t, typ, e.ID, e)); err != nil {
+			t.Fatalf("seq %d: %v", seq, err)
+		}
+	}
+	apply(from, 1, events.TypeEntryRegistered, validEntry("gone"))
+	apply(from, 2, events.TypeEntryRegistered, validEntry("vanished"))
+	apply(to, 1, events.TypeEntryRegistered, validEntry("gone"))
+	rm := validEntry("gone")
+	rm.Removed = true
+	apply(to, 3, events.TypeEntryRemoved, rm)
+	apply(to, 4, events.TypeEntryRegistered, validEntry("other"))
+	got := map[string]Change{}
+	for _, c := range diff(from, to) {
+		got[c.ID] = c
+	}
+	if c := got["gone"]; c.New != nil || c.Seq != 3 || !c.Time.Equal(time.Unix(3, 0)) {
+		t.Errorf("gone: %+v, want its removal at seq 3", c)
+	}
+	if c := got["vanished"]; c.New != nil || !c.Time.IsZero() {
+		t.Errorf("vanished: %+v, want a removal without a time", c)
 	}
 }

@@ -430,7 +430,11 @@ func diff(from, to *Fold) []Change {
 	for id, old := range from.entries {
 		if _, ok := to.entries[id]; !ok {
 			_, q := to.quarantined[id]
-			out = append(out, Change{ID: id, Old: old, Seq: to.LastSeq(), Quarantined: q})
+			c := Change{ID: id, Old: old, Seq: to.LastSeq(), Quarantined: q}
+			if rm := to.removed[id]; rm != nil {
+				c.Seq, c.Time = rm.Revision, rm.Time // its removal event's
+			}
+			out = append(out, c)
 		}
 	}
 	for id, s := range to.entries {

@@ -198,6 +198,32 @@ func TestCaughtUp(t *testing.T) {
 	}
 }
 
+// TestSubscriptionRemoved: a subscription started after removals names
+// them with the last state their events carried; an entry registered
+// again, or quarantined, since is not among them.
+func TestSubscriptionRemoved(t *testing.T) {
+	_, js := startNATS(t)
+	var last uint64
+	for _, id := range []string{"gone", "back", "junk"} {
+		e := validEntry(id)
+		publishEvent(t, js, events.TypeEntryRegistered, e)
+		e.Removed = true
+		last = publishEvent(t, js, events.TypeEntryRemoved, e)
+	}
+	publishEvent(t, js, events.TypeEntryRegistered, validEntry("back"))
+	last = publishRaw(t, js, testNames.ConfigSubject("junk"), []byte("not an event"))
+	p := startProjector(t, js, Config{})
+	if err := p.WaitFor(testCtx(t, 10*time.Second), last); err != nil {
+		t.Fatal(err)
+	}
+	sub := p.Subscribe()
+	defer sub.Close()
+	rm := sub.Removed()
+	if len(rm) != 1 || rm[0].ID != "gone" || rm[0].New != nil || rm[0].Old == nil || rm[0].Old.Entry.Cron != validEntry("gone").Cron || rm[0].Time.IsZero() {
+		t.Fatalf("removed %+v, want only gone's removal with its last state", rm)
+	}
+}
+
 func TestSlowSubscriberDoesNotBlockAndGetsCoalescedChanges(t *testing.T) {
 	_, js := startNATS(t)
 	p := startProjector(t, js, Config{})

@@ -12,6 +12,8 @@ import (
 // from different goroutines.
 type Subscription struct {
 	p *Projector
+	// removed: the removals of the map the subscription started from.
+	removed []Change
 
 	mu      sync.Mutex
 	pending map[string]*Change
@@ -29,9 +31,18 @@ func (p *Projector) Subscribe() *Subscription {
 	for _, c := range p.fold.snapshot() {
 		s.push(c)
 	}
+	s.removed = p.fold.removals()
 	p.subs[s] = struct{}{}
 	return s
 }
+
+// Removed returns the entries removed before the subscription began and
+// not registered since, each as its removal (New nil) from the last state
+// the removal event carried; Seq and Time are the removal's. A subscriber
+// that must account for what was due before a removal it did not see live
+// reads them once: its changes never name these entries until they are
+// registered again.
+func (s *Subscription) Removed() []Change { return s.removed }
 
 // push records a change for the subscriber without blocking: a change to an
 // entry that already has one pending is merged into it.
