@@ -148,8 +148,8 @@ type stopSettle struct {
 	revision uint64
 	// until is when the pause or removal took effect (its event's stream
 	// time, at most the clock when it was applied): ticks at or before it
-	// were due before it. Zero until loadPaused has read it from the
-	// history of an entry found paused.
+	// were due before it. Zero until loadStopped has read it from the
+	// history of an entry found paused or removed.
 	until time.Time
 	// sched and after are the schedule and floor of before the pause, kept
 	// when the entry resumes before the settle committed (the resume moves
@@ -301,7 +301,7 @@ func (s *Scheduler) pause(r *entryRun, c projector.Change) {
 		}
 		// Found paused (at start, or registered paused): if every replica
 		// was down when the pause came, ticks due before it may be
-		// unhandled. loadPaused finds out from its watermark and history.
+		// unhandled. loadStopped finds out from its watermark and history.
 		sched, err := NewSchedule(st.Entry)
 		if err != nil {
 			s.log.Error("entry has no usable schedule; not loading it", "entry", c.ID, "err", err)
@@ -321,7 +321,7 @@ func (s *Scheduler) pause(r *entryRun, c projector.Change) {
 	now := s.clock.Now()
 	r.settle = &stopSettle{reason: events.SkipPaused, revision: st.Revision, until: settleUntil(st.Time, now)}
 	if r.phase == phaseLoading {
-		return // in s.load: loadPaused decides once the watermark is read
+		return // in s.load: loadStopped decides once the watermark is read
 	}
 	s.schedule(r, now)
 }
@@ -364,12 +364,40 @@ func (s *Scheduler) remove(r *entryRun, c projector.Change) {
 	s.schedule(r, now)
 }
 
+// foundRemoved follows the removal of an entry removed before this
+// replica started (projector.Subscription.Removed): if every replica was
+// down then, ticks due before it may be unhandled. Its run loads like an
+// entry found paused (loadStopped: the watermark, and the history when a
+// tick fell between the watermark and the removal) and settles like a
+// removal seen live.
+func (s *Scheduler) foundRemoved(c projector.Change) {
+	if c.Old == nil {
+		return
+	}
+	st := *c.Old
+	sched, err := NewSchedule(st.Entry)
+	if err != nil {
+		return // a removal that names only its entry: nothing to go by
+	}
+	r := &entryRun{id: c.ID, st: st, sched: sched, queue: st.Entry.Options.QueueName(), index: -1,
+		phase: phaseLoading, floor: st.Time, loading: loadSteps{floorAtLoad: true}, removed: true,
+		settle: &stopSettle{reason: events.SkipRemoved, revision: c.Seq}}
+	if s.removing == nil {
+		s.removing = map[string]*entryRun{}
+	}
+	s.removing[r.id] = r
+	s.load[r.id] = r
+}
+
 // forgetRemoved drops a removed entry's run once its settle is done or
 // given up.
 func (s *Scheduler) forgetRemoved(r *entryRun) {
 	s.heap.remove(r)
 	if s.removing[r.id] == r {
 		delete(s.removing, r.id)
+	}
+	if s.load[r.id] == r {
+		delete(s.load, r.id)
 	}
 }
 

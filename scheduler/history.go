@@ -55,11 +55,12 @@ type History interface {
 	// cron spec or time zone, or followed a paused state. ok is false when
 	// its history holds no applicable event.
 	ScheduleSince(ctx context.Context, entry string) (since time.Time, ok bool, err error)
-	// PauseSince returns, for an entry whose last state is paused, when
-	// that pause began and when the schedule it stopped had begun (by
-	// ScheduleSince's rules, as of the pause). ok is false when the entry's
-	// last state is not paused.
-	PauseSince(ctx context.Context, entry string) (span PauseSpan, ok bool, err error)
+	// StopSince returns, for an entry whose last state is paused or whose
+	// last event removed it, when it stopped firing (the first of its
+	// trailing paused states, or the removal of a running entry) and when
+	// the schedule it stopped had begun (by ScheduleSince's rules, as of
+	// the stop). ok is false when the entry is neither.
+	StopSince(ctx context.Context, entry string) (span StopSpan, ok bool, err error)
 	// ConfigMessageAt returns the subject and events.ConfigMessageID of
 	// the config stream's message at seq; found is false when the stream
 	// has no message there (beyond its last sequence, or deleted).
@@ -150,27 +151,39 @@ func (h *StreamHistory) ScheduleSince(ctx context.Context, entry string) (time.T
 	return w.since, w.live, nil
 }
 
-// PauseSpan is when a paused entry's pause began (Paused) and when the
-// schedule it stopped had begun (Since), by the stream's clock.
-type PauseSpan struct {
-	Paused, Since time.Time
+// StopSpan is when an entry stopped firing (Stopped) and when the
+// schedule it stopped had begun (Since), by the stream's clock; Removed
+// says the stop was its removal rather than a pause.
+type StopSpan struct {
+	Stopped, Since time.Time
+	Removed        bool
 }
 
-// PauseSince reads entry's config history, with ScheduleSince's rules.
-func (h *StreamHistory) PauseSince(ctx context.Context, entry string) (PauseSpan, bool, error) {
+// StopSince reads entry's config history, with ScheduleSince's rules.
+func (h *StreamHistory) StopSince(ctx context.Context, entry string) (StopSpan, bool, error) {
 	recs, err := h.client.History(ctx, entry)
 	if err != nil {
-		return PauseSpan{}, false, err
+		return StopSpan{}, false, err
 	}
 	w := walkSchedule(recs)
-	return w.pause, w.live && w.paused, nil
+	switch {
+	case w.live && w.paused:
+		return w.pause, true, nil
+	case !w.live && w.removed:
+		return w.removal, true, nil
+	}
+	return StopSpan{}, false, nil
 }
 
 // scheduleWalk is what an entry's config history says of its schedule.
 type scheduleWalk struct {
 	since        time.Time // when the current schedule began
-	pause        PauseSpan // the pause the entry is in, when paused
+	pause        StopSpan  // the pause the entry is in, when paused
 	live, paused bool      // the entry exists; its last state is paused
+	// removal is when the entry stopped firing if its last valid event
+	// removed it (removed): the removal, or the pause it was in then.
+	removal StopSpan
+	removed bool
 }
 
 // walkSchedule folds config records: an entry that was removed or
@@ -183,12 +196,23 @@ func walkSchedule(recs []events.Record) scheduleWalk {
 	var prev *events.Entry
 	for _, rec := range recs {
 		e := rec.Entry
-		if e == nil || e.Removed {
+		if e == nil {
+			prev, w.removed = nil, false // quarantined, not removed
+			continue
+		}
+		if e.Removed {
+			if prev != nil {
+				w.removal, w.removed = StopSpan{Stopped: rec.Time, Since: w.since, Removed: true}, true
+				if prev.Paused {
+					w.removal = w.pause
+				}
+			}
 			prev = nil
 			continue
 		}
+		w.removed = false
 		if e.Paused && (prev == nil || !prev.Paused) {
-			w.pause = PauseSpan{Paused: rec.Time, Since: w.since}
+			w.pause = StopSpan{Stopped: rec.Time, Since: w.since}
 			if prev == nil {
 				// Registered paused: no schedule ran before it.
 				w.pause.Since = rec.Time
@@ -543,25 +567,26 @@ func (s *Scheduler) scheduleSince(ctx context.Context, r *entryRun) (time.Time, 
 	return since, nil
 }
 
-// pauseSince returns when paused r's pause began and when the schedule it
-// stopped had begun, for an entry found paused with a tick between its
-// watermark and its last config event. ok is false when there is nothing
-// to go by: no history, only a registration (registered paused), or a read
-// that failed (logged; those ticks then stay unrecorded). errHistoryLater
-// asks the caller to come back after historyRefresh.
-func (s *Scheduler) pauseSince(ctx context.Context, r *entryRun) (PauseSpan, bool, error) {
+// stopSince returns when paused or removed r stopped firing and when the
+// schedule it stopped had begun, for an entry found paused or removed with
+// a tick between its watermark and its last config event. ok is false when
+// there is nothing to go by: no history, only a registration (registered
+// paused), or a read that failed (logged; those ticks then stay
+// unrecorded). errHistoryLater asks the caller to come back after
+// historyRefresh.
+func (s *Scheduler) stopSince(ctx context.Context, r *entryRun) (StopSpan, bool, error) {
 	if s.cfg.History == nil {
-		return PauseSpan{}, false, nil
+		return StopSpan{}, false, nil
 	}
 	if only, err := s.onlyRegistration(ctx, r); only || err != nil {
-		return PauseSpan{}, false, err
+		return StopSpan{}, false, err
 	}
-	span, ok, err := s.cfg.History.PauseSince(ctx, r.id)
+	span, ok, err := s.cfg.History.StopSince(ctx, r.id)
 	if err != nil {
 		if !errors.Is(err, errStreamsUnavailable) {
-			s.log.Warn("read the paused entry's config history; ticks due before its pause that no replica fired are not recorded", "entry", r.id, "err", err)
+			s.log.Warn("read the entry's config history; ticks due before its pause or removal that no replica fired are not recorded", "entry", r.id, "err", err)
 		}
-		return PauseSpan{}, false, nil
+		return StopSpan{}, false, nil
 	}
 	return span, ok, nil
 }

@@ -44,11 +44,13 @@ func TestStreamHistory(t *testing.T) {
 	}
 }
 
-// TestPauseSince: when a paused entry's pause began (its first paused
+// TestStopSince: when a paused entry's pause began (its first paused
 // state, however often it was edited since) and when the schedule it
 // stopped began (its last spec change before the pause; a registration
-// made paused has none); nothing for an entry that is not paused.
-func TestPauseSince(t *testing.T) {
+// made paused has none); for a removed entry, its removal and the schedule
+// it stopped, or the pause it was in when removed; nothing for an entry
+// that runs, or that was removed and registered again.
+func TestStopSince(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	c := ctx(t, 10*time.Second)
@@ -61,19 +63,32 @@ func TestPauseSince(t *testing.T) {
 	e.put(every("resumed", "@every 1m"))
 	e.pauseOf("resumed", "")
 	e.resume("resumed")
+	e.put(every("gone", "@every 1m"))
+	e.put(every("gone", "@every 2m"))
+	e.removeOf("gone")
+	e.put(every("paused-gone", "@every 1m"))
+	e.pauseOf("paused-gone", "")
+	e.removeOf("paused-gone")
+	e.put(every("reborn", "@every 1m"))
+	e.removeOf("reborn")
+	e.put(every("reborn", "@every 1m"))
 	h := scheduler.NewStreamHistory(e.js, testNames)
-	p, born := e.configTimes("p"), e.configTimes("born-paused")
-	for id, want := range map[string]scheduler.PauseSpan{
-		"p":           {Paused: p[3], Since: p[1]},
-		"born-paused": {Paused: born[0], Since: born[0]},
+	p, born, gone, pg := e.configTimes("p"), e.configTimes("born-paused"), e.configTimes("gone"), e.configTimes("paused-gone")
+	for id, want := range map[string]scheduler.StopSpan{
+		"p":           {Stopped: p[3], Since: p[1]},
+		"born-paused": {Stopped: born[0], Since: born[0]},
+		"gone":        {Stopped: gone[2], Since: gone[1], Removed: true},
+		"paused-gone": {Stopped: pg[1], Since: pg[0]},
 	} {
-		got, ok, err := h.PauseSince(c, id)
-		if err != nil || !ok || !got.Paused.Equal(want.Paused) || !got.Since.Equal(want.Since) {
-			t.Errorf("PauseSince(%s) = %+v, %v, %v; want %+v", id, got, ok, err, want)
+		got, ok, err := h.StopSince(c, id)
+		if err != nil || !ok || !got.Stopped.Equal(want.Stopped) || !got.Since.Equal(want.Since) || got.Removed != want.Removed {
+			t.Errorf("StopSince(%s) = %+v, %v, %v; want %+v", id, got, ok, err, want)
 		}
 	}
-	if got, ok, err := h.PauseSince(c, "resumed"); err != nil || ok {
-		t.Errorf("PauseSince(resumed) = %+v, %v, %v; want not paused", got, ok, err)
+	for _, id := range []string{"resumed", "reborn"} {
+		if got, ok, err := h.StopSince(c, id); err != nil || ok {
+			t.Errorf("StopSince(%s) = %+v, %v, %v; want neither paused nor removed", id, got, ok, err)
+		}
 	}
 }
 

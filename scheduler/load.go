@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/taskstate"
 )
 
@@ -46,8 +47,8 @@ func (s *Scheduler) loadWatermarks(ctx context.Context) {
 		}
 		for i, r := range runs {
 			wm := wms[i]
-			if r.st.Entry.Paused {
-				if !s.loadPaused(ctx, r, wm, now) {
+			if r.st.Entry.Paused || r.removed {
+				if !s.loadStopped(ctx, r, wm, now) {
 					later = true
 				}
 				continue
@@ -158,15 +159,19 @@ func (s *Scheduler) loadWatermarks(ctx context.Context) {
 	}
 }
 
-// loadPaused ends the load of a paused entry. When its watermark shows
-// ticks due before the pause that no replica handled, it becomes ready and
-// settles (stopSettle); otherwise it leaves s.load still loading and
-// loads in full if it resumes. It returns false when its history is to be
-// read later (errHistoryLater).
-func (s *Scheduler) loadPaused(ctx context.Context, r *entryRun, wm taskstate.WatermarkInfo, now time.Time) bool {
+// loadStopped ends the load of a paused entry, or of one found removed at
+// start (foundRemoved). When its watermark shows ticks due before the
+// pause or removal that no replica handled, it becomes ready and settles
+// (stopSettle); otherwise a paused entry leaves s.load still loading and
+// loads in full if it resumes, and a removed one goes. It returns false
+// when its history is to be read later (errHistoryLater).
+func (s *Scheduler) loadStopped(ctx context.Context, r *entryRun, wm taskstate.WatermarkInfo, now time.Time) bool {
 	rest := func() bool {
 		r.settle = nil
 		delete(s.load, r.id)
+		if r.removed {
+			s.forgetRemoved(r)
+		}
 		return true
 	}
 	if r.settle == nil || !wm.OK || r.loading.fromQueue != "" || r.loading.reopen || r.loading.seed != nil ||
@@ -176,20 +181,24 @@ func (s *Scheduler) loadPaused(ctx context.Context, r *entryRun, wm taskstate.Wa
 		return rest()
 	}
 	if r.loading.floorAtLoad {
-		// Found paused at start, or paused before its first load: its
-		// history says when the pause began, and is read only when a tick
-		// fell between the watermark and the entry's last change.
+		// Found paused or removed at start, or paused before its first
+		// load: its history says when it stopped firing, and is read only
+		// when a tick fell between the watermark and the entry's last
+		// change.
 		if next := r.sched.Next(wm.Tick); next.IsZero() || next.After(r.st.Time) {
 			return rest()
 		}
-		span, ok, err := s.pauseSince(ctx, r)
+		span, ok, err := s.stopSince(ctx, r)
 		if err != nil {
 			return false
 		}
-		if !ok {
+		if !ok || (span.Removed && !r.removed) {
 			return rest()
 		}
-		r.settle.until, r.floor = span.Paused, span.Since
+		if r.removed && !span.Removed {
+			r.settle.reason = events.SkipPaused // it was paused when removed
+		}
+		r.settle.until, r.floor = span.Stopped, span.Since
 		if r.settle.until.After(now) {
 			r.settle.until = now
 		}

@@ -113,3 +113,60 @@ func TestRemoveWhileRedisUnreachable(t *testing.T) {
 		})
 	}
 }
+
+// TestRemoveWhileEveryReplicaDown: an entry removed while no replica runs
+// has its ticks due before the removal recorded as skipped (reason
+// removed) by the next replica to start, never fired; one paused and then
+// removed while every replica was down records the ticks due before its
+// pause (reason paused). An entry removed after a pause the replicas saw
+// records nothing, and an entry that never stopped catches up.
+func TestRemoveWhileEveryReplicaDown(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	for _, id := range []string{"r", "rp", "pr", "steady"} {
+		e.put(every(id, "@every 1s"))
+	}
+	hist := nodeOpts{sched: func(c *scheduler.Config) { c.History = scheduler.NewStreamHistory(e.js, testNames) }}
+	a := e.startNode("a", hist)
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Fired >= 8 }, "a to fire every entry")
+	e.pauseOf("pr", "")
+	time.Sleep(1500 * time.Millisecond)
+	a.stop()
+	wmR, wmRP := e.watermarkOf("default", "r"), e.watermarkOf("default", "rp")
+
+	time.Sleep(3 * time.Second)
+	removed, rev := e.removeOf("r")
+	paused := e.pauseOf("rp", "")
+	time.Sleep(time.Second)
+	e.removeOf("rp")
+	e.removeOf("pr")
+	time.Sleep(time.Second)
+
+	b := e.startNode("b", hist)
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		st := b.sched.Stats()
+		return st.SkippedRemoved >= 1 && st.SkippedPaused >= 1
+	}, "b to record the ticks due before r's removal and rp's pause")
+	time.Sleep(2 * time.Second) // nothing more of them may fire
+	b.stop()
+	e.waitOutboxEmpty(10*time.Second, "default")
+
+	led := ledgers(e.readActivity())
+	checkStopSkip(t, "r", led["r"], events.SkipRemoved, wmR, removed, time.Time{}, true)
+	checkStopSkip(t, "rp", led["rp"], events.SkipPaused, wmRP, paused, time.Time{}, true)
+	for _, s := range led["r"].skipped {
+		if s.Reason == events.SkipRemoved && s.Revision != rev {
+			t.Errorf("r: skipped (removed) names revision %d, want the removal's %d", s.Revision, rev)
+		}
+	}
+	if st := b.sched.Stats(); st.SkippedRemoved != 1 || st.SkippedPaused != 1 {
+		t.Errorf("b recorded %d removed and %d paused skips, want 1 each (r's and rp's)", st.SkippedRemoved, st.SkippedPaused)
+	}
+	for _, s := range led["pr"].skipped {
+		if s.Reason == events.SkipPaused || s.Reason == events.SkipRemoved {
+			t.Errorf("pr, paused while a replica ran: skipped %+v", s)
+		}
+	}
+	first, last := led["steady"].firedRange()
+	checkEverySecond(t, "steady", led["steady"], first, last)
+}

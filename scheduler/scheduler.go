@@ -320,6 +320,7 @@ func (s *Scheduler) Start(ctx context.Context) error {
 		return fmt.Errorf("scheduler: wait for the projection: %w", err)
 	}
 	sub := s.cfg.Projection.Subscribe()
+	removed := sub.Removed()
 	lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	s.cancel = cancel
 	changes := make(chan []projector.Change)
@@ -344,7 +345,7 @@ func (s *Scheduler) Start(ctx context.Context) error {
 		defer s.wg.Done()
 		defer close(s.history) // the loop is its only sender
 		defer close(s.vis)     // likewise
-		s.loop(lctx, changes)
+		s.loop(lctx, changes, removed)
 	}()
 	go func() {
 		defer s.wg.Done()
@@ -393,7 +394,10 @@ func (s *Scheduler) Firing() time.Duration {
 // Paused reports whether firing is paused by outbox backpressure.
 func (s *Scheduler) Paused() bool { return s.paused.Load() }
 
-func (s *Scheduler) loop(ctx context.Context, changes <-chan []projector.Change) {
+func (s *Scheduler) loop(ctx context.Context, changes <-chan []projector.Change, removed []projector.Change) {
+	for _, c := range removed {
+		s.foundRemoved(c)
+	}
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	vis := time.NewTicker(s.cfg.Visibility)

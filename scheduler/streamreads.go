@@ -119,12 +119,12 @@ func (b *boundedHistory) ScheduleSince(ctx context.Context, entry string) (time.
 	return since, ok, b.end(ctx, cancel, err)
 }
 
-func (b *boundedHistory) PauseSince(ctx context.Context, entry string) (PauseSpan, bool, error) {
+func (b *boundedHistory) StopSince(ctx context.Context, entry string) (StopSpan, bool, error) {
 	rctx, cancel, err := b.begin(ctx)
 	if err != nil {
-		return PauseSpan{}, false, fmt.Errorf("pause of %s: %w", entry, err)
+		return StopSpan{}, false, fmt.Errorf("pause or removal of %s: %w", entry, err)
 	}
-	span, ok, err := b.h.PauseSince(rctx, entry)
+	span, ok, err := b.h.StopSince(rctx, entry)
 	return span, ok, b.end(ctx, cancel, err)
 }
 

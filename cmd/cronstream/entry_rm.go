@@ -24,10 +24,9 @@ config event carrying the entry's last state, so "entry history" and
 "entry ls --at" still show what it was. Putting the id again registers it
 anew, firing from then on.
 
-A tick that was due before the removal but that a running replica had not
-fired yet (Redis failing) is not fired late: the audit log records it as
-skipped with reason "removed". One that fell while every replica was down
-is not recorded.
+A tick that was due before the removal but that no replica had fired yet
+(all replicas down, Redis failing) is not fired late: the audit log
+records it as skipped with reason "removed".
 
 Any id "entry ls" lists can be removed, also a quarantined one whose id
 or last event cronstream would not write (junk from another publisher):
