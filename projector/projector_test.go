@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -221,6 +222,65 @@ func TestSubscriptionRemoved(t *testing.T) {
 	rm := sub.Removed()
 	if len(rm) != 1 || rm[0].ID != "gone" || rm[0].New != nil || rm[0].Old == nil || rm[0].Old.Entry.Cron != validEntry("gone").Cron || rm[0].Time.IsZero() {
 		t.Fatalf("removed %+v, want only gone's removal with its last state", rm)
+	}
+}
+
+// TestSubscriptionKeepsStops: a subscriber that reads late gets an entry's
+// removal, or quarantine, and the registration that followed it as two
+// changes, not one update; an entry that came and went meanwhile is still
+// coalesced away.
+func TestSubscriptionKeepsStops(t *testing.T) {
+	_, js := startNATS(t)
+	publishEvent(t, js, events.TypeEntryRegistered, validEntry("a"))
+	last := publishEvent(t, js, events.TypeEntryRegistered, validEntry("b"))
+	p := startProjector(t, js, Config{})
+	ctx := testCtx(t, 10*time.Second)
+	if err := p.WaitFor(ctx, last); err != nil {
+		t.Fatal(err)
+	}
+	sub := p.Subscribe()
+	defer sub.Close()
+	if batch, err := sub.Next(ctx); err != nil || len(batch) != 2 {
+		t.Fatalf("snapshot %+v, %v; want a and b", batch, err)
+	}
+
+	a := validEntry("a")
+	a.Removed = true
+	removedA := publishEvent(t, js, events.TypeEntryRemoved, a)
+	a = validEntry("a")
+	a.Note = "back"
+	publishEvent(t, js, events.TypeEntryRegistered, a)
+	a.Note = "back, edited"
+	lastA := publishEvent(t, js, events.TypeEntryUpdated, a)
+	quarantinedB := publishRaw(t, js, testNames.ConfigSubject("b"), []byte("not an event"))
+	lastB := publishEvent(t, js, events.TypeEntryUpdated, validEntry("b"))
+	tmp := validEntry("tmp")
+	publishEvent(t, js, events.TypeEntryRegistered, tmp)
+	tmp.Removed = true
+	last = publishEvent(t, js, events.TypeEntryRemoved, tmp)
+	if err := p.WaitFor(ctx, last); err != nil {
+		t.Fatal(err)
+	}
+
+	batch, err := sub.Next(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, c := range batch {
+		got = append(got, fmt.Sprintf("%s old=%v new=%v seq=%d q=%v", c.ID, c.Old != nil, c.New != nil, c.Seq, c.Quarantined))
+	}
+	want := []string{
+		fmt.Sprintf("a old=true new=false seq=%d q=false", removedA),
+		fmt.Sprintf("a old=false new=true seq=%d q=false", lastA),
+		fmt.Sprintf("b old=true new=false seq=%d q=true", quarantinedB),
+		fmt.Sprintf("b old=false new=true seq=%d q=false", lastB),
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("changes:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if batch[0].Time.IsZero() || batch[1].New.Entry.Note != "back, edited" {
+		t.Errorf("a's removal has no time, or its registration is not its last state: %+v", batch)
 	}
 }
 

@@ -8,8 +8,13 @@ import (
 )
 
 // Subscription receives the projector's changes in stream order, coalesced
-// per entry (see the package documentation). Next and Close may be called
-// from different goroutines.
+// per entry: a subscriber that reads less often than changes come gets,
+// for each entry, one change from the state it last saw to the current
+// one. Only a removal or quarantine of an entry the subscriber saw is not
+// merged into a registration that follows it: the subscriber gets both,
+// so it sees the entry stop (a scheduler must not take the time it was
+// gone for an update's). Next and Close may be called from different
+// goroutines.
 type Subscription struct {
 	p *Projector
 	// removed: the removals of the map the subscription started from.
@@ -17,15 +22,18 @@ type Subscription struct {
 
 	mu      sync.Mutex
 	pending map[string]*Change
+	// stopped holds an entry's pending removal or quarantine once a
+	// registration followed it (pending then holds that registration).
+	stopped map[string]*Change
 	closed  bool
-	signal  chan struct{} // one token: pending is non-empty or closed
+	signal  chan struct{} // one token: pending or stopped is non-empty, or closed
 }
 
 // Subscribe returns a subscription whose first changes register every entry
 // now in the map (Old nil), followed by every change after that. Close it
 // when done.
 func (p *Projector) Subscribe() *Subscription {
-	s := &Subscription{p: p, pending: make(map[string]*Change), signal: make(chan struct{}, 1)}
+	s := &Subscription{p: p, pending: make(map[string]*Change), stopped: make(map[string]*Change), signal: make(chan struct{}, 1)}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, c := range p.fold.snapshot() {
@@ -52,13 +60,23 @@ func (s *Subscription) push(c Change) {
 	if s.closed {
 		return
 	}
-	if prev, ok := s.pending[c.ID]; ok {
+	prev, ok := s.pending[c.ID]
+	switch {
+	case ok && prev.Old != nil && prev.New == nil && c.New != nil:
+		// Registered again after a removal or quarantine of an entry the
+		// subscriber saw: both are delivered. An earlier stop kept for the
+		// entry stays (it is the one the subscriber saw the entry stop by).
+		if _, kept := s.stopped[c.ID]; !kept {
+			s.stopped[c.ID] = prev
+		}
+		s.pending[c.ID] = &c
+	case ok:
 		prev.New, prev.Seq, prev.Time, prev.Quarantined = c.New, c.Seq, c.Time, c.Quarantined
 		if prev.Old == nil && prev.New == nil {
 			// The subscriber never saw the entry and it is gone again.
 			delete(s.pending, c.ID)
 		}
-	} else {
+	default:
 		s.pending[c.ID] = &c
 	}
 	select {
@@ -78,11 +96,15 @@ func (s *Subscription) Next(ctx context.Context) ([]Change, error) {
 			s.mu.Unlock()
 			return nil, ErrClosed
 		}
-		if len(s.pending) > 0 {
-			out := make([]Change, 0, len(s.pending))
+		if len(s.pending) > 0 || len(s.stopped) > 0 {
+			out := make([]Change, 0, len(s.pending)+len(s.stopped))
+			for _, c := range s.stopped {
+				out = append(out, *c)
+			}
 			for _, c := range s.pending {
 				out = append(out, *c)
 			}
+			clear(s.stopped)
 			clear(s.pending)
 			s.mu.Unlock()
 			slices.SortFunc(out, func(a, b Change) int { return cmp.Compare(a.Seq, b.Seq) })
@@ -96,7 +118,7 @@ func (s *Subscription) Next(ctx context.Context) ([]Change, error) {
 		case <-s.p.stopped:
 			// Changes pushed before the stop are still delivered.
 			s.mu.Lock()
-			empty := len(s.pending) == 0 && !s.closed
+			empty := len(s.pending) == 0 && len(s.stopped) == 0 && !s.closed
 			s.mu.Unlock()
 			if empty {
 				return nil, ErrStopped
@@ -113,6 +135,7 @@ func (s *Subscription) Close() {
 	s.mu.Lock()
 	s.closed = true
 	clear(s.pending)
+	clear(s.stopped)
 	s.mu.Unlock()
 	select {
 	case s.signal <- struct{}{}:
