@@ -241,6 +241,10 @@ func (s *Scheduler) applyChange(c projector.Change) {
 		return
 	}
 	if c.New.Entry.Paused {
+		if revived {
+			s.revivedPaused(r, *c.New)
+			return
+		}
 		s.pause(r, c)
 		return
 	}
@@ -326,6 +330,29 @@ func (s *Scheduler) pause(r *entryRun, c projector.Change) {
 	s.schedule(r, now)
 }
 
+// revivedPaused follows the registration, paused, of an entry whose
+// removal still settles: nothing was due since the removal, so the settle
+// goes on by the schedule and floor it belongs to, and the entry then
+// rests paused.
+func (s *Scheduler) revivedPaused(r *entryRun, st projector.State) {
+	sched, err := NewSchedule(st.Entry)
+	if err != nil {
+		// The projector validated the entry; this is a bug, not bad input.
+		s.log.Error("entry has no usable schedule; not firing it", "entry", r.id, "err", err)
+		s.heap.remove(r)
+		delete(s.entries, r.id)
+		delete(s.load, r.id)
+		return
+	}
+	if r.settle != nil && r.settle.sched == nil && !r.settle.until.IsZero() {
+		r.settle.sched, r.settle.after = r.sched, r.floor
+	}
+	r.st, r.sched, r.floor, r.loading.floorAtLoad = st, sched, st.Time, false
+	if r.phase == phaseReady {
+		s.schedule(r, s.clock.Now())
+	}
+}
+
 // settleUntil is the last instant whose ticks were due before a pause or
 // removal the stream stored at stored, applied at now.
 func settleUntil(stored, now time.Time) time.Time {
@@ -339,10 +366,10 @@ func settleUntil(stored, now time.Time) time.Time {
 // remove follows an entry's removal (r already out of s.entries, s.load
 // and the heap): ticks due before it that no replica handled are recorded
 // as skipped (reason removed) first, by a run kept in the heap alone until
-// they are (stopSettle). Only a removal seen live can: its event's time
-// says which ticks were due, and the run knows the watermark. An entry
-// still loading, or one whose removal came from a reload of the stream,
-// goes at once.
+// they are (stopSettle): the removal event's time says which ticks were
+// due, and the run knows the watermark. An entry still loading, or one
+// that vanished without a removal event (c.Time zero: a recreated
+// stream), goes at once.
 func (s *Scheduler) remove(r *entryRun, c projector.Change) {
 	if r.phase != phaseReady || c.Time.IsZero() {
 		return

@@ -29,14 +29,12 @@ func (e *env) removeOf(id string) (time.Time, uint64) {
 // removed) exactly once, never fired, and nothing fires after, while
 // entries in two queues catch up. Registered again before Redis came back,
 // the entry still records them, fires nothing of the time it was removed,
-// and fires from its registration on.
+// and fires from its registration on; registered again paused, it fires
+// nothing after its removal.
 func TestRemoveWhileRedisUnreachable(t *testing.T) {
 	t.Parallel()
-	for _, again := range []bool{false, true} {
-		name := "removed"
-		if again {
-			name = "registered again before Redis is back"
-		}
+	for _, name := range []string{"removed", "registered again before Redis is back", "registered again paused"} {
+		again, paused := name != "removed", name == "registered again paused"
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t)
@@ -66,7 +64,7 @@ func TestRemoveWhileRedisUnreachable(t *testing.T) {
 			time.Sleep(2 * time.Second)
 			var registered time.Time
 			if again {
-				e.put(every("r", "@every 1s"))
+				e.put(every("r", "@every 1s", func(en *events.Entry) { en.Paused = paused }))
 				times := e.configTimes("r")
 				registered = times[len(times)-1]
 			}
@@ -77,7 +75,7 @@ func TestRemoveWhileRedisUnreachable(t *testing.T) {
 			testenv.Eventually(t, 30*time.Second, func() bool {
 				return !e.watermarkOf("default", "r").Before(removed.Truncate(time.Second))
 			}, "r's ticks up to its removal to be handled")
-			if again {
+			if again && !paused {
 				testenv.Eventually(t, 20*time.Second, func() bool {
 					return !e.watermarkOf("default", "r").Before(registered.Add(2 * time.Second))
 				}, "r to fire after its registration")
@@ -95,13 +93,17 @@ func TestRemoveWhileRedisUnreachable(t *testing.T) {
 			}
 
 			led := ledgers(e.readActivity())
-			checkStopSkip(t, "r", led["r"], events.SkipRemoved, time.Time{}, removed, registered, false)
+			restarted := registered
+			if paused {
+				restarted = time.Time{} // it never fires again
+			}
+			checkStopSkip(t, "r", led["r"], events.SkipRemoved, time.Time{}, removed, restarted, false)
 			for _, s := range led["r"].skipped {
 				if s.Reason == events.SkipRemoved && s.Revision != rev {
 					t.Errorf("r: skipped (removed) names revision %d, want the removal's %d", s.Revision, rev)
 				}
 			}
-			if again {
+			if again && !paused {
 				checkEverySecond(t, "r", led["r"], registered.Unix()+1, e.watermarkOf("default", "r").Unix())
 			} else if got := e.watermarkOf("default", "r"); got.Unix() != removed.Unix() {
 				t.Errorf("r's watermark at %s, want its removal's %s", got.Format(time.TimeOnly), removed.Format(time.TimeOnly))
