@@ -18,7 +18,7 @@ import (
 )
 
 // previousRelease is the commit of the release a rolling upgrade replaces.
-const previousRelease = "386bf82"
+const previousRelease = "9d4bc7a"
 
 // buildRelease builds cmd/cronstream of commit from this repository's own
 // history and returns the binary. It skips the test when the history does
@@ -56,7 +56,8 @@ func buildRelease(t *testing.T, commit string) string {
 // TestRollingUpgrade replaces replicas of the previous release one by one
 // with replicas of this build while entries fire every second in two
 // queues: an entry updated (handover markers), an entry moved to the other
-// queue, an update written by the new CLI while both builds run, a period
+// queue, an update and a removal written by the new CLI while both builds
+// run, a period
 // where only old replicas fire over the new build's Redis state, and a NATS
 // outage during which the last old replicas die with records in the outbox,
 // which the new build's relay publishes. No tick fires twice, none is
@@ -143,6 +144,7 @@ func TestRollingUpgrade(t *testing.T) {
 	oldCLI("entry", "put", "u3", "--cron", "@every 1s", "--type", "z", "--queue", "q1")
 	oldCLI("entry", "put", "u3", "--payload", "2")
 	oldCLI("entry", "put", "u4", "--cron", "@every 1s", "--type", "w", "--queue", "q1")
+	oldCLI("entry", "put", "u5", "--cron", "@every 1s", "--type", "v", "--queue", "q2")
 	o1, o2, o3 := replica(old, "o1"), replica(old, "o2"), replica(old, "o3")
 	progress("previous release", 3)
 	oldCLI("entry", "put", "u4", "--queue", "q2")
@@ -164,10 +166,12 @@ func TestRollingUpgrade(t *testing.T) {
 	}
 
 	// One replica replaced: both builds fire side by side, and the new CLI
-	// writes an update.
+	// writes an update and a removal.
 	o1.stop(syscall.SIGKILL, 10*time.Second)
 	n1 := replica(bin, "n1")
 	e.ok("entry", "put", "u1", "--payload", "3")
+	e.ok("entry", "rm", "u5")
+	removedBy := time.Now()
 	progress("o2, o3 and n1", 5)
 
 	// The new replica stops: the old ones fire alone over the state it
@@ -246,7 +250,12 @@ func TestRollingUpgrade(t *testing.T) {
 	if inRedis != len(byTask) {
 		t.Errorf("%d tasks in Redis, %d fired events", inRedis, len(byTask))
 	}
-	for _, id := range entries {
+	for _, f := range all {
+		if f.Entry == "u5" && f.ScheduledAt.After(removedBy) {
+			t.Errorf("u5 tick %s fired by %s after its removal", f.ScheduledAt.Format(time.TimeOnly), f.Replica)
+		}
+	}
+	for _, id := range append(entries, "u5") {
 		ts := ticks[id]
 		slices.SortFunc(ts, time.Time.Compare)
 		for i := 1; i < len(ts); i++ {
