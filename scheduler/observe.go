@@ -53,6 +53,12 @@ func (s *Scheduler) ObservePublished(eventID string) {
 func (s *Scheduler) applyObservation(o observation) {
 	r := s.entries[o.entry]
 	if r == nil {
+		// A removed entry's run settling the ticks due before its removal
+		// takes the hint too: a fire heard for its first such tick is read
+		// instead of refused.
+		r = s.removing[o.entry]
+	}
+	if r == nil {
 		return
 	}
 	if ahead := o.tick.Sub(s.clock.Now()); ahead > implausibleAhead {
