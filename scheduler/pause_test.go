@@ -56,6 +56,42 @@ func (e *env) watermarkOf(queue, id string) time.Time {
 	return tick
 }
 
+// cutOffPair registers entry id firing every second beside two entries
+// that catch up every missed tick, steady and other (in queue "other"),
+// starts two replicas that reach Redis through a proxy, waits until they
+// fire, and cuts Redis off (the proxy dropping connections). It returns the
+// replicas, the proxy to heal, and the two steady entries' ids.
+func (e *env) cutOffPair(id string) (a, b *node, proxy *testenv.TCPProxy, steady []string) {
+	e.t.Helper()
+	e.put(every(id, "@every 1s"), every("steady", "@every 1s", withCatchup(events.CatchupAll, time.Hour)),
+		every("other", "@every 1s", inQueue("other"), withCatchup(events.CatchupAll, time.Hour)))
+	proxy = testenv.StartProxy(e.t, e.redis.Addr)
+	node := func(name string) *node {
+		opts := e.redis.Options()
+		opts.Addr = proxy.Addr()
+		rc := redis.NewClient(opts)
+		e.t.Cleanup(func() { _ = rc.Close() })
+		return e.startNode(name, nodeOpts{rc: rc})
+	}
+	a, b = node("a"), node("b")
+	testenv.Eventually(e.t, 20*time.Second, func() bool { return sumStats(a, b).Fired >= 6 }, "the replicas to fire every entry")
+	proxy.Cut(testenv.Drop)
+	return a, b, proxy, []string{"steady", "other"}
+}
+
+// sumStats adds up the counters the tests read over nodes.
+func sumStats(nodes ...*node) scheduler.Stats {
+	var sum scheduler.Stats
+	for _, n := range nodes {
+		st := n.sched.Stats()
+		sum.Fired += st.Fired
+		sum.Errors += st.Errors
+		sum.SkippedPaused += st.SkippedPaused
+		sum.SkippedRemoved += st.SkippedRemoved
+	}
+	return sum
+}
+
 // checkStopSkip asserts, for an every-second entry paused or removed at
 // stopped (reason events.SkipPaused or events.SkipRemoved), that its ticks
 // up to then were each handled once: fired, or the last unfired ones
@@ -183,25 +219,8 @@ func TestPauseWhileRedisUnreachable(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t)
-			steady := []string{"steady", "other"}
-			e.put(every("p", "@every 1s"), every("steady", "@every 1s", withCatchup(events.CatchupAll, time.Hour)),
-				every("other", "@every 1s", inQueue("other"), withCatchup(events.CatchupAll, time.Hour)))
-			proxy := testenv.StartProxy(t, e.redis.Addr)
-			node := func(id string) *node {
-				opts := e.redis.Options()
-				opts.Addr = proxy.Addr()
-				rc := redis.NewClient(opts)
-				t.Cleanup(func() { _ = rc.Close() })
-				return e.startNode(id, nodeOpts{rc: rc})
-			}
-			a, b := node("a"), node("b")
-			stats := func() scheduler.Stats {
-				sa, sb := a.sched.Stats(), b.sched.Stats()
-				return scheduler.Stats{Fired: sa.Fired + sb.Fired, Errors: sa.Errors + sb.Errors, SkippedPaused: sa.SkippedPaused + sb.SkippedPaused}
-			}
-			testenv.Eventually(t, 20*time.Second, func() bool { return stats().Fired >= 6 }, "the replicas to fire every entry")
-
-			proxy.Cut(testenv.Drop)
+			a, b, proxy, steady := e.cutOffPair("p")
+			stats := func() scheduler.Stats { return sumStats(a, b) }
 			// A fire in flight at the cut may still have run: which ticks
 			// fired before the pause is read from the stream at the end.
 			time.Sleep(3 * time.Second)
