@@ -44,8 +44,8 @@ type Change struct {
 	// Seq is the stream sequence of the event behind the change (of the
 	// latest one, when a subscription coalesced several), and Time when the
 	// stream stored it; Time is zero where no one event is behind the
-	// change (an entry a reload found gone without a removal, or
-	// quarantined).
+	// change: an entry a reload found gone without a removal event (a
+	// recreated stream), or quarantined since.
 	Seq  uint64
 	Time time.Time
 	// Quarantined says New is nil because a bad event quarantined the entry,
