@@ -55,17 +55,27 @@ func BenchmarkBurstVsFloor(b *testing.B) {
 	lead := time.Duration(envInt("CRONSTREAM_BENCH_BURST_LEAD", 30+n/1000)) * time.Second
 	for range b.N {
 		bursts := burst(b, n, lead)
-		floor, floorRedis := enqueueFloor(b, n)
-		cmds, cmdsRedis := commandsFloor(b, n, true)
-		least, leastRedis := commandsFloor(b, n, false)
+		tick := time.Now().UTC().Truncate(time.Second)
+		floor, floorRedis := enqueueFloor(b, n, "floor", func(i int) string { return events.TaskID(taskstate.DefaultPrefix, burstEntry(i), tick) })
+		short, shortRedis := enqueueFloor(b, n, "floor with short ids", func(i int) string { return "floor-" + strconv.Itoa(i) })
+		cmds, cmdsRedis := commandsFloor(b, n, floorCommands{checks: true, seeded: true})
+		least, leastRedis := commandsFloor(b, n, floorCommands{seeded: true})
+		leastFirst, leastFirstRedis := commandsFloor(b, n, floorCommands{})
 		b.ReportMetric(floor.Seconds(), "s-floor")
+		b.ReportMetric(short.Seconds(), "s-floor-short-ids")
 		b.ReportMetric(cmds.Seconds(), "s-commands")
 		b.ReportMetric(cmds.Seconds()/floor.Seconds(), "commands/floor")
 		b.ReportMetric(least.Seconds()/floor.Seconds(), "least-commands/floor")
 		b.ReportMetric(leastRedis.Seconds()/floor.Seconds(), "least-commands-redis-cpu/floor")
-		b.Logf("floor: a bare pipelined enqueue of %d asynq tasks %s (redis-server CPU %s); the fire script's commands alone %s (redis-server CPU %s), %.2f× the floor; without the task and handover checks %s (redis-server CPU %s), %.2f× the floor",
-			n, floor.Round(time.Millisecond), floorRedis.Round(time.Millisecond), cmds.Round(time.Millisecond), cmdsRedis.Round(time.Millisecond), cmds.Seconds()/floor.Seconds(),
+		b.ReportMetric(leastFirst.Seconds()/floor.Seconds(), "least-commands-first/floor")
+		b.ReportMetric(leastFirstRedis.Seconds()/floor.Seconds(), "least-commands-first-redis-cpu/floor")
+		b.Logf("floor: a bare pipelined enqueue of %d asynq tasks with the burst's task ids %s (redis-server CPU %s), with ids \"floor-<i>\" (before 2026-12-03) %s (redis-server CPU %s)",
+			n, floor.Round(time.Millisecond), floorRedis.Round(time.Millisecond), short.Round(time.Millisecond), shortRedis.Round(time.Millisecond))
+		b.Logf("the fire script's commands alone %s (redis-server CPU %s), %.2f× the floor; without the task and handover checks %s (redis-server CPU %s), %.2f× the floor",
+			cmds.Round(time.Millisecond), cmdsRedis.Round(time.Millisecond), cmds.Seconds()/floor.Seconds(),
 			least.Round(time.Millisecond), leastRedis.Round(time.Millisecond), least.Seconds()/floor.Seconds())
+		b.Logf("the same without the checks, each watermark written for the first time (an entry's first tick ever): %s (redis-server CPU %s), %.2f× the floor",
+			leastFirst.Round(time.Millisecond), leastFirstRedis.Round(time.Millisecond), leastFirst.Seconds()/floor.Seconds())
 		for i, ours := range bursts {
 			name, suffix := "first tick ever", ""
 			if i > 0 {
@@ -82,6 +92,7 @@ func BenchmarkBurstVsFloor(b *testing.B) {
 				ours.cpu.replicas.Round(time.Millisecond), ours.cpu.redis.Round(time.Millisecond), ours.cpu.self.Round(time.Millisecond),
 				ours.inRedis.Seconds()/floor.Seconds(), ours.p99.Seconds()/floor.Seconds())
 			b.Logf("Redis server time per fire by command until all were in Redis, %s: %s", name, commandsPer(ours.commands, n, 12))
+			b.Logf("page faults until all were in Redis, %s: replica %d, redis-server %d; the replica's collections %d", name, ours.replicaFaults, ours.redisFaults, ours.collections)
 		}
 	}
 }
@@ -90,6 +101,10 @@ type burstResult struct {
 	inRedis, inStream time.Duration
 	p50, p99, max     time.Duration
 	cpu               cpuUse
+	// faults: minor page faults of the replica and redis-server, and the
+	// replica's collections, until every task was in Redis.
+	replicaFaults, redisFaults int64
+	collections                int
 	// commands: Redis's time by command until every task was in Redis.
 	commands []commandTime
 }
@@ -123,12 +138,17 @@ func burst(b *testing.B, n int, lead time.Duration) []burstResult {
 			stopPerf = perfRecord(b, p, os.Getenv("CRONSTREAM_BENCH_PERF"), 999)
 		}
 		resetCommandStats(b, s.rc)
+		gcs, _ := p.metric("go_gc_duration_seconds_count")
 		before := s.cpu([]*replicaProc{p})
+		replicaFaults, redisFaults := procFaults(p.pid()), procFaults(s.redisPID)
 		r := &out[i]
 		testenv.Eventually(b, instants[len(instants)-1].Add(10*time.Minute).Sub(instant), func() bool {
 			if r.inRedis == 0 && s.pending("default") >= want {
 				r.inRedis = time.Since(instant)
 				r.cpu = s.cpu([]*replicaProc{p}).sub(before)
+				r.replicaFaults, r.redisFaults = procFaults(p.pid())-replicaFaults, procFaults(s.redisPID)-redisFaults
+				after, _ := p.metric("go_gc_duration_seconds_count")
+				r.collections = int(after - gcs)
 				r.commands = commandStats(b, s.rc)
 				stopPerf()
 			}
@@ -163,13 +183,15 @@ func burst(b *testing.B, n int, lead time.Duration) []burstResult {
 // enqueueFloor writes n asynq tasks into a fresh redis-server as asynq's
 // Enqueue does (HSET msg, state, pending_since; LPUSH onto the pending
 // list), pipelined 1,000 tasks per round trip, and returns the time it took
-// and redis-server's CPU meanwhile.
-func enqueueFloor(b *testing.B, n int) (took, redisCPU time.Duration) {
+// and redis-server's CPU meanwhile. The tasks carry the ids and payloads
+// the burst's fires write (id(i) names task i), so the floor differs from
+// the burst only in what makes a fire exactly once and audited.
+func enqueueFloor(b *testing.B, n int, name string, id func(i int) string) (took, redisCPU time.Duration) {
 	keys := taskstate.Keys("default")
-	return timedWrites(b, "floor", n, nil, func(ctx context.Context, pipe redis.Pipeliner, flush func()) {
+	return timedWrites(b, name, n, nil, func(ctx context.Context, pipe redis.Pipeliner, flush func()) {
 		for i := range n {
-			id := "floor-" + strconv.Itoa(i)
-			msg, err := taskstate.EncodeTaskMessage(&taskstate.TaskMessage{Type: "bench:i", Payload: []byte(`{"id":"i` + strconv.Itoa(i) + `"}`),
+			id := id(i)
+			msg, err := taskstate.EncodeTaskMessage(&taskstate.TaskMessage{Type: "bench:i", Payload: []byte(`{"id":"` + burstEntry(i) + `"}`),
 				ID: id, Queue: "default", Retry: 25, Timeout: 1800})
 			if err != nil {
 				b.Fatal(err)
@@ -183,32 +205,54 @@ func enqueueFloor(b *testing.B, n int) (took, redisCPU time.Duration) {
 	})
 }
 
+// burstEntry is the id of the burst's i-th entry (entries("i", ...)).
+func burstEntry(i int) string { return fmt.Sprintf("i%06d", i) }
+
+// floorCommands chooses what commandsFloor sends.
+type floorCommands struct {
+	// checks: the handover markers are read with the watermarks, and each
+	// task's EXISTS is sent.
+	checks bool
+	// seeded: the watermarks exist beforehand (as at every burst after an
+	// entry's first), written before the clock starts; else each is
+	// written for the first time, as at an entry's first tick ever.
+	seeded bool
+}
+
 // commandsFloor writes n tasks into a fresh redis-server with the commands
 // the fire script's bulk path runs for them, pipelined as enqueueFloor's
 // are (1,024 tasks per round trip) but without Lua and without looking at
-// the replies: per 64 tasks one MGET of their watermarks and handover
-// markers, an EXISTS and an HSET per task, one LPUSH of their ids, one XADD
-// of their fired records as one multi-record, one MSET of their
-// watermarks. Without checks, the MGET reads only the watermarks and no
-// EXISTS is sent. The watermarks exist beforehand (as at every burst after
-// an entry's first), written before the clock starts. It returns the time
-// it took and redis-server's CPU meanwhile.
-func commandsFloor(b *testing.B, n int, checks bool) (took, redisCPU time.Duration) {
+// the replies: per 64 tasks one MGET of their watermarks (and handover
+// markers with checks), an HSET per task (and an EXISTS with checks), one
+// LPUSH of their ids, one XADD of their fired records as one multi-record,
+// one MSET of their watermarks. It returns the time it took and
+// redis-server's CPU meanwhile.
+func commandsFloor(b *testing.B, n int, sent floorCommands) (took, redisCPU time.Duration) {
 	const chunk, perTrip = 64, 1024
 	keys, own := taskstate.Keys("default"), taskstate.Own("", "default")
 	prev := time.Now().UTC().Truncate(time.Second)
 	tick := prev.Add(time.Minute)
-	entry := func(i int) string { return fmt.Sprintf("i%06d", i) }
-	seed := func(ctx context.Context, pipe redis.Pipeliner, flush func()) {
-		for i := range n {
-			pipe.Set(ctx, own.Watermark(entry(i)), strconv.FormatInt(prev.UnixMilli(), 10)+" "+events.TaskID(taskstate.DefaultPrefix, entry(i), prev), 0)
-			if pipe.Len() >= perTrip {
-				flush()
+	entry := burstEntry
+	var seed func(ctx context.Context, pipe redis.Pipeliner, flush func())
+	if sent.seeded {
+		seed = func(ctx context.Context, pipe redis.Pipeliner, flush func()) {
+			for i := range n {
+				pipe.Set(ctx, own.Watermark(entry(i)), strconv.FormatInt(prev.UnixMilli(), 10)+" "+events.TaskID(taskstate.DefaultPrefix, entry(i), prev), 0)
+				if pipe.Len() >= perTrip {
+					flush()
+				}
 			}
 		}
 	}
 	tickMS := strconv.FormatInt(tick.UnixMilli(), 10)
-	return timedWrites(b, "commands floor", n, seed, func(ctx context.Context, pipe redis.Pipeliner, flush func()) {
+	name := "the least commands"
+	switch {
+	case sent.checks:
+		name = "the fire script's commands"
+	case !sent.seeded:
+		name = "the least commands, first tick ever"
+	}
+	return timedWrites(b, name, n, seed, func(ctx context.Context, pipe redis.Pipeliner, flush func()) {
 		for first := 0; first < n; first += chunk {
 			m := min(chunk, n-first)
 			reads := make([]string, 0, 2*m)
@@ -224,7 +268,7 @@ func commandsFloor(b *testing.B, n int, checks bool) (took, redisCPU time.Durati
 				f := events.Fired{Entry: e, ScheduledAt: tick, EnqueuedAt: time.Now(), TaskID: id, Queue: "default", Revision: 1, Replica: "floor"}
 				recs = outbox.AppendFrame(recs, events.FiredEventID(e, tick), outbox.AppendFiredRecord(nil, &f))
 			}
-			if checks {
+			if sent.checks {
 				for i := first; i < first+m; i++ {
 					reads = append(reads, own.Handover(entry(i)))
 				}
@@ -237,7 +281,7 @@ func commandsFloor(b *testing.B, n int, checks bool) (took, redisCPU time.Durati
 				if err != nil {
 					b.Fatal(err)
 				}
-				if checks {
+				if sent.checks {
 					pipe.Exists(ctx, keys.Task(id))
 				}
 				pipe.HSet(ctx, keys.Task(id), "msg", msg, "state", "pending", "pending_since", time.Now().UnixNano())
@@ -275,12 +319,13 @@ func timedWrites(b *testing.B, name string, n int, prepare, write func(ctx conte
 		prepare(ctx, pipe, flush)
 		flush()
 	}
-	cpu0 := procCPU(pid)
+	cpu0, faults := procCPU(pid), procFaults(pid)
 	start := time.Now()
 	write(ctx, pipe, flush)
 	flush()
 	took = time.Since(start)
 	redisCPU = procCPU(pid) - cpu0
+	b.Logf("%s: redis-server page faults %d", name, procFaults(pid)-faults)
 	if l := rc.LLen(ctx, taskstate.Keys("default").Pending()).Val(); l != int64(n) {
 		b.Fatalf("%s: %d tasks pending, want %d", name, l, n)
 	}

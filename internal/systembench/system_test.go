@@ -285,12 +285,7 @@ func waitLoaded(b *testing.B, ps []*replicaProc, n int, timeout time.Duration) {
 // procCPU is the user+system CPU time of process pid from /proc (0 once
 // it is gone).
 func procCPU(pid int) time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	// The fields after the command name (which may hold spaces) start at ')'.
-	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	f := procStat(pid)
 	if len(f) < 13 {
 		return 0
 	}
@@ -298,6 +293,28 @@ func procCPU(pid int) time.Duration {
 	st, _ := strconv.ParseInt(f[12], 10, 64)
 	const userHZ = 100
 	return time.Duration(ut+st) * time.Second / userHZ
+}
+
+// procFaults is the number of minor page faults of process pid (0 once it
+// is gone): each is a page of memory the process touched for the first
+// time, which a virtual machine makes costly.
+func procFaults(pid int) int64 {
+	f := procStat(pid)
+	if len(f) < 8 {
+		return 0
+	}
+	n, _ := strconv.ParseInt(f[7], 10, 64)
+	return n
+}
+
+// procStat is the fields of /proc/<pid>/stat after the command name (which
+// may hold spaces), nil once the process is gone.
+func procStat(pid int) []string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return nil
+	}
+	return strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
 }
 
 // preemptions is how many times the kernel took the CPU from pid while it
