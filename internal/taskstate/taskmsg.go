@@ -72,8 +72,18 @@ func EncodeTaskMessage(m *TaskMessage) ([]byte, error) {
 	if m == nil {
 		return nil, fmt.Errorf("encode task message: nil message")
 	}
-	// One allocation, of the exact size: every fire encodes one.
-	e := encoder{b: make([]byte, 0, taskMessageSize(m))}
+	// One allocation, of the exact size.
+	return AppendTaskMessage(make([]byte, 0, taskMessageSize(m)), m)
+}
+
+// AppendTaskMessage appends m, encoded as EncodeTaskMessage encodes it, to
+// dst: the fires of a batch encode their messages into one buffer. On an
+// error dst comes back as it was.
+func AppendTaskMessage(dst []byte, m *TaskMessage) ([]byte, error) {
+	if m == nil {
+		return dst, fmt.Errorf("encode task message: nil message")
+	}
+	e := encoder{b: slices.Grow(dst, taskMessageSize(m))}
 	e.str(1, "type", m.Type)
 	e.bytes(2, m.Payload)
 	e.str(3, "id", m.ID)
@@ -109,7 +119,7 @@ func EncodeTaskMessage(m *TaskMessage) ([]byte, error) {
 		e.message(15, entry)
 	}
 	if e.err != nil {
-		return nil, fmt.Errorf("encode task message: %w", e.err)
+		return dst, fmt.Errorf("encode task message: %w", e.err)
 	}
 	return e.b, nil
 }
