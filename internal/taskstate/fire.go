@@ -399,8 +399,9 @@ func prepareSkip(f *Fire, bad func(string, ...any) (preparedFire, error)) (prepa
 	return preparedFire{f: f, keys: Keys(f.Queue)}, nil
 }
 
-// prepare validates f and encodes its message.
-func prepare(f *Fire) (preparedFire, error) {
+// prepare validates f and encodes its message at the end of msgs; keys
+// are those of f's queue.
+func prepare(f *Fire, keys QueueKeys, msgs *[]byte) (preparedFire, error) {
 	bad := func(format string, args ...any) (preparedFire, error) {
 		return preparedFire{}, fmt.Errorf("%w: entry %q tick %s: %s", ErrInvalidFire, f.Entry, f.Tick.UTC().Format(time.RFC3339), fmt.Sprintf(format, args...))
 	}
@@ -479,17 +480,20 @@ func prepare(f *Fire) (preparedFire, error) {
 			return bad("%v", err)
 		}
 	}
-	keys := Keys(f.Queue)
 	msg := *f.Msg
 	msg.Queue = f.Queue
 	if f.UniqueTTL > 0 {
 		msg.UniqueKey = keys.Unique(msg.Type, msg.Payload)
 	}
-	enc, err := EncodeTaskMessage(&msg)
+	start := len(*msgs)
+	enc, err := AppendTaskMessage(*msgs, &msg)
 	if err != nil {
 		return bad("%v", err)
 	}
-	return preparedFire{f: f, msg: enc, id: msg.ID, group: msg.GroupKey, keys: keys}, nil
+	// Capped: a later append never writes into this fire's message, even
+	// when the buffer has room after it.
+	*msgs = enc
+	return preparedFire{f: f, msg: enc[start:len(enc):len(enc)], id: msg.ID, group: msg.GroupKey, keys: keys}, nil
 }
 
 func checkRecord(name string, r Record, required bool) error {
@@ -508,7 +512,7 @@ func checkRecord(name string, r Record, required bool) error {
 // appendFire adds p's keys and arguments to a chunk's KEYS and ARGV, laid
 // out as firelayout.go names them: the lean path's when the fire takes it,
 // else the full path's.
-func appendFire(keys []string, args []any, p preparedFire, nums *numArgs, fa fenceArgs, path firePath) ([]string, []any) {
+func appendFire(keys []any, args []any, p preparedFire, nums *numArgs, fa fenceArgs, path firePath) ([]any, []any) {
 	f := p.f
 	task := p.keys.Task(p.id)
 	if path != pathFull && p.lean() {
@@ -522,7 +526,7 @@ func appendFire(keys []string, args []any, p preparedFire, nums *numArgs, fa fen
 		a[leanArgMsg] = p.msg
 		a[leanArgTaskID] = p.id
 		a[leanArgFiredID], a[leanArgFiredData] = f.FiredRecord.ID, f.FiredRecord.Data
-		return append(keys, k[:]...), append(args, a[:]...)
+		return appendKeys(keys, k[:]), append(args, a[:]...)
 	}
 	var k [fullKeys]string
 	k[fireKeyWatermark], k[fireKeyMarker], k[fireKeyTask] = p.own.Watermark(f.Entry), p.own.Handover(f.Entry), task
@@ -551,7 +555,7 @@ func appendFire(keys []string, args []any, p preparedFire, nums *numArgs, fa fen
 	case FireSkip:
 		kind = kindSkip
 	}
-	keys = append(keys, k[:]...)
+	keys = appendKeys(keys, k[:])
 
 	expected := ""
 	if (f.Kind == FireTick || f.Kind == FireSkip) && !f.ExpectNone {
@@ -638,21 +642,39 @@ func bulkable(fires []*preparedFire) bool {
 	return true
 }
 
+func appendKeys(keys []any, k []string) []any {
+	for _, key := range k {
+		keys = append(keys, key)
+	}
+	return keys
+}
+
 // appendBulk adds a bulkable chunk's keys and arguments in the bulk path's
 // layout: the blocks of watermarks, moved-markers and task keys; the
 // common fence arguments once, then bulkArgs arguments per fire.
 //
-// The multi-record of the fires' records is appended to *records, the
-// flight's scratch, and passed as a slice of it.
-func appendBulk(keys []string, args []any, records *[]byte, fires []*preparedFire, nums *numArgs, fa fenceArgs) ([]string, []any) {
+// The fires' key names are written into a.keys, and the multi-record of
+// their records into a.records, the flight's scratch, and passed as
+// slices of it: a burst then makes no string per key or record.
+func appendBulk(keys []any, args []any, a *flightArena, fires []*preparedFire, nums *numArgs, fa fenceArgs) ([]any, []any) {
 	n := len(fires)
 	at := len(keys)
 	keys = slices.Grow(keys, 3*n)[:at+3*n]
+	names := a.keys
+	name := func(from int) []byte { return names[from:len(names):len(names)] }
 	for i, p := range fires {
-		keys[at+bulkBlockWatermark*n+i] = p.own.Watermark(p.f.Entry)
-		keys[at+bulkBlockMarker*n+i] = p.own.Handover(p.f.Entry)
-		keys[at+bulkBlockTask*n+i] = p.keys.Task(p.id)
+		from := len(names)
+		names = p.own.AppendWatermark(names, p.f.Entry)
+		keys[at+bulkBlockWatermark*n+i] = name(from)
+		from = len(names)
+		names = p.own.AppendHandover(names, p.f.Entry)
+		keys[at+bulkBlockMarker*n+i] = name(from)
+		from = len(names)
+		names = p.keys.AppendTask(names, p.id)
+		keys[at+bulkBlockTask*n+i] = name(from)
 	}
+	a.keys = names
+	records := &a.records
 	from := len(*records)
 	recs := append(*records, outbox.MultiRecordTag...)
 	for _, p := range fires {
@@ -780,7 +802,7 @@ func chunkFires(prepared []preparedFire, offset int, sizes callSizes, fa fenceAr
 	}
 	// Keys and arguments interleave per fire, so each call's are gathered
 	// in scratch space and then laid out in one slice.
-	var keys []string
+	var keys []any
 	var args []any
 	var nums numArgs
 	cmds := arena.cmds[:0]
@@ -796,22 +818,20 @@ func chunkFires(prepared []preparedFire, offset int, sizes callSizes, fa fenceAr
 		common[keyScheduled-1] = first.keys.Scheduled()
 		common[keyGroups-1] = first.keys.Groups()
 		common[keyFenceID-1] = own.FenceID()
-		keys = append(keys[:0], common[:]...)
+		keys = appendKeys(keys[:0], common[:])
 		var head [argFirstFire - 1]any
 		head[argTaskPrefix-1] = first.keys.TaskPrefix()
 		head[argFires-1] = len(call.fires)
 		args = append(args[:0], head[:]...)
 		if call.bulk {
-			keys, args = appendBulk(keys, args, &arena.records, call.fires, &nums, fa)
+			keys, args = appendBulk(keys, args, arena, call.fires, &nums, fa)
 		} else {
 			for _, p := range call.fires {
 				keys, args = appendFire(keys, args, *p, &nums, fa, path)
 			}
 		}
 		cmds = append(cmds, "evalsha", fireScript.Hash(), len(keys))
-		for _, k := range keys {
-			cmds = append(cmds, k)
-		}
+		cmds = append(cmds, keys...)
 		cmds = append(cmds, args...)
 		ends[c] = len(cmds)
 	}
@@ -826,10 +846,11 @@ func chunkFires(prepared []preparedFire, offset int, sizes callSizes, fa fenceAr
 }
 
 // flightArena is the scratch of one flight's commands: the commands, and
-// the bytes of the multi-records they pass. Neither is read once the
-// flight's pipeline is written and answered.
+// the bytes of the key names and multi-records they pass. None is read
+// once the flight's pipeline is written and answered.
 type flightArena struct {
 	cmds    []any
+	keys    []byte
 	records []byte
 }
 
@@ -837,15 +858,24 @@ type flightArena struct {
 // cleared so they keep no message or record alive.
 func (a *flightArena) reset() {
 	clear(a.cmds)
-	a.cmds, a.records = a.cmds[:0], a.records[:0]
+	a.cmds, a.keys, a.records = a.cmds[:0], a.keys[:0], a.records[:0]
+}
+
+// preparedBatch is a batch's prepared fires and their encoded messages,
+// each fire's msg a slice of msgs: a burst's batches reuse the same few
+// buffers instead of allocating a message per fire.
+type preparedBatch struct {
+	fires []preparedFire
+	msgs  []byte
 }
 
 // Scratch reused across fire batches (which may run concurrently): a
 // flight's commands, and a batch's prepared fires. Each is cleared before
-// it goes back, so it keeps no message or record alive.
+// it goes back, so it keeps no message or record alive; the messages'
+// bytes are only read while the batch's calls are sent.
 var (
 	cmdArenas    = sync.Pool{New: func() any { return new(flightArena) }}
-	preparedBufs = sync.Pool{New: func() any { return new([]preparedFire) }}
+	preparedBufs = sync.Pool{New: func() any { return new(preparedBatch) }}
 )
 
 // runFireCalls sends the queue registrations and every call in one pipeline.
@@ -876,7 +906,7 @@ func runFireCalls(ctx context.Context, c redis.UniversalClient, calls []*fireCal
 // failed (the outcome is then unknown, and firing the same Fire again is
 // safe).
 func (s *Store) FireOnce(ctx context.Context, fences Fences, f Fire) (FireResult, error) {
-	res, err := s.fireBatch(ctx, fences, []Fire{f}, fireCallSizes)
+	res, err := s.fireBatch(ctx, fences, []Fire{f}, nil, fireCallSizes)
 	if err != nil {
 		return FireResult{}, err
 	}
@@ -897,23 +927,41 @@ func (s *Store) FireOnce(ctx context.Context, fences Fences, f Fire) (FireResult
 // FireBatch does not look at the outbox backlog: the scheduler pauses firing
 // on OutboxLen.
 func (s *Store) FireBatch(ctx context.Context, fences Fences, fires []Fire) ([]FireResult, error) {
-	return s.fireBatch(ctx, fences, fires, fireCallSizes)
+	return s.fireBatch(ctx, fences, fires, nil, fireCallSizes)
 }
 
-// fireBatch is FireBatch with the call sizes as a parameter: {1, 1} sends a
-// pipeline of one script call per fire (the benchmark's comparison).
-func (s *Store) fireBatch(ctx context.Context, fences Fences, fires []Fire, sizes callSizes) ([]FireResult, error) {
+// FireBatchInto is FireBatch writing the results into results' room when
+// it holds len(fires) (else into a new slice): a caller that fires batch
+// after batch reuses one slice of results.
+func (s *Store) FireBatchInto(ctx context.Context, fences Fences, fires []Fire, results []FireResult) ([]FireResult, error) {
+	return s.fireBatch(ctx, fences, fires, results, fireCallSizes)
+}
+
+// FiredPending is the result of a fire that created task taskID, pending,
+// for tick, with nothing else to report: the common outcome, which follows
+// from the fire alone. A caller holding the results of many fires may keep
+// a result equal to it as the task id and tick.
+func FiredPending(taskID string, tick time.Time) FireResult {
+	return FireResult{Status: StatusFired, TaskID: taskID, State: "pending",
+		Watermark: time.UnixMilli(tick.UnixMilli()).UTC(), WatermarkTaskID: taskID, HasWatermark: true}
+}
+
+// fireBatch is FireBatch with the results' room and the call sizes as
+// parameters: sizes {1, 1} sends a pipeline of one script call per fire
+// (the benchmark's comparison).
+func (s *Store) fireBatch(ctx context.Context, fences Fences, fires []Fire, into []FireResult, sizes callSizes) ([]FireResult, error) {
 	if err := fences.check(); err != nil {
 		return nil, err
 	}
 	fa := fences.args()
-	pbuf := preparedBufs.Get().(*[]preparedFire)
-	prepared := slices.Grow((*pbuf)[:0], len(fires))[:len(fires)]
+	batch := preparedBufs.Get().(*preparedBatch)
+	prepared := slices.Grow(batch.fires[:0], len(fires))[:len(fires)]
+	msgs := batch.msgs[:0]
 	arena := cmdArenas.Get().(*flightArena)
 	defer func() {
 		clear(prepared)
-		*pbuf = prepared[:0]
-		preparedBufs.Put(pbuf)
+		batch.fires, batch.msgs = prepared[:0], msgs[:0]
+		preparedBufs.Put(batch)
 		arena.reset()
 		cmdArenas.Put(arena)
 	}()
@@ -921,20 +969,33 @@ func (s *Store) fireBatch(ctx context.Context, fences Fences, fires []Fire, size
 		if err := s.CheckQueue(fires[i].Queue); err != nil {
 			return nil, fmt.Errorf("%w: entry %q: %w", ErrInvalidFire, fires[i].Entry, err)
 		}
-		p, err := prepare(&fires[i])
+		// The fires of a batch mostly share one slot: its key names are
+		// made once.
+		var keys QueueKeys
+		sameSlot := i > 0 && fires[i].Prefix == fires[i-1].Prefix && fires[i].Queue == fires[i-1].Queue
+		if sameSlot {
+			keys = prepared[i-1].keys
+		} else {
+			keys = Keys(fires[i].Queue)
+		}
+		p, err := prepare(&fires[i], keys, &msgs)
 		if err != nil {
 			return nil, err
 		}
-		// The fires of a batch mostly share one slot: its key names are
-		// made once.
-		if i > 0 && fires[i].Prefix == fires[i-1].Prefix && fires[i].Queue == fires[i-1].Queue {
+		if sameSlot {
 			p.own = prepared[i-1].own
 		} else {
 			p.own = Own(fires[i].Prefix, fires[i].Queue)
 		}
 		prepared[i] = p
 	}
-	results := make([]FireResult, len(fires))
+	var results []FireResult
+	if cap(into) >= len(fires) {
+		results = into[:len(fires)]
+		clear(results)
+	} else {
+		results = make([]FireResult, len(fires))
+	}
 	var failed int
 	var firstErr error
 	for start := 0; start < len(prepared); start += maxFiresPerFlight {
@@ -980,8 +1041,7 @@ func decodeFireCall(call *fireCall, results []FireResult) {
 		if code, ok := raw[n].(int64); ok && code == codeFired {
 			// The short path's "fired, pending": the rest is what was sent.
 			p := call.fires[n]
-			results[i] = FireResult{Status: StatusFired, TaskID: p.id, State: "pending",
-				Watermark: time.UnixMilli(p.f.Tick.UnixMilli()).UTC(), WatermarkTaskID: p.id, HasWatermark: true}
+			results[i] = FiredPending(p.id, p.f.Tick)
 			continue
 		}
 		r, err := parseFireReply(raw[n])

@@ -83,11 +83,15 @@ func BenchmarkFireOnce(b *testing.B) {
 		})
 	})
 	b.Run("pipeline", func(b *testing.B) {
-		run(b, func(fires []Fire) ([]FireResult, error) { return s.fireBatch(ctx, testFences, fires, callSizes{1, 1}) })
+		run(b, func(fires []Fire) ([]FireResult, error) {
+			return s.fireBatch(ctx, testFences, fires, nil, callSizes{1, 1})
+		})
 	})
 	for _, n := range []int{16, 64, 256} {
 		b.Run(fmt.Sprintf("batch-%d", n), func(b *testing.B) {
-			run(b, func(fires []Fire) ([]FireResult, error) { return s.fireBatch(ctx, testFences, fires, callSizes{n, n}) })
+			run(b, func(fires []Fire) ([]FireResult, error) {
+				return s.fireBatch(ctx, testFences, fires, nil, callSizes{n, n})
+			})
 		})
 	}
 }

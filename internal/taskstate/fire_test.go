@@ -1097,7 +1097,7 @@ func TestFireBatch(t *testing.T) {
 			// A refusal in the middle of a call leaves the rest alone.
 			bad := tickFire("seq", "q1", tickAt(500), tickAt(7))
 			fires = slices.Insert(fires, 5, bad)
-			res, err := s.fireBatch(ctx, testFences, fires, perCall)
+			res, err := s.fireBatch(ctx, testFences, fires, nil, perCall)
 			if err != nil {
 				t.Fatal(err)
 			}

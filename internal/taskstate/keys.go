@@ -73,6 +73,11 @@ func (k QueueKeys) TaskPrefix() string { return k.prefix + "t:" }
 // Task is the HASH of one task: "asynq:{<queue>}:t:<id>".
 func (k QueueKeys) Task(id string) string { return k.prefix + "t:" + id }
 
+// AppendTask appends Task(id) to dst.
+func (k QueueKeys) AppendTask(dst []byte, id string) []byte {
+	return append(append(append(dst, k.prefix...), "t:"...), id...)
+}
+
 // Pending is the LIST of pending task ids (LPUSH in, RPOPLPUSH out).
 func (k QueueKeys) Pending() string { return k.prefix + "pending" }
 
@@ -166,11 +171,21 @@ func Own(prefix, queue string) OwnKeys {
 // this queue's slot (the fire script's compare-and-set value).
 func (o OwnKeys) Watermark(entry string) string { return o.head + kindWatermark + ":" + entry }
 
+// AppendWatermark appends Watermark(entry) to dst.
+func (o OwnKeys) AppendWatermark(dst []byte, entry string) []byte {
+	return append(append(append(dst, o.head...), kindWatermark+":"...), entry...)
+}
+
 // Handover is the STRING recording entry's last queue handover in this slot,
 // "<revision> out" (moved away: fires here refuse) or "<revision> in"
 // (moved here). It only ever moves to a higher revision (see
 // CloseForHandover and SeedWatermark).
 func (o OwnKeys) Handover(entry string) string { return o.head + kindHandover + ":" + entry }
+
+// AppendHandover appends Handover(entry) to dst.
+func (o OwnKeys) AppendHandover(dst []byte, entry string) []byte {
+	return append(append(append(dst, o.head...), kindHandover+":"...), entry...)
+}
 
 // HandoverID is the STRING "<revision>:<id>": the config message id
 // (events.ConfigMessageID) at the revision entry's handover marker was last
