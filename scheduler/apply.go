@@ -12,10 +12,32 @@ type sentFire struct {
 	kind    taskstate.FireKind
 	tick    time.Time
 	carried skipKinds // the skipped records it carried
+	// res is the fire's result, nil when that was taskstate.FiredPending
+	// of taskID and tick: a pass keeps its fires' results until all are
+	// back, and a burst's are nearly all that one, so it keeps the task id
+	// instead of a whole result per fire.
+	res    *taskstate.FireResult
+	taskID string
 }
 
-func sentOf(f *taskstate.Fire) sentFire {
-	return sentFire{kind: f.Kind, tick: f.Tick, carried: skipReasons(f.SkippedRecords)}
+// sentOf is what applying res, f's result, needs of both.
+func sentOf(f *taskstate.Fire, res *taskstate.FireResult) sentFire {
+	sent := sentFire{kind: f.Kind, tick: f.Tick, carried: skipReasons(f.SkippedRecords)}
+	if res.Err == nil && res.Status == taskstate.StatusFired && *res == taskstate.FiredPending(res.TaskID, f.Tick) {
+		sent.taskID = res.TaskID
+		return sent
+	}
+	kept := *res
+	sent.res = &kept
+	return sent
+}
+
+// result is the fire's result.
+func (f *sentFire) result() taskstate.FireResult {
+	if f.res != nil {
+		return *f.res
+	}
+	return taskstate.FiredPending(f.taskID, f.tick)
 }
 
 // reload sends r, found needing its watermark loaded again, to s.load. A

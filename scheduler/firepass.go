@@ -12,9 +12,10 @@ import (
 // are built, so building (CPU here) and firing (CPU in Redis) overlap; the
 // results are applied on the loop goroutine once all are back (applying
 // them in between would take CPU from the fires still to go). A batch that
-// is back keeps only what apply needs of its fires and hands its buffer to
-// the next batch, so a burst of any size holds about Parallel+1 batches of
-// fires. A plan's fires (one entry's ticks) always share a batch, so their
+// is back keeps only what apply needs of its fires and their results (of a
+// fire that created its task and nothing else, the task id) and hands its
+// buffers to the next batch, so a burst of any size holds about Parallel+1
+// batches of fires and results. A plan's fires (one entry's ticks) always share a batch, so their
 // order holds.
 func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 	if due = s.confirmHeard(ctx, due); len(due) == 0 {
@@ -35,10 +36,9 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 		more bool
 	}
 	type call struct {
-		fires   []taskstate.Fire
-		owners  []int // plan index of each fire
-		sent    []sentFire
-		results []taskstate.FireResult
+		fires  []taskstate.Fire
+		owners []int      // plan index of each fire
+		sent   []sentFire // each fire with its result, once back
 	}
 	size := min(s.cfg.Batch, len(due))
 	plans := make([]planned, 0, len(due))
@@ -47,6 +47,7 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 	var calls []*call
 	// Buffers of batches that are back, for the next batches.
 	free := make(chan []taskstate.Fire, s.cfg.Parallel+1)
+	freeResults := make(chan []taskstate.FireResult, s.cfg.Parallel+1)
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, s.cfg.Parallel)
 	send := func(c *call) {
@@ -56,17 +57,21 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			results, err := s.broker.FireBatch(ctx, fences, c.fires)
+			var room []taskstate.FireResult
+			select {
+			case room = <-freeResults:
+			default:
+			}
+			results, err := s.broker.FireBatchInto(ctx, fences, c.fires, room)
 			if err != nil && len(results) != len(c.fires) {
 				results = make([]taskstate.FireResult, len(c.fires))
 				for i := range results {
 					results[i].Err = err
 				}
 			}
-			c.results = results
 			c.sent = make([]sentFire, len(c.fires))
 			for i := range c.fires {
-				c.sent[i] = sentOf(&c.fires[i])
+				c.sent[i] = sentOf(&c.fires[i], &results[i])
 				if m := c.fires[i].Msg; m != nil { // made by buildFire
 					*m = taskstate.TaskMessage{}
 					fireMessages.Put(m)
@@ -75,6 +80,11 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 			clear(c.fires)
 			select {
 			case free <- c.fires[:0]:
+			default:
+			}
+			clear(results)
+			select {
+			case freeResults <- results[:0]:
 			default:
 			}
 			c.fires = nil
@@ -122,8 +132,8 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 	}
 	history := make([]taskstate.EnqueueEventRecord, 0, len(due))
 	for _, c := range calls {
-		for i, res := range c.results {
-			if h, ok := s.apply(plans[c.owners[i]].r, c.sent[i], res); ok {
+		for i := range c.sent {
+			if h, ok := s.apply(plans[c.owners[i]].r, c.sent[i], c.sent[i].result()); ok {
 				history = append(history, h)
 			}
 		}

@@ -154,7 +154,7 @@ func TestApplySetsSkippedAtOnCommit(t *testing.T) {
 	if len(fires) != 1 {
 		t.Fatalf("plan = %d fires, want 1", len(fires))
 	}
-	sent := sentOf(&fires[0])
+	sent := sentOf(&fires[0], &taskstate.FireResult{})
 	s.apply(r, sent, taskstate.FireResult{Status: taskstate.StatusWatermarkMismatch, Watermark: r.cursor, HasWatermark: true})
 	if !r.skippedAt.IsZero() {
 		t.Fatalf("a refused step set skippedAt %s", r.skippedAt)

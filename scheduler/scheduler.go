@@ -57,7 +57,7 @@ import (
 
 // broker is the scheduler's seam to Redis; *taskstate.Store implements it.
 type broker interface {
-	FireBatch(ctx context.Context, fences taskstate.Fences, fires []taskstate.Fire) ([]taskstate.FireResult, error)
+	FireBatchInto(ctx context.Context, fences taskstate.Fences, fires []taskstate.Fire, results []taskstate.FireResult) ([]taskstate.FireResult, error)
 	Watermarks(ctx context.Context, prefix, queue string, entries []string) ([]taskstate.WatermarkInfo, error)
 	CloseForHandover(ctx context.Context, prefix, oldQueue, entry string, revision uint64, configID string) (time.Time, string, bool, error)
 	SeedWatermark(ctx context.Context, prefix, newQueue, entry string, tick time.Time, taskID string, revision uint64, configID string) error
