@@ -39,6 +39,8 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 		fires  []taskstate.Fire
 		owners []int      // plan index of each fire
 		sent   []sentFire // each fire with its result, once back
+		// fired holds the data of its fires' fired records.
+		fired []byte
 	}
 	size := min(s.cfg.Batch, len(due))
 	plans := make([]planned, 0, len(due))
@@ -48,6 +50,7 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 	// Buffers of batches that are back, for the next batches.
 	free := make(chan []taskstate.Fire, s.cfg.Parallel+1)
 	freeResults := make(chan []taskstate.FireResult, s.cfg.Parallel+1)
+	freeFired := make(chan []byte, s.cfg.Parallel+1)
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, s.cfg.Parallel)
 	send := func(c *call) {
@@ -87,6 +90,11 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 			case freeResults <- results[:0]:
 			default:
 			}
+			select {
+			case freeFired <- c.fired[:0]:
+			default:
+			}
+			c.fired = nil
 			c.fires = nil
 			if s.cfg.OnFire != nil {
 				s.cfg.OnFire()
@@ -114,11 +122,23 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 			default:
 				buf = s.fireBuf(size)
 			}
-			c = &call{fires: buf, owners: make([]int, 0, size)}
+			var fired []byte
+			select {
+			case fired = <-freeFired:
+			default:
+			}
+			c = &call{fires: buf, owners: make([]int, 0, size), fired: fired}
 			open[r.queue] = c
 		}
-		for range fires {
+		for i := range fires {
 			c.owners = append(c.owners, pi)
+			// The plan's fired data is reused by the next plan: the batch
+			// keeps a copy until it is back.
+			if rec := &fires[i].FiredRecord; len(rec.Data) > 0 {
+				from := len(c.fired)
+				c.fired = append(c.fired, rec.Data...)
+				rec.Data = c.fired[from:len(c.fired):len(c.fired)]
+			}
 		}
 		c.fires = append(c.fires, fires...)
 	}

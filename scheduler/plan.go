@@ -1,7 +1,6 @@
 package scheduler
 
 import (
-	"bytes"
 	"time"
 
 	"github.com/cronstream/cronstream/events"
@@ -11,7 +10,11 @@ import (
 
 // plan turns r's due tick, and any missed ticks before it, into fires,
 // appended to into (a scratch slice the caller reuses).
+//
+// The fired records' data of the fires it returns is only valid until the
+// next plan (firedRecord): fireDue copies it into the batch the fires go in.
 func (s *Scheduler) plan(r *entryRun, now time.Time, into []taskstate.Fire) ([]taskstate.Fire, bool) {
+	s.firedData = s.firedData[:0]
 	if r.settling() {
 		rng := r.settleTicks()
 		fires, _ := s.planSkip(r, rng, r.settle.reason, now, into)
@@ -191,14 +194,18 @@ func (s *Scheduler) source() string { return s.src }
 
 // firedRecord is the outbox record of a scheduled tick's fired event, in
 // the compact form the relay expands (outbox.AppendFiredRecord); its times
-// come out in UTC, as in every activity event.
+// come out in UTC, as in every activity event. Its data is a slice of
+// s.firedData, which the next plan reuses: a burst then writes its records
+// into the few buffers its batches pass on, not one allocation per fire.
 func (s *Scheduler) firedRecord(r *entryRun, tick time.Time, taskID string, now time.Time) taskstate.Record {
 	f := events.Fired{
 		Entry: r.id, ScheduledAt: tick, EnqueuedAt: now, TaskID: taskID, Queue: r.queue,
 		Revision: r.st.Revision, Replica: s.cfg.ReplicaID,
 	}
-	var tmp [256]byte
-	return taskstate.Record{ID: firedEventID(r.id, tick), Data: bytes.Clone(outbox.AppendFiredRecord(tmp[:0], &f))}
+	from := len(s.firedData)
+	s.firedData = outbox.AppendFiredRecord(s.firedData, &f)
+	// Capped, so a later record never writes into this one's room.
+	return taskstate.Record{ID: firedEventID(r.id, tick), Data: s.firedData[from:len(s.firedData):len(s.firedData)]}
 }
 
 func (s *Scheduler) skippedRecord(r *entryRun, rng tickRange, reason string, now time.Time) (taskstate.Record, error) {

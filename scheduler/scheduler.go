@@ -223,7 +223,10 @@ type Scheduler struct {
 	visPending bool
 	visSince   clock.Mono
 	fireBufs   [][]taskstate.Fire // see fireBuf
-	held       heldCheck          // overlap buffer-one's release check (held.go)
+	// firedData holds the fired records' data of the last plan (see
+	// firedRecord; loop goroutine only).
+	firedData []byte
+	held      heldCheck // overlap buffer-one's release check (held.go)
 
 	// implausibleLogged: when an implausible observation was last logged.
 	implausibleLogged clock.Mono
