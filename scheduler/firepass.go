@@ -15,8 +15,8 @@ import (
 // is back keeps only what apply needs of its fires and their results (of a
 // fire that created its task and nothing else, the task id) and hands its
 // buffers to the next batch, so a burst of any size holds about Parallel+1
-// batches of fires and results. A plan's fires (one entry's ticks) always share a batch, so their
-// order holds.
+// batches of fires and results. A plan's fires (one entry's ticks) always
+// share a batch, so their order holds.
 func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 	if due = s.confirmHeard(ctx, due); len(due) == 0 {
 		return
