@@ -642,6 +642,7 @@ func bulkable(fires []*preparedFire) bool {
 	return true
 }
 
+// appendKeys appends each key name of k to keys, a call's KEYS.
 func appendKeys(keys []any, k []string) []any {
 	for _, key := range k {
 		keys = append(keys, key)
