@@ -33,6 +33,27 @@ func TestParseEntryKey(t *testing.T) {
 	}
 }
 
+// TestAppendKeysMatchNames: the bulk fire path writes key names with the
+// Append forms into a reused buffer; they must name the same keys as the
+// string forms every other path uses.
+func TestAppendKeysMatchNames(t *testing.T) {
+	buf := []byte("left over")
+	for _, prefix := range []string{"", "acme"} {
+		for _, queue := range []string{"default", "a:b", "x{y"} {
+			own, keys := Own(prefix, queue), Keys(queue)
+			for _, c := range []struct{ got, want string }{
+				{string(own.AppendWatermark(buf[:0], "e-1")), own.Watermark("e-1")},
+				{string(own.AppendHandover(buf[:0], "e-1")), own.Handover("e-1")},
+				{string(keys.AppendTask(buf[:0], "st:e-1:2026-12-03T04:00:00Z")), keys.Task("st:e-1:2026-12-03T04:00:00Z")},
+			} {
+				if c.got != c.want {
+					t.Errorf("append form %q, string form %q", c.got, c.want)
+				}
+			}
+		}
+	}
+}
+
 // TestDeleteRemovedEntryKeys scans the per-entry keys of one tenant and
 // deletes those of one entry: a key changed since the scan (a
 // re-registration fired) and history events after the removal are kept.

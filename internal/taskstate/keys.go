@@ -68,15 +68,17 @@ func (k QueueKeys) Queue() string { return k.queue }
 func (k QueueKeys) Prefix() string { return k.prefix }
 
 // TaskPrefix is "asynq:{<queue>}:t:"; a task key is this plus the task id.
-func (k QueueKeys) TaskPrefix() string { return k.prefix + "t:" }
+func (k QueueKeys) TaskPrefix() string { return k.prefix + taskInfix }
 
 // Task is the HASH of one task: "asynq:{<queue>}:t:<id>".
-func (k QueueKeys) Task(id string) string { return k.prefix + "t:" + id }
+func (k QueueKeys) Task(id string) string { return k.prefix + taskInfix + id }
 
 // AppendTask appends Task(id) to dst.
 func (k QueueKeys) AppendTask(dst []byte, id string) []byte {
-	return append(append(append(dst, k.prefix...), "t:"...), id...)
+	return append(append(append(dst, k.prefix...), taskInfix...), id...)
 }
+
+const taskInfix = "t:"
 
 // Pending is the LIST of pending task ids (LPUSH in, RPOPLPUSH out).
 func (k QueueKeys) Pending() string { return k.prefix + "pending" }
@@ -169,22 +171,22 @@ func Own(prefix, queue string) OwnKeys {
 
 // Watermark is the STRING holding the last fired or skipped tick of entry in
 // this queue's slot (the fire script's compare-and-set value).
-func (o OwnKeys) Watermark(entry string) string { return o.head + kindWatermark + ":" + entry }
+func (o OwnKeys) Watermark(entry string) string { return o.entryKey(kindWatermark, entry) }
 
 // AppendWatermark appends Watermark(entry) to dst.
 func (o OwnKeys) AppendWatermark(dst []byte, entry string) []byte {
-	return append(append(append(dst, o.head...), kindWatermark+":"...), entry...)
+	return o.appendEntryKey(dst, kindWatermark, entry)
 }
 
 // Handover is the STRING recording entry's last queue handover in this slot,
 // "<revision> out" (moved away: fires here refuse) or "<revision> in"
 // (moved here). It only ever moves to a higher revision (see
 // CloseForHandover and SeedWatermark).
-func (o OwnKeys) Handover(entry string) string { return o.head + kindHandover + ":" + entry }
+func (o OwnKeys) Handover(entry string) string { return o.entryKey(kindHandover, entry) }
 
 // AppendHandover appends Handover(entry) to dst.
 func (o OwnKeys) AppendHandover(dst []byte, entry string) []byte {
-	return append(append(append(dst, o.head...), kindHandover+":"...), entry...)
+	return o.appendEntryKey(dst, kindHandover, entry)
 }
 
 // HandoverID is the STRING "<revision>:<id>": the config message id
@@ -192,13 +194,13 @@ func (o OwnKeys) AppendHandover(dst []byte, entry string) []byte {
 // written at by a handover that knew it. Like FenceID it is a key of its own
 // so that the marker keeps the format earlier builds read; when its revision
 // is not the marker's, the marker's message is unknown.
-func (o OwnKeys) HandoverID(entry string) string { return o.head + kindHandoverID + ":" + entry }
+func (o OwnKeys) HandoverID(entry string) string { return o.entryKey(kindHandoverID, entry) }
 
 // Fires is the STRING "<revision> <count>": how many of entry's scheduled
 // ticks created a task in this slot since revision, the one where the
 // entry's max_fires last changed (Fire.MaxFires). A fire presenting another
 // revision counts from zero.
-func (o OwnKeys) Fires(entry string) string { return o.head + kindFires + ":" + entry }
+func (o OwnKeys) Fires(entry string) string { return o.entryKey(kindFires, entry) }
 
 // Fence is the STRING holding the highest config sequence applied by any
 // replica firing into this slot (the revision fence).
@@ -214,7 +216,7 @@ func (o OwnKeys) FenceID() string { return o.head + "fence:id" }
 // Held is the HASH of entry's held tick (overlap buffer-one): the tick the
 // fire script took instead of firing it while the entry's previous task was
 // busy, with what releasing it writes (HeldTick). At most one per entry.
-func (o OwnKeys) Held(entry string) string { return o.head + kindHeld + ":" + entry }
+func (o OwnKeys) Held(entry string) string { return o.entryKey(kindHeld, entry) }
 
 // HeldIndex is the SET of this slot's Held keys, so the release check reads
 // one key per queue to learn whether it holds any tick.
@@ -226,7 +228,7 @@ func (o OwnKeys) HeldDrops() string { return o.head + "helddrops" }
 
 // heldEntry is the entry of Held key k, or false when k is not one.
 func (o OwnKeys) heldEntry(k string) (string, bool) {
-	e, ok := strings.CutPrefix(k, o.head+kindHeld+":")
+	e, ok := strings.CutPrefix(k, o.entryKey(kindHeld, ""))
 	return e, ok && e != ""
 }
 
@@ -257,6 +259,14 @@ const (
 	kindHeld       = "held"
 	kindFires      = "fires"
 )
+
+// entryKey is the name of entry's key of kind in this slot.
+func (o OwnKeys) entryKey(kind, entry string) string { return o.head + kind + ":" + entry }
+
+// appendEntryKey appends entryKey(kind, entry) to dst.
+func (o OwnKeys) appendEntryKey(dst []byte, kind, entry string) []byte {
+	return append(append(append(append(dst, o.head...), kind...), ':'), entry...)
+}
 
 // EntryKeyPattern is the SCAN MATCH pattern of cronstream's keys of tenant
 // prefix in every queue slot; ParseEntryKey picks the per-entry ones (one
