@@ -35,12 +35,16 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 		r    *entryRun
 		more bool
 	}
+	// room is a batch's buffers, handed to a later batch once it is back.
+	type room struct {
+		fires   []taskstate.Fire
+		results []taskstate.FireResult
+		fired   []byte // the data of the fires' fired records
+	}
 	type call struct {
-		fires  []taskstate.Fire
+		room
 		owners []int      // plan index of each fire
 		sent   []sentFire // each fire with its result, once back
-		// fired holds the data of its fires' fired records.
-		fired []byte
 	}
 	size := min(s.cfg.Batch, len(due))
 	plans := make([]planned, 0, len(due))
@@ -48,9 +52,7 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 	open := map[string]*call{}
 	var calls []*call
 	// Buffers of batches that are back, for the next batches.
-	free := make(chan []taskstate.Fire, s.cfg.Parallel+1)
-	freeResults := make(chan []taskstate.FireResult, s.cfg.Parallel+1)
-	freeFired := make(chan []byte, s.cfg.Parallel+1)
+	free := make(chan room, s.cfg.Parallel+1)
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, s.cfg.Parallel)
 	send := func(c *call) {
@@ -60,12 +62,7 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			var room []taskstate.FireResult
-			select {
-			case room = <-freeResults:
-			default:
-			}
-			results, err := s.broker.FireBatchInto(ctx, fences, c.fires, room)
+			results, err := s.broker.FireBatchInto(ctx, fences, c.fires, c.results)
 			if err != nil && len(results) != len(c.fires) {
 				results = make([]taskstate.FireResult, len(c.fires))
 				for i := range results {
@@ -81,21 +78,12 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 				}
 			}
 			clear(c.fires)
-			select {
-			case free <- c.fires[:0]:
-			default:
-			}
 			clear(results)
 			select {
-			case freeResults <- results[:0]:
+			case free <- room{fires: c.fires[:0], results: results[:0], fired: c.fired[:0]}:
 			default:
 			}
-			select {
-			case freeFired <- c.fired[:0]:
-			default:
-			}
-			c.fired = nil
-			c.fires = nil
+			c.room = room{}
 			if s.cfg.OnFire != nil {
 				s.cfg.OnFire()
 			}
@@ -116,18 +104,12 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 			c = nil
 		}
 		if c == nil {
-			var buf []taskstate.Fire
+			c = &call{owners: make([]int, 0, size)}
 			select {
-			case buf = <-free:
+			case c.room = <-free:
 			default:
-				buf = s.fireBuf(size)
+				c.fires = s.fireBuf(size)
 			}
-			var fired []byte
-			select {
-			case fired = <-freeFired:
-			default:
-			}
-			c = &call{fires: buf, owners: make([]int, 0, size), fired: fired}
 			open[r.queue] = c
 		}
 		for i := range fires {
@@ -148,7 +130,7 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 	wg.Wait()
 	close(free)
 	for b := range free {
-		s.putFireBuf(b)
+		s.putFireBuf(b.fires)
 	}
 	history := make([]taskstate.EnqueueEventRecord, 0, len(due))
 	for _, c := range calls {
