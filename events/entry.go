@@ -439,19 +439,23 @@ func ParseCron(spec string, loc *time.Location) (sched cron.Schedule, err error)
 			return nil, fmt.Errorf("@every needs a whole number of seconds, at least 1s")
 		}
 	}
-	full := spec
+	key := cronKey{spec: spec}
 	if !strings.HasPrefix(spec, "CRON_TZ=") && !strings.HasPrefix(spec, "TZ=") && !strings.HasPrefix(spec, "@every ") && loc != nil {
-		full = "CRON_TZ=" + loc.String() + " " + spec
+		key.zone, key.zoned = loc.String(), true
 	}
-	if c, ok := cronCache.get(full); ok {
+	if c, ok := cronCache.get(key); ok {
 		return c.sched, c.err
+	}
+	full := spec
+	if key.zoned {
+		full = "CRON_TZ=" + key.zone + " " + spec
 	}
 	c := parsedCron{}
 	c.sched, c.err = cronParser.Parse(full)
 	if c.err == nil && c.sched.Next(time.Now()).IsZero() {
 		c.sched, c.err = nil, fmt.Errorf("never fires (no matching date)")
 	}
-	cronCache.put(full, c)
+	cronCache.put(key, c)
 	return c.sched, c.err
 }
 
@@ -464,9 +468,17 @@ type parsedCron struct {
 	err   error
 }
 
+// cronKey is a spec and the zone it is evaluated in, when it names none
+// itself: as the cache's key it costs no allocation per lookup.
+type cronKey struct {
+	spec  string
+	zone  string
+	zoned bool
+}
+
 var (
-	cronCache = newBoundedCache[parsedCron](4096)
-	zoneCache = newBoundedCache[*time.Location](1024)
+	cronCache = newBoundedCache[cronKey, parsedCron](4096)
+	zoneCache = newBoundedCache[string, *time.Location](1024)
 )
 
 func loadLocation(tz string) (*time.Location, error) {
@@ -483,27 +495,27 @@ func loadLocation(tz string) (*time.Location, error) {
 
 // boundedCache is a map that forgets everything when it is full: enough for
 // a working set of specs and zones, and never a leak for arbitrary input.
-type boundedCache[V any] struct {
+type boundedCache[K comparable, V any] struct {
 	mu  sync.RWMutex
 	max int
-	m   map[string]V
+	m   map[K]V
 }
 
-func newBoundedCache[V any](max int) *boundedCache[V] {
-	return &boundedCache[V]{max: max, m: make(map[string]V)}
+func newBoundedCache[K comparable, V any](max int) *boundedCache[K, V] {
+	return &boundedCache[K, V]{max: max, m: make(map[K]V)}
 }
 
-func (c *boundedCache[V]) get(k string) (V, bool) {
+func (c *boundedCache[K, V]) get(k K) (V, bool) {
 	c.mu.RLock()
 	v, ok := c.m[k]
 	c.mu.RUnlock()
 	return v, ok
 }
 
-func (c *boundedCache[V]) put(k string, v V) {
+func (c *boundedCache[K, V]) put(k K, v V) {
 	c.mu.Lock()
 	if len(c.m) >= c.max {
-		c.m = make(map[string]V, c.max)
+		c.m = make(map[K]V, c.max)
 	}
 	c.m[k] = v
 	c.mu.Unlock()

@@ -49,6 +49,9 @@ func ValidateLabelValue(k, v string) error {
 // ValidateLabels checks an entry's labels; the error joins one *FieldError
 // per bad key or value.
 func ValidateLabels(labels map[string]string) error {
+	if len(labels) == 0 {
+		return nil
+	}
 	var errs []error
 	if len(labels) > maxLabels {
 		errs = append(errs, &FieldError{Field: labelField, Value: fmt.Sprintf("%d labels", len(labels)), Reason: fmt.Sprintf("at most %d labels", maxLabels)})
