@@ -2,7 +2,9 @@ package events
 
 import (
 	"encoding/base64"
+	"hash/maphash"
 	"strconv"
+	"sync/atomic"
 	"unicode/utf8"
 )
 
@@ -89,6 +91,44 @@ func (s *fastScanner) str() (content, literal []byte, ok bool) {
 func (s *fastScanner) string() (string, bool) {
 	c, _, ok := s.str()
 	return string(c), ok
+}
+
+// shared is string for a value many events repeat (an event type, a zone,
+// a queue, a cron spec, a header): it comes from recurring, so a projection
+// of many entries holds one copy of it instead of one per entry.
+func (s *fastScanner) shared() (string, bool) {
+	c, _, ok := s.str()
+	return recurring.get(c), ok
+}
+
+// recurringSlots bounds the table; maxRecurringLen keeps long text (which
+// rarely recurs) out of it.
+const (
+	recurringSlots  = 4096
+	maxRecurringLen = 64
+)
+
+// recurringStrings is a lossy table of strings seen before: a slot holds the
+// last string hashed to it. Decoders on several goroutines share it without
+// a lock; a slot swapped under a reader only costs that reader a new copy.
+type recurringStrings struct {
+	seed  maphash.Seed
+	slots [recurringSlots]atomic.Pointer[string]
+}
+
+var recurring = &recurringStrings{seed: maphash.MakeSeed()}
+
+func (t *recurringStrings) get(b []byte) string {
+	if len(b) == 0 || len(b) > maxRecurringLen {
+		return string(b)
+	}
+	slot := &t.slots[maphash.Bytes(t.seed, b)%recurringSlots]
+	if p := slot.Load(); p != nil && *p == string(b) {
+		return *p
+	}
+	v := string(b)
+	slot.Store(&v)
+	return v
 }
 
 func (s *fastScanner) boolean() (v, ok bool) {
@@ -192,42 +232,45 @@ func object[T any](s *fastScanner, v *T, field func(*fastScanner, *T, []byte) (u
 	}
 }
 
-// configEvent is what decodeConfigFast fills.
+// configEvent is what decodeConfigFast fills: the envelope beside the
+// scanner (one allocation for both) and the caller's entry.
 type configEvent struct {
+	s  fastScanner
 	ev Event
-	e  Entry
+	e  *Entry
 }
 
-// decodeConfigFast decodes a config event envelope and its entry data. ok
-// false means only that the input is outside the subset; it says nothing
-// about validity. ev.Data aliases b.
-func decodeConfigFast(b []byte) (ev *Event, e *Entry, ok bool) {
-	s := fastScanner{b: b}
-	c := new(configEvent)
-	if !object(&s, c, envelopeField) {
-		return nil, nil, false
+// decodeConfigFast decodes a config event envelope and its entry data into
+// e, which must be zero. ok false means only that the input is outside the
+// subset (e may then hold part of it); it says nothing about validity.
+// ev.Data aliases b.
+func decodeConfigFast(b []byte, e *Entry) (ev *Event, ok bool) {
+	c := &configEvent{s: fastScanner{b: b}, e: e}
+	s := &c.s
+	if !object(s, c, envelopeField) {
+		return nil, false
 	}
 	s.skipSpace()
 	if s.i != len(s.b) || c.ev.Data == nil {
-		return nil, nil, false
+		return nil, false
 	}
-	return &c.ev, &c.e, true
+	return &c.ev, true
 }
 
 func envelopeField(s *fastScanner, c *configEvent, key []byte) (bit uint32, ok bool) {
 	ev := &c.ev
 	switch string(key) {
 	case "specversion":
-		ev.SpecVersion, ok = s.string()
+		ev.SpecVersion, ok = s.shared()
 		return 1 << 0, ok
 	case "id":
 		ev.ID, ok = s.string()
 		return 1 << 1, ok
 	case "source":
-		ev.Source, ok = s.string()
+		ev.Source, ok = s.shared()
 		return 1 << 2, ok
 	case "type":
-		ev.Type, ok = s.string()
+		ev.Type, ok = s.shared()
 		return 1 << 3, ok
 	case "subject":
 		ev.Subject, ok = s.string()
@@ -238,12 +281,12 @@ func envelopeField(s *fastScanner, c *configEvent, key []byte) (bit uint32, ok b
 		_, lit, ok := s.str()
 		return 1 << 5, ok && ev.Time.UnmarshalJSON(lit) == nil
 	case "datacontenttype":
-		ev.DataContentType, ok = s.string()
+		ev.DataContentType, ok = s.shared()
 		return 1 << 6, ok
 	case "data":
 		s.skipSpace()
 		start := s.i
-		ok = object(s, &c.e, entryField)
+		ok = object(s, c.e, entryField)
 		ev.Data = s.b[start:s.i:s.i]
 		return 1 << 7, ok
 	}
@@ -256,10 +299,10 @@ func entryField(s *fastScanner, e *Entry, key []byte) (bit uint32, ok bool) {
 		e.ID, ok = s.string()
 		return 1 << 0, ok
 	case "cron":
-		e.Cron, ok = s.string()
+		e.Cron, ok = s.shared()
 		return 1 << 1, ok
 	case "timezone":
-		e.Timezone, ok = s.string()
+		e.Timezone, ok = s.shared()
 		return 1 << 2, ok
 	case "task":
 		return 1 << 3, object(s, &e.Task, taskField)
@@ -269,7 +312,7 @@ func entryField(s *fastScanner, e *Entry, key []byte) (bit uint32, ok bool) {
 		return 1 << 5, object(s, &e.Catchup, catchupField)
 	case "overlap":
 		var v string
-		v, ok = s.string()
+		v, ok = s.shared()
 		e.Overlap = OverlapPolicy(v)
 		return 1 << 6, ok
 	case "jitter":
@@ -282,7 +325,7 @@ func entryField(s *fastScanner, e *Entry, key []byte) (bit uint32, ok bool) {
 		e.Note, ok = s.string()
 		return 1 << 9, ok
 	case "owner":
-		e.Owner, ok = s.string()
+		e.Owner, ok = s.shared()
 		return 1 << 10, ok
 	case "removed":
 		e.Removed, ok = s.boolean()
@@ -297,7 +340,7 @@ func entryField(s *fastScanner, e *Entry, key []byte) (bit uint32, ok bool) {
 func taskField(s *fastScanner, t *Task, key []byte) (bit uint32, ok bool) {
 	switch string(key) {
 	case "type":
-		t.Type, ok = s.string()
+		t.Type, ok = s.shared()
 		return 1 << 0, ok
 	case "payload":
 		var c []byte
@@ -329,18 +372,18 @@ func (s *fastScanner) headers(t *Task) bool {
 		if done {
 			return true
 		}
-		v, ok := s.string()
+		v, ok := s.shared()
 		if !ok {
 			return false
 		}
-		t.Headers[string(key)] = v
+		t.Headers[recurring.get(key)] = v
 	}
 }
 
 func optionsField(s *fastScanner, o *Options, key []byte) (bit uint32, ok bool) {
 	switch string(key) {
 	case "queue":
-		o.Queue, ok = s.string()
+		o.Queue, ok = s.shared()
 		return 1 << 0, ok
 	case "max_retry":
 		var r int
@@ -360,7 +403,7 @@ func optionsField(s *fastScanner, o *Options, key []byte) (bit uint32, ok bool) 
 		o.Retention, ok = s.duration()
 		return 1 << 5, ok
 	case "group":
-		o.Group, ok = s.string()
+		o.Group, ok = s.shared()
 		return 1 << 6, ok
 	}
 	return 0, false
@@ -370,7 +413,7 @@ func catchupField(s *fastScanner, c *Catchup, key []byte) (bit uint32, ok bool) 
 	switch string(key) {
 	case "policy":
 		var v string
-		v, ok = s.string()
+		v, ok = s.shared()
 		c.Policy = CatchupPolicy(v)
 		return 1 << 0, ok
 	case "window":

@@ -7,8 +7,10 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+	"unsafe"
 )
 
 // stdConfigDecode is the reference: encoding/json alone, as
@@ -29,7 +31,8 @@ func stdConfigDecode(b []byte) (*Event, *Entry, error) {
 // is exactly encoding/json's.
 func sameAsStd(t *testing.T, b []byte) (fast bool) {
 	t.Helper()
-	fev, fe, ok := decodeConfigFast(b)
+	fe := new(Entry)
+	fev, ok := decodeConfigFast(b, fe)
 	if !ok {
 		return false
 	}
@@ -189,7 +192,7 @@ func TestFastDecodeLeavesTheRestToStd(t *testing.T) {
 		"empty":            ``,
 	} {
 		t.Run(name, func(t *testing.T) {
-			if _, _, ok := decodeConfigFast([]byte(in)); ok {
+			if _, ok := decodeConfigFast([]byte(in), new(Entry)); ok {
 				t.Fatalf("fast path took %q", in)
 			}
 		})
@@ -252,4 +255,120 @@ func BenchmarkDecodeConfigEvent(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestRecurringValuesShared decodes the events of many entries on several
+// goroutines at once, as the projector does: each entry must come out
+// exactly as encoding/json reads it, and a value the entries repeat (a
+// queue, a zone, a header) must be one copy, not one per entry.
+func TestRecurringValuesShared(t *testing.T) {
+	const entries = 400
+	data := make([][]byte, entries)
+	for i := range data {
+		e := Entry{
+			ID: fmt.Sprintf("e-%03d", i), Cron: []string{"*/5 * * * *", "@hourly"}[i%2], Timezone: "Europe/Berlin",
+			Task:    Task{Type: "report", Payload: []byte(fmt.Sprint(i)), Headers: map[string]string{"team": "ops"}},
+			Options: Options{Queue: "reports"},
+			Owner:   "sync",
+		}
+		ev, err := NewEvent(TypeEntryUpdated, "test", e.ID, e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if data[i], err = ev.Marshal(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := make([]*Entry, entries)
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			for i := w; i < entries; i += 4 {
+				_, e, err := DecodeConfigEvent(data[i])
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				got[i] = e
+			}
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	for i, e := range got {
+		_, want, err := stdConfigDecode(data[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		want.normalize()
+		if !reflect.DeepEqual(e, want) {
+			t.Fatalf("entry %d:\ngot  %#v\nwant %#v", i, e, want)
+		}
+	}
+	// The table is lossy, so copies may differ for a while; what recurs
+	// must settle on one.
+	last := got[entries-1]
+	for _, v := range []struct {
+		name     string
+		got, was string
+	}{
+		{"queue", got[entries-2].Options.Queue, last.Options.Queue},
+		{"timezone", got[entries-2].Timezone, last.Timezone},
+		{"owner", got[entries-2].Owner, last.Owner},
+		{"header", got[entries-2].Task.Headers["team"], last.Task.Headers["team"]},
+	} {
+		if unsafe.StringData(v.got) != unsafe.StringData(v.was) {
+			t.Errorf("%s %q is held twice", v.name, v.got)
+		}
+	}
+	if unsafe.StringData(got[entries-2].ID) == unsafe.StringData(last.ID) {
+		t.Error("ids share their bytes")
+	}
+}
+
+// TestDecodeIntoUsedEntry: decoding into an entry that held another one
+// leaves nothing of the old one behind, on the fast path and the slow.
+func TestDecodeIntoUsedEntry(t *testing.T) {
+	old := Entry{
+		ID: "old", Cron: "@daily", Note: "old note", Labels: map[string]string{"a": "b"}, Exclude: []string{"@weekly"}, MaxFires: 3,
+		Task: Task{Type: "t", Headers: map[string]string{"h": "v"}},
+	}
+	fresh := Entry{ID: "new", Cron: "@hourly", Task: Task{Type: "t"}}
+	for name, encode := range map[string]func(*testing.T) []byte{
+		"fast": func(t *testing.T) []byte {
+			ev, err := NewEvent(TypeEntryUpdated, "test", fresh.ID, fresh)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := ev.Marshal()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return b
+		},
+		"encoding/json": func(*testing.T) []byte {
+			return []byte(`{"id":"x","specversion":"1.0","source":"test","type":"cronstream.entry.updated","subject":"new","time":"2026-01-02T03:04:05Z",` +
+				`"data":{"task":{"type":"t"},"id":"new","cron":"@hourl\u0079"}}`)
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			b := encode(t)
+			if _, fast := decodeConfigFast(b, new(Entry)); fast != (name == "fast") {
+				t.Fatalf("fast path took it: %t", fast)
+			}
+			_, want, err := DecodeConfigEvent(b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			e := old.Clone()
+			if _, err := DecodeConfigEventInto(b, &e); err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(&e, want) {
+				t.Fatalf("got  %#v\nwant %#v", e, *want)
+			}
+		})
+	}
 }

@@ -209,28 +209,29 @@ func decode(names events.Names, m message) decoded {
 		d.bad = &BadEventError{Seq: seq, Subject: subject, Reason: "subject has no valid entry id"}
 		return d
 	}
-	// The id is a substring of the subject; a copy lets the subject go.
-	d.id = strings.Clone(id)
 	fail := func(format string, args ...any) decoded {
+		// The id is a substring of the subject; a copy lets the subject go.
+		d.id = strings.Clone(id)
 		d.bad = &BadEventError{Seq: seq, Subject: subject, Entry: d.id, Reason: fmt.Sprintf(format, args...)}
 		return d
 	}
 	// One decoder decides what a valid config event is, for the projector,
-	// the config client and audit alike.
-	_, e, err := events.DecodeConfigEvent(m.data)
-	if err != nil {
+	// the config client and audit alike. It writes the entry into the state
+	// it will be kept in.
+	st := &State{Revision: seq, Time: at}
+	if _, err := events.DecodeConfigEventInto(m.data, &st.Entry); err != nil {
 		return fail("%v", err)
 	}
-	if e.ID != d.id {
-		return fail("data.id %q does not match the entry of the subject", e.ID)
+	if st.Entry.ID != id {
+		return fail("data.id %q does not match the entry of the subject", st.Entry.ID)
 	}
-	if e.Removed {
-		d.removal = &State{Entry: *e, Revision: seq, Time: at}
+	// The map's key is the state's own id, not a second copy.
+	d.id = st.Entry.ID
+	if st.Entry.Removed {
+		d.removal = st
 		return d
 	}
-	d.state = &State{Entry: *e, Revision: seq, Time: at}
-	// Share the key with the state instead of keeping a second copy.
-	d.id = d.state.Entry.ID
+	d.state = st
 	return d
 }
 
