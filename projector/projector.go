@@ -328,15 +328,17 @@ func (p *Projector) read(ctx context.Context, r *orderedReader, batches chan<- b
 		behind = err == nil && meta.NumPending > 0
 		p.resets.Store(r.resets)
 		if err == nil {
-			p.heard(p.now())
 			cur.msgs = append(cur.msgs, message{msg.Subject(), meta.Sequence.Stream, meta.Timestamp, msg.Data()})
 			cur.pending = meta.NumPending
 			// More messages are already waiting (a cold start, a burst):
 			// gather them so they are decoded in parallel. The last one
-			// goes at once, so a live event is never held back.
+			// goes at once, so a live event is never held back. The
+			// clock is read once per batch: a batch is gathered from
+			// messages already waiting, so it takes a moment.
 			if cur.pending > 0 && len(cur.msgs) < maxBatch {
 				continue
 			}
+			p.heard(p.now())
 		}
 		if len(cur.msgs) > 0 || (reloading && errors.Is(err, errIdle)) {
 			// The applier always drains the channel, so this send
