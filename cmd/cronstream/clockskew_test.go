@@ -145,6 +145,44 @@ func TestClockSkewedReplicas(t *testing.T) {
 	if late, _ := e.statusLate(); len(late) != 0 {
 		t.Errorf("late entries with clocks an hour off: %v", late)
 	}
+	// status on a host whose clock is off shows what the replicas see.
+	for _, offset := range []string{"1h", "-1h"} {
+		skewed := *e
+		skewed.vars = append(slices.Clone(e.vars), "CRONSTREAM_TEST_CLOCK_OFFSET="+offset)
+		var st struct {
+			Replicas []struct {
+				ID      string `json:"id"`
+				BeatAge string `json:"beat_age"`
+			} `json:"replicas"`
+			NextFires []struct {
+				Entry string    `json:"entry"`
+				Time  time.Time `json:"time"`
+			} `json:"next_fires"`
+			Late   []json.RawMessage `json:"late"`
+			Notes  []string          `json:"notes"`
+			Errors []string          `json:"errors"`
+		}
+		before := time.Now()
+		skewed.okJSON(&st, "status", "--json")
+		if len(st.Replicas) != 3 || len(st.NextFires) == 0 || len(st.Late) != 0 || len(st.Errors) != 0 {
+			t.Errorf("status with its clock %s off: replicas %v, next fires %v, late %s, errors %v", offset, st.Replicas, st.NextFires, st.Late, st.Errors)
+		}
+		for _, r := range st.Replicas {
+			if age, err := time.ParseDuration(r.BeatAge); err != nil || age < 0 || age > 10*time.Second {
+				t.Errorf("status with its clock %s off: replica %s's beat is %s old", offset, r.ID, r.BeatAge)
+			}
+		}
+		for _, f := range st.NextFires {
+			if f.Time.Before(before.Add(-2*time.Second)) || f.Time.After(time.Now().Add(5*time.Second)) {
+				t.Errorf("status with its clock %s off: %s fires next at %s (now %s)", offset, f.Entry, f.Time, time.Now())
+			}
+		}
+		for _, n := range st.Notes {
+			if strings.Contains(n, "this host's clock") {
+				t.Errorf("status with its clock %s off: note %q", offset, n)
+			}
+		}
+	}
 	t.Logf("fired after warm-up by replica: %v", firedBy())
 	for _, p := range []*proc{fast, slow, right} {
 		if code := p.stop(syscall.SIGTERM, 30*time.Second); code != 0 {

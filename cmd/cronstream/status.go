@@ -138,7 +138,7 @@ const maxNextFires = 10
 
 func newStatusCommand(g *globalFlags) *cobra.Command {
 	var conn connFlags
-	var lateAfter time.Duration
+	var lateAfter, clockOffset time.Duration
 	cmd := &cobra.Command{
 		Use:   "status",
 		Short: "Show replicas, entries, backlog, queues and the next fires",
@@ -160,6 +160,11 @@ func newStatusCommand(g *globalFlags) *cobra.Command {
                 persistence); stream settings that differ from a
                 replica's flags (which it leaves as they are)
 
+Ages, next fires and lateness are taken on the replicas' clock: this
+host's clock corrected to Redis TIME, so a host whose clock is off shows
+what the replicas see. Without Redis they fall back to this host's clock,
+and a note says so.
+
 Exits non-zero when a part could not be read (what could be read is
 still shown).`,
 		Example: `  cronstream status
@@ -172,7 +177,7 @@ still shown).`,
 				return err
 			}
 			defer s.Close()
-			rep := collectStatus(ctx, g, &conn, s, lateAfter)
+			rep := collectStatus(ctx, g, &conn, s, lateAfter, clockOffset)
 			if g.json {
 				if err := printJSON(cmd.OutOrStdout(), rep); err != nil {
 					return err
@@ -188,6 +193,8 @@ still shown).`,
 	}
 	cmd.Flags().BoolVar(&g.json, "json", false, "print the status as one JSON object")
 	cmd.Flags().DurationVar(&lateAfter, "late-after", stall.DefaultLateAfter, "list an entry as late when its tick is overdue (due time plus jitter) for longer than this")
+	cmd.Flags().DurationVar(&clockOffset, "test-clock-offset", 0, "TEST ONLY: run this command's local clock this far off, to test clock skew")
+	_ = cmd.Flags().MarkHidden("test-clock-offset")
 	addConn(cmd, &conn, true)
 	return cmd
 }
@@ -196,13 +203,33 @@ still shown).`,
 // catch-up window longer than the activity retention.
 const maxRetentionWarnings = 20
 
-func collectStatus(ctx context.Context, g *globalFlags, conn *connFlags, s *session, lateAfter time.Duration) statusReport {
-	now := time.Now()
+func collectStatus(ctx context.Context, g *globalFlags, conn *connFlags, s *session, lateAfter, clockOffset time.Duration) statusReport {
 	lateAfter = max(lateAfter, time.Second)
 	rep := statusReport{Prefix: s.names.Prefix(), Replicas: []replicaStatus{}, Queues: []queueStatus{},
 		NextFires: []nextFireView{}, Late: []stall.Late{}, LateAfter: lateAfter.String(), Warnings: []string{}, Notes: []string{recovererNote},
 		Outbox: outboxStatus{ByQueue: map[string]int64{}}}
 	fail := func(what string, err error) { rep.Errors = append(rep.Errors, fmt.Sprintf("%s: %v", what, err)) }
+
+	// The replicas stamp their beats and decide what is due on their
+	// clock, corrected to Redis TIME; ages and next fires are taken on the
+	// same clock, so a host whose own clock is off shows what they see.
+	store, rc, storeErr := openStore(ctx, g, conn)
+	if storeErr == nil {
+		defer rc.Close()
+	}
+	clk, synced := clock.New(nil, clock.Options{LocalOffset: clockOffset}), false
+	if storeErr == nil {
+		clk = clock.New(store.Time, clock.Options{LocalOffset: clockOffset})
+		if err := clk.Sync(ctx); err != nil {
+			fail("redis time", err)
+		} else {
+			synced = true
+		}
+	}
+	if !synced {
+		rep.Notes = append(rep.Notes, "Redis TIME could not be read: beat ages, next fires and ended entries are by this host's clock")
+	}
+	now := clk.Now()
 
 	// Replicas.
 	kv, err := s.js.KeyValue(ctx, s.names.ReplicasBucket())
@@ -310,15 +337,13 @@ func collectStatus(ctx context.Context, g *globalFlags, conn *connFlags, s *sess
 
 	// Redis: outbox, queues, configuration.
 	// What cannot be read is null with its error, never a zero.
-	store, rc, err := openStore(ctx, g, conn)
-	if err != nil {
+	if err := storeErr; err != nil {
 		fail("redis", err)
 		rep.Outbox = outboxStatus{Error: err.Error()}
 		rep.Queues, rep.QueuesErr = nil, err.Error()
 		rep.NextFires = rep.NextFires[:min(len(rep.NextFires), maxNextFires)]
 		return rep
 	}
-	defer rc.Close()
 	rep.Warnings = append(rep.Warnings, replica.RedisWarnings(ctx, rc)...)
 	for _, st := range states {
 		// An active limited entry whose counter reached its limit is
@@ -346,20 +371,14 @@ func collectStatus(ctx context.Context, g *globalFlags, conn *connFlags, s *sess
 		}
 	}
 	rep.NextFires = rep.NextFires[:min(len(rep.NextFires), maxNextFires)]
-	if states != nil {
-		// The replicas' clock: corrected to Redis TIME.
-		clk := clock.New(store.Time, clock.Options{})
-		if err := clk.Sync(ctx); err != nil {
+	if states != nil && synced {
+		late, err := stall.Check(ctx, store, s.names, states, clk.Now(), lateAfter)
+		if err != nil {
+			// Some queues could not be read: keep what the replicas
+			// report for the entries not computed here.
 			fail("late entries", err)
-		} else {
-			late, err := stall.Check(ctx, store, s.names, states, clk.Now(), lateAfter)
-			if err != nil {
-				// Some queues could not be read: keep what the replicas
-				// report for the entries not computed here.
-				fail("late entries", err)
-			}
-			rep.Late = mergeLate(late, rep.Replicas, err != nil)
 		}
+		rep.Late = mergeLate(late, rep.Replicas, err != nil)
 	}
 	outboxQueues, err := store.OutboxQueues(ctx, s.names.Prefix())
 	var backlog int64
