@@ -1,7 +1,7 @@
 // Package keygc deletes the Redis keys of removed entries once they have
 // been removed for a grace period: cronstream's watermarks, handover
-// markers, fires counters and held ticks in every queue slot, and asynq's
-// scheduler history of the entry
+// markers, fires counters, held ticks and restore proposals in every queue
+// slot, and asynq's scheduler history of the entry
 // (docs/operations.md "Keys of removed entries").
 //
 // Each replica runs one Sweeper. A sweep walks the keyspace with SCAN for

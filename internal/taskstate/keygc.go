@@ -5,7 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -13,18 +15,22 @@ import (
 )
 
 // EntryKey is one of cronstream's per-entry keys (a watermark, a handover
-// marker, a fires counter or a held tick in one queue's slot) as a sweep
-// found it.
+// marker, a fires counter or a held tick in one queue's slot), or an
+// entry's field in a slot's restore proposals, as a sweep found it.
 type EntryKey struct {
 	Key   string
 	Queue string
 	Entry string
 	// Value is the key's value when it was read (a held tick's: its task
-	// id): the key is deleted only if it still holds it (DeleteEntryKeys).
+	// id; a restore proposal's: the field's): the key is deleted only if it
+	// still holds it (a proposal: its tick) (DeleteRemovedEntryKeys).
 	Value string
 	// heldIndex is the slot's held-tick index when Key is a held tick
 	// (OwnKeys.Held), which loses it with the key.
 	heldIndex string
+	// proposal: Key is the slot's restore proposals (OwnKeys.Restore) and
+	// Entry the field.
+	proposal bool
 }
 
 // scanCount is the COUNT hint of each SCAN call: how many slots of the
@@ -34,12 +40,15 @@ const scanCount = 1000
 // ScanEntryKeys walks the keyspace of every master (each node of a Redis
 // Cluster) for the per-entry keys of tenant prefix in any queue slot, keeps
 // those whose entry want accepts (nil: all) and returns at most limit of
-// them (0: no limit) with their values. SCAN may return a key twice; the
-// result is deduplicated.
+// them (0: no limit) with their values. The restore proposals of each slot
+// it finds add their entries' fields: a proposal of an entry removed before
+// its restore settled is never cleared otherwise. SCAN may return a key
+// twice; the result is deduplicated.
 func (s *Store) ScanEntryKeys(ctx context.Context, prefix string, want func(entry string) bool, limit int) ([]EntryKey, error) {
 	var (
-		mu    sync.Mutex
-		found = map[string]EntryKey{}
+		mu       sync.Mutex
+		found    = map[string]EntryKey{}
+		restores = map[string]string{} // restore proposals key -> queue
 	)
 	full := func() bool { return limit > 0 && len(found) >= limit }
 	pattern := EntryKeyPattern(prefix)
@@ -52,6 +61,10 @@ func (s *Store) ScanEntryKeys(ctx context.Context, prefix string, want func(entr
 			}
 			mu.Lock()
 			for _, k := range keys {
+				if q, ok := restoreQueue(prefix, k); ok {
+					restores[k] = q
+					continue
+				}
 				q, e, ok := ParseEntryKey(prefix, k)
 				if !ok || (want != nil && !want(e)) || full() {
 					continue
@@ -79,6 +92,27 @@ func (s *Store) ScanEntryKeys(ctx context.Context, prefix string, want func(entr
 	if err != nil {
 		return nil, err
 	}
+	var proposals []EntryKey
+	for key, q := range restores {
+		var cursor uint64
+		for !full() {
+			kv, next, err := s.client.HScan(ctx, key, cursor, "*", scanCount).Result()
+			if err != nil {
+				return nil, fmt.Errorf("scan %s: %w", key, err)
+			}
+			for i := 0; i+1 < len(kv) && !full(); i += 2 {
+				if e := kv[i]; want == nil || want(e) {
+					if _, dup := found[key+"\x00"+e]; !dup {
+						found[key+"\x00"+e] = EntryKey{}
+						proposals = append(proposals, EntryKey{Key: key, Queue: q, Entry: e, Value: kv[i+1], proposal: true})
+					}
+				}
+			}
+			if cursor = next; cursor == 0 {
+				break
+			}
+		}
+	}
 	if len(found) == 0 {
 		return nil, nil
 	}
@@ -86,6 +120,9 @@ func (s *Store) ScanEntryKeys(ctx context.Context, prefix string, want func(entr
 	cmds := make([]*redis.StringCmd, 0, len(found))
 	pipe := s.client.Pipeline()
 	for _, k := range found {
+		if k.Key == "" {
+			continue // a proposal: read with its hash
+		}
 		out = append(out, k)
 		if k.heldIndex != "" {
 			cmds = append(cmds, pipe.HGet(ctx, k.Key, "task"))
@@ -103,12 +140,13 @@ func (s *Store) ScanEntryKeys(ctx context.Context, prefix string, want func(entr
 			kept = append(kept, out[i])
 		}
 	}
-	return kept, nil
+	return append(kept, proposals...), nil
 }
 
 // DeleteRemovedEntryKeys deletes the per-entry keys of one removed entry
 // (keys from ScanEntryKeys, all of the same entry; a held tick leaves its
-// slot's held index too) and the entry's asynq
+// slot's held index too; a restore proposal goes if it still proposes the
+// tick the scan read, as ClearRestore does) and the entry's asynq
 // scheduler history from before removedAt, and returns how many keys it
 // deleted. Each queue slot's keys go in one script that deletes a key only
 // if it still holds the value the scan read, so a key a re-registration of
@@ -127,7 +165,22 @@ func (s *Store) DeleteRemovedEntryKeys(ctx context.Context, keys []EntryKey, rem
 		bySlot[k.Queue] = append(bySlot[k.Queue], k)
 	}
 	deleted := 0
+	for _, k := range keys {
+		if !k.proposal {
+			continue
+		}
+		tick, _, _ := strings.Cut(k.Value, " ")
+		n, err := clearRestoreScript.Run(ctx, s.client, []string{k.Key}, k.Entry, tick).Int()
+		if err != nil {
+			return deleted, fmt.Errorf("delete the restore proposal of removed entry %q in queue %q: %w", entry, k.Queue, err)
+		}
+		deleted += n
+	}
 	for queue, ks := range bySlot {
+		ks = slices.DeleteFunc(ks, func(k EntryKey) bool { return k.proposal })
+		if len(ks) == 0 {
+			continue
+		}
 		names := make([]string, len(ks), len(ks)+1)
 		values := make([]any, len(ks))
 		index := ""

@@ -86,6 +86,18 @@ func testDeleteRemovedEntryKeys(t *testing.T, s *Store, rc redis.UniversalClient
 	}
 	history := SchedulerHistoryKey("gone")
 	rc.ZAdd(ctx, history, redis.Z{Score: float64(removedAt.Unix() - 60), Member: "before"})
+	// Restore proposals left by entries removed while Redis restored them.
+	propose := func(q, entry string, tick time.Time) {
+		t.Helper()
+		if _, err := s.ProposeRestore(ctx, "acme", q, entry, tick, "t", time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	propose(queues[0], "gone", removedAt.Add(time.Second))
+	propose(queues[2], "gone", removedAt.Add(time.Second))
+	propose(queues[0], "live", removedAt.Add(time.Second))
+	propose(queues[1], "changed", removedAt)
+	const goneProposals = 2
 
 	notLive := func(entry string) bool { return entry != "live" }
 	keys, err := s.ScanEntryKeys(ctx, "acme", notLive, 0)
@@ -98,10 +110,10 @@ func testDeleteRemovedEntryKeys(t *testing.T, s *Store, rc redis.UniversalClient
 		byEntry[k.Entry] = append(byEntry[k.Entry], k)
 		found = append(found, k.Key)
 	}
-	if n := len(byEntry["gone"]); n != 2*len(queues) {
-		t.Fatalf("scan found %d keys of gone, want %d: %v", n, 2*len(queues), found)
+	if n := len(byEntry["gone"]); n != 2*len(queues)+goneProposals {
+		t.Fatalf("scan found %d keys of gone, want %d: %v", n, 2*len(queues)+goneProposals, found)
 	}
-	if len(byEntry["live"]) != 0 || len(byEntry["changed"]) != len(queues) || len(byEntry) != 2 {
+	if len(byEntry["live"]) != 0 || len(byEntry["changed"]) != len(queues)+1 || len(byEntry) != 2 {
 		t.Fatalf("scan found %v", found)
 	}
 	if limited, err := s.ScanEntryKeys(ctx, "acme", notLive, 3); err != nil || len(limited) > 3 {
@@ -112,8 +124,16 @@ func testDeleteRemovedEntryKeys(t *testing.T, s *Store, rc redis.UniversalClient
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n != len(goneKeys)+1 {
-		t.Errorf("deleted %d keys, want %d", n, len(goneKeys)+1)
+	if n != len(goneKeys)+goneProposals+1 {
+		t.Errorf("deleted %d keys, want %d", n, len(goneKeys)+goneProposals+1)
+	}
+	for _, q := range queues {
+		if rc.HExists(ctx, Own("acme", q).Restore(), "gone").Val() {
+			t.Errorf("restore proposal of gone in queue %s not deleted", q)
+		}
+	}
+	if !rc.HExists(ctx, Own("acme", queues[0]).Restore(), "live").Val() {
+		t.Error("restore proposal of live deleted")
 	}
 	for _, k := range append(goneKeys, history) {
 		if rc.Exists(ctx, k).Val() != 0 {
@@ -129,9 +149,11 @@ func testDeleteRemovedEntryKeys(t *testing.T, s *Store, rc redis.UniversalClient
 	}
 
 	// changed is registered again after the scan: its first fire moves the
-	// watermark in one slot and records history after the removal.
+	// watermark in one slot and records history after the removal, and a
+	// replica raises its restore proposal in another.
 	moved := Own("acme", queues[0]).Watermark("changed")
 	rc.Set(ctx, moved, "2 t", 0)
+	propose(queues[1], "changed", removedAt.Add(5*time.Second))
 	rc.ZAdd(ctx, SchedulerHistoryKey("changed"),
 		redis.Z{Score: float64(removedAt.Unix() - 1), Member: "old"},
 		redis.Z{Score: float64(removedAt.Unix() + 5), Member: "new"})
@@ -144,6 +166,9 @@ func testDeleteRemovedEntryKeys(t *testing.T, s *Store, rc redis.UniversalClient
 	}
 	if rc.Get(ctx, moved).Val() != "2 t" {
 		t.Error("a watermark written after the scan was deleted")
+	}
+	if !rc.HExists(ctx, Own("acme", queues[1]).Restore(), "changed").Val() {
+		t.Error("a restore proposal raised after the scan was deleted")
 	}
 	if got := rc.ZRange(ctx, SchedulerHistoryKey("changed"), 0, -1).Val(); !slices.Equal(got, []string{"new"}) {
 		t.Errorf("history of changed = %v, want only the event after the removal", got)

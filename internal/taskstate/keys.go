@@ -237,6 +237,20 @@ func (o OwnKeys) heldEntry(k string) (string, bool) {
 // with and when the proposal settles (ProposeRestore).
 func (o OwnKeys) Restore() string { return o.head + "restore" }
 
+// restoreQueue is the queue of k when k is the restore proposals of a slot
+// of tenant prefix (Restore), and false for any other key.
+func restoreQueue(prefix, k string) (string, bool) {
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
+	rest, ok := strings.CutPrefix(k, "cronstream:{")
+	if !ok {
+		return "", false
+	}
+	q, ok := strings.CutSuffix(rest, "}:"+prefix+":restore")
+	return q, ok && Own(prefix, q).Restore() == k
+}
+
 // Trigger is the STRING remembering a manual trigger's request id, so a
 // retried trigger does not enqueue twice.
 func (o OwnKeys) Trigger(requestID string) string { return o.head + "trigger:" + requestID }
