@@ -118,9 +118,10 @@ type Fold struct {
 	entries     map[string]*State
 	quarantined map[string]Quarantine
 	// removed holds each removed entry's last state as its removal event
-	// carried it, Revision and Time the removal's, until the entry is
-	// registered again or quarantined: a subscriber that starts later
-	// learns of the removal from it (Subscription.Removed).
+	// carried it, without its task's payload and headers, labels and note,
+	// Revision and Time the removal's, until the entry is registered again
+	// or quarantined: a subscriber that starts later learns of the removal
+	// from it (Subscription.Removed).
 	removed map[string]*State
 	stats   Stats
 	// The message at stats.LastSeq, for LastMessageID.
@@ -228,6 +229,9 @@ func decode(names events.Names, m message) decoded {
 	// The map's key is the state's own id, not a second copy.
 	d.id = st.Entry.ID
 	if st.Entry.Removed {
+		// Kept until the entry is registered again, for its schedule and
+		// queue alone (Subscription.Removed): what its tasks carried goes.
+		st.Entry.Task.Payload, st.Entry.Task.Headers, st.Entry.Labels, st.Entry.Note = nil, nil, nil, ""
 		d.removal = st
 		return d
 	}

@@ -207,6 +207,7 @@ func TestSubscriptionRemoved(t *testing.T) {
 	var last uint64
 	for _, id := range []string{"gone", "back", "junk"} {
 		e := validEntry(id)
+		e.Task.Payload, e.Task.Headers, e.Note = []byte(`{"big":"payload"}`), map[string]string{"h": "v"}, "a note"
 		publishEvent(t, js, events.TypeEntryRegistered, e)
 		e.Removed = true
 		last = publishEvent(t, js, events.TypeEntryRemoved, e)
@@ -222,6 +223,10 @@ func TestSubscriptionRemoved(t *testing.T) {
 	rm := sub.Removed()
 	if len(rm) != 1 || rm[0].ID != "gone" || rm[0].New != nil || rm[0].Old == nil || rm[0].Old.Entry.Cron != validEntry("gone").Cron || rm[0].Time.IsZero() {
 		t.Fatalf("removed %+v, want only gone's removal with its last state", rm)
+	}
+	// What the entry's tasks carried is not kept for a removed entry.
+	if e := rm[0].Old.Entry; e.Task.Payload != nil || e.Task.Headers != nil || e.Note != "" || e.Options.QueueName() != validEntry("gone").Options.QueueName() {
+		t.Fatalf("removed gone keeps %+v", e)
 	}
 }
 

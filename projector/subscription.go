@@ -46,7 +46,9 @@ func (p *Projector) Subscribe() *Subscription {
 
 // Removed returns the entries removed before the subscription began and
 // not registered since, each as its removal (New nil) from the last state
-// the removal event carried; Seq and Time are the removal's. A subscriber
+// the removal event carried, kept for its schedule and queue (the task's
+// payload and headers, labels and note are not kept); Seq and Time are
+// the removal's. A subscriber
 // that must account for what was due before a removal it did not see live
 // reads them once: its changes never name these entries until they are
 // registered again.
