@@ -153,10 +153,12 @@ func (h *StreamHistory) ScheduleSince(ctx context.Context, entry string) (time.T
 
 // StopSpan is when an entry stopped firing (Stopped) and when the
 // schedule it stopped had begun (Since), by the stream's clock; Removed
-// says the stop was its removal rather than a pause.
+// says the stop was its removal rather than a pause, and Revision is the
+// config sequence of the event that stopped it.
 type StopSpan struct {
 	Stopped, Since time.Time
 	Removed        bool
+	Revision       uint64
 }
 
 // StopSince reads entry's config history, with ScheduleSince's rules.
@@ -202,7 +204,7 @@ func walkSchedule(recs []events.Record) scheduleWalk {
 		}
 		if e.Removed {
 			if prev != nil {
-				w.removal, w.removed = StopSpan{Stopped: rec.Time, Since: w.since, Removed: true}, true
+				w.removal, w.removed = StopSpan{Stopped: rec.Time, Since: w.since, Removed: true, Revision: rec.Seq}, true
 				if prev.Paused {
 					w.removal = w.pause
 				}
@@ -212,7 +214,7 @@ func walkSchedule(recs []events.Record) scheduleWalk {
 		}
 		w.removed = false
 		if e.Paused && (prev == nil || !prev.Paused) {
-			w.pause = StopSpan{Stopped: rec.Time, Since: w.since}
+			w.pause = StopSpan{Stopped: rec.Time, Since: w.since, Revision: rec.Seq}
 			if prev == nil {
 				// Registered paused: no schedule ran before it.
 				w.pause.Since = rec.Time

@@ -74,14 +74,23 @@ func TestStopSince(t *testing.T) {
 	e.put(every("reborn", "@every 1m"))
 	h := scheduler.NewStreamHistory(e.js, testNames)
 	p, born, gone, pg := e.configTimes("p"), e.configTimes("born-paused"), e.configTimes("gone"), e.configTimes("paused-gone")
+	seq := func(id string, i int) uint64 {
+		t.Helper()
+		recs, err := e.client.History(c, id)
+		if err != nil || len(recs) <= i {
+			t.Fatalf("history of %s: %d records, %v", id, len(recs), err)
+		}
+		return recs[i].Seq
+	}
 	for id, want := range map[string]scheduler.StopSpan{
-		"p":           {Stopped: p[3], Since: p[1]},
-		"born-paused": {Stopped: born[0], Since: born[0]},
-		"gone":        {Stopped: gone[2], Since: gone[1], Removed: true},
-		"paused-gone": {Stopped: pg[1], Since: pg[0]},
+		"p":           {Stopped: p[3], Since: p[1], Revision: seq("p", 3)},
+		"born-paused": {Stopped: born[0], Since: born[0], Revision: seq("born-paused", 0)},
+		"gone":        {Stopped: gone[2], Since: gone[1], Removed: true, Revision: seq("gone", 2)},
+		// Removed while paused: the pause is what stopped it.
+		"paused-gone": {Stopped: pg[1], Since: pg[0], Revision: seq("paused-gone", 1)},
 	} {
 		got, ok, err := h.StopSince(c, id)
-		if err != nil || !ok || !got.Stopped.Equal(want.Stopped) || !got.Since.Equal(want.Since) || got.Removed != want.Removed {
+		if err != nil || !ok || !got.Stopped.Equal(want.Stopped) || !got.Since.Equal(want.Since) || got.Removed != want.Removed || got.Revision != want.Revision {
 			t.Errorf("StopSince(%s) = %+v, %v, %v; want %+v", id, got, ok, err, want)
 		}
 	}

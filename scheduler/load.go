@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"time"
@@ -196,7 +197,9 @@ func (s *Scheduler) loadStopped(ctx context.Context, r *entryRun, wm taskstate.W
 			return rest()
 		}
 		if r.removed && !span.Removed {
-			r.settle.reason = events.SkipPaused // it was paused when removed
+			// It was paused when removed: its ticks were due before the
+			// pause, which the skipped event names.
+			r.settle.reason, r.settle.revision = events.SkipPaused, cmp.Or(span.Revision, r.settle.revision)
 		}
 		r.settle.until, r.floor = span.Stopped, span.Since
 		if r.settle.until.After(now) {

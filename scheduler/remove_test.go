@@ -102,8 +102,9 @@ func TestRemoveWhileRedisUnreachable(t *testing.T) {
 // has its ticks due before the removal recorded as skipped (reason
 // removed) by the next replica to start, never fired; one paused and then
 // removed while every replica was down records the ticks due before its
-// pause (reason paused). An entry removed after a pause the replicas saw
-// records nothing, and an entry that never stopped catches up.
+// pause (reason paused, naming the pause's revision). An entry removed
+// after a pause the replicas saw records nothing, and an entry that never
+// stopped catches up.
 func TestRemoveWhileEveryReplicaDown(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -121,6 +122,11 @@ func TestRemoveWhileEveryReplicaDown(t *testing.T) {
 	time.Sleep(3 * time.Second)
 	removed, rev := e.removeOf("r")
 	paused := e.pauseOf("rp", "")
+	recs, err := e.client.History(ctx(t, 10*time.Second), "rp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pauseRev := recs[len(recs)-1].Seq
 	time.Sleep(time.Second)
 	e.removeOf("rp")
 	e.removeOf("pr")
@@ -141,6 +147,11 @@ func TestRemoveWhileEveryReplicaDown(t *testing.T) {
 	for _, s := range led["r"].skipped {
 		if s.Reason == events.SkipRemoved && s.Revision != rev {
 			t.Errorf("r: skipped (removed) names revision %d, want the removal's %d", s.Revision, rev)
+		}
+	}
+	for _, s := range led["rp"].skipped {
+		if s.Reason == events.SkipPaused && s.Revision != pauseRev {
+			t.Errorf("rp: skipped (paused) names revision %d, want the pause's %d", s.Revision, pauseRev)
 		}
 	}
 	if st := b.sched.Stats(); st.SkippedRemoved != 1 || st.SkippedPaused != 1 {
