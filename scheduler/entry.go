@@ -18,6 +18,10 @@ type entryRun struct {
 	// loading is what its load involves besides reading the watermark.
 	phase   entryPhase
 	loading loadSteps
+	// waiting are the changes that came while the entry, found paused or
+	// removed at start, loaded (foundStopped): applied in order once its
+	// load has read what was due before it stopped.
+	waiting []projector.Change
 
 	// cursor is the entry's last handled (fired or skipped) tick in its
 	// queue, as last known: read from Redis or learned from a fire.
@@ -207,6 +211,10 @@ func (s *Scheduler) pausedOnlyOne(id string) int {
 
 // applyChange follows the projection: entries join, change, pause, leave.
 func (s *Scheduler) applyChange(c projector.Change) {
+	if r := s.foundStopped(c.ID); r != nil {
+		r.waiting = append(r.waiting, c)
+		return
+	}
 	s.pausedOnly -= s.pausedOnlyOne(c.ID)
 	defer func() { s.pausedOnly += s.pausedOnlyOne(c.ID) }()
 	r := s.entries[c.ID]
@@ -328,6 +336,34 @@ func (s *Scheduler) pause(r *entryRun, c projector.Change) {
 		return // in s.load: loadStopped decides once the watermark is read
 	}
 	s.schedule(r, now)
+}
+
+// foundStopped returns the run of entry id when it was found paused or
+// removed at start and is still loading: which of its ticks were due
+// before it stopped is read from its watermark and its history as of the
+// state it was found in (loadStopped). A change that came meanwhile
+// (resumed, registered again, removed) waits until then, and is applied
+// as if seen live: a change applied now would take the run over before
+// it knew what to record, and those ticks would go unrecorded.
+func (s *Scheduler) foundStopped(id string) *entryRun {
+	r := s.removing[id]
+	if r == nil {
+		r = s.entries[id]
+	}
+	if r == nil || r.phase != phaseLoading || !r.loading.floorAtLoad || r.settle == nil || !r.settle.until.IsZero() {
+		return nil
+	}
+	return r
+}
+
+// applyWaiting applies the changes that waited for r's load
+// (foundStopped).
+func (s *Scheduler) applyWaiting(r *entryRun) {
+	waiting := r.waiting
+	r.waiting = nil
+	for _, c := range waiting {
+		s.applyChange(c)
+	}
 }
 
 // revivedPaused follows the registration, paused, of an entry whose

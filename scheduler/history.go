@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -59,8 +60,10 @@ type History interface {
 	// last event removed it, when it stopped firing (the first of its
 	// trailing paused states, or the removal of a running entry) and when
 	// the schedule it stopped had begun (by ScheduleSince's rules, as of
-	// the stop). ok is false when the entry is neither.
-	StopSince(ctx context.Context, entry string) (span StopSpan, ok bool, err error)
+	// the stop). ok is false when the entry is neither. upTo, when not 0,
+	// is the last config sequence read: the state the entry was found in,
+	// whatever came after it.
+	StopSince(ctx context.Context, entry string, upTo uint64) (span StopSpan, ok bool, err error)
 	// ConfigMessageAt returns the subject and events.ConfigMessageID of
 	// the config stream's message at seq; found is false when the stream
 	// has no message there (beyond its last sequence, or deleted).
@@ -162,10 +165,13 @@ type StopSpan struct {
 }
 
 // StopSince reads entry's config history, with ScheduleSince's rules.
-func (h *StreamHistory) StopSince(ctx context.Context, entry string) (StopSpan, bool, error) {
+func (h *StreamHistory) StopSince(ctx context.Context, entry string, upTo uint64) (StopSpan, bool, error) {
 	recs, err := h.client.History(ctx, entry)
 	if err != nil {
 		return StopSpan{}, false, err
+	}
+	if upTo != 0 {
+		recs = slices.DeleteFunc(recs, func(r events.Record) bool { return r.Seq > upTo })
 	}
 	w := walkSchedule(recs)
 	switch {
@@ -583,7 +589,9 @@ func (s *Scheduler) stopSince(ctx context.Context, r *entryRun) (StopSpan, bool,
 	if only, err := s.onlyRegistration(ctx, r); only || err != nil {
 		return StopSpan{}, false, err
 	}
-	span, ok, err := s.cfg.History.StopSince(ctx, r.id)
+	// As of the state the run was found in: changes since wait for this
+	// (foundStopped).
+	span, ok, err := s.cfg.History.StopSince(ctx, r.id, r.settle.revision)
 	if err != nil {
 		if !errors.Is(err, errStreamsUnavailable) {
 			s.log.Warn("read the entry's config history; ticks due before its pause or removal that no replica fired are not recorded", "entry", r.id, "err", err)

@@ -89,15 +89,20 @@ func TestStopSince(t *testing.T) {
 		// Removed while paused: the pause is what stopped it.
 		"paused-gone": {Stopped: pg[1], Since: pg[0], Revision: seq("paused-gone", 1)},
 	} {
-		got, ok, err := h.StopSince(c, id)
+		got, ok, err := h.StopSince(c, id, 0)
 		if err != nil || !ok || !got.Stopped.Equal(want.Stopped) || !got.Since.Equal(want.Since) || got.Removed != want.Removed || got.Revision != want.Revision {
 			t.Errorf("StopSince(%s) = %+v, %v, %v; want %+v", id, got, ok, err, want)
 		}
 	}
 	for _, id := range []string{"resumed", "reborn"} {
-		if got, ok, err := h.StopSince(c, id); err != nil || ok {
+		if got, ok, err := h.StopSince(c, id, 0); err != nil || ok {
 			t.Errorf("StopSince(%s) = %+v, %v, %v; want neither paused nor removed", id, got, ok, err)
 		}
+	}
+	// As of its removal, reborn was removed: what came after is not read.
+	reborn := e.configTimes("reborn")
+	if got, ok, err := h.StopSince(c, "reborn", seq("reborn", 1)); err != nil || !ok || !got.Removed || !got.Stopped.Equal(reborn[1]) || !got.Since.Equal(reborn[0]) {
+		t.Errorf("StopSince(reborn, as of its removal) = %+v, %v, %v", got, ok, err)
 	}
 }
 

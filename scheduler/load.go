@@ -51,7 +51,9 @@ func (s *Scheduler) loadWatermarks(ctx context.Context) {
 			if r.st.Entry.Paused || r.removed {
 				if !s.loadStopped(ctx, r, wm, now) {
 					later = true
+					continue
 				}
+				s.applyWaiting(r)
 				continue
 			}
 			// A missing watermark, or one older than a tick known to be

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/testenv"
 	"github.com/cronstream/cronstream/scheduler"
@@ -213,5 +215,66 @@ func TestRemoveSteadyEntries(t *testing.T) {
 				t.Errorf("%s: tick %s fired after its removal at %s", id, fmtUnix(sec), at.Format(time.TimeOnly))
 			}
 		}
+	}
+}
+
+// TestFoundStoppedChangedWhileLoading: an entry removed, and one paused,
+// while every replica was down, then registered again and resumed while
+// the next replica to start loads them (its Redis cut off, so its loads
+// fail and it applies the changes between them): the ticks due before
+// the removal or the pause are still recorded as skipped, once, by the
+// schedule they belonged to; nothing of the time the entries were stopped
+// fires; each fires from its registration or resume on.
+func TestFoundStoppedChangedWhileLoading(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	for _, id := range []string{"r", "p", "steady"} {
+		e.put(every(id, "@every 1s"))
+	}
+	hist := func(c *scheduler.Config) { c.History = scheduler.NewStreamHistory(e.js, testNames) }
+	a := e.startNode("a", nodeOpts{sched: hist})
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Fired >= 6 }, "a to fire every entry")
+	a.stop()
+	wmR, wmP := e.watermarkOf("default", "r"), e.watermarkOf("default", "p")
+	time.Sleep(3 * time.Second)
+	removed, removal := e.removeOf("r")
+	paused := e.pauseOf("p", "")
+	time.Sleep(time.Second)
+
+	proxy := testenv.StartProxy(t, e.redis.Addr)
+	proxy.Cut(testenv.Drop)
+	opts := e.redis.Options()
+	opts.Addr = proxy.Addr()
+	rc := redis.NewClient(opts)
+	t.Cleanup(func() { _ = rc.Close() })
+	b := e.startNode("b", nodeOpts{sched: hist, rc: rc})
+	time.Sleep(2 * time.Second) // b has found both; its loads fail
+	e.put(every("r", "@every 1s"))
+	times := e.configTimes("r")
+	registered := times[len(times)-1]
+	resumed := e.resume("p")
+	time.Sleep(time.Second)
+	proxy.Heal()
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		st := b.sched.Stats()
+		return st.SkippedRemoved >= 1 && st.SkippedPaused >= 1 &&
+			!e.watermarkOf("default", "r").Before(registered.Add(2*time.Second)) &&
+			!e.watermarkOf("default", "p").Before(resumed.Add(2*time.Second))
+	}, "b to record the stopped ticks and fire both entries again")
+	b.stop()
+	e.waitOutboxEmpty(10*time.Second, "default")
+
+	led := ledgers(e.readActivity())
+	checkStopSkip(t, "r", led["r"], events.SkipRemoved, wmR, removed, registered, true)
+	checkStopSkip(t, "p", led["p"], events.SkipPaused, wmP, paused, resumed, true)
+	for _, s := range led["r"].skipped {
+		if s.Reason == events.SkipRemoved && s.Revision != removal {
+			t.Errorf("r: skipped (removed) names revision %d, want the removal's %d", s.Revision, removal)
+		}
+	}
+	checkEverySecond(t, "r", led["r"], registered.Unix()+1, e.watermarkOf("default", "r").Unix())
+	checkEverySecond(t, "p", led["p"], resumed.Unix()+1, e.watermarkOf("default", "p").Unix())
+	if st := b.sched.Stats(); st.SkippedRemoved != 1 || st.SkippedPaused != 1 {
+		t.Errorf("b recorded %d removed and %d paused skips, want 1 each", st.SkippedRemoved, st.SkippedPaused)
 	}
 }

@@ -119,12 +119,12 @@ func (b *boundedHistory) ScheduleSince(ctx context.Context, entry string) (time.
 	return since, ok, b.end(ctx, cancel, err)
 }
 
-func (b *boundedHistory) StopSince(ctx context.Context, entry string) (StopSpan, bool, error) {
+func (b *boundedHistory) StopSince(ctx context.Context, entry string, upTo uint64) (StopSpan, bool, error) {
 	rctx, cancel, err := b.begin(ctx)
 	if err != nil {
 		return StopSpan{}, false, fmt.Errorf("pause or removal of %s: %w", entry, err)
 	}
-	span, ok, err := b.h.StopSince(rctx, entry)
+	span, ok, err := b.h.StopSince(rctx, entry, upTo)
 	return span, ok, b.end(ctx, cancel, err)
 }
 
