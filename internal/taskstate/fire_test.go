@@ -1350,3 +1350,61 @@ func TestFireBulkMultiRecord(t *testing.T) {
 	}
 	check("many", multi(first...), multi(second...))
 }
+
+// TestFireRefusedWholeWhenRedisFull: a Redis over its maxmemory
+// (noeviction) refuses fires whole. Redis refuses a script's first write
+// that adds data and lets a script that has written run to its end, and
+// the fire script reads before it writes: each fire fails with Redis's OOM
+// error and nothing of it is written (no task, watermark or record), so the
+// same fires succeed once there is room, each exactly once.
+func TestFireRefusedWholeWhenRedisFull(t *testing.T) {
+	ctx := context.Background()
+	s, rc := newTestStore(t)
+	var fires []Fire
+	for i := range 40 { // enough for the bulk path
+		fires = append(fires, tickFire(fmt.Sprintf("e%d", i), "q1", tickAt(1), time.Time{}))
+	}
+	fires = append(fires, tickFire("alone", "q2", tickAt(1), time.Time{}))
+	// Any memory in use is over one byte.
+	if err := rc.ConfigSet(ctx, "maxmemory", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.FireBatch(ctx, testFences, fires)
+	if err == nil {
+		for i, r := range res {
+			if r.Err == nil || !strings.Contains(r.Err.Error(), "OOM") {
+				t.Fatalf("fire %d with Redis full: %s, %v; want Redis's OOM error", i, r.Status, r.Err)
+			}
+		}
+	} else if !strings.Contains(err.Error(), "OOM") {
+		t.Fatalf("fires with Redis full: %v; want Redis's OOM error", err)
+	}
+	if err := rc.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fires {
+		if _, _, ok, err := s.Watermark(ctx, testPrefix, f.Queue, f.Entry); err != nil || ok {
+			t.Fatalf("%s: watermark written by a refused fire (%v)", f.Entry, err)
+		}
+		if n := rc.Exists(ctx, Keys(f.Queue).Task(taskIDFor(f.Entry, tickAt(1)))).Val(); n != 0 {
+			t.Fatalf("%s: task written by a refused fire", f.Entry)
+		}
+	}
+	for _, q := range []string{"q1", "q2"} {
+		if ids := outboxIDs(t, s, q); len(ids) != 0 {
+			t.Fatalf("%s: %d records written by refused fires", q, len(ids))
+		}
+	}
+	res, err = s.FireBatch(ctx, testFences, fires)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range res {
+		if r.Status != StatusFired {
+			t.Fatalf("fire %d once Redis has room: %s, %v", i, r.Status, r.Err)
+		}
+	}
+	if n1, n2 := len(outboxIDs(t, s, "q1")), len(outboxIDs(t, s, "q2")); n1 != 40 || n2 != 1 {
+		t.Fatalf("outboxes hold %d and %d records, want 40 and 1", n1, n2)
+	}
+}
