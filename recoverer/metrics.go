@@ -10,6 +10,7 @@ type Metrics struct {
 	Bad          *prometheus.CounterVec   // queue
 	Errors       *prometheus.CounterVec   // queue ("" for listing queues)
 	PassDuration *prometheus.HistogramVec // queue
+	Searched     *prometheus.CounterVec   // queue
 }
 
 // NewMetrics creates the recoverer metrics and registers them with reg (nil:
@@ -35,9 +36,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "cronstream_recover_pass_seconds", Help: "Duration of one recovery pass over a queue.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
 		}, []string{"queue"}),
+		Searched: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "cronstream_recover_searched_total", Help: "Lease-expired tasks the move script had to search asynq's active list for (LPOS, a scan of the list) because the position read before the move was stale: each costs a scan, and a pass slows as this grows.",
+		}, []string{"queue"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Recovered, m.Orphans, m.Reclaimed, m.Bad, m.Errors, m.PassDuration)
+		reg.MustRegister(m.Recovered, m.Orphans, m.Reclaimed, m.Bad, m.Errors, m.PassDuration, m.Searched)
 	}
 	return m
 }
@@ -54,4 +58,5 @@ func (m *Metrics) initQueue(q string) {
 	m.Reclaimed.WithLabelValues(q)
 	m.Bad.WithLabelValues(q)
 	m.Errors.WithLabelValues(q)
+	m.Searched.WithLabelValues(q)
 }

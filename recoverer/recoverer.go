@@ -547,8 +547,11 @@ func (r *Recoverer) reclaimRecord(set taskstate.StaleAggregationSet) (taskstate.
 }
 
 func (r *Recoverer) count(q string, outcomes []taskstate.Outcome) int {
-	var retried, archived, skipped int
+	var retried, archived, skipped, searched int
 	for _, o := range outcomes {
+		if o.Searched {
+			searched++
+		}
 		switch o.Status {
 		case taskstate.RecoverRetried:
 			retried++
@@ -567,6 +570,7 @@ func (r *Recoverer) count(q string, outcomes []taskstate.Outcome) int {
 	r.m.Recovered.WithLabelValues(q, "retried").Add(float64(retried))
 	r.m.Recovered.WithLabelValues(q, "archived").Add(float64(archived))
 	r.m.Recovered.WithLabelValues(q, "skipped").Add(float64(skipped))
+	r.m.Searched.WithLabelValues(q).Add(float64(searched))
 	return retried + archived
 }
 

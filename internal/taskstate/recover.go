@@ -209,6 +209,10 @@ type Outcome struct {
 	Status RecoverStatus
 	// StreamID is the outbox stream id of the record (moved tasks only).
 	StreamID string
+	// Searched: the move searched the active list for the task (LPOS, a
+	// scan of the list) because the position read before the move was
+	// stale (the list changed in between).
+	Searched bool
 }
 
 // asynq constants (docs/asynq-compat.md "Counters", "Retry and archive", "Leases").
@@ -682,10 +686,11 @@ func (s *Store) recoverInListOrder(ctx context.Context, prefix, queue string, cu
 			for j, i := range c.chunk {
 				st, _ := reply[3*j].(int64)
 				xid, _ := reply[3*j+1].(string)
-				if rm, _ := reply[3*j+2].(int64); rm == 1 && depths[i] > 0 {
+				rm, _ := reply[3*j+2].(int64)
+				if (rm == 1 || rm == 3) && depths[i] > 0 {
 					taken++
 				}
-				outcomes[i].Status, outcomes[i].StreamID = RecoverStatus(st), xid
+				outcomes[i].Status, outcomes[i].StreamID, outcomes[i].Searched = RecoverStatus(st), xid, rm >= 3
 			}
 			w, _ := reply[len(reply)-2].(int64)
 			taken += int(w)

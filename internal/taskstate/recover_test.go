@@ -398,6 +398,11 @@ func TestRecoverPreservesListAndOrder(t *testing.T) {
 			t.Fatal(err)
 		}
 		requireRetried(t, out)
+		for _, o := range out {
+			if o.Searched {
+				t.Fatalf("task %s searched for with the list unchanged since its position was read", o.TaskID)
+			}
+		}
 	}
 	if len(all) != len(expired) {
 		t.Fatalf("recovered %d, want %d", len(all), len(expired))
@@ -461,6 +466,16 @@ func TestRecoverWithWrongPositions(t *testing.T) {
 		t.Fatal(err)
 	}
 	requireRetried(t, outcomes)
+	searched := 0
+	for _, o := range outcomes {
+		if o.Searched {
+			searched++
+		}
+	}
+	// A wrong position may by chance name the task's own place.
+	if searched < len(outcomes)/2 {
+		t.Errorf("%d of %d tasks with wrong positions marked as searched for", searched, len(outcomes))
+	}
 	active, _ := rc.LRange(ctx, Keys(q).Active(), 0, -1).Result()
 	var want []string
 	for i := len(ids) - 1; i >= 0; i-- {

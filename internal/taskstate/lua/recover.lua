@@ -39,8 +39,9 @@
 --       tail-depth hint (0 = none)
 -- Reply per decision: status, stream id of the record holding its event,
 --       removed from the list (0 no, 1 by its tombstone, 2 with the
---       window); then how many elements the window took off the tail (0 =
---       none), and 1 when the archive trim ran out of budget.
+--       window; 3 and 4 the same after LPOS searched the list for it
+--       because its hint was stale); then how many elements the window took off
+--       the tail (0 = none), and 1 when the archive trim ran out of budget.
 
 local cutoff = tonumber(ARGV[1])
 local now = ARGV[2]
@@ -103,24 +104,24 @@ for b = 12, #ARGV, 9 do
       batchbytes = batchbytes + #ev + 1
       batchslots[#batchslots+1] = #res + 2
       local hint = tonumber(ARGV[b+8])
-      local depth = false
+      local depth, searched = false, false
       if winpos[id] then
         depth = #win - winpos[id] + 1
       elseif hint > 0 and redis.call('LINDEX', KEYS[2], -hint) == id then
         depth = hint
       else
         local idx = redis.call('LPOS', KEYS[2], id, 'RANK', -1)
-        if idx then depth = llen - idx end
+        if idx then depth, searched = llen - idx, hint > 0 end
       end
       if depth and depth <= #win then
         win[#win - depth + 1] = false
         winpos[id] = nil
         inwin = inwin + 1
-        removed = 2
+        removed = searched and 4 or 2
       elseif depth then
         redis.call('LSET', KEYS[2], -depth, tomb)
         tombs = tombs + 1
-        removed = 1
+        removed = searched and 3 or 1
         if depth < mind then mind = depth end
         if depth > maxd then maxd = depth end
       end
