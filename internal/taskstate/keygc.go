@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -46,11 +45,12 @@ const scanCount = 1000
 // twice; the result is deduplicated.
 func (s *Store) ScanEntryKeys(ctx context.Context, prefix string, want func(entry string) bool, limit int) ([]EntryKey, error) {
 	var (
-		mu       sync.Mutex
-		found    = map[string]EntryKey{}
-		restores = map[string]string{} // restore proposals key -> queue
+		mu        sync.Mutex
+		found     = map[string]EntryKey{}
+		restores  = map[string]string{} // restore proposals key -> queue
+		proposals = map[[2]string]EntryKey{}
 	)
-	full := func() bool { return limit > 0 && len(found) >= limit }
+	full := func() bool { return limit > 0 && len(found)+len(proposals) >= limit }
 	pattern := EntryKeyPattern(prefix)
 	scan := func(ctx context.Context, c redis.Cmdable) error {
 		var cursor uint64
@@ -92,7 +92,6 @@ func (s *Store) ScanEntryKeys(ctx context.Context, prefix string, want func(entr
 	if err != nil {
 		return nil, err
 	}
-	var proposals []EntryKey
 	for key, q := range restores {
 		var cursor uint64
 		for !full() {
@@ -102,10 +101,7 @@ func (s *Store) ScanEntryKeys(ctx context.Context, prefix string, want func(entr
 			}
 			for i := 0; i+1 < len(kv) && !full(); i += 2 {
 				if e := kv[i]; want == nil || want(e) {
-					if _, dup := found[key+"\x00"+e]; !dup {
-						found[key+"\x00"+e] = EntryKey{}
-						proposals = append(proposals, EntryKey{Key: key, Queue: q, Entry: e, Value: kv[i+1], proposal: true})
-					}
+					proposals[[2]string{key, e}] = EntryKey{Key: key, Queue: q, Entry: e, Value: kv[i+1], proposal: true}
 				}
 			}
 			if cursor = next; cursor == 0 {
@@ -113,16 +109,13 @@ func (s *Store) ScanEntryKeys(ctx context.Context, prefix string, want func(entr
 			}
 		}
 	}
-	if len(found) == 0 {
+	if len(found)+len(proposals) == 0 {
 		return nil, nil
 	}
 	out := make([]EntryKey, 0, len(found))
 	cmds := make([]*redis.StringCmd, 0, len(found))
 	pipe := s.client.Pipeline()
 	for _, k := range found {
-		if k.Key == "" {
-			continue // a proposal: read with its hash
-		}
 		out = append(out, k)
 		if k.heldIndex != "" {
 			cmds = append(cmds, pipe.HGet(ctx, k.Key, "task"))
@@ -140,7 +133,10 @@ func (s *Store) ScanEntryKeys(ctx context.Context, prefix string, want func(entr
 			kept = append(kept, out[i])
 		}
 	}
-	return append(kept, proposals...), nil
+	for _, k := range proposals {
+		kept = append(kept, k) // read with its hash
+	}
+	return kept, nil
 }
 
 // DeleteRemovedEntryKeys deletes the per-entry keys of one removed entry
@@ -158,17 +154,19 @@ func (s *Store) DeleteRemovedEntryKeys(ctx context.Context, keys []EntryKey, rem
 	}
 	entry := keys[0].Entry
 	bySlot := map[string][]EntryKey{}
+	var proposals []EntryKey
 	for _, k := range keys {
-		if k.Entry != entry {
+		switch {
+		case k.Entry != entry:
 			return 0, fmt.Errorf("delete keys of entry %q: key %s is of entry %q", entry, k.Key, k.Entry)
+		case k.proposal:
+			proposals = append(proposals, k)
+		default:
+			bySlot[k.Queue] = append(bySlot[k.Queue], k)
 		}
-		bySlot[k.Queue] = append(bySlot[k.Queue], k)
 	}
 	deleted := 0
-	for _, k := range keys {
-		if !k.proposal {
-			continue
-		}
+	for _, k := range proposals {
 		tick, _, _ := strings.Cut(k.Value, " ")
 		n, err := clearRestoreScript.Run(ctx, s.client, []string{k.Key}, k.Entry, tick).Int()
 		if err != nil {
@@ -177,10 +175,6 @@ func (s *Store) DeleteRemovedEntryKeys(ctx context.Context, keys []EntryKey, rem
 		deleted += n
 	}
 	for queue, ks := range bySlot {
-		ks = slices.DeleteFunc(ks, func(k EntryKey) bool { return k.proposal })
-		if len(ks) == 0 {
-			continue
-		}
 		names := make([]string, len(ks), len(ks)+1)
 		values := make([]any, len(ks))
 		index := ""
