@@ -252,3 +252,62 @@ func TestExclusionsAndWindow(t *testing.T) {
 		}
 	}
 }
+
+// TestSelectorSetBased covers Kubernetes' set-based requirements and its
+// error messages.
+func TestSelectorSetBased(t *testing.T) {
+	t.Parallel()
+	billing := map[string]string{"team": "billing", "env": "prod"}
+	opsDev := map[string]string{"team": "ops", "env": "dev"}
+	web := map[string]string{"team": "web"}
+	cases := []struct {
+		sel                  string
+		billing, opsDev, web bool
+		none                 bool
+	}{
+		{"team in (billing,ops),env!=dev", true, false, false, false},
+		{"team in (billing, ops)", true, true, false, false},
+		{"team notin (billing,ops)", false, false, true, true},
+		{"team in (in,notin)", false, false, false, false},
+		{"env in (prod,)", true, false, false, false}, // web has no env: not set is not ""
+		{"env notin ()", true, true, true, true},
+		{"!env,team", false, false, true, false},
+		{"team=billing,env", true, false, false, false},
+		{"team=(x", false, false, false, false},
+	}
+	for _, c := range cases {
+		s, err := ParseSelector(c.sel)
+		if c.sel == "team=(x" {
+			if err == nil {
+				t.Errorf("%q parsed", c.sel)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%q: %v", c.sel, err)
+			continue
+		}
+		if got := [4]bool{s.Matches(billing), s.Matches(opsDev), s.Matches(web), s.Matches(nil)}; got != [4]bool{c.billing, c.opsDev, c.web, c.none} {
+			t.Errorf("%q: billing, ops/dev, web, none = %v, want %v", c.sel, got, [4]bool{c.billing, c.opsDev, c.web, c.none})
+		}
+	}
+	errs := map[string]string{
+		"team in (billing":     "unable to parse requirement: found 'end of string', expected: ',', ')' or identifier",
+		"team in billing":      "unable to parse requirement: found 'billing', expected: '('",
+		"team in (a b)":        "unable to parse requirement: found 'b', expected: ',' or ')'",
+		"team > 3":             "unable to parse requirement: found '>', expected: '=', '!=', '==', 'in', 'notin'",
+		"team=a,":              "found '', expected: identifier after ','",
+		"=a":                   "found '=', expected: !, identifier, or 'end of string'",
+		"team=a b":             "found 'b', expected: ',' or 'end of string'",
+		"!team=a":              "after '!team'",
+		"bad$key=x":            "key name must be 1-63 characters",
+		"team in (ok,bad val)": "found 'val', expected: ',' or ')'",
+		"team in (ok,-x)":      "value must be at most 63 characters",
+	}
+	for sel, want := range errs {
+		_, err := ParseSelector(sel)
+		if !errors.Is(err, ErrBadSelector) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want ErrBadSelector saying %q", sel, err, want)
+		}
+	}
+}

@@ -144,7 +144,7 @@ json).`,
 	cmd.Flags().BoolVar(&g.json, "json", false, "print the entries as a JSON array (same as -o json)")
 	cmd.Flags().StringVar(&flt.queue, "queue", "", "only entries firing into this queue")
 	cmd.Flags().StringVar(&flt.state, "state", "", "only entries in this state: active, paused, ended, completed or quarantined")
-	cmd.Flags().StringVarP(&flt.selector, "selector", "l", "", "only entries whose labels match this selector (k=v, k!=v, k, !k; commas join)")
+	cmd.Flags().StringVarP(&flt.selector, "selector", "l", "", "only entries whose labels match this selector (k=v, k!=v, k in (a,b), k notin (a,b), k, !k; commas join)")
 	cmd.Flags().StringVar(&flt.owner, "owner", "", `only entries of this owner ("" : without one)`)
 	cmd.Flags().StringVar(&flt.typ, "type", "", "only entries whose task type matches this glob")
 	addConn(cmd, &conn, true)

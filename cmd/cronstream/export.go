@@ -88,7 +88,7 @@ tier!=batch, team, !team; commas join).`,
 	f := cmd.Flags()
 	f.StringVarP(&out, "output", "o", "", "write to this file instead of stdout")
 	f.StringVar(&owner, "owner", "", "export only the entries of this owner")
-	f.StringVarP(&selector, "selector", "l", "", "export only the entries whose labels match (k=v, k!=v, k, !k; commas join)")
+	f.StringVarP(&selector, "selector", "l", "", "export only the entries whose labels match (k=v, k!=v, k in (a,b), k notin (a,b), k, !k; commas join)")
 	addConn(cmd, &conn, false)
 	return cmd
 }

@@ -227,7 +227,7 @@ file that becomes invalid is reported and the current entries are kept.`,
 	f.BoolVar(&prune, "prune", false, "remove entries of --owner that the file does not list")
 	f.BoolVar(&dryRun, "dry-run", false, "print the plan (+ create, ~ update, - remove) and publish nothing")
 	f.StringVar(&owner, "owner", configsync.DefaultOwner, "owner label of the entries this file manages")
-	f.StringVarP(&selector, "selector", "l", "", "manage only entries whose labels match (k=v, k!=v, k, !k; commas join): others in the file are left out, others live are never pruned")
+	f.StringVarP(&selector, "selector", "l", "", "manage only entries whose labels match (k=v, k!=v, k in (a,b), k notin (a,b), k, !k; commas join): others in the file are left out, others live are never pruned")
 	f.BoolVar(&detail, "detailed-exitcode", false, "with --dry-run: exit 0 when nothing would change, 2 when the plan has changes, 1 on error")
 	f.DurationVar(&watch, "watch", 0, "re-sync on this interval until interrupted (e.g. 1m)")
 	f.BoolVar(&g.json, "json", false, "print the plan and its outcome as JSON")
