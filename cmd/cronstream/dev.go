@@ -82,7 +82,7 @@ and your asynq workers can connect.`,
 		},
 	}
 	f.add(cmd, "127.0.0.1:8080")
-	cmd.Flags().StringVar(&dataDir, "data-dir", "./.cronstream", "where the embedded NATS (and a started redis-server) keep their data")
+	cmd.Flags().StringVar(&dataDir, "data-dir", "./.cronstream", "where the embedded NATS and the dev Redis keep their data, and the Redis port (a restart keeps its URL)")
 	cmd.Flags().IntVar(&natsPort, "nats-port", 4222, "port of the embedded NATS server on 127.0.0.1 (-1: any free port)")
 	return cmd
 }

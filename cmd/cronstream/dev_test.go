@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/cronstream/cronstream/internal/testenv"
 )
@@ -37,11 +39,17 @@ func devEnv(dir string) []string {
 	return append(out, "PATH="+dir)
 }
 
-// startDev starts `cronstream dev` and returns it with the NATS and Redis
-// URLs it prints.
+// startDev starts `cronstream dev` on a data dir of its own and returns it
+// with the NATS and Redis URLs it prints.
 func startDev(t *testing.T, pathDir string) (p *proc, natsURL, redisURL string) {
 	t.Helper()
-	p = start(t, devEnv(pathDir), "dev", "--data-dir", t.TempDir(), "--nats-port", "-1", "--http", "127.0.0.1:0")
+	return startDevIn(t, pathDir, t.TempDir())
+}
+
+// startDevIn is startDev on dataDir.
+func startDevIn(t *testing.T, pathDir, dataDir string) (p *proc, natsURL, redisURL string) {
+	t.Helper()
+	p = start(t, devEnv(pathDir), "dev", "--data-dir", dataDir, "--nats-port", "-1", "--http", "127.0.0.1:0")
 	natsURL = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(p.line("NATS:", 60*time.Second)), "NATS:"))
 	redisURL = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(p.line("Redis:", 10*time.Second)), "Redis:"))
 	if !strings.HasPrefix(natsURL, "nats://127.0.0.1:") || !strings.HasPrefix(redisURL, "redis://127.0.0.1:") {
@@ -124,15 +132,66 @@ func TestDevRedisServer(t *testing.T) {
 	if err := os.Symlink(real, filepath.Join(dir, "redis-server")); err != nil {
 		t.Fatal(err)
 	}
-	p, natsURL, redisURL := startDev(t, dir)
+	data := t.TempDir()
+	p, natsURL, redisURL := startDevIn(t, dir, data)
 	if !strings.Contains(p.Stderr(), "kind=redis-server") || strings.Contains(p.Stderr(), "in-process") {
 		t.Errorf("dev did not use redis-server from PATH:\n%s", p.Stderr())
 	}
 	checkDevFires(t, natsURL, redisURL)
+	// A key of ours beside asynq's: it must be there after the restart.
+	markRedis(t, redisURL, "set")
 	if code := p.stop(syscall.SIGTERM, 20*time.Second); code != 0 {
 		t.Errorf("dev exited %d on SIGTERM\n%s", code, p.Stderr())
+	}
+
+	// A restart on the same data dir keeps the Redis URL that shells and
+	// workers were given, and the tasks in it.
+	p, _, again := startDevIn(t, dir, data)
+	if again != redisURL {
+		t.Errorf("restarted dev moved Redis from %s to %s", redisURL, again)
+	}
+	markRedis(t, again, "check")
+	if code := p.stop(syscall.SIGTERM, 20*time.Second); code != 0 {
+		t.Errorf("dev exited %d on SIGTERM\n%s", code, p.Stderr())
+	}
+
+	// Another process on the recorded port: dev says why it cannot keep
+	// the address instead of moving.
+	held, err := net.Listen("tcp", strings.TrimPrefix(redisURL, "redis://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	p = start(t, devEnv(dir), "dev", "--data-dir", data, "--nats-port", "-1", "--http", "127.0.0.1:0")
+	if code := p.wait(30 * time.Second); code == 0 {
+		t.Error("dev started with its Redis port held by another process")
+	}
+	if !strings.Contains(p.Stderr(), "is in use by another process") {
+		t.Errorf("dev does not say its Redis port is taken:\n%s", p.Stderr())
 	}
 }
 
 // lookRedisServer finds redis-server on the test's own PATH.
 func lookRedisServer() (string, error) { return exec.LookPath("redis-server") }
+
+// markRedis sets (how "set") or checks ("check") a marker key in the Redis
+// at url.
+func markRedis(t *testing.T, url, how string) {
+	t.Helper()
+	opt, err := redis.ParseURL(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := redis.NewClient(opt)
+	defer c.Close()
+	ctx := context.Background()
+	if how == "set" {
+		if err := c.Set(ctx, "dev-test-marker", "kept", 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	if v, err := c.Get(ctx, "dev-test-marker").Result(); err != nil || v != "kept" {
+		t.Errorf("the restarted dev's Redis lost its data: marker %q, %v", v, err)
+	}
+}

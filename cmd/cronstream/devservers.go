@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
@@ -56,31 +58,67 @@ type devRedis struct {
 }
 
 // startDevRedis starts redis-server from PATH with its data in dir, or,
-// when there is none, an in-process Redis-compatible server.
+// when there is none, an in-process Redis-compatible server. Either listens
+// on the port recorded in dir by the first start (devRedisPort), so a
+// restart keeps the URL that shells and workers were given.
 func startDevRedis(ctx context.Context, dir string, log *slog.Logger) (*devRedis, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("redis data dir: %w", err)
+	}
+	port, err := devRedisPort(dir)
+	if err != nil {
+		return nil, err
+	}
 	if path, err := exec.LookPath("redis-server"); err == nil {
-		r, err := startRedisServer(ctx, path, dir)
+		r, err := startRedisServer(ctx, path, dir, port)
 		if err == nil {
 			return r, nil
 		}
 		log.Warn("redis-server from PATH did not start; falling back to the in-process server", "err", err)
 	}
 	m := miniredis.NewMiniRedis()
-	if err := m.StartAddr("127.0.0.1:0"); err != nil {
-		return nil, fmt.Errorf("in-process Redis: %w", err)
+	if err := m.StartAddr(net.JoinHostPort("127.0.0.1", strconv.Itoa(port))); err != nil {
+		return nil, fmt.Errorf("in-process Redis on port %d (recorded in %s): %w", port, filepath.Join(dir, devRedisPortFile), err)
 	}
 	log.Warn("no redis-server on PATH: using an in-process Redis-compatible server. It is for development only: nothing is persisted, and some asynq tools may not work against it. Install redis-server or pass --redis for anything else.")
 	return &devRedis{URL: "redis://" + m.Addr(), Kind: "in-process", stop: m.Close}, nil
 }
 
-func startRedisServer(ctx context.Context, path, dir string) (*devRedis, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("redis data dir: %w", err)
+// devRedisPortFile holds, in dev's Redis data dir, the port its Redis
+// listens on.
+const devRedisPortFile = "port"
+
+// devRedisPort returns the port recorded in dir, or picks a free one and
+// records it. A recorded port that another process holds is an error that
+// says so: moving to another port would silently break the URL every shell
+// and worker was given.
+func devRedisPort(dir string) (int, error) {
+	file := filepath.Join(dir, devRedisPortFile)
+	if b, err := os.ReadFile(file); err == nil {
+		port, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil || port <= 0 || port > 65535 {
+			return 0, fmt.Errorf("%s holds %q, not a port: delete it to pick a new one", file, strings.TrimSpace(string(b)))
+		}
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			return 0, fmt.Errorf("the dev Redis port %d (recorded in %s, so a restart keeps CRONSTREAM_REDIS) is in use by another process: stop it, or delete %s to pick a new port", port, file, file)
+		}
+		l.Close()
+		return port, nil
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return 0, fmt.Errorf("dev Redis port: %w", err)
 	}
 	port, err := freePort()
 	if err != nil {
-		return nil, err
+		return 0, err
 	}
+	if err := os.WriteFile(file, []byte(strconv.Itoa(port)+"\n"), 0o644); err != nil {
+		return 0, fmt.Errorf("record the dev Redis port: %w", err)
+	}
+	return port, nil
+}
+
+func startRedisServer(ctx context.Context, path, dir string, port int) (*devRedis, error) {
 	logFile, err := os.Create(filepath.Join(dir, "redis.log"))
 	if err != nil {
 		return nil, err

@@ -289,12 +289,19 @@ func (p *proc) stop(sig syscall.Signal, timeout time.Duration) int {
 	if err := p.cmd.Process.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
 		p.t.Fatalf("signal: %v", err)
 	}
+	return p.wait(timeout)
+}
+
+// wait waits for the process to exit within timeout and returns its exit
+// code.
+func (p *proc) wait(timeout time.Duration) int {
+	p.t.Helper()
 	select {
 	case <-p.done:
 	case <-time.After(timeout):
 		_ = p.cmd.Process.Kill()
 		<-p.done
-		p.t.Fatalf("process did not exit within %s of %v\nstderr:\n%s", timeout, sig, p.Stderr())
+		p.t.Fatalf("process did not exit within %s\nstderr:\n%s", timeout, p.Stderr())
 	}
 	var ee *exec.ExitError
 	if errors.As(p.err, &ee) {
