@@ -242,6 +242,37 @@ func (s *Schedule) Ticks(after, until time.Time, max int) (ticks []time.Time, mo
 	return ticks, false
 }
 
+// gapHorizon bounds ShortestGap's walk: a year and a day holds every
+// month length, both DST changes of any zone and a Feb 29 gap's neighbours.
+const (
+	gapHorizon  = 366 * 24 * time.Hour
+	gapMaxTicks = 5000
+)
+
+// ShortestGap returns the shortest time between two consecutive fires
+// after from (excluded ticks left out), looking a year ahead and at most
+// gapMaxTicks fires, or 0 when fewer than two fall in that span. A jitter
+// longer than it would push a tick past its successor's time; the forecast
+// never suggests one and `entry put` warns about one.
+func (s *Schedule) ShortestGap(from time.Time) time.Duration {
+	if s.every > 0 && s.start.IsZero() && s.end.IsZero() && len(s.exclude) == 0 {
+		return s.every
+	}
+	var shortest time.Duration
+	prev := s.NextFire(from)
+	for i := 0; i < gapMaxTicks && !prev.IsZero() && prev.Sub(from) < gapHorizon; i++ {
+		next := s.NextFire(prev)
+		if next.IsZero() {
+			break
+		}
+		if d := next.Sub(prev); shortest == 0 || d < shortest {
+			shortest = d
+		}
+		prev = next
+	}
+	return shortest
+}
+
 // Prev returns the last tick at or before t that is after floor, or the
 // zero time when there is none. It walks forward from floor, so callers
 // bound the walk with floor (a catch-up window).

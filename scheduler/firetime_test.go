@@ -168,3 +168,31 @@ func TestTaskID(t *testing.T) {
 		t.Fatalf("TaskID = %q, want %q", got, want)
 	}
 }
+
+func TestShortestGap(t *testing.T) {
+	t.Parallel()
+	from := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	cases := []struct {
+		cron, tz string
+		exclude  []string
+		want     time.Duration
+	}{
+		{"*/5 * * * *", "UTC", nil, 5 * time.Minute},
+		{"@every 90s", "UTC", nil, 90 * time.Second},
+		{"0 9,17 * * 1-5", "UTC", nil, 8 * time.Hour},
+		{"0 0 1 * *", "UTC", nil, 28 * 24 * time.Hour},
+		// New York's spring-forward night: 01:30 and then 03:30 of the same
+		// night are an hour apart, not two.
+		{"30 1,3 * * *", "America/New_York", nil, time.Hour},
+		{"*/10 * * * *", "UTC", []string{"10-59/10 * * * *"}, time.Hour},
+	}
+	for _, c := range cases {
+		s, err := NewSchedule(events.Entry{ID: "g", Cron: c.cron, Timezone: c.tz, Exclude: c.exclude})
+		if err != nil {
+			t.Fatalf("%s: %v", c.cron, err)
+		}
+		if got := s.ShortestGap(from); got != c.want {
+			t.Errorf("%s in %s (exclude %v): shortest gap %s, want %s", c.cron, c.tz, c.exclude, got, c.want)
+		}
+	}
+}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/cronstream/cronstream/configsync"
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/scheduler"
 )
 
 func init() { entryCommands = append(entryCommands, newEntryPutCommand) }
@@ -296,6 +297,7 @@ type putResult struct {
 	Result   string       `json:"result"` // registered, updated or unchanged
 	Revision uint64       `json:"revision"`
 	Changes  []string     `json:"changes,omitempty"`
+	Warnings []string     `json:"warnings,omitempty"`
 	Entry    events.Entry `json:"entry"`
 }
 
@@ -380,7 +382,7 @@ func runEntryPut(cmd *cobra.Command, g *globalFlags, f *putFlags, id string) err
 			}
 			return err
 		}
-		out := putResult{ID: id, Revision: res.Revision, Entry: res.Entry}
+		out := putResult{ID: id, Revision: res.Revision, Entry: res.Entry, Warnings: jitterWarnings(res.Entry, f.now)}
 		switch events.ConfigKind(res.Type) {
 		case events.TypeEntryRegistered:
 			out.Result = "registered"
@@ -393,6 +395,9 @@ func runEntryPut(cmd *cobra.Command, g *globalFlags, f *putFlags, id string) err
 			}
 		default:
 			out.Result = "unchanged"
+		}
+		for _, warning := range out.Warnings {
+			fmt.Fprintln(cmd.ErrOrStderr(), "cronstream: warning:", terminalSafe(warning))
 		}
 		if g.json {
 			return printJSON(cmd.OutOrStdout(), out)
@@ -409,4 +414,23 @@ func runEntryPut(cmd *cobra.Command, g *globalFlags, f *putFlags, id string) err
 		}
 		return nil
 	}
+}
+
+// jitterWarnings says when e's jitter is longer than the shortest gap
+// between two of its fires: a tick could then be delayed past the next
+// one's time, which is rarely what was meant.
+func jitterWarnings(e events.Entry, now time.Time) []string {
+	if e.Jitter <= 0 {
+		return nil
+	}
+	s, err := scheduler.NewSchedule(e)
+	if err != nil {
+		return nil
+	}
+	gap := s.ShortestGap(now)
+	if gap <= 0 || e.Jitter.D() <= gap {
+		return nil
+	}
+	return []string{fmt.Sprintf("jitter %s is longer than the %s between two fires of %q: a tick may be delayed past the next tick's time (a jitter of at most %s keeps each fire before the next tick)",
+		e.Jitter, events.Duration(gap), e.Cron, events.Duration(gap))}
 }

@@ -277,3 +277,24 @@ func TestEntryLsAt(t *testing.T) {
 }
 
 func itoa(n uint64) string { return strconv.FormatUint(n, 10) }
+
+// TestEntryPutWarnsOfJitterOverGap: a jitter longer than the time between
+// two fires is accepted (it is valid) but said, on stderr and in --json.
+func TestEntryPutWarnsOfJitterOverGap(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, false)
+	r := e.run("entry", "put", "five", "--cron", "*/5 * * * *", "--type", "t", "--jitter", "1h")
+	if r.code != 0 || !strings.Contains(r.stderr, "warning: jitter 1h is longer than the 5m between two fires") {
+		t.Errorf("jitter over the gap:\n%s", r)
+	}
+	var out struct {
+		Warnings []string `json:"warnings"`
+	}
+	e.okJSON(&out, "entry", "put", "five", "--jitter", "2h", "--json")
+	if len(out.Warnings) != 1 {
+		t.Errorf("--json warnings: %q", out.Warnings)
+	}
+	if r := e.run("entry", "put", "five", "--jitter", "4m"); r.code != 0 || strings.Contains(r.stderr, "warning") {
+		t.Errorf("jitter under the gap:\n%s", r)
+	}
+}

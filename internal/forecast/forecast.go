@@ -655,15 +655,18 @@ func peaks(units []*unit, totals []int64, from time.Time, maxPeaks int) []Peak {
 		slices.SortFunc(pk.Specs, func(a, b PeakSpec) int {
 			return cmp.Or(cmp.Compare(b.Fires, a.Fires), strings.Compare(a.Cron, b.Cron))
 		})
-		pk.Hint = hint(pk, pk.Fires-median, median)
+		pk.Hint = hint(pk, pk.Fires-median, median, pk.At)
 		out = append(out, pk)
 	}
 	return out
 }
 
 // hint suggests a jitter that would spread the unjittered entries behind a
-// peak down to about the mean rate.
-func hint(pk Peak, excess, median int64) string {
+// peak down to about the mean rate, never longer than the shortest gap
+// between two fires of their spec (a longer jitter would push a tick past
+// the next one), and nothing when that gap is under a minute (jitter then
+// cannot move fires out of their minute for long).
+func hint(pk Peak, excess, median int64, at time.Time) string {
 	var example *PeakSpec
 	for i := range pk.Specs {
 		if pk.Specs[i].Entries-pk.Specs[i].Jittered >= 2 {
@@ -678,8 +681,24 @@ func hint(pk Peak, excess, median int64) string {
 	// to each minute: at least a minute, at most an hour.
 	spread := time.Duration(excess/max(median/10, 1)) * time.Minute
 	spread = min(max(spread, time.Minute), time.Hour).Round(time.Minute)
+	if gap := specGap(example.Cron, example.Timezone, at); gap > 0 {
+		if gap < time.Minute {
+			return ""
+		}
+		spread = min(spread, gap.Truncate(time.Minute))
+	}
 	return fmt.Sprintf("%s entries of %q (e.g. %q) fire in this minute without jitter: jitter %s on them would spread it over %s",
 		Thousands(int64(example.Entries-example.Jittered)), example.Cron, example.Sample[0], shortDuration(spread), shortDuration(spread))
+}
+
+// specGap is the shortest gap between two fires of spec in zone after at
+// (scheduler.Schedule.ShortestGap), 0 when unknown.
+func specGap(spec, zone string, at time.Time) time.Duration {
+	s, err := scheduler.NewSchedule(events.Entry{ID: "gap", Cron: spec, Timezone: zone})
+	if err != nil {
+		return 0
+	}
+	return s.ShortestGap(at.Add(-time.Second))
 }
 
 func shortDuration(d time.Duration) string {

@@ -151,6 +151,23 @@ func TestPeakAndHint(t *testing.T) {
 	if f.Groups[0].Name != "reports" || f.Groups[0].Total != 500 {
 		t.Fatalf("groups %+v", f.Groups[0].Name)
 	}
+
+	// Entries every five minutes: a jitter over five minutes would push a
+	// tick past the next one, so the hint never suggests one.
+	var fives []events.Entry
+	for i := range 500 {
+		fives = append(fives, events.Entry{ID: fmt.Sprintf("five-%03d", i), Cron: "*/5 * * * *"})
+	}
+	fives = append(fives, events.Entry{ID: "steady", Cron: "@every 1s"})
+	f = Compute(fives, Params{From: from, Window: 2 * time.Hour})
+	if len(f.Peaks) == 0 {
+		t.Fatal("no peak for 500 entries every five minutes")
+	}
+	for _, pk := range f.Peaks {
+		if !strings.Contains(pk.Hint, "jitter 5m") {
+			t.Errorf("hint for */5: %q, want jitter 5m at most", pk.Hint)
+		}
+	}
 }
 
 func TestThousands(t *testing.T) {
