@@ -1,6 +1,9 @@
 package events
 
-import "strings"
+import (
+	"slices"
+	"strings"
+)
 
 // TypeInfo describes one event type.
 type TypeInfo struct {
@@ -24,6 +27,20 @@ var Types = []TypeInfo{
 	{TypeTaskArchived, "activity", "a task whose worker died was archived (TaskRecovered)"},
 	{TypeAggregationReclaimed, "activity", "a stale aggregation set went back to its group"},
 	{TypeTaskCancelled, "activity", "overlap cancel-previous deleted or cancelled an entry's previous task (TaskCancelled)"},
+}
+
+// DisplayType is the name people read for an event type: without the
+// "cronstream." of the types this package defines, and a gated config type
+// (events.GatedType) as its plain type, so "entry.paused" is what a pause
+// shows as whichever version carried it. The version stays in the event
+// (JSON output keeps the type as stored); other types show as they are.
+func DisplayType(t string) string {
+	if known := ConfigKind(t); slices.ContainsFunc(Types, func(ti TypeInfo) bool { return ti.Type == known }) {
+		if rest, ok := strings.CutPrefix(known, "cronstream."); ok {
+			return rest
+		}
+	}
+	return t
 }
 
 // ShortType is a type's last dot-separated part ("fired" for

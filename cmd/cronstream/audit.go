@@ -271,7 +271,7 @@ func (p *auditPrinter) print(rec audit.Record) error {
 	if subject == "" {
 		subject = rec.Subject
 	}
-	_, werr := fmt.Fprintf(p.w, "%s  %-22s  %-24s  %s\n", ts, terminalSafe(shortType(ev.Type)), terminalSafe(subject), terminalSafe(eventSummary(ev)))
+	_, werr := fmt.Fprintf(p.w, "%s  %-22s  %-24s  %s\n", ts, terminalSafe(events.DisplayType(ev.Type)), terminalSafe(subject), terminalSafe(eventSummary(ev)))
 	return werr
 }
 

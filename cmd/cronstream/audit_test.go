@@ -317,3 +317,22 @@ func TestAuditFollow(t *testing.T) {
 		t.Errorf("audit --follow exit %d on SIGINT\n%s", code, p.Stderr())
 	}
 }
+
+// TestAuditShowsEventNamesNotVersions: the changes of a gated entry (one
+// with labels) are stored as ".v2" types; people read the plain names in
+// the audit and the history, JSON keeps the stored type.
+func TestAuditShowsEventNamesNotVersions(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, false)
+	e.ok("entry", "put", "gated", "--cron", "@hourly", "--type", "t", "--label", "team=ops")
+	e.ok("entry", "pause", "gated", "--note", "maintenance")
+	for _, args := range [][]string{{"audit"}, {"entry", "history", "gated"}} {
+		out := e.ok(args...)
+		if strings.Contains(out, ".v2") || !strings.Contains(out, "entry.registered") || !strings.Contains(out, "entry.paused") {
+			t.Errorf("%v shows versions or lacks the names:\n%s", args, out)
+		}
+	}
+	if out := e.ok("audit", "--json"); !strings.Contains(out, "cronstream.entry.paused.v2") {
+		t.Errorf("audit --json lost the stored type:\n%s", out)
+	}
+}

@@ -74,7 +74,7 @@ that cannot be applied are shown with the reason.`,
 				if h.Error != "" {
 					change = "cannot be applied: " + h.Error
 				}
-				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", h.Revision, fmtTime(h.Time), terminalSafe(dash(shortType(h.Type))), terminalSafe(dash(h.Source)), terminalSafe(dash(change)))
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", h.Revision, fmtTime(h.Time), terminalSafe(dash(events.DisplayType(h.Type))), terminalSafe(dash(h.Source)), terminalSafe(dash(change)))
 			}
 			return tw.Flush()
 		},
@@ -82,23 +82,6 @@ that cannot be applied are shown with the reason.`,
 	cmd.Flags().BoolVar(&g.json, "json", false, "print the history as a JSON array")
 	addConn(cmd, &conn, false)
 	return cmd
-}
-
-// shortType drops the "cronstream." of known types; others show as they
-// are.
-func shortType(t string) string {
-	if rest, ok := strings.CutPrefix(t, "cronstream."); ok && (events.IsConfigType(t) || isActivityType(t)) {
-		return rest
-	}
-	return t
-}
-
-func isActivityType(t string) bool {
-	switch t {
-	case events.TypeEntryFired, events.TypeEntrySkipped, events.TypeTaskRetried, events.TypeTaskArchived, events.TypeAggregationReclaimed, events.TypeTaskCancelled:
-		return true
-	}
-	return false
 }
 
 // changeSummary says what one config event did, from the previous state.

@@ -492,7 +492,7 @@ func (c *Console) entry(w http.ResponseWriter, r *http.Request) {
 	for _, rec := range recs {
 		rv := revision{Seq: rec.Seq, Time: rec.Time}
 		if rec.Event != nil {
-			rv.Type, rv.Source = strings.TrimPrefix(rec.Event.Type, "cronstream."), rec.Event.Source
+			rv.Type, rv.Source = events.DisplayType(rec.Event.Type), rec.Event.Source
 		}
 		if rec.Err != nil {
 			rv.Err = rec.Err.Error()

@@ -296,7 +296,10 @@ func (c *Console) auditRow(src *Source, m streamMsg, q auditQuery) (auditRow, bo
 		}
 	}
 	if q.Type != "" {
-		if ok, _ := path.Match(q.Type, ev.Type); !ok {
+		// A gated config type matches its plain name too, as it shows.
+		raw, _ := path.Match(q.Type, ev.Type)
+		plain, _ := path.Match(q.Type, events.ConfigKind(ev.Type))
+		if !raw && !plain {
 			return row, false
 		}
 	}

@@ -252,7 +252,7 @@ var funcs = map[string]any{
 	},
 	"n":     func(n any) string { return forecast.Thousands(toInt64(n)) },
 	"f1":    func(x float64) string { return strconv.FormatFloat(x, 'f', 1, 64) },
-	"short": func(s string) string { return strings.TrimPrefix(s, "cronstream.") },
+	"short": events.DisplayType,
 	"describe": func(ps forecast.PeakSpec, at time.Time) string {
 		return ps.Describe(at)
 	},
