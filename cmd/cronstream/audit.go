@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -25,6 +26,7 @@ type auditFlags struct {
 	typ          string
 	since, until string
 	follow       bool
+	exitOnLost   bool
 	limit, tail  int
 	selector     string
 }
@@ -55,6 +57,9 @@ Event types (short name, full name, stream):
 ` + auditTypesHelp() + `
 --follow keeps printing new events after the history until interrupted
 (with --tail: the last N, then new ones; with --limit: until N printed).
+While following, a NATS or JetStream that stops answering is said on
+stderr within 5 s, and again when it is back; the follow then carries on
+from where it stopped. --exit-on-disconnect exits with status 5 instead.
 
 --json prints one JSON object per line (ndjson): the CloudEvent as stored,
 with "stream" (the stream's name) and "seq" (its stream sequence) added:
@@ -89,6 +94,7 @@ shown as they are.`,
 	fl.IntVar(&f.limit, "limit", 0, "print only the first N events")
 	fl.IntVar(&f.tail, "tail", 0, "print only the last N events of the history")
 	fl.BoolVar(&f.follow, "follow", false, "keep printing new events until interrupted")
+	fl.BoolVar(&f.exitOnLost, "exit-on-disconnect", false, "with --follow: exit with status 5 when NATS stops answering, instead of waiting for it")
 	fl.BoolVar(&g.json, "json", false, "one CloudEvent per line, with stream and seq")
 	addConn(cmd, &f.conn, false)
 	return cmd
@@ -136,11 +142,24 @@ func runAudit(cmd *cobra.Command, g *globalFlags, f *auditFlags) error {
 	if err != nil {
 		return usagef("--selector: %v", err)
 	}
+	if f.exitOnLost && !f.follow {
+		return usagef("--exit-on-disconnect applies to --follow only")
+	}
+	f.conn.reconnectForever = f.follow
 	s, err := openStreamsSession(ctx, g, &f.conn)
 	if err != nil {
 		return err
 	}
 	defer s.Close()
+	lost := func() error { return nil }
+	if f.follow {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(ctx)
+		defer cancel()
+		var stop func()
+		lost, stop = watchNATS(ctx, cancel, s, cmd.ErrOrStderr(), f.exitOnLost)
+		defer stop()
+	}
 
 	prog := newProgress(os.Stderr, isTerminal(os.Stdout))
 	defer prog.clear()
@@ -158,6 +177,9 @@ func runAudit(cmd *cobra.Command, g *globalFlags, f *auditFlags) error {
 		rec, err := r.Next(ctx)
 		switch {
 		case ctx.Err() != nil:
+			if cmd.Context().Err() == nil {
+				return lost() // the watch ended the follow
+			}
 			return nil
 		case errors.Is(err, io.EOF):
 			// The end of the history; following, what comes next is live

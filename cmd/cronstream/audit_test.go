@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/testenv"
 )
 
 // auditLine is one line of `audit --json`.
@@ -334,5 +335,42 @@ func TestAuditShowsEventNamesNotVersions(t *testing.T) {
 	}
 	if out := e.ok("audit", "--json"); !strings.Contains(out, "cronstream.entry.paused.v2") {
 		t.Errorf("audit --json lost the stored type:\n%s", out)
+	}
+}
+
+// TestAuditFollowSaysWhenNATSGoesAway: a follow never waits in silence. NATS
+// stopping is said within the check's bound, its return too, and the
+// follow carries on from where it stopped; --exit-on-disconnect exits 5.
+func TestAuditFollowSaysWhenNATSGoesAway(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, false)
+	e.ok("entry", "put", "f", "--cron", "@daily", "--type", "t")
+	p := start(t, e.vars, "audit", "--follow", "--entry", "f")
+	p.line("entry.registered", 30*time.Second)
+	quitter := start(t, e.vars, "audit", "--follow", "--exit-on-disconnect")
+	quitter.line("entry.registered", 30*time.Second)
+
+	e.nats.Shutdown()
+	down := time.Now()
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		return strings.Contains(p.Stderr(), "NATS is not answering") && strings.Contains(p.Stderr(), "still trying")
+	}, "audit --follow said nothing 10 s after NATS went away:\n%s", p.Stderr())
+	if took := time.Since(down); took > 2*(connCheckEvery+connCheckTimeout) {
+		t.Errorf("the outage was said after %s", took)
+	}
+	if code := quitter.wait(15 * time.Second); code != exitUnavailable {
+		t.Errorf("--exit-on-disconnect exited %d, want %d\n%s", code, exitUnavailable, quitter.Stderr())
+	}
+
+	e.nats.Restart(t)
+	testenv.Eventually(t, 20*time.Second, func() bool { return strings.Contains(p.Stderr(), "NATS is back") },
+		"audit --follow did not say NATS is back:\n%s", p.Stderr())
+	e.ok("entry", "pause", "f", "--note", "after the outage")
+	p.line("entry.paused", 30*time.Second)
+	if code := p.stop(syscall.SIGINT, 10*time.Second); code != 0 {
+		t.Errorf("audit --follow exit %d on SIGINT\n%s", code, p.Stderr())
+	}
+	if e.run("audit", "--exit-on-disconnect").code != exitUsage {
+		t.Error("--exit-on-disconnect without --follow is not a usage error")
 	}
 }

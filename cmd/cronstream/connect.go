@@ -36,6 +36,10 @@ type connFlags struct {
 	// warn receives what is allowed but unsafe (default: a line on
 	// stderr; run sends it to its logger).
 	warn func(msg string)
+	// reconnectForever: a long-running command (a follow, a watch) keeps
+	// reconnecting to NATS for as long as it runs, instead of giving up
+	// after the client's default number of attempts.
+	reconnectForever bool
 }
 
 func (c *connFlags) addNATS(cmd *cobra.Command) {
@@ -120,6 +124,9 @@ func (c *connFlags) natsOptions(g *globalFlags) []nats.Option {
 	}
 	if c.natsTLSCA != "" {
 		opts = append(opts, nats.RootCAs(c.natsTLSCA))
+	}
+	if c.reconnectForever {
+		opts = append(opts, nats.MaxReconnects(-1), nats.ReconnectWait(time.Second))
 	}
 	return opts
 }
