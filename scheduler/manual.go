@@ -42,6 +42,10 @@ const MaxBackfill = 10_000
 // MaxBackfill.
 var ErrTooManyTicks = errors.New("too many ticks in the range")
 
+// ErrBadRange is a backfill range that cannot be: its end before its start,
+// or in the future.
+var ErrBadRange = errors.New("bad range")
+
 func (m Manual) now() time.Time {
 	if m.Now != nil {
 		return m.Now()
@@ -219,54 +223,112 @@ type BackfillResult struct {
 	BeforeRegistration int
 }
 
-// Backfill fires every tick of t's entry in [from, to] that has no fired
-// event in the activity stream (the stream is the record of what fired).
-// Each fire is idempotent by task id, so a repeated backfill fires nothing
-// twice. It never moves the watermark. Ticks before the entry was
-// registered fire too (the caller asked for them); the result counts them.
-// When the script refuses a fire, the result holds what happened to the
-// others and the error wraps ErrRefused.
-func (m Manual) Backfill(ctx context.Context, t Target, from, to time.Time) (BackfillResult, error) {
-	var out BackfillResult
+// BackfillPlan is what a backfill would do: the range's ticks, those that
+// fired already (by their fired event in the activity stream) and those it
+// would fire.
+type BackfillPlan struct {
+	From, To time.Time
+	Ticks    int         // ticks of the schedule in the range
+	Already  int         // ticks with a fired event
+	Todo     []time.Time // ticks to fire, oldest first
+	// Registered is when the entry's current life began (its last
+	// registration); BeforeRegistration counts the range's ticks before it.
+	Registered         time.Time
+	BeforeRegistration int
+}
+
+// PlanBackfill says what Backfill would fire of t's entry in [from, to]:
+// every tick without a fired event in the activity stream. It changes
+// nothing.
+func (m Manual) PlanBackfill(ctx context.Context, t Target, from, to time.Time) (BackfillPlan, error) {
+	plan := BackfillPlan{From: from, To: to}
 	id := t.Entry.ID
 	if to.Before(from) {
-		return out, fmt.Errorf("backfill %s: --to %s is before --from %s", id, to.Format(time.RFC3339), from.Format(time.RFC3339))
+		return plan, fmt.Errorf("backfill %s: %w: --to %s is before --from %s", id, ErrBadRange, to.Format(time.RFC3339), from.Format(time.RFC3339))
 	}
 	if to.After(m.now()) {
-		return out, fmt.Errorf("backfill %s: --to %s is in the future", id, to.Format(time.RFC3339))
+		return plan, fmt.Errorf("backfill %s: %w: --to %s is in the future", id, ErrBadRange, to.Format(time.RFC3339))
 	}
 	sched, err := NewSchedule(t.Entry)
 	if err != nil {
-		return out, err
+		return plan, err
 	}
 	ticks, more := sched.Ticks(from.Add(-time.Nanosecond), to, MaxBackfill)
 	if more {
-		return out, fmt.Errorf("backfill %s: %w (more than %d); split it", id, ErrTooManyTicks, MaxBackfill)
+		return plan, fmt.Errorf("backfill %s: %w (more than %d); split it", id, ErrTooManyTicks, MaxBackfill)
 	}
-	out.Ticks = len(ticks)
-	if out.Registered, err = m.registered(ctx, id); err != nil {
-		return out, err
+	plan.Ticks = len(ticks)
+	if plan.Registered, err = m.registered(ctx, id); err != nil {
+		return plan, err
 	}
 	for _, tick := range ticks {
-		if tick.Before(out.Registered) {
-			out.BeforeRegistration++
+		if tick.Before(plan.Registered) {
+			plan.BeforeRegistration++
 		}
 	}
 	if len(ticks) == 0 {
-		return out, nil
+		return plan, nil
 	}
 	fired, err := m.firedTicks(ctx, id, ticks[0], ticks[len(ticks)-1])
 	if err != nil {
-		return out, err
+		return plan, err
 	}
-	var todo []time.Time
+	var unfired []time.Time
 	for _, tick := range ticks {
 		if fired[tick.Unix()] {
-			out.Already++
+			plan.Already++
 			continue
 		}
-		todo = append(todo, tick)
+		unfired = append(unfired, tick)
 	}
+	// A tick whose task is in Redis fired too (its event may not be
+	// relayed yet, or never was): a preview must not count it as to fire.
+	if m.Redis != nil && len(unfired) > 0 {
+		refs := make([]taskstate.TaskRef, len(unfired))
+		for i, tick := range unfired {
+			refs[i] = taskstate.TaskRef{Queue: t.Entry.Options.QueueName(), ID: TaskID(m.Names.Prefix(), id, tick)}
+		}
+		states, err := taskstate.New(m.Redis).TaskStates(ctx, refs)
+		if err != nil {
+			return plan, err
+		}
+		for i, tick := range unfired {
+			if states[i] != taskstate.StateGone {
+				plan.Already++
+				continue
+			}
+			plan.Todo = append(plan.Todo, tick)
+		}
+		return plan, nil
+	}
+	plan.Todo = unfired
+	return plan, nil
+}
+
+// Backfill fires every tick of t's entry in [from, to] that has no fired
+// event in the activity stream (the stream is the record of what fired):
+// PlanBackfill, then FireBackfill.
+func (m Manual) Backfill(ctx context.Context, t Target, from, to time.Time) (BackfillResult, error) {
+	plan, err := m.PlanBackfill(ctx, t, from, to)
+	if err != nil {
+		return BackfillResult{Ticks: plan.Ticks, Already: plan.Already, Registered: plan.Registered, BeforeRegistration: plan.BeforeRegistration}, err
+	}
+	return m.FireBackfill(ctx, t, plan)
+}
+
+// FireBackfill fires the ticks of plan. Each fire is idempotent by task
+// id, so a repeated backfill fires nothing twice (a tick whose task exists
+// counts as fired already). It never moves the watermark. Ticks before the
+// entry was registered fire too (the caller asked for them); the result
+// counts them. When the script refuses a fire, the result holds what
+// happened to the others and the error wraps ErrRefused.
+func (m Manual) FireBackfill(ctx context.Context, t Target, plan BackfillPlan) (BackfillResult, error) {
+	out := BackfillResult{Ticks: plan.Ticks, Already: plan.Already, Registered: plan.Registered, BeforeRegistration: plan.BeforeRegistration}
+	todo := plan.Todo
+	if len(todo) == 0 {
+		return out, nil
+	}
+	id := t.Entry.ID
 	prefix := m.Names.Prefix()
 	now := m.now()
 	build := func(t Target, i int) (taskstate.Fire, error) {

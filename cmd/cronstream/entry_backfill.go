@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -37,9 +38,23 @@ type backfillResult struct {
 	Error string `json:"error,omitempty"`
 }
 
+// backfillPlanJSON is what `entry backfill --dry-run --json` prints.
+type backfillPlanJSON struct {
+	ID                 string      `json:"id"`
+	From               time.Time   `json:"from"`
+	To                 time.Time   `json:"to"`
+	Ticks              int         `json:"ticks"`
+	Already            int         `json:"already"`
+	Todo               []time.Time `json:"would_fire"`
+	Registered         time.Time   `json:"registered"`
+	BeforeRegistration int         `json:"before_registration"`
+}
+
 func newEntryBackfillCommand(g *globalFlags) *cobra.Command {
 	var conn connFlags
 	var from, to string
+	var guard guardFlags
+	var beforeRegistration bool
 	cmd := &cobra.Command{
 		Use:   "backfill ID --from TIME --to TIME",
 		Short: "Fire the ticks of a past time range that never fired",
@@ -54,8 +69,12 @@ that cannot be checked against history, so they are fired unless Redis
 still holds their task, and the output says so. At most %d ticks per call. Needs Redis (--redis).
 
 A range that reaches before the entry was registered (or re-registered
-after a removal) is fired as asked: those ticks become tasks like the
-others, and the output says how many of them there were.
+after a removal) is refused unless --before-registration says to fire
+those ticks too: they are ticks the entry never had.
+
+The ticks to fire are shown first and asked about on a terminal ([y/N]);
+--yes fires without asking, --dry-run only shows. Without a terminal, more
+than --max-changes (default 50) ticks are refused unless --yes.
 
 A tick the queue refuses (a replica fired from a configuration newer than
 the one read here, or the entry moved to another queue meanwhile) is tried
@@ -65,28 +84,65 @@ and exits non-zero with the reason.
 
 TIME is RFC 3339 (2025-03-01T09:00:00Z), a date (UTC), or relative (-6h).`, scheduler.MaxBackfill),
 		Example: `  cronstream entry backfill report --from 2025-03-01T00:00:00Z --to 2025-03-03T00:00:00Z
-  cronstream entry backfill cleanup --from -6h --to -1h`,
+  cronstream entry backfill cleanup --from -6h --to -1h --dry-run
+  cronstream entry backfill cleanup --from -6h --to -1h --yes`,
 		Args: entryIDArg,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
 			if from == "" || to == "" {
-				return errors.New("backfill needs --from and --to")
+				return usagef("backfill needs --from and --to")
 			}
 			now := time.Now()
 			tFrom, err := parseTime("from", from, now)
 			if err != nil {
-				return err
+				return usageError{err}
 			}
 			tTo, err := parseTime("to", to, now)
 			if err != nil {
-				return err
+				return usageError{err}
+			}
+			if tTo.Before(tFrom) {
+				return usagef("--to %s is before --from %s", fmtTime(tTo), fmtTime(tFrom))
 			}
 			m, st, done, err := manualFor(ctx, g, &conn, args[0])
 			if err != nil {
 				return err
 			}
 			defer done()
-			res, ferr := m.Backfill(ctx, st, tFrom, tTo)
+			plan, err := m.PlanBackfill(ctx, st, tFrom, tTo)
+			if errors.Is(err, scheduler.ErrBadRange) || errors.Is(err, scheduler.ErrTooManyTicks) {
+				return usageError{err}
+			}
+			if err != nil {
+				return err
+			}
+			if plan.BeforeRegistration > 0 && !beforeRegistration {
+				return usagef("%d of the range's %d ticks are before entry %s was registered (%s): ticks it never had. Pass --before-registration to fire them too, or start --from at %s",
+					plan.BeforeRegistration, plan.Ticks, args[0], fmtTime(plan.Registered), plan.Registered.UTC().Format(time.RFC3339))
+			}
+			if guard.dryRun && g.json {
+				out := backfillPlanJSON{ID: args[0], From: tFrom.UTC(), To: tTo.UTC(), Ticks: plan.Ticks, Already: plan.Already,
+					Todo: make([]time.Time, len(plan.Todo)), Registered: plan.Registered.UTC(), BeforeRegistration: plan.BeforeRegistration}
+				for i, tick := range plan.Todo {
+					out.Todo[i] = tick.UTC()
+				}
+				return printJSON(cmd.OutOrStdout(), out)
+			}
+			ok, err := guard.confirm(cmd, "fire", len(plan.Todo), "tick", "ticks", func(w io.Writer) {
+				fmt.Fprintf(w, "backfill %s from %s to %s: %d ticks, %d fired already, %d to fire:\n",
+					args[0], fmtTime(tFrom), fmtTime(tTo), plan.Ticks, plan.Already, len(plan.Todo))
+				for i, tick := range plan.Todo {
+					if i == maxPreview {
+						fmt.Fprintf(w, "  … and %d more (--dry-run --json lists them all)\n", len(plan.Todo)-i)
+						break
+					}
+					fmt.Fprintf(w, "  %s\n", fmtTime(tick))
+				}
+			})
+			if err != nil || !ok && guard.dryRun {
+				return err
+			}
+			res, ferr := m.FireBackfill(ctx, st, plan)
 			if ferr != nil && !errors.Is(ferr, scheduler.ErrRefused) {
 				return ferr
 			}
@@ -118,7 +174,7 @@ TIME is RFC 3339 (2025-03-01T09:00:00Z), a date (UTC), or relative (-6h).`, sche
 				fmt.Fprintf(w, "%d ticks skipped: their unique lock was held by another task\n", out.SkippedUnique)
 			}
 			if out.BeforeRegistration > 0 {
-				fmt.Fprintf(w, "note: %d of these ticks are before entry %s was registered (%s); a backfill fires them as asked, like the others\n",
+				fmt.Fprintf(w, "note: %d of these ticks are before entry %s was registered (%s), fired as --before-registration asked\n",
 					out.BeforeRegistration, out.ID, fmtTime(out.Registered))
 			}
 			if out.HistoryFrom != nil {
@@ -134,6 +190,8 @@ TIME is RFC 3339 (2025-03-01T09:00:00Z), a date (UTC), or relative (-6h).`, sche
 	cmd.Flags().StringVar(&from, "from", "", "first time of the range (inclusive)")
 	cmd.Flags().StringVar(&to, "to", "", "last time of the range (inclusive, not in the future)")
 	cmd.Flags().BoolVar(&g.json, "json", false, "print the result as JSON")
+	cmd.Flags().BoolVar(&beforeRegistration, "before-registration", false, "fire the range's ticks before the entry was registered too")
+	guard.add(cmd)
 	addConn(cmd, &conn, true)
 	return cmd
 }

@@ -15,14 +15,15 @@ func init() { entryCommands = append(entryCommands, newEntryRmCommand) }
 func newEntryRmCommand(g *globalFlags) *cobra.Command {
 	var conn connFlags
 	var rev revisionFlag
+	var bulk bulkFlags
 	cmd := &cobra.Command{
-		Use:     "rm ID",
+		Use:     "rm [ID...] [--selector SEL] [--type GLOB] [--queue Q] [--owner O]",
 		Aliases: []string{"remove"},
-		Short:   "Remove an entry (its history stays in the stream)",
-		Long: `Remove an entry: replicas stop firing it at once. The removal is a
-config event carrying the entry's last state, so "entry history" and
-"entry ls --at" still show what it was. Putting the id again registers it
-anew, firing from then on.
+		Short:   "Remove entries (their history stays in the stream)",
+		Long: `Remove entries: replicas stop firing them at once. A removal is a config
+event carrying the entry's last state, so "entry history" and "entry ls
+--at" still show what it was. Putting the id again registers it anew,
+firing from then on.
 
 A tick that was due before the removal but that no replica had fired yet
 (all replicas down, Redis failing) is not fired late: the audit log
@@ -30,24 +31,26 @@ records it as skipped with reason "removed".
 
 Any id "entry ls" lists can be removed, also a quarantined one whose id
 or last event cronstream would not write (junk from another publisher):
-its removal names only the id.`,
+its removal names only the id.
+
+Name the entries by id, or select them as "entry ls" does (--selector,
+--type, --queue, --owner; filters combine). ` + bulkHelp,
 		Example: `  cronstream entry rm report
-  cronstream entry rm report --if-revision 14`,
-		Args: func(cmd *cobra.Command, args []string) error {
-			if err := cobra.ExactArgs(1)(cmd, args); err != nil {
-				return err
-			}
-			return events.ValidateListedID(args[0])
-		},
+  cronstream entry rm report --if-revision 14
+  cronstream entry rm --owner team-gone --dry-run`,
+		Args: bulkArgs(true),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return runEntryWrite(cmd, g, &conn, args[0], "removed", "entry %s was already removed (revision %d)\n",
-				func(ctx context.Context, c *events.Client) (events.Result, error) {
-					return c.Remove(ctx, args[0], rev.opts(cmd)...)
-				})
+			return runBulkWrite(cmd, g, &conn, &rev, &bulk, args, bulkWrite{
+				verb: "remove", done: "removed", unchanged: "already removed",
+				write: func(ctx context.Context, c *events.Client, id string, opts ...events.WriteOption) (events.Result, error) {
+					return c.Remove(ctx, id, opts...)
+				},
+			})
 		},
 	}
 	cmd.Flags().BoolVar(&g.json, "json", false, "print the result as JSON")
 	rev.add(cmd)
+	bulk.add(cmd)
 	addConn(cmd, &conn, false)
 	return cmd
 }

@@ -57,7 +57,7 @@ func TestTriggerAndBackfill(t *testing.T) {
 	from := time.Now().Add(-10 * time.Minute).Truncate(time.Minute).Add(time.Second)
 	to := from.Add(5*time.Minute - time.Second) // ticks at every whole minute after from up to to: 5
 	var bf backfillJSON
-	e.okJSON(&bf, "entry", "backfill", "job", "--from", from.Format(time.RFC3339), "--to", to.Format(time.RFC3339), "--json")
+	e.okJSON(&bf, "entry", "backfill", "job", "--from", from.Format(time.RFC3339), "--to", to.Format(time.RFC3339), "--before-registration", "--json")
 	if bf.Ticks != 5 || len(bf.Fired) != 5 || bf.Already != 0 {
 		t.Fatalf("first backfill: %+v", bf)
 	}
@@ -66,20 +66,44 @@ func TestTriggerAndBackfill(t *testing.T) {
 			t.Errorf("backfilled task %s not in Redis: %v", id, err)
 		}
 	}
-	e.okJSON(&bf, "entry", "backfill", "job", "--from", from.Format(time.RFC3339), "--to", to.Format(time.RFC3339), "--json")
+	e.okJSON(&bf, "entry", "backfill", "job", "--from", from.Format(time.RFC3339), "--to", to.Format(time.RFC3339), "--before-registration", "--json")
 	if bf.Ticks != 5 || len(bf.Fired) != 0 || bf.Already != 5 {
 		t.Errorf("second backfill created tasks: %+v", bf)
 	}
 	if n := len(pendingTasks(t, ins, "jobs")); n != 7 {
 		t.Errorf("%d pending tasks, want 7 (2 triggers + 5 backfilled)", n)
 	}
-	text := e.ok("entry", "backfill", "job", "--from", from.Format(time.RFC3339), "--to", to.Format(time.RFC3339))
+	text := e.ok("entry", "backfill", "job", "--from", from.Format(time.RFC3339), "--to", to.Format(time.RFC3339), "--before-registration")
 	if !strings.Contains(text, "5 ticks, 0 fired now, 5 had fired already") {
 		t.Errorf("backfill text: %s", text)
 	}
 	msg := e.fail("entry", "backfill", "job", "--from", "-1m", "--to", "+1h")
 	if !strings.Contains(msg, "future") {
 		t.Errorf("backfill into the future: %s", msg)
+	}
+	// Guard rails: ticks the entry never had are refused unless asked; a
+	// dry run shows what would fire and fires nothing; without a terminal
+	// more than --max-changes ticks are refused unless --yes.
+	earlier := from.Add(-5 * time.Minute)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--from", earlier.Format(time.RFC3339), "--to", to.Format(time.RFC3339)}, "before entry job was registered"},
+		{[]string{"--from", earlier.Format(time.RFC3339), "--to", to.Format(time.RFC3339), "--before-registration", "--max-changes", "2"}, "would fire 5 ticks, more than --max-changes 2"},
+		{[]string{"--from", to.Format(time.RFC3339), "--to", from.Format(time.RFC3339)}, "--to"},
+	} {
+		r := e.run(append([]string{"entry", "backfill", "job"}, c.args...)...)
+		if r.code != exitUsage || !strings.Contains(r.stderr, c.want) {
+			t.Errorf("exit %d, want %d saying %q:\n%s", r.code, exitUsage, c.want, r)
+		}
+	}
+	dry := e.ok("entry", "backfill", "job", "--from", earlier.Format(time.RFC3339), "--to", to.Format(time.RFC3339), "--before-registration", "--dry-run")
+	if !strings.Contains(dry, "5 fired already, 5 to fire") || !strings.Contains(dry, "dry run: would fire 5 ticks; nothing changed") {
+		t.Errorf("dry run: %s", dry)
+	}
+	if n := len(pendingTasks(t, ins, "jobs")); n != 7 {
+		t.Errorf("%d pending tasks after the refusals and the dry run, want 7", n)
 	}
 
 	// Every fire wrote its fired record to the outbox with the task (a

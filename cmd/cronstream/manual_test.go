@@ -54,7 +54,7 @@ func TestManualFiresBesideOtherEntries(t *testing.T) {
 	}
 
 	var bf manualBackfillJSON
-	e.okJSON(&bf, "entry", "backfill", "t1", "--from", "-60s", "--to", "now", "--json")
+	e.okJSON(&bf, "entry", "backfill", "t1", "--from", "-60s", "--to", "now", "--json", "--before-registration")
 	// t1 is seconds old: at most the ticks since its registration (and one
 	// more the replica may fire meanwhile) had fired before.
 	sinceReg := int(time.Since(bf.Registered)/(2*time.Second)) + 2
@@ -68,7 +68,7 @@ func TestManualFiresBesideOtherEntries(t *testing.T) {
 	if n := entryTasks(t, e, "q1", "t1"); n < bf.Ticks {
 		t.Errorf("%d tasks of t1 after backfilling %d ticks", n, bf.Ticks)
 	}
-	text := e.ok("entry", "backfill", "t1", "--from", "-60s", "--to", "-30s")
+	text := e.ok("entry", "backfill", "t1", "--from", "-60s", "--to", "-30s", "--before-registration")
 	if !strings.Contains(text, "0 fired now") || !strings.Contains(text, "before entry t1 was registered") {
 		t.Errorf("repeated backfill: %s", text)
 	}
@@ -90,7 +90,7 @@ func TestManualFireRefusedExitsNonZero(t *testing.T) {
 	if !strings.Contains(msg, "revision-fenced") {
 		t.Errorf("refused trigger: %s", msg)
 	}
-	r := e.run("entry", "backfill", "r1", "--from", "-20s", "--to", "-1s")
+	r := e.run("entry", "backfill", "r1", "--from", "-20s", "--to", "-1s", "--before-registration")
 	if r.code == 0 || !strings.Contains(r.stderr, "revision-fenced") || strings.Contains(r.stdout, "had fired already") && !strings.Contains(r.stdout, " 0 had fired already") {
 		t.Errorf("refused backfill:\n%s", r)
 	}
@@ -158,8 +158,8 @@ func TestManualFiresWhileEntriesChange(t *testing.T) {
 		}
 	}
 	var bfA, bfB manualBackfillJSON
-	e.okJSON(&bfA, "entry", "backfill", "a", "--from", "-40s", "--to", "now", "--json")
-	e.okJSON(&bfB, "entry", "backfill", "b", "--from", "-40s", "--to", "now", "--json")
+	e.okJSON(&bfA, "entry", "backfill", "a", "--from", "-40s", "--to", "now", "--before-registration", "--json")
+	e.okJSON(&bfB, "entry", "backfill", "b", "--from", "-40s", "--to", "now", "--before-registration", "--json")
 	close(stop)
 	if err := <-changed; err != nil {
 		t.Fatal(err)

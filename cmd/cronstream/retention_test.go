@@ -73,16 +73,16 @@ func TestCatchupBeyondRetention(t *testing.T) {
 	}
 	// A backfill reaching before the retention says its oldest ticks
 	// cannot be checked against history.
-	out := e.ok("entry", "backfill", "via-client", "--from", "-3h", "--to", "now")
+	out := e.ok("entry", "backfill", "via-client", "--from", "-3h", "--to", "now", "--before-registration")
 	if !strings.Contains(out, "older than the activity stream's retention (2h0m0s)") {
 		t.Errorf("backfill past the retention does not say so:\n%s", out)
 	}
 	var bf backfillResult
-	e.okJSON(&bf, "entry", "backfill", "via-client", "--from", "-3h", "--to", "now", "--json")
+	e.okJSON(&bf, "entry", "backfill", "via-client", "--from", "-3h", "--to", "now", "--before-registration", "--json")
 	if bf.HistoryFrom == nil || time.Since(*bf.HistoryFrom) < 2*time.Hour-time.Minute {
 		t.Errorf("backfill --json history_from %v, want two hours ago", bf.HistoryFrom)
 	}
-	if out := e.ok("entry", "backfill", "via-client", "--from", "-1h", "--to", "now"); strings.Contains(out, "retention") {
+	if out := e.ok("entry", "backfill", "via-client", "--from", "-1h", "--to", "now", "--before-registration"); strings.Contains(out, "retention") {
 		t.Errorf("backfill within the retention warns:\n%s", out)
 	}
 	if code := p.stop(syscall.SIGTERM, 30*time.Second); code != 0 {

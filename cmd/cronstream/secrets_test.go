@@ -101,7 +101,7 @@ func TestSecretsNeverPrinted(t *testing.T) {
 		{"entry", "resume", "known"},
 		{"entry", "history", "known"},
 		{"entry", "trigger", "known"},
-		{"entry", "backfill", "known", "--from", "-2h", "--to", "now"},
+		{"entry", "backfill", "known", "--from", "-2h", "--to", "now", "--before-registration"},
 		{"sync", "-f", schedules},
 		{"audit", "--since", "-1h"},
 		{"status"},
@@ -264,7 +264,7 @@ func TestRedisDownOneLine(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, false) // Redis at 127.0.0.1:1
 	e.ok("entry", "put", "known", "--cron", "@daily", "--type", "t")
-	for _, args := range [][]string{{"entry", "trigger", "known"}, {"entry", "backfill", "known", "--from", "-2h", "--to", "now"}} {
+	for _, args := range [][]string{{"entry", "trigger", "known"}, {"entry", "backfill", "known", "--from", "-2h", "--to", "now", "--before-registration"}} {
 		msg := e.fail(args...)
 		if lines := strings.Split(strings.TrimSpace(msg), "\n"); len(lines) != 1 || !strings.HasPrefix(lines[0], "cronstream: ") {
 			t.Errorf("cronstream %s: want one error line, got:\n%s", strings.Join(args, " "), msg)
