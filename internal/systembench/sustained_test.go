@@ -64,7 +64,7 @@ func sustained(b *testing.B, n, secs, k int) {
 	to := from.Add(time.Duration(secs) * time.Second)
 	waitUntil(from)
 	stopPerf := perfRecord(b, ps[0], os.Getenv("CRONSTREAM_BENCH_PERF"), 199)
-	stopSampling := s.sampleBacklog("default", 250*time.Millisecond)
+	stopSampling := s.sampleBacklog(250*time.Millisecond, "default")
 	resetCommandStats(b, s.rc)
 	cpu0, fires0, msgs0, attempts0 := s.cpu(ps), s.pending("default"), s.activityMsgs(), fireAttempts(ps)
 	waitUntil(to)
