@@ -3,7 +3,6 @@
 package testenv
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
@@ -159,34 +158,49 @@ func writeCgroupFile(dir, name, value string) error {
 	return nil
 }
 
-// cpuHierarchy finds where this process may make CPU groups: its own
-// cgroup in the v1 hierarchy that has the cpu controller, else its own
-// cgroup v2 group when the cpu controller can be given to the groups below
-// it. An error wraps ErrNoCPUGroup with the reason.
+// cpuHierarchy finds where this process may make CPU groups (see
+// pickCPUHierarchy). An error wraps ErrNoCPUGroup with the reason.
 func cpuHierarchy() (dir string, v2 bool, err error) {
-	mounts, err := cgroupMounts()
+	mountinfo, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		return "", false, fmt.Errorf("%w: %v", ErrNoCPUGroup, err)
 	}
-	own, err := ownCgroups()
+	own, err := os.ReadFile("/proc/self/cgroup")
 	if err != nil {
 		return "", false, fmt.Errorf("%w: %v", ErrNoCPUGroup, err)
 	}
+	return pickCPUHierarchy(parseMountinfo(string(mountinfo)), parseProcCgroup(string(own)), delegateCPU)
+}
+
+// pickCPUHierarchy picks where to make CPU groups: this process's own group
+// in the v1 hierarchy that has the cpu controller; else, under cgroup v2,
+// its own group or else the hierarchy's top, the first below which delegate
+// can make the cpu controller available (the kernel lets a group with
+// processes of its own give controllers to groups below it only at the
+// top).
+func pickCPUHierarchy(mounts []cgroupMount, own map[string]string, delegate func(dir string) error) (dir string, v2 bool, err error) {
 	for _, m := range mounts {
 		if !m.v2 && slices.Contains(m.options, "cpu") {
 			return m.join(own["cpu"]), false, nil
 		}
 	}
+	var why []string
 	for _, m := range mounts {
-		if m.v2 {
-			dir := m.join(own[""])
-			if err := delegateCPU(dir); err != nil {
-				return "", false, fmt.Errorf("%w: %v", ErrNoCPUGroup, err)
+		if !m.v2 {
+			continue
+		}
+		for _, dir := range slices.Compact([]string{m.join(own[""]), m.point}) {
+			err := delegate(dir)
+			if err == nil {
+				return dir, true, nil
 			}
-			return dir, true, nil
+			why = append(why, err.Error())
 		}
 	}
-	return "", false, fmt.Errorf("%w: no cgroup hierarchy with the cpu controller is mounted", ErrNoCPUGroup)
+	if len(why) == 0 {
+		return "", false, fmt.Errorf("%w: no cgroup hierarchy with the cpu controller is mounted", ErrNoCPUGroup)
+	}
+	return "", false, fmt.Errorf("%w: %s", ErrNoCPUGroup, strings.Join(why, "; "))
 }
 
 // delegateCPU makes sure the cgroup v2 groups below dir can use the cpu
@@ -226,17 +240,12 @@ func (m cgroupMount) join(path string) string {
 	return filepath.Join(m.point, path)
 }
 
-func cgroupMounts() ([]cgroupMount, error) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
+// parseMountinfo reads the cgroup hierarchies of /proc/self/mountinfo.
+func parseMountinfo(mountinfo string) []cgroupMount {
 	var out []cgroupMount
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
+	for _, line := range strings.Split(mountinfo, "\n") {
 		// "<id> <parent> <dev> <root> <point> <options> [optional...] - <type> <source> <super options>"
-		left, right, ok := strings.Cut(sc.Text(), " - ")
+		left, right, ok := strings.Cut(line, " - ")
 		l, r := strings.Fields(left), strings.Fields(right)
 		if !ok || len(l) < 5 || len(r) < 3 {
 			continue
@@ -248,18 +257,14 @@ func cgroupMounts() ([]cgroupMount, error) {
 			out = append(out, cgroupMount{root: l[3], point: l[4], v2: true})
 		}
 	}
-	return out, sc.Err()
+	return out
 }
 
-// ownCgroups maps each v1 controller of /proc/self/cgroup to this process's
-// group path in its hierarchy; "" is the v2 group.
-func ownCgroups() (map[string]string, error) {
-	b, err := os.ReadFile("/proc/self/cgroup")
-	if err != nil {
-		return nil, err
-	}
+// parseProcCgroup maps each v1 controller of /proc/self/cgroup to this
+// process's group path in its hierarchy; "" is the v2 group.
+func parseProcCgroup(procCgroup string) map[string]string {
 	out := map[string]string{}
-	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+	for _, line := range strings.Split(strings.TrimSpace(procCgroup), "\n") {
 		parts := strings.SplitN(line, ":", 3)
 		if len(parts) != 3 {
 			continue
@@ -272,5 +277,5 @@ func ownCgroups() (map[string]string, error) {
 			out[c] = parts[2]
 		}
 	}
-	return out, nil
+	return out
 }
