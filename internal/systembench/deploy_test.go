@@ -100,8 +100,8 @@ const (
 	firstTickTimeout = 2 * time.Minute
 	// readGrace is how long after a window's end its ticks are read back
 	// from Redis: a tick fired later than that counts as missed. It is
-	// the catch-up grace, after which a replica skips a tick rather than
-	// firing it late.
+	// the catch-up grace (scheduler.DefaultGrace), after which a replica
+	// records a tick as skipped rather than firing it late.
 	readGrace = 5 * time.Second
 	// serverCoreLimit is the most of a core redis-server or nats-server may
 	// use in a window that measures cronstream: above it the window
@@ -242,7 +242,7 @@ type window struct {
 	backlogMax   int64
 	backlogSlope float64
 	replicas     []time.Duration // CPU of each replica
-	throttled    []time.Duration // of each replica's CPU group
+	throttled    []time.Duration // of each replica's CPU group (cpu.stat: summed over the CPUs)
 	redis, nats  time.Duration
 	harness      time.Duration
 	attempts     attempts
@@ -403,7 +403,7 @@ func (w window) String() string {
 	for i, c := range w.replicas {
 		s := fmt.Sprintf("%.3f", w.cores(c))
 		if i < len(w.throttled) {
-			s += fmt.Sprintf(" (throttled %.0f%%)", 100*w.cores(w.throttled[i]))
+			s += fmt.Sprintf(" (throttled %.2f s)", w.throttled[i].Seconds())
 		}
 		cores = append(cores, s)
 	}
