@@ -238,7 +238,10 @@ type window struct {
 	lagP50, lagP99, lagMax time.Duration
 	// backlogMax and backlogSlope are the fires without an event in the
 	// activity stream: the largest sample, and the least-squares slope
-	// over the window's second half (fires per second).
+	// over the window (fires per second). The deployment is warm, so the
+	// whole window counts: the longer the window, the smaller the drift
+	// the slope tells from the relay's swing within each second (a window
+	// of a few seconds tells none).
 	backlogMax   int64
 	backlogSlope float64
 	replicas     []time.Duration // CPU of each replica
@@ -276,7 +279,8 @@ func (d *deployment) measure(secs int) window {
 		v, _ := p.metric("cronstream_late_entries")
 		w.late += v
 	}
-	w.backlogMax, w.backlogSlope = backlogTrend(samples)
+	w.backlogMax, _ = backlogTrend(samples)
+	w.backlogSlope = backlogSlope(samples)
 	waitUntil(to.Add(readGrace))
 	d.readTicks(&w, from, to)
 	return w

@@ -26,7 +26,7 @@ import (
 // lag p99 (the task's pending_since minus its tick) at most 1 s, and the
 // backlog of fires without an event in the activity stream not growing by
 // more than a second's fires a minute (its least-squares slope over the
-// window's second half). Each probe is a fresh deployment (new servers,
+// window). Each probe is a fresh deployment (new servers,
 // entries registered, replicas started, ready, one tick of every entry
 // fired, then a warm-up of W seconds) torn down after its window. The
 // search doubles from S·N entries while probes hold, halves while they do

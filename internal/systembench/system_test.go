@@ -739,21 +739,26 @@ func backlogTrend(samples []backlogSample) (largest int64, slope float64) {
 	for _, x := range samples {
 		largest = max(largest, x.events)
 	}
-	half := samples[len(samples)/2:]
-	if len(half) < 2 {
-		return largest, 0
+	return largest, backlogSlope(samples[len(samples)/2:])
+}
+
+// backlogSlope is the least-squares slope of the samples (events per
+// second); 0 for fewer than two.
+func backlogSlope(samples []backlogSample) (slope float64) {
+	if len(samples) < 2 {
+		return 0
 	}
 	var sx, sy, sxx, sxy float64
-	for _, x := range half {
-		t := x.at.Sub(half[0].at).Seconds()
+	for _, x := range samples {
+		t := x.at.Sub(samples[0].at).Seconds()
 		y := float64(x.events)
 		sx, sy, sxx, sxy = sx+t, sy+y, sxx+t*t, sxy+t*y
 	}
-	n := float64(len(half))
+	n := float64(len(samples))
 	if d := n*sxx - sx*sx; d != 0 {
 		slope = (n*sxy - sx*sy) / d
 	}
-	return largest, slope
+	return slope
 }
 
 // slowlog records every Redis call that takes slowCallMin or more of
