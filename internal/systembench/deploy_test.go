@@ -228,7 +228,8 @@ type window struct {
 	secs    int
 	warmErr string
 	wall    time.Duration
-	// fires is the tasks fired during the window, whatever their tick.
+	// fires is the tasks fired during the window, whatever their tick:
+	// what the CPU of the window was spent on.
 	fires int64
 	// ticks is entries × seconds of the window; missed is those of them
 	// with no task readGrace after the window's end; lags are the fired
@@ -346,7 +347,17 @@ func (w window) cores(d time.Duration) float64 {
 	return d.Seconds() / w.wall.Seconds()
 }
 
-func (w window) firesPerSec() float64 { return float64(w.fires) / w.wall.Seconds() }
+// firesPerSec is the ticks of the window that fired, a second: what the
+// deployment keeps up with. A deployment behind fires ticks from before
+// the window during it and ticks of its end after it; counting the
+// window's ticks, not the tasks written during it, leaves out the first
+// and counts the second, which a short window would otherwise see as
+// more fires a second than the deployment can keep.
+func (w window) firesPerSec() float64 { return float64(w.ticks-w.missed) / float64(w.secs) }
+
+// tasksPerSec is the tasks written during the window, a second, whatever
+// their tick.
+func (w window) tasksPerSec() float64 { return float64(w.fires) / w.wall.Seconds() }
 
 func (w window) replicaCPU() time.Duration {
 	var sum time.Duration
@@ -411,10 +422,10 @@ func (w window) String() string {
 		}
 		cores = append(cores, s)
 	}
-	return fmt.Sprintf("%d entries over %d queues, %d replica(s), %d s: %.0f fires/s; lag p50 %s p99 %s max %s; %d of %d ticks missed; "+
+	return fmt.Sprintf("%d entries over %d queues, %d replica(s), %d s: %.0f ticks fired a second (%.0f tasks written a second); lag p50 %s p99 %s max %s; %d of %d ticks missed; "+
 		"event backlog largest %d, slope %+.1f fires/s; cores: replicas %s, redis-server %.3f, nats-server %.3f, harness %.3f; "+
 		"%.2f fire attempts per fire (%.0f refused, %.0f skipped records); %.0f late entries at the end",
-		w.cfg.entries, w.cfg.queues, w.cfg.replicas, w.secs, w.firesPerSec(),
+		w.cfg.entries, w.cfg.queues, w.cfg.replicas, w.secs, w.firesPerSec(), w.tasksPerSec(),
 		w.lagP50.Round(time.Millisecond), w.lagP99.Round(time.Millisecond), w.lagMax.Round(time.Millisecond), w.missed, w.ticks,
 		w.backlogMax, w.backlogSlope, strings.Join(cores, ", "), w.cores(w.redis), w.cores(w.nats), w.cores(w.harness),
 		(w.attempts.fired+w.attempts.refused)/max(w.attempts.fired, 1), w.attempts.refused, w.attempts.skipped, w.late)

@@ -68,8 +68,8 @@ func BenchmarkSustained(b *testing.B) {
 //
 // It reports, as medians over the rounds: the CPU per fire of the replica
 // processes plus redis-server (r1-cpu-us/fire, r3-cpu-us/fire), each's
-// redis-server and nats-server share, fires a second, lag p99 and missed
-// ticks; and the medians of each round's ratios, three against one: CPU
+// redis-server and nats-server share, fires a second (the window's ticks
+// that fired, a second), lag p99 and missed ticks; and the medians of each round's ratios, three against one: CPU
 // per fire (cpu-ratio-3/1; goal ≤ 1.15 at 10,000 entries), fires a second
 // (fires-ratio-3/1; goal ≥ 1 at 30,000), and the busiest of the three
 // replicas' own CPU per fire against the lone replica's (busiest-ratio-3/1).
