@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -38,6 +40,8 @@ import (
 // CRONSTREAM_BENCH_PERF names a file: the first replica's CPU is then
 // recorded over the window with perf (perf record -e cpu-clock -g; read it
 // with perf report --children), where perf is installed.
+//
+// replicas=3vs1 compares the two sides in rounds (replicaCost).
 func BenchmarkSustained(b *testing.B) {
 	n := envInt("CRONSTREAM_BENCH_ENTRIES", 1_000)
 	secs := envInt("CRONSTREAM_BENCH_SECONDS", 10)
@@ -48,6 +52,98 @@ func BenchmarkSustained(b *testing.B) {
 			}
 		})
 	}
+	b.Run("replicas=3vs1", func(b *testing.B) {
+		for range b.N {
+			replicaCost(b, n, secs)
+		}
+	})
+}
+
+// replicaCost compares three replicas with one, without CPU quotas, in
+// interleaved rounds: each round deploys N entries `@every 1s` over 8
+// queues with one replica and with three (the order alternating from round
+// to round), each a fresh deployment with nats-server a process of its own
+// and the warm-up of BenchmarkScaleOut, and measures a window of D seconds
+// (fires read back from Redis, as BenchmarkScaleOut reads them).
+//
+// It reports, as medians over the rounds: the CPU per fire of the replica
+// processes plus redis-server (r1-cpu-us/fire, r3-cpu-us/fire), each's
+// redis-server and nats-server share, fires a second (the window's ticks
+// that fired, a second), lag p99 and missed ticks; and the medians of each round's ratios, three against one: CPU
+// per fire (cpu-ratio-3/1; goal ≤ 1.15 at 10,000 entries), fires a second
+// (fires-ratio-3/1; goal ≥ 1 at 30,000), and the busiest of the three
+// replicas' own CPU per fire against the lone replica's (busiest-ratio-3/1).
+//
+//	CRONSTREAM_BENCH_ENTRIES=10000 CRONSTREAM_BENCH_SECONDS=60 CRONSTREAM_BENCH_ROUNDS=3 go test -run '^$' -bench 'BenchmarkSustained/replicas=3vs1' -benchtime 1x -timeout 60m -v ./internal/systembench/
+//
+// CRONSTREAM_BENCH_ROUNDS is the rounds (default 2), CRONSTREAM_BENCH_QUEUES
+// the queues (default 8), CRONSTREAM_BENCH_WARMUP_SECONDS the warm-up
+// (default 5).
+func replicaCost(b *testing.B, n, secs int) {
+	rounds := envInt("CRONSTREAM_BENCH_ROUNDS", 2)
+	cfg := deployConfig{entries: n, queues: envInt("CRONSTREAM_BENCH_QUEUES", 8),
+		warmup: time.Duration(envInt("CRONSTREAM_BENCH_WARMUP_SECONDS", 5)) * time.Second}
+	runs := map[int][]window{}
+	for round := range rounds {
+		order := []int{1, 3}
+		if round%2 == 1 {
+			order = []int{3, 1}
+		}
+		for _, k := range order {
+			c := cfg
+			c.replicas = k
+			d := deploy(b, c)
+			w := d.measure(secs)
+			d.close()
+			b.Logf("round %d: %s", round+1, w)
+			runs[k] = append(runs[k], w)
+		}
+	}
+	var cpuRatio, firesRatio, busiestRatio []float64
+	for i := range rounds {
+		one, three := runs[1][i], runs[3][i]
+		cpuRatio = append(cpuRatio, ratio(three.perFire(three.replicaCPU()+three.redis), one.perFire(one.replicaCPU()+one.redis)))
+		firesRatio = append(firesRatio, ratio(three.firesPerSec(), one.firesPerSec()))
+		busiestRatio = append(busiestRatio, ratio(three.perFire(slices.Max(three.replicas)), one.perFire(one.replicaCPU())))
+	}
+	for _, k := range []int{1, 3} {
+		var cpu, redisCPU, natsCPU, fires, lag, missed []float64
+		for _, w := range runs[k] {
+			cpu = append(cpu, w.perFire(w.replicaCPU()+w.redis))
+			redisCPU = append(redisCPU, w.perFire(w.redis))
+			natsCPU = append(natsCPU, w.perFire(w.nats))
+			fires = append(fires, w.firesPerSec())
+			lag = append(lag, ms(w.lagP99))
+			missed = append(missed, float64(w.missed))
+		}
+		b.ReportMetric(median(cpu), fmt.Sprintf("r%d-cpu-us/fire", k))
+		b.ReportMetric(median(redisCPU), fmt.Sprintf("r%d-redis-cpu-us/fire", k))
+		b.ReportMetric(median(natsCPU), fmt.Sprintf("r%d-nats-cpu-us/fire", k))
+		b.ReportMetric(median(fires), fmt.Sprintf("r%d-fires/s", k))
+		b.ReportMetric(median(lag), fmt.Sprintf("r%d-lag-p99-ms", k))
+		b.ReportMetric(median(missed), fmt.Sprintf("r%d-missed-ticks", k))
+	}
+	b.ReportMetric(median(cpuRatio), "cpu-ratio-3/1")
+	b.ReportMetric(median(firesRatio), "fires-ratio-3/1")
+	b.ReportMetric(median(busiestRatio), "busiest-ratio-3/1")
+	b.Logf("%d entries, %d round(s): three replicas against one, per round: CPU per fire (replicas + redis-server) %s, fires a second %s, the busiest replica's CPU per fire against the lone one's %s",
+		n, rounds, fmtRatios(cpuRatio), fmtRatios(firesRatio), fmtRatios(busiestRatio))
+}
+
+// ratio is a/b, 0 when b is.
+func ratio(a, b float64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return a / b
+}
+
+func fmtRatios(rs []float64) string {
+	var parts []string
+	for _, r := range rs {
+		parts = append(parts, fmt.Sprintf("%.2f", r))
+	}
+	return strings.Join(parts, ", ")
 }
 
 func sustained(b *testing.B, n, secs, k int) {
@@ -64,7 +160,7 @@ func sustained(b *testing.B, n, secs, k int) {
 	to := from.Add(time.Duration(secs) * time.Second)
 	waitUntil(from)
 	stopPerf := perfRecord(b, ps[0], os.Getenv("CRONSTREAM_BENCH_PERF"), 199)
-	stopSampling := s.sampleBacklog("default", 250*time.Millisecond)
+	stopSampling := s.sampleBacklog(250*time.Millisecond, "default")
 	resetCommandStats(b, s.rc)
 	cpu0, fires0, msgs0, attempts0 := s.cpu(ps), s.pending("default"), s.activityMsgs(), fireAttempts(ps)
 	waitUntil(to)

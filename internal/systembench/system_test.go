@@ -33,31 +33,57 @@ import (
 // /proc, the activity stream, the outbox length, SLOWLOG).
 
 var (
-	buildOnce sync.Once
-	buildDir  string
-	binPath   string
-	buildErr  error
+	buildMu  sync.Mutex
+	buildDir string
+	// built holds each binary built so far by name, or the error that
+	// stopped its build.
+	built = map[string]builtBinary{}
 )
 
-// cronstreamBin builds ./cmd/cronstream once per test process, without the
-// race detector: the benchmarks measure the binary a deployment runs.
-func cronstreamBin(b *testing.B) string {
+type builtBinary struct {
+	path string
+	err  error
+}
+
+// buildBinary builds a binary once per test process into buildDir (removed by
+// TestMain), without the race detector: the benchmarks measure the
+// binaries a deployment runs.
+func buildBinary(b testing.TB, name string, build func(dir string) (string, error)) string {
 	b.Helper()
-	buildOnce.Do(func() {
-		buildDir, buildErr = os.MkdirTemp("", "cronstream-systembench")
-		if buildErr != nil {
-			return
+	buildMu.Lock()
+	defer buildMu.Unlock()
+	bin, ok := built[name]
+	if !ok {
+		if buildDir == "" {
+			buildDir, bin.err = os.MkdirTemp("", "cronstream-systembench")
 		}
-		binPath = filepath.Join(buildDir, "cronstream")
-		out, err := exec.Command("go", "build", "-o", binPath, "github.com/cronstream/cronstream/cmd/cronstream").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build ./cmd/cronstream: %w\n%s", err, out)
+		if bin.err == nil {
+			bin.path, bin.err = build(buildDir)
 		}
-	})
-	if buildErr != nil {
-		b.Fatal(buildErr)
+		built[name] = bin
 	}
-	return binPath
+	if bin.err != nil {
+		b.Fatal(bin.err)
+	}
+	return bin.path
+}
+
+// cronstreamBin is ./cmd/cronstream, built once per test process.
+func cronstreamBin(b testing.TB) string {
+	return buildBinary(b, "cronstream", func(dir string) (string, error) {
+		path := filepath.Join(dir, "cronstream")
+		out, err := exec.Command("go", "build", "-o", path, "github.com/cronstream/cronstream/cmd/cronstream").CombinedOutput()
+		if err != nil {
+			return "", fmt.Errorf("go build ./cmd/cronstream: %w\n%s", err, out)
+		}
+		return path, nil
+	})
+}
+
+// natsServerBin is nats-server, built once per test process from the
+// module's dependency.
+func natsServerBin(b testing.TB) string {
+	return buildBinary(b, "nats-server", testenv.BuildNATSServer)
 }
 
 func envInt(name string, def int) int {
@@ -67,12 +93,13 @@ func envInt(name string, def int) int {
 	return def
 }
 
-// system is one deployment on this machine: an embedded nats-server (its
-// CPU is part of this test process's), a private redis-server, and the
-// replica processes started on them.
+// system is one deployment on this machine: a nats-server (embedded in
+// this test process, or a process of its own), a private redis-server, and
+// the replica processes started on them.
 type system struct {
-	b        *testing.B
-	nats     *testenv.NATS
+	b        testing.TB
+	nats     *testenv.NATS        // the embedded server; nil when natsProc runs
+	natsProc *testenv.NATSProcess // the server process; nil when embedded
 	redis    *testenv.Redis
 	rc       *redis.Client
 	js       jetstream.JetStream
@@ -81,18 +108,49 @@ type system struct {
 	bin      string
 }
 
-func newSystem(b *testing.B) *system {
+// systemConfig says how a system is set up; the zero value is the
+// embedded nats-server.
+type systemConfig struct {
+	// natsProcess runs nats-server as a process of its own, so its CPU is
+	// measured apart from this process's (the harness).
+	natsProcess bool
+}
+
+func newSystem(b testing.TB) *system { return newSystemWith(b, systemConfig{}) }
+
+func newSystemWith(b testing.TB, cfg systemConfig) *system {
 	b.Helper()
 	s := &system{b: b, bin: cronstreamBin(b), names: events.MustNames(events.DefaultPrefix)}
-	s.nats = testenv.StartNATS(b)
+	if cfg.natsProcess {
+		s.natsProc = testenv.StartNATSProcess(b, natsServerBin(b))
+		s.js = s.natsProc.JetStream(b)
+	} else {
+		s.nats = testenv.StartNATS(b)
+		s.js = s.nats.JetStream(b)
+	}
 	s.redis = testenv.StartRedis(b, testenv.WithPrivateServer())
 	s.rc = s.redis.Client(b)
-	s.js = s.nats.JetStream(b)
 	if err := events.EnsureStreams(context.Background(), s.js, events.StreamConfig{Names: s.names}); err != nil {
 		b.Fatal(err)
 	}
 	s.redisPID = redisPID(b, s.rc)
 	return s
+}
+
+func (s *system) natsURL() string {
+	if s.natsProc != nil {
+		return s.natsProc.URL()
+	}
+	return s.nats.URL()
+}
+
+// natsPID is the nats-server process's id, 0 when it is embedded in this
+// process.
+func (s *system) natsPID() int {
+	if s.natsProc != nil {
+		return s.natsProc.PID()
+	}
+	return 0
 }
 
 // env is the environment of a cronstream command on this system: the
@@ -104,7 +162,7 @@ func (s *system) env() []string {
 			out = append(out, kv)
 		}
 	}
-	return append(out, "CRONSTREAM_NATS="+s.nats.URL(), "CRONSTREAM_REDIS="+s.redis.URL)
+	return append(out, "CRONSTREAM_NATS="+s.natsURL(), "CRONSTREAM_REDIS="+s.redis.URL)
 }
 
 // command runs a cronstream command to completion and returns its run time.
@@ -137,6 +195,20 @@ type replicaProc struct {
 // loopback port; it is stopped at cleanup if the benchmark did not stop it.
 func (s *system) startReplica(id string, extra ...string) *replicaProc {
 	s.b.Helper()
+	return s.startReplicaWith(id, replicaConfig{args: extra})
+}
+
+// replicaConfig is what a replica is started with beyond its id and
+// endpoints; the zero value is a replica as startReplica starts it.
+type replicaConfig struct {
+	args []string // more flags of `cronstream run`
+	env  []string // more environment (GOMAXPROCS=1), after the system's
+	// group, when set, is the CPU group the process runs in.
+	group *testenv.CPUGroup
+}
+
+func (s *system) startReplicaWith(id string, cfg replicaConfig) *replicaProc {
+	s.b.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		s.b.Fatal(err)
@@ -148,11 +220,15 @@ func (s *system) startReplica(id string, extra ...string) *replicaProc {
 	if err != nil {
 		s.b.Fatal(err)
 	}
-	args := append([]string{"run", "--replica-id", id, "--http", addr, "--log-level", "warn"}, extra...)
+	args := append([]string{"run", "--replica-id", id, "--http", addr, "--log-level", "warn"}, cfg.args...)
 	p.cmd = exec.Command(s.bin, args...)
-	p.cmd.Env = s.env()
+	p.cmd.Env = append(s.env(), cfg.env...)
 	p.cmd.Stdout, p.cmd.Stderr = logFile, logFile
-	if err := p.cmd.Start(); err != nil {
+	start := p.cmd.Start
+	if cfg.group != nil {
+		start = func() error { return cfg.group.Start(p.cmd) }
+	}
+	if err := start(); err != nil {
 		_ = logFile.Close()
 		s.b.Fatal(err)
 	}
@@ -162,17 +238,22 @@ func (s *system) startReplica(id string, extra ...string) *replicaProc {
 		close(p.done)
 	}()
 	s.b.Cleanup(func() {
-		select {
-		case <-p.done:
-		default:
-			_ = p.cmd.Process.Kill()
-			<-p.done
-		}
+		p.kill()
 		if s.b.Failed() {
 			s.b.Logf("replica %s log tail:\n%s", p.id, p.logTail())
 		}
 	})
 	return p
+}
+
+// kill stops the process with SIGKILL (no flush) and waits for it.
+func (p *replicaProc) kill() {
+	select {
+	case <-p.done:
+	default:
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
 }
 
 func (p *replicaProc) pid() int { return p.cmd.Process.Pid }
@@ -196,7 +277,7 @@ func (p *replicaProc) exited() bool {
 
 // stop sends SIGTERM (the replica stops firing, flushes its outbox to NATS
 // and exits) and waits for the exit.
-func (p *replicaProc) stop(b *testing.B) {
+func (p *replicaProc) stop(b testing.TB) {
 	b.Helper()
 	if p.exited() {
 		return
@@ -213,7 +294,7 @@ func (p *replicaProc) stop(b *testing.B) {
 
 // stopAll stops the replicas at once, so none of them picks up the others'
 // entries while they go.
-func stopAll(b *testing.B, ps []*replicaProc) {
+func stopAll(b testing.TB, ps []*replicaProc) {
 	b.Helper()
 	for _, p := range ps {
 		if !p.exited() {
@@ -265,7 +346,7 @@ func (p *replicaProc) metric(name string) (float64, bool) {
 }
 
 // waitLoaded waits until every replica answers /readyz and knows n entries.
-func waitLoaded(b *testing.B, ps []*replicaProc, n int, timeout time.Duration) {
+func waitLoaded(b testing.TB, ps []*replicaProc, n int, timeout time.Duration) {
 	b.Helper()
 	for _, p := range ps {
 		testenv.Eventually(b, timeout, func() bool {
@@ -345,7 +426,7 @@ func selfCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-func redisPID(b *testing.B, rc *redis.Client) int {
+func redisPID(b testing.TB, rc *redis.Client) int {
 	b.Helper()
 	info, err := rc.Info(context.Background(), "server").Result()
 	if err != nil {
@@ -484,6 +565,23 @@ func (s *system) pending(queue string) int64 {
 	return s.rc.LLen(context.Background(), taskstate.Keys(queue).Pending()).Val()
 }
 
+// pendingAll is the sum of the queues' pending lists: every task fired into
+// them while no worker runs.
+func (s *system) pendingAll(queues []string) int64 {
+	ctx := context.Background()
+	pipe := s.rc.Pipeline()
+	cmds := make([]*redis.IntCmd, len(queues))
+	for i, q := range queues {
+		cmds[i] = pipe.LLen(ctx, taskstate.Keys(q).Pending())
+	}
+	_, _ = pipe.Exec(ctx)
+	var n int64
+	for _, c := range cmds {
+		n += c.Val()
+	}
+	return n
+}
+
 // fireObs is one fired event as read back from the activity stream, with
 // its task's enqueue time.
 type fireObs struct {
@@ -607,11 +705,11 @@ type backlogSample struct {
 }
 
 // sampleBacklog samples, every interval until the returned stop is called
-// (which returns the samples), how many of queue's fires have no event in
-// the activity stream yet: tasks in its pending list (the benchmarks that
-// sample run no workers) minus the stream's messages. Counting the outbox's
-// records instead would count the fires of one script call once.
-func (s *system) sampleBacklog(queue string, interval time.Duration) (stop func() []backlogSample) {
+// (which returns the samples), how many of the queues' fires have no event
+// in the activity stream yet: tasks in their pending lists (the benchmarks
+// that sample run no workers) minus the stream's messages. Counting the
+// outbox's records instead would count the fires of one script call once.
+func (s *system) sampleBacklog(interval time.Duration, queues ...string) (stop func() []backlogSample) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var samples []backlogSample
 	done := make(chan struct{})
@@ -620,7 +718,7 @@ func (s *system) sampleBacklog(queue string, interval time.Duration) (stop func(
 		t := time.NewTicker(interval)
 		defer t.Stop()
 		for {
-			samples = append(samples, backlogSample{at: time.Now(), events: s.pending(queue) - int64(s.activityMsgs())})
+			samples = append(samples, backlogSample{at: time.Now(), events: s.pendingAll(queues) - int64(s.activityMsgs())})
 			select {
 			case <-ctx.Done():
 				return
@@ -641,21 +739,26 @@ func backlogTrend(samples []backlogSample) (largest int64, slope float64) {
 	for _, x := range samples {
 		largest = max(largest, x.events)
 	}
-	half := samples[len(samples)/2:]
-	if len(half) < 2 {
-		return largest, 0
+	return largest, backlogSlope(samples[len(samples)/2:])
+}
+
+// backlogSlope is the least-squares slope of the samples (events per
+// second); 0 for fewer than two.
+func backlogSlope(samples []backlogSample) (slope float64) {
+	if len(samples) < 2 {
+		return 0
 	}
 	var sx, sy, sxx, sxy float64
-	for _, x := range half {
-		t := x.at.Sub(half[0].at).Seconds()
+	for _, x := range samples {
+		t := x.at.Sub(samples[0].at).Seconds()
 		y := float64(x.events)
 		sx, sy, sxx, sxy = sx+t, sy+y, sxx+t*t, sxy+t*y
 	}
-	n := float64(len(half))
+	n := float64(len(samples))
 	if d := n*sxx - sx*sx; d != 0 {
 		slope = (n*sxy - sx*sy) / d
 	}
-	return largest, slope
+	return slope
 }
 
 // slowlog records every Redis call that takes slowCallMin or more of
@@ -664,7 +767,7 @@ func backlogTrend(samples []backlogSample) (largest int64, slope float64) {
 // call: Redis logs the commands a script runs as well as the script, and
 // with every call logged (about a dozen per recovered task) the logging
 // itself, done inside the script, lengthened the calls it measured.
-func slowlog(b *testing.B, rc *redis.Client) (stop func() slowCall) {
+func slowlog(b testing.TB, rc *redis.Client) (stop func() slowCall) {
 	b.Helper()
 	ctx := context.Background()
 	prev, err := rc.ConfigGet(ctx, "slowlog-*").Result()
@@ -794,7 +897,7 @@ type commandTime struct {
 }
 
 // resetCommandStats starts a window of Redis's per-command counters.
-func resetCommandStats(b *testing.B, rc *redis.Client) {
+func resetCommandStats(b testing.TB, rc *redis.Client) {
 	b.Helper()
 	if err := rc.ConfigResetStat(context.Background()).Err(); err != nil {
 		b.Fatal(err)
@@ -804,7 +907,7 @@ func resetCommandStats(b *testing.B, rc *redis.Client) {
 // commandStats returns the commands Redis ran since resetCommandStats, the
 // most server time first. Commands a script runs count under their own
 // names as well as in the script's time.
-func commandStats(b *testing.B, rc *redis.Client) []commandTime {
+func commandStats(b testing.TB, rc *redis.Client) []commandTime {
 	b.Helper()
 	info, err := rc.Info(context.Background(), "commandstats").Result()
 	if err != nil {

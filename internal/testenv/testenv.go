@@ -9,11 +9,17 @@
 // isolates each call on its own logical database (1..15), claimed across test
 // processes through keys in database 0. Redis clusters always run locally.
 //
+// StartNATSProcess runs nats-server as a process of its own (the binary
+// BuildNATSServer builds from the module's dependency), for benchmarks that
+// measure the server's CPU apart from the test's. NewCPUGroup makes a
+// cgroup that limits the processes started in it to a share of a core
+// (root, or a delegated cgroup v2; ErrNoCPUGroup elsewhere).
+//
 // StartProxy puts a TCP proxy the test can cut (blackhole or drop) between
 // a client and a server, to stall or break a connection.
 //
 // It also owns Eventually, the project's one way for a test to wait for a
-// condition.
+// condition (WaitFor is its form that reports instead of failing).
 //
 // It never mocks a server and never touches a server it did not start, except
 // the one named by REDIS_URL. It is for tests only; non-test code must not
@@ -47,6 +53,12 @@ func Eventually(t testing.TB, timeout time.Duration, cond func() bool, format st
 	}
 	t.Fatalf("condition not met within %s: %s", timeout, fmt.Sprintf(format, args...))
 }
+
+// WaitFor polls cond like Eventually and reports whether it became true
+// before timeout, for a caller that goes on either way: a benchmark for
+// which a condition not met is a finding (a deployment that cannot keep
+// up), not a failure.
+func WaitFor(timeout time.Duration, cond func() bool) bool { return waitFor(timeout, cond) }
 
 // waitFor reports whether cond became true before timeout. cond is always
 // evaluated at least once, and once more after the deadline has passed, so a
