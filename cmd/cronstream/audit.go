@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
 	"github.com/cronstream/cronstream/audit"
@@ -151,6 +152,19 @@ func runAudit(cmd *cobra.Command, g *globalFlags, f *auditFlags) error {
 		return err
 	}
 	defer s.Close()
+	if f.entry != "" {
+		// An entry that never had a config event is a typo more often than
+		// an empty history: say so, as describe does.
+		stream, err := s.js.Stream(ctx, s.names.ConfigStream())
+		if err != nil {
+			return fmt.Errorf("look up entry %s: %w", f.entry, err)
+		}
+		if _, err := stream.GetLastMsgForSubject(ctx, s.names.ConfigSubject(f.entry)); errors.Is(err, jetstream.ErrMsgNotFound) {
+			return fmt.Errorf("entry %s: %w: it never had a config event", f.entry, events.ErrNotFound)
+		} else if err != nil {
+			return fmt.Errorf("look up entry %s: %w", f.entry, err)
+		}
+	}
 	lost := func() error { return nil }
 	if f.follow {
 		var cancel context.CancelFunc

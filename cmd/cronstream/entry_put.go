@@ -247,7 +247,10 @@ func (f *putFlags) patch(cmd *cobra.Command, e *events.Entry) error {
 			e.Task.Headers[k] = v
 		}
 	}
-	return errors.Join(errs...)
+	if len(errs) > 0 {
+		return usageError{errors.Join(errs...)}
+	}
+	return nil
 }
 
 func readPayload(cmd *cobra.Command, path string) ([]byte, error) {
@@ -288,7 +291,9 @@ func invalidEntryError(id string, err error) error {
 		}
 		b.WriteString(": " + fe.Reason)
 	}
-	return errors.New(b.String())
+	// Values the user gave that cronstream refuses: a usage error (64),
+	// whatever part of the entry they are in.
+	return usageError{errors.New(b.String())}
 }
 
 // putResult is what `entry put --json` prints.

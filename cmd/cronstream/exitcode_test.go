@@ -3,6 +3,8 @@ package main
 import (
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -28,7 +30,10 @@ func TestExitCodes(t *testing.T) {
 	}{
 		{"success", []string{"entry", "get", "known"}, 0, ""},
 		{"error", []string{"sync", "-f", "/nonexistent/s.yaml"}, 1, "no such file"},
-		{"invalid entry", []string{"entry", "put", "x", "--cron", "61 * * * *", "--type", "t"}, 1, "cron"},
+		{"invalid entry", []string{"entry", "put", "x", "--cron", "61 * * * *", "--type", "t"}, 64, "cron"},
+		{"invalid timezone", []string{"entry", "put", "x", "--cron", "@daily", "--type", "t", "--timezone", "Mars/Olympus"}, 64, "timezone"},
+		{"backfill range backwards", []string{"entry", "backfill", "known", "--from", "-1h", "--to", "-2h"}, 64, "--to"},
+		{"audit of an entry that never was", []string{"audit", "--entry", "never-was"}, 3, "never-was"},
 		{"dry run in sync", []string{"sync", "-f", inSync, "--dry-run", "--detailed-exitcode"}, 0, ""},
 		{"dry run with drift", []string{"sync", "-f", drift, "--dry-run", "--detailed-exitcode"}, 2, ""},
 		{"dry run with drift, json", []string{"sync", "-f", drift, "--dry-run", "--detailed-exitcode", "--json"}, 2, ""},
@@ -113,5 +118,18 @@ func TestBuildInfoFromLdflags(t *testing.T) {
 	version = ""
 	if b := readBuildInfo(); b.Version == "" {
 		t.Errorf("without -ldflags the version is empty: %+v", b)
+	}
+}
+
+// TestExitStatusTableInREADME: the README's exit-status table is --help's.
+func TestExitStatusTableInREADME(t *testing.T) {
+	t.Parallel()
+	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := strings.TrimPrefix(exitStatusHelp, "Exit status:\n")
+	if !strings.Contains(string(readme), table) {
+		t.Errorf("README.md does not hold the exit-status table of --help:\n%s", table)
 	}
 }

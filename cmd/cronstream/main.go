@@ -59,10 +59,10 @@ const exitStatusHelp = `Exit status:
   0   success
   1   error
   2   changes pending (only sync --dry-run --detailed-exitcode)
-  3   not found (the entry does not exist)
-  4   revision conflict (--if-revision, or a concurrent change)
-  5   NATS or Redis unavailable
-  64  usage: bad flags or arguments`
+  3   not found (an entry that does not exist, or never did for audit --entry)
+  4   revision conflict (--if-revision, a concurrent change, or a bulk write's entry changed since shown)
+  5   NATS or Redis unavailable (also a follow told --exit-on-disconnect)
+  64  usage: bad flags, arguments or values (the field named), or more changes than --max-changes without --yes`
 
 // Sentinel errors that choose an exit status; exitStatus maps them, and
 // the errors of the packages below, in this one place.
