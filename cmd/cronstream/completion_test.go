@@ -54,7 +54,7 @@ func TestCompletion(t *testing.T) {
 		{[]string{"entry", "put", "x", "--catchup", ""}, []string{"none", "latest", "all"}},
 		{[]string{"entry", "put", "x", "--overlap", ""}, []string{"allow", "skip", "buffer-one", "cancel-previous"}},
 		{[]string{"entry", "ls", "--state", "p"}, []string{"paused"}},
-		{[]string{"entry", "ls", "-o", ""}, []string{"table", "wide", "json", "yaml"}},
+		{[]string{"entry", "ls", "-o", ""}, []string{"table", "wide", "name", "json", "yaml"}},
 		{[]string{"audit", "--type", "fired,sk"}, []string{"fired,skipped"}},
 	} {
 		got, dir := completions(t, e, tc.args...)

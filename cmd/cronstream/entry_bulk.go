@@ -68,6 +68,7 @@ func (f *bulkFlags) filtered(cmd *cobra.Command) bool {
 func bulkArgs(listed bool) cobra.PositionalArgs {
 	return func(cmd *cobra.Command, args []string) error {
 		for _, id := range args {
+			id = strings.TrimPrefix(id, namePrefix)
 			check := events.ValidateID
 			if listed {
 				check = events.ValidateListedID
@@ -79,6 +80,10 @@ func bulkArgs(listed bool) cobra.PositionalArgs {
 		return nil
 	}
 }
+
+// namePrefix is what entry ls -o name puts before each id; the commands
+// that take ids take them with it too.
+const namePrefix = "entry/"
 
 // bulkResult is what a bulk write prints with --json.
 type bulkResult struct {
@@ -97,6 +102,10 @@ type bulkResult struct {
 // never overwritten. The summary (and the exit status: 4 when any
 // conflicted, 3 when any id was not found) says what became of each.
 func runBulkWrite(cmd *cobra.Command, g *globalFlags, conn *connFlags, rev *revisionFlag, f *bulkFlags, args []string, w bulkWrite) error {
+	args = slices.Clone(args)
+	for i, id := range args {
+		args[i] = strings.TrimPrefix(id, namePrefix) // as entry ls -o name prints them
+	}
 	filtered := f.filtered(cmd)
 	switch {
 	case len(args) == 0 && !filtered:

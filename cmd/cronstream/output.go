@@ -149,80 +149,117 @@ func nextFire(e events.Entry, now time.Time) (time.Time, bool) {
 	return tick.Add(s.Jitter(tick)).UTC(), true
 }
 
-// printEntryTable lists entries, one line each.
-func printEntryTable(w io.Writer, views []entryView) error {
+// tableOpts say how an entry table is printed.
+type tableOpts struct {
+	wide      bool // -o wide: the entry's policy columns too
+	noHeaders bool
+	// relative adds how long ago or ahead each time is, beside it (a
+	// terminal), measured from now.
+	relative bool
+	now      time.Time
+}
+
+// when shows t as fmtTime does, with its distance from now when relative.
+func (o tableOpts) when(t *time.Time) string {
+	if t == nil {
+		return "-"
+	}
+	if !o.relative {
+		return fmtTime(*t)
+	}
+	return fmtTime(*t) + " (" + relTime(*t, o.now) + ")"
+}
+
+// relTime is how far t is from now, in its largest whole unit: "in 4m",
+// "12s ago", "3d ago".
+func relTime(t, now time.Time) string {
+	d := t.Sub(now)
+	ago := d < 0
+	if ago {
+		d = -d
+	}
+	var n string
+	switch {
+	case d < 2*time.Minute:
+		n = fmt.Sprintf("%ds", int(d/time.Second))
+	case d < 2*time.Hour:
+		n = fmt.Sprintf("%dm", int(d/time.Minute))
+	case d < 48*time.Hour:
+		n = fmt.Sprintf("%dh", int(d/time.Hour))
+	default:
+		n = fmt.Sprintf("%dd", int(d/(24*time.Hour)))
+	}
+	if ago {
+		return n + " ago"
+	}
+	return "in " + n
+}
+
+const (
+	entryColumns     = "ID\tSTATE\tCRON\tTIMEZONE\tTYPE\tQUEUE\tREVISION\tLAST FIRE\tNEXT FIRE\tOWNER"
+	entryWideColumns = "\tCATCHUP\tOVERLAP\tJITTER\tMAX RETRY\tTIMEOUT\tUPDATED\tNOTE\tWINDOW\tEXCLUDE\tLABELS\tFIRES LEFT"
+)
+
+// printEntryTable lists entries, one line each (entry ls).
+func printEntryTable(w io.Writer, views []entryView, o tableOpts) error {
 	tw := newTable(w)
-	fmt.Fprintln(tw, "ID\tSTATE\tCRON\tTIMEZONE\tTYPE\tQUEUE\tREVISION\tLAST FIRE\tNEXT FIRE\tOWNER")
+	if !o.noHeaders {
+		head := entryColumns
+		if o.wide {
+			head += entryWideColumns
+		}
+		fmt.Fprintln(tw, head)
+	}
 	for _, v := range views {
-		next, last := "-", "-"
-		if v.NextFire != nil {
-			next = fmtTime(*v.NextFire)
-		}
-		if v.LastFire != nil {
-			last = fmtTime(*v.LastFire)
-			if v.LastOutcome != "fired" {
-				last += " " + terminalSafe(v.LastOutcome)
-			}
-		}
-		if v.State == stateQuarantined {
-			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t%d\t%s\t-\t-\n", terminalSafe(v.ID), v.State, v.Revision, last)
-			continue
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", terminalSafe(v.ID), v.State, terminalSafe(v.Cron), terminalSafe(v.Timezone),
-			terminalSafe(v.Task.Type), terminalSafe(v.Options.QueueName()), v.Revision, last, next, terminalSafe(dash(v.Owner)))
+		fmt.Fprintln(tw, entryRow(v, o))
 	}
 	return tw.Flush()
 }
 
-// printEntryTableWide is entry ls -o wide: the table plus each entry's
-// policies, update time and note.
-func printEntryTableWide(w io.Writer, views []entryView) error {
-	tw := newTable(w)
-	fmt.Fprintln(tw, "ID\tSTATE\tCRON\tTIMEZONE\tTYPE\tQUEUE\tREVISION\tLAST FIRE\tNEXT FIRE\tOWNER\tCATCHUP\tOVERLAP\tJITTER\tMAX RETRY\tTIMEOUT\tUPDATED\tNOTE\tWINDOW\tEXCLUDE\tLABELS\tFIRES LEFT")
-	for _, v := range views {
-		next, last, updated := "-", "-", "-"
-		if v.NextFire != nil {
-			next = fmtTime(*v.NextFire)
+// entryRow is one entry's line of the table, its cells separated by tabs.
+func entryRow(v entryView, o tableOpts) string {
+	last := "-"
+	if v.LastFire != nil {
+		last = o.when(v.LastFire)
+		if v.LastOutcome != "fired" {
+			last += " " + terminalSafe(v.LastOutcome)
 		}
-		if v.LastFire != nil {
-			last = fmtTime(*v.LastFire)
-			if v.LastOutcome != "fired" {
-				last += " " + terminalSafe(v.LastOutcome)
-			}
-		}
-		if v.Updated != nil {
-			updated = fmtTime(*v.Updated)
-		}
-		if v.State == stateQuarantined {
-			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t%d\t%s\t-\t-\t-\t-\t-\t-\t-\t%s\t%s\t-\t-\t-\t-\n", terminalSafe(v.ID), v.State, v.Revision, last, updated, terminalSafe(dash(v.Error)))
-			continue
-		}
-		e := v.Entry.Normalize()
-		catchup := string(e.Catchup.Policy)
-		if e.Catchup.Policy != events.CatchupNone {
-			catchup += " " + e.Catchup.Window.String()
-		}
-		timeout := "-"
-		if e.Options.Timeout > 0 {
-			timeout = e.Options.Timeout.String()
-		}
-		jitter := "-"
-		if e.Jitter > 0 {
-			jitter = e.Jitter.String()
-		}
-		left := "-"
-		switch {
-		case v.MaxFiresRemaining != nil:
-			left = fmt.Sprintf("%d/%d", *v.MaxFiresRemaining, e.MaxFires)
-		case e.Limited():
-			left = fmt.Sprintf("?/%d", e.MaxFires)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", terminalSafe(v.ID), v.State, terminalSafe(v.Cron), terminalSafe(dash(v.Timezone)),
-			terminalSafe(v.Task.Type), terminalSafe(v.Options.QueueName()), v.Revision, last, next, terminalSafe(dash(v.Owner)),
-			terminalSafe(catchup), terminalSafe(string(e.Overlap)), jitter, e.Options.Retries(), timeout, updated, terminalSafe(dash(v.Note)),
-			windowText(e), terminalSafe(dash(strings.Join(e.Exclude, "; "))), terminalSafe(dash(labelsText(e.Labels))), left)
 	}
-	return tw.Flush()
+	if v.State == stateQuarantined {
+		row := fmt.Sprintf("%s\t%s\t-\t-\t-\t-\t%d\t%s\t-\t-", terminalSafe(v.ID), v.State, v.Revision, last)
+		if o.wide {
+			row += fmt.Sprintf("\t-\t-\t-\t-\t-\t%s\t%s\t-\t-\t-\t-", o.when(v.Updated), terminalSafe(dash(v.Error)))
+		}
+		return row
+	}
+	row := fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s", terminalSafe(v.ID), v.State, terminalSafe(v.Cron), terminalSafe(dash(v.Timezone)),
+		terminalSafe(v.Task.Type), terminalSafe(v.Options.QueueName()), v.Revision, last, o.when(v.NextFire), terminalSafe(dash(v.Owner)))
+	if !o.wide {
+		return row
+	}
+	e := v.Entry.Normalize()
+	catchup := string(e.Catchup.Policy)
+	if e.Catchup.Policy != events.CatchupNone {
+		catchup += " " + e.Catchup.Window.String()
+	}
+	timeout := "-"
+	if e.Options.Timeout > 0 {
+		timeout = e.Options.Timeout.String()
+	}
+	jitter := "-"
+	if e.Jitter > 0 {
+		jitter = e.Jitter.String()
+	}
+	left := "-"
+	switch {
+	case v.MaxFiresRemaining != nil:
+		left = fmt.Sprintf("%d/%d", *v.MaxFiresRemaining, e.MaxFires)
+	case e.Limited():
+		left = fmt.Sprintf("?/%d", e.MaxFires)
+	}
+	return row + fmt.Sprintf("\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s",
+		terminalSafe(catchup), terminalSafe(string(e.Overlap)), jitter, e.Options.Retries(), timeout, o.when(v.Updated), terminalSafe(dash(v.Note)),
+		windowText(e), terminalSafe(dash(strings.Join(e.Exclude, "; "))), terminalSafe(dash(labelsText(e.Labels))), left)
 }
 
 // printYAML writes v as YAML with the keys and order of its JSON form

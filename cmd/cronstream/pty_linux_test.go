@@ -111,3 +111,40 @@ func TestBulkAsksOnATerminal(t *testing.T) {
 		t.Errorf("confirmed: exit %d, stdout %s", code, out)
 	}
 }
+
+// runOnTerminalOut runs the binary with stdout on a terminal and returns
+// what it printed there.
+func (e *cliEnv) runOnTerminalOut(args ...string) string {
+	e.t.Helper()
+	ptm, tty := openPTY(e.t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Env = e.vars
+	cmd.Stdout = tty
+	if err := cmd.Start(); err != nil {
+		e.t.Fatal(err)
+	}
+	shown := make(chan string, 1)
+	go func() {
+		var b bytes.Buffer
+		_, _ = b.ReadFrom(ptm) // until the terminal closes (EIO)
+		shown <- b.String()
+	}()
+	if err := cmd.Wait(); err != nil {
+		e.t.Fatalf("cronstream %s: %v", strings.Join(args, " "), err)
+	}
+	tty.Close()
+	return <-shown
+}
+
+// TestEntryLsRelativeTimesOnATerminal: on a terminal each time is followed
+// by how far it is from now.
+func TestEntryLsRelativeTimesOnATerminal(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, false)
+	e.ok("entry", "put", "soon", "--cron", "@hourly", "--type", "t")
+	if out := e.runOnTerminalOut("entry", "ls"); !strings.Contains(out, "(in ") {
+		t.Errorf("entry ls on a terminal shows no relative time:\n%s", out)
+	}
+}
