@@ -3,10 +3,12 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 
 	"github.com/spf13/cobra"
+	"gopkg.in/yaml.v3"
 
 	"github.com/cronstream/cronstream/configsync"
 	"github.com/cronstream/cronstream/events"
@@ -16,14 +18,15 @@ func init() { subcommands = append(subcommands, newExportCommand) }
 
 func newExportCommand(g *globalFlags) *cobra.Command {
 	var (
-		conn  connFlags
-		out   string
-		owner string
+		conn   connFlags
+		format string
+		file   string
+		owner  string
 		// selector exports only the entries whose labels match.
 		selector string
 	)
 	cmd := &cobra.Command{
-		Use:   "export [-o FILE] [--owner O]",
+		Use:   "export [--output-file FILE] [-o yaml|json|name] [--owner O] [--selector SEL]",
 		Short: "Write the entries as a schedules file that sync -f reads",
 		Long: `Write the registered entries as a schedules file (the format of sync -f),
 every field written out, owner and pause state included. Syncing an export
@@ -37,14 +40,32 @@ payload_base64. An entry whose last config event cannot be applied
 
 --owner exports only the entries of that owner (--owner "" : those without
 one); --selector (-l) only those whose labels match (team=payments,
-tier!=batch, team, !team; commas join).`,
-		Example: `  cronstream export -o schedules.yaml
+'team in (billing,ops)', tier!=batch, team, !team; commas join).
+
+-o picks the output, as on every command: yaml (default: the schedules
+file), json (the same document as JSON, which sync -f reads too) or name
+(entry/<id>, one a line). --output-file writes it to a file instead of
+stdout (atomically: an interrupted export leaves no half file). Earlier
+builds took the file as -o FILE; that still works, with a warning, for
+this release.`,
+		Example: `  cronstream export --output-file schedules.yaml
   cronstream export --owner team-billing > billing.yaml
-  cronstream export --selector team=payments -o payments.yaml
+  cronstream export --selector team=payments --output-file payments.yaml
+  cronstream export -o name --selector team=payments
   cronstream export | cronstream --prefix staging sync -f -`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
+			switch format {
+			case "yaml", "json", "name":
+			default:
+				// Earlier builds: -o FILE. Kept for a release.
+				if cmd.Flags().Changed("output-file") {
+					return usagef("-o %q: use yaml, json or name (the file goes in --output-file)", format)
+				}
+				fmt.Fprintf(cmd.ErrOrStderr(), "cronstream: warning: export -o FILE is deprecated and goes in a later release: -o names the format (yaml, json, name), --output-file the file\n")
+				file, format = format, "yaml"
+			}
 			sel, err := events.ParseSelector(selector)
 			if err != nil {
 				return usagef("--selector: %v", err)
@@ -71,9 +92,21 @@ tier!=batch, team, !team; commas join).`,
 				entries = append(entries, c.Entry)
 			}
 			var b bytes.Buffer
-			if err := configsync.Export(&b, entries); err != nil {
-				return err
+			switch format {
+			case "name":
+				for _, e := range entries {
+					fmt.Fprintf(&b, "%s%s\n", namePrefix, e.ID)
+				}
+			case "json":
+				if err := exportJSON(&b, entries); err != nil {
+					return err
+				}
+			default:
+				if err := configsync.Export(&b, entries); err != nil {
+					return err
+				}
 			}
+			out := file
 			if out == "" || out == "-" {
 				_, err := cmd.OutOrStdout().Write(b.Bytes())
 				return err
@@ -86,7 +119,8 @@ tier!=batch, team, !team; commas join).`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVarP(&out, "output", "o", "", "write to this file instead of stdout")
+	f.StringVarP(&format, "output", "o", "yaml", "output format: yaml (the schedules file), json or name")
+	f.StringVar(&file, "output-file", "", "write to this file instead of stdout")
 	f.StringVar(&owner, "owner", "", "export only the entries of this owner")
 	f.StringVarP(&selector, "selector", "l", "", "export only the entries whose labels match (k=v, k!=v, k in (a,b), k notin (a,b), k, !k; commas join)")
 	addConn(cmd, &conn, false)
@@ -112,4 +146,18 @@ func writeFileAtomic(path string, data []byte) error {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	return nil
+}
+
+// exportJSON writes the schedules file as JSON: the YAML document's keys
+// and order, which sync -f reads as it reads YAML.
+func exportJSON(w io.Writer, entries []events.Entry) error {
+	var y bytes.Buffer
+	if err := configsync.Export(&y, entries); err != nil {
+		return err
+	}
+	var doc any
+	if err := yaml.Unmarshal(y.Bytes(), &doc); err != nil {
+		return fmt.Errorf("export as JSON: %w", err)
+	}
+	return printJSON(w, doc)
 }

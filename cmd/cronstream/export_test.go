@@ -36,7 +36,7 @@ func TestExport(t *testing.T) {
 	ids := []string{"hello", "raw", "team-job"}
 
 	file := filepath.Join(t.TempDir(), "export.yaml")
-	e.ok("export", "-o", file)
+	e.ok("export", "--output-file", file)
 	b, err := os.ReadFile(file)
 	if err != nil {
 		t.Fatal(err)
@@ -53,6 +53,24 @@ func TestExport(t *testing.T) {
 	e.okJSON(&rep, "sync", "-f", file, "--prune", "--json")
 	if len(rep.Actions) != 0 || len(rep.Unchanged) != 3 {
 		t.Errorf("syncing the export: %+v", rep)
+	}
+	// -o is the format, as everywhere: JSON syncs as the YAML does; names
+	// list the entries; the earlier -o FILE still writes the file, with a
+	// warning.
+	asJSON := writeFile(t, "export.json", e.ok("export", "-o", "json"))
+	e.okJSON(&rep, "sync", "-f", asJSON, "--prune", "--json")
+	if len(rep.Actions) != 0 || len(rep.Unchanged) != 3 {
+		t.Errorf("syncing the JSON export: %+v", rep)
+	}
+	if out := e.ok("export", "-o", "name"); out != "entry/hello\nentry/raw\nentry/team-job\n" {
+		t.Errorf("export -o name:\n%s", out)
+	}
+	old := filepath.Join(t.TempDir(), "old.yaml")
+	if r := e.run("export", "-o", old); r.code != 0 || !strings.Contains(r.stderr, "deprecated") {
+		t.Errorf("export -o FILE:\n%s", r)
+	}
+	if b, err := os.ReadFile(old); err != nil || string(b) != text {
+		t.Errorf("export -o FILE wrote %q, %v", b, err)
 	}
 	// The owner filter.
 	if out := e.ok("export", "--owner", "team"); !strings.Contains(out, "team-job") || strings.Contains(out, "hello") {
