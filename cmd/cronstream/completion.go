@@ -44,9 +44,6 @@ func addCompletions(root *cobra.Command, g *globalFlags) {
 				_ = cmd.RegisterFlagCompletionFunc(name, fixedCompletions(values))
 			}
 		}
-		if cmd.Name() == "ls" && fl.Lookup("output") != nil {
-			_ = cmd.RegisterFlagCompletionFunc("output", fixedCompletions(lsFormats))
-		}
 		if cmd.Name() == "audit" {
 			_ = cmd.RegisterFlagCompletionFunc("type", completeEventTypes)
 			if fl.Lookup("entry") != nil {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -13,17 +14,27 @@ func init() { entryCommands = append(entryCommands, newEntryGetCommand) }
 
 func newEntryGetCommand(g *globalFlags) *cobra.Command {
 	var conn connFlags
+	var out outputFlag
 	cmd := &cobra.Command{
 		Use:   "get ID",
 		Short: "Show one entry: every field, its revision and next fire",
 		Long: `Show an entry as it is now: every field with defaults written out, its
 revision (the stream sequence of its last config event, what --if-revision
-expects), when that was stored and when it fires next.`,
+expects), when that was stored and when it fires next.
+
+-o picks the output: table (default: field by field), wide (the same),
+json or yaml (the entry's state with revision, state and next fire), name
+(entry/<id>).`,
 		Example: `  cronstream entry get report
+  cronstream entry get report -o yaml
   cronstream entry get report --json | jq .options.queue`,
 		Args: entryIDArg,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
+			format, err := out.resolve(cmd)
+			if err != nil {
+				return err
+			}
 			s, err := openStreamsSession(ctx, g, &conn)
 			if err != nil {
 				return err
@@ -34,13 +45,17 @@ expects), when that was stored and when it fires next.`,
 				return err
 			}
 			v := newEntryView(e.Normalize(), rev, s.revisionTime(ctx, rev), time.Now())
-			if g.json {
-				return printJSON(cmd.OutOrStdout(), v)
+			if ok, err := printStructured(cmd.OutOrStdout(), format, v); ok {
+				return err
+			}
+			if format == outName {
+				_, err := fmt.Fprintf(cmd.OutOrStdout(), "%s%s\n", namePrefix, v.ID)
+				return err
 			}
 			return printEntry(cmd.OutOrStdout(), v)
 		},
 	}
-	cmd.Flags().BoolVar(&g.json, "json", false, "print the entry as JSON")
+	addOutput(cmd, &out, outTable, outWide, outJSON, outYAML, outName)
 	addConn(cmd, &conn, false)
 	return cmd
 }

@@ -27,18 +27,25 @@ type historyRecord struct {
 
 func newEntryHistoryCommand(g *globalFlags) *cobra.Command {
 	var conn connFlags
+	var output outputFlag
 	cmd := &cobra.Command{
 		Use:   "history ID",
 		Short: "Show every config event of an entry, oldest first",
 		Long: `Show an entry's configuration history from the config stream: each
 revision with when it was stored, its event type, who published it
 (source) and what it changed. Removed entries keep their history; events
-that cannot be applied are shown with the reason.`,
+that cannot be applied are shown with the reason. -o wide adds each
+event's id; -o json and -o yaml print the records with each revision's
+full state.`,
 		Example: `  cronstream entry history report
   cronstream entry history report --json | jq '.[] | select(.type=="cronstream.entry.updated")'`,
 		Args: entryIDArg,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
+			format, err := output.resolve(cmd)
+			if err != nil {
+				return err
+			}
 			s, err := openStreamsSession(ctx, g, &conn)
 			if err != nil {
 				return err
@@ -64,22 +71,30 @@ that cannot be applied are shown with the reason.`,
 				}
 				out = append(out, h)
 			}
-			if g.json {
-				return printJSON(cmd.OutOrStdout(), out)
+			if ok, err := printStructured(cmd.OutOrStdout(), format, out); ok {
+				return err
 			}
 			tw := newTable(cmd.OutOrStdout())
-			fmt.Fprintln(tw, "REVISION\tTIME\tTYPE\tSOURCE\tCHANGE")
+			head := "REVISION\tTIME\tTYPE\tSOURCE\tCHANGE"
+			if format == outWide {
+				head += "\tEVENT ID"
+			}
+			fmt.Fprintln(tw, head)
 			for _, h := range out {
 				change := strings.Join(h.Changes, "; ")
 				if h.Error != "" {
 					change = "cannot be applied: " + h.Error
 				}
-				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", h.Revision, fmtTime(h.Time), terminalSafe(dash(events.DisplayType(h.Type))), terminalSafe(dash(h.Source)), terminalSafe(dash(change)))
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s", h.Revision, fmtTime(h.Time), terminalSafe(dash(events.DisplayType(h.Type))), terminalSafe(dash(h.Source)), terminalSafe(dash(change)))
+				if format == outWide {
+					fmt.Fprintf(tw, "\t%s", terminalSafe(dash(h.EventID)))
+				}
+				fmt.Fprintln(tw)
 			}
 			return tw.Flush()
 		},
 	}
-	cmd.Flags().BoolVar(&g.json, "json", false, "print the history as a JSON array")
+	addOutput(cmd, &output, outTable, outWide, outJSON, outYAML)
 	addConn(cmd, &conn, false)
 	return cmd
 }

@@ -25,7 +25,8 @@ func init() { entryCommands = append(entryCommands, newEntryLsCommand) }
 type lsFlags struct {
 	conn             connFlags
 	filter           lsFilter
-	at, output       string
+	at               string
+	output           outputFlag
 	sortBy           string
 	noHeaders, watch bool
 	limit            int
@@ -88,9 +89,8 @@ note, window, exclude, labels, fires left of a --max-fires limit), name
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVarP(&f.output, "output", "o", "table", "output format: "+strings.Join(lsFormats, ", "))
+	addOutput(cmd, &f.output, lsFormats...)
 	fl.StringVar(&f.at, "at", "", "list the entries as they were at this time: RFC 3339, or relative (-2h, -30m)")
-	fl.BoolVar(&g.json, "json", false, "print the entries as a JSON array (same as -o json)")
 	fl.StringVar(&f.filter.queue, "queue", "", "only entries firing into this queue")
 	fl.StringVar(&f.filter.state, "state", "", "only entries in this state: active, paused, ended, completed or quarantined")
 	fl.StringVarP(&f.filter.selector, "selector", "l", "", "only entries whose labels match this selector (k=v, k!=v, k in (a,b), k notin (a,b), k, !k; commas join)")
@@ -113,7 +113,7 @@ func runEntryLs(cmd *cobra.Command, g *globalFlags, f *lsFlags) error {
 	if err := f.check(cmd); err != nil {
 		return err
 	}
-	format, err := lsOutput(cmd, f.output, g.json)
+	format, err := f.output.resolve(cmd)
 	if err != nil {
 		return err
 	}
@@ -303,20 +303,6 @@ func sortViews(views []entryView, key string) {
 
 // lsFormats are entry ls's -o values.
 var lsFormats = []string{"table", "wide", "name", "json", "yaml"}
-
-// lsOutput returns the format -o and --json ask for.
-func lsOutput(cmd *cobra.Command, output string, json bool) (string, error) {
-	if !slices.Contains(lsFormats, output) {
-		return "", usagef("-o %q: use %s", output, strings.Join(lsFormats, ", "))
-	}
-	if json {
-		if cmd.Flags().Changed("output") && output != "json" {
-			return "", usagef("--json and -o %s: give one (--json is -o json)", output)
-		}
-		return "json", nil
-	}
-	return output, nil
-}
 
 // lsFilter is entry ls's filters; unset ones keep everything.
 type lsFilter struct {

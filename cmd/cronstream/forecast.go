@@ -20,6 +20,7 @@ func newForecastCommand(g *globalFlags) *cobra.Command {
 	var conn connFlags
 	var window time.Duration
 	var by string
+	var output outputFlag
 	cmd := &cobra.Command{
 		Use:   "forecast",
 		Short: "Fires per minute the registered entries will make, their peaks and how to flatten them",
@@ -34,18 +35,25 @@ cron specs one step per minute that holds a tick. Jitter is the
 scheduler's own offset; for entries that fire several times a minute it
 shifts their steady rate by its mean. An entry with --max-fires counts
 no more ticks than it has left (read from Redis; without Redis, its whole
-limit).`,
+limit).
+
+-o picks the output: table (default: the chart and the peaks), wide (the
+same), json or yaml (per-minute counts per group, totals, peaks).`,
 		Example: `  cronstream forecast
   cronstream forecast --window 2h --by entry
-  cronstream forecast --json`,
+  cronstream forecast -o json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			grouping, err := forecast.ParseBy(by)
+			format, err := output.resolve(cmd)
 			if err != nil {
 				return err
 			}
+			grouping, err := forecast.ParseBy(by)
+			if err != nil {
+				return usageError{err}
+			}
 			if window < time.Minute || window > forecast.MaxWindow {
-				return fmt.Errorf("--window %s: want between 1m and %s", window, forecast.MaxWindow)
+				return usagef("--window %s: want between 1m and %s", window, forecast.MaxWindow)
 			}
 			ctx := cmd.Context()
 			s, err := openStreamsSession(ctx, g, &conn)
@@ -65,8 +73,8 @@ limit).`,
 			}
 			left := forecastFiresLeft(ctx, g, &conn, s, entries, cmd.ErrOrStderr())
 			f := forecast.Compute(entries, forecast.Params{Window: window, By: grouping, Remaining: left})
-			if g.json {
-				return printJSON(cmd.OutOrStdout(), f)
+			if ok, err := printStructured(cmd.OutOrStdout(), format, f); ok {
+				return err
 			}
 			printForecast(cmd.OutOrStdout(), f, 72)
 			return nil
@@ -74,7 +82,7 @@ limit).`,
 	}
 	cmd.Flags().DurationVar(&window, "window", 24*time.Hour, "how far ahead to forecast (at most a week)")
 	cmd.Flags().StringVar(&by, "by", "queue", "group fires by queue or entry")
-	cmd.Flags().BoolVar(&g.json, "json", false, "print the forecast as JSON: per-minute counts per group, totals, peaks")
+	addOutput(cmd, &output, outTable, outWide, outJSON, outYAML)
 	addConn(cmd, &conn, true)
 	return cmd
 }

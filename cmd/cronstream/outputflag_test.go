@@ -1,0 +1,44 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestOutputFlagEverywhere: every read command takes -o with the same
+// meaning, --json is -o json, and a format a command does not have is a
+// usage error naming the ones it has.
+func TestOutputFlagEverywhere(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, false)
+	e.ok("entry", "put", "out", "--cron", "@hourly", "--type", "t")
+	e.ok("entry", "pause", "out", "--note", "n")
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"entry", "get", "out", "-o", "yaml"}, "cron: '@hourly'"},
+		{[]string{"entry", "get", "out", "-o", "json"}, `"cron": "@hourly"`},
+		{[]string{"entry", "get", "out", "-o", "name"}, "entry/out\n"},
+		{[]string{"entry", "get", "out", "-o", "wide"}, "revision:"},
+		{[]string{"entry", "history", "out", "-o", "wide"}, "EVENT ID"},
+		{[]string{"entry", "history", "out", "-o", "yaml"}, "- revision: 1"},
+		{[]string{"entry", "ls", "-o", "yaml"}, "- id: out"},
+		{[]string{"forecast", "-o", "yaml"}, "groups:"},
+		{[]string{"forecast", "--json"}, `"groups"`},
+	}
+	for _, c := range cases {
+		if out := e.ok(c.args...); !strings.Contains(out, c.want) {
+			t.Errorf("%v lacks %q:\n%s", c.args, c.want, out)
+		}
+	}
+	for _, args := range [][]string{
+		{"entry", "get", "out", "-o", "bogus"},
+		{"entry", "history", "out", "-o", "name"},
+		{"forecast", "-o", "json", "--json", "-o", "yaml"},
+	} {
+		if r := e.run(args...); r.code != exitUsage || !strings.Contains(r.stderr, "-o") {
+			t.Errorf("%v: exit %d, want %d naming -o\n%s", args, r.code, exitUsage, r)
+		}
+	}
+}
