@@ -451,9 +451,13 @@ func ParseCron(spec string, loc *time.Location) (sched cron.Schedule, err error)
 		full = "CRON_TZ=" + key.zone + " " + spec
 	}
 	c := parsedCron{}
-	c.sched, c.err = cronParser.Parse(full)
-	if c.err == nil && c.sched.Next(time.Now()).IsZero() {
-		c.sched, c.err = nil, fmt.Errorf("never fires (no matching date)")
+	if isCalendarSpec(full) {
+		c.sched, c.err = parseCalendarSchedule(full)
+	} else {
+		c.sched, c.err = cronParser.Parse(full)
+		if c.err == nil && c.sched.Next(time.Now()).IsZero() {
+			c.sched, c.err = nil, fmt.Errorf("never fires (no matching date)")
+		}
 	}
 	cronCache.put(key, c)
 	return c.sched, c.err

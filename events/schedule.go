@@ -26,10 +26,13 @@ func normalTime(t time.Time) time.Time {
 // an earlier build quarantines the entry instead of firing past its end or
 // inside an exclusion during a rolling upgrade. An overlap policy they do
 // not know (buffer-one, cancel-previous) is gated too: they would refuse it in validation
-// anyway, and the gated type makes that refusal the documented one.
+// anyway, and the gated type makes that refusal the documented one. So is
+// a cron spec with calendar day forms (L, W, #, Sunday as 7), for the same
+// reason.
 func (e Entry) Gated() bool {
 	return !e.StartAt.IsZero() || !e.EndAt.IsZero() || len(e.Exclude) > 0 || len(e.Labels) > 0 || e.PauseOnFailure ||
-		e.Overlap == OverlapBufferOne || e.Overlap == OverlapCancelPrevious || e.MaxFires != 0
+		e.Overlap == OverlapBufferOne || e.Overlap == OverlapCancelPrevious || e.MaxFires != 0 ||
+		isCalendarSpec(e.Cron)
 }
 
 // InWindow reports whether tick lies in the entry's active window
