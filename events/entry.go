@@ -109,6 +109,10 @@ type Entry struct {
 	// MaxFires last changed value (projector.State.MaxFiresSince); the
 	// entry then shows as completed. Triggers and backfills do not count.
 	MaxFires int `json:"max_fires,omitempty"`
+	// TickHeaders adds the entry id and the scheduled tick (and, for a
+	// trigger or a backfill, which it is) to each task as asynq headers
+	// (TaskHeaders). Gated: an earlier build would fire without them.
+	TickHeaders bool `json:"tick_headers,omitempty"`
 }
 
 // Task is what each firing enqueues.

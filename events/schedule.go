@@ -28,11 +28,12 @@ func normalTime(t time.Time) time.Time {
 // not know (buffer-one, cancel-previous) is gated too: they would refuse it in validation
 // anyway, and the gated type makes that refusal the documented one. So is
 // a cron spec with calendar day forms (L, W, #, Sunday as 7), for the same
-// reason.
+// reason. So is tick_headers: an earlier build would fire the tasks
+// without the headers their handlers read.
 func (e Entry) Gated() bool {
 	return !e.StartAt.IsZero() || !e.EndAt.IsZero() || len(e.Exclude) > 0 || len(e.Labels) > 0 || e.PauseOnFailure ||
 		e.Overlap == OverlapBufferOne || e.Overlap == OverlapCancelPrevious || e.MaxFires != 0 ||
-		isCalendarSpec(e.Cron)
+		isCalendarSpec(e.Cron) || e.TickHeaders
 }
 
 // InWindow reports whether tick lies in the entry's active window
@@ -133,7 +134,8 @@ func parseExclusion(spec string, loc *time.Location) (cron.Schedule, error) {
 	return ParseCron(spec, loc)
 }
 
-// validateSchedule checks the window, exclusions and labels.
+// validateSchedule checks the window, exclusions, labels and the task
+// headers tick_headers reserves.
 func (n Entry) validateSchedule(loc *time.Location) []error {
 	var errs []error
 	add := func(field, value, reason string) {
@@ -164,5 +166,5 @@ func (n Entry) validateSchedule(loc *time.Location) []error {
 	if err := ValidateLabels(n.Labels); err != nil {
 		errs = append(errs, err)
 	}
-	return errs
+	return append(errs, n.validateTickHeaders()...)
 }

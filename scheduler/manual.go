@@ -179,7 +179,7 @@ func (m Manual) Trigger(ctx context.Context, t Target, requestID string) (string
 		if err != nil {
 			return taskstate.Fire{}, err
 		}
-		f := taskstate.NewTriggerFire(prefix, e.Options.QueueName(), e.ID, requestID, now, entryTaskMessage(e, taskID, now), rec)
+		f := taskstate.NewTriggerFire(prefix, e.Options.QueueName(), e.ID, requestID, now, entryTaskMessage(e, taskID, now, fireOrigin{trigger: requestID}), rec)
 		f.UniqueTTL = e.Options.Unique.D()
 		if f.UniqueTTL > 0 {
 			if f.DuplicateRecord, err = m.record(events.TriggerSkippedEventID(e.ID, requestID), events.TypeEntrySkipped, e.ID, now,
@@ -280,7 +280,7 @@ func (m Manual) Backfill(ctx context.Context, t Target, from, to time.Time) (Bac
 		if err != nil {
 			return taskstate.Fire{}, err
 		}
-		f := taskstate.NewBackfillFire(prefix, queue, e.ID, tick, entryTaskMessage(e, taskID, tick), rec)
+		f := taskstate.NewBackfillFire(prefix, queue, e.ID, tick, entryTaskMessage(e, taskID, tick, fireOrigin{backfill: true}), rec)
 		f.UniqueTTL = e.Options.Unique.D()
 		if f.UniqueTTL > 0 {
 			if f.DuplicateRecord, err = m.record(skippedEventID(e.ID, tickRange{First: tick, Last: tick, Count: 1}), events.TypeEntrySkipped, e.ID, now,
