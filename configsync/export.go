@@ -90,6 +90,9 @@ func entryNode(e events.Entry) *yaml.Node {
 	if e.PauseOnFailure {
 		n.Content = append(n.Content, str("pause_on_failure"), &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!bool", Value: "true"})
 	}
+	if e.TickHeaders {
+		n.Content = append(n.Content, str("tick_headers"), &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!bool", Value: "true"})
+	}
 	n.Content = append(n.Content, str("owner"), str(e.Owner))
 	if !e.StartAt.IsZero() {
 		n.Content = append(n.Content, str("start_at"), str(e.StartAt.UTC().Format(time.RFC3339)))

@@ -21,7 +21,7 @@ import (
 var entryGen = map[string]func(r *rand.Rand, i int) any{
 	"ID": func(r *rand.Rand, i int) any { return fmt.Sprintf("e%d-%s", i, pick(r, "a", "B_c", "x-y")) },
 	"Cron": func(r *rand.Rand, _ int) any {
-		return pick(r, "@daily", "@every 90s", "0 9 * * 1-5", "*/5 * * * * *", "CRON_TZ=Asia/Tokyo 30 2 * * *")
+		return pick(r, "@daily", "@every 90s", "0 9 * * 1-5", "*/5 * * * * *", "CRON_TZ=Asia/Tokyo 30 2 * * *", "0 18 LW * *", "0 9 ? * MON#1,5L")
 	},
 	"Timezone": func(r *rand.Rand, _ int) any {
 		return pick(r, "", "UTC", "Europe/Berlin", "America/Argentina/Buenos_Aires")
@@ -65,6 +65,7 @@ var entryGen = map[string]func(r *rand.Rand, i int) any{
 	"Note":           func(r *rand.Rand, _ int) any { return randString(r, 20) },
 	"Owner":          func(r *rand.Rand, _ int) any { return pick(r, "", "sync", "team-ä") },
 	"PauseOnFailure": func(r *rand.Rand, _ int) any { return r.IntN(2) == 0 },
+	"TickHeaders":    func(r *rand.Rand, _ int) any { return r.IntN(2) == 0 },
 	// An export holds live entries only.
 	"Removed": func(*rand.Rand, int) any { return false },
 	// Start in 2026, end in 2028: always a valid window.

@@ -388,6 +388,8 @@ func (p *parser) entryNode(n *yaml.Node) Config {
 			e.Note = p.str(v, key)
 		case "pause_on_failure":
 			e.PauseOnFailure, _ = p.boolean(v, key)
+		case "tick_headers":
+			e.TickHeaders, _ = p.boolean(v, key)
 		case "owner":
 			o := p.str(v, key)
 			c.Owner = &o

@@ -231,11 +231,15 @@ func TestExampleSchedules(t *testing.T) {
 	if len(cfgs) == 0 {
 		t.Fatal("no entries in examples/schedules.yaml")
 	}
-	limited := false
+	limited, tick := false, false
 	for _, c := range cfgs {
 		limited = limited || c.Entry.MaxFires == 5
+		tick = tick || c.Entry.TickHeaders
 	}
 	if !limited {
 		t.Error("the example with max_fires: 5 did not parse to a limit")
+	}
+	if !tick {
+		t.Error("the example with tick_headers: true did not parse to the option")
 	}
 }

@@ -225,7 +225,7 @@ func Diff(old, new events.Entry) []FieldChange {
 
 // fieldOrder sorts the fields people care about first.
 func fieldOrder(f string) string {
-	for i, p := range []string{"id", "cron", "timezone", "task.type", "task.payload", "task.headers", "options", "catchup", "overlap", "jitter", "pause_on_failure", "paused", "note", "owner", "start_at", "end_at", "exclude", "labels"} {
+	for i, p := range []string{"id", "cron", "timezone", "task.type", "task.payload", "task.headers", "options", "catchup", "overlap", "jitter", "pause_on_failure", "tick_headers", "paused", "note", "owner", "start_at", "end_at", "exclude", "labels"} {
 		if f == p || strings.HasPrefix(f, p+".") {
 			return fmt.Sprintf("%02d%s", i, f)
 		}

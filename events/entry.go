@@ -109,6 +109,10 @@ type Entry struct {
 	// MaxFires last changed value (projector.State.MaxFiresSince); the
 	// entry then shows as completed. Triggers and backfills do not count.
 	MaxFires int `json:"max_fires,omitempty"`
+	// TickHeaders adds the entry id and the scheduled tick (and, for a
+	// trigger or a backfill, which it is) to each task as asynq headers
+	// (TaskHeaders). Gated: an earlier build would fire without them.
+	TickHeaders bool `json:"tick_headers,omitempty"`
 }
 
 // Task is what each firing enqueues.
@@ -451,9 +455,13 @@ func ParseCron(spec string, loc *time.Location) (sched cron.Schedule, err error)
 		full = "CRON_TZ=" + key.zone + " " + spec
 	}
 	c := parsedCron{}
-	c.sched, c.err = cronParser.Parse(full)
-	if c.err == nil && c.sched.Next(time.Now()).IsZero() {
-		c.sched, c.err = nil, fmt.Errorf("never fires (no matching date)")
+	if isCalendarSpec(full) {
+		c.sched, c.err = parseCalendarSchedule(full)
+	} else {
+		c.sched, c.err = cronParser.Parse(full)
+		if c.err == nil && c.sched.Next(time.Now()).IsZero() {
+			c.sched, c.err = nil, fmt.Errorf("never fires (no matching date)")
+		}
 	}
 	cronCache.put(key, c)
 	return c.sched, c.err

@@ -187,3 +187,32 @@ func ExampleClient_History() {
 	// 2 cronstream.entry.updated    cronstream/cli/bob   cron "@every 1m" paused false
 	// 3 cronstream.entry.paused     cronstream/cli/alice cron "@every 1m" paused true
 }
+
+// An entry on the last weekday of each month (a calendar form in the day of
+// the month) whose tasks carry their entry and tick as asynq headers. Both
+// make the entry gated: it is published under the .v2 types, which
+// replicas of builds without them quarantine instead of misfiring.
+func ExampleTaskHeaders() {
+	e := events.Entry{
+		ID:          "month-end-close",
+		Cron:        "0 18 LW * *",
+		Timezone:    "Europe/Berlin",
+		Task:        events.Task{Type: "books:close", Headers: map[string]string{"team": "finance"}},
+		TickHeaders: true,
+	}
+	if err := e.Validate(); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("gated:", e.Gated())
+	// The headers of its task of the tick at 18:00 CEST on July 31st, 2026
+	// (a Friday), as a handler reads them with task.Headers().
+	h := events.TaskHeaders(e, "2026-07-31T16:00:00Z", "", false)
+	fmt.Println(h[events.HeaderEntry], h[events.HeaderScheduledAt], h["team"])
+
+	e.Task.Headers = map[string]string{"cronstream-entry": "mine"}
+	fmt.Println(e.Validate() != nil)
+	// Output:
+	// gated: true
+	// month-end-close 2026-07-31T16:00:00Z finance
+	// true
+}

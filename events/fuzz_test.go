@@ -102,6 +102,8 @@ func FuzzValidateEntry(f *testing.F) {
 		`{"id":"a","cron":"*/0 * * * *","task":{"type":"t"}}`,
 		`{"id":"a","cron":"@every 9223372036s","task":{"type":"t"}}`,
 		`{"id":"a","cron":"1-1000000000 * * * *","task":{"type":"t"}}`,
+		`{"id":"a","cron":"0 0 LW * *","timezone":"Australia/Lord_Howe","task":{"type":"t"}}`,
+		`{"id":"a","cron":"0 30 2 ? 3 0#5","timezone":"Europe/Berlin","task":{"type":"t"},"exclude":["0 0 L * *"]}`,
 	} {
 		f.Add([]byte(s))
 	}

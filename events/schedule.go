@@ -26,10 +26,14 @@ func normalTime(t time.Time) time.Time {
 // an earlier build quarantines the entry instead of firing past its end or
 // inside an exclusion during a rolling upgrade. An overlap policy they do
 // not know (buffer-one, cancel-previous) is gated too: they would refuse it in validation
-// anyway, and the gated type makes that refusal the documented one.
+// anyway, and the gated type makes that refusal the documented one. So is
+// a cron spec with calendar day forms (L, W, #, Sunday as 7), for the same
+// reason. So is tick_headers: an earlier build would fire the tasks
+// without the headers their handlers read.
 func (e Entry) Gated() bool {
 	return !e.StartAt.IsZero() || !e.EndAt.IsZero() || len(e.Exclude) > 0 || len(e.Labels) > 0 || e.PauseOnFailure ||
-		e.Overlap == OverlapBufferOne || e.Overlap == OverlapCancelPrevious || e.MaxFires != 0
+		e.Overlap == OverlapBufferOne || e.Overlap == OverlapCancelPrevious || e.MaxFires != 0 ||
+		isCalendarSpec(e.Cron) || e.TickHeaders
 }
 
 // InWindow reports whether tick lies in the entry's active window
@@ -130,7 +134,8 @@ func parseExclusion(spec string, loc *time.Location) (cron.Schedule, error) {
 	return ParseCron(spec, loc)
 }
 
-// validateSchedule checks the window, exclusions and labels.
+// validateSchedule checks the window, exclusions, labels and the task
+// headers tick_headers reserves.
 func (n Entry) validateSchedule(loc *time.Location) []error {
 	var errs []error
 	add := func(field, value, reason string) {
@@ -161,5 +166,5 @@ func (n Entry) validateSchedule(loc *time.Location) []error {
 	if err := ValidateLabels(n.Labels); err != nil {
 		errs = append(errs, err)
 	}
-	return errs
+	return append(errs, n.validateTickHeaders()...)
 }

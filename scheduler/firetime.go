@@ -27,8 +27,12 @@ import (
 //     once, at its first occurrence. Specs with "*" in the hour field tick on
 //     every real instant that matches, so an hourly or every-15-minutes job
 //     keeps its rhythm through both changes.
+//
+// Calendar specs (L, W and # in the day fields: events.CalendarSchedule)
+// follow the same rules.
 type Schedule struct {
-	spec   *cron.SpecSchedule // nil for @every and other constant schedules
+	spec   *cron.SpecSchedule // nil for @every, other constant schedules and calendar specs
+	cal    *events.CalendarSchedule
 	sched  cron.Schedule
 	every  time.Duration
 	loc    *time.Location
@@ -64,9 +68,11 @@ func NewSchedule(e events.Entry) (*Schedule, error) {
 		return nil, fmt.Errorf("entry %q: cron %q: %w", e.ID, e.Cron, err)
 	}
 	s.sched = sched
-	if spec, ok := sched.(*cron.SpecSchedule); ok {
-		s.spec = spec
-		s.loc = spec.Location
+	switch sp := sched.(type) {
+	case *cron.SpecSchedule:
+		s.spec, s.loc = sp, sp.Location
+	case *events.CalendarSchedule:
+		s.cal, s.loc = sp, sp.Location
 	}
 	return s, nil
 }
@@ -117,16 +123,33 @@ func (s *Schedule) nextTick(t time.Time) time.Time {
 		}
 		return time.Unix((q+1)*step, 0).UTC()
 	}
-	if s.spec == nil || s.spec.Hour&starBit != 0 {
+	if !s.fixedHour() {
 		return s.utc(s.sched.Next(t))
 	}
 	return s.nextFixedHour(t)
 }
 
+// fixedHour reports whether the spec's hour field is not "*": the
+// daylight-saving rules of Vixie cron apply to it.
+func (s *Schedule) fixedHour() bool {
+	switch {
+	case s.spec != nil:
+		return s.spec.Hour&starBit == 0
+	case s.cal != nil:
+		return s.cal.Hour&starBit == 0
+	}
+	return false
+}
+
 const starBit = 1 << 63
 
+// calendarZoneChanges bounds the zone changes gapTick looks through for a
+// calendar spec: two a year over the fifty years its Next searches.
+const calendarZoneChanges = 104
+
 // nextFixedHour applies the Vixie cron daylight-saving rules on top of
-// robfig's Next, which skips gap times and repeats fall-back times.
+// the spec's Next (robfig's, or a calendar spec's), which skips gap times
+// and repeats fall-back times.
 func (s *Schedule) nextFixedHour(t time.Time) time.Time {
 	for i := 0; i < 4; i++ {
 		// A gap between t and robfig's answer may hold a skipped wall time.
@@ -151,8 +174,15 @@ func (s *Schedule) nextFixedHour(t time.Time) time.Time {
 // gap skipped.
 func (s *Schedule) gapTick(t, next time.Time) (time.Time, bool) {
 	lt := t.In(s.loc)
-	for range 3 { // at most a few zone changes before next
-		_, end := lt.ZoneBounds()
+	changes := 3 // robfig's specs: at most a few zone changes before next
+	if s.cal != nil {
+		// A calendar spec can name the day of a change itself ("30 2 ? 3
+		// 0#5" in Europe/Berlin: only in the gap, some years apart), so
+		// its next real instant may be years away, or none.
+		changes = calendarZoneChanges
+	}
+	for range changes {
+		end := events.ZonePeriodEnd(lt)
 		if end.IsZero() || (!next.IsZero() && end.After(next)) {
 			return time.Time{}, false
 		}
@@ -194,6 +224,9 @@ func (s *Schedule) repeatsWallClock(tick time.Time) bool {
 // matchesWall reports whether the spec matches wall-clock time w (fields
 // read off w as it is, whatever its zone).
 func (s *Schedule) matchesWall(w time.Time) bool {
+	if s.cal != nil {
+		return s.cal.MatchesWall(w)
+	}
 	sp := s.spec
 	bit := func(mask uint64, v int) bool { return mask&(1<<uint(v)) != 0 }
 	if !bit(sp.Second, w.Second()) || !bit(sp.Minute, w.Minute()) || !bit(sp.Hour, w.Hour()) || !bit(sp.Month, int(w.Month())) {

@@ -183,7 +183,7 @@ func (m Manual) Trigger(ctx context.Context, t Target, requestID string) (string
 		if err != nil {
 			return taskstate.Fire{}, err
 		}
-		f := taskstate.NewTriggerFire(prefix, e.Options.QueueName(), e.ID, requestID, now, entryTaskMessage(e, taskID, now), rec)
+		f := taskstate.NewTriggerFire(prefix, e.Options.QueueName(), e.ID, requestID, now, entryTaskMessage(e, taskID, now, fireOrigin{trigger: requestID}), rec)
 		f.UniqueTTL = e.Options.Unique.D()
 		if f.UniqueTTL > 0 {
 			if f.DuplicateRecord, err = m.record(events.TriggerSkippedEventID(e.ID, requestID), events.TypeEntrySkipped, e.ID, now,
@@ -342,7 +342,7 @@ func (m Manual) FireBackfill(ctx context.Context, t Target, plan BackfillPlan) (
 		if err != nil {
 			return taskstate.Fire{}, err
 		}
-		f := taskstate.NewBackfillFire(prefix, queue, e.ID, tick, entryTaskMessage(e, taskID, tick), rec)
+		f := taskstate.NewBackfillFire(prefix, queue, e.ID, tick, entryTaskMessage(e, taskID, tick, fireOrigin{backfill: true}), rec)
 		f.UniqueTTL = e.Options.Unique.D()
 		if f.UniqueTTL > 0 {
 			if f.DuplicateRecord, err = m.record(skippedEventID(e.ID, tickRange{First: tick, Last: tick, Count: 1}), events.TypeEntrySkipped, e.ID, now,

@@ -150,9 +150,10 @@ func (s *Scheduler) planSkip(r *entryRun, skipped tickRange, reason string, now 
 func (s *Scheduler) buildFire(r *entryRun, tick, expected time.Time, hasExpected bool, now time.Time) (taskstate.Fire, error) {
 	prefix := s.cfg.Names.Prefix()
 	e := r.st.Entry
-	taskID := events.TaskIDOfTickText(prefix, r.id, s.tickText(tick))
+	tickText := s.tickText(tick)
+	taskID := events.TaskIDOfTickText(prefix, r.id, tickText)
 	msg := fireMessages.Get().(*taskstate.TaskMessage)
-	fillTaskMessage(msg, e, taskID, tick)
+	fillTaskMessage(msg, e, taskID, tick, tickText, fireOrigin{})
 	fired := s.firedRecord(r, tick, taskID, now)
 	f := taskstate.NewTickFire(prefix, r.queue, r.id, tick, expected, hasExpected, msg, fired)
 	f.UniqueTTL = e.Options.Unique.D()

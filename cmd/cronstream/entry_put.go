@@ -32,7 +32,7 @@ type putFlags struct {
 	jitter, catchup, catchupWindow       string
 	overlap                              string
 	replace                              bool
-	pauseOnFailure                       bool
+	pauseOnFailure, tickHeaders          bool
 	payloadBytes                         []byte // --payload or --payload-file, read once
 	startAt, endAt                       string
 	exclude, labels                      []string
@@ -73,6 +73,16 @@ since you read revision N. --if-revision 0 only creates.
 
 Cron specs: 5 fields, or 6 with leading seconds, descriptors (@daily,
 @every 5m, aligned to the Unix epoch) and CRON_TZ=; evaluated in --timezone.
+The day fields also take Quartz's and Spring's calendar forms: in the day of
+the month L (the last day), L-n (n days before it), LW (the last weekday)
+and nW (the weekday nearest day n, within the month); in the day of the week
+dL (the last weekday d of the month, e.g. 5L or FRIL) and d#n (its n-th,
+e.g. MON#1), with 0 or 7 for Sunday.
+
+--tick-headers adds the entry id and the scheduled tick to each task as
+asynq headers (cronstream-entry, cronstream-scheduled-at; a trigger adds
+cronstream-trigger, a backfill cronstream-backfill), which a handler reads
+with task.Headers().
 
 --start-at and --end-at bound the ticks (both inclusive); past its end the
 entry shows as ended. --exclude specs (in the entry's zone) name ticks that
@@ -80,9 +90,11 @@ are not fired but recorded as skipped with reason excluded. --label k=v
 organises entries for --selector in entry ls, audit, sync and export.
 --max-fires N fires at most N scheduled ticks (counted from when the limit
 was last set to another value; triggers and backfills do not count), then
-the entry shows as completed. An entry that uses any of these is written in a form replicas of earlier
-builds refuse (they quarantine it rather than fire past its end or inside
-an exclusion or its limit): upgrade every replica before using them.`,
+the entry shows as completed. An entry that uses any of these, a calendar
+form or --tick-headers is written in a form replicas of earlier builds
+refuse (they quarantine it rather than fire past its end, inside an
+exclusion or its limit, on the wrong days or without the headers): upgrade
+every replica before using them.`,
 		Example: `  cronstream entry put report --cron "0 9 * * 1-5" --timezone Europe/Berlin --type report:daily \
       --payload '{"team":"ops"}' --queue reports --max-retry 5 --timeout 10m
   cronstream entry put report --queue critical           # change one field
@@ -91,7 +103,9 @@ an exclusion or its limit): upgrade every replica before using them.`,
   cronstream entry put campaign --cron "0 * * * *" --type mail --start-at 2027-03-01 --end-at 2027-04-01T00:00:00Z
   cronstream entry put standup --cron "0 9 * * 1-5" --type remind --exclude "* * 25 12 *" --exclude "* * 1 1 *" \
       --label team=payments --label tier=critical
-  cronstream entry put onboarding --cron "0 10 * * *" --type welcome-mail --max-fires 5`,
+  cronstream entry put onboarding --cron "0 10 * * *" --type welcome-mail --max-fires 5
+  cronstream entry put payroll --cron "0 9 LW * *" --timezone Europe/Berlin --type payroll --tick-headers
+  cronstream entry put review --cron "0 14 ? * FRI#1" --type review`,
 		Args: entryIDArg,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runEntryPut(cmd, g, f, args[0])
@@ -121,6 +135,7 @@ an exclusion or its limit): upgrade every replica before using them.`,
 	fl.StringArrayVar(&f.exclude, "exclude", nil, "cron spec in the entry's zone whose ticks are skipped (reason excluded), e.g. '* * 25 12 *' (repeatable; replaces all; --exclude '' clears them)")
 	fl.StringArrayVar(&f.labels, "label", nil, "label k=v, Kubernetes rules (repeatable; replaces all labels; --label '' clears them)")
 	fl.BoolVar(&f.pauseOnFailure, "pause-on-failure", false, "pause the entry when one of its tasks is archived (retries exhausted); the pause note names the task and its error (--pause-on-failure=false turns it off)")
+	fl.BoolVar(&f.tickHeaders, "tick-headers", false, "add the entry id and the scheduled tick to each task as asynq headers (cronstream-entry, cronstream-scheduled-at; a trigger's and a backfill's say which they are); --header names may then not start with cronstream- (--tick-headers=false turns it off)")
 	fl.StringVar(&f.maxFires, "max-fires", "", "fire at most N scheduled ticks, then show as completed (N at least 1; a new N counts afresh; '' removes the limit)")
 	fl.BoolVar(&f.replace, "replace", false, "replace the whole entry with what the command line gives (keeps only the pause state)")
 	fl.BoolVar(&g.json, "json", false, "print the result as JSON")
@@ -160,6 +175,9 @@ func (f *putFlags) patch(cmd *cobra.Command, e *events.Entry) error {
 	}
 	if ch("pause-on-failure") {
 		e.PauseOnFailure = f.pauseOnFailure
+	}
+	if ch("tick-headers") {
+		e.TickHeaders = f.tickHeaders
 	}
 	if ch("catchup") {
 		e.Catchup.Policy = events.CatchupPolicy(f.catchup)

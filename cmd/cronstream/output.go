@@ -340,6 +340,9 @@ func printEntry(w io.Writer, v entryView) error {
 		if e.PauseOnFailure {
 			row("pause_on_failure", "true")
 		}
+		if e.TickHeaders {
+			row("tick_headers", "true")
+		}
 		if e.Note != "" {
 			row("note", e.Note)
 		}

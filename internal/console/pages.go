@@ -607,6 +607,7 @@ func (c *Console) fields(e events.Entry) []field {
 		{"catchup", fmt.Sprintf("%s within %s", e.Catchup.Policy, e.Catchup.Window)},
 		{"overlap", string(e.Overlap)}, {"jitter", e.Jitter.String()},
 		{"paused", strconv.FormatBool(e.Paused)}, {"pause on failure", strconv.FormatBool(e.PauseOnFailure)},
+		{"tick headers", strconv.FormatBool(e.TickHeaders)},
 		{"note", e.Note}, {"owner", e.Owner},
 		{"start at", timeField(e.StartAt)}, {"end at", timeField(e.EndAt)},
 		{"exclude", strings.Join(e.Exclude, "; ")}, {"labels", labelsField(e.Labels)},

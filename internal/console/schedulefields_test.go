@@ -84,3 +84,38 @@ func TestConsoleCompletedFilterInBrowser(t *testing.T) {
 		t.Error("time travel offers the completed filter")
 	}
 }
+
+// TestConsoleCalendarEntry: the entry page of a calendar spec lists the
+// next fires its dates give (the last Friday of each month at 17:00 in New
+// York), and the entries table its next fire.
+func TestConsoleCalendarEntry(t *testing.T) {
+	t.Parallel()
+	s := startSite(t, console.Config{})
+	s.put(events.Entry{ID: "payday", Cron: "0 17 ? * 5L", Timezone: "America/New_York", Task: events.Task{Type: "t"}})
+	ny, err := time.LoadLocation("America/New_York")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	now := time.Now()
+	for m := 0; len(want) < 10; m++ {
+		// The last Friday: back from the month's last day.
+		d := time.Date(now.Year(), now.Month()+time.Month(m)+1, 0, 17, 0, 0, 0, ny)
+		for d.Weekday() != time.Friday {
+			d = d.AddDate(0, 0, -1)
+		}
+		if d.After(now.Add(time.Minute)) { // a tick within the minute may pass while the page loads
+			want = append(want, d.UTC().Format("2006-01-02 15:04:05"))
+		}
+	}
+	body := s.waitFor("/entries", ">payday<")
+	if !strings.Contains(body, want[0]) {
+		t.Errorf("entries table lacks the next fire %s", want[0])
+	}
+	body = s.page("/entries/payday")
+	for _, w := range want {
+		if !strings.Contains(body, "<li>"+w+"</li>") {
+			t.Errorf("entry page lacks next fire %s", w)
+		}
+	}
+}

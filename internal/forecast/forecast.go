@@ -453,7 +453,10 @@ type tickMinute struct {
 func walkMinutes(e events.Entry, s *scheduler.Schedule, after, end time.Time) []tickMinute {
 	secMask := uint64(1) // @every and constant schedules: one tick per step
 	if spec, err := events.ParseCron(e.Cron, nil); err == nil {
-		if sp, ok := spec.(*cron.SpecSchedule); ok {
+		switch sp := spec.(type) {
+		case *cron.SpecSchedule:
+			secMask = sp.Second &^ (1 << 63)
+		case *events.CalendarSchedule:
 			secMask = sp.Second &^ (1 << 63)
 		}
 	}

@@ -274,3 +274,33 @@ func TestComputeMaxFires(t *testing.T) {
 		}
 	}
 }
+
+// TestComputeCalendarSpecs: entries with calendar specs count as the
+// scheduler fires them, across month ends and a daylight-saving change,
+// and add up to the ticks their dates give.
+func TestComputeCalendarSpecs(t *testing.T) {
+	// Thursday 2026-03-26 to Thursday 2026-04-02: March 31st is the last
+	// day and the last weekday, Friday the 27th the last Friday, Sunday
+	// the 29th the last Sunday, when Berlin skips 02:00-03:00.
+	from := time.Date(2026, 3, 26, 0, 0, 0, 0, time.UTC)
+	entries := []events.Entry{
+		{ID: "last", Cron: "0 */15 * L * *"},                                          // 96 on the 31st
+		{ID: "lastfri", Cron: "30 9 ? * 5L", Timezone: "Europe/Berlin"},               // 1
+		{ID: "lastsun", Cron: "0 0 * ? * SUNL", Timezone: "Europe/Berlin"},            // 23: the day has 23 hours
+		{ID: "gap", Cron: "0 30 2 ? 3 0L", Timezone: "Europe/Berlin"},                 // 1, at 03:00 CEST
+		{ID: "lw", Cron: "*/20 * 12 LW * *", Timezone: "Asia/Kolkata"},                // 3 a minute for 60 minutes
+		{ID: "first", Cron: "0 0 8 1W,15W * *", Timezone: "America/New_York"},         // April 1st, a Wednesday
+		{ID: "jit", Cron: "0 0 6 ? * 5#4", Jitter: events.Duration(10 * time.Minute)}, // Friday the 27th
+	}
+	minutes := 7 * 24 * 60
+	f := Compute(entries, Params{From: from, Window: time.Duration(minutes) * time.Minute, By: ByEntry})
+	if want := int64(96 + 1 + 23 + 1 + 180 + 1 + 1); f.Total != want {
+		t.Errorf("total %d, want %d", f.Total, want)
+	}
+	want := bruteForce(t, entries, from, minutes)
+	for m := range minutes {
+		if f.Totals[m] != want[m] {
+			t.Fatalf("minute %s: %d fires, the scheduler's ticks make %d", from.Add(time.Duration(m)*time.Minute), f.Totals[m], want[m])
+		}
+	}
+}

@@ -335,3 +335,24 @@ func limitedState(t *testing.T, id string, max int, since uint64, registered tim
 	st.MaxFiresSince = since
 	return st
 }
+
+// TestDueCalendar: an entry on the last weekday of the month is due on
+// that day only: not late in the days before it, late once that tick is
+// overdue.
+func TestDueCalendar(t *testing.T) {
+	// base is Wednesday 2030-01-02; January 2030 ends on a Thursday.
+	tr := newTrack(state(t, events.Entry{ID: "lw", Cron: "0 0 9 LW * *", Timezone: "Asia/Tokyo"}, base.Add(-time.Hour)))
+	tr.wm, tr.hasWM, tr.known = time.Date(2029, 12, 31, 0, 0, 0, 0, time.UTC), true, true // Monday Dec 31st, 09:00 JST
+	bound := time.Minute
+	due := time.Date(2030, 1, 31, 0, 0, 0, 0, time.UTC) // 09:00 JST
+	if tick, late := lateAt(tr, due.Add(-time.Hour), time.Time{}, bound); late {
+		t.Errorf("late before its tick, for %s", tick)
+	}
+	if _, late := lateAt(tr, due.Add(bound), time.Time{}, bound); late {
+		t.Error("late at the bound")
+	}
+	tick, late := lateAt(tr, due.Add(bound+time.Second), time.Time{}, bound)
+	if !late || !tick.Equal(due) {
+		t.Errorf("late %t for %s, want late for %s", late, tick, due)
+	}
+}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/testenv"
 )
 
@@ -21,7 +22,11 @@ import (
 //   - pipeline: FireBatch shape with one script call per fire, all in one
 //     pipeline;
 //   - batch-N: FireBatch with N fires per script call (fireCallSizes is
-//     what FireBatch uses).
+//     what FireBatch uses), each with the task message of an entry without
+//     tick_headers (plain: the entry's own headers, one map every fire
+//     shares, as the scheduler shares it) and of one with (tick-headers: a
+//     map per fire holding the entry's own headers, the entry and the
+//     tick, built by events.TaskHeaders as the scheduler builds it).
 //
 // Run: go test -run '^$' -bench BenchmarkFireOnce -benchtime 3x ./internal/taskstate/
 func BenchmarkFireOnce(b *testing.B) {
@@ -29,8 +34,20 @@ func BenchmarkFireOnce(b *testing.B) {
 	rc := testenv.StartRedis(b).Client(b)
 	s := New(rc)
 	ctx := context.Background()
+	own := map[string]string{"source": "cron"}
+	plain := func(entry string, tick, prev time.Time) Fire {
+		f := tickFire(entry, "bench", tick, prev)
+		f.Msg.Headers = own
+		return f
+	}
+	withTickHeaders := func(entry string, tick, prev time.Time) Fire {
+		f := tickFire(entry, "bench", tick, prev)
+		e := events.Entry{ID: entry, Task: events.Task{Headers: own}, TickHeaders: true}
+		f.Msg.Headers = events.TaskHeaders(e, events.FormatTaskTick(tick), "", false)
+		return f
+	}
 
-	run := func(b *testing.B, fire func(fires []Fire) ([]FireResult, error)) {
+	run := func(b *testing.B, build func(entry string, tick, prev time.Time) Fire, fire func(fires []Fire) ([]FireResult, error)) {
 		if err := rc.FlushDB(ctx).Err(); err != nil {
 			b.Fatal(err)
 		}
@@ -43,6 +60,7 @@ func BenchmarkFireOnce(b *testing.B) {
 		if err := rc.ConfigResetStat(ctx).Err(); err != nil {
 			b.Fatal(err)
 		}
+		b.ReportAllocs()
 		b.ResetTimer()
 		for b.Loop() {
 			tick++
@@ -51,7 +69,7 @@ func BenchmarkFireOnce(b *testing.B) {
 				prev = tickAt(tick - 1)
 			}
 			for i, e := range entries {
-				fires[i] = tickFire(e, "bench", tickAt(tick), prev)
+				fires[i] = build(e, tickAt(tick), prev)
 			}
 			res, err := fire(fires)
 			if err != nil {
@@ -67,10 +85,11 @@ func BenchmarkFireOnce(b *testing.B) {
 		fired := float64(tick * benchFiresPerOp)
 		b.ReportMetric(fired/b.Elapsed().Seconds(), "fires/s")
 		b.ReportMetric(scriptMicros(b, rc)/fired, "redis-µs/fire")
+		b.ReportMetric(taskBytes(b, rc, "bench", entries[0], tickAt(tick)), "msg-bytes")
 	}
 
 	b.Run("once", func(b *testing.B) {
-		run(b, func(fires []Fire) ([]FireResult, error) {
+		run(b, plain, func(fires []Fire) ([]FireResult, error) {
 			out := make([]FireResult, len(fires))
 			for i := range fires {
 				r, err := s.FireOnce(ctx, testFences, fires[i])
@@ -83,17 +102,33 @@ func BenchmarkFireOnce(b *testing.B) {
 		})
 	})
 	b.Run("pipeline", func(b *testing.B) {
-		run(b, func(fires []Fire) ([]FireResult, error) {
+		run(b, plain, func(fires []Fire) ([]FireResult, error) {
 			return s.fireBatch(ctx, testFences, fires, nil, callSizes{1, 1})
 		})
 	})
 	for _, n := range []int{16, 64, 256} {
 		b.Run(fmt.Sprintf("batch-%d", n), func(b *testing.B) {
-			run(b, func(fires []Fire) ([]FireResult, error) {
-				return s.fireBatch(ctx, testFences, fires, nil, callSizes{n, n})
-			})
+			for _, m := range []struct {
+				name  string
+				build func(entry string, tick, prev time.Time) Fire
+			}{{"plain", plain}, {"tick-headers", withTickHeaders}} {
+				b.Run(m.name, func(b *testing.B) {
+					run(b, m.build, func(fires []Fire) ([]FireResult, error) {
+						return s.fireBatch(ctx, testFences, fires, nil, callSizes{n, n})
+					})
+				})
+			}
 		})
 	}
+}
+
+// taskBytes is the length of the stored message of entry's task of tick.
+func taskBytes(b *testing.B, rc *redis.Client, queue, entry string, tick time.Time) float64 {
+	msg, err := rc.HGet(context.Background(), Keys(queue).Task(taskIDFor(entry, tick)), "msg").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	return float64(len(msg))
 }
 
 // scriptMicros is the Redis CPU time spent in scripts since the last

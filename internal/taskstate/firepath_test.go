@@ -162,6 +162,10 @@ func newPathScenario(rng *rand.Rand, round int) *pathScenario {
 			prev = time.Time{}
 		}
 		f := tickFire(entry, queue, tickAt(tick), prev)
+		if rng.IntN(2) == 0 {
+			// An entry with tick_headers: its message carries them.
+			f.Msg.Headers = map[string]string{"source": "cron", "cronstream-entry": entry, "cronstream-scheduled-at": tickAt(tick).UTC().Format(time.RFC3339)}
+		}
 		wm := own.Watermark(entry)
 		switch rng.IntN(9) {
 		case 6: // as expected, written without a task id (a seeded watermark)

@@ -98,7 +98,8 @@ func AppendTaskMessage(dst []byte, m *TaskMessage) ([]byte, error) {
 	e.varint(12, uint64(m.Retention))
 	e.varint(13, uint64(m.CompletedAt))
 	e.str(14, "group_key", m.GroupKey)
-	keys := make([]string, 0, len(m.Headers))
+	var room [8]string // the keys of a few headers sort without an allocation
+	keys := room[:0]
 	for k := range m.Headers {
 		keys = append(keys, k)
 	}
@@ -110,13 +111,14 @@ func AppendTaskMessage(dst []byte, m *TaskMessage) ([]byte, error) {
 			continue
 		}
 		// Map entries always carry both key and value, even empty ones, as
-		// the protobuf runtime writes them.
-		var entry []byte
-		entry = protowire.AppendTag(entry, 1, protowire.BytesType)
-		entry = protowire.AppendString(entry, k)
-		entry = protowire.AppendTag(entry, 2, protowire.BytesType)
-		entry = protowire.AppendString(entry, v)
-		e.message(15, entry)
+		// the protobuf runtime writes them; the entry is written in place,
+		// its length first.
+		e.b = protowire.AppendTag(e.b, 15, protowire.BytesType)
+		e.b = protowire.AppendVarint(e.b, uint64(1+protowire.SizeBytes(len(k))+1+protowire.SizeBytes(len(v))))
+		e.b = protowire.AppendTag(e.b, 1, protowire.BytesType)
+		e.b = protowire.AppendString(e.b, k)
+		e.b = protowire.AppendTag(e.b, 2, protowire.BytesType)
+		e.b = protowire.AppendString(e.b, v)
 	}
 	if e.err != nil {
 		return dst, fmt.Errorf("encode task message: %w", e.err)
