@@ -192,8 +192,11 @@ func reportWarnings(w io.Writer, e asynqimport.Entry) {
 // header is the comment at the top of the written file.
 func header(g *globalFlags, r asynqimport.Result, cutover bool) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "# Imported by `cronstream import asynq%s` from %s on %s,\n", map[bool]string{true: " --cutover"}[cutover],
-		redact.URL(g.redis), time.Now().UTC().Format(time.RFC3339))
+	how := "cronstream import asynq"
+	if cutover {
+		how += " --cutover"
+	}
+	fmt.Fprintf(&b, "# Imported by `%s` from %s on %s,\n", how, redact.URL(g.redis), time.Now().UTC().Format(time.RFC3339))
 	fmt.Fprintf(&b, "# from %s. asynq does not store headers, options given to\n", plural(len(r.Schedulers), "asynq scheduler", "asynq schedulers"))
 	b.WriteString("# asynq.NewTask, or the scheduler's time zone: check them (the warnings named each entry).\n")
 	return b.String()

@@ -186,26 +186,32 @@ func (c *HistoryCapture) fail(err error) {
 // waitBlocked waits until Redis lists every capture connection as blocked
 // (CLIENT LIST ID: flag b), so no event can come before its pop.
 func (c *HistoryCapture) waitBlocked(ctx context.Context) error {
+	byNode := map[*redis.Client][]any{}
+	for _, l := range c.loops {
+		byNode[l.control] = append(byNode[l.control], l.clientID)
+	}
 	deadline := time.Now().Add(readyTimeout)
 	for {
-		waiting := 0
-		for _, l := range c.loops {
-			info, err := l.control.Do(ctx, "CLIENT", "LIST", "ID", l.clientID).Text()
+		blocked := 0
+		for node, ids := range byNode {
+			info, err := node.Do(ctx, append([]any{"CLIENT", "LIST", "ID"}, ids...)...).Text()
 			if err != nil {
 				return fmt.Errorf("capture enqueue history: CLIENT LIST: %w", err)
 			}
-			if !blockedFlag(info) {
-				waiting++
+			for _, line := range strings.Split(info, "\n") {
+				if blockedFlag(line) {
+					blocked++
+				}
 			}
 		}
 		if err := c.Err(); err != nil {
 			return err
 		}
-		if waiting == 0 {
+		if blocked == len(c.loops) {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("capture enqueue history: %d of %d connections not blocked on their key within %s", waiting, len(c.loops), readyTimeout)
+			return fmt.Errorf("capture enqueue history: %d of %d connections not blocked on their key within %s", len(c.loops)-blocked, len(c.loops), readyTimeout)
 		}
 		select {
 		case <-ctx.Done():
