@@ -4,6 +4,7 @@
 -- (HistoryCapture).
 --
 -- KEYS  1 history (zset)
+-- ARGV  none
 -- Reply member, score, member, score, ... (oldest first)
 
 local taken = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
