@@ -8,11 +8,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
 	"github.com/cronstream/cronstream/configsync"
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/asynqimport"
+	"github.com/cronstream/cronstream/internal/replica"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/scheduler"
 )
@@ -38,7 +40,13 @@ func runCutover(cmd *cobra.Command, g *globalFlags, f *importFlags, store *tasks
 	if err := s.ensureStreams(ctx); err != nil {
 		return err
 	}
+	if err := asynqimport.CheckCutover(r); err != nil {
+		return err
+	}
 	if err := refuseExisting(ctx, s, r); err != nil {
+		return err
+	}
+	if err := requireReplicas(ctx, s); err != nil {
 		return err
 	}
 	for _, e := range r.Entries {
@@ -94,6 +102,24 @@ func refuseExisting(ctx context.Context, s *session, r asynqimport.Result) error
 	}
 	if len(dup) > 0 {
 		return fmt.Errorf("already registered in cronstream: %s; a cutover registers entries that asynq alone fires until then (remove them, or import without --cutover)", strings.Join(dup, ", "))
+	}
+	return nil
+}
+
+// requireReplicas fails when no cronstream replica runs: the entries
+// would not fire after the cutover, and a tick missed then follows the
+// catch-up policy (none: skipped), not the cutover.
+func requireReplicas(ctx context.Context, s *session) error {
+	kv, err := s.js.KeyValue(ctx, s.names.ReplicasBucket())
+	var infos []replica.Info
+	if err == nil {
+		infos, err = replica.ListReplicas(ctx, kv)
+	}
+	if err != nil && !errors.Is(err, jetstream.ErrBucketNotFound) {
+		return fmt.Errorf("read the live replicas: %w", err)
+	}
+	if len(infos) == 0 {
+		return fmt.Errorf("no cronstream replica runs with prefix %q: start the replicas (cronstream run) before the cutover, or the entries would not fire once asynq stops", s.names.Prefix())
 	}
 	return nil
 }

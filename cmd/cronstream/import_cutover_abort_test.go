@@ -25,6 +25,15 @@ func historyLen(t *testing.T, ins *asynq.Inspector, id string) int {
 	return len(evs)
 }
 
+// waitReplica waits until status lists replica id as live.
+func waitReplica(t *testing.T, e *cliEnv, p *proc, id string) {
+	t.Helper()
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		r := e.run("status")
+		return r.code == 0 && strings.Contains(r.stdout, id)
+	}, "replica %s not live:\n%s", id, p.Stderr())
+}
+
 // TestImportAsynqCutoverAborts: a cutover that cannot vouch for the ticks
 // registers nothing and leaves asynq's history as it was: interrupted, or
 // when an asynq scheduler starts while it watches. Entries that already
@@ -35,6 +44,7 @@ func TestImportAsynqCutoverAborts(t *testing.T) {
 	e := newEnv(t, true)
 	rc := e.redis.Client(t)
 	ins := inspector(t, e.redis.URL)
+	waitReplica(t, e, start(t, e.vars, "run", "--http", "127.0.0.1:0", "--replica-id", "abort-1"), "abort-1")
 	_, ids := startAsynqScheduler(t, rc, nil, asynqReg{"@every 1s", asynq.NewTask("tick", nil), []asynq.Option{asynq.Queue("abort")}})
 	waitListed(t, rc, 1)
 	testenv.Eventually(t, 10*time.Second, func() bool { return historyLen(t, ins, ids[0]) >= 2 }, "no enqueue history")
@@ -91,7 +101,8 @@ func TestImportAsynqCutoverAborts(t *testing.T) {
 }
 
 // TestImportAsynqCutoverZone: an entry whose time zone does not fit the
-// next run its scheduler listed is refused before the cutover watches.
+// next run its scheduler listed is refused before the cutover watches, and
+// so is a cutover with no replica running.
 func TestImportAsynqCutoverZone(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, true)
@@ -105,6 +116,11 @@ func TestImportAsynqCutoverZone(t *testing.T) {
 	r := e.run("import", "asynq", "--cutover")
 	if r.code != 1 || !strings.Contains(r.stderr, "time zone does not fit") || strings.Contains(r.stderr, "stop them now") {
 		t.Fatalf("cutover in the wrong zone:\n%s", r)
+	}
+	// In the right zone, but no replica runs to fire the entries after it.
+	r = e.run("import", "asynq", "--cutover", "--timezone", "Asia/Tokyo")
+	if r.code != 1 || !strings.Contains(r.stderr, "no cronstream replica runs") || strings.Contains(r.stderr, "stop them now") {
+		t.Fatalf("cutover without replicas:\n%s", r)
 	}
 }
 
@@ -121,6 +137,7 @@ func TestImportAsynqCutoverKilledScheduler(t *testing.T) {
 	rc := e.redis.Client(t)
 	ctx := context.Background()
 	store := taskstate.New(rc)
+	waitReplica(t, e, start(t, e.vars, "run", "--http", "127.0.0.1:0", "--replica-id", "killed-1"), "killed-1")
 	const sched, entry = "web-3:4242:6f1c2a9e-0000-4000-8000-000000000001", "5b1f2f60-0000-4000-8000-000000000002"
 	last := time.Now().Add(-30 * time.Second).Truncate(time.Minute).Add(2 * time.Millisecond)
 	for _, at := range []time.Time{last.Add(-time.Minute), last} {

@@ -83,12 +83,12 @@ func (c Cutover) Run(ctx context.Context, r Result) ([]Handover, error) {
 	if c.Say == nil {
 		c.Say = func(string) {}
 	}
+	if err := CheckCutover(r); err != nil {
+		return nil, err
+	}
 	var ids []string
 	w := map[string]*watched{}
 	for _, e := range r.Entries {
-		if e.ZoneMismatch {
-			return nil, fmt.Errorf("entry %s: its time zone does not fit the next run asynq listed (see its warning): pass --timezone", e.Entry.ID)
-		}
 		for _, s := range e.Sources {
 			ids = append(ids, s.EntryID)
 			if w[s.Scheduler] == nil {
@@ -96,9 +96,6 @@ func (c Cutover) Run(ctx context.Context, r Result) ([]Handover, error) {
 			}
 			w[s.Scheduler].next[s.EntryID] = s.Next
 		}
-	}
-	if len(ids) > MaxCutoverEntries {
-		return nil, fmt.Errorf("%d asynq entries: a cutover takes at most %d (each holds a Redis connection while it runs)", len(ids), MaxCutoverEntries)
 	}
 	capture, err := c.Store.CaptureHistory(ctx, ids)
 	if err != nil {
@@ -127,6 +124,24 @@ func (c Cutover) Run(ctx context.Context, r Result) ([]Handover, error) {
 		c.Say(fmt.Sprintf("warning: could not put back the enqueue history of stopped schedulers: %v", err))
 	}
 	return handovers(r, w, capture), nil
+}
+
+// CheckCutover refuses what a cutover of r cannot hand over exactly: an
+// entry whose time zone does not fit the next run asynq listed (its
+// ticks would be other instants), or more asynq entries than
+// MaxCutoverEntries.
+func CheckCutover(r Result) error {
+	n := 0
+	for _, e := range r.Entries {
+		if e.ZoneMismatch {
+			return fmt.Errorf("entry %s: its time zone does not fit the next run asynq listed (see its warning): pass --timezone", e.Entry.ID)
+		}
+		n += len(e.Sources)
+	}
+	if n > MaxCutoverEntries {
+		return fmt.Errorf("%d asynq entries: a cutover takes at most %d (each holds a Redis connection while it runs)", n, MaxCutoverEntries)
+	}
+	return nil
 }
 
 // watch waits until every scheduler in w has stopped, then for Settle.
