@@ -189,15 +189,12 @@ func (c Cutover) look(ctx context.Context, w map[string]*watched, first bool) er
 	if err != nil {
 		return err
 	}
-	now, err := c.Store.Time(ctx)
-	if err != nil {
-		return err
-	}
 	running := map[string]taskstate.ListedScheduler{}
 	listed := map[string]bool{}
 	for _, l := range lists {
 		listed[l.ID] = true
-		if l.Exists && !l.Expires.Before(now) && !taskstate.IsOwnSchedulerID(l.ID) {
+		// A list that exists is a live scheduler's: its TTL is Redis's.
+		if l.Exists && !taskstate.IsOwnSchedulerID(l.ID) {
 			running[l.ID] = l
 		}
 	}
@@ -223,7 +220,7 @@ func (c Cutover) look(ctx context.Context, w map[string]*watched, first bool) er
 			s.stopped, s.cleared = true, !listed[id]
 			how := "shut down"
 			if !s.cleared {
-				how = "gone without shutting down (killed? its list expired): an enqueue in flight when it died has no record, and may be enqueued again"
+				how = "gone without shutting down (its list expired): taken as dead, so make sure its process is; an enqueue in flight when it died has no record, and may be enqueued again"
 			}
 			c.Say(fmt.Sprintf("asynq scheduler %s %s", id, how))
 		}

@@ -58,15 +58,14 @@ type Result struct {
 	Entries []Entry
 	// Problems, in the order the schedulers list them.
 	Problems []Problem
-	// Schedulers are the running asynq schedulers read (their lists exist
-	// and have not expired), sorted.
+	// Schedulers are the running asynq schedulers read (their lists
+	// exist), sorted.
 	Schedulers []string
 	// Own are cronstream's own scheduler lists, left out: cronstream
 	// lists its entries for asynq's tools (docs/asynq-compat.md).
 	Own []string
-	// Stale are schedulers asynq:schedulers still names but whose list is
-	// gone or expired: stopped without clearing it (killed) and not
-	// running.
+	// Stale are schedulers asynq:schedulers still names but whose list has
+	// expired: stopped without clearing it (killed), not running.
 	Stale []string
 	// Undecodable counts list elements that are not SchedulerEntries.
 	Undecodable int
@@ -98,10 +97,6 @@ func Read(ctx context.Context, store *taskstate.Store, opts Options) (Result, er
 	if err != nil {
 		return Result{}, fmt.Errorf("time zone: %w", err)
 	}
-	now, err := store.Time(ctx)
-	if err != nil {
-		return Result{}, err
-	}
 	lists, err := store.ListSchedulers(ctx)
 	if err != nil {
 		return Result{}, err
@@ -113,7 +108,10 @@ func Read(ctx context.Context, store *taskstate.Store, opts Options) (Result, er
 		case taskstate.IsOwnSchedulerID(l.ID):
 			r.Own = append(r.Own, l.ID)
 			continue
-		case !l.Exists || l.Expires.Before(now):
+		case !l.Exists:
+			// The list's TTL is Redis's own (asynq's EXPIRE), so a list
+			// that exists is a live scheduler's; the member's score is
+			// the scheduler host's clock, which may be off.
 			r.Stale = append(r.Stale, l.ID)
 			continue
 		}
