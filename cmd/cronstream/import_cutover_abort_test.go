@@ -177,4 +177,8 @@ func TestImportAsynqCutoverKilledScheduler(t *testing.T) {
 	if got.Owner != "sync" || got.Options.Queue != "killed" {
 		t.Fatalf("registered as %+v", got)
 	}
+	// The file written says what was registered: syncing it changes nothing.
+	if out := e.ok("sync", "-f", file); !strings.Contains(out, "1 unchanged") {
+		t.Fatalf("syncing the cutover's file:\n%s", out)
+	}
 }
