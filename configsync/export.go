@@ -23,12 +23,28 @@ import (
 // Removed entries are left out. Every field of events.Entry is written
 // (the export round-trip test fails when Entry grows one this misses).
 func Export(w io.Writer, entries []events.Entry) error {
+	return export(w, entries, false)
+}
+
+// ExportUnowned is Export without the owner and pause state, for entries
+// that come from elsewhere (cronstream import): the sync that reads the
+// file gives them its owner, and keeps the pause state of entries that
+// exist.
+func ExportUnowned(w io.Writer, entries []events.Entry) error {
+	return export(w, entries, true)
+}
+
+func export(w io.Writer, entries []events.Entry, unowned bool) error {
 	list := &yaml.Node{Kind: yaml.SequenceNode}
 	for _, e := range entries {
 		if e.Removed {
 			continue
 		}
-		list.Content = append(list.Content, entryNode(e.Normalize()))
+		n := entryNode(e.Normalize())
+		if unowned {
+			dropKeys(n, "owner", "paused")
+		}
+		list.Content = append(list.Content, n)
 	}
 	enc := yaml.NewEncoder(w)
 	enc.SetIndent(2)
@@ -118,6 +134,17 @@ func entryNode(e events.Entry) *yaml.Node {
 		n.Content = append(n.Content, str("labels"), l)
 	}
 	return n
+}
+
+// dropKeys removes keys from mapping node m.
+func dropKeys(m *yaml.Node, keys ...string) {
+	out := m.Content[:0]
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		if !slices.Contains(keys, m.Content[i].Value) {
+			out = append(out, m.Content[i], m.Content[i+1])
+		}
+	}
+	m.Content = out
 }
 
 // mapping makes a mapping node of key, value pairs (strings as keys,

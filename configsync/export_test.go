@@ -292,3 +292,34 @@ func TestExportPayloadForms(t *testing.T) {
 		}
 	}
 }
+
+// TestExportUnowned leaves owner and pause state to the sync that reads
+// the file: parsed back, every other field is the same.
+func TestExportUnowned(t *testing.T) {
+	in := []events.Entry{
+		{ID: "a", Cron: "@daily", Task: events.Task{Type: "a", Payload: []byte(`{"x":1}`)}, Owner: "someone", Paused: true, Note: "n",
+			Labels: map[string]string{"team": "ops"}, StartAt: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)},
+		{ID: "b", Cron: "*/5 * * * *", Timezone: "Europe/Berlin", Task: events.Task{Type: "b"}, Options: events.Options{Queue: "q"}},
+	}
+	var b bytes.Buffer
+	if err := ExportUnowned(&b, in); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(b.String(), "owner:") || strings.Contains(b.String(), "paused:") {
+		t.Fatalf("owner or pause state written:\n%s", b.String())
+	}
+	cfgs, err := Parse(b.Bytes(), "export")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range cfgs {
+		if c.Owner != nil || c.Paused != nil {
+			t.Errorf("%s: owner %v paused %v, want both left to the sync", c.Entry.ID, c.Owner, c.Paused)
+		}
+		want := in[i]
+		want.Owner, want.Paused = "", false
+		if !events.SameContent(c.Entry, want) {
+			t.Errorf("%s read back as %+v, want %+v", c.Entry.ID, c.Entry, want)
+		}
+	}
+}

@@ -14,7 +14,7 @@ func TestHelp(t *testing.T) {
 		{}, {"run"}, {"dev"}, {"entry"}, {"entry", "put"}, {"entry", "get"}, {"entry", "ls"}, {"entry", "rm"},
 		{"entry", "pause"}, {"entry", "resume"}, {"entry", "history"}, {"entry", "trigger"}, {"entry", "backfill"},
 		{"sync"}, {"audit"}, {"status"}, {"healthcheck"}, {"streams"}, {"streams", "apply"}, {"completion"},
-		{"entry", "describe"}, {"export"},
+		{"entry", "describe"}, {"export"}, {"import"}, {"import", "asynq"},
 	}
 	for _, c := range commands {
 		out := e.ok(append(c, "--help")...)

@@ -50,6 +50,9 @@ var (
 
 	writeSchedulerEntriesScript = luaScript("", "scheduler_entries.lua")
 	recordSchedulerEventScript  = luaScript("", "scheduler_event.lua")
+	// takeHistoryScript reads and deletes an entry's enqueue history in
+	// one step (HistoryCapture).
+	takeHistoryScript = luaScript("", "history_take.lua")
 )
 
 //go:embed lua/*.lua
