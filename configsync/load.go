@@ -9,10 +9,10 @@ import (
 )
 
 // DefaultMaxFileBytes bounds the schedules files Load, LoadFile and Read
-// accept unless told otherwise: 16 MiB holds some 60,000 entries as
-// `cronstream export` writes them, and keeps what a hostile file can make
-// Parse allocate under MaxAllocPerFileByte times that (about 2.5 GiB; a
-// file of ordinary entries takes a sixth of it).
+// accept unless told otherwise: 4 MiB holds some 15,000 entries as
+// `cronstream export` writes them, and keeps what checking a hostile file
+// of that size allocates near 1 GiB (see Parse; ordinary entries take
+// about 150 MiB).
 const DefaultMaxFileBytes = 4 << 20
 
 // ErrFileTooLarge is wrapped by the error for a schedules file over its

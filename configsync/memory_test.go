@@ -141,7 +141,7 @@ func memoryOf(f func()) (total, peak uint64) {
 
 // TestParseMemoryBound: reading and checking a schedules file, valid or
 // malformed in the ways that cost the most, from a file or from a stream,
-// allocates at most MaxAllocPerFileByte times the file's size in all (so
+// allocates at most maxAllocPerFileByte times the file's size in all (so
 // its peak memory stays below that); a malformed file is refused.
 func TestParseMemoryBound(t *testing.T) {
 	const size = 512 << 10
@@ -167,7 +167,7 @@ func TestParseMemoryBound(t *testing.T) {
 			}
 			t.Logf("%-20s %-6s %7.3f MB: allocated %5.1f× its size, peak at least %5.1f×", shape, via, float64(len(data))/1e6,
 				float64(total)/float64(len(data)), float64(peak)/float64(len(data)))
-			if bound := MaxAllocPerFileByte*uint64(len(data)) + ParseAllocBase; total > bound {
+			if bound := maxAllocPerFileByte*uint64(len(data)) + parseAllocBase; total > bound {
 				t.Errorf("%s via %s: allocated %d bytes for %d, over the bound of %d", shape, via, total, len(data), bound)
 			}
 		}
