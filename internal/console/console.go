@@ -167,6 +167,11 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.Set("X-Frame-Options", "DENY")
 	h.Set("Referrer-Policy", "no-referrer")
 	h.Set("Cache-Control", "no-store")
+	if _, err := r.Cookie(legacyTokenCookie); err == nil {
+		// Builds before sessions kept the token itself in this cookie:
+		// make the browser forget it.
+		http.SetCookie(w, &http.Cookie{Name: legacyTokenCookie, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode})
+	}
 	signInOut := r.URL.Path == "/login" || r.URL.Path == "/logout"
 	switch {
 	case r.Method == http.MethodPost && signInOut:

@@ -23,7 +23,9 @@ import (
 // until it expires, never the token.
 const (
 	sessionCookie = "cronstream_session"
-	sessionLabel  = "cronstream console session v1"
+	// legacyTokenCookie held the token itself before sessions.
+	legacyTokenCookie = "cronstream_console"
+	sessionLabel      = "cronstream console session v1"
 	// DefaultSessionTTL is how long a session lasts unless
 	// Config.SessionTTL says otherwise.
 	DefaultSessionTTL = 12 * time.Hour

@@ -99,6 +99,11 @@ func TestConsoleSignIn(t *testing.T) {
 			t.Errorf("%s cookie: %d, want 401", name, code)
 		}
 	}
+	// The cookie in which earlier builds kept the token is cleared.
+	_, h, _ = s.get("/", "Cookie", "cronstream_console=s3cret; "+cookie)
+	if cleared := (&http.Response{Header: h}).Cookies(); len(cleared) != 1 || cleared[0].Name != "cronstream_console" || cleared[0].MaxAge >= 0 {
+		t.Errorf("the old token cookie is not cleared: %v", cleared)
+	}
 
 	// Signing out clears the cookie (POST, from this origin only).
 	if code, _, _ := s.get("/logout", "Cookie", cookie); code != http.StatusMethodNotAllowed {
