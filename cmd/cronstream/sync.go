@@ -101,7 +101,7 @@ file that becomes invalid is reported and the current entries are kept.
 
 --max-file-size (default 4MiB, some 15,000 entries as export writes them)
 refuses a larger file before reading it (stdin once it has passed the
-limit), with exit status 64. Checking a file takes memory: about 35 times
+limit), with exit status 64. Checking a file takes memory: about 38 times
 its size for ordinary entries, at most 256 times (plus 8 MiB) for the
 costliest YAML, so the default bounds a hostile file at about 1 GiB.`,
 		Example: `  cronstream sync -f schedules.yaml --dry-run
