@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -66,12 +65,20 @@ func (p Problem) String() string {
 	return b.String()
 }
 
-// InvalidError lists every problem found in a set of configs; nothing of
-// it may be applied.
+// InvalidError lists the problems found in a set of configs; nothing of it
+// may be applied.
 type InvalidError struct {
 	Source   string
 	Problems []Problem
+	// More is set when there were more problems than MaxProblems: the
+	// check stopped at the last one listed.
+	More bool
 }
+
+// MaxProblems bounds the problems one check lists. A file with more stops
+// there: a hostile file cannot make the list grow with its size, and the
+// first hundred are what to fix first.
+const MaxProblems = 100
 
 func (e *InvalidError) Error() string {
 	var b strings.Builder
@@ -79,6 +86,9 @@ func (e *InvalidError) Error() string {
 	fmt.Fprintf(&b, "%s is invalid (%d problem", e.Source, n)
 	if n != 1 {
 		b.WriteString("s")
+	}
+	if e.More {
+		b.WriteString(", and more not listed: the check stopped there")
 	}
 	b.WriteString("):")
 	for _, p := range e.Problems {
@@ -90,91 +100,106 @@ func (e *InvalidError) Error() string {
 // Unwrap makes errors.Is(err, ErrInvalidConfig) true.
 func (e *InvalidError) Unwrap() error { return ErrInvalidConfig }
 
-// Load reads and validates a schedules file (YAML, or JSON with the same
-// fields).
-func Load(path string) ([]Config, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("read schedules file: %w", err)
-	}
-	return Parse(b, path)
-}
-
 // Parse reads and validates a schedules file's content; source names it in
-// errors. Every problem is reported, each with its entry and field: unknown
-// fields (typo protection), values of the wrong kind, entries that fail
-// validation, and ids given twice.
+// errors. Every problem is reported (up to MaxProblems), each with its
+// entry, field and line: unknown fields (typo protection), values of the
+// wrong kind, entries that fail validation, and ids given twice.
+//
+// Memory: the YAML parser (gopkg.in/yaml.v3) holds the whole document as a
+// node tree, about 190 bytes per node, before Parse reads any of it; keys
+// without values ("{a,a,a,...}", two nodes per two bytes) are the costliest
+// shape tried. Parse then walks one entry at a time, checks it at once,
+// lets its nodes go and keeps a config only while the file is valid, so
+// what it adds stays small beside the tree. Everything it allocates stays
+// below 256 bytes per byte of data plus 8 MiB, whatever data holds
+// (TestParseMemoryBound); ordinary entries take about 38.
 func Parse(data []byte, source string) ([]Config, error) {
 	p := &parser{source: source, index: -1}
 	cfgs := p.parse(data)
-	// Validation runs on what parsed, so one pass lists every problem; a
-	// field that already failed to parse is not reported again.
-	type key struct {
-		index int
-		field string
-	}
-	reported := map[key]bool{}
-	for _, pr := range p.problems {
-		reported[key{pr.index, pr.Field}] = true
-	}
-	for _, pr := range validate(cfgs, p.lines) {
-		if reported[key{pr.index, pr.Field}] {
-			continue
-		}
-		if l, ok := p.fieldLine[fieldKey(pr.index, pr.Field)]; ok {
-			pr.Line = l
-		}
-		p.problems = append(p.problems, pr)
-	}
-	slices.SortStableFunc(p.problems, func(a, b Problem) int { return a.Line - b.Line })
-	if len(p.problems) > 0 {
-		return nil, &InvalidError{Source: source, Problems: p.problems}
+	if len(p.list) > 0 {
+		slices.SortStableFunc(p.list, func(a, b Problem) int { return a.Line - b.Line })
+		return nil, &InvalidError{Source: source, Problems: p.list, More: p.more}
 	}
 	return cfgs, nil
 }
 
+// The bound TestParseMemoryBound holds Parse to: what it allocates in all
+// (so its peak memory too) per byte of its input, plus the parser's fixed
+// costs (its buffers, and the stacks of a document nested as deep as
+// gopkg.in/yaml.v3 allows, 10,000 levels).
+const (
+	maxAllocPerFileByte = 256
+	parseAllocBase      = 8 << 20
+)
+
 // Validate checks configs as a sync would before publishing anything:
 // every entry must pass validation and ids must be unique.
 func Validate(cfgs []Config) error {
-	if ps := validate(cfgs, nil); len(ps) > 0 {
-		return &InvalidError{Source: "configs", Problems: ps}
+	var ps problems
+	seen := map[string]int{}
+	for i, c := range cfgs {
+		if ps.full() {
+			break
+		}
+		ps.addAll(checkConfig(c, i, 0, seen))
+	}
+	if len(ps.list) > 0 {
+		return &InvalidError{Source: "configs", Problems: ps.list, More: ps.more}
 	}
 	return nil
 }
 
-func validate(cfgs []Config, lines []int) []Problem {
+// problems is a list bounded by MaxProblems.
+type problems struct {
+	list []Problem
+	more bool
+}
+
+func (ps *problems) full() bool { return len(ps.list) >= MaxProblems }
+
+func (ps *problems) add(p Problem) {
+	if ps.full() {
+		ps.more = true
+		return
+	}
+	ps.list = append(ps.list, p)
+}
+
+func (ps *problems) addAll(list []Problem) {
+	for _, p := range list {
+		ps.add(p)
+	}
+}
+
+// checkConfig returns the problems of config c, the i-th, whose mapping is
+// at line: its validation, and its id given before (seen holds the ids of
+// the configs before it, and gets c's).
+func checkConfig(c Config, i, line int, seen map[string]int) []Problem {
 	var out []Problem
-	seen := map[string]int{}
-	for i, c := range cfgs {
-		line := 0
-		if i < len(lines) {
-			line = lines[i]
+	name := c.Entry.ID
+	if name == "" || events.ValidateID(name) != nil {
+		name = fmt.Sprintf("entries[%d]", i)
+	}
+	e := c.Entry
+	e.Owner, e.Removed = "", false
+	if c.Owner != nil {
+		e.Owner = *c.Owner
+	}
+	if c.Paused != nil {
+		e.Paused = *c.Paused
+	}
+	for _, fe := range fieldErrors(e.Validate()) {
+		msg := fe.Reason
+		if fe.Value != "" {
+			msg = fmt.Sprintf("%q: %s", fe.Value, fe.Reason)
 		}
-		name := c.Entry.ID
-		if name == "" || events.ValidateID(name) != nil {
-			name = fmt.Sprintf("entries[%d]", i)
-		}
-		e := c.Entry
-		e.Owner, e.Removed = "", false
-		if c.Owner != nil {
-			e.Owner = *c.Owner
-		}
-		if c.Paused != nil {
-			e.Paused = *c.Paused
-		}
-		for _, fe := range fieldErrors(e.Validate()) {
-			msg := fe.Reason
-			if fe.Value != "" {
-				msg = fmt.Sprintf("%q: %s", fe.Value, fe.Reason)
-			}
-			out = append(out, Problem{Entry: name, Field: fe.Field, Line: line, Message: msg, index: i})
-		}
-		if c.Entry.ID != "" {
-			if first, dup := seen[c.Entry.ID]; dup {
-				out = append(out, Problem{Entry: name, Line: line, Message: fmt.Sprintf("id given twice (also entries[%d])", first), index: i})
-			} else {
-				seen[c.Entry.ID] = i
-			}
+		out = append(out, Problem{Entry: name, Field: fe.Field, Line: line, Message: msg, index: i})
+	}
+	if c.Entry.ID != "" {
+		if first, dup := seen[c.Entry.ID]; dup {
+			out = append(out, Problem{Entry: name, Line: line, Message: fmt.Sprintf("id given twice (also entries[%d])", first), index: i})
+		} else {
+			seen[c.Entry.ID] = i
 		}
 	}
 	return out
@@ -216,24 +241,25 @@ func FieldErrors(err error) []*events.FieldError {
 // structs: that is what lets it name the entry, field and line of every
 // problem, and report them all at once.
 type parser struct {
-	source   string
-	problems []Problem
-	lines    []int // line of each entry
-	entry    string
-	index    int // of the entry being parsed, -1 outside entries
-	// fieldLine is the line of each field's value, by entry and field, so
-	// validation problems point at their line too.
+	source string
+	problems
+	entry string
+	index int // of the entry being parsed, -1 outside entries
+	// fieldLine is the line of each field's value in the entry being
+	// parsed, so validation problems point at their line too.
 	fieldLine map[string]int
 }
 
-func fieldKey(index int, field string) string { return fmt.Sprintf("%d\x00%s", index, field) }
-
 func (p *parser) fail(n *yaml.Node, field, format string, args ...any) {
+	if p.full() {
+		p.more = true // and nothing formatted: a hostile file may fail on every node
+		return
+	}
 	line := 0
 	if n != nil {
 		line = n.Line
 	}
-	p.problems = append(p.problems, Problem{Entry: p.entry, Field: field, Line: line, Message: fmt.Sprintf(format, args...), index: p.index})
+	p.add(Problem{Entry: p.entry, Field: field, Line: line, Message: fmt.Sprintf(format, args...), index: p.index})
 }
 
 func (p *parser) parse(data []byte) []Config {
@@ -269,7 +295,7 @@ func (p *parser) parse(data []byte) []Config {
 		return true
 	})
 	if list == nil {
-		if len(p.problems) == 0 {
+		if len(p.list) == 0 {
 			p.fail(root, "", "missing \"entries\" (write \"entries: []\" to mean none)")
 		}
 		return nil
@@ -282,21 +308,75 @@ func (p *parser) parse(data []byte) []Config {
 		p.fail(list, "", "\"entries\" must be a list")
 		return nil
 	}
-	out := make([]Config, 0, len(list.Content))
+	var out []Config
+	seen := map[string]int{}
 	for i, n := range list.Content {
-		p.entry, p.index = fmt.Sprintf("entries[%d]", i), i
-		if n.Kind == yaml.MappingNode {
-			for j := 0; j+1 < len(n.Content); j += 2 {
-				if n.Content[j].Value == "id" && n.Content[j+1].Kind == yaml.ScalarNode && events.ValidateID(n.Content[j+1].Value) == nil {
-					p.entry = n.Content[j+1].Value
-				}
-			}
+		// The entry's nodes go once it is read: the configs that grow
+		// take the place of the tree that shrinks.
+		list.Content[i] = nil
+		if p.full() {
+			p.more = true
+			break
 		}
-		out = append(out, p.entryNode(n))
-		p.lines = append(p.lines, n.Line)
+		c, ok := p.entryOf(n, i, seen)
+		if !ok || len(p.list) > 0 {
+			out = nil // an invalid file returns nothing: keep nothing
+			continue
+		}
+		out = append(out, c)
 	}
 	p.entry, p.index = "", -1
 	return out
+}
+
+// entryOf reads and checks the i-th entry (n); ok is false when it is not
+// even a mapping.
+func (p *parser) entryOf(n *yaml.Node, i int, seen map[string]int) (Config, bool) {
+	p.entry, p.index = fmt.Sprintf("entries[%d]", i), i
+	clear(p.fieldLine)
+	if n.Kind != yaml.MappingNode {
+		p.fail(n, "", "an entry must be a mapping with at least id, cron and task.type")
+		return Config{}, false
+	}
+	for j := 0; j+1 < len(n.Content); j += 2 {
+		if n.Content[j].Value == "id" && n.Content[j+1].Kind == yaml.ScalarNode && events.ValidateID(n.Content[j+1].Value) == nil {
+			p.entry = n.Content[j+1].Value
+		}
+	}
+	parsed := len(p.list)
+	c := p.entryNode(n)
+	// Validation runs on what parsed, so one pass lists every problem; a
+	// field that already failed to parse is not reported again.
+	failed := map[string]bool{}
+	for _, pr := range p.list[parsed:] {
+		failed[pr.Field] = true
+	}
+	for _, pr := range checkConfig(c, i, n.Line, seen) {
+		if failed[pr.Field] {
+			continue
+		}
+		if l, ok := p.lineOf(pr.Field); ok {
+			pr.Line = l
+		}
+		p.add(pr)
+	}
+	return c, true
+}
+
+// lineOf is the line of field in the entry being parsed, or of the nearest
+// field above it ("labels" for "labels.team").
+func (p *parser) lineOf(field string) (int, bool) {
+	for field != "" {
+		if l, ok := p.fieldLine[field]; ok {
+			return l, true
+		}
+		i := strings.LastIndexByte(field, '.')
+		if i < 0 {
+			break
+		}
+		field = field[:i]
+	}
+	return 0, false
 }
 
 // fields calls f for each key of mapping n; f reports whether it knows the
@@ -315,15 +395,24 @@ func (p *parser) fields(n *yaml.Node, path string, f func(key string, v *yaml.No
 			continue
 		}
 		seen[k.Value] = true
-		if p.fieldLine == nil {
-			p.fieldLine = map[string]int{}
-		}
-		p.fieldLine[fieldKey(p.index, name)] = v.Line
 		if !f(k.Value, v) {
 			p.fail(k, name, "unknown field%s", hint(k.Value))
+			continue
+		}
+		// Lines of the fields validation can name: a map's members only
+		// up to the most a map may have, so the record stays small.
+		if p.index >= 0 && len(seen) <= maxMembersWithLines {
+			if p.fieldLine == nil {
+				p.fieldLine = map[string]int{}
+			}
+			p.fieldLine[name] = v.Line
 		}
 	}
 }
+
+// maxMembersWithLines is the largest map (labels, headers) whose members'
+// lines are kept; beyond, problems point at the map's line.
+const maxMembersWithLines = 65
 
 // hint suggests the field a typo probably meant.
 func hint(key string) string {
@@ -344,10 +433,6 @@ func hint(key string) string {
 
 func (p *parser) entryNode(n *yaml.Node) Config {
 	var c Config
-	if n.Kind != yaml.MappingNode {
-		p.fail(n, "", "an entry must be a mapping with at least id, cron and task.type")
-		return c
-	}
 	e := &c.Entry
 	p.fields(n, "", func(key string, v *yaml.Node) bool {
 		switch key {

@@ -69,10 +69,12 @@ type ConfigProvider interface {
 // every call.
 type FileProvider struct {
 	Path string
+	// MaxBytes refuses a larger file (0: DefaultMaxFileBytes).
+	MaxBytes int64
 }
 
 // GetConfigs loads the file.
-func (f FileProvider) GetConfigs() ([]Config, error) { return Load(f.Path) }
+func (f FileProvider) GetConfigs() ([]Config, error) { return LoadFile(f.Path, f.MaxBytes) }
 
 // Report is the outcome of one sync.
 type Report struct {

@@ -321,6 +321,9 @@ func (c *Client) write(ctx context.Context, op, id string, opts []WriteOption, d
 	if err := validID(id); err != nil {
 		return Result{}, fmt.Errorf("%s: %w", op, err)
 	}
+	if err := checkSource(c.source); err != nil {
+		return Result{}, fmt.Errorf("%s: %w", op, err)
+	}
 	subject := c.names.ConfigSubject(id)
 	fresh := false // whether the next read must come from the leader
 	for round := 0; ; {
@@ -800,6 +803,9 @@ func DecodeConfigEventInto(b []byte, e *Entry) (*Event, error) {
 	}
 	if err != nil {
 		return nil, err
+	}
+	if err := checkAsWritten(ev, b, fast); err != nil {
+		return ev, err
 	}
 	if !IsConfigType(ev.Type) {
 		return ev, fmt.Errorf("%w: event %s has unknown config event type %q", ErrMalformedEvent, ev.ID, ev.Type)

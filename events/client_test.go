@@ -289,6 +289,13 @@ func TestClientRefusesInvalidWrites(t *testing.T) {
 	if _, err := c.Pause(ctx, "job", strings.Repeat("n", 2000)); !slices.Contains(fieldsOf(err), "note") {
 		t.Fatalf("pause with a huge note: %v", err)
 	}
+	if _, err := c.Pause(ctx, "job", "n\xff"); !slices.Contains(fieldsOf(err), "note") {
+		t.Fatalf("pause with a note that is not UTF-8: %v", err)
+	}
+	// encoding/json would publish U+FFFD in place of such a source.
+	if _, err := NewClient(js, MustNames("invalid"), WithSource("ops/\xff")).Pause(ctx, "job", "why"); err == nil || !strings.Contains(err.Error(), "UTF-8") {
+		t.Fatalf("a source that is not UTF-8: %v", err)
+	}
 	if got := configMsgs(t, js, "INVALID_CONFIG"); got != before+1 {
 		t.Fatalf("config stream holds %d messages, want %d: an invalid write was published", got, before+1)
 	}

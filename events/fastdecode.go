@@ -21,8 +21,9 @@ import (
 // valid UTF-8, integers without fraction or exponent, no null, no unknown
 // key — and says "not mine" (ok false) on anything else, including every
 // error. DecodeConfigEvent then decodes the same bytes with encoding/json,
-// which decides and words every error. FuzzDecodeConfigFast checks the
-// claim against encoding/json.
+// which decides and words every error, and refuses what encoding/json would
+// repair (textcheck.go): text the subset never holds. FuzzDecodeConfigFast
+// checks the claim against encoding/json.
 
 // fastScanner walks one JSON document.
 type fastScanner struct {

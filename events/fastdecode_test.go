@@ -208,13 +208,26 @@ func FuzzDecodeConfigFast(f *testing.F) {
 		b, _ := ev.Marshal()
 		f.Add(b)
 	}
+	// Text encoding/json repairs: invalid UTF-8 and halves of surrogate
+	// pairs, in the entry and in the envelope.
+	for _, s := range []string{
+		"{\"specversion\":\"1.0\",\"id\":\"a\",\"type\":\"cronstream.entry.updated\",\"data\":{\"id\":\"j\",\"cron\":\"@every 1s\",\"task\":{\"type\":\"t\xff\"}}}",
+		`{"specversion":"1.0","id":"a","type":"cronstream.entry.updated","data":{"id":"j","cron":"@every 1s","task":{"type":"t"},"options":{"queue":"q\ud800"}}}`,
+		`{"specversion":"1.0","id":"a","type":"cronstream.entry.updated","data":{"id":"j","cron":"@every 1s","task":{"type":"t"},"note":"\ud83d\ude00"}}`,
+		"{\"specversion\":\"1.0\",\"id\":\"a\",\"source\":\"\xc3\",\"type\":\"cronstream.entry.updated\",\"data\":{\"id\":\"j\",\"cron\":\"@every 1s\",\"task\":{\"type\":\"t\"}}}",
+	} {
+		f.Add([]byte(s))
+	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		sameAsStd(t, b)
-		// The public decoder never panics and what it accepts is valid.
-		if _, e, err := DecodeConfigEvent(b); err == nil {
+		// The public decoder never panics, what it accepts is valid, and
+		// it is what the publisher wrote: never a U+FFFD encoding/json put
+		// in place of bytes it could not read.
+		if ev, e, err := DecodeConfigEvent(b); err == nil {
 			if verr := e.Validate(); verr != nil {
 				t.Fatalf("accepted an invalid entry: %v", verr)
 			}
+			noRepair(t, b, ev, e)
 		}
 	})
 }

@@ -1,6 +1,7 @@
 package events
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"math/rand/v2"
@@ -81,6 +82,7 @@ func FuzzDecodeEvent(f *testing.F) {
 			} else if verr := e.Validate(); verr != nil {
 				t.Fatalf("DecodeConfigEvent accepted an invalid entry: %v", verr)
 			}
+			noRepair(t, b, ev, e)
 		} else if !errors.Is(err, ErrMalformedEvent) {
 			t.Fatalf("config decode error %v does not wrap ErrMalformedEvent", err)
 		}
@@ -107,12 +109,15 @@ func FuzzValidateEntry(f *testing.F) {
 	} {
 		f.Add([]byte(s))
 	}
+	f.Add([]byte("{\"id\":\"a\",\"cron\":\"* * * * *\",\"task\":{\"type\":\"t\xff\"}}"))
+	f.Add([]byte(`{"id":"a","cron":"* * * * *","task":{"type":"t"},"options":{"queue":"\udc00"}}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var e Entry
 		if json.Unmarshal(b, &e) != nil {
 			return
 		}
 		err := e.Validate()
+		sameVerdictRaw(t, b, e, err)
 		if err != nil {
 			if !errors.Is(err, ErrInvalidEntry) || len(fieldsOf(err)) == 0 {
 				t.Fatalf("validation error %v names no field", err)
@@ -137,6 +142,37 @@ func FuzzValidateEntry(f *testing.F) {
 			t.Fatalf("round trip changed the entry:\n%s", raw)
 		}
 	})
+}
+
+// sameVerdictRaw checks that the entry JSON b, published raw as a config
+// event's data, is accepted exactly when validation accepts what
+// encoding/json reads from it (e, whose verdict is verr) and encoding/json
+// had nothing to repair: the stream judges a raw publisher as Validate
+// judges the CLI's values.
+func sameVerdictRaw(t *testing.T, b []byte, e Entry, verr error) {
+	t.Helper()
+	typ := TypeEntryUpdated
+	switch {
+	case e.Removed:
+		typ = TypeEntryRemoved
+	case e.Paused:
+		typ = TypeEntryPaused
+	}
+	typ = GatedType(typ, e)
+	want := (verr == nil || typ == TypeEntryRemoved && e.ID != "") && repairedAt(b) < 0
+	if IsGatedType(typ) {
+		// Gated data is decoded strictly: a field this build does not
+		// know is refused.
+		d := json.NewDecoder(bytes.NewReader(b))
+		d.DisallowUnknownFields()
+		var strict Entry
+		want = want && d.Decode(&strict) == nil
+	}
+	ev := []byte(`{"specversion":"1.0","id":"x","type":"` + typ + `","data":` + string(b) + `}`)
+	_, _, err := DecodeConfigEvent(ev)
+	if (err == nil) != want {
+		t.Fatalf("raw publish verdict %v, validation's %v (repair at %d)\n%q", err, verr, repairedAt(b), b)
+	}
 }
 
 func FuzzQueueToken(f *testing.F) {

@@ -196,7 +196,7 @@ type decoded struct {
 	seq     uint64
 	at      time.Time
 	subject string
-	id      string // "" when the subject has no valid entry id
+	id      string // "" when the subject names no entry
 	state   *State // nil for removals and bad events
 	removal *State // a removal's last state (its Revision and Time the removal's)
 	bad     *BadEventError
@@ -205,8 +205,12 @@ type decoded struct {
 func decode(names events.Names, m message) decoded {
 	subject, seq, at := m.subject, m.seq, m.at
 	d := decoded{seq: seq, at: at, subject: subject}
+	// Any one subject token names an entry, as `entry ls` lists it: one
+	// whose id validation refuses is quarantined under it (its events
+	// cannot be valid, but a removal clears it), so status shows what was
+	// published there.
 	id, ok := names.EntryFromConfigSubject(subject)
-	if !ok || events.ValidateID(id) != nil {
+	if !ok || events.ValidateListedID(id) != nil {
 		d.bad = &BadEventError{Seq: seq, Subject: subject, Reason: "subject has no valid entry id"}
 		return d
 	}
@@ -229,6 +233,11 @@ func decode(names events.Names, m message) decoded {
 	// The map's key is the state's own id, not a second copy.
 	d.id = st.Entry.ID
 	if st.Entry.Removed {
+		if events.ValidateID(d.id) != nil {
+			// Never registered (its events cannot be valid): the removal
+			// only clears its quarantine.
+			return d
+		}
 		// Kept until the entry is registered again, for its schedule and
 		// queue alone (Subscription.Removed): what its tasks carried goes.
 		st.Entry.Task.Payload, st.Entry.Task.Headers, st.Entry.Labels, st.Entry.Note = nil, nil, nil, ""
@@ -264,7 +273,9 @@ func (f *Fold) commit(d decoded) (Change, bool, error) {
 	delete(f.quarantined, d.id)
 	if d.state == nil {
 		delete(f.entries, d.id)
-		f.removed[d.id] = d.removal
+		if d.removal != nil {
+			f.removed[d.id] = d.removal
+		}
 		return ch, old != nil, nil
 	}
 	delete(f.removed, d.id)

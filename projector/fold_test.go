@@ -1,6 +1,7 @@
 package projector
 
 import (
+	"bytes"
 	"errors"
 	"strings"
 	"testing"
@@ -48,7 +49,17 @@ func TestFoldRefusesBadEvents(t *testing.T) {
 		{"removed without removed", "pt.config.a", func(t *testing.T) []byte { return rawEvent(t, events.TypeEntryRemoved, "a", validEntry("a")) }, "a", "removed=true"},
 		{"updated with removed", "pt.config.a", func(t *testing.T) []byte { return rawEvent(t, events.TypeEntryUpdated, "a", removed) }, "a", "removed=true"},
 		{"subject with two tokens", "pt.config.a.b", func(t *testing.T) []byte { return rawEvent(t, events.TypeEntryUpdated, "a", validEntry("a")) }, "", "no valid entry id"},
-		{"subject token not an id", "pt.config.a~b", func(t *testing.T) []byte { return rawEvent(t, events.TypeEntryUpdated, "a", validEntry("a")) }, "", "no valid entry id"},
+		{"wildcard subject token", "pt.config.*", func(t *testing.T) []byte { return rawEvent(t, events.TypeEntryUpdated, "a", validEntry("a")) }, "", "no valid entry id"},
+		{"invalid UTF-8 in the queue", "pt.config.a", func(t *testing.T) []byte {
+			e := validEntry("a")
+			e.Options.Queue = "q\x01"
+			return bytes.Replace(rawEvent(t, events.TypeEntryUpdated, "a", e), []byte(`q\u0001`), []byte("q\xff"), 1)
+		}, "a", `options.queue "q\xff": must be valid UTF-8`},
+		{"half a surrogate pair in the task type", "pt.config.a", func(t *testing.T) []byte {
+			e := validEntry("a")
+			e.Task.Type = "t\x01"
+			return bytes.Replace(rawEvent(t, events.TypeEntryUpdated, "a", e), []byte(`t\u0001`), []byte(`t\ud800`), 1)
+		}, "a", "task.type"},
 		{"other prefix", "other.config.a", func(t *testing.T) []byte { return rawEvent(t, events.TypeEntryUpdated, "a", validEntry("a")) }, "", "no valid entry id"},
 	}
 	for _, tc := range cases {
@@ -91,6 +102,55 @@ func TestFoldRefusesBadEvents(t *testing.T) {
 				t.Fatalf("still quarantined: %+v", f.Quarantined())
 			}
 		})
+	}
+}
+
+// TestFoldQuarantinesInvalidIDs: events on a subject whose token is no
+// valid entry id (another publisher's) quarantine what the token names, as
+// `entry ls` lists it, without touching other entries; a removal naming it
+// clears it, since no event can register it.
+func TestFoldQuarantinesInvalidIDs(t *testing.T) {
+	f := NewFold(testNames)
+	if _, _, err := f.Apply("pt.config.a", 1, time.Now(), rawEvent(t, events.TypeEntryRegistered, "a", validEntry("a"))); err != nil {
+		t.Fatal(err)
+	}
+	long := strings.Repeat("x", 129)
+	for i, c := range []struct {
+		token string
+		data  events.Entry
+		want  string
+	}{
+		{"a~b", validEntry("a~b"), "id"},
+		{"a~b", validEntry("a"), "does not match"},
+		{long, validEntry(long), "id"},
+	} {
+		seq := uint64(i + 2)
+		ch, changed, err := f.Apply("pt.config."+c.token, seq, time.Now(), rawEvent(t, events.TypeEntryUpdated, c.data.ID, c.data))
+		var bad *BadEventError
+		if !errors.As(err, &bad) || bad.Entry != c.token || !strings.Contains(bad.Reason, c.want) {
+			t.Fatalf("%s: err %v, want the entry quarantined for %q", c.token, err, c.want)
+		}
+		if changed || ch.New != nil {
+			t.Fatalf("%s: change %+v for an entry never registered", c.token, ch)
+		}
+	}
+	if q := f.Quarantined(); len(q) != 2 || q[0].ID != "a~b" || q[0].Seq != 3 || q[1].ID != long {
+		t.Fatalf("quarantined %+v", q)
+	}
+	if _, ok := f.Get("a"); !ok || f.Len() != 1 {
+		t.Fatal("entry a must keep its state")
+	}
+	for i, id := range []string{"a~b", long} {
+		rm := events.Entry{ID: id, Removed: true}
+		if _, changed, err := f.Apply("pt.config."+id, uint64(10+i), time.Now(), rawEvent(t, events.TypeEntryRemoved, id, rm)); err != nil || changed {
+			t.Fatalf("removal of %s: changed %v, %v", id, changed, err)
+		}
+	}
+	if q, rm := f.Quarantined(), f.removals(); len(q) != 0 || len(rm) != 0 {
+		t.Fatalf("after the removals: quarantined %+v, removals %+v", q, rm)
+	}
+	if st := f.Stats(); st.Bad != 3 || st.Ignored != 0 || st.Quarantined != 0 || st.Entries != 1 {
+		t.Fatalf("stats %+v", st)
 	}
 }
 

@@ -45,10 +45,9 @@ func TestPoisonEventsQuarantineOnlyTheirEntry(t *testing.T) {
 	bigSeq := publishEvent(t, js, events.TypeEntryUpdated, big)
 	bad("badremove", []byte(`{"specversion":"1.0","id":"r1","type":"cronstream.entry.removed","data":{"id":"badremove","removed":tru`))
 	bad("newenum", rawEvent(t, events.TypeEntryUpdated, "newenum", newEnum))
-	ignoredSeqs := []uint64{
-		publishRaw(t, js, "pt.config.not~an~id", rawEvent(t, events.TypeEntryUpdated, "x", validEntry("x"))),
-		publishRaw(t, js, "pt.config.two.tokens", []byte("garbage")),
-	}
+	// A subject token that is no valid id quarantines what it names.
+	badSeqs[publishRaw(t, js, "pt.config.not~an~id", rawEvent(t, events.TypeEntryUpdated, "x", validEntry("x")))] = "not~an~id"
+	ignoredSeqs := []uint64{publishRaw(t, js, "pt.config.two.tokens", []byte("garbage"))}
 	last := publishEvent(t, js, events.TypeEntryUpdated, withCron("g1", "@daily"))
 	if err := p.WaitFor(ctx, last); err != nil {
 		t.Fatalf("projector stalled: %v (at %d, stats %+v)", err, p.LastSeq(), p.Stats())
@@ -66,8 +65,8 @@ func TestPoisonEventsQuarantineOnlyTheirEntry(t *testing.T) {
 		}
 	}
 	q := p.Quarantined()
-	if len(q) != len(victims) {
-		t.Fatalf("quarantined %+v, want %v", q, victims)
+	if len(q) != len(victims)+1 {
+		t.Fatalf("quarantined %+v, want %v and not~an~id", q, victims)
 	}
 	for _, e := range q {
 		if badSeqs[e.Seq] != e.ID || e.Reason == "" {
@@ -75,7 +74,7 @@ func TestPoisonEventsQuarantineOnlyTheirEntry(t *testing.T) {
 		}
 	}
 	st := p.Stats()
-	if st.Bad != uint64(len(victims)) || st.Ignored != 2 || st.Entries != 2 || st.Quarantined != len(victims) {
+	if st.Bad != uint64(len(victims)+1) || st.Ignored != 1 || st.Entries != 2 || st.Quarantined != len(victims)+1 {
 		t.Fatalf("stats %+v", st)
 	}
 	logged := logs.seqsLogged()
@@ -99,8 +98,9 @@ func TestPoisonEventsQuarantineOnlyTheirEntry(t *testing.T) {
 		t.Fatalf("AsOfSeq: %d entries, quarantined %+v; live %+v", len(asOf), asOfQ, q)
 	}
 
-	// A valid event for each brings it back (a valid removal clears it too).
-	var fixed uint64
+	// A valid event for each brings it back (a valid removal clears it too,
+	// also of an id no valid event can register).
+	fixed := publishRaw(t, js, "pt.config.not~an~id", rawEvent(t, events.TypeEntryRemoved, "not~an~id", events.Entry{ID: "not~an~id", Removed: true}))
 	for _, id := range victims {
 		if id == "badremove" {
 			e := validEntry(id)

@@ -45,6 +45,7 @@ func newSyncCommand(g *globalFlags) *cobra.Command {
 		selector string
 		watch    time.Duration
 		detail   bool
+		maxSize  = byteSize{n: configsync.DefaultMaxFileBytes}
 	)
 	cmd := &cobra.Command{
 		Use:   "sync -f FILE",
@@ -96,7 +97,13 @@ file, 2 when the plan has changes, 1 on an error (as terraform plan does):
 a CI job can gate on drift.
 
 --watch re-reads the file and syncs on an interval until interrupted; a
-file that becomes invalid is reported and the current entries are kept.`,
+file that becomes invalid is reported and the current entries are kept.
+
+--max-file-size (default 4MiB, some 15,000 entries as export writes them)
+refuses a larger file before reading it (stdin once it has passed the
+limit), with exit status 64. Checking a file takes memory: about 38 times
+its size for ordinary entries, at most 256 times (plus 8 MiB) for the
+costliest YAML, so the default bounds a hostile file at about 1 GiB.`,
 		Example: `  cronstream sync -f schedules.yaml --dry-run
   cronstream sync -f schedules.yaml --prune
   cronstream sync -f schedules.yaml --dry-run --detailed-exitcode   # 0 in sync, 2 drift, 1 error
@@ -129,18 +136,16 @@ file that becomes invalid is reported and the current entries are kept.`,
 			}
 			var cfgs []configsync.Config
 			if file == "-" {
-				b, rerr := io.ReadAll(cmd.InOrStdin())
-				if rerr != nil {
-					return fmt.Errorf("read stdin: %w", rerr)
-				}
-				cfgs, err = configsync.Parse(b, "stdin")
+				cfgs, err = configsync.Read(cmd.InOrStdin(), "stdin", maxSize.n)
 			} else {
-				cfgs, err = configsync.Load(file)
+				cfgs, err = configsync.LoadFile(file, maxSize.n)
 			}
-			if err != nil {
-				if errors.Is(err, configsync.ErrInvalidConfig) {
-					return fmt.Errorf("%w\nnothing was published", err)
-				}
+			switch {
+			case errors.Is(err, configsync.ErrFileTooLarge):
+				return usagef("%v; nothing was published (--max-file-size raises the limit)", err)
+			case errors.Is(err, configsync.ErrInvalidConfig):
+				return fmt.Errorf("%w\nnothing was published", err)
+			case err != nil:
 				return err
 			}
 			s, err := openSession(g, &conn)
@@ -209,7 +214,7 @@ file that becomes invalid is reported and the current entries are kept.`,
 				return nil
 			}
 			syncer := &configsync.Syncer{
-				Provider: configsync.FileProvider{Path: file}, Client: s.client, Owner: owner, Prune: prune, Selector: sel,
+				Provider: configsync.FileProvider{Path: file, MaxBytes: maxSize.n}, Client: s.client, Owner: owner, Prune: prune, Selector: sel,
 				Interval: watch, Logger: slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil)),
 				OnSync: func(r configsync.Report) {
 					if r.Err == nil && !r.Plan.Empty() {
@@ -231,6 +236,7 @@ file that becomes invalid is reported and the current entries are kept.`,
 	f.BoolVar(&detail, "detailed-exitcode", false, "with --dry-run: exit 0 when nothing would change, 2 when the plan has changes, 1 on error")
 	f.DurationVar(&watch, "watch", 0, "re-sync on this interval until interrupted (e.g. 1m)")
 	f.BoolVar(&g.json, "json", false, "print the plan and its outcome as JSON")
+	f.Var(&maxSize, "max-file-size", "refuse a schedules file larger than this, before reading it (bytes, or with KiB, MiB)")
 	addConn(cmd, &conn, false)
 	return cmd
 }

@@ -7,13 +7,13 @@
 // (which escapes by context), charts are SVG built by the same templates,
 // there is no inline script, and a strict Content-Security-Policy keeps
 // the browser to same-origin assets embedded in the binary. No request
-// changes state: only GET and HEAD are served.
+// changes cronstream's state: pages are GET and HEAD; the only POSTs sign
+// a browser in and out (session.go), refused from other origins.
 package console
 
 import (
 	"cmp"
 	"context"
-	"crypto/subtle"
 	"embed"
 	"errors"
 	"fmt"
@@ -47,9 +47,11 @@ type Config struct {
 	// hold data the people who can reach the console should not read).
 	Payloads bool
 	// Token, when set, is required: as "Authorization: Bearer <token>", or
-	// the cookie the /login form sets.
-	Token  string
-	Logger *slog.Logger
+	// the session cookie the /login form sets (session.go).
+	Token string
+	// SessionTTL is how long a sign-in lasts (default DefaultSessionTTL).
+	SessionTTL time.Duration
+	Logger     *slog.Logger
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 }
@@ -89,11 +91,14 @@ type Source struct {
 // Console is the console's HTTP handler. It serves a "starting" page until
 // Attach gives it a source.
 type Console struct {
-	cfg    Config
-	src    atomic.Pointer[Source]
-	pages  map[string]*template.Template
-	static http.Handler
-	mux    *http.ServeMux
+	cfg      Config
+	src      atomic.Pointer[Source]
+	pages    map[string]*template.Template
+	static   fs.FS
+	mux      *http.ServeMux
+	sessions *sessions // nil without a token
+	// csrf refuses the sign-in and sign-out POSTs of other origins.
+	csrf *http.CrossOriginProtection
 
 	snapMu  sync.Mutex
 	snap    []*projector.State
@@ -109,7 +114,15 @@ func New(cfg Config) (*Console, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	c := &Console{cfg: cfg, pages: map[string]*template.Template{}, fcCache: map[fcKey]*forecastView{}}
+	cfg.SessionTTL = cmp.Or(cfg.SessionTTL, DefaultSessionTTL)
+	c := &Console{cfg: cfg, pages: map[string]*template.Template{}, fcCache: map[fcKey]*forecastView{}, csrf: http.NewCrossOriginProtection()}
+	if cfg.Token != "" {
+		s, err := newSessions(cfg.Token, cfg.SessionTTL, cfg.Now)
+		if err != nil {
+			return nil, fmt.Errorf("console sessions: %w", err)
+		}
+		c.sessions = s
+	}
 	for _, p := range []string{"overview", "entries", "entry", "timetravel", "forecast", "audit", "message", "login"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/svg.html", "templates/table.html", "templates/"+p+".html")
 		if err != nil {
@@ -121,7 +134,7 @@ func New(cfg Config) (*Console, error) {
 	if err != nil {
 		return nil, err
 	}
-	c.static = http.StripPrefix("/static/", http.FileServerFS(sub))
+	c.static = sub
 	c.mux = http.NewServeMux()
 	c.mux.HandleFunc("/{$}", c.overview)
 	c.mux.HandleFunc("/entries", c.entries)
@@ -130,7 +143,8 @@ func New(cfg Config) (*Console, error) {
 	c.mux.HandleFunc("/forecast", c.forecast)
 	c.mux.HandleFunc("/audit", c.audit)
 	c.mux.HandleFunc("/login", c.login)
-	c.mux.Handle("/static/", c.static)
+	c.mux.HandleFunc("/logout", c.logout)
+	c.mux.HandleFunc("/static/", c.staticFile)
 	c.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		c.message(w, r, http.StatusNotFound, "Not found", "There is no page at this address.")
 	})
@@ -153,52 +167,42 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.Set("X-Frame-Options", "DENY")
 	h.Set("Referrer-Policy", "no-referrer")
 	h.Set("Cache-Control", "no-store")
-	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+	if _, err := r.Cookie(legacyTokenCookie); err == nil {
+		// Builds before sessions kept the token itself in this cookie:
+		// make the browser forget it.
+		http.SetCookie(w, &http.Cookie{Name: legacyTokenCookie, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode})
+	}
+	signInOut := r.URL.Path == "/login" || r.URL.Path == "/logout"
+	switch {
+	case r.Method == http.MethodPost && signInOut:
+		if err := c.csrf.Check(r); err != nil {
+			http.Error(w, "sign-in and sign-out come from this console's own pages: "+err.Error(), http.StatusForbidden)
+			return
+		}
+	case r.Method != http.MethodGet && r.Method != http.MethodHead:
 		h.Set("Allow", "GET, HEAD")
-		http.Error(w, "the console is read-only: only GET and HEAD", http.StatusMethodNotAllowed)
+		http.Error(w, "the console is read-only: only GET and HEAD (and the sign-in form's POST)", http.StatusMethodNotAllowed)
 		return
 	}
-	if c.cfg.Token != "" && r.URL.Path != "/login" && !strings.HasPrefix(r.URL.Path, "/static/") && !c.authorized(r) {
+	if c.cfg.Token != "" && !signInOut && !strings.HasPrefix(r.URL.Path, "/static/") && !c.authorized(r) {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="cronstream console"`)
-		c.render(w, r, http.StatusUnauthorized, "login", page{Title: "Sign in"})
+		c.render(w, r, http.StatusUnauthorized, "login", page{Title: "Sign in", Data: localPath(r.URL.RequestURI())})
 		return
 	}
 	c.mux.ServeHTTP(w, r)
 }
 
-// cookieName holds the token after /login.
-const cookieName = "cronstream_console"
-
-func (c *Console) authorized(r *http.Request) bool {
-	if tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && c.tokenMatches(tok) {
-		return true
-	}
-	ck, err := r.Cookie(cookieName)
-	return err == nil && c.tokenMatches(ck.Value)
-}
-
-func (c *Console) tokenMatches(s string) bool {
-	return subtle.ConstantTimeCompare([]byte(s), []byte(c.cfg.Token)) == 1
-}
-
-// login sets the token cookie from ?token= (the sign-in form) when it is
-// right: a cookie, so a browser can use the console without a header.
-func (c *Console) login(w http.ResponseWriter, r *http.Request) {
-	if c.cfg.Token == "" {
-		http.Redirect(w, r, "/", http.StatusSeeOther)
-		return
-	}
-	tok := r.URL.Query().Get("token")
-	if !c.tokenMatches(tok) {
-		p := page{Title: "Sign in"}
-		if tok != "" {
-			p.Error = "wrong token"
+// staticFile serves an embedded asset by name, and nothing for a
+// directory: no listing, of this or any folder.
+func (c *Console) staticFile(w http.ResponseWriter, r *http.Request) {
+	name := strings.TrimPrefix(r.URL.Path, "/static/")
+	if fs.ValidPath(name) && name != "." {
+		if st, err := fs.Stat(c.static, name); err == nil && !st.IsDir() {
+			http.ServeFileFS(w, r, c.static, name)
+			return
 		}
-		c.render(w, r, http.StatusUnauthorized, "login", p)
-		return
 	}
-	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: tok, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
-	http.Redirect(w, r, "/", http.StatusSeeOther)
+	c.message(w, r, http.StatusNotFound, "Not found", "There is no file at this address.")
 }
 
 // page is what every template gets.
@@ -210,6 +214,9 @@ type page struct {
 	Error  string
 	Data   any
 	Server time.Duration
+	// SignedIn: the request carries a session cookie, so the page offers
+	// to sign out.
+	SignedIn bool
 }
 
 func (c *Console) source(w http.ResponseWriter, r *http.Request) (*Source, bool) {
@@ -240,6 +247,7 @@ var errBadRequest = errors.New("bad request")
 func (c *Console) render(w http.ResponseWriter, r *http.Request, code int, name string, p page) {
 	p.Now = c.cfg.Now().UTC()
 	p.Nav = cmp.Or(p.Nav, name)
+	p.SignedIn = c.signedIn(r)
 	t := c.pages[name]
 	var b strings.Builder
 	if err := t.Execute(&b, p); err != nil {

@@ -357,7 +357,13 @@ func (r *Replica) start(ctx context.Context) error {
 	r.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "cronstream_config_stream_reloads_total",
 		Help: "Projections reloaded because the config stream was recreated or restored under a running replica.",
-	}, func() float64 { return float64(proj.Stats().Reloads) }))
+	}, func() float64 { return float64(proj.Stats().Reloads) }), prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "cronstream_quarantined_entries",
+		Help: "Entries whose last config event cannot be applied (undecodable, unknown type, invalid): they fire nothing until a valid event arrives; status names them.",
+	}, func() float64 { return float64(proj.Stats().Quarantined) }), prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "cronstream_config_bad_events_total",
+		Help: "Config events this replica could not apply since it started (each quarantined its entry, or was ignored on a subject that names none).",
+	}, func() float64 { st := proj.Stats(); return float64(st.Bad + st.Ignored) }))
 	if r.http != nil {
 		r.http.addCheck("projection", func(context.Context) error {
 			if !r.proj.CaughtUp() {
