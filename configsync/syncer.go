@@ -108,7 +108,17 @@ type Syncer struct {
 	Logger   *slog.Logger
 	// OnSync, when set, receives the report of every sync.
 	OnSync func(Report)
+	// MaxRemovals, when above 0, bounds the entries one sync may remove:
+	// a plan that would remove more is not applied (ErrTooManyRemovals),
+	// and the current entries are kept. A provider that suddenly returns
+	// far fewer configs (a truncated file, an empty answer) then costs a
+	// failed sync, not the entries.
+	MaxRemovals int
 }
+
+// ErrTooManyRemovals is a sync refused because its plan removes more
+// entries than Syncer.MaxRemovals allows.
+var ErrTooManyRemovals = errors.New("the plan removes more entries than allowed")
 
 func (s *Syncer) owner() string {
 	if s.Owner == "" {
@@ -145,6 +155,10 @@ func (s *Syncer) SyncOnce(ctx context.Context) (Report, error) {
 	}
 	cur, cfgs = Select(cur, cfgs, s.Selector)
 	r.Plan = MakePlan(cur, cfgs, s.owner(), s.Prune)
+	if n := r.Plan.Count(Remove); s.MaxRemovals > 0 && n > s.MaxRemovals {
+		r.Err = fmt.Errorf("%w: %d, more than %d (nothing published, current configuration kept)", ErrTooManyRemovals, n, s.MaxRemovals)
+		return r, r.Err
+	}
 	r.Outcomes, r.Err = Apply(ctx, s.Client, r.Plan)
 	return r, r.Err
 }

@@ -36,9 +36,15 @@ type guardFlags struct {
 }
 
 func (f *guardFlags) add(cmd *cobra.Command) {
+	f.addConfirm(cmd)
+	cmd.Flags().BoolVar(&f.dryRun, "dry-run", false, "show what would change; change nothing")
+}
+
+// addConfirm registers --yes and --max-changes, for a command that has its
+// own --dry-run.
+func (f *guardFlags) addConfirm(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	fl.BoolVarP(&f.yes, "yes", "y", false, "make the changes without asking (and beyond --max-changes)")
-	fl.BoolVar(&f.dryRun, "dry-run", false, "show what would change; change nothing")
 	fl.IntVar(&f.maxChanges, "max-changes", defaultMaxChanges, "without a terminal to ask on and without --yes, refuse to make more changes than this")
 }
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -46,6 +47,8 @@ func newSyncCommand(g *globalFlags) *cobra.Command {
 		watch    time.Duration
 		detail   bool
 		maxSize  = byteSize{n: configsync.DefaultMaxFileBytes}
+		guard    guardFlags
+		exitLost bool
 	)
 	cmd := &cobra.Command{
 		Use:   "sync -f FILE",
@@ -97,7 +100,16 @@ file, 2 when the plan has changes, 1 on an error (as terraform plan does):
 a CI job can gate on drift.
 
 --watch re-reads the file and syncs on an interval until interrupted; a
-file that becomes invalid is reported and the current entries are kept.
+file that becomes invalid is reported and the current entries are kept,
+and so is a sync that would remove more than --max-changes entries (a
+file emptied by mistake) unless --yes. While watching, a NATS that stops
+answering is said on stderr within 5 s, and again when it is back
+(--exit-on-disconnect: exit 5 instead).
+
+--prune changes many entries at once: the plan is shown first and asked
+about on a terminal ([y/N]); --yes applies it without asking. Without a
+terminal, a plan with more than --max-changes (default 50) changes is
+refused unless --yes. --dry-run only shows it.
 
 --max-file-size (default 4MiB, some 15,000 entries as export writes them)
 refuses a larger file before reading it (stdin once it has passed the
@@ -126,7 +138,10 @@ costliest YAML, so the default bounds a hostile file at about 1 GiB.`,
 				return usagef("--watch needs a file to re-read, not stdin")
 			case detail && !dryRun:
 				return usagef("--detailed-exitcode goes with --dry-run: it says whether the plan is empty")
+			case exitLost && watch == 0:
+				return usagef("--exit-on-disconnect applies to --watch only")
 			}
+			guard.dryRun = dryRun
 			if err := (events.Entry{ID: "x", Cron: "@daily", Task: events.Task{Type: "x"}, Owner: owner}).Validate(); err != nil {
 				return usagef("--owner %q: at most 128 bytes of UTF-8", owner)
 			}
@@ -148,6 +163,7 @@ costliest YAML, so the default bounds a hostile file at about 1 GiB.`,
 			case err != nil:
 				return err
 			}
+			conn.reconnectForever = watch > 0
 			s, err := openSession(g, &conn)
 			if err != nil {
 				return err
@@ -198,6 +214,16 @@ costliest YAML, so the default bounds a hostile file at about 1 GiB.`,
 				}
 				return nil
 			}
+			if prune && !plan.Empty() {
+				n := len(plan.Actions)
+				ok, err := guard.confirm(cmd, "apply", n, "change", "changes", func(pw io.Writer) { printPlan(pw, plan, owner, false) })
+				if err != nil {
+					return err
+				}
+				if !ok {
+					return nil
+				}
+			}
 			outcomes, applyErr := configsync.Apply(ctx, s.client, plan)
 			if g.json {
 				if err := printJSON(w, newSyncReport(plan, outcomes, owner, false)); err != nil {
@@ -213,9 +239,19 @@ costliest YAML, so the default bounds a hostile file at about 1 GiB.`,
 			if watch == 0 {
 				return nil
 			}
+			maxRemovals := guard.maxChanges
+			if guard.yes {
+				maxRemovals = 0
+			}
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithCancel(ctx)
+			defer cancel()
+			lost, stop := watchNATS(ctx, cancel, s, cmd.ErrOrStderr(), exitLost)
+			defer stop()
 			syncer := &configsync.Syncer{
 				Provider: configsync.FileProvider{Path: file, MaxBytes: maxSize.n}, Client: s.client, Owner: owner, Prune: prune, Selector: sel,
-				Interval: watch, Logger: slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil)),
+				MaxRemovals: maxRemovals,
+				Interval:    watch, Logger: slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil)),
 				OnSync: func(r configsync.Report) {
 					if r.Err == nil && !r.Plan.Empty() {
 						fmt.Fprintf(w, "%s synced %s:\n", fmtTime(time.Now()), file)
@@ -224,7 +260,13 @@ costliest YAML, so the default bounds a hostile file at about 1 GiB.`,
 				},
 			}
 			fmt.Fprintf(cmd.ErrOrStderr(), "watching %s: syncing every %s until interrupted\n", file, watch)
-			return syncer.Run(ctx)
+			if err := syncer.Run(ctx); err != nil {
+				return err
+			}
+			if cmd.Context().Err() == nil {
+				return lost()
+			}
+			return nil
 		},
 	}
 	f := cmd.Flags()
@@ -237,6 +279,8 @@ costliest YAML, so the default bounds a hostile file at about 1 GiB.`,
 	f.DurationVar(&watch, "watch", 0, "re-sync on this interval until interrupted (e.g. 1m)")
 	f.BoolVar(&g.json, "json", false, "print the plan and its outcome as JSON")
 	f.Var(&maxSize, "max-file-size", "refuse a schedules file larger than this, before reading it (bytes, or with KiB, MiB)")
+	f.BoolVar(&exitLost, "exit-on-disconnect", false, "with --watch: exit with status 5 when NATS stops answering")
+	guard.addConfirm(cmd)
 	addConn(cmd, &conn, false)
 	return cmd
 }
@@ -293,7 +337,7 @@ func printPlan(w io.Writer, p configsync.Plan, owner string, dryRun bool) {
 		fmt.Fprintf(w, "sync: %d to create, %d to update, %d to remove, %d unchanged\n", c, u, r, len(p.Unchanged))
 	}
 	if len(p.NotPruned) > 0 {
-		fmt.Fprintf(w, "not in the file but kept (owner %s; --prune removes them): %s\n", terminalSafe(owner), terminalSafe(fmt.Sprint(p.NotPruned)))
+		fmt.Fprintf(w, "not in the file but kept (owner %s; --prune removes them): %s\n", terminalSafe(owner), terminalSafe(summarize(p.NotPruned, 10)))
 	}
 }
 

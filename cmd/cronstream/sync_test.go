@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"strings"
 	"syscall"
@@ -202,5 +203,58 @@ func TestSyncWatch(t *testing.T) {
 	}
 	if code := p.stop(syscall.SIGINT, 10*time.Second); code != 0 {
 		t.Errorf("sync --watch exit %d after SIGINT\n%s", code, p.Stderr())
+	}
+}
+
+// TestSyncPruneGuardRails: a prune that changes more than --max-changes
+// entries without a terminal is refused unless --yes; a watch whose file is
+// emptied by mistake keeps the entries; long lists are summarised.
+func TestSyncPruneGuardRails(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, false)
+	var b strings.Builder
+	b.WriteString("entries:\n")
+	for i := range 30 {
+		fmt.Fprintf(&b, "  - {id: g%02d, cron: '@daily', task: {type: t}}\n", i)
+	}
+	all := writeFile(t, "all.yaml", b.String())
+	e.ok("sync", "-f", all) // no prune: no guard
+	one := writeFile(t, "one.yaml", "entries:\n  - {id: g00, cron: '@daily', task: {type: t}}\n")
+
+	// Without --prune the 29 others are kept, and said in one short line.
+	out := e.ok("sync", "-f", one, "--dry-run")
+	if !strings.Contains(out, "g01, g02") || !strings.Contains(out, "and 19 more") {
+		t.Errorf("kept entries not summarised:\n%s", out)
+	}
+	r := e.run("sync", "-f", one, "--prune", "--max-changes", "10")
+	if r.code != exitUsage || !strings.Contains(r.stderr, "would apply 29 changes, more than --max-changes 10") {
+		t.Errorf("prune over --max-changes:\n%s", r)
+	}
+	if out := e.ok("entry", "ls", "-o", "name"); strings.Count(out, "\n") != 30 {
+		t.Errorf("a refused prune removed entries:\n%s", out)
+	}
+
+	// A watch whose file loses its entries keeps them.
+	file := writeFile(t, "watched.yaml", b.String())
+	p := start(t, e.vars, "sync", "-f", file, "--prune", "--watch", "100ms", "--max-changes", "5")
+	testenv.Eventually(t, 30*time.Second, func() bool { return strings.Contains(p.Stderr(), "watching") }, "no watch")
+	if err := os.WriteFile(file, []byte("entries: []\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, func() bool { return strings.Contains(p.Stderr(), "removes more entries than allowed") },
+		"an emptied file's prune not refused:\n%s", lazyStderr{p})
+	if out := e.ok("entry", "ls", "-o", "name"); strings.Count(out, "\n") != 30 {
+		t.Errorf("the watch pruned an emptied file's entries:\n%s", out)
+	}
+	if code := p.stop(syscall.SIGINT, 10*time.Second); code != 0 {
+		t.Errorf("sync --watch exit %d after SIGINT\n%s", code, p.Stderr())
+	}
+
+	// --yes goes ahead.
+	if out := e.ok("sync", "-f", one, "--prune", "--max-changes", "10", "--yes"); !strings.Contains(out, "29 to remove") {
+		t.Errorf("prune --yes:\n%s", out)
+	}
+	if out := e.ok("entry", "ls", "-o", "name"); out != "entry/g00\n" {
+		t.Errorf("after prune --yes:\n%s", out)
 	}
 }
