@@ -63,7 +63,7 @@ func TestCalendarCLI(t *testing.T) {
 	// its tick.
 	from, to := now.AddDate(0, 0, -200), now.Add(-time.Minute)
 	var bf backfillJSON
-	e.okJSON(&bf, "entry", "backfill", "eom", "--from", from.Format(time.RFC3339), "--to", to.Format(time.RFC3339), "--json")
+	e.okJSON(&bf, "entry", "backfill", "eom", "--from", from.Format(time.RFC3339), "--to", to.Format(time.RFC3339), "--json", "--before-registration")
 	past := lastDays(berlin, 6, from, to)
 	var wantIDs []string
 	for _, d := range past {
