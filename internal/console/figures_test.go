@@ -326,6 +326,15 @@ func checkEntries(t *testing.T, b *browser, s *site, fx figures) {
 	if rows := tableRows(b, "table.entries"); !strings.HasPrefix(rows[0][0], "billing-") || !sortedColumn(rows, 8, true) || !strings.Contains(where(), "1–50 of 113") {
 		t.Errorf("sorted by next fire descending, page 1 starts %q", rows[0])
 	}
+	// Only limited-once has fired (and probes, at a fifth minute): the last
+	// fires come first, newest first, the entries that never fired after.
+	b.visit(s.url("/entries?sort=last&order=desc"))
+	if rows := tableRows(b, "table.entries"); rows[0][7] == "—" || !sortedColumn(rows, 7, true) || rows[len(rows)-1][7] != "—" {
+		t.Errorf("sorted by last fire descending: first %q, last %q", rows[0], rows[len(rows)-1])
+	}
+	if got := ids(); !slices.Contains(got[:probeEntries+1], "limited-once") {
+		t.Errorf("sorted by last fire, limited-once (fired) is not among the first: %q", got[:probeEntries+1])
+	}
 	b.visit(s.url("/entries?sort=state&order=desc"))
 	if got := ids(); !slices.Equal(got[:3], []string{"paused-export", "retired-campaign", "limited-once"}) {
 		t.Errorf("sorted by state descending: %q", got[:3])
