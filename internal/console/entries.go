@@ -175,12 +175,20 @@ func (c *Console) table(ctx context.Context, src *Source, states []*projector.St
 		}
 	}
 	d.Queues = sortedQueues(queues)
+	// Which entries are completed is read from their fires counters: of
+	// every candidate when the filter or the order depends on it, else of
+	// the page's rows only.
 	var left map[string]entrystate.Left
-	if live {
-		var err error
-		if left, err = c.firesLeft(ctx, src, cand); err != nil {
-			d.Note = err.Error()
+	note := func(err error) {
+		if err != nil {
+			d.Note = strings.TrimPrefix(d.Note+"; "+err.Error(), "; ")
 		}
+	}
+	everyRow := q.State == string(entrystate.Active) || q.State == string(entrystate.Completed) || q.Sort == "state" || q.Sort == "next"
+	if live && everyRow {
+		var err error
+		left, err = c.firesLeft(ctx, src, cand)
+		note(err)
 	}
 	matched := make([]matchRow, 0, len(cand))
 	for _, st := range cand {
@@ -190,15 +198,24 @@ func (c *Console) table(ctx context.Context, src *Source, states []*projector.St
 		}
 	}
 	d.Matched = len(matched)
-	if err := c.sortRows(ctx, src, matched, q, at, live); err != nil {
-		d.Note = strings.TrimPrefix(d.Note+"; "+err.Error(), "; ")
-	}
+	note(c.sortRows(ctx, src, matched, q, at, live))
 	off := q.Offset
 	if off >= len(matched) && len(matched) > 0 {
 		off = (len(matched) - 1) / pageSize * pageSize // past the end: the last page
 	}
 	end := min(off+pageSize, len(matched))
 	page := matched[min(off, end):end]
+	if live && !everyRow {
+		sts := make([]*projector.State, len(page))
+		for i := range page {
+			sts[i] = page[i].st
+		}
+		left, err := c.firesLeft(ctx, src, sts)
+		note(err)
+		for i := range page {
+			page[i].status = entrystate.Current(page[i].st, left, at)
+		}
+	}
 	for i := range page {
 		if !page[i].hasTimes {
 			page[i].next = nextFire(page[i].st.Entry, page[i].status, at)

@@ -43,3 +43,18 @@ func TestTimeTicks(t *testing.T) {
 		t.Errorf("1h ticks %q", hour)
 	}
 }
+
+// TestWords: free text becomes escaped words in spans that do not wrap;
+// markup and control characters in it stay text.
+func TestWords(t *testing.T) {
+	for in, want := range map[string]string{
+		"":                                  "",
+		"redis: connection  lost":           `<span class="w">redis:</span> <span class="w">connection</span> <span class="w">lost</span>`,
+		`<script>alert("x")</script> & 'q'`: `<span class="w">&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;</span> <span class="w">&amp;</span> <span class="w">&#39;q&#39;</span>`,
+		"bell\x07 \x1b[31mred":              `<span class="w">bell\x07</span> <span class="w">\x1b[31mred</span>`,
+	} {
+		if got := string(words(in)); got != want {
+			t.Errorf("words(%q) = %s, want %s", in, got, want)
+		}
+	}
+}
