@@ -88,6 +88,18 @@ func TestConsolePages(t *testing.T) {
 		if code, _, _ := s.get("/timetravel?at=yesterday-ish"); code != http.StatusBadRequest {
 			t.Errorf("bad moment: %d, want 400", code)
 		}
+		// A bad filter or order: 400, the form again with what is wrong.
+		for _, path := range []string{
+			"/timetravel?at=" + url.QueryEscape(mid.Format(time.RFC3339Nano)) + "&selector=" + url.QueryEscape("team in (x"),
+			"/entries?selector=" + url.QueryEscape("team in (x"),
+			"/entries?sort=colour", "/entries?order=up", "/entries?state=sleeping",
+		} {
+			code, _, body := s.get(path)
+			if code != http.StatusBadRequest || !strings.Contains(body, `class="error"`) || !strings.Contains(body, `name="selector"`) ||
+				!strings.Contains(body, "want") && !strings.Contains(body, "label selector") {
+				t.Errorf("%s: %d, want 400 with the form and the error:\n%.2000s", path, code, body)
+			}
+		}
 	}
 
 	{ // entry page shows history with diffs and next fires

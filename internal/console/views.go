@@ -89,8 +89,7 @@ func (c *Console) timeTravel(w http.ResponseWriter, r *http.Request) {
 			at = now // "now" by a clock a little ahead of the replicas'
 		}
 	}
-	q, qerr := parseEntryQuery(r.URL.Query())
-	if err = cmp.Or(err, qerr); err != nil {
+	if err != nil {
 		c.fail(w, r, err)
 		return
 	}
@@ -98,10 +97,18 @@ func (c *Console) timeTravel(w http.ResponseWriter, r *http.Request) {
 	if !start.Time.IsZero() {
 		d.StartLink = start.Time.Format(time.RFC3339Nano)
 	}
-	if start.Time.IsZero() || at.Before(start.Time) {
-		d.Before = !start.Time.IsZero()
-		d.tableData = tableData{Query: q, At: at, AtInput: cmp.Or(raw, now.Format(time.RFC3339)), Page: 1, Pages: 1, Columns: columns(q, false, nil)}
-		c.render(w, r, http.StatusOK, "timetravel", page{Title: "Time travel", Data: d})
+	q, qerr := parseEntryQuery(r.URL.Query())
+	if start.Time.IsZero() || at.Before(start.Time) || qerr != nil {
+		// Nothing to show: no stream yet, a moment before it, or a filter
+		// to correct (said above the form).
+		d.Before = !start.Time.IsZero() && at.Before(start.Time)
+		input := cmp.Or(raw, at.Format(time.RFC3339Nano))
+		d.tableData = tableData{Query: q, At: at, AtInput: input, Page: 1, Pages: 1, Columns: columns(q, false, url.Values{"at": {input}})}
+		code, msg := http.StatusOK, ""
+		if qerr != nil {
+			code, msg = http.StatusBadRequest, strings.TrimPrefix(qerr.Error(), errBadRequest.Error()+": ")
+		}
+		c.render(w, r, code, "timetravel", page{Title: "Time travel", Error: msg, Data: d})
 		return
 	}
 	m, _, err := projector.AsOfTime(ctx, src.JS, src.Names, at)
