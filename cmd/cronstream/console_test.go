@@ -1,13 +1,18 @@
 package main
 
 import (
+	"fmt"
+	"io"
 	"net/http"
 	"net/url"
+	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/cronstream/cronstream/internal/replica"
 	"github.com/cronstream/cronstream/internal/testenv"
 )
 
@@ -123,4 +128,84 @@ func TestConsoleSessionAcrossReplicas(t *testing.T) {
 	if code := get(rotated, cookie); code != http.StatusUnauthorized {
 		t.Errorf("a replica with another token: %d, want 401", code)
 	}
+}
+
+// TestConsoleOverviewMatchesStatus: with two replicas serving the console
+// and entries in every state (active, paused, ended, completed), the
+// overview of either replica shows the figures `status --json` prints:
+// the entries counted by state, and each replica's config sequence and a
+// heartbeat age as recent as status's.
+func TestConsoleOverviewMatchesStatus(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, true)
+	for i := range 3 {
+		e.ok("entry", "put", fmt.Sprintf("active-%d", i), "--cron", "@hourly", "--type", "t")
+	}
+	e.ok("entry", "put", "held", "--cron", "@hourly", "--type", "t")
+	e.ok("entry", "pause", "held")
+	e.ok("entry", "put", "over", "--cron", "@hourly", "--type", "t", "--end-at", time.Now().Add(-time.Hour).UTC().Format(time.RFC3339))
+	e.ok("entry", "put", "once", "--cron", "@every 1s", "--type", "t", "--max-fires", "1")
+	_, a := startMetricsReplica(t, e, "a", "--console")
+	_, b := startMetricsReplica(t, e, "b", "--console")
+
+	type report struct {
+		Replicas []struct {
+			ID        string `json:"id"`
+			ConfigSeq uint64 `json:"config_seq"`
+			BeatAge   string `json:"beat_age"`
+		} `json:"replicas"`
+		Entries map[string]any `json:"entries"`
+		Config  struct {
+			LastSeq uint64 `json:"last_seq"`
+		} `json:"config_stream"`
+	}
+	var rep report
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		e.okJSON(&rep, "status", "--json")
+		return len(rep.Replicas) == 2 && rep.Entries["completed"] == 1.0 &&
+			rep.Replicas[0].ConfigSeq == rep.Config.LastSeq && rep.Replicas[1].ConfigSeq == rep.Config.LastSeq
+	}, "status never showed two caught-up replicas and the completed entry: %+v", rep)
+	if want := map[string]float64{"active": 3, "paused": 1, "ended": 1, "completed": 1, "quarantined": 0}; !countsEqual(rep.Entries, want) {
+		t.Fatalf("status counts %v, want %v", rep.Entries, want)
+	}
+
+	card := regexp.MustCompile(`data-count="(\w+)"><b>([0-9,]+)</b>`)
+	row := regexp.MustCompile(`<tr><td>([^<]+)</td><td>[^<]*</td><td>[^<]*</td><td>[^<]*</td><td>([^<]+) ago</td><td>(\d+)</td><td>(\d+)</td>`)
+	for _, base := range []string{a, b} {
+		resp, err := http.Get(base + "/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		cards := map[string]any{}
+		for _, m := range card.FindAllStringSubmatch(string(body), -1) {
+			n, _ := strconv.Atoi(strings.ReplaceAll(m[2], ",", ""))
+			cards[m[1]] = float64(n)
+		}
+		for k, v := range rep.Entries {
+			if n, ok := v.(float64); ok && cards[k] != n {
+				t.Errorf("%s overview: %s %v, status %v", base, k, cards[k], n)
+			}
+		}
+		rows := row.FindAllStringSubmatch(string(body), -1)
+		if len(rows) != len(rep.Replicas) {
+			t.Fatalf("%s overview lists %d replicas, status %d:\n%s", base, len(rows), len(rep.Replicas), body)
+		}
+		for i, r := range rows {
+			age, err := time.ParseDuration(r[2])
+			if r[1] != rep.Replicas[i].ID || r[3] != strconv.FormatUint(rep.Replicas[i].ConfigSeq, 10) || r[4] != "0" || err != nil || age > 3*replica.DefaultHeartbeat {
+				t.Errorf("%s overview row %q: status shows %+v (heartbeats every %s)", base, r[1:], rep.Replicas[i], replica.DefaultHeartbeat)
+			}
+		}
+	}
+}
+
+func countsEqual(got map[string]any, want map[string]float64) bool {
+	for k, v := range want {
+		if got[k] != v {
+			return false
+		}
+	}
+	return true
 }

@@ -2,24 +2,18 @@ package main
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"maps"
-	"net"
-	"net/http"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
 	"github.com/cronstream/cronstream/clock"
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/entrystate"
 	"github.com/cronstream/cronstream/internal/failpause"
 	"github.com/cronstream/cronstream/internal/replica"
 	"github.com/cronstream/cronstream/internal/stall"
@@ -37,15 +31,15 @@ const recovererNote = "asynq servers run their own recoverer (every minute, 30s 
 
 // statusReport is everything `status` shows; --json prints it as is.
 type statusReport struct {
-	Prefix    string          `json:"prefix"`
-	Replicas  []replicaStatus `json:"replicas"`
-	Entries   entryCounts     `json:"entries"`
-	Config    streamPosition  `json:"config_stream"`
-	Activity  streamPosition  `json:"activity_stream"`
-	Outbox    outboxStatus    `json:"outbox"`
-	Queues    []queueStatus   `json:"queues"` // null, with QueuesErr, when Redis could not be read
-	QueuesErr string          `json:"queues_error,omitempty"`
-	NextFires []nextFireView  `json:"next_fires"`
+	Prefix    string           `json:"prefix"`
+	Replicas  []replica.Status `json:"replicas"`
+	Entries   entryCounts      `json:"entries"`
+	Config    streamPosition   `json:"config_stream"`
+	Activity  streamPosition   `json:"activity_stream"`
+	Outbox    outboxStatus     `json:"outbox"`
+	Queues    []queueStatus    `json:"queues"` // null, with QueuesErr, when Redis could not be read
+	QueuesErr string           `json:"queues_error,omitempty"`
+	NextFires []nextFireView   `json:"next_fires"`
 	// Late are the entries whose tick is overdue for longer than
 	// LateAfter, oldest first, with the reason their fires failed as the
 	// replicas report it.
@@ -56,19 +50,10 @@ type statusReport struct {
 	Errors    []string     `json:"errors,omitempty"`
 }
 
-type replicaStatus struct {
-	replica.Info
-	BeatAge string `json:"beat_age"`
-	// Ready is the replica's /readyz answer: "yes", "no: <failed checks>",
-	// or "unknown" when its HTTP address cannot be reached from here.
-	Ready string `json:"ready"`
-}
-
+// entryCounts are the entries in each state (entrystate.Count, as the
+// console's overview counts them) and the quarantined ones.
 type entryCounts struct {
-	Active      int              `json:"active"`
-	Paused      int              `json:"paused"`
-	Ended       int              `json:"ended"`     // past their end_at
-	Completed   int              `json:"completed"` // fired their max_fires (read from Redis)
+	entrystate.Counts
 	Quarantined int              `json:"quarantined"`
 	Bad         []quarantineView `json:"quarantined_entries,omitempty"`
 	// FailurePaused are entries paused on failure (failpause), reason in
@@ -205,7 +190,7 @@ const maxRetentionWarnings = 20
 
 func collectStatus(ctx context.Context, g *globalFlags, conn *connFlags, s *session, lateAfter, clockOffset time.Duration) statusReport {
 	lateAfter = max(lateAfter, time.Second)
-	rep := statusReport{Prefix: s.names.Prefix(), Replicas: []replicaStatus{}, Queues: []queueStatus{},
+	rep := statusReport{Prefix: s.names.Prefix(), Replicas: []replica.Status{}, Queues: []queueStatus{},
 		NextFires: []nextFireView{}, Late: []stall.Late{}, LateAfter: lateAfter.String(), Warnings: []string{}, Notes: []string{recovererNote},
 		Outbox: outboxStatus{ByQueue: map[string]int64{}}}
 	fail := func(what string, err error) { rep.Errors = append(rep.Errors, fmt.Sprintf("%s: %v", what, err)) }
@@ -231,25 +216,19 @@ func collectStatus(ctx context.Context, g *globalFlags, conn *connFlags, s *sess
 	}
 	now := clk.Now()
 
-	// Replicas.
-	kv, err := s.js.KeyValue(ctx, s.names.ReplicasBucket())
-	switch {
-	case errors.Is(err, jetstream.ErrBucketNotFound):
-	case err != nil:
+	// Replicas, read as the console's overview reads them.
+	replicas, err := replica.ReadStatuses(ctx, s.js, s.names, now)
+	if err != nil {
 		fail("replicas", err)
-	default:
-		infos, err := replica.ListReplicas(ctx, kv)
-		if err != nil {
-			fail("replicas", err)
-		}
-		rep.Replicas = readiness(ctx, infos, now)
-		for _, r := range rep.Replicas {
-			for _, w := range r.Warnings {
-				rep.Warnings = append(rep.Warnings, "replica "+r.ID+": "+w)
-			}
+	}
+	rep.Replicas = replicas
+	for _, r := range rep.Replicas {
+		for _, w := range r.Warnings {
+			rep.Warnings = append(rep.Warnings, "replica "+r.ID+": "+w)
 		}
 	}
 	var states []projector.State // nil: the projection could not be read
+	var ptrs []*projector.State  // states, for entrystate
 	// What the replicas report stands until it is computed here.
 	rep.Late = mergeLate(nil, rep.Replicas, true)
 
@@ -293,6 +272,11 @@ func collectStatus(ctx context.Context, g *globalFlags, conn *connFlags, s *sess
 		entries, bad := proj.Entries(), proj.Quarantined()
 		_ = proj.Stop(pctx) // nothing to drain: never fails
 		states = entries
+		for i := range states {
+			ptrs = append(ptrs, &states[i])
+		}
+		// Counted with nothing completed until Redis is read.
+		rep.Entries.Counts = entrystate.Count(ptrs, nil, now)
 		var fires []nextFireView
 		beyond := 0
 		for _, st := range entries {
@@ -301,18 +285,15 @@ func collectStatus(ctx context.Context, g *globalFlags, conn *connFlags, s *sess
 					rep.Warnings = append(rep.Warnings, err.Error())
 				}
 			}
-			if st.Entry.Ended(now) {
-				rep.Entries.Ended++
+			switch entrystate.Of(st.Entry, now) {
+			case entrystate.Ended:
 				continue
-			}
-			if st.Entry.Paused {
-				rep.Entries.Paused++
+			case entrystate.Paused:
 				if strings.HasPrefix(st.Entry.Note, failpause.NotePrefix) && len(rep.Entries.FailurePaused) < maxFailurePaused {
 					rep.Entries.FailurePaused = append(rep.Entries.FailurePaused, quarantineView{ID: st.Entry.ID, Revision: st.Revision, Time: st.Time.UTC(), Reason: st.Entry.Note})
 				}
 				continue
 			}
-			rep.Entries.Active++
 			if t, ok := nextFire(st.Entry, now); ok {
 				fires = append(fires, nextFireView{Entry: st.Entry.ID, Queue: st.Entry.Options.QueueName(), Time: t})
 			}
@@ -345,29 +326,25 @@ func collectStatus(ctx context.Context, g *globalFlags, conn *connFlags, s *sess
 		return rep
 	}
 	rep.Warnings = append(rep.Warnings, replica.RedisWarnings(ctx, rc)...)
-	for _, st := range states {
-		// An active limited entry whose counter reached its limit is
-		// completed (docs/design.md INV-max-fires).
-		e := st.Entry
-		if !e.Limited() || e.Paused || e.Ended(now) {
-			continue
-		}
-		c, ok, err := store.FireCount(ctx, s.names.Prefix(), e.Options.QueueName(), e.ID)
-		if err != nil {
-			fail("completed entries", err)
-			break
-		}
-		if ok && c.Since == st.MaxFiresSince && c.Count >= e.MaxFires {
-			rep.Entries.Active--
-			rep.Entries.Completed++
-			if len(rep.Entries.CompletedIDs) < maxFailurePaused {
-				rep.Entries.CompletedIDs = append(rep.Entries.CompletedIDs, e.ID)
+	// An active limited entry whose counter reached its limit is completed
+	// (docs/design.md INV-max-fires).
+	if left, err := entrystate.FiresLeft(ctx, store, s.names.Prefix(), ptrs); err != nil {
+		fail("completed entries", err)
+	} else {
+		rep.Entries.Counts = entrystate.Count(ptrs, left, now)
+		for _, st := range ptrs {
+			if entrystate.Current(st, left, now) != entrystate.Completed {
+				continue
 			}
-			if c.Unknown() && len(rep.Entries.CountUnknown) < maxFailurePaused {
-				rep.Entries.CountUnknown = append(rep.Entries.CountUnknown, e.ID)
+			id := st.Entry.ID
+			if len(rep.Entries.CompletedIDs) < maxFailurePaused {
+				rep.Entries.CompletedIDs = append(rep.Entries.CompletedIDs, id)
+			}
+			if left[id].Unknown && len(rep.Entries.CountUnknown) < maxFailurePaused {
+				rep.Entries.CountUnknown = append(rep.Entries.CountUnknown, id)
 			}
 			// It fires nothing more.
-			rep.NextFires = slices.DeleteFunc(rep.NextFires, func(f nextFireView) bool { return f.Entry == e.ID })
+			rep.NextFires = slices.DeleteFunc(rep.NextFires, func(f nextFireView) bool { return f.Entry == id })
 		}
 	}
 	rep.NextFires = rep.NextFires[:min(len(rep.NextFires), maxNextFires)]
@@ -427,7 +404,7 @@ func collectStatus(ctx context.Context, g *globalFlags, conn *connFlags, s *sess
 // mergeLate adds to each late entry the reason a replica reports for it in
 // its heartbeat (the last refusal or error its fires met); with
 // addReported, the entries only replicas report late are added too.
-func mergeLate(late []stall.Late, replicas []replicaStatus, addReported bool) []stall.Late {
+func mergeLate(late []stall.Late, replicas []replica.Status, addReported bool) []stall.Late {
 	reported := map[string]stall.Late{}
 	for _, r := range replicas {
 		for _, l := range r.Late {
@@ -470,63 +447,6 @@ func queueView(qs taskstate.QueueStats, outbox int64) queueStatus {
 		Retry: qs.Retry, Archived: qs.Archived, Completed: qs.Completed, Processed: qs.Processed,
 		Failed: qs.Failed, ProcessedToday: qs.ProcessedToday, FailedToday: qs.FailedToday,
 		Paused: qs.Paused, Outbox: outbox}
-}
-
-// readiness asks each replica's /readyz, concurrently, with a short
-// timeout: a replica behind a firewall is "unknown", not an error.
-func readiness(ctx context.Context, infos []replica.Info, now time.Time) []replicaStatus {
-	out := make([]replicaStatus, len(infos))
-	var wg sync.WaitGroup
-	for i, info := range infos {
-		out[i] = replicaStatus{Info: info, BeatAge: now.Sub(info.Beat).Round(100 * time.Millisecond).String(), Ready: "unknown"}
-		if info.HTTP == "" {
-			continue
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			out[i].Ready = askReady(ctx, info)
-		}()
-	}
-	wg.Wait()
-	slices.SortFunc(out, func(a, b replicaStatus) int { return strings.Compare(a.ID, b.ID) })
-	return out
-}
-
-func askReady(ctx context.Context, info replica.Info) string {
-	host, port, err := net.SplitHostPort(info.HTTP)
-	if err != nil {
-		return "unknown"
-	}
-	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
-		host = info.Host // listening on every interface: try the replica's host name
-	}
-	ctx, cancel := context.WithTimeout(ctx, time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(host, port)+"/readyz", nil)
-	if err != nil {
-		return "unknown"
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return "unknown"
-	}
-	defer resp.Body.Close()
-	var body struct {
-		Ready  bool              `json:"ready"`
-		Failed map[string]string `json:"failed"`
-	}
-	if json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&body) != nil {
-		return "unknown"
-	}
-	if body.Ready {
-		return "yes"
-	}
-	var why []string
-	for _, k := range slices.Sorted(maps.Keys(body.Failed)) {
-		why = append(why, k+": "+body.Failed[k])
-	}
-	return "no: " + strings.Join(why, "; ")
 }
 
 // printable replaces control characters, so text from errors cannot drive

@@ -278,7 +278,7 @@ func (b *browser) screenshot(name string) {
 	if err != nil {
 		b.t.Fatalf("screenshot %s: %v", name, err)
 	}
-	path := filepath.Join("..", "docs", "img", name)
+	path := filepath.Join("..", "..", "docs", "img", name)
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		b.t.Fatal(err)
 	}
@@ -325,7 +325,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	}{
 		{"/", []string{"console-r1", "reports", "billing", "live replicas"}},
 		{"/entries", []string{"evil", "nightly-00", "invoice-run", "paused"}},
-		{"/entries?queue=billing&owner=team-billing", []string{"invoice-run", "1 of 43 entries"}},
+		{"/entries?queue=billing&owner=team-billing", []string{"invoice-run", "entries 1–1 of 1 matching (43 in all)"}},
 		{"/timetravel?at=" + hist[0].Time.UTC().Format(time.RFC3339Nano), []string{"gone", "old:job", "removed since"}},
 		{"/audit", []string{"entry.removed", "entry.paused", "entry.registered"}},
 	} {

@@ -56,15 +56,22 @@ type Config struct {
 	Now func() time.Time
 }
 
-// Replica is one live replica as the overview shows it.
+// Replica is one replica as the overview shows it: what `cronstream
+// status` shows of it, from the same reading (replica.ReadStatuses).
 type Replica struct {
-	ID        string
-	Host      string
-	HTTP      string
-	Started   time.Time
-	Beat      time.Time
+	ID      string
+	Host    string
+	Version string
+	HTTP    string
+	Started time.Time
+	// BeatAge is how long ago its last heartbeat was written ("1.8s").
+	BeatAge string
+	// ConfigSeq is the last config sequence its projection applied.
 	ConfigSeq uint64
-	Warnings  []string
+	// Ready is its /readyz answer: "yes", "no: <failed checks>" or
+	// "unknown".
+	Ready    string
+	Warnings []string
 }
 
 // Source is what the console reads, from a running replica. Every field
@@ -84,8 +91,12 @@ type Source struct {
 	Backlog     func() int64
 	Quarantined func() []projector.Quarantine
 	// Tasks reads asynq task state from Redis: the states of an entry's
-	// recent tasks and the per-queue counts.
+	// recent tasks, the per-queue counts and the fires counters of
+	// limited entries.
 	Tasks *taskstate.Store
+	// Now is the replicas' clock (corrected to Redis TIME), which decides
+	// when an entry has ended; default Config.Now.
+	Now func() time.Time
 }
 
 // Console is the console's HTTP handler. It serves a "starting" page until
@@ -207,13 +218,12 @@ func (c *Console) staticFile(w http.ResponseWriter, r *http.Request) {
 
 // page is what every template gets.
 type page struct {
-	Title  string
-	Nav    string
-	Now    time.Time
-	Live   bool // the page asks live.js to refresh its live parts
-	Error  string
-	Data   any
-	Server time.Duration
+	Title string
+	Nav   string
+	Now   time.Time
+	Live  bool // the page asks live.js to refresh its live parts
+	Error string
+	Data  any
 	// SignedIn: the request carries a session cookie, so the page offers
 	// to sign out.
 	SignedIn bool
@@ -226,6 +236,14 @@ func (c *Console) source(w http.ResponseWriter, r *http.Request) (*Source, bool)
 		return nil, false
 	}
 	return src, true
+}
+
+// now is the time on the replicas' clock.
+func (c *Console) now(src *Source) time.Time {
+	if src.Now != nil {
+		return src.Now().UTC()
+	}
+	return c.cfg.Now().UTC()
 }
 
 func (c *Console) message(w http.ResponseWriter, r *http.Request, code int, title, text string) {

@@ -14,6 +14,7 @@ import (
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/console"
 	"github.com/cronstream/cronstream/internal/replica"
+	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
 )
 
@@ -24,6 +25,8 @@ type site struct {
 	names  events.Names
 	js     jetstream.JetStream
 	client *events.Client
+	// store reads the replica's Redis, as status does.
+	store *taskstate.Store
 }
 
 // startSite runs a replica with the console until the test ends.
@@ -51,7 +54,7 @@ func startSite(t *testing.T, cfg console.Config) *site {
 			t.Error("replica did not stop within 20s")
 		}
 	})
-	s := &site{t: t, names: names, js: ns.JetStream(t)}
+	s := &site{t: t, names: names, js: ns.JetStream(t), store: taskstate.New(rd.Client(t))}
 	select {
 	case s.addr = <-ready:
 	case err := <-done:

@@ -38,23 +38,31 @@ func readRange(ctx context.Context, js jetstream.JetStream, stream string, filte
 	case startSeq > 1:
 		cc.DeliverPolicy, cc.OptStartSeq = jetstream.DeliverByStartSequencePolicy, startSeq
 	}
+	var out []streamMsg
+	err := scan(ctx, js, stream, cc, end, limit, func(m streamMsg) { out = append(out, m) })
+	return out, err
+}
+
+// scan gives each message an ordered consumer of stream delivers to fn, at
+// most limit, up to sequence end (0: the end now).
+func scan(ctx context.Context, js jetstream.JetStream, stream string, cc jetstream.OrderedConsumerConfig, end uint64, limit int, fn func(streamMsg)) error {
 	cons, err := js.OrderedConsumer(ctx, stream, cc)
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", stream, err)
+		return fmt.Errorf("read %s: %w", stream, err)
 	}
 	info, err := cons.Info(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", stream, err)
+		return fmt.Errorf("read %s: %w", stream, err)
 	}
 	pending := info.NumPending
-	var out []streamMsg
-	for pending > 0 && len(out) < limit {
+	n := 0
+	for pending > 0 && n < limit {
 		// Ask for no more than is pending, and read every message of the
 		// batch: a fetch then ends as soon as its messages arrived, and
 		// none is left waiting out its MaxWait after this returns.
-		batch, err := cons.Fetch(int(min(uint64(limit-len(out)), 500, pending)), jetstream.FetchMaxWait(2*time.Second))
+		batch, err := cons.Fetch(int(min(uint64(limit-n), 500, pending)), jetstream.FetchMaxWait(2*time.Second))
 		if err != nil {
-			return out, fmt.Errorf("read %s: %w", stream, err)
+			return fmt.Errorf("read %s: %w", stream, err)
 		}
 		got, past := 0, false
 		for m := range batch.Messages() {
@@ -68,16 +76,17 @@ func readRange(ctx context.Context, js jetstream.JetStream, stream string, filte
 				pending, past = 0, true
 				continue
 			}
-			out = append(out, streamMsg{Stream: stream, Seq: meta.Sequence.Stream, Time: meta.Timestamp, Subject: m.Subject(), Data: m.Data()})
+			n++
+			fn(streamMsg{Stream: stream, Seq: meta.Sequence.Stream, Time: meta.Timestamp, Subject: m.Subject(), Data: m.Data()})
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, context.DeadlineExceeded) {
-			return out, fmt.Errorf("read %s: %w", stream, err)
+			return fmt.Errorf("read %s: %w", stream, err)
 		}
 		if got == 0 {
 			break
 		}
 	}
-	return out, nil
+	return nil
 }
 
 // readFires reads the fired and skipped events of an entry since a moment
@@ -317,7 +326,6 @@ func (c *Console) audit(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	start := time.Now()
 	ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
 	defer cancel()
 	q := parseAuditQuery(r)
@@ -333,5 +341,5 @@ func (c *Console) audit(w http.ResponseWriter, r *http.Request) {
 		d.Err = err.Error()
 	}
 	live := q.ConfigBefore == 0 && q.ActivityBefore == 0
-	c.render(w, r, http.StatusOK, "audit", page{Title: "Audit", Live: live, Data: d, Server: time.Since(start)})
+	c.render(w, r, http.StatusOK, "audit", page{Title: "Audit", Live: live, Data: d})
 }

@@ -141,10 +141,10 @@ type unit struct {
 	total    int64
 }
 
-// Compute forecasts the fires of entries. Paused and removed entries are
-// left out, and so are limited entries with no fires left; an entry whose
-// schedule does not build is listed in Skipped. A limited entry counts no
-// more ticks than its fires left.
+// Compute forecasts the fires of entries. Paused, removed and ended
+// entries are left out, and so are limited entries with no fires left; an
+// entry whose schedule does not build is listed in Skipped. A limited entry
+// counts no more ticks than its fires left.
 func Compute(entries []events.Entry, p Params) *Forecast {
 	return ComputeSeq(func(yield func(*events.Entry) bool) {
 		for i := range entries {
@@ -170,8 +170,8 @@ func ComputeSeq(entries iter.Seq[*events.Entry], p Params) *Forecast {
 	acc := newAccumulator(from, minutes)
 	var units []*unit
 	for e := range entries {
-		if e.Paused || e.Removed {
-			continue
+		if e.Paused || e.Removed || e.Ended(from) {
+			continue // fires nothing, so not one of the entries counted
 		}
 		left := -1 // no limit
 		if e.Limited() {

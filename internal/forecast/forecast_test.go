@@ -304,3 +304,17 @@ func TestComputeCalendarSpecs(t *testing.T) {
 		}
 	}
 }
+
+// TestComputeLeavesOutEnded: an entry past its end_at fires nothing and is
+// not counted among the entries; one that ends inside the window is.
+func TestComputeLeavesOutEnded(t *testing.T) {
+	from := time.Date(2027, 3, 1, 0, 0, 0, 0, time.UTC)
+	entries := []events.Entry{
+		{ID: "over", Cron: "* * * * *", EndAt: from.Add(-time.Hour)},
+		{ID: "ending", Cron: "* * * * *", EndAt: from.Add(9*time.Minute + 30*time.Second)},
+	}
+	f := Compute(entries, Params{From: from, Window: time.Hour})
+	if f.Entries != 1 || f.Total != 10 {
+		t.Errorf("%d entries, %d fires: want the ending entry's 10 fires alone", f.Entries, f.Total)
+	}
+}

@@ -2,8 +2,6 @@ package replica
 
 import (
 	"context"
-	"slices"
-	"strings"
 
 	"github.com/cronstream/cronstream/internal/console"
 	"github.com/cronstream/cronstream/internal/stall"
@@ -42,16 +40,16 @@ func (r *Replica) attachConsole() {
 		Late:        func() []stall.Late { return r.stall.Late(1000) },
 		Backlog:     r.relay.Backlog,
 		Tasks:       r.store,
-		Replicas: func(context.Context) ([]console.Replica, error) {
-			m := r.members
-			m.mu.RLock()
-			out := make([]console.Replica, 0, len(m.live))
-			for _, i := range m.live {
-				out = append(out, console.Replica{ID: i.ID, Host: i.Host, HTTP: i.HTTP, Started: i.Started, Beat: i.Beat, ConfigSeq: i.ConfigSeq, Warnings: i.Warnings})
+		Now:         r.clock.Now,
+		// Read as status reads them, so both show the same figures.
+		Replicas: func(ctx context.Context) ([]console.Replica, error) {
+			sts, err := ReadStatuses(ctx, r.js, r.cfg.Names, r.clock.Now())
+			out := make([]console.Replica, len(sts))
+			for i, s := range sts {
+				out[i] = console.Replica{ID: s.ID, Host: s.Host, Version: s.Version, HTTP: s.HTTP, Started: s.Started,
+					BeatAge: s.BeatAge, ConfigSeq: s.ConfigSeq, Ready: s.Ready, Warnings: s.Warnings}
 			}
-			m.mu.RUnlock()
-			slices.SortFunc(out, func(a, b console.Replica) int { return strings.Compare(a.ID, b.ID) })
-			return out, nil
+			return out, err
 		},
 	})
 }

@@ -138,3 +138,29 @@ func TestSeedFireCount(t *testing.T) {
 		t.Error("a counter without a revision was seeded")
 	}
 }
+
+// TestFireCounts: the pipelined read gives each counter as FireCount does,
+// nothing for an entry without one, and an error for a malformed one.
+func TestFireCounts(t *testing.T) {
+	s, rc := newTestStore(t)
+	ctx := context.Background()
+	mustFire(t, s, limitedFire("lim", "q-one", tickAt(1), time.Time{}, 3, 5), StatusFired)
+	if _, err := s.SeedFireCount(ctx, testPrefix, "q-two", "other", FireCount{Since: 9, Count: 4}); err != nil {
+		t.Fatal(err)
+	}
+	refs := []FireCountRef{{"q-one", "lim"}, {"q-one", "none"}, {"q-two", "other"}}
+	counts, ok, err := s.FireCounts(ctx, testPrefix, refs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []FireCount{{Since: 5, Count: 1}, {}, {Since: 9, Count: 4}}
+	if !reflect.DeepEqual(counts, want) || !reflect.DeepEqual(ok, []bool{true, false, true}) {
+		t.Errorf("counters %+v %v, want %+v [true false true]", counts, ok, want)
+	}
+	if err := rc.Set(ctx, Own(testPrefix, "q-two").Fires("bad"), "x y", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.FireCounts(ctx, testPrefix, []FireCountRef{{"q-two", "bad"}}); err == nil {
+		t.Error("a malformed counter read without an error")
+	}
+}

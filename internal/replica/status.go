@@ -1,0 +1,106 @@
+package replica
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/cronstream/cronstream/events"
+)
+
+// Status is one replica as `cronstream status` and the console's overview
+// show it: its last heartbeat, that beat's age and whether it is ready.
+// Both read it with ReadStatuses, so they show the same figures.
+type Status struct {
+	Info
+	// BeatAge is how long before the reader's now the heartbeat was
+	// written, to 100 ms. Beats are stamped on the replicas' clock
+	// (corrected to Redis TIME), and readers pass a now on the same clock.
+	BeatAge string `json:"beat_age"`
+	// Ready is the replica's /readyz answer: "yes", "no: <failed checks>",
+	// or "unknown" when its HTTP address cannot be reached from here.
+	Ready string `json:"ready"`
+}
+
+// ReadStatuses reads every heartbeat in the replicas bucket, sorted by id,
+// and asks each replica's /readyz at once, a second at most. Without a
+// bucket (no replica ever ran) there are none.
+func ReadStatuses(ctx context.Context, js jetstream.JetStream, names events.Names, now time.Time) ([]Status, error) {
+	kv, err := js.KeyValue(ctx, names.ReplicasBucket())
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return []Status{}, nil
+	}
+	if err != nil {
+		return []Status{}, fmt.Errorf("replicas bucket: %w", err)
+	}
+	infos, err := ListReplicas(ctx, kv)
+	return readiness(ctx, infos, now), err
+}
+
+// readiness asks each replica's /readyz, concurrently, with a short
+// timeout: a replica behind a firewall is "unknown", not an error.
+func readiness(ctx context.Context, infos []Info, now time.Time) []Status {
+	out := make([]Status, len(infos))
+	var wg sync.WaitGroup
+	for i, info := range infos {
+		out[i] = Status{Info: info, BeatAge: now.Sub(info.Beat).Round(100 * time.Millisecond).String(), Ready: "unknown"}
+		if info.HTTP == "" {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out[i].Ready = askReady(ctx, info)
+		}()
+	}
+	wg.Wait()
+	slices.SortFunc(out, func(a, b Status) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}
+
+func askReady(ctx context.Context, info Info) string {
+	host, port, err := net.SplitHostPort(info.HTTP)
+	if err != nil {
+		return "unknown"
+	}
+	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+		host = info.Host // listening on every interface: try the replica's host name
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(host, port)+"/readyz", nil)
+	if err != nil {
+		return "unknown"
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "unknown"
+	}
+	defer resp.Body.Close()
+	var body struct {
+		Ready  bool              `json:"ready"`
+		Failed map[string]string `json:"failed"`
+	}
+	if json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&body) != nil {
+		return "unknown"
+	}
+	if body.Ready {
+		return "yes"
+	}
+	var why []string
+	for _, k := range slices.Sorted(maps.Keys(body.Failed)) {
+		why = append(why, k+": "+body.Failed[k])
+	}
+	return "no: " + strings.Join(why, "; ")
+}
