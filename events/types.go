@@ -24,6 +24,7 @@ var Types = []TypeInfo{
 	{TypeTaskArchived, "activity", "a task whose worker died was archived (TaskRecovered)"},
 	{TypeAggregationReclaimed, "activity", "a stale aggregation set went back to its group"},
 	{TypeTaskCancelled, "activity", "overlap cancel-previous deleted or cancelled an entry's previous task (TaskCancelled)"},
+	{TypeTaskLost, "activity", "Redis lost the tasks of fires the stream records, found when their watermark was restored (TasksLost)"},
 }
 
 // ShortType is a type's last dot-separated part ("fired" for
