@@ -47,6 +47,10 @@ type Outbox interface {
 	OutboxLen(ctx context.Context, prefix, queue string) (int64, error)
 	OutboxBytes(ctx context.Context, prefix, queue string) (int64, error)
 	OutboxFirstRecordBytes(ctx context.Context, prefix, queue string) (int64, error)
+	// For Config.WaitReplicas (confirm.go).
+	ReadOutboxConfirmed(ctx context.Context, prefix, queue, owner string, ttl time.Duration, after string, count, replicas int, timeout time.Duration) (taskstate.OutboxRead, error)
+	OutboxMaster(ctx context.Context, prefix, queue string) (string, error)
+	OutboxReplication(ctx context.Context, prefix, queue string) (taskstate.Replication, error)
 }
 
 // Config configures a Relay. Zero values mean the defaults.
@@ -107,8 +111,18 @@ type Config struct {
 	// learns of the fires it relays here instead: the same news at no cost
 	// to NATS or to the process.
 	OnPublished func(eventIDs []string)
-	Logger      *slog.Logger
-	Metrics     *Metrics
+	// WaitReplicas is how many Redis replicas must acknowledge a batch's
+	// records before it is published (confirm.go): 0 none, WaitAuto one
+	// on a master that has replicas. WaitTimeout bounds each wait
+	// (default DefaultWaitTimeout); a batch not confirmed in time is
+	// published marked. WaitProbe is how long a master's batches then go
+	// unconfirmed, without a WAIT, before the relay looks again (default
+	// DefaultWaitProbe).
+	WaitReplicas int
+	WaitTimeout  time.Duration
+	WaitProbe    time.Duration
+	Logger       *slog.Logger
+	Metrics      *Metrics
 }
 
 // Relay publishes outbox records to the activity stream.
@@ -159,6 +173,8 @@ type Relay struct {
 	pubOnce sync.Once
 	pub     *batchPublisher
 
+	waits waits
+
 	cancel context.CancelFunc
 	done   chan struct{}
 }
@@ -180,6 +196,11 @@ func New(cfg Config) (*Relay, error) {
 	}
 	cfg.PublishTimeout = cmp.Or(max(cfg.PublishTimeout, 0), 5*time.Second)
 	cfg.MaxHold = cmp.Or(max(cfg.MaxHold, 0), 2*time.Second)
+	cfg.WaitTimeout = cmp.Or(max(cfg.WaitTimeout, 0), DefaultWaitTimeout)
+	cfg.WaitProbe = cmp.Or(max(cfg.WaitProbe, 0), DefaultWaitProbe)
+	if cfg.WaitReplicas < WaitAuto {
+		return nil, fmt.Errorf("relay: Config.WaitReplicas %d: want 0 or more, or WaitAuto", cfg.WaitReplicas)
+	}
 	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	return &Relay{cfg: cfg, log: cfg.Logger, wake: make(chan struct{}, 1), owned: map[string]string{}, yielded: map[string]time.Time{}, yields: map[string]int{}, sizes: map[string]sizeSample{}, readCounts: map[string]int{}}, nil
 }
@@ -512,7 +533,13 @@ func (r *Relay) drainOne(ctx context.Context, queue string) (int, int64, bool, e
 		return 0, left, false, nil
 	}
 	count := r.readCount(ctx, queue, left)
-	recs, err := r.cfg.Outbox.ReadOutbox(ctx, prefix, queue, after, count)
+	recs, mark, err := r.readBatch(ctx, queue, after, count)
+	if errors.Is(err, taskstate.ErrNotOwner) {
+		r.mu.Lock()
+		delete(r.owned, queue)
+		r.mu.Unlock()
+		return 0, left, false, nil
+	}
 	if err != nil || len(recs) == 0 {
 		return 0, left, true, err
 	}
@@ -526,7 +553,7 @@ func (r *Relay) drainOne(ctx context.Context, queue string) (int, int64, bool, e
 	passEnd := time.Now().Add(r.cfg.LeaseTTL / 4)
 	for batch := 1; ; batch++ {
 		full := len(recs) == count
-		sent := r.send(ctx, queue, recs)
+		sent := r.send(ctx, queue, recs, mark)
 		count = r.noteRead(queue, recs, sent.events)
 		if aerr := r.ack(ctx, queue, acked); aerr != nil {
 			// The outbox is no longer ours: the next owner starts at the
@@ -539,11 +566,12 @@ func (r *Relay) drainOne(ctx context.Context, queue string) (int, int64, bool, e
 		total += len(acked)
 		acked = nil
 		var next []taskstate.OutboxRecord
+		var nextMark string
 		var nextErr error
 		// A burst of fires starting ends the pass after this batch (Hold).
 		if sent.stop == nil && sent.sent.err == nil && full && batch < r.cfg.BatchesPerPass && time.Now().Before(passEnd) &&
 			(r.cfg.Hold == nil || r.overheld.Load() || !r.cfg.Hold()) {
-			next, nextErr = r.cfg.Outbox.ReadOutbox(ctx, prefix, queue, recs[len(recs)-1].StreamID, count)
+			next, nextMark, nextErr = r.readBatch(ctx, queue, recs[len(recs)-1].StreamID, count)
 		}
 		n, err := sent.wait(ctx)
 		if n > 0 {
@@ -573,7 +601,7 @@ func (r *Relay) drainOne(ctx context.Context, queue string) (int, int64, bool, e
 			}
 			return total, left - int64(total), true, errors.Join(nextErr, aerr)
 		}
-		recs = next
+		recs, mark = next, nextMark
 	}
 }
 
@@ -701,7 +729,7 @@ type envelopeHead struct {
 // subjectOf maps an event to its activity subject.
 func (r *Relay) subjectOf(h envelopeHead) (string, error) {
 	switch h.Type {
-	case events.TypeEntryFired, events.TypeEntrySkipped, events.TypeTaskCancelled:
+	case events.TypeEntryFired, events.TypeEntrySkipped, events.TypeTaskCancelled, events.TypeTaskLost:
 		if events.ValidateID(h.Subject) != nil {
 			return "", fmt.Errorf("event %s: %s with bad entry %q", h.ID, h.Type, h.Subject)
 		}
@@ -730,14 +758,17 @@ type sending struct {
 	stop error
 	end  int
 	sent *sentBatch
+	// mark is the events.HeaderRedisUnconfirmed value of its messages.
+	mark string
 }
 
 // send publishes recs in order without waiting for the stream's
 // acknowledgements; wait collects them. It stops before the first record
 // it may not publish yet, so order is kept.
-func (r *Relay) send(ctx context.Context, queue string, recs []taskstate.OutboxRecord) *sending {
+// Its messages carry mark (readBatch) as events.HeaderRedisUnconfirmed.
+func (r *Relay) send(ctx context.Context, queue string, recs []taskstate.OutboxRecord, mark string) *sending {
 	stream := r.cfg.Names.ActivityStream()
-	s := &sending{r: r, recs: recs, msgs: make([]pubMsg, 0, len(recs)), at: make([]int, 0, len(recs)), end: len(recs)}
+	s := &sending{r: r, recs: recs, msgs: make([]pubMsg, 0, len(recs)), at: make([]int, 0, len(recs)), end: len(recs), mark: mark}
 	var seen *publishedSince
 	// The expanded events of the batch share one buffer (single).
 	var expanded []byte
@@ -829,6 +860,7 @@ func (r *Relay) send(ctx context.Context, queue string, recs []taskstate.OutboxR
 			// s.at maps every message of a split batch or a multi-record
 			// to its record: the record is done once all of them are
 			// stored.
+			m.unconfirmed = mark
 			s.msgs = append(s.msgs, m)
 			s.at = append(s.at, i)
 		}
@@ -917,6 +949,9 @@ func batchHead(payload []byte) (envelopeHead, error) {
 // stopped the count.
 func (s *sending) wait(ctx context.Context) (int, error) {
 	stored, err := s.sent.wait(ctx)
+	if s.mark != "" {
+		s.r.countUnconfirmed(stored, s.mark)
+	}
 	for j := range s.msgs[:stored] {
 		if s.msgs[j].dupSeq != 0 {
 			s.r.checkDuplicate(ctx, s.r.cfg.Names.ActivityStream(), &s.msgs[j])
