@@ -156,4 +156,3 @@ func restoreOn(t *testing.T, s *Store, queue string, lost *LostRecord) bool {
 	}
 	return ok
 }
-
