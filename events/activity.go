@@ -1,6 +1,9 @@
 package events
 
-import "time"
+import (
+	"fmt"
+	"time"
+)
 
 // Fired is the data of cronstream.entry.fired: one tick of an entry became
 // one asynq task.
@@ -141,6 +144,27 @@ type TasksLost struct {
 	// Replica the replica that restored it.
 	Revision uint64 `json:"revision,omitempty"`
 	Replica  string `json:"replica,omitempty"`
+}
+
+// Summary says what the record states, in one line (audit, describe,
+// the console).
+func (l TasksLost) Summary() string {
+	at := func(t time.Time) string { return t.UTC().Format(time.RFC3339) }
+	switch {
+	case l.Unknown && l.Watermark != nil:
+		return fmt.Sprintf("Redis's watermark in queue %s was behind (%s): which fires up to %s lost their tasks is unknown (the activity stream could not be read)", l.Queue, at(*l.Watermark), at(l.Until))
+	case l.Unknown:
+		return fmt.Sprintf("Redis lost the entry's watermark in queue %s: which fires up to %s lost their tasks is unknown", l.Queue, at(l.Until))
+	}
+	first := l.Until
+	if l.ScheduledAt != nil {
+		first = *l.ScheduledAt
+	}
+	s := fmt.Sprintf("Redis lost the tasks of %d fires in queue %s: scheduled %s to %s", l.Count, l.Queue, at(first), at(l.Until))
+	if l.Watermark != nil {
+		s += " (it kept those up to " + at(*l.Watermark) + ")"
+	}
+	return s
 }
 
 // HeaderRedisUnconfirmed is the NATS header of an activity message whose

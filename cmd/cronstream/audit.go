@@ -271,7 +271,11 @@ func (p *auditPrinter) print(rec audit.Record) error {
 	if subject == "" {
 		subject = rec.Subject
 	}
-	_, werr := fmt.Fprintf(p.w, "%s  %-22s  %-24s  %s\n", ts, terminalSafe(shortType(ev.Type)), terminalSafe(subject), terminalSafe(eventSummary(ev)))
+	summary := eventSummary(ev)
+	if rec.Unconfirmed != "" {
+		summary += " [published before Redis replicas confirmed it: " + rec.Unconfirmed + "]"
+	}
+	_, werr := fmt.Fprintf(p.w, "%s  %-22s  %-24s  %s\n", ts, terminalSafe(shortType(ev.Type)), terminalSafe(subject), terminalSafe(summary))
 	return werr
 }
 
@@ -281,6 +285,13 @@ func (p *auditPrinter) print(rec audit.Record) error {
 func withStreamSeq(rec audit.Record) ([]byte, error) {
 	var buf bytes.Buffer
 	extra := fmt.Sprintf(`"stream":%q,"seq":%d`, rec.Stream, rec.Seq)
+	if rec.Unconfirmed != "" {
+		u, err := json.Marshal(rec.Unconfirmed)
+		if err != nil {
+			return nil, err
+		}
+		extra += `,"redis_unconfirmed":` + string(u)
+	}
 	if json.Compact(&buf, rec.Data) == nil && bytes.HasPrefix(buf.Bytes(), []byte("{")) {
 		b := bytes.TrimSuffix(buf.Bytes(), []byte("}"))
 		if bytes.Equal(b, []byte("{")) {
@@ -346,6 +357,11 @@ func eventSummary(ev *events.Event) string {
 		var d events.TaskCancelled
 		if ev.DecodeData(&d) == nil {
 			return fmt.Sprintf("task %s queue %s was %s: %s, replaced by %s scheduled %s", d.TaskID, d.Queue, d.State, d.Action, d.ReplacedBy, fmtTime(d.ScheduledAt))
+		}
+	case events.TypeTaskLost:
+		var d events.TasksLost
+		if ev.DecodeData(&d) == nil {
+			return d.Summary()
 		}
 	}
 	var buf bytes.Buffer

@@ -427,7 +427,7 @@ type revision struct {
 
 type fireRow struct {
 	Time   time.Time // scheduled tick
-	Kind   string    // fired, triggered, backfilled, skipped
+	Kind   string    // fired, triggered, backfilled, skipped, lost
 	Detail string
 	// Queue and TaskID name the task a fire enqueued ("" for a skip);
 	// State is its asynq state now.
@@ -628,12 +628,13 @@ func mapsKeys(m map[string]string) func(func(string) bool) {
 }
 
 // strip is the last 24 hours in 48 half-hour cells, each the most notable
-// kind of fire in it (late over skipped over triggered/backfilled over fired).
+// kind of fire in it (late over lost over skipped over triggered/backfilled
+// over fired).
 func strip(fires []fireRow, now time.Time, late *stall.Late) []stripCell {
 	const cells = 48
 	start := now.Add(-24 * time.Hour)
 	out := make([]stripCell, cells)
-	rank := map[string]int{"": 0, "fired": 1, "backfilled": 2, "triggered": 2, "skipped": 3, "late": 4}
+	rank := map[string]int{"": 0, "fired": 1, "backfilled": 2, "triggered": 2, "skipped": 3, "lost": 4, "late": 5}
 	for i := range out {
 		t := start.Add(time.Duration(i) * 30 * time.Minute)
 		out[i].Label = t.Format("15:04") + " UTC: no fires"

@@ -26,6 +26,8 @@ type streamMsg struct {
 	Time    time.Time
 	Subject string
 	Data    []byte
+	// Unconfirmed is its events.HeaderRedisUnconfirmed.
+	Unconfirmed string
 }
 
 // readRange reads the messages of stream from (start sequence or start
@@ -68,7 +70,8 @@ func readRange(ctx context.Context, js jetstream.JetStream, stream string, filte
 				pending, past = 0, true
 				continue
 			}
-			out = append(out, streamMsg{Stream: stream, Seq: meta.Sequence.Stream, Time: meta.Timestamp, Subject: m.Subject(), Data: m.Data()})
+			out = append(out, streamMsg{Stream: stream, Seq: meta.Sequence.Stream, Time: meta.Timestamp, Subject: m.Subject(), Data: m.Data(),
+				Unconfirmed: m.Headers().Get(events.HeaderRedisUnconfirmed)})
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, context.DeadlineExceeded) {
 			return out, fmt.Errorf("read %s: %w", stream, err)
@@ -85,6 +88,7 @@ func readRange(ctx context.Context, js jetstream.JetStream, stream string, filte
 func (c *Console) readFires(ctx context.Context, src *Source, id string, since time.Time) ([]fireRow, error) {
 	msgs, err := readRange(ctx, src.JS, src.Names.ActivityStream(), []string{src.Names.FireSubject(id)}, 0, since, 0, 2000)
 	var out []fireRow
+	var lost []events.TasksLost
 	for _, m := range msgs {
 		ev, derr := events.DecodeEvent(m.Data)
 		if derr != nil {
@@ -115,9 +119,32 @@ func (c *Console) readFires(ctx context.Context, src *Source, id string, since t
 				detail = fmt.Sprintf("%s (%d ticks)", s.Reason, s.Count)
 			}
 			out = append(out, fireRow{Time: s.ScheduledAt, Kind: "skipped", Detail: detail})
+		case events.TypeTaskLost:
+			var l events.TasksLost
+			if ev.DecodeData(&l) != nil {
+				continue
+			}
+			lost = append(lost, l)
+			out = append(out, fireRow{Time: l.Until, Kind: "lost", Detail: l.Summary()})
 		}
 	}
+	markLost(out, lost)
 	return out, err
+}
+
+// markLost says so on each fire a lost record names.
+func markLost(rows []fireRow, lost []events.TasksLost) {
+	for i, f := range rows {
+		if f.Kind != "fired" {
+			continue
+		}
+		for _, l := range lost {
+			if l.ScheduledAt != nil && l.Queue == f.Queue && !f.Time.Before(*l.ScheduledAt) && !f.Time.After(l.Until) {
+				rows[i].Detail += "; Redis lost it (task.lost)"
+				break
+			}
+		}
+	}
 }
 
 // auditWindow is how many events of each stream one audit page searches.
@@ -279,7 +306,10 @@ func (c *Console) auditRow(src *Source, m streamMsg, q auditQuery) (auditRow, bo
 	} else if id, ok := src.Names.EntryFromFireSubject(m.Subject); ok {
 		row.Entry = id
 		var f events.Fired
-		if ev.DecodeData(&f) == nil && f.TaskID != "" {
+		var l events.TasksLost
+		if ev.Type == events.TypeTaskLost && ev.DecodeData(&l) == nil {
+			row.Queue, row.Summary = l.Queue, l.Summary()
+		} else if ev.DecodeData(&f) == nil && f.TaskID != "" {
 			row.Queue = f.Queue
 			row.Summary = fmt.Sprintf("tick %s, task %s", f.ScheduledAt.UTC().Format(time.RFC3339), f.TaskID)
 		} else {
@@ -294,6 +324,9 @@ func (c *Console) auditRow(src *Source, m streamMsg, q auditQuery) (auditRow, bo
 		if ev.DecodeData(&t) == nil {
 			row.Summary = fmt.Sprintf("task %s (%s), retried %d/%d: %s", t.TaskID, t.Type, t.Retried, t.MaxRetry, t.Error)
 		}
+	}
+	if m.Unconfirmed != "" {
+		row.Summary += " [published before Redis replicas confirmed it: " + m.Unconfirmed + "]"
 	}
 	if q.Type != "" {
 		if ok, _ := path.Match(q.Type, ev.Type); !ok {
