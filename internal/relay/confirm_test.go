@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -279,4 +280,52 @@ func gatherValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	}
 	t.Fatalf("metric %s not gathered", name)
 	return 0
+}
+
+// TestRelayWaitsOnClusterMaster: on a Redis Cluster each queue's batch
+// waits on the master of its outbox's slot, for that master's replicas:
+// with the replica of one master frozen, the relay waits on that master
+// and its queue's events stay in the outbox; once it runs again, they and
+// the events of a queue whose master has no replica (not waited for) are
+// published unmarked.
+func TestRelayWaitsOnClusterMaster(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 0)
+	cluster := testenv.StartRedisCluster(t)
+	cc := cluster.Client(t)
+	e.store = taskstate.New(cc)
+	replica := cluster.AddReplica(t, 0)
+	bg := context.Background()
+	queueOn := func(addr string) string {
+		for i := 0; ; i++ {
+			q := fmt.Sprintf("q%d", i)
+			if m, err := cc.MasterForKey(bg, taskstate.Own(prefix, q).Outbox()); err == nil && m.Options().Addr == addr {
+				return q
+			}
+		}
+	}
+	withReplica, without := queueOn(cluster.Addrs[0]), queueOn(cluster.Addrs[1])
+	// The relay sees the replica (WaitAuto) before it is frozen.
+	first := e.write(withReplica, "a", 1)
+	r := e.newRelay("r1", func(c *relay.Config) { c.WaitReplicas, c.WaitTimeout = relay.WaitAuto, time.Minute })
+	start(t, r)
+	testenv.Eventually(t, 20*time.Second, func() bool { return e.outboxLen(withReplica) == 0 }, "the first event")
+
+	replica.Freeze(t)
+	held := e.write(withReplica, "a", 3)
+	free := e.write(without, "b", 3)
+	master0 := redis.NewClient(&redis.Options{Addr: cluster.Addrs[0]})
+	t.Cleanup(func() { _ = master0.Close() })
+	testenv.Eventually(t, 10*time.Second, func() bool { return blockedInWait(t, master0) }, "the relay to wait on the master of %s", withReplica)
+	if n := e.outboxLen(withReplica); n != 3 {
+		t.Fatalf("%d records left in the outbox of %s while its master's replica is frozen, want 3", n, withReplica)
+	}
+	replica.Thaw(t)
+	testenv.Eventually(t, 20*time.Second, func() bool { return e.outboxLen(withReplica) == 0 && e.outboxLen(without) == 0 }, "the events after the thaw")
+	marks := e.marks()
+	for _, id := range append(append(first, held...), free...) {
+		if m, ok := marks[id]; !ok || m != "" {
+			t.Errorf("event %s: stored %v, mark %q; want stored unmarked", id, ok, m)
+		}
+	}
 }
