@@ -112,3 +112,103 @@ func drain(b *testing.B, n int, mod func(*relay.Config)) {
 	b.ReportMetric(float64(published)/elapsed.Seconds(), "events/s")
 	b.ReportMetric(float64(elapsed.Microseconds())/float64(published), "µs/event")
 }
+
+// BenchmarkRelayWait measures what waiting for a Redis replica (WAIT,
+// Config.WaitReplicas) costs the relay, against a real redis-server
+// primary with a real replica on this host and an embedded nats-server,
+// with and without WAIT in the same run, on the same servers:
+//
+//   - shape=drain: N fired records written first, outside the timer,
+//     then one Flush publishes them: one WAIT per batch of up to 512.
+//   - shape=single: one fire written (outside the timer), then one Pass
+//     publishes it: one WAIT per fire, the steady state of a replica
+//     whose fires come one at a time. µs/fire is the pass's time.
+//
+//	go test -run '^$' -bench BenchmarkRelayWait -benchtime 2000x ./internal/relay/
+//
+// CRONSTREAM_BENCH_RECORDS is the drain's number of records per run
+// (default 20,000).
+func BenchmarkRelayWait(b *testing.B) {
+	n := 20_000
+	if v, err := strconv.Atoi(os.Getenv("CRONSTREAM_BENCH_RECORDS")); err == nil && v > 0 {
+		n = v
+	}
+	e := newReplicatedEnv(b)
+	for _, wait := range []int{0, 1} {
+		b.Run(fmt.Sprintf("shape=drain/wait=%d", wait), func(b *testing.B) {
+			e.t = b
+			waitDrain(b, e.env, fmt.Sprintf("drain-%d", wait), n, wait)
+		})
+	}
+	for _, wait := range []int{0, 1} {
+		b.Run(fmt.Sprintf("shape=single/wait=%d", wait), func(b *testing.B) {
+			e.t = b
+			waitSingle(b, e.env, fmt.Sprintf("single-%d", wait), wait)
+		})
+	}
+}
+
+// waitRelay is a relay on e waiting for wait replicas, stopped at b's end.
+func waitRelay(b *testing.B, e *env, wait int) *relay.Relay {
+	js, err := jetstream.New(e.nats.Connect(b, nats.Name("bench")))
+	if err != nil {
+		b.Fatal(err)
+	}
+	r, err := relay.New(relay.Config{Outbox: e.store, JS: js, Names: names, Owner: "bench", Logger: logger(b), WaitReplicas: wait})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = r.Stop(context.Background()) })
+	return r
+}
+
+func waitDrain(b *testing.B, e *env, queue string, n, wait int) {
+	r := waitRelay(b, e, wait)
+	var elapsed time.Duration
+	published := 0
+	for range b.N {
+		b.StopTimer()
+		e.writeFired(queue, 10_000, n)
+		b.StartTimer()
+		start := time.Now()
+		if err := r.Flush(ctx(b, 10*time.Minute)); err != nil {
+			b.Fatal(err)
+		}
+		elapsed += time.Since(start)
+		b.StopTimer()
+		if left := e.outboxLen(queue); left != 0 {
+			b.Fatalf("%d records left in the outbox", left)
+		}
+		published += n
+	}
+	checkConfirmed(b, r)
+	b.ReportMetric(float64(published)/elapsed.Seconds(), "events/s")
+	b.ReportMetric(float64(elapsed.Microseconds())/float64(published), "µs/event")
+}
+
+func waitSingle(b *testing.B, e *env, queue string, wait int) {
+	r := waitRelay(b, e, wait)
+	c := ctx(b, 10*time.Minute)
+	var elapsed time.Duration
+	for range b.N {
+		b.StopTimer()
+		e.writeFired(queue, 1, 1)
+		b.StartTimer()
+		start := time.Now()
+		n, err := r.Pass(c)
+		elapsed += time.Since(start)
+		if err != nil || n != 1 {
+			b.Fatalf("pass published %d, %v; want 1", n, err)
+		}
+	}
+	b.StopTimer()
+	checkConfirmed(b, r)
+	b.ReportMetric(float64(elapsed.Microseconds())/float64(b.N), "µs/fire")
+}
+
+// checkConfirmed fails b when r published anything unconfirmed.
+func checkConfirmed(b *testing.B, r *relay.Relay) {
+	if st := r.WaitStatus(); st.Unconfirmed != 0 || st.Behind {
+		b.Fatalf("events published unconfirmed: %+v", st)
+	}
+}

@@ -25,7 +25,7 @@ type replicatedEnv struct {
 	onReplica        *redis.Client
 }
 
-func newReplicatedEnv(t *testing.T) *replicatedEnv {
+func newReplicatedEnv(t testing.TB) *replicatedEnv {
 	t.Helper()
 	e := newEnv(t, 0)
 	primary := testenv.StartRedis(t, testenv.WithPrivateServer())
