@@ -120,11 +120,12 @@ func drain(b *testing.B, n int, mod func(*relay.Config)) {
 //
 //   - shape=drain: N fired records written first, outside the timer,
 //     then one Flush publishes them: one WAIT per batch of up to 512.
+//
 //   - shape=single: one fire written (outside the timer), then one Pass
 //     publishes it: one WAIT per fire, the steady state of a replica
 //     whose fires come one at a time. µs/fire is the pass's time.
 //
-//	go test -run '^$' -bench BenchmarkRelayWait -benchtime 2000x ./internal/relay/
+//     go test -run '^$' -bench BenchmarkRelayWait -benchtime 2000x ./internal/relay/
 //
 // CRONSTREAM_BENCH_RECORDS is the drain's number of records per run
 // (default 20,000).
