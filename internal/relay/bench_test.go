@@ -116,16 +116,14 @@ func drain(b *testing.B, n int, mod func(*relay.Config)) {
 // BenchmarkRelayWait measures what waiting for a Redis replica (WAIT,
 // Config.WaitReplicas) costs the relay, against a real redis-server
 // primary with a real replica on this host and an embedded nats-server,
-// with and without WAIT in the same run, on the same servers:
+// with and without WAIT in the same run, on the same servers. In
+// shape=drain, N fired records are written first, outside the timer, and
+// one Flush publishes them: one WAIT per batch of up to 512. In
+// shape=single, one fire is written (outside the timer) and one Pass
+// publishes it: one WAIT per fire, the steady state of a replica whose
+// fires come one at a time; µs/fire is the pass's time.
 //
-//   - shape=drain: N fired records written first, outside the timer,
-//     then one Flush publishes them: one WAIT per batch of up to 512.
-//
-//   - shape=single: one fire written (outside the timer), then one Pass
-//     publishes it: one WAIT per fire, the steady state of a replica
-//     whose fires come one at a time. µs/fire is the pass's time.
-//
-//     go test -run '^$' -bench BenchmarkRelayWait -benchtime 2000x ./internal/relay/
+//	go test -run '^$' -bench BenchmarkRelayWait -benchtime 2000x ./internal/relay/
 //
 // CRONSTREAM_BENCH_RECORDS is the drain's number of records per run
 // (default 20,000).
