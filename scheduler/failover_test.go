@@ -224,10 +224,15 @@ func failoverLossesRecorded(t *testing.T, wait int) {
 			t.Errorf("fired event of %s at %s: the promoted Redis lacks its task, and no lost event covers it, nor was it marked unconfirmed", f.Entry, f.ScheduledAt.Format(time.TimeOnly))
 		}
 	}
+	counted := 0
 	for _, l := range lost {
 		if l.Unknown || l.Watermark == nil || l.ScheduledAt == nil || l.Count == 0 {
 			t.Errorf("lost event %+v: want a known range above a watermark", l)
 		}
+		counted += l.Count
+	}
+	if got := a.sched.Stats().LostFires + b.sched.Stats().LostFires; got != uint64(counted) || a.sched.Stats().LostUnknown+b.sched.Stats().LostUnknown != 0 {
+		t.Errorf("the replicas counted %d lost fires (and %d unknown), the lost events name %d", got, a.sched.Stats().LostUnknown+b.sched.Stats().LostUnknown, counted)
 	}
 	t.Logf("%d fired events lack their task in the promoted Redis: %d covered by %d lost events, %d marked unconfirmed; %d ticks went unpublished with the primary; %d tasks completed before the detach",
 		lacking, lostTicks, len(lost), marked, countTicks(unpublished), completed)

@@ -173,15 +173,20 @@ func (s *Scheduler) firedAfter(ctx context.Context, r *entryRun, w, seed time.Ti
 
 // noteLost counts and logs a lost record the restore wrote.
 func (s *Scheduler) noteLost(d *events.TasksLost) {
+	args := []any{"entry", d.Entry, "queue", d.Queue, "until", d.Until}
+	if d.Watermark != nil {
+		args = append(args, "watermark", *d.Watermark)
+	}
 	if d.Unknown {
 		s.count(func(st *Stats) { st.LostUnknown++ })
 		s.m.LostUnknown.Inc()
-		s.log.Warn("Redis lost the entry's watermark: whether it lost tasks of fires the activity stream records cannot be told (recorded as unknown, cronstream.task.lost)",
-			"entry", d.Entry, "queue", d.Queue, "until", d.Until, "watermark", d.Watermark)
+		s.log.Warn("Redis lost the entry's watermark: whether it lost tasks of fires the activity stream records cannot be told (recorded as unknown, cronstream.task.lost)", args...)
 		return
 	}
 	s.count(func(st *Stats) { st.LostFires += uint64(d.Count) })
 	s.m.LostFires.Add(float64(d.Count))
-	s.log.Warn("Redis lost fires the activity stream records: their tasks are gone (recorded as cronstream.task.lost)",
-		"entry", d.Entry, "queue", d.Queue, "first", d.ScheduledAt, "last", d.Until, "count", d.Count, "watermark", d.Watermark)
+	if d.ScheduledAt != nil {
+		args = append(args, "first", *d.ScheduledAt)
+	}
+	s.log.Warn("Redis lost fires the activity stream records: their tasks are gone (recorded as cronstream.task.lost)", append(args, "count", d.Count)...)
 }

@@ -65,7 +65,10 @@ with "stream" (the stream's name) and "seq" (its stream sequence) added:
    "data":{"entry":"report","scheduled_at":"…","enqueued_at":"…",
            "task_id":"…","queue":"default","revision":12,"replica":"…"},
    "stream":"CRONSTREAM_ACTIVITY","seq":4711}
-(one line each; "data" is the type's payload, see docs/design.md). A stored
+(one line each; "data" is the type's payload, see docs/design.md). A
+message the relay published before Redis's replicas confirmed its write
+also has "redis_unconfirmed" (e.g. "0/1 timeout"; text output marks it
+too). A stored
 message that is not a JSON object is shown as {"stream","seq",
 "nats_subject","malformed"}. Event types this version does not know are
 shown as they are.`,

@@ -88,7 +88,7 @@ func TestRedisFlushedUnderRun(t *testing.T) {
 
 	// Flushed while down.
 	p = start(t, e.vars, "run", "--http", "127.0.0.1:0", "--replica-id", "loss-2")
-	testenv.Eventually(t, 30*time.Second, func() bool { return len(ticks()) >= 2 }, "no fires after the loss:\n%s", p.Stderr())
+	testenv.Eventually(t, 30*time.Second, func() bool { return len(ticks()) >= 2 }, "no fires after the loss:\n%s", lazy(p.Stderr))
 	check("flushed while down", last)
 
 	// Flushed while running.
@@ -97,7 +97,7 @@ func TestRedisFlushedUnderRun(t *testing.T) {
 		t.Fatal("nothing in Redis before the second loss")
 	}
 	last = lost[len(lost)-1]
-	testenv.Eventually(t, 30*time.Second, func() bool { return len(ticks()) >= 2 }, "no fires after the loss:\n%s", p.Stderr())
+	testenv.Eventually(t, 30*time.Second, func() bool { return len(ticks()) >= 2 }, "no fires after the loss:\n%s", lazy(p.Stderr))
 	check("flushed while running", last)
 	if !strings.Contains(p.Stderr(), "did Redis lose data?") {
 		t.Errorf("the restore was not logged:\n%s", p.Stderr())

@@ -46,7 +46,7 @@ func TestRedisReplicaStoppedUnderRun(t *testing.T) {
 	if v := metricValue(base, "cronstream_relay_redis_wait_behind"); v != 1 {
 		t.Errorf("cronstream_relay_redis_wait_behind = %v, want 1", v)
 	}
-	if got := strings.Count(p.Stderr(), "Redis replicas did not confirm the outbox's writes"); got != 1 {
+	if got := strings.Count(p.Stderr(), "Redis replicas did not confirm the writes of published events"); got != 1 {
 		t.Errorf("%d log lines about the unconfirmed writes, want 1:\n%s", got, p.Stderr())
 	}
 	var st struct {

@@ -109,6 +109,10 @@ func (r *Relay) readBatch(ctx context.Context, queue, after string, count int) (
 		return nil, "", err
 	}
 	want, wait := r.planWait(ctx, master, queue)
+	if want == 0 {
+		recs, err := r.cfg.Outbox.ReadOutbox(ctx, prefix, queue, after, count)
+		return recs, "", err
+	}
 	n := 0
 	if wait {
 		n = want
@@ -120,8 +124,8 @@ func (r *Relay) readBatch(ctx context.Context, queue, after string, count int) (
 	if !read.Owned {
 		return nil, "", fmt.Errorf("outbox of queue %q: %w", queue, taskstate.ErrNotOwner)
 	}
-	if want == 0 || len(read.Records) == 0 {
-		return read.Records, "", nil
+	if len(read.Records) == 0 {
+		return nil, "", nil
 	}
 	return read.Records, r.noteWait(master, want, wait, read.Acked, err), nil
 }
@@ -221,8 +225,9 @@ func (r *Relay) noteWait(master string, want int, waited bool, acked int, waitEr
 	}
 	if !wasBehind {
 		m.since = now
-		r.log.Warn("Redis replicas did not confirm the outbox's writes: events are published marked unconfirmed until they do (a failover to a replica now may lose their tasks; the restore then records the loss)",
-			"master", master, "replicas", want, "acked", acked, "reason", m.reason, "timeout", r.cfg.WaitTimeout, "err", waitErr)
+		if waitErr != nil {
+			r.log.Warn("Redis refuses WAIT: grant +wait to the replica's Redis user, or set --redis-wait-replicas 0", "master", master, "err", waitErr)
+		}
 	}
 	reason := m.reason
 	if !waited && waitErr == nil {
@@ -232,7 +237,8 @@ func (r *Relay) noteWait(master string, want int, waited bool, acked int, waitEr
 }
 
 // countUnconfirmed counts n events published with mark, and warns about
-// them at most once a minute.
+// them at most once a minute: the one log line of an outage (its end is
+// logged by noteWait).
 func (r *Relay) countUnconfirmed(n int, mark string) {
 	if n <= 0 {
 		return
@@ -251,8 +257,8 @@ func (r *Relay) countUnconfirmed(n int, mark string) {
 	}
 	w.mu.Unlock()
 	if warn {
-		r.log.Warn("published events whose Redis writes no replica confirmed (header "+events.HeaderRedisUnconfirmed+"; counted in cronstream_relay_unconfirmed_total)",
-			"mark", mark, "unconfirmed_since_last_warning", since)
+		r.log.Warn("Redis replicas did not confirm the writes of published events: they are marked unconfirmed (header "+events.HeaderRedisUnconfirmed+", counted in cronstream_relay_unconfirmed_total) until the replicas confirm again; a Redis failover now may lose their tasks, and the restore then records the loss",
+			"mark", mark, "timeout", r.cfg.WaitTimeout, "unconfirmed_since_last_warning", since)
 	}
 }
 
