@@ -200,6 +200,21 @@ still shown).`,
 	return cmd
 }
 
+// addReplicaReports adds what each replica reports of itself: its
+// warnings, and its relay's view of Redis replication.
+func (rep *statusReport) addReplicaReports() {
+	for _, r := range rep.Replicas {
+		for _, w := range r.Warnings {
+			rep.Warnings = append(rep.Warnings, "replica "+r.ID+": "+w)
+		}
+		if w, note := redisWaitReport(r.ID, r.RedisWait); w != "" {
+			rep.Warnings = append(rep.Warnings, w)
+		} else if note != "" {
+			rep.Notes = append(rep.Notes, note)
+		}
+	}
+}
+
 // redisWaitReport says what a replica's relay reports of Redis replication
 // (--redis-wait-replicas): a warning while it publishes events the
 // replicas have not confirmed, else a note when it did earlier.
@@ -259,16 +274,7 @@ func collectStatus(ctx context.Context, g *globalFlags, conn *connFlags, s *sess
 			fail("replicas", err)
 		}
 		rep.Replicas = readiness(ctx, infos, now)
-		for _, r := range rep.Replicas {
-			for _, w := range r.Warnings {
-				rep.Warnings = append(rep.Warnings, "replica "+r.ID+": "+w)
-			}
-			if w, note := redisWaitReport(r.ID, r.RedisWait); w != "" {
-				rep.Warnings = append(rep.Warnings, w)
-			} else if note != "" {
-				rep.Notes = append(rep.Notes, note)
-			}
-		}
+		rep.addReplicaReports()
 	}
 	var states []projector.State // nil: the projection could not be read
 	// What the replicas report stands until it is computed here.

@@ -97,7 +97,7 @@ type waits struct {
 // readBatch reads up to count records of queue's outbox after stream id
 // after and returns them with the header value that marks them, "" when
 // the replicas confirmed them or none is waited for. A relay that lost
-// the outbox's lease gets taskstate.ErrNotOwner.
+// the outbox's lease forgets it and gets taskstate.ErrNotOwner.
 func (r *Relay) readBatch(ctx context.Context, queue, after string, count int) ([]taskstate.OutboxRecord, string, error) {
 	prefix := r.cfg.Names.Prefix()
 	if r.cfg.WaitReplicas == 0 {
@@ -122,6 +122,11 @@ func (r *Relay) readBatch(ctx context.Context, queue, after string, count int) (
 		return nil, "", err
 	}
 	if !read.Owned {
+		// Another relay took the outbox: the next owner resumes from its
+		// first record left.
+		r.mu.Lock()
+		delete(r.owned, queue)
+		r.mu.Unlock()
 		return nil, "", fmt.Errorf("outbox of queue %q: %w", queue, taskstate.ErrNotOwner)
 	}
 	if len(read.Records) == 0 {

@@ -404,14 +404,7 @@ func (r *Replica) start(ctx context.Context) error {
 		KV:       kv,
 		Self:     Info{ID: r.cfg.ReplicaID, Host: hostname, PID: os.Getpid(), Started: r.clock.Now().UTC(), Version: r.cfg.Version, HTTP: r.httpAddr(), Warnings: streamWarnings},
 		Interval: r.cfg.Heartbeat, Logger: r.log, Now: r.clock.Now,
-		Update: func(i *Info) {
-			i.ConfigSeq = r.proj.LastSeq()
-			i.Late = det.Late(maxReportedLate)
-			if rl := relayed.Load(); rl != nil {
-				w := rl.WaitStatus()
-				i.RedisWait = &w
-			}
-		},
+		Update: r.beatUpdate(det, &relayed),
 		// Re-created as at start: missing is created, an existing bucket is
 		// never changed (stream settings are explicit).
 		Reopen: func(ctx context.Context) (jetstream.KeyValue, error) {
@@ -573,6 +566,20 @@ func (r *Replica) warnRedisConfig(ctx context.Context) {
 	}
 	for _, w := range RedisWarnings(ctx, r.cfg.Redis) {
 		r.log.Warn(w)
+	}
+}
+
+// beatUpdate refreshes the dynamic fields of this replica's heartbeat:
+// its config position, its late entries, and its relay's view of Redis
+// replication once the relay exists.
+func (r *Replica) beatUpdate(det *stall.Detector, relayed *atomic.Pointer[relay.Relay]) func(*Info) {
+	return func(i *Info) {
+		i.ConfigSeq = r.proj.LastSeq()
+		i.Late = det.Late(maxReportedLate)
+		if rl := relayed.Load(); rl != nil {
+			w := rl.WaitStatus()
+			i.RedisWait = &w
+		}
 	}
 }
 
