@@ -76,6 +76,9 @@ func (s *Store) ReadOutboxConfirmed(ctx context.Context, prefix, queue, owner st
 	}
 	own := Own(prefix, queue)
 	master, err := s.slotMaster(ctx, own.Outbox())
+	if errors.Is(err, ErrWaitUnsupported) {
+		return s.readOutboxUnconfirmed(ctx, prefix, queue, owner, ttl, after, count, err)
+	}
 	if err != nil {
 		return OutboxRead{}, fmt.Errorf("confirmed read of outbox of queue %q: %w", queue, err)
 	}
@@ -121,6 +124,21 @@ func (s *Store) ReadOutboxConfirmed(ctx context.Context, prefix, queue, owner st
 		return OutboxRead{}, fmt.Errorf("WAIT %d replicas on the master of queue %q: %w", replicas, queue, err)
 	}
 	return out, nil
+}
+
+// readOutboxUnconfirmed is ReadOutboxConfirmed without the WAIT, for a
+// client whose connections cannot be held (why): the read, and the error
+// that says it is unconfirmed (ErrWaitRefused).
+func (s *Store) readOutboxUnconfirmed(ctx context.Context, prefix, queue, owner string, ttl time.Duration, after string, count int, why error) (OutboxRead, error) {
+	held, err := s.AcquireOutbox(ctx, prefix, queue, owner, ttl)
+	if err != nil || !held {
+		return OutboxRead{}, err
+	}
+	recs, err := s.ReadOutbox(ctx, prefix, queue, after, count)
+	if err != nil {
+		return OutboxRead{}, err
+	}
+	return OutboxRead{Records: recs, Owned: true}, fmt.Errorf("outbox of queue %q: %w: %w", queue, ErrWaitRefused, why)
 }
 
 // isNoScript: Redis did not know the script and did not run it.
