@@ -118,3 +118,18 @@ func TestReadOutboxConfirmedCluster(t *testing.T) {
 		}
 	}
 }
+
+// TestReadOutboxConfirmedUnsupportedClient: a client whose connections
+// cannot be held for WAIT (a Ring) still reads, unconfirmed.
+func TestReadOutboxConfirmedUnsupportedClient(t *testing.T) {
+	t.Parallel()
+	r := testenv.StartRedis(t)
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"one": r.Addr}, DB: r.DB})
+	t.Cleanup(func() { _ = ring.Close() })
+	s := New(ring)
+	mustFire(t, s, tickFire("c", "default", tickAt(1), time.Time{}), StatusFired)
+	read, err := s.ReadOutboxConfirmed(context.Background(), testPrefix, "default", "relay-1", time.Minute, "", 10, 1, time.Second)
+	if !errors.Is(err, ErrWaitRefused) || !errors.Is(err, ErrWaitUnsupported) || !read.Owned || len(read.Records) != 1 {
+		t.Fatalf("owned %v, %d records, %v; want the record, unconfirmed", read.Owned, len(read.Records), err)
+	}
+}
