@@ -188,11 +188,15 @@ func TestRelayPublishesThroughReplicaOutage(t *testing.T) {
 
 	e.replica.Start(t)
 	e.replica.Follow(t, e.primary)
-	var after []string
+	// Each probe looks again; a batch confirmed ends the outage.
 	testenv.Eventually(t, 20*time.Second, func() bool {
-		after = append(after, e.write("default", "a", 1)...)
-		return e.outboxLen("default") == 0 && !r.WaitStatus().Behind
-	}, "the replica to confirm again")
+		e.write("default", "a", 1)
+		testenv.Eventually(t, 5*time.Second, func() bool { return e.outboxLen("default") == 0 }, "an event while the replica catches up")
+		return !r.WaitStatus().Behind
+	}, "the replica to confirm again: %v", lazyString(func() string {
+		info, _ := e.rc.Info(context.Background(), "replication").Result()
+		return fmt.Sprintf("%+v; primary: %s", r.WaitStatus(), info)
+	}))
 	last := e.write("default", "a", 1)[0]
 	testenv.Eventually(t, 10*time.Second, func() bool { return e.outboxLen("default") == 0 }, "the last event")
 	if mark := e.marks()[last]; mark != "" {
@@ -329,3 +333,7 @@ func TestRelayWaitsOnClusterMaster(t *testing.T) {
 		}
 	}
 }
+
+type lazyString func() string
+
+func (f lazyString) String() string { return f() }
