@@ -73,6 +73,9 @@ type Record struct {
 	// says why (it wraps events.ErrMalformedEvent).
 	Event *events.Event
 	Err   error
+	// Unconfirmed is the message's events.HeaderRedisUnconfirmed: the
+	// relay published it before Redis's replicas confirmed its write.
+	Unconfirmed string
 	// more is set on every event of a batch message but the last: the
 	// history counts messages.
 	more bool
@@ -389,8 +392,10 @@ func (src *source) read(ctx context.Context) {
 		if splitErr != nil {
 			parts = [][]byte{m.Data()}
 		}
+		unconfirmed := m.Headers().Get(events.HeaderRedisUnconfirmed)
 		for i, p := range parts {
-			rec := Record{Stream: src.stream, Config: src.config, Seq: md.Sequence.Stream, Time: md.Timestamp, Subject: m.Subject(), Data: p, more: i < len(parts)-1}
+			rec := Record{Stream: src.stream, Config: src.config, Seq: md.Sequence.Stream, Time: md.Timestamp, Subject: m.Subject(), Data: p, more: i < len(parts)-1,
+				Unconfirmed: unconfirmed}
 			if rec.Event, rec.Err = events.DecodeEvent(p); splitErr != nil {
 				rec.Event, rec.Err = nil, splitErr
 			}

@@ -1,6 +1,9 @@
 package events
 
-import "time"
+import (
+	"fmt"
+	"time"
+)
 
 // Fired is the data of cronstream.entry.fired: one tick of an entry became
 // one asynq task.
@@ -104,6 +107,73 @@ type TaskCancelled struct {
 	State  string `json:"state"`
 	Action string `json:"action"`
 }
+
+// TasksLost is the data of cronstream.task.lost. Redis (the server that
+// now holds the entry's queue: a replica promoted by a failover, or one
+// restarted or flushed) lost data, and the entry's watermark there was
+// found behind the ticks the activity stream recorded as handled. The
+// step that restored the watermark wrote this record.
+//
+// A fire writes its task, the watermark and its record in one atomic step,
+// and Redis replicates steps in order. So with a watermark W left, every
+// tick the stream records as fired after W was lost: the Redis now in use
+// never received its task (a worker may have run it on the server that
+// did, before the failover), and no tick at or before W was. Without a
+// watermark nothing tells a lost task from one asynq completed and
+// deleted: Unknown is set and no tick is named as lost.
+type TasksLost struct {
+	Entry string `json:"entry"`
+	Queue string `json:"queue"`
+	// ScheduledAt and Until are the first and last tick the stream records
+	// as fired after the watermark, Count how many it records from one to
+	// the other (ticks skipped in between are not counted). ScheduledAt is
+	// unset, and Until the last tick the stream records as handled, when
+	// Unknown.
+	ScheduledAt *time.Time `json:"scheduled_at,omitempty"`
+	Until       time.Time  `json:"until"`
+	Count       int        `json:"count"`
+	// Watermark is the tick the entry's watermark held when it was found:
+	// that tick and the ones before it were not lost. Unset when Redis
+	// held none.
+	Watermark *time.Time `json:"watermark,omitempty"`
+	// Unknown: which fires up to Until lost their tasks cannot be told,
+	// because Redis held no watermark of the entry, or the activity stream
+	// could not be read when it was restored.
+	Unknown bool `json:"unknown,omitempty"`
+	// Revision is the entry's revision the watermark was restored at;
+	// Replica the replica that restored it.
+	Revision uint64 `json:"revision,omitempty"`
+	Replica  string `json:"replica,omitempty"`
+}
+
+// Summary says what the record states, in one line (audit, describe,
+// the console).
+func (l TasksLost) Summary() string {
+	at := func(t time.Time) string { return t.UTC().Format(time.RFC3339) }
+	switch {
+	case l.Unknown && l.Watermark != nil:
+		return fmt.Sprintf("Redis's watermark in queue %s was behind (%s): which fires up to %s lost their tasks is unknown (the activity stream could not be read)", l.Queue, at(*l.Watermark), at(l.Until))
+	case l.Unknown:
+		return fmt.Sprintf("Redis lost the entry's watermark in queue %s: which fires up to %s lost their tasks is unknown", l.Queue, at(l.Until))
+	}
+	first := l.Until
+	if l.ScheduledAt != nil {
+		first = *l.ScheduledAt
+	}
+	s := fmt.Sprintf("Redis lost the tasks of %d fires in queue %s: scheduled %s to %s", l.Count, l.Queue, at(first), at(l.Until))
+	if l.Watermark != nil {
+		s += " (it kept those up to " + at(*l.Watermark) + ")"
+	}
+	return s
+}
+
+// HeaderRedisUnconfirmed is the NATS header of an activity message whose
+// Redis write the replicas had not confirmed when the relay published it
+// (Redis WAIT timed out, was refused, or the replicas were already found
+// behind): "<acked>/<wanted> <reason>", reason "timeout", "behind" or
+// "refused". A failover to a replica may lose such a write. The message's
+// data and Nats-Msg-Id are what they would be without it.
+const HeaderRedisUnconfirmed = "Cronstream-Redis-Unconfirmed"
 
 // ReplicaSource is the CloudEvents source of the events a replica writes.
 func ReplicaSource(replica string) string { return "cronstream/" + replica }

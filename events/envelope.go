@@ -39,6 +39,12 @@ const (
 // unroutable record, logged) and ignore it on read.
 const TypeTaskCancelled = "cronstream.task.cancelled"
 
+// TypeTaskLost: Redis lost fires the activity stream records (TasksLost),
+// found when a lost watermark was restored and written in the step that
+// restored it. Builds before it drop it in the relay (an unroutable
+// record, logged) and ignore it on read.
+const TypeTaskLost = "cronstream.task.lost"
+
 // ConfigTypes lists the config event types in the order a reader would
 // expect to meet them in an entry's life.
 var ConfigTypes = []string{TypeEntryRegistered, TypeEntryUpdated, TypeEntryPaused, TypeEntryResumed, TypeEntryRemoved}

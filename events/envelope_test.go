@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -64,6 +65,7 @@ func goldenEvents() []struct {
 	removed.Removed = true
 	retryAt := goldenTime.Add(40 * time.Second)
 	until := goldenTime.Add(3 * time.Hour)
+	lostFrom := goldenTime.Add(time.Hour)
 	entry := func() any { return new(Entry) }
 	return []struct {
 		typ, subject string
@@ -93,6 +95,10 @@ func goldenEvents() []struct {
 		{TypeAggregationReclaimed, "reports", AggregationReclaimed{
 			Queue: "reports", Group: "daily", Set: "asynq:{reports}:g:daily:3f2a", Tasks: 12, Replica: "replica-a",
 		}, func() any { return new(AggregationReclaimed) }},
+		{TypeTaskLost, "daily-report", TasksLost{
+			Entry: "daily-report", Queue: "reports", ScheduledAt: &lostFrom, Until: until, Count: 3, Watermark: &goldenTime,
+			Revision: 42, Replica: "replica-b",
+		}, func() any { return new(TasksLost) }},
 	}
 }
 
@@ -100,7 +106,7 @@ func TestEventRoundTripAndGolden(t *testing.T) {
 	t.Parallel()
 	for i, g := range goldenEvents() {
 		t.Run(g.typ, func(t *testing.T) {
-			id := "0000000000000000000000000000000" + string(rune('0'+i))
+			id := fmt.Sprintf("%032d", i)
 			ev, err := NewEventAt(id, goldenTime.In(time.FixedZone("CET", 3600)), g.typ, "cronstream/replica-a", g.subject, g.data)
 			if err != nil {
 				t.Fatal(err)

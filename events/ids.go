@@ -106,6 +106,9 @@ const (
 	// cancel:<entry>:<unix tick>, the tick whose fire replaced the task;
 	// ParseEventID does not read it (no observer needs its parts).
 	EventIDCancelled EventKind = "cancel"
+	// lost:<entry>:<first unix tick>-<last unix tick>, or
+	// lost:<entry>:unknown-<last unix tick> when which were lost is unknown.
+	EventIDLost EventKind = "lost"
 )
 
 // FiredEventID is the id of the fired event of an entry's scheduled or
@@ -132,6 +135,19 @@ func SkippedRangeEventID(entry string, first, last time.Time) string {
 func CancelledEventID(entry string, tick time.Time) string {
 	return string(EventIDCancelled) + ":" + entry + ":" + strconv.FormatInt(tick.Unix(), 10)
 }
+
+// LostEventID is the id of the lost event of entry's fires from first to
+// last (TasksLost; a zero first: unknown which, up to last). Each replica
+// that finds the same loss builds the same id, so the stream keeps one.
+func LostEventID(entry string, first, last time.Time) string {
+	from := lostUnknown
+	if !first.IsZero() {
+		from = strconv.FormatInt(first.Unix(), 10)
+	}
+	return string(EventIDLost) + ":" + entry + ":" + from + "-" + strconv.FormatInt(last.Unix(), 10)
+}
+
+const lostUnknown = "unknown"
 
 // TriggerFiredEventID is the id of the fired event of a manual trigger.
 func TriggerFiredEventID(entry, requestID string) string {
@@ -229,8 +245,34 @@ func ParseEventID(id string) (f EventIDFields, ok bool) {
 		return parseRecoveredEventID(rest)
 	case EventIDReclaimed:
 		return parseReclaimedEventID(rest)
+	case EventIDLost:
+		return parseLostEventID(rest)
 	}
 	return EventIDFields{}, false
+}
+
+// parseLostEventID reads <entry>:<first>-<last> and <entry>:unknown-<last>
+// (First zero).
+func parseLostEventID(rest string) (EventIDFields, bool) {
+	entry, ts, found := strings.Cut(rest, ":")
+	if !found || ValidateID(entry) != nil {
+		return EventIDFields{}, false
+	}
+	f := EventIDFields{Kind: EventIDLost, Entry: entry}
+	if last, ok := strings.CutPrefix(ts, lostUnknown+"-"); ok {
+		sec, ok := parseUnix(last)
+		if !ok {
+			return EventIDFields{}, false
+		}
+		f.Last = time.Unix(sec, 0).UTC()
+		return f, true
+	}
+	r, ok := parseTickEventID(EventIDSkipped, entry+":"+ts)
+	if !ok || r.RequestID != "" || !strings.Contains(ts[1:], "-") {
+		return EventIDFields{}, false // a range is always written
+	}
+	f.First, f.Last = r.First, r.Last
+	return f, true
 }
 
 // parseTickEventID reads <entry>:<tick>, <entry>:<first>-<last> (skips

@@ -27,6 +27,9 @@ func TestIDFormats(t *testing.T) {
 		{RecoveredEventID("a.b", "cronstream:e:2026-11-30T08:00:00Z", 0, expiry), "recover:a~2eb:cronstream:e:2026-11-30T08:00:00Z:0:1741770000"},
 		{RecoveredEventID("q", "has space", 0, expiry), "recover:e8acc3355d615f6b35c39d9f430c00a65eafe33d9bd18d7cfb07a6ba6b6996c7"},
 		{ReclaimedEventID("default", "set-1"), "reclaim:default:set-1"},
+		{LostEventID("e", tick.Add(-time.Hour), tick), "lost:e:1796022000-1796025600"},
+		{LostEventID("e", tick, tick), "lost:e:1796025600-1796025600"},
+		{LostEventID("e", time.Time{}, tick), "lost:e:unknown-1796025600"},
 		{DefaultPrefix, "cronstream"},
 		{MustNames("").FireFilter(), "cronstream.fire.>"},
 		{MustNames("t").RecoveryFilter(), "t.recovery.>"},
@@ -52,7 +55,8 @@ func TestParseIDsRejects(t *testing.T) {
 		"fire:e:trigger:r", "skip:e:1-", "skip:e:-", "skip:e:1-x", "skip:e:trigger:a:b", "skip:a.b:1",
 		"trigger:e", "trigger:e:", "trigger:e:a:b", "retry:q:abc", "recover:q", "recover:q:t:1",
 		"recover:q:t:x:1", "recover:~zz:t:1:1", "recover:" + strings.Repeat("A", 64), "reclaim:q",
-		"reclaim:~zz:s",
+		"reclaim:~zz:s", "lost:e:5", "lost:e:unknown", "lost:e:unknown-", "lost:e:unknown-x", "lost:e:1-",
+		"lost:a.b:1-2", "lost:e:trigger:r", "lost:e:",
 	} {
 		if f, ok := ParseEventID(id); ok {
 			t.Errorf("ParseEventID(%q) = %+v, want not ok", id, f)
@@ -101,6 +105,8 @@ func TestIDsRoundTrip(t *testing.T) {
 		if !first.Equal(tick) {
 			checkEvent(SkippedRangeEventID(entry, first, tick), EventIDFields{Kind: EventIDSkipped, Entry: entry, First: first, Last: tick}, entryOK)
 		}
+		checkEvent(LostEventID(entry, first, tick), EventIDFields{Kind: EventIDLost, Entry: entry, First: first, Last: tick}, entryOK)
+		checkEvent(LostEventID(entry, time.Time{}, tick), EventIDFields{Kind: EventIDLost, Entry: entry, Last: tick}, entryOK)
 		checkEvent(TriggerFiredEventID(entry, req), EventIDFields{Kind: EventIDTriggered, Entry: entry, RequestID: req}, entryOK && reqOK)
 		checkEvent(TriggerSkippedEventID(entry, req), EventIDFields{Kind: EventIDSkipped, Entry: entry, RequestID: req}, entryOK && reqOK)
 

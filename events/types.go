@@ -27,6 +27,7 @@ var Types = []TypeInfo{
 	{TypeTaskArchived, "activity", "a task whose worker died was archived (TaskRecovered)"},
 	{TypeAggregationReclaimed, "activity", "a stale aggregation set went back to its group"},
 	{TypeTaskCancelled, "activity", "overlap cancel-previous deleted or cancelled an entry's previous task (TaskCancelled)"},
+	{TypeTaskLost, "activity", "Redis lost the tasks of fires the stream records, found when their watermark was restored (TasksLost)"},
 }
 
 // DisplayType is the name people read for an event type: without the

@@ -3,10 +3,8 @@ package scheduler_test
 import (
 	"context"
 	"maps"
-	"net"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -146,10 +144,32 @@ func TestRedisLostWhileDown(t *testing.T) {
 			b.stop()
 			checkNotRefired(t, e.entryTicks("w"), lastBefore)
 			e.waitOutboxEmpty(5*time.Second, lossQueues...)
-			l := ledgers(e.readActivity())["w"]
+			acts := e.readActivity()
+			l := ledgers(acts)["w"]
 			first, last := l.firedRange()
 			checkEverySecond(t, "w", l, first, last)
+			checkLostUnknown(t, acts, "w", lastBefore)
 		})
+	}
+}
+
+// checkLostUnknown asserts that the stream holds one lost event of entry,
+// for a restore that found no watermark: unknown, naming no tick as lost,
+// up to the last tick handled before the loss.
+func checkLostUnknown(t *testing.T, acts []activity, entry string, lastBefore int64) {
+	t.Helper()
+	var lost []events.TasksLost
+	for _, a := range acts {
+		if a.Type == events.TypeTaskLost && a.Lost.Entry == entry {
+			lost = append(lost, a.Lost)
+		}
+	}
+	if len(lost) != 1 {
+		t.Fatalf("%d lost events of %s, want one", len(lost), entry)
+	}
+	l := lost[0]
+	if !l.Unknown || l.ScheduledAt != nil || l.Watermark != nil || l.Count != 0 || l.Until.Unix() != lastBefore {
+		t.Errorf("lost event %+v; want unknown, no watermark, no tick named, until %s", l, fmtUnix(lastBefore))
 	}
 }
 
@@ -210,37 +230,19 @@ func TestLaggingReplicaPromoted(t *testing.T) {
 func laggingReplicaPromoted(t *testing.T, restarted bool) {
 	e := newEnv(t)
 	master := testenv.StartRedis(t, testenv.WithPrivateServer())
-	standby := testenv.StartRedis(t, testenv.WithPrivateServer())
+	standby := testenv.StartRedisReplica(t, master)
 	c := context.Background()
 	src, dst := master.Client(t), standby.Client(t)
-	host, port, _ := strings.Cut(master.Addr, ":")
-	if err := dst.ReplicaOf(c, host, port).Err(); err != nil {
-		t.Fatal(err)
-	}
-	testenv.Eventually(t, 20*time.Second, func() bool {
-		info, err := dst.Info(c, "replication").Result()
-		return err == nil && strings.Contains(info, "master_link_status:up")
-	}, "standby to follow the master")
-
-	// The node's connections go to whichever server target names.
-	var target atomic.Value
-	target.Store(master.Addr)
-	opts := master.Options()
-	opts.Dialer = func(ctx context.Context, network, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, network, target.Load().(string))
-	}
-	rc := redis.NewClient(opts)
-	t.Cleanup(func() { _ = rc.Close() })
+	// The node's connections go to whichever server the switch names.
+	sw := testenv.NewRedisSwitch(master)
+	rc := sw.Client(t)
 
 	e.putHistory(lossCases[0])
 	o := nodeOpts{rc: rc, sched: func(c *scheduler.Config) { c.History = scheduler.NewStreamHistory(e.js, testNames) }}
 	a := e.startNode("a", o)
 	testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Fired >= 3 }, "a to fire")
 	// The standby stops following: from now on it lags.
-	if err := dst.ReplicaOf(c, "NO", "ONE").Err(); err != nil {
-		t.Fatal(err)
-	}
+	standby.Detach(t)
 	onStandby := map[int64]bool{}
 	for _, s := range tasksTicks(t, "w", dst.LRange(c, taskstate.Keys("default").Pending(), 0, -1).Val()) {
 		onStandby[s] = true
@@ -255,7 +257,7 @@ func laggingReplicaPromoted(t *testing.T, restarted bool) {
 	if restarted {
 		a.stop() // its outbox reaches the stream
 	}
-	target.Store(standby.Addr)
+	sw.Point(standby)
 	if err := src.Do(c, "CLIENT", "PAUSE", "30000", "WRITE").Err(); err != nil {
 		t.Fatal(err)
 	}

@@ -293,6 +293,10 @@ type activity struct {
 	Skipped events.Skipped
 	// Cancelled is a cronstream.task.cancelled event's data.
 	Cancelled events.TaskCancelled
+	// Lost is a cronstream.task.lost event's data.
+	Lost events.TasksLost
+	// Unconfirmed is the message's events.HeaderRedisUnconfirmed.
+	Unconfirmed string
 }
 
 // readActivity returns every event in the activity stream, in stream order.
@@ -328,7 +332,8 @@ func (e *env) readActivity() []activity {
 		if err != nil {
 			e.t.Fatalf("activity seq %d: %v", md.Sequence.Stream, err)
 		}
-		a := activity{Seq: md.Sequence.Stream, MsgID: m.Headers().Get(jetstream.MsgIDHeader), Subject: m.Subject(), Type: ev.Type}
+		a := activity{Seq: md.Sequence.Stream, MsgID: m.Headers().Get(jetstream.MsgIDHeader), Subject: m.Subject(), Type: ev.Type,
+			Unconfirmed: m.Headers().Get(events.HeaderRedisUnconfirmed)}
 		if a.MsgID != ev.ID {
 			e.t.Fatalf("activity seq %d: Nats-Msg-Id %q is not the event id %q", a.Seq, a.MsgID, ev.ID)
 		}
@@ -343,6 +348,10 @@ func (e *env) readActivity() []activity {
 			}
 		case events.TypeTaskCancelled:
 			if err := ev.DecodeData(&a.Cancelled); err != nil {
+				e.t.Fatal(err)
+			}
+		case events.TypeTaskLost:
+			if err := ev.DecodeData(&a.Lost); err != nil {
 				e.t.Fatal(err)
 			}
 		}

@@ -51,6 +51,10 @@ type History interface {
 	// Fires the stream no longer holds (its retention) are not counted;
 	// the tally says when such fires may have been.
 	FiredSince(ctx context.Context, entry string, since uint64) (FireTally, error)
+	// FiredAfter returns the scheduled ticks (not triggers or backfills)
+	// the activity stream records as fired into queue after after and at
+	// or before until: what a restore found lost (lost.go).
+	FiredAfter(ctx context.Context, entry, queue string, after, until time.Time) (FiredSpan, error)
 	// ScheduleSince returns when entry's current schedule began, by the
 	// stream's clock: the event that (re)registered it, last changed its
 	// cron spec or time zone, or followed a paused state. ok is false when
@@ -463,6 +467,13 @@ func handledTick(data []byte) (time.Time, string, bool) {
 			return *sk.Until, "", true
 		}
 		return sk.ScheduledAt, "", true
+	case events.TypeTaskLost:
+		// Written in the step that seeded the watermark at Until.
+		var l events.TasksLost
+		if ev.DecodeData(&l) != nil || l.Until.IsZero() {
+			return time.Time{}, "", false
+		}
+		return l.Until, "", true
 	}
 	return time.Time{}, "", false
 }

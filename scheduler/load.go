@@ -97,7 +97,7 @@ func (s *Scheduler) loadWatermarks(ctx context.Context) {
 				}
 			}
 			if restoreNow {
-				step, wait := s.restore(ctx, r)
+				step, wait := s.restore(ctx, r, wm)
 				switch step {
 				case restoreFailed:
 					failed = true

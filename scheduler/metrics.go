@@ -26,6 +26,11 @@ type Metrics struct {
 	// their fires could not be counted after Redis lost data.
 	FireCountUnknown prometheus.Counter
 	HeldDropped      *prometheus.CounterVec // by reason
+	// LostFires counts the ticks this replica's restores recorded as
+	// lost (cronstream.task.lost); LostUnknown the restores that could not
+	// tell which were.
+	LostFires   prometheus.Counter
+	LostUnknown prometheus.Counter
 }
 
 // Actions of overlap cancel-previous (Metrics.Cancels).
@@ -84,6 +89,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		HeldDropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "cronstream_held_dropped_total", Help: "Ticks held by overlap buffer-one or cancel-previous that this replica dropped instead of firing, by reason (paused, removed, moved, policy: no longer holds ticks, existed: the task was there already, completed: max_fires reached).",
 		}, []string{"reason"}),
+		LostFires: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cronstream_fires_lost_total", Help: "Fires the activity stream records whose tasks Redis lost (a failover to a lagging replica, a flush), found by this replica's restores of their watermarks and recorded as cronstream.task.lost.",
+		}),
+		LostUnknown: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cronstream_fires_lost_unknown_total", Help: "Restores of a watermark Redis lost where which fires lost their tasks could not be told (no watermark left, or the activity stream unreadable), recorded as cronstream.task.lost with unknown set.",
+		}),
 	}
 	// Every known label value starts at 0, so the series exist before the
 	// first refusal or skip: rate() and increase() see that first one, and
@@ -100,7 +111,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.HeldDropped.WithLabelValues(reason)
 	}
 	if reg != nil {
-		reg.MustRegister(m.Fired, m.Skipped, m.Refused, m.Errors, m.FireLag, m.Entries, m.Backpressure, m.Restored, m.Restoring, m.Implausible, m.Epochs, m.Cancels, m.Completed, m.FireCountUnknown, m.HeldDropped)
+		reg.MustRegister(m.Fired, m.Skipped, m.Refused, m.Errors, m.FireLag, m.Entries, m.Backpressure, m.Restored, m.Restoring, m.Implausible, m.Epochs, m.Cancels, m.Completed, m.FireCountUnknown, m.HeldDropped, m.LostFires, m.LostUnknown)
 	}
 	return m
 }

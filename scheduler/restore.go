@@ -81,7 +81,9 @@ const (
 
 // restore proposes r's seed and seeds the watermark once the proposal has
 // settled. It reports the step reached and, when held, how long to wait.
-func (s *Scheduler) restore(ctx context.Context, r *entryRun) (restoreStep, time.Duration) {
+// wm is the watermark found this time (lost, or behind a handled tick):
+// the seeding step records the fires it says Redis lost (lost.go).
+func (s *Scheduler) restore(ctx context.Context, r *entryRun, wm taskstate.WatermarkInfo) (restoreStep, time.Duration) {
 	prefix := s.cfg.Names.Prefix()
 	seed := r.loading.seed
 	streamUnread := false
@@ -128,7 +130,15 @@ func (s *Scheduler) restore(ctx context.Context, r *entryRun) (restoreStep, time
 	// At the entry's revision: it never overrides a handover to another
 	// queue at a later revision, and passes this configuration's own
 	// handover marker (an entry with more than its registration has one).
-	if err := s.broker.SeedWatermark(ctx, prefix, r.queue, r.id, p.Tick, p.TaskID, r.st.Revision, s.revisionID(r)); err != nil {
+	lost, lostData, err := s.lostRecord(ctx, r, wm, p.Tick)
+	if err != nil {
+		s.log.Warn("encode the record of the entry's lost fires; restoring without it", "entry", r.id, "queue", r.queue, "err", err)
+	}
+	recorded, err := s.broker.RestoreWatermark(ctx, prefix, r.queue, r.id, p.Tick, p.TaskID, r.st.Revision, s.revisionID(r), lost)
+	if recorded {
+		s.noteLost(lostData)
+	}
+	if err != nil {
 		if errors.Is(err, taskstate.ErrHandoverSuperseded) {
 			// A newer configuration moved the entry on: its fires here
 			// are refused until the projection catches up.

@@ -61,6 +61,7 @@ type broker interface {
 	Watermarks(ctx context.Context, prefix, queue string, entries []string) ([]taskstate.WatermarkInfo, error)
 	CloseForHandover(ctx context.Context, prefix, oldQueue, entry string, revision uint64, configID string) (time.Time, string, bool, error)
 	SeedWatermark(ctx context.Context, prefix, newQueue, entry string, tick time.Time, taskID string, revision uint64, configID string) error
+	RestoreWatermark(ctx context.Context, prefix, queue, entry string, tick time.Time, taskID string, revision uint64, configID string, lost *taskstate.LostRecord) (bool, error)
 	FireCount(ctx context.Context, prefix, queue, entry string) (taskstate.FireCount, bool, error)
 	SeedFireCount(ctx context.Context, prefix, queue, entry string, c taskstate.FireCount) (taskstate.FireCount, error)
 	ClearFence(ctx context.Context, prefix, queue string, seq uint64) (bool, error)

@@ -38,6 +38,10 @@ type Stats struct {
 	// published for overlap cancel-previous; CancelDeleted the replaced
 	// tasks it deleted (waiting, or back in retry once cancelled).
 	CancelsSent, CancelDeleted uint64
+	// LostFires counts the ticks this replica's restores recorded as lost
+	// (cronstream.task.lost); LostUnknown the lost records that could not
+	// say which.
+	LostFires, LostUnknown uint64
 }
 
 // Stats returns a copy of the counters.

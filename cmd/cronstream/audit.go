@@ -71,7 +71,10 @@ with "stream" (the stream's name) and "seq" (its stream sequence) added:
    "data":{"entry":"report","scheduled_at":"…","enqueued_at":"…",
            "task_id":"…","queue":"default","revision":12,"replica":"…"},
    "stream":"CRONSTREAM_ACTIVITY","seq":4711}
-(one line each; "data" is the type's payload, see docs/design.md). A stored
+(one line each; "data" is the type's payload, see docs/design.md). A
+message the relay published before Redis's replicas confirmed its write
+also has "redis_unconfirmed" (e.g. "0/1 timeout"; text output marks it
+too). A stored
 message that is not a JSON object is shown as {"stream","seq",
 "nats_subject","malformed"}. Event types this version does not know are
 shown as they are.`,
@@ -307,7 +310,11 @@ func (p *auditPrinter) print(rec audit.Record) error {
 	if subject == "" {
 		subject = rec.Subject
 	}
-	_, werr := fmt.Fprintf(p.w, "%s  %-22s  %-24s  %s\n", ts, terminalSafe(events.DisplayType(ev.Type)), terminalSafe(subject), terminalSafe(eventSummary(ev)))
+	summary := eventSummary(ev)
+	if rec.Unconfirmed != "" {
+		summary += " [published before Redis replicas confirmed it: " + rec.Unconfirmed + "]"
+	}
+	_, werr := fmt.Fprintf(p.w, "%s  %-22s  %-24s  %s\n", ts, terminalSafe(events.DisplayType(ev.Type)), terminalSafe(subject), terminalSafe(summary))
 	return werr
 }
 
@@ -317,6 +324,13 @@ func (p *auditPrinter) print(rec audit.Record) error {
 func withStreamSeq(rec audit.Record) ([]byte, error) {
 	var buf bytes.Buffer
 	extra := fmt.Sprintf(`"stream":%q,"seq":%d`, rec.Stream, rec.Seq)
+	if rec.Unconfirmed != "" {
+		u, err := json.Marshal(rec.Unconfirmed)
+		if err != nil {
+			return nil, err
+		}
+		extra += `,"redis_unconfirmed":` + string(u)
+	}
 	if json.Compact(&buf, rec.Data) == nil && bytes.HasPrefix(buf.Bytes(), []byte("{")) {
 		b := bytes.TrimSuffix(buf.Bytes(), []byte("}"))
 		if bytes.Equal(b, []byte("{")) {
@@ -382,6 +396,11 @@ func eventSummary(ev *events.Event) string {
 		var d events.TaskCancelled
 		if ev.DecodeData(&d) == nil {
 			return fmt.Sprintf("task %s queue %s was %s: %s, replaced by %s scheduled %s", d.TaskID, d.Queue, d.State, d.Action, d.ReplacedBy, fmtTime(d.ScheduledAt))
+		}
+	case events.TypeTaskLost:
+		var d events.TasksLost
+		if ev.DecodeData(&d) == nil {
+			return d.Summary()
 		}
 	}
 	var buf bytes.Buffer

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cronstream/cronstream/events"
@@ -71,6 +72,13 @@ type activity struct {
 
 func (a *activity) publish(subject, typ, eventSubject string, data any) {
 	a.t.Helper()
+	a.publishMarked(subject, typ, eventSubject, data, "")
+}
+
+// publishMarked is publish with the events.HeaderRedisUnconfirmed header
+// (none when unconfirmed is empty).
+func (a *activity) publishMarked(subject, typ, eventSubject string, data any, unconfirmed string) {
+	a.t.Helper()
 	a.n++
 	id := fmt.Sprintf("test-%d", a.n)
 	ev, err := events.NewEventAt(id, time.Now(), typ, "cronstream/test", eventSubject, data)
@@ -83,7 +91,12 @@ func (a *activity) publish(subject, typ, eventSubject string, data any) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := a.js.Publish(ctx, subject, b, jetstream.WithMsgID(id)); err != nil {
+	m := &nats.Msg{Subject: subject, Data: b, Header: nats.Header{}}
+	m.Header.Set(jetstream.MsgIDHeader, id)
+	if unconfirmed != "" {
+		m.Header.Set(events.HeaderRedisUnconfirmed, unconfirmed)
+	}
+	if _, err := a.js.PublishMsg(ctx, m); err != nil {
 		a.t.Fatalf("publish %s: %v", subject, err)
 	}
 }
@@ -244,6 +257,62 @@ func TestAudit(t *testing.T) {
 // TestAuditTypesAndUsage: --help lists every event type with its short
 // name and documents the ndjson shape; a --type that names no type is an
 // error listing them, not an empty result.
+// TestAuditLostAndUnconfirmed: audit shows a lost record (text and JSON,
+// --type lost) and marks a fire published before Redis's replicas
+// confirmed it; entry describe shows the loss and the fires it names.
+func TestAuditLostAndUnconfirmed(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, false)
+	e.ok("entry", "put", "gone", "--cron", "@every 1h", "--type", "x", "--queue", "q1")
+	e.ok("entry", "pause", "gone")
+	act := &activity{t: t, js: e.nats.JetStream(t), names: events.MustNames("cronstream")}
+	tick := time.Now().UTC().Add(-time.Hour).Truncate(time.Hour)
+	kept := tick.Add(-time.Hour)
+	act.publishMarked(act.names.FireSubject("gone"), events.TypeEntryFired, "gone", events.Fired{Entry: "gone", ScheduledAt: tick, EnqueuedAt: tick,
+		TaskID: events.TaskID("cronstream", "gone", tick), Queue: "q1", Revision: 1, Replica: "r1"}, "0/1 timeout")
+	act.publish(act.names.FireSubject("gone"), events.TypeTaskLost, "gone", events.TasksLost{Entry: "gone", Queue: "q1",
+		ScheduledAt: &tick, Until: tick, Count: 1, Watermark: &kept, Revision: 1, Replica: "r2"})
+
+	out := e.ok("audit", "--entry", "gone")
+	for _, want := range []string{"[published before Redis replicas confirmed it: 0/1 timeout]",
+		"lost ", "Redis lost the tasks of 1 fires in queue q1: scheduled " + tick.Format(time.RFC3339)} {
+		if !strings.Contains(out, want) {
+			t.Errorf("audit lacks %q:\n%s", want, out)
+		}
+	}
+	lines := e.ok("audit", "--entry", "gone", "--type", "fired,lost", "--json")
+	var marks []string
+	for _, l := range strings.Split(strings.TrimSpace(lines), "\n") {
+		var v struct {
+			Type        string `json:"type"`
+			Unconfirmed string `json:"redis_unconfirmed"`
+		}
+		if err := json.Unmarshal([]byte(l), &v); err != nil {
+			t.Fatalf("%v: %s", err, l)
+		}
+		marks = append(marks, v.Type+"="+v.Unconfirmed)
+	}
+	if want := []string{"cronstream.entry.fired=0/1 timeout", "cronstream.task.lost="}; !slices.Equal(marks, want) {
+		t.Errorf("audit --json --type fired,lost: %v, want %v", marks, want)
+	}
+	if lost := parseAudit(t, e.ok("audit", "--type", "lost", "--json")); len(lost) != 1 || lost[0].Type != events.TypeTaskLost {
+		t.Errorf("audit --type lost: %v", labels(lost))
+	}
+	out = e.ok("entry", "describe", "gone")
+	for _, want := range []string{"lost by Redis (see below)", "fires Redis lost", "it kept those up to " + kept.Format(time.RFC3339)} {
+		if !strings.Contains(out, want) {
+			t.Errorf("entry describe lacks %q:\n%s", want, out)
+		}
+	}
+	var v describeView
+	if err := json.Unmarshal([]byte(e.ok("entry", "describe", "gone", "--json")), &v); err != nil {
+		t.Fatal(err)
+	}
+	if len(v.Lost) != 1 || len(v.Fires) != 1 || !v.Fires[0].Lost {
+		t.Errorf("entry describe --json: lost %+v, fires %+v", v.Lost, v.Fires)
+	}
+}
+
 func TestAuditTypesAndUsage(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, false)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"slices"
 	"strings"
 	"syscall"
@@ -87,7 +88,7 @@ func TestRedisFlushedUnderRun(t *testing.T) {
 
 	// Flushed while down.
 	p = start(t, e.vars, "run", "--http", "127.0.0.1:0", "--replica-id", "loss-2")
-	testenv.Eventually(t, 30*time.Second, func() bool { return len(ticks()) >= 2 }, "no fires after the loss:\n%s", p.Stderr())
+	testenv.Eventually(t, 30*time.Second, func() bool { return len(ticks()) >= 2 }, "no fires after the loss:\n%s", lazy(p.Stderr))
 	check("flushed while down", last)
 
 	// Flushed while running.
@@ -96,12 +97,31 @@ func TestRedisFlushedUnderRun(t *testing.T) {
 		t.Fatal("nothing in Redis before the second loss")
 	}
 	last = lost[len(lost)-1]
-	testenv.Eventually(t, 30*time.Second, func() bool { return len(ticks()) >= 2 }, "no fires after the loss:\n%s", p.Stderr())
+	testenv.Eventually(t, 30*time.Second, func() bool { return len(ticks()) >= 2 }, "no fires after the loss:\n%s", lazy(p.Stderr))
 	check("flushed while running", last)
 	if !strings.Contains(p.Stderr(), "did Redis lose data?") {
 		t.Errorf("the restore was not logged:\n%s", p.Stderr())
 	}
 	if code := p.stop(syscall.SIGTERM, 20*time.Second); code != 0 {
 		t.Fatalf("run exited %d", code)
+	}
+
+	// Each flush left no watermark: each restore recorded its loss as
+	// unknown, naming no tick, and audit and describe say so.
+	lines := parseAudit(t, e.ok("audit", "--type", "lost", "--json"))
+	if len(lines) != 2 {
+		t.Fatalf("%d lost events, want one per flush: %v", len(lines), labels(lines))
+	}
+	for _, l := range lines {
+		var d events.TasksLost
+		if err := json.Unmarshal(l.Data, &d); err != nil || !d.Unknown || d.ScheduledAt != nil || d.Count != 0 || d.Entry != "w" {
+			t.Errorf("lost event %s: %+v, %v; want unknown, naming no tick", l.ID, d, err)
+		}
+	}
+	if out := e.ok("audit", "--type", "lost"); strings.Count(out, "Redis lost the entry's watermark in queue default: which fires up to") != 2 {
+		t.Errorf("audit --type lost:\n%s", out)
+	}
+	if out := e.ok("entry", "describe", "w"); !strings.Contains(out, "fires Redis lost") || !strings.Contains(out, "lost their tasks is unknown") {
+		t.Errorf("entry describe does not show the losses:\n%s", out)
 	}
 }

@@ -54,6 +54,9 @@ and your asynq workers can connect.`,
 					return err
 				}
 				cfg.SkipRedisChecks = dr.Kind == "in-process"
+				if dr.Kind == "in-process" {
+					cfg.RedisWaitReplicas = 0 // it has no replicas, nor INFO replication
+				}
 				log.Info("redis", "kind", dr.Kind, "url", dr.URL)
 			}
 			cfg.NATSURL = natsURL

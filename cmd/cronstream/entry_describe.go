@@ -32,8 +32,11 @@ type describeView struct {
 	FiredInWindow int             `json:"fired_in_window"`
 	Skipped       map[string]int  `json:"skipped"`
 	Recoveries    []describeRecov `json:"recoveries"`
-	NextFires     []time.Time     `json:"next_fires"`
-	RedisError    string          `json:"redis_error,omitempty"`
+	// Lost are the entry's cronstream.task.lost events in the window:
+	// fires whose tasks Redis lost (a failover, a flush).
+	Lost       []events.TasksLost `json:"lost"`
+	NextFires  []time.Time        `json:"next_fires"`
+	RedisError string             `json:"redis_error,omitempty"`
 	// Held is the tick overlap buffer-one (or cancel-previous) holds while the previous task is
 	// busy (none: no tick held, or Redis could not be read).
 	Held *describeHeld `json:"held,omitempty"`
@@ -72,6 +75,8 @@ type describeFire struct {
 	Trigger  string `json:"trigger,omitempty"`
 	Backfill bool   `json:"backfill,omitempty"`
 	Replica  string `json:"replica"`
+	// Lost: a lost event names this tick (Redis lost its task).
+	Lost bool `json:"lost,omitempty"`
 }
 
 type describeRecov struct {
@@ -132,7 +137,7 @@ not an event: see cronstream_fire_refused_total on the replicas.`,
 			e = e.Normalize()
 			v := describeView{
 				Entry:  newEntryView(e, rev, s.revisionTime(ctx, rev), now),
-				Window: win, Skipped: map[string]int{},
+				Window: win, Skipped: map[string]int{}, Lost: []events.TasksLost{},
 				Fires: []describeFire{}, Recoveries: []describeRecov{}, NextFires: []time.Time{},
 			}
 			if err := describeHistoryOf(ctx, s, e.ID, &v); err != nil {
@@ -220,11 +225,32 @@ func describeActivity(ctx context.Context, s *session, e events.Entry, since tim
 			if ev.DecodeData(&d) == nil {
 				v.Skipped[d.Reason] += max(d.Count, 1)
 			}
+		case events.TypeTaskLost:
+			var d events.TasksLost
+			if ev.DecodeData(&d) == nil {
+				v.Lost = append(v.Lost, d)
+			}
 		}
 	})
+	for i := range fired {
+		fired[i].Lost = lostTick(v.Lost, fired[i])
+	}
 	slices.Reverse(fired)
 	v.Fires = append(v.Fires, fired...)
 	return queues, err
+}
+
+// lostTick reports whether a lost event names f's scheduled tick.
+func lostTick(lost []events.TasksLost, f describeFire) bool {
+	if f.Trigger != "" || f.Backfill {
+		return false
+	}
+	for _, l := range lost {
+		if l.ScheduledAt != nil && l.Queue == f.Queue && !f.ScheduledAt.Before(*l.ScheduledAt) && !f.ScheduledAt.After(l.Until) {
+			return true
+		}
+	}
+	return false
 }
 
 // describeRecoveries reads the recovery events of the queues since a
@@ -401,6 +427,8 @@ func printDescribe(w io.Writer, v describeView) error {
 				note = "trigger " + f.Trigger
 			case f.Backfill:
 				note = "backfill"
+			case f.Lost:
+				note = "lost by Redis (see below)"
 			}
 			lag := time.Duration(f.LagSeconds * float64(time.Second)).Round(time.Millisecond)
 			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\n", fmtTime(f.ScheduledAt), lag, f.State, terminalSafe(f.Queue), terminalSafe(f.TaskID), terminalSafe(note))
@@ -419,6 +447,13 @@ func printDescribe(w io.Writer, v describeView) error {
 	} else if h != nil {
 		fmt.Fprintf(w, "\nheld tick (overlap buffer-one): %s as task %s, fires when %s is done\n",
 			fmtTime(h.ScheduledAt), terminalSafe(h.TaskID), terminalSafe(h.WaitingFor))
+	}
+
+	if len(v.Lost) > 0 {
+		fmt.Fprintf(w, "\nfires Redis lost (cronstream.task.lost; a failover to a lagging replica, a flush):\n")
+		for _, l := range v.Lost {
+			fmt.Fprintf(w, "  %s\n", terminalSafe(l.Summary()))
+		}
 	}
 
 	if len(v.Recoveries) == 0 {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/cronstream/cronstream/internal/relay"
 	"github.com/cronstream/cronstream/internal/replica"
 	"github.com/cronstream/cronstream/internal/taskstate"
 )
@@ -53,5 +54,40 @@ func TestMaxOutboxFlags(t *testing.T) {
 	// The deprecated flag says so.
 	if msg := e.fail("run", "--max-outbox", "10", "--max-outbox-bytes", "1MiB"); !strings.Contains(msg, "--max-outbox has been deprecated") {
 		t.Errorf("no deprecation notice: %s", msg)
+	}
+}
+
+// TestRedisWaitFlags: --redis-wait-replicas is auto (the default), 0 or a
+// count; --redis-wait-timeout is positive and at most 5s.
+func TestRedisWaitFlags(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		args []string
+		want int
+		err  string
+	}{
+		{args: nil, want: relay.WaitAuto},
+		{args: []string{"--redis-wait-replicas", "AUTO"}, want: relay.WaitAuto},
+		{args: []string{"--redis-wait-replicas", "0"}, want: 0},
+		{args: []string{"--redis-wait-replicas", "2", "--redis-wait-timeout", "5s"}, want: 2},
+		{args: []string{"--redis-wait-replicas", "-1"}, err: "give auto, or a number"},
+		{args: []string{"--redis-wait-replicas", "all"}, err: "give auto, or a number"},
+		{args: []string{"--redis-wait-timeout", "0s"}, err: "must be above 0"},
+		{args: []string{"--redis-wait-timeout", "6s"}, err: "at most 5s"},
+	} {
+		f := &replicaFlags{}
+		cmd := &cobra.Command{Use: "run"}
+		f.add(cmd, "")
+		err := cmd.ParseFlags(c.args)
+		var got int
+		if err == nil {
+			got, err = f.waitReplicas()
+		}
+		switch {
+		case c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)):
+			t.Errorf("%v: error %v, want one with %q", c.args, err, c.err)
+		case c.err == "" && (err != nil || got != c.want):
+			t.Errorf("%v: %d, %v; want %d", c.args, got, err, c.want)
+		}
 	}
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/cronstream/cronstream/internal/relay"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
 )
@@ -63,12 +64,14 @@ func aclDenials(t *testing.T, rc *redis.Client) []string {
 }
 
 // TestRedisACL runs the real binary as the users of deploy/redis/users.acl:
-// the replica fires, cancels a running task overlap cancel-previous
-// replaces and recovers a task whose worker died, the operator triggers and
-// reads status, and Redis logs no denial but CONFIG's.
+// the replica fires (its relay waiting for the Redis replica: INFO, WAIT),
+// cancels a running task overlap cancel-previous replaces and recovers a
+// task whose worker died, the operator triggers and reads status, and
+// Redis logs no denial but CONFIG's.
 func TestRedisACL(t *testing.T) {
 	t.Parallel()
 	rd := testenv.StartRedis(t, testenv.WithPrivateServer())
+	testenv.StartRedisReplica(t, rd)
 	admin := rd.Client(t)
 	ctx := context.Background()
 	if users := loadACLFile(t, admin, "acl-s3cret"); len(users) != 2 {
@@ -161,13 +164,16 @@ return id`)
 	e.ok(as("cronstream-replica", "entry", "trigger", "acl")...)
 	var st struct {
 		Replicas []struct {
-			ID string `json:"id"`
+			ID        string            `json:"id"`
+			RedisWait *relay.WaitStatus `json:"redis_wait"`
 		} `json:"replicas"`
 		Warnings []string `json:"warnings"`
 	}
 	e.okJSON(&st, as("cronstream-status", "status", "--json")...)
 	if len(st.Replicas) != 1 || st.Replicas[0].ID != "acl-replica" {
 		t.Errorf("status as cronstream-status: replicas %+v", st.Replicas)
+	} else if w := st.Replicas[0].RedisWait; w == nil || w.Replicas != 1 || w.Behind || w.Unconfirmed != 0 {
+		t.Errorf("status: the relay does not wait for the Redis replica, or its events went unconfirmed: %+v", w)
 	}
 	if !strings.Contains(strings.Join(st.Warnings, "\n"), "cannot read Redis configuration") {
 		t.Errorf("status warnings: %q", st.Warnings)

@@ -16,6 +16,7 @@ import (
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/console"
 	"github.com/cronstream/cronstream/internal/keygc"
+	"github.com/cronstream/cronstream/internal/relay"
 	"github.com/cronstream/cronstream/internal/replica"
 	"github.com/cronstream/cronstream/internal/stall"
 	"github.com/cronstream/cronstream/internal/taskstate"
@@ -37,15 +38,18 @@ type replicaFlags struct {
 	maxOutboxBytes  byteSize
 	maxOutbox       int64 // deprecated: a record count
 	lateAfter       time.Duration
-	metricsPerEntry bool
-	clockOffset     time.Duration
-	http            string
-	consoleDefault  bool // dev serves the console unless --console=false
-	console         bool
-	consolePayloads bool
-	httpToken       string
-	logFormat       string
-	logLevel        string
+	// redisWaitReplicas is "auto" or a count (relay.Config.WaitReplicas).
+	redisWaitReplicas string
+	redisWaitTimeout  time.Duration
+	metricsPerEntry   bool
+	clockOffset       time.Duration
+	http              string
+	consoleDefault    bool // dev serves the console unless --console=false
+	console           bool
+	consolePayloads   bool
+	httpToken         string
+	logFormat         string
+	logLevel          string
 }
 
 func (f *replicaFlags) add(cmd *cobra.Command, httpDefault string) {
@@ -62,6 +66,8 @@ func (f *replicaFlags) add(cmd *cobra.Command, httpDefault string) {
 	fl.Var(&f.maxOutboxBytes, "max-outbox-bytes", "pause firing while the outbox records waiting for NATS take more Redis memory than this (bytes, or with KiB, MiB, GiB)")
 	fl.Int64Var(&f.maxOutbox, "max-outbox", 0, "deprecated: use --max-outbox-bytes")
 	_ = fl.MarkDeprecated("max-outbox", fmt.Sprintf("use --max-outbox-bytes; a record count is taken as that many records of %d bytes", taskstate.OutboxRecordBytes))
+	fl.StringVar(&f.redisWaitReplicas, "redis-wait-replicas", "auto", "publish an event only once this many Redis replicas hold its write (Redis WAIT): a number, 0 for none, or auto: 1 on a Redis that has or had a replica since the start, none on one that never had")
+	fl.DurationVar(&f.redisWaitTimeout, "redis-wait-timeout", relay.DefaultWaitTimeout, "longest wait for --redis-wait-replicas; a batch not confirmed in time is published marked unconfirmed (at most "+maxWaitTimeout.String()+")")
 	fl.DurationVar(&f.lateAfter, "late-after", stall.DefaultLateAfter, "an entry whose tick is overdue (due time plus jitter) for longer is late: metrics, a warning, status, and /readyz when this replica's own fires all fail")
 	fl.BoolVar(&f.metricsPerEntry, "metrics-per-entry", false, "export each entry's last and next fire time (cronstream_entry_*_fire_timestamp_seconds), only from the entry's primary replica: one series pair per entry across the replicas")
 	fl.DurationVar(&f.clockOffset, "test-clock-offset", 0, "TEST ONLY: run this replica's local clock this far off (e.g. 1h, -1h) to test clock skew; the replica corrects it against Redis TIME. Never set it in production")
@@ -147,6 +153,10 @@ func (f *replicaFlags) config(g *globalFlags) (replica.Config, error) {
 	if err != nil {
 		return replica.Config{}, err
 	}
+	waitReplicas, err := f.waitReplicas()
+	if err != nil {
+		return replica.Config{}, err
+	}
 	var queues []string
 	for _, q := range f.queues {
 		if q = strings.TrimSpace(q); q != "" {
@@ -158,6 +168,7 @@ func (f *replicaFlags) config(g *globalFlags) (replica.Config, error) {
 		Names: names, ReplicaID: f.replicaID, Version: readBuildInfo().Version, Revision: readBuildInfo().Revision,
 		StreamReplicas: f.replicas, ActivityMaxAge: f.activityMaxAge,
 		MaxStaleness: f.maxStaleness, MaxOutboxBytes: maxOutboxBytes, LateAfter: f.lateAfter, ClockOffset: f.clockOffset,
+		RedisWaitReplicas: waitReplicas, RedisWaitTimeout: f.redisWaitTimeout,
 		Queues: queues, RecoverInterval: f.recoverInterval, RecoverGrace: f.recoverGrace, RemovedKeyGrace: f.removedKeyGrace,
 		HTTPAddr: f.http, Console: f.consoleConfig(), Logger: log, MetricsPerEntry: f.metricsPerEntry,
 	}, nil
@@ -191,6 +202,26 @@ func (f *replicaFlags) outboxBound() (int64, error) {
 		return 0, fmt.Errorf("--max-outbox %d: must be positive (and is deprecated: use --max-outbox-bytes)", f.maxOutbox)
 	}
 	return min(f.maxOutbox, math.MaxInt64/taskstate.OutboxRecordBytes) * taskstate.OutboxRecordBytes, nil
+}
+
+// maxWaitTimeout bounds --redis-wait-timeout: a WAIT must end well within
+// the relay's outbox lease (10s), renewed just before it.
+const maxWaitTimeout = 5 * time.Second
+
+// waitReplicas reads --redis-wait-replicas and checks --redis-wait-timeout.
+func (f *replicaFlags) waitReplicas() (int, error) {
+	if f.redisWaitTimeout <= 0 || f.redisWaitTimeout > maxWaitTimeout {
+		return 0, fmt.Errorf("--redis-wait-timeout %s: must be above 0 and at most %s", f.redisWaitTimeout, maxWaitTimeout)
+	}
+	v := strings.TrimSpace(f.redisWaitReplicas)
+	if strings.EqualFold(v, "auto") {
+		return relay.WaitAuto, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("--redis-wait-replicas %q: give auto, or a number of replicas (0 for none)", f.redisWaitReplicas)
+	}
+	return n, nil
 }
 
 // byteSize is a flag holding a positive size in bytes, given as a number of

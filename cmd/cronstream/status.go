@@ -15,6 +15,7 @@ import (
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/entrystate"
 	"github.com/cronstream/cronstream/internal/failpause"
+	"github.com/cronstream/cronstream/internal/relay"
 	"github.com/cronstream/cronstream/internal/replica"
 	"github.com/cronstream/cronstream/internal/stall"
 	"github.com/cronstream/cronstream/internal/taskstate"
@@ -184,6 +185,36 @@ still shown).`,
 	return cmd
 }
 
+// addReplicaReports adds what each replica reports of itself: its
+// warnings, and its relay's view of Redis replication.
+func (rep *statusReport) addReplicaReports() {
+	for _, r := range rep.Replicas {
+		for _, w := range r.Warnings {
+			rep.Warnings = append(rep.Warnings, "replica "+r.ID+": "+w)
+		}
+		if w, note := redisWaitReport(r.ID, r.RedisWait); w != "" {
+			rep.Warnings = append(rep.Warnings, w)
+		} else if note != "" {
+			rep.Notes = append(rep.Notes, note)
+		}
+	}
+}
+
+// redisWaitReport says what a replica's relay reports of Redis replication
+// (--redis-wait-replicas): a warning while it publishes events the
+// replicas have not confirmed, else a note when it did earlier.
+func redisWaitReport(id string, w *relay.WaitStatus) (warning, note string) {
+	switch {
+	case w == nil:
+	case w.Behind:
+		return fmt.Sprintf("replica %s: publishing events whose Redis writes its replicas have not confirmed (WAIT for %d: %s) since %s, %d so far; a Redis failover now may lose their tasks (the restore then records the loss)",
+			id, w.Replicas, w.Reason, fmtTime(w.Since), w.Unconfirmed), ""
+	case w.Unconfirmed > 0:
+		return "", fmt.Sprintf("replica %s published %d events its Redis replicas had not confirmed (header %s); they confirm again", id, w.Unconfirmed, events.HeaderRedisUnconfirmed)
+	}
+	return "", ""
+}
+
 // maxRetentionWarnings bounds the entries status names one by one for a
 // catch-up window longer than the activity retention.
 const maxRetentionWarnings = 20
@@ -222,11 +253,7 @@ func collectStatus(ctx context.Context, g *globalFlags, conn *connFlags, s *sess
 		fail("replicas", err)
 	}
 	rep.Replicas = replicas
-	for _, r := range rep.Replicas {
-		for _, w := range r.Warnings {
-			rep.Warnings = append(rep.Warnings, "replica "+r.ID+": "+w)
-		}
-	}
+	rep.addReplicaReports()
 	var states []projector.State // nil: the projection could not be read
 	var ptrs []*projector.State  // states, for entrystate
 	// What the replicas report stands until it is computed here.

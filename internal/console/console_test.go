@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/console"
 	"github.com/cronstream/cronstream/internal/testenv"
@@ -269,5 +272,55 @@ func TestConsoleAuditBatch(t *testing.T) {
 	}
 	if strings.Contains(body, "unreadable") {
 		t.Errorf("audit page shows the batch as unreadable:\n%.4000s", body)
+	}
+}
+
+// TestConsoleLostFires: the entry page and the audit page show a lost
+// record, and the fires it names; the audit page shows a fire published
+// before Redis's replicas confirmed it.
+func TestConsoleLostFires(t *testing.T) {
+	t.Parallel()
+	s := startSite(t, console.Config{})
+	s.put(events.Entry{ID: "gone", Cron: "@every 1h", Task: events.Task{Type: "gone"}, Options: events.Options{Queue: "q1"}, Paused: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	tick := time.Now().UTC().Add(-time.Hour).Truncate(time.Hour)
+	before := tick.Add(-time.Hour)
+	publish := func(id, typ string, data any, unconfirmed string) {
+		t.Helper()
+		ev, err := events.NewEventAt(id, time.Now(), typ, "cronstream/test", "gone", data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := ev.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := &nats.Msg{Subject: s.names.FireSubject("gone"), Data: b, Header: nats.Header{}}
+		m.Header.Set(jetstream.MsgIDHeader, id)
+		if unconfirmed != "" {
+			m.Header.Set(events.HeaderRedisUnconfirmed, unconfirmed)
+		}
+		if _, err := s.js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publish(events.FiredEventID("gone", tick), events.TypeEntryFired, events.Fired{Entry: "gone", ScheduledAt: tick, EnqueuedAt: tick,
+		TaskID: events.TaskID(s.names.Prefix(), "gone", tick), Queue: "q1", Revision: 1, Replica: "r1"}, "0/1 timeout")
+	publish(events.LostEventID("gone", tick, tick), events.TypeTaskLost, events.TasksLost{Entry: "gone", Queue: "q1",
+		ScheduledAt: &tick, Until: tick, Count: 1, Watermark: &before, Revision: 1, Replica: "r2"}, "")
+
+	body := s.waitFor("/entries/gone", "Redis lost the tasks of 1 fires in queue q1")
+	for _, want := range []string{`<td class="k-lost">lost</td>`, "Redis lost it (task.lost)", "lost by Redis"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("entry page lacks %q:\n%.5000s", want, body)
+		}
+	}
+	body = s.waitFor("/audit?entry=gone", "Redis lost the tasks of 1 fires in queue q1")
+	if !strings.Contains(body, "published before Redis replicas confirmed it: 0/1 timeout") {
+		t.Errorf("audit page does not mark the unconfirmed fire:\n%.5000s", body)
+	}
+	if body := s.page("/audit?type=task.lost"); !strings.Contains(body, "task.lost") || strings.Contains(body, "tick "+tick.Format(time.RFC3339)+", task") {
+		t.Errorf("audit page filtered on task.lost:\n%.5000s", body)
 	}
 }

@@ -60,7 +60,7 @@ type revision struct {
 
 type fireRow struct {
 	Time   time.Time // scheduled tick
-	Kind   string    // fired, triggered, backfilled, skipped
+	Kind   string    // fired, triggered, backfilled, skipped, lost
 	Detail string
 	// Queue and TaskID name the task a fire enqueued ("" for a skip);
 	// State is its asynq state now.
@@ -291,14 +291,14 @@ type stripChart struct {
 
 // strip is the last 24 hours in 48 half-hour cells (the last one the
 // current half hour), each the most notable kind of fire in it (late over
-// skipped over triggered/backfilled over fired), with a tick at every
+// lost over skipped over triggered/backfilled over fired), with a tick at every
 // sixth hour (UTC).
 func strip(fires []fireRow, now time.Time, late *stall.Late) stripChart {
 	const cells, cellW = 48, 10
 	const half = 30 * time.Minute
 	start := now.Truncate(half).Add(-(cells - 1) * half)
 	out := make([]stripCell, cells)
-	rank := map[string]int{"": 0, "fired": 1, "backfilled": 2, "triggered": 2, "skipped": 3, "late": 4}
+	rank := map[string]int{"": 0, "fired": 1, "backfilled": 2, "triggered": 2, "skipped": 3, "lost": 4, "late": 5}
 	for i := range out {
 		t := start.Add(time.Duration(i) * half)
 		out[i].Label = t.Format("15:04") + " UTC: no fires"

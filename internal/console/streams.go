@@ -26,6 +26,8 @@ type streamMsg struct {
 	Time    time.Time
 	Subject string
 	Data    []byte
+	// Unconfirmed is its events.HeaderRedisUnconfirmed.
+	Unconfirmed string
 }
 
 // readRange reads the messages of stream from (start sequence or start
@@ -77,7 +79,8 @@ func scan(ctx context.Context, js jetstream.JetStream, stream string, cc jetstre
 				continue
 			}
 			n++
-			fn(streamMsg{Stream: stream, Seq: meta.Sequence.Stream, Time: meta.Timestamp, Subject: m.Subject(), Data: m.Data()})
+			fn(streamMsg{Stream: stream, Seq: meta.Sequence.Stream, Time: meta.Timestamp, Subject: m.Subject(), Data: m.Data(),
+				Unconfirmed: m.Headers().Get(events.HeaderRedisUnconfirmed)})
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, context.DeadlineExceeded) {
 			return fmt.Errorf("read %s: %w", stream, err)
@@ -94,6 +97,7 @@ func scan(ctx context.Context, js jetstream.JetStream, stream string, cc jetstre
 func (c *Console) readFires(ctx context.Context, src *Source, id string, since time.Time) ([]fireRow, error) {
 	msgs, err := readRange(ctx, src.JS, src.Names.ActivityStream(), []string{src.Names.FireSubject(id)}, 0, since, 0, 2000)
 	var out []fireRow
+	var lost []events.TasksLost
 	for _, m := range msgs {
 		ev, derr := events.DecodeEvent(m.Data)
 		if derr != nil {
@@ -124,9 +128,32 @@ func (c *Console) readFires(ctx context.Context, src *Source, id string, since t
 				detail = fmt.Sprintf("%s (%d ticks)", s.Reason, s.Count)
 			}
 			out = append(out, fireRow{Time: s.ScheduledAt, Kind: "skipped", Detail: detail})
+		case events.TypeTaskLost:
+			var l events.TasksLost
+			if ev.DecodeData(&l) != nil {
+				continue
+			}
+			lost = append(lost, l)
+			out = append(out, fireRow{Time: l.Until, Kind: "lost", Detail: l.Summary()})
 		}
 	}
+	markLost(out, lost)
 	return out, err
+}
+
+// markLost says so on each fire a lost record names.
+func markLost(rows []fireRow, lost []events.TasksLost) {
+	for i, f := range rows {
+		if f.Kind != "fired" {
+			continue
+		}
+		for _, l := range lost {
+			if l.ScheduledAt != nil && l.Queue == f.Queue && !f.Time.Before(*l.ScheduledAt) && !f.Time.After(l.Until) {
+				rows[i].Detail += "; Redis lost it (task.lost)"
+				break
+			}
+		}
+	}
 }
 
 // auditWindow is how many events of each stream one audit page searches.
@@ -288,7 +315,10 @@ func (c *Console) auditRow(src *Source, m streamMsg, q auditQuery) (auditRow, bo
 	} else if id, ok := src.Names.EntryFromFireSubject(m.Subject); ok {
 		row.Entry = id
 		var f events.Fired
-		if ev.DecodeData(&f) == nil && f.TaskID != "" {
+		var l events.TasksLost
+		if ev.Type == events.TypeTaskLost && ev.DecodeData(&l) == nil {
+			row.Queue, row.Summary = l.Queue, l.Summary()
+		} else if ev.DecodeData(&f) == nil && f.TaskID != "" {
 			row.Queue = f.Queue
 			row.Summary = fmt.Sprintf("tick %s, task %s", f.ScheduledAt.UTC().Format(time.RFC3339), f.TaskID)
 		} else {
@@ -303,6 +333,9 @@ func (c *Console) auditRow(src *Source, m streamMsg, q auditQuery) (auditRow, bo
 		if ev.DecodeData(&t) == nil {
 			row.Summary = fmt.Sprintf("task %s (%s), retried %d/%d: %s", t.TaskID, t.Type, t.Retried, t.MaxRetry, t.Error)
 		}
+	}
+	if m.Unconfirmed != "" {
+		row.Summary += " [published before Redis replicas confirmed it: " + m.Unconfirmed + "]"
 	}
 	if q.Type != "" {
 		// A gated config type matches its plain name too, as it shows.

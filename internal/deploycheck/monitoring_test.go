@@ -118,6 +118,7 @@ func TestAlertRulesShape(t *testing.T) {
 		"cronstream_relay_backlog_bytes", "cronstream_scheduler_backpressure", "cronstream_relay_publish_errors_total",
 		"cronstream_relay_forgeries_total", "cronstream_relay_dropped_total", "cronstream_auth_errors_total", "cronstream_recover_errors_total",
 		"cronstream_fire_lag_seconds_bucket", `absent(up{job="cronstream"}`, "cronstream_quarantined_entries",
+		"cronstream_fires_lost_total", "cronstream_fires_lost_unknown_total", "cronstream_relay_redis_wait_behind",
 	} {
 		if !strings.Contains(all, want) {
 			t.Errorf("no alert rule uses %s", want)

@@ -10,6 +10,8 @@ type Metrics struct {
 	Forgeries     prometheus.Counter
 	BacklogBytes  prometheus.Gauge
 	Dropped       prometheus.Counter
+	Unconfirmed   prometheus.Counter
+	WaitBehind    prometheus.Gauge
 }
 
 // NewMetrics creates the relay metrics and registers them with reg (nil:
@@ -34,9 +36,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Dropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "cronstream_relay_dropped_total", Help: "Outbox records, or records of a multi-record, dropped as undecodable or unroutable: their events are not in the activity stream (each is logged).",
 		}),
+		Unconfirmed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cronstream_relay_unconfirmed_total", Help: "Events published although Redis's replicas had not confirmed their writes (WAIT timed out or refused, or the replicas were found behind); each carries the Cronstream-Redis-Unconfirmed header.",
+		}),
+		WaitBehind: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "cronstream_relay_redis_wait_behind", Help: "Redis masters whose replicas did not confirm the outbox's last writes: their events are published marked unconfirmed.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Published, m.PublishErrors, m.Backlog, m.Forgeries, m.BacklogBytes, m.Dropped)
+		reg.MustRegister(m.Published, m.PublishErrors, m.Backlog, m.Forgeries, m.BacklogBytes, m.Dropped, m.Unconfirmed, m.WaitBehind)
 	}
 	return m
 }

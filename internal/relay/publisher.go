@@ -13,6 +13,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/cronstream/cronstream/events"
 )
 
 // batchPublisher publishes a batch of messages to JetStream and waits for
@@ -66,6 +68,9 @@ type pubMsg struct {
 	subject string
 	msgID   string
 	data    []byte
+	// unconfirmed, when set, is the events.HeaderRedisUnconfirmed value:
+	// its record's Redis write was not confirmed by the replicas.
+	unconfirmed string
 	// dupSeq is set by publish when the stream answered that a message
 	// with this id is stored already, at that sequence.
 	dupSeq uint64
@@ -230,6 +235,11 @@ func setPubMsg(msg *nats.Msg, m *pubMsg, replyBase []byte, i int) {
 	msg.Subject, msg.Data = m.subject, m.data
 	msg.Reply = string(strconv.AppendInt(replyBase, int64(i), 10))
 	msg.Header[jetstream.MsgIDHeader][0] = m.msgID
+	if m.unconfirmed != "" {
+		msg.Header[events.HeaderRedisUnconfirmed] = []string{m.unconfirmed}
+	} else {
+		delete(msg.Header, events.HeaderRedisUnconfirmed)
+	}
 }
 
 // close stops listening for acknowledgements.

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/relay"
 	"github.com/cronstream/cronstream/internal/stall"
 )
 
@@ -36,6 +37,9 @@ type Info struct {
 	// Late are the late entries this replica's stall detector sees, with
 	// the reasons its fires failed (at most a few dozen, oldest first).
 	Late []stall.Late `json:"late,omitempty"`
+	// RedisWait is what its relay knows of Redis replication: how many
+	// replicas confirm each batch, and whether events go out unconfirmed.
+	RedisWait *relay.WaitStatus `json:"redis_wait,omitempty"`
 }
 
 // DefaultHeartbeat is how often a replica refreshes its heartbeat; a

@@ -71,6 +71,11 @@ type Config struct {
 	// MaxOutboxBytes: firing pauses while the outbox backlog takes more
 	// Redis memory than this (default DefaultMaxOutboxBytes).
 	MaxOutboxBytes int64
+	// RedisWaitReplicas and RedisWaitTimeout: the relay publishes a batch
+	// of events once this many Redis replicas hold its writes (0: none;
+	// relay.WaitAuto) or the timeout passed (relay.Config.WaitReplicas).
+	RedisWaitReplicas int
+	RedisWaitTimeout  time.Duration
 
 	// Recoverer: queues (empty: every queue in asynq:queues), interval and
 	// grace.
@@ -400,14 +405,12 @@ func (r *Replica) start(ctx context.Context) error {
 	r.stall = det
 
 	hostname, _ := os.Hostname()
+	var relayed atomic.Pointer[relay.Relay] // set once the relay exists; beats read it
 	r.members, err = NewMembership(MembershipConfig{
 		KV:       kv,
 		Self:     Info{ID: r.cfg.ReplicaID, Host: hostname, PID: os.Getpid(), Started: r.clock.Now().UTC(), Version: r.cfg.Version, HTTP: r.httpAddr(), Warnings: streamWarnings},
 		Interval: r.cfg.Heartbeat, Logger: r.log, Now: r.clock.Now,
-		Update: func(i *Info) {
-			i.ConfigSeq = r.proj.LastSeq()
-			i.Late = det.Late(maxReportedLate)
-		},
+		Update: r.beatUpdate(det, &relayed),
 		// Re-created as at start: missing is created, an existing bucket is
 		// never changed (stream settings are explicit).
 		Reopen: func(ctx context.Context) (jetstream.KeyValue, error) {
@@ -430,6 +433,7 @@ func (r *Replica) start(ctx context.Context) error {
 		Hold:            func() bool { s := busy.Load(); return s != nil && s.Busy() },
 		DuplicateWindow: cmp.Or(max(r.cfg.DuplicateWindow, 0), events.DefaultDuplicateWindow), Now: r.clock.Now,
 		Logger: r.log, Metrics: relay.NewMetrics(r.reg),
+		WaitReplicas: r.cfg.RedisWaitReplicas, WaitTimeout: r.cfg.RedisWaitTimeout,
 		OnPublished: func(eventIDs []string) {
 			det.ObservePublished(eventIDs)
 			if s := busy.Load(); s != nil {
@@ -459,6 +463,7 @@ func (r *Replica) start(ctx context.Context) error {
 	r.sched = sched
 	r.reg.MustRegister(sched.Collector(r.cfg.MetricsPerEntry))
 	busy.Store(sched)
+	relayed.Store(r.relay)
 	if err := sched.Start(ctx); err != nil {
 		return err
 	}
@@ -567,6 +572,20 @@ func (r *Replica) warnRedisConfig(ctx context.Context) {
 	}
 	for _, w := range RedisWarnings(ctx, r.cfg.Redis) {
 		r.log.Warn(w)
+	}
+}
+
+// beatUpdate refreshes the dynamic fields of this replica's heartbeat:
+// its config position, its late entries, and its relay's view of Redis
+// replication once the relay exists.
+func (r *Replica) beatUpdate(det *stall.Detector, relayed *atomic.Pointer[relay.Relay]) func(*Info) {
+	return func(i *Info) {
+		i.ConfigSeq = r.proj.LastSeq()
+		i.Late = det.Late(maxReportedLate)
+		if rl := relayed.Load(); rl != nil {
+			w := rl.WaitStatus()
+			i.RedisWait = &w
+		}
 	}
 }
 

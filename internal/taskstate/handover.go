@@ -77,23 +77,65 @@ func (s *Store) CloseForHandover(ctx context.Context, prefix, oldQueue, entry st
 // It also serves to restore a lost watermark from the last fired event in the
 // stream (at the entry's revision, so it never overrides a later handover).
 func (s *Store) SeedWatermark(ctx context.Context, prefix, newQueue, entry string, tick time.Time, taskID string, revision uint64, configID string) error {
+	_, err := s.seedWatermark(ctx, prefix, newQueue, entry, tick, taskID, revision, configID, nil)
+	return err
+}
+
+// LostRecord is the outbox record of fires a restore found lost
+// (events.TypeTaskLost), and the watermark the loss was found at (Found;
+// FoundNone when there was none).
+type LostRecord struct {
+	Record
+	Found     time.Time
+	FoundNone bool
+}
+
+// RestoreWatermark is SeedWatermark for a watermark Redis lost: when lost
+// is set, it appends lost's record to the queue's outbox in the same step,
+// if the watermark still holds lost.Found (or none, with FoundNone) and
+// the step raises it, and reports whether it did. A replica whose restore
+// of the same loss comes second finds the watermark raised, and records
+// nothing.
+func (s *Store) RestoreWatermark(ctx context.Context, prefix, queue, entry string, tick time.Time, taskID string, revision uint64, configID string, lost *LostRecord) (bool, error) {
+	if lost != nil {
+		if err := checkRecord("lost", lost.Record, true); err != nil {
+			return false, err
+		}
+		// A flush took the set of outboxes too: a relay must find this one.
+		if err := s.RegisterOutbox(ctx, prefix, queue); err != nil {
+			return false, err
+		}
+	}
+	return s.seedWatermark(ctx, prefix, queue, entry, tick, taskID, revision, configID, lost)
+}
+
+func (s *Store) seedWatermark(ctx context.Context, prefix, newQueue, entry string, tick time.Time, taskID string, revision uint64, configID string, lost *LostRecord) (bool, error) {
 	if entry == "" || newQueue == "" {
-		return fmt.Errorf("seed watermark of entry %q in queue %q: %w: empty entry or queue", entry, newQueue, ErrInvalidFire)
+		return false, fmt.Errorf("seed watermark of entry %q in queue %q: %w: empty entry or queue", entry, newQueue, ErrInvalidFire)
 	}
 	own := Own(prefix, newQueue)
 	ms := ""
 	if !tick.IsZero() {
 		ms = strconv.FormatInt(tick.UnixMilli(), 10)
 	}
-	reply, err := seedWatermarkScript.Run(ctx, s.client, []string{own.Handover(entry), own.Watermark(entry), own.Fence(), own.HandoverID(entry)}, revision, ms, taskID, configID).Slice()
+	args := []any{revision, ms, taskID, configID}
+	if lost != nil {
+		found := ""
+		if !lost.FoundNone {
+			found = strconv.FormatInt(lost.Found.UnixMilli(), 10)
+		}
+		args = append(args, found, lost.ID, lost.Data)
+	}
+	reply, err := seedWatermarkScript.Run(ctx, s.client, []string{own.Handover(entry), own.Watermark(entry), own.Fence(), own.HandoverID(entry), own.Outbox()}, args...).Slice()
 	if err != nil {
-		return fmt.Errorf("seed watermark of entry %q in queue %q at revision %d: %w", entry, newQueue, revision, err)
+		return false, fmt.Errorf("seed watermark of entry %q in queue %q at revision %d: %w", entry, newQueue, revision, err)
 	}
 	if seeded, _ := reply[0].(int64); seeded != 1 {
 		marker, _ := reply[1].(string)
-		return fmt.Errorf("seed watermark of entry %q in queue %q at revision %d (slot marker %q): %w", entry, newQueue, revision, marker, ErrHandoverSuperseded)
+		return false, fmt.Errorf("seed watermark of entry %q in queue %q at revision %d (slot marker %q): %w", entry, newQueue, revision, marker, ErrHandoverSuperseded)
 	}
-	return nil
+	recorded := len(reply) > 2 && reply[2] == int64(1)
+	return recorded, nil
 }
 
 // Stream epochs (docs/design.md INV-revision-fence). The revision fence and

@@ -147,17 +147,18 @@ func (s *Store) ReadOutbox(ctx context.Context, prefix, queue, after string, cou
 	if count <= 0 {
 		return nil, nil
 	}
-	start := "-"
-	if after != "" {
-		start = "(" + after
-	}
 	// A generic reply rather than XRangeN's: the relay reads one record per
 	// fire, and XRangeN's map per record was a tenth of a replica's
 	// allocations (docs/benchmarks.md).
-	reply, err := s.client.Do(ctx, "xrange", Own(prefix, queue).Outbox(), start, "+", "count", count).Slice()
+	reply, err := s.client.Do(ctx, "xrange", Own(prefix, queue).Outbox(), outboxStart(after), "+", "count", count).Slice()
 	if err != nil {
 		return nil, fmt.Errorf("read outbox of queue %q: %w", queue, err)
 	}
+	return outboxRecords(queue, reply)
+}
+
+// outboxRecords reads an XRANGE reply of queue's outbox.
+func outboxRecords(queue string, reply []any) ([]OutboxRecord, error) {
 	out := make([]OutboxRecord, 0, len(reply))
 	for _, r := range reply {
 		// Each entry is [stream id, [field, value, ...]]. Records are only

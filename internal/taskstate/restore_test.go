@@ -2,6 +2,7 @@ package taskstate
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -93,4 +94,65 @@ func TestRestoreProposal(t *testing.T) {
 	if all, err := s.RestoreProposals(ctx, testPrefix, []string{"default"}); err != nil || len(all["default"]) != 0 {
 		t.Fatalf("proposals after the leftover was read: %v, %v", all, err)
 	}
+}
+
+// TestRestoreWatermarkRecordsLoss: the restore appends the lost record in
+// the step that raises the watermark from the value the loss was found
+// at; a second restore of the same loss (another replica) finds the
+// watermark raised and records nothing, and so does one that found
+// another value; a loss found with no watermark is recorded while there
+// is none.
+func TestRestoreWatermarkRecordsLoss(t *testing.T) {
+	ctx := context.Background()
+	s, _ := newTestStore(t)
+	mustFire(t, s, tickFire("w", "default", tickAt(1), time.Time{}), StatusFired)
+	before := len(outboxIDs(t, s, "default"))
+	lost := &LostRecord{Record: record("lost", "w", tickAt(4)), Found: tickAt(1)}
+	restore := func(found time.Time, none bool, to int) bool {
+		t.Helper()
+		l := *lost
+		l.Found, l.FoundNone = found, none
+		ok, err := s.RestoreWatermark(ctx, testPrefix, "default", "w", tickAt(to), taskIDFor("w", tickAt(to)), 10, "", &l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	if !restore(tickAt(1), false, 4) {
+		t.Fatal("the first restore of the loss did not record it")
+	}
+	assertWatermark(t, s, "default", "w", tickAt(4), taskIDFor("w", tickAt(4)))
+	if restore(tickAt(1), false, 4) {
+		t.Fatal("a second restore of the same loss recorded it again")
+	}
+	if restore(tickAt(2), false, 5) {
+		t.Fatal("a restore computed against another watermark recorded its loss")
+	}
+	assertWatermark(t, s, "default", "w", tickAt(5), taskIDFor("w", tickAt(5)))
+	if ids := outboxIDs(t, s, "default"); len(ids) != before+1 || ids[len(ids)-1] != lost.ID {
+		t.Fatalf("outbox %v; want the lost record once after %d records", ids, before)
+	}
+
+	if restore(time.Time{}, true, 6) {
+		t.Fatal("a loss found with no watermark recorded while one exists")
+	}
+	if !restoreOn(t, s, "fresh", lost) {
+		t.Fatal("a loss found with no watermark, restored while there is none, was not recorded")
+	}
+}
+
+// restoreOn restores entry's missing watermark in a queue where it has
+// none, recording lost as found with none.
+func restoreOn(t *testing.T, s *Store, queue string, lost *LostRecord) bool {
+	t.Helper()
+	l := *lost
+	l.FoundNone = true
+	ok, err := s.RestoreWatermark(context.Background(), testPrefix, queue, "w", tickAt(9), taskIDFor("w", tickAt(9)), 10, "", &l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if qs, _ := s.OutboxQueues(context.Background(), testPrefix); !slices.Contains(qs, queue) {
+		t.Fatalf("queue %q not registered as having an outbox: %v", queue, qs)
+	}
+	return ok
 }

@@ -18,3 +18,12 @@ func processAlive(pid int) bool {
 	err := syscall.Kill(pid, 0)
 	return err == nil || err == syscall.EPERM
 }
+
+// freeze stops (true) or continues (false) a process, as SIGSTOP and
+// SIGCONT do: a frozen server holds its connections and answers nothing.
+func freeze(pid int, stop bool) error {
+	if stop {
+		return syscall.Kill(pid, syscall.SIGSTOP)
+	}
+	return syscall.Kill(pid, syscall.SIGCONT)
+}

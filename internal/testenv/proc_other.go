@@ -2,7 +2,10 @@
 
 package testenv
 
-import "os/exec"
+import (
+	"errors"
+	"os/exec"
+)
 
 // dieWithParent is a no-op where the kernel offers no parent-death signal;
 // cleanup still stops every process a passing or failing test started.
@@ -11,3 +14,6 @@ func dieWithParent(*exec.Cmd) {}
 // processAlive assumes every process is alive where it cannot be checked, so
 // claims are only ever freed by their owner or by expiry.
 func processAlive(int) bool { return true }
+
+// freeze is unsupported where processes cannot be stopped and continued.
+func freeze(int, bool) error { return errors.New("freezing a process needs Linux") }

@@ -26,7 +26,8 @@ type RedisCluster struct {
 	// Addrs[0] serves slots 0-5460, Addrs[1] 5461-10922, Addrs[2] 10923-16383.
 	Addrs []string
 
-	nodes []*redisProc
+	nodes    []*redisProc
+	replicas []*redisProc // AddReplica's, stopped at cleanup too
 }
 
 // clusterSlotRanges splits the 16384 slots the way redis-cli does for three
@@ -45,21 +46,15 @@ func StartRedisCluster(t testing.TB) *RedisCluster {
 	}
 	c := &RedisCluster{}
 	t.Cleanup(func() {
-		for _, n := range c.nodes {
+		for _, n := range append(c.replicas, c.nodes...) {
 			n.terminate()
 			if t.Failed() {
 				t.Logf("testenv: redis-server (cluster) %s log tail:\n%s", n.addr(), tailFile(n.logPath, 0, logTailLines))
 			}
 		}
 	})
-	extra := []string{
-		"--cluster-enabled", "yes",
-		"--cluster-config-file", clusterConfigFile,
-		"--save", "",
-		"--appendonly", "no",
-	}
 	for range clusterSlotRanges {
-		n, err := startRedisProc(bin, t.TempDir(), true, nil, extra)
+		n, err := startRedisProc(bin, t.TempDir(), true, nil, clusterNodeArgs)
 		if err != nil {
 			t.Fatalf("testenv: start redis-server cluster node: %v", err)
 		}
@@ -73,6 +68,83 @@ func StartRedisCluster(t testing.TB) *RedisCluster {
 		t.Fatalf("testenv: form redis cluster %v: %v", c.Addrs, err)
 	}
 	return c
+}
+
+// clusterNodeArgs are the arguments of every cluster node.
+var clusterNodeArgs = []string{
+	"--cluster-enabled", "yes",
+	"--cluster-config-file", clusterConfigFile,
+	"--save", "",
+	"--appendonly", "no",
+}
+
+// AddReplica starts a node that replicates master i (Addrs[i]), and
+// returns it once every master knows it and it holds its master's data.
+// The replica can be frozen (Freeze) like any server this package
+// started; it is stopped at t's cleanup.
+func (c *RedisCluster) AddReplica(t testing.TB, i int) *Redis {
+	t.Helper()
+	bin, err := lookupRedisServer()
+	if err != nil {
+		t.Fatalf("testenv: %v: %s", err, redisInstallHint)
+	}
+	n, err := startRedisProc(bin, t.TempDir(), true, nil, clusterNodeArgs)
+	if err != nil {
+		t.Fatalf("testenv: start redis-server cluster replica: %v", err)
+	}
+	c.replicas = append(c.replicas, n)
+	ctx, cancel := context.WithTimeout(context.Background(), clusterFormTimeout)
+	defer cancel()
+	if err := c.addReplica(ctx, n, i); err != nil {
+		t.Fatalf("testenv: add a replica of %s to the cluster: %v", c.Addrs[i], err)
+	}
+	return &Redis{Addr: n.addr(), URL: "redis://" + n.addr() + "/0", proc: n}
+}
+
+func (c *RedisCluster) addReplica(ctx context.Context, n *redisProc, i int) error {
+	master := redis.NewClient(&redis.Options{Addr: c.Addrs[i]})
+	defer master.Close()
+	node := redis.NewClient(&redis.Options{Addr: n.addr()})
+	defer node.Close()
+	id, err := master.Do(ctx, "CLUSTER", "MYID").Text()
+	if err != nil {
+		return fmt.Errorf("CLUSTER MYID: %w", err)
+	}
+	if err := master.Do(ctx, "CLUSTER", "MEET", "127.0.0.1", n.port, n.busPort).Err(); err != nil {
+		return fmt.Errorf("CLUSTER MEET %s: %w", n.addr(), err)
+	}
+	var last string
+	if !waitFor(clusterFormTimeout, func() bool {
+		nodes, err := node.ClusterNodes(ctx).Result()
+		last = fmt.Sprint(nodes, err)
+		return err == nil && strings.Contains(nodes, id)
+	}) {
+		return fmt.Errorf("the new node does not know its master; CLUSTER NODES: %s", last)
+	}
+	if err := node.Do(ctx, "CLUSTER", "REPLICATE", id).Err(); err != nil {
+		return fmt.Errorf("CLUSTER REPLICATE %s: %w", id, err)
+	}
+	want := len(c.nodes) + len(c.replicas)
+	if !waitFor(clusterFormTimeout, func() bool {
+		info, err := node.Info(ctx, "replication").Result()
+		last = fmt.Sprint(info, err)
+		if err != nil || !strings.Contains(info, "master_link_status:up") || !strings.Contains(info, "master_sync_in_progress:0") {
+			return false
+		}
+		for _, a := range c.Addrs {
+			m := redis.NewClient(&redis.Options{Addr: a})
+			ci, err := m.ClusterInfo(ctx).Result()
+			_ = m.Close()
+			if err != nil || !strings.Contains(ci, "cluster_known_nodes:"+strconv.Itoa(want)) || !strings.Contains(ci, "cluster_state:ok") {
+				last = fmt.Sprint(a, ": ", ci, err)
+				return false
+			}
+		}
+		return true
+	}) {
+		return fmt.Errorf("the replica did not join within %s; last seen: %s", clusterFormTimeout, last)
+	}
+	return nil
 }
 
 // Client returns a cluster client for c, closed at t's cleanup.

@@ -170,6 +170,16 @@ func (p *redisProc) kill() error {
 	return nil
 }
 
+// freeze stops (true) or continues (false) the running process.
+func (p *redisProc) freeze(stop bool) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cur == nil {
+		return fmt.Errorf("redis-server on %s is not running", p.addr())
+	}
+	return freeze(p.cur.cmd.Process.Pid, stop)
+}
+
 // shutdown asks the server to exit with SHUTDOWN (NOSAVE unless save) and waits
 // for it; if it does not exit in time it is killed and an error returned.
 func (p *redisProc) shutdown(save bool) error {
@@ -207,6 +217,7 @@ func (p *redisProc) terminate() {
 	}
 	child := p.cur
 	p.cur = nil
+	_ = freeze(child.cmd.Process.Pid, false) // a frozen server could not obey
 	_ = child.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-child.exited:
