@@ -1,0 +1,22 @@
+-- Renews each shard lease of one queue that ARGV[1] holds; a lease it no
+-- longer holds (expired, or taken by another replica) is left alone and
+-- reported lost. All keys are in the queue's slot.
+--
+-- KEYS  shard leases (OwnKeys.ShardLease)
+-- ARGV  1 owner (replica id)
+--       2 ttl (ms)
+-- Reply {Redis TIME ms, then per key 1 renewed, 0 lost}
+
+local now = lease_now()
+local ttl = tonumber(ARGV[2])
+local out = {now}
+for i, k in ipairs(KEYS) do
+  local who, acquired = lease_holder(redis.call('GET', k))
+  if who == ARGV[1] then
+    redis.call('SET', k, lease_value(ARGV[1], acquired, now, ttl), 'PX', ttl)
+    out[i + 1] = 1
+  else
+    out[i + 1] = 0
+  end
+end
+return out
