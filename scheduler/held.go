@@ -163,6 +163,9 @@ func (s *Scheduler) releaseHeld(ctx context.Context) {
 		// An entry it does not hold was removed: the fences make sure this
 		// replica has seen the fire that held the tick, so it has seen the
 		// entry's registration too. A quarantined one is left alone.
+		if !s.firesShard(events.ShardOfEntry(h.Queue, h.Entry)) {
+			continue // its shard's owner releases it
+		}
 		st, known := s.cfg.Projection.Get(h.Entry)
 		if !known && s.quarantined(h.Entry) {
 			continue

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/ownership"
 	"github.com/cronstream/cronstream/internal/stall"
 )
 
@@ -36,6 +37,15 @@ type Info struct {
 	// Late are the late entries this replica's stall detector sees, with
 	// the reasons its fires failed (at most a few dozen, oldest first).
 	Late []stall.Late `json:"late,omitempty"`
+	// Shards says the replica fires by shard ownership (docs/design.md
+	// "Ownership"); replicas of earlier builds lack it and are never
+	// given shards. Ready says its projection is caught up with the
+	// config stream: only ready replicas are given shards.
+	Shards bool `json:"shards,omitempty"`
+	Ready  bool `json:"ready,omitempty"`
+	// Ownership is what the replica owns and sees of the shard leases,
+	// for status.
+	Ownership *ownership.Report `json:"ownership,omitempty"`
 }
 
 // DefaultHeartbeat is how often a replica refreshes its heartbeat; a
@@ -73,6 +83,9 @@ type Membership struct {
 	seen map[string]time.Time // local receipt time of each replica's last beat
 	// echo is when a watch last delivered this replica's own beat.
 	echo time.Time
+	// beatAt is when this replica's last heartbeat was stored, by Now:
+	// when it last heard NATS.
+	beatAt time.Time
 
 	// Owned by the beat loop: the running watch, and the backoff of
 	// re-creating a lost bucket.
@@ -81,6 +94,9 @@ type Membership struct {
 	lost         bool // the bucket is missing; logged once
 	reopenAfter  time.Time
 	reopenWait   time.Duration
+
+	// refresh asks the beat loop for a beat now (Refresh).
+	refresh chan struct{}
 
 	ctx    context.Context // the loops' context, from Start to Stop
 	cancel context.CancelFunc
@@ -121,7 +137,7 @@ func NewMembership(cfg MembershipConfig) (*Membership, error) {
 	}
 	self := cfg.Self
 	return &Membership{kv: cfg.KV, self: self, interval: interval, log: cmp.Or(cfg.Logger, slog.Default()),
-		update: cfg.Update, reopen: cfg.Reopen, now: cfg.Now,
+		update: cfg.Update, reopen: cfg.Reopen, now: cfg.Now, refresh: make(chan struct{}, 1),
 		live: map[string]Info{self.ID: self}, seen: map[string]time.Time{self.ID: time.Now()}}, nil
 }
 
@@ -187,6 +203,8 @@ func (m *Membership) beat(ctx context.Context) error {
 	}
 	m.mu.Lock()
 	m.seen[m.self.ID] = time.Now()
+	m.live[m.self.ID] = m.self
+	m.beatAt = m.now()
 	m.mu.Unlock()
 	return nil
 }
@@ -199,29 +217,31 @@ func (m *Membership) beatLoop(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
+		case <-m.refresh:
+			t.Reset(m.interval)
 		case <-t.C:
-			bctx, cancel := context.WithTimeout(ctx, m.interval)
-			err := m.beat(bctx)
-			cancel()
-			switch {
-			case err == nil && m.lost:
-				// Another replica re-created the bucket first: the watch
-				// died with the old one.
-				m.lost = false
-				m.log.Info("replicas bucket is back; heartbeats resumed", "replica", m.self.ID)
-				if err := m.watch(); err != nil {
-					m.log.Warn("watch replicas", "replica", m.self.ID, "err", err)
-				}
-			case err == nil:
-				m.checkWatch()
-			case ctx.Err() != nil:
-			case m.bucketLost(ctx):
-				m.recreate(ctx, err)
-			case !m.lost:
-				m.log.Warn("heartbeat failed", "replica", m.self.ID, "err", err)
-			}
-			m.expire()
 		}
+		bctx, cancel := context.WithTimeout(ctx, m.interval)
+		err := m.beat(bctx)
+		cancel()
+		switch {
+		case err == nil && m.lost:
+			// Another replica re-created the bucket first: the watch
+			// died with the old one.
+			m.lost = false
+			m.log.Info("replicas bucket is back; heartbeats resumed", "replica", m.self.ID)
+			if err := m.watch(); err != nil {
+				m.log.Warn("watch replicas", "replica", m.self.ID, "err", err)
+			}
+		case err == nil:
+			m.checkWatch()
+		case ctx.Err() != nil:
+		case m.bucketLost(ctx):
+			m.recreate(ctx, err)
+		case !m.lost:
+			m.log.Warn("heartbeat failed", "replica", m.self.ID, "err", err)
+		}
+		m.expire()
 	}
 }
 
@@ -367,6 +387,40 @@ func (m *Membership) Live() []string {
 	}
 	sort.Strings(ids)
 	return ids
+}
+
+// Refresh makes the beat loop write a heartbeat now rather than at its
+// next interval (the replica's readiness changed); it never blocks.
+func (m *Membership) Refresh() {
+	select {
+	case m.refresh <- struct{}{}:
+	default:
+	}
+}
+
+// Candidates returns the ids of the live replicas that may be given shards
+// (Info.Shards and Info.Ready, as their last beat said, this one's
+// included), sorted.
+func (m *Membership) Candidates() []string {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	ids := make([]string, 0, len(m.live))
+	for id, info := range m.live {
+		if info.Shards && info.Ready {
+			ids = append(ids, id)
+		}
+	}
+	sort.Strings(ids)
+	return ids
+}
+
+// LastBeat is when this replica's last heartbeat was stored (by
+// MembershipConfig.Now; zero before the first): the last time it surely
+// heard NATS.
+func (m *Membership) LastBeat() time.Time {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.beatAt
 }
 
 // ListReplicas reads every heartbeat in the bucket (for status).

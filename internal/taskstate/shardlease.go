@@ -142,8 +142,9 @@ func (s *Store) AcquireShardLeases(ctx context.Context, prefix, owner string, tt
 	return s.leaseCalls(ctx, acquireShardLeaseScript, "acquire", prefix, owner, ttl, shards)
 }
 
-// RenewShardLeases renews each lease of shards that owner holds; a lease
-// it lost (expired, or taken) is reported not held.
+// RenewShardLeases renews each lease of shards that owner holds, and takes
+// again one that is free (lapsed, or lost with Redis's data); a lease
+// another replica took is reported not held.
 func (s *Store) RenewShardLeases(ctx context.Context, prefix, owner string, ttl time.Duration, shards []events.Shard) ([]LeaseResult, error) {
 	return s.leaseCalls(ctx, renewShardLeaseScript, "renew", prefix, owner, ttl, shards)
 }
