@@ -532,5 +532,3 @@ func (s *Scheduler) backpressured() bool {
 	}
 	return over
 }
-
-

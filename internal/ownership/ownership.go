@@ -114,8 +114,8 @@ type Manager struct {
 	epoch clock.Mono
 
 	// Loop-owned.
-	held    map[events.Shard]*holding
-	free    map[events.Shard]clock.Mono // when each free shard was first seen free
+	held map[events.Shard]*holding
+	free map[events.Shard]clock.Mono // when each free shard was first seen free
 	// released: the free shard's last lease went before its term (its
 	// holder released it); else it lapsed.
 	released map[events.Shard]bool

@@ -48,7 +48,7 @@ type Config struct {
 	// Owns, when set, says which shards this replica owns: only their
 	// entries are checked (their owner checks the others; ownership
 	// reports shards without one). SetOwns sets it later.
-	Owns func(events.Shard) bool
+	Owns    func(events.Shard) bool
 	Logger  *slog.Logger
 	Metrics *Metrics
 }
