@@ -168,7 +168,7 @@ func benchConnect(b *testing.B, url string, opts ...nats.Option) (*nats.Conn, je
 
 // registerMany publishes n registered events directly (what `entry put`
 // publishes, without the per-entry read), asynchronously.
-func registerMany(b *testing.B, js jetstream.JetStream, n int, entry func(i int) events.Entry) {
+func registerMany(b testing.TB, js jetstream.JetStream, n int, entry func(i int) events.Entry) {
 	b.Helper()
 	c := context.Background()
 	futures := make([]jetstream.PubAckFuture, 0, 4096)

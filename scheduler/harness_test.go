@@ -136,6 +136,12 @@ type nodeOpts struct {
 	// members, when set, replaces the membership ownership follows (split
 	// views).
 	members func(*replica.Membership) ownership.Members
+	// natsURL is the NATS server the node connects to (default the
+	// test's; a proxy's to cut the node off).
+	natsURL string
+	// beat, when set, is called before each of the node's heartbeats (a
+	// test blocks it to freeze the node).
+	beat func()
 }
 
 // node is one replica wired by hand.
@@ -150,14 +156,30 @@ type node struct {
 	relay   *relay.Relay
 	sched   *scheduler.Scheduler
 	own     *ownership.Manager // nil with ownsAll
+	firing  atomic.Pointer[scheduler.Scheduler]
 	once    sync.Once
+}
+
+// readyToOwn is the node's readiness for shards, as a replica's.
+func (n *node) readyToOwn() bool {
+	s := n.firing.Load()
+	return n.proj.CaughtUp() && (s == nil || s.Fenced() < ownership.FencedFor)
 }
 
 func (e *env) startNode(id string, o nodeOpts) *node {
 	e.t.Helper()
 	t := e.t
 	n := &node{id: id}
-	n.nc = e.nats.Connect(t, nats.Name(id))
+	if o.natsURL != "" {
+		var err error
+		if n.nc, err = nats.Connect(o.natsURL, nats.Name(id), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond),
+			nats.IgnoreDiscoveredServers(), nats.RetryOnFailedConnect(true)); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(n.nc.Close)
+	} else {
+		n.nc = e.nats.Connect(t, nats.Name(id))
+	}
 	js, err := jetstream.New(n.nc)
 	if err != nil {
 		t.Fatal(err)
@@ -181,7 +203,12 @@ func (e *env) startNode(id string, o nodeOpts) *node {
 		t.Fatalf("%s: replicas bucket: %v", id, err)
 	}
 	if n.members, err = replica.NewMembership(replica.MembershipConfig{KV: kv, Self: replica.Info{ID: id, Started: time.Now()}, Interval: heartbeat, Logger: log,
-		Update: func(i *replica.Info) { i.Shards, i.Ready = !o.ownsAll, n.proj.CaughtUp() }}); err != nil {
+		Update: func(i *replica.Info) {
+			if o.beat != nil {
+				o.beat()
+			}
+			i.Shards, i.Ready = !o.ownsAll, n.readyToOwn()
+		}}); err != nil {
 		t.Fatalf("%s: new membership: %v", id, err)
 	}
 	if err := n.members.Start(ctx(t, 10*time.Second)); err != nil {
@@ -212,7 +239,7 @@ func (e *env) startNode(id string, o nodeOpts) *node {
 			members = o.members(n.members)
 		}
 		ocfg := ownership.Config{Store: n.store, Members: members, Names: testNames, ReplicaID: id,
-			Queues: n.proj.Queues, Ready: n.proj.CaughtUp, HeardNATS: n.members.LastBeat,
+			Queues: n.proj.Queues, Ready: n.readyToOwn, HeardNATS: n.members.LastBeat,
 			MemberTTL: 3 * heartbeat, Logger: log}
 		if o.own != nil {
 			o.own(&ocfg)
@@ -239,6 +266,7 @@ func (e *env) startNode(id string, o nodeOpts) *node {
 	if err := n.sched.Start(ctx(t, 30*time.Second)); err != nil {
 		t.Fatalf("%s: start scheduler: %v", id, err)
 	}
+	n.firing.Store(n.sched)
 	if n.own != nil {
 		n.members.Refresh() // ready now: said at once
 		if err := n.own.Start(ctx(t, 10*time.Second)); err != nil {

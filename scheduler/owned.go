@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/cronstream/cronstream/events"
@@ -296,4 +297,61 @@ func (s *Scheduler) requeueBacklog(at time.Time) {
 			s.heap.set(r, at)
 		}
 	}
+}
+
+// fenced follows a run of fire attempts refused by the revision or
+// staleness fence: this replica fires from a configuration older than
+// the one the slots have seen, or lost the config stream. It owns its
+// shards for nothing while that lasts, so the replica counts itself not
+// ready (Fenced), and its shards go to replicas that fire them.
+type fenced struct {
+	since atomic.Int64  // monotonic since the scheduler's epoch; 0: not fenced
+	seq   atomic.Uint64 // the highest revision fence that refused it
+	heard atomic.Int64  // the projection's LastHeard (unix ns) at a stale refusal
+}
+
+// noteFenced records a refusal by the revision fence at seq, or (seq 0)
+// by the staleness fence.
+func (s *Scheduler) noteFenced(seq uint64) {
+	f := &s.fenced
+	if f.since.Load() == 0 {
+		f.since.Store(int64(max(s.clock.Since(s.epoch), 1)))
+	}
+	if seq == 0 {
+		f.heard.Store(s.cfg.Projection.LastHeard().UnixNano())
+		return
+	}
+	if seq > f.seq.Load() {
+		f.seq.Store(seq)
+	}
+}
+
+// clearFenced ends a run of refusals: a fire of this replica went through
+// (or met another's tick).
+func (s *Scheduler) clearFenced() {
+	if s.fenced.since.Load() != 0 {
+		s.fenced.since.Store(0)
+		s.fenced.seq.Store(0)
+		s.fenced.heard.Store(0)
+	}
+}
+
+// Fenced returns how long every fire attempt of this replica has been
+// refused by the revision or staleness fence (0: not), and not since
+// outgrown: the projection reached the fence's sequence, or heard the
+// config stream again after a stale refusal. Safe from any goroutine.
+func (s *Scheduler) Fenced() time.Duration {
+	f := &s.fenced
+	since := f.since.Load()
+	if since == 0 {
+		return 0
+	}
+	seq, heard := f.seq.Load(), f.heard.Load()
+	caughtUp := seq == 0 || s.cfg.Projection.LastSeq() >= seq
+	fresh := heard == 0 || s.cfg.Projection.LastHeard().UnixNano() > heard
+	if caughtUp && fresh {
+		s.clearFenced()
+		return 0
+	}
+	return max(s.clock.Since(s.epoch)-time.Duration(since), 0)
 }

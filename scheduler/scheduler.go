@@ -244,6 +244,7 @@ type Scheduler struct {
 	stats Stats
 
 	paused atomic.Bool // outbox backpressure
+	fenced fenced      // a run of fence refusals (Fenced)
 	busy   atomic.Bool // firing more than one batch
 	// firingSince is when the fire pass in progress began (monotonic,
 	// after epoch; 0: none in progress).

@@ -54,6 +54,11 @@ const (
 	// DefaultUnownedReadyAfter: shards this replica should own that
 	// nobody held for this long make it not ready.
 	DefaultUnownedReadyAfter = 30 * time.Second
+	// FencedFor: a replica every fire of which the fences refused for
+	// this long (scheduler.Fenced: it fires from a configuration the
+	// slots outgrew) is not ready to own shards, so they go to replicas
+	// that fire them, well within the catch-up grace.
+	FencedFor = 2 * time.Second
 )
 
 // Store is the Redis side of ownership; *taskstate.Store implements it.
@@ -84,7 +89,9 @@ type Config struct {
 	// Queues lists the queues whose shards are owned (Projector.Queues).
 	Queues func() []string
 	// Ready reports whether this replica may own shards: its projection
-	// is caught up with the config stream.
+	// is caught up with the config stream, and its fires are not all
+	// refused by the fences (FencedFor). The heartbeat says the same, so
+	// the other replicas count it out too.
 	Ready func() bool
 	// HeardNATS is when this replica last heard NATS, on the
 	// Redis-corrected clock (its last heartbeat stored).

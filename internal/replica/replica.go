@@ -146,8 +146,10 @@ type Replica struct {
 	stall   *stall.Detector
 	keygc   *keygc.Sweeper
 	own     *ownership.Manager
-	// owner is own for the heartbeat, which starts before it is made.
+	// owner and firing are own and sched for the heartbeat, which starts
+	// before they are made.
 	owner   atomic.Pointer[ownership.Manager]
+	firing  atomic.Pointer[scheduler.Scheduler]
 	http    *httpServer
 	auth    *authWatch
 	console *console.Console
@@ -401,7 +403,7 @@ func (r *Replica) start(ctx context.Context) error {
 		Update: func(i *Info) {
 			i.ConfigSeq = r.proj.LastSeq()
 			i.Late = det.Late(maxReportedLate)
-			i.Shards, i.Ready = true, r.proj.CaughtUp()
+			i.Shards, i.Ready = true, r.readyToOwn()
 			if own := r.owner.Load(); own != nil {
 				rep := own.Report()
 				i.Ownership = &rep
@@ -423,10 +425,9 @@ func (r *Replica) start(ctx context.Context) error {
 
 	// The relay yields the cores to a burst of fires (at most its MaxHold);
 	// it is built before the scheduler, so it reads it through a pointer.
-	var busy atomic.Pointer[scheduler.Scheduler]
 	r.relay, err = relay.New(relay.Config{
 		Outbox: r.store, JS: js, Names: r.cfg.Names, Owner: r.cfg.ReplicaID,
-		Hold:            func() bool { s := busy.Load(); return s != nil && s.Busy() },
+		Hold:            func() bool { s := r.firing.Load(); return s != nil && s.Busy() },
 		DuplicateWindow: cmp.Or(max(r.cfg.DuplicateWindow, 0), events.DefaultDuplicateWindow), Now: r.clock.Now,
 		Logger: r.log, Metrics: relay.NewMetrics(r.reg),
 		OnPublished: det.ObservePublished,
@@ -440,7 +441,7 @@ func (r *Replica) start(ctx context.Context) error {
 
 	if r.own, err = ownership.New(ownership.Config{
 		Store: r.store, Members: r.members, Names: r.cfg.Names, ReplicaID: r.cfg.ReplicaID,
-		Queues: r.proj.Queues, Ready: r.proj.CaughtUp, HeardNATS: r.heardNATS, Clock: r.clock,
+		Queues: r.proj.Queues, Ready: r.readyToOwn, HeardNATS: r.heardNATS, Clock: r.clock,
 		MemberTTL: 3 * r.cfg.Heartbeat, UnownedReadyAfter: r.lateAfter(), Logger: r.log, Metrics: ownership.NewMetrics(r.reg),
 	}); err != nil {
 		return err
@@ -458,7 +459,7 @@ func (r *Replica) start(ctx context.Context) error {
 	}
 	r.sched = sched
 	r.reg.MustRegister(sched.Collector(r.cfg.MetricsPerEntry))
-	busy.Store(sched)
+	r.firing.Store(sched)
 	if err := sched.Start(ctx); err != nil {
 		return err
 	}
@@ -513,6 +514,14 @@ func (r *Replica) start(ctx context.Context) error {
 		return err
 	}
 	return r.failPause.Start(ctx)
+}
+
+// readyToOwn reports whether this replica may own shards: its projection
+// is caught up, and its fires are not all refused by the fences (it fires
+// from a configuration the slots outgrew).
+func (r *Replica) readyToOwn() bool {
+	s := r.firing.Load()
+	return r.proj.CaughtUp() && (s == nil || s.Fenced() < ownership.FencedFor)
 }
 
 // heardNATS is when this replica last heard NATS, on the Redis-corrected
