@@ -330,6 +330,7 @@ func TestOwnerCutOffFromNATS(t *testing.T) {
 	c := e.startNode("c", nodeOpts{natsURL: "nats://" + proxy.Addr()})
 	settledOwners(t, queues, 20*time.Second, a, b, c)
 	testenv.Eventually(t, 20*time.Second, func() bool { r := c.own.Report(); return r.Owned > 0 && r.Owned == r.Desired }, "c to own its share")
+	testenv.Eventually(t, 20*time.Second, func() bool { return sumStats(a, b, c).Fired >= uint64(2*len(ids)) }, "the entries to fire")
 	from := time.Now().Truncate(time.Second)
 	proxy.Cut(testenv.Blackhole)
 	testenv.Eventually(t, 20*time.Second, func() bool { return len(c.own.Owned().Until) == 0 }, "c, cut off, to let its shards go")
@@ -409,6 +410,7 @@ func TestFrozenOwner(t *testing.T) {
 	t.Cleanup(f.unfreeze) // before c stops, should the test end frozen
 	settledOwners(t, queues, 20*time.Second, a, b, c)
 	testenv.Eventually(t, 20*time.Second, func() bool { r := c.own.Report(); return r.Owned > 0 && r.Owned == r.Desired }, "c to own its share")
+	testenv.Eventually(t, 20*time.Second, func() bool { return sumStats(a, b, c).Fired >= uint64(2*len(ids)) }, "the entries to fire")
 	from := time.Now().Truncate(time.Second)
 	f.freeze()
 	frozen := time.Now()
@@ -526,6 +528,7 @@ func TestFencedOwnerLetsGo(t *testing.T) {
 	old := e.put(every("bump", "@every 1h", inQueue("qa"))) - 1
 	a, b := e.startNode("a", nodeOpts{}), e.startNode("b", nodeOpts{})
 	settledOwners(t, queues, 20*time.Second, a, b)
+	testenv.Eventually(t, 20*time.Second, func() bool { return sumStats(a, b).Fired >= uint64(2*len(ids)) }, "the entries to fire")
 	lag := e.startNode("lag", nodeOpts{projection: func(p *projector.Projector) scheduler.Projection {
 		return skewedProjection{Projector: p, seq: func() uint64 { return old }}
 	}})
