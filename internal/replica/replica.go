@@ -439,14 +439,9 @@ func (r *Replica) start(ctx context.Context) error {
 		return err
 	}
 
-	if r.own, err = ownership.New(ownership.Config{
-		Store: r.store, Members: r.members, Names: r.cfg.Names, ReplicaID: r.cfg.ReplicaID,
-		Queues: r.proj.Queues, Ready: r.readyToOwn, HeardNATS: r.heardNATS, Clock: r.clock,
-		MemberTTL: 3 * r.cfg.Heartbeat, UnownedReadyAfter: r.lateAfter(), Logger: r.log, Metrics: ownership.NewMetrics(r.reg),
-	}); err != nil {
+	if err := r.newOwnership(); err != nil {
 		return err
 	}
-	r.owner.Store(r.own)
 	sched, err := scheduler.New(scheduler.Config{
 		Redis: r.cfg.Redis, Projection: r.proj, Shards: r.own, Names: r.cfg.Names,
 		ReplicaID: r.cfg.ReplicaID, Clock: r.clock, Grace: r.cfg.Grace,
@@ -514,6 +509,22 @@ func (r *Replica) start(ctx context.Context) error {
 		return err
 	}
 	return r.failPause.Start(ctx)
+}
+
+// newOwnership builds the shard ownership the scheduler follows
+// (started once the scheduler runs).
+func (r *Replica) newOwnership() error {
+	own, err := ownership.New(ownership.Config{
+		Store: r.store, Members: r.members, Names: r.cfg.Names, ReplicaID: r.cfg.ReplicaID,
+		Queues: r.proj.Queues, Ready: r.readyToOwn, HeardNATS: r.heardNATS, Clock: r.clock,
+		MemberTTL: 3 * r.cfg.Heartbeat, UnownedReadyAfter: r.lateAfter(), Logger: r.log, Metrics: ownership.NewMetrics(r.reg),
+	})
+	if err != nil {
+		return err
+	}
+	r.own = own
+	r.owner.Store(own)
+	return nil
 }
 
 // readyToOwn reports whether this replica may own shards: its projection
