@@ -55,7 +55,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2, 3, 5, 10, 30, 60},
 		}),
 		Entries: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "cronstream_scheduler_entries", Help: "Entries the scheduler knows (paused included).",
+			Name: "cronstream_scheduler_entries", Help: "Entries of the shards this replica owns (paused included): the entries it schedules.",
 		}),
 		Backpressure: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "cronstream_scheduler_backpressure", Help: "1 while firing is paused because the outbox backlog is over its bound.",
