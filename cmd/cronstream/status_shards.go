@@ -136,7 +136,7 @@ func printShards(w io.Writer, s shardsStatus) {
 	}
 	fmt.Fprintf(w, ", %d without an owner", s.UnownedCount)
 	if s.Total > s.UnownedCount {
-		fmt.Fprintf(w, ", least recently renewed lease %s ago", (time.Duration(s.OldestRenewal*float64(time.Second))).Round(100*time.Millisecond))
+		fmt.Fprintf(w, ", least recently renewed lease %s ago", (time.Duration(s.OldestRenewal * float64(time.Second))).Round(100*time.Millisecond))
 	}
 	fmt.Fprintln(w)
 	if len(s.ByReplica) > 0 {
