@@ -132,6 +132,25 @@ func TestRollingUpgradeToOwnership(t *testing.T) {
 	n3 := replica(bin, "n3")
 	ownedBy("the new build alone", "n2", "n3")
 	progress("the new build alone", 3)
+	// status shows who owns what, from Redis and the replicas' reports.
+	var st struct {
+		Shards shardsStatus `json:"shards"`
+	}
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		if err := json.Unmarshal([]byte(e.ok("status", "--json")), &st); err != nil {
+			t.Fatal(err)
+		}
+		owned := 0
+		for _, r := range st.Shards.ByReplica {
+			if (r.Replica == "n2" || r.Replica == "n3") && r.Live && r.Owned > 0 && r.Owned == r.Desired {
+				owned += r.Owned
+			}
+		}
+		return st.Shards.Total == 2*events.ShardsPerQueue && st.Shards.UnownedCount == 0 && owned == st.Shards.Total
+	}, "status to show n2 and n3 owning every shard: %s", lazy(func() string { b, _ := json.Marshal(st.Shards); return string(b) }))
+	if out := e.ok("status"); !strings.Contains(out, "Shards: 128 (2 queues × 64), 0 without an owner") {
+		t.Errorf("status text has no Shards section:\n%s", out)
+	}
 	for _, p := range []*proc{n2, n3} {
 		if code := p.stop(syscall.SIGTERM, 30*time.Second); code != 0 {
 			t.Errorf("run exited %d:\n%s", code, p.Stderr())
