@@ -63,7 +63,7 @@ func (f *replicaFlags) add(cmd *cobra.Command, httpDefault string) {
 	fl.Int64Var(&f.maxOutbox, "max-outbox", 0, "deprecated: use --max-outbox-bytes")
 	_ = fl.MarkDeprecated("max-outbox", fmt.Sprintf("use --max-outbox-bytes; a record count is taken as that many records of %d bytes", taskstate.OutboxRecordBytes))
 	fl.DurationVar(&f.lateAfter, "late-after", stall.DefaultLateAfter, "an entry whose tick is overdue (due time plus jitter) for longer is late: metrics, a warning, status, and /readyz when this replica's own fires all fail")
-	fl.BoolVar(&f.metricsPerEntry, "metrics-per-entry", false, "export each entry's last and next fire time (cronstream_entry_*_fire_timestamp_seconds), only from the entry's primary replica: one series pair per entry across the replicas")
+	fl.BoolVar(&f.metricsPerEntry, "metrics-per-entry", false, "export each entry's last and next fire time (cronstream_entry_*_fire_timestamp_seconds), only from the replica that owns the entry's shard: one series pair per entry across the replicas")
 	fl.DurationVar(&f.clockOffset, "test-clock-offset", 0, "TEST ONLY: run this replica's local clock this far off (e.g. 1h, -1h) to test clock skew; the replica corrects it against Redis TIME. Never set it in production")
 	fl.StringVar(&f.http, "http", httpDefault, "address for /healthz, /readyz and /metrics (empty: none)")
 	fl.BoolVar(&f.console, "console", f.consoleDefault, "serve the read-only web console at / on --http")

@@ -234,7 +234,8 @@ func (d *Detector) ObservePublished(eventIDs []string) {
 
 // Outcome records what became of one of this replica's fire attempts
 // (scheduler.Config.OnOutcome). Watermark mismatches say nothing: they are
-// how a non-primary learns its primary fired first.
+// how a replica learns another fired first (across a handover, or beside
+// replicas of an earlier build).
 func (d *Detector) Outcome(o scheduler.Outcome) {
 	switch {
 	case o.Err != nil:
