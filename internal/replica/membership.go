@@ -218,30 +218,36 @@ func (m *Membership) beatLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-m.refresh:
-			t.Reset(m.interval)
-		case <-t.C:
-		}
-		bctx, cancel := context.WithTimeout(ctx, m.interval)
-		err := m.beat(bctx)
-		cancel()
-		switch {
-		case err == nil && m.lost:
-			// Another replica re-created the bucket first: the watch
-			// died with the old one.
-			m.lost = false
-			m.log.Info("replicas bucket is back; heartbeats resumed", "replica", m.self.ID)
-			if err := m.watch(); err != nil {
-				m.log.Warn("watch replicas", "replica", m.self.ID, "err", err)
+			// Readiness changed: say so now; failures are the next
+			// interval's to handle.
+			bctx, cancel := context.WithTimeout(ctx, m.interval)
+			if err := m.beat(bctx); err != nil && ctx.Err() == nil {
+				m.log.Debug("heartbeat", "replica", m.self.ID, "err", err)
 			}
-		case err == nil:
-			m.checkWatch()
-		case ctx.Err() != nil:
-		case m.bucketLost(ctx):
-			m.recreate(ctx, err)
-		case !m.lost:
-			m.log.Warn("heartbeat failed", "replica", m.self.ID, "err", err)
+			cancel()
+		case <-t.C:
+			bctx, cancel := context.WithTimeout(ctx, m.interval)
+			err := m.beat(bctx)
+			cancel()
+			switch {
+			case err == nil && m.lost:
+				// Another replica re-created the bucket first: the watch
+				// died with the old one.
+				m.lost = false
+				m.log.Info("replicas bucket is back; heartbeats resumed", "replica", m.self.ID)
+				if err := m.watch(); err != nil {
+					m.log.Warn("watch replicas", "replica", m.self.ID, "err", err)
+				}
+			case err == nil:
+				m.checkWatch()
+			case ctx.Err() != nil:
+			case m.bucketLost(ctx):
+				m.recreate(ctx, err)
+			case !m.lost:
+				m.log.Warn("heartbeat failed", "replica", m.self.ID, "err", err)
+			}
+			m.expire()
 		}
-		m.expire()
 	}
 }
 
