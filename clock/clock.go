@@ -114,5 +114,8 @@ func (c *Clock) Until(m Mono) time.Duration { return m.t.Sub(c.local()) }
 // Add returns m moved by d.
 func (m Mono) Add(d time.Duration) Mono { return Mono{m.t.Add(d)} }
 
+// IsZero reports whether m is the zero Mono (no reading).
+func (m Mono) IsZero() bool { return m.t.IsZero() }
+
 // Before reports whether m is earlier than o.
 func (m Mono) Before(o Mono) bool { return m.t.Before(o.t) }

@@ -123,7 +123,10 @@ type Fold struct {
 	// or quarantined: a subscriber that starts later learns of the removal
 	// from it (Subscription.Removed).
 	removed map[string]*State
-	stats   Stats
+	// queues counts the entries of each queue among entries and removed:
+	// the queues whose shards replicas own (Projector.Queues).
+	queues map[string]int
+	stats  Stats
 	// The message at stats.LastSeq, for LastMessageID.
 	lastSubject string
 	lastAt      time.Time
@@ -136,6 +139,7 @@ func NewFold(names events.Names) *Fold {
 		entries:     make(map[string]*State),
 		quarantined: make(map[string]Quarantine),
 		removed:     make(map[string]*State),
+		queues:      make(map[string]int),
 	}
 }
 
@@ -249,6 +253,10 @@ func decode(names events.Names, m message) decoded {
 }
 
 func (f *Fold) commit(d decoded) (Change, bool, error) {
+	if d.id != "" && d.seq > f.stats.LastSeq {
+		f.countQueues(d.id, -1)
+		defer f.countQueues(d.id, 1)
+	}
 	if d.seq <= f.stats.LastSeq {
 		f.stats.Duplicates++
 		return Change{}, false, nil
@@ -287,6 +295,33 @@ func (f *Fold) commit(d decoded) (Change, bool, error) {
 	f.entries[d.id] = d.state
 	ch.New = d.state
 	return ch, true, nil
+}
+
+// countQueues adds n to the count of the queue entry id is registered or
+// was removed in.
+func (f *Fold) countQueues(id string, n int) {
+	st := f.entries[id]
+	if st == nil {
+		st = f.removed[id]
+	}
+	if st == nil {
+		return
+	}
+	q := st.Entry.Options.QueueName()
+	if f.queues[q] += n; f.queues[q] <= 0 {
+		delete(f.queues, q)
+	}
+}
+
+// Queues returns, sorted, the queues that registered entries use or
+// removed ones used last.
+func (f *Fold) Queues() []string {
+	out := make([]string, 0, len(f.queues))
+	for q := range f.queues {
+		out = append(out, q)
+	}
+	slices.Sort(out)
+	return out
 }
 
 // Get returns the registered entry id; quarantined and removed entries are

@@ -511,6 +511,16 @@ func (p *Projector) States() []*State {
 	return p.fold.States()
 }
 
+// Queues returns, sorted, the queues of the registered entries and the
+// queues removed entries were last in (Subscription.Removed): the queues
+// whose shards replicas own (docs/design.md "Ownership"). Replicas with
+// the same projection list the same queues.
+func (p *Projector) Queues() []string {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return p.fold.Queues()
+}
+
 // Len returns the number of registered entries.
 func (p *Projector) Len() int {
 	p.mu.RLock()

@@ -433,3 +433,72 @@ func TestStartAndStop(t *testing.T) {
 		t.Fatalf("WaitFor after Stop: %v", err)
 	}
 }
+
+// TestSubscriptionSnapshot: a subscriber taking shards over mid-stream
+// gets their registered entries and removals as of one moment, and a mark
+// that tells the batches it may still hold (older than the snapshot) from
+// the later ones; Queues lists the queues of registered and removed
+// entries, and forgets a queue no entry uses.
+func TestSubscriptionSnapshot(t *testing.T) {
+	_, js := startNATS(t)
+	inQueue := func(id, q string) events.Entry {
+		e := validEntry(id)
+		e.Options.Queue = q
+		return e
+	}
+	publishEvent(t, js, events.TypeEntryRegistered, inQueue("a", "q1"))
+	publishEvent(t, js, events.TypeEntryRegistered, inQueue("b", "q2"))
+	gone := inQueue("gone", "q3")
+	publishEvent(t, js, events.TypeEntryRegistered, gone)
+	gone.Removed = true
+	last := publishEvent(t, js, events.TypeEntryRemoved, gone)
+	p := startProjector(t, js, Config{})
+	ctx := testCtx(t, 10*time.Second)
+	if err := p.WaitFor(ctx, last); err != nil {
+		t.Fatal(err)
+	}
+	if qs := p.Queues(); !slices.Equal(qs, []string{"q1", "q2", "q3"}) {
+		t.Fatalf("queues %v", qs)
+	}
+	sub := p.Subscribe()
+	defer sub.Close()
+	first, n1, err := sub.NextMarked(ctx)
+	if err != nil || n1 != 1 || len(first) != 2 {
+		t.Fatalf("first batch %+v #%d, %v", first, n1, err)
+	}
+	// a changes after the first batch was taken; the subscriber has not
+	// read it yet when it takes q1 and q3 over.
+	a := inQueue("a", "q1")
+	a.Note = "edited"
+	lastA := publishEvent(t, js, events.TypeEntryUpdated, a)
+	if err := p.WaitFor(ctx, lastA); err != nil {
+		t.Fatal(err)
+	}
+	reg, rm, mark := sub.Snapshot(func(s events.Shard) bool { return s.Queue == "q1" || s.Queue == "q3" })
+	if mark != n1 {
+		t.Errorf("mark %d, want %d", mark, n1)
+	}
+	if len(reg) != 1 || reg[0].ID != "a" || reg[0].Old != nil || reg[0].New.Entry.Note != "edited" || reg[0].Seq != lastA {
+		t.Errorf("registered %+v", reg)
+	}
+	if len(rm) != 1 || rm[0].ID != "gone" || rm[0].New != nil || rm[0].Old == nil || rm[0].Seq != last {
+		t.Errorf("removed %+v", rm)
+	}
+	// The pending change comes in a later batch, at the state the
+	// snapshot holds.
+	next, n2, err := sub.NextMarked(ctx)
+	if err != nil || n2 <= mark || len(next) != 1 || next[0].New.Entry.Note != "edited" {
+		t.Errorf("batch after the snapshot %+v #%d, %v", next, n2, err)
+	}
+	b := inQueue("b", "q2")
+	b.Removed = true
+	publishEvent(t, js, events.TypeEntryRemoved, b)
+	moved := inQueue("a", "q3")
+	lastA = publishEvent(t, js, events.TypeEntryUpdated, moved)
+	if err := p.WaitFor(ctx, lastA); err != nil {
+		t.Fatal(err)
+	}
+	if qs := p.Queues(); !slices.Equal(qs, []string{"q2", "q3"}) {
+		t.Errorf("queues after a's move and b's removal %v, want q2 (b's last) and q3", qs)
+	}
+}

@@ -5,6 +5,8 @@ import (
 	"context"
 	"slices"
 	"sync"
+
+	"github.com/cronstream/cronstream/events"
 )
 
 // Subscription receives the projector's changes in stream order, coalesced
@@ -27,6 +29,8 @@ type Subscription struct {
 	stopped map[string]*Change
 	closed  bool
 	signal  chan struct{} // one token: pending or stopped is non-empty, or closed
+	// batches counts the batches Next has returned (NextMarked, Snapshot).
+	batches uint64
 }
 
 // Subscribe returns a subscription whose first changes register every entry
@@ -92,11 +96,18 @@ func (s *Subscription) push(c Change) {
 // projector has stopped and every pending change has been returned, or ctx's
 // error.
 func (s *Subscription) Next(ctx context.Context) ([]Change, error) {
+	out, _, err := s.NextMarked(ctx)
+	return out, err
+}
+
+// NextMarked is Next, also returning the batch's number (1, 2, ...), which
+// a Snapshot's mark is compared with.
+func (s *Subscription) NextMarked(ctx context.Context) ([]Change, uint64, error) {
 	for {
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
-			return nil, ErrClosed
+			return nil, 0, ErrClosed
 		}
 		if len(s.pending) > 0 || len(s.stopped) > 0 {
 			out := make([]Change, 0, len(s.pending)+len(s.stopped))
@@ -108,25 +119,60 @@ func (s *Subscription) Next(ctx context.Context) ([]Change, error) {
 			}
 			clear(s.stopped)
 			clear(s.pending)
+			s.batches++
+			n := s.batches
 			s.mu.Unlock()
 			slices.SortFunc(out, func(a, b Change) int { return cmp.Compare(a.Seq, b.Seq) })
-			return out, nil
+			return out, n, nil
 		}
 		s.mu.Unlock()
 		select {
 		case <-s.signal:
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return nil, 0, ctx.Err()
 		case <-s.p.stopped:
 			// Changes pushed before the stop are still delivered.
 			s.mu.Lock()
 			empty := len(s.pending) == 0 && len(s.stopped) == 0 && !s.closed
 			s.mu.Unlock()
 			if empty {
-				return nil, ErrStopped
+				return nil, 0, ErrStopped
 			}
 		}
 	}
+}
+
+// Snapshot returns, as of one moment, the registered entries whose shard
+// (events.ShardOfEntry of its queue and id) in says yes to, each as a
+// change from nothing like Subscribe's first changes, and the removals of
+// removed entries whose last queue's shard it says yes to, like Removed;
+// both in stream order. mark is the number of the last batch Next returned
+// before it: a subscriber that takes shards over mid-stream (ownership)
+// builds them from the snapshot and ignores their entries' changes in
+// batches up to mark, which it may still be holding and which may be older
+// than the snapshot. A later batch brings each entry to its current state
+// (a change pending at the snapshot to the state the snapshot holds).
+func (s *Subscription) Snapshot(in func(events.Shard) bool) (registered, removed []Change, mark uint64) {
+	s.p.mu.RLock()
+	defer s.p.mu.RUnlock()
+	s.mu.Lock()
+	mark = s.batches
+	s.mu.Unlock()
+	f := s.p.fold
+	for id, st := range f.entries {
+		if in(events.ShardOfEntry(st.Entry.Options.QueueName(), id)) {
+			registered = append(registered, Change{ID: id, New: st, Seq: st.Revision, Time: st.Time})
+		}
+	}
+	for id, st := range f.removed {
+		if in(events.ShardOfEntry(st.Entry.Options.QueueName(), id)) {
+			removed = append(removed, Change{ID: id, Old: st, Seq: st.Revision, Time: st.Time})
+		}
+	}
+	bySeq := func(a, b Change) int { return cmp.Compare(a.Seq, b.Seq) }
+	slices.SortFunc(registered, bySeq)
+	slices.SortFunc(removed, bySeq)
+	return registered, removed, mark
 }
 
 // Close ends the subscription; pending changes are dropped.

@@ -95,6 +95,7 @@ func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (ta
 			r.cursor, r.hasCursor, r.lastTask = res.Watermark, res.HasWatermark, res.WatermarkTaskID
 			r.handled, r.hasHandled = res.Watermark, res.HasWatermark
 			r.phase = phaseReady
+			s.clearFenced()
 			if res.HasWatermark && !res.Watermark.Before(f.tick) {
 				r.tries = 0 // someone else handled it: nothing wrong
 			} else {
@@ -114,13 +115,16 @@ func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (ta
 			}
 		case taskstate.StatusRevisionFenced:
 			r.tries++
+			s.noteFenced(res.Fence)
 			s.suspectEpoch(r.queue, "", res.Fence, res.FenceID)
 		default: // stale: our view of the config is behind
 			r.tries++
+			s.noteFenced(0)
 		}
 		return taskstate.EnqueueEventRecord{}, false
 	}
 	r.tries = 0
+	s.clearFenced()
 	if f.kind == taskstate.FireTick || f.kind == taskstate.FireSkip {
 		r.cursor, r.hasCursor, r.phase = f.tick, true, phaseReady
 		r.handled, r.hasHandled = f.tick, true

@@ -58,25 +58,35 @@ func (s *Scheduler) maybeWriteVisibility(afterFire bool) {
 
 // writeVisibilityLoop writes the snapshots the loop hands over, beside it.
 func (s *Scheduler) writeVisibilityLoop() {
+	id := taskstate.ReplicaSchedulerID(s.cfg.Names.Prefix(), s.cfg.ReplicaID)
+	wrote := false
 	for entries := range s.vis {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		if err := s.broker.WriteSchedulerEntries(ctx, taskstate.SchedulerID(s.cfg.Names.Prefix()), entries, 2*s.cfg.Visibility); err != nil {
+		if err := s.broker.WriteSchedulerEntries(ctx, id, entries, 2*s.cfg.Visibility); err != nil {
 			s.log.Debug("write asynq scheduler entries", "err", err)
+		}
+		cancel()
+		wrote = true
+	}
+	if wrote {
+		// Stopped: the entries are the next owners' to list, as an asynq
+		// scheduler clears its own at shutdown.
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		if err := s.broker.ClearSchedulerEntries(ctx, id); err != nil {
+			s.log.Debug("clear asynq scheduler entries", "err", err)
 		}
 		cancel()
 	}
 }
 
 // visibilitySnapshot lists asynq's scheduler entries for ours, so
-// `asynq cron ls` lists them. One replica writes (the primary of a fixed
-// key), so the cost does not grow with the number of replicas; ok is false
-// on the others. asynq's SchedulerEntry has no paused field: a paused entry
-// is listed with its spec marked (taskstate.PausedSpec) and no next enqueue
+// `asynq cron ls` lists them. Each replica lists the entries of the shards
+// it owns under a scheduler id of its own, as each asynq scheduler does,
+// so the cost follows its share and the previous enqueue time is the one
+// it knows. asynq's SchedulerEntry has no paused field: a paused entry is
+// listed with its spec marked (taskstate.PausedSpec) and no next enqueue
 // time (docs/asynq-compat.md).
 func (s *Scheduler) visibilitySnapshot() ([]taskstate.SchedulerEntry, bool) {
-	if primaryOf("~asynq-visibility", s.liveReplicas()) != s.cfg.ReplicaID {
-		return nil, false
-	}
 	out := make([]taskstate.SchedulerEntry, 0, len(s.entries)+len(s.pausedEntries))
 	for _, r := range s.entries {
 		if r.st.Entry.Paused || r.sched == nil {

@@ -168,7 +168,7 @@ func benchConnect(b *testing.B, url string, opts ...nats.Option) (*nats.Conn, je
 
 // registerMany publishes n registered events directly (what `entry put`
 // publishes, without the per-entry read), asynchronously.
-func registerMany(b *testing.B, js jetstream.JetStream, n int, entry func(i int) events.Entry) {
+func registerMany(b testing.TB, js jetstream.JetStream, n int, entry func(i int) events.Entry) {
 	b.Helper()
 	c := context.Background()
 	futures := make([]jetstream.PubAckFuture, 0, 4096)
@@ -208,19 +208,19 @@ func registerMany(b *testing.B, js jetstream.JetStream, n int, entry func(i int)
 }
 
 // benchReplica is one replica wired as in replica.Run, without membership
-// (alone, it is every entry's primary).
+// or ownership (alone, it fires every entry).
 type benchReplica struct {
-	proj  *projector.Projector
-	relay *relay.Relay
-	sched *scheduler.Scheduler
-	sub   *nats.Subscription
+	proj    *projector.Projector
+	relay   *relay.Relay
+	sched   *scheduler.Scheduler
+	stopped bool
 }
 
 func startBenchReplica(b *testing.B, url string, rc *redis.Client, clock *scheduler.Clock) *benchReplica {
 	b.Helper()
 	// As replica.Run connects: NoEcho, and the relay reports what it
 	// published.
-	nc, js := benchConnect(b, url, nats.NoEcho())
+	_, js := benchConnect(b, url, nats.NoEcho())
 	store := taskstate.New(rc)
 	r := &benchReplica{}
 	var err error
@@ -231,12 +231,7 @@ func startBenchReplica(b *testing.B, url string, rc *redis.Client, clock *schedu
 		b.Fatal(err)
 	}
 	if r.relay, err = relay.New(relay.Config{Outbox: store, JS: js, Names: testNames, Owner: "bench", Logger: discardLogger,
-		Hold: func() bool { return r.sched != nil && r.sched.Busy() },
-		OnPublished: func(eventIDs []string) {
-			for _, id := range eventIDs {
-				r.sched.ObservePublished(id)
-			}
-		}}); err != nil {
+		Hold: func() bool { return r.sched != nil && r.sched.Busy() }}); err != nil {
 		b.Fatal(err)
 	}
 	r.sched, err = scheduler.New(scheduler.Config{
@@ -255,22 +250,15 @@ func startBenchReplica(b *testing.B, url string, rc *redis.Client, clock *schedu
 	if err := r.sched.Start(c); err != nil {
 		b.Fatal(err)
 	}
-	r.sub, err = nc.Subscribe(testNames.Prefix()+".fire.>", func(m *nats.Msg) {
-		r.sched.ObserveActivity(m.Subject, m.Header.Get(jetstream.MsgIDHeader))
-	})
-	if err != nil {
-		b.Fatal(err)
-	}
 	b.Cleanup(r.stop)
 	return r
 }
 
 func (r *benchReplica) stop() {
-	if r.sub == nil {
+	if r.stopped {
 		return
 	}
-	_ = r.sub.Unsubscribe()
-	r.sub = nil
+	r.stopped = true
 	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	_ = r.sched.Stop(c)
@@ -572,7 +560,7 @@ func BenchmarkSameInstant100k(b *testing.B) {
 		r := startBenchReplica(b, srv.url, rc, clock.clock)
 		// Loaded means applied, watermarks read and asynq's entries
 		// written once: the burst must not meet the replica's own start.
-		visKey := taskstate.SchedulerEntriesKey(taskstate.SchedulerID(testPrefix))
+		visKey := taskstate.SchedulerEntriesKey(taskstate.ReplicaSchedulerID(testPrefix, "bench"))
 		testenv.Eventually(b, 5*time.Minute, func() bool {
 			st := r.sched.Stats()
 			return st.Entries == n && st.Loading == 0 && rc.Exists(context.Background(), visKey).Val() == 1

@@ -42,9 +42,6 @@ type entryRun struct {
 	// floor: ticks at or before it are never fired (they belong to a pause
 	// or to an earlier spec).
 	floor time.Time
-	// heard is a tick a fire of which was heard on the activity subjects
-	// while it was the entry's next: a hint only (see applyObservation).
-	heard time.Time
 	// skippedAt is when a fire of this replica that recorded missed ticks
 	// of the entry last committed. Found with missed ticks again soon
 	// after, the entry is one this replica does not keep up with (see
@@ -73,6 +70,8 @@ type entryRun struct {
 
 	due   time.Time
 	index int
+	// backlogged: the entry waits in s.backlog for a pass (fairShare).
+	backlogged bool
 	// tries counts consecutive refusals and errors, whatever the phase:
 	// schedule backs off by it.
 	tries int
@@ -494,9 +493,6 @@ func (s *Scheduler) schedule(r *entryRun, now time.Time) {
 			return
 		}
 		due = next.Add(r.sched.Jitter(next))
-	}
-	if primaryOf(r.id, s.live) != s.cfg.ReplicaID && len(s.live) > 0 {
-		due = due.Add(s.cfg.LateDelay)
 	}
 	if r.tries > 0 {
 		// Back off after refusals and errors, up to 5 s.

@@ -20,10 +20,10 @@ const scrapeWait = 2 * time.Second
 
 var (
 	lastFireDesc = prometheus.NewDesc("cronstream_entry_last_fire_timestamp_seconds",
-		"Unix time of the entry's last handled tick (fired, or skipped by its catch-up or overlap policy); only on the entry's primary replica, only with --metrics-per-entry.",
+		"Unix time of the entry's last handled tick (fired, or skipped by its catch-up or overlap policy); only on the replica that owns the entry's shard, only with --metrics-per-entry.",
 		[]string{"entry", "queue"}, nil)
 	nextFireDesc = prometheus.NewDesc("cronstream_entry_next_fire_timestamp_seconds",
-		"Unix time of the entry's next tick (before jitter); absent while paused; only on the entry's primary replica, only with --metrics-per-entry.",
+		"Unix time of the entry's next tick (before jitter); absent while paused; only on the replica that owns the entry's shard, only with --metrics-per-entry.",
 		[]string{"entry", "queue"}, nil)
 	stalenessDesc = prometheus.NewDesc("cronstream_config_staleness_seconds",
 		"Seconds since the projection last heard the config stream (a message or a heartbeat; lags by up to about four heartbeats on an idle stream). Absent until first heard.",
@@ -31,9 +31,9 @@ var (
 )
 
 // Collector returns the scheduler's scrape-time metrics: config staleness,
-// and with perEntry the last and next fire time of each entry this replica
-// is the primary of, so each entry's series is on one replica only and
-// moves with its primary. The per-entry series are listed by the loop at
+// and with perEntry the last and next fire time of each entry of the shards
+// this replica owns, so each entry's series is on one replica only and
+// moves with its shard. The per-entry series are listed by the loop at
 // scrape time (one pass over the entries), never updated per fire.
 func (s *Scheduler) Collector(perEntry bool) prometheus.Collector {
 	return &collector{s: s, perEntry: perEntry}
@@ -60,7 +60,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	if !c.perEntry {
 		return
 	}
-	for _, e := range s.primaryEntryTimes() {
+	for _, e := range s.ownedEntryTimes() {
 		if !e.last.IsZero() {
 			ch <- prometheus.MustNewConstMetric(lastFireDesc, prometheus.GaugeValue, unixSeconds(e.last), e.id, e.queue)
 		}
@@ -72,10 +72,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 
 func unixSeconds(t time.Time) float64 { return float64(t.UnixNano()) / 1e9 }
 
-// primaryEntryTimes asks the loop for the entries this replica is the
-// primary of; nil when the loop does not answer within scrapeWait (busy,
+// ownedEntryTimes asks the loop for the entries of the shards this
+// replica owns; nil when the loop does not answer within scrapeWait (busy,
 // or not running).
-func (s *Scheduler) primaryEntryTimes() []entryTimes {
+func (s *Scheduler) ownedEntryTimes() []entryTimes {
 	reply := make(chan []entryTimes, 1) // the loop never blocks on a scrape that gave up
 	t := time.NewTimer(scrapeWait)
 	defer t.Stop()
@@ -92,16 +92,11 @@ func (s *Scheduler) primaryEntryTimes() []entryTimes {
 	}
 }
 
-// listEntryTimes runs on the loop: the entries, paused ones included, whose
-// primary among the live replicas is this one.
+// listEntryTimes runs on the loop: the entries of the shards this replica
+// owns, paused ones included.
 func (s *Scheduler) listEntryTimes() []entryTimes {
-	live := s.liveReplicas()
-	// About 1/len(live) of the entries are this replica's.
-	out := make([]entryTimes, 0, (len(s.entries)+len(s.pausedEntries))/max(len(live), 1)*5/4+16)
+	out := make([]entryTimes, 0, len(s.entries)+len(s.pausedEntries)/4+16)
 	for id, r := range s.entries {
-		if primaryOf(id, live) != s.cfg.ReplicaID {
-			continue
-		}
 		e := entryTimes{id: id, queue: r.queue}
 		if r.phase == phaseReady && r.hasCursor {
 			e.last = r.cursor
@@ -112,7 +107,7 @@ func (s *Scheduler) listEntryTimes() []entryTimes {
 		out = append(out, e)
 	}
 	for id := range s.pausedEntries { // by key: a State is large to copy
-		if _, ok := s.entries[id]; ok || primaryOf(id, live) != s.cfg.ReplicaID {
+		if _, ok := s.entries[id]; ok {
 			continue
 		}
 		out = append(out, entryTimes{id: id, queue: s.pausedEntries[id].Entry.Options.QueueName()})

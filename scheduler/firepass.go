@@ -18,9 +18,6 @@ import (
 // batches of fires and results. A plan's fires (one entry's ticks) always
 // share a batch, so their order holds.
 func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
-	if due = s.confirmHeard(ctx, due); len(due) == 0 {
-		return
-	}
 	if len(due) > s.cfg.Batch {
 		s.busy.Store(true)
 		defer s.busy.Store(false)

@@ -17,9 +17,11 @@ import (
 // TestForgedFiresNeverStopAnEntry: a second client publishes fired and
 // skipped events on the entry's activity subject, with ids for the tick
 // about to come due, for a tick a few seconds ahead and for the year 2100.
-// Every replica keeps firing every tick (each replica is, in turn, the last
-// one left), and the relays report the two forgeries that took a genuine
-// tick's id before the genuine event reached the stream.
+// No replica listens to the activity subjects, so nothing published there
+// steers the scheduling: every tick keeps firing (each replica is, in turn,
+// the last one left, owning the entry's shard), and the relays report the
+// two forgeries that took a genuine tick's id before the genuine event
+// reached the stream.
 func TestForgedFiresNeverStopAnEntry(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -79,13 +81,6 @@ func TestForgedFiresNeverStopAnEntry(t *testing.T) {
 	}, "the relays to report the forgeries of %s and %s", current.Format(time.TimeOnly), upcoming.Format(time.TimeOnly))
 	if forgeries != 2 {
 		t.Errorf("relays report %d forgeries, want 2", forgeries)
-	}
-	var implausible uint64
-	for _, n := range nodes {
-		implausible += n.sched.Stats().Implausible
-	}
-	if implausible == 0 {
-		t.Errorf("no replica counted the fires heard for the year 2100")
 	}
 }
 

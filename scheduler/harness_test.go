@@ -20,6 +20,7 @@ import (
 
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/outbox"
+	"github.com/cronstream/cronstream/internal/ownership"
 	"github.com/cronstream/cronstream/internal/relay"
 	"github.com/cronstream/cronstream/internal/replica"
 	"github.com/cronstream/cronstream/internal/taskstate"
@@ -29,10 +30,9 @@ import (
 )
 
 // The integration tests run the scheduler the way a replica does: each node
-// has its own NATS connection, projector, membership, relay and scheduler,
-// and feeds the fires it observes on <p>.fire.> back into its scheduler.
-// Only the servers are shared: one real redis-server and one embedded
-// nats-server per test.
+// has its own NATS connection, projector, membership, relay, shard
+// ownership and scheduler. Only the servers are shared: one real
+// redis-server and one embedded nats-server per test.
 
 const testPrefix = "st"
 
@@ -127,6 +127,21 @@ type nodeOpts struct {
 	projection func(*projector.Projector) scheduler.Projection
 	// rc is the node's Redis client (default: one on the test's server).
 	rc *redis.Client
+	// ownsAll runs the node without shard ownership: it fires every
+	// entry, as a lone replica (tests where several replicas must each
+	// try every tick).
+	ownsAll bool
+	// own tunes the node's ownership.
+	own func(*ownership.Config)
+	// members, when set, replaces the membership ownership follows (split
+	// views).
+	members func(*replica.Membership) ownership.Members
+	// natsURL is the NATS server the node connects to (default the
+	// test's; a proxy's to cut the node off).
+	natsURL string
+	// beat, when set, is called before each of the node's heartbeats (a
+	// test blocks it to freeze the node).
+	beat func()
 }
 
 // node is one replica wired by hand.
@@ -140,15 +155,31 @@ type node struct {
 	members *replica.Membership
 	relay   *relay.Relay
 	sched   *scheduler.Scheduler
-	sub     *nats.Subscription
+	own     *ownership.Manager // nil with ownsAll
+	firing  atomic.Pointer[scheduler.Scheduler]
 	once    sync.Once
+}
+
+// readyToOwn is the node's readiness for shards, as a replica's.
+func (n *node) readyToOwn() bool {
+	s := n.firing.Load()
+	return n.proj.CaughtUp() && (s == nil || s.Fenced() < ownership.FencedFor)
 }
 
 func (e *env) startNode(id string, o nodeOpts) *node {
 	e.t.Helper()
 	t := e.t
 	n := &node{id: id}
-	n.nc = e.nats.Connect(t, nats.Name(id))
+	if o.natsURL != "" {
+		var err error
+		if n.nc, err = nats.Connect(o.natsURL, nats.Name(id), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond),
+			nats.IgnoreDiscoveredServers(), nats.RetryOnFailedConnect(true)); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(n.nc.Close)
+	} else {
+		n.nc = e.nats.Connect(t, nats.Name(id))
+	}
 	js, err := jetstream.New(n.nc)
 	if err != nil {
 		t.Fatal(err)
@@ -171,7 +202,13 @@ func (e *env) startNode(id string, o nodeOpts) *node {
 	if err != nil {
 		t.Fatalf("%s: replicas bucket: %v", id, err)
 	}
-	if n.members, err = replica.NewMembership(replica.MembershipConfig{KV: kv, Self: replica.Info{ID: id, Started: time.Now()}, Interval: heartbeat, Logger: log}); err != nil {
+	if n.members, err = replica.NewMembership(replica.MembershipConfig{KV: kv, Self: replica.Info{ID: id, Started: time.Now()}, Interval: heartbeat, Logger: log,
+		Update: func(i *replica.Info) {
+			if o.beat != nil {
+				o.beat()
+			}
+			i.Shards, i.Ready = !o.ownsAll, n.readyToOwn()
+		}}); err != nil {
 		t.Fatalf("%s: new membership: %v", id, err)
 	}
 	if err := n.members.Start(ctx(t, 10*time.Second)); err != nil {
@@ -196,10 +233,28 @@ func (e *env) startNode(id string, o nodeOpts) *node {
 	if o.projection != nil {
 		proj = o.projection(n.proj)
 	}
+	if !o.ownsAll {
+		var members ownership.Members = n.members
+		if o.members != nil {
+			members = o.members(n.members)
+		}
+		ocfg := ownership.Config{Store: n.store, Members: members, Names: testNames, ReplicaID: id,
+			Queues: n.proj.Queues, Ready: n.readyToOwn, HeardNATS: n.members.LastBeat,
+			MemberTTL: 3 * heartbeat, Logger: log}
+		if o.own != nil {
+			o.own(&ocfg)
+		}
+		if n.own, err = ownership.New(ocfg); err != nil {
+			t.Fatalf("%s: new ownership: %v", id, err)
+		}
+	}
 	scfg := scheduler.Config{
-		Redis: n.rc, Projection: proj, Members: n.members, Names: testNames,
-		ReplicaID: id, Clock: o.clock, LateDelay: time.Second, Visibility: time.Second,
+		Redis: n.rc, Projection: proj, Names: testNames,
+		ReplicaID: id, Clock: o.clock, Visibility: time.Second,
 		OutboxBytes: n.relay.BacklogBytes, OnFire: n.relay.Notify, Logger: log,
+	}
+	if n.own != nil {
+		scfg.Shards = n.own
 	}
 	if o.sched != nil {
 		o.sched(&scfg)
@@ -211,11 +266,12 @@ func (e *env) startNode(id string, o nodeOpts) *node {
 	if err := n.sched.Start(ctx(t, 30*time.Second)); err != nil {
 		t.Fatalf("%s: start scheduler: %v", id, err)
 	}
-	n.sub, err = n.nc.Subscribe(testNames.Prefix()+".fire.>", func(m *nats.Msg) {
-		n.sched.ObserveActivity(m.Subject, m.Header.Get(jetstream.MsgIDHeader))
-	})
-	if err != nil {
-		t.Fatalf("%s: subscribe: %v", id, err)
+	n.firing.Store(n.sched)
+	if n.own != nil {
+		n.members.Refresh() // ready now: said at once
+		if err := n.own.Start(ctx(t, 10*time.Second)); err != nil {
+			t.Fatalf("%s: start ownership: %v", id, err)
+		}
 	}
 	t.Cleanup(n.stop)
 	return n
@@ -225,10 +281,12 @@ func (e *env) startNode(id string, o nodeOpts) *node {
 // outbox is flushed, the heartbeat removed.
 func (n *node) stop() {
 	n.once.Do(func() {
-		_ = n.sub.Unsubscribe()
 		c, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 		defer cancel()
 		_ = n.sched.Stop(c)
+		if n.own != nil {
+			_ = n.own.Stop(c)
+		}
 		_ = n.relay.Stop(c)
 		_ = n.members.Stop(c)
 		_ = n.proj.Stop(c)
@@ -245,6 +303,9 @@ func (n *node) crash() {
 		dead, cancel := context.WithCancel(context.Background())
 		cancel()
 		_ = n.sched.Stop(dead)
+		if n.own != nil {
+			_ = n.own.Stop(dead)
+		}
 		_ = n.relay.Stop(dead)
 		_ = n.members.Stop(dead)
 		_ = n.proj.Stop(dead)

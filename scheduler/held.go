@@ -14,8 +14,10 @@ import (
 
 // heldCheckEvery is how often the loop looks for held ticks to release
 // (overlap buffer-one): a held tick fires within this long of its previous
-// task leaving the busy states.
-const heldCheckEvery = 500 * time.Millisecond
+// task leaving the busy states. Only the owner of the entry's shard
+// releases it, so this alone bounds the wait (a worker then takes up to a
+// second more to pick the task up).
+const heldCheckEvery = 250 * time.Millisecond
 
 // heldSweepEvery is how often the check also reads the held-tick index of
 // every queue asynq knows (asynq:queues, which every fire adds its queue
@@ -163,6 +165,9 @@ func (s *Scheduler) releaseHeld(ctx context.Context) {
 		// An entry it does not hold was removed: the fences make sure this
 		// replica has seen the fire that held the tick, so it has seen the
 		// entry's registration too. A quarantined one is left alone.
+		if !s.firesShard(events.ShardOfEntry(h.Queue, h.Entry)) {
+			continue // its shard's owner releases it
+		}
 		st, known := s.cfg.Projection.Get(h.Entry)
 		if !known && s.quarantined(h.Entry) {
 			continue

@@ -654,3 +654,9 @@ func (s *Scheduler) lastHandled(ctx context.Context, r *entryRun) (time.Time, st
 	}
 	return tick, task, true, nil
 }
+
+// implausibleAhead is how far ahead of the scheduler's clock a tick read
+// back from the activity stream is taken as implausible: no replica fires
+// a tick before it is due, and the replicas' clocks are corrected to
+// Redis's.
+const implausibleAhead = time.Minute

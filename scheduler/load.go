@@ -10,14 +10,25 @@ import (
 	"github.com/cronstream/cronstream/internal/taskstate"
 )
 
-// loadWatermarks reads the watermark of every entry that needs one, per
-// queue in one round trip, doing queue handovers first. Entries whose load
-// failed stay in s.load and are retried after a backoff.
+// loadBatch bounds the entries one turn of the loop loads: a replica that
+// takes many shards at once (at start, or from a dead replica) loads them
+// over several turns, so its loop keeps turning (its leases are renewed
+// only while it does) and fires between them.
+const loadBatch = 10_000
+
+// loadWatermarks reads the watermark of the entries that need one (at most
+// loadBatch), per queue in one round trip, doing queue handovers first.
+// Entries whose load failed stay in s.load and are retried after a
+// backoff; those left for the next turn follow at once.
 func (s *Scheduler) loadWatermarks(ctx context.Context) {
 	prefix := s.cfg.Names.Prefix()
 	byQueue := map[string][]*entryRun{}
 	failed, later := false, false
+	taken := 0
 	for _, r := range s.load {
+		if taken++; taken > loadBatch {
+			break
+		}
 		if r.loading.fromQueue != "" {
 			if _, err := s.handover(ctx, r, []string{r.loading.fromQueue}); err != nil {
 				// Firing into the new queue before the old one is closed

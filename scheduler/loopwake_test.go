@@ -2,37 +2,39 @@ package scheduler_test
 
 import (
 	"context"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/testenv"
 )
 
-// TestPassRunsWhileObservationsFlow: the other replicas' fires reach a
-// replica as observations, many a second. Taking one must not push the
-// loop's next pass back, or a replica whose own entries are hours away
-// would not run a pass (its stats, membership view and gauges frozen) for
-// as long as they flow.
-func TestPassRunsWhileObservationsFlow(t *testing.T) {
+// TestPassRunsWhileChangesFlow: changes of the projection reach the loop
+// many a second (another entry edited over and over). Taking one must not
+// push the loop's next pass back, or a replica whose own entries are hours
+// away would not run a pass (its stats, shards and gauges frozen, its
+// leases not renewed) for as long as they flow.
+func TestPassRunsWhileChangesFlow(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.put(every("hourly-a", "@every 1h"), every("hourly-b", "@every 1h"))
+	e.put(every("hourly-a", "@every 1h"), every("hourly-b", "@every 1h"), every("edited", "@every 1h"))
 	n := e.startNode("r1", nodeOpts{})
-	testenv.Eventually(t, 10*time.Second, func() bool { return n.sched.Stats().Entries == 2 }, "two entries known")
+	testenv.Eventually(t, 10*time.Second, func() bool { return n.sched.Stats().Entries == 3 }, "three entries known")
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(1)
-	go func() { // another replica's fires of an entry this one does not know
+	go func() { // edits of an entry, one every 50 ms
 		defer wg.Done()
 		t := time.NewTicker(50 * time.Millisecond)
 		defer t.Stop()
-		for {
+		for i := 0; ; i++ {
 			select {
 			case <-ctx.Done():
 				return
-			case now := <-t.C:
-				n.sched.Observe("elsewhere", now.Truncate(time.Second))
+			case <-t.C:
+				_, _ = e.client.Put(ctx, every("edited", "@every 1h", func(en *events.Entry) { en.Note = strconv.Itoa(i) }))
 			}
 		}
 	}()
@@ -41,6 +43,6 @@ func TestPassRunsWhileObservationsFlow(t *testing.T) {
 	if _, err := e.client.Remove(ctx, "hourly-b"); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 5*time.Second, func() bool { return n.sched.Stats().Entries == 1 },
-		"no pass counted the removal while observations flowed (entries %d)", n.sched.Stats().Entries)
+	testenv.Eventually(t, 5*time.Second, func() bool { return n.sched.Stats().Entries == 2 },
+		"no pass counted the removal while changes flowed (entries %d)", n.sched.Stats().Entries)
 }

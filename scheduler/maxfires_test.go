@@ -107,7 +107,10 @@ func TestMaxFiresAcrossQueueMove(t *testing.T) {
 	e := newEnv(t)
 	en := every("mv", "@every 1s", inQueue("alpha"), func(en *events.Entry) { en.MaxFires = 4 })
 	e.put(en)
-	a := e.startNode("a", nodeOpts{})
+	// With the history, as a replica runs: the entry's shard in the new
+	// queue is taken over (by this replica, here) after the move, not
+	// followed live, and the old queue is closed from the history.
+	a := e.startNode("a", nodeOpts{sched: func(c *scheduler.Config) { c.History = scheduler.NewStreamHistory(e.js, testNames) }})
 	ticks := func() int { return len(e.entryTicks("mv")) }
 	testenv.Eventually(t, 20*time.Second, func() bool { return ticks() >= 2 }, "mv to fire in alpha")
 	e.put(every("mv", "@every 1s", inQueue("beta"), func(en *events.Entry) { en.MaxFires = 4 }))

@@ -60,7 +60,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2, 3, 5, 10, 30, 60},
 		}),
 		Entries: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "cronstream_scheduler_entries", Help: "Entries the scheduler knows (paused included).",
+			Name: "cronstream_scheduler_entries", Help: "Entries of the shards this replica owns (paused included): the entries it schedules.",
 		}),
 		Backpressure: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "cronstream_scheduler_backpressure", Help: "1 while firing is paused because the outbox backlog is over its bound.",
@@ -72,7 +72,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "cronstream_watermarks_restoring", Help: "Entries whose fires this replica holds while their watermark, lost in Redis, is restored (the restore proposal settling, or the activity stream unreadable with no replica's position to restore from).",
 		}),
 		Implausible: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "cronstream_scheduler_implausible_observations_total", Help: "Fires heard on the activity subjects, or read back from the activity stream, for a tick far ahead of the clock (forged, or a publisher's wrong clock); ignored.",
+			Name: "cronstream_scheduler_implausible_observations_total", Help: "Fires read back from the activity stream (to restore a watermark Redis lost) for a tick far ahead of the clock (forged, or a publisher's wrong clock); ignored.",
 		}),
 		Epochs: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "cronstream_stream_epochs_total", Help: "Revision fences and handover markers holding a sequence of an earlier config stream (recreated or restored) that this replica cleared.",

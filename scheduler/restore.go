@@ -199,7 +199,16 @@ type positions struct {
 type position struct {
 	queue string
 	tick  time.Time
+	// kept, when set, is until when the position of an entry whose shard
+	// this replica no longer owns is still raised: a watermark Redis lost
+	// around a handover is restored no lower than the ticks this replica
+	// fired before it let the entry go.
+	kept time.Time
 }
+
+// keptPosition is how long a position outlives its entry's run here
+// (positions.keep): many times the restore settle.
+const keptPosition = time.Minute
 
 // note records r's position (loop goroutine).
 func (p *positions) note(r *entryRun) {
@@ -210,7 +219,7 @@ func (p *positions) note(r *entryRun) {
 	if p.m == nil {
 		p.m = map[string]position{}
 	}
-	p.m[r.id] = position{r.queue, r.handled}
+	p.m[r.id] = position{queue: r.queue, tick: r.handled}
 	p.mu.Unlock()
 }
 
@@ -220,10 +229,32 @@ func (p *positions) forget(id string) {
 	p.mu.Unlock()
 }
 
+// keep keeps id's position for keptPosition after its run left this
+// replica (its shard went to another owner).
+func (p *positions) keep(id string) {
+	p.mu.Lock()
+	if pos, ok := p.m[id]; ok {
+		pos.kept = time.Now().Add(keptPosition)
+		p.m[id] = pos
+	}
+	p.mu.Unlock()
+}
+
+// pruneLocked drops the kept positions whose time is over.
+func (p *positions) pruneLocked() {
+	now := time.Now()
+	for id, pos := range p.m {
+		if !pos.kept.IsZero() && now.After(pos.kept) {
+			delete(p.m, id)
+		}
+	}
+}
+
 // queues returns the queues of the entries with a position.
 func (p *positions) queues() []string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.pruneLocked()
 	seen := map[string]bool{}
 	var out []string
 	for _, pos := range p.m {

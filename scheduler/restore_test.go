@@ -17,26 +17,27 @@ import (
 	"github.com/cronstream/cronstream/scheduler"
 )
 
-// TestRedisLostAheadOfAnotherReplica: two replicas run an entry; the
-// primary fires a tick, and Redis loses its data before any relay
-// published the tick's record, so neither Redis nor the activity stream
-// holds it. The other replica, whose own position is one tick older (it
-// acts late, and had not yet tried that tick), finds the watermark gone
-// first, while the primary does not try its next tick (its clock is set
-// back an hour). The restore must take the primary's position: the tick it
-// fired is never fired again.
+// TestRedisLostAheadOfAnotherReplica: two replicas both try an entry's
+// ticks (as replicas of two builds do during a rolling upgrade, or two
+// owners of one shard across a handover): the primary on time, the other
+// 800 ms late (its clock runs behind). The primary fires a tick, and Redis
+// loses its data before any relay published the tick's record, so neither
+// Redis nor the activity stream holds it. The other replica, whose own
+// position is one tick older (it had not yet tried that tick), finds the
+// watermark gone first, while the primary does not try its next tick (its
+// clock is set back an hour). The restore must take the primary's
+// position: the tick it fired is never fired again.
 func TestRedisLostAheadOfAnotherReplica(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	e.put(every("w", "@every 1s", withCatchup(events.CatchupAll, time.Hour)))
-	clocks := map[string]*shiftClock{"a": newShiftClock(t, 0), "b": newShiftClock(t, 0)}
+	clocks := map[string]*shiftClock{"a": newShiftClock(t, 0), "b": newShiftClock(t, -800*time.Millisecond)}
 	var held atomic.Int64 // outcomes reporting a fire held for the restore
 	opts := func(id string) nodeOpts {
 		// No relay: nothing reaches the stream, and no replica hears
 		// another's fires; each knows only what its own attempts read.
-		return nodeOpts{noRelay: true, clock: clocks[id].clock, sched: func(c *scheduler.Config) {
+		return nodeOpts{noRelay: true, ownsAll: true, clock: clocks[id].clock, sched: func(c *scheduler.Config) {
 			c.History = scheduler.NewStreamHistory(e.js, testNames)
-			c.LateDelay = 800 * time.Millisecond
 			c.OnOutcome = func(o scheduler.Outcome) {
 				if errors.Is(o.Err, scheduler.ErrRestoring) {
 					held.Add(1)
@@ -49,9 +50,6 @@ func TestRedisLostAheadOfAnotherReplica(t *testing.T) {
 		return len(a.members.Live()) == 2 && len(b.members.Live()) == 2 && a.sched.Stats().Fired+b.sched.Stats().Fired >= 3
 	}, "both replicas live and the entry firing")
 	primary, other, id := a, b, "a"
-	if b.sched.Stats().Fired > a.sched.Stats().Fired {
-		primary, other, id = b, a, "b"
-	}
 	c := context.Background()
 	watermark := func() time.Time {
 		tick, _, _, err := e.store.Watermark(c, testPrefix, "default", "w")

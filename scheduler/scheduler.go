@@ -3,8 +3,9 @@
 // each tick fires exactly once").
 //
 // It owns fire-time computation (Schedule), the firing loop (one timer over a
-// min-heap of due instants), catch-up after outages, the primary/late split
-// between replicas, manual triggers and backfills. It never decides alone
+// min-heap of due instants) for the entries of the shards this replica owns
+// (Shards), catch-up after outages, manual triggers and backfills. It never
+// decides alone
 // that a tick may fire: every fire is one atomic script in Redis that
 // compares-and-sets the entry's watermark and checks the revision and
 // staleness fences, so two replicas can never both fire one tick. It never
@@ -40,7 +41,9 @@ import (
 //     follows the projection (applyChange) and when it is due (schedule).
 //   - load.go: reading watermarks, queue handovers, restoring a watermark
 //     Redis lost; history.go: what the streams say for that.
-//   - observe.go: fires heard from other replicas, a hint only.
+//   - owned.go: which entries are this replica's (the shards it owns),
+//     runs built when a shard is taken and dropped when it goes;
+//     shards.go: the Shards interface ownership implements.
 //   - plan.go: what a due entry fires now (its tick, or catch-up by
 //     catchup.go) and the fires' records; taskmessage.go: their tasks.
 //   - firepass.go: one pass of fires, batched per queue, in parallel.
@@ -50,7 +53,8 @@ import (
 //   - epoch.go: fences left by an earlier config stream, cleared.
 //   - manual.go: triggers and backfills, without a running scheduler.
 //   - firetime.go: an entry's ticks (Schedule) and task ids; dueheap.go:
-//     the entries by due instant; primary.go: which replica fires on time.
+//     the entries by due instant; primary.go: the rendezvous hash other
+//     components share work by.
 //   - outcome.go, stats.go, metrics.go, entrymetrics.go: what the scheduler
 //     reports; pools.go: buffers reused across passes; activityid.go: the
 //     fired and skipped events' ids.
@@ -68,6 +72,7 @@ type broker interface {
 	ClearHandover(ctx context.Context, prefix, queue, entry string, revision uint64) (bool, error)
 	HandoverID(ctx context.Context, prefix, queue, entry string, revision uint64) (string, error)
 	WriteSchedulerEntries(ctx context.Context, schedulerID string, entries []taskstate.SchedulerEntry, ttl time.Duration) error
+	ClearSchedulerEntries(ctx context.Context, schedulerID string) error
 	RecordSchedulerEnqueueEvents(ctx context.Context, events []taskstate.EnqueueEventRecord) error
 	HeldTicks(ctx context.Context, prefix string, queues []string) ([]taskstate.HeldTick, error)
 	Queues(ctx context.Context) ([]string, error)
@@ -94,15 +99,9 @@ type Projection interface {
 	Quarantined() []projector.Quarantine
 }
 
-// Members tells which replicas are live, for the primary of each entry.
-type Members interface {
-	Live() []string
-}
-
 // Defaults, each overridable in Config.
 const (
 	DefaultGrace        = 5 * time.Second
-	DefaultLateDelay    = 2 * time.Second
 	DefaultMaxStaleness = 30 * time.Second
 	DefaultMaxCatchup   = 100
 	DefaultBatch        = 1000
@@ -116,16 +115,15 @@ type Config struct {
 	// scheduler fires into.
 	Redis      redis.UniversalClient
 	Projection Projection
-	Members    Members // nil: this replica is primary for everything
-	Names      events.Names
-	ReplicaID  string
-	Clock      *Clock // nil: the local clock, uncorrected
+	// Shards says which shards this replica owns: it fires only their
+	// entries (nil: every entry, as a lone replica).
+	Shards    Shards
+	Names     events.Names
+	ReplicaID string
+	Clock     *Clock // nil: the local clock, uncorrected
 	// Grace: a tick counts as missed (and goes to the catch-up policy) only
 	// once it is older than this.
 	Grace time.Duration
-	// LateDelay: a replica that is not an entry's primary fires a tick only
-	// once it is this late.
-	LateDelay time.Duration
 	// MaxStaleness: how far this replica's view of the config stream may lag
 	// the freshest replica firing into the same queue.
 	MaxStaleness time.Duration
@@ -199,7 +197,6 @@ type Scheduler struct {
 	// the corrected clock.Now.
 	loadAfter clock.Mono
 	loadFails int
-	live      []string
 	// visWritten: asynq's scheduler entries were written once since start.
 	visWritten bool
 	// hist caches History's answers about all entries.
@@ -212,7 +209,19 @@ type Scheduler struct {
 	// of the current pass present (fireDue).
 	configID string
 
-	observed chan observation
+	// sub is the projection's subscription (its Snapshot builds the runs
+	// of a shard taken over); owned the shards whose runs the loop holds,
+	// and marks, per owned shard, the last batch of changes its snapshot
+	// supersedes (owned.go).
+	sub   *projector.Subscription
+	owned OwnedShards
+	marks map[events.Shard]uint64
+	// backlog holds, per queue, entries due that a pass over its budget
+	// left for the next (fairShare); fairNext is the queue the next such
+	// pass starts at.
+	backlog  map[string][]*entryRun
+	fairNext int
+
 	timesReq chan chan []entryTimes // a scrape's request for listEntryTimes
 	wake     chan struct{}
 	history  chan []taskstate.EnqueueEventRecord // to writeHistory
@@ -229,9 +238,6 @@ type Scheduler struct {
 	firedData []byte
 	held      heldCheck // overlap buffer-one's release check (held.go)
 
-	// implausibleLogged: when an implausible observation was last logged.
-	implausibleLogged clock.Mono
-
 	// pos: the entries' positions, for raiseProposals.
 	pos positions
 
@@ -239,6 +245,7 @@ type Scheduler struct {
 	stats Stats
 
 	paused atomic.Bool // outbox backpressure
+	fenced fenced      // a run of fence refusals (Fenced)
 	busy   atomic.Bool // firing more than one batch
 	// firingSince is when the fire pass in progress began (monotonic,
 	// after epoch; 0: none in progress).
@@ -259,9 +266,6 @@ func New(cfg Config) (*Scheduler, error) {
 	}
 	if cfg.Grace <= 0 {
 		cfg.Grace = DefaultGrace
-	}
-	if cfg.LateDelay <= 0 {
-		cfg.LateDelay = DefaultLateDelay
 	}
 	if cfg.MaxStaleness <= 0 {
 		cfg.MaxStaleness = DefaultMaxStaleness
@@ -303,7 +307,6 @@ func New(cfg Config) (*Scheduler, error) {
 		cfg: cfg, broker: b, log: cfg.Logger, clock: clk, m: m, src: events.ReplicaSource(cfg.ReplicaID),
 		entries:  map[string]*entryRun{},
 		load:     map[string]*entryRun{},
-		observed: make(chan observation, 4096),
 		timesReq: make(chan chan []entryTimes),
 		history:  make(chan []taskstate.EnqueueEventRecord, 16),
 		vis:      make(chan []taskstate.SchedulerEntry, 1),
@@ -324,22 +327,27 @@ func (s *Scheduler) Start(ctx context.Context) error {
 		return fmt.Errorf("scheduler: wait for the projection: %w", err)
 	}
 	sub := s.cfg.Projection.Subscribe()
-	removed := sub.Removed()
+	s.sub = sub
+	var removed []projector.Change
+	if s.ownsAll() {
+		// With ownership, a shard's removals come with it (takeShards).
+		removed = sub.Removed()
+	}
 	lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	s.cancel = cancel
-	changes := make(chan []projector.Change)
+	changes := make(chan markedBatch)
 	s.wg.Add(4)
 	go func() {
 		defer s.wg.Done()
 		defer close(changes)
 		defer sub.Close()
 		for {
-			batch, err := sub.Next(lctx)
+			batch, mark, err := sub.NextMarked(lctx)
 			if err != nil {
 				return
 			}
 			select {
-			case changes <- batch:
+			case changes <- markedBatch{batch, mark}:
 			case <-lctx.Done():
 				return
 			}
@@ -398,9 +406,13 @@ func (s *Scheduler) Firing() time.Duration {
 // Paused reports whether firing is paused by outbox backpressure.
 func (s *Scheduler) Paused() bool { return s.paused.Load() }
 
-func (s *Scheduler) loop(ctx context.Context, changes <-chan []projector.Change, removed []projector.Change) {
+func (s *Scheduler) loop(ctx context.Context, changes <-chan markedBatch, removed []projector.Change) {
 	for _, c := range removed {
 		s.foundRemoved(c)
+	}
+	var shardsChanged <-chan struct{}
+	if !s.ownsAll() {
+		shardsChanged = s.cfg.Shards.Changed()
 	}
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
@@ -424,6 +436,9 @@ func (s *Scheduler) loop(ctx context.Context, changes <-chan []projector.Change,
 			wait = min(wait, max(s.clock.Until(s.loadAfter), 0))
 		}
 		wait = min(wait, max(s.clock.Until(s.held.wakeAt()), 0))
+		if len(s.backlog) > 0 {
+			wait = 0 // the next pass takes the backlog
+		}
 		if at := time.Now().Add(wait); armed.IsZero() || at.Before(armed) {
 			if !timer.Stop() {
 				select {
@@ -437,30 +452,19 @@ func (s *Scheduler) loop(ctx context.Context, changes <-chan []projector.Change,
 		select {
 		case <-ctx.Done():
 			return
-		case batch, ok := <-changes:
+		case b, ok := <-changes:
 			if !ok {
 				if ctx.Err() == nil {
 					s.log.Error("the projection stopped: this replica no longer fires")
 				}
 				return
 			}
-			for _, c := range batch {
-				s.applyChange(c)
+			for _, c := range b.changes {
+				s.follow(c, b.mark)
 			}
 			continue // re-arm; loading and firing happen on the next turn
-		case o := <-s.observed:
-			// Observations come in bursts (every fire of the other
-			// replicas): take what is buffered in one turn.
-			s.applyObservation(o)
-			for more := true; more; {
-				select {
-				case o := <-s.observed:
-					s.applyObservation(o)
-				default:
-					more = false
-				}
-			}
-			continue
+		case <-shardsChanged:
+			// Taken and dropped at once, loaded and fired below.
 		case reply := <-s.timesReq:
 			reply <- s.listEntryTimes()
 			continue
@@ -474,7 +478,13 @@ func (s *Scheduler) loop(ctx context.Context, changes <-chan []projector.Change,
 		case <-timer.C:
 			armed = time.Time{}
 		}
-		s.live = s.liveReplicas()
+		// The runs of shards taken and dropped since the last turn; the
+		// turn is the loop's progress, and no fire of a shard dropped is
+		// in flight any more (its lease may go).
+		s.followShards()
+		if !s.ownsAll() {
+			s.cfg.Shards.Turned(s.owned.Version)
+		}
 		if len(s.load) > 0 && !s.clock.Mono().Before(s.loadAfter) {
 			s.loadWatermarks(ctx)
 			if len(s.load) == 0 && !s.visWritten {
@@ -495,10 +505,11 @@ func (s *Scheduler) loop(ctx context.Context, changes <-chan []projector.Change,
 					s.heap.set(e, s.clock.Now().Add(500*time.Millisecond))
 				}
 			}
+			s.requeueBacklog(s.clock.Now().Add(500 * time.Millisecond))
 			continue
 		}
 		due = s.heap.popDue(s.clock.Now(), due[:0])
-		if len(due) > 0 {
+		if due = s.fairShare(s.leased(due)); len(due) > 0 {
 			s.fireDue(ctx, due)
 			s.checkEpochs(ctx)
 			s.maybeWriteVisibility(true)
@@ -522,15 +533,4 @@ func (s *Scheduler) backpressured() bool {
 		s.m.Backpressure.Set(boolGauge(over))
 	}
 	return over
-}
-
-func (s *Scheduler) liveReplicas() []string {
-	if s.cfg.Members == nil {
-		return []string{s.cfg.ReplicaID}
-	}
-	live := s.cfg.Members.Live()
-	if len(live) == 0 {
-		return []string{s.cfg.ReplicaID}
-	}
-	return live
 }

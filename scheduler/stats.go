@@ -24,9 +24,9 @@ type Stats struct {
 	// Restoring counts entries whose fires are held while their lost
 	// watermark is restored (ErrRestoring).
 	Restoring int
-	// Implausible counts fires heard on the activity subjects for a tick
-	// far ahead of the clock (forged, or from a publisher with a broken
-	// clock); they are ignored.
+	// Implausible counts fires read back from the activity stream for a
+	// tick far ahead of the clock (forged, or from a publisher with a
+	// broken clock); they are ignored.
 	Implausible uint64
 	// Epochs counts fences and markers of an earlier config stream this
 	// replica cleared (new stream epochs).

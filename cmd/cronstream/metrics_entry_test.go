@@ -59,10 +59,10 @@ func startMetricsReplica(t *testing.T, e *cliEnv, id string, flags ...string) (*
 }
 
 // TestMetricsPerEntry: with --metrics-per-entry each entry's last and next
-// fire time is exported by exactly one of two replicas (its primary), the
-// series move to the survivor when a replica stops and disappear when the
-// entry is removed; without the flag there are none; the staleness gauge
-// is always there.
+// fire time is exported by exactly one of two replicas (the owner of its
+// shard), the series move to the survivor when a replica stops and
+// disappear when the entry is removed; without the flag there are none;
+// the staleness gauge is always there.
 func TestMetricsPerEntry(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, true)

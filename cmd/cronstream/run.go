@@ -69,7 +69,7 @@ func (f *replicaFlags) add(cmd *cobra.Command, httpDefault string) {
 	fl.StringVar(&f.redisWaitReplicas, "redis-wait-replicas", "auto", "publish an event only once this many Redis replicas hold its write (Redis WAIT): a number, 0 for none, or auto: 1 on a Redis that has or had a replica since the start, none on one that never had")
 	fl.DurationVar(&f.redisWaitTimeout, "redis-wait-timeout", relay.DefaultWaitTimeout, "longest wait for --redis-wait-replicas; a batch not confirmed in time is published marked unconfirmed (at most "+maxWaitTimeout.String()+")")
 	fl.DurationVar(&f.lateAfter, "late-after", stall.DefaultLateAfter, "an entry whose tick is overdue (due time plus jitter) for longer is late: metrics, a warning, status, and /readyz when this replica's own fires all fail")
-	fl.BoolVar(&f.metricsPerEntry, "metrics-per-entry", false, "export each entry's last and next fire time (cronstream_entry_*_fire_timestamp_seconds), only from the entry's primary replica: one series pair per entry across the replicas")
+	fl.BoolVar(&f.metricsPerEntry, "metrics-per-entry", false, "export each entry's last and next fire time (cronstream_entry_*_fire_timestamp_seconds), only from the replica that owns the entry's shard: one series pair per entry across the replicas")
 	fl.DurationVar(&f.clockOffset, "test-clock-offset", 0, "TEST ONLY: run this replica's local clock this far off (e.g. 1h, -1h) to test clock skew; the replica corrects it against Redis TIME. Never set it in production")
 	fl.StringVar(&f.http, "http", httpDefault, "address for /healthz, /readyz and /metrics (empty: none)")
 	fl.BoolVar(&f.console, "console", f.consoleDefault, "serve the read-only web console at / on --http")

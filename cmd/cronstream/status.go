@@ -34,6 +34,7 @@ const recovererNote = "asynq servers run their own recoverer (every minute, 30s 
 type statusReport struct {
 	Prefix    string           `json:"prefix"`
 	Replicas  []replica.Status `json:"replicas"`
+	Shards    shardsStatus     `json:"shards"`
 	Entries   entryCounts      `json:"entries"`
 	Config    streamPosition   `json:"config_stream"`
 	Activity  streamPosition   `json:"activity_stream"`
@@ -353,6 +354,11 @@ func collectStatus(ctx context.Context, g *globalFlags, conn *connFlags, s *sess
 		return rep
 	}
 	rep.Warnings = append(rep.Warnings, replica.RedisWarnings(ctx, rc)...)
+	if states != nil {
+		var warnings []string
+		rep.Shards, warnings = collectShards(ctx, store, s.names, states, rep.Replicas)
+		rep.Warnings = append(rep.Warnings, warnings...)
+	}
 	// An active limited entry whose counter reached its limit is completed
 	// (docs/design.md INV-max-fires).
 	if left, err := entrystate.FiresLeft(ctx, store, s.names.Prefix(), ptrs); err != nil {
@@ -505,6 +511,7 @@ func printStatus(w io.Writer, r statusReport) {
 	} else {
 		fmt.Fprintln(w, "  none: no entry fires and no task is recovered until a replica runs (cronstream run)")
 	}
+	printShards(w, r.Shards)
 
 	fmt.Fprintf(w, "\nEntries: %d active, %d paused, %d ended, %d completed, %d quarantined\n", r.Entries.Active, r.Entries.Paused, r.Entries.Ended, r.Entries.Completed, r.Entries.Quarantined)
 	for _, q := range r.Entries.Bad {

@@ -1,19 +1,22 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
-	"github.com/cronstream/cronstream/scheduler"
 )
 
 // TestWindowAndExclusionThroughRun: three `cronstream run` replicas, the
-// entry's primary killed with SIGKILL mid-window, fire an entry every second with an
+// owner of the entry's shard killed with SIGKILL mid-window, fire an entry every second with an
 // active window a few seconds ahead and an exclusion of every third
 // second. From Redis's tasks and the activity stream: no tick before the
 // start or after the end, none excluded, each other tick in the window
@@ -30,8 +33,6 @@ func TestWindowAndExclusionThroughRun(t *testing.T) {
 	for _, id := range ids {
 		ps[id], _ = startMetricsReplica(t, e, id)
 	}
-	// The replica killed is the one firing the entry on time.
-	killed := scheduler.PrimaryOf("win", ids)
 	// The window starts a few seconds ahead and ends on a second that is
 	// not excluded (so the last tick is a fire).
 	winStart := time.Now().Truncate(time.Second).Add(4 * time.Second)
@@ -46,6 +47,12 @@ func TestWindowAndExclusionThroughRun(t *testing.T) {
 		testenv.Eventually(t, time.Until(at)+time.Minute, func() bool { return !time.Now().Before(at) }, "clock to pass %s", at)
 	}
 	waitFor(winStart.Add(5 * time.Second))
+	// The replica killed is the one firing the entry: the holder of its
+	// shard's lease.
+	killed := shardHolder(t, e, events.ShardOfEntry("default", "win"))
+	if ps[killed] == nil {
+		t.Fatalf("the entry's shard is held by %q, not one of the replicas %v", killed, ids)
+	}
 	ps[killed].stop(syscall.SIGKILL, 10*time.Second)
 	waitFor(winEnd.Add(3 * time.Second))
 	for id, p := range ps {
@@ -145,4 +152,26 @@ func TestWindowAndExclusionThroughRun(t *testing.T) {
 	if ls := e.ok("entry", "ls", "--state", "ended"); !strings.Contains(ls, "win") {
 		t.Errorf("entry ls --state ended:\n%s", ls)
 	}
+}
+
+// shardHolder returns the replica that holds shard's lease now ("" when
+// none).
+func shardHolder(t *testing.T, e *cliEnv, shard events.Shard) string {
+	t.Helper()
+	opts, err := redis.ParseURL(e.redis.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := redis.NewClient(opts)
+	defer rc.Close()
+	v, err := taskstate.New(rc).ShardLeases(context.Background(), events.DefaultPrefix, []string{shard.Queue}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range v.Leases {
+		if l.Shard == shard {
+			return l.Holder
+		}
+	}
+	return ""
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/ownership"
 	"github.com/cronstream/cronstream/internal/relay"
 	"github.com/cronstream/cronstream/internal/stall"
 )
@@ -40,6 +41,15 @@ type Info struct {
 	// RedisWait is what its relay knows of Redis replication: how many
 	// replicas confirm each batch, and whether events go out unconfirmed.
 	RedisWait *relay.WaitStatus `json:"redis_wait,omitempty"`
+	// Shards says the replica fires by shard ownership (docs/design.md
+	// "Ownership"); replicas of earlier builds lack it and are never
+	// given shards. Ready says its projection is caught up with the
+	// config stream: only ready replicas are given shards.
+	Shards bool `json:"shards,omitempty"`
+	Ready  bool `json:"ready,omitempty"`
+	// Ownership is what the replica owns and sees of the shard leases,
+	// for status.
+	Ownership *ownership.Report `json:"ownership,omitempty"`
 }
 
 // DefaultHeartbeat is how often a replica refreshes its heartbeat; a
@@ -77,6 +87,9 @@ type Membership struct {
 	seen map[string]time.Time // local receipt time of each replica's last beat
 	// echo is when a watch last delivered this replica's own beat.
 	echo time.Time
+	// beatAt is when this replica's last heartbeat was stored, by Now:
+	// when it last heard NATS.
+	beatAt time.Time
 
 	// Owned by the beat loop: the running watch, and the backoff of
 	// re-creating a lost bucket.
@@ -85,6 +98,9 @@ type Membership struct {
 	lost         bool // the bucket is missing; logged once
 	reopenAfter  time.Time
 	reopenWait   time.Duration
+
+	// refresh asks the beat loop for a beat now (Refresh).
+	refresh chan struct{}
 
 	ctx    context.Context // the loops' context, from Start to Stop
 	cancel context.CancelFunc
@@ -125,7 +141,7 @@ func NewMembership(cfg MembershipConfig) (*Membership, error) {
 	}
 	self := cfg.Self
 	return &Membership{kv: cfg.KV, self: self, interval: interval, log: cmp.Or(cfg.Logger, slog.Default()),
-		update: cfg.Update, reopen: cfg.Reopen, now: cfg.Now,
+		update: cfg.Update, reopen: cfg.Reopen, now: cfg.Now, refresh: make(chan struct{}, 1),
 		live: map[string]Info{self.ID: self}, seen: map[string]time.Time{self.ID: time.Now()}}, nil
 }
 
@@ -191,6 +207,8 @@ func (m *Membership) beat(ctx context.Context) error {
 	}
 	m.mu.Lock()
 	m.seen[m.self.ID] = time.Now()
+	m.live[m.self.ID] = m.self
+	m.beatAt = m.now()
 	m.mu.Unlock()
 	return nil
 }
@@ -203,6 +221,14 @@ func (m *Membership) beatLoop(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
+		case <-m.refresh:
+			// Readiness changed: say so now; failures are the next
+			// interval's to handle.
+			bctx, cancel := context.WithTimeout(ctx, m.interval)
+			if err := m.beat(bctx); err != nil && ctx.Err() == nil {
+				m.log.Debug("heartbeat", "replica", m.self.ID, "err", err)
+			}
+			cancel()
 		case <-t.C:
 			bctx, cancel := context.WithTimeout(ctx, m.interval)
 			err := m.beat(bctx)
@@ -371,6 +397,40 @@ func (m *Membership) Live() []string {
 	}
 	sort.Strings(ids)
 	return ids
+}
+
+// Refresh makes the beat loop write a heartbeat now rather than at its
+// next interval (the replica's readiness changed); it never blocks.
+func (m *Membership) Refresh() {
+	select {
+	case m.refresh <- struct{}{}:
+	default:
+	}
+}
+
+// Candidates returns the ids of the live replicas that may be given shards
+// (Info.Shards and Info.Ready, as their last beat said, this one's
+// included), sorted.
+func (m *Membership) Candidates() []string {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	ids := make([]string, 0, len(m.live))
+	for id, info := range m.live {
+		if info.Shards && info.Ready {
+			ids = append(ids, id)
+		}
+	}
+	sort.Strings(ids)
+	return ids
+}
+
+// LastBeat is when this replica's last heartbeat was stored (by
+// MembershipConfig.Now; zero before the first): the last time it surely
+// heard NATS.
+func (m *Membership) LastBeat() time.Time {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.beatAt
 }
 
 // ListReplicas reads every heartbeat in the bucket (for status).

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -136,4 +137,49 @@ func TestMembershipBeatUsesGivenClock(t *testing.T) {
 	if age := time.Since(infos[0].Beat); age < 59*time.Minute || age > 61*time.Minute {
 		t.Fatalf("beat stamped %v ago, want the given clock's time (an hour back)", age)
 	}
+}
+
+// TestMembershipCandidates: only live replicas whose heartbeat says they
+// own shards and are ready are candidates for shards, this one by its own
+// last beat; a replica that becomes ready says so at once with Refresh,
+// not at its next interval; LastBeat is when its beat was last stored.
+func TestMembershipCandidates(t *testing.T) {
+	t.Parallel()
+	ns := testenv.StartNATS(t)
+	ctx := context.Background()
+	kv, err := OpenReplicasBucket(ctx, ns.JetStream(t), events.MustNames("mcand"), 1, 3*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ready atomic.Bool
+	start := func(id string, update func(*Info)) *Membership {
+		m, err := NewMembership(MembershipConfig{KV: kv, Self: Info{ID: id}, Interval: time.Hour, Update: update, Logger: quietLogger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = m.Stop(ctx) })
+		return m
+	}
+	before := time.Now()
+	old := start("old", nil) // an earlier build: no shards flag
+	a := start("a", func(i *Info) { i.Shards, i.Ready = true, true })
+	b := start("b", func(i *Info) { i.Shards, i.Ready = true, ready.Load() })
+	testenv.Eventually(t, 5*time.Second, func() bool { return len(old.Live()) == 3 && len(a.Live()) == 3 && len(b.Live()) == 3 }, "everyone live")
+	for _, m := range []*Membership{old, a, b} {
+		if c := m.Candidates(); !slices.Equal(c, []string{"a"}) {
+			t.Errorf("candidates %v, want only a (old is of an earlier build, b not ready)", c)
+		}
+	}
+	if at := b.LastBeat(); at.Before(before) || at.After(time.Now()) {
+		t.Errorf("b's last beat at %s, started after %s", at, before)
+	}
+	ready.Store(true)
+	b.Refresh() // the interval is an hour: only a refresh tells
+	testenv.Eventually(t, 5*time.Second, func() bool {
+		return slices.Equal(a.Candidates(), []string{"a", "b"}) && slices.Equal(b.Candidates(), []string{"a", "b"})
+	},
+		"b to be a candidate once ready: %v, %v", lazy(func() string { return strings.Join(a.Candidates(), ",") }), lazy(func() string { return strings.Join(b.Candidates(), ",") }))
 }

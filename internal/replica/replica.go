@@ -24,6 +24,7 @@ import (
 	"github.com/cronstream/cronstream/internal/console"
 	"github.com/cronstream/cronstream/internal/failpause"
 	"github.com/cronstream/cronstream/internal/keygc"
+	"github.com/cronstream/cronstream/internal/ownership"
 	"github.com/cronstream/cronstream/internal/redact"
 	"github.com/cronstream/cronstream/internal/relay"
 	"github.com/cronstream/cronstream/internal/stall"
@@ -56,12 +57,11 @@ type Config struct {
 	// Scheduler.
 	MaxStaleness time.Duration
 	Grace        time.Duration
-	LateDelay    time.Duration
 	// LateAfter: an entry whose tick is overdue for longer is late (the
 	// stall detector; default stall.DefaultLateAfter).
 	LateAfter time.Duration
 	// MetricsPerEntry exports each entry's last and next fire time from
-	// its primary (scheduler.Collector).
+	// the replica that owns its shard (scheduler.Collector).
 	MetricsPerEntry bool
 	// ClockOffset shifts this replica's local clock. For tests only: it
 	// simulates a host whose clock is off; the replica's clock corrects
@@ -150,8 +150,12 @@ type Replica struct {
 	recov   *recoverer.Recoverer
 	stall   *stall.Detector
 	keygc   *keygc.Sweeper
+	own     *ownership.Manager
+	// owner and firing are own and sched for the heartbeat, which starts
+	// before they are made.
+	owner   atomic.Pointer[ownership.Manager]
+	firing  atomic.Pointer[scheduler.Scheduler]
 	http    *httpServer
-	obsSub  *nats.Subscription
 	auth    *authWatch
 	console *console.Console
 
@@ -287,9 +291,7 @@ func (r *Replica) start(ctx context.Context) error {
 		nats.Name("cronstream " + r.cfg.ReplicaID),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(500 * time.Millisecond),
-		// The fire subjects are the only core subscription, and our own
-		// relay tells the scheduler what it published (OnPublished):
-		// hearing it back from the server would cost every fire twice.
+		// Nothing of this connection's own needs hearing back.
 		nats.NoEcho(),
 		// Refusals after start-up are counted and make /readyz not
 		// ready (authwatch.go); reconnecting goes on, so restored
@@ -427,21 +429,13 @@ func (r *Replica) start(ctx context.Context) error {
 
 	// The relay yields the cores to a burst of fires (at most its MaxHold);
 	// it is built before the scheduler, so it reads it through a pointer.
-	var busy atomic.Pointer[scheduler.Scheduler]
 	r.relay, err = relay.New(relay.Config{
 		Outbox: r.store, JS: js, Names: r.cfg.Names, Owner: r.cfg.ReplicaID,
-		Hold:            func() bool { s := busy.Load(); return s != nil && s.Busy() },
+		Hold:            func() bool { s := r.firing.Load(); return s != nil && s.Busy() },
 		DuplicateWindow: cmp.Or(max(r.cfg.DuplicateWindow, 0), events.DefaultDuplicateWindow), Now: r.clock.Now,
 		Logger: r.log, Metrics: relay.NewMetrics(r.reg),
 		WaitReplicas: r.cfg.RedisWaitReplicas, WaitTimeout: r.cfg.RedisWaitTimeout,
-		OnPublished: func(eventIDs []string) {
-			det.ObservePublished(eventIDs)
-			if s := busy.Load(); s != nil {
-				for _, id := range eventIDs {
-					s.ObservePublished(id)
-				}
-			}
-		},
+		OnPublished: det.ObservePublished,
 	})
 	if err != nil {
 		return err
@@ -450,9 +444,12 @@ func (r *Replica) start(ctx context.Context) error {
 		return err
 	}
 
+	if err := r.newOwnership(); err != nil {
+		return err
+	}
 	sched, err := scheduler.New(scheduler.Config{
-		Redis: r.cfg.Redis, Projection: r.proj, Members: r.members, Names: r.cfg.Names,
-		ReplicaID: r.cfg.ReplicaID, Clock: r.clock, Grace: r.cfg.Grace, LateDelay: r.cfg.LateDelay,
+		Redis: r.cfg.Redis, Projection: r.proj, Shards: r.own, Names: r.cfg.Names,
+		ReplicaID: r.cfg.ReplicaID, Clock: r.clock, Grace: r.cfg.Grace,
 		MaxStaleness: r.cfg.MaxStaleness, OutboxBytes: r.relay.BacklogBytes, MaxOutboxBytes: r.cfg.MaxOutboxBytes,
 		OnFire: r.relay.Notify, OnOutcome: det.Outcome, Logger: r.log, Metrics: scheduler.NewMetrics(r.reg),
 		History: scheduler.NewStreamHistory(js, r.cfg.Names),
@@ -462,29 +459,25 @@ func (r *Replica) start(ctx context.Context) error {
 	}
 	r.sched = sched
 	r.reg.MustRegister(sched.Collector(r.cfg.MetricsPerEntry))
-	busy.Store(sched)
+	r.firing.Store(sched)
 	relayed.Store(r.relay)
 	if err := sched.Start(ctx); err != nil {
 		return err
 	}
+	// Ready now (the projection is caught up): said at once, so that the
+	// other replicas and this one's ownership count this replica in.
+	r.members.Refresh()
+	if err := r.own.Start(ctx); err != nil {
+		return err
+	}
 	det.SetFiring(sched.Firing)
+	det.SetOwns(r.own.Owns)
 	if err := det.Start(ctx); err != nil {
 		return err
 	}
 	if r.http != nil {
 		r.http.addCheck("stall", func(context.Context) error { return det.Ready() })
-	}
-	// Fires relayed by other replicas, straight from the subject (no
-	// consumer): lets a non-primary read the watermark instead of firing
-	// a tick its primary handled (a hint only: anyone allowed to publish
-	// there can send one). Those this replica relays come from OnPublished.
-	r.obsSub, err = nc.Subscribe(r.cfg.Names.FireFilter(), func(m *nats.Msg) {
-		// Not told to the stall detector: a fire heard here may be forged;
-		// the detector learns other replicas' fires from the watermarks.
-		sched.ObserveActivity(m.Subject, m.Header.Get(jetstream.MsgIDHeader))
-	})
-	if err != nil {
-		return fmt.Errorf("subscribe to fires: %w", err)
+		r.http.addCheck("shards", func(context.Context) error { return r.own.Ready() })
 	}
 	if r.http != nil {
 		r.http.addCheck("outbox", func(context.Context) error {
@@ -522,6 +515,48 @@ func (r *Replica) start(ctx context.Context) error {
 		return err
 	}
 	return r.failPause.Start(ctx)
+}
+
+// newOwnership builds the shard ownership the scheduler follows
+// (started once the scheduler runs).
+func (r *Replica) newOwnership() error {
+	own, err := ownership.New(ownership.Config{
+		Store: r.store, Members: r.members, Names: r.cfg.Names, ReplicaID: r.cfg.ReplicaID,
+		Queues: r.proj.Queues, Ready: r.readyToOwn, HeardNATS: r.heardNATS, Clock: r.clock,
+		MemberTTL: 3 * r.cfg.Heartbeat, UnownedReadyAfter: r.lateAfter(), Logger: r.log, Metrics: ownership.NewMetrics(r.reg),
+	})
+	if err != nil {
+		return err
+	}
+	r.own = own
+	r.owner.Store(own)
+	return nil
+}
+
+// readyToOwn reports whether this replica may own shards: its projection
+// is caught up, and its fires are not all refused by the fences (it fires
+// from a configuration the slots outgrew).
+func (r *Replica) readyToOwn() bool {
+	s := r.firing.Load()
+	return r.proj.CaughtUp() && (s == nil || s.Fenced() < ownership.FencedFor)
+}
+
+// heardNATS is when this replica last heard NATS, on the Redis-corrected
+// clock: its last heartbeat stored, or the projection's last message or
+// consumer heartbeat, whichever is later.
+func (r *Replica) heardNATS() time.Time {
+	beat, proj := r.members.LastBeat(), r.proj.LastHeard()
+	if proj.After(beat) {
+		return proj
+	}
+	return beat
+}
+
+func (r *Replica) lateAfter() time.Duration {
+	if r.cfg.LateAfter > 0 {
+		return r.cfg.LateAfter
+	}
+	return stall.DefaultLateAfter
 }
 
 // maxReportedLate bounds the late entries a replica reports in its
@@ -586,6 +621,11 @@ func (r *Replica) beatUpdate(det *stall.Detector, relayed *atomic.Pointer[relay.
 			w := rl.WaitStatus()
 			i.RedisWait = &w
 		}
+		i.Shards, i.Ready = true, r.readyToOwn()
+		if own := r.owner.Load(); own != nil {
+			rep := own.Report()
+			i.Ownership = &rep
+		}
 	}
 }
 
@@ -613,14 +653,25 @@ func (r *Replica) shutdown() {
 	r.auth.armed.Store(false)
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.ShutdownTimeout)
 	defer cancel()
-	if r.obsSub != nil {
-		_ = r.obsSub.Unsubscribe()
-	}
 	// Each Stop ends its component's background work; ctx bounds the
 	// drains (the recoverer's batch, the relay's flush, the heartbeat's
 	// removal). Nothing is left running whatever they return.
 	if r.sched != nil {
 		_ = r.sched.Stop(ctx) // nothing to drain: never fails
+	}
+	// No fire in flight: the shards go to their next owners at once, and
+	// the heartbeat with them, so the others stop counting this replica
+	// in (and take the shards as their desired owners) without waiting
+	// for it to expire.
+	if r.own != nil {
+		if err := r.own.Stop(ctx); err != nil {
+			r.log.Warn("release shard leases; they lapse on their own", "err", err)
+		}
+	}
+	if r.members != nil {
+		if err := r.members.Stop(ctx); err != nil {
+			r.log.Warn("remove heartbeat", "err", err)
+		}
 	}
 	if r.stall != nil {
 		_ = r.stall.Stop(ctx) // likewise
@@ -639,11 +690,6 @@ func (r *Replica) shutdown() {
 	if r.relay != nil {
 		if err := r.relay.Stop(ctx); err != nil {
 			r.log.Warn("outbox not fully flushed; another replica will publish the rest", "err", err)
-		}
-	}
-	if r.members != nil {
-		if err := r.members.Stop(ctx); err != nil {
-			r.log.Warn("remove heartbeat", "err", err)
 		}
 	}
 	if r.proj != nil {

@@ -45,6 +45,10 @@ type Config struct {
 	// replica's fires (outbox backpressure), or returns "". It is added to
 	// the reason of every late entry.
 	Holding func() string
+	// Owns, when set, says which shards this replica owns: only their
+	// entries are checked (their owner checks the others; ownership
+	// reports shards without one). SetOwns sets it later.
+	Owns    func(events.Shard) bool
 	Logger  *slog.Logger
 	Metrics *Metrics
 }
@@ -114,6 +118,15 @@ func New(cfg Config) (*Detector, error) {
 // SetFiring sets Config.Firing, for a scheduler built after the detector;
 // call it before Start.
 func (d *Detector) SetFiring(f func() time.Duration) { d.cfg.Firing = f }
+
+// SetOwns sets Config.Owns, for an ownership built after the detector;
+// call it before Start.
+func (d *Detector) SetOwns(f func(events.Shard) bool) { d.cfg.Owns = f }
+
+// mine reports whether t's entry is this replica's to check.
+func (d *Detector) mine(t *track) bool {
+	return d.cfg.Owns == nil || d.cfg.Owns(events.Shard{Queue: t.queue, Index: t.shard})
+}
 
 // Start runs the checks until Stop and returns at once. Call it once the
 // projection is caught up. The checks run on a context of their own
@@ -221,7 +234,8 @@ func (d *Detector) ObservePublished(eventIDs []string) {
 
 // Outcome records what became of one of this replica's fire attempts
 // (scheduler.Config.OnOutcome). Watermark mismatches say nothing: they are
-// how a non-primary learns its primary fired first.
+// how a replica learns another fired first (across a handover, or beside
+// replicas of an earlier build).
 func (d *Detector) Outcome(o scheduler.Outcome) {
 	switch {
 	case o.Err != nil:
@@ -328,6 +342,9 @@ func (d *Detector) check(ctx context.Context) {
 	bound := d.cfg.LateAfter
 	var stale []*track
 	for _, t := range d.tracks {
+		if !d.mine(t) {
+			continue
+		}
 		if !t.known {
 			if _, _, ok := t.due(); ok {
 				stale = append(stale, t)
@@ -388,6 +405,9 @@ func (d *Detector) check(ctx context.Context) {
 	byQueue := map[string]int{}
 	var oldest time.Time
 	for _, t := range d.tracks {
+		if !d.mine(t) {
+			continue
+		}
 		l, over, ok := t.lateness(now, d.since)
 		if !ok || over <= bound {
 			continue

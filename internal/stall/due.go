@@ -69,6 +69,7 @@ type Late struct {
 type track struct {
 	id    string
 	queue string
+	shard int // events.ShardOf(id)
 	st    projector.State
 	sched *scheduler.Schedule // nil: the entry cannot fire (never late)
 
@@ -89,7 +90,7 @@ type track struct {
 }
 
 func newTrack(st projector.State) *track {
-	t := &track{id: st.Entry.ID}
+	t := &track{id: st.Entry.ID, shard: events.ShardOf(st.Entry.ID)}
 	t.set(st)
 	return t
 }

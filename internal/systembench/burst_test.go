@@ -134,7 +134,7 @@ func burst(b *testing.B, n int, lead time.Duration) []burstResult {
 	waitLoaded(b, []*replicaProc{p}, n, lead)
 	// The replica writes asynq's scheduler entries once its entries are
 	// loaded: after that, nothing but the bursts are left for it to do.
-	visKey := taskstate.SchedulerEntriesKey(taskstate.SchedulerID(s.names.Prefix()))
+	visKey := taskstate.SchedulerEntriesKey(taskstate.ReplicaSchedulerID(s.names.Prefix(), "burst"))
 	testenv.Eventually(b, time.Until(first), func() bool { return s.rc.Exists(context.Background(), visKey).Val() == 1 }, "replica loaded before the instant")
 	if left := time.Until(first); left < 2*time.Second {
 		b.Fatalf("the replica loaded %d entries only %s before the instant: raise CRONSTREAM_BENCH_BURST_LEAD", n, left)

@@ -29,14 +29,20 @@ func PausedSpec(spec string) string { return PausedSpecPrefix + spec }
 // MaxSchedulerHistory is asynq's cap on enqueue events kept per entry.
 const MaxSchedulerHistory = 1000
 
-// SchedulerID is the scheduler id all replicas of tenant prefix write their
-// entries under.
+// SchedulerID is the scheduler id replicas of tenant prefix wrote their
+// entries under before shard ownership, all the same list (replicas of
+// earlier builds still do).
 func SchedulerID(prefix string) string {
 	if prefix == "" {
 		prefix = DefaultPrefix
 	}
 	return "cronstream:" + prefix
 }
+
+// ReplicaSchedulerID is the scheduler id one replica of tenant prefix
+// writes the entries of the shards it owns under, as each asynq scheduler
+// writes its own.
+func ReplicaSchedulerID(prefix, replica string) string { return SchedulerID(prefix) + ":" + replica }
 
 // WriteSchedulerEntries publishes entries under schedulerID for ttl, as
 // asynq's scheduler heartbeat does: a plain ZADD of the list key into

@@ -3,6 +3,7 @@ package taskstate
 import (
 	"crypto/md5"
 	"encoding/hex"
+	"strconv"
 	"strings"
 	"time"
 
@@ -262,6 +263,24 @@ func (o OwnKeys) Outbox() string { return o.head + "outbox" }
 // OutboxOwner is the STRING lease naming the one relay that currently
 // publishes this slot's outbox.
 func (o OwnKeys) OutboxOwner() string { return o.head + "outbox:owner" }
+
+// ShardLease is the STRING lease of this queue's shard index (ownership,
+// docs/design.md "Ownership"): "<replica> <acquired ms> <renewed ms> <ttl
+// ms>" (Redis TIME), expiring ttl after its last renewal. Every lease of a
+// queue is in the queue's slot, so one MGET reads them all.
+func (o OwnKeys) ShardLease(index int) string { return o.head + "lease:" + strconv.Itoa(index) }
+
+// NATSHeardKey is the ZSET of when each replica of tenant prefix last heard
+// NATS (member replica id, score Redis-corrected unix ms), so a replica cut
+// off from NATS but not from Redis can tell whether the others still hear
+// it (ownership). A global key, written with plain commands. An empty
+// prefix means DefaultPrefix.
+func NATSHeardKey(prefix string) string {
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
+	return "cronstream:natsheard:" + prefix
+}
 
 // Kinds of cronstream's per-entry keys: each one's name is
 // "cronstream:{<queue>}:<prefix>:<kind>:<entry>" (Watermark, Handover,

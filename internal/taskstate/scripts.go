@@ -37,6 +37,12 @@ var (
 
 	deleteUnchangedScript = luaScript("", "delete_unchanged.lua")
 
+	// The shard leases of ownership (AcquireShardLeases,
+	// RenewShardLeases, ReleaseShardLeases).
+	acquireShardLeaseScript = luaScript("", "shard_lease_lib.lua", "shard_lease_acquire.lua")
+	renewShardLeaseScript   = luaScript("", "shard_lease_lib.lua", "shard_lease_renew.lua")
+	releaseShardLeaseScript = luaScript("", "shard_lease_lib.lua", "shard_lease_release.lua")
+
 	// proposeRestoreScript and clearRestoreScript keep the proposals
 	// that seed lost watermarks (ProposeRestore, ClearRestore).
 	proposeRestoreScript = luaScript("", "restore_propose.lua")
