@@ -182,15 +182,27 @@ type Current struct {
 	// validate: replicas quarantine such an entry until a valid event
 	// arrives. It wraps ErrMalformedEvent.
 	Err error
+	// FailPause says the entry's state was set by a fail-pause request
+	// (a replica paused it on failure), not by a config event.
+	FailPause bool
 }
 
-// Record is one config event of an entry's history.
+// Record is one message of an entry's history: a config event, or a
+// fail-pause request.
 type Record struct {
 	Seq   uint64    // stream sequence: the entry's revision after this event
 	Time  time.Time // when the stream stored it
 	Event *Event    // nil when the envelope does not decode
 	Entry *Entry    // nil when the event cannot be applied
 	Err   error     // why Event or Entry is nil; wraps ErrMalformedEvent
+	// FailPause says the message is a fail-pause request, on the entry's
+	// fail-pause subject: a replica's pause on failure.
+	FailPause bool
+	// Refused, set only in HistoryAll, says why the message changed
+	// nothing: a fail-pause request that does not hold (wrapping
+	// ErrFailPauseRefused), or a NATS server's reply stored on the entry's
+	// subjects. Entry is nil then.
+	Refused error
 }
 
 // Put registers or updates an entry with the full state e. It validates e
@@ -213,7 +225,7 @@ func (c *Client) Put(ctx context.Context, e Entry, opts ...WriteOption) (Result,
 	}
 	return c.write(ctx, "put", want.ID, opts, func(cur state) (change, error) {
 		switch {
-		case !cur.exists() || cur.removed():
+		case !cur.hasLive():
 			return change{typ: TypeEntryRegistered, next: want, data: wantJSON}, nil
 		case cur.entry != nil && bytes.Equal(cur.canon, wantJSON):
 			return change{next: cur.entry.Clone()}, nil
@@ -231,7 +243,7 @@ func (c *Client) Put(ctx context.Context, e Entry, opts ...WriteOption) (Result,
 // ErrNotFound when the entry does not exist or is already removed.
 func (c *Client) Remove(ctx context.Context, id string, opts ...WriteOption) (Result, error) {
 	return c.write(ctx, "remove", id, opts, func(cur state) (change, error) {
-		if cur.exists() && !cur.removed() && cur.err != nil {
+		if cur.err != nil {
 			return change{typ: TypeEntryRemoved, next: Entry{ID: id, Removed: true}}, nil
 		}
 		e, err := cur.live(id)
@@ -327,7 +339,7 @@ func (c *Client) write(ctx context.Context, op, id string, opts []WriteOption, d
 			return Result{}, fmt.Errorf("%s entry %q: %w", op, id, err)
 		}
 		var outcome error
-		if wo.hasRev && (wo.rev == 0 && cur.exists() && !cur.removed() || wo.rev != 0 && wo.rev != cur.rev) {
+		if wo.hasRev && (wo.rev == 0 && cur.hasLive() || wo.rev != 0 && wo.rev != cur.rev) {
 			outcome = &ConflictError{Entry: id, Expected: wo.rev, Current: cur.rev}
 		}
 		ch, err := decide(cur)
@@ -371,7 +383,7 @@ func (c *Client) write(ctx context.Context, op, id string, opts []WriteOption, d
 		seq, err := c.publish(ctx, subject, ev, cur.rev, false)
 		if err == nil {
 			stored := next.Clone()
-			c.seen.put(id, state{rev: seq, ev: ev, entry: &stored, canon: data})
+			c.seen.put(id, state{rev: seq, base: seq, ev: ev, entry: &stored, canon: data})
 			return Result{Revision: seq, Type: typ, Entry: next}, nil
 		}
 		c.seen.drop(id)
@@ -396,8 +408,11 @@ func (c *Client) write(ctx context.Context, op, id string, opts []WriteOption, d
 	}
 }
 
-// publish stores ev on subject if the subject's last sequence is still
-// expected, and returns the event's stream sequence.
+// publish stores ev on subject if the last sequence of its entry's
+// subjects (Names.EntryRevisionFilter: its config and fail-pause subjects)
+// is still expected, and returns the event's stream sequence. Conditional
+// on both subjects, a fail-pause request and an operator's change can
+// never overwrite each other unseen.
 //
 // Transient answers are retried unchanged (same Nats-Msg-Id, same expected
 // sequence) with backoff: timeouts, no responders, no leader or quorum, and
@@ -428,6 +443,7 @@ func (c *Client) write(ctx context.Context, op, id string, opts []WriteOption, d
 //     10071. After a leader change the new leader rebuilds its dedupe map
 //     from the stored messages, so a retry may also meet the R1-style 10071.
 func (c *Client) publish(ctx context.Context, subject string, ev *Event, expected uint64, mayHaveLanded bool) (uint64, error) {
+	filter := c.names.EntryRevisionFilter(ev.Subject)
 	data, err := ev.Marshal()
 	if err != nil {
 		return 0, fmt.Errorf("encode %s event: %w", ev.Type, err)
@@ -438,7 +454,7 @@ func (c *Client) publish(ctx context.Context, subject string, ev *Event, expecte
 	var seq uint64
 	err = c.retry(ctx, "publish to "+subject, func(actx context.Context) (bool, error) {
 		ack, err := c.js.PublishMsg(actx, &nats.Msg{Subject: subject, Data: data, Header: nats.Header{}},
-			jetstream.WithMsgID(ev.ID), jetstream.WithExpectLastSequencePerSubject(expected))
+			jetstream.WithMsgID(ev.ID), jetstream.WithExpectLastSequenceForSubject(expected, filter))
 		if err == nil {
 			// A duplicate ack (R3) carries the sequence our earlier
 			// attempt got.
@@ -447,7 +463,7 @@ func (c *Client) publish(ctx context.Context, subject string, ev *Event, expecte
 		}
 		if current, ok := wrongLastSequence(err); ok {
 			if mayHaveLanded {
-				if own, found, rerr := c.findOwn(actx, subject, expected, ev.ID); rerr != nil {
+				if own, found, rerr := c.findOwn(actx, subject, filter, expected, ev.ID); rerr != nil {
 					return isTransient(rerr), rerr
 				} else if found {
 					seq = own
@@ -456,17 +472,23 @@ func (c *Client) publish(ctx context.Context, subject string, ev *Event, expecte
 			}
 			if current == 0 {
 				// The answer did not carry it: ask.
-				cur, rerr := c.readRaw(actx, subject)
+				cur, rerr := c.readRaw(actx, filter)
 				if rerr != nil {
 					return isTransient(rerr), rerr
 				}
-				current = cur.rev
+				if cur != nil {
+					current = cur.Sequence
+				}
 			}
 			return false, &ConflictError{Entry: ev.Subject, Expected: expected, Current: current}
 		}
 		if errors.Is(err, jetstream.ErrNoStreamResponse) {
-			if _, serr := c.js.Stream(actx, c.names.ConfigStream()); errors.Is(serr, jetstream.ErrStreamNotFound) {
+			s, serr := c.js.Stream(actx, c.names.ConfigStream())
+			if errors.Is(serr, jetstream.ErrStreamNotFound) {
 				return false, fmt.Errorf("config stream %s does not exist (create it with EnsureStreams): %w", c.names.ConfigStream(), serr)
+			}
+			if serr == nil && !capturesSubject(s.CachedInfo().Config.Subjects, subject) {
+				return false, fmt.Errorf("config stream %s does not capture %s: %w", c.names.ConfigStream(), subject, ErrSubjectNotCaptured)
 			}
 		}
 		if outcomeUnknown(err) {
@@ -477,12 +499,12 @@ func (c *Client) publish(ctx context.Context, subject string, ev *Event, expecte
 	return seq, err
 }
 
-// findOwn reads the first message on subject after expected and reports
-// whether it is the event with id eventID. Only a publish that expected
-// this sequence can be stored right after it, so if ours landed, it is that
-// one.
-func (c *Client) findOwn(ctx context.Context, subject string, expected uint64, eventID string) (uint64, bool, error) {
-	m, err := c.msgGet(ctx, msgGetRequest{Seq: expected + 1, NextFor: subject})
+// findOwn reads the first message under filter (the entry's subjects)
+// after expected and reports whether it is the event with id eventID on
+// subject. Only a publish that expected this sequence can be stored right
+// after it, so if ours landed, it is that one.
+func (c *Client) findOwn(ctx context.Context, subject, filter string, expected uint64, eventID string) (uint64, bool, error) {
+	m, err := c.msgGet(ctx, msgGetRequest{Seq: expected + 1, NextFor: filter})
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return 0, false, nil
 	}

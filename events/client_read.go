@@ -18,6 +18,11 @@ import (
 // maxSeen bounds the states a Client remembers.
 const maxSeen = 4096
 
+// scanInactive lets the server remove a reader's consumer once the reader
+// is done with it: readers never delete consumers, so a role needs no
+// permission to delete (one it could not limit to its own consumers).
+const scanInactive = 5 * time.Second
+
 // stateCache remembers the last state a client saw of each entry, so a
 // write can skip its read. A state that is no longer current costs one
 // conflict and a fresh read; a result decided without publishing is always
@@ -55,26 +60,36 @@ func (sc *stateCache) drop(id string) {
 	delete(sc.m, id)
 }
 
-// state is an entry's subject as the last read saw it.
+// state is an entry as the last read of its history saw it.
 type state struct {
-	rev   uint64 // last sequence on the subject, 0 when none
-	time  time.Time
-	ev    *Event
-	entry *Entry // nil when there is no event or it is bad
-	canon []byte // entry's JSON as json.Marshal writes it (it is normalized)
-	err   error  // why the last event is bad
+	// rev is the entry's revision: the sequence of the config stream's last
+	// message under Names.EntryRevisionFilter, 0 when none. Writes expect
+	// it.
+	rev uint64
+	// base is the sequence of the message that set entry (its last config
+	// event, or a fail-pause request applied after it), and failPause
+	// says which. It is below rev when messages that changed nothing came
+	// after it: refused fail-pause requests, NATS server replies.
+	base      uint64
+	failPause bool
+	time      time.Time // when the stream stored the message at base
+	ev        *Event
+	entry     *Entry // nil when there is no event or it is bad
+	canon     []byte // entry's JSON as json.Marshal writes it (it is normalized)
+	err       error  // why the last event is bad
 }
 
-func (s state) exists() bool  { return s.rev != 0 }
-func (s state) removed() bool { return s.entry != nil && s.entry.Removed }
+// live reports whether the entry exists and is not removed: it has a
+// state, or a last event that cannot be applied.
+func (s state) hasLive() bool { return s.err != nil || s.entry != nil && !s.entry.Removed }
 
 // live returns the entry if it exists, is not removed and is applicable.
 func (s state) live(id string) (Entry, error) {
 	switch {
-	case !s.exists() || s.removed():
-		return Entry{}, fmt.Errorf("entry %q: %w", id, ErrNotFound)
 	case s.err != nil:
-		return Entry{}, fmt.Errorf("entry %q at revision %d: %w", id, s.rev, s.err)
+		return Entry{}, fmt.Errorf("entry %q at revision %d: %w", id, s.base, s.err)
+	case !s.hasLive():
+		return Entry{}, fmt.Errorf("entry %q: %w", id, ErrNotFound)
 	}
 	return s.entry.Clone(), nil
 }
@@ -83,6 +98,11 @@ func (s state) live(id string) (Entry, error) {
 // otherwise the state this client remembers or, failing that, from
 // whichever replica answers a Direct Get first (from the leader when the
 // stream does not allow direct reads). Only fresh reads are current.
+//
+// One read of the entry's last message decides, when that message is a
+// config event: config events carry the full state. Otherwise (a
+// fail-pause request, a NATS server's reply stored there) the entry's
+// history is folded up to it.
 func (c *Client) read(ctx context.Context, id string, fresh bool) (state, error) {
 	if !fresh {
 		if cur, ok := c.seen.get(id); ok {
@@ -90,62 +110,81 @@ func (c *Client) read(ctx context.Context, id string, fresh bool) (state, error)
 		}
 	}
 	var cur state
-	subject := c.names.ConfigSubject(id)
+	var last *storedMsg
+	filter := c.names.EntryRevisionFilter(id)
 	err := c.retry(ctx, "read entry "+id, func(actx context.Context) (bool, error) {
 		var err error
 		if !fresh {
-			cur, err = c.readDirect(actx, subject)
+			last, err = c.readDirect(actx, filter)
 			if !errors.Is(err, nats.ErrNoResponders) {
 				return isTransient(err), err
 			}
 		}
-		cur, err = c.readRaw(actx, subject)
+		last, err = c.readRaw(actx, filter)
 		return isTransient(err), err
 	})
-	if err == nil {
-		c.seen.put(id, cur)
+	switch {
+	case err != nil:
+		return state{}, err
+	case last == nil:
+	case last.Subject == c.names.ConfigSubject(id) && !IsServerReply(last.Header, last.Data):
+		cur = c.decodeState(last.Subject, last.Sequence, last.Time, last.Data)
+	default:
+		if cur, err = c.foldEntry(ctx, id, last.Sequence); err != nil {
+			return state{}, err
+		}
 	}
-	return cur, err
+	c.seen.put(id, cur)
+	return cur, nil
 }
 
-// readDirect is one Direct Get of a subject's last message. Without
-// AllowDirect on the stream nobody answers: nats.ErrNoResponders.
-func (c *Client) readDirect(ctx context.Context, subject string) (state, error) {
-	resp, err := c.js.Conn().RequestWithContext(ctx, c.apiPrefix+"DIRECT.GET."+c.names.ConfigStream()+"."+subject, nil)
+// readDirect is one Direct Get of the last message under filter, nil when
+// there is none. Without AllowDirect on the stream nobody answers:
+// nats.ErrNoResponders. Only the message id of the headers is kept: the
+// others are the server's, describing the answer.
+func (c *Client) readDirect(ctx context.Context, filter string) (*storedMsg, error) {
+	body, err := json.Marshal(msgGetRequest{LastFor: filter})
 	if err != nil {
-		return state{}, err
+		return nil, err
+	}
+	resp, err := c.js.Conn().RequestWithContext(ctx, c.apiPrefix+"DIRECT.GET."+c.names.ConfigStream(), body)
+	if err != nil {
+		return nil, err
 	}
 	if status := resp.Header.Get("Status"); status != "" && len(resp.Data) == 0 {
 		if status == "404" {
-			return state{}, nil
+			return nil, nil
 		}
-		return state{}, fmt.Errorf("direct get %s: status %s %s", subject, status, resp.Header.Get("Description"))
+		return nil, fmt.Errorf("direct get %s: status %s %s", filter, status, resp.Header.Get("Description"))
 	}
 	seq, err := strconv.ParseUint(resp.Header.Get(jetstream.SequenceHeader), 10, 64)
 	if err != nil {
-		return state{}, fmt.Errorf("direct get %s: bad sequence header: %w", subject, err)
+		return nil, fmt.Errorf("direct get %s: bad sequence header: %w", filter, err)
 	}
 	at, err := time.Parse(time.RFC3339Nano, resp.Header.Get(jetstream.TimeStampHeaer))
 	if err != nil {
-		return state{}, fmt.Errorf("direct get %s: bad time header: %w", subject, err)
+		return nil, fmt.Errorf("direct get %s: bad time header: %w", filter, err)
 	}
-	return c.decodeState(resp.Header.Get(jetstream.SubjectHeader), seq, at, resp.Data), nil
+	m := &storedMsg{Subject: resp.Header.Get(jetstream.SubjectHeader), Sequence: seq, Time: at, Data: resp.Data, Header: nats.Header{}}
+	if id := resp.Header.Get(jetstream.MsgIDHeader); id != "" {
+		m.Header.Set(jetstream.MsgIDHeader, id)
+	}
+	return m, nil
 }
 
-// readRaw is one leader read of a subject's last message.
-func (c *Client) readRaw(ctx context.Context, subject string) (state, error) {
-	m, err := c.msgGet(ctx, msgGetRequest{LastFor: subject})
+// readRaw is one leader read of the last message under filter, nil when
+// there is none.
+func (c *Client) readRaw(ctx context.Context, filter string) (*storedMsg, error) {
+	m, err := c.msgGet(ctx, msgGetRequest{LastFor: filter})
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return state{}, nil
+		return nil, nil
 	}
-	if err != nil {
-		return state{}, err
-	}
-	return c.decodeState(m.Subject, m.Sequence, m.Time, m.Data), nil
+	return m, err
 }
 
+// decodeState is the state a config event of the entry sets.
 func (c *Client) decodeState(subject string, seq uint64, at time.Time, data []byte) state {
-	s := state{rev: seq, time: at}
+	s := state{rev: seq, base: seq, time: at}
 	ev, e, err := DecodeConfigEvent(data)
 	s.ev = ev
 	if err == nil {
@@ -164,77 +203,62 @@ func (c *Client) decodeState(subject string, seq uint64, at time.Time, data []by
 	return s
 }
 
-// DecodeConfigEvent decodes a config event and the entry state it
-// carries, normalized. The event is returned whenever the envelope decodes,
-// so audit can show a bad event as it is; the error (wrapping
-// ErrMalformedEvent, and ErrInvalidEntry when the state fails validation)
-// says why the state cannot be applied: an unknown type, data that does not
-// decode or validate, an id that is not the event's subject (when it has
-// one), or a type that contradicts the state (removed, paused, resumed).
-// The caller checks that the id matches the NATS subject the event was
-// stored on.
-func DecodeConfigEvent(b []byte) (*Event, *Entry, error) {
-	e := new(Entry)
-	ev, err := DecodeConfigEventInto(b, e)
+// foldEntry folds the history of entry id up to its message at last (its
+// revision), through an ordered consumer.
+func (c *Client) foldEntry(ctx context.Context, id string, last uint64) (state, error) {
+	f := entryFold{c: c, id: id}
+	err := c.scanTo(ctx, c.names.EntrySubjects(id), jetstream.DeliverAllPolicy, last, func(m jetstream.Msg, md *jetstream.MsgMetadata) {
+		f.apply(m.Subject(), md.Sequence.Stream, md.Timestamp, m.Headers(), m.Data())
+	})
 	if err != nil {
-		return ev, nil, err
+		return state{}, fmt.Errorf("history of entry %q: %w", id, err)
 	}
-	return ev, e, nil
+	f.st.rev = max(f.st.rev, last)
+	return f.st, nil
 }
 
-// DecodeConfigEventInto is DecodeConfigEvent decoding the entry into *e,
-// for a caller that keeps it inside a value of its own (the projector's
-// State) and so pays one allocation for both. *e is overwritten; after an
-// error it holds nothing of use.
-func DecodeConfigEventInto(b []byte, e *Entry) (*Event, error) {
-	*e = Entry{}
-	// The form cronstream writes takes the fast path; anything else, and
-	// every error, is decided by encoding/json (see decodeConfigFast).
-	ev, fast := decodeConfigFast(b, e)
-	var err error
-	if fast {
-		err = ev.check()
-	} else {
-		ev, err = DecodeEvent(b)
+// entryFold folds one entry's history in stream order: a config event
+// sets the entry's full state, a fail-pause request pauses it when it
+// holds (DecodeFailPause, FailPauseRequest.Check), and a NATS server's
+// reply stored on its subjects changes nothing (IsServerReply).
+type entryFold struct {
+	c  *Client
+	id string
+	st state
+}
+
+// apply folds one message and returns its record; Record.Refused says
+// when it changed nothing.
+func (f *entryFold) apply(subject string, seq uint64, at time.Time, header nats.Header, data []byte) Record {
+	f.st.rev = seq
+	_, failPause, _ := f.c.names.EntryFromHistorySubject(subject)
+	if IsServerReply(header, data) {
+		return Record{Seq: seq, Time: at, Refused: fmt.Errorf("a NATS server's reply stored on %s (a request named it as its reply subject), not an event: skipped", subject)}
+	}
+	if !failPause {
+		rev := f.st.rev
+		f.st = f.c.decodeState(subject, seq, at, data)
+		f.st.rev = rev
+		return Record{Seq: seq, Time: at, Event: f.st.ev, Entry: f.st.entry, Err: f.st.err}
+	}
+	req, err := DecodeFailPause(f.c.names, f.id, header, data)
+	if err == nil {
+		var base *Entry
+		if !f.st.failPause && f.st.err == nil {
+			base = f.st.entry
+		}
+		err = req.Check(base, f.st.base)
 	}
 	if err != nil {
-		return nil, err
+		ev, _ := DecodeEvent(data)
+		return Record{Seq: seq, Time: at, Event: ev, FailPause: true, Refused: err}
 	}
-	if !IsConfigType(ev.Type) {
-		return ev, fmt.Errorf("%w: event %s has unknown config event type %q", ErrMalformedEvent, ev.ID, ev.Type)
+	canon, err := json.Marshal(req.Entry)
+	if err != nil {
+		return Record{Seq: seq, Time: at, Event: req.Event, FailPause: true, Refused: err}
 	}
-	if gated := IsGatedType(ev.Type); gated || !fast {
-		// A gated event must hold only fields this build knows: one it
-		// does not is a later build's schedule field that it cannot apply.
-		*e = Entry{}
-		if err := ev.decodeData(e, gated); err != nil {
-			return ev, err
-		}
-	}
-	// e is ours alone: defaults go in place, with no copy.
-	e.normalize()
-	// A removal needs only to name its entry: a removed entry never fires,
-	// and a removal is how an entry whose state or id is not valid (written
-	// by another publisher, say) is cleaned up.
-	if ev.Type == TypeEntryRemoved && e.Removed {
-		if e.ID == "" {
-			return ev, fmt.Errorf("%w: %s event %s without an entry id", ErrMalformedEvent, ev.Type, ev.ID)
-		}
-	} else if err := e.validateNormalized(); err != nil {
-		return ev, fmt.Errorf("%w: %s event %s: %w", ErrMalformedEvent, ev.Type, ev.ID, err)
-	}
-	kind := ConfigKind(ev.Type)
-	switch {
-	case ev.Subject != "" && ev.Subject != e.ID:
-		return ev, fmt.Errorf("%w: %s event %s: event subject %q does not match entry id %q", ErrMalformedEvent, ev.Type, ev.ID, ev.Subject, e.ID)
-	case kind == TypeEntryRemoved && !e.Removed:
-		return ev, fmt.Errorf("%w: %s event %s without removed=true", ErrMalformedEvent, ev.Type, ev.ID)
-	case kind != TypeEntryRemoved && e.Removed:
-		return ev, fmt.Errorf("%w: %s event %s with removed=true", ErrMalformedEvent, ev.Type, ev.ID)
-	case kind == TypeEntryPaused && !e.Paused, kind == TypeEntryResumed && e.Paused:
-		return ev, fmt.Errorf("%w: %s event %s with paused=%t", ErrMalformedEvent, ev.Type, ev.ID, e.Paused)
-	}
-	return ev, nil
+	f.st = state{rev: seq, base: seq, failPause: true, time: at, ev: req.Event, entry: req.Entry, canon: canon}
+	return Record{Seq: seq, Time: at, Event: req.Event, Entry: req.Entry, FailPause: true}
 }
 
 // List returns every live entry, sorted by id, as of the moment it starts
@@ -242,50 +266,104 @@ func DecodeConfigEventInto(b []byte, e *Entry) (*Event, error) {
 // whose last event cannot be applied are included with Err set; removed
 // entries are not.
 func (c *Client) List(ctx context.Context) ([]Current, error) {
-	byID := map[string]Current{}
-	err := c.scan(ctx, c.names.ConfigFilter(), jetstream.DeliverLastPerSubjectPolicy, func(m jetstream.Msg, md *jetstream.MsgMetadata) {
-		id, ok := c.names.EntryFromConfigSubject(m.Subject())
+	type lasts struct{ config, failPause *storedMsg }
+	byID := map[string]*lasts{}
+	err := c.scan(ctx, c.names.ConfigStreamSubjects(), jetstream.DeliverLastPerSubjectPolicy, func(m jetstream.Msg, md *jetstream.MsgMetadata) {
+		id, failPause, ok := c.names.EntryFromHistorySubject(m.Subject())
 		if !ok {
 			// A subject with more tokens than an entry id: no entry of ours.
 			return
 		}
-		s := c.decodeState(m.Subject(), md.Sequence.Stream, md.Timestamp, m.Data())
-		cur := Current{ID: id, Revision: s.rev, Time: s.time, Err: s.err}
-		if s.ev != nil {
-			cur.Type = s.ev.Type
+		l := byID[id]
+		if l == nil {
+			l = &lasts{}
+			byID[id] = l
 		}
-		if s.entry != nil {
-			if s.entry.Removed {
-				delete(byID, id)
-				return
-			}
-			cur.Entry = *s.entry
+		sm := &storedMsg{Subject: m.Subject(), Sequence: md.Sequence.Stream, Header: m.Headers(), Data: m.Data(), Time: md.Timestamp}
+		if failPause {
+			l.failPause = sm
+		} else {
+			l.config = sm
 		}
-		byID[id] = cur
 	})
 	if err != nil {
 		return nil, fmt.Errorf("list entries: %w", err)
 	}
 	out := make([]Current, 0, len(byID))
-	for _, cur := range byID {
+	for id, l := range byID {
+		s, err := c.listed(ctx, id, l.config, l.failPause)
+		if err != nil {
+			return nil, fmt.Errorf("list entries: %w", err)
+		}
+		if !s.hasLive() {
+			continue
+		}
+		cur := Current{ID: id, Revision: s.rev, Time: s.time, Err: s.err, FailPause: s.failPause}
+		if s.ev != nil {
+			cur.Type = s.ev.Type
+		}
+		if s.entry != nil {
+			cur.Entry = *s.entry
+		}
 		out = append(out, cur)
 	}
 	slices.SortFunc(out, func(a, b Current) int { return strings.Compare(a.ID, b.ID) })
 	return out, nil
 }
 
-// History returns every config event of entry id, oldest first, including
-// those that cannot be applied (with Err set). ErrNotFound when the entry
-// has no events at all.
+// listed is the state of entry id from the last messages on its config
+// and fail-pause subjects. Those decide when the config event is the last,
+// or is followed at once by a fail-pause request (it expects the config
+// event's revision, and the server guarantees nothing came between);
+// otherwise the entry's history is folded.
+func (c *Client) listed(ctx context.Context, id string, config, failPause *storedMsg) (state, error) {
+	last := config
+	if last == nil || failPause != nil && failPause.Sequence > last.Sequence {
+		last = failPause
+	}
+	if config == nil || IsServerReply(config.Header, config.Data) {
+		return c.foldEntry(ctx, id, last.Sequence)
+	}
+	s := c.decodeState(config.Subject, config.Sequence, config.Time, config.Data)
+	if last == config {
+		return s, nil
+	}
+	if req, err := DecodeFailPause(c.names, id, failPause.Header, failPause.Data); err != nil || req.Expected != config.Sequence {
+		return c.foldEntry(ctx, id, last.Sequence)
+	}
+	f := entryFold{c: c, id: id, st: s}
+	f.apply(failPause.Subject, failPause.Sequence, failPause.Time, failPause.Header, failPause.Data)
+	return f.st, nil
+}
+
+// History returns the history of entry id that made its states, oldest
+// first: every config event, including those that cannot be applied (with
+// Err set), and every fail-pause request that paused it (FailPause set).
+// Messages that changed nothing are left out (HistoryAll has them).
+// ErrNotFound when the entry has no events at all.
 func (c *Client) History(ctx context.Context, id string) ([]Record, error) {
+	recs, err := c.HistoryAll(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	recs = slices.DeleteFunc(recs, func(r Record) bool { return r.Refused != nil })
+	if len(recs) == 0 {
+		return nil, fmt.Errorf("entry %q: %w", id, ErrNotFound)
+	}
+	return recs, nil
+}
+
+// HistoryAll is History with the messages that changed nothing: fail-pause
+// requests that were refused and NATS server replies stored on the
+// entry's subjects, each with Refused saying why.
+func (c *Client) HistoryAll(ctx context.Context, id string) ([]Record, error) {
 	if err := ValidateID(id); err != nil {
 		return nil, fmt.Errorf("history: %w", err)
 	}
-	subject := c.names.ConfigSubject(id)
+	f := entryFold{c: c, id: id}
 	var out []Record
-	err := c.scan(ctx, subject, jetstream.DeliverAllPolicy, func(m jetstream.Msg, md *jetstream.MsgMetadata) {
-		s := c.decodeState(m.Subject(), md.Sequence.Stream, md.Timestamp, m.Data())
-		out = append(out, Record{Seq: s.rev, Time: s.time, Event: s.ev, Entry: s.entry, Err: s.err})
+	err := c.scan(ctx, c.names.EntrySubjects(id), jetstream.DeliverAllPolicy, func(m jetstream.Msg, md *jetstream.MsgMetadata) {
+		out = append(out, f.apply(m.Subject(), md.Sequence.Stream, md.Timestamp, m.Headers(), m.Data()))
 	})
 	if err != nil {
 		return nil, fmt.Errorf("history of entry %q: %w", id, err)
@@ -296,32 +374,41 @@ func (c *Client) History(ctx context.Context, id string) ([]Record, error) {
 	return out, nil
 }
 
-// scan delivers the messages of the config stream matching filter under
-// policy, up to the last one stored when it starts, through an ordered
-// consumer (which detects gaps and recreates itself). The consumer is
-// stopped and deleted before scan returns.
-func (c *Client) scan(ctx context.Context, filter string, policy jetstream.DeliverPolicy, each func(jetstream.Msg, *jetstream.MsgMetadata)) error {
+// scan delivers the messages of the config stream on subjects under
+// policy, up to the last one stored when it starts.
+func (c *Client) scan(ctx context.Context, subjects []string, policy jetstream.DeliverPolicy, each func(jetstream.Msg, *jetstream.MsgMetadata)) error {
 	var last uint64
-	err := c.retry(ctx, "find last message on "+filter, func(actx context.Context) (bool, error) {
-		m, err := c.msgGet(actx, msgGetRequest{LastFor: filter})
-		switch {
-		case errors.Is(err, jetstream.ErrMsgNotFound):
-			last = 0
-			return false, nil
-		case err != nil:
+	for _, s := range subjects {
+		var m *storedMsg
+		err := c.retry(ctx, "find last message on "+s, func(actx context.Context) (bool, error) {
+			var err error
+			m, err = c.readRaw(actx, s)
 			return isTransient(err), err
+		})
+		if err != nil {
+			return err
 		}
-		last = m.Sequence
-		return false, nil
-	})
-	if err != nil || last == 0 {
-		return err
+		if m != nil {
+			last = max(last, m.Sequence)
+		}
+	}
+	return c.scanTo(ctx, subjects, policy, last, each)
+}
+
+// scanTo delivers the messages of the config stream on subjects under
+// policy, up to the one at sequence last (or the last one before it),
+// through an ordered consumer (which detects gaps and recreates itself).
+// The consumer is stopped before scanTo returns, and the server removes it
+// after scanInactive.
+func (c *Client) scanTo(ctx context.Context, subjects []string, policy jetstream.DeliverPolicy, last uint64, each func(jetstream.Msg, *jetstream.MsgMetadata)) error {
+	if last == 0 {
+		return nil
 	}
 	stream := c.names.ConfigStream()
 	cons, err := c.js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
-		FilterSubjects:    []string{filter},
+		FilterSubjects:    subjects,
 		DeliverPolicy:     policy,
-		InactiveThreshold: time.Minute,
+		InactiveThreshold: scanInactive,
 	})
 	if err != nil {
 		return fmt.Errorf("consumer on %s: %w", stream, err)
@@ -330,16 +417,7 @@ func (c *Client) scan(ctx context.Context, filter string, policy jetstream.Deliv
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", stream, err)
 	}
-	defer func() {
-		it.Stop()
-		// The server would drop the consumer after its inactive threshold;
-		// deleting it now keeps `consumer ls` clean.
-		if info := cons.CachedInfo(); info != nil {
-			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), attemptTimeout)
-			_ = c.js.DeleteConsumer(dctx, stream, info.Name)
-			cancel()
-		}
-	}()
+	defer it.Stop()
 	for {
 		m, err := it.Next(jetstream.NextContext(ctx))
 		if err != nil {
@@ -349,12 +427,16 @@ func (c *Client) scan(ctx context.Context, filter string, policy jetstream.Deliv
 		if err != nil {
 			return fmt.Errorf("read %s: %w", stream, err)
 		}
+		if md.Sequence.Stream > last {
+			return nil
+		}
 		each(m, md)
 		if md.Sequence.Stream >= last || md.NumPending == 0 {
 			return nil
 		}
 	}
 }
+
 
 // msgGetRequest is the JetStream STREAM.MSG.GET request.
 type msgGetRequest struct {
