@@ -437,7 +437,6 @@ func (c *Client) scanTo(ctx context.Context, subjects []string, policy jetstream
 	}
 }
 
-
 // msgGetRequest is the JetStream STREAM.MSG.GET request.
 type msgGetRequest struct {
 	Seq     uint64 `json:"seq,omitempty"`

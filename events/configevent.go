@@ -74,4 +74,3 @@ func DecodeConfigEventInto(b []byte, e *Entry) (*Event, error) {
 	}
 	return ev, nil
 }
-
