@@ -160,10 +160,10 @@ func DecodeFailPause(names Names, entry string, header nats.Header, data []byte)
 // quarantined). The error wraps ErrFailPauseRefused.
 func (r *FailPauseRequest) Check(base *Entry, baseRev uint64) error {
 	switch {
+	case base == nil || base.Removed:
+		return refusedf("entry %q is not registered, or its last change is not a config event", r.Entry.ID)
 	case r.Expected != baseRev:
 		return refusedf("conditional on revision %d, but the entry's last config event is at %d", r.Expected, baseRev)
-	case base == nil || base.Removed:
-		return refusedf("entry %q is not registered at revision %d", r.Entry.ID, baseRev)
 	case !base.PauseOnFailure:
 		return refusedf("entry %q is not armed with pause_on_failure at revision %d", r.Entry.ID, baseRev)
 	case base.Paused:

@@ -55,12 +55,12 @@ func asOf(ctx context.Context, js jetstream.JetStream, names events.Names, seq u
 		return fold.Map(), fold.Quarantined(), nil
 	}
 	r := &orderedReader{
-		js:     js,
-		stream: name,
+		js:      js,
+		stream:  name,
 		filters: names.ConfigStreamSubjects(),
-		policy: jetstream.DeliverAllPolicy,
-		hb:     DefaultHeartbeat,
-		log:    slog.Default(),
+		policy:  jetstream.DeliverAllPolicy,
+		hb:      DefaultHeartbeat,
+		log:     slog.Default(),
 	}
 	defer r.close()
 	decisive := make(map[string]*asOfEntry)

@@ -2,8 +2,8 @@ package projector
 
 import (
 	"encoding/json"
-	"log/slog"
 	"errors"
+	"log/slog"
 	"strconv"
 	"strings"
 	"testing"

@@ -81,10 +81,10 @@ type Quarantine struct {
 
 // Stats counts what a fold did with the messages it was given.
 type Stats struct {
-	LastSeq     uint64 // highest stream sequence processed, good or bad
-	Applied     uint64 // valid config events and fail-pause requests applied
-	Bad         uint64 // bad events on an entry's subject; each quarantined its entry
-	Ignored     uint64 // messages on a subject without a valid entry id
+	LastSeq uint64 // highest stream sequence processed, good or bad
+	Applied uint64 // valid config events and fail-pause requests applied
+	Bad     uint64 // bad events on an entry's subject; each quarantined its entry
+	Ignored uint64 // messages on a subject without a valid entry id
 	// Refused counts messages on an entry's subjects that changed
 	// nothing and quarantined nothing: fail-pause requests that do not
 	// hold, NATS server replies stored there.

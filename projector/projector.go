@@ -235,12 +235,12 @@ func (p *Projector) open(ctx context.Context) (*orderedReader, uint64, error) {
 	// event up to it is in what the consumer delivers or superseded there.
 	target := stream.CachedInfo().State.LastSeq
 	r := &orderedReader{
-		js:     p.js,
-		stream: name,
+		js:      p.js,
+		stream:  name,
 		filters: p.names.ConfigStreamSubjects(),
-		policy: jetstream.DeliverLastPerSubjectPolicy,
-		hb:     p.hb,
-		log:    p.log,
+		policy:  jetstream.DeliverLastPerSubjectPolicy,
+		hb:      p.hb,
+		log:     p.log,
 	}
 	if err := r.open(ctx, maxCreateTimeout); err != nil {
 		return nil, 0, fmt.Errorf("projector: %w", err)
