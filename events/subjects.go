@@ -130,6 +130,12 @@ func (n Names) EntryFromConfigSubject(subject string) (string, bool) {
 	return cutToken(subject, n.Prefix()+".config.")
 }
 
+// EveryEntryRevisionFilter is EntryRevisionFilter for every entry at
+// once, <p>.*.*: within the config stream it matches every config and
+// fail-pause subject, and any other two-token subject the stream was made
+// to store (callers keep those that EntryFromHistorySubject accepts).
+func (n Names) EveryEntryRevisionFilter() string { return n.Prefix() + ".*.*" }
+
 // EntryFromFailPauseSubject returns the entry id of a fail-pause subject.
 func (n Names) EntryFromFailPauseSubject(subject string) (string, bool) {
 	return cutToken(subject, n.Prefix()+".failpause.")

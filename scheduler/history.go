@@ -89,14 +89,17 @@ func (h *StreamHistory) EventCounts(ctx context.Context) (map[string]uint64, uin
 	if err != nil {
 		return nil, 0, fmt.Errorf("config event counts: %w", err)
 	}
-	info, err := s.Info(ctx, jetstream.WithSubjectFilter(h.names.ConfigFilter()))
+	// One filter over both of an entry's subjects, config events and
+	// fail-pause requests; other subjects the stream may hold are left out
+	// below.
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(h.names.EveryEntryRevisionFilter()))
 	if err != nil {
 		return nil, 0, fmt.Errorf("config event counts: %w", err)
 	}
 	counts := make(map[string]uint64, len(info.State.Subjects))
 	for subj, n := range info.State.Subjects {
-		if id, ok := h.names.EntryFromConfigSubject(subj); ok {
-			counts[id] = n
+		if id, _, ok := h.names.EntryFromHistorySubject(subj); ok {
+			counts[id] += n
 		}
 	}
 	return counts, info.State.LastSeq, nil
