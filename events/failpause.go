@@ -267,3 +267,41 @@ func (c *Client) FailPause(ctx context.Context, id string, rev uint64, note stri
 	c.seen.put(id, state{rev: seq, base: seq, failPause: true, ev: ev, entry: &stored, canon: data})
 	return Result{Revision: seq, Type: typ, Entry: e}, nil
 }
+
+// CheckFailPause decides whether a message stored on a fail-pause subject
+// is a request that applies, as every reader folding the entry's history
+// decides: nil when it does, an error wrapping ErrFailPauseRefused saying
+// why not, another error when the stream could not be read. It reads the
+// one message the request expects (a request applies only right after a
+// config event of an armed entry, and the server guarantees nothing came
+// between), so a reader that shows messages one by one (audit) can tell.
+func (c *Client) CheckFailPause(ctx context.Context, subject string, header nats.Header, data []byte) error {
+	id, failPause, ok := c.names.EntryFromHistorySubject(subject)
+	if !ok || !failPause {
+		return refusedf("subject %q is not a fail-pause subject", subject)
+	}
+	req, err := DecodeFailPause(c.names, id, header, data)
+	if err != nil {
+		return err
+	}
+	var base *storedMsg
+	err = c.retry(ctx, "read the revision a fail-pause request expects", func(actx context.Context) (bool, error) {
+		var err error
+		base, err = c.msgGet(actx, msgGetRequest{Seq: req.Expected})
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			base, err = nil, nil
+		}
+		return isTransient(err), err
+	})
+	switch {
+	case err != nil:
+		return err
+	case base == nil || base.Subject != c.names.ConfigSubject(id) || IsServerReply(base.Header, base.Data):
+		return refusedf("the message at revision %d is not a config event of entry %q", req.Expected, id)
+	}
+	s := c.decodeState(base.Subject, base.Sequence, base.Time, base.Data)
+	if s.err != nil {
+		return refusedf("entry %q is quarantined at revision %d", id, req.Expected)
+	}
+	return req.Check(s.entry, req.Expected)
+}

@@ -171,7 +171,7 @@ func (e *env) startNode(id string, o nodeOpts) *node {
 	if err != nil {
 		t.Fatalf("%s: replicas bucket: %v", id, err)
 	}
-	if n.members, err = replica.NewMembership(replica.MembershipConfig{KV: kv, Self: replica.Info{ID: id, Started: time.Now()}, Interval: heartbeat, Logger: log}); err != nil {
+	if n.members, err = replica.NewMembership(replica.MembershipConfig{KV: kv, JS: js, Self: replica.Info{ID: id, Started: time.Now()}, Interval: heartbeat, Logger: log}); err != nil {
 		t.Fatalf("%s: new membership: %v", id, err)
 	}
 	if err := n.members.Start(ctx(t, 10*time.Second)); err != nil {

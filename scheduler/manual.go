@@ -350,25 +350,19 @@ func (m Manual) firedTicks(ctx context.Context, entry string, from, to time.Time
 		return nil, fmt.Errorf("read fires of %s: %w", entry, err)
 	}
 	last := info.State.LastSeq
-	for {
-		msg, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
-		if err != nil {
-			return nil, fmt.Errorf("read fires of %s: %w", entry, err)
-		}
-		meta, err := msg.Metadata()
-		if err != nil {
-			return nil, err
-		}
+	err = readConsumer(ctx, cons, func(msg jetstream.Msg, meta *jetstream.MsgMetadata) bool {
 		if ev, err := events.DecodeEvent(msg.Data()); err == nil && ev.Type == events.TypeEntryFired {
 			var f events.Fired
 			if ev.DecodeData(&f) == nil && f.Trigger == "" && !f.ScheduledAt.Before(from) && !f.ScheduledAt.After(to) {
 				fired[f.ScheduledAt.Unix()] = true
 			}
 		}
-		if meta.Sequence.Stream >= last || meta.NumPending == 0 {
-			return fired, nil
-		}
+		return meta.Sequence.Stream >= last || meta.NumPending == 0
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read fires of %s: %w", entry, err)
 	}
+	return fired, nil
 }
 
 func (m Manual) fire(ctx context.Context, fences taskstate.Fences, fires []taskstate.Fire) ([]taskstate.FireResult, error) {

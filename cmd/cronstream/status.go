@@ -15,7 +15,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
 	"github.com/cronstream/cronstream/clock"
@@ -59,6 +58,11 @@ type statusReport struct {
 type replicaStatus struct {
 	replica.Info
 	BeatAge string `json:"beat_age"`
+	// State is "live", or "unresponsive" when its last beat is older than
+	// three of its heartbeats (replica.Info.StaleAfter): frozen, killed,
+	// or cut off from NATS. The scheduler counts it out; the bucket drops
+	// it DefaultUnresponsiveFor after its last beat.
+	State string `json:"state"`
 	// Ready is the replica's /readyz answer: "yes", "no: <failed checks>",
 	// or "unknown" when its HTTP address cannot be reached from here.
 	Ready string `json:"ready"`
@@ -144,7 +148,9 @@ func newStatusCommand(g *globalFlags) *cobra.Command {
 		Short: "Show replicas, entries, backlog, queues and the next fires",
 		Long: `Show the state of one cronstream tenant (--prefix):
 
-  replicas      live replicas from their heartbeats, and whether each is
+  replicas      replicas from their heartbeats: live, or unresponsive (no
+                beat for three heartbeats: frozen, killed or cut off;
+                listed for 5m after their last beat), and whether each is
                 ready (its /readyz, when reachable from here)
   entries       active, paused and quarantined (last config event cannot
                 be applied: the entry does not fire until fixed)
@@ -232,16 +238,13 @@ func collectStatus(ctx context.Context, g *globalFlags, conn *connFlags, s *sess
 	now := clk.Now()
 
 	// Replicas.
-	kv, err := s.js.KeyValue(ctx, s.names.ReplicasBucket())
+	infos, err := replica.ListReplicas(ctx, s.js, s.names)
 	switch {
-	case errors.Is(err, jetstream.ErrBucketNotFound):
+	case errors.Is(err, replica.ErrNoReplicasBucket):
+		rep.Warnings = append(rep.Warnings, err.Error()+": replicas cannot beat, and each keeps the last replicas it knew")
 	case err != nil:
 		fail("replicas", err)
 	default:
-		infos, err := replica.ListReplicas(ctx, kv)
-		if err != nil {
-			fail("replicas", err)
-		}
 		rep.Replicas = readiness(ctx, infos, now)
 		for _, r := range rep.Replicas {
 			for _, w := range r.Warnings {
@@ -478,7 +481,16 @@ func readiness(ctx context.Context, infos []replica.Info, now time.Time) []repli
 	out := make([]replicaStatus, len(infos))
 	var wg sync.WaitGroup
 	for i, info := range infos {
-		out[i] = replicaStatus{Info: info, BeatAge: now.Sub(info.Beat).Round(100 * time.Millisecond).String(), Ready: "unknown"}
+		age := now.Sub(info.Beat)
+		out[i] = replicaStatus{Info: info, BeatAge: age.Round(100 * time.Millisecond).String(), State: "live", Ready: "unknown"}
+		if age > info.StaleAfter() {
+			// Its HTTP would not answer either (a frozen process holds the
+			// connection): no need to ask.
+			out[i].State = "unresponsive"
+			out[i].Ready = fmt.Sprintf("no: unresponsive, no beat for %s (live within %s of a beat; listed until %s after its last)",
+				age.Round(time.Second), info.StaleAfter(), replica.DefaultUnresponsiveFor)
+			continue
+		}
 		if info.HTTP == "" {
 			continue
 		}
@@ -543,20 +555,31 @@ func printable(s string) string {
 func printStatus(w io.Writer, r statusReport) {
 	fmt.Fprintf(w, "cronstream status (prefix %s)\n\n", r.Prefix)
 
-	fmt.Fprintf(w, "Replicas: %d live\n", len(r.Replicas))
+	live := 0
+	for _, x := range r.Replicas {
+		if x.State == "live" {
+			live++
+		}
+	}
+	fmt.Fprintf(w, "Replicas: %d live", live)
+	if n := len(r.Replicas) - live; n > 0 {
+		fmt.Fprintf(w, ", %d unresponsive", n)
+	}
+	fmt.Fprintln(w)
 	if len(r.Replicas) > 0 {
 		tw := newTable(w)
-		fmt.Fprintln(tw, "  ID\tHOST\tPID\tVERSION\tSTARTED\tLAST BEAT\tCONFIG SEQ\tLAG\tHTTP\tREADY")
+		fmt.Fprintln(tw, "  ID\tSTATE\tHOST\tPID\tVERSION\tSTARTED\tLAST BEAT\tCONFIG SEQ\tLAG\tHTTP\tREADY")
 		for _, x := range r.Replicas {
 			lag := "-"
 			if r.Config.LastSeq >= x.ConfigSeq {
 				lag = fmt.Sprint(r.Config.LastSeq - x.ConfigSeq)
 			}
-			fmt.Fprintf(tw, "  %s\t%s\t%d\t%s\t%s\t%s ago\t%d\t%s\t%s\t%s\n", terminalSafe(x.ID), terminalSafe(x.Host), x.PID, terminalSafe(dash(x.Version)), fmtTime(x.Started), x.BeatAge, x.ConfigSeq, lag, terminalSafe(dash(x.HTTP)), terminalSafe(x.Ready))
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%d\t%s\t%s\t%s ago\t%d\t%s\t%s\t%s\n", terminalSafe(x.ID), x.State, terminalSafe(x.Host), x.PID, terminalSafe(dash(x.Version)), fmtTime(x.Started), x.BeatAge, x.ConfigSeq, lag, terminalSafe(dash(x.HTTP)), terminalSafe(x.Ready))
 		}
 		tw.Flush()
-	} else {
-		fmt.Fprintln(w, "  none: no entry fires and no task is recovered until a replica runs (cronstream run)")
+	}
+	if live == 0 {
+		fmt.Fprintln(w, "  no live replica: no entry fires and no task is recovered until one runs (cronstream run)")
 	}
 
 	fmt.Fprintf(w, "\nEntries: %d active, %d paused, %d ended, %d completed, %d quarantined\n", r.Entries.Active, r.Entries.Paused, r.Entries.Ended, r.Entries.Completed, r.Entries.Quarantined)

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -92,6 +93,10 @@ type Config struct {
 	// Heartbeat is how often the replica refreshes its heartbeat and its
 	// clock offset to Redis.
 	Heartbeat time.Duration
+	// UnresponsiveFor is how long the replicas bucket keeps the heartbeat
+	// of a replica that stopped beating (default DefaultUnresponsiveFor);
+	// it applies to a bucket this replica creates.
+	UnresponsiveFor time.Duration
 	// ShutdownTimeout bounds the drain at stop (default 15s).
 	ShutdownTimeout time.Duration
 
@@ -152,6 +157,9 @@ type Replica struct {
 
 	// failPause pauses entries with pause_on_failure whose tasks are archived.
 	failPause *failpause.Watcher
+	// routes watches the streams for ways other than a publish to write
+	// them.
+	routes routeWatch
 
 	mu      sync.Mutex
 	started bool
@@ -357,7 +365,10 @@ func (r *Replica) start(ctx context.Context) error {
 	r.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "cronstream_config_stream_reloads_total",
 		Help: "Projections reloaded because the config stream was recreated or restored under a running replica.",
-	}, func() float64 { return float64(proj.Stats().Reloads) }))
+	}, func() float64 { return float64(proj.Stats().Reloads) }), prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "cronstream_config_refused_total",
+		Help: "Messages on entries' config or fail-pause subjects the projection refused (fail-pause requests that do not hold, NATS server replies stored there); each is logged.",
+	}, func() float64 { return float64(proj.Stats().RefusedLive) }))
 	if r.http != nil {
 		r.http.addCheck("projection", func(context.Context) error {
 			if !r.proj.CaughtUp() {
@@ -395,18 +406,13 @@ func (r *Replica) start(ctx context.Context) error {
 
 	hostname, _ := os.Hostname()
 	r.members, err = NewMembership(MembershipConfig{
-		KV:       kv,
+		KV: kv, JS: js,
 		Self:     Info{ID: r.cfg.ReplicaID, Host: hostname, PID: os.Getpid(), Started: r.clock.Now().UTC(), Version: r.cfg.Version, HTTP: r.httpAddr(), Warnings: streamWarnings},
 		Interval: r.cfg.Heartbeat, Logger: r.log, Now: r.clock.Now,
 		Update: func(i *Info) {
 			i.ConfigSeq = r.proj.LastSeq()
 			i.Late = det.Late(maxReportedLate)
-		},
-		// Re-created as at start: missing is created, an existing bucket is
-		// never changed (stream settings are explicit).
-		Reopen: func(ctx context.Context) (jetstream.KeyValue, error) {
-			kv, _, err := SyncReplicasBucket(ctx, js, ReplicasBucketConfig(r.cfg.Names, r.cfg.StreamReplicas, 3*r.cfg.Heartbeat), events.CreateMissing)
-			return kv, err
+			i.Warnings = append(slices.Clip(streamWarnings), r.routes.warnings()...)
 		},
 	})
 	if err != nil {
@@ -414,6 +420,10 @@ func (r *Replica) start(ctx context.Context) error {
 	}
 	if err := r.retry(ctx, "heartbeat", r.members.Start); err != nil {
 		return err
+	}
+	if r.http != nil {
+		r.http.addCheck("membership", func(context.Context) error { return r.members.Missing() })
+		r.http.addCheck("streams", func(context.Context) error { return r.routes.ready() })
 	}
 
 	// The relay yields the cores to a burst of fires (at most its MaxHold);
@@ -510,12 +520,19 @@ func (r *Replica) start(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
+	if r.http != nil {
+		r.http.addCheck("failpause", func(context.Context) error { return r.failPause.Ready() })
+	}
 	return r.failPause.Start(ctx)
 }
 
 // maxReportedLate bounds the late entries a replica reports in its
 // heartbeat (status merges their reasons).
 const maxReportedLate = 32
+
+func (r *Replica) unresponsiveFor() time.Duration {
+	return cmp.Or(max(r.cfg.UnresponsiveFor, 0), DefaultUnresponsiveFor)
+}
 
 func (r *Replica) maxStaleness() time.Duration {
 	if r.cfg.MaxStaleness > 0 {
@@ -538,6 +555,7 @@ func (r *Replica) heartbeat(ctx context.Context) {
 	defer t.Stop()
 	var catchup catchupWarner
 	catchup.check(ctx, r.js, r.cfg.Names, r.proj, r.log)
+	r.routes.check(ctx, r.js, r.cfg.Names, r.log)
 	for {
 		select {
 		case <-ctx.Done():
@@ -549,6 +567,7 @@ func (r *Replica) heartbeat(ctx context.Context) {
 			}
 			cancel()
 			catchup.check(ctx, r.js, r.cfg.Names, r.proj, r.log)
+			r.routes.check(ctx, r.js, r.cfg.Names, r.log)
 		}
 	}
 }
