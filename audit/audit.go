@@ -85,7 +85,7 @@ type Record struct {
 	// Refused says why a record of the config stream changed nothing: a
 	// fail-pause request that does not hold (events.CheckFailPause), or a
 	// NATS server's reply stored on an entry's subject
-	// (events.IsServerReply). Readers of the configuration skip it.
+	// (events.IsServerWritten). Readers of the configuration skip it.
 	Refused error
 	// more is set on every event of a batch message but the last: the
 	// history counts messages.
@@ -379,8 +379,8 @@ func (r *Reader) Close() error {
 // judge sets what a config-stream record is: a fail-pause request, and
 // whether it (or a NATS server's reply stored there) changed nothing.
 func (src *source) judge(ctx context.Context, rec *Record, header nats.Header) {
-	if events.IsServerReply(header, rec.Data) {
-		rec.Refused = errors.New("a NATS server's reply stored on " + rec.Subject + " (a request named it as its reply subject), not an event: skipped")
+	if events.IsServerWritten(header, rec.Data) {
+		rec.Refused = errors.New(events.ServerWrittenReason(rec.Subject))
 		return
 	}
 	if _, failPause, ok := src.names.EntryFromHistorySubject(rec.Subject); ok && failPause {

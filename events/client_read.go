@@ -127,7 +127,7 @@ func (c *Client) read(ctx context.Context, id string, fresh bool) (state, error)
 	case err != nil:
 		return state{}, err
 	case last == nil:
-	case last.Subject == c.names.ConfigSubject(id) && !IsServerReply(last.Header, last.Data):
+	case last.Subject == c.names.ConfigSubject(id) && !IsServerWritten(last.Header, last.Data):
 		cur = c.decodeState(last.Subject, last.Sequence, last.Time, last.Data)
 	default:
 		if cur, err = c.foldEntry(ctx, id, last.Sequence); err != nil {
@@ -220,7 +220,7 @@ func (c *Client) foldEntry(ctx context.Context, id string, last uint64) (state, 
 // entryFold folds one entry's history in stream order: a config event
 // sets the entry's full state, a fail-pause request pauses it when it
 // holds (DecodeFailPause, FailPauseRequest.Check), and a NATS server's
-// reply stored on its subjects changes nothing (IsServerReply).
+// reply stored on its subjects changes nothing (IsServerWritten).
 type entryFold struct {
 	c  *Client
 	id string
@@ -232,8 +232,8 @@ type entryFold struct {
 func (f *entryFold) apply(subject string, seq uint64, at time.Time, header nats.Header, data []byte) Record {
 	f.st.rev = seq
 	_, failPause, _ := f.c.names.EntryFromHistorySubject(subject)
-	if IsServerReply(header, data) {
-		return Record{Seq: seq, Time: at, Refused: fmt.Errorf("a NATS server's reply stored on %s (a request named it as its reply subject), not an event: skipped", subject)}
+	if IsServerWritten(header, data) {
+		return Record{Seq: seq, Time: at, Refused: errors.New(ServerWrittenReason(subject))}
 	}
 	if !failPause {
 		rev := f.st.rev
@@ -321,7 +321,7 @@ func (c *Client) listed(ctx context.Context, id string, config, failPause *store
 	if last == nil || failPause != nil && failPause.Sequence > last.Sequence {
 		last = failPause
 	}
-	if config == nil || IsServerReply(config.Header, config.Data) {
+	if config == nil || IsServerWritten(config.Header, config.Data) {
 		return c.foldEntry(ctx, id, last.Sequence)
 	}
 	s := c.decodeState(config.Subject, config.Sequence, config.Time, config.Data)

@@ -182,16 +182,31 @@ func (r *FailPauseRequest) Check(base *Entry, baseRev uint64) error {
 	return nil
 }
 
-// IsServerReply reports whether a message stored on a config or fail-pause
-// subject is a NATS server's answer rather than an event: NATS delivers
-// the answer to a request (a JetStream API call, a publish's
-// acknowledgement, a pull request's status) to whatever reply subject the
-// requester named, and the config stream stores what arrives on its
-// subjects. Such a message carries no Nats-Msg-Id, which every cronstream
-// client sets, and is empty, a JetStream API response (its "type" is
-// io.nats....) or a publish acknowledgement. Readers skip it: it changes
-// no entry and quarantines none.
-func IsServerReply(header nats.Header, data []byte) bool {
+// ServerWrittenReason says why a message IsServerWritten found on subject
+// is skipped.
+func ServerWrittenReason(subject string) string {
+	return "written on " + subject + " by a NATS server (an answer to a request that named it as its reply subject, or a relayed message), not published: skipped"
+}
+
+// IsServerWritten reports whether a message stored on a config or
+// fail-pause subject was written there by a NATS server rather than
+// published by a client. NATS delivers the answer to a request (a
+// JetStream API call, a publish's acknowledgement, a pull request's
+// status, a direct get) to whatever reply subject the requester named,
+// and the config stream stores what arrives on its subjects; a republish
+// copies a stored message onto other subjects. Such a message carries a
+// header only a server sets when it relays a stored message (Nats-Stream
+// and the like: a direct get's answer, a republish), or carries no
+// Nats-Msg-Id (which every cronstream client sets) and is empty, a
+// JetStream API response (its "type" is io.nats....) or a publish
+// acknowledgement. Readers skip it: it changes no entry and quarantines
+// none.
+func IsServerWritten(header nats.Header, data []byte) bool {
+	for _, h := range relayHeaders {
+		if header.Get(h) != "" {
+			return true
+		}
+	}
 	if header.Get(jetstream.MsgIDHeader) != "" {
 		return false
 	}
@@ -296,7 +311,7 @@ func (c *Client) CheckFailPause(ctx context.Context, subject string, header nats
 	switch {
 	case err != nil:
 		return err
-	case base == nil || base.Subject != c.names.ConfigSubject(id) || IsServerReply(base.Header, base.Data):
+	case base == nil || base.Subject != c.names.ConfigSubject(id) || IsServerWritten(base.Header, base.Data):
 		return refusedf("the message at revision %d is not a config event of entry %q", req.Expected, id)
 	}
 	s := c.decodeState(base.Subject, base.Sequence, base.Time, base.Data)

@@ -256,18 +256,33 @@ func TestServerRepliesOnConfigSubjects(t *testing.T) {
 	if err := nc.PublishMsg(&nats.Msg{Subject: names.FireSubject("y"), Reply: names.ConfigSubject("e"), Data: []byte("{}")}); err != nil {
 		t.Fatal(err)
 	}
+	// A direct get of a message whose body is a complete config event
+	// (anyone who may publish on a stream's subjects can store one), its
+	// answer sent to the entry's config subject: a server's relay.
+	forged := validEntry("e")
+	forged.Task.Type = "evil"
+	raw, _ := json.Marshal(forged.Normalize())
+	ev, _ := NewEvent(TypeEntryUpdated, "cronstream/cli/attacker", "e", json.RawMessage(raw))
+	b, _ := ev.Marshal()
+	if _, err := js.Publish(ctx, names.FireSubject("z"), b); err != nil {
+		t.Fatal(err)
+	}
+	req, _ := json.Marshal(msgGetRequest{LastFor: names.FireSubject("z")})
+	if err := nc.PublishRequest("$JS.API.DIRECT.GET."+names.ActivityStream(), names.ConfigSubject("e"), req); err != nil {
+		t.Fatal(err)
+	}
 	var all []Record
 	testenv.Eventually(t, 10*time.Second, func() bool {
 		all, err = c.HistoryAll(ctx, "e")
-		return err == nil && len(all) == 4
+		return err == nil && len(all) == 5
 	}, "the replies were not stored")
 	for _, rec := range all[1:] {
-		if rec.Refused == nil || !strings.Contains(rec.Refused.Error(), "reply") {
+		if rec.Refused == nil || !strings.Contains(rec.Refused.Error(), "by a NATS server") {
 			t.Errorf("reply %d: %+v", rec.Seq, rec)
 		}
 	}
 	got, rev, err := NewClient(js, names).Get(ctx, "e")
-	if err != nil || got.Task.Type != e.Task.Type || rev != all[3].Seq {
+	if err != nil || got.Task.Type != e.Task.Type || rev != all[4].Seq {
 		t.Fatalf("get: %+v rev %d %v", got, rev, err)
 	}
 	list, err := c.List(ctx)

@@ -109,7 +109,7 @@ type asOfEntry struct {
 }
 
 func (e *asOfEntry) add(m message, failPause bool) {
-	if !failPause && !events.IsServerReply(m.header, m.data) {
+	if !failPause && !events.IsServerWritten(m.header, m.data) {
 		*e = asOfEntry{config: m, hasConfig: true}
 		return
 	}

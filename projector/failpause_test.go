@@ -74,8 +74,8 @@ func TestFoldFailPauseRequests(t *testing.T) {
 	h, b := requestMsg(t, e, 7, pauseNote)
 	refused(2, testNames.FailPauseSubject("e"), h, b, "conditional on revision 7")
 	// A server's answer on the config subject.
-	refused(3, testNames.ConfigSubject("e"), nil, []byte(`{"type":"io.nats.jetstream.api.v1.stream_info_response"}`), "reply")
-	refused(4, testNames.ConfigSubject("e"), nil, nil, "reply")
+	refused(3, testNames.ConfigSubject("e"), nil, []byte(`{"type":"io.nats.jetstream.api.v1.stream_info_response"}`), "by a NATS server")
+	refused(4, testNames.ConfigSubject("e"), nil, nil, "by a NATS server")
 
 	// A request right after a config event pauses the entry.
 	if _, _, err := f.Apply(testNames.ConfigSubject("e"), 5, at, rawEvent(t, events.GatedType(events.TypeEntryUpdated, e), "e", e)); err != nil {

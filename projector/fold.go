@@ -131,7 +131,7 @@ var ErrRefused = errors.New("config stream message refused")
 // did not apply and that does not quarantine the entry: a fail-pause
 // request that does not hold (events.DecodeFailPause,
 // FailPauseRequest.Check), or a NATS server's reply stored there
-// (events.IsServerReply). The entry keeps its state.
+// (events.IsServerWritten). The entry keeps its state.
 type RefusedError struct {
 	Seq     uint64
 	Subject string
@@ -277,9 +277,9 @@ func decode(names events.Names, m message) decoded {
 		d.bad = &BadEventError{Seq: seq, Subject: subject, Reason: "subject has no valid entry id"}
 		return d
 	}
-	if events.IsServerReply(m.header, m.data) {
+	if events.IsServerWritten(m.header, m.data) {
 		d.id = strings.Clone(id)
-		d.refused = "a NATS server's reply stored on " + subject + " (a request named it as its reply subject), not an event"
+		d.refused = events.ServerWrittenReason(subject)
 		return d
 	}
 	if failPause {

@@ -47,7 +47,7 @@
 // A fail-pause request (<p>.failpause.<id>, events.DecodeFailPause) pauses
 // entry <id> when it holds, and is otherwise refused; a NATS server's reply
 // stored on an entry's subject (a request that named it as its reply
-// subject, events.IsServerReply) is refused too. A refused message leaves
+// subject, events.IsServerWritten) is refused too. A refused message leaves
 // the entry as it was and never quarantines it: anyone may make the server
 // answer on a config subject, and a replica may publish requests. Each one
 // met while following is counted (Stats.RefusedLive) and logged once.

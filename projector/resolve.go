@@ -18,7 +18,7 @@ import (
 // fail-pause subject. Otherwise the last messages do not decide it:
 //
 //   - the last message on its config subject is a NATS server's reply (see
-//     events.IsServerReply): the entry's state is that of its history
+//     events.IsServerWritten): the entry's state is that of its history
 //     before it;
 //   - a fail-pause message follows its config event but does not expect
 //     its revision: the message right after the config event may have been
@@ -63,7 +63,7 @@ func (r *resolver) history(ctx context.Context, m message, pending uint64) ([]me
 		return nil, nil
 	}
 	if !failPause {
-		if !events.IsServerReply(m.header, m.data) {
+		if !events.IsServerWritten(m.header, m.data) {
 			r.configs[id] = m.seq
 			return nil, nil
 		}
