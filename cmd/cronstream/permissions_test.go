@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"path/filepath"
@@ -10,9 +11,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hibiken/asynq"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
+	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/testenv"
 )
 
@@ -243,5 +246,84 @@ func TestPermissionsFileReplicaUsers(t *testing.T) {
 				t.Errorf("user %s may publish on %s", user, s)
 			}
 		}
+	}
+}
+
+// TestPauseOnFailureWithPermissions: pause on failure end to end with the
+// repository's permissions file. A real asynq worker archives a task of
+// an entry armed with pause_on_failure (its handler fails, no retry); the
+// replica, connected as its per-replica user (which may not publish
+// config), pauses the entry through a fail-pause request; `entry history`
+// and `audit` show the pause on failure, the entry fires no more, and the
+// server refused nothing.
+func TestPauseOnFailureWithPermissions(t *testing.T) {
+	// Not parallel: the server takes the passwords from the environment.
+	n, url := permissionsServer(t)
+	r := testenv.StartRedis(t, testenv.WithPrivateServer())
+	env := func(user string) *cliEnv {
+		return &cliEnv{t: t, nats: n, redis: r, vars: append(baseEnv(), "CRONSTREAM_NATS="+url(user), "CRONSTREAM_REDIS="+r.URL)}
+	}
+	operator, auditor := env("cronstream-operator"), env("cronstream-auditor")
+	env("cronstream-streams").ok("streams", "apply")
+	p := start(t, env("cronstream-1").vars, "run", "--http", "127.0.0.1:0", "--log-format", "json", "--replica-id", "cronstream-1")
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("replica stderr:\n%s", p.Stderr())
+		}
+	})
+	operator.ok("entry", "put", "failing", "--cron", "@every 1s", "--type", "fails", "--queue", "pofq", "--max-retry", "0", "--pause-on-failure")
+
+	opt, err := asynq.ParseRedisURI(r.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := asynq.NewServer(opt, asynq.Config{Concurrency: 2, Queues: map[string]int{"pofq": 1}, Logger: quietLogger{}, LogLevel: asynq.FatalLevel})
+	if err := srv.Start(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return errors.New("disk full") })); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+
+	testenv.Eventually(t, 60*time.Second, func() bool {
+		var e events.Entry
+		auditor.okJSON(&e, "entry", "get", "failing", "--json")
+		return e.Paused
+	}, "the entry was never paused on failure")
+	var e events.Entry
+	auditor.okJSON(&e, "entry", "get", "failing", "--json")
+	if !strings.HasPrefix(e.Note, events.FailPauseNotePrefix+"task cronstream:failing:") || !strings.HasSuffix(e.Note, ": disk full") {
+		t.Errorf("pause note %q", e.Note)
+	}
+	history := auditor.ok("entry", "history", "failing")
+	if !strings.Contains(history, "on failure (fail-pause request)") || !strings.Contains(history, "cronstream-1") {
+		t.Errorf("entry history does not show the pause on failure by the replica:\n%s", history)
+	}
+	var recs []historyRecord
+	auditor.okJSON(&recs, "entry", "history", "failing", "--json")
+	if len(recs) != 2 || !recs[1].FailPause || recs[1].Entry == nil || !recs[1].Entry.Paused {
+		t.Errorf("entry history --json: %+v", recs)
+	}
+	if out := auditor.ok("audit", "--entry", "failing", "--type", "paused"); !strings.Contains(out, "on failure, by cronstream-1") {
+		t.Errorf("audit does not show the pause on failure:\n%s", out)
+	}
+	// Paused: no tick fires after the pause settled.
+	ins := inspector(t, r.URL)
+	count := func() int {
+		q, err := ins.GetQueueInfo("pofq")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return q.Size + q.Processed
+	}
+	settled := count()
+	deadline := time.Now().Add(3 * time.Second)
+	testenv.Eventually(t, 10*time.Second, func() bool { return time.Now().After(deadline) }, "")
+	if got := count(); got > settled+2 {
+		t.Errorf("%d tasks after the pause, %d more than when it settled", got, got-settled)
+	}
+	if code := p.stop(syscall.SIGTERM, 20*time.Second); code != 0 {
+		t.Errorf("replica exited %d", code)
+	}
+	if v := violations(n); len(v) > 0 {
+		t.Errorf("refused in the roles' own work: %v", v)
 	}
 }
