@@ -71,9 +71,9 @@ type lazy func() string
 
 func (l lazy) String() string { return l() }
 
-// TestRunMembershipAfterNATSRestart: the replicas bucket is in memory, so
-// a NATS restart loses it; the replicas re-create it and status lists them
-// again within a few heartbeats, while the entry keeps firing.
+// TestRunMembershipAfterNATSRestart: the replicas bucket is on file, so a
+// NATS restart keeps it; status lists the replicas again within a few
+// heartbeats, while the entry keeps firing.
 func TestRunMembershipAfterNATSRestart(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, true)

@@ -130,8 +130,12 @@ func (r *Replica) openStreams(ctx context.Context, js jetstream.JetStream) (jets
 				r.log.Info("created stream", "stream", c.Stream)
 				continue
 			}
-			w := streamWarning(r.cfg.Names, c)
-			r.log.Warn(w, "stream", c.Stream, "field", c.Field, "stream_value", c.Old, "wanted", c.New)
+			w, special := streamWarning(r.cfg.Names, c)
+			msg := "stream settings differ from this replica's flags"
+			if special {
+				msg = w
+			}
+			r.log.Warn(msg, "stream", c.Stream, "field", c.Field, "stream_value", c.Old, "flag_value", c.New)
 			warnings = append(warnings, w)
 		}
 	}
@@ -183,13 +187,13 @@ func (r *Replica) createOrWait(mode events.StreamMode, err error) events.StreamM
 }
 
 // streamWarning says what a difference between an existing stream and
-// this replica's settings means.
-func streamWarning(names events.Names, c events.StreamChange) string {
+// this replica's settings means; special when it is not a flag's.
+func streamWarning(names events.Names, c events.StreamChange) (w string, special bool) {
 	switch {
 	case c.Field == "subjects" && c.Stream == names.ConfigStream():
-		return fmt.Sprintf("stream %s does not capture %s: this replica cannot pause entries on failure (pause_on_failure) until `cronstream streams apply` adds it", c.Stream, names.FailPauseFilter())
+		return fmt.Sprintf("stream %s does not capture %s: this replica cannot pause entries on failure (pause_on_failure) until `cronstream streams apply` adds it", c.Stream, names.FailPauseFilter()), true
 	case c.Field == "storage" && c.Stream == names.ReplicasStream():
-		return fmt.Sprintf("replicas bucket %s is kept in %s: a restart of every NATS node loses it, and replicas then wait until `cronstream streams apply` makes it again; run `cronstream streams apply` to move it to file storage", names.ReplicasBucket(), c.Old)
+		return fmt.Sprintf("replicas bucket %s is kept in %s: a restart of every NATS node loses it, and replicas then wait until `cronstream streams apply` makes it again; run `cronstream streams apply` to move it to file storage", names.ReplicasBucket(), c.Old), true
 	}
-	return fmt.Sprintf("stream %s: %s is %s, this replica's flags say %s; left unchanged (`cronstream streams apply` changes it)", c.Stream, c.Field, c.Old, c.New)
+	return fmt.Sprintf("stream %s: %s is %s, this replica's flags say %s; left unchanged (`cronstream streams apply` changes it)", c.Stream, c.Field, c.Old, c.New), false
 }
