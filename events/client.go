@@ -183,8 +183,12 @@ type Current struct {
 	// arrives. It wraps ErrMalformedEvent.
 	Err error
 	// FailPause says the entry's state was set by a fail-pause request
-	// (a replica paused it on failure), not by a config event.
-	FailPause bool
+	// (a replica paused it on failure), not by a config event, and
+	// StateRevision is the sequence of the message that set it (Revision
+	// is the entry's last message: it may be a later one that changed
+	// nothing).
+	FailPause     bool
+	StateRevision uint64
 }
 
 // Record is one message of an entry's history: a config event, or a
@@ -304,6 +308,23 @@ func (c *Client) Get(ctx context.Context, id string) (Entry, uint64, error) {
 		return Entry{}, 0, err
 	}
 	return e, cur.rev, nil
+}
+
+// Lookup returns entry id as List would, read from the stream leader:
+// ErrNotFound when it does not exist or was removed; Err set when its last
+// event cannot be applied.
+func (c *Client) Lookup(ctx context.Context, id string) (Current, error) {
+	if err := ValidateID(id); err != nil {
+		return Current{}, fmt.Errorf("lookup: %w", err)
+	}
+	s, err := c.read(ctx, id, true)
+	if err != nil {
+		return Current{}, fmt.Errorf("look up entry %q: %w", id, err)
+	}
+	if !s.hasLive() {
+		return Current{}, fmt.Errorf("entry %q: %w", id, ErrNotFound)
+	}
+	return s.current(id), nil
 }
 
 // change is what a write decided: the event type to publish ("" for

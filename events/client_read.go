@@ -94,6 +94,18 @@ func (s state) live(id string) (Entry, error) {
 	return s.entry.Clone(), nil
 }
 
+// current is the entry as List and Lookup show it.
+func (s state) current(id string) Current {
+	cur := Current{ID: id, Revision: s.rev, Time: s.time, Err: s.err, FailPause: s.failPause, StateRevision: s.base}
+	if s.ev != nil {
+		cur.Type = s.ev.Type
+	}
+	if s.entry != nil {
+		cur.Entry = *s.entry
+	}
+	return cur
+}
+
 // read returns the state of entry id: from the leader when fresh;
 // otherwise the state this client remembers or, failing that, from
 // whichever replica answers a Direct Get first (from the leader when the
@@ -298,14 +310,7 @@ func (c *Client) List(ctx context.Context) ([]Current, error) {
 		if !s.hasLive() {
 			continue
 		}
-		cur := Current{ID: id, Revision: s.rev, Time: s.time, Err: s.err, FailPause: s.failPause}
-		if s.ev != nil {
-			cur.Type = s.ev.Type
-		}
-		if s.entry != nil {
-			cur.Entry = *s.entry
-		}
-		out = append(out, cur)
+		out = append(out, s.current(id))
 	}
 	slices.SortFunc(out, func(a, b Current) int { return strings.Compare(a.ID, b.ID) })
 	return out, nil

@@ -97,6 +97,11 @@ func TestFoldFailPauseRequests(t *testing.T) {
 	if st.Refused != 4 || st.Bad != 0 || st.LastSeq != 7 {
 		t.Fatalf("stats %+v", st)
 	}
+	// The revision fence counts config subjects alone: replicas of earlier
+	// builds read no request, and a request must fence no one out.
+	if f.FenceSeq() != 5 {
+		t.Fatalf("fence sequence %d, want 5 (the last config event)", f.FenceSeq())
+	}
 }
 
 // publishRequest publishes a fail-pause request for e conditional on rev

@@ -172,6 +172,11 @@ type Fold struct {
 	// The message at stats.LastSeq, for LastMessageID.
 	lastSubject string
 	lastAt      time.Time
+	// The last message on a config subject (not a fail-pause one), for
+	// FenceSeq.
+	fenceSeq     uint64
+	fenceSubject string
+	fenceAt      time.Time
 }
 
 // NewFold returns an empty fold for the config stream named by names.
@@ -328,6 +333,9 @@ func (f *Fold) commit(d decoded) (Change, bool, error) {
 	}
 	f.stats.LastSeq = d.seq
 	f.lastSubject, f.lastAt = d.subject, d.at
+	if _, failPause, _ := f.names.EntryFromHistorySubject(d.subject); !failPause {
+		f.fenceSeq, f.fenceSubject, f.fenceAt = d.seq, d.subject, d.at
+	}
 	if d.id == "" {
 		f.stats.Ignored++
 		return Change{}, false, d.bad
@@ -481,6 +489,14 @@ func (f *Fold) Quarantined() []Quarantine {
 
 // LastSeq returns the highest stream sequence processed.
 func (f *Fold) LastSeq() uint64 { return f.stats.LastSeq }
+
+// FenceSeq returns the highest sequence processed of a message on a
+// config subject, leaving fail-pause requests out: what a replica
+// presents to the revision fence (docs/design.md, INV-revision-fence).
+// Replicas of earlier builds read config subjects alone, and a request
+// (anyone with a replica credential can publish one) must fence no one
+// out.
+func (f *Fold) FenceSeq() uint64 { return f.fenceSeq }
 
 // LastMessageID returns events.ConfigMessageID of the message at LastSeq
 // ("" before any).

@@ -582,15 +582,29 @@ func (p *Projector) LastSeq() uint64 {
 	return p.fold.LastSeq()
 }
 
+// FenceSeq is Fold.FenceSeq of the projection: what the scheduler
+// presents to the revision fence.
+func (p *Projector) FenceSeq() uint64 {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return p.fold.FenceSeq()
+}
+
 // ConfigMessageID returns events.ConfigMessageID of the config message at
-// seq when seq is the highest sequence applied, else "" (not known here).
+// seq when seq is the highest sequence applied or FenceSeq, else "" (not
+// known here).
 func (p *Projector) ConfigMessageID(seq uint64) string {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
-	if seq == 0 || seq != p.fold.LastSeq() {
+	switch {
+	case seq == 0:
 		return ""
+	case seq == p.fold.LastSeq():
+		return p.fold.LastMessageID()
+	case seq == p.fold.fenceSeq:
+		return events.ConfigMessageID(p.fold.fenceSubject, p.fold.fenceAt)
 	}
-	return p.fold.LastMessageID()
+	return ""
 }
 
 // Quarantined returns the entries held back by a bad event, sorted by id.

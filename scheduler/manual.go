@@ -82,21 +82,33 @@ var ErrRefused = errors.New("refused")
 // a fresh Target.
 const manualAttempts = 3
 
-// Load reads the config stream's last sequence, then entry id's state.
+// Load reads the config stream's last config event's sequence, then entry
+// id's state. Fences count config events alone (projector's FenceSeq): a
+// fail-pause request's sequence is left out.
 func (m Manual) Load(ctx context.Context, id string) (Target, error) {
 	stream, err := m.JS.Stream(ctx, m.Names.ConfigStream())
 	if err != nil {
 		return Target{}, fmt.Errorf("config stream: %w", err)
 	}
-	info, err := stream.Info(ctx)
-	if err != nil {
+	var configSeq uint64
+	switch last, err := stream.GetLastMsgForSubject(ctx, m.Names.ConfigFilter()); {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+	case err != nil:
 		return Target{}, fmt.Errorf("config stream: %w", err)
+	default:
+		configSeq = last.Sequence
 	}
-	e, rev, err := events.NewClient(m.JS, m.Names).Get(ctx, id)
+	cur, err := events.NewClient(m.JS, m.Names).Lookup(ctx, id)
 	if err != nil {
 		return Target{}, err
 	}
-	return Target{State: projector.State{Entry: e.Normalize(), Revision: rev}, ConfigSeq: max(info.State.LastSeq, rev)}, nil
+	if cur.Err != nil {
+		return Target{}, fmt.Errorf("entry %q at revision %d: %w", id, cur.Revision, cur.Err)
+	}
+	if !cur.FailPause {
+		configSeq = max(configSeq, cur.StateRevision)
+	}
+	return Target{State: projector.State{Entry: cur.Entry.Normalize(), Revision: cur.Revision}, ConfigSeq: configSeq}, nil
 }
 
 // fireFresh sends one fire per item, built by build from t. Fires refused
