@@ -113,6 +113,17 @@ func TestNATSPermissions(t *testing.T) {
 	}
 	streams, operator, auditor := env("cronstream-streams"), env("cronstream-operator"), env("cronstream-auditor")
 
+	// A replica started before the streams exist may not create them: it
+	// waits, not ready, saying why.
+	first := start(t, env("cronstream-1").vars, "run", "--http", "127.0.0.1:0", "--log-format", "json", "--replica-id", "cronstream-1")
+	testenv.Eventually(t, 30*time.Second, func() bool { return strings.Contains(first.Stderr(), "waiting for `cronstream streams apply`") },
+		"the replica does not say it waits for streams apply:\n%v", lazy(first.Stderr))
+	firstAddr, _ := logValue(first.Stderr(), "serving http", "addr")
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		code, body := readyz("http://" + firstAddr)
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "streams apply")
+	}, "readyz of the waiting replica does not say it waits for streams apply")
+
 	// Only the streams role creates or changes streams.
 	if msg := operator.fail("streams", "apply"); !strings.Contains(strings.ToLower(msg), "permission") {
 		t.Errorf("operator's streams apply: %s", msg)
@@ -120,8 +131,14 @@ func TestNATSPermissions(t *testing.T) {
 	streams.ok("streams", "apply")
 
 	var addrs []string
-	var procs []*proc
-	for _, c := range []struct{ user, id string }{{"cronstream-1", "cronstream-1"}, {"cronstream-replica", "limited"}} {
+	procs := []*proc{first}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("replica cronstream-1 stderr:\n%s", first.Stderr())
+		}
+	})
+	addrs = append(addrs, firstAddr)
+	for _, c := range []struct{ user, id string }{{"cronstream-replica", "limited"}} {
 		p := start(t, env(c.user).vars, "run", "--http", "127.0.0.1:0", "--log-format", "json", "--replica-id", c.id)
 		procs = append(procs, p)
 		t.Cleanup(func() {
@@ -166,7 +183,10 @@ func TestNATSPermissions(t *testing.T) {
 	}
 
 	// What each role may not do.
-	refused := map[string]bool{`"$G/user:cronstream-operator" - Publish Violation - Subject "$JS.API.STREAM.LIST"`: true}
+	refused := map[string]bool{
+		`"$G/user:cronstream-operator" - Publish Violation - Subject "$JS.API.STREAM.LIST"`:              true,
+		`"$G/user:cronstream-1" - Publish Violation - Subject "$JS.API.STREAM.CREATE.CRONSTREAM_CONFIG"`: true,
+	}
 	type attempt struct{ user, subject string }
 	attempts := []attempt{
 		{"cronstream-operator", "cronstream.fire.tick"},

@@ -172,6 +172,15 @@ func TestRollingUpgrade(t *testing.T) {
 	e.ok("entry", "put", "u1", "--payload", "3")
 	e.ok("entry", "rm", "u5")
 	removedBy := time.Now()
+	// The upgrade step (operations.md, Upgrades) while both builds run:
+	// `streams apply` adds the fail-pause subjects to the config stream and
+	// moves the replicas bucket the previous build kept in memory to file;
+	// the replicas of both builds beat into the new bucket.
+	applied := e.ok("streams", "apply")
+	if !strings.Contains(applied, "CRONSTREAM_CONFIG subjects:") || !strings.Contains(applied, "KV_CRONSTREAM_REPLICAS storage: Memory → File") {
+		t.Errorf("streams apply over the previous release's streams:\n%s", applied)
+	}
+	waitLive(t, e, 30*time.Second, []string{"n1", "o2", "o3"}, "after the bucket moved to file", n1, o2, o3)
 	// A pause on failure while both builds run: a fail-pause request, as a
 	// replica of this build publishes it, on the subject the previous
 	// build's readers do not read.

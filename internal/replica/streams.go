@@ -146,7 +146,11 @@ func (r *Replica) openStreams(ctx context.Context, js jetstream.JetStream) (jets
 		if err == nil && mode == events.DryRun && len(changes) > 0 && changes[len(changes)-1].Field == "stream" {
 			err = fmt.Errorf("stream %s is missing and this replica may not create it: waiting for `cronstream streams apply`", changes[len(changes)-1].Stream)
 		}
-		if mode = r.createOrWait(mode, err); err == nil {
+		if next := r.createOrWait(mode, err); next != mode {
+			mode = next
+			return errMayNotCreate
+		}
+		if err == nil {
 			note(changes)
 		}
 		return err
@@ -162,7 +166,11 @@ func (r *Replica) openStreams(ctx context.Context, js jetstream.JetStream) (jets
 		if err == nil && kv == nil {
 			err = fmt.Errorf("replicas bucket %s is missing and this replica may not create it: waiting for `cronstream streams apply`", r.cfg.Names.ReplicasBucket())
 		}
-		if mode = r.createOrWait(mode, err); err == nil {
+		if next := r.createOrWait(mode, err); next != mode {
+			mode = next
+			return errMayNotCreate
+		}
+		if err == nil {
 			note(changes)
 		}
 		return err
@@ -171,6 +179,10 @@ func (r *Replica) openStreams(ctx context.Context, js jetstream.JetStream) (jets
 	}
 	return kv, warnings, nil
 }
+
+// errMayNotCreate is what a start that may not create a missing stream
+// waits on.
+var errMayNotCreate = errors.New("a stream or the replicas bucket is missing and this replica may not create it (NATS permissions): waiting for `cronstream streams apply`")
 
 // createOrWait is the mode of the next attempt to open the streams after
 // err: a refused create (the NATS user may not create streams) turns
