@@ -552,9 +552,8 @@ func printable(s string) string {
 	}, s)
 }
 
-func printStatus(w io.Writer, r statusReport) {
-	fmt.Fprintf(w, "cronstream status (prefix %s)\n\n", r.Prefix)
-
+// printReplicas prints the Replicas section: live and unresponsive ones.
+func printReplicas(w io.Writer, r statusReport) {
 	live := 0
 	for _, x := range r.Replicas {
 		if x.State == "live" {
@@ -581,6 +580,12 @@ func printStatus(w io.Writer, r statusReport) {
 	if live == 0 {
 		fmt.Fprintln(w, "  no live replica: no entry fires and no task is recovered until one runs (cronstream run)")
 	}
+}
+
+func printStatus(w io.Writer, r statusReport) {
+	fmt.Fprintf(w, "cronstream status (prefix %s)\n\n", r.Prefix)
+
+	printReplicas(w, r)
 
 	fmt.Fprintf(w, "\nEntries: %d active, %d paused, %d ended, %d completed, %d quarantined\n", r.Entries.Active, r.Entries.Paused, r.Entries.Ended, r.Entries.Completed, r.Entries.Quarantined)
 	for _, q := range r.Entries.Bad {

@@ -361,14 +361,7 @@ func (r *Replica) start(ctx context.Context) error {
 	if err := r.retry(ctx, "projector", r.proj.Start); err != nil {
 		return err
 	}
-	proj := r.proj
-	r.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
-		Name: "cronstream_config_stream_reloads_total",
-		Help: "Projections reloaded because the config stream was recreated or restored under a running replica.",
-	}, func() float64 { return float64(proj.Stats().Reloads) }), prometheus.NewCounterFunc(prometheus.CounterOpts{
-		Name: "cronstream_config_refused_total",
-		Help: "Messages on entries' config or fail-pause subjects the projection refused (fail-pause requests that do not hold, NATS server replies stored there); each is logged.",
-	}, func() float64 { return float64(proj.Stats().RefusedLive) }))
+	r.registerProjectionMetrics()
 	if r.http != nil {
 		r.http.addCheck("projection", func(context.Context) error {
 			if !r.proj.CaughtUp() {
@@ -524,6 +517,18 @@ func (r *Replica) start(ctx context.Context) error {
 		r.http.addCheck("failpause", func(context.Context) error { return r.failPause.Ready() })
 	}
 	return r.failPause.Start(ctx)
+}
+
+// registerProjectionMetrics exports the projection's counters.
+func (r *Replica) registerProjectionMetrics() {
+	proj := r.proj
+	r.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "cronstream_config_stream_reloads_total",
+		Help: "Projections reloaded because the config stream was recreated or restored under a running replica.",
+	}, func() float64 { return float64(proj.Stats().Reloads) }), prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "cronstream_config_refused_total",
+		Help: "Messages on entries' config or fail-pause subjects the projection refused (fail-pause requests that do not hold, messages a NATS server wrote there); each is logged.",
+	}, func() float64 { return float64(proj.Stats().RefusedLive) }))
 }
 
 // maxReportedLate bounds the late entries a replica reports in its
