@@ -156,7 +156,7 @@ func printStreamsApply(w io.Writer, names events.Names, rep streamsApplyReport, 
 	if !complete {
 		return
 	}
-	for _, name := range []string{names.ConfigStream(), names.ActivityStream(), "KV_" + names.ReplicasBucket()} {
+	for _, name := range []string{names.ConfigStream(), names.ActivityStream(), names.ReplicasStream()} {
 		if !changed[name] {
 			fmt.Fprintf(w, "%s: unchanged\n", name)
 		}
