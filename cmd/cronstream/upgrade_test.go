@@ -181,6 +181,14 @@ func TestRollingUpgrade(t *testing.T) {
 		t.Errorf("streams apply over the previous release's streams:\n%s", applied)
 	}
 	waitLive(t, e, 30*time.Second, []string{"n1", "o2", "o3"}, "after the bucket moved to file", n1, o2, o3)
+	// Replicas of the previous release that run go on; one that starts now
+	// refuses the config stream (it captures the fail-pause subjects too),
+	// saying so (operations.md, Upgrades: run streams apply once they are
+	// all replaced; going back needs the subject removed).
+	late := startBin(t, old, e.vars, "run", "--http", "", "--replica-id", "o4")
+	if code := late.stop(syscall.Signal(0), 30*time.Second); code == 0 || !strings.Contains(late.Stderr(), "cronstream.failpause.>") {
+		t.Errorf("the previous release started on the config stream with the fail-pause subjects: exit %d\n%s", code, late.Stderr())
+	}
 	// A pause on failure while both builds run: a fail-pause request, as a
 	// replica of this build publishes it, on the subject the previous
 	// build's readers do not read.
