@@ -248,9 +248,7 @@ func (f *entryFold) apply(subject string, seq uint64, at time.Time, header nats.
 		return Record{Seq: seq, Time: at, Refused: errors.New(ServerWrittenReason(subject))}
 	}
 	if !failPause {
-		rev := f.st.rev
 		f.st = f.c.decodeState(subject, seq, at, data)
-		f.st.rev = rev
 		return Record{Seq: seq, Time: at, Event: f.st.ev, Entry: f.st.entry, Err: f.st.err}
 	}
 	req, err := DecodeFailPause(f.c.names, f.id, header, data)
@@ -417,6 +415,11 @@ func (c *Client) scanTo(ctx context.Context, subjects []string, policy jetstream
 	})
 	if err != nil {
 		return fmt.Errorf("consumer on %s: %w", stream, err)
+	}
+	if info := cons.CachedInfo(); info != nil && info.NumPending == 0 {
+		// Nothing on these subjects (last is another subject's message,
+		// one a server wrote into the stream): no message would come.
+		return nil
 	}
 	it, err := cons.Messages()
 	if err != nil {
