@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cronstream/cronstream/events"
@@ -15,6 +16,11 @@ import (
 
 // ErrInvalidParams is wrapped by Open's error for Params that cannot be read.
 var ErrInvalidParams = errors.New("invalid audit params")
+
+// consumerInactive lets the server remove a reader's consumers once it no
+// longer reads them: a Reader deletes none (no role may delete consumers:
+// it could not be limited to its own).
+const consumerInactive = 10 * time.Second
 
 // ErrClosed is what Next returns once the Reader is closed.
 var ErrClosed = errors.New("audit reader closed")
@@ -76,6 +82,14 @@ type Record struct {
 	// Unconfirmed is the message's events.HeaderRedisUnconfirmed: the
 	// relay published it before Redis's replicas confirmed its write.
 	Unconfirmed string
+	// FailPause says the record is a fail-pause request (a replica's pause
+	// on failure, on <p>.failpause.<entry>) rather than a config event.
+	FailPause bool
+	// Refused says why a record of the config stream changed nothing: a
+	// fail-pause request that does not hold (events.CheckFailPause), or a
+	// NATS server's reply stored on an entry's subject
+	// (events.IsServerWritten). Readers of the configuration skip it.
+	Refused error
 	// more is set on every event of a batch message but the last: the
 	// history counts messages.
 	more bool
@@ -116,6 +130,9 @@ const (
 // source reads one stream through an ordered consumer, in a goroutine that
 // hands each message to ch.
 type source struct {
+	// client checks fail-pause requests (config stream only).
+	client  *events.Client
+	names   events.Names
 	config  bool
 	stream  string
 	cons    jetstream.Consumer
@@ -133,11 +150,11 @@ func Open(ctx context.Context, js jetstream.JetStream, p Params) (*Reader, error
 		return nil, err
 	}
 	names := p.Names
-	cfgSubjects := []string{names.ConfigFilter()}
+	cfgSubjects := names.ConfigStreamSubjects()
 	actSubjects := []string(nil)
 	switch {
 	case p.Entry != "":
-		cfgSubjects = []string{names.ConfigSubject(p.Entry)}
+		cfgSubjects = names.EntrySubjects(p.Entry)
 		actSubjects = []string{names.FireSubject(p.Entry)}
 	case p.Queue != "":
 		actSubjects = []string{names.FireFilter(), names.RecoverySubject(p.Queue)}
@@ -165,7 +182,7 @@ func Open(ctx context.Context, js jetstream.JetStream, p Params) (*Reader, error
 		{true, names.ConfigStream(), cfgSubjects, cfgSince},
 		{false, names.ActivityStream(), actSubjects, p.Since},
 	} {
-		cc := jetstream.OrderedConsumerConfig{FilterSubjects: spec.subjects, InactiveThreshold: time.Minute}
+		cc := jetstream.OrderedConsumerConfig{FilterSubjects: spec.subjects, InactiveThreshold: consumerInactive}
 		if !spec.since.IsZero() {
 			t := spec.since
 			cc.DeliverPolicy, cc.OptStartTime = jetstream.DeliverByStartTimePolicy, &t
@@ -175,7 +192,7 @@ func Open(ctx context.Context, js jetstream.JetStream, p Params) (*Reader, error
 			r.Close()
 			return nil, fmt.Errorf("read %s: %w", spec.stream, err)
 		}
-		src := &source{config: spec.config, stream: spec.stream, cons: cons, ch: make(chan Record, 256)}
+		src := &source{config: spec.config, stream: spec.stream, cons: cons, ch: make(chan Record, 256), client: events.NewClient(js, names), names: names}
 		r.sources = append(r.sources, src)
 		if info := cons.CachedInfo(); info != nil {
 			src.pending = info.NumPending
@@ -346,9 +363,9 @@ func (r *Reader) nextOfHistory(ctx context.Context) (rec Record, ok bool, err er
 	return rec, true, nil
 }
 
-// Close stops reading and deletes the consumers, each within 2 s (the
-// server would forget them a minute later). Calls after the first return
-// its error.
+// Close stops reading. It deletes no consumer (no role may: it could not
+// be limited to its own): the server removes each after its inactive
+// threshold (consumerInactive). Calls after the first return its error.
 func (r *Reader) Close() error {
 	r.closeOnce.Do(func() {
 		r.cancel()
@@ -358,19 +375,28 @@ func (r *Reader) Close() error {
 			}
 		}
 		r.wg.Wait()
-		var errs []error
-		for _, src := range r.sources {
-			if info := src.cons.CachedInfo(); info != nil {
-				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-				if err := r.js.DeleteConsumer(ctx, src.stream, info.Name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-					errs = append(errs, fmt.Errorf("delete consumer %s of %s: %w", info.Name, src.stream, err))
-				}
-				cancel()
-			}
-		}
-		r.closeErr = errors.Join(errs...)
 	})
 	return r.closeErr
+}
+
+// judge sets what a config-stream record is: a fail-pause request, and
+// whether it (or a NATS server's reply stored there) changed nothing.
+func (src *source) judge(ctx context.Context, rec *Record, header nats.Header) {
+	if events.IsServerWritten(header, rec.Data) {
+		rec.Refused = errors.New(events.ServerWrittenReason(rec.Subject))
+		return
+	}
+	if _, failPause, ok := src.names.EntryFromHistorySubject(rec.Subject); ok && failPause {
+		rec.FailPause = true
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if err := src.client.CheckFailPause(cctx, rec.Subject, header, rec.Data); err != nil {
+			if !errors.Is(err, events.ErrFailPauseRefused) {
+				err = fmt.Errorf("could not be checked: %w", err)
+			}
+			rec.Refused = err
+		}
+	}
 }
 
 // read hands every message to ch until ctx ends or the iterator stops.
@@ -398,6 +424,9 @@ func (src *source) read(ctx context.Context) {
 				Unconfirmed: unconfirmed}
 			if rec.Event, rec.Err = events.DecodeEvent(p); splitErr != nil {
 				rec.Event, rec.Err = nil, splitErr
+			}
+			if src.config {
+				src.judge(ctx, &rec, m.Headers())
 			}
 			select {
 			case src.ch <- rec:

@@ -103,11 +103,15 @@ func (f *filter) typeMatches(typ string) bool {
 // left it).
 func (f *filter) concernsQueue(rec Record) bool {
 	if rec.Config {
-		id, ok := f.names.EntryFromConfigSubject(rec.Subject)
+		id, _, ok := f.names.EntryFromHistorySubject(rec.Subject)
 		if !ok {
 			return false
 		}
 		prev := f.queueOf[id]
+		if rec.FailPause || rec.Refused != nil {
+			// A pause on failure changes no queue (a refused one nothing).
+			return prev == f.queue
+		}
 		_, e, err := events.DecodeConfigEvent(rec.Data)
 		if err != nil || e == nil {
 			return prev == f.queue
@@ -143,11 +147,14 @@ func (f *filter) concernsQueue(rec Record) bool {
 // labelsOf up to date, so it must see every message in order.
 func (f *filter) selected(rec Record) bool {
 	if rec.Config {
-		id, ok := f.names.EntryFromConfigSubject(rec.Subject)
+		id, _, ok := f.names.EntryFromHistorySubject(rec.Subject)
 		if !ok {
 			return false
 		}
 		prev, had := f.labelsOf[id]
+		if rec.FailPause || rec.Refused != nil {
+			return had && f.sel.Matches(prev)
+		}
 		_, e, err := events.DecodeConfigEvent(rec.Data)
 		if err != nil || e == nil {
 			return had && f.sel.Matches(prev)

@@ -24,8 +24,8 @@ func (c *Client) LastRemoval(ctx context.Context, id string) (Removal, bool, err
 	if err != nil {
 		return Removal{}, false, fmt.Errorf("read last config event of entry %q: %w", id, err)
 	}
-	if !cur.exists() || cur.err != nil || !cur.removed() {
+	if cur.err != nil || cur.entry == nil || !cur.entry.Removed {
 		return Removal{}, false, nil
 	}
-	return Removal{Revision: cur.rev, Time: cur.time}, true, nil
+	return Removal{Revision: cur.base, Time: cur.time}, true, nil
 }

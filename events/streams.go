@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -101,7 +102,7 @@ func (c StreamConfig) ConfigStreamConfig() (jetstream.StreamConfig, error) {
 	return jetstream.StreamConfig{
 		Name:              c.Names.ConfigStream(),
 		Description:       "cronstream configuration events (audit log: no delete, no purge)",
-		Subjects:          []string{c.Names.ConfigFilter()},
+		Subjects:          c.Names.ConfigStreamSubjects(),
 		Retention:         jetstream.LimitsPolicy,
 		Storage:           jetstream.FileStorage,
 		Replicas:          c.Replicas,
@@ -186,8 +187,11 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, cfg StreamConfig
 // (description, placement, metadata). An existing stream that differs in
 // what cannot or must not be changed in place — subjects, storage,
 // retention, a config stream that allows deletes, purges or message TTLs, a
-// sealed stream or a mirror — is left alone and reported as a
-// *StreamConflictError.
+// sealed stream, and a way for messages to reach it other than a publish
+// (a mirror, sources, a subject transform) or to leave it for other
+// subjects (a republish) — is left alone and reported as a
+// *StreamConflictError. The one change of subjects it makes is adding the
+// fail-pause subjects to a config stream made before them.
 func SyncStreams(ctx context.Context, js jetstream.JetStream, cfg StreamConfig, mode StreamMode) ([]StreamChange, error) {
 	configCfg, err := cfg.ConfigStreamConfig()
 	if err != nil {
@@ -249,15 +253,18 @@ func checkStreamConflicts(have, want jetstream.StreamConfig, auditLog bool) erro
 		return &StreamConflictError{Stream: want.Name, Field: field, Existing: fmt.Sprint(existing), Wanted: fmt.Sprint(wanted)}
 	}
 	haveSubjects, wantSubjects := slices.Sorted(slices.Values(have.Subjects)), slices.Sorted(slices.Values(want.Subjects))
-	switch {
-	case !slices.Equal(haveSubjects, wantSubjects):
+	if !slices.Equal(haveSubjects, wantSubjects) && !(auditLog && missingFailPause(have, want)) {
 		return conflict("subjects", haveSubjects, wantSubjects)
+	}
+	if route := WriteRoute(have); route != "" {
+		field, value, _ := strings.Cut(route, " ")
+		return conflict(field, value, "none")
+	}
+	switch {
 	case have.Storage != want.Storage:
 		return conflict("storage", have.Storage, want.Storage)
 	case have.Retention != want.Retention:
 		return conflict("retention", have.Retention, want.Retention)
-	case have.Mirror != nil:
-		return conflict("mirror", have.Mirror.Name, "none")
 	case have.Sealed:
 		return conflict("sealed", true, false)
 	case have.AllowMsgCounter:
@@ -293,6 +300,9 @@ func reconcileStream(have, want jetstream.StreamConfig, auditLog bool) (jetstrea
 		}
 	}
 	unlimited := func(v int64) bool { return v <= 0 }
+	if auditLog && missingFailPause(have, want) {
+		set("subjects", true, have.Subjects, want.Subjects, func() { next.Subjects = want.Subjects })
+	}
 	set("replicas", have.Replicas != want.Replicas, have.Replicas, want.Replicas, func() { next.Replicas = want.Replicas })
 	set("max_age", have.MaxAge != want.MaxAge, fmtAge(have.MaxAge), fmtAge(want.MaxAge), func() { next.MaxAge = want.MaxAge })
 	set("discard", have.Discard != want.Discard, have.Discard, want.Discard, func() { next.Discard = want.Discard })
@@ -305,6 +315,104 @@ func reconcileStream(have, want jetstream.StreamConfig, auditLog bool) (jetstrea
 		set("duplicate_window", have.Duplicates != want.Duplicates, have.Duplicates, want.Duplicates, func() { next.Duplicates = want.Duplicates })
 	}
 	return next, changes
+}
+
+// missingFailPause reports whether have is a config stream made before
+// fail-pause requests: its subjects are want's but the fail-pause ones.
+// Adding them is the one change of subjects SyncStreams makes; until then
+// replicas cannot pause entries on failure (they say so).
+func missingFailPause(have, want jetstream.StreamConfig) bool {
+	return len(have.Subjects) == 1 && len(want.Subjects) == 2 && have.Subjects[0] == want.Subjects[0]
+}
+
+// WriteRoute names the first setting of an existing stream (or KV
+// bucket) that makes the server write messages other than a client's
+// publish on its subjects, into it or out of it: a mirror, sources or a
+// subject transform bring other streams' messages (or other subjects) in,
+// a republish copies its messages onto other subjects — a bucket that
+// republishes onto a config subject writes configuration. cronstream
+// makes none of them; "" when the stream has none. The form is "<field>
+// <value>", e.g. "republish cronstream.config.>".
+func WriteRoute(have jetstream.StreamConfig) string {
+	switch {
+	case have.Mirror != nil:
+		return "mirror " + have.Mirror.Name
+	case len(have.Sources) > 0:
+		names := make([]string, len(have.Sources))
+		for i, src := range have.Sources {
+			names[i] = src.Name
+		}
+		return "sources " + strings.Join(names, ",")
+	case have.RePublish != nil:
+		return "republish " + have.RePublish.Source + "→" + have.RePublish.Destination
+	case have.SubjectTransform != nil:
+		return "subject_transform " + have.SubjectTransform.Source + "→" + have.SubjectTransform.Destination
+	}
+	return ""
+}
+
+// StreamWriteRoutes reads the config and activity streams and the
+// replicas bucket and returns, for each that has one, its WriteRoute as
+// "<stream>: <route>". A missing stream has none.
+func StreamWriteRoutes(ctx context.Context, js jetstream.JetStream, names Names) ([]string, error) {
+	var out []string
+	for _, name := range []string{names.ConfigStream(), names.ActivityStream(), names.ReplicasStream()} {
+		s, err := js.Stream(ctx, name)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("look up stream %s: %w", name, err)
+		}
+		if route := WriteRoute(s.CachedInfo().Config); route != "" {
+			out = append(out, name+": "+route)
+		}
+	}
+	return out, nil
+}
+
+// RepublishInto lists the other streams of the account that republish
+// onto cronstream's subjects (<p>.> and the replicas bucket's), as
+// "<stream>: republish <source>→<destination>": the server writes their
+// messages there as if published, configuration included. Listing the
+// streams needs $JS.API.STREAM.LIST.
+func RepublishInto(ctx context.Context, js jetstream.JetStream, names Names) ([]string, error) {
+	ours := map[string]bool{names.ConfigStream(): true, names.ActivityStream(): true, names.ReplicasStream(): true}
+	targets := []string{names.Prefix() + ".>", "$KV." + names.ReplicasBucket() + ".>"}
+	var out []string
+	lister := js.ListStreams(ctx)
+	for info := range lister.Info() {
+		rp := info.Config.RePublish
+		if ours[info.Config.Name] || rp == nil {
+			continue
+		}
+		for _, t := range targets {
+			if filtersOverlap(rp.Destination, t) {
+				out = append(out, info.Config.Name+": republish "+rp.Source+"→"+rp.Destination)
+				break
+			}
+		}
+	}
+	if err := lister.Err(); err != nil {
+		return nil, fmt.Errorf("list streams: %w", err)
+	}
+	return out, nil
+}
+
+// filtersOverlap reports whether some subject matches both NATS subject
+// filters.
+func filtersOverlap(a, b string) bool {
+	at, bt := strings.Split(a, "."), strings.Split(b, ".")
+	for i := 0; i < len(at) && i < len(bt); i++ {
+		switch {
+		case at[i] == ">" || bt[i] == ">":
+			return true
+		case at[i] == "*" || bt[i] == "*" || at[i] == bt[i]:
+		default:
+			return false
+		}
+	}
+	return len(at) == len(bt)
 }
 
 // fmtAge shows a stream's max age; zero keeps messages forever.

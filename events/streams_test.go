@@ -58,7 +58,7 @@ func TestEnsureStreamsCreatesAndIsIdempotent(t *testing.T) {
 	c := s.CachedInfo().Config
 	if !c.DenyDelete || !c.DenyPurge || !c.AllowDirect || c.Storage != jetstream.FileStorage || c.MaxAge != 0 ||
 		c.MaxMsgsPerSubject > 0 || c.MaxMsgs > 0 || c.MaxBytes > 0 || c.Discard != jetstream.DiscardOld ||
-		c.Replicas != 1 || strings.Join(c.Subjects, ",") != "tenant-a.config.>" {
+		c.Replicas != 1 || strings.Join(c.Subjects, ",") != "tenant-a.config.>,tenant-a.failpause.>" {
 		t.Fatalf("config stream config: %+v", c)
 	}
 	s, err = js.Stream(ctx, "TENANT_A_ACTIVITY")

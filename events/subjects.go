@@ -62,11 +62,49 @@ func (n Names) ActivityStream() string { return n.streamPrefix() + "_ACTIVITY" }
 // their heartbeat, <P>_REPLICAS.
 func (n Names) ReplicasBucket() string { return n.streamPrefix() + "_REPLICAS" }
 
+// ReplicasStream is the name of the stream behind the replicas bucket,
+// KV_<P>_REPLICAS.
+func (n Names) ReplicasStream() string { return "KV_" + n.ReplicasBucket() }
+
 // ConfigSubject is the subject of one entry's config events.
 func (n Names) ConfigSubject(entryID string) string { return n.Prefix() + ".config." + entryID }
 
 // ConfigFilter matches every config subject.
 func (n Names) ConfigFilter() string { return n.Prefix() + ".config.>" }
+
+// FailPauseSubject is the subject of one entry's fail-pause requests: a
+// replica that saw a task of the entry archived asks there for the pause of
+// the entry, armed with pause_on_failure (events.DecodeFailPause says what
+// such a request may hold). The config stream captures it beside the
+// entry's config subject, so the entry's history holds both.
+func (n Names) FailPauseSubject(entryID string) string { return n.Prefix() + ".failpause." + entryID }
+
+// FailPauseFilter matches every fail-pause subject.
+func (n Names) FailPauseFilter() string { return n.Prefix() + ".failpause.>" }
+
+// ConfigStreamSubjects are the subjects the config stream captures, and
+// what every reader of the whole configuration's history filters on:
+// config events and fail-pause requests. (A wildcard over both,
+// <p>.*.>, would also match what else the stream may have been made to
+// store, such as a copy of an activity message a NATS server delivered
+// there: readers never use it.)
+func (n Names) ConfigStreamSubjects() []string {
+	return []string{n.ConfigFilter(), n.FailPauseFilter()}
+}
+
+// EntrySubjects are the subjects of one entry's history in the config
+// stream: its config events and its fail-pause requests.
+func (n Names) EntrySubjects(entryID string) []string {
+	return []string{n.ConfigSubject(entryID), n.FailPauseSubject(entryID)}
+}
+
+// EntryRevisionFilter is the one subject filter under which an entry's
+// writes are conditional (Nats-Expected-Last-Subject-Sequence-Subject):
+// <p>.*.<entry>, which within the config stream matches its config and
+// fail-pause subjects, so a write expects the entry's last message on
+// either. An entry's revision, for optimistic concurrency, is the
+// sequence of the last message of the config stream under this filter.
+func (n Names) EntryRevisionFilter(entryID string) string { return n.Prefix() + ".*." + entryID }
 
 // FireSubject is the subject of one entry's fired and skipped events.
 func (n Names) FireSubject(entryID string) string { return n.Prefix() + ".fire." + entryID }
@@ -90,6 +128,28 @@ func (n Names) ActivitySubjects() []string {
 // EntryFromConfigSubject returns the entry id of a config subject.
 func (n Names) EntryFromConfigSubject(subject string) (string, bool) {
 	return cutToken(subject, n.Prefix()+".config.")
+}
+
+// EveryEntryRevisionFilter is EntryRevisionFilter for every entry at
+// once, <p>.*.*: within the config stream it matches every config and
+// fail-pause subject, and any other two-token subject the stream was made
+// to store (callers keep those that EntryFromHistorySubject accepts).
+func (n Names) EveryEntryRevisionFilter() string { return n.Prefix() + ".*.*" }
+
+// EntryFromFailPauseSubject returns the entry id of a fail-pause subject.
+func (n Names) EntryFromFailPauseSubject(subject string) (string, bool) {
+	return cutToken(subject, n.Prefix()+".failpause.")
+}
+
+// EntryFromHistorySubject returns the entry id of a subject of the config
+// stream's history, a config or a fail-pause subject, and whether it is
+// the fail-pause subject.
+func (n Names) EntryFromHistorySubject(subject string) (id string, failPause, ok bool) {
+	if id, ok := n.EntryFromConfigSubject(subject); ok {
+		return id, false, true
+	}
+	id, ok = n.EntryFromFailPauseSubject(subject)
+	return id, ok, ok
 }
 
 // EntryFromFireSubject returns the entry id of a fire subject.

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"maps"
 	"math"
 	"slices"
 	"time"
@@ -35,10 +34,14 @@ func AsOfTime(ctx context.Context, js jetstream.JetStream, names events.Names, t
 // asOf folds the history up to seq and, with until, up to the last event
 // stored at or before *until.
 //
-// Only each subject's last event up to the bound reaches the Fold: the fold's
-// result for an entry depends on nothing else (see Fold), so decoding the
-// events it would overwrite is wasted work. Reading still covers the whole
-// history, so the cost is one pass over the stream plus one decode per entry.
+// Only what decides each entry up to the bound reaches the Fold: its last
+// config event (config events carry the full state; a NATS server's reply
+// stored on the subject is not one) and the message that came next on its
+// subjects, which can only be a fail-pause request that pauses it (a
+// request holds only right after a config event). Decoding the events the
+// fold would overwrite is wasted work. Reading still covers the whole
+// history, so the cost is one pass over the stream plus one or two
+// decodes per entry.
 func asOf(ctx context.Context, js jetstream.JetStream, names events.Names, seq uint64, until *time.Time) (map[string]State, []Quarantine, error) {
 	name := names.ConfigStream()
 	stream, err := js.Stream(ctx, name)
@@ -52,15 +55,15 @@ func asOf(ctx context.Context, js jetstream.JetStream, names events.Names, seq u
 		return fold.Map(), fold.Quarantined(), nil
 	}
 	r := &orderedReader{
-		js:     js,
-		stream: name,
-		filter: names.ConfigFilter(),
-		policy: jetstream.DeliverAllPolicy,
-		hb:     DefaultHeartbeat,
-		log:    slog.Default(),
+		js:      js,
+		stream:  name,
+		filters: names.ConfigStreamSubjects(),
+		policy:  jetstream.DeliverAllPolicy,
+		hb:      DefaultHeartbeat,
+		log:     slog.Default(),
 	}
 	defer r.close()
-	last := make(map[string]message)
+	decisive := make(map[string]*asOfEntry)
 	for {
 		msg, meta, err := r.next(ctx, 0)
 		if err != nil {
@@ -70,17 +73,59 @@ func asOf(ctx context.Context, js jetstream.JetStream, names events.Names, seq u
 		if s > seq || (until != nil && meta.Timestamp.After(*until)) {
 			break
 		}
-		subject := msg.Subject()
-		last[subject] = message{subject, s, meta.Timestamp, msg.Data()}
+		m := message{subject: msg.Subject(), seq: s, at: meta.Timestamp, header: msg.Headers(), data: msg.Data()}
+		if id, failPause, ok := names.EntryFromHistorySubject(m.subject); ok {
+			e := decisive[id]
+			if e == nil {
+				e = &asOfEntry{}
+				decisive[id] = e
+			}
+			e.add(m, failPause)
+		}
 		if s >= seq || meta.NumPending == 0 {
 			break
 		}
 	}
-	ordered := slices.SortedFunc(maps.Values(last), func(a, b message) int { return cmp.Compare(a.seq, b.seq) })
+	var ordered []message
+	for _, e := range decisive {
+		ordered = e.appendTo(ordered)
+	}
+	slices.SortFunc(ordered, func(a, b message) int { return cmp.Compare(a.seq, b.seq) })
 	// Bad events are reported through the returned quarantines; a replay
 	// does not log what the live projection already logged.
 	for _, d := range decodeBatch(names, ordered) {
 		_, _, _ = fold.commit(d)
 	}
 	return fold.Map(), fold.Quarantined(), nil
+}
+
+// asOfEntry is what decides an entry in a replay: its last config event
+// and the message after it on its subjects.
+type asOfEntry struct {
+	config, next message
+	hasConfig    bool
+	hasNext      bool
+	nextIsPause  bool
+}
+
+func (e *asOfEntry) add(m message, failPause bool) {
+	if !failPause && !events.IsServerWritten(m.header, m.data) {
+		*e = asOfEntry{config: m, hasConfig: true}
+		return
+	}
+	if e.hasConfig && !e.hasNext {
+		e.next, e.hasNext, e.nextIsPause = m, true, failPause
+	}
+}
+
+// appendTo appends the messages the fold needs of the entry.
+func (e *asOfEntry) appendTo(out []message) []message {
+	if !e.hasConfig {
+		return out // nothing registered it: requests are refused
+	}
+	out = append(out, e.config)
+	if e.hasNext && e.nextIsPause {
+		out = append(out, e.next)
+	}
+	return out
 }

@@ -281,7 +281,7 @@ func BenchmarkDecode(b *testing.B) {
 		b.Run(tc.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				if d := decode(testNames, message{subject, 1, time.Time{}, data}); d.bad != nil {
+				if d := decode(testNames, message{subject: subject, seq: 1, data: data}); d.bad != nil {
 					b.Fatal(d.bad)
 				}
 			}

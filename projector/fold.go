@@ -4,11 +4,14 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"reflect"
 	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/cronstream/cronstream/events"
 )
@@ -32,6 +35,19 @@ type State struct {
 	// Time is when the stream stored that event (the JetStream timestamp,
 	// not the publisher's CloudEvents time).
 	Time time.Time
+	// FailPause says the event at Revision is a fail-pause request (on
+	// <p>.failpause.<entry>: a replica paused the entry on failure), not a
+	// config event.
+	FailPause bool
+}
+
+// RevisionSubject is the subject of the message at s.Revision: the
+// entry's config subject, or its fail-pause subject.
+func (s *State) RevisionSubject(names events.Names) string {
+	if s.FailPause {
+		return names.FailPauseSubject(s.Entry.ID)
+	}
+	return names.ConfigSubject(s.Entry.ID)
 }
 
 // Change is one change to the set of registered entries. Old and New are nil
@@ -65,10 +81,17 @@ type Quarantine struct {
 
 // Stats counts what a fold did with the messages it was given.
 type Stats struct {
-	LastSeq     uint64 // highest stream sequence processed, good or bad
-	Applied     uint64 // valid config events applied
-	Bad         uint64 // bad events on an entry's subject; each quarantined its entry
-	Ignored     uint64 // messages on a subject without a valid entry id
+	LastSeq uint64 // highest stream sequence processed, good or bad
+	Applied uint64 // valid config events and fail-pause requests applied
+	Bad     uint64 // bad events on an entry's subject; each quarantined its entry
+	Ignored uint64 // messages on a subject without a valid entry id
+	// Refused counts messages on an entry's subjects that changed
+	// nothing and quarantined nothing: fail-pause requests that do not
+	// hold, NATS server replies stored there.
+	Refused uint64
+	// RefusedLive counts those the projector met while following the
+	// stream (each logged), not in its initial load (Projector only).
+	RefusedLive uint64
 	Duplicates  uint64 // messages at or below LastSeq, skipped
 	Entries     int    // registered entries now (quarantined ones excluded)
 	Quarantined int    // quarantined entries now
@@ -101,6 +124,28 @@ func (e *BadEventError) Error() string {
 // Unwrap makes errors.Is(err, ErrBadEvent) true.
 func (e *BadEventError) Unwrap() error { return ErrBadEvent }
 
+// ErrRefused is wrapped by every *RefusedError.
+var ErrRefused = errors.New("config stream message refused")
+
+// RefusedError describes a message on an entry's subjects that the fold
+// did not apply and that does not quarantine the entry: a fail-pause
+// request that does not hold (events.DecodeFailPause,
+// FailPauseRequest.Check), or a NATS server's reply stored there
+// (events.IsServerWritten). The entry keeps its state.
+type RefusedError struct {
+	Seq     uint64
+	Subject string
+	Entry   string
+	Reason  string
+}
+
+func (e *RefusedError) Error() string {
+	return fmt.Sprintf("%v at seq %d for entry %q: %s", ErrRefused, e.Seq, e.Entry, e.Reason)
+}
+
+// Unwrap makes errors.Is(err, ErrRefused) true.
+func (e *RefusedError) Unwrap() error { return ErrRefused }
+
 // Fold is the one function from config events to the registered-entry map.
 // The live Projector and the point-in-time replays (AsOfSeq, AsOfTime) both
 // apply messages through it, so they cannot disagree. Apply is two steps,
@@ -130,6 +175,11 @@ type Fold struct {
 	// The message at stats.LastSeq, for LastMessageID.
 	lastSubject string
 	lastAt      time.Time
+	// The last message on a config subject (not a fail-pause one), for
+	// FenceSeq.
+	fenceSeq     uint64
+	fenceSubject string
+	fenceAt      time.Time
 }
 
 // NewFold returns an empty fold for the config stream named by names.
@@ -145,7 +195,8 @@ func NewFold(names events.Names) *Fold {
 
 // Apply folds one message of the config stream: its subject, stream sequence,
 // stream timestamp and data. Messages must come in stream order; one at or
-// below the last sequence applied is a duplicate and is skipped.
+// below the last sequence applied is a duplicate and is skipped. A message
+// on a fail-pause subject needs its headers: ApplyMessage.
 //
 // It returns the change to the registered-entry map and whether there was
 // one, and a *BadEventError (wrapping ErrBadEvent) when the message could not
@@ -153,7 +204,15 @@ func NewFold(names events.Names) *Fold {
 // takes it out of the map), or, for a subject without a valid entry id, the
 // message was ignored. A bad message never stops the fold.
 func (f *Fold) Apply(subject string, seq uint64, at time.Time, data []byte) (Change, bool, error) {
-	return f.commit(decode(f.names, message{subject, seq, at, data}))
+	return f.ApplyMessage(subject, seq, at, nil, data)
+}
+
+// ApplyMessage is Apply with the headers the stream stored with the
+// message. A fail-pause request that does not hold, or a NATS server's
+// reply stored on an entry's subject, returns a *RefusedError and changes
+// nothing.
+func (f *Fold) ApplyMessage(subject string, seq uint64, at time.Time, header nats.Header, data []byte) (Change, bool, error) {
+	return f.commit(decode(f.names, message{subject: subject, seq: seq, at: at, header: header, data: data}))
 }
 
 // message is one message of the config stream as the fold needs it.
@@ -161,7 +220,12 @@ type message struct {
 	subject string
 	seq     uint64
 	at      time.Time // stream timestamp
+	header  nats.Header
 	data    []byte
+	// resolve, set by the projector's initial load, is the history of the
+	// message's entry before it: the fold rebuilds the entry from it
+	// before it applies the message (see resolver).
+	resolve []message
 }
 
 // minDecodePerWorker keeps small batches (live traffic) on the caller's
@@ -204,18 +268,41 @@ type decoded struct {
 	state   *State // nil for removals and bad events
 	removal *State // a removal's last state (its Revision and Time the removal's)
 	bad     *BadEventError
+	// request is a fail-pause request, checked against the entry's state
+	// when committed; refused says why a message changes nothing.
+	request *events.FailPauseRequest
+	refused string
+	resolve []decoded // see message.resolve
 }
 
 func decode(names events.Names, m message) decoded {
 	subject, seq, at := m.subject, m.seq, m.at
 	d := decoded{seq: seq, at: at, subject: subject}
+	if m.resolve != nil {
+		d.resolve = decodeBatch(names, m.resolve)
+	}
 	// Any one subject token names an entry, as `entry ls` lists it: one
 	// whose id validation refuses is quarantined under it (its events
 	// cannot be valid, but a removal clears it), so status shows what was
 	// published there.
-	id, ok := names.EntryFromConfigSubject(subject)
+	id, failPause, ok := names.EntryFromHistorySubject(subject)
 	if !ok || events.ValidateListedID(id) != nil {
 		d.bad = &BadEventError{Seq: seq, Subject: subject, Reason: "subject has no valid entry id"}
+		return d
+	}
+	if events.IsServerWritten(m.header, m.data) {
+		d.id = strings.Clone(id)
+		d.refused = events.ServerWrittenReason(subject)
+		return d
+	}
+	if failPause {
+		d.id = strings.Clone(id)
+		req, err := events.DecodeFailPause(names, id, m.header, m.data)
+		if err != nil {
+			d.refused = err.Error()
+		} else {
+			d.request = req
+		}
 		return d
 	}
 	fail := func(format string, args ...any) decoded {
@@ -263,21 +350,65 @@ func (f *Fold) commit(d decoded) (Change, bool, error) {
 	}
 	f.stats.LastSeq = d.seq
 	f.lastSubject, f.lastAt = d.subject, d.at
+	if _, failPause, _ := f.names.EntryFromHistorySubject(d.subject); !failPause {
+		f.fenceSeq, f.fenceSubject, f.fenceAt = d.seq, d.subject, d.at
+	}
 	if d.id == "" {
 		f.stats.Ignored++
 		return Change{}, false, d.bad
 	}
+	return f.commitEntry(d, true)
+}
+
+// resolve rebuilds entry id from its history before a message (the
+// initial load read only the last message of each subject, and that did
+// not decide the entry): the entry's state goes, and its history is
+// folded afresh, without counting or reporting what was counted or
+// reported before. It returns the change from the entry's former state.
+func (f *Fold) resolve(id string, history []decoded) (Change, bool) {
+	old := f.entries[id]
+	_, wasQuarantined := f.quarantined[id]
+	delete(f.entries, id)
+	delete(f.quarantined, id)
+	delete(f.removed, id)
+	var last decoded
+	for _, d := range history {
+		if d.id == id {
+			_, _, _ = f.commitEntry(d, false)
+			last = d
+		}
+	}
+	now := f.entries[id]
+	_, q := f.quarantined[id]
+	if (old == nil) == (now == nil) && (old == nil || reflect.DeepEqual(*old, *now)) && wasQuarantined == q {
+		return Change{}, false
+	}
+	ch := Change{ID: id, Old: old, New: now, Seq: last.seq, Time: last.at, Quarantined: q}
+	return ch, old != nil || now != nil
+}
+
+// commitEntry applies a message of an entry's subjects to the entry;
+// count says whether it counts in the fold's stats.
+func (f *Fold) commitEntry(d decoded, count bool) (Change, bool, error) {
+	inc := func(n *uint64) {
+		if count {
+			*n++
+		}
+	}
+	if d.request != nil || d.refused != "" {
+		return f.commitRequest(d, inc)
+	}
 	old := f.entries[d.id]
 	ch := Change{ID: d.id, Old: old, Seq: d.seq, Time: d.at}
 	if d.bad != nil {
-		f.stats.Bad++
+		inc(&f.stats.Bad)
 		delete(f.entries, d.id)
 		f.quarantined[d.id] = Quarantine{ID: d.id, Seq: d.seq, Time: d.at, Reason: d.bad.Reason}
 		delete(f.removed, d.id)
 		ch.Quarantined = true
 		return ch, old != nil, d.bad
 	}
-	f.stats.Applied++
+	inc(&f.stats.Applied)
 	delete(f.quarantined, d.id)
 	if d.state == nil {
 		delete(f.entries, d.id)
@@ -322,6 +453,32 @@ func (f *Fold) Queues() []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// commitRequest applies a fail-pause request, or refuses it (or a NATS
+// server's reply): a request holds only against a state set by a config
+// event (FailPauseRequest.Check), and can only pause it.
+func (f *Fold) commitRequest(d decoded, inc func(*uint64)) (Change, bool, error) {
+	old := f.entries[d.id]
+	reason := d.refused
+	if reason == "" {
+		var base *events.Entry
+		var baseRev uint64
+		if old != nil && !old.FailPause {
+			base, baseRev = &old.Entry, old.Revision
+		}
+		if err := d.request.Check(base, baseRev); err != nil {
+			reason = err.Error()
+		}
+	}
+	if reason != "" {
+		inc(&f.stats.Refused)
+		return Change{}, false, &RefusedError{Seq: d.seq, Subject: d.subject, Entry: d.id, Reason: reason}
+	}
+	inc(&f.stats.Applied)
+	st := &State{Entry: *d.request.Entry, Revision: d.seq, Time: d.at, MaxFiresSince: old.MaxFiresSince, FailPause: true}
+	f.entries[d.id] = st
+	return Change{ID: d.id, Old: old, New: st, Seq: d.seq, Time: d.at}, true, nil
 }
 
 // Get returns the registered entry id; quarantined and removed entries are
@@ -378,6 +535,14 @@ func (f *Fold) Quarantined() []Quarantine {
 
 // LastSeq returns the highest stream sequence processed.
 func (f *Fold) LastSeq() uint64 { return f.stats.LastSeq }
+
+// FenceSeq returns the highest sequence processed of a message on a
+// config subject, leaving fail-pause requests out: what a replica
+// presents to the revision fence (docs/design.md, INV-revision-fence).
+// Replicas of earlier builds read config subjects alone, and a request
+// (anyone with a replica credential can publish one) must fence no one
+// out.
+func (f *Fold) FenceSeq() uint64 { return f.fenceSeq }
 
 // LastMessageID returns events.ConfigMessageID of the message at LastSeq
 // ("" before any).

@@ -27,7 +27,6 @@ func TestFoldRefusesBadEvents(t *testing.T) {
 		reason  string
 	}{
 		{"garbage", "pt.config.a", func(*testing.T) []byte { return []byte{0xff, 0x00, '{'} }, "a", "malformed event"},
-		{"empty", "pt.config.a", func(*testing.T) []byte { return nil }, "a", "malformed event"},
 		{"unknown type", "pt.config.a", func(t *testing.T) []byte { return rawEvent(t, "cronstream.entry.frozen", "a", validEntry("a")) }, "a", "unknown config event type"},
 		{"activity type on config subject", "pt.config.a", func(t *testing.T) []byte { return rawEvent(t, events.TypeEntryFired, "a", validEntry("a")) }, "a", "unknown config event type"},
 		{"no data", "pt.config.a", func(t *testing.T) []byte { return rawEvent(t, events.TypeEntryUpdated, "a", nil) }, "a", "data"},

@@ -11,9 +11,11 @@
 //
 // # Live projection
 //
-// Start reads the last message per subject of <p>.config.> (cost grows with
-// the number of entries, not the length of history) and then follows new
-// events, in stream order, through an ephemeral ordered consumer. After a
+// Start reads the last message per subject of <p>.config.> and
+// <p>.failpause.> (cost grows with the number of entries, not the length of
+// history; an entry those messages do not decide is read from its history,
+// see resolver) and then follows new events, in stream order, through an
+// ephemeral ordered consumer. After a
 // NATS restart, a reconnect or a stream leader change (noticed by a missed
 // heartbeat, a consumer sequence gap or an error) it makes a new consumer
 // that resumes after the last sequence applied, and the fold skips anything
@@ -39,6 +41,16 @@
 // arrives. Other entries carry on. A message whose subject names no valid
 // entry id is counted, logged and ignored. Nothing in a message stops the
 // projection.
+//
+// # Fail-pause requests and server replies change nothing else
+//
+// A fail-pause request (<p>.failpause.<id>, events.DecodeFailPause) pauses
+// entry <id> when it holds, and is otherwise refused; a NATS server's reply
+// stored on an entry's subject (a request that named it as its reply
+// subject, events.IsServerWritten) is refused too. A refused message leaves
+// the entry as it was and never quarantines it: anyone may make the server
+// answer on a config subject, and a replica may publish requests. Each one
+// met while following is counted (Stats.RefusedLive) and logged once.
 //
 // # Change notifications
 //
@@ -134,6 +146,8 @@ type Projector struct {
 	lastHeard atomic.Int64 // unix nanoseconds
 	resets    atomic.Uint64
 	reloads   atomic.Uint64
+	// refusedLive counts the messages refused while following the stream.
+	refusedLive atomic.Uint64
 	// reload is the projection of a recreated or restored stream being
 	// loaded; the applier owns it. Until it has caught up, readers and
 	// subscribers keep the old projection.
@@ -221,12 +235,12 @@ func (p *Projector) open(ctx context.Context) (*orderedReader, uint64, error) {
 	// event up to it is in what the consumer delivers or superseded there.
 	target := stream.CachedInfo().State.LastSeq
 	r := &orderedReader{
-		js:     p.js,
-		stream: name,
-		filter: p.names.ConfigFilter(),
-		policy: jetstream.DeliverLastPerSubjectPolicy,
-		hb:     p.hb,
-		log:    p.log,
+		js:      p.js,
+		stream:  name,
+		filters: p.names.ConfigStreamSubjects(),
+		policy:  jetstream.DeliverLastPerSubjectPolicy,
+		hb:      p.hb,
+		log:     p.log,
 	}
 	if err := r.open(ctx, maxCreateTimeout); err != nil {
 		return nil, 0, fmt.Errorf("projector: %w", err)
@@ -307,6 +321,7 @@ func (p *Projector) read(ctx context.Context, r *orderedReader, batches chan<- b
 	cur := batch{msgs: make([]message, 0, maxBatch)}
 	var behind bool    // the consumer said more messages were waiting
 	var reloading bool // a reload has not yet been sent its last batch
+	res := newResolver(p.js, p.names, p.log)
 	for {
 		// Behind the stream the next message is due at once; only at its
 		// head is a wait needed (and its timer worth paying for).
@@ -321,6 +336,7 @@ func (p *Projector) read(ctx context.Context, r *orderedReader, batches chan<- b
 			p.reloads.Add(1)
 			p.log.Warn("projector: config stream was recreated or restored: reloading the projection", "stream", p.names.ConfigStream(), "after_seq", r.last, "err", err)
 			r.restart()
+			res = newResolver(p.js, p.names, p.log)
 			reloading = true
 			batches <- batch{reload: true, pending: 1}
 			continue
@@ -328,7 +344,11 @@ func (p *Projector) read(ctx context.Context, r *orderedReader, batches chan<- b
 		behind = err == nil && meta.NumPending > 0
 		p.resets.Store(r.resets)
 		if err == nil {
-			cur.msgs = append(cur.msgs, message{msg.Subject(), meta.Sequence.Stream, meta.Timestamp, msg.Data()})
+			m := message{subject: msg.Subject(), seq: meta.Sequence.Stream, at: meta.Timestamp, header: msg.Headers(), data: msg.Data()}
+			if m.resolve, err = res.history(ctx, m, meta.NumPending); err != nil {
+				return err // ctx ended
+			}
+			cur.msgs = append(cur.msgs, m)
 			cur.pending = meta.NumPending
 			// More messages are already waiting (a cold start, a burst):
 			// gather them so they are decoded in parallel. The last one
@@ -353,6 +373,7 @@ func (p *Projector) read(ctx context.Context, r *orderedReader, batches chan<- b
 		switch {
 		case err == nil:
 		case errors.Is(err, errIdle):
+			res.done()
 			p.heard(p.now().Add(-2 * p.hb))
 		default:
 			return err
@@ -375,16 +396,13 @@ func (p *Projector) apply(b batch) {
 	}
 	decoded := decodeBatch(p.names, b.msgs)
 	var bad []*BadEventError
+	var refused []*RefusedError
 	p.mu.Lock()
 	for _, d := range decoded {
-		ch, changed, err := p.fold.commit(d)
-		if changed {
+		for _, ch := range commitResolved(p.fold, d, &bad, &refused) {
 			for s := range p.subs {
 				s.push(ch)
 			}
-		}
-		if err != nil {
-			bad = append(bad, d.bad)
 		}
 	}
 	if !p.caughtUp && (p.fold.LastSeq() >= p.target || b.pending == 0) {
@@ -393,6 +411,45 @@ func (p *Projector) apply(b batch) {
 	p.wakeLocked()
 	p.mu.Unlock()
 	logBad(p.log, bad)
+	p.logRefused(refused)
+}
+
+// commitResolved commits d to fold, rebuilding d's entry from its history
+// first when the initial load found its last messages undecisive (see
+// resolver), and returns the changes; bad events and refused messages are
+// added to bad and refused.
+func commitResolved(fold *Fold, d decoded, bad *[]*BadEventError, refused *[]*RefusedError) []Change {
+	var out []Change
+	if d.resolve != nil {
+		if ch, changed := fold.resolve(d.id, d.resolve); changed {
+			out = append(out, ch)
+		}
+	}
+	ch, changed, err := fold.commit(d)
+	if changed {
+		out = append(out, ch)
+	}
+	var re *RefusedError
+	switch {
+	case errors.As(err, &re):
+		*refused = append(*refused, re)
+	case err != nil:
+		*bad = append(*bad, d.bad)
+	}
+	return out
+}
+
+// logRefused logs the messages refused while following the stream, one
+// line each, and counts them (Stats.RefusedLive); those of the initial
+// load were met by the replicas running when they were stored.
+func (p *Projector) logRefused(refused []*RefusedError) {
+	for _, r := range refused {
+		if r.Seq <= p.target {
+			continue
+		}
+		p.refusedLive.Add(1)
+		p.log.Warn("projector: config stream message refused: the entry keeps its state", "seq", r.Seq, "subject", r.Subject, "entry", r.Entry, "reason", r.Reason)
+	}
 }
 
 // applyReload folds a batch of the new stream into p.reload; once the
@@ -400,10 +457,9 @@ func (p *Projector) apply(b batch) {
 // subscribers get the changes from the old map to the new.
 func (p *Projector) applyReload(b batch) {
 	var bad []*BadEventError
+	var refused []*RefusedError
 	for _, d := range decodeBatch(p.names, b.msgs) {
-		if _, _, err := p.reload.commit(d); err != nil {
-			bad = append(bad, d.bad)
-		}
+		commitResolved(p.reload, d, &bad, &refused)
 	}
 	logBad(p.log, bad)
 	if b.pending > 0 {
@@ -536,15 +592,29 @@ func (p *Projector) LastSeq() uint64 {
 	return p.fold.LastSeq()
 }
 
+// FenceSeq is Fold.FenceSeq of the projection: what the scheduler
+// presents to the revision fence.
+func (p *Projector) FenceSeq() uint64 {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return p.fold.FenceSeq()
+}
+
 // ConfigMessageID returns events.ConfigMessageID of the config message at
-// seq when seq is the highest sequence applied, else "" (not known here).
+// seq when seq is the highest sequence applied or FenceSeq, else "" (not
+// known here).
 func (p *Projector) ConfigMessageID(seq uint64) string {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
-	if seq == 0 || seq != p.fold.LastSeq() {
+	switch {
+	case seq == 0:
 		return ""
+	case seq == p.fold.LastSeq():
+		return p.fold.LastMessageID()
+	case seq == p.fold.fenceSeq:
+		return events.ConfigMessageID(p.fold.fenceSubject, p.fold.fenceAt)
 	}
-	return p.fold.LastMessageID()
+	return ""
 }
 
 // Quarantined returns the entries held back by a bad event, sorted by id.
@@ -561,6 +631,7 @@ func (p *Projector) Stats() Stats {
 	p.mu.RUnlock()
 	s.Resets = p.resets.Load()
 	s.Reloads = p.reloads.Load()
+	s.RefusedLive = p.refusedLive.Load()
 	return s
 }
 

@@ -24,9 +24,10 @@ const (
 	// the consumer on that message forever.
 	pullBatch = 1024
 
-	// consumerInactive lets the server delete a consumer whose reader died
-	// without deleting it; a reader that was merely disconnected that long
-	// makes a new one.
+	// consumerInactive lets the server delete a consumer its reader no
+	// longer reads: readers never delete consumers (a role that may delete
+	// consumers could delete other clients' too, so none may), and a
+	// reader that was merely disconnected that long makes a new one.
 	consumerInactive = time.Minute
 
 	// createTimeout is the first consumer create attempt's timeout; it
@@ -38,10 +39,6 @@ const (
 
 	minBackoff = 50 * time.Millisecond
 	maxBackoff = 5 * time.Second
-
-	// cleanupTimeout bounds the best-effort delete of a consumer we are done
-	// with; the server removes it after consumerInactive anyway.
-	cleanupTimeout = 2 * time.Second
 )
 
 // errIdle is returned by orderedReader.next when a wait passed with no
@@ -71,9 +68,9 @@ var errStreamReplaced = errors.New("stream was recreated or restored")
 //
 // One goroutine owns a reader.
 type orderedReader struct {
-	js     jetstream.JetStream
-	stream string
-	filter string
+	js      jetstream.JetStream
+	stream  string
+	filters []string
 	// policy applies while nothing has been read; after that the reader
 	// always resumes by sequence.
 	policy jetstream.DeliverPolicy
@@ -138,7 +135,7 @@ func (r *orderedReader) open(ctx context.Context, timeout time.Duration) error {
 	cfg := jetstream.ConsumerConfig{
 		DeliverPolicy:     r.policy,
 		AckPolicy:         jetstream.AckNonePolicy,
-		FilterSubject:     r.filter,
+		FilterSubjects:    r.filters,
 		InactiveThreshold: consumerInactive,
 		Replicas:          1,
 		MemoryStorage:     true,
@@ -166,7 +163,6 @@ func (r *orderedReader) open(ctx context.Context, timeout time.Duration) error {
 		jetstream.WithMessagesErrOnMissingHeartbeat(true),
 	)
 	if err != nil {
-		r.deleteConsumer(cons)
 		return fmt.Errorf("consume %s: %w", r.stream, err)
 	}
 	r.cons, r.it, r.delivered = cons, it, 0
@@ -252,24 +248,14 @@ func (r *orderedReader) nextMsg(ctx context.Context, wait time.Duration) (jetstr
 	return r.it.Next(jetstream.NextContext(wctx))
 }
 
-// close stops the iterator and deletes its consumer, best effort.
+// close stops the iterator; the server removes its consumer after
+// consumerInactive.
 func (r *orderedReader) close() {
 	if r.it == nil {
 		return
 	}
 	r.it.Stop()
-	r.deleteConsumer(r.cons)
 	r.it, r.cons = nil, nil
-}
-
-func (r *orderedReader) deleteConsumer(cons jetstream.Consumer) {
-	info := cons.CachedInfo()
-	if info == nil || !r.js.Conn().IsConnected() {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
-	defer cancel()
-	_ = r.js.DeleteConsumer(ctx, r.stream, info.Name)
 }
 
 // closedConn reports a failure no retry can cure: a closed connection never

@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"github.com/cronstream/cronstream/clock"
@@ -100,7 +101,7 @@ func (s *Scheduler) checkEpochs(ctx context.Context) {
 			what = "the config stream has no message at that sequence"
 		case storedID != "" && storedID != id:
 			what = "the config stream holds another message at that sequence"
-		case k.entry != "" && subject != s.cfg.Names.ConfigSubject(k.entry):
+		case k.entry != "" && !slices.Contains(s.cfg.Names.EntrySubjects(k.entry), subject):
 			what = "the config stream holds another entry's message at that sequence"
 		default:
 			s.epochChecked[k] = s.clock.Mono()
@@ -147,5 +148,7 @@ func (s *Scheduler) revisionID(r *entryRun) string {
 	if r.st.Time.IsZero() {
 		return ""
 	}
-	return events.ConfigMessageID(s.cfg.Names.ConfigSubject(r.id), r.st.Time)
+	// A fail-pause request sets a revision too, on the entry's fail-pause
+	// subject.
+	return events.ConfigMessageID(r.st.RevisionSubject(s.cfg.Names), r.st.Time)
 }

@@ -30,6 +30,13 @@ func (p skewedProjection) LastSeq() uint64 {
 	return p.Projector.LastSeq()
 }
 
+func (p skewedProjection) FenceSeq() uint64 {
+	if p.seq != nil {
+		return p.seq()
+	}
+	return p.Projector.FenceSeq()
+}
+
 func (p skewedProjection) LastHeard() time.Time {
 	if p.heard != nil {
 		return p.heard()

@@ -25,7 +25,7 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 	s.firingSince.Store(int64(max(s.clock.Since(s.epoch), 1)))
 	defer s.firingSince.Store(0)
 	now := s.clock.Now()
-	seq := s.cfg.Projection.LastSeq()
+	seq := s.cfg.Projection.FenceSeq()
 	s.configID = s.cfg.Projection.ConfigMessageID(seq)
 	fences := taskstate.Fences{ConfigSeq: seq, ConfigID: s.configID, FreshAsOf: s.cfg.Projection.LastHeard(), MaxStaleness: s.cfg.MaxStaleness}
 	type planned struct {

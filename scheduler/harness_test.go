@@ -202,7 +202,7 @@ func (e *env) startNode(id string, o nodeOpts) *node {
 	if err != nil {
 		t.Fatalf("%s: replicas bucket: %v", id, err)
 	}
-	if n.members, err = replica.NewMembership(replica.MembershipConfig{KV: kv, Self: replica.Info{ID: id, Started: time.Now()}, Interval: heartbeat, Logger: log,
+	if n.members, err = replica.NewMembership(replica.MembershipConfig{KV: kv, JS: js, Self: replica.Info{ID: id, Started: time.Now()}, Interval: heartbeat, Logger: log,
 		Update: func(i *replica.Info) {
 			if o.beat != nil {
 				o.beat()

@@ -153,7 +153,7 @@ func (s *Scheduler) releaseHeld(ctx context.Context) {
 	}
 	// A release presents the fences a fire of this replica would, so a
 	// projection that lags the slot's neither releases nor drops.
-	seq := s.cfg.Projection.LastSeq()
+	seq := s.cfg.Projection.FenceSeq()
 	fences := taskstate.Fences{ConfigSeq: seq, ConfigID: s.cfg.Projection.ConfigMessageID(seq),
 		FreshAsOf: s.cfg.Projection.LastHeard(), MaxStaleness: s.cfg.MaxStaleness}
 	s.held.queues = map[string]bool{}

@@ -351,7 +351,8 @@ type frozenProjection struct {
 	states map[string]projector.State
 }
 
-func (p frozenProjection) LastSeq() uint64 { return p.seq }
+func (p frozenProjection) LastSeq() uint64  { return p.seq }
+func (p frozenProjection) FenceSeq() uint64 { return p.seq }
 
 func (p frozenProjection) Get(id string) (projector.State, bool) {
 	st, ok := p.states[id]

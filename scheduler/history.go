@@ -93,14 +93,17 @@ func (h *StreamHistory) EventCounts(ctx context.Context) (map[string]uint64, uin
 	if err != nil {
 		return nil, 0, fmt.Errorf("config event counts: %w", err)
 	}
-	info, err := s.Info(ctx, jetstream.WithSubjectFilter(h.names.ConfigFilter()))
+	// One filter over both of an entry's subjects, config events and
+	// fail-pause requests; other subjects the stream may hold are left out
+	// below.
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(h.names.EveryEntryRevisionFilter()))
 	if err != nil {
 		return nil, 0, fmt.Errorf("config event counts: %w", err)
 	}
 	counts := make(map[string]uint64, len(info.State.Subjects))
 	for subj, n := range info.State.Subjects {
-		if id, ok := h.names.EntryFromConfigSubject(subj); ok {
-			counts[id] = n
+		if id, _, ok := h.names.EntryFromHistorySubject(subj); ok {
+			counts[id] += n
 		}
 	}
 	return counts, info.State.LastSeq, nil
@@ -292,20 +295,45 @@ func (h *StreamHistory) LastHandled(ctx context.Context, entry string) (time.Tim
 	var tick time.Time
 	var task string
 	found := false
-	for {
-		m, err := c.Next(jetstream.FetchMaxWait(5 * time.Second))
-		if err != nil {
-			return time.Time{}, "", false, fmt.Errorf("read %s: %w", subj, err)
-		}
+	err = readConsumer(ctx, c, func(m jetstream.Msg, md *jetstream.MsgMetadata) bool {
 		if t, id, ok := handledTick(m.Data()); ok && (!found || t.After(tick)) {
 			tick, task, found = t, id, true
 		}
+		return md.Sequence.Stream >= last.Sequence || md.NumPending == 0
+	})
+	if err != nil {
+		return time.Time{}, "", false, fmt.Errorf("read %s: %w", subj, err)
+	}
+	return tick, task, found, nil
+}
+
+// readWait bounds the wait for each message of readConsumer.
+const readWait = 5 * time.Second
+
+// readConsumer hands each message of c to each until it returns true,
+// through one iterator: an ordered consumer's Next (a fetch) would replace
+// its consumer for every message and delete the one before, which no role
+// may (deploy/nats/permissions.conf). The server removes the consumer
+// after its inactive threshold.
+func readConsumer(ctx context.Context, c jetstream.Consumer, each func(jetstream.Msg, *jetstream.MsgMetadata) (done bool)) error {
+	it, err := c.Messages()
+	if err != nil {
+		return err
+	}
+	defer it.Stop()
+	for {
+		mctx, cancel := context.WithTimeout(ctx, readWait)
+		m, err := it.Next(jetstream.NextContext(mctx))
+		cancel()
+		if err != nil {
+			return err
+		}
 		md, err := m.Metadata()
 		if err != nil {
-			return time.Time{}, "", false, err
+			return err
 		}
-		if md.Sequence.Stream >= last.Sequence || md.NumPending == 0 {
-			return tick, task, found, nil
+		if each(m, md) {
+			return nil
 		}
 	}
 }
@@ -372,29 +400,25 @@ func (h *StreamHistory) FiredSince(ctx context.Context, entry string, since uint
 		return fail(err)
 	}
 	ticks := map[int64]bool{}
-	for first := true; ; first = false {
-		m, err := c.Next(jetstream.FetchMaxWait(5 * time.Second))
-		if err != nil {
-			return fail(fmt.Errorf("read %s: %w", subj, err))
-		}
+	first := true
+	err = readConsumer(ctx, c, func(m jetstream.Msg, md *jetstream.MsgMetadata) bool {
 		if ev, err := events.DecodeEvent(m.Data()); err == nil && ev.Type == events.TypeEntryFired {
 			var f events.Fired
 			if ev.DecodeData(&f) == nil && f.Trigger == "" && !f.Backfill && !f.ScheduledAt.IsZero() && f.Revision >= since {
 				ticks[f.ScheduledAt.UnixMilli()] = true
 			}
 		}
-		md, err := m.Metadata()
-		if err != nil {
-			return fail(err)
-		}
 		if limit := info.Config.MaxMsgsPerSubject; first && limit > 0 && int64(md.NumPending)+1 >= limit && md.Timestamp.After(t.GapFrom) && md.Timestamp.After(t.GapTo) {
 			t.GapTo = md.Timestamp // the subject is full: older events of it may be gone
 		}
-		if md.Sequence.Stream >= last.Sequence || md.NumPending == 0 {
-			t.Count = len(ticks)
-			return t, nil
-		}
+		first = false
+		return md.Sequence.Stream >= last.Sequence || md.NumPending == 0
+	})
+	if err != nil {
+		return fail(fmt.Errorf("read %s: %w", subj, err))
 	}
+	t.Count = len(ticks)
+	return t, nil
 }
 
 // LastHandledAll reads the last message of every fire subject through one

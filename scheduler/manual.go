@@ -86,21 +86,33 @@ var ErrRefused = errors.New("refused")
 // a fresh Target.
 const manualAttempts = 3
 
-// Load reads the config stream's last sequence, then entry id's state.
+// Load reads the config stream's last config event's sequence, then entry
+// id's state. Fences count config events alone (projector's FenceSeq): a
+// fail-pause request's sequence is left out.
 func (m Manual) Load(ctx context.Context, id string) (Target, error) {
 	stream, err := m.JS.Stream(ctx, m.Names.ConfigStream())
 	if err != nil {
 		return Target{}, fmt.Errorf("config stream: %w", err)
 	}
-	info, err := stream.Info(ctx)
-	if err != nil {
+	var configSeq uint64
+	switch last, err := stream.GetLastMsgForSubject(ctx, m.Names.ConfigFilter()); {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+	case err != nil:
 		return Target{}, fmt.Errorf("config stream: %w", err)
+	default:
+		configSeq = last.Sequence
 	}
-	e, rev, err := events.NewClient(m.JS, m.Names).Get(ctx, id)
+	cur, err := events.NewClient(m.JS, m.Names).Lookup(ctx, id)
 	if err != nil {
 		return Target{}, err
 	}
-	return Target{State: projector.State{Entry: e.Normalize(), Revision: rev}, ConfigSeq: max(info.State.LastSeq, rev)}, nil
+	if cur.Err != nil {
+		return Target{}, fmt.Errorf("entry %q at revision %d: %w", id, cur.Revision, cur.Err)
+	}
+	if !cur.FailPause {
+		configSeq = max(configSeq, cur.StateRevision)
+	}
+	return Target{State: projector.State{Entry: cur.Entry.Normalize(), Revision: cur.Revision}, ConfigSeq: configSeq}, nil
 }
 
 // fireFresh sends one fire per item, built by build from t. Fires refused
@@ -412,25 +424,19 @@ func (m Manual) firedTicks(ctx context.Context, entry string, from, to time.Time
 		return nil, fmt.Errorf("read fires of %s: %w", entry, err)
 	}
 	last := info.State.LastSeq
-	for {
-		msg, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
-		if err != nil {
-			return nil, fmt.Errorf("read fires of %s: %w", entry, err)
-		}
-		meta, err := msg.Metadata()
-		if err != nil {
-			return nil, err
-		}
+	err = readConsumer(ctx, cons, func(msg jetstream.Msg, meta *jetstream.MsgMetadata) bool {
 		if ev, err := events.DecodeEvent(msg.Data()); err == nil && ev.Type == events.TypeEntryFired {
 			var f events.Fired
 			if ev.DecodeData(&f) == nil && f.Trigger == "" && !f.ScheduledAt.Before(from) && !f.ScheduledAt.After(to) {
 				fired[f.ScheduledAt.Unix()] = true
 			}
 		}
-		if meta.Sequence.Stream >= last || meta.NumPending == 0 {
-			return fired, nil
-		}
+		return meta.Sequence.Stream >= last || meta.NumPending == 0
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read fires of %s: %w", entry, err)
 	}
+	return fired, nil
 }
 
 func (m Manual) fire(ctx context.Context, fences taskstate.Fences, fires []taskstate.Fire) ([]taskstate.FireResult, error) {

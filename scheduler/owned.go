@@ -347,7 +347,7 @@ func (s *Scheduler) Fenced() time.Duration {
 		return 0
 	}
 	seq, heard := f.seq.Load(), f.heard.Load()
-	caughtUp := seq == 0 || s.cfg.Projection.LastSeq() >= seq
+	caughtUp := seq == 0 || s.cfg.Projection.FenceSeq() >= seq
 	fresh := heard == 0 || s.cfg.Projection.LastHeard().UnixNano() > heard
 	if caughtUp && fresh {
 		s.clearFenced()

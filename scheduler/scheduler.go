@@ -88,7 +88,9 @@ type broker interface {
 // *projector.Projector implements it.
 type Projection interface {
 	Subscribe() *projector.Subscription
-	LastSeq() uint64
+	// FenceSeq is the config sequence the scheduler presents to the
+	// revision fence (projector.Fold.FenceSeq).
+	FenceSeq() uint64
 	// ConfigMessageID is events.ConfigMessageID of the message at seq, ""
 	// when not known (seq is not the last applied).
 	ConfigMessageID(seq uint64) string

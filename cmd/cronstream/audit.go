@@ -302,6 +302,10 @@ func (p *auditPrinter) print(rec audit.Record) error {
 	}
 	ev := rec.Event
 	ts := rec.Time.UTC().Format("2006-01-02T15:04:05.000Z")
+	if rec.Refused != nil && (rec.Err != nil || !rec.FailPause) {
+		_, werr := fmt.Fprintf(p.w, "%s  %-22s  %-24s  %s (%s seq %d)\n", ts, "(skipped)", terminalSafe(rec.Subject), terminalSafe(shorten(rec.Refused.Error(), 100)), rec.Stream, rec.Seq)
+		return werr
+	}
 	if rec.Err != nil {
 		_, werr := fmt.Fprintf(p.w, "%s  %-22s  %-24s  %s (%s seq %d)\n", ts, "(malformed)", terminalSafe(rec.Subject), terminalSafe(shorten(rec.Err.Error(), 100)), rec.Stream, rec.Seq)
 		return werr
@@ -313,6 +317,12 @@ func (p *auditPrinter) print(rec audit.Record) error {
 	summary := eventSummary(ev)
 	if rec.Unconfirmed != "" {
 		summary += " [published before Redis replicas confirmed it: " + rec.Unconfirmed + "]"
+	}
+	switch {
+	case rec.FailPause && rec.Refused != nil:
+		summary = "REFUSED fail-pause request (changed nothing): " + shorten(rec.Refused.Error(), 100) + "; " + summary
+	case rec.FailPause:
+		summary = "on failure, by " + ev.Source + ": " + summary
 	}
 	_, werr := fmt.Fprintf(p.w, "%s  %-22s  %-24s  %s\n", ts, terminalSafe(events.DisplayType(ev.Type)), terminalSafe(subject), terminalSafe(summary))
 	return werr
@@ -330,6 +340,13 @@ func withStreamSeq(rec audit.Record) ([]byte, error) {
 			return nil, err
 		}
 		extra += `,"redis_unconfirmed":` + string(u)
+	}
+	if rec.FailPause {
+		extra += `,"fail_pause":true`
+	}
+	if rec.Refused != nil {
+		refused, _ := json.Marshal(rec.Refused.Error())
+		extra += `,"refused":` + string(refused)
 	}
 	if json.Compact(&buf, rec.Data) == nil && bytes.HasPrefix(buf.Bytes(), []byte("{")) {
 		b := bytes.TrimSuffix(buf.Bytes(), []byte("}"))

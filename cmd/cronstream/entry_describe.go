@@ -351,7 +351,7 @@ func nextFires(e events.Entry, now time.Time, n int) []time.Time {
 // began. A zero since reads only the last message of each subject the
 // filter matches.
 func readSubject(ctx context.Context, s *session, stream, subject string, since time.Time, each func(time.Time, []byte)) error {
-	cc := jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject}, InactiveThreshold: time.Minute,
+	cc := jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject}, InactiveThreshold: 5 * time.Second,
 		DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy}
 	if !since.IsZero() {
 		cc.DeliverPolicy, cc.OptStartTime = jetstream.DeliverByStartTimePolicy, &since
@@ -360,36 +360,34 @@ func readSubject(ctx context.Context, s *session, stream, subject string, since 
 	if err != nil {
 		return fmt.Errorf("read %s: %w", stream, err)
 	}
-	defer func() {
-		if info := cons.CachedInfo(); info != nil {
-			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-			_ = s.js.DeleteConsumer(dctx, stream, info.Name)
-			cancel()
-		}
-	}()
 	var pending uint64
 	if info := cons.CachedInfo(); info != nil {
 		pending = info.NumPending
 	}
+	if pending == 0 {
+		return nil
+	}
+	// One iterator, not fetches: each fetch of an ordered consumer
+	// replaces its consumer and deletes the one before, which no role may
+	// (the server removes the consumer after its inactive threshold).
+	it, err := cons.Messages()
+	if err != nil {
+		return fmt.Errorf("read %s: %w", stream, err)
+	}
+	defer it.Stop()
 	for pending > 0 {
-		batch, err := cons.Fetch(int(min(pending, 1000)), jetstream.FetchMaxWait(10*time.Second))
+		mctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		m, err := it.Next(jetstream.NextContext(mctx))
+		cancel()
+		if err != nil {
+			return fmt.Errorf("read %s: no message within 10s, %d still expected: %w", stream, pending, err)
+		}
+		md, err := m.Metadata()
 		if err != nil {
 			return fmt.Errorf("read %s: %w", stream, err)
 		}
-		got := uint64(0)
-		for m := range batch.Messages() {
-			got++
-			if md, err := m.Metadata(); err == nil {
-				each(md.Timestamp, m.Data())
-			}
-		}
-		if err := batch.Error(); err != nil {
-			return fmt.Errorf("read %s: %w", stream, err)
-		}
-		if got == 0 {
-			return fmt.Errorf("read %s: no messages within 10s, %d still expected", stream, pending)
-		}
-		pending -= min(got, pending)
+		each(md.Timestamp, m.Data())
+		pending = md.NumPending
 	}
 	return nil
 }

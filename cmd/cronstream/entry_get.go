@@ -19,8 +19,10 @@ func newEntryGetCommand(g *globalFlags) *cobra.Command {
 		Use:   "get ID",
 		Short: "Show one entry: every field, its revision and next fire",
 		Long: `Show an entry as it is now: every field with defaults written out, its
-revision (the stream sequence of its last config event, what --if-revision
-expects), when that was stored and when it fires next.
+revision (the stream sequence of its last message in the config stream,
+what --if-revision expects: its last config event, or a later message that
+changed nothing such as a refused fail-pause request), when that was
+stored and when it fires next.
 
 -o picks the output: table (default: field by field), wide (the same),
 json or yaml (the entry's state with revision, state and next fire), name

@@ -23,18 +23,28 @@ type historyRecord struct {
 	Changes  []string      `json:"changes,omitempty"`
 	Entry    *events.Entry `json:"entry,omitempty"`
 	Error    string        `json:"error,omitempty"`
+	// FailPause: a replica's fail-pause request (pause on failure), not a
+	// config event an operator published.
+	FailPause bool `json:"fail_pause,omitempty"`
+	// Refused (with --all only) says why the message changed nothing.
+	Refused string `json:"refused,omitempty"`
 }
 
 func newEntryHistoryCommand(g *globalFlags) *cobra.Command {
 	var conn connFlags
 	var output outputFlag
+	var all bool
 	cmd := &cobra.Command{
 		Use:   "history ID",
 		Short: "Show every config event of an entry, oldest first",
 		Long: `Show an entry's configuration history from the config stream: each
 revision with when it was stored, its event type, who published it
 (source) and what it changed. Removed entries keep their history; events
-that cannot be applied are shown with the reason. -o wide adds each
+that cannot be applied are shown with the reason. A pause on failure is a
+fail-pause request a replica published (type paused, "on failure"), not a
+config event. With --all, the messages of the entry's history that
+changed nothing are shown too, with why: fail-pause requests that do not
+hold, NATS server replies stored on its subjects. -o wide adds each
 event's id; -o json and -o yaml print the records with each revision's
 full state.`,
 		Example: `  cronstream entry history report
@@ -51,7 +61,11 @@ full state.`,
 				return err
 			}
 			defer s.Close()
-			recs, err := s.client.History(ctx, args[0])
+			history := s.client.History
+			if all {
+				history = s.client.HistoryAll
+			}
+			recs, err := history(ctx, args[0])
 			if err != nil {
 				return err
 			}
@@ -64,6 +78,12 @@ full state.`,
 				}
 				if r.Err != nil {
 					h.Error = r.Err.Error()
+				}
+				h.FailPause = r.FailPause
+				if r.Refused != nil {
+					h.Refused = r.Refused.Error()
+					out = append(out, h)
+					continue
 				}
 				h.Changes = changeSummary(h.Type, prev, r.Entry)
 				if r.Entry != nil {
@@ -82,8 +102,13 @@ full state.`,
 			fmt.Fprintln(tw, head)
 			for _, h := range out {
 				change := strings.Join(h.Changes, "; ")
-				if h.Error != "" {
+				switch {
+				case h.Refused != "":
+					change = "REFUSED, changed nothing: " + h.Refused
+				case h.Error != "":
 					change = "cannot be applied: " + h.Error
+				case h.FailPause:
+					change = "on failure (fail-pause request): " + change
 				}
 				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s", h.Revision, fmtTime(h.Time), terminalSafe(dash(events.DisplayType(h.Type))), terminalSafe(dash(h.Source)), terminalSafe(dash(change)))
 				if format == outWide {
@@ -95,6 +120,7 @@ full state.`,
 		},
 	}
 	addOutput(cmd, &output, outTable, outWide, outJSON, outYAML)
+	cmd.Flags().BoolVar(&all, "all", false, "also show the messages that changed nothing (refused fail-pause requests, NATS server replies)")
 	addConn(cmd, &conn, false)
 	return cmd
 }

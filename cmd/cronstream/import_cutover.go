@@ -5,10 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
 	"github.com/cronstream/cronstream/configsync"
@@ -110,14 +110,12 @@ func refuseExisting(ctx context.Context, s *session, r asynqimport.Result) error
 // would not fire after the cutover, and a tick missed then follows the
 // catch-up policy (none: skipped), not the cutover.
 func requireReplicas(ctx context.Context, s *session) error {
-	kv, err := s.js.KeyValue(ctx, s.names.ReplicasBucket())
-	var infos []replica.Info
-	if err == nil {
-		infos, err = replica.ListReplicas(ctx, kv)
-	}
-	if err != nil && !errors.Is(err, jetstream.ErrBucketNotFound) {
+	infos, err := replica.ListReplicas(ctx, s.js, s.names)
+	if err != nil && !errors.Is(err, replica.ErrNoReplicasBucket) {
 		return fmt.Errorf("read the live replicas: %w", err)
 	}
+	now := time.Now()
+	infos = slices.DeleteFunc(infos, func(i replica.Info) bool { return now.Sub(i.Beat) > i.StaleAfter() })
 	if len(infos) == 0 {
 		return fmt.Errorf("no cronstream replica runs with prefix %q: start the replicas (cronstream run) before the cutover, or the entries would not fire once asynq stops", s.names.Prefix())
 	}

@@ -1,16 +1,21 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/hibiken/asynq"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
+	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/testenv"
 )
 
@@ -18,13 +23,29 @@ import (
 // docker-compose.yml mounts.
 var permissionsFile = filepath.Join("..", "..", "deploy", "nats", "permissions.conf")
 
-// natsRoles are the users of permissionsFile, by role, and the variable
-// each one's password comes from.
-var natsRoles = map[string]string{
-	"streams":  "CRONSTREAM_STREAMS_NATS_PASSWORD",
-	"replica":  "CRONSTREAM_REPLICA_NATS_PASSWORD",
-	"operator": "CRONSTREAM_OPERATOR_NATS_PASSWORD",
-	"auditor":  "CRONSTREAM_AUDITOR_NATS_PASSWORD",
+// natsUsers are the users of permissionsFile and the variable each one's
+// password comes from.
+var natsUsers = map[string]string{
+	"cronstream-streams":  "CRONSTREAM_STREAMS_NATS_PASSWORD",
+	"cronstream-replica":  "CRONSTREAM_REPLICA_NATS_PASSWORD",
+	"cronstream-1":        "CRONSTREAM_REPLICA_1_NATS_PASSWORD",
+	"cronstream-2":        "CRONSTREAM_REPLICA_2_NATS_PASSWORD",
+	"cronstream-3":        "CRONSTREAM_REPLICA_3_NATS_PASSWORD",
+	"cronstream-operator": "CRONSTREAM_OPERATOR_NATS_PASSWORD",
+	"cronstream-auditor":  "CRONSTREAM_AUDITOR_NATS_PASSWORD",
+}
+
+// permissionsServer loads permissionsFile into an embedded server (the
+// passwords from the environment, so its tests are not parallel) and
+// returns it with the URL of each user.
+func permissionsServer(t *testing.T) (*testenv.NATS, func(user string) string) {
+	t.Helper()
+	for user, v := range natsUsers {
+		t.Setenv(v, "pw-"+user)
+	}
+	n := testenv.StartNATSFromConfig(t, permissionsFile)
+	host := strings.TrimPrefix(n.URL(), "nats://")
+	return n, func(user string) string { return "nats://" + user + ":pw-" + user + "@" + host }
 }
 
 // refusedPublish publishes on subject as the user of url and returns the
@@ -57,24 +78,51 @@ func refusedPublish(t *testing.T, url, subject string) error {
 	}
 }
 
+// isViolation reports whether err is a NATS permissions violation.
+func isViolation(err error) bool {
+	return err != nil && (errors.Is(err, nats.ErrPermissionViolation) || strings.Contains(strings.ToLower(err.Error()), "permissions violation"))
+}
+
+// violations returns the permission violations the server logged, as
+// `"$G/user:<user>" - Publish Violation - Subject "<subject>"` and the
+// like.
+func violations(n *testenv.NATS) []string {
+	var out []string
+	for _, l := range strings.Split(n.Log(), "\n") {
+		if _, v, found := strings.Cut(l, `"$G/user:`); found && strings.Contains(l, "Violation") {
+			out = append(out, `"$G/user:`+v)
+		}
+	}
+	return out
+}
+
 // TestNATSPermissions: with the deployment's permissions file, each role
-// does its work and only its work: the streams step creates the streams, a
-// replica runs and fires an entry the operator registered, the auditor
-// reads; an operator cannot publish activity and an auditor cannot publish
-// config.
+// does its work and only its work: the streams step creates the streams,
+// replicas (one as a per-replica user, one as the shared user) run and
+// fire an entry the operator registered, the auditor reads; an operator
+// cannot publish activity, an auditor cannot publish config, a replica
+// cannot administer a stream, and no role may delete a consumer. Nothing
+// a role did in its own work was refused: every violation the server
+// logged is one provoked here.
 func TestNATSPermissions(t *testing.T) {
 	// Not parallel: the server takes the passwords from the environment.
-	for role, v := range natsRoles {
-		t.Setenv(v, "pw-"+role)
-	}
-	n := testenv.StartNATSFromConfig(t, permissionsFile)
+	n, url := permissionsServer(t)
 	r := testenv.StartRedis(t, testenv.WithPrivateServer())
-	host := strings.TrimPrefix(n.URL(), "nats://")
-	url := func(role string) string { return "nats://cronstream-" + role + ":pw-" + role + "@" + host }
-	env := func(role string) *cliEnv {
-		return &cliEnv{t: t, nats: n, redis: r, vars: append(baseEnv(), "CRONSTREAM_NATS="+url(role), "CRONSTREAM_REDIS="+r.URL)}
+	env := func(user string) *cliEnv {
+		return &cliEnv{t: t, nats: n, redis: r, vars: append(baseEnv(), "CRONSTREAM_NATS="+url(user), "CRONSTREAM_REDIS="+r.URL)}
 	}
-	streams, operator, auditor := env("streams"), env("operator"), env("auditor")
+	streams, operator, auditor := env("cronstream-streams"), env("cronstream-operator"), env("cronstream-auditor")
+
+	// A replica started before the streams exist may not create them: it
+	// waits, not ready, saying why.
+	first := start(t, env("cronstream-1").vars, "run", "--http", "127.0.0.1:0", "--log-format", "json", "--replica-id", "cronstream-1")
+	testenv.Eventually(t, 30*time.Second, func() bool { return strings.Contains(first.Stderr(), "waiting for `cronstream streams apply`") },
+		"the replica does not say it waits for streams apply:\n%v", lazy(first.Stderr))
+	firstAddr, _ := logValue(first.Stderr(), "serving http", "addr")
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		code, body := readyz("http://" + firstAddr)
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "streams apply")
+	}, "readyz of the waiting replica does not say it waits for streams apply")
 
 	// Only the streams role creates or changes streams.
 	if msg := operator.fail("streams", "apply"); !strings.Contains(strings.ToLower(msg), "permission") {
@@ -82,19 +130,33 @@ func TestNATSPermissions(t *testing.T) {
 	}
 	streams.ok("streams", "apply")
 
-	p := start(t, env("replica").vars, "run", "--http", "127.0.0.1:0", "--log-format", "json", "--replica-id", "limited")
+	var addrs []string
+	procs := []*proc{first}
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("replica stderr:\n%s", p.Stderr())
+			t.Logf("replica cronstream-1 stderr:\n%s", first.Stderr())
 		}
 	})
-	var addr string
-	testenv.Eventually(t, 30*time.Second, func() bool {
-		var ok bool
-		addr, ok = logValue(p.Stderr(), "serving http", "addr")
-		return ok
-	}, "run did not log its HTTP address")
-	testenv.Eventually(t, 30*time.Second, func() bool { return httpStatus("http://"+addr+"/readyz") == http.StatusOK }, "replica never ready")
+	addrs = append(addrs, firstAddr)
+	for _, c := range []struct{ user, id string }{{"cronstream-replica", "limited"}} {
+		p := start(t, env(c.user).vars, "run", "--http", "127.0.0.1:0", "--log-format", "json", "--replica-id", c.id)
+		procs = append(procs, p)
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("replica %s stderr:\n%s", c.id, p.Stderr())
+			}
+		})
+		var addr string
+		testenv.Eventually(t, 30*time.Second, func() bool {
+			var ok bool
+			addr, ok = logValue(p.Stderr(), "serving http", "addr")
+			return ok
+		}, "run did not log its HTTP address")
+		addrs = append(addrs, addr)
+	}
+	for _, addr := range addrs {
+		testenv.Eventually(t, 30*time.Second, func() bool { return httpStatus("http://"+addr+"/readyz") == http.StatusOK }, "replica never ready")
+	}
 
 	operator.ok("entry", "put", "tick", "--cron", "@every 1s", "--type", "tick")
 	operator.ok("sync", "-f", writeFile(t, "schedules.yaml", schedules), "--owner", "test")
@@ -105,53 +167,183 @@ func TestNATSPermissions(t *testing.T) {
 	testenv.Eventually(t, 30*time.Second, func() bool {
 		return strings.Contains(auditor.ok("audit", "--type", "entry.fired"), "tick")
 	}, "the auditor never saw a fired event")
-	for _, args := range [][]string{{"entry", "ls"}, {"entry", "get", "tick"}, {"entry", "history", "tick"}, {"status"}} {
+	for _, args := range [][]string{{"entry", "ls"}, {"entry", "get", "tick"}, {"entry", "history", "tick"}, {"entry", "describe", "tick"}, {"status"}} {
 		auditor.ok(args...)
 		operator.ok(args...)
 	}
 	var st struct {
 		Replicas []struct {
-			ID string `json:"id"`
+			ID    string `json:"id"`
+			State string `json:"state"`
 		} `json:"replicas"`
 	}
 	auditor.okJSON(&st, "status", "--json")
-	if len(st.Replicas) != 1 || st.Replicas[0].ID != "limited" {
+	if len(st.Replicas) != 2 || st.Replicas[0].ID != "cronstream-1" || st.Replicas[1].ID != "limited" || st.Replicas[0].State != "live" {
 		t.Errorf("auditor's status replicas: %+v", st.Replicas)
 	}
 
 	// What each role may not do.
-	refused := map[string]bool{`"$G/user:cronstream-operator" - Publish Violation - Subject "$JS.API.STREAM.CREATE.CRONSTREAM_CONFIG"`: true}
-	for _, c := range []struct{ role, subject string }{
-		{"operator", "cronstream.fire.tick"},
-		{"operator", "cronstream.recovery.default"},
-		{"auditor", "cronstream.config.tick"},
-		{"auditor", "cronstream.fire.tick"},
-		{"replica", "cronstream.config.tick"},
-		{"replica", "$JS.API.STREAM.UPDATE.CRONSTREAM_ACTIVITY"},
-		{"replica", "$JS.API.STREAM.DELETE.CRONSTREAM_CONFIG"},
-		{"replica", "$JS.API.STREAM.CREATE.CRONSTREAM_ACTIVITY"},
-		{"replica", "$JS.API.STREAM.DELETE.KV_CRONSTREAM_REPLICAS"},
-	} {
-		err := refusedPublish(t, url(c.role), c.subject)
-		if err == nil || !errors.Is(err, nats.ErrPermissionViolation) && !strings.Contains(strings.ToLower(err.Error()), "permissions violation") {
-			t.Errorf("%s publishing on %s: %v, want a permissions violation", c.role, c.subject, err)
-		}
-		refused[`"$G/user:cronstream-`+c.role+`" - Publish Violation - Subject "`+c.subject+`"`] = true
+	refused := map[string]bool{
+		`"$G/user:cronstream-operator" - Publish Violation - Subject "$JS.API.STREAM.LIST"`:              true,
+		`"$G/user:cronstream-1" - Publish Violation - Subject "$JS.API.STREAM.CREATE.CRONSTREAM_CONFIG"`: true,
 	}
+	type attempt struct{ user, subject string }
+	attempts := []attempt{
+		{"cronstream-operator", "cronstream.fire.tick"},
+		{"cronstream-operator", "cronstream.recovery.default"},
+		{"cronstream-operator", "cronstream.failpause.tick"},
+		{"cronstream-auditor", "cronstream.config.tick"},
+		{"cronstream-auditor", "cronstream.fire.tick"},
+		{"cronstream-auditor", "cronstream.failpause.tick"},
+	}
+	for _, user := range []string{"cronstream-replica", "cronstream-1"} {
+		for _, s := range []string{"cronstream.config.tick", "$JS.API.STREAM.UPDATE.CRONSTREAM_ACTIVITY", "$JS.API.STREAM.DELETE.CRONSTREAM_CONFIG",
+			"$JS.API.STREAM.CREATE.CRONSTREAM_ACTIVITY", "$JS.API.STREAM.CREATE.KV_CRONSTREAM_REPLICAS", "$JS.API.STREAM.DELETE.KV_CRONSTREAM_REPLICAS", "$JS.API.INFO"} {
+			attempts = append(attempts, attempt{user, s})
+		}
+	}
+	attempts = append(attempts, attempt{"cronstream-1", "$KV.CRONSTREAM_REPLICAS.limited"})
+	for user := range natsUsers {
+		attempts = append(attempts, attempt{user, "$JS.API.CONSUMER.DELETE.CRONSTREAM_CONFIG.someone"},
+			attempt{user, "$JS.API.STREAM.PURGE.CRONSTREAM_CONFIG"}, attempt{user, "$JS.API.STREAM.MSG.DELETE.CRONSTREAM_CONFIG"})
+	}
+	for _, a := range attempts {
+		if err := refusedPublish(t, url(a.user), a.subject); !isViolation(err) {
+			t.Errorf("%s publishing on %s: %v, want a permissions violation", a.user, a.subject, err)
+		}
+		refused[`"$G/user:`+a.user+`" - Publish Violation - Subject "`+a.subject+`"`] = true
+	}
+	// Stopping too: a replica's clean stop deletes nothing it may not.
+	for _, p := range procs {
+		if code := p.stop(syscall.SIGTERM, 20*time.Second); code != 0 {
+			t.Errorf("replica exited %d", code)
+		}
+	}
+	for _, v := range violations(n) {
+		if !refused[v] {
+			t.Errorf("refused in a role's own work: %s", v)
+		}
+	}
+}
 
+// TestPermissionsFileReplicaUsers: the per-replica users of the
+// permissions file have exactly the shared replica user's permissions
+// but the heartbeat, which is their own id's only.
+func TestPermissionsFileReplicaUsers(t *testing.T) {
+	for user, v := range natsUsers {
+		t.Setenv(v, "pw-"+user)
+	}
+	opts, err := server.ProcessConfigFile(permissionsFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	perms := map[string]*server.Permissions{}
+	for _, u := range opts.Users {
+		perms[u.Username] = u.Permissions
+	}
+	shared := perms["cronstream-replica"]
+	if shared == nil {
+		t.Fatal("no cronstream-replica user")
+	}
+	without := func(subjects []string, drop string) []string {
+		return slices.DeleteFunc(slices.Clone(subjects), func(s string) bool { return s == drop })
+	}
+	base := without(shared.Publish.Allow, "$KV.CRONSTREAM_REPLICAS.*")
+	for _, id := range []string{"cronstream-1", "cronstream-2", "cronstream-3"} {
+		p := perms[id]
+		if p == nil {
+			t.Fatalf("no user %s", id)
+		}
+		if !slices.Contains(p.Publish.Allow, "$KV.CRONSTREAM_REPLICAS."+id) || !slices.Equal(without(p.Publish.Allow, "$KV.CRONSTREAM_REPLICAS."+id), base) ||
+			!slices.Equal(p.Subscribe.Allow, shared.Subscribe.Allow) {
+			t.Errorf("user %s: publish %v, subscribe %v; want the replica role's with heartbeat key %s", id, p.Publish.Allow, p.Subscribe.Allow, id)
+		}
+	}
+	for user, p := range perms {
+		for _, s := range p.Publish.Allow {
+			if strings.Contains(s, "CONSUMER.DELETE") || strings.HasPrefix(s, "$JS.API.STREAM.") && user != "cronstream-streams" &&
+				!strings.HasPrefix(s, "$JS.API.STREAM.INFO.") && !strings.HasPrefix(s, "$JS.API.STREAM.MSG.GET.") {
+				t.Errorf("user %s may publish on %s", user, s)
+			}
+		}
+	}
+}
+
+// TestPauseOnFailureWithPermissions: pause on failure end to end with the
+// repository's permissions file. A real asynq worker archives a task of
+// an entry armed with pause_on_failure (its handler fails, no retry); the
+// replica, connected as its per-replica user (which may not publish
+// config), pauses the entry through a fail-pause request; `entry history`
+// and `audit` show the pause on failure, the entry fires no more, and the
+// server refused nothing.
+func TestPauseOnFailureWithPermissions(t *testing.T) {
+	// Not parallel: the server takes the passwords from the environment.
+	n, url := permissionsServer(t)
+	r := testenv.StartRedis(t, testenv.WithPrivateServer())
+	env := func(user string) *cliEnv {
+		return &cliEnv{t: t, nats: n, redis: r, vars: append(baseEnv(), "CRONSTREAM_NATS="+url(user), "CRONSTREAM_REDIS="+r.URL)}
+	}
+	operator, auditor := env("cronstream-operator"), env("cronstream-auditor")
+	env("cronstream-streams").ok("streams", "apply")
+	p := start(t, env("cronstream-1").vars, "run", "--http", "127.0.0.1:0", "--log-format", "json", "--replica-id", "cronstream-1")
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("replica stderr:\n%s", p.Stderr())
+		}
+	})
+	operator.ok("entry", "put", "failing", "--cron", "@every 1s", "--type", "fails", "--queue", "pofq", "--max-retry", "0", "--pause-on-failure")
+
+	opt, err := asynq.ParseRedisURI(r.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := asynq.NewServer(opt, asynq.Config{Concurrency: 2, Queues: map[string]int{"pofq": 1}, Logger: quietLogger{}, LogLevel: asynq.FatalLevel})
+	if err := srv.Start(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return errors.New("disk full") })); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+
+	testenv.Eventually(t, 60*time.Second, func() bool {
+		var e events.Entry
+		auditor.okJSON(&e, "entry", "get", "failing", "--json")
+		return e.Paused
+	}, "the entry was never paused on failure")
+	var e events.Entry
+	auditor.okJSON(&e, "entry", "get", "failing", "--json")
+	if !strings.HasPrefix(e.Note, events.FailPauseNotePrefix+"task cronstream:failing:") || !strings.HasSuffix(e.Note, ": disk full") {
+		t.Errorf("pause note %q", e.Note)
+	}
+	history := auditor.ok("entry", "history", "failing")
+	if !strings.Contains(history, "on failure (fail-pause request)") || !strings.Contains(history, "cronstream-1") {
+		t.Errorf("entry history does not show the pause on failure by the replica:\n%s", history)
+	}
+	var recs []historyRecord
+	auditor.okJSON(&recs, "entry", "history", "failing", "--json")
+	if len(recs) != 2 || !recs[1].FailPause || recs[1].Entry == nil || !recs[1].Entry.Paused {
+		t.Errorf("entry history --json: %+v", recs)
+	}
+	if out := auditor.ok("audit", "--entry", "failing", "--type", "paused"); !strings.Contains(out, "on failure, by cronstream-1") {
+		t.Errorf("audit does not show the pause on failure:\n%s", out)
+	}
+	// Paused: no tick fires after the pause settled.
+	ins := inspector(t, r.URL)
+	count := func() int {
+		q, err := ins.GetQueueInfo("pofq")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return q.Size + q.Processed
+	}
+	settled := count()
+	deadline := time.Now().Add(3 * time.Second)
+	testenv.Eventually(t, 10*time.Second, func() bool { return time.Now().After(deadline) }, "")
+	if got := count(); got > settled+2 {
+		t.Errorf("%d tasks after the pause, %d more than when it settled", got, got-settled)
+	}
 	if code := p.stop(syscall.SIGTERM, 20*time.Second); code != 0 {
 		t.Errorf("replica exited %d", code)
 	}
-	// Nothing a role did in its own work was refused: every violation the
-	// server logged is one provoked above, anything else is a permission
-	// missing from the file.
-	for _, l := range strings.Split(n.Log(), "\n") {
-		_, v, found := strings.Cut(l, `"$G/user:`)
-		if !found || !strings.Contains(l, "Violation") {
-			continue
-		}
-		if !refused[`"$G/user:`+v] {
-			t.Errorf("refused in a role's own work: %s", l)
-		}
+	if v := violations(n); len(v) > 0 {
+		t.Errorf("refused in the roles' own work: %v", v)
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -131,7 +132,9 @@ func newStatusCommand(g *globalFlags) *cobra.Command {
 		Short: "Show replicas, entries, backlog, queues and the next fires",
 		Long: `Show the state of one cronstream tenant (--prefix):
 
-  replicas      live replicas from their heartbeats, and whether each is
+  replicas      replicas from their heartbeats: live, or unresponsive (no
+                beat for three heartbeats: frozen, killed or cut off;
+                listed for 5m after their last beat), and whether each is
                 ready (its /readyz, when reachable from here)
   entries       active, paused and quarantined (last config event cannot
                 be applied: the entry does not fire until fixed)
@@ -248,9 +251,14 @@ func collectStatus(ctx context.Context, g *globalFlags, conn *connFlags, s *sess
 	}
 	now := clk.Now()
 
-	// Replicas, read as the console's overview reads them.
+	// Replicas, read as the console's overview reads them: live ones and
+	// unresponsive ones (no beat for three heartbeats) until the bucket
+	// drops them.
 	replicas, err := replica.ReadStatuses(ctx, s.js, s.names, now)
-	if err != nil {
+	switch {
+	case errors.Is(err, replica.ErrNoReplicasBucket):
+		rep.Warnings = append(rep.Warnings, err.Error()+": replicas cannot beat, and each keeps the last replicas it knew")
+	case err != nil:
 		fail("replicas", err)
 	}
 	rep.Replicas = replicas
@@ -493,25 +501,41 @@ func printable(s string) string {
 	}, s)
 }
 
-func printStatus(w io.Writer, r statusReport) {
-	fmt.Fprintf(w, "cronstream status (prefix %s)\n\n", r.Prefix)
-
-	fmt.Fprintf(w, "Replicas: %d live\n", len(r.Replicas))
+// printReplicas prints the Replicas section: live and unresponsive ones.
+func printReplicas(w io.Writer, r statusReport) {
+	live := 0
+	for _, x := range r.Replicas {
+		if x.State == replica.StateLive {
+			live++
+		}
+	}
+	fmt.Fprintf(w, "Replicas: %d live", live)
+	if n := len(r.Replicas) - live; n > 0 {
+		fmt.Fprintf(w, ", %d unresponsive", n)
+	}
+	fmt.Fprintln(w)
 	if len(r.Replicas) > 0 {
 		tw := newTable(w)
-		fmt.Fprintln(tw, "  ID\tHOST\tPID\tVERSION\tSTARTED\tLAST BEAT\tCONFIG SEQ\tLAG\tHTTP\tREADY")
+		fmt.Fprintln(tw, "  ID\tSTATE\tHOST\tPID\tVERSION\tSTARTED\tLAST BEAT\tCONFIG SEQ\tLAG\tHTTP\tREADY")
 		for _, x := range r.Replicas {
 			lag := "-"
 			if r.Config.LastSeq >= x.ConfigSeq {
 				lag = fmt.Sprint(r.Config.LastSeq - x.ConfigSeq)
 			}
-			fmt.Fprintf(tw, "  %s\t%s\t%d\t%s\t%s\t%s ago\t%d\t%s\t%s\t%s\n", terminalSafe(x.ID), terminalSafe(x.Host), x.PID, terminalSafe(dash(x.Version)), fmtTime(x.Started), x.BeatAge, x.ConfigSeq, lag, terminalSafe(dash(x.HTTP)), terminalSafe(x.Ready))
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%d\t%s\t%s\t%s ago\t%d\t%s\t%s\t%s\n", terminalSafe(x.ID), x.State, terminalSafe(x.Host), x.PID, terminalSafe(dash(x.Version)), fmtTime(x.Started), x.BeatAge, x.ConfigSeq, lag, terminalSafe(dash(x.HTTP)), terminalSafe(x.Ready))
 		}
 		tw.Flush()
-	} else {
-		fmt.Fprintln(w, "  none: no entry fires and no task is recovered until a replica runs (cronstream run)")
+	}
+	if live == 0 {
+		fmt.Fprintln(w, "  no live replica: no entry fires and no task is recovered until one runs (cronstream run)")
 	}
 	printShards(w, r.Shards)
+}
+
+func printStatus(w io.Writer, r statusReport) {
+	fmt.Fprintf(w, "cronstream status (prefix %s)\n\n", r.Prefix)
+
+	printReplicas(w, r)
 
 	fmt.Fprintf(w, "\nEntries: %d active, %d paused, %d ended, %d completed, %d quarantined\n", r.Entries.Active, r.Entries.Paused, r.Entries.Ended, r.Entries.Completed, r.Entries.Quarantined)
 	for _, q := range r.Entries.Bad {

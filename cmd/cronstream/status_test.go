@@ -12,6 +12,7 @@ type statusJSON struct {
 	Prefix   string `json:"prefix"`
 	Replicas []struct {
 		ID    string `json:"id"`
+		State string `json:"state"`
 		Ready string `json:"ready"`
 	} `json:"replicas"`
 	Entries struct {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -21,10 +22,13 @@ func newStreamsCommand(g *globalFlags) *cobra.Command {
 		Long: `Manage the JetStream streams of one tenant (--prefix): <PREFIX>_CONFIG,
 <PREFIX>_ACTIVITY and the replicas KV bucket.
 
-Replicas create them when they do not exist, but never change existing
-ones: a replica whose --replicas or --activity-max-age differ from the
-streams warns (in its log and in "cronstream status") and leaves them
-as they are. "streams apply" is the one step that changes them.`,
+"streams apply" is the one step that creates and changes them, and the
+only one that needs a NATS user that may (the streams role of
+deploy/nats/permissions.conf). Replicas create what is missing only when
+their NATS user may (development, a first start without permissions),
+and never change existing streams: a replica whose --replicas or
+--activity-max-age differ from the streams warns (in its log and in
+"cronstream status") and leaves them as they are.`,
 		Example: `  cronstream streams apply --replicas 3 --dry-run
   cronstream streams apply --replicas 3 --activity-max-age 2160h`,
 		Args: cobra.NoArgs,
@@ -58,7 +62,18 @@ cannot work are refused before anything changes: an activity max age
 below the activity stream's duplicate window (1h), replicas outside 1-5.
 Stream subjects, storage and retention, and the config stream's audit
 guarantees (no delete, no purge) are never changed: a stream that
-differs in those is reported and left alone.`,
+differs in those is reported and left alone. Two changes of this kind are
+made: a config stream made before fail-pause requests gets their
+subjects, and a replicas bucket kept in memory (earlier builds) is
+deleted and made again on file (heartbeats are written again within a
+heartbeat).
+
+Nothing is changed, and the command fails, when a stream or the bucket
+can be written other than by a publish — a mirror, sources, a subject
+transform or a republish on them, or another stream of the account that
+republishes onto cronstream's subjects: configuration could come from
+elsewhere than the operators. Remove it (nats stream edit) and apply
+again.`,
 		Example: `  cronstream streams apply --replicas 3 --dry-run
   cronstream streams apply --replicas 3 --activity-max-age 2160h
   cronstream streams apply --replicas 3 --json`,
@@ -112,12 +127,19 @@ func applyStreams(ctx context.Context, s *session, cfg events.StreamConfig, dryR
 		mode = events.DryRun
 	}
 	rep := streamsApplyReport{DryRun: dryRun, Changes: []events.StreamChange{}}
+	routes, err := events.RepublishInto(ctx, s.js, s.names)
+	if err != nil {
+		return rep, fmt.Errorf("look for streams that republish onto %s's subjects: %w", s.names.Prefix(), err)
+	}
+	if len(routes) > 0 {
+		return rep, fmt.Errorf("refusing to apply: other streams republish onto cronstream's subjects, writing them other than by a publish (remove it: nats stream edit): %s", strings.Join(routes, "; "))
+	}
 	changes, err := events.SyncStreams(ctx, s.js, cfg, mode)
 	rep.Changes = append(rep.Changes, changes...)
 	if err != nil {
 		return rep, err
 	}
-	bucket := replica.ReplicasBucketConfig(s.names, cfg.Replicas, 3*replica.DefaultHeartbeat)
+	bucket := replica.ReplicasBucketConfig(s.names, cfg.Replicas, replica.DefaultUnresponsiveFor)
 	_, changes, err = replica.SyncReplicasBucket(ctx, s.js, bucket, mode)
 	rep.Changes = append(rep.Changes, changes...)
 	return rep, err
@@ -134,7 +156,7 @@ func printStreamsApply(w io.Writer, names events.Names, rep streamsApplyReport, 
 	if !complete {
 		return
 	}
-	for _, name := range []string{names.ConfigStream(), names.ActivityStream(), "KV_" + names.ReplicasBucket()} {
+	for _, name := range []string{names.ConfigStream(), names.ActivityStream(), names.ReplicasStream()} {
 		if !changed[name] {
 			fmt.Fprintf(w, "%s: unchanged\n", name)
 		}

@@ -172,6 +172,37 @@ func TestRollingUpgrade(t *testing.T) {
 	e.ok("entry", "put", "u1", "--payload", "3")
 	e.ok("entry", "rm", "u5")
 	removedBy := time.Now()
+	// The upgrade step (operations.md, Upgrades) while both builds run:
+	// `streams apply` adds the fail-pause subjects to the config stream and
+	// moves the replicas bucket the previous build kept in memory to file;
+	// the replicas of both builds beat into the new bucket.
+	applied := e.ok("streams", "apply")
+	if !strings.Contains(applied, "CRONSTREAM_CONFIG subjects:") || !strings.Contains(applied, "KV_CRONSTREAM_REPLICAS storage: Memory → File") {
+		t.Errorf("streams apply over the previous release's streams:\n%s", applied)
+	}
+	waitLive(t, e, 30*time.Second, []string{"n1", "o2", "o3"}, "after the bucket moved to file", n1, o2, o3)
+	// Replicas of the previous release that run go on; one that starts now
+	// refuses the config stream (it captures the fail-pause subjects too),
+	// saying so (operations.md, Upgrades: run streams apply once they are
+	// all replaced; going back needs the subject removed).
+	late := startBin(t, old, e.vars, "run", "--http", "", "--replica-id", "o4")
+	if code := late.stop(syscall.Signal(0), 30*time.Second); code == 0 || !strings.Contains(late.Stderr(), "cronstream.failpause.>") {
+		t.Errorf("the previous release started on the config stream with the fail-pause subjects: exit %d\n%s", code, late.Stderr())
+	}
+	// A pause on failure while both builds run: a fail-pause request, as a
+	// replica of this build publishes it, on the subject the previous
+	// build's readers do not read.
+	e.ok("entry", "put", "u6", "--cron", "@every 1s", "--type", "f", "--queue", "q1", "--pause-on-failure")
+	var u6 struct {
+		Revision uint64 `json:"revision"`
+	}
+	e.okJSON(&u6, "entry", "get", "u6", "--json")
+	names := events.MustNames(events.DefaultPrefix)
+	if _, err := events.NewClient(e.nats.JetStream(t), names, events.WithSource("n1")).FailPause(ctx, "u6", u6.Revision,
+		events.FailPauseNotePrefix+"task cronstream:u6:2026-01-01T00:00:00Z archived at 2026-01-01T00:00:01Z: test"); err != nil {
+		t.Fatal(err)
+	}
+	pausedAt := time.Now()
 	progress("o2, o3 and n1", 5)
 
 	// The new replica stops: the old ones fire alone over the state it
@@ -254,6 +285,32 @@ func TestRollingUpgrade(t *testing.T) {
 		if f.Entry == "u5" && f.ScheduledAt.After(removedBy) {
 			t.Errorf("u5 tick %s fired by %s after its removal", f.ScheduledAt.Format(time.TimeOnly), f.Replica)
 		}
+		// Replicas of the previous build do not read fail-pause requests:
+		// they may fire u6 until they are gone (operations.md, Upgrades);
+		// those of this build never fire it after its pause.
+		if f.Entry == "u6" && f.ScheduledAt.After(pausedAt.Add(time.Second)) && strings.HasPrefix(f.Replica, "n") {
+			t.Errorf("u6 tick %s fired by %s after its pause on failure", f.ScheduledAt.Format(time.TimeOnly), f.Replica)
+		}
+	}
+	// The previous build's replicas never met the request: nothing refused,
+	// quarantined or failed for it.
+	for _, p := range []*proc{o2, o3} {
+		for _, l := range strings.Split(p.Stderr(), "\n") {
+			if strings.Contains(l, "u6") && (strings.Contains(l, "ERROR") || strings.Contains(l, "WARN")) {
+				t.Errorf("previous release on u6: %s", l)
+			}
+		}
+	}
+	var st struct {
+		Entries struct {
+			Quarantined int `json:"quarantined"`
+		} `json:"entries"`
+	}
+	e.okJSON(&st, "status", "--json")
+	var history []historyRecord
+	e.okJSON(&history, "entry", "history", "u6", "--json")
+	if st.Entries.Quarantined != 0 || len(history) != 2 || !history[1].FailPause {
+		t.Errorf("after the upgrade: %d quarantined, u6 history %+v", st.Entries.Quarantined, history)
 	}
 	for _, id := range append(entries, "u5") {
 		ts := ticks[id]

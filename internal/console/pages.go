@@ -127,6 +127,10 @@ func (c *Console) entry(w http.ResponseWriter, r *http.Request) {
 		if rec.Event != nil {
 			rv.Type, rv.Source = events.DisplayType(rec.Event.Type), rec.Event.Source
 		}
+		if rec.FailPause {
+			// A replica's fail-pause request, not an operator's config event.
+			rv.Type += " (on failure)"
+		}
 		if rec.Err != nil {
 			rv.Err = rec.Err.Error()
 		}

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cronstream/cronstream/events"
@@ -25,6 +26,7 @@ type streamMsg struct {
 	Seq     uint64
 	Time    time.Time
 	Subject string
+	Header  nats.Header
 	Data    []byte
 	// Unconfirmed is its events.HeaderRedisUnconfirmed.
 	Unconfirmed string
@@ -33,7 +35,7 @@ type streamMsg struct {
 // readRange reads the messages of stream from (start sequence or start
 // time) matching filters, at most limit, up to sequence end (0: the end now).
 func readRange(ctx context.Context, js jetstream.JetStream, stream string, filters []string, startSeq uint64, startTime time.Time, end uint64, limit int) ([]streamMsg, error) {
-	cc := jetstream.OrderedConsumerConfig{FilterSubjects: filters, InactiveThreshold: time.Minute}
+	cc := jetstream.OrderedConsumerConfig{FilterSubjects: filters, InactiveThreshold: 5 * time.Second}
 	switch {
 	case !startTime.IsZero():
 		cc.DeliverPolicy, cc.OptStartTime = jetstream.DeliverByStartTimePolicy, &startTime
@@ -57,37 +59,38 @@ func scan(ctx context.Context, js jetstream.JetStream, stream string, cc jetstre
 		return fmt.Errorf("read %s: %w", stream, err)
 	}
 	pending := info.NumPending
-	n := 0
-	for pending > 0 && n < limit {
-		// Ask for no more than is pending, and read every message of the
-		// batch: a fetch then ends as soon as its messages arrived, and
-		// none is left waiting out its MaxWait after this returns.
-		batch, err := cons.Fetch(int(min(uint64(limit-n), 500, pending)), jetstream.FetchMaxWait(2*time.Second))
+	if pending == 0 {
+		return nil
+	}
+	// One iterator, not fetches: each fetch of an ordered consumer
+	// replaces its consumer and deletes the one before, which no role may
+	// (the server removes the consumer after its inactive threshold).
+	it, err := cons.Messages()
+	if err != nil {
+		return fmt.Errorf("read %s: %w", stream, err)
+	}
+	defer it.Stop()
+	for n := 0; pending > 0 && n < limit; {
+		mctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		m, err := it.Next(jetstream.NextContext(mctx))
+		cancel()
+		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+			break
+		}
 		if err != nil {
 			return fmt.Errorf("read %s: %w", stream, err)
 		}
-		got, past := 0, false
-		for m := range batch.Messages() {
-			got++
-			meta, err := m.Metadata()
-			if err != nil || past {
-				continue
-			}
-			pending = meta.NumPending
-			if end > 0 && meta.Sequence.Stream > end {
-				pending, past = 0, true
-				continue
-			}
-			n++
-			fn(streamMsg{Stream: stream, Seq: meta.Sequence.Stream, Time: meta.Timestamp, Subject: m.Subject(), Data: m.Data(),
-				Unconfirmed: m.Headers().Get(events.HeaderRedisUnconfirmed)})
+		meta, err := m.Metadata()
+		if err != nil {
+			continue
 		}
-		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, context.DeadlineExceeded) {
-			return fmt.Errorf("read %s: %w", stream, err)
-		}
-		if got == 0 {
+		pending = meta.NumPending
+		if end > 0 && meta.Sequence.Stream > end {
 			break
 		}
+		n++
+		fn(streamMsg{Stream: stream, Seq: meta.Sequence.Stream, Time: meta.Timestamp, Subject: m.Subject(), Header: m.Headers(), Data: m.Data(),
+			Unconfirmed: m.Headers().Get(events.HeaderRedisUnconfirmed)})
 	}
 	return nil
 }
@@ -208,7 +211,7 @@ func (c *Console) readAudit(ctx context.Context, src *Source, q auditQuery, limi
 		before     uint64
 		filters    []string
 	}{
-		{"config", src.Names.ConfigStream(), q.ConfigBefore, nil},
+		{"config", src.Names.ConfigStream(), q.ConfigBefore, src.Names.ConfigStreamSubjects()},
 		{"activity", src.Names.ActivityStream(), q.ActivityBefore, nil},
 	} {
 		if q.Stream != "" && q.Stream != s.kind {
@@ -216,7 +219,7 @@ func (c *Console) readAudit(ctx context.Context, src *Source, q auditQuery, limi
 		}
 		if q.Entry != "" {
 			if s.kind == "config" {
-				s.filters = []string{src.Names.ConfigSubject(q.Entry)}
+				s.filters = src.Names.EntrySubjects(q.Entry)
 			} else {
 				s.filters = []string{src.Names.FireSubject(q.Entry)}
 			}
@@ -253,7 +256,7 @@ func (c *Console) readAudit(ctx context.Context, src *Source, q auditQuery, limi
 rows:
 	for _, m := range all {
 		for _, e := range eventsOf(m) {
-			row, ok := c.auditRow(src, e, q)
+			row, ok := c.auditRow(ctx, src, e, q)
 			if !ok {
 				continue
 			}
@@ -295,7 +298,7 @@ func eventsOf(m streamMsg) []streamMsg {
 	return out
 }
 
-func (c *Console) auditRow(src *Source, m streamMsg, q auditQuery) (auditRow, bool) {
+func (c *Console) auditRow(ctx context.Context, src *Source, m streamMsg, q auditQuery) (auditRow, bool) {
 	row := auditRow{Stream: m.Stream, Seq: m.Seq, Time: m.Time}
 	ev, err := events.DecodeEvent(m.Data)
 	if err != nil {
@@ -303,13 +306,22 @@ func (c *Console) auditRow(src *Source, m streamMsg, q auditQuery) (auditRow, bo
 		return row, q.Type == "" && q.Queue == ""
 	}
 	row.Type, row.Source = ev.Type, ev.Source
-	if id, ok := src.Names.EntryFromConfigSubject(m.Subject); ok {
+	if id, failPause, ok := src.Names.EntryFromHistorySubject(m.Subject); ok {
 		row.Entry = id
 		if _, e, err := events.DecodeConfigEvent(m.Data); err == nil && e != nil {
 			row.Queue = e.Options.QueueName()
 			row.Summary = "cron " + e.Cron + ", type " + e.Task.Type
 			if e.Paused && e.Note != "" {
 				row.Summary += ", note: " + e.Note
+			}
+		}
+		if failPause {
+			// A replica's request: say whether it applied, as the
+			// configuration's readers decide.
+			if err := events.NewClient(src.JS, src.Names).CheckFailPause(ctx, m.Subject, m.Header, m.Data); err != nil {
+				row.Summary = "REFUSED fail-pause request, changed nothing (" + err.Error() + "); " + row.Summary
+			} else {
+				row.Summary = "on failure (fail-pause request): " + row.Summary
 			}
 		}
 	} else if id, ok := src.Names.EntryFromFireSubject(m.Subject); ok {

@@ -202,7 +202,8 @@ func TestComposeConfig(t *testing.T) {
 // TestComposeNATSPermissions: every NATS node loads the repository's
 // permissions file (the one cmd/cronstream's TestNATSPermissions loads into
 // an embedded server), the streams are created by `streams apply` before
-// any replica starts, and each service connects as its role.
+// any replica starts, and each service connects as its role: each replica
+// as the user of its --replica-id, which may write only that heartbeat.
 func TestComposeNATSPermissions(t *testing.T) {
 	c := loadCompose(t)
 	const file = "deploy/nats/permissions.conf"
@@ -215,18 +216,19 @@ func TestComposeNATSPermissions(t *testing.T) {
 		if conf == "" || !slices.Contains(s.Volumes, "./"+file+":"+conf+":ro") {
 			t.Errorf("%s: does not load %s (--config %q, volumes %v)", n, file, conf, s.Volumes)
 		}
-		for _, v := range []string{"CRONSTREAM_STREAMS_NATS_PASSWORD", "CRONSTREAM_REPLICA_NATS_PASSWORD", "CRONSTREAM_OPERATOR_NATS_PASSWORD", "CRONSTREAM_AUDITOR_NATS_PASSWORD"} {
+		for _, v := range []string{"CRONSTREAM_STREAMS_NATS_PASSWORD", "CRONSTREAM_REPLICA_NATS_PASSWORD", "CRONSTREAM_OPERATOR_NATS_PASSWORD", "CRONSTREAM_AUDITOR_NATS_PASSWORD",
+			"CRONSTREAM_REPLICA_1_NATS_PASSWORD", "CRONSTREAM_REPLICA_2_NATS_PASSWORD", "CRONSTREAM_REPLICA_3_NATS_PASSWORD"} {
 			if s.Environment[v] == "" {
 				t.Errorf("%s: no %s for the permissions file", n, v)
 			}
 		}
 	}
-	user := func(service, role string) {
+	user := func(service, name string) {
 		t.Helper()
 		urls := strings.Split(c.Services[service].Environment["CRONSTREAM_NATS"], ",")
 		for _, u := range urls {
-			if !strings.HasPrefix(u, "nats://cronstream-"+role+":") {
-				t.Errorf("%s: NATS URL %q does not connect as cronstream-%s", service, u, role)
+			if !strings.HasPrefix(u, "nats://"+name+":") {
+				t.Errorf("%s: NATS URL %q does not connect as %s", service, u, name)
 			}
 		}
 		if len(urls) != 3 {
@@ -237,14 +239,17 @@ func TestComposeNATSPermissions(t *testing.T) {
 	if !ok || len(st.Command) < 2 || st.Command[0] != "streams" || st.Command[1] != "apply" || argAfter(st.Command, "--replicas") != "3" {
 		t.Fatalf("streams service must run `cronstream streams apply --replicas 3`: %v", st.Command)
 	}
-	user("streams", "streams")
+	user("streams", "cronstream-streams")
 	for _, n := range []string{"cronstream-1", "cronstream-2", "cronstream-3"} {
 		if c.Services[n].DependsOn["streams"].Condition != "service_completed_successfully" {
 			t.Errorf("%s: must start after the streams service completed", n)
 		}
-		user(n, "replica")
+		user(n, argAfter(c.Services[n].Command, "--replica-id"))
+		if argAfter(c.Services[n].Command, "--replica-id") != n {
+			t.Errorf("%s: --replica-id %q, want the name of its NATS user", n, argAfter(c.Services[n].Command, "--replica-id"))
+		}
 	}
-	user("sync", "operator")
+	user("sync", "cronstream-operator")
 }
 
 // TestComposeMatchesTests holds the deployment to what the tests prove: the

@@ -1,9 +1,12 @@
 // Package failpause pauses entries with pause_on_failure whose tasks are
 // archived: retries exhausted, by an asynq worker or by cronstream's
 // recoverer (both move the task to the queue's archived set, scored with the
-// archive time). The pause is an ordinary config event (the client's Pause)
-// whose note names the task and its last error, so it shows in describe,
-// ls, history and audit, and `entry resume` undoes it.
+// archive time). The pause is a fail-pause request (the client's FailPause,
+// on <p>.failpause.<entry>): a replica's credential may publish it where it
+// may not publish config, and every reader applies it only as the pause of
+// an entry armed at the revision it expects. Its note names the task and
+// its last error, so it shows in describe, ls, history and audit, and
+// `entry resume` undoes it.
 //
 // Each replica runs one Watcher. Every Interval it reads, for each queue
 // that holds an armed entry (pause_on_failure, not paused) and of which it
@@ -17,9 +20,13 @@
 //
 // Exactly one pause: two replicas may both take themselves for a queue's
 // primary for a moment (their live sets differ) and see the same archived
-// task, and each pauses conditionally on the revision it saw armed (IfRevision); the
-// first write wins and the others get a revision conflict, see the entry
-// paused on their next look and do nothing. A task archived before the
+// task, and each pauses conditionally on the revision it saw armed; the
+// first request wins and the others get a revision conflict, see the entry
+// paused on their next look and do nothing. A request can only follow the
+// entry's config event directly: when something else came after it (a
+// request the readers refused, a NATS server reply stored there), the
+// pause waits for the entry's next config change, and the watcher says so
+// (a log line per entry and revision, the error metric, Blocked). A task archived before the
 // entry last became armed (a resume, or the put that set pause_on_failure)
 // never pauses it: the archive time is compared with the time of the config
 // event that armed the entry (its last event, or from its history when it
@@ -35,6 +42,7 @@ import (
 	"log/slog"
 	"maps"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -84,12 +92,13 @@ type Projection interface {
 	Get(id string) (projector.State, bool)
 	States() []*projector.State
 	CaughtUp() bool
+	LastSeq() uint64
 }
 
 // Entries writes the pauses and reads an entry's state and history;
 // *events.Client implements it.
 type Entries interface {
-	Pause(ctx context.Context, id, note string, opts ...events.WriteOption) (events.Result, error)
+	FailPause(ctx context.Context, id string, rev uint64, note string) (events.Result, error)
 	Get(ctx context.Context, id string) (events.Entry, uint64, error)
 	History(ctx context.Context, id string) ([]events.Record, error)
 }
@@ -134,7 +143,20 @@ type Watcher struct {
 	// or read from its history at first sight).
 	queueOf map[string]string
 	moved   map[string]map[string]*oldQueue // by entry, then old queue
+	// blocked holds, by entry, why a decided pause cannot be published
+	// (reported once per entry and cause), and since when.
+	blocked map[string]blockedPause
 	run     bgloop.Loop
+
+	// status is what Ready reports, set by the loop.
+	status atomic.Pointer[string]
+}
+
+// blockedPause is a decided pause that cannot be published: its cause and
+// since when.
+type blockedPause struct {
+	cause string
+	since time.Time
 }
 
 // cursor is how far the archived set of one queue has been read: every
@@ -191,7 +213,7 @@ func New(p Config) (*Watcher, error) {
 	}
 	return &Watcher{
 		p: p, cursors: map[string]*cursor{}, pending: map[string]candidate{}, armedAt: map[string]armedSince{},
-		queueOf: map[string]string{}, moved: map[string]map[string]*oldQueue{},
+		queueOf: map[string]string{}, moved: map[string]map[string]*oldQueue{}, blocked: map[string]blockedPause{},
 	}, nil
 }
 
@@ -295,7 +317,13 @@ func (w *Watcher) Scan(ctx context.Context) []string {
 			paused = append(paused, id)
 		}
 	}
+	for id := range w.blocked {
+		if _, ok := w.pending[id]; !ok {
+			delete(w.blocked, id)
+		}
+	}
 	w.p.Metrics.Pending.Set(float64(len(w.pending)))
+	w.report()
 	// Last, so a slow or failing read delays no pause; a bounded number a
 	// scan, the rest next time.
 	for i, st := range unseen {
@@ -304,6 +332,37 @@ func (w *Watcher) Scan(ctx context.Context) []string {
 		}
 	}
 	return paused
+}
+
+// BlockedAfter is how long a decided pause may stay unpublished before
+// Ready reports it.
+const BlockedAfter = time.Minute
+
+// report sets what Ready says: the oldest pause that could not be
+// published for BlockedAfter, with its cause.
+func (w *Watcher) report() {
+	var msg string
+	var oldest time.Time
+	for id, b := range w.blocked {
+		if w.p.Now().Sub(b.since) >= BlockedAfter && (msg == "" || b.since.Before(oldest)) {
+			msg, oldest = fmt.Sprintf("pause on failure of entry %s blocked since %s: %s", id, b.since.UTC().Format(time.RFC3339), b.cause), b.since
+		}
+	}
+	if len(w.blocked) > 1 && msg != "" {
+		msg += fmt.Sprintf(" (%d entries blocked)", len(w.blocked))
+	}
+	w.status.Store(&msg)
+}
+
+// Ready returns an error while a pause on failure decided at least
+// BlockedAfter ago cannot be published (the entry keeps firing), saying
+// why; nil otherwise. A pause that fails because NATS is unreachable is
+// not reported here: readiness says NATS is down.
+func (w *Watcher) Ready() error {
+	if msg := w.status.Load(); msg != nil && *msg != "" {
+		return errors.New(*msg)
+	}
+	return nil
 }
 
 func isArmed(e events.Entry) bool { return e.PauseOnFailure && !e.Paused && !e.Removed }
@@ -517,34 +576,55 @@ func (w *Watcher) apply(ctx context.Context, c *candidate) (done, paused bool) {
 		}
 	}
 	note := Note(c.task, c.at, c.errMsg)
-	res, err := w.p.Entries.Pause(ctx, c.entry, note, events.IfRevision(st.Revision))
+	res, err := w.p.Entries.FailPause(ctx, c.entry, st.Revision, note)
 	switch {
-	case errors.Is(err, events.ErrNotFound):
+	case errors.Is(err, events.ErrNotFound), errors.Is(err, events.ErrNotArmed):
 		return true, false
 	case errors.Is(err, events.ErrRevisionConflict):
-		if c.failed {
-			// An attempt that failed may have landed after all.
-			if e, rev, gerr := w.p.Entries.Get(ctx, c.entry); gerr == nil && e.Paused && e.Note == note {
-				w.paused(c, rev)
-				return true, true
+		e, rev, gerr := w.p.Entries.Get(ctx, c.entry)
+		if c.failed && gerr == nil && e.Paused && e.Note == note {
+			// An attempt that failed landed after all.
+			w.paused(c, rev)
+			return true, true
+		}
+		if gerr == nil && !st.FailPause && isArmed(e) && rev > st.Revision {
+			if cur, ok := w.p.Projection.Get(c.entry); ok && cur.Revision == st.Revision && w.p.Projection.LastSeq() >= rev {
+				// The projection has read the entry's later message and
+				// kept the entry at its config event: a request it
+				// refused, or a server reply.
+				w.block(c, fmt.Sprintf("the config stream holds a message of the entry at sequence %d after its config event at %d (a fail-pause request the readers refused, or a NATS server reply stored there): a request must follow a config event, so the pause waits for the entry's next config change (entry pause, resume or put)", rev, st.Revision))
+				return false, false
 			}
 		}
 		// Another replica paused it, or someone changed it: decide again
 		// on the state the projection gets next.
 		return false, false
+	case errors.Is(err, events.ErrSubjectNotCaptured):
+		w.block(c, "the config stream does not capture the fail-pause subjects (made before them): run `cronstream streams apply`")
+		return false, false
 	case err != nil:
 		c.failed = true
 		w.fail(ctx, *c, "publish the pause", err)
 		return false, false
-	case res.Type == "":
-		return true, false
 	}
 	w.paused(c, res.Revision)
 	return true, true
 }
 
+// block reports, once per entry and cause, a decided pause that cannot be
+// published; it is tried again every scan.
+func (w *Watcher) block(c *candidate, cause string) {
+	w.p.Metrics.Errors.Inc()
+	if b, ok := w.blocked[c.entry]; ok && b.cause == cause {
+		return
+	}
+	w.blocked[c.entry] = blockedPause{cause: cause, since: w.p.Now()}
+	w.p.Logger.Error("pause on failure blocked: the entry keeps firing", "entry", c.entry, "task", c.task, "cause", cause)
+}
+
 // paused counts and logs the pause of c's entry at revision rev.
 func (w *Watcher) paused(c *candidate, rev uint64) {
+	delete(w.blocked, c.entry)
 	w.p.Metrics.Paused.Inc()
 	w.p.Logger.Warn("entry paused on failure: its task was archived", "entry", c.entry, "queue", c.queue,
 		"task", c.task, "archived_at", c.at.Format(time.RFC3339), "revision", rev, "error", cleanError(c.errMsg))
@@ -589,8 +669,9 @@ func (w *Watcher) armedSince(ctx context.Context, entry string, st projector.Sta
 }
 
 // NotePrefix starts every pause note of this package, so status can tell
-// entries paused on failure from those paused by hand.
-const NotePrefix = "paused on failure: "
+// entries paused on failure from those paused by hand; readers refuse a
+// fail-pause request whose note does not start with it.
+const NotePrefix = events.FailPauseNotePrefix
 
 // Note is the pause note for a task archived at with error errMsg: it names
 // the task and its error, made safe for terminals and capped (the error at

@@ -155,6 +155,10 @@ func (w *authWatch) observeRedis(name string, err error) {
 // violations and refused credentials are recorded, other errors (a slow
 // consumer) logged.
 func (w *authWatch) natsError(_ *nats.Conn, sub *nats.Subscription, err error) {
+	if expectedRefusal(err) {
+		w.log.Debug("nats: expected refusal (a missing stream this replica may not create, or a consumer the client replaced)", "err", err)
+		return
+	}
 	cause := unrecoverableCause(err)
 	if cause == "" || !w.armed.Load() {
 		subject := ""

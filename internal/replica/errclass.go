@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"strings"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -34,13 +35,28 @@ func unrecoverable(err error, nc *nats.Conn) error {
 		return fmt.Errorf("%w (%s): %w", ErrUnrecoverable, cause, err)
 	}
 	if nc != nil {
-		if last := nc.LastError(); last != nil {
+		if last := nc.LastError(); last != nil && !expectedRefusal(last) {
 			if cause := unrecoverableCause(last); cause != "" {
 				return fmt.Errorf("%w (%s): %w", ErrUnrecoverable, cause, last)
 			}
 		}
 	}
 	return nil
+}
+
+// expectedRefusal reports whether err is a NATS permissions violation a
+// replica meets in its ordinary work under deploy/nats/permissions.conf,
+// which stops nothing: creating a missing stream (it then waits for
+// `cronstream streams apply`), and deleting a consumer, which the NATS
+// client does when it replaces an ordered consumer (the server removes the
+// old one after its inactive threshold). No role may delete consumers: it
+// could not be limited to its own.
+func expectedRefusal(err error) bool {
+	if !errors.Is(err, nats.ErrPermissionViolation) {
+		return false
+	}
+	msg := err.Error()
+	return strings.Contains(msg, "$JS.API.CONSUMER.DELETE.") || strings.Contains(msg, "$JS.API.STREAM.CREATE.")
 }
 
 // JetStream error codes of stream settings the server will never accept

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -29,11 +30,16 @@ type Info struct {
 	HTTP    string    `json:"http,omitempty"`
 	// Beat is when the heartbeat was written, by the writer's clock.
 	Beat time.Time `json:"beat"`
+	// Every is how often the replica beats (a Go duration); three of them
+	// without a beat and it is no longer live. Empty (builds before it):
+	// DefaultHeartbeat.
+	Every string `json:"every,omitempty"`
 	// ConfigSeq is the last config stream sequence the replica's
 	// projection applied, so status can show how far each one lags.
 	ConfigSeq uint64 `json:"config_seq"`
 	// Warnings are this replica's differences between its flags and the
-	// existing streams, which it leaves unchanged.
+	// existing streams, which it leaves unchanged, and what else it finds
+	// wrong with them.
 	Warnings []string `json:"warnings,omitempty"`
 	// Late are the late entries this replica's stall detector sees, with
 	// the reasons its fires failed (at most a few dozen, oldest first).
@@ -52,52 +58,70 @@ type Info struct {
 	Ownership *ownership.Report `json:"ownership,omitempty"`
 }
 
+// StaleAfter is how long after its beat a replica stops counting as live:
+// three of its heartbeat intervals.
+func (i Info) StaleAfter() time.Duration {
+	every, err := time.ParseDuration(i.Every)
+	if err != nil || every <= 0 {
+		every = DefaultHeartbeat
+	}
+	return 3 * every
+}
+
 // DefaultHeartbeat is how often a replica refreshes its heartbeat; a
 // replica is considered gone after three missed beats.
 const DefaultHeartbeat = 2 * time.Second
 
-// OpenReplicasBucket creates or updates the replicas KV bucket. Keys expire
-// after ttl unless refreshed, and expiry leaves a marker so watchers learn
-// of it.
-func OpenReplicasBucket(ctx context.Context, js jetstream.JetStream, names events.Names, replicas int, ttl time.Duration) (jetstream.KeyValue, error) {
-	kv, _, err := SyncReplicasBucket(ctx, js, ReplicasBucketConfig(names, replicas, ttl), events.Apply)
+// OpenReplicasBucket creates or updates the replicas KV bucket (what
+// `cronstream streams apply` does). Keys expire dropAfter after their last
+// write, and expiry leaves a marker so watchers learn of it.
+func OpenReplicasBucket(ctx context.Context, js jetstream.JetStream, names events.Names, replicas int, dropAfter time.Duration) (jetstream.KeyValue, error) {
+	kv, _, err := SyncReplicasBucket(ctx, js, ReplicasBucketConfig(names, replicas, dropAfter), events.Apply)
 	return kv, err
 }
 
 // Membership keeps this replica's heartbeat in the replicas bucket and
 // follows everyone's, so the scheduler can hash entries over the live
-// replicas. When NATS is unreachable the last known set is kept: replicas
-// then fall back on the late-fire delay, never on silence.
+// replicas: those whose last beat is younger than three of their
+// heartbeats. When NATS is unreachable the others' beats age out:
+// replicas then fall back on firing on time themselves, never on
+// silence.
 //
-// The bucket lives in memory: a restart of NATS (every node) loses it, and
-// an operator may delete it. A beat that finds no bucket re-creates it with
-// Reopen, and a watch that stops delivering this replica's own beats is
-// started again, so membership comes back within a few heartbeats.
+// The bucket is on file and survives NATS restarts; when it is gone
+// anyway (deleted, or an earlier build's bucket in memory lost with NATS),
+// a replica never creates it (its NATS user may not): it says so once and
+// in Missing, and beats again once `cronstream streams apply` made it.
+// Meanwhile no beat arrives, the others age out, and each replica fires
+// on time what it would have fired late. A watch that stops delivering
+// this replica's own beats is started again.
 type Membership struct {
 	kv       jetstream.KeyValue // owned by the beat loop once started
+	js       jetstream.JetStream
 	self     Info
 	interval time.Duration
 	log      *slog.Logger
 	update   func(*Info)
-	reopen   func(context.Context) (jetstream.KeyValue, error)
 	now      func() time.Time // stamps Beat
 
 	mu   sync.RWMutex
 	live map[string]Info
-	seen map[string]time.Time // local receipt time of each replica's last beat
+	// seen is when each replica's last beat was written, by the local
+	// clock, and stale how long after it the replica stops being live.
+	seen  map[string]time.Time
+	stale map[string]time.Duration
 	// echo is when a watch last delivered this replica's own beat.
 	echo time.Time
 	// beatAt is when this replica's last heartbeat was stored, by Now:
 	// when it last heard NATS.
 	beatAt time.Time
+	// missing says why the bucket cannot be written ("" when it can).
+	missing string
 
-	// Owned by the beat loop: the running watch, and the backoff of
-	// re-creating a lost bucket.
+	// Owned by the beat loop: the running watch, and whether the bucket
+	// is missing (logged once).
 	stopWatch    context.CancelFunc
 	watchStarted time.Time
-	lost         bool // the bucket is missing; logged once
-	reopenAfter  time.Time
-	reopenWait   time.Duration
+	lost         bool
 
 	// refresh asks the beat loop for a beat now (Refresh).
 	refresh chan struct{}
@@ -109,9 +133,11 @@ type Membership struct {
 
 // MembershipConfig configures a Membership. Zero values mean the defaults.
 type MembershipConfig struct {
-	// KV is the replicas bucket (OpenReplicasBucket); Self is this
-	// replica, whose ID is its key there.
+	// KV is the replicas bucket (OpenReplicasBucket) and JS the JetStream
+	// it is in, which the watch reads; Self is this replica, whose ID is
+	// its key there.
 	KV   jetstream.KeyValue
+	JS   jetstream.JetStream
 	Self Info
 	// Interval between heartbeats (default DefaultHeartbeat).
 	Interval time.Duration
@@ -119,9 +145,6 @@ type MembershipConfig struct {
 	// Update, when set, refreshes the dynamic fields of this replica's
 	// Info before each beat.
 	Update func(*Info)
-	// Reopen, when set, creates the bucket again after it was lost
-	// (OpenReplicasBucket with the start-up settings).
-	Reopen func(context.Context) (jetstream.KeyValue, error)
 	// Now stamps each heartbeat's Beat (default time.Now). A replica
 	// passes its Redis-corrected clock, so that readers on other hosts
 	// compute a beat's age without this host's clock error in it.
@@ -131,8 +154,8 @@ type MembershipConfig struct {
 // NewMembership validates cfg and prepares the heartbeat of cfg.Self in
 // cfg.KV.
 func NewMembership(cfg MembershipConfig) (*Membership, error) {
-	if cfg.KV == nil || cfg.Self.ID == "" {
-		return nil, errors.New("membership: MembershipConfig.KV and Self.ID are required")
+	if cfg.KV == nil || cfg.JS == nil || cfg.Self.ID == "" {
+		return nil, errors.New("membership: MembershipConfig.KV, JS and Self.ID are required")
 	}
 	// A negative interval is taken as unset too, as it always was.
 	interval := cmp.Or(max(cfg.Interval, 0), DefaultHeartbeat)
@@ -140,9 +163,11 @@ func NewMembership(cfg MembershipConfig) (*Membership, error) {
 		cfg.Now = time.Now
 	}
 	self := cfg.Self
-	return &Membership{kv: cfg.KV, self: self, interval: interval, log: cmp.Or(cfg.Logger, slog.Default()),
-		update: cfg.Update, reopen: cfg.Reopen, now: cfg.Now, refresh: make(chan struct{}, 1),
-		live: map[string]Info{self.ID: self}, seen: map[string]time.Time{self.ID: time.Now()}}, nil
+	self.Every = interval.String()
+	return &Membership{kv: cfg.KV, js: cfg.JS, self: self, interval: interval, log: cmp.Or(cfg.Logger, slog.Default()),
+		update: cfg.Update, now: cfg.Now, refresh: make(chan struct{}, 1),
+		live: map[string]Info{self.ID: self}, seen: map[string]time.Time{self.ID: time.Now()},
+		stale: map[string]time.Duration{self.ID: 3 * interval}}, nil
 }
 
 // Start writes the first heartbeat (ctx bounds it) and starts beating and
@@ -162,26 +187,9 @@ func (m *Membership) Start(ctx context.Context) error {
 	return nil
 }
 
-// watch starts following the bucket, in place of the watch running.
-func (m *Membership) watch() error {
-	if m.stopWatch != nil {
-		m.stopWatch()
-	}
-	ctx, cancel := context.WithCancel(m.ctx)
-	w, err := m.kv.WatchAll(ctx)
-	if err != nil {
-		cancel()
-		return fmt.Errorf("watch replicas: %w", err)
-	}
-	m.stopWatch, m.watchStarted = cancel, time.Now()
-	m.wg.Add(1)
-	go m.watchLoop(ctx, w)
-	return nil
-}
-
 // Stop stops beating and removes this replica's heartbeat (ctx bounds
-// that), so the others take over its entries at once rather than after the
-// expiry; the error says when it could not be removed.
+// that), so the others take over its entries at once rather than after
+// three heartbeats; the error says when it could not be removed.
 func (m *Membership) Stop(ctx context.Context) error {
 	if m.cancel != nil {
 		m.cancel()
@@ -191,6 +199,17 @@ func (m *Membership) Stop(ctx context.Context) error {
 		return fmt.Errorf("remove heartbeat of %s: %w", m.self.ID, err)
 	}
 	return nil
+}
+
+// Missing returns why this replica cannot write its heartbeat because the
+// replicas bucket is gone, nil while it can.
+func (m *Membership) Missing() error {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	if m.missing == "" {
+		return nil
+	}
+	return errors.New(m.missing)
 }
 
 func (m *Membership) beat(ctx context.Context) error {
@@ -203,7 +222,9 @@ func (m *Membership) beat(ctx context.Context) error {
 		return err
 	}
 	if _, err := m.kv.Put(ctx, m.self.ID, b); err != nil {
-		return fmt.Errorf("heartbeat: %w", err)
+		// Under per-replica NATS users the key (the replica id) is the
+		// one the user may write.
+		return fmt.Errorf("heartbeat under key %q (the replica id) of bucket %s: %w", m.self.ID, m.kv.Bucket(), err)
 	}
 	m.mu.Lock()
 	m.seen[m.self.ID] = time.Now()
@@ -235,18 +256,12 @@ func (m *Membership) beatLoop(ctx context.Context) {
 			cancel()
 			switch {
 			case err == nil && m.lost:
-				// Another replica re-created the bucket first: the watch
-				// died with the old one.
-				m.lost = false
-				m.log.Info("replicas bucket is back; heartbeats resumed", "replica", m.self.ID)
-				if err := m.watch(); err != nil {
-					m.log.Warn("watch replicas", "replica", m.self.ID, "err", err)
-				}
+				m.found()
 			case err == nil:
 				m.checkWatch()
 			case ctx.Err() != nil:
 			case m.bucketLost(ctx):
-				m.recreate(ctx, err)
+				m.markLost(err)
 			case !m.lost:
 				m.log.Warn("heartbeat failed", "replica", m.self.ID, "err", err)
 			}
@@ -256,10 +271,11 @@ func (m *Membership) beatLoop(ctx context.Context) {
 }
 
 // bucketLost asks the server, after a failed heartbeat, whether the
-// bucket's stream is gone (NATS restarted, or the bucket was deleted), as
-// opposed to NATS being unreachable or slow. The failed publish alone does
-// not tell: it times out either way when the heartbeat interval is shorter
-// than the client's retries on "no responders".
+// bucket's stream is gone (deleted, or an earlier build's bucket in memory
+// lost with NATS), as opposed to NATS being unreachable or slow. The
+// failed publish alone does not tell: it times out either way when the
+// heartbeat interval is shorter than the client's retries on "no
+// responders".
 func (m *Membership) bucketLost(ctx context.Context) bool {
 	ctx, cancel := context.WithTimeout(ctx, m.interval)
 	defer cancel()
@@ -267,47 +283,34 @@ func (m *Membership) bucketLost(ctx context.Context) bool {
 	return errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrBucketNotFound)
 }
 
-// recreate creates the lost bucket again (at most once per backoff, which
-// grows to 30 s while it fails), beats into it and starts a new watch. It
-// logs once when the bucket is found missing and once when it is back.
-func (m *Membership) recreate(ctx context.Context, cause error) {
-	if !m.lost {
-		m.lost = true
-		m.reopenWait = m.interval
-		if m.reopen == nil {
-			m.log.Warn("replicas bucket is gone (NATS restarted or the bucket was deleted): keeping the last known replicas until another replica re-creates it",
-				"replica", m.self.ID, "err", cause)
-		} else {
-			m.log.Warn("replicas bucket is gone (NATS restarted or the bucket was deleted): re-creating it; until then the last known replicas are kept",
-				"replica", m.self.ID, "err", cause)
-		}
-	}
-	if m.reopen == nil || time.Now().Before(m.reopenAfter) {
+// markLost records that the bucket is gone, logging it once.
+func (m *Membership) markLost(cause error) {
+	if m.lost {
 		return
 	}
-	ctx, cancel := context.WithTimeout(ctx, m.interval)
-	defer cancel()
-	kv, err := m.reopen(ctx)
-	if err == nil {
-		m.kv = kv
-		err = m.beat(ctx)
-	}
-	if err == nil {
-		err = m.watch()
-	}
-	if err != nil {
-		m.reopenAfter = time.Now().Add(m.reopenWait)
-		m.reopenWait = min(2*m.reopenWait, 30*time.Second)
-		m.log.Debug("re-create the replicas bucket", "replica", m.self.ID, "err", err, "retry_in", m.reopenWait)
-		return
-	}
+	m.lost = true
+	msg := fmt.Sprintf("replicas bucket %s is gone: no replica can beat, so each fires every entry on time itself (the watermark keeps each tick once); this replica beats again once `cronstream streams apply` has made it", m.kv.Bucket())
+	m.mu.Lock()
+	m.missing = msg
+	m.mu.Unlock()
+	m.log.Error(msg, "replica", m.self.ID, "err", cause)
+}
+
+// found records that the bucket is back: the watch died with the old one.
+func (m *Membership) found() {
 	m.lost = false
-	m.log.Info("replicas bucket re-created; heartbeats resumed", "replica", m.self.ID)
+	m.mu.Lock()
+	m.missing = ""
+	m.mu.Unlock()
+	m.log.Info("replicas bucket is back; heartbeats resumed", "replica", m.self.ID)
+	if err := m.watch(); err != nil {
+		m.log.Warn("watch replicas", "replica", m.self.ID, "err", err)
+	}
 }
 
 // checkWatch starts the watch again when it has not delivered this
-// replica's own beats for three intervals: it died with the bucket (another
-// replica re-created it first) or with its consumer.
+// replica's own beats for three intervals: it died with the bucket or
+// with its consumer.
 func (m *Membership) checkWatch() {
 	m.mu.RLock()
 	echo := m.echo
@@ -328,53 +331,115 @@ func (m *Membership) checkWatch() {
 	}
 }
 
-func (m *Membership) watchLoop(ctx context.Context, w jetstream.KeyWatcher) {
+// watch starts following the bucket, in place of the watch running, with
+// a consumer of its own that it never deletes (the server removes it once
+// it is no longer read: no role may delete consumers).
+func (m *Membership) watch() error {
+	if m.stopWatch != nil {
+		m.stopWatch()
+	}
+	ctx, cancel := context.WithCancel(m.ctx)
+	it, err := readBucket(ctx, m.js, m.kv.Bucket(), m.interval)
+	if err != nil {
+		cancel()
+		return fmt.Errorf("watch replicas: %w", err)
+	}
+	m.stopWatch, m.watchStarted = cancel, time.Now()
+	m.wg.Add(1)
+	go m.watchLoop(ctx, it)
+	return nil
+}
+
+// bucketInactive lets the server remove a bucket reader's consumer once
+// it is no longer read.
+const bucketInactive = 10 * time.Second
+
+// readBucket reads the last value of every key of the bucket, then what
+// is written next, through a consumer of its own. It does not recover from
+// a lost message or consumer (the jetstream package's ordered consumer
+// does, but inside Next, where no context can stop it while the bucket is
+// gone): the Next of the iterator returns an error instead, and the
+// membership's watch starts again (checkWatch).
+func readBucket(ctx context.Context, js jetstream.JetStream, bucket string, heartbeat time.Duration) (jetstream.MessagesContext, error) {
+	cons, err := js.CreateConsumer(ctx, "KV_"+bucket, jetstream.ConsumerConfig{
+		FilterSubject:     "$KV." + bucket + ".>",
+		DeliverPolicy:     jetstream.DeliverLastPerSubjectPolicy,
+		AckPolicy:         jetstream.AckNonePolicy,
+		InactiveThreshold: bucketInactive,
+		Replicas:          1,
+		MemoryStorage:     true,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return cons.Messages(jetstream.PullHeartbeat(max(heartbeat, time.Second)), jetstream.WithMessagesErrOnMissingHeartbeat(true))
+}
+
+// bucketValue is one message of the bucket: its key, and its value, nil
+// when it deletes the key (a delete, a purge, or the marker the bucket
+// writes when a key expires).
+func bucketValue(bucket string, msg jetstream.Msg) (string, []byte) {
+	key := strings.TrimPrefix(msg.Subject(), "$KV."+bucket+".")
+	h := msg.Headers()
+	if op := h.Get("KV-Operation"); op == "DEL" || op == "PURGE" || h.Get("Nats-Marker-Reason") != "" {
+		return key, nil
+	}
+	return key, msg.Data()
+}
+
+func (m *Membership) watchLoop(ctx context.Context, it jetstream.MessagesContext) {
 	defer m.wg.Done()
-	defer func() { _ = w.Stop() }()
+	defer it.Stop()
 	for {
-		select {
-		case <-ctx.Done():
+		msg, err := it.Next(jetstream.NextContext(ctx))
+		if err != nil {
+			// Stopped, or the consumer is lost: checkWatch starts a new
+			// one once this replica's beats stop arriving.
 			return
-		case e, ok := <-w.Updates():
-			if !ok {
-				return
-			}
-			if e == nil { // end of the initial values
-				continue
-			}
-			m.apply(e)
 		}
+		key, value := bucketValue(m.kv.Bucket(), msg)
+		m.apply(key, value)
 	}
 }
 
-func (m *Membership) apply(e jetstream.KeyValueEntry) {
+// apply takes one replica's heartbeat (value nil: its removal). A beat
+// older than three of its intervals is not live: the replica is
+// unresponsive.
+func (m *Membership) apply(key string, value []byte) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if e.Key() == m.self.ID {
+	if key == m.self.ID {
 		m.echo = time.Now() // the watch works
 		return              // our own view of ourselves is authoritative
 	}
-	if e.Operation() != jetstream.KeyValuePut {
-		delete(m.live, e.Key())
-		delete(m.seen, e.Key())
+	if value == nil {
+		delete(m.live, key)
+		delete(m.seen, key)
+		delete(m.stale, key)
 		return
 	}
 	var info Info
-	if err := json.Unmarshal(e.Value(), &info); err != nil || info.ID != e.Key() {
+	if err := json.Unmarshal(value, &info); err != nil || info.ID != key {
+		return
+	}
+	age := max(m.now().Sub(info.Beat), 0)
+	m.seen[info.ID], m.stale[info.ID] = time.Now().Add(-age), info.StaleAfter()
+	if age > info.StaleAfter() {
+		delete(m.live, info.ID)
 		return
 	}
 	m.live[info.ID] = info
-	m.seen[info.ID] = time.Now()
 }
 
-// expire drops replicas whose beat has not been seen for three intervals,
-// in case the bucket's expiry marker was missed.
+// expire drops from the live replicas those whose beat has not been seen
+// for three of their intervals.
 func (m *Membership) expire() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for id, at := range m.seen {
-		if id != m.self.ID && time.Since(at) > 3*m.interval {
+		if id != m.self.ID && time.Since(at) > m.stale[id] {
 			delete(m.seen, id)
+			delete(m.stale, id)
 			delete(m.live, id)
 		}
 	}
@@ -433,22 +498,57 @@ func (m *Membership) LastBeat() time.Time {
 	return m.beatAt
 }
 
-// ListReplicas reads every heartbeat in the bucket (for status).
-func ListReplicas(ctx context.Context, kv jetstream.KeyValue) ([]Info, error) {
-	lister, err := kv.ListKeys(ctx)
+// ErrNoReplicasBucket is ListReplicas' error when the bucket does not
+// exist.
+var ErrNoReplicasBucket = errors.New("replicas bucket does not exist")
+
+// ListReplicas reads every heartbeat in the replicas bucket of names (for
+// status): live replicas, and those that stopped beating and are not
+// dropped yet (compare each Beat with its StaleAfter).
+func ListReplicas(ctx context.Context, js jetstream.JetStream, names events.Names) ([]Info, error) {
+	bucket := names.ReplicasBucket()
+	s, err := js.Stream(ctx, names.ReplicasStream())
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, fmt.Errorf("%w: %s (run `cronstream streams apply`)", ErrNoReplicasBucket, bucket)
+	}
 	if err != nil {
 		return nil, err
 	}
-	var out []Info
-	for k := range lister.Keys() {
-		e, err := kv.Get(ctx, k)
+	if s.CachedInfo().State.Msgs == 0 {
+		return nil, nil
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	it, err := readBucket(rctx, js, bucket, DefaultHeartbeat)
+	if err != nil {
+		return nil, err
+	}
+	defer it.Stop()
+	byID := map[string]Info{}
+	for {
+		msg, err := it.Next(jetstream.NextContext(ctx))
 		if err != nil {
-			continue // expired between listing and reading
+			return nil, err
 		}
+		md, err := msg.Metadata()
+		if err != nil {
+			return nil, err
+		}
+		key, value := bucketValue(bucket, msg)
 		var info Info
-		if json.Unmarshal(e.Value(), &info) == nil {
-			out = append(out, info)
+		switch {
+		case value == nil:
+			delete(byID, key)
+		case json.Unmarshal(value, &info) == nil && info.ID == key:
+			byID[key] = info
 		}
+		if md.NumPending == 0 {
+			break
+		}
+	}
+	out := make([]Info, 0, len(byID))
+	for _, info := range byID {
+		out = append(out, info)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out, nil

@@ -2,6 +2,8 @@ package replica
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -16,27 +18,28 @@ import (
 	"github.com/cronstream/cronstream/internal/testenv"
 )
 
-// TestMembershipSurvivesLostBucket: the replicas bucket is kept in memory,
-// so a restart of NATS loses it, and an operator may delete it. Within a
-// few heartbeats the replicas re-create it, beat into it and follow each
-// other again: Live (what the scheduler hashes entries over) and
-// ListReplicas (what status shows) both list every replica.
-func TestMembershipSurvivesLostBucket(t *testing.T) {
+// TestMembershipWaitsForLostBucket: the replicas bucket is on file, so
+// a restart of NATS keeps it. Deleted, it is not made again by the
+// replicas (their NATS user may not create streams): each reports the
+// bucket missing (Missing, for /readyz) until `streams apply` makes it
+// again; then they beat into it and follow each other again, and
+// ListReplicas (what status shows) lists every replica.
+func TestMembershipWaitsForLostBucket(t *testing.T) {
 	t.Parallel()
 	ns := testenv.StartNATS(t)
 	ctx := context.Background()
 	names := events.MustNames("mlost")
 	const hb = 200 * time.Millisecond
-	start := func(id string) *Membership {
-		js := ns.JetStream(t)
-		open := func(ctx context.Context) (jetstream.KeyValue, error) {
-			return OpenReplicasBucket(ctx, js, names, 1, 3*hb)
-		}
-		kv, err := open(ctx)
+	apply := func(js jetstream.JetStream) jetstream.KeyValue {
+		kv, err := OpenReplicasBucket(ctx, js, names, 1, DefaultUnresponsiveFor)
 		if err != nil {
 			t.Fatal(err)
 		}
-		m, err := NewMembership(MembershipConfig{KV: kv, Self: Info{ID: id}, Interval: hb, Reopen: open,
+		return kv
+	}
+	start := func(id string) *Membership {
+		js := ns.JetStream(t)
+		m, err := NewMembership(MembershipConfig{KV: apply(js), JS: js, Self: Info{ID: id}, Interval: hb,
 			Logger: slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 		if err != nil {
 			t.Fatal(err)
@@ -62,11 +65,7 @@ func TestMembershipSurvivesLostBucket(t *testing.T) {
 		var listed []string
 		testenv.Eventually(t, 10*time.Second, func() bool {
 			listed = listed[:0]
-			kv, err := js.KeyValue(ctx, names.ReplicasBucket())
-			if err != nil {
-				return false
-			}
-			infos, err := ListReplicas(ctx, kv)
+			infos, err := ListReplicas(ctx, js, names)
 			if err != nil {
 				return false
 			}
@@ -74,7 +73,7 @@ func TestMembershipSurvivesLostBucket(t *testing.T) {
 				listed = append(listed, i.ID)
 			}
 			return slices.Equal(listed, both) && slices.Equal(a.Live(), both) && slices.Equal(b.Live(), both) &&
-				heardSince(a, "b", since) && heardSince(b, "a", since)
+				heardSince(a, "b", since) && heardSince(b, "a", since) && a.Missing() == nil && b.Missing() == nil
 		}, "%s: %v", after, lazy(func() string {
 			return fmt.Sprintf("bucket lists %v, a sees %v, b sees %v", listed, a.Live(), b.Live())
 		}))
@@ -87,12 +86,72 @@ func TestMembershipSurvivesLostBucket(t *testing.T) {
 	if err := js.DeleteKeyValue(ctx, names.ReplicasBucket()); err != nil {
 		t.Fatal(err)
 	}
-	followEachOther("after the bucket was deleted")
+	testenv.Eventually(t, 10*time.Second, func() bool { return a.Missing() != nil && b.Missing() != nil },
+		"the replicas do not report the bucket missing")
+	if err := a.Missing(); !strings.Contains(err.Error(), "streams apply") {
+		t.Fatalf("missing: %v", err)
+	}
+	deadline := time.Now().Add(5 * hb)
+	testenv.Eventually(t, 5*time.Second, func() bool { return time.Now().After(deadline) }, "")
+	if _, err := js.KeyValue(ctx, names.ReplicasBucket()); !errors.Is(err, jetstream.ErrBucketNotFound) {
+		t.Fatalf("a replica made the bucket again: %v", err)
+	}
+	// Without beats the others age out: each fires on time what it would
+	// fire late (the watermark keeps each tick once).
+	if !slices.Equal(a.Live(), []string{"a"}) || !slices.Equal(b.Live(), []string{"b"}) {
+		t.Fatalf("without the bucket: a sees %v, b sees %v", a.Live(), b.Live())
+	}
+	apply(js)
+	followEachOther("after streams apply made the bucket again")
 
 	// The watch follows the new bucket, not only the last known set: a
 	// clean stop is seen at once.
-	b.Stop(ctx)
+	if err := b.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
 	testenv.Eventually(t, 2*time.Second, func() bool { return slices.Equal(a.Live(), []string{"a"}) }, "a still sees b after its stop")
+}
+
+// TestMembershipUnresponsiveReplica: a replica that stops beating without
+// removing its heartbeat is live for three of its heartbeats after its
+// last beat, then not (Live, which the scheduler hashes entries over), but
+// still listed with its last beat until the bucket drops it; a heartbeat
+// already older than that when it is first read is never live.
+func TestMembershipUnresponsiveReplica(t *testing.T) {
+	t.Parallel()
+	ns := testenv.StartNATS(t)
+	js := ns.JetStream(t)
+	ctx := context.Background()
+	names := events.MustNames("unresp")
+	const hb = 200 * time.Millisecond
+	kv, err := OpenReplicasBucket(ctx, js, names, 1, DefaultUnresponsiveFor)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := mustMembership(t, MembershipConfig{KV: kv, JS: js, Self: Info{ID: "a"}, Interval: hb, Logger: quietLogger()})
+	old, _ := json.Marshal(Info{ID: "old", Beat: time.Now().Add(-time.Minute), Every: hb.String()})
+	if _, err := kv.Put(ctx, "old", old); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Stop(ctx) })
+	frozen, _ := json.Marshal(Info{ID: "frozen", Beat: time.Now(), Every: hb.String()})
+	if _, err := kv.Put(ctx, "frozen", frozen); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 3*time.Second, func() bool { return slices.Equal(a.Live(), []string{"a", "frozen"}) }, "frozen never live: %v", lazy(func() string { return fmt.Sprint(a.Live()) }))
+	testenv.Eventually(t, 3*time.Second, func() bool { return slices.Equal(a.Live(), []string{"a"}) }, "frozen still live: %v", lazy(func() string { return fmt.Sprint(a.Live()) }))
+	infos, err := ListReplicas(ctx, js, names)
+	if err != nil || len(infos) != 3 {
+		t.Fatalf("listed %+v %v, want a, frozen and old", infos, err)
+	}
+	for _, i := range infos {
+		if stale := time.Since(i.Beat) > i.StaleAfter(); stale != (i.ID != "a") {
+			t.Errorf("%s: beat %s ago, stale after %s", i.ID, time.Since(i.Beat), i.StaleAfter())
+		}
+	}
 }
 
 // testLog writes log lines to the test's log (shown when it fails).
@@ -122,7 +181,7 @@ func TestMembershipBeatUsesGivenClock(t *testing.T) {
 		t.Fatal(err)
 	}
 	corrected := func() time.Time { return time.Now().Add(-time.Hour) }
-	m, err := NewMembership(MembershipConfig{KV: kv, Self: Info{ID: "skewed"}, Interval: 100 * time.Millisecond, Now: corrected})
+	m, err := NewMembership(MembershipConfig{KV: kv, JS: js, Self: Info{ID: "skewed"}, Interval: 100 * time.Millisecond, Now: corrected})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +189,7 @@ func TestMembershipBeatUsesGivenClock(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = m.Stop(ctx) })
-	infos, err := ListReplicas(ctx, kv)
+	infos, err := ListReplicas(ctx, js, names)
 	if err != nil || len(infos) != 1 {
 		t.Fatalf("ListReplicas = %v, %v", infos, err)
 	}

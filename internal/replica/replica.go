@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -97,6 +98,10 @@ type Config struct {
 	// Heartbeat is how often the replica refreshes its heartbeat and its
 	// clock offset to Redis.
 	Heartbeat time.Duration
+	// UnresponsiveFor is how long the replicas bucket keeps the heartbeat
+	// of a replica that stopped beating (default DefaultUnresponsiveFor);
+	// it applies to a bucket this replica creates.
+	UnresponsiveFor time.Duration
 	// ShutdownTimeout bounds the drain at stop (default 15s).
 	ShutdownTimeout time.Duration
 
@@ -161,6 +166,9 @@ type Replica struct {
 
 	// failPause pauses entries with pause_on_failure whose tasks are archived.
 	failPause *failpause.Watcher
+	// routes watches the streams for ways other than a publish to write
+	// them.
+	routes routeWatch
 
 	mu      sync.Mutex
 	started bool
@@ -360,17 +368,7 @@ func (r *Replica) start(ctx context.Context) error {
 	if err := r.retry(ctx, "projector", r.proj.Start); err != nil {
 		return err
 	}
-	proj := r.proj
-	r.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
-		Name: "cronstream_config_stream_reloads_total",
-		Help: "Projections reloaded because the config stream was recreated or restored under a running replica.",
-	}, func() float64 { return float64(proj.Stats().Reloads) }), prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "cronstream_quarantined_entries",
-		Help: "Entries whose last config event cannot be applied (undecodable, unknown type, invalid): they fire nothing until a valid event arrives; status names them.",
-	}, func() float64 { return float64(proj.Stats().Quarantined) }), prometheus.NewCounterFunc(prometheus.CounterOpts{
-		Name: "cronstream_config_bad_events_total",
-		Help: "Config events this replica could not apply since it started (each quarantined its entry, or was ignored on a subject that names none).",
-	}, func() float64 { st := proj.Stats(); return float64(st.Bad + st.Ignored) }))
+	r.registerProjectionMetrics()
 	if r.http != nil {
 		r.http.addCheck("projection", func(context.Context) error {
 			if !r.proj.CaughtUp() {
@@ -409,22 +407,20 @@ func (r *Replica) start(ctx context.Context) error {
 	hostname, _ := os.Hostname()
 	var relayed atomic.Pointer[relay.Relay] // set once the relay exists; beats read it
 	r.members, err = NewMembership(MembershipConfig{
-		KV:       kv,
+		KV: kv, JS: js,
 		Self:     Info{ID: r.cfg.ReplicaID, Host: hostname, PID: os.Getpid(), Started: r.clock.Now().UTC(), Version: r.cfg.Version, HTTP: r.httpAddr(), Warnings: streamWarnings},
 		Interval: r.cfg.Heartbeat, Logger: r.log, Now: r.clock.Now,
-		Update: r.beatUpdate(det, &relayed),
-		// Re-created as at start: missing is created, an existing bucket is
-		// never changed (stream settings are explicit).
-		Reopen: func(ctx context.Context) (jetstream.KeyValue, error) {
-			kv, _, err := SyncReplicasBucket(ctx, js, ReplicasBucketConfig(r.cfg.Names, r.cfg.StreamReplicas, 3*r.cfg.Heartbeat), events.CreateMissing)
-			return kv, err
-		},
+		Update: r.beatUpdate(det, &relayed, streamWarnings),
 	})
 	if err != nil {
 		return err
 	}
 	if err := r.retry(ctx, "heartbeat", r.members.Start); err != nil {
 		return err
+	}
+	if r.http != nil {
+		r.http.addCheck("membership", func(context.Context) error { return r.members.Missing() })
+		r.http.addCheck("streams", func(context.Context) error { return r.routes.ready() })
 	}
 
 	// The relay yields the cores to a burst of fires (at most its MaxHold);
@@ -514,6 +510,9 @@ func (r *Replica) start(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
+	if r.http != nil {
+		r.http.addCheck("failpause", func(context.Context) error { return r.failPause.Ready() })
+	}
 	return r.failPause.Start(ctx)
 }
 
@@ -559,9 +558,31 @@ func (r *Replica) lateAfter() time.Duration {
 	return stall.DefaultLateAfter
 }
 
+// registerProjectionMetrics exports the projection's counters.
+func (r *Replica) registerProjectionMetrics() {
+	proj := r.proj
+	r.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "cronstream_config_stream_reloads_total",
+		Help: "Projections reloaded because the config stream was recreated or restored under a running replica.",
+	}, func() float64 { return float64(proj.Stats().Reloads) }), prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "cronstream_quarantined_entries",
+		Help: "Entries whose last config event cannot be applied (undecodable, unknown type, invalid): they fire nothing until a valid event arrives; status names them.",
+	}, func() float64 { return float64(proj.Stats().Quarantined) }), prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "cronstream_config_bad_events_total",
+		Help: "Config events this replica could not apply since it started (each quarantined its entry, or was ignored on a subject that names none).",
+	}, func() float64 { st := proj.Stats(); return float64(st.Bad + st.Ignored) }), prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "cronstream_config_refused_total",
+		Help: "Messages on entries' config or fail-pause subjects the projection refused (fail-pause requests that do not hold, messages a NATS server wrote there); each is logged.",
+	}, func() float64 { return float64(proj.Stats().RefusedLive) }))
+}
+
 // maxReportedLate bounds the late entries a replica reports in its
 // heartbeat (status merges their reasons).
 const maxReportedLate = 32
+
+func (r *Replica) unresponsiveFor() time.Duration {
+	return cmp.Or(max(r.cfg.UnresponsiveFor, 0), DefaultUnresponsiveFor)
+}
 
 func (r *Replica) maxStaleness() time.Duration {
 	if r.cfg.MaxStaleness > 0 {
@@ -584,6 +605,7 @@ func (r *Replica) heartbeat(ctx context.Context) {
 	defer t.Stop()
 	var catchup catchupWarner
 	catchup.check(ctx, r.js, r.cfg.Names, r.proj, r.log)
+	r.routes.check(ctx, r.js, r.cfg.Names, r.log)
 	for {
 		select {
 		case <-ctx.Done():
@@ -595,6 +617,7 @@ func (r *Replica) heartbeat(ctx context.Context) {
 			}
 			cancel()
 			catchup.check(ctx, r.js, r.cfg.Names, r.proj, r.log)
+			r.routes.check(ctx, r.js, r.cfg.Names, r.log)
 		}
 	}
 }
@@ -613,10 +636,11 @@ func (r *Replica) warnRedisConfig(ctx context.Context) {
 // beatUpdate refreshes the dynamic fields of this replica's heartbeat:
 // its config position, its late entries, and its relay's view of Redis
 // replication once the relay exists.
-func (r *Replica) beatUpdate(det *stall.Detector, relayed *atomic.Pointer[relay.Relay]) func(*Info) {
+func (r *Replica) beatUpdate(det *stall.Detector, relayed *atomic.Pointer[relay.Relay], streamWarnings []string) func(*Info) {
 	return func(i *Info) {
 		i.ConfigSeq = r.proj.LastSeq()
 		i.Late = det.Late(maxReportedLate)
+		i.Warnings = append(slices.Clip(streamWarnings), r.routes.warnings()...)
 		if rl := relayed.Load(); rl != nil {
 			w := rl.WaitStatus()
 			i.RedisWait = &w

@@ -38,10 +38,10 @@ func TestMembershipFollowsReplicas(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := mustMembership(t, MembershipConfig{KV: kv, Self: Info{ID: "a"}, Interval: 200 * time.Millisecond, Logger: quietLogger()})
+	a := mustMembership(t, MembershipConfig{KV: kv, JS: js, Self: Info{ID: "a"}, Interval: 200 * time.Millisecond, Logger: quietLogger()})
 	seq := uint64(0)
 	var mu sync.Mutex
-	b := mustMembership(t, MembershipConfig{KV: kv, Self: Info{ID: "b"}, Interval: 200 * time.Millisecond, Logger: quietLogger(),
+	b := mustMembership(t, MembershipConfig{KV: kv, JS: js, Self: Info{ID: "b"}, Interval: 200 * time.Millisecond, Logger: quietLogger(),
 		Update: func(i *Info) {
 			mu.Lock()
 			defer mu.Unlock()
@@ -61,7 +61,7 @@ func TestMembershipFollowsReplicas(t *testing.T) {
 	testenv.Eventually(t, 5*time.Second, both(a), "a never saw b: %v", a.Live())
 	testenv.Eventually(t, 5*time.Second, both(b), "b never saw a: %v", b.Live())
 
-	infos, err := ListReplicas(ctx, kv)
+	infos, err := ListReplicas(ctx, js, names)
 	if err != nil || len(infos) != 2 {
 		t.Fatalf("ListReplicas = %v, %v", infos, err)
 	}
@@ -85,7 +85,7 @@ func TestMembershipExpiresSilentReplica(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := mustMembership(t, MembershipConfig{KV: kv, Self: Info{ID: "a"}, Interval: 200 * time.Millisecond, Logger: quietLogger()})
+	a := mustMembership(t, MembershipConfig{KV: kv, JS: js, Self: Info{ID: "a"}, Interval: 200 * time.Millisecond, Logger: quietLogger()})
 	if err := a.Start(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -3,7 +3,6 @@ package replica
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -28,24 +27,31 @@ type Status struct {
 	// written, to 100 ms. Beats are stamped on the replicas' clock
 	// (corrected to Redis TIME), and readers pass a now on the same clock.
 	BeatAge string `json:"beat_age"`
+	// State is StateLive, or StateUnresponsive when its last beat is older
+	// than three of its heartbeats (Info.StaleAfter): frozen, killed, or
+	// cut off from NATS. The scheduler counts it out; the bucket drops it
+	// DefaultUnresponsiveFor after its last beat.
+	State string `json:"state"`
 	// Ready is the replica's /readyz answer: "yes", "no: <failed checks>",
 	// or "unknown" when its HTTP address cannot be reached from here.
 	Ready string `json:"ready"`
 }
 
+// A replica's Status.State.
+const (
+	StateLive         = "live"
+	StateUnresponsive = "unresponsive"
+)
+
 // ReadStatuses reads every heartbeat in the replicas bucket, sorted by id,
-// and asks each replica's /readyz at once, a second at most. Without a
-// bucket (no replica ever ran) there are none.
+// and asks each live replica's /readyz at once, a second at most. Without
+// a bucket the error wraps ErrNoReplicasBucket.
 func ReadStatuses(ctx context.Context, js jetstream.JetStream, names events.Names, now time.Time) ([]Status, error) {
-	kv, err := js.KeyValue(ctx, names.ReplicasBucket())
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		return []Status{}, nil
-	}
+	infos, err := ListReplicas(ctx, js, names)
 	if err != nil {
-		return []Status{}, fmt.Errorf("replicas bucket: %w", err)
+		return []Status{}, err
 	}
-	infos, err := ListReplicas(ctx, kv)
-	return readiness(ctx, infos, now), err
+	return readiness(ctx, infos, now), nil
 }
 
 // readiness asks each replica's /readyz, concurrently, with a short
@@ -54,7 +60,16 @@ func readiness(ctx context.Context, infos []Info, now time.Time) []Status {
 	out := make([]Status, len(infos))
 	var wg sync.WaitGroup
 	for i, info := range infos {
-		out[i] = Status{Info: info, BeatAge: now.Sub(info.Beat).Round(100 * time.Millisecond).String(), Ready: "unknown"}
+		age := now.Sub(info.Beat)
+		out[i] = Status{Info: info, BeatAge: age.Round(100 * time.Millisecond).String(), State: StateLive, Ready: "unknown"}
+		if age > info.StaleAfter() {
+			// Its HTTP would not answer either (a frozen process holds the
+			// connection): no need to ask.
+			out[i].State = StateUnresponsive
+			out[i].Ready = fmt.Sprintf("no: unresponsive, no beat for %s (live within %s of a beat; listed until %s after its last)",
+				age.Round(time.Second), info.StaleAfter(), DefaultUnresponsiveFor)
+			continue
+		}
 		if info.HTTP == "" {
 			continue
 		}

@@ -4,36 +4,53 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cronstream/cronstream/events"
 )
 
-// ReplicasBucketConfig is the replicas KV bucket: heartbeats that expire
-// after ttl unless refreshed, with a marker at expiry so watchers learn of
-// it.
-func ReplicasBucketConfig(names events.Names, replicas int, ttl time.Duration) jetstream.KeyValueConfig {
+// DefaultUnresponsiveFor is how long the heartbeat of a replica that
+// stopped beating without removing it (frozen, killed, cut off from NATS)
+// stays in the replicas bucket, where `status` shows the replica as
+// unresponsive with its last beat, before the bucket drops it. A replica
+// counts as live only while its beats are younger than three heartbeats
+// (Membership).
+const DefaultUnresponsiveFor = 5 * time.Minute
+
+// ReplicasBucketConfig is the replicas KV bucket: one heartbeat per
+// replica, dropped dropAfter after its last write (DefaultUnresponsiveFor
+// in deployments), with a marker at expiry so watchers learn of it. It is
+// kept on file: after a restart of every NATS node it is still there, so
+// no replica ever needs to create it (`cronstream streams apply` does).
+func ReplicasBucketConfig(names events.Names, replicas int, dropAfter time.Duration) jetstream.KeyValueConfig {
 	if replicas <= 0 {
 		replicas = 1
 	}
 	// The server refuses expiry markers kept for less than a second.
-	ttl = max(ttl, time.Second)
+	dropAfter = max(dropAfter, time.Second)
 	return jetstream.KeyValueConfig{
 		Bucket:         names.ReplicasBucket(),
-		Description:    "cronstream live replicas (heartbeats)",
+		Description:    "cronstream replicas (heartbeats)",
 		History:        1,
-		TTL:            ttl,
-		LimitMarkerTTL: ttl,
-		Storage:        jetstream.MemoryStorage,
+		TTL:            dropAfter,
+		LimitMarkerTTL: dropAfter,
+		Storage:        jetstream.FileStorage,
 		Replicas:       replicas,
 	}
 }
 
 // SyncReplicasBucket brings the replicas bucket towards want as mode
 // allows, like events.SyncStreams, and returns the bucket (nil in DryRun
-// when it does not exist) and the differences found.
+// when it does not exist) and the differences found. A bucket on another
+// storage (one kept in memory by earlier builds) is deleted and created
+// again in Apply mode: the storage of a stream cannot change in place, and
+// heartbeats are written again within a heartbeat. A bucket with a way for
+// messages to reach it or leave it other than a put (events.WriteRoute)
+// is refused in every mode, as events.SyncStreams refuses such a stream.
 func SyncReplicasBucket(ctx context.Context, js jetstream.JetStream, want jetstream.KeyValueConfig, mode events.StreamMode) (jetstream.KeyValue, []events.StreamChange, error) {
 	stream := "KV_" + want.Bucket
 	for pass := 0; ; pass++ {
@@ -60,16 +77,33 @@ func SyncReplicasBucket(ctx context.Context, js jetstream.JetStream, want jetstr
 			return nil, nil, fmt.Errorf("replicas bucket %s: %w", want.Bucket, err)
 		}
 		have := s.CachedInfo().Config
+		if route := events.WriteRoute(have); route != "" {
+			field, value, _ := strings.Cut(route, " ")
+			return nil, nil, &events.StreamConflictError{Stream: stream, Field: field, Existing: value, Wanted: "none"}
+		}
+		if subjects := strings.Join(have.Subjects, ","); subjects != "$KV."+want.Bucket+".>" {
+			return nil, nil, &events.StreamConflictError{Stream: stream, Field: "subjects", Existing: subjects, Wanted: "$KV." + want.Bucket + ".>"}
+		}
 		var changes []events.StreamChange
 		differ := func(field string, old, wanted any) {
 			if old != wanted {
 				changes = append(changes, events.StreamChange{Stream: stream, Field: field, Old: fmt.Sprint(old), New: fmt.Sprint(wanted)})
 			}
 		}
+		differ("storage", have.Storage, want.Storage)
 		differ("replicas", have.Replicas, want.Replicas)
 		differ("ttl", have.MaxAge, want.TTL)
 		differ("limit_marker_ttl", have.SubjectDeleteMarkerTTL, want.LimitMarkerTTL)
 		if len(changes) == 0 || mode != events.Apply {
+			return kv, changes, nil
+		}
+		if have.Storage != jetstream.StorageType(want.Storage) {
+			if err := js.DeleteKeyValue(ctx, want.Bucket); err != nil && !errors.Is(err, jetstream.ErrBucketNotFound) {
+				return nil, nil, fmt.Errorf("move replicas bucket %s to %s storage: delete: %w", want.Bucket, want.Storage, err)
+			}
+			if kv, err = js.CreateKeyValue(ctx, want); err != nil {
+				return nil, nil, fmt.Errorf("move replicas bucket %s to %s storage: create: %w", want.Bucket, want.Storage, err)
+			}
 			return kv, changes, nil
 		}
 		if kv, err = js.UpdateKeyValue(ctx, want); err != nil {
@@ -80,12 +114,14 @@ func SyncReplicasBucket(ctx context.Context, js jetstream.JetStream, want jetstr
 }
 
 // openStreams creates the config and activity streams and the replicas
-// bucket when they do not exist (a first start, `dev`) and never changes
-// existing ones: their settings are `cronstream streams apply`'s, so one
-// replica started with other flags cannot rewrite what every replica
-// shares. Each difference between this replica's flags and what exists is
-// one warning, logged and returned for the heartbeat, where `status` shows
-// it.
+// bucket when they do not exist (a first start without NATS permissions,
+// `dev`) and never changes existing ones: their settings are `cronstream
+// streams apply`'s, so one replica started with other flags cannot rewrite
+// what every replica shares. A NATS user that may not create them (the
+// replica role of deploy/nats/permissions.conf) makes the replica wait for
+// `streams apply` instead, not ready, saying so. Each difference between
+// this replica's flags and what exists is one warning, logged and returned
+// for the heartbeat, where `status` shows it.
 func (r *Replica) openStreams(ctx context.Context, js jetstream.JetStream) (jetstream.KeyValue, []string, error) {
 	var warnings []string
 	note := func(changes []events.StreamChange) {
@@ -94,14 +130,26 @@ func (r *Replica) openStreams(ctx context.Context, js jetstream.JetStream) (jets
 				r.log.Info("created stream", "stream", c.Stream)
 				continue
 			}
-			w := fmt.Sprintf("stream %s: %s is %s, this replica's flags say %s; left unchanged (`cronstream streams apply` changes it)", c.Stream, c.Field, c.Old, c.New)
-			r.log.Warn("stream settings differ from this replica's flags", "stream", c.Stream, "field", c.Field, "stream_value", c.Old, "flag_value", c.New)
+			w, special := streamWarning(r.cfg.Names, c)
+			msg := "stream settings differ from this replica's flags"
+			if special {
+				msg = w
+			}
+			r.log.Warn(msg, "stream", c.Stream, "field", c.Field, "stream_value", c.Old, "flag_value", c.New)
 			warnings = append(warnings, w)
 		}
 	}
 	streams := events.StreamConfig{Names: r.cfg.Names, Replicas: r.cfg.StreamReplicas, ActivityMaxAge: r.cfg.ActivityMaxAge, DuplicateWindow: r.cfg.DuplicateWindow}
+	mode := events.CreateMissing
 	if err := r.retry(ctx, "ensure streams", func(ctx context.Context) error {
-		changes, err := events.SyncStreams(ctx, js, streams, events.CreateMissing)
+		changes, err := events.SyncStreams(ctx, js, streams, mode)
+		if err == nil && mode == events.DryRun && len(changes) > 0 && changes[len(changes)-1].Field == "stream" {
+			err = fmt.Errorf("stream %s is missing and this replica may not create it: waiting for `cronstream streams apply`", changes[len(changes)-1].Stream)
+		}
+		if next := r.createOrWait(mode, err); next != mode {
+			mode = next
+			return errMayNotCreate
+		}
 		if err == nil {
 			note(changes)
 		}
@@ -110,10 +158,18 @@ func (r *Replica) openStreams(ctx context.Context, js jetstream.JetStream) (jets
 		return nil, nil, err
 	}
 	var kv jetstream.KeyValue
+	mode = events.CreateMissing
 	if err := r.retry(ctx, "replicas bucket", func(ctx context.Context) error {
 		var changes []events.StreamChange
 		var err error
-		kv, changes, err = SyncReplicasBucket(ctx, js, ReplicasBucketConfig(r.cfg.Names, r.cfg.StreamReplicas, 3*r.cfg.Heartbeat), events.CreateMissing)
+		kv, changes, err = SyncReplicasBucket(ctx, js, ReplicasBucketConfig(r.cfg.Names, r.cfg.StreamReplicas, r.unresponsiveFor()), mode)
+		if err == nil && kv == nil {
+			err = fmt.Errorf("replicas bucket %s is missing and this replica may not create it: waiting for `cronstream streams apply`", r.cfg.Names.ReplicasBucket())
+		}
+		if next := r.createOrWait(mode, err); next != mode {
+			mode = next
+			return errMayNotCreate
+		}
 		if err == nil {
 			note(changes)
 		}
@@ -122,4 +178,34 @@ func (r *Replica) openStreams(ctx context.Context, js jetstream.JetStream) (jets
 		return nil, nil, err
 	}
 	return kv, warnings, nil
+}
+
+// errMayNotCreate is what a start that may not create a missing stream
+// waits on.
+var errMayNotCreate = errors.New("a stream or the replicas bucket is missing and this replica may not create it (NATS permissions): waiting for `cronstream streams apply`")
+
+// createOrWait is the mode of the next attempt to open the streams after
+// err: a refused create (the NATS user may not create streams) turns
+// creating into looking, once, and is logged, so the replica waits for
+// `cronstream streams apply` instead of ending; any other error is left
+// to the retry.
+func (r *Replica) createOrWait(mode events.StreamMode, err error) events.StreamMode {
+	if mode == events.CreateMissing && errors.Is(err, nats.ErrPermissionViolation) ||
+		mode == events.CreateMissing && r.nc != nil && errors.Is(r.nc.LastError(), nats.ErrPermissionViolation) && strings.Contains(r.nc.LastError().Error(), ".CREATE.") {
+		r.log.Warn("not ready: a stream is missing and this replica may not create it (NATS permissions): waiting for `cronstream streams apply`", "err", err)
+		return events.DryRun
+	}
+	return mode
+}
+
+// streamWarning says what a difference between an existing stream and
+// this replica's settings means; special when it is not a flag's.
+func streamWarning(names events.Names, c events.StreamChange) (w string, special bool) {
+	switch {
+	case c.Field == "subjects" && c.Stream == names.ConfigStream():
+		return fmt.Sprintf("stream %s does not capture %s: this replica cannot pause entries on failure (pause_on_failure) until `cronstream streams apply` adds it", c.Stream, names.FailPauseFilter()), true
+	case c.Field == "storage" && c.Stream == names.ReplicasStream():
+		return fmt.Sprintf("replicas bucket %s is kept in %s: a restart of every NATS node loses it, and replicas then wait until `cronstream streams apply` makes it again; run `cronstream streams apply` to move it to file storage", names.ReplicasBucket(), c.Old), true
+	}
+	return fmt.Sprintf("stream %s: %s is %s, this replica's flags say %s; left unchanged (`cronstream streams apply` changes it)", c.Stream, c.Field, c.Old, c.New), false
 }
