@@ -416,7 +416,7 @@ func (c *Client) scanTo(ctx context.Context, subjects []string, policy jetstream
 	if err != nil {
 		return fmt.Errorf("consumer on %s: %w", stream, err)
 	}
-	if info := cons.CachedInfo(); info != nil && info.NumPending == 0 {
+	if info := cons.CachedInfo(); info != nil && info.NumPending == 0 && !c.pendingSoon(ctx, cons) {
 		// Nothing on these subjects (last is another subject's message,
 		// one a server wrote into the stream): no message would come.
 		return nil
@@ -444,6 +444,29 @@ func (c *Client) scanTo(ctx context.Context, subjects []string, policy jetstream
 		}
 	}
 }
+
+// pendingSoon reports whether a consumer that found nothing pending when
+// it was made finds something within a short while. On a replicated
+// stream the consumer may sit on a follower that has not yet applied what
+// the leader (where last was read) holds: "nothing pending" then only
+// means "not yet".
+func (c *Client) pendingSoon(ctx context.Context, cons jetstream.Consumer) bool {
+	deadline := time.Now().Add(pendingWait)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		if info, err := cons.Info(ctx); err == nil && info.NumPending > 0 {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return false
+}
+
+// pendingWait bounds how long a scan waits for a follower to catch up
+// with a message the leader holds.
+const pendingWait = 2 * time.Second
 
 // msgGetRequest is the JetStream STREAM.MSG.GET request.
 type msgGetRequest struct {

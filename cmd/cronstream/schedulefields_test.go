@@ -33,11 +33,7 @@ func TestScheduleFieldsMixedVersions(t *testing.T) {
 	// The streams as the previous release made them: a replica of it
 	// refuses a config stream made by this build, which also captures the
 	// fail-pause subjects (operations.md, Upgrades).
-	c := exec.Command(old, "entry", "put", "plain", "--cron", "@every 1s", "--type", "p")
-	c.Env = e.vars
-	if out, err := c.CombinedOutput(); err != nil {
-		t.Fatalf("old CLI put: %v\n%s", err, out)
-	}
+	oldPut(t, old, e, "plain", "--cron", "@every 1s", "--type", "p")
 	e.ok("entry", "put", "ended", "--cron", "@every 1s", "--type", "x", "--end-at", "-1m")
 	e.ok("entry", "put", "excl", "--cron", "@every 1s", "--type", "y", "--exclude", "*/2 * * * * *", "--label", "team=payments")
 	e.ok("entry", "put", "capped", "--cron", "@every 1s", "--type", "z", "--max-fires", "2")
@@ -98,7 +94,7 @@ func TestScheduleFieldsMixedVersions(t *testing.T) {
 		t.Errorf("the new replica quarantined an entry:\n%s", n1.Stderr())
 	}
 	// The old CLI cannot read a gated entry, so it cannot drop its fields.
-	c = exec.Command(old, "entry", "put", "excl", "--payload", "x")
+	c := exec.Command(old, "entry", "put", "excl", "--payload", "x")
 	c.Env = e.vars
 	if out, err := c.CombinedOutput(); err == nil || !strings.Contains(string(out), "unknown config event type") {
 		t.Errorf("old CLI put on a gated entry: err %v\n%s", err, out)

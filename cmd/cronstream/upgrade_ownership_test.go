@@ -55,8 +55,11 @@ func TestRollingUpgradeToOwnership(t *testing.T) {
 		return out
 	}
 	entries := []string{"v1", "v2", "v3", "v4", "v5", "v6"}
-	for i, id := range entries {
-		e.ok("entry", "put", id, "--cron", "@every 1s", "--type", "t"+id, "--queue", []string{"q1", "q2"}[i%2])
+	// The streams as the old release made them: its replicas refuse a
+	// config stream that also captures the fail-pause subjects.
+	oldPut(t, old, e, entries[0], "--cron", "@every 1s", "--type", "t"+entries[0], "--queue", "q1")
+	for i, id := range entries[1:] {
+		e.ok("entry", "put", id, "--cron", "@every 1s", "--type", "t"+id, "--queue", []string{"q2", "q1"}[i%2])
 	}
 	progress := func(when string, n int) {
 		t.Helper()

@@ -23,6 +23,19 @@ const previousRelease = "9d4bc7a"
 // buildRelease builds cmd/cronstream of commit from this repository's own
 // history and returns the binary. It skips the test when the history does
 // not hold the commit (a shallow clone): the build needs it.
+// oldPut registers an entry with the CLI of an older build (bin), so the
+// streams are the ones that build makes: its replicas refuse a config
+// stream made by this build, which also captures the fail-pause subjects
+// (operations.md, Upgrades).
+func oldPut(t *testing.T, bin string, e *cliEnv, id string, args ...string) {
+	t.Helper()
+	c := exec.Command(bin, append([]string{"entry", "put", id}, args...)...)
+	c.Env = e.vars
+	if out, err := c.CombinedOutput(); err != nil {
+		t.Fatalf("the old CLI's entry put %s: %v\n%s", id, err, out)
+	}
+}
+
 func buildRelease(t *testing.T, commit string) string {
 	t.Helper()
 	top, err := exec.Command("git", "rev-parse", "--show-toplevel").Output()

@@ -372,7 +372,8 @@ func readBucket(ctx context.Context, js jetstream.JetStream, bucket string, hear
 	if err != nil {
 		return nil, err
 	}
-	return cons.Messages(jetstream.PullHeartbeat(max(heartbeat, time.Second)), jetstream.WithMessagesErrOnMissingHeartbeat(true))
+	// The server takes idle heartbeats of 500 ms to 30 s.
+	return cons.Messages(jetstream.PullHeartbeat(min(max(heartbeat, time.Second), 15*time.Second)), jetstream.WithMessagesErrOnMissingHeartbeat(true))
 }
 
 // bucketValue is one message of the bucket: its key, and its value, nil

@@ -212,7 +212,7 @@ func TestMembershipCandidates(t *testing.T) {
 	}
 	var ready atomic.Bool
 	start := func(id string, update func(*Info)) *Membership {
-		m, err := NewMembership(MembershipConfig{KV: kv, Self: Info{ID: id}, Interval: time.Hour, Update: update, Logger: quietLogger()})
+		m, err := NewMembership(MembershipConfig{KV: kv, JS: ns.JetStream(t), Self: Info{ID: id}, Interval: time.Hour, Update: update, Logger: quietLogger()})
 		if err != nil {
 			t.Fatal(err)
 		}
