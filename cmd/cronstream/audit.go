@@ -28,6 +28,7 @@ type auditFlags struct {
 	since, until string
 	follow       bool
 	exitOnLost   bool
+	output       outputFlag
 	limit, tail  int
 	selector     string
 }
@@ -99,7 +100,7 @@ shown as they are.`,
 	fl.IntVar(&f.tail, "tail", 0, "print only the last N events of the history")
 	fl.BoolVar(&f.follow, "follow", false, "keep printing new events until interrupted")
 	fl.BoolVar(&f.exitOnLost, "exit-on-disconnect", false, "with --follow: exit with status 5 when NATS stops answering, instead of waiting for it")
-	fl.BoolVar(&g.json, "json", false, "one CloudEvent per line, with stream and seq")
+	addOutput(cmd, &f.output, outTable, outWide, outJSON, outYAML, outName)
 	addConn(cmd, &f.conn, false)
 	return cmd
 }
@@ -107,8 +108,11 @@ shown as they are.`,
 func runAudit(cmd *cobra.Command, g *globalFlags, f *auditFlags) error {
 	ctx := cmd.Context()
 	now := time.Now()
+	format, err := f.output.resolve(cmd)
+	if err != nil {
+		return err
+	}
 	var since, until time.Time
-	var err error
 	if f.since != "" {
 		if since, err = parseAgo("since", f.since, now); err != nil {
 			return usageError{err}
@@ -188,7 +192,7 @@ func runAudit(cmd *cobra.Command, g *globalFlags, f *auditFlags) error {
 		return err
 	}
 	defer r.Close()
-	out := &auditPrinter{w: cmd.OutOrStdout(), json: g.json}
+	out := &auditPrinter{w: cmd.OutOrStdout(), format: format}
 	history := true
 	for {
 		rec, err := r.Next(ctx)
@@ -287,17 +291,28 @@ func durationWithDays(s string) (time.Duration, bool) {
 
 // auditPrinter writes one line per event.
 type auditPrinter struct {
-	w    io.Writer
-	json bool
+	w      io.Writer
+	format string // -o: table, wide, json (one event a line), yaml (a document each), name
 }
 
 func (p *auditPrinter) print(rec audit.Record) error {
-	if p.json {
+	switch p.format {
+	case outJSON, outYAML:
 		line, err := withStreamSeq(rec)
 		if err != nil {
 			return err
 		}
-		_, err = p.w.Write(append(line, '\n'))
+		if p.format == outJSON {
+			_, err = p.w.Write(append(line, '\n'))
+			return err
+		}
+		fmt.Fprintln(p.w, "---")
+		return printYAML(p.w, json.RawMessage(line))
+	case outName:
+		if rec.Event == nil {
+			return nil
+		}
+		_, err := fmt.Fprintf(p.w, "event/%s\n", terminalSafe(rec.Event.ID))
 		return err
 	}
 	ev := rec.Event
@@ -323,6 +338,9 @@ func (p *auditPrinter) print(rec audit.Record) error {
 		summary = "REFUSED fail-pause request (changed nothing): " + shorten(rec.Refused.Error(), 100) + "; " + summary
 	case rec.FailPause:
 		summary = "on failure, by " + ev.Source + ": " + summary
+	}
+	if p.format == outWide {
+		summary += fmt.Sprintf("  (%s seq %d, id %s, source %s)", rec.Stream, rec.Seq, ev.ID, ev.Source)
 	}
 	_, werr := fmt.Fprintf(p.w, "%s  %-22s  %-24s  %s\n", ts, terminalSafe(events.DisplayType(ev.Type)), terminalSafe(subject), terminalSafe(summary))
 	return werr

@@ -90,10 +90,11 @@ type describeRecov struct {
 
 func newEntryDescribeCommand(g *globalFlags) *cobra.Command {
 	var (
-		conn  connFlags
-		fires int
-		next  int
-		win   string
+		conn   connFlags
+		output outputFlag
+		fires  int
+		next   int
+		win    string
 	)
 	cmd := &cobra.Command{
 		Use:   "describe ID",
@@ -119,6 +120,10 @@ not an event: see cronstream_fire_refused_total on the replicas.`,
   cronstream entry describe report --json | jq '.fires[] | select(.state=="archived")'`,
 		Args: entryIDArg,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			format, err := output.resolve(cmd)
+			if err != nil {
+				return err
+			}
 			window, ok := durationWithDays(win)
 			if fires < 0 || next < 0 || !ok || window <= 0 {
 				return usagef("--fires and --next must not be negative, --window a positive duration (24h, 7d)")
@@ -157,8 +162,8 @@ not an event: see cronstream_fire_refused_total on the replicas.`,
 			}
 			describeFireCount(ctx, g, &conn, s.names.Prefix(), &v)
 			v.limitNextFires()
-			if g.json {
-				return printJSON(cmd.OutOrStdout(), v)
+			if ok, err := printStructured(cmd.OutOrStdout(), format, v); ok {
+				return err
 			}
 			return printDescribe(cmd.OutOrStdout(), v)
 		},
@@ -167,7 +172,7 @@ not an event: see cronstream_fire_refused_total on the replicas.`,
 	f.IntVar(&fires, "fires", 5, "show the last N fires")
 	f.IntVar(&next, "next", 5, "show the next N fire times")
 	f.StringVar(&win, "window", "24h", "how far back to read fires, skips and recoveries (24h, 7d)")
-	f.BoolVar(&g.json, "json", false, "print as JSON")
+	addOutput(cmd, &output, outTable, outWide, outJSON, outYAML)
 	addConn(cmd, &conn, true)
 	return cmd
 }

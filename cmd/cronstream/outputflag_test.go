@@ -10,7 +10,7 @@ import (
 // usage error naming the ones it has.
 func TestOutputFlagEverywhere(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, false)
+	e := newEnv(t, true)
 	e.ok("entry", "put", "out", "--cron", "@hourly", "--type", "t")
 	e.ok("entry", "pause", "out", "--note", "n")
 	cases := []struct {
@@ -26,6 +26,12 @@ func TestOutputFlagEverywhere(t *testing.T) {
 		{[]string{"entry", "ls", "-o", "yaml"}, "- id: out"},
 		{[]string{"forecast", "-o", "yaml"}, "groups:"},
 		{[]string{"forecast", "--json"}, `"groups"`},
+		{[]string{"entry", "describe", "out", "-o", "yaml"}, "id: out"},
+		{[]string{"audit", "-o", "yaml"}, "type: cronstream.entry.registered"},
+		{[]string{"audit", "-o", "name"}, "event/"},
+		{[]string{"audit", "-o", "wide"}, "CRONSTREAM_CONFIG seq 1"},
+		{[]string{"audit", "--json"}, `"stream":"CRONSTREAM_CONFIG"`},
+		{[]string{"status", "-o", "yaml"}, "prefix: cronstream"},
 	}
 	for _, c := range cases {
 		if out := e.ok(c.args...); !strings.Contains(out, c.want) {

@@ -126,6 +126,7 @@ const maxNextFires = 10
 
 func newStatusCommand(g *globalFlags) *cobra.Command {
 	var conn connFlags
+	var output outputFlag
 	var lateAfter, clockOffset time.Duration
 	cmd := &cobra.Command{
 		Use:   "status",
@@ -162,14 +163,18 @@ still shown).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
+			format, err := output.resolve(cmd)
+			if err != nil {
+				return err
+			}
 			s, err := openStreamsSession(ctx, g, &conn)
 			if err != nil {
 				return err
 			}
 			defer s.Close()
 			rep := collectStatus(ctx, g, &conn, s, lateAfter, clockOffset)
-			if g.json {
-				if err := printJSON(cmd.OutOrStdout(), rep); err != nil {
+			if ok, err := printStructured(cmd.OutOrStdout(), format, rep); ok {
+				if err != nil {
 					return err
 				}
 			} else {
@@ -181,7 +186,7 @@ still shown).`,
 			return nil
 		},
 	}
-	cmd.Flags().BoolVar(&g.json, "json", false, "print the status as one JSON object")
+	addOutput(cmd, &output, outTable, outWide, outJSON, outYAML)
 	cmd.Flags().DurationVar(&lateAfter, "late-after", stall.DefaultLateAfter, "list an entry as late when its tick is overdue (due time plus jitter) for longer than this")
 	cmd.Flags().DurationVar(&clockOffset, "test-clock-offset", 0, "TEST ONLY: run this command's local clock this far off, to test clock skew")
 	_ = cmd.Flags().MarkHidden("test-clock-offset")
