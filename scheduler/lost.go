@@ -72,11 +72,7 @@ func (h *StreamHistory) FiredAfter(ctx context.Context, entry, queue string, aft
 	}
 	var span FiredSpan
 	seen := map[int64]bool{}
-	for {
-		m, err := c.Next(jetstream.FetchMaxWait(5 * time.Second))
-		if err != nil {
-			return fail(err)
-		}
+	err = readConsumer(ctx, c, func(m jetstream.Msg, md *jetstream.MsgMetadata) bool {
 		if tick, ok := firedTick(m.Data(), queue); ok && tick.After(after) && !tick.After(until) && !seen[tick.UnixMilli()] {
 			seen[tick.UnixMilli()] = true
 			span.Count++
@@ -87,14 +83,12 @@ func (h *StreamHistory) FiredAfter(ctx context.Context, entry, queue string, aft
 				span.Last = tick
 			}
 		}
-		md, err := m.Metadata()
-		if err != nil {
-			return fail(err)
-		}
-		if md.Sequence.Stream >= last.Sequence || md.NumPending == 0 {
-			return span, nil
-		}
+		return md.Sequence.Stream >= last.Sequence || md.NumPending == 0
+	})
+	if err != nil {
+		return fail(err)
 	}
+	return span, nil
 }
 
 // firedTick reads a scheduled fire into queue from a fire-subject event.

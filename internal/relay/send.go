@@ -357,16 +357,27 @@ func storedIDs(ctx context.Context, js jetstream.JetStream, stream, subj string,
 		return ids, nil
 	}
 	c, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{subj},
-		DeliverPolicy:  jetstream.DeliverByStartTimePolicy,
-		OptStartTime:   &since,
-		HeadersOnly:    true,
+		FilterSubjects:    []string{subj},
+		DeliverPolicy:     jetstream.DeliverByStartTimePolicy,
+		OptStartTime:      &since,
+		HeadersOnly:       true,
+		InactiveThreshold: 10 * time.Second,
 	})
 	if err != nil {
 		return nil, err
 	}
+	// One iterator, not a fetch per message: each fetch of an ordered
+	// consumer replaces its consumer and deletes the one before, which no
+	// role may (the server removes this one after its inactive threshold).
+	it, err := c.Messages()
+	if err != nil {
+		return nil, err
+	}
+	defer it.Stop()
 	for {
-		m, err := c.Next(jetstream.FetchMaxWait(5 * time.Second))
+		mctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		m, err := it.Next(jetstream.NextContext(mctx))
+		cancel()
 		if err != nil {
 			return nil, fmt.Errorf("read %s since %s: %w", subj, since.Format(time.RFC3339), err)
 		}
