@@ -137,6 +137,13 @@ type Manager struct {
 	watch   watchState
 
 	owned atomic.Pointer[scheduler.OwnedShards]
+	// duties is the duty view (duties.go), published with owned;
+	// dutyQueues and global what it held last (loop-owned).
+	duties     atomic.Pointer[dutyView]
+	dutyQueues []string
+	global     bool
+	// viewed: the loop has computed the shard set at least once.
+	viewed bool
 	// turn is when the scheduler's loop last turned (since epoch), and
 	// applied the version of the set it then held.
 	turn    atomic.Int64
@@ -314,6 +321,7 @@ func (m *Manager) publish(changed bool) {
 	}
 	m.owned.Store(&scheduler.OwnedShards{Version: m.version, Until: until})
 	m.m.Owned.Set(float64(len(until)))
+	m.publishDuties(until)
 	if !changed {
 		return
 	}
