@@ -432,6 +432,9 @@ func (r *Replica) start(ctx context.Context) error {
 		Logger: r.log, Metrics: relay.NewMetrics(r.reg),
 		WaitReplicas: r.cfg.RedisWaitReplicas, WaitTimeout: r.cfg.RedisWaitTimeout,
 		OnPublished: det.ObservePublished,
+		// The outboxes of the queues whose duties this replica holds
+		// (ownership, built below).
+		Owns: r.holdsQueue,
 	})
 	if err != nil {
 		return err
@@ -487,6 +490,7 @@ func (r *Replica) start(ctx context.Context) error {
 	if r.recov, err = recoverer.New(recoverer.Config{
 		Redis: r.cfg.Redis, Names: r.cfg.Names, ReplicaID: r.cfg.ReplicaID, Queues: r.cfg.Queues,
 		Interval: r.cfg.RecoverInterval, Grace: r.cfg.RecoverGrace, OnRecord: r.relay.Notify, Now: r.clock.Now,
+		Holds: r.own.HoldsQueue, Changed: r.own.Changed(),
 		Logger: r.log, Metrics: recoverer.NewMetrics(r.reg),
 	}); err != nil {
 		return err
@@ -497,6 +501,7 @@ func (r *Replica) start(ctx context.Context) error {
 	if r.keygc, err = keygc.New(keygc.Config{
 		Store: r.store, Removals: events.NewClient(js, r.cfg.Names), Projection: r.proj, Names: r.cfg.Names,
 		Grace: r.cfg.RemovedKeyGrace, Interval: r.cfg.KeySweepInterval, Now: r.clock.Now, Logger: r.log, Metrics: keygc.NewMetrics(r.reg),
+		Holds: r.own.HoldsGlobal,
 	}); err != nil {
 		return err
 	}
@@ -506,7 +511,7 @@ func (r *Replica) start(ctx context.Context) error {
 	if r.failPause, err = failpause.New(failpause.Config{
 		Store: r.store, Projection: r.proj, Entries: events.NewClient(js, r.cfg.Names, events.WithSource(r.cfg.ReplicaID)),
 		Names: r.cfg.Names, Now: r.clock.Now, Logger: r.log, Metrics: failpause.NewMetrics(r.reg),
-		Live: r.members.Live, ReplicaID: r.cfg.ReplicaID,
+		Holds: r.own.HoldsQueue,
 	}); err != nil {
 		return err
 	}
@@ -530,6 +535,13 @@ func (r *Replica) newOwnership() error {
 	r.own = own
 	r.owner.Store(own)
 	return nil
+}
+
+// holdsQueue reports whether this replica holds queue's duties (none
+// before its ownership runs).
+func (r *Replica) holdsQueue(queue string) bool {
+	own := r.owner.Load()
+	return own != nil && own.HoldsQueue(queue)
 }
 
 // readyToOwn reports whether this replica may own shards: its projection
