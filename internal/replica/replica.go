@@ -470,7 +470,7 @@ func (r *Replica) start(ctx context.Context) error {
 		return err
 	}
 	det.SetFiring(sched.Firing)
-	det.SetOwns(r.own.Owns)
+	det.SetShards(r.own)
 	if err := det.Start(ctx); err != nil {
 		return err
 	}
