@@ -272,27 +272,6 @@ func (m *Manager) Turned(version uint64) {
 	m.applied.Store(version)
 }
 
-// Owns reports whether this replica holds shard now (the stall detector
-// checks the entries of owned shards only).
-func (m *Manager) Owns(s events.Shard) bool {
-	_, ok := m.owned.Load().Until[s]
-	return ok
-}
-
-// OwnedQueues returns the queues whose shard 0 this replica holds, sorted:
-// the queues it owns (docs/design.md "Ownership"; Changed tells when they
-// may have changed).
-func (m *Manager) OwnedQueues() []string {
-	var out []string
-	for s := range m.owned.Load().Until {
-		if s.Index == 0 {
-			out = append(out, s.Queue)
-		}
-	}
-	slices.Sort(out)
-	return out
-}
-
 func (m *Manager) loop(ctx context.Context) {
 	t := time.NewTicker(m.cfg.LeasePoll)
 	defer t.Stop()
