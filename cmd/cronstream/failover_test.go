@@ -207,21 +207,21 @@ func (f *fleet) checkFires(from, to time.Time) (fireDelay, eventDelay time.Durat
 
 // seedExpiredTask puts an active task into queue as asynq's dequeue
 // leaves it, its lease expired at leaseExpiry (no worker holds it).
-func (f *fleet) seedExpiredTask(queue, id string, leaseExpiry time.Time) {
-	f.t.Helper()
+func seedExpiredTask(t *testing.T, rc redis.Cmdable, queue, id string, leaseExpiry time.Time) {
+	t.Helper()
 	ctx := context.Background()
 	k := taskstate.Keys(queue)
 	b, err := taskstate.EncodeTaskMessage(&taskstate.TaskMessage{Type: "work", ID: id, Queue: queue, Retry: 25, Timeout: 1800})
 	if err != nil {
-		f.t.Fatal(err)
+		t.Fatal(err)
 	}
-	pipe := f.rc.TxPipeline()
+	pipe := rc.TxPipeline()
 	pipe.SAdd(ctx, taskstate.AllQueuesKey, queue)
 	pipe.HSet(ctx, k.Task(id), "msg", b, "state", taskstate.StateActive)
 	pipe.LPush(ctx, k.Active(), id)
 	pipe.ZAdd(ctx, k.Lease(), redis.Z{Score: float64(leaseExpiry.Unix()), Member: id})
 	if _, err := pipe.Exec(ctx); err != nil {
-		f.t.Fatal(err)
+		t.Fatal(err)
 	}
 }
 
@@ -251,7 +251,7 @@ func TestOwnerKilledThroughRun(t *testing.T) {
 	}
 	// The recoverer's grace is 20 s: this task is due for recovery a
 	// second after the kill, which the killed replica never sees.
-	f.seedExpiredTask("fa", "lost-1", time.Now().Add(-19*time.Second))
+	seedExpiredTask(t, f.rc, "fa", "lost-1", time.Now().Add(-19*time.Second))
 	f.procs[victim].stop(syscall.SIGKILL, 10*time.Second)
 	killed := time.Now()
 	testenv.Eventually(t, 30*time.Second, func() bool { return time.Since(killed) > 12*time.Second }, "")
