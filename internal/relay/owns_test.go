@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/cronstream/cronstream/internal/relay"
@@ -109,3 +111,43 @@ func checkSameOnce(t *testing.T, got, want []string) {
 }
 
 func containsEntry(id, entry string) bool { return strings.HasPrefix(id, "fire:"+entry+":") }
+
+// TestRelayOwnerCutOffFromNATS: the relay of a queue's owner loses NATS
+// while Redis stays (its replica still holds the queue until its shards
+// lapse): it yields the outbox, and a relay that reaches NATS, owning no
+// queue, publishes it once its records waited OrphanAfter, each once and
+// in order.
+func TestRelayOwnerCutOffFromNATS(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 0)
+	own := &owners{by: map[string]string{"a": "r1"}}
+	nc := e.nats.Connect(t, nats.Name("r1"))
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r1, err := relay.New(relay.Config{Outbox: e.store, JS: js, Names: names, Owner: "r1", Interval: 50 * time.Millisecond, Batch: 64,
+		Owns: own.of("r1"), OrphanAfter: 500 * time.Millisecond, PublishTimeout: time.Second, Logger: logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { kill(r1) })
+	r2 := e.newRelay("r2", func(c *relay.Config) { c.Owns, c.OrphanAfter = own.of("r2"), 500*time.Millisecond })
+	start(t, r1)
+	start(t, r2)
+	want := e.write("a", "x", 20)
+	testenv.Eventually(t, 20*time.Second, func() bool { return e.outboxLen("a") == 0 }, "the owner to publish its outbox")
+	if r2.Published() != 0 {
+		t.Fatalf("r2 published %d records of a queue it does not own", r2.Published())
+	}
+	nc.Close()
+	cut := time.Now()
+	want = append(want, e.write("a", "x", 20)...)
+	r1.Notify()
+	testenv.Eventually(t, 20*time.Second, func() bool { return e.outboxLen("a") == 0 }, "another relay to publish the cut-off owner's outbox")
+	t.Logf("published by r2 %s after r1 lost NATS (orphan after 500ms)", time.Since(cut).Round(10*time.Millisecond))
+	checkExactlyOnce(t, e.stored(), want)
+	if r2.Published() != 20 {
+		t.Errorf("r2 published %d, want the 20 written after the cut", r2.Published())
+	}
+}
