@@ -40,6 +40,57 @@ func (r *Relay) mayRelay(ctx context.Context, queue string) (mine, orphan bool, 
 	return false, ok && r.cfg.Now().Sub(at) > r.cfg.OrphanAfter, nil
 }
 
+// takeOutbox takes or renews queue's outbox lease when this relay
+// publishes it this pass: not while its NATS connection is down (it
+// yields the outbox) or while it keeps off it after a yield, and only for
+// a queue it owns or an orphaned outbox (mayRelay). It returns the stream
+// id it resumes after, whether it holds the lease, and whether it took
+// the outbox as an orphan, for this pass only.
+func (r *Relay) takeOutbox(ctx context.Context, queue string) (after string, ok, orphan bool, err error) {
+	if nc := r.cfg.JS.Conn(); nc != nil && !nc.IsConnected() {
+		// Publishing now would only fill the client's reconnect buffer
+		// (and hang the pass on acks that cannot come): count, and let a
+		// replica that reaches NATS take the outbox.
+		r.yield(ctx, queue)
+		return "", false, false, errDisconnected
+	}
+	r.mu.Lock()
+	until, yielding := r.yielded[queue]
+	if yielding && time.Now().After(until) {
+		delete(r.yielded, queue)
+		yielding = false
+	}
+	r.mu.Unlock()
+	if yielding {
+		return "", false, false, nil
+	}
+	mine, orphan, err := r.mayRelay(ctx, queue)
+	if !mine && !orphan {
+		return "", false, false, err
+	}
+	ok, err = r.cfg.Outbox.AcquireOutbox(ctx, r.cfg.Names.Prefix(), queue, r.cfg.Owner, r.cfg.LeaseTTL)
+	if err != nil {
+		return "", false, false, err
+	}
+	r.mu.Lock()
+	after, had := r.owned[queue]
+	if !ok {
+		delete(r.owned, queue)
+	} else if !had {
+		// A new owner resumes from the first record still in the outbox.
+		after = ""
+		r.owned[queue] = after
+	}
+	r.mu.Unlock()
+	if ok && orphan {
+		r.log.Info("relaying the outbox of a queue this replica does not own: nobody relayed it", "queue", queue, "waited_more_than", r.cfg.OrphanAfter)
+		if m := r.cfg.Metrics; m != nil {
+			m.Orphans.Inc()
+		}
+	}
+	return after, ok, ok && orphan, nil
+}
+
 // letGo releases queue's outbox lease, for the queue's owner to take.
 func (r *Relay) letGo(ctx context.Context, queue string) {
 	r.mu.Lock()

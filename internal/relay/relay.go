@@ -523,51 +523,13 @@ func (r *Relay) drainOne(ctx context.Context, queue string) (int, int64, bool, e
 	if left == 0 {
 		return 0, 0, false, nil
 	}
-	if nc := r.cfg.JS.Conn(); nc != nil && !nc.IsConnected() {
-		// Publishing now would only fill the client's reconnect buffer
-		// (and hang the pass on acks that cannot come): count, and let a
-		// replica that reaches NATS take the outbox.
-		r.yield(ctx, queue)
-		return 0, left, false, errDisconnected
-	}
-	r.mu.Lock()
-	until, yielding := r.yielded[queue]
-	if yielding && time.Now().After(until) {
-		delete(r.yielded, queue)
-		yielding = false
-	}
-	r.mu.Unlock()
-	if yielding {
-		return 0, left, false, nil
-	}
-	mine, orphan, err := r.mayRelay(ctx, queue)
-	if !mine && !orphan {
+	after, ok, orphan, err := r.takeOutbox(ctx, queue)
+	if !ok {
 		return 0, left, false, err
 	}
-	ok, err := r.cfg.Outbox.AcquireOutbox(ctx, prefix, queue, r.cfg.Owner, r.cfg.LeaseTTL)
-	if err != nil {
-		return 0, left, false, err
-	}
-	if ok && orphan {
-		r.log.Info("relaying the outbox of a queue this replica does not own: nobody relayed it", "queue", queue, "waited_more_than", r.cfg.OrphanAfter)
-		if m := r.cfg.Metrics; m != nil {
-			m.Orphans.Inc()
-		}
+	if orphan {
 		// One pass: the queue's owner takes it back at its next.
 		defer r.letGo(ctx, queue)
-	}
-	r.mu.Lock()
-	after, had := r.owned[queue]
-	if !ok {
-		delete(r.owned, queue)
-	} else if !had {
-		// A new owner resumes from the first record still in the outbox.
-		after = ""
-		r.owned[queue] = after
-	}
-	r.mu.Unlock()
-	if !ok {
-		return 0, left, false, nil
 	}
 	count := r.readCount(ctx, queue, left)
 	recs, mark, err := r.readBatch(ctx, queue, after, count)
