@@ -323,7 +323,7 @@ func (r *Recoverer) pass(ctx context.Context, only func(string) bool) PassResult
 		}
 		queues = slices.Sorted(slices.Values(qs))
 	}
-	queues = r.holding(queues, only == nil)
+	queues = r.holding(queues)
 	var errs []error
 	for _, q := range queues {
 		if r.stopping() {
@@ -351,10 +351,10 @@ func (r *Recoverer) pass(ctx context.Context, only func(string) bool) PassResult
 	return res
 }
 
-// holding returns the queues of queues this replica recovers (Holds);
-// full says they are all of them, so the queues it holds are noted, and
-// the change is logged and exported.
-func (r *Recoverer) holding(queues []string, full bool) []string {
+// holding returns the queues of queues this replica recovers (Holds),
+// notes them (the queues a takeover adds are those not noted), and logs
+// and exports the change.
+func (r *Recoverer) holding(queues []string) []string {
 	if r.cfg.Holds == nil {
 		r.m.Queues.Set(float64(len(queues)))
 		return queues
@@ -369,12 +369,7 @@ func (r *Recoverer) holding(queues []string, full bool) []string {
 	}
 	r.mu.Lock()
 	prev := r.held
-	if full {
-		r.held = held
-	} else {
-		r.held = maps.Clone(prev)
-		maps.Copy(r.held, held)
-	}
+	r.held = held
 	r.mu.Unlock()
 	r.m.Queues.Set(float64(len(held)))
 	var gained []string
@@ -384,7 +379,7 @@ func (r *Recoverer) holding(queues []string, full bool) []string {
 		}
 	}
 	if len(gained) > 0 {
-		r.log.Info("recoverer: recovering queues taken over (this replica holds their duties)", "queues", strings.Join(gained, ","), "holding", len(held))
+		r.log.Info("recoverer: recovering queues newly held (this replica holds their duties)", "queues", strings.Join(gained, ","), "holding", len(held))
 	}
 	return out
 }
