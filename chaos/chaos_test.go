@@ -167,9 +167,10 @@ func makePlan(seed uint64, d time.Duration, replicas, natsNodes, workers int) []
 				// The replicas keep running across the loss: a replica
 				// restarted around it starts with no position of its own,
 				// and the fires not yet relayed are known only to the
-				// replicas that made them (operations.md, Redis). Its
-				// relay's outbox lease (10 s) also keeps records of a
-				// replica killed just before unpublished that long.
+				// replicas that made them (operations.md, Redis). A
+				// replica killed just before also leaves records
+				// unpublished until its relay's outbox lease (3 s)
+				// lapses and its queue's next owner takes the outbox.
 				replicaQuiet = append(replicaQuiet, window{at - 15*time.Second, at + e.down + 10*time.Second})
 			}
 			plan = append(plan, e)

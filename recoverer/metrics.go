@@ -11,6 +11,9 @@ type Metrics struct {
 	Errors       *prometheus.CounterVec   // queue ("" for listing queues)
 	PassDuration *prometheus.HistogramVec // queue
 	Searched     *prometheus.CounterVec   // queue
+	// Queues is how many queues this replica recovers (it holds their
+	// duties).
+	Queues prometheus.Gauge
 }
 
 // NewMetrics creates the recoverer metrics and registers them with reg (nil:
@@ -39,9 +42,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Searched: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "cronstream_recover_searched_total", Help: "Lease-expired tasks the move script had to search asynq's active list for (LPOS, a scan of the list) because the position read before the move was stale: each costs a scan, and a pass slows as this grows.",
 		}, []string{"queue"}),
+		Queues: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "cronstream_recover_queues", Help: "Queues this replica's recoverer serves: with shard ownership, those whose duties it holds (it owns the queue's shard 0).",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Recovered, m.Orphans, m.Reclaimed, m.Bad, m.Errors, m.PassDuration, m.Searched)
+		reg.MustRegister(m.Recovered, m.Orphans, m.Reclaimed, m.Bad, m.Errors, m.PassDuration, m.Searched, m.Queues)
 	}
 	return m
 }

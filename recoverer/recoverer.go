@@ -13,6 +13,12 @@
 // it cannot be switched off; a task it recovers first has no event of ours.
 // The defaults (interval 5 s, grace 20 s) act well before it: recovery 20–25 s
 // after the lease expired, where asynq's takes 30–90 s.
+//
+// With shard ownership each queue is recovered by the replica that holds
+// its duties (Config.Holds: the owner of the queue's shard 0); a replica
+// that takes a queue over recovers it at once (Config.Changed), so a dead
+// owner's queues are recovered within the takeover bound, well before
+// asynq's recoverer: grace + interval + takeover < 20 + 5 + 5 s.
 package recoverer
 
 import (
@@ -21,9 +27,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -96,6 +104,12 @@ type Config struct {
 	// Queues to recover; empty means every queue in asynq:queues, read
 	// again each pass so new queues are picked up without a restart.
 	Queues []string
+	// Holds says whether this replica recovers queue (it holds the
+	// queue's duties, ownership.Manager.HoldsQueue); nil: every queue.
+	// Changed, when set, is signalled when what Holds says may have
+	// changed: the queues it newly holds are recovered at once.
+	Holds   func(queue string) bool
+	Changed <-chan struct{}
 	// Interval between passes (default 5 s). The first pass runs at Start.
 	Interval time.Duration
 	// Grace: a task is recovered once its lease has been expired this long
@@ -132,8 +146,10 @@ type Recoverer struct {
 	stats      map[string]*QueueStats
 	reported   map[string]bool // queue + "\x00" + id of bad tasks already logged
 	registered map[string]bool // queues whose outbox is registered
-	started    bool
-	passes     chan PassResult // test hook, nil unless Passes() was called
+	// held are the queues the last pass recovered (Holds), loop-owned.
+	held    map[string]bool
+	started bool
+	passes  chan PassResult // test hook, nil unless Passes() was called
 
 	// stop and done exist from New on, so that Stop before Start, Stop
 	// twice and Pass without Start are all safe.
@@ -188,7 +204,7 @@ func New(cfg Config) (*Recoverer, error) {
 	cfg.Queues = slices.Clone(cfg.Queues)
 	slices.Sort(cfg.Queues)
 	return &Recoverer{cfg: cfg, log: cfg.Logger, m: m,
-		stats: map[string]*QueueStats{}, reported: map[string]bool{}, registered: map[string]bool{},
+		stats: map[string]*QueueStats{}, reported: map[string]bool{}, registered: map[string]bool{}, held: map[string]bool{},
 		stop: make(chan struct{}), done: make(chan struct{})}, nil
 }
 
@@ -248,12 +264,19 @@ func (r *Recoverer) loop(ctx context.Context) {
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
+		var res PassResult
 		select {
 		case <-r.stop:
 			return
 		case <-t.C:
+			res = r.Pass(ctx)
+			t.Reset(r.cfg.Interval)
+		case <-r.cfg.Changed:
+			// Queues taken over are recovered now; the others keep
+			// their interval.
+			held := r.heldSet()
+			res = r.pass(ctx, func(q string) bool { return !held[q] })
 		}
-		res := r.Pass(ctx)
 		r.mu.Lock()
 		if r.passes != nil {
 			select {
@@ -262,8 +285,14 @@ func (r *Recoverer) loop(ctx context.Context) {
 			}
 		}
 		r.mu.Unlock()
-		t.Reset(r.cfg.Interval)
 	}
+}
+
+// heldSet returns the queues the last pass recovered.
+func (r *Recoverer) heldSet() map[string]bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return maps.Clone(r.held)
 }
 
 func (r *Recoverer) stopping() bool {
@@ -275,9 +304,12 @@ func (r *Recoverer) stopping() bool {
 	}
 }
 
-// Pass recovers every queue once. Errors of one queue are counted and
-// logged with its name and never stop the other queues.
-func (r *Recoverer) Pass(ctx context.Context) PassResult {
+// Pass recovers every queue this replica holds once. Errors of one queue
+// are counted and logged with its name and never stop the other queues.
+func (r *Recoverer) Pass(ctx context.Context) PassResult { return r.pass(ctx, nil) }
+
+// pass is Pass over the queues held that only accepts (nil: all).
+func (r *Recoverer) pass(ctx context.Context, only func(string) bool) PassResult {
 	start := r.cfg.Now()
 	res := PassResult{Started: start}
 	queues := r.cfg.Queues // sorted by New
@@ -291,10 +323,14 @@ func (r *Recoverer) Pass(ctx context.Context) PassResult {
 		}
 		queues = slices.Sorted(slices.Values(qs))
 	}
+	queues = r.holding(queues)
 	var errs []error
 	for _, q := range queues {
 		if r.stopping() {
 			break
+		}
+		if only != nil && !only(q) {
+			continue
 		}
 		// Durations use the monotonic clock: Config.Now may be a test's
 		// fake clock.
@@ -313,6 +349,39 @@ func (r *Recoverer) Pass(ctx context.Context) PassResult {
 	}
 	res.Err = errors.Join(errs...)
 	return res
+}
+
+// holding returns the queues of queues this replica recovers (Holds),
+// notes them (the queues a takeover adds are those not noted), and logs
+// and exports the change.
+func (r *Recoverer) holding(queues []string) []string {
+	if r.cfg.Holds == nil {
+		r.m.Queues.Set(float64(len(queues)))
+		return queues
+	}
+	out := make([]string, 0, len(queues))
+	held := make(map[string]bool, len(queues))
+	for _, q := range queues {
+		if r.cfg.Holds(q) {
+			out = append(out, q)
+			held[q] = true
+		}
+	}
+	r.mu.Lock()
+	prev := r.held
+	r.held = held
+	r.mu.Unlock()
+	r.m.Queues.Set(float64(len(held)))
+	var gained []string
+	for _, q := range out {
+		if !prev[q] {
+			gained = append(gained, q)
+		}
+	}
+	if len(gained) > 0 {
+		r.log.Info("recoverer: recovering queues newly held (this replica holds their duties)", "queues", strings.Join(gained, ","), "holding", len(held))
+	}
+	return out
 }
 
 // recoverQueue runs the three repairs of one queue: expired leases,

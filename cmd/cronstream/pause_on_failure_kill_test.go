@@ -10,16 +10,17 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/testenv"
-	"github.com/cronstream/cronstream/scheduler"
 )
 
 // TestPauseOnFailureAcrossReplicaKill: three `cronstream run` replicas, an
 // entry with --pause-on-failure whose task a real asynq v0.26.0 worker
 // fails with no retry left, and the replica that scans the entry's queue
-// (the queue's primary) killed with SIGKILL before the first failure. The
-// survivors take the queue over: the entry is paused by exactly one
-// config event whose note names the archived task and its error.
+// (the queue's owner: it holds the queue's shard 0) killed with SIGKILL
+// before the first failure. The survivors take the queue over: the entry
+// is paused by exactly one config event whose note names the archived
+// task and its error.
 func TestPauseOnFailureAcrossReplicaKill(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
@@ -31,10 +32,13 @@ func TestPauseOnFailureAcrossReplicaKill(t *testing.T) {
 	for _, id := range ids {
 		ps[id], _ = startMetricsReplica(t, e, id)
 	}
-	// The queue's scanner is its primary among the live replicas, by the
-	// key failpause shares the work under.
-	killed := scheduler.PrimaryOf("~failpause:pfk", ids)
 	e.ok("entry", "put", "pfk", "--cron", "@every 2s", "--type", "pfk", "--queue", "pfk", "--max-retry", "0", "--pause-on-failure")
+	// The queue's scanner is its owner, the holder of its shard 0.
+	var killed string
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		killed = shardHolder(t, e, events.Shard{Queue: "pfk"})
+		return killed != ""
+	}, "the queue's shard 0 was never owned")
 	ps[killed].stop(syscall.SIGKILL, 10*time.Second)
 
 	opt, err := asynq.ParseRedisURI(e.redis.URL)

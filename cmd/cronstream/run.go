@@ -204,8 +204,11 @@ func (f *replicaFlags) outboxBound() (int64, error) {
 	return min(f.maxOutbox, math.MaxInt64/taskstate.OutboxRecordBytes) * taskstate.OutboxRecordBytes, nil
 }
 
-// maxWaitTimeout bounds --redis-wait-timeout: a WAIT must end well within
-// the relay's outbox lease (10s), renewed just before it.
+// maxWaitTimeout bounds --redis-wait-timeout: the relay's pass visits the
+// outboxes one after another, and a WAIT holds it. One longer than what is
+// left of the outbox lease (3 s, renewed just before the WAIT) lets the
+// lease lapse: the batch is then published again by the outbox's next
+// holder, and the stream drops the duplicates.
 const maxWaitTimeout = 5 * time.Second
 
 // waitReplicas reads --redis-wait-replicas and checks --redis-wait-timeout.

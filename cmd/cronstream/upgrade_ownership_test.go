@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"os/exec"
 	"slices"
 	"strings"
 	"syscall"
@@ -54,12 +55,19 @@ func TestRollingUpgradeToOwnership(t *testing.T) {
 		}
 		return out
 	}
+	// The previous release writes the entries, so the streams are the
+	// ones it made (without the fail-pause subjects, which it refuses).
+	oldCLI := func(args ...string) {
+		t.Helper()
+		c := exec.Command(old, args...)
+		c.Env = e.vars
+		if out, err := c.CombinedOutput(); err != nil {
+			t.Fatalf("%s %s: %v\n%s", lastPrimaryLateRelease, strings.Join(args, " "), err, out)
+		}
+	}
 	entries := []string{"v1", "v2", "v3", "v4", "v5", "v6"}
-	// The streams as the old release made them: its replicas refuse a
-	// config stream that also captures the fail-pause subjects.
-	oldPut(t, old, e, entries[0], "--cron", "@every 1s", "--type", "t"+entries[0], "--queue", "q1")
-	for i, id := range entries[1:] {
-		e.ok("entry", "put", id, "--cron", "@every 1s", "--type", "t"+id, "--queue", []string{"q2", "q1"}[i%2])
+	for i, id := range entries {
+		oldCLI("entry", "put", id, "--cron", "@every 1s", "--type", "t"+id, "--queue", []string{"q1", "q2"}[i%2])
 	}
 	progress := func(when string, n int) {
 		t.Helper()
@@ -123,6 +131,13 @@ func TestRollingUpgradeToOwnership(t *testing.T) {
 	}
 	n1, n2 := replica(bin, "n1"), replica(bin, "n2")
 	ownedBy("new replicas beside old ones", "n1", "n2")
+	// Tasks whose worker died, in both queues: the old replicas' recoverers
+	// try every queue, the new ones' only the queues whose duties they
+	// hold; the recover script re-checks each task, so each is moved once
+	// and has one event.
+	for _, q := range []string{"q1", "q2"} {
+		seedExpiredTask(t, rc, q, "dead-"+q, time.Now().Add(-time.Minute))
+	}
 	progress("old and new side by side", 4)
 	o1.stop(syscall.SIGKILL, 10*time.Second)
 	progress("after an old replica's kill", 3)
@@ -132,6 +147,9 @@ func TestRollingUpgradeToOwnership(t *testing.T) {
 	if code := o2.stop(syscall.SIGTERM, 30*time.Second); code != 0 {
 		t.Errorf("o2 exited %d", code)
 	}
+	// No replica of the previous release left: the upgrade's last step
+	// (operations.md, Upgrades).
+	e.ok("streams", "apply")
 	n3 := replica(bin, "n3")
 	ownedBy("the new build alone", "n2", "n3")
 	progress("the new build alone", 3)
@@ -166,6 +184,25 @@ func TestRollingUpgradeToOwnership(t *testing.T) {
 		}
 		return n == 0
 	}, "records left in the outbox")
+
+	// Each dead task recovered once, with one event.
+	recovered := map[string]int{}
+	for _, l := range strings.Split(e.ok("audit", "--json", "--type", "cronstream.task.*"), "\n") {
+		var ev struct {
+			Data events.TaskRecovered `json:"data"`
+		}
+		if json.Unmarshal([]byte(l), &ev) == nil && ev.Data.TaskID != "" {
+			recovered[ev.Data.TaskID]++
+		}
+	}
+	for _, q := range []string{"q1", "q2"} {
+		if n := recovered["dead-"+q]; n != 1 {
+			t.Errorf("task dead-%s: %d recovery events, want 1 (%v)", q, n, recovered)
+		}
+		if n := rc.ZCard(t.Context(), taskstate.Keys(q).Retry()).Val(); n != 1 {
+			t.Errorf("queue %s: %d tasks in retry, want the dead one", q, n)
+		}
+	}
 
 	all := fired()
 	byTask := map[string]events.Fired{}

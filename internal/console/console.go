@@ -29,6 +29,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/ownership"
 	"github.com/cronstream/cronstream/internal/stall"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/projector"
@@ -72,6 +73,10 @@ type Replica struct {
 	// "unknown".
 	Ready    string
 	Warnings []string
+	// Shards says it is of a build that owns shards; Ownership is its
+	// last report of them (ownership.Collect joins it with the leases).
+	Shards    bool
+	Ownership *ownership.Report
 }
 
 // Source is what the console reads, from a running replica. Every field

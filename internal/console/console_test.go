@@ -241,6 +241,30 @@ func TestConsoleOverviewQueueTasks(t *testing.T) {
 	}, "overview never showed pending tasks in queue ticks")
 }
 
+// TestConsoleOverviewShards: the overview shows shard ownership as
+// status reads it (one collector): the shards, those without an owner,
+// each replica's leases, their age, handovers and takeovers, and the
+// queues whose duties it holds.
+func TestConsoleOverviewShards(t *testing.T) {
+	t.Parallel()
+	s := startSite(t, console.Config{})
+	s.put(events.Entry{ID: "tick", Cron: "@every 1s", Task: events.Task{Type: "tick"}, Options: events.Options{Queue: "ticks"}})
+	s.put(events.Entry{ID: "tock", Cron: "@every 1s", Task: events.Task{Type: "tock"}, Options: events.Options{Queue: "tocks"}})
+	row := regexp.MustCompile(`<tr><td>console-r1</td><td>128</td><td>128</td><td>[0-9.]+ s</td><td>0/0</td><td>0</td><td>yes</td><td class="text"><a href="/entries\?queue=ticks">ticks</a> <a href="/entries\?queue=tocks">tocks</a></td></tr>`)
+	var body string
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("last overview:\n%.6000s", body)
+		}
+	})
+	testenv.Eventually(t, 15*time.Second, func() bool {
+		body = s.page("/")
+		return strings.Contains(body, "128 shards (2 queues × 64), 0 without an owner, least recently renewed lease") &&
+			strings.Contains(body, "global duty (key sweep): console-r1.") && row.MatchString(body) &&
+			strings.Contains(body, `data-count="unowned"><b>0</b> shards without an owner`)
+	}, "overview never showed the replica owning every shard and both queues' duties")
+}
+
 // TestConsoleAuditBatch: the audit page shows each event of a batch message
 // (a recovery of several tasks publishes one) as a row of its own.
 func TestConsoleAuditBatch(t *testing.T) {

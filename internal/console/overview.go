@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/cronstream/cronstream/internal/entrystate"
+	"github.com/cronstream/cronstream/internal/ownership"
 	"github.com/cronstream/cronstream/internal/stall"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/projector"
@@ -45,6 +46,11 @@ type overviewData struct {
 	Recoveries   []auditRow
 	// ConfigSeq is the config stream's last sequence.
 	ConfigSeq uint64
+	// Shards is shard ownership as status shows it (ownership.Collect),
+	// with its warnings; HasShards says it was read (a Redis store).
+	Shards        ownership.Overview
+	ShardWarnings []string
+	HasShards     bool
 }
 
 func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
@@ -55,8 +61,10 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
 	defer cancel()
 	d := overviewData{ConfigSeq: c.configSeq(ctx, src)}
+	var reps []Replica
 	if src.Replicas != nil {
-		reps, err := src.Replicas(ctx)
+		var err error
+		reps, err = src.Replicas(ctx)
 		for _, rep := range reps {
 			row := replicaRow{Replica: rep}
 			if d.ConfigSeq >= rep.ConfigSeq {
@@ -97,6 +105,8 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 	}
 	if src.Tasks != nil {
 		c.queueTasks(ctx, src.Tasks, queues)
+		d.Shards, d.ShardWarnings = shardsOf(ctx, src, states, reps)
+		d.HasShards = true
 	}
 	for _, qc := range queues {
 		d.Queues = append(d.Queues, *qc)
@@ -106,6 +116,20 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 		d.Recoveries = rows
 	}
 	c.render(w, r, http.StatusOK, "overview", page{Title: "Overview", Live: true, Data: d})
+}
+
+// shardsOf reads shard ownership over the queues of the registered
+// entries, as status does (ownership.Collect).
+func shardsOf(ctx context.Context, src *Source, states []*projector.State, reps []Replica) (ownership.Overview, []string) {
+	queues := make([]string, 0, len(states))
+	for _, st := range states {
+		queues = append(queues, st.Entry.Options.QueueName())
+	}
+	members := make([]ownership.Member, len(reps))
+	for i, r := range reps {
+		members[i] = ownership.Member{ID: r.ID, Shards: r.Shards, Report: r.Ownership}
+	}
+	return ownership.Collect(ctx, src.Tasks, src.Names.Prefix(), queues, members)
 }
 
 // configSeq is the config stream's last sequence, as status reads it;

@@ -8,19 +8,22 @@
 // its last error, so it shows in describe, ls, history and audit, and
 // `entry resume` undoes it.
 //
-// Each replica runs one Watcher. Every Interval it reads, for each queue
-// that holds an armed entry (pause_on_failure, not paused) and of which it
-// is the primary among the live replicas (scheduler.PrimaryOf), the
-// archived set from the score it reached last time (ZRANGEBYSCORE, in
-// bounded pages), so a large archive is read once, not per scan. An
-// entry's old queue after a move is scanned for it too, until no busy task
-// of the entry is left there or for MovedScan. A task id tells its entry
-// (scheduler.TaskEntry); only tasks of armed entries have their message read,
-// for the error.
+// Each replica runs one Watcher. It keeps an index of the armed entries
+// (pause_on_failure, not paused) by queue, maintained from the
+// projection's changes, so a scan costs what the armed entries cost,
+// never a walk of every entry. Every Interval it reads, for each queue
+// that holds an armed entry and whose duties its replica holds (Holds:
+// the owner of the queue's shard 0), the archived set from the score it
+// reached last time (ZRANGEBYSCORE, in bounded pages), so a large archive
+// is read once, not per scan. An entry's old queue after a move is
+// scanned for it too, until no busy task of the entry is left there or
+// for MovedScan. A task id tells its entry (scheduler.TaskEntry); only
+// tasks of armed entries have their message read, for the error.
 //
-// Exactly one pause: two replicas may both take themselves for a queue's
-// primary for a moment (their live sets differ) and see the same archived
-// task, and each pauses conditionally on the revision it saw armed; the
+// Exactly one pause: two replicas may both hold a queue's duties for a
+// moment (a shard moving), and replicas of an earlier build scan as their
+// queue's primary, and see the same archived task; each pauses
+// conditionally on the revision it saw armed; the
 // first request wins and the others get a revision conflict, see the entry
 // paused on their next look and do nothing. A request can only follow the
 // entry's config event directly: when something else came after it (a
@@ -87,10 +90,11 @@ type Store interface {
 	HasBusyTask(ctx context.Context, queue, idPrefix string) (bool, error)
 }
 
-// Projection is the registered-entry map; *projector.Projector implements it.
+// Projection is the registered-entry map and its changes;
+// *projector.Projector implements it.
 type Projection interface {
 	Get(id string) (projector.State, bool)
-	States() []*projector.State
+	Subscribe() *projector.Subscription
 	CaughtUp() bool
 	LastSeq() uint64
 }
@@ -119,14 +123,13 @@ type Config struct {
 	// (default DefaultMovedScan): tasks it left there may be archived
 	// later, when their retries run out.
 	MovedScan time.Duration
-	// Live returns the live replicas and ReplicaID is this one: only the
-	// primary of a queue among them (scheduler.PrimaryOf) scans it and
-	// publishes its pauses. Nil Live: this replica scans every queue.
-	Live      func() []string
-	ReplicaID string
-	Now       func() time.Time
-	Logger    *slog.Logger // default slog.Default()
-	Metrics   *Metrics     // default NewMetrics(nil)
+	// Holds says whether this replica scans queue's archived set and
+	// publishes its pauses (it holds the queue's duties,
+	// ownership.Manager.HoldsQueue); nil: every queue.
+	Holds   func(queue string) bool
+	Now     func() time.Time
+	Logger  *slog.Logger // default slog.Default()
+	Metrics *Metrics     // default NewMetrics(nil)
 }
 
 // Watcher pauses entries whose tasks were archived: one loop, Start to
@@ -135,6 +138,13 @@ type Watcher struct {
 	p Config
 
 	// Owned by the loop (or a test's direct Scan calls).
+	// sub follows the projection (made by the first scan); armed indexes
+	// the armed entries' queues by entry, and unseen holds the entries
+	// with pause_on_failure first seen whose history is still to read
+	// for queue moves (readMoves).
+	sub     *projector.Subscription
+	armed   map[string]string
+	unseen  map[string]bool
 	cursors map[string]*cursor    // by queue
 	pending map[string]candidate  // by entry: pauses to retry
 	armedAt map[string]armedSince // by entry: from history, per revision
@@ -212,7 +222,8 @@ func New(p Config) (*Watcher, error) {
 		p.Metrics = NewMetrics(nil)
 	}
 	return &Watcher{
-		p: p, cursors: map[string]*cursor{}, pending: map[string]candidate{}, armedAt: map[string]armedSince{},
+		p: p, armed: map[string]string{}, unseen: map[string]bool{},
+		cursors: map[string]*cursor{}, pending: map[string]candidate{}, armedAt: map[string]armedSince{},
 		queueOf: map[string]string{}, moved: map[string]map[string]*oldQueue{}, blocked: map[string]blockedPause{},
 	}, nil
 }
@@ -228,6 +239,9 @@ func (w *Watcher) Start(ctx context.Context) error {
 // be called more than once, and without Start; it never fails.
 func (w *Watcher) Stop(context.Context) error {
 	w.run.Stop()
+	if w.sub != nil {
+		w.sub.Close()
+	}
 	return nil
 }
 
@@ -252,38 +266,28 @@ func (w *Watcher) Scan(ctx context.Context) []string {
 	if !w.p.Projection.CaughtUp() {
 		return nil
 	}
+	now := w.p.Now()
+	w.follow(now)
 	armed := map[string]map[string]bool{} // queue -> entries
 	add := func(q, entry string) {
+		if w.p.Holds != nil && !w.p.Holds(q) {
+			// Another replica scans this queue and publishes its pauses;
+			// the conditional pause below stays the safety net.
+			return
+		}
 		if armed[q] == nil {
 			armed[q] = map[string]bool{}
 		}
 		armed[q][entry] = true
 	}
-	now := w.p.Now()
-	var unseen []*projector.State
-	for _, st := range w.p.Projection.States() {
-		if w.trackQueue(st, now) {
-			unseen = append(unseen, st)
-		}
-		if isArmed(st.Entry) {
-			add(st.Entry.Options.QueueName(), st.Entry.ID)
-			for q := range w.moved[st.Entry.ID] {
-				add(q, st.Entry.ID)
-			}
-		}
-	}
-	var live []string
-	if w.p.Live != nil {
-		live = w.p.Live()
-	}
-	for q := range armed {
-		if len(live) > 0 && scheduler.PrimaryOf(primaryKey(q), live) != w.p.ReplicaID {
-			// Another replica scans this queue and publishes its pauses;
-			// the conditional pause below stays the safety net.
-			delete(armed, q)
+	for id, q := range w.armed {
+		add(q, id)
+		for oq := range w.moved[id] {
+			add(oq, id)
 		}
 	}
 	w.p.Metrics.Queues.Set(float64(len(armed)))
+	w.p.Metrics.Armed.Set(float64(len(w.armed)))
 	for q, entries := range armed {
 		w.checkMoved(ctx, q, entries, now)
 		found, err := w.read(ctx, q, entries)
@@ -326,10 +330,18 @@ func (w *Watcher) Scan(ctx context.Context) []string {
 	w.report()
 	// Last, so a slow or failing read delays no pause; a bounded number a
 	// scan, the rest next time.
-	for i, st := range unseen {
-		if i == maxHistoryReads || !w.readMoves(ctx, st, now) {
+	reads := 0
+	for id := range w.unseen {
+		st, ok := w.p.Projection.Get(id)
+		if !ok || !st.Entry.PauseOnFailure {
+			delete(w.unseen, id)
+			continue
+		}
+		if reads == maxHistoryReads || !w.readMoves(ctx, &st, now) {
 			break
 		}
+		reads++
+		delete(w.unseen, id)
 	}
 	return paused
 }
@@ -366,129 +378,6 @@ func (w *Watcher) Ready() error {
 }
 
 func isArmed(e events.Entry) bool { return e.PauseOnFailure && !e.Paused && !e.Removed }
-
-// primaryKey is the name whose primary scans queue's archived set.
-func primaryKey(queue string) string { return "~failpause:" + queue }
-
-// trackQueue follows the queue of an entry with pause_on_failure: a move
-// keeps its old queue scanned (MovedScan). It reports an entry first seen
-// whose last change is recent enough to follow a move this replica did
-// not see (it started after it): readMoves reads its history.
-func (w *Watcher) trackQueue(st *projector.State, now time.Time) (unseen bool) {
-	e := st.Entry
-	id, q := e.ID, e.Options.QueueName()
-	if !e.PauseOnFailure || e.Removed {
-		delete(w.queueOf, id)
-		delete(w.moved, id)
-		return false
-	}
-	prev, seen := w.queueOf[id]
-	switch {
-	case seen && prev != q:
-		w.addMoved(id, prev, now.Add(w.p.MovedScan))
-	case !seen && now.Sub(st.Time) < w.p.MovedScan:
-		return true
-	}
-	w.queueOf[id] = q
-	w.expireMoved(id, q, now)
-	return false
-}
-
-// historyTimeout bounds one history read of readMoves, and
-// maxHistoryReads the reads of one scan.
-const (
-	historyTimeout  = 2 * time.Second
-	maxHistoryReads = 100
-)
-
-// readMoves reads the queue moves of st's entry within MovedScan from its
-// history. It reports false when the read failed (tried again next scan).
-func (w *Watcher) readMoves(ctx context.Context, st *projector.State, now time.Time) bool {
-	id := st.Entry.ID
-	rctx, cancel := context.WithTimeout(ctx, historyTimeout)
-	defer cancel()
-	recs, err := w.p.Entries.History(rctx, id)
-	if err != nil {
-		w.fail(ctx, candidate{entry: id}, "read the entry's history for its queue moves", err)
-		return false
-	}
-	var last string
-	for _, r := range recs {
-		if r.Entry == nil || r.Entry.Removed {
-			last = ""
-			continue
-		}
-		rq := r.Entry.Options.QueueName()
-		if last != "" && rq != last && now.Sub(r.Time) < w.p.MovedScan {
-			w.addMoved(id, last, r.Time.Add(w.p.MovedScan))
-		}
-		last = rq
-	}
-	q := st.Entry.Options.QueueName()
-	w.queueOf[id] = q
-	w.expireMoved(id, q, now)
-	return true
-}
-
-// expireMoved drops the old queues of entry (now in q) past their bound,
-// and q itself (it moved back: scanned as its queue).
-func (w *Watcher) expireMoved(id, q string, now time.Time) {
-	if m := w.moved[id]; m != nil {
-		delete(m, q) // moved back: scanned as its queue
-		for oq, o := range m {
-			if now.After(o.until) {
-				w.p.Logger.Info("pause on failure: no longer scanning the entry's old queue (bound reached)", "entry", id, "queue", oq)
-				delete(m, oq)
-			}
-		}
-		if len(m) == 0 {
-			delete(w.moved, id)
-		}
-	}
-}
-
-func (w *Watcher) addMoved(entry, queue string, until time.Time) {
-	if w.moved[entry] == nil {
-		w.moved[entry] = map[string]*oldQueue{}
-	}
-	if o, ok := w.moved[entry][queue]; ok && o.until.After(until) {
-		return
-	}
-	w.moved[entry][queue] = &oldQueue{until: until}
-	w.p.Logger.Info("pause on failure: the entry moved; its old queue is still scanned for its archived tasks", "entry", entry, "queue", queue, "until", until.Format(time.RFC3339))
-}
-
-// checkMoved looks, at most every busyCheckEvery, whether queue still
-// holds a busy task of each entry that moved away from it. One that holds
-// none can archive no more there: the read that follows is its last.
-func (w *Watcher) checkMoved(ctx context.Context, queue string, entries map[string]bool, now time.Time) {
-	for id := range entries {
-		o := w.moved[id][queue]
-		if o == nil || now.Sub(o.checked) < busyCheckEvery {
-			continue
-		}
-		busy, err := w.p.Store.HasBusyTask(ctx, queue, w.p.Names.Prefix()+":"+id+":")
-		if err != nil {
-			w.fail(ctx, candidate{entry: id, queue: queue}, "look for the entry's busy tasks in its old queue", err)
-			continue
-		}
-		o.checked, o.idle = now, !busy
-	}
-}
-
-// doneMoved stops scanning queue for the moved entries it holds no busy
-// task of, once a read after that finding succeeded.
-func (w *Watcher) doneMoved(queue string, entries map[string]bool) {
-	for id := range entries {
-		if o := w.moved[id][queue]; o != nil && o.idle {
-			w.p.Logger.Info("pause on failure: no longer scanning the entry's old queue (no busy task of it left there)", "entry", id, "queue", queue)
-			delete(w.moved[id], queue)
-			if len(w.moved[id]) == 0 {
-				delete(w.moved, id)
-			}
-		}
-	}
-}
 
 // read returns the archived tasks of queue's armed entries since the
 // queue's cursor, moving it.
@@ -725,6 +614,7 @@ type Metrics struct {
 	Errors  prometheus.Counter
 	Pending prometheus.Gauge
 	Queues  prometheus.Gauge
+	Armed   prometheus.Gauge
 }
 
 // NewMetrics creates the metrics and registers them with reg (nil: not
@@ -745,11 +635,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		Queues: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "cronstream_failure_pause_queues",
-			Help: "Queues whose archived sets this replica scans (it is their primary) because they hold entries with pause_on_failure, or did before one moved away.",
+			Help: "Queues whose archived sets this replica scans (it holds their duties: it owns the queue's shard 0) because they hold entries with pause_on_failure, or did before one moved away.",
+		}),
+		Armed: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "cronstream_failure_pause_armed_entries",
+			Help: "Entries armed to pause on failure (pause_on_failure, not paused), in every queue, as this replica's index holds them.",
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Paused, m.Errors, m.Pending, m.Queues)
+		reg.MustRegister(m.Paused, m.Errors, m.Pending, m.Queues, m.Armed)
 	}
 	return m
 }

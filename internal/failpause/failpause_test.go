@@ -571,10 +571,10 @@ func TestPauseOnFailureAfterQueueMove(t *testing.T) {
 	}, "a watcher started after the move did not learn the old queue: %q", logs.tail())
 }
 
-// TestOnlyThePrimaryScans: with two replicas, each queue holding entries
-// with pause_on_failure is scanned by exactly one of them (its primary),
-// and a pause still happens.
-func TestOnlyThePrimaryScans(t *testing.T) {
+// TestOnlyTheQueueOwnerScans: with two replicas, each queue holding
+// entries with pause_on_failure is scanned by exactly one of them (its
+// owner: the holder of its shard 0), and a pause still happens.
+func TestOnlyTheQueueOwnerScans(t *testing.T) {
 	ns := testenv.StartNATS(t)
 	rc := testenv.StartRedis(t).Client(t)
 	names := events.MustNames("prim")

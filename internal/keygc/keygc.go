@@ -4,7 +4,15 @@
 // slot, and asynq's scheduler history of the entry
 // (docs/operations.md "Keys of removed entries").
 //
-// Each replica runs one Sweeper. A sweep walks the keyspace with SCAN for
+// Each replica runs one Sweeper; with shard ownership only the holder of
+// the global duty sweeps (Config.Holds: the owner of the first queue's
+// shard 0). The sweep is one duty, not one per queue: its cost is the
+// walk of the keyspace, which SCAN makes whatever its MATCH pattern, so a
+// walk per queue would multiply it by the number of queues; one walk
+// finds every queue's keys and asynq's global history keys at once. A
+// sweep two replicas run at once (a duty moving, replicas of an earlier
+// build) deletes nothing twice: each delete compares the key with the
+// value its scan read. A sweep walks the keyspace with SCAN for
 // cronstream's per-entry keys of its tenant prefix, skips entries the
 // projection holds, and for each other entry reads the subject's last config
 // event (one message from the stream leader). Only an entry whose last event
@@ -81,10 +89,13 @@ type Config struct {
 	// started together do not sweep together. The first sweep comes after
 	// one such wait.
 	Interval time.Duration
-	MaxKeys  int              // default DefaultMaxKeys
-	Now      func() time.Time // default time.Now
-	Logger   *slog.Logger     // default slog.Default()
-	Metrics  *Metrics         // default NewMetrics(nil)
+	MaxKeys  int // default DefaultMaxKeys
+	// Holds says whether this replica sweeps now (it holds the global
+	// duty, ownership.Manager.HoldsGlobal); nil: it always does.
+	Holds   func() bool
+	Now     func() time.Time // default time.Now
+	Logger  *slog.Logger     // default slog.Default()
+	Metrics *Metrics         // default NewMetrics(nil)
 }
 
 // Sweeper deletes the keys of removed entries, one sweep at a time.
@@ -158,13 +169,15 @@ type Result struct {
 }
 
 // Sweep runs one sweep now. It does nothing until the projection has caught
-// up with the config stream.
+// up with the config stream, nor while another replica holds the sweep
+// (Config.Holds).
 func (s *Sweeper) Sweep(ctx context.Context) Result {
 	var res Result
 	proj := s.cfg.Projection
-	if !proj.CaughtUp() {
+	if !proj.CaughtUp() || (s.cfg.Holds != nil && !s.cfg.Holds()) {
 		return res
 	}
+	s.cfg.Metrics.Sweeps.Inc()
 	prefix := s.cfg.Names.Prefix()
 	keys, err := s.cfg.Store.ScanEntryKeys(ctx, prefix, func(entry string) bool {
 		_, registered := proj.Get(entry)
@@ -232,6 +245,7 @@ func (s *Sweeper) fail(ctx context.Context, res *Result, msg string, err error, 
 type Metrics struct {
 	Deleted prometheus.Counter
 	Errors  prometheus.Counter
+	Sweeps  prometheus.Counter
 }
 
 // NewMetrics creates the metrics and registers them with reg (nil: not
@@ -246,9 +260,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "cronstream_removed_entry_key_sweep_errors_total",
 			Help: "Failed steps of sweeps for the keys of removed entries (a scan, a config read or a delete); the next sweep tries again.",
 		}),
+		Sweeps: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cronstream_removed_entry_key_sweeps_total",
+			Help: "Sweeps for the keys of removed entries this replica ran (with shard ownership only the holder of the global duty sweeps).",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Deleted, m.Errors)
+		reg.MustRegister(m.Deleted, m.Errors, m.Sweeps)
 	}
 	return m
 }

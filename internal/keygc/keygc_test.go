@@ -291,9 +291,11 @@ func TestSweepKeepsWhatItMustNot(t *testing.T) {
 
 	now := time.Now()
 	reg := prometheus.NewRegistry()
+	holds := true
 	sw, err := keygc.New(keygc.Config{
 		Store: taskstate.New(rc), Removals: client, Projection: proj, Names: names,
 		Grace: time.Hour, Now: func() time.Time { return now }, Metrics: keygc.NewMetrics(reg), Logger: quiet,
+		Holds: func() bool { return holds },
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -302,6 +304,12 @@ func TestSweepKeepsWhatItMustNot(t *testing.T) {
 		t.Fatalf("sweep within the grace: %+v, want nothing deleted and gone waiting", res)
 	}
 	now = now.Add(time.Hour + time.Second)
+	// Another replica holds the global duty: this one sweeps nothing.
+	holds = false
+	if res := sw.Sweep(ctx); res != (keygc.Result{}) || rc.Exists(ctx, keysOf["gone"]).Val() != 1 {
+		t.Fatalf("sweep without the global duty: %+v, want none", res)
+	}
+	holds = true
 	if res := sw.Sweep(ctx); res.Keys != 2 || res.Entries != 1 || res.Errors != 0 {
 		t.Fatalf("sweep after the grace: %+v, want gone's watermark and held tick deleted", res)
 	}

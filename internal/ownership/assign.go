@@ -31,8 +31,10 @@ type assignment struct {
 // candidate with the highest rendezvous score whose load leaves room for
 // everyone's: loads differ by at most one shard, where plain rendezvous
 // hashing leaves a spread of about twice the mean with few shards per
-// replica. A candidate joining or leaving moves about its share
-// of shards, a little more than plain rendezvous as the cap moves.
+// replica. Shards 0, whose owners hold their queues' duties, are visited
+// first and spread the same way among themselves. A candidate joining or
+// leaving moves about its share of shards, a little more than plain
+// rendezvous as the caps move.
 func assign(candidates []string, shards []events.Shard, self string) assignment {
 	a := assignment{desired: make(map[events.Shard]string, len(shards)), rank: map[events.Shard]int{}}
 	if len(candidates) == 0 {
@@ -46,7 +48,21 @@ func assign(candidates []string, shards []events.Shard, self string) assignment 
 	for _, s := range order {
 		keys[s] = shardHash(s)
 	}
-	slices.SortFunc(order, func(x, y events.Shard) int { return cmp.Or(cmp.Compare(keys[x], keys[y]), x.Compare(y)) })
+	// Shards 0 first: their owners hold their queues' duties (duties.go),
+	// which are spread as evenly as the shards.
+	slices.SortFunc(order, func(x, y events.Shard) int {
+		return cmp.Or(cmp.Compare(min(x.Index, 1), min(y.Index, 1)), cmp.Compare(keys[x], keys[y]), x.Compare(y))
+	})
+	queues := 0
+	for _, s := range order {
+		if s.Index == 0 {
+			queues++
+		}
+	}
+	floor0, extra0 := queues/len(candidates), queues%len(candidates)
+	atCeil0 := 0
+	load0 := make(map[string]int, len(candidates))
+	fits0 := func(n int) bool { return n < floor0 || (n == floor0 && atCeil0 < extra0) }
 	// Each candidate gets floor or floor+1 shards, extra of them floor+1.
 	// A cap of ceil(shards / candidates) alone bounds the largest load,
 	// not the smallest: the last candidates to fill can end several
@@ -62,7 +78,7 @@ func assign(candidates []string, shards []events.Shard, self string) assignment 
 		best := -1
 		for i, c := range candidates {
 			scores[i] = score(keys[s], c)
-			if fits(load[c]) && (best < 0 || scores[i] > scores[best] || (scores[i] == scores[best] && c < candidates[best])) {
+			if fits(load[c]) && (s.Index != 0 || fits0(load0[c])) && (best < 0 || scores[i] > scores[best] || (scores[i] == scores[best] && c < candidates[best])) {
 				best = i
 			}
 		}
@@ -70,6 +86,11 @@ func assign(candidates []string, shards []events.Shard, self string) assignment 
 		a.desired[s] = owner
 		if load[owner]++; load[owner] > floor {
 			atCeil++
+		}
+		if s.Index == 0 {
+			if load0[owner]++; load0[owner] > floor0 {
+				atCeil0++
+			}
 		}
 		if !selfCandidate {
 			continue

@@ -27,7 +27,8 @@ func names(n int) []string {
 // at most one shard (spread max/mean within the design's 1.3 wherever a
 // replica's share is a few shards), every candidate computes the same
 // owners, and each shard's other candidates hold the ranks 1..n-1 once
-// each, so exactly one replica may take a free shard at each step.
+// each, so exactly one replica may take a free shard at each step; the
+// queues' shards 0 (their duties) are spread within one of each other too.
 func TestAssignBalanced(t *testing.T) {
 	for _, c := range []struct {
 		queues   int
@@ -44,10 +45,13 @@ func TestAssignBalanced(t *testing.T) {
 			for _, self := range cands {
 				views[self] = assign(cands, shards, self)
 			}
-			load := map[string]int{}
+			load, duties := map[string]int{}, map[string]int{}
 			for _, s := range shards {
 				owner := views[cands[0]].desired[s]
 				load[owner]++
+				if s.Index == 0 {
+					duties[owner]++
+				}
 				ranks := map[int]bool{}
 				for _, self := range cands {
 					a := views[self]
@@ -70,6 +74,14 @@ func TestAssignBalanced(t *testing.T) {
 			}
 			if hi-lo > 1 {
 				t.Errorf("loads from %d to %d: %v", lo, hi, load)
+			}
+			// Queue duties (shard 0 of each queue) are spread as evenly.
+			lo, hi = c.queues, 0
+			for _, self := range cands {
+				lo, hi = min(lo, duties[self]), max(hi, duties[self])
+			}
+			if hi-lo > 1 {
+				t.Errorf("queue duties from %d to %d: %v", lo, hi, duties)
 			}
 		})
 	}

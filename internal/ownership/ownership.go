@@ -137,6 +137,13 @@ type Manager struct {
 	watch   watchState
 
 	owned atomic.Pointer[scheduler.OwnedShards]
+	// duties is the duty view (duties.go), published with owned;
+	// dutyQueues and global what it held last (loop-owned).
+	duties     atomic.Pointer[dutyView]
+	dutyQueues []string
+	global     bool
+	// viewed: the loop has computed the shard set at least once.
+	viewed bool
 	// turn is when the scheduler's loop last turned (since epoch), and
 	// applied the version of the set it then held.
 	turn    atomic.Int64
@@ -265,27 +272,6 @@ func (m *Manager) Turned(version uint64) {
 	m.applied.Store(version)
 }
 
-// Owns reports whether this replica holds shard now (the stall detector
-// checks the entries of owned shards only).
-func (m *Manager) Owns(s events.Shard) bool {
-	_, ok := m.owned.Load().Until[s]
-	return ok
-}
-
-// OwnedQueues returns the queues whose shard 0 this replica holds, sorted:
-// the queues it owns (docs/design.md "Ownership"; Changed tells when they
-// may have changed).
-func (m *Manager) OwnedQueues() []string {
-	var out []string
-	for s := range m.owned.Load().Until {
-		if s.Index == 0 {
-			out = append(out, s.Queue)
-		}
-	}
-	slices.Sort(out)
-	return out
-}
-
 func (m *Manager) loop(ctx context.Context) {
 	t := time.NewTicker(m.cfg.LeasePoll)
 	defer t.Stop()
@@ -314,6 +300,7 @@ func (m *Manager) publish(changed bool) {
 	}
 	m.owned.Store(&scheduler.OwnedShards{Version: m.version, Until: until})
 	m.m.Owned.Set(float64(len(until)))
+	m.publishDuties(until)
 	if !changed {
 		return
 	}

@@ -61,9 +61,10 @@ func (m *Manager) poll(ctx context.Context) {
 // changed; the handover settle counts from then.
 func (m *Manager) refreshView(now clock.Mono) {
 	cands, queues := m.cfg.Members.Candidates(), m.cfg.Queues()
-	if m.shards != nil && slices.Equal(cands, m.cands) && slices.Equal(queues, m.queues) {
+	if m.viewed && slices.Equal(cands, m.cands) && slices.Equal(queues, m.queues) {
 		return
 	}
+	m.viewed = true
 	if !slices.Equal(cands, m.cands) {
 		m.log.Info("replicas that may own shards changed", "candidates", len(cands), "was", len(m.cands), "list", strings.Join(firstOf(cands, 16), ","))
 	}

@@ -153,6 +153,10 @@ type Metrics struct {
 	Takeovers     prometheus.Counter
 	Lost          prometheus.Counter
 	Errors        prometheus.Counter
+	// QueueDuties and GlobalDuty say which duties this replica holds
+	// (duties.go).
+	QueueDuties *prometheus.GaugeVec
+	GlobalDuty  prometheus.Gauge
 }
 
 // NewMetrics creates the metrics and registers them with reg (nil: not
@@ -187,11 +191,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "cronstream_shard_lease_errors_total", Help: "Shard lease reads and writes that failed.",
 		}),
 	}
+	m.QueueDuties, m.GlobalDuty = newDutyMetrics()
 	for _, d := range []string{"in", "out"} {
 		m.Handovers.WithLabelValues(d)
 	}
 	if reg != nil {
-		reg.MustRegister(m.Owned, m.Desired, m.Unowned, m.NotLive, m.OldestRenewal, m.Handovers, m.Takeovers, m.Lost, m.Errors)
+		reg.MustRegister(m.Owned, m.Desired, m.Unowned, m.NotLive, m.OldestRenewal, m.Handovers, m.Takeovers, m.Lost, m.Errors, m.QueueDuties, m.GlobalDuty)
 	}
 	return m
 }

@@ -12,6 +12,8 @@ type Metrics struct {
 	Dropped       prometheus.Counter
 	Unconfirmed   prometheus.Counter
 	WaitBehind    prometheus.Gauge
+	Orphans       prometheus.Counter
+	Held          prometheus.Gauge
 }
 
 // NewMetrics creates the relay metrics and registers them with reg (nil:
@@ -42,9 +44,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		WaitBehind: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "cronstream_relay_redis_wait_behind", Help: "Redis masters whose replicas did not confirm the outbox's last writes: their events are published marked unconfirmed.",
 		}),
+		Orphans: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cronstream_relay_orphan_passes_total", Help: "Passes that published the outbox of a queue this replica does not own because nobody relayed it (its owner killed and not yet replaced, or cut off from NATS); each is logged.",
+		}),
+		Held: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "cronstream_relay_outboxes_held", Help: "Outboxes whose lease this replica's relay holds: it publishes their records.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Published, m.PublishErrors, m.Backlog, m.Forgeries, m.BacklogBytes, m.Dropped, m.Unconfirmed, m.WaitBehind)
+		reg.MustRegister(m.Published, m.PublishErrors, m.Backlog, m.Forgeries, m.BacklogBytes, m.Dropped, m.Unconfirmed, m.WaitBehind, m.Orphans, m.Held)
 	}
 	return m
 }

@@ -12,6 +12,15 @@
 // published in order; a dead owner's outbox is taken over once its lease
 // lapses.
 //
+// With shard ownership a relay takes the outboxes of the queues whose
+// duties its replica holds (Config.Owns: the owner of the queue's shard
+// 0) and lets go of the others, so each outbox is relayed by one replica
+// and a killed owner's outboxes move with its shards. An outbox nobody
+// relays (its lease free, its oldest record waiting longer than
+// OrphanAfter: its owner was killed and the shard is not taken yet, or
+// its owner cannot reach NATS and yielded it) is published by any relay
+// for one pass at a time.
+//
 // The relay never changes task state and never drops a record: when NATS is
 // down records wait in Redis, and the backlog it reports (records and bytes)
 // lets the scheduler pause firing before Redis fills.
@@ -59,13 +68,27 @@ type Config struct {
 	Owner string
 	// Interval between passes when nothing wakes the relay (default 200ms).
 	Interval time.Duration
-	// LeaseTTL is how long an outbox stays ours without renewal (default 10s).
+	// LeaseTTL is how long an outbox stays ours without renewal (default
+	// DefaultLeaseTTL); every pass that finds records renews it.
 	LeaseTTL time.Duration
+	// Owns says whether this replica relays queue's outbox (it holds the
+	// queue's duties, ownership.Manager.HoldsQueue); nil: every outbox. An
+	// outbox it holds the lease of and does not own any more is released
+	// at its next pass, for the owner to take.
+	Owns func(queue string) bool
+	// OrphanAfter: the outbox of a queue this replica does not own is
+	// published for one pass when its lease is free and its oldest record
+	// has waited longer than this (default DefaultOrphanAfter), so no
+	// outbox waits for its owner's shard to move, nor for an owner cut
+	// off from NATS. Checked at most every OrphanAfter/4 per outbox.
+	OrphanAfter time.Duration
 	// Batch is how many records are read and published at once (default 512).
 	Batch int
 	// BatchesPerPass is how many batches of one outbox a pass publishes
-	// while it has them (default 8), for at most a fourth of LeaseTTL and
-	// not past the start of a burst (Hold). Each batch's Redis reads and
+	// while it has them (default 8), for at most a fourth of LeaseTTL
+	// shared among the outboxes it holds (each is renewed once a pass, so
+	// a pass stays well within a lease term) and not past the start of a
+	// burst (Hold). Each batch's Redis reads and
 	// deletes overlap the previous or next batch's wait for the stream, so
 	// a busy outbox costs fewer round trips per record; 1 publishes one
 	// batch per pass and overlaps nothing.
@@ -148,6 +171,15 @@ type Relay struct {
 	// natsDown: the last pass found the NATS connection down (loop-owned;
 	// the change is logged once each way).
 	natsDown bool
+	// orphanChecked is when each outbox of a queue this replica does not
+	// own was last looked at for records nobody relays.
+	orphanChecked map[string]time.Time
+	// stopping: Stop's flush publishes the outboxes this relay holds,
+	// owned or not (its replica has just given up its shards).
+	stopping atomic.Bool
+	// passBudget is the publishing time of one outbox in the pass under
+	// way (set by Pass).
+	passBudget atomic.Int64
 	// overheld: the relay was held for MaxHold since it last caught up;
 	// passes ignore Hold until it catches up (set by the loop, read by
 	// passes).
@@ -183,7 +215,8 @@ func New(cfg Config) (*Relay, error) {
 	}
 	// A negative value is taken as unset too, as it always was.
 	cfg.Interval = cmp.Or(max(cfg.Interval, 0), 200*time.Millisecond)
-	cfg.LeaseTTL = cmp.Or(max(cfg.LeaseTTL, 0), 10*time.Second)
+	cfg.LeaseTTL = cmp.Or(max(cfg.LeaseTTL, 0), DefaultLeaseTTL)
+	cfg.OrphanAfter = cmp.Or(max(cfg.OrphanAfter, 0), DefaultOrphanAfter)
 	cfg.Batch = cmp.Or(max(cfg.Batch, 0), 512)
 	cfg.BatchesPerPass = cmp.Or(max(cfg.BatchesPerPass, 0), 8)
 	cfg.SizeEvery = cmp.Or(max(cfg.SizeEvery, 0), time.Second)
@@ -199,8 +232,20 @@ func New(cfg Config) (*Relay, error) {
 		return nil, fmt.Errorf("relay: Config.WaitReplicas %d: want 0 or more, or WaitAuto", cfg.WaitReplicas)
 	}
 	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
-	return &Relay{cfg: cfg, log: cfg.Logger, wake: make(chan struct{}, 1), owned: map[string]string{}, yielded: map[string]time.Time{}, yields: map[string]int{}, sizes: map[string]sizeSample{}, readCounts: map[string]int{}}, nil
+	return &Relay{cfg: cfg, log: cfg.Logger, wake: make(chan struct{}, 1), owned: map[string]string{}, yielded: map[string]time.Time{}, yields: map[string]int{},
+		sizes: map[string]sizeSample{}, readCounts: map[string]int{}, orphanChecked: map[string]time.Time{}}, nil
 }
+
+// The outbox lease's defaults (docs/design.md "Time budget").
+const (
+	// DefaultLeaseTTL: a killed relay's outboxes are free this long after
+	// its last pass, so its replica's events reach the stream within 5 s
+	// of their fire (the lease, a poll and a pass).
+	DefaultLeaseTTL = 3 * time.Second
+	// DefaultOrphanAfter: records of an outbox nobody relays wait this
+	// long before any relay publishes them.
+	DefaultOrphanAfter = 2 * time.Second
+)
 
 // Notify wakes the relay: records were just written.
 func (r *Relay) Notify() {
@@ -260,6 +305,7 @@ func (r *Relay) Stop(ctx context.Context) error {
 		r.cancel()
 		<-r.done
 	}
+	r.stopping.Store(true)
 	err := r.Flush(ctx)
 	r.mu.Lock()
 	queues := make([]string, 0, len(r.owned))
@@ -345,31 +391,6 @@ func (r *Relay) loop(ctx context.Context) {
 	}
 }
 
-// watchNATS logs once when the NATS connection goes down and once when it
-// is back, instead of a line per pass or per record. Coming back, it also
-// forgets the outboxes it yielded for being cut off, so a relay that lost
-// NATS with every other replica resumes at once.
-func (r *Relay) watchNATS() {
-	nc := r.cfg.JS.Conn()
-	if nc == nil {
-		return
-	}
-	down := !nc.IsConnected()
-	if down == r.natsDown {
-		return
-	}
-	r.natsDown = down
-	if down {
-		r.log.Warn("NATS unreachable: outbox records wait in Redis until it is back", "backlog", r.Backlog(), "backlog_bytes", r.BacklogBytes())
-		return
-	}
-	r.mu.Lock()
-	clear(r.yielded)
-	clear(r.yields)
-	r.mu.Unlock()
-	r.log.Info("NATS reachable again: relaying the outbox backlog", "backlog", r.Backlog(), "backlog_bytes", r.BacklogBytes())
-}
-
 // holdPoll is how often a held relay asks Hold again.
 const holdPoll = 20 * time.Millisecond
 
@@ -394,6 +415,10 @@ func (r *Relay) Pass(ctx context.Context) (int, error) {
 	var total int
 	var backlog, owned, size int64
 	var errs []error
+	r.mu.Lock()
+	held := max(len(r.owned), 1)
+	r.mu.Unlock()
+	r.passBudget.Store(int64(r.cfg.LeaseTTL / 4 / time.Duration(held)))
 	for _, q := range queues {
 		n, left, mine, err := r.drainOne(ctx, q)
 		total += n
@@ -412,6 +437,9 @@ func (r *Relay) Pass(ctx context.Context) (int, error) {
 	if m := r.cfg.Metrics; m != nil {
 		m.Backlog.Set(float64(backlog))
 		m.BacklogBytes.Set(float64(size))
+		r.mu.Lock()
+		m.Held.Set(float64(len(r.owned)))
+		r.mu.Unlock()
 	}
 	return total, errors.Join(errs...)
 }
@@ -495,39 +523,13 @@ func (r *Relay) drainOne(ctx context.Context, queue string) (int, int64, bool, e
 	if left == 0 {
 		return 0, 0, false, nil
 	}
-	if nc := r.cfg.JS.Conn(); nc != nil && !nc.IsConnected() {
-		// Publishing now would only fill the client's reconnect buffer
-		// (and hang the pass on acks that cannot come): count, and let a
-		// replica that reaches NATS take the outbox.
-		r.yield(ctx, queue)
-		return 0, left, false, errDisconnected
-	}
-	r.mu.Lock()
-	until, yielding := r.yielded[queue]
-	if yielding && time.Now().After(until) {
-		delete(r.yielded, queue)
-		yielding = false
-	}
-	r.mu.Unlock()
-	if yielding {
-		return 0, left, false, nil
-	}
-	ok, err := r.cfg.Outbox.AcquireOutbox(ctx, prefix, queue, r.cfg.Owner, r.cfg.LeaseTTL)
-	if err != nil {
+	after, ok, orphan, err := r.takeOutbox(ctx, queue)
+	if !ok {
 		return 0, left, false, err
 	}
-	r.mu.Lock()
-	after, had := r.owned[queue]
-	if !ok {
-		delete(r.owned, queue)
-	} else if !had {
-		// A new owner resumes from the first record still in the outbox.
-		after = ""
-		r.owned[queue] = after
-	}
-	r.mu.Unlock()
-	if !ok {
-		return 0, left, false, nil
+	if orphan {
+		// One pass: the queue's owner takes it back at its next.
+		defer r.letGo(ctx, queue)
 	}
 	count := r.readCount(ctx, queue, left)
 	recs, mark, err := r.readBatch(ctx, queue, after, count)
@@ -544,7 +546,7 @@ func (r *Relay) drainOne(ctx context.Context, queue string) (int, int64, bool, e
 	// overlap its acknowledgements instead of following them.
 	total := 0
 	var acked []taskstate.OutboxRecord // published, not yet deleted
-	passEnd := time.Now().Add(r.cfg.LeaseTTL / 4)
+	passEnd := time.Now().Add(time.Duration(r.passBudget.Load()))
 	for batch := 1; ; batch++ {
 		full := len(recs) == count
 		sent := r.send(ctx, queue, recs, mark)
@@ -682,29 +684,4 @@ func (r *Relay) ack(ctx context.Context, queue string, recs []taskstate.OutboxRe
 		m.Published.Add(float64(len(recs)))
 	}
 	return nil
-}
-
-// firstYield is how long a relay keeps off an outbox after its first pass
-// in a row that published nothing: long enough for the other replicas'
-// passes to take the released lease, short enough that a lone replica
-// whose stream missed one acknowledgement under load is back at once.
-const firstYield = time.Second
-
-// yield gives up queue's outbox if this relay owns it and keeps off it for
-// a while: firstYield, doubled by each further yield in a row, at most a
-// lease period. Records are never lost by this: the next owner resumes
-// from the first record left, and duplicates are dropped by the stream.
-func (r *Relay) yield(ctx context.Context, queue string) {
-	r.mu.Lock()
-	_, owned := r.owned[queue]
-	delete(r.owned, queue)
-	n := min(r.yields[queue], 8)
-	r.yields[queue]++
-	r.yielded[queue] = time.Now().Add(min(firstYield<<n, r.cfg.LeaseTTL))
-	r.mu.Unlock()
-	if owned {
-		if err := r.cfg.Outbox.ReleaseOutbox(ctx, r.cfg.Names.Prefix(), queue, r.cfg.Owner); err != nil {
-			r.log.Debug("release outbox", "queue", queue, "err", err)
-		}
-	}
 }

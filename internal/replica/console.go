@@ -47,7 +47,7 @@ func (r *Replica) attachConsole() {
 			out := make([]console.Replica, len(sts))
 			for i, s := range sts {
 				out[i] = console.Replica{ID: s.ID, Host: s.Host, Version: s.Version, HTTP: s.HTTP, Started: s.Started,
-					BeatAge: s.BeatAge, ConfigSeq: s.ConfigSeq, Ready: s.Ready, Warnings: s.Warnings}
+					BeatAge: s.BeatAge, ConfigSeq: s.ConfigSeq, Ready: s.Ready, Warnings: s.Warnings, Shards: s.Shards, Ownership: s.Ownership}
 			}
 			return out, err
 		},

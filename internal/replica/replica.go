@@ -432,6 +432,9 @@ func (r *Replica) start(ctx context.Context) error {
 		Logger: r.log, Metrics: relay.NewMetrics(r.reg),
 		WaitReplicas: r.cfg.RedisWaitReplicas, WaitTimeout: r.cfg.RedisWaitTimeout,
 		OnPublished: det.ObservePublished,
+		// The outboxes of the queues whose duties this replica holds
+		// (ownership, built below).
+		Owns: r.holdsQueue,
 	})
 	if err != nil {
 		return err
@@ -467,7 +470,7 @@ func (r *Replica) start(ctx context.Context) error {
 		return err
 	}
 	det.SetFiring(sched.Firing)
-	det.SetOwns(r.own.Owns)
+	det.SetShards(r.own)
 	if err := det.Start(ctx); err != nil {
 		return err
 	}
@@ -484,36 +487,7 @@ func (r *Replica) start(ctx context.Context) error {
 		})
 	}
 
-	if r.recov, err = recoverer.New(recoverer.Config{
-		Redis: r.cfg.Redis, Names: r.cfg.Names, ReplicaID: r.cfg.ReplicaID, Queues: r.cfg.Queues,
-		Interval: r.cfg.RecoverInterval, Grace: r.cfg.RecoverGrace, OnRecord: r.relay.Notify, Now: r.clock.Now,
-		Logger: r.log, Metrics: recoverer.NewMetrics(r.reg),
-	}); err != nil {
-		return err
-	}
-	if err := r.recov.Start(ctx); err != nil {
-		return err
-	}
-	if r.keygc, err = keygc.New(keygc.Config{
-		Store: r.store, Removals: events.NewClient(js, r.cfg.Names), Projection: r.proj, Names: r.cfg.Names,
-		Grace: r.cfg.RemovedKeyGrace, Interval: r.cfg.KeySweepInterval, Now: r.clock.Now, Logger: r.log, Metrics: keygc.NewMetrics(r.reg),
-	}); err != nil {
-		return err
-	}
-	if err := r.keygc.Start(ctx); err != nil {
-		return err
-	}
-	if r.failPause, err = failpause.New(failpause.Config{
-		Store: r.store, Projection: r.proj, Entries: events.NewClient(js, r.cfg.Names, events.WithSource(r.cfg.ReplicaID)),
-		Names: r.cfg.Names, Now: r.clock.Now, Logger: r.log, Metrics: failpause.NewMetrics(r.reg),
-		Live: r.members.Live, ReplicaID: r.cfg.ReplicaID,
-	}); err != nil {
-		return err
-	}
-	if r.http != nil {
-		r.http.addCheck("failpause", func(context.Context) error { return r.failPause.Ready() })
-	}
-	return r.failPause.Start(ctx)
+	return r.startDuties(ctx)
 }
 
 // newOwnership builds the shard ownership the scheduler follows
@@ -530,6 +504,13 @@ func (r *Replica) newOwnership() error {
 	r.own = own
 	r.owner.Store(own)
 	return nil
+}
+
+// holdsQueue reports whether this replica holds queue's duties (none
+// before its ownership runs).
+func (r *Replica) holdsQueue(queue string) bool {
+	own := r.owner.Load()
+	return own != nil && own.HoldsQueue(queue)
 }
 
 // readyToOwn reports whether this replica may own shards: its projection

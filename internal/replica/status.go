@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/ownership"
 )
 
 // Status is one replica as `cronstream status` and the console's overview
@@ -52,6 +53,16 @@ func ReadStatuses(ctx context.Context, js jetstream.JetStream, names events.Name
 		return []Status{}, err
 	}
 	return readiness(ctx, infos, now), nil
+}
+
+// Members are the replicas of statuses as ownership.Collect reads them,
+// so status and the console show the same shard figures.
+func Members(statuses []Status) []ownership.Member {
+	out := make([]ownership.Member, len(statuses))
+	for i, s := range statuses {
+		out[i] = ownership.Member{ID: s.ID, Shards: s.Shards, Report: s.Ownership}
+	}
+	return out
 }
 
 // readiness asks each replica's /readyz, concurrently, with a short

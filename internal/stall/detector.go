@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -45,16 +46,25 @@ type Config struct {
 	// replica's fires (outbox backpressure), or returns "". It is added to
 	// the reason of every late entry.
 	Holding func() string
-	// Owns, when set, says which shards this replica owns: only their
-	// entries are checked (their owner checks the others; ownership
-	// reports shards without one). SetOwns sets it later.
-	Owns    func(events.Shard) bool
+	// Shards, when set, are the shards this replica owns: only their
+	// entries are tracked and checked (their owner checks the others;
+	// ownership reports shards without one), so the detector's work is
+	// its replica's share. Nil: every entry. SetShards sets it later.
+	Shards  Shards
 	Logger  *slog.Logger
 	Metrics *Metrics
 }
 
-// Detector checks the entries of the live projection on a timer, in one
-// loop that owns its view of every entry. Observe and Outcome feed it from
+// Shards is the owned set the detector follows; *ownership.Manager
+// implements it.
+type Shards interface {
+	Owned() scheduler.OwnedShards
+	// Changed is signalled after the owned set changed.
+	Changed() <-chan struct{}
+}
+
+// Detector checks the entries of the live projection (of the shards its
+// replica owns) on a timer, in one loop that owns its view of them. Observe and Outcome feed it from
 // other goroutines without blocking.
 type Detector struct {
 	cfg   Config
@@ -62,10 +72,17 @@ type Detector struct {
 	m     *Metrics
 	epoch time.Time // monotonic base of the durations below
 
-	// Loop-owned.
-	tracks map[string]*track
-	since  time.Time       // corrected instant the detector started
-	queues map[string]bool // queues with a late-entries series
+	// Loop-owned. tracks holds the entries of owned shards only; owned
+	// is the owned set they follow (its version), and marks, per owned
+	// shard, the projection batch its tracks were built after (changes
+	// of its entries in batches up to it are older than the tracks).
+	tracks       map[string]*track
+	owned        map[events.Shard]bool
+	ownedVersion uint64
+	marks        map[events.Shard]uint64
+	sub          *projector.Subscription
+	since        time.Time       // corrected instant the detector started
+	queues       map[string]bool // queues with a late-entries series
 	// reading receives the watermark read in flight (nil: none), begun at
 	// readStarted.
 	reading     chan readDone
@@ -111,7 +128,7 @@ func New(cfg Config) (*Detector, error) {
 		m = NewMetrics(nil)
 	}
 	return &Detector{cfg: cfg, log: cfg.Logger, m: m, epoch: time.Now(),
-		tracks: map[string]*track{}, queues: map[string]bool{},
+		tracks: map[string]*track{}, owned: map[events.Shard]bool{}, marks: map[events.Shard]uint64{}, queues: map[string]bool{},
 		seen: map[string]time.Time{}, reasons: map[string]string{}}, nil
 }
 
@@ -119,14 +136,13 @@ func New(cfg Config) (*Detector, error) {
 // call it before Start.
 func (d *Detector) SetFiring(f func() time.Duration) { d.cfg.Firing = f }
 
-// SetOwns sets Config.Owns, for an ownership built after the detector;
-// call it before Start.
-func (d *Detector) SetOwns(f func(events.Shard) bool) { d.cfg.Owns = f }
+// SetShards sets Config.Shards, for an ownership built after the
+// detector; call it before Start.
+func (d *Detector) SetShards(s Shards) { d.cfg.Shards = s }
 
-// mine reports whether t's entry is this replica's to check.
-func (d *Detector) mine(t *track) bool {
-	return d.cfg.Owns == nil || d.cfg.Owns(events.Shard{Queue: t.queue, Index: t.shard})
-}
+// tracking reports whether the entries of shard s are this replica's to
+// track.
+func (d *Detector) tracking(s events.Shard) bool { return d.cfg.Shards == nil || d.owned[s] }
 
 // Start runs the checks until Stop and returns at once. Call it once the
 // projection is caught up. The checks run on a context of their own
@@ -136,22 +152,27 @@ func (d *Detector) Start(ctx context.Context) error {
 		return errors.New("stall detector already started")
 	}
 	sub := d.cfg.Projection.Subscribe()
+	d.sub = sub
 	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	d.cancel = cancel
 	d.since = d.cfg.Now()
-	changes := make(chan []projector.Change)
+	var moved <-chan struct{}
+	if d.cfg.Shards != nil {
+		moved = d.cfg.Shards.Changed()
+	}
+	changes := make(chan markedBatch)
 	d.wg.Add(2)
 	go func() {
 		defer d.wg.Done()
 		defer close(changes)
 		defer sub.Close()
 		for {
-			batch, err := sub.Next(ctx)
+			batch, mark, err := sub.NextMarked(ctx)
 			if err != nil {
 				return
 			}
 			select {
-			case changes <- batch:
+			case changes <- markedBatch{batch, mark}:
 			case <-ctx.Done():
 				return
 			}
@@ -159,9 +180,16 @@ func (d *Detector) Start(ctx context.Context) error {
 	}()
 	go func() {
 		defer d.wg.Done()
-		d.loop(ctx, changes)
+		d.loop(ctx, changes, moved)
 	}()
 	return nil
+}
+
+// markedBatch is a batch of the projection's changes with its number
+// (projector.Subscription.NextMarked).
+type markedBatch struct {
+	changes []projector.Change
+	mark    uint64
 }
 
 // Stop stops the checks and waits for them; a watermark read in flight is
@@ -174,9 +202,10 @@ func (d *Detector) Stop(context.Context) error {
 	return nil
 }
 
-func (d *Detector) loop(ctx context.Context, changes <-chan []projector.Change) {
+func (d *Detector) loop(ctx context.Context, changes <-chan markedBatch, moved <-chan struct{}) {
 	t := time.NewTicker(d.cfg.Interval)
 	defer t.Stop()
+	d.followShards()
 	for {
 		select {
 		case <-ctx.Done():
@@ -185,31 +214,93 @@ func (d *Detector) loop(ctx context.Context, changes <-chan []projector.Change) 
 			if !ok {
 				return
 			}
-			for _, c := range batch {
-				d.apply(c)
+			for _, c := range batch.changes {
+				d.apply(c, batch.mark)
 			}
+		case <-moved:
+			d.followShards()
 		case <-t.C:
+			d.followShards()
 			d.check(ctx)
 		}
 	}
 }
 
-func (d *Detector) apply(c projector.Change) {
-	if c.New == nil {
-		delete(d.tracks, c.ID)
-		d.mu.Lock()
-		if _, ok := d.reasons[c.ID]; ok {
-			delete(d.reasons, c.ID)
-			d.nReasons.Add(-1)
+// apply follows one change of the projection, in the batch numbered mark
+// (0: a batch that follows every snapshot). Only the entries of owned
+// shards are tracked; a change older than the snapshot an owned shard's
+// tracks were built from is ignored.
+func (d *Detector) apply(c projector.Change, mark uint64) {
+	var s events.Shard
+	if c.New != nil {
+		s = events.ShardOfEntry(c.New.Entry.Options.QueueName(), c.ID)
+	}
+	switch {
+	case c.New == nil || !d.tracking(s):
+		// Removed, or not (any more) in an owned shard.
+		d.forget(c.ID)
+	case mark != 0 && mark <= d.marks[s]:
+	case d.tracks[c.ID] != nil:
+		d.tracks[c.ID].set(*c.New)
+	default:
+		d.tracks[c.ID] = newTrack(*c.New)
+	}
+}
+
+// forget drops entry id's track and the reason seen for it.
+func (d *Detector) forget(id string) {
+	if _, ok := d.tracks[id]; !ok {
+		return
+	}
+	delete(d.tracks, id)
+	d.mu.Lock()
+	if _, ok := d.reasons[id]; ok {
+		delete(d.reasons, id)
+		d.nReasons.Add(-1)
+	}
+	d.mu.Unlock()
+}
+
+// followShards tracks the entries of the shards the owned set gained,
+// built from a snapshot of the projection (their watermarks are read at
+// the next check), and drops those of the shards it lost.
+func (d *Detector) followShards() {
+	if d.cfg.Shards == nil {
+		return
+	}
+	next := d.cfg.Shards.Owned()
+	if next.Version == d.ownedVersion {
+		return
+	}
+	d.ownedVersion = next.Version
+	taken := map[events.Shard]bool{}
+	for s := range next.Until {
+		if !d.owned[s] {
+			taken[s] = true
 		}
-		d.mu.Unlock()
+	}
+	for s := range d.owned {
+		if _, kept := next.Until[s]; !kept {
+			delete(d.owned, s)
+			delete(d.marks, s)
+		}
+	}
+	for id, t := range d.tracks {
+		if !d.owned[events.Shard{Queue: t.queue, Index: t.shard}] {
+			d.forget(id)
+		}
+	}
+	if len(taken) == 0 || d.sub == nil {
+		maps.Copy(d.owned, taken)
 		return
 	}
-	if t := d.tracks[c.ID]; t != nil {
-		t.set(*c.New)
-		return
+	registered, _, mark := d.sub.Snapshot(func(s events.Shard) bool { return taken[s] })
+	for s := range taken {
+		d.owned[s], d.marks[s] = true, mark
 	}
-	d.tracks[c.ID] = newTrack(*c.New)
+	for _, c := range registered {
+		d.tracks[c.ID] = newTrack(*c.New)
+	}
 }
 
 // Observe records that entry's tick was fired or skipped (an activity event
@@ -342,9 +433,6 @@ func (d *Detector) check(ctx context.Context) {
 	bound := d.cfg.LateAfter
 	var stale []*track
 	for _, t := range d.tracks {
-		if !d.mine(t) {
-			continue
-		}
 		if !t.known {
 			if _, _, ok := t.due(); ok {
 				stale = append(stale, t)
@@ -405,9 +493,6 @@ func (d *Detector) check(ctx context.Context) {
 	byQueue := map[string]int{}
 	var oldest time.Time
 	for _, t := range d.tracks {
-		if !d.mine(t) {
-			continue
-		}
 		l, over, ok := t.lateness(now, d.since)
 		if !ok || over <= bound {
 			continue
@@ -441,6 +526,7 @@ func (d *Detector) check(ctx context.Context) {
 	d.mu.Unlock()
 
 	d.m.Late.Set(float64(len(late)))
+	d.m.Tracked.Set(float64(len(d.tracks)))
 	for q := range d.queues {
 		if byQueue[q] == 0 {
 			d.m.LateByQueue.DeleteLabelValues(q)
@@ -527,6 +613,7 @@ type Metrics struct {
 	LateByQueue *prometheus.GaugeVec
 	OldestAge   prometheus.Gauge
 	ReadErrors  prometheus.Counter
+	Tracked     prometheus.Gauge
 }
 
 // NewMetrics creates the detector's metrics and registers them with reg
@@ -545,9 +632,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		ReadErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "cronstream_stall_check_errors_total", Help: "Stall checks that could not read watermarks from Redis (late entries are then computed from the last known ones).",
 		}),
+		Tracked: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "cronstream_stall_tracked_entries", Help: "Entries the stall detector checks: those of the shards this replica owns.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Late, m.LateByQueue, m.OldestAge, m.ReadErrors)
+		reg.MustRegister(m.Late, m.LateByQueue, m.OldestAge, m.ReadErrors, m.Tracked)
 	}
 	return m
 }
