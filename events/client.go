@@ -352,7 +352,7 @@ func (c *Client) write(ctx context.Context, op, id string, opts []WriteOption, d
 	if err := validID(id); err != nil {
 		return Result{}, fmt.Errorf("%s: %w", op, err)
 	}
-	if err := checkSource(c.source); err != nil {
+	if err := CheckSource(c.source); err != nil {
 		return Result{}, fmt.Errorf("%s: %w", op, err)
 	}
 	subject := c.names.ConfigSubject(id)

@@ -1,15 +1,11 @@
 package events
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
 	"strings"
-
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // A fail-pause request is how a replica pauses an entry armed with
@@ -54,39 +50,6 @@ type FailPauseRequest struct {
 // not registered, without pause_on_failure, or paused.
 var ErrNotArmed = errors.New("entry is not armed with pause_on_failure")
 
-// ErrSubjectNotCaptured is wrapped by the error of a write to a subject no
-// stream captures: a config stream made before fail-pause requests, which
-// `cronstream streams apply` brings up to date.
-var ErrSubjectNotCaptured = errors.New("no stream captures the subject")
-
-// capturesSubject reports whether one of a stream's subjects matches
-// subject.
-func capturesSubject(streamSubjects []string, subject string) bool {
-	for _, s := range streamSubjects {
-		if subjectMatches(s, subject) {
-			return true
-		}
-	}
-	return false
-}
-
-// subjectMatches reports whether the literal subject matches filter, with
-// NATS wildcards (* one token, > the rest).
-func subjectMatches(filter, subject string) bool {
-	f, s := strings.Split(filter, "."), strings.Split(subject, ".")
-	for i, t := range f {
-		switch {
-		case t == ">":
-			return len(s) > i
-		case i >= len(s):
-			return false
-		case t != "*" && t != s[i]:
-			return false
-		}
-	}
-	return len(f) == len(s)
-}
-
 func refusedf(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrFailPauseRefused, fmt.Sprintf(format, args...))
 }
@@ -95,17 +58,34 @@ func refusedf(format string, args ...any) error {
 // republish, a direct-get answer, a source or mirror), never by a client:
 // a message that carries one was not published by a cronstream client.
 var relayHeaders = []string{
-	jetstream.StreamHeader, jetstream.SubjectHeader, jetstream.SequenceHeader, jetstream.TimeStampHeaer,
+	"Nats-Stream", "Nats-Subject", "Nats-Sequence", "Nats-Time-Stamp",
 	"Nats-Stream-Source", "Nats-Last-Sequence",
+}
+
+// The headers a client sets on a request (NATS's names, as nats.go's
+// jetstream package spells them: TestHeaderNamesAreNATSs).
+const (
+	headerMsgID                   = "Nats-Msg-Id"
+	headerExpectedLastSubjSeq     = "Nats-Expected-Last-Subject-Sequence"
+	headerExpectedLastSubjSeqSubj = "Nats-Expected-Last-Subject-Sequence-Subject"
+)
+
+// headerGet is header's first value of key, "" when it has none; keys are
+// matched exactly, as NATS headers are (nats.Header.Get).
+func headerGet(header map[string][]string, key string) string {
+	if v := header[key]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
 }
 
 // DecodeFailPause decodes a message of the config stream stored on entry's
 // fail-pause subject, with the headers the stream stored with it. It needs
 // no state, so readers decode in parallel; Check then decides against the
 // entry's state. The error wraps ErrFailPauseRefused.
-func DecodeFailPause(names Names, entry string, header nats.Header, data []byte) (*FailPauseRequest, error) {
+func DecodeFailPause(names Names, entry string, header map[string][]string, data []byte) (*FailPauseRequest, error) {
 	one := func(key string) (string, error) {
-		switch v := header.Values(key); len(v) {
+		switch v := header[key]; len(v) {
 		case 0:
 			return "", refusedf("no %s header: not published by a cronstream client", key)
 		case 1:
@@ -115,18 +95,18 @@ func DecodeFailPause(names Names, entry string, header nats.Header, data []byte)
 		}
 	}
 	for _, h := range relayHeaders {
-		if header.Get(h) != "" {
+		if headerGet(header, h) != "" {
 			return nil, refusedf("header %s: relayed by a NATS server, not published by a cronstream client", h)
 		}
 	}
-	filter, err := one(jetstream.ExpectedLastSubjSeqSubjHeader)
+	filter, err := one(headerExpectedLastSubjSeqSubj)
 	if err != nil {
 		return nil, err
 	}
 	if want := names.EntryRevisionFilter(entry); filter != want {
 		return nil, refusedf("conditional on subject %q, not on the entry's %q", filter, want)
 	}
-	seqText, err := one(jetstream.ExpectedLastSubjSeqHeader)
+	seqText, err := one(headerExpectedLastSubjSeq)
 	if err != nil {
 		return nil, err
 	}
@@ -134,7 +114,7 @@ func DecodeFailPause(names Names, entry string, header nats.Header, data []byte)
 	if perr != nil || expected == 0 {
 		return nil, refusedf("expected revision %q is not a config event's sequence", seqText)
 	}
-	msgID, err := one(jetstream.MsgIDHeader)
+	msgID, err := one(headerMsgID)
 	if err != nil {
 		return nil, err
 	}
@@ -201,13 +181,13 @@ func ServerWrittenReason(subject string) string {
 // JetStream API response (its "type" is io.nats....) or a publish
 // acknowledgement. Readers skip it: it changes no entry and quarantines
 // none.
-func IsServerWritten(header nats.Header, data []byte) bool {
+func IsServerWritten(header map[string][]string, data []byte) bool {
 	for _, h := range relayHeaders {
-		if header.Get(h) != "" {
+		if headerGet(header, h) != "" {
 			return true
 		}
 	}
-	if header.Get(jetstream.MsgIDHeader) != "" {
+	if headerGet(header, headerMsgID) != "" {
 		return false
 	}
 	if len(strings.TrimSpace(string(data))) == 0 {
@@ -225,98 +205,4 @@ func IsServerWritten(header nats.Header, data []byte) bool {
 		return false
 	}
 	return strings.HasPrefix(v.Type, "io.nats.") || v.Stream != nil
-}
-
-// FailPause asks for the pause of entry id on failure with a fail-pause
-// request: rev is the entry's revision the caller saw armed (its config
-// event's sequence), and note names the task and its error (it must start
-// with FailPauseNotePrefix). The request is conditional on rev over both
-// of the entry's subjects: a *ConflictError when the entry changed since,
-// ErrNotArmed when it is not armed at rev, ErrNotFound when it does not
-// exist. A stream that does not capture the fail-pause subject (made
-// before this build, until `cronstream streams apply`) makes it fail with
-// ErrSubjectNotCaptured.
-func (c *Client) FailPause(ctx context.Context, id string, rev uint64, note string) (Result, error) {
-	if err := ValidateID(id); err != nil {
-		return Result{}, fmt.Errorf("fail-pause: %w", err)
-	}
-	if !strings.HasPrefix(note, FailPauseNotePrefix) {
-		return Result{}, fmt.Errorf("fail-pause entry %q: the note must start with %q", id, FailPauseNotePrefix)
-	}
-	cur, err := c.read(ctx, id, true)
-	if err != nil {
-		return Result{}, fmt.Errorf("fail-pause entry %q: %w", id, err)
-	}
-	if cur.rev != rev || cur.base != rev || cur.failPause {
-		return Result{}, &ConflictError{Entry: id, Expected: rev, Current: cur.rev}
-	}
-	e, err := cur.live(id)
-	if err != nil {
-		return Result{}, err
-	}
-	if !e.PauseOnFailure || e.Paused {
-		return Result{}, fmt.Errorf("fail-pause entry %q at revision %d: %w", id, rev, ErrNotArmed)
-	}
-	e.Paused, e.Note = true, note
-	if err := e.Validate(); err != nil {
-		return Result{}, fmt.Errorf("fail-pause: %w", err)
-	}
-	typ := GatedType(TypeEntryPaused, e)
-	data, err := json.Marshal(e)
-	if err != nil {
-		return Result{}, fmt.Errorf("fail-pause: encode entry %q: %w", id, err)
-	}
-	ev, err := NewEventAt(NewEventID(), c.now(), typ, c.source, id, json.RawMessage(data))
-	if err != nil {
-		return Result{}, err
-	}
-	seq, err := c.publish(ctx, c.names.FailPauseSubject(id), ev, rev, false)
-	if err != nil {
-		c.seen.drop(id)
-		if errors.Is(err, ErrRevisionConflict) {
-			return Result{}, err
-		}
-		return Result{}, fmt.Errorf("fail-pause entry %q: %w", id, err)
-	}
-	stored := e.Clone()
-	c.seen.put(id, state{rev: seq, base: seq, failPause: true, ev: ev, entry: &stored, canon: data})
-	return Result{Revision: seq, Type: typ, Entry: e}, nil
-}
-
-// CheckFailPause decides whether a message stored on a fail-pause subject
-// is a request that applies, as every reader folding the entry's history
-// decides: nil when it does, an error wrapping ErrFailPauseRefused saying
-// why not, another error when the stream could not be read. It reads the
-// one message the request expects (a request applies only right after a
-// config event of an armed entry, and the server guarantees nothing came
-// between), so a reader that shows messages one by one (audit) can tell.
-func (c *Client) CheckFailPause(ctx context.Context, subject string, header nats.Header, data []byte) error {
-	id, failPause, ok := c.names.EntryFromHistorySubject(subject)
-	if !ok || !failPause {
-		return refusedf("subject %q is not a fail-pause subject", subject)
-	}
-	req, err := DecodeFailPause(c.names, id, header, data)
-	if err != nil {
-		return err
-	}
-	var base *storedMsg
-	err = c.retry(ctx, "read the revision a fail-pause request expects", func(actx context.Context) (bool, error) {
-		var err error
-		base, err = c.msgGet(actx, msgGetRequest{Seq: req.Expected})
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			base, err = nil, nil
-		}
-		return isTransient(err), err
-	})
-	switch {
-	case err != nil:
-		return err
-	case base == nil || base.Subject != c.names.ConfigSubject(id) || IsServerWritten(base.Header, base.Data):
-		return refusedf("the message at revision %d is not a config event of entry %q", req.Expected, id)
-	}
-	s := c.decodeState(base.Subject, base.Sequence, base.Time, base.Data)
-	if s.err != nil {
-		return refusedf("entry %q is quarantined at revision %d", id, req.Expected)
-	}
-	return req.Check(s.entry, req.Expected)
 }

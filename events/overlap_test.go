@@ -67,26 +67,3 @@ func TestOverlapCancelPrevious(t *testing.T) {
 		}
 	}
 }
-
-// TestOverlapCancelPreviousClientGated: the Go client publishes an entry
-// with overlap cancel-previous under the gated type and reads it back; the
-// same entry back on allow is written under the plain type.
-func TestOverlapCancelPreviousClientGated(t *testing.T) {
-	t.Parallel()
-	ctx := testCtx(t)
-	_, _, c := newSingle(t, "gatedcancel")
-	e := validEntry("can")
-	e.Overlap = OverlapCancelPrevious
-	r, err := c.Put(ctx, e)
-	if err != nil || r.Type != TypeEntryRegistered+GatedSuffix {
-		t.Fatalf("put: %+v %v", r, err)
-	}
-	got, _, err := c.Get(ctx, "can")
-	if err != nil || got.Overlap != OverlapCancelPrevious {
-		t.Fatalf("get: %+v %v", got, err)
-	}
-	got.Overlap = OverlapAllow
-	if r, err = c.Put(ctx, got); err != nil || r.Type != TypeEntryUpdated {
-		t.Fatalf("put with overlap allow: %+v %v", r, err)
-	}
-}

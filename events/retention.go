@@ -1,12 +1,9 @@
 package events
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // ErrCatchupBeyondRetention: an entry's catch-up window reaches back further
@@ -27,13 +24,4 @@ func CatchupBeyondRetention(e Entry, maxAge time.Duration) error {
 	}
 	return fmt.Errorf("entry %s: %w: its catch-up window is %s, the activity stream keeps events for %s (--activity-max-age); shorten --catchup-window or raise the activity max age with `cronstream streams apply`",
 		e.ID, ErrCatchupBeyondRetention, time.Duration(n.Catchup.Window), maxAge)
-}
-
-// ActivityMaxAge reads the activity stream's max age (0: kept forever).
-func ActivityMaxAge(ctx context.Context, js jetstream.JetStream, names Names) (time.Duration, error) {
-	s, err := js.Stream(ctx, names.ActivityStream())
-	if err != nil {
-		return 0, fmt.Errorf("stream %s: %w", names.ActivityStream(), err)
-	}
-	return s.CachedInfo().Config.MaxAge, nil
 }

@@ -34,10 +34,10 @@ func checkAsWritten(ev *Event, b []byte, fast bool) error {
 	return nil
 }
 
-// checkSource checks a Client's event source: encoding/json would write
-// U+FFFD for bytes that are not UTF-8, publishing another source than the
-// one given.
-func checkSource(source string) error {
+// CheckSource checks the event source a Client publishes under
+// (WithSource): encoding/json would write U+FFFD for bytes that are not
+// UTF-8, publishing another source than the one given.
+func CheckSource(source string) error {
 	if !utf8.ValidString(source) || len(source) > maxSourceLen {
 		return fmt.Errorf("source %q (WithSource) must be valid UTF-8 of at most %d bytes", shorten(source), maxSourceLen)
 	}
