@@ -1,0 +1,19 @@
+package streamclient
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/cronstream/cronstream/contract"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// ActivityMaxAge reads the activity stream's max age (0: kept forever).
+func ActivityMaxAge(ctx context.Context, js jetstream.JetStream, names contract.Names) (time.Duration, error) {
+	s, err := js.Stream(ctx, names.ActivityStream())
+	if err != nil {
+		return 0, fmt.Errorf("stream %s: %w", names.ActivityStream(), err)
+	}
+	return s.CachedInfo().Config.MaxAge, nil
+}
