@@ -1,7 +1,6 @@
 package scheduler
 
 import (
-	"strings"
 	"time"
 
 	"github.com/cronstream/cronstream/events"
@@ -20,19 +19,4 @@ func skippedEventID(entry string, r tickRange) string {
 		return events.SkippedEventID(entry, r.Last)
 	}
 	return events.SkippedRangeEventID(entry, r.First, r.Last)
-}
-
-// ParseActivityID reads entry and last tick from a fired or skipped event
-// id; ok is false for other ids (triggers, recoveries).
-func ParseActivityID(id string) (entry string, tick time.Time, ok bool) {
-	// Most records a replica relays in a mass recovery are recoveries':
-	// their kind alone says no.
-	if kind, _, _ := strings.Cut(id, ":"); events.EventKind(kind) != events.EventIDFired && events.EventKind(kind) != events.EventIDSkipped {
-		return "", time.Time{}, false
-	}
-	f, ok := events.ParseEventID(id)
-	if !ok || (f.Kind != events.EventIDFired && f.Kind != events.EventIDSkipped) || f.IsTrigger() {
-		return "", time.Time{}, false // not a tick's record: a trigger's, a recovery's
-	}
-	return f.Entry, f.Last, true
 }

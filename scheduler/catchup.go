@@ -26,12 +26,12 @@ func countTicks(s *Schedule, after, before time.Time) tickRange {
 	if !after.Before(before) {
 		return tickRange{Exact: true}
 	}
-	if s.every > 0 && s.end.IsZero() { // an end bounds the ticks: walk them
+	if s.Every() > 0 && s.EndAt().IsZero() { // an end bounds the ticks: walk them
 		first := s.Next(after)
 		if !first.Before(before) {
 			return tickRange{Exact: true}
 		}
-		step := int64(s.every / time.Second)
+		step := int64(s.Every() / time.Second)
 		n := (before.Unix()-1-first.Unix())/step + 1
 		// A before with a fraction of a second can admit one more tick.
 		if time.Unix(first.Unix()+n*step, 0).Before(before) {
@@ -96,7 +96,7 @@ func planCatchup(s *Schedule, c events.Catchup, start, now time.Time, grace time
 		if !old.empty() {
 			from = old.Last
 		}
-		fire, more := s.ticksBefore(from, boundary, maxFire)
+		fire, more := ticksBefore(s, from, boundary, maxFire)
 		return catchupPlan{Fire: fire, Skipped: old, More: more}
 	default:
 		return catchupPlan{Skipped: countTicks(s, start, boundary)}
@@ -104,7 +104,7 @@ func planCatchup(s *Schedule, c events.Catchup, start, now time.Time, grace time
 }
 
 // ticksBefore returns the ticks in (after, before), at most max.
-func (s *Schedule) ticksBefore(after, before time.Time, max int) ([]time.Time, bool) {
+func ticksBefore(s *Schedule, after, before time.Time, max int) ([]time.Time, bool) {
 	var out []time.Time
 	for t := s.Next(after); !t.IsZero() && t.Before(before); t = s.Next(t) {
 		if len(out) == max {

@@ -246,6 +246,15 @@ func (s *Schedule) utc(t time.Time) time.Time {
 	return t.UTC()
 }
 
+// Every is the interval of an @every spec, 0 for any other.
+func (s *Schedule) Every() time.Duration { return s.every }
+
+// EndAt is the end of the entry's active window (zero: none).
+func (s *Schedule) EndAt() time.Time { return s.end }
+
+// MaxJitter is the entry's jitter: every tick's delay (Jitter) is shorter.
+func (s *Schedule) MaxJitter() time.Duration { return s.jitter }
+
 // Jitter returns the delay added to tick: a deterministic offset in
 // [0, jitter), whole seconds, from a hash of entry id and tick, so every
 // replica delays a tick by the same amount and ticks of one entry spread.

@@ -33,7 +33,7 @@ func (s *Scheduler) plan(r *entryRun, now time.Time, into []taskstate.Fire) ([]t
 	}
 	// Only ticks older than grace and the largest jitter are missed; a
 	// younger tick is fired normally.
-	grace := s.cfg.Grace + r.sched.jitter
+	grace := s.cfg.Grace + r.sched.MaxJitter()
 	var one [1]time.Time
 	var ticks []time.Time
 	var skipped tickRange
