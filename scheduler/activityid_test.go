@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"github.com/cronstream/cronstream/schedule"
 	"testing"
 	"time"
 )
@@ -27,7 +28,7 @@ func TestParseActivityID(t *testing.T) {
 		{"", "", time.Time{}, false},
 	}
 	for _, c := range cases {
-		entry, at, ok := ParseActivityID(c.id)
+		entry, at, ok := schedule.ParseActivityID(c.id)
 		if ok != c.ok || entry != c.entry || !at.Equal(c.tick) {
 			t.Errorf("ParseActivityID(%q) = %q %s %v, want %q %s %v", c.id, entry, at, ok, c.entry, c.tick, c.ok)
 		}

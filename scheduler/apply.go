@@ -5,6 +5,7 @@ import (
 
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/taskstate"
+	"github.com/cronstream/cronstream/schedule"
 )
 
 // sentFire is what apply needs to know of a fire once it was sent.
@@ -56,7 +57,7 @@ func (s *Scheduler) reload(r *entryRun) {
 // apply acts on one fire's result and returns the asynq history record of
 // a created task.
 func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (taskstate.EnqueueEventRecord, bool) {
-	s.outcome(Outcome{Entry: r.id, Tick: f.tick, Status: fireStatus(res.Status), Err: res.Err})
+	s.outcome(schedule.Outcome{Entry: r.id, Tick: f.tick, Status: fireStatus(res.Status), Err: res.Err})
 	if res.Err != nil {
 		s.countError()
 		r.tries++

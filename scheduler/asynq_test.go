@@ -14,7 +14,7 @@ import (
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
-	"github.com/cronstream/cronstream/scheduler"
+	"github.com/cronstream/cronstream/schedule"
 )
 
 // startWorker runs a real asynq server on e's Redis with handler; it is shut
@@ -86,10 +86,10 @@ func TestOverlapSkipWithRealWorker(t *testing.T) {
 			continue
 		}
 		overlap++
-		if id := scheduler.TaskID(testPrefix, "ov", s.ScheduledAt); e.taskExists("default", id) {
+		if id := schedule.TaskID(testPrefix, "ov", s.ScheduledAt); e.taskExists("default", id) {
 			t.Errorf("skipped tick %s has a task", s.ScheduledAt.Format(time.TimeOnly))
 		}
-		if _, ok := processed.Load(scheduler.TaskID(testPrefix, "ov", s.ScheduledAt)); ok {
+		if _, ok := processed.Load(schedule.TaskID(testPrefix, "ov", s.ScheduledAt)); ok {
 			t.Errorf("skipped tick %s was processed", s.ScheduledAt.Format(time.TimeOnly))
 		}
 	}
@@ -99,7 +99,7 @@ func TestOverlapSkipWithRealWorker(t *testing.T) {
 	// Every skipped tick lies while the first task was active: after it.
 	firstTick := time.Time{}
 	for s := range l.fired {
-		if scheduler.TaskID(testPrefix, "ov", time.Unix(s, 0)) == first {
+		if schedule.TaskID(testPrefix, "ov", time.Unix(s, 0)) == first {
 			firstTick = time.Unix(s, 0)
 		}
 	}

@@ -28,6 +28,7 @@ import (
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
 	"github.com/cronstream/cronstream/projector"
+	"github.com/cronstream/cronstream/schedule"
 	"github.com/cronstream/cronstream/scheduler"
 )
 
@@ -400,7 +401,7 @@ func benchOurs(b *testing.B, n, secs int) steadyResult {
 	var ticks []time.Time
 	for s := from.Unix() + 1; s < from.Unix()+int64(secs); s++ {
 		for i := range n {
-			ids = append(ids, scheduler.TaskID(testPrefix, fmt.Sprintf("s%05d", i), time.Unix(s, 0)))
+			ids = append(ids, schedule.TaskID(testPrefix, fmt.Sprintf("s%05d", i), time.Unix(s, 0)))
 			ticks = append(ticks, time.Unix(s, 0))
 		}
 	}
@@ -606,7 +607,7 @@ func BenchmarkSameInstant100k(b *testing.B) {
 			}, "all %d tasks in Redis and events in the stream", want)
 			ids := make([]string, n)
 			for i := range n {
-				ids[i] = scheduler.TaskID(testPrefix, fmt.Sprintf("i%06d", i), instant)
+				ids[i] = schedule.TaskID(testPrefix, fmt.Sprintf("i%06d", i), instant)
 			}
 			var lags []time.Duration
 			for _, at := range pendingSince(b, rc, "default", ids) {

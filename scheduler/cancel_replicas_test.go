@@ -12,7 +12,7 @@ import (
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
-	"github.com/cronstream/cronstream/scheduler"
+	"github.com/cronstream/cronstream/schedule"
 )
 
 // TestOverlapCancelPreviousAcrossReplicaKill: the cancel-previous run of
@@ -43,7 +43,7 @@ func TestOverlapCancelPreviousAcrossReplicaKill(t *testing.T) {
 		return n
 	}
 	testenv.Eventually(t, 30*time.Second, func() bool { return deleted() >= 2 }, "two running tasks replaced")
-	victim := scheduler.PrimaryOf("cank", nodes["a"].members.Live())
+	victim := schedule.PrimaryOf("cank", nodes["a"].members.Live())
 	nodes[victim].crash()
 	delete(nodes, victim)
 	killedAt := deleted()

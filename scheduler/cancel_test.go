@@ -15,6 +15,7 @@ import (
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
 	"github.com/cronstream/cronstream/projector"
+	"github.com/cronstream/cronstream/schedule"
 	"github.com/cronstream/cronstream/scheduler"
 )
 
@@ -74,7 +75,7 @@ func TestOverlapCancelPreviousWithRealWorker(t *testing.T) {
 		}
 		c := ac.Cancelled
 		if c.Entry != "can" || c.State != "active" || c.Action != events.CancelRequested ||
-			c.ReplacedBy != scheduler.TaskID(testPrefix, "can", c.ScheduledAt) || ac.MsgID != events.CancelledEventID("can", c.ScheduledAt) {
+			c.ReplacedBy != schedule.TaskID(testPrefix, "can", c.ScheduledAt) || ac.MsgID != events.CancelledEventID("can", c.ScheduledAt) {
 			t.Errorf("cancelled event %s: %+v", ac.MsgID, c)
 			continue
 		}
@@ -127,7 +128,7 @@ func TestOverlapCancelPreviousPending(t *testing.T) {
 	first, last := l.firedRange()
 	checkEverySecond(t, "canp", l, first, last)
 	pending := e.rc.LRange(context.Background(), taskstate.Keys("default").Pending(), 0, -1).Val()
-	if len(pending) != 1 || pending[0] != scheduler.TaskID(testPrefix, "canp", time.Unix(last, 0)) {
+	if len(pending) != 1 || pending[0] != schedule.TaskID(testPrefix, "canp", time.Unix(last, 0)) {
 		t.Fatalf("pending list %v, want only the last tick's task", pending)
 	}
 	var deleted int

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/schedule"
 )
 
 // tickRange is a run of consecutive ticks of one entry: the first and last
@@ -22,7 +23,7 @@ func (r tickRange) empty() bool { return r.Count == 0 }
 const maxCount = 200_000
 
 // countTicks describes the ticks in (after, before).
-func countTicks(s *Schedule, after, before time.Time) tickRange {
+func countTicks(s *schedule.Schedule, after, before time.Time) tickRange {
 	if !after.Before(before) {
 		return tickRange{Exact: true}
 	}
@@ -75,7 +76,7 @@ type catchupPlan struct {
 // if it lies within the window, all fires every one within the window,
 // oldest first, at most maxFire per pass. Ticks older than the window are
 // always skipped.
-func planCatchup(s *Schedule, c events.Catchup, start, now time.Time, grace time.Duration, maxFire int) catchupPlan {
+func planCatchup(s *schedule.Schedule, c events.Catchup, start, now time.Time, grace time.Duration, maxFire int) catchupPlan {
 	boundary := now.Add(-grace)
 	windowStart := now.Add(-c.Window.D())
 	switch c.Policy {
@@ -104,7 +105,7 @@ func planCatchup(s *Schedule, c events.Catchup, start, now time.Time, grace time
 }
 
 // ticksBefore returns the ticks in (after, before), at most max.
-func ticksBefore(s *Schedule, after, before time.Time, max int) ([]time.Time, bool) {
+func ticksBefore(s *schedule.Schedule, after, before time.Time, max int) ([]time.Time, bool) {
 	var out []time.Time
 	for t := s.Next(after); !t.IsZero() && t.Before(before); t = s.Next(t) {
 		if len(out) == max {

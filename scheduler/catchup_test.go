@@ -5,13 +5,14 @@ import (
 	"time"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/schedule"
 )
 
 func TestCountTicks(t *testing.T) {
 	every := mustSchedule(t, "@every 10s", "", 0)
 	cronSec := mustSchedule(t, "*/10 * * * * *", "", 0)
 	from := utc("2026-01-01T00:00:00Z")
-	for _, s := range []*Schedule{every, cronSec} {
+	for _, s := range []*schedule.Schedule{every, cronSec} {
 		r := countTicks(s, from, from.Add(time.Minute))
 		// (00:00, 01:00) holds :10 :20 :30 :40 :50.
 		if r.Count != 5 || !r.Exact || !r.First.Equal(from.Add(10*time.Second)) || !r.Last.Equal(from.Add(50*time.Second)) {
@@ -79,4 +80,25 @@ func TestPlanCatchup(t *testing.T) {
 	if p := planCatchup(s, events.Catchup{Policy: events.CatchupAll, Window: events.Duration(time.Hour)}, at(9), now, grace, 10); len(p.Fire) != 0 || !p.Skipped.empty() {
 		t.Fatalf("nothing missed, got %+v", p)
 	}
+}
+
+func mustSchedule(t *testing.T, spec, tz string, jitter time.Duration) *schedule.Schedule {
+	t.Helper()
+	e := events.Entry{ID: "e1", Cron: spec, Timezone: tz, Task: events.Task{Type: "t"}, Jitter: events.Duration(jitter)}
+	if err := e.Validate(); err != nil {
+		t.Fatalf("validate %q: %v", spec, err)
+	}
+	s, err := schedule.NewSchedule(e)
+	if err != nil {
+		t.Fatalf("NewSchedule(%q): %v", spec, err)
+	}
+	return s
+}
+
+func utc(s string) time.Time {
+	t, err := time.Parse(time.RFC3339, s)
+	if err != nil {
+		panic(err)
+	}
+	return t.UTC()
 }

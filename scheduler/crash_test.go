@@ -10,7 +10,7 @@ import (
 
 	"github.com/cronstream/cronstream/internal/relay"
 	"github.com/cronstream/cronstream/internal/testenv"
-	"github.com/cronstream/cronstream/scheduler"
+	"github.com/cronstream/cronstream/schedule"
 )
 
 // failingAck is an outbox whose first acknowledgements fail after the
@@ -69,7 +69,7 @@ func TestCrashBetweenRedisWriteAndPublish(t *testing.T) {
 		first, last := l.firedRange()
 		checkEverySecond(t, id, l, first, last)
 		for s := first; s <= last; s++ {
-			task := scheduler.TaskID(testPrefix, id, time.Unix(s, 0))
+			task := schedule.TaskID(testPrefix, id, time.Unix(s, 0))
 			if n := l.taskIDs[task]; n != 1 {
 				t.Errorf("task %s has %d fired events, want 1", task, n)
 			}

@@ -5,13 +5,14 @@ import (
 
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/projector"
+	"github.com/cronstream/cronstream/schedule"
 )
 
 // entryRun is the scheduler's state of one registered entry.
 type entryRun struct {
 	id    string
 	st    projector.State
-	sched *Schedule
+	sched *schedule.Schedule
 	queue string
 
 	// phase is where the entry stands on this replica (entryPhase);
@@ -81,7 +82,7 @@ type entryRun struct {
 
 	// The last Next computed: schedule computes the tick after start,
 	// and plan needs the same one when it comes due.
-	memoSched    *Schedule
+	memoSched    *schedule.Schedule
 	memoFrom     time.Time
 	memoNext     time.Time
 	memoComputed bool
@@ -157,7 +158,7 @@ type stopSettle struct {
 	// sched and after are the schedule and floor of before the pause, kept
 	// when the entry resumes before the settle committed (the resume moves
 	// the floor and may change the spec). Unset, the entry's own still are.
-	sched *Schedule
+	sched *schedule.Schedule
 	after time.Time
 }
 
@@ -256,7 +257,7 @@ func (s *Scheduler) applyChange(c projector.Change) {
 		return
 	}
 	st := *c.New
-	sched, err := NewSchedule(st.Entry)
+	sched, err := schedule.NewSchedule(st.Entry)
 	if err != nil {
 		// The projector validated the entry; this is a bug, not bad input.
 		s.log.Error("entry has no usable schedule; not firing it", "entry", c.ID, "err", err)
@@ -313,7 +314,7 @@ func (s *Scheduler) pause(r *entryRun, c projector.Change) {
 		// Found paused (at start, or registered paused): if every replica
 		// was down when the pause came, ticks due before it may be
 		// unhandled. loadStopped finds out from its watermark and history.
-		sched, err := NewSchedule(st.Entry)
+		sched, err := schedule.NewSchedule(st.Entry)
 		if err != nil {
 			s.log.Error("entry has no usable schedule; not loading it", "entry", c.ID, "err", err)
 			return
@@ -370,7 +371,7 @@ func (s *Scheduler) applyWaiting(r *entryRun) {
 // goes on by the schedule and floor it belongs to, and the entry then
 // rests paused.
 func (s *Scheduler) revivedPaused(r *entryRun, st projector.State) {
-	sched, err := NewSchedule(st.Entry)
+	sched, err := schedule.NewSchedule(st.Entry)
 	if err != nil {
 		// The projector validated the entry; this is a bug, not bad input.
 		s.log.Error("entry has no usable schedule; not firing it", "entry", r.id, "err", err)
@@ -437,7 +438,7 @@ func (s *Scheduler) foundRemoved(c projector.Change) {
 		return
 	}
 	st := *c.Old
-	sched, err := NewSchedule(st.Entry)
+	sched, err := schedule.NewSchedule(st.Entry)
 	if err != nil {
 		return // a removal that names only its entry: nothing to go by
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/projector"
+	"github.com/cronstream/cronstream/schedule"
 )
 
 // timesScheduler is a scheduler of replica id holding the runs of the
@@ -16,7 +17,7 @@ import (
 func timesScheduler(tb testing.TB, id string, owned, n int) *Scheduler {
 	tb.Helper()
 	en := events.Entry{ID: "x", Cron: "@every 10s", Task: events.Task{Type: "x"}}
-	sched, err := NewSchedule(en)
+	sched, err := schedule.NewSchedule(en)
 	if err != nil {
 		tb.Fatal(err)
 	}

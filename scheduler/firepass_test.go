@@ -8,6 +8,7 @@ import (
 
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/taskstate"
+	"github.com/cronstream/cronstream/schedule"
 	"github.com/cronstream/cronstream/scheduler"
 )
 
@@ -51,7 +52,7 @@ func TestSmallBatchesKeepEachFireIntact(t *testing.T) {
 			t.Fatalf("fired event %s names entry %q, which is not registered", a.MsgID, f.Entry)
 		case a.MsgID != events.FiredEventID(f.Entry, f.ScheduledAt):
 			t.Fatalf("fired event %s names entry %s tick %s", a.MsgID, f.Entry, f.ScheduledAt)
-		case f.TaskID != scheduler.TaskID(testPrefix, f.Entry, f.ScheduledAt):
+		case f.TaskID != schedule.TaskID(testPrefix, f.Entry, f.ScheduledAt):
 			t.Fatalf("fired event %s names task %s", a.MsgID, f.TaskID)
 		case f.Queue != q:
 			t.Fatalf("fired event %s names queue %s, want %s", a.MsgID, f.Queue, q)

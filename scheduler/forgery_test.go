@@ -11,6 +11,7 @@ import (
 
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/testenv"
+	"github.com/cronstream/cronstream/schedule"
 	"github.com/cronstream/cronstream/scheduler"
 )
 
@@ -60,13 +61,13 @@ func TestForgedFiresNeverStopAnEntry(t *testing.T) {
 	fired := nodes[2].sched.Stats().Fired
 	waitUntil(t, time.Now, current.Add(3*phase+time.Second))
 	to := time.Now().Add(-2 * time.Second).Truncate(time.Second)
-	testenv.Eventually(t, 10*time.Second, func() bool { return e.taskExists("default", scheduler.TaskID(testPrefix, entry, to)) },
+	testenv.Eventually(t, 10*time.Second, func() bool { return e.taskExists("default", schedule.TaskID(testPrefix, entry, to)) },
 		"the tick of %s to fire", to.Format(time.TimeOnly))
 	if nodes[2].sched.Stats().Fired == fired {
 		t.Errorf("r3, the last replica left, fired nothing on its own")
 	}
 	for tick := from; !tick.After(to); tick = tick.Add(time.Second) {
-		if !e.taskExists("default", scheduler.TaskID(testPrefix, entry, tick)) {
+		if !e.taskExists("default", schedule.TaskID(testPrefix, entry, tick)) {
 			t.Errorf("tick %s never fired", tick.UTC().Format(time.TimeOnly))
 		}
 	}
@@ -101,7 +102,7 @@ func TestForgedFireNotRestored(t *testing.T) {
 
 	far := time.Unix(4102444800, 0).UTC()
 	ev, err := events.NewEventAt("fire:"+entry+":4102444800", time.Now(), events.TypeEntryFired, "cronstream/forger", entry,
-		events.Fired{Entry: entry, ScheduledAt: far, EnqueuedAt: far, TaskID: scheduler.TaskID(testPrefix, entry, far), Queue: "default", Replica: "forger"})
+		events.Fired{Entry: entry, ScheduledAt: far, EnqueuedAt: far, TaskID: schedule.TaskID(testPrefix, entry, far), Queue: "default", Replica: "forger"})
 	if err != nil {
 		t.Fatal(err)
 	}

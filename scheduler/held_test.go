@@ -15,6 +15,7 @@ import (
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
 	"github.com/cronstream/cronstream/projector"
+	"github.com/cronstream/cronstream/schedule"
 	"github.com/cronstream/cronstream/scheduler"
 )
 
@@ -92,7 +93,7 @@ func TestOverlapBufferOneWithRealWorker(t *testing.T) {
 			t.Errorf("unexpected skipped event %+v", s)
 		}
 		skippedOverlap++
-		if e.taskExists("default", scheduler.TaskID(testPrefix, "buf", s.ScheduledAt)) {
+		if e.taskExists("default", schedule.TaskID(testPrefix, "buf", s.ScheduledAt)) {
 			t.Errorf("skipped tick %s has a task", s.ScheduledAt.Format(time.TimeOnly))
 		}
 	}
@@ -114,7 +115,7 @@ func TestOverlapBufferOneWithRealWorker(t *testing.T) {
 	slices.SortFunc(ticks, func(x, y time.Time) int { return x.Compare(y) })
 	held := 0
 	for i, tick := range ticks {
-		id := scheduler.TaskID(testPrefix, "buf", tick)
+		id := schedule.TaskID(testPrefix, "buf", tick)
 		if l.taskIDs[id] != 1 {
 			t.Errorf("tick %s: %d fired events name its task %s", tick.Format(time.TimeOnly), l.taskIDs[id], id)
 			continue
@@ -122,7 +123,7 @@ func TestOverlapBufferOneWithRealWorker(t *testing.T) {
 		if i == 0 {
 			continue
 		}
-		prev := runs[scheduler.TaskID(testPrefix, "buf", ticks[i-1])]
+		prev := runs[schedule.TaskID(testPrefix, "buf", ticks[i-1])]
 		cur := runs[id]
 		if prev == nil || cur == nil {
 			t.Errorf("tick %s or the one before never ran", tick.Format(time.TimeOnly))

@@ -8,6 +8,7 @@ import (
 
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/taskstate"
+	"github.com/cronstream/cronstream/schedule"
 )
 
 // loadBatch bounds the entries one turn of the loop loads: a replica that
@@ -52,7 +53,7 @@ func (s *Scheduler) loadWatermarks(ctx context.Context) {
 			s.countError()
 			s.log.Warn("read watermarks", "queue", q, "entries", len(ids), "err", err)
 			for _, r := range runs {
-				s.outcome(Outcome{Entry: r.id, Err: err})
+				s.outcome(schedule.Outcome{Entry: r.id, Err: err})
 			}
 			failed = true
 			continue // stay in s.load; retried after a backoff
@@ -246,7 +247,7 @@ func (s *Scheduler) handover(ctx context.Context, r *entryRun, from []string) (b
 		if err != nil {
 			s.countError()
 			s.log.Warn("close entry in its old queue", "entry", r.id, "queue", q, "err", err)
-			s.outcome(Outcome{Entry: r.id, Err: err})
+			s.outcome(schedule.Outcome{Entry: r.id, Err: err})
 			return false, err
 		}
 		if ok && (!found || tick.After(best)) {
@@ -277,7 +278,7 @@ func (s *Scheduler) handover(ctx context.Context, r *entryRun, from []string) (b
 		if !errors.Is(err, taskstate.ErrHandoverSuperseded) {
 			s.countError()
 			s.log.Warn("seed entry in its new queue", "entry", r.id, "queue", r.queue, "err", err)
-			s.outcome(Outcome{Entry: r.id, Err: err})
+			s.outcome(schedule.Outcome{Entry: r.id, Err: err})
 			return false, err
 		}
 		// A newer configuration moved the entry on; our fires there will
@@ -309,7 +310,7 @@ func (s *Scheduler) restoreFireCount(ctx context.Context, r *entryRun) error {
 	if err != nil {
 		s.countError()
 		s.log.Warn("rebuild the entry's fires count from the activity stream; not firing it until it is", "entry", r.id, "queue", r.queue, "err", err)
-		s.outcome(Outcome{Entry: r.id, Err: err})
+		s.outcome(schedule.Outcome{Entry: r.id, Err: err})
 		return err
 	}
 	if unknown {

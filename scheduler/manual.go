@@ -12,6 +12,7 @@ import (
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/projector"
+	"github.com/cronstream/cronstream/schedule"
 )
 
 // firer is what manual fires need of Redis; *taskstate.Store implements it.
@@ -261,7 +262,7 @@ func (m Manual) PlanBackfill(ctx context.Context, t Target, from, to time.Time) 
 	if to.After(m.now()) {
 		return plan, fmt.Errorf("backfill %s: %w: --to %s is in the future", id, ErrBadRange, to.Format(time.RFC3339))
 	}
-	sched, err := NewSchedule(t.Entry)
+	sched, err := schedule.NewSchedule(t.Entry)
 	if err != nil {
 		return plan, err
 	}
@@ -298,7 +299,7 @@ func (m Manual) PlanBackfill(ctx context.Context, t Target, from, to time.Time) 
 	if m.Redis != nil && len(unfired) > 0 {
 		refs := make([]taskstate.TaskRef, len(unfired))
 		for i, tick := range unfired {
-			refs[i] = taskstate.TaskRef{Queue: t.Entry.Options.QueueName(), ID: TaskID(m.Names.Prefix(), id, tick)}
+			refs[i] = taskstate.TaskRef{Queue: t.Entry.Options.QueueName(), ID: schedule.TaskID(m.Names.Prefix(), id, tick)}
 		}
 		states, err := taskstate.New(m.Redis).TaskStates(ctx, refs)
 		if err != nil {
@@ -346,7 +347,7 @@ func (m Manual) FireBackfill(ctx context.Context, t Target, plan BackfillPlan) (
 	build := func(t Target, i int) (taskstate.Fire, error) {
 		e, tick := t.Entry, todo[i]
 		queue := e.Options.QueueName()
-		taskID := TaskID(prefix, e.ID, tick)
+		taskID := schedule.TaskID(prefix, e.ID, tick)
 		rec, err := m.record(firedEventID(e.ID, tick), events.TypeEntryFired, e.ID, now, events.Fired{
 			Entry: e.ID, ScheduledAt: tick.UTC(), EnqueuedAt: now.UTC(), TaskID: taskID, Queue: queue,
 			Revision: t.Revision, Replica: m.source(), Backfill: true,

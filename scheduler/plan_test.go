@@ -7,6 +7,7 @@ import (
 	"github.com/cronstream/cronstream/clock"
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/taskstate"
+	"github.com/cronstream/cronstream/schedule"
 )
 
 // planScheduler is a scheduler built without running, for plan.
@@ -22,7 +23,7 @@ func planEntry(t *testing.T, spec string, cursor time.Time) *entryRun {
 		t.Fatal(err)
 	}
 	en = en.Normalize()
-	sched, err := NewSchedule(en)
+	sched, err := schedule.NewSchedule(en)
 	if err != nil {
 		t.Fatal(err)
 	}

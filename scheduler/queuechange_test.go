@@ -8,6 +8,7 @@ import (
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
+	"github.com/cronstream/cronstream/schedule"
 	"github.com/cronstream/cronstream/scheduler"
 )
 
@@ -138,7 +139,7 @@ var staleFences = taskstate.Fences{ConfigSeq: 1}
 // staleFire is a fire of a replica whose configuration still has entry in
 // queue: it expects whatever watermark beta holds.
 func staleFire(t *testing.T, entry, queue string, tick time.Time) taskstate.Fire {
-	id := scheduler.TaskID(testPrefix, entry, tick)
+	id := schedule.TaskID(testPrefix, entry, tick)
 	return taskstate.Fire{
 		Prefix: testPrefix, Entry: entry, Queue: queue, Kind: taskstate.FireTick, Tick: tick, ExpectNone: true,
 		Msg:         &taskstate.TaskMessage{Type: "tick:" + entry, ID: id},

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/cronstream/cronstream/events"
-	"github.com/cronstream/cronstream/scheduler"
+	"github.com/cronstream/cronstream/schedule"
 )
 
 // TestReplicasFireEveryTickOnce is INV-once and INV-outbox across replicas: three
@@ -76,7 +76,7 @@ func TestReplicasFireEveryTickOnce(t *testing.T) {
 		}
 		checkEverySecond(t, id, l, first, last)
 		for s := first; s <= last; s++ {
-			task := scheduler.TaskID(testPrefix, id, time.Unix(s, 0))
+			task := schedule.TaskID(testPrefix, id, time.Unix(s, 0))
 			if pending[task] != 1 {
 				t.Errorf("task %s: %d in the pending list, want 1", task, pending[task])
 			}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/cronstream/cronstream/internal/taskstate"
+	"github.com/cronstream/cronstream/schedule"
 )
 
 // Restoring a lost watermark (docs/design.md INV-restore). Redis lost an
@@ -90,7 +91,7 @@ func (s *Scheduler) restore(ctx context.Context, r *entryRun, wm taskstate.Water
 	if seed == nil {
 		seed = &restoreSeed{}
 		if r.hasHandled {
-			seed.tick, seed.task, seed.from = r.handled, TaskID(prefix, r.id, r.handled), "cursor"
+			seed.tick, seed.task, seed.from = r.handled, schedule.TaskID(prefix, r.id, r.handled), "cursor"
 		}
 		st, sttask, ok, err := s.lastHandled(ctx, r)
 		switch {
@@ -107,7 +108,7 @@ func (s *Scheduler) restore(ctx context.Context, r *entryRun, wm taskstate.Water
 	if err != nil {
 		s.countError()
 		s.log.Warn("propose the seed of the entry's lost watermark", "entry", r.id, "queue", r.queue, "err", err)
-		s.outcome(Outcome{Entry: r.id, Err: err})
+		s.outcome(schedule.Outcome{Entry: r.id, Err: err})
 		return restoreFailed, 0
 	}
 	switch {
@@ -115,12 +116,12 @@ func (s *Scheduler) restore(ctx context.Context, r *entryRun, wm taskstate.Water
 		return restoreReread, 0
 	case !p.Found && streamUnread:
 		// No position anywhere, and the stream may hold fires.
-		s.outcome(Outcome{Entry: r.id, Err: fmt.Errorf("%w: no running replica holds a position for it and the activity stream cannot be read", ErrRestoring)})
+		s.outcome(schedule.Outcome{Entry: r.id, Err: fmt.Errorf("%w: no running replica holds a position for it and the activity stream cannot be read", ErrRestoring)})
 		return restoreHeld, streamReadPause
 	case !p.Found:
 		return restoreNone, 0
 	case !p.Settled:
-		s.outcome(Outcome{Entry: r.id, Err: fmt.Errorf("%w: waiting %s for the other replicas' positions", ErrRestoring, p.Left.Round(time.Millisecond))})
+		s.outcome(schedule.Outcome{Entry: r.id, Err: fmt.Errorf("%w: waiting %s for the other replicas' positions", ErrRestoring, p.Left.Round(time.Millisecond))})
 		return restoreHeld, p.Left
 	}
 	from := seed.from
@@ -147,7 +148,7 @@ func (s *Scheduler) restore(ctx context.Context, r *entryRun, wm taskstate.Water
 		}
 		s.countError()
 		s.log.Warn("restore the entry's watermark; not firing it until it is", "entry", r.id, "queue", r.queue, "tick", p.Tick, "from", from, "err", err)
-		s.outcome(Outcome{Entry: r.id, Err: err})
+		s.outcome(schedule.Outcome{Entry: r.id, Err: err})
 		return restoreFailed, 0
 	}
 	if err := s.broker.ClearRestore(ctx, prefix, r.queue, r.id, p.Tick); err != nil {
@@ -300,7 +301,7 @@ func (s *Scheduler) raiseProposals(ctx context.Context) {
 				if !ok || pos.queue != q || !pos.tick.After(tick) {
 					continue
 				}
-				if _, err := s.broker.ProposeRestore(ctx, prefix, q, id, pos.tick, TaskID(prefix, id, pos.tick), s.cfg.RestoreSettle); err != nil {
+				if _, err := s.broker.ProposeRestore(ctx, prefix, q, id, pos.tick, schedule.TaskID(prefix, id, pos.tick), s.cfg.RestoreSettle); err != nil {
 					s.log.Warn("raise a restore proposal with this replica's position", "entry", id, "queue", q, "err", err)
 					continue
 				}

@@ -14,6 +14,7 @@ import (
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
+	"github.com/cronstream/cronstream/schedule"
 	"github.com/cronstream/cronstream/scheduler"
 )
 
@@ -38,7 +39,7 @@ func TestRedisLostAheadOfAnotherReplica(t *testing.T) {
 		// another's fires; each knows only what its own attempts read.
 		return nodeOpts{noRelay: true, ownsAll: true, clock: clocks[id].clock, sched: func(c *scheduler.Config) {
 			c.History = scheduler.NewStreamHistory(e.js, testNames)
-			c.OnOutcome = func(o scheduler.Outcome) {
+			c.OnOutcome = func(o schedule.Outcome) {
 				if errors.Is(o.Err, scheduler.ErrRestoring) {
 					held.Add(1)
 				}

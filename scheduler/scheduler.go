@@ -31,6 +31,7 @@ import (
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/projector"
+	"github.com/cronstream/cronstream/schedule"
 )
 
 // Where things are, in the order a tick goes through them:
@@ -148,7 +149,7 @@ type Config struct {
 	// OnOutcome, when set, hears the outcome of every fire attempt and of
 	// every failed watermark read (a stall detector's reasons), on the
 	// loop goroutine; it must not block.
-	OnOutcome func(Outcome)
+	OnOutcome func(schedule.Outcome)
 	// Visibility is how often asynq's scheduler entries are rewritten.
 	Visibility time.Duration
 	// History, when set, tells which queues an entry used before its

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/schedule"
 	"github.com/cronstream/cronstream/scheduler"
 )
 
@@ -86,7 +87,7 @@ func TestWindowAndExclusionAcrossReplicas(t *testing.T) {
 	}
 	checkEverySecond(t, "exc", exc, first, last)
 	for s := first; s <= last; s++ {
-		task := scheduler.TaskID(testPrefix, "exc", time.Unix(s, 0))
+		task := schedule.TaskID(testPrefix, "exc", time.Unix(s, 0))
 		want := 1
 		if s%3 == 0 {
 			want = 0
@@ -117,7 +118,7 @@ func TestScheduleWindowAndExclusions(t *testing.T) {
 			en.StartAt, en.EndAt = start, start.Add(3*time.Hour)
 			en.Exclude = []string{"0 10 * * *"}
 		})
-		s, err := scheduler.NewSchedule(e)
+		s, err := schedule.NewSchedule(e)
 		if err != nil {
 			t.Fatal(err)
 		}

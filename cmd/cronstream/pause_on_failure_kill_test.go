@@ -11,7 +11,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/cronstream/cronstream/internal/testenv"
-	"github.com/cronstream/cronstream/scheduler"
+	"github.com/cronstream/cronstream/schedule"
 )
 
 // TestPauseOnFailureAcrossReplicaKill: three `cronstream run` replicas, an
@@ -33,7 +33,7 @@ func TestPauseOnFailureAcrossReplicaKill(t *testing.T) {
 	}
 	// The queue's scanner is its primary among the live replicas, by the
 	// key failpause shares the work under.
-	killed := scheduler.PrimaryOf("~failpause:pfk", ids)
+	killed := schedule.PrimaryOf("~failpause:pfk", ids)
 	e.ok("entry", "put", "pfk", "--cron", "@every 2s", "--type", "pfk", "--queue", "pfk", "--max-retry", "0", "--pause-on-failure")
 	ps[killed].stop(syscall.SIGKILL, 10*time.Second)
 

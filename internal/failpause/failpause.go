@@ -53,7 +53,7 @@ import (
 	"github.com/cronstream/cronstream/internal/bgloop"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/projector"
-	"github.com/cronstream/cronstream/scheduler"
+	"github.com/cronstream/cronstream/schedule"
 )
 
 // Defaults of Config.
@@ -277,7 +277,7 @@ func (w *Watcher) Scan(ctx context.Context) []string {
 		live = w.p.Live()
 	}
 	for q := range armed {
-		if len(live) > 0 && scheduler.PrimaryOf(primaryKey(q), live) != w.p.ReplicaID {
+		if len(live) > 0 && schedule.PrimaryOf(primaryKey(q), live) != w.p.ReplicaID {
 			// Another replica scans this queue and publishes its pauses;
 			// the conditional pause below stays the safety net.
 			delete(armed, q)
@@ -519,7 +519,7 @@ func (w *Watcher) read(ctx context.Context, queue string, entries map[string]boo
 				cur.from, cur.seen = t.At, map[string]bool{}
 			}
 			cur.seen[t.ID] = true
-			if entry, ok := scheduler.TaskEntry(prefix, t.ID); ok && entries[entry] {
+			if entry, ok := schedule.TaskEntry(prefix, t.ID); ok && entries[entry] {
 				found = append(found, candidate{entry: entry, queue: queue, task: t.ID, at: t.At})
 			}
 		}

@@ -33,7 +33,7 @@ import (
 	"github.com/robfig/cron/v3"
 
 	"github.com/cronstream/cronstream/contract"
-	"github.com/cronstream/cronstream/scheduler"
+	"github.com/cronstream/cronstream/schedule"
 )
 
 // By says how fires are grouped.
@@ -253,7 +253,7 @@ func shareKey(e contract.Entry) (string, bool) {
 // differ only in id (and so in their jitter offsets) walk their schedule
 // once.
 func series(e contract.Entry, from time.Time, minutes int, walks map[walkKey][]tickMinute, acc *accumulator, left int) ([]point, error) {
-	s, err := scheduler.NewSchedule(e)
+	s, err := schedule.NewSchedule(e)
 	if err != nil {
 		return nil, err
 	}
@@ -306,7 +306,7 @@ func bounded(e contract.Entry) bool {
 // boundedSeries counts the ticks that fire one by one, with the
 // scheduler's own NextFire (window and exclusions applied), at most left
 // of them (negative: no limit).
-func boundedSeries(e contract.Entry, s *scheduler.Schedule, from time.Time, minutes int, acc *accumulator, left int) []point {
+func boundedSeries(e contract.Entry, s *schedule.Schedule, from time.Time, minutes int, acc *accumulator, left int) []point {
 	jitter := e.Jitter.D().Truncate(time.Second)
 	end := from.Add(time.Duration(minutes) * time.Minute)
 	acc.reset()
@@ -450,7 +450,7 @@ type tickMinute struct {
 // walkMinutes steps through the minutes in [after, end) that hold a tick of
 // s, with the scheduler's own Next, counting each minute's ticks from the
 // spec's seconds field.
-func walkMinutes(e contract.Entry, s *scheduler.Schedule, after, end time.Time) []tickMinute {
+func walkMinutes(e contract.Entry, s *schedule.Schedule, after, end time.Time) []tickMinute {
 	secMask := uint64(1) // @every and constant schedules: one tick per step
 	if spec, err := contract.ParseCron(e.Cron, nil); err == nil {
 		switch sp := spec.(type) {
@@ -697,7 +697,7 @@ func hint(pk Peak, excess, median int64, at time.Time) string {
 // specGap is the shortest gap between two fires of spec in zone after at
 // (scheduler.Schedule.ShortestGap), 0 when unknown.
 func specGap(spec, zone string, at time.Time) time.Duration {
-	s, err := scheduler.NewSchedule(contract.Entry{ID: "gap", Cron: spec, Timezone: zone})
+	s, err := schedule.NewSchedule(contract.Entry{ID: "gap", Cron: spec, Timezone: zone})
 	if err != nil {
 		return 0
 	}

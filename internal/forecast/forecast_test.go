@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/cronstream/cronstream/contract"
-	"github.com/cronstream/cronstream/scheduler"
+	"github.com/cronstream/cronstream/schedule"
 )
 
 // bruteForce lists every tick of every entry (jitter included) and counts
@@ -21,7 +21,7 @@ func bruteForce(t *testing.T, entries []contract.Entry, from time.Time, minutes 
 		if e.Paused || e.Removed {
 			continue
 		}
-		s, err := scheduler.NewSchedule(e)
+		s, err := schedule.NewSchedule(e)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -184,7 +184,7 @@ func TestJittererMatchesScheduler(t *testing.T) {
 		id := fmt.Sprintf("entry-%d-%x", i, r.Uint64())
 		jitter := time.Duration(1+r.IntN(86400)) * time.Second
 		e := contract.Entry{ID: id, Cron: "* * * * *", Jitter: contract.Duration(jitter)}
-		s, err := scheduler.NewSchedule(e)
+		s, err := schedule.NewSchedule(e)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -222,7 +222,7 @@ func TestComputeWindowAndExclusions(t *testing.T) {
 // bruteForceFires counts the fires of e (NextFire: window and exclusions)
 // in the minutes from from.
 func bruteForceFires(t *testing.T, e contract.Entry, from time.Time, minutes int) int64 {
-	s, err := scheduler.NewSchedule(e)
+	s, err := schedule.NewSchedule(e)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,7 +15,7 @@ import (
 
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/projector"
-	"github.com/cronstream/cronstream/scheduler"
+	"github.com/cronstream/cronstream/schedule"
 )
 
 // Projection is what the detector reads of the live projection;
@@ -226,7 +226,7 @@ func (d *Detector) Observe(entry string, tick time.Time) {
 // events the relay published (relay.Config.OnPublished).
 func (d *Detector) ObservePublished(eventIDs []string) {
 	for _, id := range eventIDs {
-		if entry, tick, ok := scheduler.ParseActivityID(id); ok {
+		if entry, tick, ok := schedule.ParseActivityID(id); ok {
 			d.Observe(entry, tick)
 		}
 	}
@@ -236,11 +236,11 @@ func (d *Detector) ObservePublished(eventIDs []string) {
 // (scheduler.Config.OnOutcome). Watermark mismatches say nothing: they are
 // how a replica learns another fired first (across a handover, or beside
 // replicas of an earlier build).
-func (d *Detector) Outcome(o scheduler.Outcome) {
+func (d *Detector) Outcome(o schedule.Outcome) {
 	switch {
 	case o.Err != nil:
 		d.failed(o, o.Err.Error())
-	case o.Status == scheduler.StatusWatermarkMismatch:
+	case o.Status == schedule.StatusWatermarkMismatch:
 	case o.Status.Refused():
 		d.failed(o, "refused: "+o.Status.String())
 	default:
@@ -256,7 +256,7 @@ func (d *Detector) Outcome(o scheduler.Outcome) {
 	}
 }
 
-func (d *Detector) failed(o scheduler.Outcome, text string) {
+func (d *Detector) failed(o schedule.Outcome, text string) {
 	now := time.Since(d.epoch)
 	d.mu.Lock()
 	defer d.mu.Unlock()

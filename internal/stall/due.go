@@ -36,7 +36,7 @@ import (
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/projector"
-	"github.com/cronstream/cronstream/scheduler"
+	"github.com/cronstream/cronstream/schedule"
 )
 
 // DefaultLateAfter is how long a tick may be overdue before its entry is
@@ -71,7 +71,7 @@ type track struct {
 	queue string
 	shard int // events.ShardOf(id)
 	st    projector.State
-	sched *scheduler.Schedule // nil: the entry cannot fire (never late)
+	sched *schedule.Schedule // nil: the entry cannot fire (never late)
 
 	// wm is the watermark last read from Redis (known: read at least
 	// once since the entry or its queue changed); seen is the newest
@@ -104,7 +104,7 @@ func (t *track) set(st projector.State) {
 	if !st.Entry.Paused {
 		// The projector validated the entry; one it cannot schedule does
 		// not fire, and the scheduler says so.
-		t.sched, _ = scheduler.NewSchedule(st.Entry)
+		t.sched, _ = schedule.NewSchedule(st.Entry)
 	}
 }
 

@@ -9,7 +9,7 @@ import (
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
 	"github.com/cronstream/cronstream/projector"
-	"github.com/cronstream/cronstream/scheduler"
+	"github.com/cronstream/cronstream/schedule"
 )
 
 // TestDetectorChecksOwnedShards: with ownership, a replica's detector
@@ -32,7 +32,7 @@ func TestDetectorChecksOwnedShards(t *testing.T) {
 	for _, c := range []struct{ id, queue string }{{"a", "mine"}, {"b", "theirs"}} {
 		d.apply(changeOf(state(t, events.Entry{ID: c.id, Cron: "@every 1s", Options: events.Options{Queue: c.queue}}, now.Add(-time.Hour))))
 		tick := now.Add(-time.Minute)
-		if err := store.SeedWatermark(ctx, names.Prefix(), c.queue, c.id, tick, scheduler.TaskID(names.Prefix(), c.id, tick), 1, ""); err != nil {
+		if err := store.SeedWatermark(ctx, names.Prefix(), c.queue, c.id, tick, schedule.TaskID(names.Prefix(), c.id, tick), 1, ""); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -1,15 +1,15 @@
-package scheduler
+package schedule
 
 import (
 	"testing"
 	"time"
 
-	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/contract"
 )
 
 func mustSchedule(t *testing.T, spec, tz string, jitter time.Duration) *Schedule {
 	t.Helper()
-	e := events.Entry{ID: "e1", Cron: spec, Timezone: tz, Task: events.Task{Type: "t"}, Jitter: events.Duration(jitter)}
+	e := contract.Entry{ID: "e1", Cron: spec, Timezone: tz, Task: contract.Task{Type: "t"}, Jitter: contract.Duration(jitter)}
 	if err := e.Validate(); err != nil {
 		t.Fatalf("validate %q: %v", spec, err)
 	}
@@ -187,7 +187,7 @@ func TestShortestGap(t *testing.T) {
 		{"*/10 * * * *", "UTC", []string{"10-59/10 * * * *"}, time.Hour},
 	}
 	for _, c := range cases {
-		s, err := NewSchedule(events.Entry{ID: "g", Cron: c.cron, Timezone: c.tz, Exclude: c.exclude})
+		s, err := NewSchedule(contract.Entry{ID: "g", Cron: c.cron, Timezone: c.tz, Exclude: c.exclude})
 		if err != nil {
 			t.Fatalf("%s: %v", c.cron, err)
 		}

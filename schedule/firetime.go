@@ -1,4 +1,4 @@
-package scheduler
+package schedule
 
 import (
 	"encoding/binary"
@@ -9,7 +9,7 @@ import (
 
 	"github.com/robfig/cron/v3"
 
-	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/contract"
 )
 
 // Schedule computes the ticks of one entry. Every replica computes the same
@@ -32,7 +32,7 @@ import (
 // follow the same rules.
 type Schedule struct {
 	spec   *cron.SpecSchedule // nil for @every, other constant schedules and calendar specs
-	cal    *events.CalendarSchedule
+	cal    *contract.CalendarSchedule
 	sched  cron.Schedule
 	every  time.Duration
 	loc    *time.Location
@@ -41,12 +41,12 @@ type Schedule struct {
 	// The entry's active window (zero: unbounded) and exclusions, from
 	// events so that every reader of Next agrees on them.
 	start, end time.Time
-	exclude    events.Exclusions
+	exclude    contract.Exclusions
 }
 
 // NewSchedule builds the schedule of e. The entry must have passed
 // validation; an error here means it did not.
-func NewSchedule(e events.Entry) (*Schedule, error) {
+func NewSchedule(e contract.Entry) (*Schedule, error) {
 	loc, err := e.Location()
 	if err != nil {
 		return nil, err
@@ -63,7 +63,7 @@ func NewSchedule(e events.Entry) (*Schedule, error) {
 		s.every = d.Truncate(time.Second)
 		return s, nil
 	}
-	sched, err := events.ParseCron(e.Cron, loc)
+	sched, err := contract.ParseCron(e.Cron, loc)
 	if err != nil {
 		return nil, fmt.Errorf("entry %q: cron %q: %w", e.ID, e.Cron, err)
 	}
@@ -71,7 +71,7 @@ func NewSchedule(e events.Entry) (*Schedule, error) {
 	switch sp := sched.(type) {
 	case *cron.SpecSchedule:
 		s.spec, s.loc = sp, sp.Location
-	case *events.CalendarSchedule:
+	case *contract.CalendarSchedule:
 		s.cal, s.loc = sp, sp.Location
 	}
 	return s, nil
@@ -182,7 +182,7 @@ func (s *Schedule) gapTick(t, next time.Time) (time.Time, bool) {
 		changes = calendarZoneChanges
 	}
 	for range changes {
-		end := events.ZonePeriodEnd(lt)
+		end := contract.ZonePeriodEnd(lt)
 		if end.IsZero() || (!next.IsZero() && end.After(next)) {
 			return time.Time{}, false
 		}
@@ -341,7 +341,7 @@ func (s *Schedule) Prev(t, floor time.Time) time.Time {
 // TaskID is the asynq task id of an entry's tick: readable in asynq's UI and
 // the same on every replica, so a tick can only ever be one task.
 func TaskID(prefix, entryID string, tick time.Time) string {
-	return events.TaskID(prefix, entryID, tick)
+	return contract.TaskID(prefix, entryID, tick)
 }
 
 // TaskEntry reads the entry id back from a task id that cronstream wrote
@@ -355,7 +355,7 @@ func TaskEntry(prefix, taskID string) (entry string, ok bool) {
 		return "", false
 	}
 	entry, tail, found := strings.Cut(rest, ":")
-	if !found || entry == "" || tail == "" || events.ValidateID(entry) != nil {
+	if !found || entry == "" || tail == "" || contract.ValidateID(entry) != nil {
 		return "", false
 	}
 	return entry, true
