@@ -25,8 +25,8 @@ import (
 
 	"github.com/cronstream/cronstream/clock"
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/scheduler"
 	"github.com/cronstream/cronstream/internal/taskstate"
-	"github.com/cronstream/cronstream/scheduler"
 )
 
 // The time budget of ownership (docs/design.md "Time budget"), each

@@ -26,13 +26,13 @@ import (
 	"github.com/cronstream/cronstream/internal/failpause"
 	"github.com/cronstream/cronstream/internal/keygc"
 	"github.com/cronstream/cronstream/internal/ownership"
+	"github.com/cronstream/cronstream/internal/recoverer"
 	"github.com/cronstream/cronstream/internal/redact"
 	"github.com/cronstream/cronstream/internal/relay"
+	"github.com/cronstream/cronstream/internal/scheduler"
 	"github.com/cronstream/cronstream/internal/stall"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/projector"
-	"github.com/cronstream/cronstream/recoverer"
-	"github.com/cronstream/cronstream/scheduler"
 )
 
 // Config configures one replica. Zero values mean the defaults.

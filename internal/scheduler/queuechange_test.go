@@ -6,10 +6,10 @@ import (
 	"time"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/scheduler"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
 	"github.com/cronstream/cronstream/schedule"
-	"github.com/cronstream/cronstream/scheduler"
 )
 
 func inQueue(q string) func(*events.Entry) {

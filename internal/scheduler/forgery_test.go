@@ -10,9 +10,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/scheduler"
 	"github.com/cronstream/cronstream/internal/testenv"
 	"github.com/cronstream/cronstream/schedule"
-	"github.com/cronstream/cronstream/scheduler"
 )
 
 // TestForgedFiresNeverStopAnEntry: a second client publishes fired and

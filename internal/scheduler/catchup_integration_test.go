@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/scheduler"
 	"github.com/cronstream/cronstream/internal/testenv"
-	"github.com/cronstream/cronstream/scheduler"
 )
 
 func withCatchup(p events.CatchupPolicy, window time.Duration) func(*events.Entry) {

@@ -10,8 +10,8 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/scheduler"
 	"github.com/cronstream/cronstream/internal/testenv"
-	"github.com/cronstream/cronstream/scheduler"
 )
 
 // TestTickHeadersReadByAsynqWorker: a real asynq worker reads, with

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/cronstream/cronstream/internal/massrecovery"
+	"github.com/cronstream/cronstream/internal/recoverer"
 	"github.com/cronstream/cronstream/internal/testenv"
-	"github.com/cronstream/cronstream/recoverer"
 )
 
 // BenchmarkPass measures a full recoverer pass (Recoverer.Pass: orphan

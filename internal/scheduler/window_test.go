@@ -5,8 +5,8 @@ import (
 	"time"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/scheduler"
 	"github.com/cronstream/cronstream/schedule"
-	"github.com/cronstream/cronstream/scheduler"
 )
 
 // TestWindowAndExclusionAcrossReplicas: three replicas, one killed mid-run,
