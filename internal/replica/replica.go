@@ -20,8 +20,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/cronstream/cronstream/clock"
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/clock"
 	"github.com/cronstream/cronstream/internal/console"
 	"github.com/cronstream/cronstream/internal/failpause"
 	"github.com/cronstream/cronstream/internal/keygc"

@@ -5,8 +5,8 @@ import (
 	"context"
 	"time"
 
-	"github.com/cronstream/cronstream/clock"
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/clock"
 	"github.com/cronstream/cronstream/internal/taskstate"
 )
 

@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/cronstream/cronstream/clock"
+	"github.com/cronstream/cronstream/internal/clock"
 )
 
 // Clock is the replica's one clock (clock): instants corrected to

@@ -5,8 +5,8 @@ import (
 	"slices"
 	"time"
 
-	"github.com/cronstream/cronstream/clock"
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/clock"
 )
 
 // Stream epochs (docs/design.md INV-revision-fence). The revision fence and

@@ -27,8 +27,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/cronstream/cronstream/clock"
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/clock"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/projector"
 	"github.com/cronstream/cronstream/schedule"

@@ -1,8 +1,8 @@
 package scheduler
 
 import (
-	"github.com/cronstream/cronstream/clock"
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/clock"
 )
 
 // Shards tells the scheduler which shards it fires (docs/design.md

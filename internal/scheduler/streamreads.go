@@ -7,7 +7,7 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/cronstream/cronstream/clock"
+	"github.com/cronstream/cronstream/internal/clock"
 )
 
 // Stream reads on the firing loop (docs/design.md INV-staleness-fence). The

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cronstream/cronstream/clock"
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/clock"
 	"github.com/cronstream/cronstream/internal/testenv"
 )
 
