@@ -5,8 +5,9 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/cronstream/cronstream/contract"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/cronstream/cronstream/contract"
 )
 
 // ActivityMaxAge reads the activity stream's max age (0: kept forever).

@@ -1,9 +1,10 @@
 package streamclient
 
 import (
-	"github.com/cronstream/cronstream/contract"
 	"strconv"
 	"testing"
+
+	"github.com/cronstream/cronstream/contract"
 )
 
 // Run both together, e.g.:

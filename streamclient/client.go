@@ -11,9 +11,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cronstream/cronstream/contract"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/cronstream/cronstream/contract"
 )
 
 // DefaultSource is the CloudEvents source of events a Client publishes

@@ -11,9 +11,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cronstream/cronstream/contract"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/cronstream/cronstream/contract"
 )
 
 // maxSeen bounds the states a Client remembers.

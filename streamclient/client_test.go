@@ -8,8 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cronstream/cronstream/contract"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/cronstream/cronstream/contract"
 )
 
 func TestClientLifecycle(t *testing.T) {

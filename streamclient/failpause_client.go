@@ -7,9 +7,10 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/cronstream/cronstream/contract"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/cronstream/cronstream/contract"
 )
 
 // ErrSubjectNotCaptured is wrapped by the error of a write to a subject no

@@ -1,8 +1,9 @@
 package streamclient
 
 import (
-	"github.com/cronstream/cronstream/contract"
 	"testing"
+
+	"github.com/cronstream/cronstream/contract"
 )
 
 // TestClientWritesGatedTypes: the client publishes an entry with schedule

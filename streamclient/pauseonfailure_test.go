@@ -1,8 +1,9 @@
 package streamclient
 
 import (
-	"github.com/cronstream/cronstream/contract"
 	"testing"
+
+	"github.com/cronstream/cronstream/contract"
 )
 
 // TestPauseOnFailureIsGated: an entry with pause_on_failure is written

@@ -3,8 +3,9 @@ package streamclient
 import (
 	"context"
 	"fmt"
-	"github.com/cronstream/cronstream/contract"
 	"time"
+
+	"github.com/cronstream/cronstream/contract"
 )
 
 // Removal is an entry's last config event when that event is a removal.

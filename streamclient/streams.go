@@ -8,8 +8,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cronstream/cronstream/contract"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/cronstream/cronstream/contract"
 )
 
 // Stream defaults.

@@ -1,9 +1,10 @@
 package scheduler
 
 import (
-	"github.com/cronstream/cronstream/schedule"
 	"testing"
 	"time"
+
+	"github.com/cronstream/cronstream/schedule"
 )
 
 func TestParseActivityID(t *testing.T) {
