@@ -74,7 +74,7 @@ func (n Names) ConfigFilter() string { return n.Prefix() + ".config.>" }
 
 // FailPauseSubject is the subject of one entry's fail-pause requests: a
 // replica that saw a task of the entry archived asks there for the pause of
-// the entry, armed with pause_on_failure (events.DecodeFailPause says what
+// the entry, armed with pause_on_failure (DecodeFailPause says what
 // such a request may hold). The config stream captures it beside the
 // entry's config subject, so the entry's history holds both.
 func (n Names) FailPauseSubject(entryID string) string { return n.Prefix() + ".failpause." + entryID }

@@ -32,7 +32,7 @@ var Types = []TypeInfo{
 
 // DisplayType is the name people read for an event type: without the
 // "cronstream." of the types this package defines, and a gated config type
-// (events.GatedType) as its plain type, so "entry.paused" is what a pause
+// (GatedType) as its plain type, so "entry.paused" is what a pause
 // shows as whichever version carried it. The version stays in the event
 // (JSON output keeps the type as stored); other types show as they are.
 func DisplayType(t string) string {

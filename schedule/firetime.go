@@ -28,7 +28,7 @@ import (
 //     every real instant that matches, so an hourly or every-15-minutes job
 //     keeps its rhythm through both changes.
 //
-// Calendar specs (L, W and # in the day fields: events.CalendarSchedule)
+// Calendar specs (L, W and # in the day fields: contract.CalendarSchedule)
 // follow the same rules.
 type Schedule struct {
 	spec   *cron.SpecSchedule // nil for @every, other constant schedules and calendar specs
@@ -39,7 +39,7 @@ type Schedule struct {
 	jitter time.Duration
 	entry  string
 	// The entry's active window (zero: unbounded) and exclusions, from
-	// events so that every reader of Next agrees on them.
+	// contract so that every reader of Next agrees on them.
 	start, end time.Time
 	exclude    contract.Exclusions
 }

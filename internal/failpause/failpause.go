@@ -10,12 +10,12 @@
 //
 // Each replica runs one Watcher. Every Interval it reads, for each queue
 // that holds an armed entry (pause_on_failure, not paused) and of which it
-// is the primary among the live replicas (scheduler.PrimaryOf), the
+// is the primary among the live replicas (schedule.PrimaryOf), the
 // archived set from the score it reached last time (ZRANGEBYSCORE, in
 // bounded pages), so a large archive is read once, not per scan. An
 // entry's old queue after a move is scanned for it too, until no busy task
 // of the entry is left there or for MovedScan. A task id tells its entry
-// (scheduler.TaskEntry); only tasks of armed entries have their message read,
+// (schedule.TaskEntry); only tasks of armed entries have their message read,
 // for the error.
 //
 // Exactly one pause: two replicas may both take themselves for a queue's
@@ -120,7 +120,7 @@ type Config struct {
 	// later, when their retries run out.
 	MovedScan time.Duration
 	// Live returns the live replicas and ReplicaID is this one: only the
-	// primary of a queue among them (scheduler.PrimaryOf) scans it and
+	// primary of a queue among them (schedule.PrimaryOf) scans it and
 	// publishes its pauses. Nil Live: this replica scans every queue.
 	Live      func() []string
 	ReplicaID string

@@ -397,7 +397,7 @@ func (a *accumulator) points() []point {
 	return out
 }
 
-// jitterer is scheduler.Schedule.Jitter for many ticks of one entry: the
+// jitterer is schedule.Schedule.Jitter for many ticks of one entry: the
 // FNV-1a hash of the entry id is computed once and only the tick's eight
 // bytes are hashed for each tick. TestJittererMatchesScheduler holds it
 // to the scheduler's.
@@ -695,7 +695,7 @@ func hint(pk Peak, excess, median int64, at time.Time) string {
 }
 
 // specGap is the shortest gap between two fires of spec in zone after at
-// (scheduler.Schedule.ShortestGap), 0 when unknown.
+// (schedule.Schedule.ShortestGap), 0 when unknown.
 func specGap(spec, zone string, at time.Time) time.Duration {
 	s, err := schedule.NewSchedule(contract.Entry{ID: "gap", Cron: spec, Timezone: zone})
 	if err != nil {

@@ -2,7 +2,7 @@
 //
 // It compares what should have fired with what did, independently of the
 // firing path: what should have fired comes from the projection (each
-// entry's schedule with its jitter applied, scheduler.Schedule); what did
+// entry's schedule with its jitter applied, schedule.Schedule); what did
 // fire comes from each entry's watermark in Redis (its last fired or skipped
 // tick) and from the fired and skipped events the replica sees. It never
 // reads the scheduler's own bookkeeping, so a bug or a hang in the firing
