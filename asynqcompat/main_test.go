@@ -98,7 +98,7 @@ func listed(t *testing.T, c *events.Client) map[string]events.Entry {
 // TestCoreStaysFreeOfAsynq: only this package brings asynq into a build;
 // the binary and the core packages do not depend on it.
 func TestCoreStaysFreeOfAsynq(t *testing.T) {
-	pkgs := []string{"./cmd/cronstream", "./events", "./configsync", "./scheduler", "./projector", "./recoverer", "./audit", "./clock", "./internal/asynqconv"}
+	pkgs := []string{"./cmd/cronstream", "./events", "./configsync", "./internal/scheduler", "./projector", "./internal/recoverer", "./contract", "./streamclient", "./schedule", "./audit", "./internal/clock", "./internal/asynqconv"}
 	cmd := exec.Command("go", append([]string{"list", "-deps", "-f", "{{.ImportPath}}"}, pkgs...)...)
 	cmd.Dir = ".."
 	out, err := cmd.CombinedOutput()

@@ -10,7 +10,7 @@ import (
 
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
-	"github.com/cronstream/cronstream/scheduler"
+	"github.com/cronstream/cronstream/schedule"
 )
 
 const (
@@ -256,7 +256,7 @@ func TestNetworkCut(t *testing.T) {
 func allFired(ctx context.Context, s *system, ids []string, tick time.Time) bool {
 	pipe := s.rdb.Pipeline()
 	for i, id := range ids {
-		pipe.Exists(ctx, taskstate.Keys(queueOf(i, cutQueues)).Task(scheduler.TaskID(prefix, id, tick)))
+		pipe.Exists(ctx, taskstate.Keys(queueOf(i, cutQueues)).Task(schedule.TaskID(prefix, id, tick)))
 	}
 	cmds, err := pipe.Exec(ctx)
 	if err != nil {

@@ -14,7 +14,7 @@ import (
 
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/taskstate"
-	"github.com/cronstream/cronstream/scheduler"
+	"github.com/cronstream/cronstream/schedule"
 )
 
 func init() { entryCommands = append(entryCommands, newEntryDescribeCommand) }
@@ -341,7 +341,7 @@ func nextFires(e events.Entry, now time.Time, n int) []time.Time {
 	if e.Paused {
 		return out
 	}
-	sched, err := scheduler.NewSchedule(e)
+	sched, err := schedule.NewSchedule(e)
 	if err != nil {
 		return out
 	}

@@ -10,7 +10,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/cronstream/cronstream/events"
-	"github.com/cronstream/cronstream/scheduler"
+	"github.com/cronstream/cronstream/schedule"
 )
 
 func TestEntryDescribe(t *testing.T) {
@@ -79,7 +79,7 @@ func TestEntryDescribe(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sched, err := scheduler.NewSchedule(ent)
+	sched, err := schedule.NewSchedule(ent)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,7 @@ import (
 
 	"github.com/cronstream/cronstream/configsync"
 	"github.com/cronstream/cronstream/events"
-	"github.com/cronstream/cronstream/scheduler"
+	"github.com/cronstream/cronstream/schedule"
 )
 
 func init() { entryCommands = append(entryCommands, newEntryPutCommand) }
@@ -446,7 +446,7 @@ func jitterWarnings(e events.Entry, now time.Time) []string {
 	if e.Jitter <= 0 {
 		return nil
 	}
-	s, err := scheduler.NewSchedule(e)
+	s, err := schedule.NewSchedule(e)
 	if err != nil {
 		return nil
 	}

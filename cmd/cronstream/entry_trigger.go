@@ -8,7 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/cronstream/cronstream/events"
-	"github.com/cronstream/cronstream/scheduler"
+	"github.com/cronstream/cronstream/internal/scheduler"
 )
 
 func init() { entryCommands = append(entryCommands, newEntryTriggerCommand) }

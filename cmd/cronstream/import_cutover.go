@@ -15,8 +15,8 @@ import (
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/asynqimport"
 	"github.com/cronstream/cronstream/internal/replica"
+	"github.com/cronstream/cronstream/internal/scheduler"
 	"github.com/cronstream/cronstream/internal/taskstate"
-	"github.com/cronstream/cronstream/scheduler"
 )
 
 // runCutover is `import asynq --cutover`: watch the asynq schedulers stop,

@@ -20,7 +20,7 @@ import (
 	"github.com/cronstream/cronstream/internal/replica"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
-	"github.com/cronstream/cronstream/scheduler"
+	"github.com/cronstream/cronstream/schedule"
 )
 
 // TestNATSOutageKeepsFiring: every replica loses NATS, for longer than
@@ -219,7 +219,7 @@ func TestNATSOutageKeepsFiring(t *testing.T) {
 		if err := ev.DecodeData(&f); err != nil {
 			t.Fatal(err)
 		}
-		entry, tick, ok := scheduler.ParseActivityID(m.Headers().Get(jetstream.MsgIDHeader))
+		entry, tick, ok := schedule.ParseActivityID(m.Headers().Get(jetstream.MsgIDHeader))
 		if !ok || entry != f.Entry || !tick.Equal(f.ScheduledAt) {
 			t.Fatalf("event %s: Nats-Msg-Id %q does not name entry %s tick %s", ev.ID, m.Headers().Get(jetstream.MsgIDHeader), f.Entry, f.ScheduledAt)
 		}
@@ -260,7 +260,7 @@ func TestNATSOutageKeepsFiring(t *testing.T) {
 	for i := range entries {
 		entry := fmt.Sprintf("outage-entry-%03d", i)
 		for tick := from; !tick.After(to); tick = tick.Add(time.Second) {
-			if tasks[scheduler.TaskID("cronstream", entry, tick)] != 1 {
+			if tasks[schedule.TaskID("cronstream", entry, tick)] != 1 {
 				missed++
 				if missed <= 10 {
 					t.Errorf("%s: tick %s has no task", entry, tick.UTC().Format(time.TimeOnly))

@@ -17,7 +17,7 @@ import (
 
 	"github.com/cronstream/cronstream/configsync"
 	"github.com/cronstream/cronstream/events"
-	"github.com/cronstream/cronstream/scheduler"
+	"github.com/cronstream/cronstream/schedule"
 )
 
 // printJSON writes v as one indented JSON value.
@@ -138,7 +138,7 @@ func newEntryView(e events.Entry, rev uint64, updated time.Time, now time.Time) 
 
 // nextFire is the entry's first fire time after now, jitter included.
 func nextFire(e events.Entry, now time.Time) (time.Time, bool) {
-	s, err := scheduler.NewSchedule(e)
+	s, err := schedule.NewSchedule(e)
 	if err != nil {
 		return time.Time{}, false
 	}

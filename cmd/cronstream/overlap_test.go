@@ -16,7 +16,7 @@ import (
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
-	"github.com/cronstream/cronstream/scheduler"
+	"github.com/cronstream/cronstream/schedule"
 )
 
 // TestOverlapBufferOneCLI: --overlap buffer-one is stored and shown, refused
@@ -36,7 +36,7 @@ func TestOverlapBufferOneCLI(t *testing.T) {
 	tick1 := tick0.Add(time.Hour)
 	fire := func(tick, prev time.Time, want taskstate.FireStatus) {
 		t.Helper()
-		id := scheduler.TaskID(prefix, "buf", tick)
+		id := schedule.TaskID(prefix, "buf", tick)
 		f := taskstate.NewTickFire(prefix, "default", "buf", tick, prev, !prev.IsZero(),
 			&taskstate.TaskMessage{Type: "t", ID: id, Queue: "default"},
 			taskstate.Record{ID: "fired-" + id, Data: []byte(`{}`)})
@@ -54,7 +54,7 @@ func TestOverlapBufferOneCLI(t *testing.T) {
 	if v.Entry.Overlap != events.OverlapBufferOne {
 		t.Errorf("describe overlap %q", v.Entry.Overlap)
 	}
-	want := describeHeld{ScheduledAt: tick1, TaskID: scheduler.TaskID(prefix, "buf", tick1), WaitingFor: scheduler.TaskID(prefix, "buf", tick0)}
+	want := describeHeld{ScheduledAt: tick1, TaskID: schedule.TaskID(prefix, "buf", tick1), WaitingFor: schedule.TaskID(prefix, "buf", tick0)}
 	if v.Held == nil || !v.Held.ScheduledAt.Equal(want.ScheduledAt) || v.Held.TaskID != want.TaskID || v.Held.WaitingFor != want.WaitingFor {
 		t.Errorf("describe held %+v, want %+v", v.Held, want)
 	}
@@ -219,8 +219,8 @@ func TestOverlapBufferOneThreeReplicas(t *testing.T) {
 	slices.SortFunc(ticks, func(x, y time.Time) int { return x.Compare(y) })
 	held := 0
 	for i := 1; i < len(ticks); i++ {
-		prev := runs[scheduler.TaskID(events.DefaultPrefix, "buf", ticks[i-1])]
-		cur := runs[scheduler.TaskID(events.DefaultPrefix, "buf", ticks[i])]
+		prev := runs[schedule.TaskID(events.DefaultPrefix, "buf", ticks[i-1])]
+		cur := runs[schedule.TaskID(events.DefaultPrefix, "buf", ticks[i])]
 		if !ticks[i].Before(prev.end) {
 			continue // fired on time, nothing was busy
 		}
@@ -276,7 +276,7 @@ entries:
 	tick1 := tick0.Add(time.Hour)
 	fire := func(tick, prev time.Time, want taskstate.FireStatus) {
 		t.Helper()
-		id := scheduler.TaskID(prefix, "can", tick)
+		id := schedule.TaskID(prefix, "can", tick)
 		f := taskstate.NewTickFire(prefix, "default", "can", tick, prev, !prev.IsZero(),
 			&taskstate.TaskMessage{Type: "t", ID: id, Queue: "default"},
 			taskstate.Record{ID: "fired-" + id, Data: []byte(`{}`)})
@@ -292,7 +292,7 @@ entries:
 		}
 	}
 	fire(tick0, time.Time{}, taskstate.StatusFired)
-	id0, k := scheduler.TaskID(prefix, "can", tick0), taskstate.Keys("default")
+	id0, k := schedule.TaskID(prefix, "can", tick0), taskstate.Keys("default")
 	rc.LRem(context.Background(), k.Pending(), 0, id0)
 	rc.LPush(context.Background(), k.Active(), id0)
 	rc.HSet(context.Background(), k.Task(id0), "state", "active")
@@ -303,7 +303,7 @@ entries:
 	if v.Entry.Overlap != events.OverlapCancelPrevious {
 		t.Errorf("describe overlap %q", v.Entry.Overlap)
 	}
-	if v.Held == nil || !v.Held.Cancelling || v.Held.WaitingFor != id0 || v.Held.TaskID != scheduler.TaskID(prefix, "can", tick1) {
+	if v.Held == nil || !v.Held.Cancelling || v.Held.WaitingFor != id0 || v.Held.TaskID != schedule.TaskID(prefix, "can", tick1) {
 		t.Errorf("describe held %+v", v.Held)
 	}
 	if out := e.ok("entry", "describe", "can"); !strings.Contains(out, "held tick (overlap cancel-previous)") {

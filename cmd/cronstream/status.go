@@ -12,8 +12,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/cronstream/cronstream/clock"
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/clock"
 	"github.com/cronstream/cronstream/internal/entrystate"
 	"github.com/cronstream/cronstream/internal/failpause"
 	"github.com/cronstream/cronstream/internal/relay"

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/contract"
 )
 
 // ErrUnsupportedOption is wrapped by the error of an asynq option that a
@@ -56,7 +56,7 @@ const (
 // order asynq applies them (a later option of a kind wins, as in asynq's
 // composeOptions), to the entry options o. Every option that does not
 // convert is reported, each as an *OptionError; o is then unusable.
-func ApplyOptions(o *events.Options, opts []string) error {
+func ApplyOptions(o *contract.Options, opts []string) error {
 	var errs []error
 	for _, s := range opts {
 		if err := applyOption(o, s); err != nil {
@@ -67,7 +67,7 @@ func ApplyOptions(o *events.Options, opts []string) error {
 }
 
 // applyOption applies one option's String() form.
-func applyOption(o *events.Options, s string) error {
+func applyOption(o *contract.Options, s string) error {
 	name, arg, ok := splitOption(s)
 	if !ok {
 		return unsupported(s, "not an asynq option (asynq writes options as Name(value))")
@@ -155,7 +155,7 @@ func splitOption(s string) (name, arg string, ok bool) {
 // zeroOK (asynq's "no limit" / "none"); otherwise, and for any positive
 // value, it must be at least a second: asynq stores whole seconds, so a
 // shorter one would silently become none.
-func duration(s, arg, what string, zeroOK bool) (events.Duration, error) {
+func duration(s, arg, what string, zeroOK bool) (contract.Duration, error) {
 	d, err := time.ParseDuration(arg)
 	switch {
 	case err != nil:
@@ -167,7 +167,7 @@ func duration(s, arg, what string, zeroOK bool) (events.Duration, error) {
 	case d < time.Second:
 		return 0, invalid(s, what+" is under one second: asynq stores whole seconds, so it would be none")
 	}
-	return events.Duration(d), nil
+	return contract.Duration(d), nil
 }
 
 func unsupported(opt, reason string) error {

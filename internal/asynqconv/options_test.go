@@ -8,7 +8,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
-	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/contract"
 )
 
 // Every option type asynq v0.26.0 has (its OptionType constants run from
@@ -20,23 +20,23 @@ func TestEveryAsynqOptionTypeConvertsOrIsRefused(t *testing.T) {
 	retry := func(n int) *int { return &n }
 	cases := []struct {
 		opt     asynq.Option
-		want    events.Options // when it converts
-		refused error          // when it does not: the sentinel
+		want    contract.Options // when it converts
+		refused error            // when it does not: the sentinel
 		reason  string
 	}{
-		{opt: asynq.MaxRetry(3), want: events.Options{MaxRetry: retry(3)}},
-		{opt: asynq.MaxRetry(-4), want: events.Options{MaxRetry: retry(0)}},
-		{opt: asynq.Queue("critical"), want: events.Options{Queue: "critical"}},
-		{opt: asynq.Queue(`we"ird q`), want: events.Options{Queue: `we"ird q`}},
-		{opt: asynq.Timeout(90 * time.Second), want: events.Options{Timeout: events.Duration(90 * time.Second)}},
-		{opt: asynq.Timeout(0), want: events.Options{}},
+		{opt: asynq.MaxRetry(3), want: contract.Options{MaxRetry: retry(3)}},
+		{opt: asynq.MaxRetry(-4), want: contract.Options{MaxRetry: retry(0)}},
+		{opt: asynq.Queue("critical"), want: contract.Options{Queue: "critical"}},
+		{opt: asynq.Queue(`we"ird q`), want: contract.Options{Queue: `we"ird q`}},
+		{opt: asynq.Timeout(90 * time.Second), want: contract.Options{Timeout: contract.Duration(90 * time.Second)}},
+		{opt: asynq.Timeout(0), want: contract.Options{}},
 		{opt: asynq.Deadline(deadline), refused: ErrUnsupportedOption, reason: "absolute time"},
-		{opt: asynq.Unique(time.Hour), want: events.Options{Unique: events.Duration(time.Hour)}},
+		{opt: asynq.Unique(time.Hour), want: contract.Options{Unique: contract.Duration(time.Hour)}},
 		{opt: asynq.ProcessAt(deadline), refused: ErrUnsupportedOption, reason: "when it is due"},
 		{opt: asynq.ProcessIn(time.Minute), refused: ErrUnsupportedOption, reason: "when it is due"},
 		{opt: asynq.TaskID("fixed"), refused: ErrUnsupportedOption, reason: "its own task id"},
-		{opt: asynq.Retention(24 * time.Hour), want: events.Options{Retention: events.Duration(24 * time.Hour)}},
-		{opt: asynq.Group("batch"), want: events.Options{Group: "batch"}},
+		{opt: asynq.Retention(24 * time.Hour), want: contract.Options{Retention: contract.Duration(24 * time.Hour)}},
+		{opt: asynq.Group("batch"), want: contract.Options{Group: "batch"}},
 		// Values asynq itself refuses at enqueue.
 		{opt: asynq.Queue(" "), refused: ErrInvalidOption, reason: "blank"},
 		{opt: asynq.Group(""), refused: ErrInvalidOption, reason: "blank"},
@@ -49,7 +49,7 @@ func TestEveryAsynqOptionTypeConvertsOrIsRefused(t *testing.T) {
 	for _, c := range cases {
 		seen[c.opt.Type()] = true
 		t.Run(c.opt.String(), func(t *testing.T) {
-			var got events.Options
+			var got contract.Options
 			err := ApplyOptions(&got, []string{c.opt.String()})
 			if c.refused != nil {
 				if !errors.Is(err, c.refused) {
@@ -75,7 +75,7 @@ func TestEveryAsynqOptionTypeConvertsOrIsRefused(t *testing.T) {
 	}
 }
 
-func optionsEqual(a, b events.Options) bool {
+func optionsEqual(a, b contract.Options) bool {
 	if (a.MaxRetry == nil) != (b.MaxRetry == nil) || a.MaxRetry != nil && *a.MaxRetry != *b.MaxRetry {
 		return false
 	}
@@ -85,20 +85,20 @@ func optionsEqual(a, b events.Options) bool {
 
 func TestApplyOptions(t *testing.T) {
 	t.Run("later wins", func(t *testing.T) {
-		var o events.Options
+		var o contract.Options
 		err := ApplyOptions(&o, []string{`Queue("a")`, `MaxRetry(3)`, `Queue("b")`, `Timeout(1m0s)`, `Timeout(0s)`})
 		if err != nil || o.Queue != "b" || *o.MaxRetry != 3 || o.Timeout != 0 {
 			t.Fatalf("%+v %v", o, err)
 		}
 	})
 	t.Run("relative deadline", func(t *testing.T) {
-		var o events.Options
-		if err := ApplyOptions(&o, []string{DeadlineName + "(1h0m0s)"}); err != nil || o.Deadline != events.Duration(time.Hour) {
+		var o contract.Options
+		if err := ApplyOptions(&o, []string{DeadlineName + "(1h0m0s)"}); err != nil || o.Deadline != contract.Duration(time.Hour) {
 			t.Fatalf("%+v %v", o, err)
 		}
 	})
 	t.Run("every problem reported", func(t *testing.T) {
-		var o events.Options
+		var o contract.Options
 		err := ApplyOptions(&o, []string{`TaskID("x")`, `Queue("ok")`, `ProcessIn(1m0s)`, `Frobnicate(1)`, `nonsense`})
 		errs := OptionErrors(err)
 		if len(errs) != 4 {

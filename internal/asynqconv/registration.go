@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/contract"
 )
 
 // Registration is one asynq periodic registration: the cron spec, the task
@@ -38,22 +38,22 @@ type Registration struct {
 // option for are left to the caller. Every option that does not convert is
 // in the error, each as an *OptionError; so is a spec asynq would run
 // differently from cronstream (see Spec).
-func (r Registration) Entry() (events.Entry, error) {
+func (r Registration) Entry() (contract.Entry, error) {
 	var errs []error
 	spec, err := Spec(r.Spec)
 	if err != nil {
 		errs = append(errs, err)
 	}
-	var o events.Options
+	var o contract.Options
 	if err := ApplyOptions(&o, r.Options); err != nil {
 		errs = append(errs, err)
 	}
 	if len(errs) > 0 {
-		return events.Entry{}, errors.Join(errs...)
+		return contract.Entry{}, errors.Join(errs...)
 	}
-	e := events.Entry{
+	e := contract.Entry{
 		Cron:    spec,
-		Task:    events.Task{Type: r.Type, Payload: r.Payload, Headers: maps.Clone(r.Headers)},
+		Task:    contract.Task{Type: r.Type, Payload: r.Payload, Headers: maps.Clone(r.Headers)},
 		Options: o,
 	}
 	e.ID = EntryID(e)
@@ -73,7 +73,7 @@ func Spec(spec string) (string, error) {
 		d, err := time.ParseDuration(strings.TrimSpace(every))
 		if err == nil && (d < time.Second || d%time.Second != 0) {
 			runs := max(d.Truncate(time.Second), time.Second)
-			return "", &SpecError{Spec: spec, Runs: "@every " + events.Duration(runs).String()}
+			return "", &SpecError{Spec: spec, Runs: "@every " + contract.Duration(runs).String()}
 		}
 	}
 	return s, nil
@@ -110,7 +110,7 @@ const maxSlug = 48
 // cronstream fields (catch-up, overlap, labels, ...) are not covered: they
 // can change without the entry becoming another one. e must carry the
 // registration's spec, task and options; the rest is ignored.
-func EntryID(e events.Entry) string {
+func EntryID(e contract.Entry) string {
 	h := sha256.New()
 	field := func(s string) { writeField(h, []byte(s)) }
 	field(idHashVersion)
@@ -122,10 +122,10 @@ func EntryID(e events.Entry) string {
 		field(k)
 		field(e.Task.Headers[k])
 	}
-	o := events.Entry{Options: e.Options}.Normalize().Options
+	o := contract.Entry{Options: e.Options}.Normalize().Options
 	field(o.Queue)
 	field(strconv.Itoa(*o.MaxRetry))
-	for _, d := range []events.Duration{o.Timeout, o.Deadline, o.Unique, o.Retention} {
+	for _, d := range []contract.Duration{o.Timeout, o.Deadline, o.Unique, o.Retention} {
 		field(strconv.FormatInt(int64(d), 10))
 	}
 	field(o.Group)

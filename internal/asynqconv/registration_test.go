@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/contract"
 )
 
 func TestEntryID(t *testing.T) {
@@ -15,7 +15,7 @@ func TestEntryID(t *testing.T) {
 	if id != "report-daily-52723bcfdb80cca5" {
 		t.Fatalf("id %q, want report-daily-52723bcfdb80cca5", id)
 	}
-	if err := events.ValidateID(id); err != nil {
+	if err := contract.ValidateID(id); err != nil {
 		t.Fatal(err)
 	}
 	same := []Registration{

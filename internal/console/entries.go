@@ -19,7 +19,7 @@ import (
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/entrystate"
 	"github.com/cronstream/cronstream/projector"
-	"github.com/cronstream/cronstream/scheduler"
+	"github.com/cronstream/cronstream/schedule"
 )
 
 // pageSize is the rows of one page of a table.
@@ -338,7 +338,7 @@ func nextFire(e events.Entry, s entrystate.State, after time.Time) time.Time {
 	if s != entrystate.Active {
 		return time.Time{}
 	}
-	sch, err := scheduler.NewSchedule(e)
+	sch, err := schedule.NewSchedule(e)
 	if err != nil {
 		return time.Time{}
 	}

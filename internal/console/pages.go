@@ -18,7 +18,7 @@ import (
 	"github.com/cronstream/cronstream/internal/stall"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/projector"
-	"github.com/cronstream/cronstream/scheduler"
+	"github.com/cronstream/cronstream/schedule"
 )
 
 // readTimeout bounds the stream reads of one page.
@@ -156,7 +156,7 @@ func (c *Console) entry(w http.ResponseWriter, r *http.Request) {
 			d.Fields = append(d.Fields, field{"max fires", fmt.Sprintf("%d (fires left unknown)", d.State.Entry.MaxFires)})
 		}
 		if d.Status == entrystate.Active {
-			if s, err := scheduler.NewSchedule(d.State.Entry); err == nil {
+			if s, err := schedule.NewSchedule(d.State.Entry); err == nil {
 				for t, i := s.NextFire(now), 0; !t.IsZero() && i < 10; t, i = s.NextFire(t), i+1 {
 					d.Next = append(d.Next, t.Add(s.Jitter(t)).UTC())
 				}

@@ -18,7 +18,7 @@ import (
 	"github.com/cronstream/cronstream/internal/failpause"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
-	"github.com/cronstream/cronstream/scheduler"
+	"github.com/cronstream/cronstream/schedule"
 )
 
 // archive puts a task of entry into queue's archived set, archived now,
@@ -26,7 +26,7 @@ import (
 func archive(t *testing.T, rc redis.UniversalClient, names events.Names, entry, queue string, tick time.Time) string {
 	t.Helper()
 	ctx := context.Background()
-	id := scheduler.TaskID(names.Prefix(), entry, tick.Truncate(time.Second))
+	id := schedule.TaskID(names.Prefix(), entry, tick.Truncate(time.Second))
 	b, err := taskstate.EncodeTaskMessage(&taskstate.TaskMessage{Type: "work", ID: id, Queue: queue, ErrorMsg: "disk full", LastFailedAt: time.Now().Unix()})
 	if err != nil {
 		t.Fatal(err)

@@ -56,7 +56,7 @@ import (
 	"github.com/cronstream/cronstream/internal/bgloop"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/projector"
-	"github.com/cronstream/cronstream/scheduler"
+	"github.com/cronstream/cronstream/schedule"
 )
 
 // Defaults of Config.
@@ -408,7 +408,7 @@ func (w *Watcher) read(ctx context.Context, queue string, entries map[string]boo
 				cur.from, cur.seen = t.At, map[string]bool{}
 			}
 			cur.seen[t.ID] = true
-			if entry, ok := scheduler.TaskEntry(prefix, t.ID); ok && entries[entry] {
+			if entry, ok := schedule.TaskEntry(prefix, t.ID); ok && entries[entry] {
 				found = append(found, candidate{entry: entry, queue: queue, task: t.ID, at: t.At})
 			}
 		}

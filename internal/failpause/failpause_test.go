@@ -27,7 +27,7 @@ import (
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
 	"github.com/cronstream/cronstream/projector"
-	"github.com/cronstream/cronstream/scheduler"
+	"github.com/cronstream/cronstream/schedule"
 )
 
 func TestMain(m *testing.M) {
@@ -235,7 +235,7 @@ func TestPauseOnRecovererArchive(t *testing.T) {
 	}
 	// The task a dead worker left active, as asynq's Dequeue leaves it.
 	tick := time.Now().Add(-time.Minute).Truncate(time.Second)
-	id := scheduler.TaskID(names.Prefix(), "dies", tick)
+	id := schedule.TaskID(names.Prefix(), "dies", tick)
 	b, err := taskstate.EncodeTaskMessage(&taskstate.TaskMessage{Type: "work", ID: id, Queue: "rq", Retry: 0, Timeout: 1800})
 	if err != nil {
 		t.Fatal(err)
@@ -343,7 +343,7 @@ func TestPauseRetriedWhileNATSDown(t *testing.T) {
 	// Archived in a later second than the put that armed the entry, as an
 	// asynq worker archives: message with the error, state, score now.
 	testenv.Eventually(t, 5*time.Second, func() bool { return time.Since(put) > 1100*time.Millisecond }, "")
-	id := scheduler.TaskID(names.Prefix(), "e", put.Truncate(time.Second))
+	id := schedule.TaskID(names.Prefix(), "e", put.Truncate(time.Second))
 	b, err := taskstate.EncodeTaskMessage(&taskstate.TaskMessage{Type: "work", ID: id, Queue: "dq", ErrorMsg: "disk full", LastFailedAt: time.Now().Unix()})
 	if err != nil {
 		t.Fatal(err)
@@ -448,12 +448,12 @@ func TestScanPagesThroughArchive(t *testing.T) {
 	for i := range 7 {
 		archive("0000-foreign-"+strconv.Itoa(i), s0, "not ours")
 	}
-	taskA := scheduler.TaskID(names.Prefix(), "a", s0.Add(-time.Minute))
+	taskA := schedule.TaskID(names.Prefix(), "a", s0.Add(-time.Minute))
 	archive(taskA, s0, "a failed")
 	for i := range 5 {
 		archive("zzzz-foreign-"+strconv.Itoa(i), s0.Add(time.Second), "not ours")
 	}
-	taskB := scheduler.TaskID(names.Prefix(), "b", s0.Add(-time.Minute))
+	taskB := schedule.TaskID(names.Prefix(), "b", s0.Add(-time.Minute))
 	archive(taskB, s0.Add(2*time.Second), "b failed")
 
 	const lookback = time.Hour
@@ -605,7 +605,7 @@ func TestOnlyTheQueueOwnerScans(t *testing.T) {
 	t.Logf("r1 scans %d queues, r2 %d", func() int { a, _ := scanned(); return a }(), func() int { _, b := scanned(); return b }())
 
 	// A task of an entry archived in one of the queues pauses it.
-	id := scheduler.TaskID(names.Prefix(), "far-qb", time.Now().Add(-time.Minute).Truncate(time.Second))
+	id := schedule.TaskID(names.Prefix(), "far-qb", time.Now().Add(-time.Minute).Truncate(time.Second))
 	b, err := taskstate.EncodeTaskMessage(&taskstate.TaskMessage{Type: "work", ID: id, Queue: "qb", ErrorMsg: "nope", LastFailedAt: time.Now().Unix()})
 	if err != nil {
 		t.Fatal(err)

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/contract"
 )
 
 // BenchmarkCompute forecasts 24 hours of 100,000 entries of a few specs,
@@ -13,11 +13,11 @@ import (
 // another zone.
 func BenchmarkCompute(b *testing.B) {
 	crons := []string{"* * * * *", "*/5 * * * *", "0 9 * * 1-5", "@every 30s", "@daily", "30 */2 * * *", "@every 10m", "0 0 * * *"}
-	entries := make([]events.Entry, 100_000)
+	entries := make([]contract.Entry, 100_000)
 	for i := range entries {
-		e := events.Entry{ID: fmt.Sprintf("entry-%06d", i), Cron: crons[i%len(crons)], Options: events.Options{Queue: fmt.Sprint("q", i%5)}}
+		e := contract.Entry{ID: fmt.Sprintf("entry-%06d", i), Cron: crons[i%len(crons)], Options: contract.Options{Queue: fmt.Sprint("q", i%5)}}
 		if i%10 == 0 {
-			e.Jitter = events.Duration(5 * time.Minute)
+			e.Jitter = contract.Duration(5 * time.Minute)
 		}
 		if i%7 == 0 {
 			e.Timezone = "Europe/Berlin"

@@ -32,8 +32,8 @@ import (
 
 	"github.com/robfig/cron/v3"
 
-	"github.com/cronstream/cronstream/events"
-	"github.com/cronstream/cronstream/scheduler"
+	"github.com/cronstream/cronstream/contract"
+	"github.com/cronstream/cronstream/schedule"
 )
 
 // By says how fires are grouped.
@@ -136,7 +136,7 @@ type unit struct {
 	cron, tz string
 	jitter   bool
 	jittered int
-	entries  []*events.Entry
+	entries  []*contract.Entry
 	points   []point
 	total    int64
 }
@@ -145,8 +145,8 @@ type unit struct {
 // entries are left out, and so are limited entries with no fires left; an
 // entry whose schedule does not build is listed in Skipped. A limited entry
 // counts no more ticks than its fires left.
-func Compute(entries []events.Entry, p Params) *Forecast {
-	return ComputeSeq(func(yield func(*events.Entry) bool) {
+func Compute(entries []contract.Entry, p Params) *Forecast {
+	return ComputeSeq(func(yield func(*contract.Entry) bool) {
 		for i := range entries {
 			if !yield(&entries[i]) {
 				return
@@ -157,7 +157,7 @@ func Compute(entries []events.Entry, p Params) *Forecast {
 
 // ComputeSeq is Compute over entries it reads in place (a projection's
 // snapshot), which must not change until it returns.
-func ComputeSeq(entries iter.Seq[*events.Entry], p Params) *Forecast {
+func ComputeSeq(entries iter.Seq[*contract.Entry], p Params) *Forecast {
 	start := time.Now()
 	from := cmp.Or(p.From, start).UTC().Truncate(time.Minute)
 	window := min(cmp.Or(p.Window, 24*time.Hour), MaxWindow)
@@ -199,7 +199,7 @@ func ComputeSeq(entries iter.Seq[*events.Entry], p Params) *Forecast {
 			f.Skipped = append(f.Skipped, e.ID)
 			continue
 		}
-		u := &unit{cron: e.Cron, tz: e.Timezone, jitter: e.Jitter > 0, entries: []*events.Entry{e}, points: pts}
+		u := &unit{cron: e.Cron, tz: e.Timezone, jitter: e.Jitter > 0, entries: []*contract.Entry{e}, points: pts}
 		if u.jitter {
 			u.jittered = 1
 		}
@@ -232,7 +232,7 @@ func ComputeSeq(entries iter.Seq[*events.Entry], p Params) *Forecast {
 // with the same spec and zone, and those with the same spec, zone and
 // jitter when it fires more than once a minute (its jitter is a mean shift,
 // the same for every entry).
-func shareKey(e events.Entry) (string, bool) {
+func shareKey(e contract.Entry) (string, bool) {
 	if bounded(e) {
 		return "", false // its window and exclusions are its own
 	}
@@ -252,8 +252,8 @@ func shareKey(e events.Entry) (string, bool) {
 // the minute walks already done, by spec, zone and jitter: entries that
 // differ only in id (and so in their jitter offsets) walk their schedule
 // once.
-func series(e events.Entry, from time.Time, minutes int, walks map[walkKey][]tickMinute, acc *accumulator, left int) ([]point, error) {
-	s, err := scheduler.NewSchedule(e)
+func series(e contract.Entry, from time.Time, minutes int, walks map[walkKey][]tickMinute, acc *accumulator, left int) ([]point, error) {
+	s, err := schedule.NewSchedule(e)
 	if err != nil {
 		return nil, err
 	}
@@ -299,14 +299,14 @@ func series(e events.Entry, from time.Time, minutes int, walks map[walkKey][]tic
 // bounded reports whether e has an active window, exclusions or a fire
 // limit, which the shortcuts (arithmetic for @every, walks shared by spec)
 // do not know.
-func bounded(e events.Entry) bool {
+func bounded(e contract.Entry) bool {
 	return !e.StartAt.IsZero() || !e.EndAt.IsZero() || len(e.Exclude) > 0 || e.Limited()
 }
 
 // boundedSeries counts the ticks that fire one by one, with the
 // scheduler's own NextFire (window and exclusions applied), at most left
 // of them (negative: no limit).
-func boundedSeries(e events.Entry, s *scheduler.Schedule, from time.Time, minutes int, acc *accumulator, left int) []point {
+func boundedSeries(e contract.Entry, s *schedule.Schedule, from time.Time, minutes int, acc *accumulator, left int) []point {
 	jitter := e.Jitter.D().Truncate(time.Second)
 	end := from.Add(time.Duration(minutes) * time.Minute)
 	acc.reset()
@@ -397,7 +397,7 @@ func (a *accumulator) points() []point {
 	return out
 }
 
-// jitterer is scheduler.Schedule.Jitter for many ticks of one entry: the
+// jitterer is schedule.Schedule.Jitter for many ticks of one entry: the
 // FNV-1a hash of the entry id is computed once and only the tick's eight
 // bytes are hashed for each tick. TestJittererMatchesScheduler holds it
 // to the scheduler's.
@@ -450,13 +450,13 @@ type tickMinute struct {
 // walkMinutes steps through the minutes in [after, end) that hold a tick of
 // s, with the scheduler's own Next, counting each minute's ticks from the
 // spec's seconds field.
-func walkMinutes(e events.Entry, s *scheduler.Schedule, after, end time.Time) []tickMinute {
+func walkMinutes(e contract.Entry, s *schedule.Schedule, after, end time.Time) []tickMinute {
 	secMask := uint64(1) // @every and constant schedules: one tick per step
-	if spec, err := events.ParseCron(e.Cron, nil); err == nil {
+	if spec, err := contract.ParseCron(e.Cron, nil); err == nil {
 		switch sp := spec.(type) {
 		case *cron.SpecSchedule:
 			secMask = sp.Second &^ (1 << 63)
-		case *events.CalendarSchedule:
+		case *contract.CalendarSchedule:
 			secMask = sp.Second &^ (1 << 63)
 		}
 	}
@@ -695,9 +695,9 @@ func hint(pk Peak, excess, median int64, at time.Time) string {
 }
 
 // specGap is the shortest gap between two fires of spec in zone after at
-// (scheduler.Schedule.ShortestGap), 0 when unknown.
+// (schedule.Schedule.ShortestGap), 0 when unknown.
 func specGap(spec, zone string, at time.Time) time.Duration {
-	s, err := scheduler.NewSchedule(events.Entry{ID: "gap", Cron: spec, Timezone: zone})
+	s, err := schedule.NewSchedule(contract.Entry{ID: "gap", Cron: spec, Timezone: zone})
 	if err != nil {
 		return 0
 	}

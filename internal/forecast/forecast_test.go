@@ -7,13 +7,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cronstream/cronstream/events"
-	"github.com/cronstream/cronstream/scheduler"
+	"github.com/cronstream/cronstream/contract"
+	"github.com/cronstream/cronstream/schedule"
 )
 
 // bruteForce lists every tick of every entry (jitter included) and counts
 // them per minute: the reference the arithmetic must match.
-func bruteForce(t *testing.T, entries []events.Entry, from time.Time, minutes int) []int64 {
+func bruteForce(t *testing.T, entries []contract.Entry, from time.Time, minutes int) []int64 {
 	t.Helper()
 	counts := make([]int64, minutes)
 	end := from.Add(time.Duration(minutes) * time.Minute)
@@ -21,7 +21,7 @@ func bruteForce(t *testing.T, entries []events.Entry, from time.Time, minutes in
 		if e.Paused || e.Removed {
 			continue
 		}
-		s, err := scheduler.NewSchedule(e)
+		s, err := schedule.NewSchedule(e)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -51,12 +51,12 @@ func TestComputeMatchesBruteForce(t *testing.T) {
 	for round := range 40 {
 		from := time.Date(2026, time.Month(1+r.IntN(12)), 1+r.IntN(28), r.IntN(24), r.IntN(60), 0, 0, time.UTC)
 		minutes := 30 + r.IntN(200)
-		var entries []events.Entry
+		var entries []contract.Entry
 		for i := range 1 + r.IntN(8) {
-			e := events.Entry{ID: fmt.Sprintf("e%d-%d", round, i), Cron: specs[r.IntN(len(specs))], Timezone: zones[r.IntN(len(zones))]}
+			e := contract.Entry{ID: fmt.Sprintf("e%d-%d", round, i), Cron: specs[r.IntN(len(specs))], Timezone: zones[r.IntN(len(zones))]}
 			e.Options.Queue = []string{"", "critical", "low"}[r.IntN(3)]
 			if oneTickPerMinute(e.Cron) && r.IntN(2) == 0 {
-				e.Jitter = events.Duration(time.Duration(1+r.IntN(600)) * time.Second)
+				e.Jitter = contract.Duration(time.Duration(1+r.IntN(600)) * time.Second)
 			}
 			e.Paused = r.IntN(6) == 0
 			entries = append(entries, e)
@@ -95,9 +95,9 @@ func oneTickPerMinute(spec string) bool {
 func TestComputeSubMinuteJitterKeepsTotal(t *testing.T) {
 	from := time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC)
 	for _, spec := range []string{"@every 1s", "@every 7s", "*/10 * * * * *"} {
-		e := events.Entry{ID: "j", Cron: spec, Jitter: events.Duration(40 * time.Second)}
-		f := Compute([]events.Entry{e}, Params{From: from, Window: time.Hour})
-		want := bruteForce(t, []events.Entry{e}, from, 60)
+		e := contract.Entry{ID: "j", Cron: spec, Jitter: contract.Duration(40 * time.Second)}
+		f := Compute([]contract.Entry{e}, Params{From: from, Window: time.Hour})
+		want := bruteForce(t, []contract.Entry{e}, from, 60)
 		var exact int64
 		for _, n := range want {
 			exact += n
@@ -109,9 +109,9 @@ func TestComputeSubMinuteJitterKeepsTotal(t *testing.T) {
 }
 
 func TestComputeEverySecondIsArithmetic(t *testing.T) {
-	var entries []events.Entry
+	var entries []contract.Entry
 	for i := range 1000 {
-		entries = append(entries, events.Entry{ID: fmt.Sprint("s", i), Cron: "@every 1s", Jitter: events.Duration(time.Duration(i%5) * time.Second)})
+		entries = append(entries, contract.Entry{ID: fmt.Sprint("s", i), Cron: "@every 1s", Jitter: contract.Duration(time.Duration(i%5) * time.Second)})
 	}
 	start := time.Now()
 	f := Compute(entries, Params{Window: 7 * 24 * time.Hour})
@@ -125,12 +125,12 @@ func TestComputeEverySecondIsArithmetic(t *testing.T) {
 
 func TestPeakAndHint(t *testing.T) {
 	from := time.Date(2026, 3, 1, 23, 0, 0, 0, time.UTC)
-	var entries []events.Entry
+	var entries []contract.Entry
 	for i := range 500 {
-		entries = append(entries, events.Entry{ID: fmt.Sprintf("nightly-%03d", i), Cron: "0 0 * * *", Options: events.Options{Queue: "reports"}})
+		entries = append(entries, contract.Entry{ID: fmt.Sprintf("nightly-%03d", i), Cron: "0 0 * * *", Options: contract.Options{Queue: "reports"}})
 	}
-	entries = append(entries, events.Entry{ID: "tick", Cron: "@every 1m"})
-	entries = append(entries, events.Entry{ID: "paused", Cron: "* * * * *", Paused: true})
+	entries = append(entries, contract.Entry{ID: "tick", Cron: "@every 1m"})
+	entries = append(entries, contract.Entry{ID: "paused", Cron: "* * * * *", Paused: true})
 	f := Compute(entries, Params{From: from, Window: 2 * time.Hour})
 	if f.Entries != 501 {
 		t.Fatalf("entries %d, want 501 (paused left out)", f.Entries)
@@ -154,11 +154,11 @@ func TestPeakAndHint(t *testing.T) {
 
 	// Entries every five minutes: a jitter over five minutes would push a
 	// tick past the next one, so the hint never suggests one.
-	var fives []events.Entry
+	var fives []contract.Entry
 	for i := range 500 {
-		fives = append(fives, events.Entry{ID: fmt.Sprintf("five-%03d", i), Cron: "*/5 * * * *"})
+		fives = append(fives, contract.Entry{ID: fmt.Sprintf("five-%03d", i), Cron: "*/5 * * * *"})
 	}
-	fives = append(fives, events.Entry{ID: "steady", Cron: "@every 1s"})
+	fives = append(fives, contract.Entry{ID: "steady", Cron: "@every 1s"})
 	f = Compute(fives, Params{From: from, Window: 2 * time.Hour})
 	if len(f.Peaks) == 0 {
 		t.Fatal("no peak for 500 entries every five minutes")
@@ -183,8 +183,8 @@ func TestJittererMatchesScheduler(t *testing.T) {
 	for i := range 2000 {
 		id := fmt.Sprintf("entry-%d-%x", i, r.Uint64())
 		jitter := time.Duration(1+r.IntN(86400)) * time.Second
-		e := events.Entry{ID: id, Cron: "* * * * *", Jitter: events.Duration(jitter)}
-		s, err := scheduler.NewSchedule(e)
+		e := contract.Entry{ID: id, Cron: "* * * * *", Jitter: contract.Duration(jitter)}
+		s, err := schedule.NewSchedule(e)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -200,7 +200,7 @@ func TestJittererMatchesScheduler(t *testing.T) {
 // on an excluded tick.
 func TestComputeWindowAndExclusions(t *testing.T) {
 	from := time.Date(2027, 3, 1, 0, 0, 0, 0, time.UTC)
-	entries := []events.Entry{
+	entries := []contract.Entry{
 		{ID: "sub", Cron: "@every 10s", StartAt: from.Add(10 * time.Minute), EndAt: from.Add(20 * time.Minute)},
 		{ID: "min", Cron: "* * * * *", Exclude: []string{"0-29 * * * *"}},
 		{ID: "same", Cron: "* * * * *"}, // shares no walk with "min"
@@ -221,8 +221,8 @@ func TestComputeWindowAndExclusions(t *testing.T) {
 
 // bruteForceFires counts the fires of e (NextFire: window and exclusions)
 // in the minutes from from.
-func bruteForceFires(t *testing.T, e events.Entry, from time.Time, minutes int) int64 {
-	s, err := scheduler.NewSchedule(e)
+func bruteForceFires(t *testing.T, e contract.Entry, from time.Time, minutes int) int64 {
+	s, err := schedule.NewSchedule(e)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,9 +239,9 @@ func bruteForceFires(t *testing.T, e events.Entry, from time.Time, minutes int) 
 // completed one counts none and is left out of the entries.
 func TestComputeMaxFires(t *testing.T) {
 	from := time.Date(2027, 3, 1, 0, 0, 0, 0, time.UTC)
-	entries := []events.Entry{
+	entries := []contract.Entry{
 		{ID: "left3", Cron: "@every 10s", MaxFires: 100},
-		{ID: "unknown", Cron: "* * * * *", MaxFires: 5, Options: events.Options{Queue: "q2"}},
+		{ID: "unknown", Cron: "* * * * *", MaxFires: 5, Options: contract.Options{Queue: "q2"}},
 		{ID: "done", Cron: "@every 1s", MaxFires: 2},
 		{ID: "wide", Cron: "0 * * * *", MaxFires: 50}, // fewer ticks than fires left
 		{ID: "free", Cron: "@every 1m"},
@@ -283,14 +283,14 @@ func TestComputeCalendarSpecs(t *testing.T) {
 	// day and the last weekday, Friday the 27th the last Friday, Sunday
 	// the 29th the last Sunday, when Berlin skips 02:00-03:00.
 	from := time.Date(2026, 3, 26, 0, 0, 0, 0, time.UTC)
-	entries := []events.Entry{
-		{ID: "last", Cron: "0 */15 * L * *"},                                          // 96 on the 31st
-		{ID: "lastfri", Cron: "30 9 ? * 5L", Timezone: "Europe/Berlin"},               // 1
-		{ID: "lastsun", Cron: "0 0 * ? * SUNL", Timezone: "Europe/Berlin"},            // 23: the day has 23 hours
-		{ID: "gap", Cron: "0 30 2 ? 3 0L", Timezone: "Europe/Berlin"},                 // 1, at 03:00 CEST
-		{ID: "lw", Cron: "*/20 * 12 LW * *", Timezone: "Asia/Kolkata"},                // 3 a minute for 60 minutes
-		{ID: "first", Cron: "0 0 8 1W,15W * *", Timezone: "America/New_York"},         // April 1st, a Wednesday
-		{ID: "jit", Cron: "0 0 6 ? * 5#4", Jitter: events.Duration(10 * time.Minute)}, // Friday the 27th
+	entries := []contract.Entry{
+		{ID: "last", Cron: "0 */15 * L * *"},                                            // 96 on the 31st
+		{ID: "lastfri", Cron: "30 9 ? * 5L", Timezone: "Europe/Berlin"},                 // 1
+		{ID: "lastsun", Cron: "0 0 * ? * SUNL", Timezone: "Europe/Berlin"},              // 23: the day has 23 hours
+		{ID: "gap", Cron: "0 30 2 ? 3 0L", Timezone: "Europe/Berlin"},                   // 1, at 03:00 CEST
+		{ID: "lw", Cron: "*/20 * 12 LW * *", Timezone: "Asia/Kolkata"},                  // 3 a minute for 60 minutes
+		{ID: "first", Cron: "0 0 8 1W,15W * *", Timezone: "America/New_York"},           // April 1st, a Wednesday
+		{ID: "jit", Cron: "0 0 6 ? * 5#4", Jitter: contract.Duration(10 * time.Minute)}, // Friday the 27th
 	}
 	minutes := 7 * 24 * 60
 	f := Compute(entries, Params{From: from, Window: time.Duration(minutes) * time.Minute, By: ByEntry})
@@ -309,7 +309,7 @@ func TestComputeCalendarSpecs(t *testing.T) {
 // not counted among the entries; one that ends inside the window is.
 func TestComputeLeavesOutEnded(t *testing.T) {
 	from := time.Date(2027, 3, 1, 0, 0, 0, 0, time.UTC)
-	entries := []events.Entry{
+	entries := []contract.Entry{
 		{ID: "over", Cron: "* * * * *", EndAt: from.Add(-time.Hour)},
 		{ID: "ending", Cron: "* * * * *", EndAt: from.Add(9*time.Minute + 30*time.Second)},
 	}

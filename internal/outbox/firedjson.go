@@ -5,7 +5,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/contract"
 )
 
 // AppendFiredEvent appends the JSON of a cronstream.entry.fired event to
@@ -15,8 +15,8 @@ import (
 // (ExpandFiredRecord), so this is on the hot path: encoding through
 // encoding/json twice (data, then the envelope, which re-validates and
 // compacts the data) was once the largest CPU cost of a fire.
-func AppendFiredEvent(buf []byte, id string, at time.Time, source string, f *events.Fired) []byte {
-	buf = appendEventHead(buf, id, at, events.TypeEntryFired, source, f.Entry)
+func AppendFiredEvent(buf []byte, id string, at time.Time, source string, f *contract.Fired) []byte {
+	buf = appendEventHead(buf, id, at, contract.TypeEntryFired, source, f.Entry)
 	buf = append(buf, `{"entry":`...)
 	buf = appendJSONString(buf, f.Entry)
 	buf = append(buf, `,"scheduled_at":`...)
@@ -46,7 +46,7 @@ func AppendFiredEvent(buf []byte, id string, at time.Time, source string, f *eve
 // subject, …): the caller appends the data object and the closing brace.
 func appendEventHead(buf []byte, id string, at time.Time, typ, source, subject string) []byte {
 	buf = append(buf, `{"specversion":`...)
-	buf = appendJSONString(buf, events.SpecVersion)
+	buf = appendJSONString(buf, contract.SpecVersion)
 	buf = append(buf, `,"id":`...)
 	buf = appendJSONString(buf, id)
 	buf = append(buf, `,"source":`...)

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/contract"
 )
 
 // TestAppendFiredEventMatchesEncodingJSON: the hand-written encoder writes
@@ -21,20 +21,20 @@ func TestAppendFiredEventMatchesEncodingJSON(t *testing.T) {
 		id     string
 		at     time.Time
 		source string
-		f      events.Fired
+		f      contract.Fired
 	}{
 		{"plain", "fire:e1:1774746000", tick.Add(1234567 * time.Nanosecond), "cronstream/host-1-abc",
-			events.Fired{Entry: "e1", ScheduledAt: tick, EnqueuedAt: tick.Add(1234567 * time.Nanosecond), TaskID: "cronstream:e1:2026-03-29T01:00:00Z", Queue: "default", Revision: 42, Replica: "host-1-abc"}},
+			contract.Fired{Entry: "e1", ScheduledAt: tick, EnqueuedAt: tick.Add(1234567 * time.Nanosecond), TaskID: "cronstream:e1:2026-03-29T01:00:00Z", Queue: "default", Revision: 42, Replica: "host-1-abc"}},
 		{"local zone and odd strings", "trigger:e-2:req_1", tick.In(berlin).Add(999 * time.Nanosecond), "cronstream/<r&d>",
-			events.Fired{Entry: "e-2", ScheduledAt: tick, EnqueuedAt: tick.In(berlin).Add(time.Millisecond), TaskID: "p:e-2:trigger:req_1", Queue: "qué \"quoted\" \u2028 <b>", Replica: "<r&d>\n", Trigger: "req_1"}},
+			contract.Fired{Entry: "e-2", ScheduledAt: tick, EnqueuedAt: tick.In(berlin).Add(time.Millisecond), TaskID: "p:e-2:trigger:req_1", Queue: "qué \"quoted\" \u2028 <b>", Replica: "<r&d>\n", Trigger: "req_1"}},
 		{"backfill, zero revision, whole seconds", "fire:x:0", time.Unix(0, 0), "cronstream/cli",
-			events.Fired{Entry: "x", ScheduledAt: time.Unix(0, 0).UTC(), EnqueuedAt: time.Unix(5, 0).UTC(), TaskID: "t", Queue: "q", Backfill: true}},
+			contract.Fired{Entry: "x", ScheduledAt: time.Unix(0, 0).UTC(), EnqueuedAt: time.Unix(5, 0).UTC(), TaskID: "t", Queue: "q", Backfill: true}},
 		{"invalid utf-8", "fire:y:1", tick, "cronstream/\xff",
-			events.Fired{Entry: "y", ScheduledAt: tick, EnqueuedAt: tick, TaskID: "t\xfe", Queue: "q"}},
+			contract.Fired{Entry: "y", ScheduledAt: tick, EnqueuedAt: tick, TaskID: "t\xfe", Queue: "q"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			ev, err := events.NewEventAt(c.id, c.at, events.TypeEntryFired, c.source, c.f.Entry, c.f)
+			ev, err := contract.NewEventAt(c.id, c.at, contract.TypeEntryFired, c.source, c.f.Entry, c.f)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -52,10 +52,10 @@ func TestAppendFiredEventMatchesEncodingJSON(t *testing.T) {
 
 func BenchmarkFiredEvent(b *testing.B) {
 	tick := time.Date(2026, 3, 29, 1, 0, 0, 0, time.UTC)
-	f := events.Fired{Entry: "e1", ScheduledAt: tick, EnqueuedAt: tick.Add(time.Millisecond), TaskID: "cronstream:e1:2026-03-29T01:00:00Z", Queue: "default", Revision: 42, Replica: "host-1-abc"}
+	f := contract.Fired{Entry: "e1", ScheduledAt: tick, EnqueuedAt: tick.Add(time.Millisecond), TaskID: "cronstream:e1:2026-03-29T01:00:00Z", Queue: "default", Revision: 42, Replica: "host-1-abc"}
 	b.Run("encoding/json", func(b *testing.B) {
 		for b.Loop() {
-			ev, _ := events.NewEventAt("fire:e1:1774746000", f.EnqueuedAt, events.TypeEntryFired, "cronstream/host-1-abc", "e1", f)
+			ev, _ := contract.NewEventAt("fire:e1:1774746000", f.EnqueuedAt, contract.TypeEntryFired, "cronstream/host-1-abc", "e1", f)
 			_, _ = ev.Marshal()
 		}
 	})

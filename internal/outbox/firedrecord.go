@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/contract"
 )
 
 // firedRecordV1 tags version 1 of the compact fired record.
@@ -16,7 +16,7 @@ const firedRecordV1 = "F1 "
 // AppendFiredRecord appends the compact outbox form of a scheduled tick's
 // fired event (f without Trigger or Backfill; f.Queue is implied by the
 // outbox). ExpandFiredRecord turns it back into the event's JSON.
-func AppendFiredRecord(buf []byte, f *events.Fired) []byte {
+func AppendFiredRecord(buf []byte, f *contract.Fired) []byte {
 	buf = append(buf, firedRecordV1...)
 	buf = strconv.AppendInt(buf, f.ScheduledAt.UnixNano(), 10)
 	buf = append(buf, ' ')
@@ -137,7 +137,7 @@ func ExpandFiredRecord(buf []byte, eventID string, rec []byte, queue string) ([]
 	if le > int64(len(rest)) || lt > int64(len(rest))-le {
 		return buf, "", fmt.Errorf("%w: lengths %d+%d exceed the %d bytes left", ErrBadRecord, le, lt, len(rest))
 	}
-	f := events.Fired{
+	f := contract.Fired{
 		Entry:       string(rest[:le]),
 		ScheduledAt: time.Unix(0, nums[0]).UTC(),
 		EnqueuedAt:  time.Unix(0, nums[1]).UTC(),
@@ -146,5 +146,5 @@ func ExpandFiredRecord(buf []byte, eventID string, rec []byte, queue string) ([]
 		Revision:    rev,
 		Replica:     string(rest[le+lt:]),
 	}
-	return AppendFiredEvent(buf, eventID, f.EnqueuedAt, events.ReplicaSource(f.Replica), &f), f.Entry, nil
+	return AppendFiredEvent(buf, eventID, f.EnqueuedAt, contract.ReplicaSource(f.Replica), &f), f.Entry, nil
 }

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/contract"
 )
 
 // TestFiredRecordExpandsToTheEvent: for fired events of every shape, the
@@ -34,7 +34,7 @@ func TestFiredRecordExpandsToTheEvent(t *testing.T) {
 	const tokens = "abcXYZ019_-"
 	const odd = "a Z:0 \"\\<>&\u2028é\n\t\x00"
 	for i := range 3000 {
-		f := events.Fired{
+		f := contract.Fired{
 			Entry:       text(tokens, 128),
 			ScheduledAt: time.Unix(rng.Int64N(4e9)-1e9, rng.Int64N(1e9)),
 			EnqueuedAt:  time.Unix(rng.Int64N(4e9), rng.Int64N(1e9)),
@@ -57,7 +57,7 @@ func TestFiredRecordExpandsToTheEvent(t *testing.T) {
 		}
 		utc := f
 		utc.ScheduledAt, utc.EnqueuedAt = f.ScheduledAt.UTC(), f.EnqueuedAt.UTC()
-		want := AppendFiredEvent([]byte("prefix"), id, utc.EnqueuedAt, events.ReplicaSource(f.Replica), &utc)
+		want := AppendFiredEvent([]byte("prefix"), id, utc.EnqueuedAt, contract.ReplicaSource(f.Replica), &utc)
 		if !bytes.Equal(got, want) || entry != f.Entry {
 			t.Fatalf("record %q expands to\n%s (entry %q)\nwant\n%s", rec, got, entry, want)
 		}
@@ -131,8 +131,8 @@ func FuzzExpandFiredRecord(f *testing.F) {
 		if err != nil {
 			return
 		}
-		ev, derr := events.DecodeEvent(out)
-		if derr != nil || ev.Type != events.TypeEntryFired || (events.ValidateID(entry) == nil && ev.Subject != entry) {
+		ev, derr := contract.DecodeEvent(out)
+		if derr != nil || ev.Type != contract.TypeEntryFired || (contract.ValidateID(entry) == nil && ev.Subject != entry) {
 			t.Fatalf("record %q expanded to %s: %v", rec, out, derr)
 		}
 	})

@@ -6,13 +6,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/contract"
 )
 
 // TestMultiRecordRoundTrip: frames of every single-event form, ids and data
 // holding spaces, digits and the tag itself, come back as written, in order.
 func TestMultiRecordRoundTrip(t *testing.T) {
-	fired := AppendFiredRecord(nil, &events.Fired{Entry: "e1", ScheduledAt: time.Unix(60, 0), EnqueuedAt: time.Unix(61, 0), TaskID: "t 1", Revision: 3, Replica: "r"})
+	fired := AppendFiredRecord(nil, &contract.Fired{Entry: "e1", ScheduledAt: time.Unix(60, 0), EnqueuedAt: time.Unix(61, 0), TaskID: "t 1", Revision: 3, Replica: "r"})
 	want := []Frame{
 		{ID: "fire:e1:60000", Data: fired},
 		{ID: "12 34 ", Data: []byte(`{"id":"12 34 ","type":"x"}`)},

@@ -4,7 +4,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/contract"
 )
 
 // AppendTaskRecoveredEvent appends the JSON of a task recovery event (typ
@@ -14,7 +14,7 @@ import (
 // without reflection. A mass recovery builds one per task while it moves
 // the tasks; through encoding/json that took a tenth of a replica's CPU
 // in a recovery of 100,000 tasks.
-func AppendTaskRecoveredEvent(buf []byte, id string, at time.Time, typ, source, subject string, d *events.TaskRecovered) []byte {
+func AppendTaskRecoveredEvent(buf []byte, id string, at time.Time, typ, source, subject string, d *contract.TaskRecovered) []byte {
 	buf = appendEventHead(buf, id, at, typ, source, subject)
 	buf = append(buf, `{"task_id":`...)
 	buf = appendJSONString(buf, d.TaskID)

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/contract"
 )
 
 // TestAppendTaskRecoveredEventMatchesEncodingJSON: the hand-written encoder
@@ -23,20 +23,20 @@ func TestAppendTaskRecoveredEventMatchesEncodingJSON(t *testing.T) {
 		id, typ, src string
 		subject      string
 		at           time.Time
-		d            events.TaskRecovered
+		d            contract.TaskRecovered
 	}{
-		{"retried", "recovered:default:t1:0:1774746000", events.TypeTaskRetried, "cronstream/host-1-abc", "default", now,
-			events.TaskRecovered{TaskID: "t1", Queue: "default", Type: "email:send", Retried: 1, MaxRetry: 25, RetryAt: &retryAt, Error: "asynq: task lease expired", Replica: "host-1-abc"}},
-		{"archived, no retry time", "recovered:q:t2:25:1774746000", events.TypeTaskArchived, "cronstream/r", "q", now.In(berlin),
-			events.TaskRecovered{TaskID: "t2", Queue: "q", Type: "x", Retried: 25, MaxRetry: 25, Error: "asynq: task lease expired", Replica: "r"}},
-		{"local zone and odd strings", "recovered:qué:<t&3>:0:1", events.TypeTaskRetried, "cronstream/<r&d>\n", "qué \"quoted\" \u2028", now.Add(999 * time.Nanosecond),
-			events.TaskRecovered{TaskID: "<t&3>", Queue: "qué \"quoted\" \u2028", Type: "a\tb", RetryAt: &localRetry, Error: "e\x01", Replica: "<r&d>\n"}},
-		{"invalid utf-8, empty subject, negative counts", "recovered:y:1", events.TypeTaskRetried, "cronstream/\xff", "", time.Unix(0, 0),
-			events.TaskRecovered{TaskID: "t\xfe", Queue: "", Retried: -1, MaxRetry: -2}},
+		{"retried", "recovered:default:t1:0:1774746000", contract.TypeTaskRetried, "cronstream/host-1-abc", "default", now,
+			contract.TaskRecovered{TaskID: "t1", Queue: "default", Type: "email:send", Retried: 1, MaxRetry: 25, RetryAt: &retryAt, Error: "asynq: task lease expired", Replica: "host-1-abc"}},
+		{"archived, no retry time", "recovered:q:t2:25:1774746000", contract.TypeTaskArchived, "cronstream/r", "q", now.In(berlin),
+			contract.TaskRecovered{TaskID: "t2", Queue: "q", Type: "x", Retried: 25, MaxRetry: 25, Error: "asynq: task lease expired", Replica: "r"}},
+		{"local zone and odd strings", "recovered:qué:<t&3>:0:1", contract.TypeTaskRetried, "cronstream/<r&d>\n", "qué \"quoted\" \u2028", now.Add(999 * time.Nanosecond),
+			contract.TaskRecovered{TaskID: "<t&3>", Queue: "qué \"quoted\" \u2028", Type: "a\tb", RetryAt: &localRetry, Error: "e\x01", Replica: "<r&d>\n"}},
+		{"invalid utf-8, empty subject, negative counts", "recovered:y:1", contract.TypeTaskRetried, "cronstream/\xff", "", time.Unix(0, 0),
+			contract.TaskRecovered{TaskID: "t\xfe", Queue: "", Retried: -1, MaxRetry: -2}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			ev, err := events.NewEventAt(c.id, c.at, c.typ, c.src, c.subject, c.d)
+			ev, err := contract.NewEventAt(c.id, c.at, c.typ, c.src, c.subject, c.d)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -6,7 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/cronstream/cronstream/clock"
+	"github.com/cronstream/cronstream/internal/clock"
 	"github.com/cronstream/cronstream/events"
 )
 

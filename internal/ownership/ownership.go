@@ -23,10 +23,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cronstream/cronstream/clock"
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/clock"
 	"github.com/cronstream/cronstream/internal/taskstate"
-	"github.com/cronstream/cronstream/scheduler"
+	"github.com/cronstream/cronstream/schedule"
 )
 
 // The time budget of ownership (docs/design.md "Time budget"), each
@@ -136,7 +136,7 @@ type Manager struct {
 	version uint64
 	watch   watchState
 
-	owned atomic.Pointer[scheduler.OwnedShards]
+	owned atomic.Pointer[schedule.OwnedShards]
 	// duties is the duty view (duties.go), published with owned;
 	// dutyQueues and global what it held last (loop-owned).
 	duties     atomic.Pointer[dutyView]
@@ -202,7 +202,7 @@ func New(cfg Config) (*Manager, error) {
 	mg := &Manager{cfg: cfg, log: cfg.Logger, m: m, clock: cfg.Clock, epoch: cfg.Clock.Mono(),
 		held: map[events.Shard]*holding{}, free: map[events.Shard]clock.Mono{}, released: map[events.Shard]bool{},
 		last: map[events.Shard]taskstate.ShardLease{}}
-	mg.owned.Store(&scheduler.OwnedShards{Until: map[events.Shard]clock.Mono{}})
+	mg.owned.Store(&schedule.OwnedShards{Until: map[events.Shard]clock.Mono{}})
 	mg.report.Store(&Report{})
 	return mg, nil
 }
@@ -253,7 +253,7 @@ func (m *Manager) Stop(ctx context.Context) error {
 }
 
 // Owned returns the shards this replica holds (scheduler.Shards).
-func (m *Manager) Owned() scheduler.OwnedShards { return *m.owned.Load() }
+func (m *Manager) Owned() schedule.OwnedShards { return *m.owned.Load() }
 
 // Changed returns a channel signalled after the owned set changed
 // (scheduler.Shards). Each call returns a channel of its own, so every
@@ -298,7 +298,7 @@ func (m *Manager) publish(changed bool) {
 	if changed {
 		m.version++
 	}
-	m.owned.Store(&scheduler.OwnedShards{Version: m.version, Until: until})
+	m.owned.Store(&schedule.OwnedShards{Version: m.version, Until: until})
 	m.m.Owned.Set(float64(len(until)))
 	m.publishDuties(until)
 	if !changed {

@@ -5,8 +5,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cronstream/cronstream/clock"
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/clock"
 )
 
 // watchState follows the conditions that hold ownership back, so each is

@@ -6,7 +6,7 @@ import (
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/failpause"
 	"github.com/cronstream/cronstream/internal/keygc"
-	"github.com/cronstream/cronstream/recoverer"
+	"github.com/cronstream/cronstream/internal/recoverer"
 )
 
 // startDuties starts the loops whose work follows the queue duties this

@@ -20,19 +20,19 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/cronstream/cronstream/clock"
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/clock"
 	"github.com/cronstream/cronstream/internal/console"
 	"github.com/cronstream/cronstream/internal/failpause"
 	"github.com/cronstream/cronstream/internal/keygc"
 	"github.com/cronstream/cronstream/internal/ownership"
+	"github.com/cronstream/cronstream/internal/recoverer"
 	"github.com/cronstream/cronstream/internal/redact"
 	"github.com/cronstream/cronstream/internal/relay"
+	"github.com/cronstream/cronstream/internal/scheduler"
 	"github.com/cronstream/cronstream/internal/stall"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/projector"
-	"github.com/cronstream/cronstream/recoverer"
-	"github.com/cronstream/cronstream/scheduler"
 )
 
 // Config configures one replica. Zero values mean the defaults.

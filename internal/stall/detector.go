@@ -16,7 +16,7 @@ import (
 
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/projector"
-	"github.com/cronstream/cronstream/scheduler"
+	"github.com/cronstream/cronstream/schedule"
 )
 
 // Projection is what the detector reads of the live projection;
@@ -58,7 +58,7 @@ type Config struct {
 // Shards is the owned set the detector follows; *ownership.Manager
 // implements it.
 type Shards interface {
-	Owned() scheduler.OwnedShards
+	Owned() schedule.OwnedShards
 	// Changed is signalled after the owned set changed.
 	Changed() <-chan struct{}
 }
@@ -317,7 +317,7 @@ func (d *Detector) Observe(entry string, tick time.Time) {
 // events the relay published (relay.Config.OnPublished).
 func (d *Detector) ObservePublished(eventIDs []string) {
 	for _, id := range eventIDs {
-		if entry, tick, ok := scheduler.ParseActivityID(id); ok {
+		if entry, tick, ok := schedule.ParseActivityID(id); ok {
 			d.Observe(entry, tick)
 		}
 	}
@@ -327,11 +327,11 @@ func (d *Detector) ObservePublished(eventIDs []string) {
 // (scheduler.Config.OnOutcome). Watermark mismatches say nothing: they are
 // how a replica learns another fired first (across a handover, or beside
 // replicas of an earlier build).
-func (d *Detector) Outcome(o scheduler.Outcome) {
+func (d *Detector) Outcome(o schedule.Outcome) {
 	switch {
 	case o.Err != nil:
 		d.failed(o, o.Err.Error())
-	case o.Status == scheduler.StatusWatermarkMismatch:
+	case o.Status == schedule.StatusWatermarkMismatch:
 	case o.Status.Refused():
 		d.failed(o, "refused: "+o.Status.String())
 	default:
@@ -347,7 +347,7 @@ func (d *Detector) Outcome(o scheduler.Outcome) {
 	}
 }
 
-func (d *Detector) failed(o scheduler.Outcome, text string) {
+func (d *Detector) failed(o schedule.Outcome, text string) {
 	now := time.Since(d.epoch)
 	d.mu.Lock()
 	defer d.mu.Unlock()

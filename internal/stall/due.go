@@ -2,7 +2,7 @@
 //
 // It compares what should have fired with what did, independently of the
 // firing path: what should have fired comes from the projection (each
-// entry's schedule with its jitter applied, scheduler.Schedule); what did
+// entry's schedule with its jitter applied, schedule.Schedule); what did
 // fire comes from each entry's watermark in Redis (its last fired or skipped
 // tick) and from the fired and skipped events the replica sees. It never
 // reads the scheduler's own bookkeeping, so a bug or a hang in the firing
@@ -36,7 +36,7 @@ import (
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/projector"
-	"github.com/cronstream/cronstream/scheduler"
+	"github.com/cronstream/cronstream/schedule"
 )
 
 // DefaultLateAfter is how long a tick may be overdue before its entry is
@@ -71,7 +71,7 @@ type track struct {
 	queue string
 	shard int // events.ShardOf(id)
 	st    projector.State
-	sched *scheduler.Schedule // nil: the entry cannot fire (never late)
+	sched *schedule.Schedule // nil: the entry cannot fire (never late)
 
 	// wm is the watermark last read from Redis (known: read at least
 	// once since the entry or its queue changed); seen is the newest
@@ -104,7 +104,7 @@ func (t *track) set(st projector.State) {
 	if !st.Entry.Paused {
 		// The projector validated the entry; one it cannot schedule does
 		// not fire, and the scheduler says so.
-		t.sched, _ = scheduler.NewSchedule(st.Entry)
+		t.sched, _ = schedule.NewSchedule(st.Entry)
 	}
 }
 

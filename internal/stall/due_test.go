@@ -12,7 +12,7 @@ import (
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
 	"github.com/cronstream/cronstream/projector"
-	"github.com/cronstream/cronstream/scheduler"
+	"github.com/cronstream/cronstream/schedule"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -69,7 +69,7 @@ func TestDueJitter(t *testing.T) {
 	st := state(t, events.Entry{ID: "jittery", Cron: "@every 1m", Jitter: events.Duration(50 * time.Second)}, base.Add(-time.Hour))
 	tr := newTrack(st)
 	tr.wm, tr.hasWM, tr.known = base, true, true
-	sched, err := scheduler.NewSchedule(st.Entry)
+	sched, err := schedule.NewSchedule(st.Entry)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,19 +222,19 @@ func TestOutcomeReadiness(t *testing.T) {
 
 	// Watermark mismatches are routine on non-primaries.
 	for range 10 {
-		d.Outcome(scheduler.Outcome{Entry: "e", Tick: base, Status: scheduler.StatusWatermarkMismatch})
+		d.Outcome(schedule.Outcome{Entry: "e", Tick: base, Status: schedule.StatusWatermarkMismatch})
 		elapse(time.Second)
 	}
 	if err := d.Ready(); err != nil {
 		t.Fatalf("not ready after watermark mismatches: %v", err)
 	}
 
-	d.Outcome(scheduler.Outcome{Entry: "e", Tick: base, Status: scheduler.StatusRevisionFenced})
+	d.Outcome(schedule.Outcome{Entry: "e", Tick: base, Status: schedule.StatusRevisionFenced})
 	if err := d.Ready(); err != nil {
 		t.Fatalf("not ready at the first refusal: %v", err)
 	}
 	elapse(2 * time.Second)
-	d.Outcome(scheduler.Outcome{Entry: "e", Tick: base, Err: errors.New("i/o timeout")})
+	d.Outcome(schedule.Outcome{Entry: "e", Tick: base, Err: errors.New("i/o timeout")})
 	err = d.Ready()
 	if err == nil {
 		t.Fatal("ready after failing for longer than the bound")
@@ -245,7 +245,7 @@ func TestOutcomeReadiness(t *testing.T) {
 	}
 
 	// One success ends the streak and the entry's reason.
-	d.Outcome(scheduler.Outcome{Entry: "e", Tick: base.Add(time.Second), Status: scheduler.StatusFired})
+	d.Outcome(schedule.Outcome{Entry: "e", Tick: base.Add(time.Second), Status: schedule.StatusFired})
 	if err := d.Ready(); err != nil {
 		t.Errorf("not ready after a success: %v", err)
 	}
@@ -255,9 +255,9 @@ func TestOutcomeReadiness(t *testing.T) {
 
 	// A streak that stopped long ago (nothing left to fire) has ended.
 	elapse(time.Second)
-	d.Outcome(scheduler.Outcome{Entry: "f", Tick: base, Status: scheduler.StatusStale})
+	d.Outcome(schedule.Outcome{Entry: "f", Tick: base, Status: schedule.StatusStale})
 	elapse(2 * time.Second)
-	d.Outcome(scheduler.Outcome{Entry: "f", Tick: base, Status: scheduler.StatusStale})
+	d.Outcome(schedule.Outcome{Entry: "f", Tick: base, Status: schedule.StatusStale})
 	if d.Ready() == nil {
 		t.Fatal("ready while stale")
 	}
@@ -291,7 +291,7 @@ func TestCheck(t *testing.T) {
 	}
 	seed := func(queue, entry string, tick time.Time) {
 		t.Helper()
-		if err := store.SeedWatermark(ctx, names.Prefix(), queue, entry, tick, scheduler.TaskID(names.Prefix(), entry, tick), 1, ""); err != nil {
+		if err := store.SeedWatermark(ctx, names.Prefix(), queue, entry, tick, schedule.TaskID(names.Prefix(), entry, tick), 1, ""); err != nil {
 			t.Fatal(err)
 		}
 	}

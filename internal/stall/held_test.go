@@ -9,7 +9,7 @@ import (
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
 	"github.com/cronstream/cronstream/projector"
-	"github.com/cronstream/cronstream/scheduler"
+	"github.com/cronstream/cronstream/schedule"
 )
 
 // TestCheckHeldTickNeverLate: an entry with overlap buffer-one whose tick is
@@ -24,7 +24,7 @@ func TestCheckHeldTickNeverLate(t *testing.T) {
 	st := state(t, events.Entry{ID: "buf", Cron: "@every 1m", Overlap: events.OverlapBufferOne}, now.Add(-time.Hour))
 	fire := func(tick, prev time.Time, want taskstate.FireStatus) {
 		t.Helper()
-		id := scheduler.TaskID(names.Prefix(), "buf", tick)
+		id := schedule.TaskID(names.Prefix(), "buf", tick)
 		f := taskstate.NewTickFire(names.Prefix(), "default", "buf", tick, prev, !prev.IsZero(),
 			&taskstate.TaskMessage{Type: "t", ID: id, Queue: "default"},
 			taskstate.Record{ID: "fired-" + id, Data: []byte(`{}`)})
@@ -61,7 +61,7 @@ func TestCheckCancelHeldTickNeverLate(t *testing.T) {
 	st := state(t, events.Entry{ID: "can", Cron: "@every 1m", Overlap: events.OverlapCancelPrevious}, now.Add(-time.Hour))
 	fire := func(tick, prev time.Time, want taskstate.FireStatus) {
 		t.Helper()
-		id := scheduler.TaskID(names.Prefix(), "can", tick)
+		id := schedule.TaskID(names.Prefix(), "can", tick)
 		f := taskstate.NewTickFire(names.Prefix(), "default", "can", tick, prev, !prev.IsZero(),
 			&taskstate.TaskMessage{Type: "t", ID: id, Queue: "default"},
 			taskstate.Record{ID: "fired-" + id, Data: []byte(`{}`)})
@@ -80,7 +80,7 @@ func TestCheckCancelHeldTickNeverLate(t *testing.T) {
 	tick1 := now.Truncate(time.Minute)
 	fire(tick0, time.Time{}, taskstate.StatusFired)
 	// A worker took it (what asynq's dequeue writes).
-	id0, k := scheduler.TaskID(names.Prefix(), "can", tick0), taskstate.Keys("default")
+	id0, k := schedule.TaskID(names.Prefix(), "can", tick0), taskstate.Keys("default")
 	rc.LRem(ctx, k.Pending(), 0, id0)
 	rc.LPush(ctx, k.Active(), id0)
 	rc.HSet(ctx, k.Task(id0), "state", "active")

@@ -13,22 +13,22 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/cronstream/cronstream/clock"
+	"github.com/cronstream/cronstream/internal/clock"
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
 	"github.com/cronstream/cronstream/projector"
-	"github.com/cronstream/cronstream/scheduler"
+	"github.com/cronstream/cronstream/schedule"
 )
 
 // fakeShards is an owned set a test moves.
 type fakeShards struct {
 	mu      sync.Mutex
-	set     scheduler.OwnedShards
+	set     schedule.OwnedShards
 	changed chan struct{}
 }
 
-func (f *fakeShards) Owned() scheduler.OwnedShards {
+func (f *fakeShards) Owned() schedule.OwnedShards {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.set
@@ -42,7 +42,7 @@ func (f *fakeShards) own(shards ...events.Shard) {
 	for _, s := range shards {
 		until[s] = clock.Mono{}
 	}
-	f.set = scheduler.OwnedShards{Version: f.set.Version + 1, Until: until}
+	f.set = schedule.OwnedShards{Version: f.set.Version + 1, Until: until}
 	f.mu.Unlock()
 	select {
 	case f.changed <- struct{}{}:

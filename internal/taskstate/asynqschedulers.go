@@ -9,7 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/contract"
 )
 
 // Reading what asynq's schedulers publish: the lists `cronstream import
@@ -35,7 +35,7 @@ func IsOwnSchedulerID(id string) bool {
 	if !ok {
 		return false
 	}
-	_, err := events.NewNames(prefix)
+	_, err := contract.NewNames(prefix)
 	return err == nil
 }
 

@@ -10,7 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/contract"
 )
 
 // Overlap cancel-previous (Fire.OverlapCancel): the fire script deletes an
@@ -131,7 +131,7 @@ type CancelRelease struct {
 // cancelLayoutLua is the prelude of the release script (cancel_lib.lua's
 // names).
 var cancelLayoutLua = luaConstants([]luaConstant{
-	{"CANCEL_DELETED", events.CancelDeleted}, {"CANCEL_REQUESTED", events.CancelRequested},
+	{"CANCEL_DELETED", contract.CancelDeleted}, {"CANCEL_REQUESTED", contract.CancelRequested},
 })
 
 // ReleaseCancel fires h, a tick held by overlap cancel-previous

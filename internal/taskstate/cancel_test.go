@@ -11,7 +11,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/contract"
 	"github.com/cronstream/cronstream/internal/testenv"
 )
 
@@ -20,8 +20,8 @@ func cancelFire(t testing.TB, n int) Fire {
 	t.Helper()
 	f := tickFire("can", "default", tickAt(n), tickAt(n-1))
 	f.OverlapCancel, f.OverlapRecord = true, record("overlap", "can", tickAt(n))
-	ev, err := events.NewEventAt(events.CancelledEventID("can", tickAt(n)), tickAt(n), events.TypeTaskCancelled, "test", "can",
-		events.TaskCancelled{Entry: "can", Queue: "default", ScheduledAt: tickAt(n), ReplacedBy: f.Msg.ID,
+	ev, err := contract.NewEventAt(contract.CancelledEventID("can", tickAt(n)), tickAt(n), contract.TypeTaskCancelled, "test", "can",
+		contract.TaskCancelled{Entry: "can", Queue: "default", ScheduledAt: tickAt(n), ReplacedBy: f.Msg.ID,
 			TaskID: CancelPlaceholderTask, State: CancelPlaceholderState, Action: CancelPlaceholderAction})
 	if err != nil {
 		t.Fatal(err)
@@ -37,19 +37,19 @@ func cancelFire(t testing.TB, n int) Fire {
 }
 
 // outboxCancelled decodes the cancelled events in queue's outbox.
-func outboxCancelled(t testing.TB, s *Store, queue string) []events.TaskCancelled {
+func outboxCancelled(t testing.TB, s *Store, queue string) []contract.TaskCancelled {
 	t.Helper()
 	recs, err := s.ReadOutbox(context.Background(), testPrefix, queue, "", 1000)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out []events.TaskCancelled
+	var out []contract.TaskCancelled
 	for _, r := range recs {
-		ev, err := events.DecodeEvent(r.Data)
-		if err != nil || ev.Type != events.TypeTaskCancelled {
+		ev, err := contract.DecodeEvent(r.Data)
+		if err != nil || ev.Type != contract.TypeTaskCancelled {
 			continue
 		}
-		var c events.TaskCancelled
+		var c contract.TaskCancelled
 		if err := ev.DecodeData(&c); err != nil {
 			t.Fatalf("cancelled record %s: %v (%s)", r.EventID, err, r.Data)
 		}
@@ -85,7 +85,7 @@ func TestFireOverlapCancelPending(t *testing.T) {
 		t.Fatalf("outbox %v, want %v", got, wantIDs)
 	}
 	c := outboxCancelled(t, s, "default")
-	if len(c) != 1 || c[0].TaskID != first.Msg.ID || c[0].State != "pending" || c[0].Action != events.CancelDeleted || c[0].ReplacedBy != f.Msg.ID {
+	if len(c) != 1 || c[0].TaskID != first.Msg.ID || c[0].State != "pending" || c[0].Action != contract.CancelDeleted || c[0].ReplacedBy != f.Msg.ID {
 		t.Fatalf("cancelled events %+v", c)
 	}
 
@@ -173,7 +173,7 @@ func TestFireOverlapCancelActive(t *testing.T) {
 	}
 	assertWatermark(t, s, "default", "can", tickAt(2), f.Msg.ID)
 	c := outboxCancelled(t, s, "default")
-	if len(c) != 1 || c[0].TaskID != first.Msg.ID || c[0].State != "active" || c[0].Action != events.CancelRequested {
+	if len(c) != 1 || c[0].TaskID != first.Msg.ID || c[0].State != "active" || c[0].Action != contract.CancelRequested {
 		t.Fatalf("cancelled events %+v", c)
 	}
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/cronstream/cronstream/internal/outbox"
 	"github.com/cronstream/cronstream/internal/redisscript"
+	"github.com/cronstream/cronstream/schedule"
 )
 
 // This file is the firing side of the package: one atomic script per queue
@@ -272,30 +273,13 @@ const (
 	StatusCompleted
 )
 
-var statusNames = map[FireStatus]string{
-	StatusFired:             "fired",
-	StatusAlreadyExists:     "already-exists",
-	StatusDuplicate:         "duplicate",
-	StatusSkippedOverlap:    "skipped-overlap",
-	StatusSkippedMissed:     "skipped-missed",
-	StatusHeld:              "held",
-	StatusWatermarkMismatch: "watermark-mismatch",
-	StatusMoved:             "moved",
-	StatusRevisionFenced:    "revision-fenced",
-	StatusStale:             "stale",
-	StatusCompleted:         "completed",
-}
-
-func (s FireStatus) String() string {
-	if n, ok := statusNames[s]; ok {
-		return n
-	}
-	return "FireStatus(" + strconv.Itoa(int(s)) + ")"
-}
+// String names the status as metrics and logs do: the names of
+// schedule.FireStatus, whose list is this one (TestFireStatusMatches).
+func (s FireStatus) String() string { return schedule.FireStatus(s).String() }
 
 // Refused reports whether the fire changed nothing because one of its
 // preconditions failed.
-func (s FireStatus) Refused() bool { return s >= StatusWatermarkMismatch }
+func (s FireStatus) Refused() bool { return schedule.FireStatus(s).Refused() }
 
 // FireResult is what one fire did.
 type FireResult struct {

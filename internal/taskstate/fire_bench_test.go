@@ -10,7 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/contract"
 	"github.com/cronstream/cronstream/internal/testenv"
 )
 
@@ -42,8 +42,8 @@ func BenchmarkFireOnce(b *testing.B) {
 	}
 	withTickHeaders := func(entry string, tick, prev time.Time) Fire {
 		f := tickFire(entry, "bench", tick, prev)
-		e := events.Entry{ID: entry, Task: events.Task{Headers: own}, TickHeaders: true}
-		f.Msg.Headers = events.TaskHeaders(e, events.FormatTaskTick(tick), "", false)
+		e := contract.Entry{ID: entry, Task: contract.Task{Headers: own}, TickHeaders: true}
+		f.Msg.Headers = contract.TaskHeaders(e, contract.FormatTaskTick(tick), "", false)
 		return f
 	}
 

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/contract"
 	"github.com/cronstream/cronstream/internal/outbox"
 )
 
@@ -173,7 +173,7 @@ var fireLayoutLua = luaConstants([]luaConstant{
 	{"KIND_TICK", kindTick}, {"KIND_TRIGGER", kindTrigger}, {"KIND_BACKFILL", kindBackfill},
 	{"OVERLAP_SKIP", overlapSkip}, {"OVERLAP_BUFFER", overlapBuffer}, {"OVERLAP_CANCEL", overlapCancel},
 	{"FULL_CANCEL_REC", fullArgCancelID},
-	{"CANCEL_DELETED", events.CancelDeleted}, {"CANCEL_REQUESTED", events.CancelRequested},
+	{"CANCEL_DELETED", contract.CancelDeleted}, {"CANCEL_REQUESTED", contract.CancelRequested},
 	{"KIND_SKIP", kindSkip}, {"KIND_LEAN", kindLean}, {"KIND_BULK", kindBulk},
 })
 

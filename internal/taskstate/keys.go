@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/contract"
 )
 
 // This file is the one place where Redis key names are built. asynq's names
@@ -151,7 +151,7 @@ func (k QueueKeys) Unique(taskType string, payload []byte) string {
 
 // DefaultPrefix is cronstream's default tenant prefix: the subject
 // prefix's default, so keys and subjects of one tenant share it.
-const DefaultPrefix = events.DefaultPrefix
+const DefaultPrefix = contract.DefaultPrefix
 
 // OwnKeys builds cronstream's own keys in one queue's slot. The layout is
 // "cronstream:{<queue>}:<prefix>:<kind>…": the fixed head keeps the hash tag

@@ -19,7 +19,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/contract"
 	"github.com/cronstream/cronstream/internal/outbox"
 
 	"github.com/cronstream/cronstream/internal/testenv"
@@ -110,7 +110,7 @@ func outboxEventIDs(t testing.TB, rc redis.UniversalClient, queue string) []stri
 		if err := json.Unmarshal(batch, &evs); err != nil || len(evs) < 2 {
 			t.Fatalf("outbox batch record %s: %d events, %v", m.ID, len(evs), err)
 		}
-		if want := events.BatchID(len(evs), evs[0].ID); id != want {
+		if want := contract.BatchID(len(evs), evs[0].ID); id != want {
 			t.Fatalf("outbox batch record %s: id %q, want %q", m.ID, id, want)
 		}
 		for _, ev := range evs {
@@ -1376,7 +1376,7 @@ func TestRecoverBatchesEvents(t *testing.T) {
 		var sizes []int
 		for _, m := range recs {
 			data, _ := m.Values["data"].(string)
-			evs, err := events.SplitEvents([]byte(strings.TrimPrefix(data, outbox.BatchRecordTag)))
+			evs, err := contract.SplitEvents([]byte(strings.TrimPrefix(data, outbox.BatchRecordTag)))
 			if err != nil {
 				t.Fatalf("record %s: %v", m.ID, err)
 			}

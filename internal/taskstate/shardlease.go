@@ -10,14 +10,14 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/contract"
 	"github.com/cronstream/cronstream/internal/redisscript"
 )
 
 // ShardLease is a held shard lease as read from Redis (ownership,
 // docs/design.md "Ownership"). Times are Redis TIME.
 type ShardLease struct {
-	Shard    events.Shard
+	Shard    contract.Shard
 	Holder   string
 	Acquired time.Time
 	Renewed  time.Time
@@ -29,7 +29,7 @@ func (l ShardLease) Expires() time.Time { return l.Renewed.Add(l.TTL) }
 
 // parseShardLease reads the value of a lease key ("<replica> <acquired ms>
 // <renewed ms> <ttl ms>"; the replica id may hold spaces).
-func parseShardLease(shard events.Shard, v string) (ShardLease, bool) {
+func parseShardLease(shard contract.Shard, v string) (ShardLease, bool) {
 	f := strings.Fields(v)
 	if len(f) < 4 {
 		return ShardLease{}, false
@@ -72,7 +72,7 @@ func (s *Store) ShardLeases(ctx context.Context, prefix string, queues []string,
 	pipe := s.client.Pipeline()
 	tm := pipe.Time(ctx)
 	gets := make([]*redis.SliceCmd, len(queues))
-	keys := make([]string, events.ShardsPerQueue)
+	keys := make([]string, contract.ShardsPerQueue)
 	for i, q := range queues {
 		own := Own(prefix, q)
 		for k := range keys {
@@ -104,7 +104,7 @@ func (s *Store) ShardLeases(ctx context.Context, prefix string, queues []string,
 			if !ok {
 				continue
 			}
-			if l, ok := parseShardLease(events.Shard{Queue: q, Index: k}, str); ok {
+			if l, ok := parseShardLease(contract.Shard{Queue: q, Index: k}, str); ok {
 				v.Leases = append(v.Leases, l)
 			}
 		}
@@ -138,25 +138,25 @@ type LeaseResult struct {
 
 // AcquireShardLeases takes each free lease of shards for owner for ttl, or
 // renews those it holds already: one script call per queue, pipelined.
-func (s *Store) AcquireShardLeases(ctx context.Context, prefix, owner string, ttl time.Duration, shards []events.Shard) ([]LeaseResult, error) {
+func (s *Store) AcquireShardLeases(ctx context.Context, prefix, owner string, ttl time.Duration, shards []contract.Shard) ([]LeaseResult, error) {
 	return s.leaseCalls(ctx, acquireShardLeaseScript, "acquire", prefix, owner, ttl, shards)
 }
 
 // RenewShardLeases renews each lease of shards that owner holds, and takes
 // again one that is free (lapsed, or lost with Redis's data); a lease
 // another replica took is reported not held.
-func (s *Store) RenewShardLeases(ctx context.Context, prefix, owner string, ttl time.Duration, shards []events.Shard) ([]LeaseResult, error) {
+func (s *Store) RenewShardLeases(ctx context.Context, prefix, owner string, ttl time.Duration, shards []contract.Shard) ([]LeaseResult, error) {
 	return s.leaseCalls(ctx, renewShardLeaseScript, "renew", prefix, owner, ttl, shards)
 }
 
 // ReleaseShardLeases deletes each lease of shards that owner holds.
-func (s *Store) ReleaseShardLeases(ctx context.Context, prefix, owner string, shards []events.Shard) ([]LeaseResult, error) {
+func (s *Store) ReleaseShardLeases(ctx context.Context, prefix, owner string, shards []contract.Shard) ([]LeaseResult, error) {
 	return s.leaseCalls(ctx, releaseShardLeaseScript, "release", prefix, owner, 0, shards)
 }
 
 // leaseCalls runs script once per queue of shards, all in one pipeline,
 // and returns each shard's result in shards' order.
-func (s *Store) leaseCalls(ctx context.Context, script *redisscript.Script, what, prefix, owner string, ttl time.Duration, shards []events.Shard) ([]LeaseResult, error) {
+func (s *Store) leaseCalls(ctx context.Context, script *redisscript.Script, what, prefix, owner string, ttl time.Duration, shards []contract.Shard) ([]LeaseResult, error) {
 	if owner == "" {
 		return nil, fmt.Errorf("%s shard leases: empty owner", what)
 	}

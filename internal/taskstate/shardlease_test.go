@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/contract"
 	"github.com/cronstream/cronstream/internal/testenv"
 )
 
@@ -33,10 +33,10 @@ func TestShardLeasesCluster(t *testing.T) {
 func checkShardLeases(t *testing.T, ctx context.Context, s *Store, queues []string) {
 	t.Helper()
 	const ttl = 3 * time.Second
-	var mine, theirs []events.Shard
+	var mine, theirs []contract.Shard
 	for _, q := range queues {
-		mine = append(mine, events.Shard{Queue: q, Index: 0}, events.Shard{Queue: q, Index: 63})
-		theirs = append(theirs, events.Shard{Queue: q, Index: 5})
+		mine = append(mine, contract.Shard{Queue: q, Index: 0}, contract.Shard{Queue: q, Index: 63})
+		theirs = append(theirs, contract.Shard{Queue: q, Index: 5})
 	}
 	expectHeld := func(what string, res []LeaseResult, err error, want bool) {
 		t.Helper()
@@ -65,7 +65,7 @@ func checkShardLeases(t *testing.T, ctx context.Context, s *Store, queues []stri
 	if len(v.Leases) != len(mine)+len(theirs) {
 		t.Fatalf("read %d leases, want %d: %+v", len(v.Leases), len(mine)+len(theirs), v.Leases)
 	}
-	first := map[events.Shard]ShardLease{}
+	first := map[contract.Shard]ShardLease{}
 	for _, l := range v.Leases {
 		want := "r 1"
 		if l.Shard.Index == 5 {
@@ -116,7 +116,7 @@ func checkShardLeases(t *testing.T, ctx context.Context, s *Store, queues []stri
 func TestShardLeaseExpires(t *testing.T) {
 	ctx := context.Background()
 	s, _ := newTestStore(t)
-	sh := []events.Shard{{Queue: "default", Index: 7}}
+	sh := []contract.Shard{{Queue: "default", Index: 7}}
 	if res, err := s.AcquireShardLeases(ctx, testPrefix, "a", 200*time.Millisecond, sh); err != nil || !res[0].Held {
 		t.Fatalf("acquire: %+v %v", res, err)
 	}
@@ -135,13 +135,13 @@ func TestShardLeaseExpires(t *testing.T) {
 func TestShardLeaseConcurrentAcquirers(t *testing.T) {
 	ctx := context.Background()
 	s, _ := newTestStore(t)
-	var shards []events.Shard
+	var shards []contract.Shard
 	for _, q := range []string{"q1", "q2"} {
-		shards = append(shards, events.QueueShards(q)[:32]...)
+		shards = append(shards, contract.QueueShards(q)[:32]...)
 	}
 	for round := range 5 {
 		var mu sync.Mutex
-		won := map[events.Shard][]string{}
+		won := map[contract.Shard][]string{}
 		var wg sync.WaitGroup
 		for r := range 8 {
 			wg.Add(1)
@@ -177,7 +177,7 @@ func TestShardLeaseConcurrentAcquirers(t *testing.T) {
 		}
 		// Each holder releases; the next round races again.
 		for _, l := range v.Leases {
-			if _, err := s.ReleaseShardLeases(ctx, testPrefix, l.Holder, []events.Shard{l.Shard}); err != nil {
+			if _, err := s.ReleaseShardLeases(ctx, testPrefix, l.Holder, []contract.Shard{l.Shard}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -210,7 +210,7 @@ func TestNATSHeard(t *testing.T) {
 // TestParseShardLease reads lease values, replica ids with spaces
 // included, and refuses what is not one.
 func TestParseShardLease(t *testing.T) {
-	sh := events.Shard{Queue: "q", Index: 1}
+	sh := contract.Shard{Queue: "q", Index: 1}
 	for _, c := range []struct {
 		v      string
 		holder string

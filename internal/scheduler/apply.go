@@ -1,0 +1,181 @@
+package scheduler
+
+import (
+	"time"
+
+	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/taskstate"
+	"github.com/cronstream/cronstream/schedule"
+)
+
+// sentFire is what apply needs to know of a fire once it was sent.
+type sentFire struct {
+	kind    taskstate.FireKind
+	tick    time.Time
+	carried skipKinds // the skipped records it carried
+	// res is the fire's result, nil when that was taskstate.FiredPending
+	// of taskID and tick: a pass keeps its fires' results until all are
+	// back, and a burst's are nearly all that one, so it keeps the task id
+	// instead of a whole result per fire.
+	res    *taskstate.FireResult
+	taskID string
+}
+
+// sentOf is what applying res, f's result, needs of both.
+func sentOf(f *taskstate.Fire, res *taskstate.FireResult) sentFire {
+	sent := sentFire{kind: f.Kind, tick: f.Tick, carried: skipReasons(f.SkippedRecords)}
+	if res.Err == nil && res.Status == taskstate.StatusFired && *res == taskstate.FiredPending(res.TaskID, f.Tick) {
+		sent.taskID = res.TaskID
+		return sent
+	}
+	kept := *res
+	sent.res = &kept
+	return sent
+}
+
+// result is the fire's result.
+func (f *sentFire) result() taskstate.FireResult {
+	if f.res != nil {
+		return *f.res
+	}
+	return taskstate.FiredPending(f.taskID, f.tick)
+}
+
+// reload sends r, found needing its watermark loaded again, to s.load. A
+// removed entry's run goes instead: a load would have to restore the
+// watermark of an entry the projection no longer holds.
+func (s *Scheduler) reload(r *entryRun) {
+	if r.removed {
+		s.forgetRemoved(r)
+		s.log.Info("ticks due before the entry was removed left unrecorded: its watermark needs loading again", "entry", r.id)
+		return
+	}
+	s.heap.remove(r)
+	s.load[r.id] = r
+}
+
+// apply acts on one fire's result and returns the asynq history record of
+// a created task.
+func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (taskstate.EnqueueEventRecord, bool) {
+	s.outcome(schedule.Outcome{Entry: r.id, Tick: f.tick, Status: fireStatus(res.Status), Err: res.Err})
+	if res.Err != nil {
+		s.countError()
+		r.tries++
+		s.log.Warn("fire failed; will retry", "entry", r.id, "tick", f.tick, "err", res.Err)
+		return taskstate.EnqueueEventRecord{}, false
+	}
+	status := res.Status
+	if status == taskstate.StatusCompleted {
+		// Not a fault: the entry's limit is reached and it fires no more.
+		r.tries, r.completedSince = 0, r.st.MaxFiresSince
+		s.heap.remove(r)
+		s.count(func(st *Stats) { st.Completed++ })
+		s.m.Completed.Inc()
+		if res.Fires >= taskstate.FireCountUnknown {
+			s.log.Info("entry's max fires count is unknown (Redis lost it); firing nothing more until its max_fires changes", "entry", r.id, "max_fires", r.st.Entry.MaxFires)
+		} else {
+			s.log.Info("entry completed its max fires; firing nothing more", "entry", r.id, "max_fires", r.st.Entry.MaxFires, "fired", res.Fires)
+		}
+		return taskstate.EnqueueEventRecord{}, false
+	}
+	if status.Refused() {
+		s.countRefused(status.String())
+		switch status {
+		case taskstate.StatusWatermarkMismatch:
+			if r.hasHandled && (!res.HasWatermark || res.Watermark.Before(r.handled)) {
+				// The watermark vanished under us, or went back before a
+				// tick it held (Redis lost data, a lagging replica was
+				// promoted): load it again, which re-seeds it from the
+				// later of r.handled and the stream, instead of firing
+				// those ticks again.
+				r.phase = phaseLoading
+				r.tries++
+				s.reload(r)
+				break
+			}
+			r.cursor, r.hasCursor, r.lastTask = res.Watermark, res.HasWatermark, res.WatermarkTaskID
+			r.handled, r.hasHandled = res.Watermark, res.HasWatermark
+			r.phase = phaseReady
+			s.clearFenced()
+			if res.HasWatermark && !res.Watermark.Before(f.tick) {
+				r.tries = 0 // someone else handled it: nothing wrong
+			} else {
+				r.tries++
+			}
+		case taskstate.StatusMoved:
+			r.tries++
+			if r.st.Revision > res.MovedAt {
+				// Our configuration, newer than the move, says the entry
+				// lives here again (it moved away and back while this
+				// replica did not follow live): close the queues it used
+				// since and reopen this one.
+				r.phase, r.loading.reopen = phaseLoading, true
+				s.reload(r)
+			} else {
+				s.suspectEpoch(r.queue, r.id, res.MovedAt, "")
+			}
+		case taskstate.StatusRevisionFenced:
+			r.tries++
+			s.noteFenced(res.Fence)
+			s.suspectEpoch(r.queue, "", res.Fence, res.FenceID)
+		default: // stale: our view of the config is behind
+			r.tries++
+			s.noteFenced(0)
+		}
+		return taskstate.EnqueueEventRecord{}, false
+	}
+	r.tries = 0
+	s.clearFenced()
+	if f.kind == taskstate.FireTick || f.kind == taskstate.FireSkip {
+		r.cursor, r.hasCursor, r.phase = f.tick, true, phaseReady
+		r.handled, r.hasHandled = f.tick, true
+	}
+	if f.carried.missed {
+		r.skippedAt = s.clock.Now()
+		s.count(func(st *Stats) { st.SkippedMissed++ })
+		s.m.Skipped.WithLabelValues(events.SkipMissed).Inc()
+	}
+	if f.carried.excluded {
+		s.count(func(st *Stats) { st.SkippedExcluded++ })
+		s.m.Skipped.WithLabelValues(events.SkipExcluded).Inc()
+	}
+	if f.carried.paused {
+		s.count(func(st *Stats) { st.SkippedPaused++ })
+		s.m.Skipped.WithLabelValues(events.SkipPaused).Inc()
+		s.log.Info("ticks due before the entry was paused, which no replica had fired, recorded as skipped (reason paused)", "entry", r.id, "until", f.tick)
+	}
+	if f.carried.removed {
+		s.count(func(st *Stats) { st.SkippedRemoved++ })
+		s.m.Skipped.WithLabelValues(events.SkipRemoved).Inc()
+		s.log.Info("ticks due before the entry was removed, which no replica had fired, recorded as skipped (reason removed)", "entry", r.id, "until", f.tick)
+	}
+	switch status {
+	case taskstate.StatusFired:
+		if res.Replaced != "" {
+			s.replacedWaiting(r, f.tick, res)
+		}
+		r.lastTask = res.TaskID
+		s.count(func(st *Stats) { st.Fired++ })
+		s.m.Fired.WithLabelValues(r.queue).Inc()
+		s.m.FireLag.Observe(s.clock.Now().Sub(f.tick).Seconds())
+		trim := r.recorded%historyTrimEvery == 0
+		r.recorded++
+		return taskstate.EnqueueEventRecord{Entry: r.id, Event: taskstate.SchedulerEnqueueEvent{TaskID: res.TaskID, EnqueueTime: s.clock.Now()}, Trim: trim}, true
+	case taskstate.StatusAlreadyExists:
+		s.count(func(st *Stats) { st.AlreadyExisted++ })
+	case taskstate.StatusSkippedOverlap:
+		s.count(func(st *Stats) { st.SkippedOverlap++ })
+		s.m.Skipped.WithLabelValues(events.SkipOverlap).Inc()
+	case taskstate.StatusHeld:
+		s.count(func(st *Stats) { st.Held++ })
+		s.held.holding = true
+		s.log.Debug("tick held: the previous task is busy", "entry", r.id, "tick", f.tick, "task", res.TaskID)
+		if res.Replaced != "" {
+			s.held.cancels = append(s.held.cancels, heldCancel{queue: r.queue, entry: r.id, task: res.Replaced})
+		}
+	case taskstate.StatusDuplicate:
+		s.count(func(st *Stats) { st.SkippedUnique++ })
+		s.m.Skipped.WithLabelValues(events.SkipUnique).Inc()
+	}
+	return taskstate.EnqueueEventRecord{}, false
+}

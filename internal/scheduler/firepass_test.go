@@ -1,0 +1,75 @@
+package scheduler_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/scheduler"
+	"github.com/cronstream/cronstream/internal/taskstate"
+	"github.com/cronstream/cronstream/schedule"
+)
+
+// TestSmallBatchesKeepEachFireIntact: a fire pass hands each batch's
+// buffers (its fires, results and fired records; in taskstate its encoded
+// messages and key names) on to the batches after it. With batches of 7
+// fires, 3 in flight and two queues, every pass passes them on many times:
+// each fired event must still name its own entry, tick, queue and task,
+// and each task in Redis carry its own entry's message.
+func TestSmallBatchesKeepEachFireIntact(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const n = 60
+	queueOf := func(i int) string {
+		if i%2 == 1 {
+			return "other"
+		}
+		return "default"
+	}
+	entries := make([]events.Entry, n)
+	queues := map[string]string{}
+	for i := range entries {
+		id := fmt.Sprintf("b%02d", i)
+		queues[id] = queueOf(i)
+		entries[i] = every(id, "@every 1s", func(en *events.Entry) { en.Options.Queue = queueOf(i) })
+	}
+	e.put(entries...)
+	e.startNode("n1", nodeOpts{sched: func(c *scheduler.Config) { c.Batch, c.Parallel = 7, 3 }})
+	e.waitActivity(3*n, 45*time.Second)
+
+	fired := 0
+	for _, a := range e.readActivity() {
+		if a.Type != events.TypeEntryFired {
+			continue
+		}
+		fired++
+		f := a.Fired
+		q, known := queues[f.Entry]
+		switch {
+		case !known:
+			t.Fatalf("fired event %s names entry %q, which is not registered", a.MsgID, f.Entry)
+		case a.MsgID != events.FiredEventID(f.Entry, f.ScheduledAt):
+			t.Fatalf("fired event %s names entry %s tick %s", a.MsgID, f.Entry, f.ScheduledAt)
+		case f.TaskID != schedule.TaskID(testPrefix, f.Entry, f.ScheduledAt):
+			t.Fatalf("fired event %s names task %s", a.MsgID, f.TaskID)
+		case f.Queue != q:
+			t.Fatalf("fired event %s names queue %s, want %s", a.MsgID, f.Queue, q)
+		}
+		raw, err := e.rc.HGet(context.Background(), taskstate.Keys(q).Task(f.TaskID), "msg").Bytes()
+		if err != nil {
+			t.Fatalf("task %s of fired event %s: %v", f.TaskID, a.MsgID, err)
+		}
+		msg, err := taskstate.DecodeTaskMessage(raw)
+		if err != nil {
+			t.Fatalf("task %s: %v", f.TaskID, err)
+		}
+		if msg.ID != f.TaskID || msg.Queue != q || msg.Type != "tick:"+f.Entry || string(msg.Payload) != `{"id":"`+f.Entry+`"}` {
+			t.Fatalf("task %s holds the message of task %s (queue %s, type %s, payload %s)", f.TaskID, msg.ID, msg.Queue, msg.Type, msg.Payload)
+		}
+	}
+	if fired < 3*n {
+		t.Fatalf("%d fired events, want at least %d", fired, 3*n)
+	}
+}

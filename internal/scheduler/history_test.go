@@ -1,0 +1,218 @@
+package scheduler_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/scheduler"
+	"github.com/cronstream/cronstream/internal/taskstate"
+	"github.com/cronstream/cronstream/internal/testenv"
+)
+
+// TestStreamHistory: event counts for every entry in one request, and the
+// queues of an entry's current life.
+func TestStreamHistory(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.put(every("one", "@every 1m", inQueue("a")))
+	e.put(every("moved", "@every 1m", inQueue("a")))
+	e.put(every("moved", "@every 1m", inQueue("b")))
+	e.put(every("moved", "@every 2m", inQueue("b")))
+	e.put(every("reborn", "@every 1m", inQueue("a")))
+	if _, err := e.client.Remove(ctx(t, 5*time.Second), "reborn"); err != nil {
+		t.Fatal(err)
+	}
+	last := e.put(every("reborn", "@every 1m", inQueue("c")))
+	h := scheduler.NewStreamHistory(e.js, testNames)
+	c := ctx(t, 10*time.Second)
+	counts, asOf, err := h.EventCounts(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if asOf < last || counts["one"] != 1 || counts["moved"] != 3 || counts["reborn"] != 3 {
+		t.Fatalf("counts %v as of %d (last %d)", counts, asOf, last)
+	}
+	for id, want := range map[string][]string{"one": {"a"}, "moved": {"a", "b"}, "reborn": {"c"}} {
+		got, err := h.PreviousQueues(c, id)
+		if err != nil || !slices.Equal(got, want) {
+			t.Errorf("PreviousQueues(%s) = %v, %v; want %v", id, got, err, want)
+		}
+	}
+}
+
+// TestStopSince: when a paused entry's pause began (its first paused
+// state, however often it was edited since) and when the schedule it
+// stopped began (its last spec change before the pause; a registration
+// made paused has none); for a removed entry, its removal and the schedule
+// it stopped, or the pause it was in when removed; nothing for an entry
+// that runs, or that was removed and registered again.
+func TestStopSince(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	c := ctx(t, 10*time.Second)
+	e.put(every("p", "@every 1m"))
+	e.put(every("p", "@every 2m"))
+	e.put(every("p", "@every 2m", withPayload("x")))
+	e.pauseOf("p", "first")
+	e.pauseOf("p", "second")
+	e.put(every("born-paused", "@every 1m", func(en *events.Entry) { en.Paused = true }))
+	e.put(every("resumed", "@every 1m"))
+	e.pauseOf("resumed", "")
+	e.resume("resumed")
+	e.put(every("gone", "@every 1m"))
+	e.put(every("gone", "@every 2m"))
+	e.removeOf("gone")
+	e.put(every("paused-gone", "@every 1m"))
+	e.pauseOf("paused-gone", "")
+	e.removeOf("paused-gone")
+	e.put(every("reborn", "@every 1m"))
+	e.removeOf("reborn")
+	e.put(every("reborn", "@every 1m"))
+	h := scheduler.NewStreamHistory(e.js, testNames)
+	p, born, gone, pg := e.configTimes("p"), e.configTimes("born-paused"), e.configTimes("gone"), e.configTimes("paused-gone")
+	seq := func(id string, i int) uint64 {
+		t.Helper()
+		recs, err := e.client.History(c, id)
+		if err != nil || len(recs) <= i {
+			t.Fatalf("history of %s: %d records, %v", id, len(recs), err)
+		}
+		return recs[i].Seq
+	}
+	for id, want := range map[string]scheduler.StopSpan{
+		"p":           {Stopped: p[3], Since: p[1], Revision: seq("p", 3)},
+		"born-paused": {Stopped: born[0], Since: born[0], Revision: seq("born-paused", 0)},
+		"gone":        {Stopped: gone[2], Since: gone[1], Removed: true, Revision: seq("gone", 2)},
+		// Removed while paused: the pause is what stopped it.
+		"paused-gone": {Stopped: pg[1], Since: pg[0], Revision: seq("paused-gone", 1)},
+	} {
+		got, ok, err := h.StopSince(c, id, 0)
+		if err != nil || !ok || !got.Stopped.Equal(want.Stopped) || !got.Since.Equal(want.Since) || got.Removed != want.Removed || got.Revision != want.Revision {
+			t.Errorf("StopSince(%s) = %+v, %v, %v; want %+v", id, got, ok, err, want)
+		}
+	}
+	for _, id := range []string{"resumed", "reborn"} {
+		if got, ok, err := h.StopSince(c, id, 0); err != nil || ok {
+			t.Errorf("StopSince(%s) = %+v, %v, %v; want neither paused nor removed", id, got, ok, err)
+		}
+	}
+	// As of its removal, reborn was removed: what came after is not read.
+	reborn := e.configTimes("reborn")
+	if got, ok, err := h.StopSince(c, "reborn", seq("reborn", 1)); err != nil || !ok || !got.Removed || !got.Stopped.Equal(reborn[1]) || !got.Since.Equal(reborn[0]) {
+		t.Errorf("StopSince(reborn, as of its removal) = %+v, %v, %v", got, ok, err)
+	}
+}
+
+// TestNewEntriesNeedNoHistory: entries that never fired and whose subject
+// holds only their registration are loaded without reading any history
+// (one event-count request instead of a consumer per entry), and still
+// fire; an entry with a queue change is closed in its old queue.
+func TestNewEntriesNeedNoHistory(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	for i := range 30 {
+		e.put(every(fmt.Sprintf("n%02d", i), "@every 1s"))
+	}
+	e.put(every("old", "@every 1s", inQueue("alpha")))
+	e.put(every("old", "@every 1s", inQueue("beta")))
+	h := &countingHistory{History: scheduler.NewStreamHistory(e.js, testNames)}
+	a := e.startNode("a", nodeOpts{sched: func(c *scheduler.Config) { c.History = h }})
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Fired >= 31 }, "entries to fire")
+	a.stop()
+	if h.counts < 1 || h.previous != 1 {
+		t.Fatalf("history asked %d times for counts and %d times for queues; want counts at least once and queues once (for old)", h.counts, h.previous)
+	}
+	res, err := e.store.FireBatch(ctx(t, 5*time.Second), staleFences, []taskstate.Fire{staleFire(t, "old", "alpha", time.Now().Add(time.Hour).Truncate(time.Second))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res[0].Status.String() != "moved" {
+		t.Fatalf("a stale fire into the old queue: %s, want moved", res[0].Status)
+	}
+}
+
+type countingHistory struct {
+	scheduler.History
+	counts, previous int
+}
+
+func (h *countingHistory) EventCounts(ctx context.Context) (map[string]uint64, uint64, error) {
+	h.counts++
+	return h.History.EventCounts(ctx)
+}
+
+func (h *countingHistory) PreviousQueues(ctx context.Context, entry string) ([]string, error) {
+	h.previous++
+	return h.History.PreviousQueues(ctx, entry)
+}
+
+// BenchmarkHistory measures what the scheduler pays, per entry without a
+// watermark, to learn its earlier queues: a consumer on its config history
+// (PreviousQueues, what the replica wired before NewStreamHistory) against
+// one event-count request for all entries.
+func BenchmarkHistory(b *testing.B) {
+	n := envInt("CRONSTREAM_BENCH_HISTORY_ENTRIES", 10_000)
+	srv := testenv.StartNATS(b)
+	_, js := benchConnect(b, srv.URL())
+	if err := events.EnsureStreams(context.Background(), js, events.StreamConfig{Names: testNames}); err != nil {
+		b.Fatal(err)
+	}
+	registerMany(b, js, n, func(i int) events.Entry { return every(fmt.Sprintf("h%05d", i), "@every 1m") })
+	h := scheduler.NewStreamHistory(js, testNames)
+	c := context.Background()
+	b.Run("PreviousQueues-per-entry", func(b *testing.B) {
+		i := 0
+		for b.Loop() {
+			if _, err := h.PreviousQueues(c, fmt.Sprintf("h%05d", i%n)); err != nil {
+				b.Fatal(err)
+			}
+			i++
+		}
+	})
+	b.Run("EventCounts-all-entries", func(b *testing.B) {
+		for b.Loop() {
+			counts, _, err := h.EventCounts(c)
+			if err != nil || len(counts) != n {
+				b.Fatalf("%d counts, %v", len(counts), err)
+			}
+		}
+	})
+}
+
+// TestLostWatermarkRestored: Redis loses its data (FLUSHALL) after an entry
+// with catch-up "all" fired for a while. The replica that starts next finds
+// no watermark but the entry's fires in the stream: it seeds the watermark
+// from the last one, so no tick that already fired is enqueued again.
+func TestLostWatermarkRestored(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.put(every("w", "@every 1s", withCatchup(events.CatchupAll, time.Hour)))
+	hist := nodeOpts{sched: func(c *scheduler.Config) { c.History = scheduler.NewStreamHistory(e.js, testNames) }}
+	a := e.startNode("a", hist)
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Fired >= 4 }, "a to fire")
+	a.stop()
+	e.waitOutboxEmpty(5*time.Second, "default")
+	_, lastBefore := ledgers(e.readActivity())["w"].firedRange()
+	if err := e.rc.FlushAll(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	b := e.startNode("b", hist)
+	testenv.Eventually(t, 20*time.Second, func() bool { return b.sched.Stats().Fired >= 3 }, "b to fire after the loss")
+	b.stop()
+	for _, id := range e.pendingIDs("default") {
+		tick, err := time.Parse(time.RFC3339, id[len(testPrefix+":w:"):])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tick.Unix() <= lastBefore {
+			t.Errorf("tick %s fired again after the data loss (last fired before: %s)", tick.Format(time.TimeOnly), fmtUnix(lastBefore))
+		}
+	}
+	e.waitOutboxEmpty(5*time.Second, "default")
+	l := ledgers(e.readActivity())["w"]
+	first, last := l.firedRange()
+	checkEverySecond(t, "w", l, first, last)
+}

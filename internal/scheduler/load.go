@@ -1,0 +1,371 @@
+package scheduler
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"time"
+
+	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/taskstate"
+	"github.com/cronstream/cronstream/schedule"
+)
+
+// loadBatch bounds the entries one turn of the loop loads: a replica that
+// takes many shards at once (at start, or from a dead replica) loads them
+// over several turns, so its loop keeps turning (its leases are renewed
+// only while it does) and fires between them.
+const loadBatch = 10_000
+
+// loadWatermarks reads the watermark of the entries that need one (at most
+// loadBatch), per queue in one round trip, doing queue handovers first.
+// Entries whose load failed stay in s.load and are retried after a
+// backoff; those left for the next turn follow at once.
+func (s *Scheduler) loadWatermarks(ctx context.Context) {
+	prefix := s.cfg.Names.Prefix()
+	byQueue := map[string][]*entryRun{}
+	failed, later := false, false
+	taken := 0
+	for _, r := range s.load {
+		if taken++; taken > loadBatch {
+			break
+		}
+		if r.loading.fromQueue != "" {
+			if _, err := s.handover(ctx, r, []string{r.loading.fromQueue}); err != nil {
+				// Firing into the new queue before the old one is closed
+				// could fire a tick in both: wait.
+				failed = true
+				continue
+			}
+		}
+		byQueue[r.queue] = append(byQueue[r.queue], r)
+	}
+	now := s.clock.Now()
+	var restored []string
+	var held restoreHolds
+	for q, runs := range byQueue {
+		ids := make([]string, len(runs))
+		for i, r := range runs {
+			ids[i] = r.id
+		}
+		wms, err := s.broker.Watermarks(ctx, prefix, q, ids)
+		if err != nil {
+			s.countError()
+			s.log.Warn("read watermarks", "queue", q, "entries", len(ids), "err", err)
+			for _, r := range runs {
+				s.outcome(schedule.Outcome{Entry: r.id, Err: err})
+			}
+			failed = true
+			continue // stay in s.load; retried after a backoff
+		}
+		for i, r := range runs {
+			wm := wms[i]
+			if r.st.Entry.Paused || r.removed {
+				if !s.loadStopped(ctx, r, wm, now) {
+					later = true
+					continue
+				}
+				s.applyWaiting(r)
+				continue
+			}
+			// A missing watermark, or one older than a tick known to be
+			// handled, is restored (once per load: the stream may hold
+			// nothing usable), after the handover that closes the entry's
+			// other queues: the restore opens this one.
+			restoreNow := !r.loading.restored && (!wm.OK || s.behind(ctx, r, wm.Tick, now))
+			if !restoreNow {
+				// Nothing (more) to restore: another replica seeded the
+				// watermark meanwhile.
+				r.loading.seed, r.loading.held = nil, false
+			}
+			reread := false
+			// A restore in progress (r.loading.seed) did the handover
+			// in an earlier turn of this load.
+			if (!wm.OK || r.loading.reopen || restoreNow) && r.loading.seed == nil {
+				prev, err := s.previousQueues(ctx, r)
+				if err != nil {
+					later = true
+					continue
+				}
+				if len(prev) > 0 || r.loading.reopen {
+					seeded, err := s.handover(ctx, r, prev)
+					if err != nil {
+						failed = true
+						continue
+					}
+					if r.loading.reopen || seeded {
+						r.loading.reopen = false
+						reread = true // the watermark changed: read it again next turn
+					}
+				}
+			}
+			if restoreNow && r.st.Entry.Limited() && r.loading.seed == nil {
+				// The fires counter went with the watermark: rebuilt
+				// before the watermark, or a fire in between would count
+				// from zero.
+				if err := s.restoreFireCount(ctx, r); err != nil {
+					failed = true
+					continue
+				}
+			}
+			if restoreNow {
+				step, wait := s.restore(ctx, r, wm)
+				switch step {
+				case restoreFailed:
+					failed = true
+					continue
+				case restoreHeld:
+					held.add(r, wait)
+					continue
+				case restoreSeeded:
+					restored = append(restored, r.id)
+					reread = true
+				case restoreReread:
+					reread = true
+				}
+				r.loading.restored, r.loading.seed, r.loading.held = true, nil, false
+			}
+			if reread {
+				continue
+			}
+			// Only when a tick of its schedule fell between the watermark
+			// and the last config change does the floor matter (and the
+			// history get read): a daily entry edited after its last fire
+			// needs nothing.
+			if r.loading.floorAtLoad && wm.OK && wm.Tick.Before(r.floor) && !r.sched.Next(wm.Tick).After(r.floor) {
+				since, err := s.scheduleSince(ctx, r)
+				if err != nil {
+					later = true
+					continue
+				}
+				r.floor = since
+			}
+			r.loading.floorAtLoad = false
+			delete(s.load, r.id)
+			r.phase, r.loading.restored, r.skippedAt = phaseReady, false, time.Time{}
+			r.cursor, r.hasCursor, r.lastTask = wm.Tick, wm.OK, wm.TaskID
+			r.handled, r.hasHandled = wm.Tick, wm.OK
+			s.schedule(r, now)
+		}
+	}
+	held.report(s)
+	if len(restored) > 0 {
+		s.log.Warn("watermarks missing in Redis or older than ticks known to be handled (did Redis lose data?): restored from the running replicas' positions and the activity stream",
+			"entries", len(restored), "first", restored[0])
+	}
+	switch {
+	case failed:
+		s.loadFails++
+		s.loadAfter = s.clock.Mono().Add(min(time.Duration(s.loadFails)*200*time.Millisecond, 5*time.Second))
+	case later:
+		s.loadFails = 0
+		s.loadAfter = s.hist.countsAt.Add(historyRefresh)
+	default:
+		s.loadFails = 0
+	}
+	if held.n > 0 {
+		// Back when the first proposal settles, or after a failure's
+		// backoff when that is sooner.
+		at := s.clock.Mono().Add(held.wait)
+		if (failed || later) && s.loadAfter.Before(at) {
+			at = s.loadAfter
+		}
+		s.loadAfter = at
+	}
+}
+
+// loadStopped ends the load of a paused entry, or of one found removed at
+// start (foundRemoved). When its watermark shows ticks due before the
+// pause or removal that no replica handled, it becomes ready and settles
+// (stopSettle); otherwise a paused entry leaves s.load still loading and
+// loads in full if it resumes, and a removed one goes. It returns false
+// when its history is to be read later (errHistoryLater).
+func (s *Scheduler) loadStopped(ctx context.Context, r *entryRun, wm taskstate.WatermarkInfo, now time.Time) bool {
+	rest := func() bool {
+		r.settle = nil
+		delete(s.load, r.id)
+		if r.removed {
+			s.forgetRemoved(r)
+		}
+		return true
+	}
+	if r.settle == nil || !wm.OK || r.loading.fromQueue != "" || r.loading.reopen || r.loading.seed != nil ||
+		(r.hasHandled && wm.Tick.Before(r.handled)) {
+		// Nothing to go by: the entry never fired in its queue, or Redis
+		// lost its watermark (restored if it resumes).
+		return rest()
+	}
+	if r.loading.floorAtLoad {
+		// Found paused or removed at start, or paused before its first
+		// load: its history says when it stopped firing, and is read only
+		// when a tick fell between the watermark and the entry's last
+		// change.
+		if next := r.sched.Next(wm.Tick); next.IsZero() || next.After(r.st.Time) {
+			return rest()
+		}
+		span, ok, err := s.stopSince(ctx, r)
+		if err != nil {
+			return false
+		}
+		if !ok || (span.Removed && !r.removed) {
+			return rest()
+		}
+		if r.removed && !span.Removed {
+			// It was paused when removed: its ticks were due before the
+			// pause, which the skipped event names.
+			r.settle.reason, r.settle.revision = events.SkipPaused, cmp.Or(span.Revision, r.settle.revision)
+		}
+		r.settle.until, r.floor = span.Stopped, span.Since
+		if r.settle.until.After(now) {
+			r.settle.until = now
+		}
+	}
+	delete(s.load, r.id)
+	r.loading = loadSteps{}
+	r.phase, r.skippedAt = phaseReady, time.Time{}
+	r.cursor, r.hasCursor, r.lastTask = wm.Tick, true, wm.TaskID
+	r.handled, r.hasHandled = wm.Tick, true
+	s.schedule(r, now)
+	return true
+}
+
+// handover closes the entry in each old queue and opens its queue, seeded
+// with the newest watermark found. It reports whether a watermark was
+// seeded (it must then be read again). Both steps are idempotent, so after
+// an error the whole handover is simply repeated.
+func (s *Scheduler) handover(ctx context.Context, r *entryRun, from []string) (bool, error) {
+	prefix := s.cfg.Names.Prefix()
+	var best time.Time
+	var bestTask string
+	found := false
+	var fires taskstate.FireCount
+	for _, q := range from {
+		if q == r.queue {
+			continue
+		}
+		tick, task, ok, err := s.broker.CloseForHandover(ctx, prefix, q, r.id, r.st.Revision, s.revisionID(r))
+		if err != nil {
+			s.countError()
+			s.log.Warn("close entry in its old queue", "entry", r.id, "queue", q, "err", err)
+			s.outcome(schedule.Outcome{Entry: r.id, Err: err})
+			return false, err
+		}
+		if ok && (!found || tick.After(best)) {
+			best, bestTask, found = tick, task, true
+		}
+		if r.st.Entry.Limited() {
+			// Closed, the old slot's count can no longer move.
+			c, ok, err := s.broker.FireCount(ctx, prefix, q, r.id)
+			if err != nil {
+				s.countError()
+				s.log.Warn("read the entry's fires count in its old queue", "entry", r.id, "queue", q, "err", err)
+				return false, err
+			}
+			if ok && c.Since == r.st.MaxFiresSince && c.Count > fires.Count {
+				fires = c
+			}
+		}
+	}
+	if fires.Count > 0 {
+		// Before the new slot opens: its fires count on from here.
+		if _, err := s.broker.SeedFireCount(ctx, prefix, r.queue, r.id, fires); err != nil {
+			s.countError()
+			s.log.Warn("carry the entry's fires count to its new queue", "entry", r.id, "queue", r.queue, "err", err)
+			return false, err
+		}
+	}
+	if err := s.broker.SeedWatermark(ctx, prefix, r.queue, r.id, best, bestTask, r.st.Revision, s.revisionID(r)); err != nil {
+		if !errors.Is(err, taskstate.ErrHandoverSuperseded) {
+			s.countError()
+			s.log.Warn("seed entry in its new queue", "entry", r.id, "queue", r.queue, "err", err)
+			s.outcome(schedule.Outcome{Entry: r.id, Err: err})
+			return false, err
+		}
+		// A newer configuration moved the entry on; our fires there will
+		// be refused until the projection catches up.
+	}
+	r.loading.fromQueue = ""
+	return found, nil
+}
+
+// restoreFireCount rebuilds r's fires counter after Redis lost data: the
+// scheduled ticks the activity stream recorded as fired since the revision
+// its limit counts from, raised into the slot (never lowered: a count the
+// slot kept is at least as true). Fires older than the activity stream's
+// retention, and fires whose events were still in the lost outbox, are not
+// in the stream (docs/design.md INV-max-fires).
+func (s *Scheduler) restoreFireCount(ctx context.Context, r *entryRun) error {
+	if s.cfg.History == nil {
+		return nil
+	}
+	t, err := s.cfg.History.FiredSince(ctx, r.id, r.st.MaxFiresSince)
+	unknown := err == nil && s.firesInGap(r, t)
+	n := t.Count
+	if unknown {
+		n = taskstate.FireCountUnknown
+	}
+	if err == nil {
+		_, err = s.broker.SeedFireCount(ctx, s.cfg.Names.Prefix(), r.queue, r.id, taskstate.FireCount{Since: r.st.MaxFiresSince, Count: n})
+	}
+	if err != nil {
+		s.countError()
+		s.log.Warn("rebuild the entry's fires count from the activity stream; not firing it until it is", "entry", r.id, "queue", r.queue, "err", err)
+		s.outcome(schedule.Outcome{Entry: r.id, Err: err})
+		return err
+	}
+	if unknown {
+		s.count(func(st *Stats) { st.FireCountUnknown++ })
+		s.m.FireCountUnknown.Inc()
+		s.log.Warn("the entry's max_fires count is unknown: Redis lost it and the activity stream no longer holds every fire since the limit was set; firing it no more (completed) until its max_fires is set to another value",
+			"entry", r.id, "queue", r.queue, "since", r.st.MaxFiresSince, "counted", t.Count, "events_gone_from", t.GapFrom, "events_gone_until", t.GapTo)
+		return nil
+	}
+	s.log.Info("rebuilt the entry's fires count from the activity stream", "entry", r.id, "queue", r.queue, "since", r.st.MaxFiresSince, "fired", n)
+	return nil
+}
+
+// firesInGap reports whether r may have fired ticks whose events the
+// activity stream no longer holds (t's gap): a tick of its schedule falls
+// in the gap, widened by the jitter (a fire is published after its tick
+// plus jitter) and a minute for the clocks of Redis and NATS. An entry
+// whose schedule had no tick there (it starts later, say) lost nothing.
+func (s *Scheduler) firesInGap(r *entryRun, t FireTally) bool {
+	if t.GapTo.IsZero() || !t.GapTo.After(t.GapFrom) {
+		return false
+	}
+	const clockMargin = time.Minute
+	from := t.GapFrom.Add(-r.st.Entry.Jitter.D() - clockMargin)
+	if t.GapFrom.IsZero() {
+		from = time.Time{}
+	}
+	next := r.sched.NextFire(from)
+	return !next.IsZero() && next.Before(t.GapTo.Add(clockMargin))
+}
+
+// behind reports whether r's watermark wm is older than a tick known to be
+// handled: r.handled when this replica holds one; otherwise, for an entry
+// whose next tick after wm is already due, the last tick the activity
+// stream recorded for it. A stream ahead of Redis means Redis lost the
+// fires after wm (a lagging replica was promoted while no replica ran):
+// their events were published only after their Redis writes. The stream's
+// last ticks of all entries are read in one pass, at most once per
+// historyRefresh.
+func (s *Scheduler) behind(ctx context.Context, r *entryRun, wm, now time.Time) bool {
+	if r.hasHandled {
+		return wm.Before(r.handled)
+	}
+	if s.cfg.History == nil || r.sched.Next(wm).After(now) {
+		return false
+	}
+	h := &s.hist
+	if s.clock.Since(h.lastAt) >= historyRefresh {
+		h.lastAt = s.clock.Mono()
+		last, err := s.cfg.History.LastHandledAll(ctx)
+		if err != nil {
+			s.log.Warn("read the entries' last ticks from the stream; not checking watermarks against it", "err", err)
+		}
+		h.last = last
+	}
+	last, ok := h.last[r.id]
+	return ok && last.After(wm)
+}

@@ -1,0 +1,54 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/clock"
+	"github.com/cronstream/cronstream/internal/testenv"
+)
+
+// TestStreamReadsBoundedWhileNATSDown: with NATS gone, a stream read of the
+// firing loop gives up within streamReadTimeout (not the client's 5 s), the
+// reads after it fail at once, and once NATS is back and the pause over
+// they succeed again.
+func TestStreamReadsBoundedWhileNATSDown(t *testing.T) {
+	t.Parallel()
+	n := testenv.StartNATS(t)
+	js := n.JetStream(t)
+	names := events.MustNames("reads")
+	ctx := context.Background()
+	if err := events.EnsureStreams(ctx, js, events.StreamConfig{Names: names}); err != nil {
+		t.Fatal(err)
+	}
+	b := &boundedHistory{h: NewStreamHistory(js, names), clock: clock.Local(), log: slog.New(slog.DiscardHandler)}
+	if _, err := b.LastHandledAll(ctx); err != nil {
+		t.Fatalf("read with NATS up: %v", err)
+	}
+
+	n.Shutdown()
+	began := time.Now()
+	if _, err := b.LastHandledAll(ctx); err == nil {
+		t.Fatal("read with NATS down succeeded")
+	}
+	if took := time.Since(began); took > streamReadTimeout+time.Second {
+		t.Errorf("a read with NATS down took %s, want at most %s", took, streamReadTimeout)
+	}
+	began = time.Now()
+	if _, _, err := b.EventCounts(ctx); !errors.Is(err, errStreamsUnavailable) {
+		t.Errorf("read right after a failed one: %v, want errStreamsUnavailable", err)
+	}
+	if took := time.Since(began); took > 100*time.Millisecond {
+		t.Errorf("a paused read took %s", took)
+	}
+
+	n.Restart(t)
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		_, err := b.LastHandledAll(ctx)
+		return err == nil
+	}, "reads to succeed again once NATS is back")
+}

@@ -1,0 +1,83 @@
+package streamclient
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
+
+	"github.com/cronstream/cronstream/contract"
+	"github.com/cronstream/cronstream/internal/testenv"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// testCtx is a context that ends with the test, bounded so a hang fails
+// instead of stalling the package.
+func testCtx(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// validEntry is a small valid entry.
+func validEntry(id string) contract.Entry {
+	return contract.Entry{
+		ID:   id,
+		Cron: "*/5 * * * *",
+		Task: contract.Task{Type: "report:daily", Payload: []byte(`{"team":"ops"}`)},
+	}
+}
+
+// newSingle starts a single embedded node, ensures the streams (R1) under
+// a prefix of the test's own and returns a client on it.
+func newSingle(t testing.TB, prefix string) (*testenv.NATS, jetstream.JetStream, *Client) {
+	t.Helper()
+	n := testenv.StartNATS(t)
+	js := n.JetStream(t)
+	names := contract.MustNames(prefix)
+	if err := EnsureStreams(testCtx(t), js, StreamConfig{Names: names}); err != nil {
+		t.Fatalf("EnsureStreams: %v", err)
+	}
+	return n, js, NewClient(js, names, WithSource("cronstream/test"))
+}
+
+// fieldsOf returns the Field of every *FieldError in err's tree.
+func fieldsOf(err error) []string {
+	var out []string
+	var walk func(error)
+	walk = func(e error) {
+		if e == nil {
+			return
+		}
+		if fe, ok := e.(*contract.FieldError); ok {
+			out = append(out, fe.Field)
+			return
+		}
+		switch u := e.(type) {
+		case interface{ Unwrap() []error }:
+			for _, x := range u.Unwrap() {
+				walk(x)
+			}
+		case interface{ Unwrap() error }:
+			walk(u.Unwrap())
+		}
+	}
+	walk(err)
+	return out
+}
+
+// conflictOf returns err's *ConflictError or fails the test.
+func conflictOf(t testing.TB, err error) *ConflictError {
+	t.Helper()
+	var ce *ConflictError
+	if !errors.As(err, &ce) || !errors.Is(err, ErrRevisionConflict) {
+		t.Fatalf("error %v: want a *ConflictError matching ErrRevisionConflict", err)
+	}
+	return ce
+}
