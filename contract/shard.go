@@ -3,6 +3,7 @@ package contract
 import (
 	"cmp"
 	"hash/fnv"
+	"slices"
 	"strconv"
 )
 
@@ -57,4 +58,28 @@ func Mix64(z uint64) uint64 {
 	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
 	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
 	return z ^ (z >> 31)
+}
+
+// DutyShard is the shard whose owner holds queue's duties when the shard
+// set's queues are queues (sorted): its shard 0 when it has shards, else a
+// shard of the first queue picked by a hash of its name. ok is false when
+// there is no shard set (no entries at all).
+func DutyShard(queues []string, queue string) (Shard, bool) {
+	if len(queues) == 0 {
+		return Shard{}, false
+	}
+	if _, found := slices.BinarySearch(queues, queue); found {
+		return Shard{Queue: queue, Index: 0}, true
+	}
+	// The entry-id hash serves a queue name as well: any fixed spread.
+	return Shard{Queue: queues[0], Index: ShardOf(queue)}, true
+}
+
+// GlobalShard is the shard whose owner holds the global duty: shard 0 of
+// the first queue of the shard set.
+func GlobalShard(queues []string) (Shard, bool) {
+	if len(queues) == 0 {
+		return Shard{}, false
+	}
+	return Shard{Queue: queues[0], Index: 0}, true
 }

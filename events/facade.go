@@ -152,6 +152,8 @@ var (
 	SameContent            = contract.SameContent
 	ServerWrittenReason    = contract.ServerWrittenReason
 	ShardOf                = contract.ShardOf
+	DutyShard              = contract.DutyShard
+	GlobalShard            = contract.GlobalShard
 	ShardOfEntry           = contract.ShardOfEntry
 	ShortType              = contract.ShortType
 	SkippedEventID         = contract.SkippedEventID

@@ -9,15 +9,15 @@ import (
 	"time"
 
 	"github.com/cronstream/cronstream/events"
-	"github.com/cronstream/cronstream/internal/ownership"
 	"github.com/cronstream/cronstream/internal/replica"
+	"github.com/cronstream/cronstream/internal/shardview"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/projector"
 )
 
 // shardsStatus is status's view of shard ownership (docs/design.md
 // "Ownership"), read by the collector the console's overview shares.
-type shardsStatus = ownership.Overview
+type shardsStatus = shardview.Overview
 
 // collectShards reads every shard lease of the queues of states and joins
 // them with the replicas' reports; it returns the warnings to show.
@@ -26,7 +26,7 @@ func collectShards(ctx context.Context, store *taskstate.Store, names events.Nam
 	for _, st := range states {
 		queues = append(queues, st.Entry.Options.QueueName())
 	}
-	return ownership.Collect(ctx, store, names.Prefix(), queues, replica.Members(replicas))
+	return shardview.Collect(ctx, store, names.Prefix(), queues, replica.Members(replicas))
 }
 
 // printShards prints status's Shards section.

@@ -29,7 +29,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cronstream/cronstream/events"
-	"github.com/cronstream/cronstream/internal/ownership"
+	"github.com/cronstream/cronstream/internal/shardview"
 	"github.com/cronstream/cronstream/internal/stall"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/projector"
@@ -74,9 +74,9 @@ type Replica struct {
 	Ready    string
 	Warnings []string
 	// Shards says it is of a build that owns shards; Ownership is its
-	// last report of them (ownership.Collect joins it with the leases).
+	// last report of them (shardview.Collect joins it with the leases).
 	Shards    bool
-	Ownership *ownership.Report
+	Ownership *shardview.Report
 }
 
 // Source is what the console reads, from a running replica. Every field

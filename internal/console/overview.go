@@ -8,7 +8,7 @@ import (
 	"strings"
 
 	"github.com/cronstream/cronstream/internal/entrystate"
-	"github.com/cronstream/cronstream/internal/ownership"
+	"github.com/cronstream/cronstream/internal/shardview"
 	"github.com/cronstream/cronstream/internal/stall"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/projector"
@@ -46,9 +46,9 @@ type overviewData struct {
 	Recoveries   []auditRow
 	// ConfigSeq is the config stream's last sequence.
 	ConfigSeq uint64
-	// Shards is shard ownership as status shows it (ownership.Collect),
+	// Shards is shard ownership as status shows it (shardview.Collect),
 	// with its warnings; HasShards says it was read (a Redis store).
-	Shards        ownership.Overview
+	Shards        shardview.Overview
 	ShardWarnings []string
 	HasShards     bool
 }
@@ -119,17 +119,17 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 }
 
 // shardsOf reads shard ownership over the queues of the registered
-// entries, as status does (ownership.Collect).
-func shardsOf(ctx context.Context, src *Source, states []*projector.State, reps []Replica) (ownership.Overview, []string) {
+// entries, as status does (shardview.Collect).
+func shardsOf(ctx context.Context, src *Source, states []*projector.State, reps []Replica) (shardview.Overview, []string) {
 	queues := make([]string, 0, len(states))
 	for _, st := range states {
 		queues = append(queues, st.Entry.Options.QueueName())
 	}
-	members := make([]ownership.Member, len(reps))
+	members := make([]shardview.Member, len(reps))
 	for i, r := range reps {
-		members[i] = ownership.Member{ID: r.ID, Shards: r.Shards, Report: r.Ownership}
+		members[i] = shardview.Member{ID: r.ID, Shards: r.Shards, Report: r.Ownership}
 	}
-	return ownership.Collect(ctx, src.Tasks, src.Names.Prefix(), queues, members)
+	return shardview.Collect(ctx, src.Tasks, src.Names.Prefix(), queues, members)
 }
 
 // configSeq is the config stream's last sequence, as status reads it;

@@ -66,9 +66,10 @@ var layers = []layer{
 	},
 	{
 		name: "views: read, never fire",
-		pkgs: []string{"internal/entrystate", "internal/forecast", "internal/stall", "internal/console"},
+		pkgs: []string{"internal/entrystate", "internal/shardview", "internal/forecast", "internal/stall", "internal/console"},
 		same: []string{
 			"internal/console -> internal/entrystate",
+			"internal/console -> internal/shardview",
 			"internal/console -> internal/forecast",
 			"internal/console -> internal/stall",
 		},

@@ -6,8 +6,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/cronstream/cronstream/internal/clock"
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/clock"
 )
 
 // A queue's background duties (docs/design.md "Background duties") are
@@ -38,30 +38,6 @@ type dutyView struct {
 	until  map[events.Shard]clock.Mono
 }
 
-// DutyShard is the shard whose owner holds queue's duties when the shard
-// set's queues are queues (sorted): its shard 0 when it has shards, else a
-// shard of the first queue picked by a hash of its name. ok is false when
-// there is no shard set (no entries at all).
-func DutyShard(queues []string, queue string) (events.Shard, bool) {
-	if len(queues) == 0 {
-		return events.Shard{}, false
-	}
-	if _, found := slices.BinarySearch(queues, queue); found {
-		return events.Shard{Queue: queue, Index: 0}, true
-	}
-	// The entry-id hash serves a queue name as well: any fixed spread.
-	return events.Shard{Queue: queues[0], Index: events.ShardOf(queue)}, true
-}
-
-// GlobalShard is the shard whose owner holds the global duty: shard 0 of
-// the first queue of the shard set.
-func GlobalShard(queues []string) (events.Shard, bool) {
-	if len(queues) == 0 {
-		return events.Shard{}, false
-	}
-	return events.Shard{Queue: queues[0], Index: 0}, true
-}
-
 // HoldsQueue reports whether this replica holds queue's duties now: it
 // holds the lease of the queue's duty shard (DutyShard), valid by its own
 // clock. Where the projection names no queue at all (no entries), every
@@ -72,7 +48,7 @@ func (m *Manager) HoldsQueue(queue string) bool {
 	if v == nil || !v.polled {
 		return false
 	}
-	s, ok := DutyShard(v.queues, queue)
+	s, ok := events.DutyShard(v.queues, queue)
 	return !ok || m.holds(v, s)
 }
 
@@ -83,7 +59,7 @@ func (m *Manager) HoldsGlobal() bool {
 	if v == nil || !v.polled {
 		return false
 	}
-	s, ok := GlobalShard(v.queues)
+	s, ok := events.GlobalShard(v.queues)
 	return !ok || m.holds(v, s)
 }
 
@@ -103,7 +79,7 @@ func (m *Manager) publishDuties(until map[events.Shard]clock.Mono) {
 			queues = append(queues, q)
 		}
 	}
-	g, _ := GlobalShard(m.queues)
+	g, _ := events.GlobalShard(m.queues)
 	_, global := until[g]
 	global = global && len(m.queues) > 0
 	gained, lost := diffSorted(m.dutyQueues, queues)

@@ -20,14 +20,14 @@ func TestDutyShard(t *testing.T) {
 		// A queue without entries goes with a shard of the first queue.
 		{"asynq-only", events.Shard{Queue: "b", Index: events.ShardOf("asynq-only")}},
 	} {
-		if got, ok := DutyShard(queues, c.queue); !ok || got != c.want {
+		if got, ok := events.DutyShard(queues, c.queue); !ok || got != c.want {
 			t.Errorf("DutyShard(%q) = %v %v, want %v", c.queue, got, ok, c.want)
 		}
 	}
-	if g, ok := GlobalShard(queues); !ok || g != (events.Shard{Queue: "b"}) {
+	if g, ok := events.GlobalShard(queues); !ok || g != (events.Shard{Queue: "b"}) {
 		t.Errorf("GlobalShard = %v %v", g, ok)
 	}
-	if _, ok := DutyShard(nil, "q"); ok {
+	if _, ok := events.DutyShard(nil, "q"); ok {
 		t.Error("a duty shard without a shard set")
 	}
 }
@@ -64,12 +64,12 @@ func TestDutiesFollowShardZero(t *testing.T) {
 	byQueue, global := holders(rs)
 	h := f.holders()
 	for _, q := range queues {
-		s, _ := DutyShard(f.queues, q)
+		s, _ := events.DutyShard(f.queues, q)
 		if len(byQueue[q]) != 1 || byQueue[q][0] != h[s] {
 			t.Errorf("queue %s: duties held by %v, its duty shard %s by %s", q, byQueue[q], s, h[s])
 		}
 	}
-	if g, _ := GlobalShard(f.queues); len(global) != 1 || global[0] != h[g] {
+	if g, _ := events.GlobalShard(f.queues); len(global) != 1 || global[0] != h[g] {
 		t.Errorf("global duty held by %v, its shard by %s", global, h[g])
 	}
 

@@ -10,36 +10,13 @@ import (
 
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/clock"
+	"github.com/cronstream/cronstream/internal/shardview"
 	"github.com/cronstream/cronstream/internal/taskstate"
 )
 
-// Report is what a replica owns and sees of the shard leases (its
-// heartbeat carries it, for status).
-type Report struct {
-	// Shards is the number of shards (queues × events.ShardsPerQueue).
-	Shards int `json:"shards"`
-	// Owned is how many this replica holds; Desired how many it should
-	// hold by its view of the membership.
-	Owned   int `json:"owned"`
-	Desired int `json:"desired"`
-	// Unowned are the shards without a lease for longer than a takeover
-	// takes (at most a few named, UnownedCount counts them all).
-	Unowned      []string `json:"unowned,omitempty"`
-	UnownedCount int      `json:"unowned_count,omitempty"`
-	// NotLive counts leases held by replicas that are not live members.
-	NotLive int `json:"not_live,omitempty"`
-	// OldestRenewal is the age of the least recently renewed lease, in
-	// seconds (a stuck owner's lease ages up to the lease term).
-	OldestRenewal float64 `json:"oldest_renewal_seconds"`
-	// Handed in and out, taken over, lost: this replica's counts since
-	// it started.
-	HandoversIn  uint64 `json:"handovers_in,omitempty"`
-	HandoversOut uint64 `json:"handovers_out,omitempty"`
-	Takeovers    uint64 `json:"takeovers,omitempty"`
-	// Problem says why this replica holds back (not renewing, leases
-	// unreadable), "" when none.
-	Problem string `json:"problem,omitempty"`
-}
+// Report is what a replica owns and sees of the shard leases
+// (shardview.Report: its heartbeat carries it, for status).
+type Report = shardview.Report
 
 // Report returns the last poll's report.
 func (m *Manager) Report() Report { return *m.report.Load() }

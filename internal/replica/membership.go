@@ -15,8 +15,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cronstream/cronstream/events"
-	"github.com/cronstream/cronstream/internal/ownership"
 	"github.com/cronstream/cronstream/internal/relay"
+	"github.com/cronstream/cronstream/internal/shardview"
 	"github.com/cronstream/cronstream/internal/stall"
 )
 
@@ -55,7 +55,7 @@ type Info struct {
 	Ready  bool `json:"ready,omitempty"`
 	// Ownership is what the replica owns and sees of the shard leases,
 	// for status.
-	Ownership *ownership.Report `json:"ownership,omitempty"`
+	Ownership *shardview.Report `json:"ownership,omitempty"`
 }
 
 // StaleAfter is how long after its beat a replica stops counting as live:

@@ -16,7 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cronstream/cronstream/events"
-	"github.com/cronstream/cronstream/internal/ownership"
+	"github.com/cronstream/cronstream/internal/shardview"
 )
 
 // Status is one replica as `cronstream status` and the console's overview
@@ -55,12 +55,12 @@ func ReadStatuses(ctx context.Context, js jetstream.JetStream, names events.Name
 	return readiness(ctx, infos, now), nil
 }
 
-// Members are the replicas of statuses as ownership.Collect reads them,
+// Members are the replicas of statuses as shardview.Collect reads them,
 // so status and the console show the same shard figures.
-func Members(statuses []Status) []ownership.Member {
-	out := make([]ownership.Member, len(statuses))
+func Members(statuses []Status) []shardview.Member {
+	out := make([]shardview.Member, len(statuses))
 	for i, s := range statuses {
-		out[i] = ownership.Member{ID: s.ID, Shards: s.Shards, Report: s.Ownership}
+		out[i] = shardview.Member{ID: s.ID, Shards: s.Shards, Report: s.Ownership}
 	}
 	return out
 }

@@ -1,4 +1,9 @@
-package ownership
+// Package shardview is the one read of shard ownership that status and the
+// console's overview show: every replica's report of what it owns (its
+// heartbeat carries a Report) joined with the shard leases in Redis. It
+// reads; it never takes, renews or releases a lease (internal/ownership
+// does).
+package shardview
 
 import (
 	"context"
@@ -9,6 +14,34 @@ import (
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/taskstate"
 )
+
+// Report is what a replica owns and sees of the shard leases (its
+// heartbeat carries it, for status).
+type Report struct {
+	// Shards is the number of shards (queues × events.ShardsPerQueue).
+	Shards int `json:"shards"`
+	// Owned is how many this replica holds; Desired how many it should
+	// hold by its view of the membership.
+	Owned   int `json:"owned"`
+	Desired int `json:"desired"`
+	// Unowned are the shards without a lease for longer than a takeover
+	// takes (at most a few named, UnownedCount counts them all).
+	Unowned      []string `json:"unowned,omitempty"`
+	UnownedCount int      `json:"unowned_count,omitempty"`
+	// NotLive counts leases held by replicas that are not live members.
+	NotLive int `json:"not_live,omitempty"`
+	// OldestRenewal is the age of the least recently renewed lease, in
+	// seconds (a stuck owner's lease ages up to the lease term).
+	OldestRenewal float64 `json:"oldest_renewal_seconds"`
+	// Handed in and out, taken over, lost: this replica's counts since
+	// it started.
+	HandoversIn  uint64 `json:"handovers_in,omitempty"`
+	HandoversOut uint64 `json:"handovers_out,omitempty"`
+	Takeovers    uint64 `json:"takeovers,omitempty"`
+	// Problem says why this replica holds back (not renewing, leases
+	// unreadable), "" when none.
+	Problem string `json:"problem,omitempty"`
+}
 
 // Overview is shard ownership as `cronstream status` and the console's
 // overview show it, from one reading (Collect): the leases as Redis holds
@@ -107,7 +140,7 @@ func Collect(ctx context.Context, leases LeaseReader, prefix string, queues []st
 		}
 	}
 	held := map[events.Shard]bool{}
-	global, _ := GlobalShard(queues)
+	global, _ := events.GlobalShard(queues)
 	for _, l := range view.Leases {
 		held[l.Shard] = true
 		x := get(l.Holder)
