@@ -237,9 +237,9 @@ func simEntry(i int, cfg simConfig) events.Entry {
 		sec = 0
 	}
 	return events.Entry{
-		ID:   fmt.Sprintf("e%07d", i),
-		Cron: fmt.Sprintf("%d * * * * *", sec),
-		Task: events.Task{Type: "report:generate", Payload: []byte(fmt.Sprintf(`{"account":%d,"kind":"daily"}`, i))},
+		ID:      fmt.Sprintf("e%07d", i),
+		Cron:    fmt.Sprintf("%d * * * * *", sec),
+		Task:    events.Task{Type: "report:generate", Payload: []byte(fmt.Sprintf(`{"account":%d,"kind":"daily"}`, i))},
 		Options: events.Options{Queue: fmt.Sprintf("q%d", i%cfg.queues)},
 	}
 }
