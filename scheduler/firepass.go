@@ -22,6 +22,7 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 		s.busy.Store(true)
 		defer s.busy.Store(false)
 	}
+	began := s.clock.Mono()
 	s.firingSince.Store(int64(max(s.clock.Since(s.epoch), 1)))
 	defer s.firingSince.Store(0)
 	now := s.clock.Now()
@@ -130,13 +131,19 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 		s.putFireBuf(b.fires)
 	}
 	history := make([]taskstate.EnqueueEventRecord, 0, len(due))
+	answered := 0
 	for _, c := range calls {
 		for i := range c.sent {
-			if h, ok := s.apply(plans[c.owners[i]].r, c.sent[i], c.sent[i].result()); ok {
+			res := c.sent[i].result()
+			if res.Err == nil {
+				answered++
+			}
+			if h, ok := s.apply(plans[c.owners[i]].r, c.sent[i], res); ok {
 				history = append(history, h)
 			}
 		}
 	}
+	s.capacity.add(s.clock.Mono(), answered, s.clock.Since(began))
 	for _, p := range plans {
 		if p.r.phase == phaseLoading {
 			continue // waiting in s.load for its watermark

@@ -251,6 +251,8 @@ type Scheduler struct {
 	mu    sync.Mutex
 	stats Stats
 
+	capacity capacityMeter // what this replica has shown it can fire
+
 	paused atomic.Bool // outbox backpressure
 	fenced fenced      // a run of fence refusals (Fenced)
 	busy   atomic.Bool // firing more than one batch
