@@ -56,6 +56,11 @@ type Info struct {
 	// Ownership is what the replica owns and sees of the shard leases,
 	// for status.
 	Ownership *ownership.Report `json:"ownership,omitempty"`
+	// FireCapacity is the fires per second the replica has shown it can
+	// fire (scheduler.Capacity), which sync and entry put compare the
+	// schedule's busiest second with; absent while it has shown nothing
+	// (unknown), and in earlier builds.
+	FireCapacity float64 `json:"fire_capacity,omitempty"`
 }
 
 // StaleAfter is how long after its beat a replica stops counting as live:

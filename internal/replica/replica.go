@@ -634,8 +634,8 @@ func (r *Replica) warnRedisConfig(ctx context.Context) {
 }
 
 // beatUpdate refreshes the dynamic fields of this replica's heartbeat:
-// its config position, its late entries, and its relay's view of Redis
-// replication once the relay exists.
+// its config position, its late entries, its relay's view of Redis
+// replication once the relay exists, and the capacity it has shown.
 func (r *Replica) beatUpdate(det *stall.Detector, relayed *atomic.Pointer[relay.Relay], streamWarnings []string) func(*Info) {
 	return func(i *Info) {
 		i.ConfigSeq = r.proj.LastSeq()
@@ -649,6 +649,12 @@ func (r *Replica) beatUpdate(det *stall.Detector, relayed *atomic.Pointer[relay.
 		if own := r.owner.Load(); own != nil {
 			rep := own.Report()
 			i.Ownership = &rep
+		}
+		i.FireCapacity = 0
+		if s := r.firing.Load(); s != nil {
+			if c, ok := s.Capacity(); ok {
+				i.FireCapacity = c.PerSecond
+			}
 		}
 	}
 }
