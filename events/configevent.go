@@ -54,6 +54,7 @@ func DecodeConfigEventInto(b []byte, e *Entry) (*Event, error) {
 	}
 	// e is ours alone: defaults go in place, with no copy.
 	e.normalize()
+	e.shareRepeated()
 	// A removal needs only to name its entry: a removed entry never fires,
 	// and a removal is how an entry whose state or id is not valid (written
 	// by another publisher, say) is cleaned up.
