@@ -87,6 +87,7 @@ const (
 	restartRedis
 	loseRedisData
 	restartNATS
+	splitView
 )
 
 // episode is one fault: at an offset from the chaos start, something goes
@@ -107,6 +108,7 @@ func (e episode) String() string {
 		restartRedis:    "kill -9 Redis (AOF)",
 		loseRedisData:   "stop Redis and lose its data (AOF off)",
 		restartNATS:     "stop every NATS node",
+		splitView:       fmt.Sprintf("freeze replica r%d's view of the others (split view)", e.target),
 	}[e.kind]
 	return fmt.Sprintf("+%-6s %s, back after %s", e.at.Round(100*time.Millisecond), what, e.down.Round(100*time.Millisecond))
 }
@@ -173,6 +175,21 @@ func makePlan(seed uint64, d time.Duration, replicas, natsNodes, workers int) []
 				replicaQuiet = append(replicaQuiet, window{at - 15*time.Second, at + e.down + 10*time.Second})
 			}
 			plan = append(plan, e)
+		}
+	}
+	// A split view per round: one replica's view of the others frozen
+	// for longer than the membership TTL (6 s), while another is killed
+	// for long enough to leave the other views (and come back) inside
+	// it, so the views surely disagree. Ownership must keep every tick
+	// once: the lease has one holder whoever believes what.
+	for r := range rounds {
+		at := time.Duration(r)*span + time.Duration(float64(span)*(0.1+0.6*rng.Float64()))
+		frozen := rng.IntN(replicas)
+		e := episode{kind: splitView, target: frozen, at: at, down: dur(12*time.Second, 6*time.Second)}
+		plan = append(plan, e)
+		killAt, down := at+dur(2*time.Second, 2*time.Second), dur(7*time.Second, 2*time.Second)
+		if replicas > 1 && !overlaps(replicaQuiet, killAt, killAt+down) {
+			plan = append(plan, episode{kind: killReplica, target: (frozen + 1 + rng.IntN(replicas-1)) % replicas, at: killAt, down: down})
 		}
 	}
 	for i := range replicas {
@@ -527,6 +544,7 @@ func TestChaos(t *testing.T) {
 		c["replica kill"], c["single replica kill"], c["all-replica kill"], c["worker kill"], c["redis kill"])
 	fmt.Fprintf(&sum, "  Redis data losses (stopped with AOF off, started empty): %d; whole NATS cluster stopped and started: %d; replica r%d's clock off by %s\n",
 		c["redis data loss"], c["nats full restart"], skewed, skew)
+	fmt.Fprintf(&sum, "  split views (one replica's view of the others frozen while another was killed and came back): %d\n", c["split view"])
 	fmt.Fprintf(&sum, "  restarts: replicas %d, workers %d, Redis %d, NATS nodes %d (stops %d)\n",
 		c["replica restart"], c["worker restart"], c["redis restart"], c["nats restart"], c["nats stop"])
 	fmt.Fprintf(&sum, "  outages: no replica up %s, Redis down %s; band around each: -%s/+%s\n", noReplica.Round(100*time.Millisecond), redisDown.Round(100*time.Millisecond), bandBefore, bandAfter)
@@ -687,6 +705,18 @@ func runChaos(t *testing.T, s *system, nc *testenv.NATSCluster, rd *testenv.Redi
 			tl.logf("NATS cluster started again (every node) and healthy after %s; down %s in all",
 				time.Since(began).Round(100*time.Millisecond), time.Since(natsAllDownSince).Round(100*time.Millisecond))
 			natsAllDownSince = time.Time{}
+		case e.kind == splitView && !st.up:
+			if err := os.WriteFile(s.replicas[e.target].freeze, nil, 0o644); err != nil {
+				t.Fatalf("split view: %v", err)
+			}
+			tl.count("split view")
+			tl.logf("freeze replica r%d's view of the other replicas (split view)", e.target)
+			undo()
+		case e.kind == splitView && st.up:
+			if err := os.Remove(s.replicas[e.target].freeze); err != nil {
+				t.Fatalf("split view: %v", err)
+			}
+			tl.logf("replica r%d's view follows the heartbeats again", e.target)
 		case e.kind == killWorker && !st.up:
 			w := s.workers[e.target]
 			pid := w.pid()

@@ -68,6 +68,10 @@ type Config struct {
 	// simulates a host whose clock is off; the replica's clock corrects
 	// it against Redis TIME like any drift.
 	ClockOffset time.Duration
+	// FreezeViewFile, for tests only: while this file exists, the
+	// replica's view of the other replicas is frozen (a split view, the
+	// chaos suite's fault).
+	FreezeViewFile string
 
 	// MaxOutboxBytes: firing pauses while the outbox backlog takes more
 	// Redis memory than this (default DefaultMaxOutboxBytes).
@@ -410,7 +414,7 @@ func (r *Replica) start(ctx context.Context) error {
 		KV: kv, JS: js,
 		Self:     Info{ID: r.cfg.ReplicaID, Host: hostname, PID: os.Getpid(), Started: r.clock.Now().UTC(), Version: r.cfg.Version, HTTP: r.httpAddr(), Warnings: streamWarnings},
 		Interval: r.cfg.Heartbeat, Logger: r.log, Now: r.clock.Now,
-		Update: r.beatUpdate(det, &relayed, streamWarnings),
+		Update: r.beatUpdate(det, &relayed, streamWarnings), Frozen: r.viewFrozen,
 	})
 	if err != nil {
 		return err
@@ -530,6 +534,15 @@ func (r *Replica) newOwnership() error {
 	r.own = own
 	r.owner.Store(own)
 	return nil
+}
+
+// viewFrozen reports whether FreezeViewFile exists (tests only).
+func (r *Replica) viewFrozen() bool {
+	if r.cfg.FreezeViewFile == "" {
+		return false
+	}
+	_, err := os.Stat(r.cfg.FreezeViewFile)
+	return err == nil
 }
 
 // readyToOwn reports whether this replica may own shards: its projection
