@@ -177,21 +177,7 @@ func makePlan(seed uint64, d time.Duration, replicas, natsNodes, workers int) []
 			plan = append(plan, e)
 		}
 	}
-	// A split view per round: one replica's view of the others frozen
-	// for longer than the membership TTL (6 s), while another is killed
-	// for long enough to leave the other views (and come back) inside
-	// it, so the views surely disagree. Ownership must keep every tick
-	// once: the lease has one holder whoever believes what.
-	for r := range rounds {
-		at := time.Duration(r)*span + time.Duration(float64(span)*(0.1+0.6*rng.Float64()))
-		frozen := rng.IntN(replicas)
-		e := episode{kind: splitView, target: frozen, at: at, down: dur(12*time.Second, 6*time.Second)}
-		plan = append(plan, e)
-		killAt, down := at+dur(2*time.Second, 2*time.Second), dur(7*time.Second, 2*time.Second)
-		if replicas > 1 && !overlaps(replicaQuiet, killAt, killAt+down) {
-			plan = append(plan, episode{kind: killReplica, target: (frozen + 1 + rng.IntN(replicas-1)) % replicas, at: killAt, down: down})
-		}
-	}
+	plan = append(plan, splitViews(rng, rounds, span, replicas, func(from, to time.Duration) bool { return overlaps(replicaQuiet, from, to) })...)
 	for i := range replicas {
 		for at := dur(2*time.Second, 6*time.Second); at < d-3*time.Second; {
 			down := dur(time.Second, 7*time.Second)
@@ -705,18 +691,11 @@ func runChaos(t *testing.T, s *system, nc *testenv.NATSCluster, rd *testenv.Redi
 			tl.logf("NATS cluster started again (every node) and healthy after %s; down %s in all",
 				time.Since(began).Round(100*time.Millisecond), time.Since(natsAllDownSince).Round(100*time.Millisecond))
 			natsAllDownSince = time.Time{}
-		case e.kind == splitView && !st.up:
-			if err := os.WriteFile(s.replicas[e.target].freeze, nil, 0o644); err != nil {
-				t.Fatalf("split view: %v", err)
+		case e.kind == splitView:
+			s.freezeView(e.target, !st.up, tl)
+			if !st.up {
+				undo()
 			}
-			tl.count("split view")
-			tl.logf("freeze replica r%d's view of the other replicas (split view)", e.target)
-			undo()
-		case e.kind == splitView && st.up:
-			if err := os.Remove(s.replicas[e.target].freeze); err != nil {
-				t.Fatalf("split view: %v", err)
-			}
-			tl.logf("replica r%d's view follows the heartbeats again", e.target)
 		case e.kind == killWorker && !st.up:
 			w := s.workers[e.target]
 			pid := w.pid()

@@ -130,15 +130,7 @@ func TestOverloadDegrades(t *testing.T) {
 	other.shards.Store(&mine)
 
 	reg := prometheus.NewRegistry()
-	d, err := stall.New(stall.Config{Watermarks: a.store, Projection: a.proj, Names: testNames, Now: time.Now,
-		LateAfter: 3 * time.Second, Owns: a.own.Owns, Firing: a.sched.Firing, Logger: testLogger(t), Metrics: stall.NewMetrics(reg)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Start(ctx(t, 10*time.Second)); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = d.Stop(context.Background()) })
+	d := startDetector(t, a, reg)
 	det.Store(d)
 
 	// Twice the capacity in the overloaded replica's shards, a little in
@@ -161,25 +153,7 @@ func TestOverloadDegrades(t *testing.T) {
 	waitUntil(t, time.Now, time.Now().Add(8*time.Second))
 	from := time.Now().Truncate(time.Second).Add(time.Second)
 	until := from.Add(10 * time.Second)
-	held := true
-	for time.Now().Before(until.Add(time.Second)) {
-		for s := range b.own.Owned().Until {
-			if mine[s] {
-				t.Errorf("the other replica holds the overloaded replica's shard %s", s)
-				held = false
-			}
-		}
-		for s := range mine {
-			if !a.own.Owns(s) {
-				t.Errorf("the overloaded replica lost its shard %s", s)
-				held = false
-			}
-		}
-		if !held {
-			break
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
+	keepsShards(t, a, b, mine, until.Add(time.Second))
 	perSecond := line.fires(from, until)
 	total := 0
 	for i := 0; i+1 < len(perSecond); i += 2 {
@@ -201,7 +175,52 @@ func TestOverloadDegrades(t *testing.T) {
 		t.Errorf("the overloaded replica shows a capacity of %+v (%v), want about %d a second", shown, ok, capacity)
 	}
 
-	// The late entries show: the detector, the metric, the heartbeat.
+	lateShown(t, e, a, d, reg, offered, others, capacity/2)
+}
+
+// startDetector runs a stall detector for node a's shards, as a replica
+// does, with its metrics in reg.
+func startDetector(t *testing.T, a *node, reg *prometheus.Registry) *stall.Detector {
+	t.Helper()
+	d, err := stall.New(stall.Config{Watermarks: a.store, Projection: a.proj, Names: testNames, Now: time.Now,
+		LateAfter: 3 * time.Second, Owns: a.own.Owns, Firing: a.sched.Firing, Logger: testLogger(t), Metrics: stall.NewMetrics(reg)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(ctx(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Stop(context.Background()) })
+	return d
+}
+
+// keepsShards checks, until until, that a keeps the shards mine and b
+// never holds one of them.
+func keepsShards(t *testing.T, a, b *node, mine map[events.Shard]bool, until time.Time) {
+	t.Helper()
+	sample := time.NewTicker(250 * time.Millisecond)
+	defer sample.Stop()
+	for ; time.Now().Before(until); <-sample.C {
+		for s := range b.own.Owned().Until {
+			if mine[s] {
+				t.Errorf("the other replica holds the overloaded replica's shard %s", s)
+				return
+			}
+		}
+		for s := range mine {
+			if !a.own.Owns(s) {
+				t.Errorf("the overloaded replica lost its shard %s", s)
+				return
+			}
+		}
+	}
+}
+
+// lateShown checks that at least want of the offered entries (and none
+// of others) show as late in a's stall detector d, its metric and its
+// heartbeat (what status shows).
+func lateShown(t *testing.T, e *env, a *node, d *stall.Detector, reg *prometheus.Registry, offered, others []string, want int) {
+	t.Helper()
 	late := d.Late(1000)
 	lateIDs := map[string]bool{}
 	for _, l := range late {
@@ -213,7 +232,7 @@ func TestOverloadDegrades(t *testing.T) {
 			n++
 		}
 	}
-	if n < capacity/2 {
+	if n < want {
 		t.Errorf("the stall detector lists %d of the %d offered entries as late, want most", n, len(offered))
 	}
 	for _, id := range others {
@@ -221,7 +240,7 @@ func TestOverloadDegrades(t *testing.T) {
 			t.Errorf("entry %s of the replica that keeps up is listed late", id)
 		}
 	}
-	if v := gaugeValue(t, reg, "cronstream_late_entries"); v < capacity/2 {
+	if v := gaugeValue(t, reg, "cronstream_late_entries"); v < float64(want) {
 		t.Errorf("cronstream_late_entries = %v, want most of the %d offered entries", v, len(offered))
 	}
 	testenv.Eventually(t, 10*time.Second, func() bool {

@@ -153,6 +153,12 @@ func TestSimulation(t *testing.T) {
 		t.Logf("spread %s", s)
 	}
 
+	checkTargets(t, c, cfg, rep, spreads, final)
+}
+
+// checkTargets checks the report, the shares and the spreads against
+// the targets.
+func checkTargets(t *testing.T, c *cluster, cfg simConfig, rep report, spreads []spread, final map[string]work) {
 	if rep.faults > 0 {
 		t.Errorf("%d calls or fires the simulation does not model: %s", rep.faults, strings.Join(rep.faultList, "; "))
 	}
