@@ -16,8 +16,14 @@ import (
 // few hundred bytes however small, so without this an entry with two
 // labels took about 450 bytes more than one without. Nothing changes a
 // decoded entry's maps in place (Clone copies what a writer changes), so
-// sharing them is safe.
-func (e *Entry) shareRepeated() {
+// sharing them is safe. strs says the strings too are to be shared (e was
+// decoded by encoding/json, not by the fast path).
+func (e *Entry) shareRepeated(strs bool) {
+	e.Labels = recurringMap.get(e.Labels)
+	e.Task.Headers = recurringMap.get(e.Task.Headers)
+	if !strs {
+		return
+	}
 	e.Cron = recurring.str(e.Cron)
 	e.Timezone = recurring.str(e.Timezone)
 	e.Owner = recurring.str(e.Owner)
@@ -29,8 +35,6 @@ func (e *Entry) shareRepeated() {
 	for i, x := range e.Exclude {
 		e.Exclude[i] = recurring.str(x)
 	}
-	e.Labels = recurringMap.get(e.Labels)
-	e.Task.Headers = recurringMap.get(e.Task.Headers)
 }
 
 // str is get for a string already made: it returns the copy held when
