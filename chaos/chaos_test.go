@@ -87,6 +87,7 @@ const (
 	restartRedis
 	loseRedisData
 	restartNATS
+	splitView
 )
 
 // episode is one fault: at an offset from the chaos start, something goes
@@ -107,6 +108,7 @@ func (e episode) String() string {
 		restartRedis:    "kill -9 Redis (AOF)",
 		loseRedisData:   "stop Redis and lose its data (AOF off)",
 		restartNATS:     "stop every NATS node",
+		splitView:       fmt.Sprintf("freeze replica r%d's view of the others (split view)", e.target),
 	}[e.kind]
 	return fmt.Sprintf("+%-6s %s, back after %s", e.at.Round(100*time.Millisecond), what, e.down.Round(100*time.Millisecond))
 }
@@ -176,6 +178,7 @@ func makePlan(seed uint64, d time.Duration, replicas, natsNodes, workers int) []
 			plan = append(plan, e)
 		}
 	}
+	plan = append(plan, splitViews(rng, rounds, span, replicas, func(from, to time.Duration) bool { return overlaps(replicaQuiet, from, to) })...)
 	for i := range replicas {
 		for at := dur(2*time.Second, 6*time.Second); at < d-3*time.Second; {
 			down := dur(time.Second, 7*time.Second)
@@ -528,6 +531,7 @@ func TestChaos(t *testing.T) {
 		c["replica kill"], c["single replica kill"], c["all-replica kill"], c["worker kill"], c["redis kill"])
 	fmt.Fprintf(&sum, "  Redis data losses (stopped with AOF off, started empty): %d; whole NATS cluster stopped and started: %d; replica r%d's clock off by %s\n",
 		c["redis data loss"], c["nats full restart"], skewed, skew)
+	fmt.Fprintf(&sum, "  split views (one replica's view of the others frozen while another was killed and came back): %d\n", c["split view"])
 	fmt.Fprintf(&sum, "  restarts: replicas %d, workers %d, Redis %d, NATS nodes %d (stops %d)\n",
 		c["replica restart"], c["worker restart"], c["redis restart"], c["nats restart"], c["nats stop"])
 	fmt.Fprintf(&sum, "  outages: no replica up %s, Redis down %s; band around each: -%s/+%s\n", noReplica.Round(100*time.Millisecond), redisDown.Round(100*time.Millisecond), bandBefore, bandAfter)
@@ -688,6 +692,11 @@ func runChaos(t *testing.T, s *system, nc *testenv.NATSCluster, rd *testenv.Redi
 			tl.logf("NATS cluster started again (every node) and healthy after %s; down %s in all",
 				time.Since(began).Round(100*time.Millisecond), time.Since(natsAllDownSince).Round(100*time.Millisecond))
 			natsAllDownSince = time.Time{}
+		case e.kind == splitView:
+			s.freezeView(e.target, !st.up, tl)
+			if !st.up {
+				undo()
+			}
 		case e.kind == killWorker && !st.up:
 			w := s.workers[e.target]
 			pid := w.pid()

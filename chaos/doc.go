@@ -24,6 +24,15 @@
 //   - a full NATS restart: every node stopped, then all started again on
 //     their stores.
 //
+// And in every round, a split view: one replica's view of the others is
+// frozen (--test-freeze-view, a file the test creates and removes) for
+// 12-18 s, longer than the membership TTL, while another replica is
+// killed and started again inside it (unless that falls in a quiet window
+// below). The frozen replica still counts the killed one among the live
+// and never sees it come back; the others drop it and take it in again,
+// so the replicas disagree on who should own what, and only the shard
+// leases (one holder each) keep each tick fired once.
+//
 // And for the whole run one replica, picked by the seed, runs with its local
 // clock 20 minutes fast or slow (--test-clock-offset); it must correct it
 // against Redis TIME and neither fire early nor hold the others back.

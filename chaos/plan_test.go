@@ -6,8 +6,8 @@ import (
 )
 
 // TestPlanHasEveryFault: every seed's schedule, short or long, holds each
-// whole-system fault once per round, and keeps single replica kills and
-// NATS node stops out of the faults they would change.
+// whole-system fault and a split view once per round, and keeps single
+// replica kills and NATS node stops out of the faults they would change.
 func TestPlanHasEveryFault(t *testing.T) {
 	for _, d := range []time.Duration{shortChaos, 10 * time.Minute} {
 		for seed := uint64(1); seed <= 200; seed++ {
@@ -24,6 +24,14 @@ func TestPlanHasEveryFault(t *testing.T) {
 			for _, k := range []episodeKind{killAllReplicas, restartRedis, loseRedisData, restartNATS} {
 				if count[k] != rounds {
 					t.Errorf("seed %d, %s: %d of kind %d, want one per round (%d)", seed, d, count[k], k, rounds)
+				}
+			}
+			if count[splitView] != rounds {
+				t.Errorf("seed %d, %s: %d split views, want one per round (%d)", seed, d, count[splitView], rounds)
+			}
+			for _, e := range plan {
+				if e.kind == splitView && e.at+e.down > d {
+					t.Errorf("seed %d, %s: %s outlasts the chaos phase", seed, d, e)
 				}
 			}
 			if count[killReplica] == 0 || count[killWorker] == 0 {

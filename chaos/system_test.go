@@ -75,6 +75,9 @@ type replicaProc struct {
 	*proc
 	id   string
 	addr string // HTTP host:port
+	// freeze is the file whose presence freezes the replica's view of
+	// the others (--test-freeze-view: the split-view fault).
+	freeze string
 }
 
 func newSystem(t *testing.T, cfg systemConfig) *system {
@@ -103,7 +106,9 @@ func newSystem(t *testing.T, cfg systemConfig) *system {
 		if i < len(cfg.clockOffsets) && cfg.clockOffsets[i] != 0 {
 			args = append(args, "--test-clock-offset", cfg.clockOffsets[i].String())
 		}
-		s.replicas = append(s.replicas, &replicaProc{proc: newProc(id, bin, filepath.Join(s.dir, id+".log"), args...), id: id, addr: addr})
+		freeze := filepath.Join(s.dir, id+".freeze")
+		args = append(args, "--test-freeze-view", freeze)
+		s.replicas = append(s.replicas, &replicaProc{proc: newProc(id, bin, filepath.Join(s.dir, id+".log"), args...), id: id, addr: addr, freeze: freeze})
 	}
 	for i := range cfg.workers {
 		name := fmt.Sprintf("w%d", i)

@@ -44,7 +44,8 @@ func DecodeConfigEventInto(b []byte, e *Entry) (*Event, error) {
 	if !IsConfigType(ev.Type) {
 		return ev, fmt.Errorf("%w: event %s has unknown config event type %q", ErrMalformedEvent, ev.ID, ev.Type)
 	}
-	if gated := IsGatedType(ev.Type); gated || !fast {
+	gated := IsGatedType(ev.Type)
+	if gated || !fast {
 		// A gated event must hold only fields this build knows: one it
 		// does not is a later build's schedule field that it cannot apply.
 		*e = Entry{}
@@ -54,6 +55,7 @@ func DecodeConfigEventInto(b []byte, e *Entry) (*Event, error) {
 	}
 	// e is ours alone: defaults go in place, with no copy.
 	e.normalize()
+	e.shareRepeated(!fast || gated)
 	// A removal needs only to name its entry: a removed entry never fires,
 	// and a removal is how an entry whose state or id is not valid (written
 	// by another publisher, say) is cleaned up.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/cronstream/cronstream/configsync"
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/replica"
 	"github.com/cronstream/cronstream/schedule"
 )
 
@@ -322,6 +324,10 @@ type putResult struct {
 	Changes  []string     `json:"changes,omitempty"`
 	Warnings []string     `json:"warnings,omitempty"`
 	Entry    events.Entry `json:"entry"`
+	// Capacity is the schedule after the put against what the live
+	// replicas have shown they can fire: absent when the put did not
+	// change when the entry fires, or no replica has shown it.
+	Capacity *capacityReport `json:"capacity,omitempty"`
 }
 
 // maxPutRounds bounds read-merge-write rounds when other writers keep
@@ -419,6 +425,9 @@ func runEntryPut(cmd *cobra.Command, g *globalFlags, f *putFlags, id string) err
 		default:
 			out.Result = "unchanged"
 		}
+		if out.Result == "registered" || (out.Result == "updated" && exists && scheduleChanged(cur, res.Entry)) {
+			out.Capacity = putCapacity(ctx, s, res.Entry, &out.Warnings, cmd.ErrOrStderr())
+		}
 		for _, warning := range out.Warnings {
 			fmt.Fprintln(cmd.ErrOrStderr(), "cronstream: warning:", terminalSafe(warning))
 		}
@@ -437,6 +446,27 @@ func runEntryPut(cmd *cobra.Command, g *globalFlags, f *putFlags, id string) err
 		}
 		return nil
 	}
+}
+
+// putCapacity compares the schedule with e as put with what the live
+// replicas have shown they can fire, adding a warning to warnings when it
+// exceeds it; a check that cannot be made is said on warn.
+func putCapacity(ctx context.Context, s *session, e events.Entry, warnings *[]string, warn io.Writer) *capacityReport {
+	rep, warning, err := checkCapacity(ctx, s, func() ([]events.Entry, error) {
+		cur, err := s.client.List(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return scheduleAfter(cur, []events.Entry{e}, nil), nil
+	}, time.Now())
+	switch {
+	case errors.Is(err, replica.ErrNoReplicasBucket):
+	case err != nil:
+		fmt.Fprintln(warn, "cronstream: capacity not checked:", terminalSafe(err.Error()))
+	case warning != "":
+		*warnings = append(*warnings, warning)
+	}
+	return rep
 }
 
 // jitterWarnings says when e's jitter is longer than the shortest gap

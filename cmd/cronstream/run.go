@@ -43,6 +43,7 @@ type replicaFlags struct {
 	redisWaitTimeout  time.Duration
 	metricsPerEntry   bool
 	clockOffset       time.Duration
+	freezeView        string
 	http              string
 	consoleDefault    bool // dev serves the console unless --console=false
 	console           bool
@@ -71,6 +72,8 @@ func (f *replicaFlags) add(cmd *cobra.Command, httpDefault string) {
 	fl.DurationVar(&f.lateAfter, "late-after", stall.DefaultLateAfter, "an entry whose tick is overdue (due time plus jitter) for longer is late: metrics, a warning, status, and /readyz when this replica's own fires all fail")
 	fl.BoolVar(&f.metricsPerEntry, "metrics-per-entry", false, "export each entry's last and next fire time (cronstream_entry_*_fire_timestamp_seconds), only from the replica that owns the entry's shard: one series pair per entry across the replicas")
 	fl.DurationVar(&f.clockOffset, "test-clock-offset", 0, "TEST ONLY: run this replica's local clock this far off (e.g. 1h, -1h) to test clock skew; the replica corrects it against Redis TIME. Never set it in production")
+	fl.StringVar(&f.freezeView, "test-freeze-view", "", "TEST ONLY: while this file exists, freeze this replica's view of the other replicas (a split view, for fault tests). Never set it in production")
+	_ = fl.MarkHidden("test-freeze-view")
 	fl.StringVar(&f.http, "http", httpDefault, "address for /healthz, /readyz and /metrics (empty: none)")
 	fl.BoolVar(&f.console, "console", f.consoleDefault, "serve the read-only web console at / on --http")
 	fl.BoolVar(&f.consolePayloads, "console-payloads", false, "show task payloads and headers in the console (hidden by default)")
@@ -167,7 +170,7 @@ func (f *replicaFlags) config(g *globalFlags) (replica.Config, error) {
 		NATSURL: g.nats, NATSOptions: f.conn.natsOptions(g), Redis: rc,
 		Names: names, ReplicaID: f.replicaID, Version: readBuildInfo().Version, Revision: readBuildInfo().Revision,
 		StreamReplicas: f.replicas, ActivityMaxAge: f.activityMaxAge,
-		MaxStaleness: f.maxStaleness, MaxOutboxBytes: maxOutboxBytes, LateAfter: f.lateAfter, ClockOffset: f.clockOffset,
+		MaxStaleness: f.maxStaleness, MaxOutboxBytes: maxOutboxBytes, LateAfter: f.lateAfter, ClockOffset: f.clockOffset, FreezeViewFile: f.freezeView,
 		RedisWaitReplicas: waitReplicas, RedisWaitTimeout: f.redisWaitTimeout,
 		Queues: queues, RecoverInterval: f.recoverInterval, RecoverGrace: f.recoverGrace, RemovedKeyGrace: f.removedKeyGrace,
 		HTTPAddr: f.http, Console: f.consoleConfig(), Logger: log, MetricsPerEntry: f.metricsPerEntry,

@@ -16,6 +16,7 @@ import (
 	"github.com/cronstream/cronstream/internal/clock"
 	"github.com/cronstream/cronstream/internal/entrystate"
 	"github.com/cronstream/cronstream/internal/failpause"
+	"github.com/cronstream/cronstream/internal/forecast"
 	"github.com/cronstream/cronstream/internal/relay"
 	"github.com/cronstream/cronstream/internal/replica"
 	"github.com/cronstream/cronstream/internal/stall"
@@ -521,13 +522,17 @@ func printReplicas(w io.Writer, r statusReport) {
 	fmt.Fprintln(w)
 	if len(r.Replicas) > 0 {
 		tw := newTable(w)
-		fmt.Fprintln(tw, "  ID\tSTATE\tHOST\tPID\tVERSION\tSTARTED\tLAST BEAT\tCONFIG SEQ\tLAG\tHTTP\tREADY")
+		fmt.Fprintln(tw, "  ID\tSTATE\tHOST\tPID\tVERSION\tSTARTED\tLAST BEAT\tCONFIG SEQ\tLAG\tFIRES/S SHOWN\tHTTP\tREADY")
 		for _, x := range r.Replicas {
 			lag := "-"
 			if r.Config.LastSeq >= x.ConfigSeq {
 				lag = fmt.Sprint(r.Config.LastSeq - x.ConfigSeq)
 			}
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t%d\t%s\t%s\t%s ago\t%d\t%s\t%s\t%s\n", terminalSafe(x.ID), x.State, terminalSafe(x.Host), x.PID, terminalSafe(dash(x.Version)), fmtTime(x.Started), x.BeatAge, x.ConfigSeq, lag, terminalSafe(dash(x.HTTP)), terminalSafe(x.Ready))
+			shown := "unknown"
+			if x.FireCapacity > 0 {
+				shown = forecast.Thousands(int64(x.FireCapacity))
+			}
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%d\t%s\t%s\t%s ago\t%d\t%s\t%s\t%s\t%s\n", terminalSafe(x.ID), x.State, terminalSafe(x.Host), x.PID, terminalSafe(dash(x.Version)), fmtTime(x.Started), x.BeatAge, x.ConfigSeq, lag, shown, terminalSafe(dash(x.HTTP)), terminalSafe(x.Ready))
 		}
 		tw.Flush()
 	}

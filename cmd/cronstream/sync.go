@@ -12,6 +12,7 @@ import (
 
 	"github.com/cronstream/cronstream/configsync"
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/replica"
 )
 
 func init() { subcommands = append(subcommands, newSyncCommand) }
@@ -33,6 +34,11 @@ type syncReport struct {
 	Actions   []syncAction `json:"actions"`
 	Unchanged []string     `json:"unchanged"`
 	NotPruned []string     `json:"not_pruned,omitempty"`
+	// Capacity is the schedule after the sync against what the live
+	// replicas have shown they can fire (absent when none has shown it,
+	// or the plan changes nothing); Warnings say when it exceeds it.
+	Capacity *capacityReport `json:"capacity,omitempty"`
+	Warnings []string        `json:"warnings,omitempty"`
 }
 
 func newSyncCommand(g *globalFlags) *cobra.Command {
@@ -189,6 +195,7 @@ costliest YAML, so the default bounds a hostile file at about 1 GiB.`,
 					return err
 				}
 			}
+			all := current
 			current, cfgs = configsync.Select(current, cfgs, sel)
 			plan := configsync.MakePlan(current, cfgs, owner, prune)
 			if streamsExist { // a retention is only known once the streams exist
@@ -200,10 +207,15 @@ costliest YAML, so the default bounds a hostile file at about 1 GiB.`,
 					}
 				}
 			}
+			var capRep *capacityReport
+			var warnings []string
+			if streamsExist && !plan.Empty() {
+				capRep, warnings = syncCapacity(ctx, s, all, plan, cmd.ErrOrStderr())
+			}
 			w := cmd.OutOrStdout()
 			if dryRun {
 				if g.json {
-					if err := printJSON(w, newSyncReport(plan, nil, owner, true)); err != nil {
+					if err := printJSON(w, newSyncReport(plan, nil, owner, true).with(capRep, warnings)); err != nil {
 						return err
 					}
 				} else {
@@ -226,7 +238,7 @@ costliest YAML, so the default bounds a hostile file at about 1 GiB.`,
 			}
 			outcomes, applyErr := configsync.Apply(ctx, s.client, plan)
 			if g.json {
-				if err := printJSON(w, newSyncReport(plan, outcomes, owner, false)); err != nil {
+				if err := printJSON(w, newSyncReport(plan, outcomes, owner, false).with(capRep, warnings)); err != nil {
 					return err
 				}
 			} else {
@@ -306,6 +318,40 @@ func newSyncReport(p configsync.Plan, outcomes []configsync.Outcome, owner strin
 		r.Actions = append(r.Actions, sa)
 	}
 	return r
+}
+
+func (r syncReport) with(c *capacityReport, warnings []string) syncReport {
+	r.Capacity, r.Warnings = c, warnings
+	return r
+}
+
+// syncCapacity compares the schedule after plan (all is every entry, not
+// only those the file manages) with what the live replicas have shown
+// they can fire, and says on warn when it exceeds it, or when it could
+// not be checked.
+func syncCapacity(ctx context.Context, s *session, all []events.Current, plan configsync.Plan, warn io.Writer) (*capacityReport, []string) {
+	var upserts []events.Entry
+	var removes []string
+	for _, a := range plan.Actions {
+		switch a.Kind {
+		case configsync.Create, configsync.Update:
+			upserts = append(upserts, a.Entry)
+		case configsync.Remove:
+			removes = append(removes, a.ID)
+		}
+	}
+	rep, warning, err := checkCapacity(ctx, s, func() ([]events.Entry, error) { return scheduleAfter(all, upserts, removes), nil }, time.Now())
+	switch {
+	case errors.Is(err, replica.ErrNoReplicasBucket):
+		return nil, nil // no replica has run: nothing shown
+	case err != nil:
+		fmt.Fprintln(warn, "cronstream: capacity not checked:", terminalSafe(err.Error()))
+		return nil, nil
+	case warning != "":
+		fmt.Fprintln(warn, "cronstream: warning:", terminalSafe(warning))
+		return rep, []string{warning}
+	}
+	return rep, nil
 }
 
 // printPlan prints + create, ~ update (with the changed fields) and

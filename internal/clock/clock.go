@@ -8,6 +8,10 @@
 // For fault tests a Clock can run on a local clock that is deliberately
 // wrong (Options.LocalOffset): the real binary then behaves like a replica
 // on a host whose clock is off, which libfaketime cannot simulate for Go.
+// For simulations and tests that must not wait, it can run on a Manual
+// clock (Options.Manual), which moves only when told to; the components'
+// timers and tickers come from their Clock (NewTimer, NewTicker), so they
+// follow it too.
 package clock
 
 import (
@@ -24,6 +28,9 @@ type Options struct {
 	// LocalOffset shifts the local clock the corrections start from. For
 	// tests only: it simulates a host whose clock is this far off.
 	LocalOffset time.Duration
+	// Manual, when set, is the local clock (tests and simulations): Now,
+	// Mono and every Timer and Ticker of the Clock follow it.
+	Manual *Manual
 }
 
 // Clock is the local clock corrected by its offset to a Source. The offset
@@ -32,6 +39,7 @@ type Options struct {
 type Clock struct {
 	source Source
 	local  func() time.Time
+	manual *Manual // nil: the real local clock
 
 	mu       sync.RWMutex
 	offset   time.Duration
@@ -41,11 +49,15 @@ type Clock struct {
 
 // New returns a clock corrected against source (nil: never corrected).
 func New(source Source, opts Options) *Clock {
-	local := time.Now
-	if d := opts.LocalOffset; d != 0 {
-		local = func() time.Time { return time.Now().Add(d) }
+	base := time.Now
+	if opts.Manual != nil {
+		base = opts.Manual.Now
 	}
-	return &Clock{source: source, local: local}
+	local := base
+	if d := opts.LocalOffset; d != 0 {
+		local = func() time.Time { return base().Add(d) }
+	}
+	return &Clock{source: source, local: local, manual: opts.Manual}
 }
 
 // Local returns an uncorrected clock (tests, tools without Redis).

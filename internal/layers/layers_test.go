@@ -102,7 +102,7 @@ var layers = []layer{
 	},
 	{
 		name: "test-only packages",
-		pkgs: []string{"chaos", "internal/systembench", "internal/deploycheck", "internal/layers"},
+		pkgs: []string{"chaos", "internal/systembench", "internal/scalesim", "internal/deploycheck", "internal/layers"},
 	},
 }
 

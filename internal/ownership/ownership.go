@@ -272,16 +272,21 @@ func (m *Manager) Turned(version uint64) {
 	m.applied.Store(version)
 }
 
+// loop polls every LeasePoll, counted from the start of each poll. The
+// timer is armed again only once a poll is done: on a manual clock
+// (clock.Manual) that says the poll of this instant is over.
 func (m *Manager) loop(ctx context.Context) {
-	t := time.NewTicker(m.cfg.LeasePoll)
+	t := m.clock.NewTimer(0)
 	defer t.Stop()
 	for {
-		m.poll(ctx)
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
+		began := m.clock.Mono()
+		m.poll(ctx)
+		t.Reset(max(m.clock.Until(began.Add(m.cfg.LeasePoll)), 0))
 	}
 }
 

@@ -56,6 +56,11 @@ type Info struct {
 	// Ownership is what the replica owns and sees of the shard leases,
 	// for status.
 	Ownership *shardview.Report `json:"ownership,omitempty"`
+	// FireCapacity is the fires per second the replica has shown it can
+	// fire (scheduler.Capacity), which sync and entry put compare the
+	// schedule's busiest second with; absent while it has shown nothing
+	// (unknown), and in earlier builds.
+	FireCapacity float64 `json:"fire_capacity,omitempty"`
 }
 
 // StaleAfter is how long after its beat a replica stops counting as live:
@@ -102,6 +107,10 @@ type Membership struct {
 	log      *slog.Logger
 	update   func(*Info)
 	now      func() time.Time // stamps Beat
+	frozen   func() bool      // MembershipConfig.Frozen
+	// wasFrozen is whether the view was frozen at the last expire (beat
+	// loop only), to log the change.
+	wasFrozen bool
 
 	mu   sync.RWMutex
 	live map[string]Info
@@ -149,6 +158,11 @@ type MembershipConfig struct {
 	// passes its Redis-corrected clock, so that readers on other hosts
 	// compute a beat's age without this host's clock error in it.
 	Now func() time.Time
+	// Frozen, when set, is a fault for tests (a split view): while it
+	// reports true, this replica's view of the others stays as it is, the
+	// beats it reads ignored and nobody aging out, while its own beats go
+	// on.
+	Frozen func() bool
 }
 
 // NewMembership validates cfg and prepares the heartbeat of cfg.Self in
@@ -164,8 +178,11 @@ func NewMembership(cfg MembershipConfig) (*Membership, error) {
 	}
 	self := cfg.Self
 	self.Every = interval.String()
+	if cfg.Frozen == nil {
+		cfg.Frozen = func() bool { return false }
+	}
 	return &Membership{kv: cfg.KV, js: cfg.JS, self: self, interval: interval, log: cmp.Or(cfg.Logger, slog.Default()),
-		update: cfg.Update, now: cfg.Now, refresh: make(chan struct{}, 1),
+		update: cfg.Update, now: cfg.Now, frozen: cfg.Frozen, refresh: make(chan struct{}, 1),
 		live: map[string]Info{self.ID: self}, seen: map[string]time.Time{self.ID: time.Now()},
 		stale: map[string]time.Duration{self.ID: 3 * interval}}, nil
 }
@@ -413,6 +430,9 @@ func (m *Membership) apply(key string, value []byte) {
 		m.echo = time.Now() // the watch works
 		return              // our own view of ourselves is authoritative
 	}
+	if m.frozen() {
+		return
+	}
 	if value == nil {
 		delete(m.live, key)
 		delete(m.seen, key)
@@ -435,6 +455,17 @@ func (m *Membership) apply(key string, value []byte) {
 // expire drops from the live replicas those whose beat has not been seen
 // for three of their intervals.
 func (m *Membership) expire() {
+	if frozen := m.frozen(); frozen != m.wasFrozen {
+		m.wasFrozen = frozen
+		if frozen {
+			m.log.Warn("test only: this replica's view of the other replicas is frozen (a split view)", "replica", m.self.ID, "live", len(m.Live()))
+		} else {
+			m.log.Info("test only: this replica's view of the other replicas follows their heartbeats again", "replica", m.self.ID)
+		}
+	}
+	if m.wasFrozen {
+		return
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for id, at := range m.seen {

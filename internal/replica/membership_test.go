@@ -242,3 +242,48 @@ func TestMembershipCandidates(t *testing.T) {
 	},
 		"b to be a candidate once ready: %v, %v", lazy(func() string { return strings.Join(a.Candidates(), ",") }), lazy(func() string { return strings.Join(b.Candidates(), ",") }))
 }
+
+// TestMembershipFrozenView: a frozen view (the split-view fault) keeps the
+// replicas it had, dead ones included, and sees no new one, while the
+// replica's own beats go on; thawed, it follows the heartbeats again.
+func TestMembershipFrozenView(t *testing.T) {
+	t.Parallel()
+	ns := testenv.StartNATS(t)
+	ctx := context.Background()
+	names := events.MustNames("mfrozen")
+	const hb = 200 * time.Millisecond
+	var frozen atomic.Bool
+	start := func(id string, freeze func() bool) *Membership {
+		js := ns.JetStream(t)
+		kv, err := OpenReplicasBucket(ctx, js, names, 1, DefaultUnresponsiveFor)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := NewMembership(MembershipConfig{KV: kv, JS: js, Self: Info{ID: id}, Interval: hb, Frozen: freeze,
+			Logger: slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = m.Stop(ctx) })
+		return m
+	}
+	a := start("a", frozen.Load)
+	b := start("b", nil)
+	testenv.Eventually(t, 10*time.Second, func() bool { return slices.Equal(a.Live(), []string{"a", "b"}) }, "a sees b (%v)", lazy(func() string { return fmt.Sprint(a.Live()) }))
+	frozen.Store(true)
+	if err := b.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c := start("c", nil)
+	testenv.Eventually(t, 10*time.Second, func() bool { return slices.Equal(c.Live(), []string{"a", "c"}) }, "c sees a (%v)", lazy(func() string { return fmt.Sprint(c.Live()) }))
+	// Well past b's removal and three of c's beats: a's view has not moved.
+	time.Sleep(5 * hb)
+	if got := a.Live(); !slices.Equal(got, []string{"a", "b"}) {
+		t.Errorf("frozen view: a sees %v, want still [a b]", got)
+	}
+	frozen.Store(false)
+	testenv.Eventually(t, 10*time.Second, func() bool { return slices.Equal(a.Live(), []string{"a", "c"}) }, "thawed, a sees c and not b (%v)", lazy(func() string { return fmt.Sprint(a.Live()) }))
+}

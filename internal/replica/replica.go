@@ -68,6 +68,10 @@ type Config struct {
 	// simulates a host whose clock is off; the replica's clock corrects
 	// it against Redis TIME like any drift.
 	ClockOffset time.Duration
+	// FreezeViewFile, for tests only: while this file exists, the
+	// replica's view of the other replicas is frozen (a split view, the
+	// chaos suite's fault).
+	FreezeViewFile string
 
 	// MaxOutboxBytes: firing pauses while the outbox backlog takes more
 	// Redis memory than this (default DefaultMaxOutboxBytes).
@@ -410,7 +414,7 @@ func (r *Replica) start(ctx context.Context) error {
 		KV: kv, JS: js,
 		Self:     Info{ID: r.cfg.ReplicaID, Host: hostname, PID: os.Getpid(), Started: r.clock.Now().UTC(), Version: r.cfg.Version, HTTP: r.httpAddr(), Warnings: streamWarnings},
 		Interval: r.cfg.Heartbeat, Logger: r.log, Now: r.clock.Now,
-		Update: r.beatUpdate(det, &relayed, streamWarnings),
+		Update: r.beatUpdate(det, &relayed, streamWarnings), Frozen: r.viewFrozen,
 	})
 	if err != nil {
 		return err
@@ -511,6 +515,15 @@ func (r *Replica) newOwnership() error {
 func (r *Replica) holdsQueue(queue string) bool {
 	own := r.owner.Load()
 	return own != nil && own.HoldsQueue(queue)
+}
+
+// viewFrozen reports whether FreezeViewFile exists (tests only).
+func (r *Replica) viewFrozen() bool {
+	if r.cfg.FreezeViewFile == "" {
+		return false
+	}
+	_, err := os.Stat(r.cfg.FreezeViewFile)
+	return err == nil
 }
 
 // readyToOwn reports whether this replica may own shards: its projection
@@ -615,8 +628,8 @@ func (r *Replica) warnRedisConfig(ctx context.Context) {
 }
 
 // beatUpdate refreshes the dynamic fields of this replica's heartbeat:
-// its config position, its late entries, and its relay's view of Redis
-// replication once the relay exists.
+// its config position, its late entries, its relay's view of Redis
+// replication once the relay exists, and the capacity it has shown.
 func (r *Replica) beatUpdate(det *stall.Detector, relayed *atomic.Pointer[relay.Relay], streamWarnings []string) func(*Info) {
 	return func(i *Info) {
 		i.ConfigSeq = r.proj.LastSeq()
@@ -630,6 +643,12 @@ func (r *Replica) beatUpdate(det *stall.Detector, relayed *atomic.Pointer[relay.
 		if own := r.owner.Load(); own != nil {
 			rep := own.Report()
 			i.Ownership = &rep
+		}
+		i.FireCapacity = 0
+		if s := r.firing.Load(); s != nil {
+			if c, ok := s.Capacity(); ok {
+				i.FireCapacity = c.PerSecond
+			}
 		}
 	}
 }

@@ -2,27 +2,36 @@ package scheduler
 
 import (
 	"container/heap"
+	"sync/atomic"
 	"time"
 )
 
 // dueHeap orders entries by the instant this replica should next act on
 // them. One timer is armed for the top; cost per tick grows with the number
-// of due entries, not the number registered.
-type dueHeap []*entryRun
+// of due entries, not the number registered. It counts its operations
+// (Stats.HeapOps): a replica's heap work is its share of the entries, which
+// the simulation of many replicas checks.
+type dueHeap struct {
+	h   entryHeap
+	ops atomic.Uint64 // pushes, fixes, removals and pops
+}
 
-func (h dueHeap) Len() int           { return len(h) }
-func (h dueHeap) Less(i, j int) bool { return h[i].due.Before(h[j].due) }
-func (h dueHeap) Swap(i, j int) {
+// entryHeap is the heap.Interface of dueHeap.
+type entryHeap []*entryRun
+
+func (h entryHeap) Len() int           { return len(h) }
+func (h entryHeap) Less(i, j int) bool { return h[i].due.Before(h[j].due) }
+func (h entryHeap) Swap(i, j int) {
 	h[i], h[j] = h[j], h[i]
 	h[i].index = i
 	h[j].index = j
 }
-func (h *dueHeap) Push(x any) {
+func (h *entryHeap) Push(x any) {
 	e := x.(*entryRun)
 	e.index = len(*h)
 	*h = append(*h, e)
 }
-func (h *dueHeap) Pop() any {
+func (h *entryHeap) Pop() any {
 	old := *h
 	n := len(old)
 	e := old[n-1]
@@ -33,34 +42,38 @@ func (h *dueHeap) Pop() any {
 }
 
 // set places e at due, adding it if it is not in the heap.
-func (h *dueHeap) set(e *entryRun, due time.Time) {
+func (d *dueHeap) set(e *entryRun, due time.Time) {
+	d.ops.Add(1)
 	e.due = due
 	if e.index >= 0 {
-		heap.Fix(h, e.index)
+		heap.Fix(&d.h, e.index)
 		return
 	}
-	heap.Push(h, e)
+	heap.Push(&d.h, e)
 }
 
 // remove takes e out of the heap if it is there.
-func (h *dueHeap) remove(e *entryRun) {
+func (d *dueHeap) remove(e *entryRun) {
 	if e.index >= 0 {
-		heap.Remove(h, e.index)
+		d.ops.Add(1)
+		heap.Remove(&d.h, e.index)
 	}
 }
 
 // popDue removes and returns every entry due at or before now.
-func (h *dueHeap) popDue(now time.Time, into []*entryRun) []*entryRun {
-	for h.Len() > 0 && !(*h)[0].due.After(now) {
-		into = append(into, heap.Pop(h).(*entryRun))
+func (d *dueHeap) popDue(now time.Time, into []*entryRun) []*entryRun {
+	n := len(into)
+	for d.h.Len() > 0 && !d.h[0].due.After(now) {
+		into = append(into, heap.Pop(&d.h).(*entryRun))
 	}
+	d.ops.Add(uint64(len(into) - n))
 	return into
 }
 
 // peek returns when the first entry is due, if any.
-func (h dueHeap) peek() (time.Time, bool) {
-	if len(h) == 0 {
+func (d *dueHeap) peek() (time.Time, bool) {
+	if len(d.h) == 0 {
 		return time.Time{}, false
 	}
-	return h[0].due, true
+	return d.h[0].due, true
 }

@@ -28,10 +28,13 @@ var (
 	stalenessDesc = prometheus.NewDesc("cronstream_config_staleness_seconds",
 		"Seconds since the projection last heard the config stream (a message or a heartbeat; lags by up to about four heartbeats on an idle stream). Absent until first heard.",
 		nil, nil)
+	capacityDesc = prometheus.NewDesc("cronstream_fire_capacity",
+		"Fires per second this replica has shown it can fire: the best, over 10 s windows of the last hour with at least 100 fires, of its fires per second of busy fire-pass time. Absent while it has shown nothing (unknown).",
+		nil, nil)
 )
 
 // Collector returns the scheduler's scrape-time metrics: config staleness,
-// and with perEntry the last and next fire time of each entry of the shards
+// the capacity this replica has shown (Capacity), and with perEntry the last and next fire time of each entry of the shards
 // this replica owns, so each entry's series is on one replica only and
 // moves with its shard. The per-entry series are listed by the loop at
 // scrape time (one pass over the entries), never updated per fire.
@@ -46,6 +49,7 @@ type collector struct {
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- stalenessDesc
+	ch <- capacityDesc
 	if c.perEntry {
 		ch <- lastFireDesc
 		ch <- nextFireDesc
@@ -56,6 +60,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	s := c.s
 	if heard := s.cfg.Projection.LastHeard(); !heard.IsZero() {
 		ch <- prometheus.MustNewConstMetric(stalenessDesc, prometheus.GaugeValue, max(s.clock.Now().Sub(heard), 0).Seconds())
+	}
+	if c, ok := s.Capacity(); ok {
+		ch <- prometheus.MustNewConstMetric(capacityDesc, prometheus.GaugeValue, c.PerSecond)
 	}
 	if !c.perEntry {
 		return

@@ -3,7 +3,9 @@ package scheduler
 import (
 	"context"
 	"sync"
+	"time"
 
+	"github.com/cronstream/cronstream/internal/clock"
 	"github.com/cronstream/cronstream/internal/taskstate"
 )
 
@@ -22,37 +24,23 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 		s.busy.Store(true)
 		defer s.busy.Store(false)
 	}
+	began := s.clock.Mono()
 	s.firingSince.Store(int64(max(s.clock.Since(s.epoch), 1)))
 	defer s.firingSince.Store(0)
 	now := s.clock.Now()
 	seq := s.cfg.Projection.FenceSeq()
 	s.configID = s.cfg.Projection.ConfigMessageID(seq)
 	fences := taskstate.Fences{ConfigSeq: seq, ConfigID: s.configID, FreshAsOf: s.cfg.Projection.LastHeard(), MaxStaleness: s.cfg.MaxStaleness}
-	type planned struct {
-		r    *entryRun
-		more bool
-	}
-	// room is a batch's buffers, handed to a later batch once it is back.
-	type room struct {
-		fires   []taskstate.Fire
-		results []taskstate.FireResult
-		fired   []byte // the data of the fires' fired records
-	}
-	type call struct {
-		room
-		owners []int      // plan index of each fire
-		sent   []sentFire // each fire with its result, once back
-	}
 	size := min(s.cfg.Batch, len(due))
 	plans := make([]planned, 0, len(due))
 	var scratch []taskstate.Fire
-	open := map[string]*call{}
-	var calls []*call
+	open := map[string]*passCall{}
+	var calls []*passCall
 	// Buffers of batches that are back, for the next batches.
-	free := make(chan room, s.cfg.Parallel+1)
+	free := make(chan passRoom, s.cfg.Parallel+1)
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, s.cfg.Parallel)
-	send := func(c *call) {
+	send := func(c *passCall) {
 		calls = append(calls, c)
 		sem <- struct{}{}
 		wg.Add(1)
@@ -77,10 +65,10 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 			clear(c.fires)
 			clear(results)
 			select {
-			case free <- room{fires: c.fires[:0], results: results[:0], fired: c.fired[:0]}:
+			case free <- passRoom{fires: c.fires[:0], results: results[:0], fired: c.fired[:0]}:
 			default:
 			}
-			c.room = room{}
+			c.passRoom = passRoom{}
 			if s.cfg.OnFire != nil {
 				s.cfg.OnFire()
 			}
@@ -101,9 +89,9 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 			c = nil
 		}
 		if c == nil {
-			c = &call{owners: make([]int, 0, size)}
+			c = &passCall{owners: make([]int, 0, size)}
 			select {
-			case c.room = <-free:
+			case c.passRoom = <-free:
 			default:
 				c.fires = s.fireBuf(size)
 			}
@@ -129,14 +117,49 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 	for b := range free {
 		s.putFireBuf(b.fires)
 	}
-	history := make([]taskstate.EnqueueEventRecord, 0, len(due))
+	s.finishPass(calls, plans, now, began)
+}
+
+// planned is one entry's plan in a pass: its fires, and whether more
+// missed ticks are to follow.
+type planned struct {
+	r    *entryRun
+	more bool
+}
+
+// passRoom is a batch's buffers, handed to a later batch once it is back.
+type passRoom struct {
+	fires   []taskstate.Fire
+	results []taskstate.FireResult
+	fired   []byte // the data of the fires' fired records
+}
+
+// passCall is one batch of a pass.
+type passCall struct {
+	passRoom
+	owners []int      // plan index of each fire
+	sent   []sentFire // each fire with its result, once back
+}
+
+// finishPass applies the results of a pass begun at began (now on the
+// corrected clock), on the loop goroutine: each fire's result, each
+// entry's next due instant, asynq's enqueue history, and the pass's
+// fires and time for Capacity.
+func (s *Scheduler) finishPass(calls []*passCall, plans []planned, now time.Time, began clock.Mono) {
+	history := make([]taskstate.EnqueueEventRecord, 0, len(plans))
+	answered := 0
 	for _, c := range calls {
 		for i := range c.sent {
-			if h, ok := s.apply(plans[c.owners[i]].r, c.sent[i], c.sent[i].result()); ok {
+			res := c.sent[i].result()
+			if res.Err == nil {
+				answered++
+			}
+			if h, ok := s.apply(plans[c.owners[i]].r, c.sent[i], res); ok {
 				history = append(history, h)
 			}
 		}
 	}
+	s.capacity.add(s.clock.Mono(), answered, s.clock.Since(began))
 	for _, p := range plans {
 		if p.r.phase == phaseLoading {
 			continue // waiting in s.load for its watermark

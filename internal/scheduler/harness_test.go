@@ -142,6 +142,9 @@ type nodeOpts struct {
 	// beat, when set, is called before each of the node's heartbeats (a
 	// test blocks it to freeze the node).
 	beat func()
+	// info, when set, adds to each of the node's heartbeats (what a
+	// replica reports for status).
+	info func(*replica.Info)
 }
 
 // node is one replica wired by hand.
@@ -208,6 +211,9 @@ func (e *env) startNode(id string, o nodeOpts) *node {
 				o.beat()
 			}
 			i.Shards, i.Ready = !o.ownsAll, n.readyToOwn()
+			if o.info != nil {
+				o.info(i)
+			}
 		}}); err != nil {
 		t.Fatalf("%s: new membership: %v", id, err)
 	}

@@ -256,9 +256,11 @@ func (s *Scheduler) fairShare(due []*entryRun) []*entryRun {
 	s.fairNext++
 	keep := due[:0]
 	for len(keep) < budget && len(s.backlog) > 0 {
-		for i := range queues {
-			q := queues[(start+i)%len(queues)]
-			if r := s.nextBacklogged(q); r != nil && len(keep) < budget {
+		for i := 0; i < len(queues) && len(keep) < budget; i++ {
+			// Taken from its queue's backlog only when the pass has room:
+			// one taken and not kept would be in neither the backlog nor
+			// the heap, and never fire again.
+			if r := s.nextBacklogged(queues[(start+i)%len(queues)]); r != nil {
 				keep = append(keep, r)
 			}
 		}

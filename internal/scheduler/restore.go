@@ -193,8 +193,9 @@ func (h *restoreHolds) report(s *Scheduler) {
 // the loop: a loop waiting on a stream read (up to streamReadTimeout with
 // NATS down) could miss the settle delay.
 type positions struct {
-	mu sync.Mutex
-	m  map[string]position
+	now func() time.Time // the scheduler's clock (kept positions' times)
+	mu  sync.Mutex
+	m   map[string]position
 }
 
 type position struct {
@@ -235,7 +236,7 @@ func (p *positions) forget(id string) {
 func (p *positions) keep(id string) {
 	p.mu.Lock()
 	if pos, ok := p.m[id]; ok {
-		pos.kept = time.Now().Add(keptPosition)
+		pos.kept = p.now().Add(keptPosition)
 		p.m[id] = pos
 	}
 	p.mu.Unlock()
@@ -243,7 +244,7 @@ func (p *positions) keep(id string) {
 
 // pruneLocked drops the kept positions whose time is over.
 func (p *positions) pruneLocked() {
-	now := time.Now()
+	now := p.now()
 	for id, pos := range p.m {
 		if !pos.kept.IsZero() && now.After(pos.kept) {
 			delete(p.m, id)
@@ -279,7 +280,7 @@ func (p *positions) get(id string) (position, bool) {
 // position this replica holds for its entry. It runs beside the loop,
 // until ctx ends.
 func (s *Scheduler) raiseProposals(ctx context.Context) {
-	t := time.NewTicker(restoreCheck)
+	t := s.clock.NewTicker(restoreCheck)
 	defer t.Stop()
 	prefix := s.cfg.Names.Prefix()
 	for {

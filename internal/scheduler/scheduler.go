@@ -60,8 +60,11 @@ import (
 //     reports; pools.go: buffers reused across passes; activityid.go: the
 //     fired and skipped events' ids.
 
-// broker is the scheduler's seam to Redis; *taskstate.Store implements it.
-type broker interface {
+// Broker is the scheduler's seam to Redis; *taskstate.Store implements
+// it. Another implementation (Config.Broker) serves simulations and fault
+// tests; it must keep each call's semantics, above all the fire's
+// compare-and-set of the watermark (docs/design.md INV-watermark).
+type Broker interface {
 	FireBatchInto(ctx context.Context, fences taskstate.Fences, fires []taskstate.Fire, results []taskstate.FireResult) ([]taskstate.FireResult, error)
 	Watermarks(ctx context.Context, prefix, queue string, entries []string) ([]taskstate.WatermarkInfo, error)
 	CloseForHandover(ctx context.Context, prefix, oldQueue, entry string, revision uint64, configID string) (time.Time, string, bool, error)
@@ -166,15 +169,15 @@ type Config struct {
 	// seeds the watermark (DefaultRestoreSettle).
 	RestoreSettle time.Duration
 
-	// broker, when set (tests: fault injection), is used instead of a
-	// Store on Redis.
-	broker broker
+	// Broker, when set, is used instead of a Store on Redis (simulations,
+	// fault injection); Redis may then be nil.
+	Broker Broker
 }
 
 // Scheduler is one replica's firing loop.
 type Scheduler struct {
 	cfg    Config
-	broker broker
+	broker Broker
 	log    *slog.Logger
 	clock  *Clock
 	m      *Metrics
@@ -226,6 +229,8 @@ type Scheduler struct {
 	fairNext int
 
 	timesReq chan chan []entryTimes // a scrape's request for listEntryTimes
+	idle     chan chan struct{}     // WaitIdle's requests
+	loopDone chan struct{}          // closed when the loop has returned
 	wake     chan struct{}
 	history  chan []taskstate.EnqueueEventRecord // to writeHistory
 	vis      chan []taskstate.SchedulerEntry     // to writeVisibilityLoop
@@ -247,6 +252,8 @@ type Scheduler struct {
 	mu    sync.Mutex
 	stats Stats
 
+	capacity capacityMeter // what this replica has shown it can fire
+
 	paused atomic.Bool // outbox backpressure
 	fenced fenced      // a run of fence refusals (Fenced)
 	busy   atomic.Bool // firing more than one batch
@@ -261,7 +268,7 @@ type Scheduler struct {
 
 // New returns a scheduler; Start runs it.
 func New(cfg Config) (*Scheduler, error) {
-	if (cfg.Redis == nil && cfg.broker == nil) || cfg.Projection == nil {
+	if (cfg.Redis == nil && cfg.Broker == nil) || cfg.Projection == nil {
 		return nil, errors.New("scheduler: Redis and Projection are required")
 	}
 	if cfg.ReplicaID == "" {
@@ -302,7 +309,7 @@ func New(cfg Config) (*Scheduler, error) {
 	if m == nil {
 		m = NewMetrics(nil)
 	}
-	b := cfg.broker
+	b := cfg.Broker
 	if b == nil {
 		b = taskstate.New(cfg.Redis)
 	}
@@ -311,11 +318,14 @@ func New(cfg Config) (*Scheduler, error) {
 		entries:  map[string]*entryRun{},
 		load:     map[string]*entryRun{},
 		timesReq: make(chan chan []entryTimes),
+		idle:     make(chan chan struct{}),
+		loopDone: make(chan struct{}),
 		history:  make(chan []taskstate.EnqueueEventRecord, 16),
 		vis:      make(chan []taskstate.SchedulerEntry, 1),
 		wake:     make(chan struct{}, 1),
 		stats:    Stats{Refused: map[string]uint64{}},
 		epoch:    clk.Mono(),
+		pos:      positions{now: clk.Now},
 	}, nil
 }
 
@@ -360,6 +370,7 @@ func (s *Scheduler) Start(ctx context.Context) error {
 		defer s.wg.Done()
 		defer close(s.history) // the loop is its only sender
 		defer close(s.vis)     // likewise
+		defer close(s.loopDone)
 		s.loop(lctx, changes, removed)
 	}()
 	go func() {
@@ -406,6 +417,30 @@ func (s *Scheduler) Firing() time.Duration {
 	return max(s.clock.Since(s.epoch)-time.Duration(since), 0)
 }
 
+// WaitIdle returns once the firing loop has finished the turn it was in
+// and waits for its next event, or with ctx's error. A simulation on a
+// manual clock calls it before moving the clock on, so the loop acts on
+// each instant before the next one comes.
+func (s *Scheduler) WaitIdle(ctx context.Context) error {
+	done := make(chan struct{})
+	select {
+	case s.idle <- done:
+	case <-s.loopDone:
+		return errStopped
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// errStopped is WaitIdle's error once the loop has returned.
+var errStopped = errors.New("scheduler: the firing loop has stopped")
+
 // Paused reports whether firing is paused by outbox backpressure.
 func (s *Scheduler) Paused() bool { return s.paused.Load() }
 
@@ -417,16 +452,16 @@ func (s *Scheduler) loop(ctx context.Context, changes <-chan markedBatch, remove
 	if !s.ownsAll() {
 		shardsChanged = s.cfg.Shards.Changed()
 	}
-	timer := time.NewTimer(time.Hour)
+	timer := s.clock.NewTimer(time.Hour)
 	defer timer.Stop()
-	vis := time.NewTicker(s.cfg.Visibility)
+	vis := s.clock.NewTicker(s.cfg.Visibility)
 	defer vis.Stop()
 	var due []*entryRun
 	// armed is when the timer fires (zero: it fired). A turn that only
 	// takes a message (a change, an observation, a visibility tick) keeps
 	// an earlier deadline: re-arming it a full wait ahead at every message
 	// would starve the pass while messages come more often than that.
-	var armed time.Time
+	var armed clock.Mono
 	for {
 		// Arm the timer for the first due entry, at most a second ahead:
 		// the clock's offset to Redis may change at a heartbeat, and a timer
@@ -442,19 +477,16 @@ func (s *Scheduler) loop(ctx context.Context, changes <-chan markedBatch, remove
 		if len(s.backlog) > 0 {
 			wait = 0 // the next pass takes the backlog
 		}
-		if at := time.Now().Add(wait); armed.IsZero() || at.Before(armed) {
-			if !timer.Stop() {
-				select {
-				case <-timer.C:
-				default:
-				}
-			}
+		if at := s.clock.Mono().Add(wait); armed.IsZero() || at.Before(armed) {
 			timer.Reset(wait)
 			armed = at
 		}
 		select {
 		case <-ctx.Done():
 			return
+		case done := <-s.idle:
+			close(done)
+			continue
 		case b, ok := <-changes:
 			if !ok {
 				if ctx.Err() == nil {
@@ -479,7 +511,7 @@ func (s *Scheduler) loop(ctx context.Context, changes <-chan markedBatch, remove
 			continue
 		case <-s.wake:
 		case <-timer.C:
-			armed = time.Time{}
+			armed = clock.Mono{}
 		}
 		// The runs of shards taken and dropped since the last turn; the
 		// turn is the loop's progress, and no fire of a shard dropped is

@@ -42,6 +42,9 @@ type Stats struct {
 	// (cronstream.task.lost); LostUnknown the lost records that could not
 	// say which.
 	LostFires, LostUnknown uint64
+	// HeapOps counts the operations on the heap of due entries (pushes,
+	// moves, removals, pops): work proportional to this replica's share.
+	HeapOps uint64
 }
 
 // Stats returns a copy of the counters.
@@ -49,6 +52,7 @@ func (s *Scheduler) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	c := s.stats
+	c.HeapOps = s.heap.ops.Load()
 	c.Refused = make(map[string]uint64, len(s.stats.Refused))
 	for k, v := range s.stats.Refused {
 		c.Refused[k] = v

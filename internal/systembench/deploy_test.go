@@ -251,6 +251,10 @@ type window struct {
 	harness      time.Duration
 	attempts     attempts
 	late         float64 // cronstream_late_entries summed over the replicas at the end
+	// shown is cronstream_fire_capacity summed over the replicas at the
+	// end: what they have shown they can fire (0: unknown, or a build
+	// without it).
+	shown float64
 }
 
 // measure runs a window of secs whole seconds (its edges between two
@@ -279,6 +283,8 @@ func (d *deployment) measure(secs int) window {
 	for _, p := range d.ps {
 		v, _ := p.metric("cronstream_late_entries")
 		w.late += v
+		c, _ := p.metric("cronstream_fire_capacity")
+		w.shown += c
 	}
 	w.backlogMax, _ = backlogTrend(samples)
 	w.backlogSlope = backlogSlope(samples)

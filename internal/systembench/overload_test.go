@@ -16,7 +16,9 @@ import "testing"
 // does not), that against cap(1) (kept-of-cap1; goal ≥ 0.9), the
 // lag p99 and the ticks missed in the window, the late entries the
 // replica's stall detector shows at the window's end
-// (cronstream_late_entries), the skipped records it wrote, and
+// (cronstream_late_entries), what the replica shows it can fire at the
+// window's end (cronstream_fire_capacity: shown-fires/s, to hold against
+// fires/s), the skipped records it wrote, and
 // redis-server's and nats-server's CPU in cores (void: 1 when either was
 // over 70% of a core, so the figure measures the machine).
 //
@@ -53,6 +55,7 @@ func BenchmarkOverload(b *testing.B) {
 		b.ReportMetric(ms(w.lagP99), "lag-p99-ms")
 		b.ReportMetric(float64(w.missed), "missed-ticks")
 		b.ReportMetric(w.late, "late-entries")
+		b.ReportMetric(w.shown, "shown-fires/s")
 		b.ReportMetric(w.attempts.skipped, "skipped-records")
 		b.ReportMetric(w.cores(w.redis), "redis-cores")
 		b.ReportMetric(w.cores(w.nats), "nats-cores")

@@ -5,6 +5,7 @@ import (
 	"net"
 	"sync"
 	"testing"
+	"time"
 )
 
 // CutMode is how the proxy cuts the network.
@@ -48,6 +49,8 @@ type TCPProxy struct {
 	changed chan struct{}
 	conns   map[net.Conn]struct{}
 	closed  bool
+	// delay holds each chunk this long before forwarding it (SetDelay).
+	delay time.Duration
 
 	done chan struct{}
 	wg   sync.WaitGroup
@@ -88,6 +91,16 @@ func (p *TCPProxy) Heal() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.setMode(Open)
+}
+
+// SetDelay holds every chunk d before it is forwarded, in each direction:
+// a slow link (a round trip takes 2d more, and a peer that waits for each
+// answer does at most one exchange per 2d on a connection). Zero forwards
+// at once.
+func (p *TCPProxy) SetDelay(d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.delay = max(d, 0)
 }
 
 // setMode changes the mode and wakes waiting pipes; p.mu is held.
@@ -168,7 +181,7 @@ func (p *TCPProxy) pipe(src, dst net.Conn) {
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
-			if !p.pass() {
+			if !p.pass() || !p.hold() {
 				return
 			}
 			if _, werr := dst.Write(buf[:n]); werr != nil {
@@ -178,6 +191,25 @@ func (p *TCPProxy) pipe(src, dst net.Conn) {
 		if err != nil {
 			return // EOF or closed: untrack closes both sides
 		}
+	}
+}
+
+// hold waits the delay (SetDelay) and reports false when the proxy
+// closed meanwhile.
+func (p *TCPProxy) hold() bool {
+	p.mu.Lock()
+	d := p.delay
+	p.mu.Unlock()
+	if d <= 0 {
+		return true
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-p.done:
+		return false
 	}
 }
 
