@@ -1,4 +1,4 @@
-// Package chaos is cronstream's chaos suite (issue 8, issue 14): real
+// Package chaos is cronstream's chaos suite: real
 // `cronstream run` replica processes, real asynq worker processes, a real
 // redis-server and an embedded 3-node NATS cluster, faulted at random from a
 // printed seed. It also holds the network-cut test: one replica cut off from
