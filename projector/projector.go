@@ -1,6 +1,6 @@
 // Package projector is the read side of the config stream: the map of
-// registered entries, live and as of any moment (docs/design.md
-// "Architecture", INV-fold).
+// registered entries, live and as of any moment (docs/architecture.md;
+// docs/invariants.md INV-fold).
 //
 // It owns the one fold from config events to entry states (Fold), the live
 // Projector every replica runs, its change notifications, and the
@@ -665,7 +665,7 @@ func (p *Projector) WaitCaughtUp(ctx context.Context) error {
 // message, or a consumer heartbeat proving the stream alive but silent. It
 // lags by up to about four heartbeats (8.5 s by default) on an idle stream,
 // where only heartbeats prove the stream alive, and stops moving
-// while NATS is unreachable (docs/design.md INV-staleness-fence).
+// while NATS is unreachable (docs/invariants.md INV-staleness-fence).
 func (p *Projector) LastHeard() time.Time {
 	n := p.lastHeard.Load()
 	if n == 0 {

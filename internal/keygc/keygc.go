@@ -28,7 +28,7 @@
 // new revision wrote is kept. A key deleted while still unchanged is a lost
 // key, which the scheduler already handles: a fire expecting that watermark
 // is refused (mismatch), and the watermark is restored from the activity
-// stream before the entry fires again (docs/design.md, lost watermarks). The
+// stream before the entry fires again (docs/exactly-once.md, step 9). The
 // scheduler history is trimmed only of events enqueued before the removal.
 package keygc
 

@@ -1,6 +1,6 @@
 // Package recoverer finds asynq tasks whose worker died — their lease
 // expired — and retries or archives them with asynq's rules, every outcome
-// an event (docs/design.md INV-outbox and INV-lease-recheck).
+// an event (docs/invariants.md INV-outbox and INV-lease-recheck).
 //
 // It owns the recovery loop and the decisions (archive when retried ≥ max
 // retry, else retry after the retry delay), the per-queue error counting and

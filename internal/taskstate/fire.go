@@ -20,7 +20,7 @@ import (
 // This file is the firing side of the package: one atomic script per queue
 // slot that decides whether a tick may fire, creates the asynq task exactly as
 // asynq's client would, records the outcome in the queue's outbox and moves the
-// entry's watermark, all in one step (docs/design.md INV-watermark, INV-outbox).
+// entry's watermark, all in one step (docs/invariants.md INV-watermark, INV-outbox).
 
 // Freshness is the STRING holding the highest fresh_as_of (unix ms) any fire
 // into this slot has presented (the staleness fence).
@@ -182,7 +182,7 @@ func NewBackfillFire(prefix, queue, entry string, tick time.Time, msg *TaskMessa
 
 // Fences are what every fire of a batch presents of the firing replica's
 // view of the configuration: the script checks them against the slot's
-// revision and staleness fences (docs/design.md INV-revision-fence,
+// revision and staleness fences (docs/invariants.md INV-revision-fence,
 // INV-staleness-fence) and raises those.
 type Fences struct {
 	// ConfigSeq is the projection's config stream sequence (revision fence).
