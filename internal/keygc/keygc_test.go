@@ -339,36 +339,11 @@ func TestSweepKeepsWhatItMustNot(t *testing.T) {
 	}
 }
 
-// unusedProjection is the projection of a sweeper that never sweeps.
-type unusedProjection struct{}
-
-func (unusedProjection) Get(string) (projector.State, bool) { return projector.State{}, false }
-func (unusedProjection) CaughtUp() bool                     { return false }
-
-// TestLifecycle: New refuses a config without its dependencies; Start
-// returns at once, Stop ends the loop (goleak checks it), and Stop again or
-// Start after Stop does nothing.
-func TestLifecycle(t *testing.T) {
+// TestNewRefuses: New refuses a config without its dependencies (Start and
+// Stop are walked through the lifecycle rules in internal/replica's
+// TestComponentLifecycles).
+func TestNewRefuses(t *testing.T) {
 	if _, err := keygc.New(keygc.Config{}); err == nil || !strings.Contains(err.Error(), "required") {
 		t.Fatalf("New without dependencies: %v", err)
-	}
-	ctx := context.Background()
-	sw, err := keygc.New(keygc.Config{Store: taskstate.New(nil), Removals: &events.Client{}, Projection: unusedProjection{}, Interval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := sw.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	for range 2 {
-		if err := sw.Stop(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := sw.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := sw.Stop(ctx); err != nil {
-		t.Fatal(err)
 	}
 }
