@@ -114,6 +114,7 @@ func metric(t *testing.T, addr, name string) string {
 // pause it again, not even for a replica that starts afterwards and reads
 // the archived set from the start of its look-back.
 func TestPauseOnFailureWithAsynqWorker(t *testing.T) {
+	t.Parallel()
 	ns := testenv.StartNATS(t)
 	rd := testenv.StartRedis(t)
 	rc := rd.Client(t)
@@ -220,6 +221,7 @@ func TestPauseOnFailureWithAsynqWorker(t *testing.T) {
 // and that pauses the entry too, the note naming the task and asynq's
 // lease-expired error.
 func TestPauseOnRecovererArchive(t *testing.T) {
+	t.Parallel()
 	ns := testenv.StartNATS(t)
 	rd := testenv.StartRedis(t)
 	rc := rd.Client(t)
@@ -261,6 +263,7 @@ func TestPauseOnRecovererArchive(t *testing.T) {
 }
 
 func TestNote(t *testing.T) {
+	t.Parallel()
 	at := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
 	for _, c := range []struct{ in, want string }{
 		{"boom", "boom"},
@@ -320,6 +323,7 @@ func (l *logLines) count(sub string) int {
 // finds that the failed attempt landed after all (the NATS client sends
 // what it buffered when it reconnects), and counts and logs it once.
 func TestPauseRetriedWhileNATSDown(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := testenv.StartNATS(t)
 	js := ns.JetStream(t)
@@ -406,6 +410,7 @@ func value(t *testing.T, m prometheus.Metric) float64 {
 // entries, the first at exactly the look-back's start), pauses both
 // entries, and the next scan reads nothing again.
 func TestScanPagesThroughArchive(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := testenv.StartNATS(t)
 	js := ns.JetStream(t)
@@ -505,6 +510,7 @@ func newWatcher(t *testing.T, cfg failpause.Config) *failpause.Watcher {
 // pauses it. A replica that starts after the move learns the old queue
 // from the entry's history.
 func TestPauseOnFailureAfterQueueMove(t *testing.T) {
+	t.Parallel()
 	ns := testenv.StartNATS(t)
 	rd := testenv.StartRedis(t)
 	rc := rd.Client(t)
@@ -575,6 +581,7 @@ func TestPauseOnFailureAfterQueueMove(t *testing.T) {
 // entries with pause_on_failure is scanned by exactly one of them (its
 // owner: the holder of its shard 0), and a pause still happens.
 func TestOnlyTheQueueOwnerScans(t *testing.T) {
+	t.Parallel()
 	ns := testenv.StartNATS(t)
 	rc := testenv.StartRedis(t).Client(t)
 	names := events.MustNames("prim")
