@@ -229,7 +229,7 @@ func TestOrphanWithLiveWorkerKeepsTask(t *testing.T) {
 	}
 	release := make(chan struct{})
 	finished := make(chan struct{})
-	startAsynqServer(t, rc, asynq.Config{Queues: map[string]int{q: 1}}, asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+	testenv.StartAsynqServer(t, rc, asynq.Config{Queues: map[string]int{q: 1}}, asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
 		<-release
 		close(finished)
 		return nil
@@ -294,7 +294,7 @@ func TestStaleAggregationSetReclaimed(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	kill := startChild(t, "aggregator", r.Addr, q)
+	kill := testenv.StartAsynqChild(t, testenv.AsynqAggregator, r.Addr, q)
 	testenv.Eventually(t, 20*time.Second, func() bool {
 		n, _ := rc.ZCard(ctx, k.AggregationSets()).Result()
 		return n == 1
@@ -353,7 +353,7 @@ func TestStaleAggregationSetReclaimed(t *testing.T) {
 
 	// A real asynq aggregator now finds the group and aggregates it.
 	done := make(chan int, 1)
-	startAsynqServer(t, rc, asynq.Config{
+	testenv.StartAsynqServer(t, rc, asynq.Config{
 		Queues: map[string]int{q: 1}, GroupGracePeriod: time.Second,
 		GroupAggregator: asynq.GroupAggregatorFunc(func(_ string, tasks []*asynq.Task) *asynq.Task {
 			return asynq.NewTask("aggregated", []byte{byte(len(tasks))})

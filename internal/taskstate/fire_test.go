@@ -286,21 +286,7 @@ func startAsynqServer(t *testing.T, rc redis.UniversalClient, cfg asynq.Config, 
 	t.Helper()
 	leakOpt := goleak.IgnoreCurrent()
 	t.Cleanup(func() { goleak.VerifyNone(t, leakOpt) })
-	cfg.LogLevel = asynq.FatalLevel
-	if cfg.TaskCheckInterval == 0 {
-		cfg.TaskCheckInterval = 20 * time.Millisecond
-	}
-	if cfg.DelayedTaskCheckInterval == 0 {
-		cfg.DelayedTaskCheckInterval = 100 * time.Millisecond
-	}
-	if cfg.ShutdownTimeout == 0 {
-		cfg.ShutdownTimeout = time.Second
-	}
-	srv := asynq.NewServerFromRedisClient(rc, cfg)
-	if err := srv.Start(h); err != nil {
-		t.Fatalf("start asynq server: %v", err)
-	}
-	t.Cleanup(srv.Shutdown)
+	testenv.StartAsynqServer(t, rc, cfg, h)
 }
 
 // handled is what a handler saw of one task.

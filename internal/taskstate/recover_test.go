@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
-	"os/exec"
 	"slices"
 	"sort"
 	"strconv"
@@ -130,63 +128,6 @@ func taskIDs(prefix string, n int) []string {
 	return ids
 }
 
-// --- a real asynq worker in a child process --------------------------------
-
-const (
-	childAddrEnv   = "TASKSTATE_CHILD_REDIS_ADDR"
-	childQueuesEnv = "TASKSTATE_CHILD_QUEUES"
-)
-
-// TestHelperAsynqWorker is not a test: run as a child process by
-// startChildWorker, it serves the queues with a real asynq server whose
-// handler blocks until the process is killed.
-func TestHelperAsynqWorker(t *testing.T) {
-	t.Parallel()
-	addr := os.Getenv(childAddrEnv)
-	if addr == "" {
-		t.Skip("not a test: the asynq worker child process of TestRecoverKilledWorker, run only when it sets " + childAddrEnv)
-	}
-	queues := map[string]int{}
-	for _, q := range strings.Split(os.Getenv(childQueuesEnv), ",") {
-		queues[q] = 1
-	}
-	srv := asynq.NewServer(asynq.RedisClientOpt{Addr: addr}, asynq.Config{
-		Queues: queues, Concurrency: 4 * len(queues), LogLevel: asynq.FatalLevel,
-		TaskCheckInterval: 20 * time.Millisecond,
-	})
-	block := make(chan struct{})
-	_ = srv.Start(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
-		<-block // until SIGKILL
-		return nil
-	}))
-	<-block
-}
-
-// startChildWorker starts TestHelperAsynqWorker in a child process and
-// returns a function that kills it with SIGKILL and waits for it.
-func startChildWorker(t *testing.T, addr string, queues ...string) (kill func()) {
-	t.Helper()
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(exe, "-test.run=^TestHelperAsynqWorker$", "-test.count=1")
-	cmd.Env = append(os.Environ(), childAddrEnv+"="+addr, childQueuesEnv+"="+strings.Join(queues, ","))
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	var once sync.Once
-	kill = func() {
-		once.Do(func() {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		})
-	}
-	t.Cleanup(kill)
-	return kill
-}
-
 // TestRecoverKilledWorker: a real asynq worker takes tasks and is killed
 // with SIGKILL. We recover one queue; asynq's own recoverer recovers an
 // identical twin queue. Both must end in the same state with the same
@@ -212,7 +153,7 @@ func TestRecoverKilledWorker(t *testing.T) {
 			}
 		}
 	}
-	kill := startChildWorker(t, r.Addr, mine, twin)
+	kill := testenv.StartAsynqChild(t, testenv.AsynqWorker, r.Addr, mine, twin)
 	testenv.Eventually(t, 20*time.Second, func() bool {
 		a, _ := rc.LLen(ctx, Keys(mine).Active()).Result()
 		b, _ := rc.LLen(ctx, Keys(twin).Active()).Result()
