@@ -24,6 +24,7 @@ import (
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/failpause"
 	"github.com/cronstream/cronstream/internal/replica"
+	"github.com/cronstream/cronstream/internal/replicatest"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
 	"github.com/cronstream/cronstream/projector"
@@ -38,37 +39,10 @@ func TestMain(m *testing.M) {
 // address once it is ready.
 func startReplica(t *testing.T, ns *testenv.NATS, rc redis.UniversalClient, names events.Names, id string) string {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan string, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- replica.Run(ctx, replica.Config{
-			NATSURL: ns.URL(), Redis: rc, Names: names, ReplicaID: id, SkipRedisChecks: true,
-			HTTPAddr: "127.0.0.1:0", Heartbeat: 200 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-			RecoverInterval: 200 * time.Millisecond, RecoverGrace: 100 * time.Millisecond,
-			Ready: func(addr string) { ready <- addr },
-		})
-	}()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("replica %s: %v", id, err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Errorf("replica %s did not stop within 30s", id)
-		}
-	})
-	select {
-	case addr := <-ready:
-		return addr
-	case err := <-done:
-		t.Fatalf("replica %s ended before it was ready: %v", id, err)
-	case <-time.After(30 * time.Second):
-		t.Fatalf("replica %s not ready within 30s", id)
-	}
-	return ""
+	return replicatest.Start(t, replica.Config{
+		NATSURL: ns.URL(), Redis: rc, Names: names, ReplicaID: id, SkipRedisChecks: true,
+		RecoverInterval: 200 * time.Millisecond, RecoverGrace: 100 * time.Millisecond,
+	}).Addr
 }
 
 func pausedEvents(t *testing.T, c *events.Client, id string) int {
