@@ -42,6 +42,7 @@ func (b *blockingStore) RecoverBatch(ctx context.Context, prefix, queue string, 
 // and returns only after the loop ended. Stop again, and Start after Stop,
 // are harmless.
 func TestStopFinishesTheBatchInFlight(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rc := testenv.StartRedis(t).Client(t)
 	const q, n, batch = "stopq", 20, 5
@@ -156,6 +157,7 @@ func (h *hangingStore) RecoverBatch(ctx context.Context, _, _ string, _ time.Tim
 // context is cancelled (the passes run on a context Stop cancels), and Stop
 // returns the context's error once the loop has ended.
 func TestStopBoundedByContext(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rc := testenv.StartRedis(t).Client(t)
 	const q = "hangq"
@@ -196,6 +198,7 @@ func TestStopBoundedByContext(t *testing.T) {
 }
 
 func TestNewRequiresRedis(t *testing.T) {
+	t.Parallel()
 	if _, err := New(Config{}); err == nil || !strings.Contains(err.Error(), "Redis") {
 		t.Fatalf("New without Redis: %v", err)
 	}
