@@ -318,9 +318,9 @@ func (f *lsFilter) check(cmd *cobra.Command) error {
 	default:
 		return usagef("--state %q: use active, paused, ended, completed or quarantined", f.state)
 	}
-	sel, err := events.ParseSelector(f.selector)
+	sel, err := parseSelector(f.selector)
 	if err != nil {
-		return usagef("--selector: %v", err)
+		return err
 	}
 	f.sel = sel
 	if _, err := path.Match(f.typ, ""); err != nil {
