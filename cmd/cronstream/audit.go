@@ -92,7 +92,7 @@ shown as they are.`,
 	fl := cmd.Flags()
 	fl.StringVar(&f.entry, "entry", "", "only events of this entry")
 	fl.StringVar(&f.queue, "queue", "", "only events concerning this asynq queue")
-	fl.StringVarP(&f.selector, "selector", "l", "", "only events of entries whose labels match (k=v, k!=v, k in (a,b), k notin (a,b), k, !k; commas join)")
+	addSelector(cmd, &f.selector, "only events of entries whose labels match", "")
 	fl.StringVar(&f.typ, "type", "", "only these event types: short names (fired), full names or globs, comma separated")
 	fl.StringVar(&f.since, "since", "", "only events stored at or after this time (RFC 3339, a date, or ago: 1h, 7d)")
 	fl.StringVar(&f.until, "until", "", "only events stored at or before this time (RFC 3339, a date, or ago: 1h, 7d)")

@@ -65,7 +65,7 @@ this release.`,
 	fl.StringVarP(&f.format, "output", "o", "yaml", "output format: yaml (the schedules file), json or name")
 	fl.StringVar(&f.file, "output-file", "", "write to this file instead of stdout")
 	fl.StringVar(&f.owner, "owner", "", "export only the entries of this owner")
-	fl.StringVarP(&f.selector, "selector", "l", "", "export only the entries whose labels match (k=v, k!=v, k in (a,b), k notin (a,b), k, !k; commas join)")
+	addSelector(cmd, &f.selector, "export only the entries whose labels match", "")
 	addConn(cmd, &f.conn, false)
 	return cmd
 }

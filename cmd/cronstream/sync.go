@@ -141,7 +141,7 @@ costliest YAML, so the default bounds a hostile file at about 1 GiB.`,
 	fl.BoolVar(&f.prune, "prune", false, "remove entries of --owner that the file does not list")
 	fl.BoolVar(&f.dryRun, "dry-run", false, "print the plan (+ create, ~ update, - remove) and publish nothing")
 	fl.StringVar(&f.owner, "owner", configsync.DefaultOwner, "owner label of the entries this file manages")
-	fl.StringVarP(&f.selector, "selector", "l", "", "manage only entries whose labels match (k=v, k!=v, k in (a,b), k notin (a,b), k, !k; commas join): others in the file are left out, others live are never pruned")
+	addSelector(cmd, &f.selector, "manage only entries whose labels match", ": others in the file are left out, others live are never pruned")
 	fl.BoolVar(&f.detail, "detailed-exitcode", false, "with --dry-run: exit 0 when nothing would change, 2 when the plan has changes, 1 on error")
 	fl.DurationVar(&f.watch, "watch", 0, "re-sync on this interval until interrupted (e.g. 1m)")
 	fl.BoolVar(&g.json, "json", false, "print the plan and its outcome as JSON")
