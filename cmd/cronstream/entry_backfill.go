@@ -98,7 +98,7 @@ TIME is RFC 3339 (2025-03-01T09:00:00Z), a date (UTC), or relative (-6h).`, sche
 	}
 	cmd.Flags().StringVar(&f.from, "from", "", "first time of the range (inclusive)")
 	cmd.Flags().StringVar(&f.to, "to", "", "last time of the range (inclusive, not in the future)")
-	cmd.Flags().BoolVar(&g.json, "json", false, "print the result as JSON")
+	addJSONResult(cmd, g)
 	cmd.Flags().BoolVar(&f.beforeRegistration, "before-registration", false, "fire the range's ticks before the entry was registered too")
 	f.guard.add(cmd)
 	addConn(cmd, &f.conn, true)

@@ -140,7 +140,7 @@ every replica before using them.`,
 	fl.BoolVar(&f.tickHeaders, "tick-headers", false, "add the entry id and the scheduled tick to each task as asynq headers (cronstream-entry, cronstream-scheduled-at; a trigger's and a backfill's say which they are); --header names may then not start with cronstream- (--tick-headers=false turns it off)")
 	fl.StringVar(&f.maxFires, "max-fires", "", "fire at most N scheduled ticks, then show as completed (N at least 1; a new N counts afresh; '' removes the limit)")
 	fl.BoolVar(&f.replace, "replace", false, "replace the whole entry with what the command line gives (keeps only the pause state)")
-	fl.BoolVar(&g.json, "json", false, "print the result as JSON")
+	addJSONResult(cmd, g)
 	f.rev.add(cmd)
 	addConn(cmd, &f.conn, false)
 	return cmd
