@@ -144,7 +144,7 @@ func runAudit(cmd *cobra.Command, g *globalFlags, f *auditFlags) error {
 		return err
 	}
 	defer r.Close()
-	out := &auditPrinter{w: cmd.OutOrStdout(), format: format}
+	out := &auditPrinter{w: cmd.OutOrStdout(), format: format, times: timesFor(cmd.OutOrStdout())}
 	history := true
 	for {
 		rec, err := r.Next(ctx)
@@ -309,6 +309,7 @@ func durationWithDays(s string) (time.Duration, bool) {
 type auditPrinter struct {
 	w      io.Writer
 	format string // -o: table, wide, json (one event a line), yaml (a document each), name
+	times  timeText
 }
 
 func (p *auditPrinter) print(rec audit.Record) error {
@@ -333,6 +334,9 @@ func (p *auditPrinter) print(rec audit.Record) error {
 	}
 	ev := rec.Event
 	ts := rec.Time.UTC().Format("2006-01-02T15:04:05.000Z")
+	if p.times.relative {
+		ts = fmt.Sprintf("%s %-10s", ts, "("+relTime(rec.Time, p.times.now)+")")
+	}
 	if rec.Refused != nil && (rec.Err != nil || !rec.FailPause) {
 		_, werr := fmt.Fprintf(p.w, "%s  %-22s  %-24s  %s (%s seq %d)\n", ts, "(skipped)", terminalSafe(rec.Subject), terminalSafe(shorten(rec.Refused.Error(), 100)), rec.Stream, rec.Seq)
 		return werr

@@ -43,6 +43,7 @@ func printable(s string) string {
 // printReplicas prints the Replicas section: live and unresponsive ones,
 // each with its lag behind configSeq, the config stream's last sequence.
 func printReplicas(w io.Writer, replicas []replica.Status, configSeq uint64) {
+	times := timesFor(w)
 	live := 0
 	for _, x := range replicas {
 		if x.State == replica.StateLive {
@@ -66,7 +67,7 @@ func printReplicas(w io.Writer, replicas []replica.Status, configSeq uint64) {
 			if x.FireCapacity > 0 {
 				shown = forecast.Thousands(int64(x.FireCapacity))
 			}
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t%d\t%s\t%s\t%s ago\t%d\t%s\t%s\t%s\t%s\n", terminalSafe(x.ID), x.State, terminalSafe(x.Host), x.PID, terminalSafe(dash(x.Version)), fmtTime(x.Started), x.BeatAge, x.ConfigSeq, lag, shown, terminalSafe(dash(x.HTTP)), terminalSafe(x.Ready))
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%d\t%s\t%s\t%s ago\t%d\t%s\t%s\t%s\t%s\n", terminalSafe(x.ID), x.State, terminalSafe(x.Host), x.PID, terminalSafe(dash(x.Version)), times.at(x.Started), x.BeatAge, x.ConfigSeq, lag, shown, terminalSafe(dash(x.HTTP)), terminalSafe(x.Ready))
 		}
 		tw.Flush()
 	}
@@ -78,12 +79,13 @@ func printReplicas(w io.Writer, replicas []replica.Status, configSeq uint64) {
 // printEntries prints the Entries section: the counts, then the
 // quarantined, failure-paused and completed entries by name.
 func printEntries(w io.Writer, e entryCounts) {
+	times := timesFor(w)
 	fmt.Fprintf(w, "\nEntries: %d active, %d paused, %d ended, %d completed, %d quarantined\n", e.Active, e.Paused, e.Ended, e.Completed, e.Quarantined)
 	for _, q := range e.Bad {
-		fmt.Fprintf(w, "  quarantined %s at revision %d (%s): %s\n", terminalSafe(q.ID), q.Revision, fmtTime(q.Time), terminalSafe(q.Reason))
+		fmt.Fprintf(w, "  quarantined %s at revision %d (%s): %s\n", terminalSafe(q.ID), q.Revision, times.at(q.Time), terminalSafe(q.Reason))
 	}
 	for _, q := range e.FailurePaused {
-		fmt.Fprintf(w, "  paused %s at revision %d (%s): %s\n", terminalSafe(q.ID), q.Revision, fmtTime(q.Time), terminalSafe(q.Reason))
+		fmt.Fprintf(w, "  paused %s at revision %d (%s): %s\n", terminalSafe(q.ID), q.Revision, times.at(q.Time), terminalSafe(q.Reason))
 	}
 	for _, id := range e.CompletedIDs {
 		if slices.Contains(e.CountUnknown, id) {
@@ -97,10 +99,11 @@ func printEntries(w io.Writer, e entryCounts) {
 // printStreams prints the Streams section.
 func printStreams(w io.Writer, streams ...streamPosition) {
 	fmt.Fprintln(w, "\nStreams:")
+	times := timesFor(w)
 	for _, p := range streams {
 		last := "-"
 		if p.LastTime != nil {
-			last = fmtTime(*p.LastTime)
+			last = times.at(*p.LastTime)
 		}
 		fmt.Fprintf(w, "  %-24s last seq %d at %s, %d messages\n", p.Stream, p.LastSeq, last, p.Messages)
 	}
@@ -164,6 +167,7 @@ func printNextFires(w io.Writer, fires []nextFireView) {
 // printLate prints the Late section: the entries whose tick is overdue
 // for longer than lateAfter, with the reason a replica reports.
 func printLate(w io.Writer, late []stall.Late, lateAfter string) {
+	times := timesFor(w)
 	fmt.Fprintf(w, "\nLate (tick overdue for more than %s): %d\n", lateAfter, len(late))
 	if len(late) == 0 {
 		return
@@ -178,7 +182,7 @@ func printLate(w io.Writer, late []stall.Late, lateAfter string) {
 				why += " (" + printable(l.Replica) + ")"
 			}
 		}
-		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\n", printable(l.Entry), printable(l.Queue), fmtTime(l.Tick),
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\n", printable(l.Entry), printable(l.Queue), times.at(l.Tick),
 			(time.Duration(l.OverdueSeconds) * time.Second).String(), why)
 	}
 	tw.Flush()
