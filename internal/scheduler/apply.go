@@ -69,7 +69,6 @@ func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (ta
 		// Not a fault: the entry's limit is reached and it fires no more.
 		r.tries, r.completedSince = 0, r.st.MaxFiresSince
 		s.heap.remove(r)
-		s.count(func(st *Stats) { st.Completed++ })
 		s.m.Completed.Inc()
 		if res.Fires >= taskstate.FireCountUnknown {
 			s.log.Info("entry's max fires count is unknown (Redis lost it); firing nothing more until its max_fires changes", "entry", r.id, "max_fires", r.st.Entry.MaxFires)
@@ -132,20 +131,16 @@ func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (ta
 	}
 	if f.carried.missed {
 		r.skippedAt = s.clock.Now()
-		s.count(func(st *Stats) { st.SkippedMissed++ })
 		s.m.Skipped.WithLabelValues(events.SkipMissed).Inc()
 	}
 	if f.carried.excluded {
-		s.count(func(st *Stats) { st.SkippedExcluded++ })
 		s.m.Skipped.WithLabelValues(events.SkipExcluded).Inc()
 	}
 	if f.carried.paused {
-		s.count(func(st *Stats) { st.SkippedPaused++ })
 		s.m.Skipped.WithLabelValues(events.SkipPaused).Inc()
 		s.log.Info("ticks due before the entry was paused, which no replica had fired, recorded as skipped (reason paused)", "entry", r.id, "until", f.tick)
 	}
 	if f.carried.removed {
-		s.count(func(st *Stats) { st.SkippedRemoved++ })
 		s.m.Skipped.WithLabelValues(events.SkipRemoved).Inc()
 		s.log.Info("ticks due before the entry was removed, which no replica had fired, recorded as skipped (reason removed)", "entry", r.id, "until", f.tick)
 	}
@@ -155,26 +150,22 @@ func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (ta
 			s.replacedWaiting(r, f.tick, res)
 		}
 		r.lastTask = res.TaskID
-		s.count(func(st *Stats) { st.Fired++ })
 		s.m.Fired.WithLabelValues(r.queue).Inc()
 		s.m.FireLag.Observe(s.clock.Now().Sub(f.tick).Seconds())
 		trim := r.recorded%historyTrimEvery == 0
 		r.recorded++
 		return taskstate.EnqueueEventRecord{Entry: r.id, Event: taskstate.SchedulerEnqueueEvent{TaskID: res.TaskID, EnqueueTime: s.clock.Now()}, Trim: trim}, true
 	case taskstate.StatusAlreadyExists:
-		s.count(func(st *Stats) { st.AlreadyExisted++ })
+		// Created before, by this tick's earlier attempt or a backfill: nothing new.
 	case taskstate.StatusSkippedOverlap:
-		s.count(func(st *Stats) { st.SkippedOverlap++ })
 		s.m.Skipped.WithLabelValues(events.SkipOverlap).Inc()
 	case taskstate.StatusHeld:
-		s.count(func(st *Stats) { st.Held++ })
 		s.held.holding = true
 		s.log.Debug("tick held: the previous task is busy", "entry", r.id, "tick", f.tick, "task", res.TaskID)
 		if res.Replaced != "" {
 			s.held.cancels = append(s.held.cancels, heldCancel{queue: r.queue, entry: r.id, task: res.Replaced})
 		}
 	case taskstate.StatusDuplicate:
-		s.count(func(st *Stats) { st.SkippedUnique++ })
 		s.m.Skipped.WithLabelValues(events.SkipUnique).Inc()
 	}
 	return taskstate.EnqueueEventRecord{}, false

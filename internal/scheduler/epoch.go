@@ -122,7 +122,6 @@ func (s *Scheduler) checkEpochs(ctx context.Context) {
 			continue // another replica cleared it, or raised it from this stream
 		}
 		cleared[k.queue] = true
-		s.count(func(st *Stats) { st.Epochs++ })
 		s.m.Epochs.Inc()
 		held := "revision fence"
 		if k.entry != "" {

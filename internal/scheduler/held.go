@@ -229,7 +229,7 @@ func (s *Scheduler) releaseHeld(ctx context.Context) {
 // (apply) for `asynq cron history` and asynqmon; ok is false when the entry
 // is not loaded here.
 func (s *Scheduler) released(h taskstate.HeldTick) (taskstate.EnqueueEventRecord, bool) {
-	s.count(func(st *Stats) { st.Released++; st.Fired++ })
+	s.m.HeldReleased.Inc()
 	s.m.Fired.WithLabelValues(h.Queue).Inc()
 	s.m.FireLag.Observe(s.clock.Now().Sub(h.Tick).Seconds())
 	r := s.entries[h.Entry]
@@ -256,7 +256,6 @@ func (s *Scheduler) refusedHeld(h taskstate.HeldTick, out taskstate.HeldOutcome)
 
 // droppedHeld counts and logs a held tick dropped for reason.
 func (s *Scheduler) droppedHeld(h taskstate.HeldTick, reason string) {
-	s.count(func(st *Stats) { st.DroppedHeld++ })
 	s.m.HeldDropped.WithLabelValues(reason).Inc()
 	if reason != heldDropExisted {
 		s.m.Skipped.WithLabelValues(events.SkipOverlapDropped).Inc()

@@ -314,7 +314,6 @@ func (s *Scheduler) restoreFireCount(ctx context.Context, r *entryRun) error {
 		return err
 	}
 	if unknown {
-		s.count(func(st *Stats) { st.FireCountUnknown++ })
 		s.m.FireCountUnknown.Inc()
 		s.log.Warn("the entry's max_fires count is unknown: Redis lost it and the activity stream no longer holds every fire since the limit was set; firing it no more (completed) until its max_fires is set to another value",
 			"entry", r.id, "queue", r.queue, "since", r.st.MaxFiresSince, "counted", t.Count, "events_gone_from", t.GapFrom, "events_gone_until", t.GapTo)

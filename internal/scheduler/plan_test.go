@@ -148,7 +148,6 @@ func TestPlanBehindLongAgoFiresOldestInGrace(t *testing.T) {
 func TestApplySetsSkippedAtOnCommit(t *testing.T) {
 	s := planScheduler()
 	s.load = map[string]*entryRun{}
-	s.stats.Refused = map[string]uint64{}
 	now := s.clock.Now()
 	r := planEntry(t, "@every 1s", now.Add(-20*time.Second).Truncate(time.Second))
 	fires, _ := s.plan(r, now, nil)

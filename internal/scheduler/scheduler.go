@@ -56,7 +56,7 @@ import (
 //   - firetime.go: an entry's ticks (Schedule) and task ids; dueheap.go:
 //     the entries by due instant; primary.go: the rendezvous hash other
 //     components share work by.
-//   - outcome.go, stats.go, metrics.go, entrymetrics.go: what the scheduler
+//   - outcome.go, metrics.go, entrymetrics.go: what the scheduler
 //     reports; pools.go: buffers reused across passes; activityid.go: the
 //     fired and skipped events' ids.
 
@@ -249,9 +249,6 @@ type Scheduler struct {
 	// pos: the entries' positions, for raiseProposals.
 	pos positions
 
-	mu    sync.Mutex
-	stats Stats
-
 	capacity capacityMeter // what this replica has shown it can fire
 
 	paused atomic.Bool // outbox backpressure
@@ -323,7 +320,6 @@ func New(cfg Config) (*Scheduler, error) {
 		history:  make(chan []taskstate.EnqueueEventRecord, 16),
 		vis:      make(chan []taskstate.SchedulerEntry, 1),
 		wake:     make(chan struct{}, 1),
-		stats:    Stats{Refused: map[string]uint64{}},
 		epoch:    clk.Mono(),
 		pos:      positions{now: clk.Now},
 	}, nil
