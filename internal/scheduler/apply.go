@@ -41,19 +41,6 @@ func (f *sentFire) result() taskstate.FireResult {
 	return taskstate.FiredPending(f.taskID, f.tick)
 }
 
-// reload sends r, found needing its watermark loaded again, to s.load. A
-// removed entry's run goes instead: a load would have to restore the
-// watermark of an entry the projection no longer holds.
-func (s *Scheduler) reload(r *entryRun) {
-	if r.removed {
-		s.forgetRemoved(r)
-		s.log.Info("ticks due before the entry was removed left unrecorded: its watermark needs loading again", "entry", r.id)
-		return
-	}
-	s.heap.remove(r)
-	s.load[r.id] = r
-}
-
 // apply acts on one fire's result and returns the asynq history record of
 // a created task.
 func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (taskstate.EnqueueEventRecord, bool) {
@@ -67,8 +54,7 @@ func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (ta
 	status := res.Status
 	if status == taskstate.StatusCompleted {
 		// Not a fault: the entry's limit is reached and it fires no more.
-		r.tries, r.completedSince = 0, r.st.MaxFiresSince
-		s.heap.remove(r)
+		s.complete(r)
 		s.m.Completed.Inc()
 		if res.Fires >= taskstate.FireCountUnknown {
 			s.log.Info("entry's max fires count is unknown (Redis lost it); firing nothing more until its max_fires changes", "entry", r.id, "max_fires", r.st.Entry.MaxFires)
@@ -87,14 +73,12 @@ func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (ta
 				// promoted): load it again, which re-seeds it from the
 				// later of r.handled and the stream, instead of firing
 				// those ticks again.
-				r.phase = phaseLoading
 				r.tries++
 				s.reload(r)
 				break
 			}
 			r.cursor, r.hasCursor, r.lastTask = res.Watermark, res.HasWatermark, res.WatermarkTaskID
 			r.handled, r.hasHandled = res.Watermark, res.HasWatermark
-			r.phase = phaseReady
 			s.clearFenced()
 			if res.HasWatermark && !res.Watermark.Before(f.tick) {
 				r.tries = 0 // someone else handled it: nothing wrong
@@ -108,7 +92,7 @@ func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (ta
 				// lives here again (it moved away and back while this
 				// replica did not follow live): close the queues it used
 				// since and reopen this one.
-				r.phase, r.loading.reopen = phaseLoading, true
+				r.loading.reopen = true
 				s.reload(r)
 			} else {
 				s.suspectEpoch(r.queue, r.id, res.MovedAt, "")
@@ -126,7 +110,7 @@ func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (ta
 	r.tries = 0
 	s.clearFenced()
 	if f.kind == taskstate.FireTick || f.kind == taskstate.FireSkip {
-		r.cursor, r.hasCursor, r.phase = f.tick, true, phaseReady
+		r.cursor, r.hasCursor = f.tick, true
 		r.handled, r.hasHandled = f.tick, true
 	}
 	if f.carried.missed {

@@ -123,7 +123,7 @@ func (s *Scheduler) releaseHeld(ctx context.Context) {
 		queues = append(queues, q)
 	}
 	for _, r := range s.entries {
-		if holdsTicks(r.st.Entry.Overlap) && !r.st.Entry.Paused && !slices.Contains(queues, r.queue) {
+		if r.state.live() && holdsTicks(r.st.Entry.Overlap) && !r.st.Entry.Paused && !slices.Contains(queues, r.queue) {
 			queues = append(queues, r.queue)
 		}
 	}
@@ -232,7 +232,7 @@ func (s *Scheduler) released(h taskstate.HeldTick) (taskstate.EnqueueEventRecord
 	s.m.HeldReleased.Inc()
 	s.m.Fired.WithLabelValues(h.Queue).Inc()
 	s.m.FireLag.Observe(s.clock.Now().Sub(h.Tick).Seconds())
-	r := s.entries[h.Entry]
+	r := s.liveRun(h.Entry)
 	if r == nil {
 		return taskstate.EnqueueEventRecord{}, false
 	}

@@ -525,7 +525,7 @@ type historyCache struct {
 }
 
 // errHistoryLater: the cached counts predate the entry's revision and may
-// not be read again yet; the entry waits in s.load.
+// not be read again yet; the entry stays loading.
 var errHistoryLater = errors.New("config event counts are older than the entry")
 
 // onlyRegistration reports whether r's config subject holds nothing but

@@ -19,14 +19,14 @@ const loadBatch = 10_000
 
 // loadWatermarks reads the watermark of the entries that need one (at most
 // loadBatch), per queue in one round trip, doing queue handovers first.
-// Entries whose load failed stay in s.load and are retried after a
+// Entries whose load failed stay loading and are retried after a
 // backoff; those left for the next turn follow at once.
 func (s *Scheduler) loadWatermarks(ctx context.Context) {
 	prefix := s.cfg.Names.Prefix()
 	byQueue := map[string][]*entryRun{}
 	failed, later := false, false
 	taken := 0
-	for _, r := range s.load {
+	for _, r := range s.loading {
 		if taken++; taken > loadBatch {
 			break
 		}
@@ -56,11 +56,11 @@ func (s *Scheduler) loadWatermarks(ctx context.Context) {
 				s.outcome(schedule.Outcome{Entry: r.id, Err: err})
 			}
 			failed = true
-			continue // stay in s.load; retried after a backoff
+			continue // stay loading; retried after a backoff
 		}
 		for i, r := range runs {
 			wm := wms[i]
-			if r.st.Entry.Paused || r.removed {
+			if r.st.Entry.Paused || r.state.removed() {
 				if !s.loadStopped(ctx, r, wm, now) {
 					later = true
 					continue
@@ -140,12 +140,8 @@ func (s *Scheduler) loadWatermarks(ctx context.Context) {
 				}
 				r.floor = since
 			}
-			r.loading.floorAtLoad = false
-			delete(s.load, r.id)
-			r.phase, r.loading.restored, r.skippedAt = phaseReady, false, time.Time{}
-			r.cursor, r.hasCursor, r.lastTask = wm.Tick, wm.OK, wm.TaskID
-			r.handled, r.hasHandled = wm.Tick, wm.OK
-			s.schedule(r, now)
+			r.loading.floorAtLoad, r.loading.restored = false, false
+			s.loaded(r, wm, now)
 		}
 	}
 	held.report(s)
@@ -177,16 +173,12 @@ func (s *Scheduler) loadWatermarks(ctx context.Context) {
 // loadStopped ends the load of a paused entry, or of one found removed at
 // start (foundRemoved). When its watermark shows ticks due before the
 // pause or removal that no replica handled, it becomes ready and settles
-// (stopSettle); otherwise a paused entry leaves s.load still loading and
-// loads in full if it resumes, and a removed one goes. It returns false
+// (stopSettle); otherwise a paused entry rests (idle) and loads in full
+// if it resumes, and a removed one goes. It returns false
 // when its history is to be read later (errHistoryLater).
 func (s *Scheduler) loadStopped(ctx context.Context, r *entryRun, wm taskstate.WatermarkInfo, now time.Time) bool {
 	rest := func() bool {
-		r.settle = nil
-		delete(s.load, r.id)
-		if r.removed {
-			s.forgetRemoved(r)
-		}
+		s.rested(r)
 		return true
 	}
 	if r.settle == nil || !wm.OK || r.loading.fromQueue != "" || r.loading.reopen || r.loading.seed != nil ||
@@ -207,10 +199,11 @@ func (s *Scheduler) loadStopped(ctx context.Context, r *entryRun, wm taskstate.W
 		if err != nil {
 			return false
 		}
-		if !ok || (span.Removed && !r.removed) {
+		removed := r.state.removed()
+		if !ok || (span.Removed && !removed) {
 			return rest()
 		}
-		if r.removed && !span.Removed {
+		if removed && !span.Removed {
 			// It was paused when removed: its ticks were due before the
 			// pause, which the skipped event names.
 			r.settle.reason, r.settle.revision = events.SkipPaused, cmp.Or(span.Revision, r.settle.revision)
@@ -220,12 +213,8 @@ func (s *Scheduler) loadStopped(ctx context.Context, r *entryRun, wm taskstate.W
 			r.settle.until = now
 		}
 	}
-	delete(s.load, r.id)
 	r.loading = loadSteps{}
-	r.phase, r.skippedAt = phaseReady, time.Time{}
-	r.cursor, r.hasCursor, r.lastTask = wm.Tick, true, wm.TaskID
-	r.handled, r.hasHandled = wm.Tick, true
-	s.schedule(r, now)
+	s.loaded(r, wm, now)
 	return true
 }
 

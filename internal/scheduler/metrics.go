@@ -130,8 +130,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 
 // setEntriesGauge sets the gauges of the entries this replica schedules.
 func (s *Scheduler) setEntriesGauge() {
-	s.m.Entries.Set(float64(len(s.entries) + s.pausedOnly))
-	s.m.Loading.Set(float64(len(s.load)))
+	s.m.Entries.Set(float64(len(s.entries) - s.removedRuns))
+	s.m.Loading.Set(float64(len(s.loading)))
 	s.m.Restoring.Set(float64(s.restoringEntries()))
 }
 

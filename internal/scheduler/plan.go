@@ -20,7 +20,7 @@ func (s *Scheduler) plan(r *entryRun, now time.Time, into []taskstate.Fire) ([]t
 		fires, _ := s.planSkip(r, rng, r.settle.reason, now, into)
 		return fires, !rng.Exact
 	}
-	if r.removed || r.st.Entry.Paused {
+	if r.state.removed() || r.st.Entry.Paused {
 		return nil, false
 	}
 	start := r.start()

@@ -38,8 +38,10 @@ import (
 //
 //   - scheduler.go: Config, New, Start/Stop and the loop, one goroutine that
 //     owns every entry's state.
-//   - entry.go: an entry's state (entryRun), its phases (entryPhase), how it
-//     follows the projection (applyChange) and when it is due (schedule).
+//   - machine.go: the entry state machine, with its table: every change
+//     of an entry's state (entryState), how it follows the projection
+//     (applyChange) and when it is due (schedule); entry.go: what a run
+//     holds (entryRun).
 //   - load.go: reading watermarks, queue handovers, restoring a watermark
 //     Redis lost; history.go: what the streams say for that.
 //   - owned.go: which entries are this replica's (the shards it owns),
@@ -183,20 +185,15 @@ type Scheduler struct {
 	m      *Metrics
 	src    string // events' source
 
-	// Owned by the loop goroutine.
-	entries map[string]*entryRun
-	heap    dueHeap
-	load    map[string]*entryRun // entries whose watermark must be read
-	// removing holds the runs of removed entries whose ticks due before
-	// the removal are still to be recorded (remove).
-	removing map[string]*entryRun
-	// pausedEntries holds the paused entries, so asynq's scheduler entries list
-	// them marked paused (visibilitySnapshot); they never fire.
-	pausedEntries map[string]projector.State
-	// pausedOnly counts the paused entries absent from entries (paused
-	// before this replica loaded them), so the entries gauge counts each
-	// known entry once without walking the paused map on every pass.
-	pausedOnly int
+	// Owned by the loop goroutine. entries holds the run of every entry
+	// this replica knows, in its state (machine.go); heap and loading
+	// index the runs that are due and those whose watermark is to be
+	// read, and removedRuns counts the removed ones, all kept by the
+	// state machine's enter.
+	entries     map[string]*entryRun
+	heap        dueHeap
+	loading     map[string]*entryRun
+	removedRuns int
 	// loadAfter delays the next watermark load after a failed one. It,
 	// visSince and the other clock.Mono fields measure durations
 	// (backoffs, rechecks); they are never compared with ticks, which use
@@ -313,7 +310,7 @@ func New(cfg Config) (*Scheduler, error) {
 	return &Scheduler{
 		cfg: cfg, broker: b, log: cfg.Logger, clock: clk, m: m, src: events.ReplicaSource(cfg.ReplicaID),
 		entries:  map[string]*entryRun{},
-		load:     map[string]*entryRun{},
+		loading:  map[string]*entryRun{},
 		timesReq: make(chan chan []entryTimes),
 		idle:     make(chan chan struct{}),
 		loopDone: make(chan struct{}),
@@ -466,7 +463,7 @@ func (s *Scheduler) loop(ctx context.Context, changes <-chan markedBatch, remove
 		if at, ok := s.heap.peek(); ok {
 			wait = min(max(at.Sub(s.clock.Now()), 0), wait)
 		}
-		if len(s.load) > 0 {
+		if len(s.loading) > 0 {
 			wait = min(wait, max(s.clock.Until(s.loadAfter), 0))
 		}
 		wait = min(wait, max(s.clock.Until(s.held.wakeAt()), 0))
@@ -516,9 +513,9 @@ func (s *Scheduler) loop(ctx context.Context, changes <-chan markedBatch, remove
 		if !s.ownsAll() {
 			s.cfg.Shards.Turned(s.owned.Version)
 		}
-		if len(s.load) > 0 && !s.clock.Mono().Before(s.loadAfter) {
+		if len(s.loading) > 0 && !s.clock.Mono().Before(s.loadAfter) {
 			s.loadWatermarks(ctx)
-			if len(s.load) == 0 && !s.visWritten {
+			if len(s.loading) == 0 && !s.visWritten {
 				// Make the entries visible to asynq's tools at once, not
 				// only after the first Visibility period.
 				s.visWritten = true
