@@ -45,74 +45,116 @@ func (f *sentFire) result() taskstate.FireResult {
 // a created task.
 func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (taskstate.EnqueueEventRecord, bool) {
 	s.outcome(schedule.Outcome{Entry: r.id, Tick: f.tick, Status: fireStatus(res.Status), Err: res.Err})
-	if res.Err != nil {
+	switch {
+	case res.Err != nil:
 		s.countError()
 		r.tries++
 		s.log.Warn("fire failed; will retry", "entry", r.id, "tick", f.tick, "err", res.Err)
-		return taskstate.EnqueueEventRecord{}, false
+	case res.Status == taskstate.StatusCompleted:
+		s.reachedLimit(r, res)
+	case res.Status.Refused():
+		s.refused(r, f, res)
+	default:
+		return s.committed(r, f, res)
 	}
-	status := res.Status
-	if status == taskstate.StatusCompleted {
-		// Not a fault: the entry's limit is reached and it fires no more.
-		s.complete(r)
-		s.m.Completed.Inc()
-		if res.Fires >= taskstate.FireCountUnknown {
-			s.log.Info("entry's max fires count is unknown (Redis lost it); firing nothing more until its max_fires changes", "entry", r.id, "max_fires", r.st.Entry.MaxFires)
+	return taskstate.EnqueueEventRecord{}, false
+}
+
+// reachedLimit follows a fire refused because r's limit is reached: not a
+// fault, the entry fires no more.
+func (s *Scheduler) reachedLimit(r *entryRun, res taskstate.FireResult) {
+	s.complete(r)
+	s.m.Completed.Inc()
+	if res.Fires >= taskstate.FireCountUnknown {
+		s.log.Info("entry's max fires count is unknown (Redis lost it); firing nothing more until its max_fires changes", "entry", r.id, "max_fires", r.st.Entry.MaxFires)
+	} else {
+		s.log.Info("entry completed its max fires; firing nothing more", "entry", r.id, "max_fires", r.st.Entry.MaxFires, "fired", res.Fires)
+	}
+}
+
+// refused follows a fire of r Redis refused (res.Status.Refused()).
+func (s *Scheduler) refused(r *entryRun, f sentFire, res taskstate.FireResult) {
+	s.countRefused(res.Status.String())
+	switch res.Status {
+	case taskstate.StatusWatermarkMismatch:
+		if r.hasHandled && (!res.HasWatermark || res.Watermark.Before(r.handled)) {
+			// The watermark vanished under us, or went back before a tick
+			// it held (Redis lost data, a lagging replica was promoted):
+			// load it again, which re-seeds it from the later of r.handled
+			// and the stream, instead of firing those ticks again.
+			r.tries++
+			s.reload(r)
+			return
+		}
+		r.cursor, r.hasCursor, r.lastTask = res.Watermark, res.HasWatermark, res.WatermarkTaskID
+		r.handled, r.hasHandled = res.Watermark, res.HasWatermark
+		s.clearFenced()
+		if res.HasWatermark && !res.Watermark.Before(f.tick) {
+			r.tries = 0 // someone else handled it: nothing wrong
 		} else {
-			s.log.Info("entry completed its max fires; firing nothing more", "entry", r.id, "max_fires", r.st.Entry.MaxFires, "fired", res.Fires)
+			r.tries++
 		}
-		return taskstate.EnqueueEventRecord{}, false
-	}
-	if status.Refused() {
-		s.countRefused(status.String())
-		switch status {
-		case taskstate.StatusWatermarkMismatch:
-			if r.hasHandled && (!res.HasWatermark || res.Watermark.Before(r.handled)) {
-				// The watermark vanished under us, or went back before a
-				// tick it held (Redis lost data, a lagging replica was
-				// promoted): load it again, which re-seeds it from the
-				// later of r.handled and the stream, instead of firing
-				// those ticks again.
-				r.tries++
-				s.reload(r)
-				break
-			}
-			r.cursor, r.hasCursor, r.lastTask = res.Watermark, res.HasWatermark, res.WatermarkTaskID
-			r.handled, r.hasHandled = res.Watermark, res.HasWatermark
-			s.clearFenced()
-			if res.HasWatermark && !res.Watermark.Before(f.tick) {
-				r.tries = 0 // someone else handled it: nothing wrong
-			} else {
-				r.tries++
-			}
-		case taskstate.StatusMoved:
-			r.tries++
-			if r.st.Revision > res.MovedAt {
-				// Our configuration, newer than the move, says the entry
-				// lives here again (it moved away and back while this
-				// replica did not follow live): close the queues it used
-				// since and reopen this one.
-				r.loading.reopen = true
-				s.reload(r)
-			} else {
-				s.suspectEpoch(r.queue, r.id, res.MovedAt, "")
-			}
-		case taskstate.StatusRevisionFenced:
-			r.tries++
-			s.noteFenced(res.Fence)
-			s.suspectEpoch(r.queue, "", res.Fence, res.FenceID)
-		default: // stale: our view of the config is behind
-			r.tries++
-			s.noteFenced(0)
+	case taskstate.StatusMoved:
+		r.tries++
+		if r.st.Revision > res.MovedAt {
+			// Our configuration, newer than the move, says the entry lives
+			// here again (it moved away and back while this replica did
+			// not follow live): close the queues it used since and reopen
+			// this one.
+			r.loading.reopen = true
+			s.reload(r)
+		} else {
+			s.suspectEpoch(r.queue, r.id, res.MovedAt, "")
 		}
-		return taskstate.EnqueueEventRecord{}, false
+	case taskstate.StatusRevisionFenced:
+		r.tries++
+		s.noteFenced(res.Fence)
+		s.suspectEpoch(r.queue, "", res.Fence, res.FenceID)
+	default: // stale: our view of the config is behind
+		r.tries++
+		s.noteFenced(0)
 	}
+}
+
+// committed follows a fire of r that Redis committed: its watermark moved
+// (a tick or a skip), and the skipped ticks it carried are counted.
+func (s *Scheduler) committed(r *entryRun, f sentFire, res taskstate.FireResult) (taskstate.EnqueueEventRecord, bool) {
 	r.tries = 0
 	s.clearFenced()
 	if f.kind == taskstate.FireTick || f.kind == taskstate.FireSkip {
 		r.cursor, r.hasCursor = f.tick, true
 		r.handled, r.hasHandled = f.tick, true
 	}
+	s.countCarried(r, f)
+	switch res.Status {
+	case taskstate.StatusFired:
+		if res.Replaced != "" {
+			s.replacedWaiting(r, f.tick, res)
+		}
+		r.lastTask = res.TaskID
+		s.m.Fired.WithLabelValues(r.queue).Inc()
+		s.m.FireLag.Observe(s.clock.Now().Sub(f.tick).Seconds())
+		trim := r.recorded%historyTrimEvery == 0
+		r.recorded++
+		return taskstate.EnqueueEventRecord{Entry: r.id, Event: taskstate.SchedulerEnqueueEvent{TaskID: res.TaskID, EnqueueTime: s.clock.Now()}, Trim: trim}, true
+	case taskstate.StatusSkippedOverlap:
+		s.m.Skipped.WithLabelValues(events.SkipOverlap).Inc()
+	case taskstate.StatusHeld:
+		s.held.holding = true
+		s.log.Debug("tick held: the previous task is busy", "entry", r.id, "tick", f.tick, "task", res.TaskID)
+		if res.Replaced != "" {
+			s.held.cancels = append(s.held.cancels, heldCancel{queue: r.queue, entry: r.id, task: res.Replaced})
+		}
+	case taskstate.StatusDuplicate:
+		s.m.Skipped.WithLabelValues(events.SkipUnique).Inc()
+	}
+	// StatusAlreadyExists: created before, by this tick's earlier attempt
+	// or a backfill: nothing new.
+	return taskstate.EnqueueEventRecord{}, false
+}
+
+// countCarried counts the skipped records a committed fire of r carried.
+func (s *Scheduler) countCarried(r *entryRun, f sentFire) {
 	if f.carried.missed {
 		r.skippedAt = s.clock.Now()
 		s.m.Skipped.WithLabelValues(events.SkipMissed).Inc()
@@ -128,29 +170,4 @@ func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (ta
 		s.m.Skipped.WithLabelValues(events.SkipRemoved).Inc()
 		s.log.Info("ticks due before the entry was removed, which no replica had fired, recorded as skipped (reason removed)", "entry", r.id, "until", f.tick)
 	}
-	switch status {
-	case taskstate.StatusFired:
-		if res.Replaced != "" {
-			s.replacedWaiting(r, f.tick, res)
-		}
-		r.lastTask = res.TaskID
-		s.m.Fired.WithLabelValues(r.queue).Inc()
-		s.m.FireLag.Observe(s.clock.Now().Sub(f.tick).Seconds())
-		trim := r.recorded%historyTrimEvery == 0
-		r.recorded++
-		return taskstate.EnqueueEventRecord{Entry: r.id, Event: taskstate.SchedulerEnqueueEvent{TaskID: res.TaskID, EnqueueTime: s.clock.Now()}, Trim: trim}, true
-	case taskstate.StatusAlreadyExists:
-		// Created before, by this tick's earlier attempt or a backfill: nothing new.
-	case taskstate.StatusSkippedOverlap:
-		s.m.Skipped.WithLabelValues(events.SkipOverlap).Inc()
-	case taskstate.StatusHeld:
-		s.held.holding = true
-		s.log.Debug("tick held: the previous task is busy", "entry", r.id, "tick", f.tick, "task", res.TaskID)
-		if res.Replaced != "" {
-			s.held.cancels = append(s.held.cancels, heldCancel{queue: r.queue, entry: r.id, task: res.Replaced})
-		}
-	case taskstate.StatusDuplicate:
-		s.m.Skipped.WithLabelValues(events.SkipUnique).Inc()
-	}
-	return taskstate.EnqueueEventRecord{}, false
 }

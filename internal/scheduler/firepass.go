@@ -163,12 +163,5 @@ func (s *Scheduler) finishPass(calls []*passCall, plans []planned, now time.Time
 	for _, p := range plans {
 		s.passed(p.r, p.more, now)
 	}
-	if len(history) > 0 {
-		select {
-		case s.history <- history:
-		default:
-			// asynq's own history is best effort too; ours is the stream.
-			s.log.Debug("asynq enqueue history writer busy: dropping", "events", len(history))
-		}
-	}
+	s.sendHistory(history)
 }

@@ -182,8 +182,8 @@ func (s *Scheduler) buildFire(r *entryRun, tick, expected time.Time, hasExpected
 }
 
 // tickText is tick as TaskID writes it, remembered for the last tick: the
-// fires of one instant share it, and formatting it for every fire of a
-// burst shows in the burst's CPU profile.
+// fires of one instant share it, and a burst would otherwise format the
+// same instant once per fire.
 func (s *Scheduler) tickText(tick time.Time) string {
 	if !tick.Equal(s.lastTick) || s.lastTickText == "" {
 		s.lastTick, s.lastTickText = tick, events.FormatTaskTick(tick)

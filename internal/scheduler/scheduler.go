@@ -456,20 +456,7 @@ func (s *Scheduler) loop(ctx context.Context, changes <-chan markedBatch, remove
 	// would starve the pass while messages come more often than that.
 	var armed clock.Mono
 	for {
-		// Arm the timer for the first due entry, at most a second ahead:
-		// the clock's offset to Redis may change at a heartbeat, and a timer
-		// armed on the old offset would fire late.
-		wait := time.Second
-		if at, ok := s.heap.peek(); ok {
-			wait = min(max(at.Sub(s.clock.Now()), 0), wait)
-		}
-		if len(s.loading) > 0 {
-			wait = min(wait, max(s.clock.Until(s.loadAfter), 0))
-		}
-		wait = min(wait, max(s.clock.Until(s.held.wakeAt()), 0))
-		if len(s.backlog) > 0 {
-			wait = 0 // the next pass takes the backlog
-		}
+		wait := s.nextWait()
 		if at := s.clock.Mono().Add(wait); armed.IsZero() || at.Before(armed) {
 			timer.Reset(wait)
 			armed = at
@@ -492,7 +479,7 @@ func (s *Scheduler) loop(ctx context.Context, changes <-chan markedBatch, remove
 			}
 			continue // re-arm; loading and firing happen on the next turn
 		case <-shardsChanged:
-			// Taken and dropped at once, loaded and fired below.
+			// Taken and dropped at once, loaded and fired in the turn.
 		case reply := <-s.timesReq:
 			reply <- s.listEntryTimes()
 			continue
@@ -506,45 +493,73 @@ func (s *Scheduler) loop(ctx context.Context, changes <-chan markedBatch, remove
 		case <-timer.C:
 			armed = clock.Mono{}
 		}
-		// The runs of shards taken and dropped since the last turn; the
-		// turn is the loop's progress, and no fire of a shard dropped is
-		// in flight any more (its lease may go).
-		s.followShards()
-		if !s.ownsAll() {
-			s.cfg.Shards.Turned(s.owned.Version)
-		}
-		if len(s.loading) > 0 && !s.clock.Mono().Before(s.loadAfter) {
-			s.loadWatermarks(ctx)
-			if len(s.loading) == 0 && !s.visWritten {
-				// Make the entries visible to asynq's tools at once, not
-				// only after the first Visibility period.
-				s.visWritten = true
-				// As if pending for half a period: written now when
-				// quiet, else right after the next pass of fires.
-				s.visPending, s.visSince = true, s.clock.Mono().Add(-s.cfg.Visibility/2)
-				s.maybeWriteVisibility(false)
-			}
-		}
-		if s.backpressured() {
-			// Try again shortly; nothing is lost, ticks become late and
-			// then follow the catch-up policy like any outage.
-			if at, ok := s.heap.peek(); ok && !at.After(s.clock.Now()) {
-				for _, e := range s.heap.popDue(s.clock.Now(), due[:0]) {
-					s.heap.set(e, s.clock.Now().Add(500*time.Millisecond))
-				}
-			}
-			s.requeueBacklog(s.clock.Now().Add(500 * time.Millisecond))
-			continue
-		}
-		due = s.heap.popDue(s.clock.Now(), due[:0])
-		if due = s.fairShare(s.leased(due)); len(due) > 0 {
-			s.fireDue(ctx, due)
-			s.checkEpochs(ctx)
-			s.maybeWriteVisibility(true)
-		}
-		s.releaseHeld(ctx)
-		s.setEntriesGauge()
+		due = s.turn(ctx, due)
 	}
+}
+
+// nextWait is how long the loop may wait for its next turn: until the
+// first due entry, the next load, the next held-tick check, at most a
+// second (the clock's offset to Redis may change at a heartbeat, and a
+// timer armed on the old offset would fire late), and not at all while a
+// backlog waits.
+func (s *Scheduler) nextWait() time.Duration {
+	wait := time.Second
+	if at, ok := s.heap.peek(); ok {
+		wait = min(max(at.Sub(s.clock.Now()), 0), wait)
+	}
+	if len(s.loading) > 0 {
+		wait = min(wait, max(s.clock.Until(s.loadAfter), 0))
+	}
+	wait = min(wait, max(s.clock.Until(s.held.wakeAt()), 0))
+	if len(s.backlog) > 0 {
+		wait = 0 // the next pass takes the backlog
+	}
+	return wait
+}
+
+// turn is the loop's work after a wake: follow the shards, load
+// watermarks, fire what is due, release held ticks. due is scratch
+// storage for the due entries, returned for the next turn.
+func (s *Scheduler) turn(ctx context.Context, due []*entryRun) []*entryRun {
+	// The runs of shards taken and dropped since the last turn; the turn
+	// is the loop's progress, and no fire of a shard dropped is in flight
+	// any more (its lease may go).
+	s.followShards()
+	if !s.ownsAll() {
+		s.cfg.Shards.Turned(s.owned.Version)
+	}
+	if len(s.loading) > 0 && !s.clock.Mono().Before(s.loadAfter) {
+		s.loadWatermarks(ctx)
+		if len(s.loading) == 0 && !s.visWritten {
+			// Make the entries visible to asynq's tools at once, not only
+			// after the first Visibility period.
+			s.visWritten = true
+			// As if pending for half a period: written now when quiet,
+			// else right after the next pass of fires.
+			s.visPending, s.visSince = true, s.clock.Mono().Add(-s.cfg.Visibility/2)
+			s.maybeWriteVisibility(false)
+		}
+	}
+	if s.backpressured() {
+		// Try again shortly; nothing is lost, ticks become late and then
+		// follow the catch-up policy like any outage.
+		if at, ok := s.heap.peek(); ok && !at.After(s.clock.Now()) {
+			for _, e := range s.heap.popDue(s.clock.Now(), due[:0]) {
+				s.heap.set(e, s.clock.Now().Add(500*time.Millisecond))
+			}
+		}
+		s.requeueBacklog(s.clock.Now().Add(500 * time.Millisecond))
+		return due
+	}
+	due = s.heap.popDue(s.clock.Now(), due[:0])
+	if due = s.fairShare(s.leased(due)); len(due) > 0 {
+		s.fireDue(ctx, due)
+		s.checkEpochs(ctx)
+		s.maybeWriteVisibility(true)
+	}
+	s.releaseHeld(ctx)
+	s.setEntriesGauge()
+	return due
 }
 
 func (s *Scheduler) backpressured() bool {
