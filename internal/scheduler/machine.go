@@ -110,8 +110,11 @@ func (st entryState) live() bool {
 // schedule. Another run of the same entry in s.entries (only a known
 // one can be there) is dropped.
 func (s *Scheduler) enter(r *entryRun, to entryState) {
+	if old := s.entries[r.id]; old != nil && old != r && to != stateNone {
+		s.enter(old, stateNone)
+	}
 	from := r.state
-	if from.loads() && !to.loads() {
+	if from.loads() && !to.loads() && s.loading[r.id] == r {
 		delete(s.loading, r.id)
 	}
 	if !to.fires() {
@@ -121,20 +124,17 @@ func (s *Scheduler) enter(r *entryRun, to entryState) {
 		s.removedRuns--
 	}
 	r.state = to
-	switch {
-	case to == stateNone:
+	if to == stateNone {
 		if s.entries[r.id] == r {
 			delete(s.entries, r.id)
 		}
 		return
-	case to.loads():
+	}
+	if to.loads() {
 		s.loading[r.id] = r
 	}
 	if to.removed() {
 		s.removedRuns++
-	}
-	if old := s.entries[r.id]; old != nil && old != r {
-		s.enter(old, stateNone)
 	}
 	s.entries[r.id] = r
 }
