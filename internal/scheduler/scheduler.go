@@ -48,19 +48,24 @@ import (
 //     runs built when a shard is taken and dropped when it goes;
 //     shards.go: the Shards interface ownership implements.
 //   - plan.go: what a due entry fires now (its tick, or catch-up by
-//     catchup.go) and the fires' records; taskmessage.go: their tasks.
+//     catchup.go, excluded ticks by exclude.go) and the fires' records;
+//     taskmessage.go: their tasks.
 //   - firepass.go: one pass of fires, batched per queue, in parallel.
 //   - apply.go: what each fire's result changes.
+//   - held.go, cancel.go: the overlap policies buffer-one and
+//     cancel-previous, whose held ticks are released or dropped.
+//   - restore.go, lost.go: a watermark Redis lost, restored by proposal,
+//     and the fires it lost recorded; streamreads.go: reads of the streams
+//     bounded in time.
 //   - asynqvisibility.go: asynq's scheduler entries and enqueue history, for
 //     asynq's CLI and asynqmon.
 //   - epoch.go: fences left by an earlier config stream, cleared.
 //   - manual.go: triggers and backfills, without a running scheduler.
-//   - firetime.go: an entry's ticks (Schedule) and task ids; dueheap.go:
-//     the entries by due instant; primary.go: the rendezvous hash other
-//     components share work by.
-//   - outcome.go, metrics.go, entrymetrics.go: what the scheduler
-//     reports; pools.go: buffers reused across passes; activityid.go: the
-//     fired and skipped events' ids.
+//   - dueheap.go: the entries by due instant (their ticks are package
+//     schedule's); clock.go: the clock it runs on.
+//   - outcome.go, metrics.go, entrymetrics.go, capacity.go: what the
+//     scheduler reports; pools.go: buffers reused across passes;
+//     activityid.go: the fired and skipped events' ids.
 
 // Broker is the scheduler's seam to Redis; *taskstate.Store implements
 // it. Another implementation (Config.Broker) serves simulations and fault
