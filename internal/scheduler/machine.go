@@ -44,7 +44,7 @@ import (
 //	removing       | settle recorded                              | (none)         | (schedule)
 //	removing       | registered again                             | ready          | revived: the settle keeps the old schedule and floor
 //	removing       | fire: watermark lost                         | (none)         | ticks left unrecorded, logged (reload)
-//	any            | removed otherwise, quarantined               | (none)         | position forgotten
+//	known..idle    | removed, nothing to settle; quarantined      | (none)         | position forgotten (removeLive)
 //	any            | shard dropped, moved to another's shard      | (none)         | position kept a while (dropRun)
 //
 // Backoffs after refusals and errors, catch-up, max_fires and the overlap
