@@ -15,6 +15,7 @@ import (
 
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/replica"
+	"github.com/cronstream/cronstream/internal/replicatest"
 	"github.com/cronstream/cronstream/internal/testenv"
 )
 
@@ -48,34 +49,7 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 // startReplica runs a cronstream replica until the test ends.
 func startReplica(t *testing.T, ns *testenv.NATS, rc redis.UniversalClient, names events.Names, id string) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan string, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- replica.Run(ctx, replica.Config{
-			NATSURL: ns.URL(), Redis: rc, Names: names, ReplicaID: id, SkipRedisChecks: true,
-			HTTPAddr: "127.0.0.1:0", Heartbeat: 200 * time.Millisecond, Logger: quiet,
-			Ready: func(addr string) { ready <- addr },
-		})
-	}()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("replica %s: %v", id, err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Errorf("replica %s did not stop within 30s", id)
-		}
-	})
-	select {
-	case <-ready:
-	case err := <-done:
-		t.Fatalf("replica %s ended before it was ready: %v", id, err)
-	case <-time.After(30 * time.Second):
-		t.Fatalf("replica %s not ready within 30s", id)
-	}
+	replicatest.Start(t, replica.Config{NATSURL: ns.URL(), Redis: rc, Names: names, ReplicaID: id, SkipRedisChecks: true})
 }
 
 // listed returns the live entries of c by id.

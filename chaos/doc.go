@@ -1,4 +1,4 @@
-// Package chaos is cronstream's chaos suite (issue 8, issue 14): real
+// Package chaos is cronstream's chaos suite: real
 // `cronstream run` replica processes, real asynq worker processes, a real
 // redis-server and an embedded 3-node NATS cluster, faulted at random from a
 // printed seed. It also holds the network-cut test: one replica cut off from
@@ -54,7 +54,7 @@
 // replica may act on the entry first once Redis is back (every tick is
 // late after the downtime). That one only proposes its older position;
 // the replica that made the fire raises the proposal before it settles
-// (docs/design.md INV-restore), so the tick does not fire again. The check
+// (docs/invariants.md INV-restore), so the tick does not fire again. The check
 // counts any such tick as a duplicate.
 //
 // # Outage bands

@@ -306,74 +306,107 @@ func (e Entry) Validate() error {
 }
 
 // validateNormalized is Validate of an entry with its defaults applied.
+// The problems are listed in field order.
 func (n Entry) validateNormalized() error {
-	var errs []error
-	add := func(field, value, reason string) {
-		errs = append(errs, &FieldError{Field: field, Value: shorten(value), Reason: reason})
-	}
+	var errs fieldErrors
 	if err := ValidateID(n.ID); err != nil {
 		errs = append(errs, err)
 	}
 	loc, err := n.Location()
 	if err != nil {
-		add("timezone", n.Timezone, "not an IANA time zone")
+		errs.add("timezone", n.Timezone, "not an IANA time zone")
 		loc = time.UTC
 	}
 	if n.Cron == "" {
-		add("cron", "", "required")
+		errs.add("cron", "", "required")
 	} else if _, err := ParseCron(n.Cron, loc); err != nil {
-		add("cron", n.Cron, err.Error())
+		errs.add("cron", n.Cron, err.Error())
 	}
+	n.Task.validate(&errs)
+	n.Options.validate(&errs)
+	n.validatePolicies(&errs)
+	if len(n.Note) > maxNoteLen || !utf8.ValidString(n.Note) {
+		errs.add("note", n.Note, fmt.Sprintf("must be valid UTF-8 of at most %d bytes", maxNoteLen))
+	}
+	if len(n.Owner) > maxOwnerLen || !utf8.ValidString(n.Owner) {
+		errs.add("owner", n.Owner, fmt.Sprintf("must be valid UTF-8 of at most %d bytes", maxOwnerLen))
+	}
+	errs = append(errs, n.validateSchedule(loc)...)
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("entry %q: %w", shorten(n.ID), errors.Join(errs...))
+}
+
+// fieldErrors collects the problems of one entry.
+type fieldErrors []error
+
+// add records a *FieldError.
+func (f *fieldErrors) add(field, value, reason string) {
+	*f = append(*f, &FieldError{Field: field, Value: shorten(value), Reason: reason})
+}
+
+// validate checks the task's type, payload and headers.
+func (t Task) validate(errs *fieldErrors) {
 	switch {
-	case strings.TrimSpace(n.Task.Type) == "":
-		add("task.type", n.Task.Type, "required (must not be blank)")
-	case !utf8.ValidString(n.Task.Type):
-		add("task.type", n.Task.Type, "must be valid UTF-8")
+	case strings.TrimSpace(t.Type) == "":
+		errs.add("task.type", t.Type, "required (must not be blank)")
+	case !utf8.ValidString(t.Type):
+		errs.add("task.type", t.Type, "must be valid UTF-8")
 	}
-	if len(n.Task.Payload) > MaxPayloadBytes {
-		add("task.payload", fmt.Sprintf("%d bytes", len(n.Task.Payload)), fmt.Sprintf("larger than %d bytes", MaxPayloadBytes))
+	if len(t.Payload) > MaxPayloadBytes {
+		errs.add("task.payload", fmt.Sprintf("%d bytes", len(t.Payload)), fmt.Sprintf("larger than %d bytes", MaxPayloadBytes))
 	}
-	if len(n.Task.Headers) > maxHeaders {
-		add("task.headers", fmt.Sprintf("%d headers", len(n.Task.Headers)), fmt.Sprintf("at most %d headers", maxHeaders))
+	if len(t.Headers) > maxHeaders {
+		errs.add("task.headers", fmt.Sprintf("%d headers", len(t.Headers)), fmt.Sprintf("at most %d headers", maxHeaders))
 	}
-	for k, v := range n.Task.Headers {
+	for k, v := range t.Headers {
 		if k == "" || !utf8.ValidString(k) || !utf8.ValidString(v) {
-			add("task.headers", k, "header names must be non-empty and names and values valid UTF-8")
+			errs.add("task.headers", k, "header names must be non-empty and names and values valid UTF-8")
 		}
 	}
-	switch q := n.Options.Queue; {
+}
+
+// validate checks the asynq options of normalized options (MaxRetry set).
+func (o Options) validate(errs *fieldErrors) {
+	switch q := o.Queue; {
 	case len(q) > maxQueueLen:
-		add("options.queue", q, fmt.Sprintf("longer than %d bytes", maxQueueLen))
+		errs.add("options.queue", q, fmt.Sprintf("longer than %d bytes", maxQueueLen))
 	case !utf8.ValidString(q):
-		add("options.queue", q, "must be valid UTF-8")
+		errs.add("options.queue", q, "must be valid UTF-8")
 	case strings.HasPrefix(q, "}"):
 		// asynq's keys would get an empty hash tag and scatter over a cluster.
-		add("options.queue", q, "must not start with '}'")
+		errs.add("options.queue", q, "must not start with '}'")
 	}
-	if r := *n.Options.MaxRetry; r < 0 || r > 1<<31-1 {
-		add("options.max_retry", fmt.Sprint(r), "must be between 0 and 2147483647")
+	if r := *o.MaxRetry; r < 0 || r > 1<<31-1 {
+		errs.add("options.max_retry", fmt.Sprint(r), "must be between 0 and 2147483647")
 	}
 	checkDur := func(field string, d Duration, min Duration) {
 		if d < 0 {
-			add(field, d.String(), "must not be negative")
+			errs.add(field, d.String(), "must not be negative")
 		} else if d != 0 && d < min {
-			add(field, d.String(), fmt.Sprintf("must be at least %s", min))
+			errs.add(field, d.String(), fmt.Sprintf("must be at least %s", min))
 		}
 	}
-	checkDur("options.timeout", n.Options.Timeout, Duration(time.Second))
-	checkDur("options.deadline", n.Options.Deadline, Duration(time.Second))
-	checkDur("options.unique", n.Options.Unique, Duration(time.Second))
-	checkDur("options.retention", n.Options.Retention, Duration(time.Second))
-	if g := n.Options.Group; !utf8.ValidString(g) {
-		add("options.group", g, "must be valid UTF-8")
+	checkDur("options.timeout", o.Timeout, Duration(time.Second))
+	checkDur("options.deadline", o.Deadline, Duration(time.Second))
+	checkDur("options.unique", o.Unique, Duration(time.Second))
+	checkDur("options.retention", o.Retention, Duration(time.Second))
+	if g := o.Group; !utf8.ValidString(g) {
+		errs.add("options.group", g, "must be valid UTF-8")
 	}
+}
+
+// validatePolicies checks what the scheduler does with ticks: catch-up,
+// overlap (and what it cannot be combined with) and jitter.
+func (n Entry) validatePolicies(errs *fieldErrors) {
 	switch n.Catchup.Policy {
 	case CatchupNone, CatchupLatest, CatchupAll:
 	default:
-		add("catchup.policy", string(n.Catchup.Policy), "must be none, latest or all")
+		errs.add("catchup.policy", string(n.Catchup.Policy), "must be none, latest or all")
 	}
 	if w := n.Catchup.Window; w < 0 || w > maxWindow {
-		add("catchup.window", w.String(), fmt.Sprintf("must be between 0 and %s", maxWindow))
+		errs.add("catchup.window", w.String(), fmt.Sprintf("must be between 0 and %s", maxWindow))
 	}
 	switch n.Overlap {
 	case OverlapAllow, OverlapSkip:
@@ -381,33 +414,22 @@ func (n Entry) validateNormalized() error {
 		// A held tick is released as a plain pending task: a group or a
 		// unique lock would be taken at a later instant than the tick's.
 		if n.Options.Group != "" {
-			add("overlap", string(n.Overlap), "cannot be combined with options.group")
+			errs.add("overlap", string(n.Overlap), "cannot be combined with options.group")
 		}
 		if n.Options.Unique != 0 {
-			add("overlap", string(n.Overlap), "cannot be combined with options.unique")
+			errs.add("overlap", string(n.Overlap), "cannot be combined with options.unique")
 		}
 		// A buffer-one release counts against max_fires; a cancel-previous
 		// release does not.
 		if n.Overlap == OverlapCancelPrevious && n.MaxFires != 0 {
-			add("overlap", string(n.Overlap), "cannot be combined with max_fires")
+			errs.add("overlap", string(n.Overlap), "cannot be combined with max_fires")
 		}
 	default:
-		add("overlap", string(n.Overlap), "must be allow, skip, buffer-one or cancel-previous")
+		errs.add("overlap", string(n.Overlap), "must be allow, skip, buffer-one or cancel-previous")
 	}
 	if j := n.Jitter; j < 0 || j > maxJitter {
-		add("jitter", j.String(), fmt.Sprintf("must be between 0 and %s", maxJitter))
+		errs.add("jitter", j.String(), fmt.Sprintf("must be between 0 and %s", maxJitter))
 	}
-	if len(n.Note) > maxNoteLen || !utf8.ValidString(n.Note) {
-		add("note", n.Note, fmt.Sprintf("must be valid UTF-8 of at most %d bytes", maxNoteLen))
-	}
-	if len(n.Owner) > maxOwnerLen || !utf8.ValidString(n.Owner) {
-		add("owner", n.Owner, fmt.Sprintf("must be valid UTF-8 of at most %d bytes", maxOwnerLen))
-	}
-	errs = append(errs, n.validateSchedule(loc)...)
-	if len(errs) == 0 {
-		return nil
-	}
-	return fmt.Errorf("entry %q: %w", shorten(n.ID), errors.Join(errs...))
 }
 
 // cronParser accepts 5 fields or 6 with leading seconds, descriptors

@@ -13,8 +13,8 @@ import (
 // shareRepeated: such values are replaced by one copy held for all. The
 // fast path shares strings as it reads them; encoding/json (gated events,
 // and whatever the fast path leaves to it) does not, and a map costs a
-// few hundred bytes however small, so without this an entry with two
-// labels took about 450 bytes more than one without. Nothing changes a
+// few hundred bytes however small, so without this every entry with
+// labels or headers would pay for its own maps. Nothing changes a
 // decoded entry's maps in place (Clone copies what a writer changes), so
 // sharing them is safe. strs says the strings too are to be shared (e was
 // decoded by encoding/json, not by the fast path).

@@ -1,6 +1,7 @@
 package projector
 
 import (
+	"context"
 	"errors"
 	"log/slog"
 
@@ -25,7 +26,11 @@ func FromFold(names events.Names, fold *Fold) (*Projector, error) {
 		subs:    make(map[*Subscription]struct{}),
 		ready:   make(chan struct{}),
 		stopped: make(chan struct{}),
-		started: true, // Start refuses: there is nothing to follow
+	}
+	// Started with nothing to run, so that Start refuses: there is
+	// nothing to follow.
+	if err := p.life.Start(context.Background(), func(context.Context) error { return nil }); err != nil {
+		return nil, err
 	}
 	p.target = fold.LastSeq()
 	p.markCaughtUpLocked()

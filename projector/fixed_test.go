@@ -11,6 +11,7 @@ import (
 // holds to every subscriber, refuses to start, and ends its subscriptions
 // at Stop.
 func TestFromFold(t *testing.T) {
+	t.Parallel()
 	if _, err := FromFold(testNames, nil); err == nil {
 		t.Fatal("FromFold(nil) returned no error")
 	}

@@ -538,7 +538,7 @@ func (f *Fold) LastSeq() uint64 { return f.stats.LastSeq }
 
 // FenceSeq returns the highest sequence processed of a message on a
 // config subject, leaving fail-pause requests out: what a replica
-// presents to the revision fence (docs/design.md, INV-revision-fence).
+// presents to the revision fence (docs/invariants.md, INV-revision-fence).
 // Replicas of earlier builds read config subjects alone, and a request
 // (anyone with a replica credential can publish one) must fence no one
 // out.

@@ -15,6 +15,7 @@ func validEntry(id string) events.Entry {
 }
 
 func TestFoldRefusesBadEvents(t *testing.T) {
+	t.Parallel()
 	paused := validEntry("a")
 	paused.Paused = true
 	removed := validEntry("a")
@@ -109,6 +110,7 @@ func TestFoldRefusesBadEvents(t *testing.T) {
 // `entry ls` lists it, without touching other entries; a removal naming it
 // clears it, since no event can register it.
 func TestFoldQuarantinesInvalidIDs(t *testing.T) {
+	t.Parallel()
 	f := NewFold(testNames)
 	if _, _, err := f.Apply("pt.config.a", 1, time.Now(), rawEvent(t, events.TypeEntryRegistered, "a", validEntry("a"))); err != nil {
 		t.Fatal(err)
@@ -154,6 +156,7 @@ func TestFoldQuarantinesInvalidIDs(t *testing.T) {
 }
 
 func TestFoldAppliesByType(t *testing.T) {
+	t.Parallel()
 	f := NewFold(testNames)
 	apply := func(seq uint64, typ string, e events.Entry) Change {
 		t.Helper()
@@ -210,6 +213,7 @@ func TestFoldAppliesByType(t *testing.T) {
 // where max_fires last changed value; re-sending the same limit, or changing
 // other fields, keeps it.
 func TestFoldMaxFiresSince(t *testing.T) {
+	t.Parallel()
 	f := NewFold(testNames)
 	e := validEntry("a")
 	e.MaxFires = 3
@@ -242,6 +246,7 @@ func TestFoldMaxFiresSince(t *testing.T) {
 // holds removed its removal event's sequence and time; one that vanished
 // without a removal (a recreated stream) has no time.
 func TestDiffNamesRemovals(t *testing.T) {
+	t.Parallel()
 	from, to := NewFold(testNames), NewFold(testNames)
 	apply := func(f *Fold, seq uint64, typ string, e events.Entry) {
 		t.Helper()

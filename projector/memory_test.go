@@ -97,6 +97,7 @@ func projectionBytesPerEntry(tb testing.TB, n int) float64 {
 // CRONSTREAM_MEMORY_ENTRIES sets how many (default 20,000;
 // BenchmarkProjectionMemory measures 100,000).
 func TestProjectionMemoryPerEntry(t *testing.T) {
+	// Not parallel: the heap it measures must hold nothing of other tests.
 	n := 20_000
 	if v := os.Getenv("CRONSTREAM_MEMORY_ENTRIES"); v != "" {
 		var err error

@@ -1,6 +1,6 @@
 // Package projector is the read side of the config stream: the map of
-// registered entries, live and as of any moment (docs/design.md
-// "Architecture", INV-fold).
+// registered entries, live and as of any moment (docs/architecture.md;
+// docs/invariants.md INV-fold).
 //
 // It owns the one fold from config events to entry states (Fold), the live
 // Projector every replica runs, its change notifications, and the
@@ -87,16 +87,18 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/lifecycle"
 )
 
 // Errors callers branch on.
 var (
 	// ErrStopped is returned by waits and subscriptions once the projector
 	// has stopped (by Stop, or because its connection was closed; Err says
-	// which).
-	ErrStopped = errors.New("projector stopped")
-	// ErrAlreadyStarted is returned by a second Start.
-	ErrAlreadyStarted = errors.New("projector already started")
+	// which), and by a Start after Stop. It is a lifecycle.ErrStopped.
+	ErrStopped = fmt.Errorf("projector %w", lifecycle.ErrStopped)
+	// ErrAlreadyStarted is returned by a second Start: it is the one of
+	// every component (lifecycle.ErrAlreadyStarted).
+	ErrAlreadyStarted = lifecycle.ErrAlreadyStarted
 	// ErrClosed is returned by Next on a closed subscription.
 	ErrClosed = errors.New("subscription closed")
 )
@@ -135,14 +137,11 @@ type Projector struct {
 	caughtUp bool          // guarded by mu; also signalled by ready
 	advanced chan struct{} // made by a waiter, closed when LastSeq moves
 	err      error         // why the projection ended by itself
-	started  bool
-	// stopRequested makes Stop final, even when it races a Start.
-	stopRequested bool
 
+	life      lifecycle.Lifecycle
 	ready     chan struct{} // closed once caught up
 	stopped   chan struct{} // closed when the run goroutine has ended, or at Stop if it never ran
 	stopOnce  sync.Once
-	cancel    context.CancelFunc
 	lastHeard atomic.Int64 // unix nanoseconds
 	resets    atomic.Uint64
 	reloads   atomic.Uint64
@@ -189,40 +188,32 @@ func New(cfg Config) (*Projector, error) {
 // returns once the consumer exists, before the initial load is applied: use
 // WaitCaughtUp or CaughtUp. ctx bounds only this setup. An error (the stream
 // does not exist, NATS is unreachable) leaves the projector unstarted, and
-// Start may be called again.
+// Start may be called again. Start and Stop follow the rules of package
+// lifecycle: a second Start returns ErrAlreadyStarted, a Start after Stop
+// ErrStopped.
 func (p *Projector) Start(ctx context.Context) error {
-	p.mu.Lock()
+	err := p.life.Start(ctx, func(ctx context.Context) error {
+		r, target, err := p.open(ctx)
+		if err != nil {
+			return err
+		}
+		p.mu.Lock()
+		p.target = target
+		p.heard(p.now())
+		if target == 0 {
+			p.markCaughtUpLocked()
+		}
+		p.mu.Unlock()
+		p.life.Go(func(ctx context.Context) { p.run(ctx, r) })
+		return nil
+	})
 	switch {
-	case p.stopRequested:
-		p.mu.Unlock()
+	case errors.Is(err, lifecycle.ErrStopped):
 		return ErrStopped
-	case p.started:
-		p.mu.Unlock()
-		return ErrAlreadyStarted
+	case errors.Is(err, lifecycle.ErrAlreadyStarted):
+		return fmt.Errorf("projector: %w", err)
 	}
-	p.started = true
-	p.mu.Unlock()
-
-	r, target, err := p.open(ctx)
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if err == nil && p.stopRequested {
-		r.close()
-		err = ErrStopped
-	}
-	if err != nil {
-		p.started = false
-		return err
-	}
-	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	p.target = target
-	p.cancel = cancel
-	p.heard(p.now())
-	if target == 0 {
-		p.markCaughtUpLocked()
-	}
-	go p.run(runCtx, r)
-	return nil
+	return err
 }
 
 func (p *Projector) open(ctx context.Context) (*orderedReader, uint64, error) {
@@ -250,21 +241,12 @@ func (p *Projector) open(ctx context.Context) (*orderedReader, uint64, error) {
 
 // Stop ends the projection and waits for its goroutine, which has
 // nothing to drain (ctx is for the shape all components share). The map
-// stays readable; waits and subscriptions return ErrStopped. Stop before
-// Start, or twice, is harmless, and a Start after Stop returns ErrStopped.
+// stays readable; waits and subscriptions return ErrStopped. It never
+// fails.
 func (p *Projector) Stop(context.Context) error {
-	p.mu.Lock()
-	p.stopRequested = true
-	cancel := p.cancel
-	p.cancel = nil
-	p.mu.Unlock()
-	if cancel == nil {
-		// Never ran (or already stopped): nothing to wait for.
-		p.stopOnce.Do(func() { close(p.stopped) })
-		return nil
-	}
-	cancel()
-	<-p.stopped
+	p.life.Stop()
+	// Never ran: nothing closed it.
+	p.stopOnce.Do(func() { close(p.stopped) })
 	return nil
 }
 
@@ -665,7 +647,7 @@ func (p *Projector) WaitCaughtUp(ctx context.Context) error {
 // message, or a consumer heartbeat proving the stream alive but silent. It
 // lags by up to about four heartbeats (8.5 s by default) on an idle stream,
 // where only heartbeats prove the stream alive, and stops moving
-// while NATS is unreachable (docs/design.md INV-staleness-fence).
+// while NATS is unreachable (docs/invariants.md INV-staleness-fence).
 func (p *Projector) LastHeard() time.Time {
 	n := p.lastHeard.Load()
 	if n == 0 {

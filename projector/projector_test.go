@@ -17,6 +17,7 @@ import (
 )
 
 func TestPoisonEventsQuarantineOnlyTheirEntry(t *testing.T) {
+	t.Parallel()
 	_, js := startNATS(t)
 	logs := &logCapture{}
 	p := startProjector(t, js, Config{Logger: slog.New(logs)})
@@ -122,6 +123,7 @@ func TestPoisonEventsQuarantineOnlyTheirEntry(t *testing.T) {
 }
 
 func TestWaitForReadsOwnWrite(t *testing.T) {
+	t.Parallel()
 	_, js := startNATS(t)
 	p := startProjector(t, js, Config{})
 	ctx := testCtx(t, 10*time.Second)
@@ -148,6 +150,7 @@ func TestWaitForReadsOwnWrite(t *testing.T) {
 }
 
 func TestCaughtUp(t *testing.T) {
+	t.Parallel()
 	_, js := startNATS(t)
 	empty := startProjector(t, js, Config{})
 	if !empty.CaughtUp() {
@@ -203,6 +206,7 @@ func TestCaughtUp(t *testing.T) {
 // them with the last state their events carried; an entry registered
 // again, or quarantined, since is not among them.
 func TestSubscriptionRemoved(t *testing.T) {
+	t.Parallel()
 	_, js := startNATS(t)
 	var last uint64
 	for _, id := range []string{"gone", "back", "junk"} {
@@ -235,6 +239,7 @@ func TestSubscriptionRemoved(t *testing.T) {
 // changes, not one update; an entry that came and went meanwhile is still
 // coalesced away.
 func TestSubscriptionKeepsStops(t *testing.T) {
+	t.Parallel()
 	_, js := startNATS(t)
 	publishEvent(t, js, events.TypeEntryRegistered, validEntry("a"))
 	last := publishEvent(t, js, events.TypeEntryRegistered, validEntry("b"))
@@ -290,6 +295,7 @@ func TestSubscriptionKeepsStops(t *testing.T) {
 }
 
 func TestSlowSubscriberDoesNotBlockAndGetsCoalescedChanges(t *testing.T) {
+	t.Parallel()
 	_, js := startNATS(t)
 	p := startProjector(t, js, Config{})
 	ctx := testCtx(t, 30*time.Second)
@@ -345,6 +351,7 @@ func TestSlowSubscriberDoesNotBlockAndGetsCoalescedChanges(t *testing.T) {
 }
 
 func TestLastHeardFollowsHeartbeatsAndOutage(t *testing.T) {
+	t.Parallel()
 	n, js := startNATS(t)
 	p := startProjector(t, n.JetStream(t), Config{Heartbeat: 500 * time.Millisecond})
 	ctx := testCtx(t, 60*time.Second)
@@ -376,6 +383,7 @@ func TestLastHeardFollowsHeartbeatsAndOutage(t *testing.T) {
 }
 
 func TestClosedConnectionEndsProjection(t *testing.T) {
+	t.Parallel()
 	n, js := startNATS(t)
 	publishEvent(t, js, events.TypeEntryRegistered, validEntry("a"))
 	nc := n.Connect(t)
@@ -408,6 +416,7 @@ func TestClosedConnectionEndsProjection(t *testing.T) {
 }
 
 func TestStartAndStop(t *testing.T) {
+	t.Parallel()
 	_, js := startNATS(t)
 	ctx := testCtx(t, 10*time.Second)
 
@@ -440,6 +449,7 @@ func TestStartAndStop(t *testing.T) {
 // the later ones; Queues lists the queues of registered and removed
 // entries, and forgets a queue no entry uses.
 func TestSubscriptionSnapshot(t *testing.T) {
+	t.Parallel()
 	_, js := startNATS(t)
 	inQueue := func(id, q string) events.Entry {
 		e := validEntry(id)

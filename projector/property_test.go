@@ -110,6 +110,7 @@ var badKinds = []func(testing.TB, string) []byte{
 }
 
 func TestPropertyLiveAndAsOfEqualReferenceFold(t *testing.T) {
+	t.Parallel()
 	seed := uint64(time.Now().UnixNano())
 	if s, err := strconv.ParseUint(os.Getenv("CRONSTREAM_TEST_SEED"), 10, 64); err == nil {
 		seed = s

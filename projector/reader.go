@@ -62,8 +62,8 @@ var errStreamReplaced = errors.New("stream was recreated or restored")
 //
 // It does this itself rather than use jetstream.OrderedConsumer, whose
 // recovery runs inside Next with a fixed 10 s request timeout that no
-// context can cut short: measured on a 3-node cluster, losing the node that
-// led both the stream and the JetStream meta group stalled it for 10 s,
+// context can cut short: on a 3-node cluster, losing the node that leads
+// both the stream and the JetStream meta group stalls it for those 10 s,
 // where retrying with short timeouts recovers in about two seconds.
 //
 // One goroutine owns a reader.

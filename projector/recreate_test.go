@@ -18,6 +18,7 @@ import (
 // applied) reloads: it ends with exactly the new stream's entries, and its
 // subscribers see the vanished entries removed and the new ones registered.
 func TestLiveFollowAcrossStreamRecreation(t *testing.T) {
+	t.Parallel()
 	n, js := startNATS(t)
 	r := rand.New(rand.NewPCG(7, 7))
 	for i := range 10 {
@@ -123,6 +124,7 @@ func TestLiveFollowAcrossStreamRecreation(t *testing.T) {
 // its last sequence and by where the stream ends, not only by its creation
 // time (a restore from a snapshot may keep that).
 func TestReaderNoticesAnotherStream(t *testing.T) {
+	t.Parallel()
 	n, js := startNATS(t)
 	publishEvent(t, js, events.TypeEntryRegistered, randomEntry(rand.New(rand.NewPCG(1, 1)), "a"))
 	seq := publishEvent(t, js, events.TypeEntryRegistered, randomEntry(rand.New(rand.NewPCG(2, 2)), "b"))

@@ -133,6 +133,7 @@ func checkFollowed(t *testing.T, js jetstream.JetStream, p *Projector, feed *fee
 }
 
 func TestLiveFollowConcurrentPublishers(t *testing.T) {
+	t.Parallel()
 	n, js := startNATS(t)
 	p := startProjector(t, n.JetStream(t), Config{})
 	feed := recordFeed(t, p)
@@ -141,6 +142,7 @@ func TestLiveFollowConcurrentPublishers(t *testing.T) {
 }
 
 func TestLiveFollowAcrossServerRestart(t *testing.T) {
+	t.Parallel()
 	n, js := startNATS(t)
 	// Events before the projector starts, so the restart can also land in
 	// the middle of the initial load of a slow machine.
@@ -164,6 +166,7 @@ func TestLiveFollowAcrossServerRestart(t *testing.T) {
 }
 
 func TestLiveFollowAcrossStreamLeaderLoss(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("-short: needs a 3-node NATS cluster and a leader loss (runs without -short, as in CI)")
 	}

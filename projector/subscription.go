@@ -142,6 +142,34 @@ func (s *Subscription) NextMarked(ctx context.Context) ([]Change, uint64, error)
 	}
 }
 
+// Batch is one batch of changes, with its number (NextMarked), as Pump
+// sends it.
+type Batch struct {
+	Changes []Change
+	Mark    uint64
+}
+
+// Pump sends the subscription's batches to out, in order, until ctx ends or
+// the subscription ends (Close, or the projector stopped and every change
+// was sent); then it closes the subscription and out. A component runs it
+// in a goroutine of its own, so that its loop waits on the changes beside
+// its timers.
+func (s *Subscription) Pump(ctx context.Context, out chan<- Batch) {
+	defer close(out)
+	defer s.Close()
+	for {
+		changes, mark, err := s.NextMarked(ctx)
+		if err != nil {
+			return
+		}
+		select {
+		case out <- Batch{Changes: changes, Mark: mark}:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
 // Snapshot returns, as of one moment, the registered entries whose shard
 // (events.ShardOfEntry of its queue and id) in says yes to, each as a
 // change from nothing like Subscribe's first changes, and the removals of

@@ -92,7 +92,7 @@ shown as they are.`,
 	fl := cmd.Flags()
 	fl.StringVar(&f.entry, "entry", "", "only events of this entry")
 	fl.StringVar(&f.queue, "queue", "", "only events concerning this asynq queue")
-	fl.StringVarP(&f.selector, "selector", "l", "", "only events of entries whose labels match (k=v, k!=v, k in (a,b), k notin (a,b), k, !k; commas join)")
+	addSelector(cmd, &f.selector, "only events of entries whose labels match", "")
 	fl.StringVar(&f.typ, "type", "", "only these event types: short names (fired), full names or globs, comma separated")
 	fl.StringVar(&f.since, "since", "", "only events stored at or after this time (RFC 3339, a date, or ago: 1h, 7d)")
 	fl.StringVar(&f.until, "until", "", "only events stored at or before this time (RFC 3339, a date, or ago: 1h, 7d)")
@@ -107,51 +107,13 @@ shown as they are.`,
 
 func runAudit(cmd *cobra.Command, g *globalFlags, f *auditFlags) error {
 	ctx := cmd.Context()
-	now := time.Now()
 	format, err := f.output.resolve(cmd)
 	if err != nil {
 		return err
 	}
-	var since, until time.Time
-	if f.since != "" {
-		if since, err = parseAgo("since", f.since, now); err != nil {
-			return usageError{err}
-		}
-	}
-	if f.until != "" {
-		if until, err = parseAgo("until", f.until, now); err != nil {
-			return usageError{err}
-		}
-		if f.follow {
-			return usagef("--follow and --until: following never ends at a time; drop one")
-		}
-		if !since.IsZero() && until.Before(since) {
-			return usagef("--until %s is before --since %s", fmtTime(until), fmtTime(since))
-		}
-	}
-	var globs []string
-	if f.typ != "" {
-		if globs, err = typeGlobs(f.typ); err != nil {
-			return usageError{err}
-		}
-	}
-	switch {
-	case f.limit < 0 || f.tail < 0:
-		return usagef("--limit and --tail count events: give a positive number")
-	case f.limit > 0 && f.tail > 0:
-		return usagef("--limit and --tail: give one (the first N or the last N)")
-	}
-	if f.entry != "" {
-		if err := events.ValidateID(f.entry); err != nil {
-			return usageError{fmt.Errorf("--entry: %w", err)}
-		}
-	}
-	sel, err := events.ParseSelector(f.selector)
+	params, err := f.params(time.Now())
 	if err != nil {
-		return usagef("--selector: %v", err)
-	}
-	if f.exitOnLost && !f.follow {
-		return usagef("--exit-on-disconnect applies to --follow only")
+		return err
 	}
 	f.conn.reconnectForever = f.follow
 	s, err := openStreamsSession(ctx, g, &f.conn)
@@ -160,16 +122,8 @@ func runAudit(cmd *cobra.Command, g *globalFlags, f *auditFlags) error {
 	}
 	defer s.Close()
 	if f.entry != "" {
-		// An entry that never had a config event is a typo more often than
-		// an empty history: say so, as describe does.
-		stream, err := s.js.Stream(ctx, s.names.ConfigStream())
-		if err != nil {
-			return fmt.Errorf("look up entry %s: %w", f.entry, err)
-		}
-		if _, err := stream.GetLastMsgForSubject(ctx, s.names.ConfigSubject(f.entry)); errors.Is(err, jetstream.ErrMsgNotFound) {
-			return fmt.Errorf("entry %s: %w: it never had a config event", f.entry, events.ErrNotFound)
-		} else if err != nil {
-			return fmt.Errorf("look up entry %s: %w", f.entry, err)
+		if err := requireConfigEvent(ctx, s, f.entry); err != nil {
+			return err
 		}
 	}
 	lost := func() error { return nil }
@@ -184,10 +138,8 @@ func runAudit(cmd *cobra.Command, g *globalFlags, f *auditFlags) error {
 
 	prog := newProgress(os.Stderr, isTerminal(os.Stdout))
 	defer prog.clear()
-	r, err := audit.Open(ctx, s.js, audit.Params{
-		Names: s.names, Entry: f.entry, Queue: f.queue, Selector: sel, Types: globs, Since: since, Until: until,
-		Limit: f.limit, Tail: f.tail, Follow: f.follow, Progress: prog.update,
-	})
+	params.Names, params.Progress = s.names, prog.update
+	r, err := audit.Open(ctx, s.js, params)
 	if err != nil {
 		return err
 	}
@@ -219,6 +171,70 @@ func runAudit(cmd *cobra.Command, g *globalFlags, f *auditFlags) error {
 			return err
 		}
 	}
+}
+
+// params checks the filters, before anything is connected, and turns them
+// into the reader's parameters (but Names and Progress).
+func (f *auditFlags) params(now time.Time) (audit.Params, error) {
+	var since, until time.Time
+	var err error
+	if f.since != "" {
+		if since, err = parseAgo("since", f.since, now); err != nil {
+			return audit.Params{}, usageError{err}
+		}
+	}
+	if f.until != "" {
+		if until, err = parseAgo("until", f.until, now); err != nil {
+			return audit.Params{}, usageError{err}
+		}
+		if f.follow {
+			return audit.Params{}, usagef("--follow and --until: following never ends at a time; drop one")
+		}
+		if !since.IsZero() && until.Before(since) {
+			return audit.Params{}, usagef("--until %s is before --since %s", fmtTime(until), fmtTime(since))
+		}
+	}
+	var globs []string
+	if f.typ != "" {
+		if globs, err = typeGlobs(f.typ); err != nil {
+			return audit.Params{}, usageError{err}
+		}
+	}
+	switch {
+	case f.limit < 0 || f.tail < 0:
+		return audit.Params{}, usagef("--limit and --tail count events: give a positive number")
+	case f.limit > 0 && f.tail > 0:
+		return audit.Params{}, usagef("--limit and --tail: give one (the first N or the last N)")
+	}
+	if f.entry != "" {
+		if err := events.ValidateID(f.entry); err != nil {
+			return audit.Params{}, usageError{fmt.Errorf("--entry: %w", err)}
+		}
+	}
+	sel, err := parseSelector(f.selector)
+	if err != nil {
+		return audit.Params{}, err
+	}
+	if f.exitOnLost && !f.follow {
+		return audit.Params{}, usagef("--exit-on-disconnect applies to --follow only")
+	}
+	return audit.Params{Entry: f.entry, Queue: f.queue, Selector: sel, Types: globs, Since: since, Until: until,
+		Limit: f.limit, Tail: f.tail, Follow: f.follow}, nil
+}
+
+// requireConfigEvent refuses an entry that never had a config event: a
+// typo more often than an empty history, as describe says.
+func requireConfigEvent(ctx context.Context, s *session, id string) error {
+	stream, err := s.js.Stream(ctx, s.names.ConfigStream())
+	if err != nil {
+		return fmt.Errorf("look up entry %s: %w", id, err)
+	}
+	if _, err := stream.GetLastMsgForSubject(ctx, s.names.ConfigSubject(id)); errors.Is(err, jetstream.ErrMsgNotFound) {
+		return fmt.Errorf("entry %s: %w: it never had a config event", id, events.ErrNotFound)
+	} else if err != nil {
+		return fmt.Errorf("look up entry %s: %w", id, err)
+	}
+	return nil
 }
 
 // typeGlobs splits --type at commas and checks each part (audit.CheckType):

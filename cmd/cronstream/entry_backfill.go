@@ -50,11 +50,16 @@ type backfillPlanJSON struct {
 	BeforeRegistration int         `json:"before_registration"`
 }
 
+// backfillFlags are entry backfill's flags.
+type backfillFlags struct {
+	conn               connFlags
+	from, to           string
+	guard              guardFlags
+	beforeRegistration bool
+}
+
 func newEntryBackfillCommand(g *globalFlags) *cobra.Command {
-	var conn connFlags
-	var from, to string
-	var guard guardFlags
-	var beforeRegistration bool
+	f := &backfillFlags{}
 	cmd := &cobra.Command{
 		Use:   "backfill ID --from TIME --to TIME",
 		Short: "Fire the ticks of a past time range that never fired",
@@ -88,110 +93,143 @@ TIME is RFC 3339 (2025-03-01T09:00:00Z), a date (UTC), or relative (-6h).`, sche
   cronstream entry backfill cleanup --from -6h --to -1h --yes`,
 		Args: entryIDArg,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx := cmd.Context()
-			if from == "" || to == "" {
-				return usagef("backfill needs --from and --to")
-			}
-			now := time.Now()
-			tFrom, err := parseTime("from", from, now)
-			if err != nil {
-				return usageError{err}
-			}
-			tTo, err := parseTime("to", to, now)
-			if err != nil {
-				return usageError{err}
-			}
-			if tTo.Before(tFrom) {
-				return usagef("--to %s is before --from %s", fmtTime(tTo), fmtTime(tFrom))
-			}
-			m, st, done, err := manualFor(ctx, g, &conn, args[0])
-			if err != nil {
-				return err
-			}
-			defer done()
-			plan, err := m.PlanBackfill(ctx, st, tFrom, tTo)
-			if errors.Is(err, scheduler.ErrBadRange) || errors.Is(err, scheduler.ErrTooManyTicks) {
-				return usageError{err}
-			}
-			if err != nil {
-				return err
-			}
-			if plan.BeforeRegistration > 0 && !beforeRegistration {
-				return usagef("%d of the range's %d ticks are before entry %s was registered (%s): ticks it never had. Pass --before-registration to fire them too, or start --from at %s",
-					plan.BeforeRegistration, plan.Ticks, args[0], fmtTime(plan.Registered), plan.Registered.UTC().Format(time.RFC3339))
-			}
-			if guard.dryRun && g.json {
-				out := backfillPlanJSON{ID: args[0], From: tFrom.UTC(), To: tTo.UTC(), Ticks: plan.Ticks, Already: plan.Already,
-					Todo: make([]time.Time, len(plan.Todo)), Registered: plan.Registered.UTC(), BeforeRegistration: plan.BeforeRegistration}
-				for i, tick := range plan.Todo {
-					out.Todo[i] = tick.UTC()
-				}
-				return printJSON(cmd.OutOrStdout(), out)
-			}
-			ok, err := guard.confirm(cmd, "fire", len(plan.Todo), "tick", "ticks", func(w io.Writer) {
-				fmt.Fprintf(w, "backfill %s from %s to %s: %d ticks, %d fired already, %d to fire:\n",
-					args[0], fmtTime(tFrom), fmtTime(tTo), plan.Ticks, plan.Already, len(plan.Todo))
-				for i, tick := range plan.Todo {
-					if i == maxPreview {
-						fmt.Fprintf(w, "  … and %d more (--dry-run --json lists them all)\n", len(plan.Todo)-i)
-						break
-					}
-					fmt.Fprintf(w, "  %s\n", fmtTime(tick))
-				}
-			})
-			if err != nil || !ok && guard.dryRun {
-				return err
-			}
-			res, ferr := m.FireBackfill(ctx, st, plan)
-			if ferr != nil && !errors.Is(ferr, scheduler.ErrRefused) {
-				return ferr
-			}
-			out := backfillResult{ID: args[0], From: tFrom.UTC(), To: tTo.UTC(), Ticks: res.Ticks, Fired: res.Fired, Already: res.Already,
-				SkippedUnique: res.SkippedUnique, Registered: res.Registered.UTC(), BeforeRegistration: res.BeforeRegistration}
-			if out.Fired == nil {
-				out.Fired = []string{}
-			}
-			if ferr != nil {
-				out.Error = ferr.Error()
-			}
-			maxAge, err := events.ActivityMaxAge(ctx, m.JS, m.Names)
-			if err != nil {
-				return fmt.Errorf("read the activity retention: %w", err)
-			}
-			if cutoff := now.Add(-maxAge).UTC(); maxAge > 0 && tFrom.Before(cutoff) {
-				out.HistoryFrom = &cutoff
-			}
-			if g.json {
-				if err := printJSON(cmd.OutOrStdout(), out); err != nil {
-					return err
-				}
-				return ferr
-			}
-			w := cmd.OutOrStdout()
-			fmt.Fprintf(w, "backfill %s from %s to %s: %d ticks, %d fired now, %d had fired already\n",
-				out.ID, fmtTime(out.From), fmtTime(out.To), out.Ticks, len(out.Fired), out.Already)
-			if out.SkippedUnique > 0 {
-				fmt.Fprintf(w, "%d ticks skipped: their unique lock was held by another task\n", out.SkippedUnique)
-			}
-			if out.BeforeRegistration > 0 {
-				fmt.Fprintf(w, "note: %d of these ticks are before entry %s was registered (%s), fired as --before-registration asked\n",
-					out.BeforeRegistration, out.ID, fmtTime(out.Registered))
-			}
-			if out.HistoryFrom != nil {
-				fmt.Fprintf(w, "warning: ticks before %s are older than the activity stream's retention (%s): they cannot be checked against history, so they were fired unless Redis still held their task\n",
-					fmtTime(*out.HistoryFrom), maxAge)
-			}
-			for _, id := range out.Fired {
-				fmt.Fprintf(w, "  %s\n", id)
-			}
-			return ferr
+			return runEntryBackfill(cmd, g, f, args[0])
 		},
 	}
-	cmd.Flags().StringVar(&from, "from", "", "first time of the range (inclusive)")
-	cmd.Flags().StringVar(&to, "to", "", "last time of the range (inclusive, not in the future)")
-	cmd.Flags().BoolVar(&g.json, "json", false, "print the result as JSON")
-	cmd.Flags().BoolVar(&beforeRegistration, "before-registration", false, "fire the range's ticks before the entry was registered too")
-	guard.add(cmd)
-	addConn(cmd, &conn, true)
+	cmd.Flags().StringVar(&f.from, "from", "", "first time of the range (inclusive)")
+	cmd.Flags().StringVar(&f.to, "to", "", "last time of the range (inclusive, not in the future)")
+	addJSONResult(cmd, g)
+	cmd.Flags().BoolVar(&f.beforeRegistration, "before-registration", false, "fire the range's ticks before the entry was registered too")
+	f.guard.add(cmd)
+	addConn(cmd, &f.conn, true)
 	return cmd
+}
+
+// runEntryBackfill plans the range, shows it and asks (a dry run stops
+// there), fires the ticks that never fired and says what it did.
+func runEntryBackfill(cmd *cobra.Command, g *globalFlags, f *backfillFlags, id string) error {
+	ctx := cmd.Context()
+	now := time.Now()
+	from, to, err := f.timeRange(now)
+	if err != nil {
+		return err
+	}
+	m, st, done, err := manualFor(ctx, g, &f.conn, id)
+	if err != nil {
+		return err
+	}
+	defer done()
+	plan, err := m.PlanBackfill(ctx, st, from, to)
+	if errors.Is(err, scheduler.ErrBadRange) || errors.Is(err, scheduler.ErrTooManyTicks) {
+		return usageError{err}
+	}
+	if err != nil {
+		return err
+	}
+	if plan.BeforeRegistration > 0 && !f.beforeRegistration {
+		return usagef("%d of the range's %d ticks are before entry %s was registered (%s): ticks it never had. Pass --before-registration to fire them too, or start --from at %s",
+			plan.BeforeRegistration, plan.Ticks, id, fmtTime(plan.Registered), plan.Registered.UTC().Format(time.RFC3339))
+	}
+	if f.guard.dryRun && g.json {
+		return printJSON(cmd.OutOrStdout(), newBackfillPlanJSON(id, from, to, plan))
+	}
+	ok, err := f.guard.confirm(cmd, "fire", len(plan.Todo), "tick", "ticks", func(w io.Writer) { previewBackfill(w, id, from, to, plan) })
+	if err != nil || !ok && f.guard.dryRun {
+		return err
+	}
+	res, ferr := m.FireBackfill(ctx, st, plan)
+	if ferr != nil && !errors.Is(ferr, scheduler.ErrRefused) {
+		return ferr
+	}
+	out := newBackfillResult(id, from, to, res, ferr)
+	maxAge, err := events.ActivityMaxAge(ctx, m.JS, m.Names)
+	if err != nil {
+		return fmt.Errorf("read the activity retention: %w", err)
+	}
+	if cutoff := now.Add(-maxAge).UTC(); maxAge > 0 && from.Before(cutoff) {
+		out.HistoryFrom = &cutoff
+	}
+	if g.json {
+		if err := printJSON(cmd.OutOrStdout(), out); err != nil {
+			return err
+		}
+		return ferr
+	}
+	printBackfill(cmd.OutOrStdout(), out, maxAge)
+	return ferr
+}
+
+// timeRange parses --from and --to, relative ones from now.
+func (f *backfillFlags) timeRange(now time.Time) (from, to time.Time, err error) {
+	if f.from == "" || f.to == "" {
+		return from, to, usagef("backfill needs --from and --to")
+	}
+	if from, err = parseTime("from", f.from, now); err != nil {
+		return from, to, usageError{err}
+	}
+	if to, err = parseTime("to", f.to, now); err != nil {
+		return from, to, usageError{err}
+	}
+	if to.Before(from) {
+		return from, to, usagef("--to %s is before --from %s", fmtTime(to), fmtTime(from))
+	}
+	return from, to, nil
+}
+
+func newBackfillPlanJSON(id string, from, to time.Time, plan scheduler.BackfillPlan) backfillPlanJSON {
+	out := backfillPlanJSON{ID: id, From: from.UTC(), To: to.UTC(), Ticks: plan.Ticks, Already: plan.Already,
+		Todo: make([]time.Time, len(plan.Todo)), Registered: plan.Registered.UTC(), BeforeRegistration: plan.BeforeRegistration}
+	for i, tick := range plan.Todo {
+		out.Todo[i] = tick.UTC()
+	}
+	return out
+}
+
+// previewBackfill shows the ticks a backfill will fire, at most
+// maxPreview of them.
+func previewBackfill(w io.Writer, id string, from, to time.Time, plan scheduler.BackfillPlan) {
+	fmt.Fprintf(w, "backfill %s from %s to %s: %d ticks, %d fired already, %d to fire:\n",
+		id, fmtTime(from), fmtTime(to), plan.Ticks, plan.Already, len(plan.Todo))
+	for i, tick := range plan.Todo {
+		if i == maxPreview {
+			fmt.Fprintf(w, "  … and %d more (--dry-run --json lists them all)\n", len(plan.Todo)-i)
+			break
+		}
+		fmt.Fprintf(w, "  %s\n", fmtTime(tick))
+	}
+}
+
+// newBackfillResult is what a backfill did; refused says why some ticks
+// were not fired.
+func newBackfillResult(id string, from, to time.Time, res scheduler.BackfillResult, refused error) backfillResult {
+	out := backfillResult{ID: id, From: from.UTC(), To: to.UTC(), Ticks: res.Ticks, Fired: res.Fired, Already: res.Already,
+		SkippedUnique: res.SkippedUnique, Registered: res.Registered.UTC(), BeforeRegistration: res.BeforeRegistration}
+	if out.Fired == nil {
+		out.Fired = []string{}
+	}
+	if refused != nil {
+		out.Error = refused.Error()
+	}
+	return out
+}
+
+// printBackfill says what a backfill did; maxAge is the activity stream's
+// retention, named when the range reaches before it.
+func printBackfill(w io.Writer, out backfillResult, maxAge time.Duration) {
+	fmt.Fprintf(w, "backfill %s from %s to %s: %d ticks, %d fired now, %d had fired already\n",
+		out.ID, fmtTime(out.From), fmtTime(out.To), out.Ticks, len(out.Fired), out.Already)
+	if out.SkippedUnique > 0 {
+		fmt.Fprintf(w, "%d ticks skipped: their unique lock was held by another task\n", out.SkippedUnique)
+	}
+	if out.BeforeRegistration > 0 {
+		fmt.Fprintf(w, "note: %d of these ticks are before entry %s was registered (%s), fired as --before-registration asked\n",
+			out.BeforeRegistration, out.ID, fmtTime(out.Registered))
+	}
+	if out.HistoryFrom != nil {
+		fmt.Fprintf(w, "warning: ticks before %s are older than the activity stream's retention (%s): they cannot be checked against history, so they were fired unless Redis still held their task\n",
+			fmtTime(*out.HistoryFrom), maxAge)
+	}
+	for _, id := range out.Fired {
+		fmt.Fprintf(w, "  %s\n", id)
+	}
 }

@@ -46,7 +46,7 @@ type bulkFlags struct {
 
 func (f *bulkFlags) add(cmd *cobra.Command) {
 	fl := cmd.Flags()
-	fl.StringVarP(&f.filter.selector, "selector", "l", "", "every entry whose labels match this selector (k=v, k!=v, k in (a,b), k notin (a,b), k, !k; commas join)")
+	addSelector(cmd, &f.filter.selector, "every entry whose labels match this selector", "")
 	fl.StringVar(&f.filter.typ, "type", "", "every entry whose task type matches this glob")
 	fl.StringVar(&f.filter.queue, "queue", "", "every entry firing into this queue")
 	fl.StringVar(&f.filter.owner, "owner", "", `every entry of this owner ("" : without one)`)

@@ -401,9 +401,10 @@ func printDescribe(w io.Writer, v describeView) error {
 	if err := printEntry(w, v.Entry); err != nil {
 		return err
 	}
+	times := timesFor(w)
 	h := v.History
 	fmt.Fprintf(w, "\nhistory: %s; last %s at %s by %s (see entry history)\n",
-		plural(h.Revisions, "config event", "config events"), terminalSafe(dash(h.LastType)), fmtTime(h.LastTime), terminalSafe(dash(h.LastSource)))
+		plural(h.Revisions, "config event", "config events"), terminalSafe(dash(h.LastType)), times.at(h.LastTime), terminalSafe(dash(h.LastSource)))
 
 	fmt.Fprintf(w, "\nin the last %s: %d fired", v.Window, v.FiredInWindow)
 	var skips []string
@@ -434,7 +435,7 @@ func printDescribe(w io.Writer, v describeView) error {
 				note = "lost by Redis (see below)"
 			}
 			lag := time.Duration(f.LagSeconds * float64(time.Second)).Round(time.Millisecond)
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\n", fmtTime(f.ScheduledAt), lag, f.State, terminalSafe(f.Queue), terminalSafe(f.TaskID), terminalSafe(note))
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\n", times.at(f.ScheduledAt), lag, f.State, terminalSafe(f.Queue), terminalSafe(f.TaskID), terminalSafe(note))
 		}
 		if err := tw.Flush(); err != nil {
 			return err
@@ -446,10 +447,10 @@ func printDescribe(w io.Writer, v describeView) error {
 
 	if h := v.Held; h != nil && h.Cancelling {
 		fmt.Fprintf(w, "\nheld tick (overlap cancel-previous): %s as task %s, fires when the cancelled task %s has stopped\n",
-			fmtTime(h.ScheduledAt), terminalSafe(h.TaskID), terminalSafe(h.WaitingFor))
+			times.at(h.ScheduledAt), terminalSafe(h.TaskID), terminalSafe(h.WaitingFor))
 	} else if h != nil {
 		fmt.Fprintf(w, "\nheld tick (overlap buffer-one): %s as task %s, fires when %s is done\n",
-			fmtTime(h.ScheduledAt), terminalSafe(h.TaskID), terminalSafe(h.WaitingFor))
+			times.at(h.ScheduledAt), terminalSafe(h.TaskID), terminalSafe(h.WaitingFor))
 	}
 
 	if len(v.Lost) > 0 {
@@ -466,7 +467,7 @@ func printDescribe(w io.Writer, v describeView) error {
 		tw := newTable(w)
 		fmt.Fprintln(tw, "  TIME\tRECOVERY\tRETRIED\tTASK\tERROR")
 		for _, r := range v.Recoveries {
-			fmt.Fprintf(tw, "  %s\t%s\t%d\t%s\t%s\n", fmtTime(r.Time), r.Type, r.Retried, terminalSafe(r.TaskID), terminalSafe(shorten(r.Error, 60)))
+			fmt.Fprintf(tw, "  %s\t%s\t%d\t%s\t%s\n", times.at(r.Time), r.Type, r.Retried, terminalSafe(r.TaskID), terminalSafe(shorten(r.Error, 60)))
 		}
 		if err := tw.Flush(); err != nil {
 			return err
@@ -475,7 +476,7 @@ func printDescribe(w io.Writer, v describeView) error {
 
 	switch {
 	case v.Entry.State == stateEnded:
-		fmt.Fprintf(w, "\nnext fires: none, the entry ended at %s\n", fmtTime(v.Entry.EndAt))
+		fmt.Fprintf(w, "\nnext fires: none, the entry ended at %s\n", times.at(v.Entry.EndAt))
 	case v.Entry.State == stateCompleted && v.Entry.MaxFiresUnknown:
 		fmt.Fprintf(w, "\nnext fires: none, %s\n", maxFiresUnknownReason)
 	case v.Entry.State == stateCompleted:
@@ -485,7 +486,7 @@ func printDescribe(w io.Writer, v describeView) error {
 	case len(v.NextFires) > 0:
 		fmt.Fprintln(w, "\nnext fires (jitter applied):")
 		for _, t := range v.NextFires {
-			fmt.Fprintf(w, "  %s\n", fmtTime(t))
+			fmt.Fprintf(w, "  %s\n", times.at(t))
 		}
 		if v.nextFiresLimited {
 			fmt.Fprintf(w, "  then none: the last of its max_fires %d\n", v.Entry.MaxFires)

@@ -94,6 +94,7 @@ full state.`,
 			if ok, err := printStructured(cmd.OutOrStdout(), format, out); ok {
 				return err
 			}
+			times := timesFor(cmd.OutOrStdout())
 			tw := newTable(cmd.OutOrStdout())
 			head := "REVISION\tTIME\tTYPE\tSOURCE\tCHANGE"
 			if format == outWide {
@@ -110,7 +111,7 @@ full state.`,
 				case h.FailPause:
 					change = "on failure (fail-pause request): " + change
 				}
-				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s", h.Revision, fmtTime(h.Time), terminalSafe(dash(events.DisplayType(h.Type))), terminalSafe(dash(h.Source)), terminalSafe(dash(change)))
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s", h.Revision, times.at(h.Time), terminalSafe(dash(events.DisplayType(h.Type))), terminalSafe(dash(h.Source)), terminalSafe(dash(change)))
 				if format == outWide {
 					fmt.Fprintf(tw, "\t%s", terminalSafe(dash(h.EventID)))
 				}

@@ -93,7 +93,7 @@ note, window, exclude, labels, fires left of a --max-fires limit), name
 	fl.StringVar(&f.at, "at", "", "list the entries as they were at this time: RFC 3339, or relative (-2h, -30m)")
 	fl.StringVar(&f.filter.queue, "queue", "", "only entries firing into this queue")
 	fl.StringVar(&f.filter.state, "state", "", "only entries in this state: active, paused, ended, completed or quarantined")
-	fl.StringVarP(&f.filter.selector, "selector", "l", "", "only entries whose labels match this selector (k=v, k!=v, k in (a,b), k notin (a,b), k, !k; commas join)")
+	addSelector(cmd, &f.filter.selector, "only entries whose labels match this selector", "")
 	fl.StringVar(&f.filter.owner, "owner", "", `only entries of this owner ("" : without one)`)
 	fl.StringVar(&f.filter.typ, "type", "", "only entries whose task type matches this glob")
 	fl.StringVar(&f.sortBy, "sort-by", "id", "order by: "+strings.Join(lsSortKeys, ", "))
@@ -318,9 +318,9 @@ func (f *lsFilter) check(cmd *cobra.Command) error {
 	default:
 		return usagef("--state %q: use active, paused, ended, completed or quarantined", f.state)
 	}
-	sel, err := events.ParseSelector(f.selector)
+	sel, err := parseSelector(f.selector)
 	if err != nil {
-		return usagef("--selector: %v", err)
+		return err
 	}
 	f.sel = sel
 	if _, err := path.Match(f.typ, ""); err != nil {

@@ -140,137 +140,168 @@ every replica before using them.`,
 	fl.BoolVar(&f.tickHeaders, "tick-headers", false, "add the entry id and the scheduled tick to each task as asynq headers (cronstream-entry, cronstream-scheduled-at; a trigger's and a backfill's say which they are); --header names may then not start with cronstream- (--tick-headers=false turns it off)")
 	fl.StringVar(&f.maxFires, "max-fires", "", "fire at most N scheduled ticks, then show as completed (N at least 1; a new N counts afresh; '' removes the limit)")
 	fl.BoolVar(&f.replace, "replace", false, "replace the whole entry with what the command line gives (keeps only the pause state)")
-	fl.BoolVar(&g.json, "json", false, "print the result as JSON")
+	addJSONResult(cmd, g)
 	f.rev.add(cmd)
 	addConn(cmd, &f.conn, false)
 	return cmd
 }
 
-// patch applies the flags given on the command line to e.
+// patch applies the flags given on the command line to e. Every problem
+// is reported at once, each naming its flag.
 func (f *putFlags) patch(cmd *cobra.Command, e *events.Entry) error {
-	ch := cmd.Flags().Changed
-	var errs []error
-	dur := func(flag, v string, dst *events.Duration) {
-		if !ch(flag) {
-			return
-		}
-		d, err := events.ParseDuration(v)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("--%s: %w", flag, err))
-			return
-		}
-		*dst = d
+	p := &fieldPatch{changed: cmd.Flags().Changed}
+	f.patchFields(p, e)
+	f.patchDurations(p, e)
+	f.patchWindow(p, e)
+	if p.changed("label") {
+		e.Labels = p.pairs(f.labels, func(l string) (string, string, error) {
+			k, v, err := events.ParseLabel(l)
+			if err != nil {
+				return "", "", fmt.Errorf("--label: %w", err)
+			}
+			return k, v, nil
+		})
 	}
-	str := func(flag, v string, dst *string) {
-		if ch(flag) {
-			*dst = v
-		}
+	if p.changed("header") {
+		e.Task.Headers = p.pairs(f.headers, func(h string) (string, string, error) {
+			k, v, ok := strings.Cut(h, "=")
+			if !ok || k == "" {
+				return "", "", fmt.Errorf("--header %q: use name=value", h)
+			}
+			return k, v, nil
+		})
 	}
-	str("cron", f.cron, &e.Cron)
-	str("type", f.typ, &e.Task.Type)
-	str("queue", f.queue, &e.Options.Queue)
-	str("group", f.group, &e.Options.Group)
-	str("timezone", f.timezone, &e.Timezone)
-	str("note", f.note, &e.Note)
-	if ch("overlap") {
+	if len(p.errs) > 0 {
+		return usageError{errors.Join(p.errs...)}
+	}
+	return nil
+}
+
+// patchFields sets the fields whose flags cannot be wrong on their own
+// (Validate judges them).
+func (f *putFlags) patchFields(p *fieldPatch, e *events.Entry) {
+	p.str("cron", f.cron, &e.Cron)
+	p.str("type", f.typ, &e.Task.Type)
+	p.str("queue", f.queue, &e.Options.Queue)
+	p.str("group", f.group, &e.Options.Group)
+	p.str("timezone", f.timezone, &e.Timezone)
+	p.str("note", f.note, &e.Note)
+	if p.changed("overlap") {
 		e.Overlap = events.OverlapPolicy(f.overlap)
 	}
-	if ch("pause-on-failure") {
+	if p.changed("pause-on-failure") {
 		e.PauseOnFailure = f.pauseOnFailure
 	}
-	if ch("tick-headers") {
+	if p.changed("tick-headers") {
 		e.TickHeaders = f.tickHeaders
 	}
-	if ch("catchup") {
+	if p.changed("catchup") {
 		e.Catchup.Policy = events.CatchupPolicy(f.catchup)
 	}
-	if ch("max-retry") {
+	if p.changed("max-retry") {
 		r := f.maxRetry
 		e.Options.MaxRetry = &r
 	}
-	dur("timeout", f.timeout, &e.Options.Timeout)
-	dur("deadline", f.deadline, &e.Options.Deadline)
-	dur("unique", f.unique, &e.Options.Unique)
-	dur("retention", f.retention, &e.Options.Retention)
-	dur("jitter", f.jitter, &e.Jitter)
-	dur("catchup-window", f.catchupWindow, &e.Catchup.Window)
-	if ch("timeout") && e.Options.Timeout == 0 && !ch("deadline") && e.Options.Deadline == 0 {
-		// Without a deadline a zero timeout would silently become the
-		// default again.
-		errs = append(errs, errors.New("--timeout: 0 means no timeout, which needs a --deadline"))
-	}
-	if ch("payload") || ch("payload-file") {
+	if p.changed("payload") || p.changed("payload-file") {
 		e.Task.Payload = f.payloadBytes
 	}
-	at := func(flag, v string, dst *time.Time) {
-		if !ch(flag) {
-			return
-		}
-		if v == "" {
-			*dst = time.Time{}
-			return
-		}
-		t, err := parseTime(flag, v, f.now)
-		if err != nil {
-			errs = append(errs, err)
-			return
-		}
-		*dst = t
+	if p.changed("exclude") {
+		e.Exclude = slices.DeleteFunc(slices.Clone(f.exclude), func(s string) bool { return s == "" })
 	}
-	if ch("max-fires") {
+}
+
+func (f *putFlags) patchDurations(p *fieldPatch, e *events.Entry) {
+	p.dur("timeout", f.timeout, &e.Options.Timeout)
+	p.dur("deadline", f.deadline, &e.Options.Deadline)
+	p.dur("unique", f.unique, &e.Options.Unique)
+	p.dur("retention", f.retention, &e.Options.Retention)
+	p.dur("jitter", f.jitter, &e.Jitter)
+	p.dur("catchup-window", f.catchupWindow, &e.Catchup.Window)
+	if p.changed("timeout") && e.Options.Timeout == 0 && !p.changed("deadline") && e.Options.Deadline == 0 {
+		// Without a deadline a zero timeout would silently become the
+		// default again.
+		p.errs = append(p.errs, errors.New("--timeout: 0 means no timeout, which needs a --deadline"))
+	}
+}
+
+// patchWindow sets which ticks fire: --max-fires, --start-at and --end-at.
+func (f *putFlags) patchWindow(p *fieldPatch, e *events.Entry) {
+	if p.changed("max-fires") {
 		e.MaxFires = 0
 		if f.maxFires != "" {
 			n, err := strconv.Atoi(strings.TrimSpace(f.maxFires))
 			if err != nil || n < 1 {
-				errs = append(errs, fmt.Errorf("--max-fires %q: must be a whole number of at least 1 (--max-fires '' removes the limit)", f.maxFires))
+				p.errs = append(p.errs, fmt.Errorf("--max-fires %q: must be a whole number of at least 1 (--max-fires '' removes the limit)", f.maxFires))
 			} else {
 				e.MaxFires = n
 			}
 		}
 	}
-	at("start-at", f.startAt, &e.StartAt)
-	at("end-at", f.endAt, &e.EndAt)
-	if ch("exclude") {
-		e.Exclude = slices.DeleteFunc(slices.Clone(f.exclude), func(s string) bool { return s == "" })
+	p.at("start-at", f.startAt, f.now, &e.StartAt)
+	p.at("end-at", f.endAt, f.now, &e.EndAt)
+}
+
+// fieldPatch sets the fields whose flags were given, collecting every
+// problem.
+type fieldPatch struct {
+	changed func(flag string) bool
+	errs    []error
+}
+
+func (p *fieldPatch) str(flag, v string, dst *string) {
+	if p.changed(flag) {
+		*dst = v
 	}
-	if ch("label") {
-		e.Labels = nil
-		for _, l := range f.labels {
-			if l == "" {
-				continue
-			}
-			k, v, err := events.ParseLabel(l)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("--label: %w", err))
-				continue
-			}
-			if e.Labels == nil {
-				e.Labels = map[string]string{}
-			}
-			e.Labels[k] = v
+}
+
+func (p *fieldPatch) dur(flag, v string, dst *events.Duration) {
+	if !p.changed(flag) {
+		return
+	}
+	d, err := events.ParseDuration(v)
+	if err != nil {
+		p.errs = append(p.errs, fmt.Errorf("--%s: %w", flag, err))
+		return
+	}
+	*dst = d
+}
+
+// at sets a time, relative ones from now; an empty value clears it.
+func (p *fieldPatch) at(flag, v string, now time.Time, dst *time.Time) {
+	if !p.changed(flag) {
+		return
+	}
+	if v == "" {
+		*dst = time.Time{}
+		return
+	}
+	t, err := parseTime(flag, v, now)
+	if err != nil {
+		p.errs = append(p.errs, err)
+		return
+	}
+	*dst = t
+}
+
+// pairs parses a repeatable k=v flag that replaces a whole map: nil when
+// it gives none (an empty value clears it).
+func (p *fieldPatch) pairs(values []string, parse func(string) (k, v string, err error)) map[string]string {
+	var m map[string]string
+	for _, s := range values {
+		if s == "" {
+			continue
 		}
-	}
-	if ch("header") {
-		e.Task.Headers = nil
-		for _, h := range f.headers {
-			if h == "" {
-				continue
-			}
-			k, v, ok := strings.Cut(h, "=")
-			if !ok || k == "" {
-				errs = append(errs, fmt.Errorf("--header %q: use name=value", h))
-				continue
-			}
-			if e.Task.Headers == nil {
-				e.Task.Headers = map[string]string{}
-			}
-			e.Task.Headers[k] = v
+		k, v, err := parse(s)
+		if err != nil {
+			p.errs = append(p.errs, err)
+			continue
 		}
+		if m == nil {
+			m = map[string]string{}
+		}
+		m[k] = v
 	}
-	if len(errs) > 0 {
-		return usageError{errors.Join(errs...)}
-	}
-	return nil
+	return m
 }
 
 func readPayload(cmd *cobra.Command, path string) ([]byte, error) {
@@ -338,17 +369,8 @@ func runEntryPut(cmd *cobra.Command, g *globalFlags, f *putFlags, id string) err
 	ctx := cmd.Context()
 	f.now = time.Now()
 	// Flags are checked before connecting: a typo costs no round trip.
-	switch {
-	case cmd.Flags().Changed("payload") && cmd.Flags().Changed("payload-file"):
-		return errors.New("--payload and --payload-file: give one of them")
-	case cmd.Flags().Changed("payload"):
-		f.payloadBytes = []byte(f.payload)
-	case cmd.Flags().Changed("payload-file"):
-		b, err := readPayload(cmd, f.payloadFile)
-		if err != nil {
-			return err
-		}
-		f.payloadBytes = b
+	if err := f.readPayload(cmd); err != nil {
+		return err
 	}
 	if err := f.patch(cmd, &events.Entry{}); err != nil {
 		return err
@@ -365,25 +387,9 @@ func runEntryPut(cmd *cobra.Command, g *globalFlags, f *putFlags, id string) err
 	for round := 1; ; round++ {
 		cur, rev, getErr := s.client.Get(ctx, id)
 		exists, absent := getErr == nil, errors.Is(getErr, events.ErrNotFound)
-		var base events.Entry
-		switch {
-		case exists && f.replace:
-			base = events.Entry{ID: id, Paused: cur.Paused}
-			if cur.Paused {
-				base.Note = cur.Note
-			}
-		case exists:
-			base = cur
-		case absent:
-			base = events.Entry{ID: id}
-		case errors.Is(getErr, events.ErrMalformedEvent) && f.replace:
-			// The last event cannot be applied: write the entry anew. Its
-			// revision is unknown here, so only --if-revision guards it.
-			base = events.Entry{ID: id}
-		case errors.Is(getErr, events.ErrMalformedEvent):
-			return fmt.Errorf("%w\nthe entry's current state cannot be read, so fields cannot be kept: write it whole with --replace", getErr)
-		default:
-			return getErr
+		base, err := f.base(id, cur, getErr)
+		if err != nil {
+			return err
 		}
 		next := base.Clone()
 		if err := f.patch(cmd, &next); err != nil {
@@ -411,40 +417,91 @@ func runEntryPut(cmd *cobra.Command, g *globalFlags, f *putFlags, id string) err
 			}
 			return err
 		}
-		out := putResult{ID: id, Revision: res.Revision, Entry: res.Entry, Warnings: jitterWarnings(res.Entry, f.now)}
-		switch events.ConfigKind(res.Type) {
-		case events.TypeEntryRegistered:
-			out.Result = "registered"
-		case events.TypeEntryUpdated:
-			out.Result = "updated"
-			if exists {
-				for _, c := range configsync.Diff(cur, res.Entry) {
-					out.Changes = append(out.Changes, c.String())
-				}
-			}
-		default:
-			out.Result = "unchanged"
-		}
-		if out.Result == "registered" || (out.Result == "updated" && exists && scheduleChanged(cur, res.Entry)) {
-			out.Capacity = putCapacity(ctx, s, res.Entry, &out.Warnings, cmd.ErrOrStderr())
-		}
-		for _, warning := range out.Warnings {
-			fmt.Fprintln(cmd.ErrOrStderr(), "cronstream: warning:", terminalSafe(warning))
-		}
+		out := f.result(ctx, cmd, s, id, res, cur, exists)
 		if g.json {
 			return printJSON(cmd.OutOrStdout(), out)
 		}
-		w := cmd.OutOrStdout()
-		switch out.Result {
-		case "unchanged":
-			fmt.Fprintf(w, "entry %s unchanged at revision %d (nothing published)\n", id, out.Revision)
-		default:
-			fmt.Fprintf(w, "entry %s %s at revision %d\n", id, out.Result, out.Revision)
-			for _, c := range out.Changes {
-				fmt.Fprintf(w, "  %s\n", terminalSafe(c))
+		printPutResult(cmd.OutOrStdout(), out)
+		return nil
+	}
+}
+
+// readPayload reads --payload or --payload-file, once.
+func (f *putFlags) readPayload(cmd *cobra.Command) error {
+	switch {
+	case cmd.Flags().Changed("payload") && cmd.Flags().Changed("payload-file"):
+		return errors.New("--payload and --payload-file: give one of them")
+	case cmd.Flags().Changed("payload"):
+		f.payloadBytes = []byte(f.payload)
+	case cmd.Flags().Changed("payload-file"):
+		b, err := readPayload(cmd, f.payloadFile)
+		if err != nil {
+			return err
+		}
+		f.payloadBytes = b
+	}
+	return nil
+}
+
+// base is the entry the flags are applied to: the current one (cur, or
+// getErr why not), or with --replace only its pause state.
+func (f *putFlags) base(id string, cur events.Entry, getErr error) (events.Entry, error) {
+	switch {
+	case getErr == nil && f.replace:
+		base := events.Entry{ID: id, Paused: cur.Paused}
+		if cur.Paused {
+			base.Note = cur.Note
+		}
+		return base, nil
+	case getErr == nil:
+		return cur, nil
+	case errors.Is(getErr, events.ErrNotFound):
+		return events.Entry{ID: id}, nil
+	case errors.Is(getErr, events.ErrMalformedEvent) && f.replace:
+		// The last event cannot be applied: write the entry anew. Its
+		// revision is unknown here, so only --if-revision guards it.
+		return events.Entry{ID: id}, nil
+	case errors.Is(getErr, events.ErrMalformedEvent):
+		return events.Entry{}, fmt.Errorf("%w\nthe entry's current state cannot be read, so fields cannot be kept: write it whole with --replace", getErr)
+	}
+	return events.Entry{}, getErr
+}
+
+// result says what the put did (cur is the entry before it, when it
+// existed), checks the capacity when it changed when the entry fires, and
+// says the warnings on stderr.
+func (f *putFlags) result(ctx context.Context, cmd *cobra.Command, s *session, id string, res events.Result, cur events.Entry, exists bool) putResult {
+	out := putResult{ID: id, Revision: res.Revision, Entry: res.Entry, Warnings: jitterWarnings(res.Entry, f.now)}
+	switch events.ConfigKind(res.Type) {
+	case events.TypeEntryRegistered:
+		out.Result = "registered"
+	case events.TypeEntryUpdated:
+		out.Result = "updated"
+		if exists {
+			for _, c := range configsync.Diff(cur, res.Entry) {
+				out.Changes = append(out.Changes, c.String())
 			}
 		}
-		return nil
+	default:
+		out.Result = "unchanged"
+	}
+	if out.Result == "registered" || (out.Result == "updated" && exists && scheduleChanged(cur, res.Entry)) {
+		out.Capacity = putCapacity(ctx, s, res.Entry, &out.Warnings, cmd.ErrOrStderr())
+	}
+	for _, warning := range out.Warnings {
+		fmt.Fprintln(cmd.ErrOrStderr(), "cronstream: warning:", terminalSafe(warning))
+	}
+	return out
+}
+
+func printPutResult(w io.Writer, out putResult) {
+	if out.Result == "unchanged" {
+		fmt.Fprintf(w, "entry %s unchanged at revision %d (nothing published)\n", out.ID, out.Revision)
+		return
+	}
+	fmt.Fprintf(w, "entry %s %s at revision %d\n", out.ID, out.Result, out.Revision)
+	for _, c := range out.Changes {
+		fmt.Fprintf(w, "  %s\n", terminalSafe(c))
 	}
 }
 

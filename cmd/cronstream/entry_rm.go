@@ -48,7 +48,7 @@ Name the entries by id, or select them as "entry ls" does (--selector,
 			})
 		},
 	}
-	cmd.Flags().BoolVar(&g.json, "json", false, "print the result as JSON")
+	addJSONResult(cmd, g)
 	rev.add(cmd)
 	bulk.add(cmd)
 	addConn(cmd, &conn, false)

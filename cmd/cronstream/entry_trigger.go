@@ -77,7 +77,7 @@ refused, nothing is enqueued and the command exits non-zero with the reason.`,
 		},
 	}
 	cmd.Flags().StringVar(&requestID, "request-id", "", "idempotency key: the same id enqueues at most once (default: random)")
-	cmd.Flags().BoolVar(&g.json, "json", false, "print the result as JSON")
+	addJSONResult(cmd, g)
 	addConn(cmd, &conn, true)
 	return cmd
 }

@@ -16,15 +16,18 @@ import (
 
 func init() { subcommands = append(subcommands, newExportCommand) }
 
+// exportFlags are export's flags.
+type exportFlags struct {
+	conn   connFlags
+	format string
+	file   string
+	owner  string
+	// selector exports only the entries whose labels match.
+	selector string
+}
+
 func newExportCommand(g *globalFlags) *cobra.Command {
-	var (
-		conn   connFlags
-		format string
-		file   string
-		owner  string
-		// selector exports only the entries whose labels match.
-		selector string
-	)
+	f := &exportFlags{}
 	cmd := &cobra.Command{
 		Use:   "export [--output-file FILE] [-o yaml|json|name] [--owner O] [--selector SEL]",
 		Short: "Write the entries as a schedules file that sync -f reads",
@@ -55,76 +58,93 @@ this release.`,
   cronstream export | cronstream --prefix staging sync -f -`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx := cmd.Context()
-			switch format {
-			case "yaml", "json", "name":
-			default:
-				// Earlier builds: -o FILE. Kept for a release.
-				if cmd.Flags().Changed("output-file") {
-					return usagef("-o %q: use yaml, json or name (the file goes in --output-file)", format)
-				}
-				fmt.Fprintf(cmd.ErrOrStderr(), "cronstream: warning: export -o FILE is deprecated and goes in a later release: -o names the format (yaml, json, name), --output-file the file\n")
-				file, format = format, "yaml"
-			}
-			sel, err := events.ParseSelector(selector)
-			if err != nil {
-				return usagef("--selector: %v", err)
-			}
-			s, err := openStreamsSession(ctx, g, &conn)
-			if err != nil {
-				return err
-			}
-			defer s.Close()
-			cur, err := s.client.List(ctx)
-			if err != nil {
-				return err
-			}
-			byOwner := cmd.Flags().Changed("owner")
-			var entries []events.Entry
-			for _, c := range cur {
-				if c.Err != nil {
-					fmt.Fprintf(cmd.ErrOrStderr(), "left out %s: quarantined (%s)\n", terminalSafe(c.ID), terminalSafe(c.Err.Error()))
-					continue
-				}
-				if byOwner && c.Entry.Owner != owner || !sel.Matches(c.Entry.Labels) {
-					continue
-				}
-				entries = append(entries, c.Entry)
-			}
-			var b bytes.Buffer
-			switch format {
-			case "name":
-				for _, e := range entries {
-					fmt.Fprintf(&b, "%s%s\n", namePrefix, e.ID)
-				}
-			case "json":
-				if err := exportJSON(&b, entries); err != nil {
-					return err
-				}
-			default:
-				if err := configsync.Export(&b, entries); err != nil {
-					return err
-				}
-			}
-			out := file
-			if out == "" || out == "-" {
-				_, err := cmd.OutOrStdout().Write(b.Bytes())
-				return err
-			}
-			if err := writeFileAtomic(out, b.Bytes()); err != nil {
-				return err
-			}
-			fmt.Fprintf(cmd.ErrOrStderr(), "exported %s to %s\n", plural(len(entries), "entry", "entries"), terminalSafe(out))
-			return nil
+			return runExport(cmd, g, f)
 		},
 	}
-	f := cmd.Flags()
-	f.StringVarP(&format, "output", "o", "yaml", "output format: yaml (the schedules file), json or name")
-	f.StringVar(&file, "output-file", "", "write to this file instead of stdout")
-	f.StringVar(&owner, "owner", "", "export only the entries of this owner")
-	f.StringVarP(&selector, "selector", "l", "", "export only the entries whose labels match (k=v, k!=v, k in (a,b), k notin (a,b), k, !k; commas join)")
-	addConn(cmd, &conn, false)
+	fl := cmd.Flags()
+	fl.StringVarP(&f.format, "output", "o", "yaml", "output format: yaml (the schedules file), json or name")
+	fl.StringVar(&f.file, "output-file", "", "write to this file instead of stdout")
+	fl.StringVar(&f.owner, "owner", "", "export only the entries of this owner")
+	addSelector(cmd, &f.selector, "export only the entries whose labels match", "")
+	addConn(cmd, &f.conn, false)
 	return cmd
+}
+
+// runExport writes the entries --owner and --selector keep in the format
+// -o asks for, to stdout or --output-file.
+func runExport(cmd *cobra.Command, g *globalFlags, f *exportFlags) error {
+	ctx := cmd.Context()
+	if err := f.resolveFormat(cmd); err != nil {
+		return err
+	}
+	sel, err := parseSelector(f.selector)
+	if err != nil {
+		return err
+	}
+	s, err := openStreamsSession(ctx, g, &f.conn)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	cur, err := s.client.List(ctx)
+	if err != nil {
+		return err
+	}
+	byOwner := cmd.Flags().Changed("owner")
+	var entries []events.Entry
+	for _, c := range cur {
+		if c.Err != nil {
+			fmt.Fprintf(cmd.ErrOrStderr(), "left out %s: quarantined (%s)\n", terminalSafe(c.ID), terminalSafe(c.Err.Error()))
+			continue
+		}
+		if byOwner && c.Entry.Owner != f.owner || !sel.Matches(c.Entry.Labels) {
+			continue
+		}
+		entries = append(entries, c.Entry)
+	}
+	var b bytes.Buffer
+	if err := exportAs(&b, f.format, entries); err != nil {
+		return err
+	}
+	if f.file == "" || f.file == "-" {
+		_, err := cmd.OutOrStdout().Write(b.Bytes())
+		return err
+	}
+	if err := writeFileAtomic(f.file, b.Bytes()); err != nil {
+		return err
+	}
+	fmt.Fprintf(cmd.ErrOrStderr(), "exported %s to %s\n", plural(len(entries), "entry", "entries"), terminalSafe(f.file))
+	return nil
+}
+
+// resolveFormat checks -o. Earlier builds took the file as -o FILE: that
+// is kept, with a warning, for a release.
+func (f *exportFlags) resolveFormat(cmd *cobra.Command) error {
+	switch f.format {
+	case "yaml", "json", "name":
+		return nil
+	}
+	if cmd.Flags().Changed("output-file") {
+		return usagef("-o %q: use yaml, json or name (the file goes in --output-file)", f.format)
+	}
+	fmt.Fprintf(cmd.ErrOrStderr(), "cronstream: warning: export -o FILE is deprecated and goes in a later release: -o names the format (yaml, json, name), --output-file the file\n")
+	f.file, f.format = f.format, "yaml"
+	return nil
+}
+
+// exportAs writes entries in format: the schedules file as YAML or JSON,
+// or their names.
+func exportAs(w io.Writer, format string, entries []events.Entry) error {
+	switch format {
+	case "name":
+		for _, e := range entries {
+			fmt.Fprintf(w, "%s%s\n", namePrefix, e.ID)
+		}
+		return nil
+	case "json":
+		return exportJSON(w, entries)
+	}
+	return configsync.Export(w, entries)
 }
 
 // writeFileAtomic replaces path with data through a temporary file in the

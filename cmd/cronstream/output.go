@@ -164,10 +164,31 @@ func (o tableOpts) when(t *time.Time) string {
 	if t == nil {
 		return "-"
 	}
-	if !o.relative {
-		return fmtTime(*t)
+	return timeText{relative: o.relative, now: o.now}.at(*t)
+}
+
+// timeText shows times as fmtTime does and, on a terminal, how long ago
+// or ahead each one is beside it: read by people, who should not have to
+// subtract UTC times from their own clock. Pipes and files get the
+// absolute time alone, as before.
+type timeText struct {
+	relative bool
+	now      time.Time
+}
+
+// timesFor is the timeText for what is written to w: relative when w is
+// a terminal.
+func timesFor(w io.Writer) timeText {
+	f, ok := w.(*os.File)
+	return timeText{relative: ok && isTerminal(f), now: time.Now()}
+}
+
+// at shows t, with its distance from now when relative.
+func (tt timeText) at(t time.Time) string {
+	if !tt.relative || t.IsZero() {
+		return fmtTime(t)
 	}
-	return fmtTime(*t) + " (" + relTime(*t, o.now) + ")"
+	return fmtTime(t) + " (" + relTime(t, tt.now) + ")"
 }
 
 // relTime is how far t is from now, in its largest whole unit: "in 4m",
@@ -293,6 +314,7 @@ func clearStyle(n *yaml.Node) {
 
 // printEntry shows one entry field by field.
 func printEntry(w io.Writer, v entryView) error {
+	times := timesFor(w)
 	tw := newTable(w)
 	row := func(k, val string) { fmt.Fprintf(tw, "%s:\t%s\n", terminalSafe(k), terminalSafe(val)) }
 	e := v.Entry
@@ -303,7 +325,7 @@ func printEntry(w io.Writer, v entryView) error {
 	}
 	row("revision", fmt.Sprint(v.Revision))
 	if v.Updated != nil {
-		row("updated", fmtTime(*v.Updated))
+		row("updated", times.at(*v.Updated))
 	}
 	if v.State != stateQuarantined {
 		row("cron", e.Cron)
@@ -368,7 +390,7 @@ func printEntry(w io.Writer, v entryView) error {
 			}
 		}
 		if v.NextFire != nil {
-			row("next fire", fmtTime(*v.NextFire))
+			row("next fire", times.at(*v.NextFire))
 		}
 	}
 	return tw.Flush()

@@ -50,6 +50,13 @@ func (o *outputFlag) resolve(cmd *cobra.Command) (string, error) {
 	return o.format, nil
 }
 
+// addJSONResult registers --json on a command that changes something
+// (put, pause, resume, rm, trigger, backfill): its result as JSON instead
+// of a line of text. Such commands take no -o.
+func addJSONResult(cmd *cobra.Command, g *globalFlags) {
+	cmd.Flags().BoolVar(&g.json, "json", false, "print the result as JSON")
+}
+
 // printStructured prints v as JSON or YAML (format), reporting whether it
 // was one of those.
 func printStructured(w io.Writer, format string, v any) (bool, error) {

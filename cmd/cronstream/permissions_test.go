@@ -35,15 +35,23 @@ var natsUsers = map[string]string{
 	"cronstream-auditor":  "CRONSTREAM_AUDITOR_NATS_PASSWORD",
 }
 
+// permissionsConfig is permissionsFile with each user's password
+// "pw-<user>" defined in it, as the deployment's environment would.
+func permissionsConfig(t *testing.T) string {
+	t.Helper()
+	vars := map[string]string{}
+	for user, v := range natsUsers {
+		vars[v] = "pw-" + user
+	}
+	return testenv.NATSConfigWithVars(t, permissionsFile, vars)
+}
+
 // permissionsServer loads permissionsFile into an embedded server (the
-// passwords from the environment, so its tests are not parallel) and
-// returns it with the URL of each user.
+// passwords defined by permissionsConfig) and returns it with the URL of
+// each user.
 func permissionsServer(t *testing.T) (*testenv.NATS, func(user string) string) {
 	t.Helper()
-	for user, v := range natsUsers {
-		t.Setenv(v, "pw-"+user)
-	}
-	n := testenv.StartNATSFromConfig(t, permissionsFile)
+	n := testenv.StartNATSFromConfig(t, permissionsConfig(t))
 	host := strings.TrimPrefix(n.URL(), "nats://")
 	return n, func(user string) string { return "nats://" + user + ":pw-" + user + "@" + host }
 }
@@ -105,7 +113,7 @@ func violations(n *testenv.NATS) []string {
 // a role did in its own work was refused: every violation the server
 // logged is one provoked here.
 func TestNATSPermissions(t *testing.T) {
-	// Not parallel: the server takes the passwords from the environment.
+	t.Parallel()
 	n, url := permissionsServer(t)
 	r := testenv.StartRedis(t, testenv.WithPrivateServer())
 	env := func(user string) *cliEnv {
@@ -230,10 +238,8 @@ func TestNATSPermissions(t *testing.T) {
 // permissions file have exactly the shared replica user's permissions
 // but the heartbeat, which is their own id's only.
 func TestPermissionsFileReplicaUsers(t *testing.T) {
-	for user, v := range natsUsers {
-		t.Setenv(v, "pw-"+user)
-	}
-	opts, err := server.ProcessConfigFile(permissionsFile)
+	t.Parallel()
+	opts, err := server.ProcessConfigFile(permissionsConfig(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -277,7 +283,7 @@ func TestPermissionsFileReplicaUsers(t *testing.T) {
 // and `audit` show the pause on failure, the entry fires no more, and the
 // server refused nothing.
 func TestPauseOnFailureWithPermissions(t *testing.T) {
-	// Not parallel: the server takes the passwords from the environment.
+	t.Parallel()
 	n, url := permissionsServer(t)
 	r := testenv.StartRedis(t, testenv.WithPrivateServer())
 	env := func(user string) *cliEnv {

@@ -140,11 +140,28 @@ func (e *cliEnv) runOnTerminalOut(args ...string) string {
 
 // TestEntryLsRelativeTimesOnATerminal: on a terminal each time is followed
 // by how far it is from now.
-func TestEntryLsRelativeTimesOnATerminal(t *testing.T) {
+func TestRelativeTimesOnATerminal(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, false)
 	e.ok("entry", "put", "soon", "--cron", "@hourly", "--type", "t")
-	if out := e.runOnTerminalOut("entry", "ls"); !strings.Contains(out, "(in ") {
-		t.Errorf("entry ls on a terminal shows no relative time:\n%s", out)
+	for _, c := range []struct {
+		args []string
+		want []string // each beside an absolute time
+	}{
+		{[]string{"entry", "ls"}, []string{"(in "}},
+		{[]string{"entry", "get", "soon"}, []string{"s ago)", "(in "}},      // updated, next fire
+		{[]string{"entry", "describe", "soon"}, []string{"s ago)", "(in "}}, // history, next fires
+		{[]string{"entry", "history", "soon"}, []string{"s ago)"}},
+	} {
+		out := e.runOnTerminalOut(c.args...)
+		for _, w := range c.want {
+			if !strings.Contains(out, w) {
+				t.Errorf("%s on a terminal shows no relative time %q:\n%s", strings.Join(c.args, " "), w, out)
+			}
+		}
+		// A pipe gets absolute times only, as scripts expect.
+		if piped := e.ok(c.args...); strings.Contains(piped, " ago)") || strings.Contains(piped, "(in ") {
+			t.Errorf("%s into a pipe shows relative times:\n%s", strings.Join(c.args, " "), piped)
+		}
 	}
 }

@@ -223,7 +223,7 @@ var routeUsers = []string{"cronstream-replica", "cronstream-1", "cronstream-oper
 // a republish: `streams apply` and a starting replica then refuse the
 // stream, naming the route.
 func TestConfigWriteRoutes(t *testing.T) {
-	// Not parallel: the server takes the passwords from the environment.
+	t.Parallel()
 	n, url := permissionsServer(t)
 	r := testenv.StartRedis(t, testenv.WithPrivateServer())
 	env := func(user string) *cliEnv {

@@ -41,21 +41,24 @@ type syncReport struct {
 	Warnings []string        `json:"warnings,omitempty"`
 }
 
+// syncFlags are sync's flags.
+type syncFlags struct {
+	conn   connFlags
+	file   string
+	prune  bool
+	dryRun bool
+	owner  string
+	// selector narrows the sync to the entries whose labels match.
+	selector string
+	watch    time.Duration
+	detail   bool
+	maxSize  byteSize
+	guard    guardFlags
+	exitLost bool
+}
+
 func newSyncCommand(g *globalFlags) *cobra.Command {
-	var (
-		conn   connFlags
-		file   string
-		prune  bool
-		dryRun bool
-		owner  string
-		// selector narrows the sync to the entries whose labels match.
-		selector string
-		watch    time.Duration
-		detail   bool
-		maxSize  = byteSize{n: configsync.DefaultMaxFileBytes}
-		guard    guardFlags
-		exitLost bool
-	)
+	f := &syncFlags{maxSize: byteSize{n: configsync.DefaultMaxFileBytes}}
 	cmd := &cobra.Command{
 		Use:   "sync -f FILE",
 		Short: "Config as code: make the entries match a schedules file",
@@ -130,171 +133,204 @@ costliest YAML, so the default bounds a hostile file at about 1 GiB.`,
   generate-schedules | cronstream sync -f -`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx := cmd.Context()
-			switch {
-			case file == "":
-				return usagef("sync needs -f FILE (or -f - for stdin)")
-			case owner == "":
-				return usagef("--owner must not be empty: entries without an owner are never pruned")
-			case watch < 0:
-				return usagef("--watch must be positive")
-			case watch > 0 && dryRun:
-				return usagef("--watch and --dry-run: a dry run publishes nothing to watch for")
-			case watch > 0 && file == "-":
-				return usagef("--watch needs a file to re-read, not stdin")
-			case detail && !dryRun:
-				return usagef("--detailed-exitcode goes with --dry-run: it says whether the plan is empty")
-			case exitLost && watch == 0:
-				return usagef("--exit-on-disconnect applies to --watch only")
-			}
-			guard.dryRun = dryRun
-			if err := (events.Entry{ID: "x", Cron: "@daily", Task: events.Task{Type: "x"}, Owner: owner}).Validate(); err != nil {
-				return usagef("--owner %q: at most 128 bytes of UTF-8", owner)
-			}
-			sel, err := events.ParseSelector(selector)
-			if err != nil {
-				return usagef("--selector: %v", err)
-			}
-			var cfgs []configsync.Config
-			if file == "-" {
-				cfgs, err = configsync.Read(cmd.InOrStdin(), "stdin", maxSize.n)
-			} else {
-				cfgs, err = configsync.LoadFile(file, maxSize.n)
-			}
-			switch {
-			case errors.Is(err, configsync.ErrFileTooLarge):
-				return usagef("%v; nothing was published (--max-file-size raises the limit)", err)
-			case errors.Is(err, configsync.ErrInvalidConfig):
-				return fmt.Errorf("%w\nnothing was published", err)
-			case err != nil:
-				return err
-			}
-			conn.reconnectForever = watch > 0
-			s, err := openSession(g, &conn)
-			if err != nil {
-				return err
-			}
-			defer s.Close()
-			var current []events.Current
-			streamsExist := true
-			if dryRun {
-				// A dry run creates nothing: without streams there is
-				// simply nothing yet.
-				if err := s.requireStreams(ctx); err == nil {
-					if current, err = s.client.List(ctx); err != nil {
-						return err
-					}
-				} else {
-					streamsExist = false
-				}
-			} else {
-				if err := s.ensureStreams(ctx); err != nil {
-					return err
-				}
-				if current, err = s.client.List(ctx); err != nil {
-					return err
-				}
-			}
-			all := current
-			current, cfgs = configsync.Select(current, cfgs, sel)
-			plan := configsync.MakePlan(current, cfgs, owner, prune)
-			if streamsExist { // a retention is only known once the streams exist
-				for _, a := range plan.Actions {
-					if a.Kind == configsync.Create || a.Kind == configsync.Update {
-						if err := s.checkCatchup(ctx, a.Entry); err != nil {
-							return err
-						}
-					}
-				}
-			}
-			var capRep *capacityReport
-			var warnings []string
-			if streamsExist && !plan.Empty() {
-				capRep, warnings = syncCapacity(ctx, s, all, plan, cmd.ErrOrStderr())
-			}
-			w := cmd.OutOrStdout()
-			if dryRun {
-				if g.json {
-					if err := printJSON(w, newSyncReport(plan, nil, owner, true).with(capRep, warnings)); err != nil {
-						return err
-					}
-				} else {
-					printPlan(w, plan, owner, true)
-				}
-				if detail && !plan.Empty() {
-					return errChangesPending
-				}
-				return nil
-			}
-			if prune && !plan.Empty() {
-				n := len(plan.Actions)
-				ok, err := guard.confirm(cmd, "apply", n, "change", "changes", func(pw io.Writer) { printPlan(pw, plan, owner, false) })
-				if err != nil {
-					return err
-				}
-				if !ok {
-					return nil
-				}
-			}
-			outcomes, applyErr := configsync.Apply(ctx, s.client, plan)
-			if g.json {
-				if err := printJSON(w, newSyncReport(plan, outcomes, owner, false).with(capRep, warnings)); err != nil {
-					return err
-				}
-			} else {
-				printPlan(w, plan, owner, false)
-				printOutcomes(w, outcomes)
-			}
-			if applyErr != nil {
-				return fmt.Errorf("sync: %w", applyErr)
-			}
-			if watch == 0 {
-				return nil
-			}
-			maxRemovals := guard.maxChanges
-			if guard.yes {
-				maxRemovals = 0
-			}
-			var cancel context.CancelFunc
-			ctx, cancel = context.WithCancel(ctx)
-			defer cancel()
-			lost, stop := watchNATS(ctx, cancel, s, cmd.ErrOrStderr(), exitLost)
-			defer stop()
-			syncer := &configsync.Syncer{
-				Provider: configsync.FileProvider{Path: file, MaxBytes: maxSize.n}, Client: s.client, Owner: owner, Prune: prune, Selector: sel,
-				MaxRemovals: maxRemovals,
-				Interval:    watch, Logger: slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil)),
-				OnSync: func(r configsync.Report) {
-					if r.Err == nil && !r.Plan.Empty() {
-						fmt.Fprintf(w, "%s synced %s:\n", fmtTime(time.Now()), file)
-						printOutcomes(w, r.Outcomes)
-					}
-				},
-			}
-			fmt.Fprintf(cmd.ErrOrStderr(), "watching %s: syncing every %s until interrupted\n", file, watch)
-			if err := syncer.Run(ctx); err != nil {
-				return err
-			}
-			if cmd.Context().Err() == nil {
-				return lost()
-			}
-			return nil
+			return runSync(cmd, g, f)
 		},
 	}
-	f := cmd.Flags()
-	f.StringVarP(&file, "file", "f", "", "schedules file, YAML or JSON (- for stdin)")
-	f.BoolVar(&prune, "prune", false, "remove entries of --owner that the file does not list")
-	f.BoolVar(&dryRun, "dry-run", false, "print the plan (+ create, ~ update, - remove) and publish nothing")
-	f.StringVar(&owner, "owner", configsync.DefaultOwner, "owner label of the entries this file manages")
-	f.StringVarP(&selector, "selector", "l", "", "manage only entries whose labels match (k=v, k!=v, k in (a,b), k notin (a,b), k, !k; commas join): others in the file are left out, others live are never pruned")
-	f.BoolVar(&detail, "detailed-exitcode", false, "with --dry-run: exit 0 when nothing would change, 2 when the plan has changes, 1 on error")
-	f.DurationVar(&watch, "watch", 0, "re-sync on this interval until interrupted (e.g. 1m)")
-	f.BoolVar(&g.json, "json", false, "print the plan and its outcome as JSON")
-	f.Var(&maxSize, "max-file-size", "refuse a schedules file larger than this, before reading it (bytes, or with KiB, MiB)")
-	f.BoolVar(&exitLost, "exit-on-disconnect", false, "with --watch: exit with status 5 when NATS stops answering")
-	guard.addConfirm(cmd)
-	addConn(cmd, &conn, false)
+	fl := cmd.Flags()
+	fl.StringVarP(&f.file, "file", "f", "", "schedules file, YAML or JSON (- for stdin)")
+	fl.BoolVar(&f.prune, "prune", false, "remove entries of --owner that the file does not list")
+	fl.BoolVar(&f.dryRun, "dry-run", false, "print the plan (+ create, ~ update, - remove) and publish nothing")
+	fl.StringVar(&f.owner, "owner", configsync.DefaultOwner, "owner label of the entries this file manages")
+	addSelector(cmd, &f.selector, "manage only entries whose labels match", ": others in the file are left out, others live are never pruned")
+	fl.BoolVar(&f.detail, "detailed-exitcode", false, "with --dry-run: exit 0 when nothing would change, 2 when the plan has changes, 1 on error")
+	fl.DurationVar(&f.watch, "watch", 0, "re-sync on this interval until interrupted (e.g. 1m)")
+	fl.BoolVar(&g.json, "json", false, "print the plan and its outcome as JSON")
+	fl.Var(&f.maxSize, "max-file-size", "refuse a schedules file larger than this, before reading it (bytes, or with KiB, MiB)")
+	fl.BoolVar(&f.exitLost, "exit-on-disconnect", false, "with --watch: exit with status 5 when NATS stops answering")
+	f.guard.addConfirm(cmd)
+	addConn(cmd, &f.conn, false)
 	return cmd
+}
+
+// runSync checks the flags and the whole file, plans against the live
+// entries, shows the plan (a dry run stops there), asks before a prune,
+// applies it and, with --watch, keeps syncing.
+func runSync(cmd *cobra.Command, g *globalFlags, f *syncFlags) error {
+	ctx := cmd.Context()
+	sel, err := f.check()
+	if err != nil {
+		return err
+	}
+	cfgs, err := f.load(cmd)
+	if err != nil {
+		return err
+	}
+	f.conn.reconnectForever = f.watch > 0
+	s, err := openSession(g, &f.conn)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	all, streamsExist, err := f.current(ctx, s)
+	if err != nil {
+		return err
+	}
+	current, cfgs := configsync.Select(all, cfgs, sel)
+	plan := configsync.MakePlan(current, cfgs, f.owner, f.prune)
+	var capRep *capacityReport
+	var warnings []string
+	if streamsExist { // retention and capacity are only known once the streams exist
+		if err := checkPlanCatchup(ctx, s, plan); err != nil {
+			return err
+		}
+		if !plan.Empty() {
+			capRep, warnings = syncCapacity(ctx, s, all, plan, cmd.ErrOrStderr())
+		}
+	}
+	w := cmd.OutOrStdout()
+	if f.dryRun {
+		if err := f.print(w, g.json, plan, nil, capRep, warnings); err != nil {
+			return err
+		}
+		if f.detail && !plan.Empty() {
+			return errChangesPending
+		}
+		return nil
+	}
+	if f.prune && !plan.Empty() {
+		ok, err := f.guard.confirm(cmd, "apply", len(plan.Actions), "change", "changes", func(pw io.Writer) { printPlan(pw, plan, f.owner, false) })
+		if err != nil || !ok {
+			return err
+		}
+	}
+	outcomes, applyErr := configsync.Apply(ctx, s.client, plan)
+	if err := f.print(w, g.json, plan, outcomes, capRep, warnings); err != nil {
+		return err
+	}
+	if applyErr != nil {
+		return fmt.Errorf("sync: %w", applyErr)
+	}
+	if f.watch == 0 {
+		return nil
+	}
+	return f.watchFile(cmd, s, sel)
+}
+
+// check refuses flags that contradict each other before anything is read
+// or connected, and returns the parsed --selector.
+func (f *syncFlags) check() (events.Selector, error) {
+	switch {
+	case f.file == "":
+		return events.Selector{}, usagef("sync needs -f FILE (or -f - for stdin)")
+	case f.owner == "":
+		return events.Selector{}, usagef("--owner must not be empty: entries without an owner are never pruned")
+	case f.watch < 0:
+		return events.Selector{}, usagef("--watch must be positive")
+	case f.watch > 0 && f.dryRun:
+		return events.Selector{}, usagef("--watch and --dry-run: a dry run publishes nothing to watch for")
+	case f.watch > 0 && f.file == "-":
+		return events.Selector{}, usagef("--watch needs a file to re-read, not stdin")
+	case f.detail && !f.dryRun:
+		return events.Selector{}, usagef("--detailed-exitcode goes with --dry-run: it says whether the plan is empty")
+	case f.exitLost && f.watch == 0:
+		return events.Selector{}, usagef("--exit-on-disconnect applies to --watch only")
+	}
+	f.guard.dryRun = f.dryRun
+	if err := (events.Entry{ID: "x", Cron: "@daily", Task: events.Task{Type: "x"}, Owner: f.owner}).Validate(); err != nil {
+		return events.Selector{}, usagef("--owner %q: at most 128 bytes of UTF-8", f.owner)
+	}
+	return parseSelector(f.selector)
+}
+
+// load reads and validates the whole schedules file (-f, or stdin).
+func (f *syncFlags) load(cmd *cobra.Command) ([]configsync.Config, error) {
+	var cfgs []configsync.Config
+	var err error
+	if f.file == "-" {
+		cfgs, err = configsync.Read(cmd.InOrStdin(), "stdin", f.maxSize.n)
+	} else {
+		cfgs, err = configsync.LoadFile(f.file, f.maxSize.n)
+	}
+	switch {
+	case errors.Is(err, configsync.ErrFileTooLarge):
+		return nil, usagef("%v; nothing was published (--max-file-size raises the limit)", err)
+	case errors.Is(err, configsync.ErrInvalidConfig):
+		return nil, fmt.Errorf("%w\nnothing was published", err)
+	}
+	return cfgs, err
+}
+
+// current lists every live entry. A sync creates the streams first; a dry
+// run creates nothing, so without streams there is simply nothing yet
+// (streamsExist false).
+func (f *syncFlags) current(ctx context.Context, s *session) (all []events.Current, streamsExist bool, err error) {
+	if f.dryRun {
+		if s.requireStreams(ctx) != nil {
+			return nil, false, nil
+		}
+	} else if err := s.ensureStreams(ctx); err != nil {
+		return nil, true, err
+	}
+	all, err = s.client.List(ctx)
+	return all, true, err
+}
+
+// checkPlanCatchup checks every entry the plan writes against the
+// activity stream's retention.
+func checkPlanCatchup(ctx context.Context, s *session, plan configsync.Plan) error {
+	for _, a := range plan.Actions {
+		if a.Kind == configsync.Create || a.Kind == configsync.Update {
+			if err := s.checkCatchup(ctx, a.Entry); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// print prints the plan and, once applied, its outcomes: as text, or as
+// one JSON report (--json).
+func (f *syncFlags) print(w io.Writer, asJSON bool, plan configsync.Plan, outcomes []configsync.Outcome, capRep *capacityReport, warnings []string) error {
+	if asJSON {
+		return printJSON(w, newSyncReport(plan, outcomes, f.owner, f.dryRun).with(capRep, warnings))
+	}
+	printPlan(w, plan, f.owner, f.dryRun)
+	printOutcomes(w, outcomes)
+	return nil
+}
+
+// watchFile re-syncs the file every --watch until interrupted. While it
+// watches, a NATS that stops answering is said on stderr, or ends the
+// command with --exit-on-disconnect.
+func (f *syncFlags) watchFile(cmd *cobra.Command, s *session, sel events.Selector) error {
+	maxRemovals := f.guard.maxChanges
+	if f.guard.yes {
+		maxRemovals = 0
+	}
+	ctx, cancel := context.WithCancel(cmd.Context())
+	defer cancel()
+	lost, stop := watchNATS(ctx, cancel, s, cmd.ErrOrStderr(), f.exitLost)
+	defer stop()
+	w := cmd.OutOrStdout()
+	syncer := &configsync.Syncer{
+		Provider: configsync.FileProvider{Path: f.file, MaxBytes: f.maxSize.n}, Client: s.client, Owner: f.owner, Prune: f.prune, Selector: sel,
+		MaxRemovals: maxRemovals,
+		Interval:    f.watch, Logger: slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil)),
+		OnSync: func(r configsync.Report) {
+			if r.Err == nil && !r.Plan.Empty() {
+				fmt.Fprintf(w, "%s synced %s:\n", fmtTime(time.Now()), f.file)
+				printOutcomes(w, r.Outcomes)
+			}
+		},
+	}
+	fmt.Fprintf(cmd.ErrOrStderr(), "watching %s: syncing every %s until interrupted\n", f.file, f.watch)
+	if err := syncer.Run(ctx); err != nil {
+		return err
+	}
+	if cmd.Context().Err() == nil {
+		return lost()
+	}
+	return nil
 }
 
 func newSyncReport(p configsync.Plan, outcomes []configsync.Outcome, owner string, dryRun bool) syncReport {

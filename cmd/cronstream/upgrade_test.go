@@ -3,11 +3,13 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -20,9 +22,6 @@ import (
 // previousRelease is the commit of the release a rolling upgrade replaces.
 const previousRelease = "9d4bc7a"
 
-// buildRelease builds cmd/cronstream of commit from this repository's own
-// history and returns the binary. It skips the test when the history does
-// not hold the commit (a shallow clone): the build needs it.
 // oldPut registers an entry with the CLI of an older build (bin), so the
 // streams are the ones that build makes: its replicas refuse a config
 // stream made by this build, which also captures the fail-pause subjects
@@ -36,6 +35,10 @@ func oldPut(t *testing.T, bin string, e *cliEnv, id string, args ...string) {
 	}
 }
 
+// buildRelease builds cmd/cronstream of commit from this repository's own
+// history, once for every test that asks for that commit, and returns the
+// binary. It skips the test when the history does not hold the commit (a
+// shallow clone): the build needs it.
 func buildRelease(t *testing.T, commit string) string {
 	t.Helper()
 	top, err := exec.Command("git", "rev-parse", "--show-toplevel").Output()
@@ -46,24 +49,57 @@ func buildRelease(t *testing.T, commit string) string {
 	if err := exec.Command("git", "-C", root, "cat-file", "-e", commit+"^{commit}").Run(); err != nil {
 		t.Skipf("commit %s is not in this clone's history (shallow clone?): the upgrade test builds it; fetch the full history to run it", commit)
 	}
-	dir := t.TempDir()
-	src := filepath.Join(dir, "src")
-	if err := os.Mkdir(src, 0o755); err != nil {
-		t.Fatal(err)
+	// Built once per commit for the tests that share it, beside the binary
+	// under test (TestMain removes both).
+	releasesMu.Lock()
+	r := releases[commit]
+	if r == nil {
+		r = &release{}
+		releases[commit] = r
 	}
-	tarball := filepath.Join(dir, "src.tar")
+	releasesMu.Unlock()
+	r.once.Do(func() { r.path, r.err = buildReleaseOnce(root, commit, filepath.Dir(bin)) })
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	return r.path
+}
+
+// release is one commit's build, made by the first test that needs it.
+type release struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+var (
+	releasesMu sync.Mutex
+	releases   = map[string]*release{}
+)
+
+// buildReleaseOnce builds cmd/cronstream of commit from the repository at
+// root into dir.
+func buildReleaseOnce(root, commit, dir string) (string, error) {
+	src, err := os.MkdirTemp(dir, "src-"+commit+"-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(src)
+	out := filepath.Join(dir, "cronstream-"+commit)
+	tarball := src + ".tar"
+	defer os.Remove(tarball)
 	steps := []*exec.Cmd{
 		exec.Command("git", "-C", root, "archive", "--format=tar", "--output="+tarball, commit),
 		exec.Command("tar", "-xf", tarball, "-C", src),
-		exec.Command("go", "build", "-o", filepath.Join(dir, "cronstream-"+commit), "./cmd/cronstream"),
+		exec.Command("go", "build", "-o", out, "./cmd/cronstream"),
 	}
 	steps[2].Dir = src
 	for _, c := range steps {
-		if out, err := c.CombinedOutput(); err != nil {
-			t.Fatalf("building release %s: %s: %v\n%s", commit, strings.Join(c.Args, " "), err, out)
+		if b, err := c.CombinedOutput(); err != nil {
+			return "", fmt.Errorf("building release %s: %s: %v\n%s", commit, strings.Join(c.Args, " "), err, b)
 		}
 	}
-	return filepath.Join(dir, "cronstream-"+commit)
+	return out, nil
 }
 
 // TestRollingUpgrade replaces replicas of the previous release one by one

@@ -3,7 +3,6 @@ package console_test
 import (
 	"context"
 	"io"
-	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
@@ -14,6 +13,7 @@ import (
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/console"
 	"github.com/cronstream/cronstream/internal/replica"
+	"github.com/cronstream/cronstream/internal/replicatest"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
 )
@@ -35,33 +35,10 @@ func startSite(t *testing.T, cfg console.Config) *site {
 	ns := testenv.StartNATS(t)
 	rd := testenv.StartRedis(t)
 	names := events.MustNames("console")
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan string, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- replica.Run(ctx, replica.Config{
-			NATSURL: ns.URL(), Redis: rd.Client(t), Names: names, ReplicaID: "console-r1",
-			HTTPAddr: "127.0.0.1:0", Heartbeat: 200 * time.Millisecond, Console: &cfg,
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-			Ready:  func(addr string) { ready <- addr },
-		})
-	}()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(20 * time.Second):
-			t.Error("replica did not stop within 20s")
-		}
-	})
 	s := &site{t: t, names: names, js: ns.JetStream(t), store: taskstate.New(rd.Client(t))}
-	select {
-	case s.addr = <-ready:
-	case err := <-done:
-		t.Fatalf("replica ended before it was ready: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("replica not ready within 30s")
-	}
+	s.addr = replicatest.Start(t, replica.Config{
+		NATSURL: ns.URL(), Redis: rd.Client(t), Names: names, ReplicaID: "console-r1", Console: &cfg,
+	}).Addr
 	s.client = events.NewClient(s.js, names, events.WithSource("console-test"))
 	return s
 }

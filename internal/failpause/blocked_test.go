@@ -50,6 +50,7 @@ func archive(t *testing.T, rc redis.UniversalClient, names events.Names, entry, 
 // config stream made before fail-pause requests blocks it the same way,
 // saying to run `streams apply`.
 func TestPauseBlockedIsReported(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := testenv.StartNATS(t)
 	js := ns.JetStream(t)

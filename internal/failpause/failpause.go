@@ -53,7 +53,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cronstream/cronstream/events"
-	"github.com/cronstream/cronstream/internal/bgloop"
+	"github.com/cronstream/cronstream/internal/lifecycle"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/projector"
 	"github.com/cronstream/cronstream/schedule"
@@ -156,7 +156,7 @@ type Watcher struct {
 	// blocked holds, by entry, why a decided pause cannot be published
 	// (reported once per entry and cause), and since when.
 	blocked map[string]blockedPause
-	run     bgloop.Loop
+	life    lifecycle.Lifecycle
 
 	// status is what Ready reports, set by the loop.
 	status atomic.Pointer[string]
@@ -228,17 +228,21 @@ func New(p Config) (*Watcher, error) {
 	}, nil
 }
 
-// Start runs the scan loop until Stop (ctx's values are kept, its end is
-// not: Stop ends the loop).
+// Start runs the scan loop until Stop and returns at once. Start and Stop
+// follow the rules of package lifecycle (a second Start returns
+// ErrAlreadyStarted, a Start after Stop ErrStopped).
 func (w *Watcher) Start(ctx context.Context) error {
-	w.run.Start(ctx, w.loop)
+	if err := w.life.StartLoop(ctx, w.loop); err != nil {
+		return fmt.Errorf("failpause: %w", err)
+	}
 	return nil
 }
 
-// Stop ends the loop, cancelling a scan in flight, and waits for it. It may
-// be called more than once, and without Start; it never fails.
+// Stop ends the loop, cancelling a scan in flight, and waits for it; it
+// closes the subscription the scans made, started or not (a test's direct
+// Scan makes one). It never fails.
 func (w *Watcher) Stop(context.Context) error {
-	w.run.Stop()
+	w.life.Stop()
 	if w.sub != nil {
 		w.sub.Close()
 	}

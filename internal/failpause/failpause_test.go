@@ -24,6 +24,7 @@ import (
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/failpause"
 	"github.com/cronstream/cronstream/internal/replica"
+	"github.com/cronstream/cronstream/internal/replicatest"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
 	"github.com/cronstream/cronstream/projector"
@@ -38,37 +39,10 @@ func TestMain(m *testing.M) {
 // address once it is ready.
 func startReplica(t *testing.T, ns *testenv.NATS, rc redis.UniversalClient, names events.Names, id string) string {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan string, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- replica.Run(ctx, replica.Config{
-			NATSURL: ns.URL(), Redis: rc, Names: names, ReplicaID: id, SkipRedisChecks: true,
-			HTTPAddr: "127.0.0.1:0", Heartbeat: 200 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-			RecoverInterval: 200 * time.Millisecond, RecoverGrace: 100 * time.Millisecond,
-			Ready: func(addr string) { ready <- addr },
-		})
-	}()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("replica %s: %v", id, err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Errorf("replica %s did not stop within 30s", id)
-		}
-	})
-	select {
-	case addr := <-ready:
-		return addr
-	case err := <-done:
-		t.Fatalf("replica %s ended before it was ready: %v", id, err)
-	case <-time.After(30 * time.Second):
-		t.Fatalf("replica %s not ready within 30s", id)
-	}
-	return ""
+	return replicatest.Start(t, replica.Config{
+		NATSURL: ns.URL(), Redis: rc, Names: names, ReplicaID: id, SkipRedisChecks: true,
+		RecoverInterval: 200 * time.Millisecond, RecoverGrace: 100 * time.Millisecond,
+	}).Addr
 }
 
 func pausedEvents(t *testing.T, c *events.Client, id string) int {
@@ -114,6 +88,7 @@ func metric(t *testing.T, addr, name string) string {
 // pause it again, not even for a replica that starts afterwards and reads
 // the archived set from the start of its look-back.
 func TestPauseOnFailureWithAsynqWorker(t *testing.T) {
+	t.Parallel()
 	ns := testenv.StartNATS(t)
 	rd := testenv.StartRedis(t)
 	rc := rd.Client(t)
@@ -220,6 +195,7 @@ func TestPauseOnFailureWithAsynqWorker(t *testing.T) {
 // and that pauses the entry too, the note naming the task and asynq's
 // lease-expired error.
 func TestPauseOnRecovererArchive(t *testing.T) {
+	t.Parallel()
 	ns := testenv.StartNATS(t)
 	rd := testenv.StartRedis(t)
 	rc := rd.Client(t)
@@ -261,6 +237,7 @@ func TestPauseOnRecovererArchive(t *testing.T) {
 }
 
 func TestNote(t *testing.T) {
+	t.Parallel()
 	at := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
 	for _, c := range []struct{ in, want string }{
 		{"boom", "boom"},
@@ -320,6 +297,7 @@ func (l *logLines) count(sub string) int {
 // finds that the failed attempt landed after all (the NATS client sends
 // what it buffered when it reconnects), and counts and logs it once.
 func TestPauseRetriedWhileNATSDown(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := testenv.StartNATS(t)
 	js := ns.JetStream(t)
@@ -406,6 +384,7 @@ func value(t *testing.T, m prometheus.Metric) float64 {
 // entries, the first at exactly the look-back's start), pauses both
 // entries, and the next scan reads nothing again.
 func TestScanPagesThroughArchive(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := testenv.StartNATS(t)
 	js := ns.JetStream(t)
@@ -505,6 +484,7 @@ func newWatcher(t *testing.T, cfg failpause.Config) *failpause.Watcher {
 // pauses it. A replica that starts after the move learns the old queue
 // from the entry's history.
 func TestPauseOnFailureAfterQueueMove(t *testing.T) {
+	t.Parallel()
 	ns := testenv.StartNATS(t)
 	rd := testenv.StartRedis(t)
 	rc := rd.Client(t)
@@ -575,6 +555,7 @@ func TestPauseOnFailureAfterQueueMove(t *testing.T) {
 // entries with pause_on_failure is scanned by exactly one of them (its
 // owner: the holder of its shard 0), and a pause still happens.
 func TestOnlyTheQueueOwnerScans(t *testing.T) {
+	t.Parallel()
 	ns := testenv.StartNATS(t)
 	rc := testenv.StartRedis(t).Client(t)
 	names := events.MustNames("prim")

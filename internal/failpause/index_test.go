@@ -18,6 +18,7 @@ import (
 // archived sets only of the queues that hold armed entries and whose
 // duties its replica holds.
 func TestArmedIndexFollowsChanges(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := testenv.StartNATS(t)
 	js := ns.JetStream(t)

@@ -28,7 +28,7 @@
 // new revision wrote is kept. A key deleted while still unchanged is a lost
 // key, which the scheduler already handles: a fire expecting that watermark
 // is refused (mismatch), and the watermark is restored from the activity
-// stream before the entry fires again (docs/design.md, lost watermarks). The
+// stream before the entry fires again (docs/exactly-once.md, step 9). The
 // scheduler history is trimmed only of events enqueued before the removal.
 package keygc
 
@@ -36,6 +36,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"slices"
@@ -44,7 +45,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cronstream/cronstream/events"
-	"github.com/cronstream/cronstream/internal/bgloop"
+	"github.com/cronstream/cronstream/internal/lifecycle"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/projector"
 )
@@ -100,9 +101,8 @@ type Config struct {
 
 // Sweeper deletes the keys of removed entries, one sweep at a time.
 type Sweeper struct {
-	cfg Config
-
-	run bgloop.Loop
+	cfg  Config
+	life lifecycle.Lifecycle
 }
 
 // New validates cfg and returns a Sweeper; Start runs it.
@@ -125,20 +125,21 @@ func New(cfg Config) (*Sweeper, error) {
 	return &Sweeper{cfg: cfg}, nil
 }
 
-// Start runs the sweep loop until Stop and returns at once. The sweeps run
-// on a context of their own (ctx's values, not its end), which Stop
-// cancels. Calling it again, or after Stop, does nothing more.
+// Start runs the sweep loop until Stop and returns at once. Start and Stop
+// follow the rules of package lifecycle (a second Start returns
+// ErrAlreadyStarted, a Start after Stop ErrStopped).
 func (s *Sweeper) Start(ctx context.Context) error {
-	s.run.Start(ctx, s.loop)
+	if err := s.life.StartLoop(ctx, s.loop); err != nil {
+		return fmt.Errorf("keygc: %w", err)
+	}
 	return nil
 }
 
 // Stop ends the loop, cancelling a sweep in flight (deleting a removed
 // entry's keys is idempotent: the next sweep, here or on another replica,
-// finishes it), and waits for it; ctx is not waited on. It may be called
-// more than once, and without Start.
+// finishes it), and waits for it; ctx is not waited on. It never fails.
 func (s *Sweeper) Stop(context.Context) error {
-	s.run.Stop()
+	s.life.Stop()
 	return nil
 }
 

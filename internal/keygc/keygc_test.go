@@ -16,6 +16,7 @@ import (
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/keygc"
 	"github.com/cronstream/cronstream/internal/replica"
+	"github.com/cronstream/cronstream/internal/replicatest"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
 	"github.com/cronstream/cronstream/projector"
@@ -40,24 +41,10 @@ func TestRemovedEntryKeysDeletedAfterGrace(t *testing.T) {
 	prefix := names.Prefix()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	ready := make(chan string, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- replica.Run(ctx, replica.Config{
-			NATSURL: ns.URL(), Redis: rc, Names: names, ReplicaID: "r1", SkipRedisChecks: true,
-			HTTPAddr: "127.0.0.1:0", Heartbeat: 200 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-			RemovedKeyGrace: grace, KeySweepInterval: 200 * time.Millisecond,
-			Ready: func(addr string) { ready <- addr },
-		})
-	}()
-	var addr string
-	select {
-	case addr = <-ready:
-	case err := <-done:
-		t.Fatalf("replica ended before it was ready: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("replica not ready within 30s")
-	}
+	r1 := replicatest.Start(t, replica.Config{
+		NATSURL: ns.URL(), Redis: rc, Names: names, ReplicaID: "r1", SkipRedisChecks: true,
+		RemovedKeyGrace: grace, KeySweepInterval: 200 * time.Millisecond,
+	})
 
 	client := events.NewClient(js, names)
 	put := func(id, queue string) {
@@ -120,7 +107,7 @@ func TestRemovedEntryKeysDeletedAfterGrace(t *testing.T) {
 			t.Errorf("key %s of a registered entry deleted", k)
 		}
 	}
-	body := get(t, "http://"+addr+"/metrics")
+	body := get(t, "http://"+r1.Addr+"/metrics")
 	if !strings.Contains(body, "cronstream_removed_entry_keys_deleted_total") {
 		t.Errorf("metric cronstream_removed_entry_keys_deleted_total not served")
 	}
@@ -138,14 +125,8 @@ func TestRemovedEntryKeysDeletedAfterGrace(t *testing.T) {
 	testenv.Eventually(t, 20*time.Second, func() bool { return exists(wm("gone", "q1")) }, "gone never fired again")
 	// A few more ticks of both, then stop and read their ledgers.
 	testenv.Eventually(t, 20*time.Second, func() bool { return time.Since(goneAgain) > 4*time.Second }, "")
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("replica: %v", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("replica did not stop within 30s")
+	if err := r1.Stop(); err != nil {
+		t.Fatal(err)
 	}
 	stopped := time.Now()
 	for id, again := range map[string]time.Time{"back": backAgain, "gone": goneAgain} {
@@ -339,36 +320,11 @@ func TestSweepKeepsWhatItMustNot(t *testing.T) {
 	}
 }
 
-// unusedProjection is the projection of a sweeper that never sweeps.
-type unusedProjection struct{}
-
-func (unusedProjection) Get(string) (projector.State, bool) { return projector.State{}, false }
-func (unusedProjection) CaughtUp() bool                     { return false }
-
-// TestLifecycle: New refuses a config without its dependencies; Start
-// returns at once, Stop ends the loop (goleak checks it), and Stop again or
-// Start after Stop does nothing.
-func TestLifecycle(t *testing.T) {
+// TestNewRefuses: New refuses a config without its dependencies (Start and
+// Stop are walked through the lifecycle rules in internal/replica's
+// TestComponentLifecycles).
+func TestNewRefuses(t *testing.T) {
 	if _, err := keygc.New(keygc.Config{}); err == nil || !strings.Contains(err.Error(), "required") {
 		t.Fatalf("New without dependencies: %v", err)
-	}
-	ctx := context.Background()
-	sw, err := keygc.New(keygc.Config{Store: taskstate.New(nil), Removals: &events.Client{}, Projection: unusedProjection{}, Interval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := sw.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	for range 2 {
-		if err := sw.Stop(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := sw.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := sw.Stop(ctx); err != nil {
-		t.Fatal(err)
 	}
 }

@@ -38,7 +38,7 @@ type layer struct {
 var layers = []layer{
 	{
 		name:  "contract: the event vocabulary and leaf helpers",
-		pkgs:  []string{"contract", "internal/clock", "internal/redact", "internal/bgloop"},
+		pkgs:  []string{"contract", "internal/clock", "internal/redact", "internal/lifecycle"},
 		never: []string{natsMods, redisMods, asynqMods},
 	},
 	{
@@ -98,7 +98,7 @@ var layers = []layer{
 	},
 	{
 		name: "test support: imported by tests only",
-		pkgs: []string{"internal/testenv", "internal/massrecovery"},
+		pkgs: []string{"internal/testenv", "internal/replicatest", "internal/massrecovery"},
 	},
 	{
 		name: "test-only packages",

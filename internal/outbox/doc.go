@@ -1,7 +1,7 @@
 // Package outbox holds the forms of outbox records, the events a fire or a
 // recovery writes to Redis for the relay to publish. A fire writes its
 // cronstream.entry.fired event into its queue's outbox in the same atomic
-// step as the task (docs/design.md INV-outbox). Most records carry the
+// step as the task (docs/invariants.md INV-outbox). Most records carry the
 // event's JSON as the relay will publish it.
 // A scheduled tick's fired event instead travels in a compact form that the
 // relay expands into exactly the JSON AppendFiredEvent writes: a fourth of

@@ -17,6 +17,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"sync"
@@ -25,6 +26,7 @@ import (
 
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/clock"
+	"github.com/cronstream/cronstream/internal/lifecycle"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/schedule"
 )
@@ -155,8 +157,7 @@ type Manager struct {
 	mu   sync.Mutex
 	subs []chan struct{}
 
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	life lifecycle.Lifecycle
 }
 
 // holding is a shard whose lease this replica holds (loop-owned).
@@ -208,20 +209,17 @@ func New(cfg Config) (*Manager, error) {
 }
 
 // Start runs the loop until Stop and returns at once; the first poll runs
-// right away. The loop runs on a context of its own (ctx's values, not its
-// end), which Stop cancels.
+// right away. Start and Stop follow the rules of package lifecycle (a
+// second Start returns ErrAlreadyStarted, a Start after Stop ErrStopped).
 func (m *Manager) Start(ctx context.Context) error {
-	if m.cancel != nil {
-		return errors.New("ownership already started")
+	err := m.life.Start(ctx, func(context.Context) error {
+		m.Turned(0) // the scheduler's loop gets a lease term to turn
+		m.life.Go(m.loop)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("ownership: %w", err)
 	}
-	m.Turned(0) // the scheduler's loop gets a lease term to turn
-	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	m.cancel = cancel
-	m.wg.Add(1)
-	go func() {
-		defer m.wg.Done()
-		m.loop(ctx)
-	}()
 	return nil
 }
 
@@ -230,11 +228,9 @@ func (m *Manager) Start(ctx context.Context) error {
 // scheduler first: a lease released under a fire pass in flight is safe
 // (the compare-and-set decides) but costs the next owner refusals.
 func (m *Manager) Stop(ctx context.Context) error {
-	if m.cancel == nil {
+	if !m.life.Stop() {
 		return nil
 	}
-	m.cancel()
-	m.wg.Wait()
 	shards := make([]events.Shard, 0, len(m.held))
 	for s := range m.held {
 		shards = append(shards, s)

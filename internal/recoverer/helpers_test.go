@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hibiken/asynq"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
@@ -328,27 +327,6 @@ func recovered(t testing.TB, ev *events.Event) events.TaskRecovered {
 }
 
 // --- asynq --------------------------------------------------------------------
-
-// startAsynqServer runs a real in-process asynq server on rc until the test
-// ends (its own recoverer runs once at start, over cfg.Queues).
-func startAsynqServer(t *testing.T, rc redis.UniversalClient, cfg asynq.Config, h asynq.Handler) {
-	t.Helper()
-	cfg.LogLevel = asynq.FatalLevel
-	if cfg.TaskCheckInterval == 0 {
-		cfg.TaskCheckInterval = 20 * time.Millisecond
-	}
-	if cfg.DelayedTaskCheckInterval == 0 {
-		cfg.DelayedTaskCheckInterval = 100 * time.Millisecond
-	}
-	if cfg.ShutdownTimeout == 0 {
-		cfg.ShutdownTimeout = time.Second
-	}
-	srv := asynq.NewServerFromRedisClient(rc, cfg)
-	if err := srv.Start(h); err != nil {
-		t.Fatalf("start asynq server: %v", err)
-	}
-	t.Cleanup(srv.Shutdown)
-}
 
 // pastLeases moves every lease of queue to at, as if asynq's fixed 30 s
 // lease had run out long ago (ZADD XX, like asynq's ExtendLease).

@@ -15,6 +15,7 @@ import (
 // owners; a queue it takes over is recovered as soon as it is told, not
 // an interval later.
 func TestRecovererHoldsItsQueues(t *testing.T) {
+	t.Parallel()
 	rc := testenv.StartRedis(t).Client(t)
 	expired := time.Now().Add(-time.Minute)
 	seedActive(t, rc, "mine", []string{"m1", "m2"}, expired, nil)

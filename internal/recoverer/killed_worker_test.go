@@ -57,7 +57,7 @@ func TestKilledWorkerRecovered(t *testing.T) {
 			}
 		}
 	}
-	kill := startChild(t, "worker", r.Addr, mine, twin)
+	kill := testenv.StartAsynqChild(t, testenv.AsynqWorker, r.Addr, mine, twin)
 	testenv.Eventually(t, 30*time.Second, func() bool {
 		a, _ := rc.LLen(ctx, taskstate.Keys(mine).Active()).Result()
 		b, _ := rc.LLen(ctx, taskstate.Keys(twin).Active()).Result()
@@ -236,7 +236,7 @@ func TestKilledWorkerRecovered(t *testing.T) {
 		}
 	}
 	done := make(chan string, 2*withRetries)
-	startAsynqServer(t, rc, asynq.Config{Queues: map[string]int{mine: 1}}, asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+	testenv.StartAsynqServer(t, rc, asynq.Config{Queues: map[string]int{mine: 1}}, asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
 		id, _ := asynq.GetTaskID(ctx)
 		n, _ := asynq.GetRetryCount(ctx)
 		done <- fmt.Sprintf("%s retry=%d headers=%v", id, n, task.Headers())

@@ -1,6 +1,6 @@
 // Package recoverer finds asynq tasks whose worker died — their lease
 // expired — and retries or archives them with asynq's rules, every outcome
-// an event (docs/design.md INV-outbox and INV-lease-recheck).
+// an event (docs/invariants.md INV-outbox and INV-lease-recheck).
 //
 // It owns the recovery loop and the decisions (archive when retried ≥ max
 // retry, else retry after the retry delay), the per-queue error counting and
@@ -38,6 +38,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/lifecycle"
 	"github.com/cronstream/cronstream/internal/outbox"
 	"github.com/cronstream/cronstream/internal/taskstate"
 )
@@ -147,16 +148,10 @@ type Recoverer struct {
 	reported   map[string]bool // queue + "\x00" + id of bad tasks already logged
 	registered map[string]bool // queues whose outbox is registered
 	// held are the queues the last pass recovered (Holds), loop-owned.
-	held    map[string]bool
-	started bool
-	passes  chan PassResult // test hook, nil unless Passes() was called
+	held   map[string]bool
+	passes chan PassResult // test hook, nil unless Passes() was called
 
-	// stop and done exist from New on, so that Stop before Start, Stop
-	// twice and Pass without Start are all safe.
-	stop     chan struct{}
-	stopOnce sync.Once
-	done     chan struct{}
-	cancel   context.CancelFunc // ends the loop's context; set by Start
+	life lifecycle.Lifecycle
 }
 
 // QueueStats are one queue's recovery counters.
@@ -204,8 +199,7 @@ func New(cfg Config) (*Recoverer, error) {
 	cfg.Queues = slices.Clone(cfg.Queues)
 	slices.Sort(cfg.Queues)
 	return &Recoverer{cfg: cfg, log: cfg.Logger, m: m,
-		stats: map[string]*QueueStats{}, reported: map[string]bool{}, registered: map[string]bool{}, held: map[string]bool{},
-		stop: make(chan struct{}), done: make(chan struct{})}, nil
+		stats: map[string]*QueueStats{}, reported: map[string]bool{}, registered: map[string]bool{}, held: map[string]bool{}}, nil
 }
 
 // Passes returns a channel that receives the result of every pass from now
@@ -220,53 +214,33 @@ func (r *Recoverer) Passes() <-chan PassResult {
 }
 
 // Start runs a pass now and then every interval until Stop, and returns
-// at once. The passes run on a context of their own (ctx's values, not its
-// end), which Stop cancels. Calling it again, or after Stop, does nothing
-// more.
+// at once. Start and Stop follow the rules of package lifecycle (a second
+// Start returns ErrAlreadyStarted, a Start after Stop ErrStopped).
 func (r *Recoverer) Start(ctx context.Context) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.started {
-		return nil
+	if err := r.life.StartLoop(ctx, r.loop); err != nil {
+		return fmt.Errorf("recoverer: %w", err)
 	}
-	r.started = true
-	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	r.cancel = cancel
-	go r.loop(runCtx)
 	return nil
 }
 
 // Stop lets the pass in flight finish its current batch, no longer than
 // ctx allows (then the batch is cancelled and ctx's error returned), and
-// stops. It may be called more than once, and without Start.
+// stops. A Pass called after Stop, started or not, recovers nothing more.
 func (r *Recoverer) Stop(ctx context.Context) error {
-	r.stopOnce.Do(func() { close(r.stop) })
-	r.mu.Lock()
-	started, cancel := r.started, r.cancel
-	r.started = true // a Start after Stop must not run a loop nobody waits for
-	r.mu.Unlock()
-	if !started || cancel == nil {
-		return nil
+	if _, err := r.life.Drain(ctx); err != nil {
+		return fmt.Errorf("recoverer: stop: batch cancelled: %w", err)
 	}
-	defer cancel()
-	select {
-	case <-r.done:
-		return nil
-	case <-ctx.Done():
-		cancel()
-		<-r.done
-		return fmt.Errorf("recoverer: stop: batch cancelled: %w", ctx.Err())
-	}
+	return nil
 }
 
 func (r *Recoverer) loop(ctx context.Context) {
-	defer close(r.done)
 	t := time.NewTimer(0)
 	defer t.Stop()
+	stop := r.life.Stopping()
 	for {
 		var res PassResult
 		select {
-		case <-r.stop:
+		case <-stop:
 			return
 		case <-t.C:
 			res = r.Pass(ctx)
@@ -297,7 +271,7 @@ func (r *Recoverer) heldSet() map[string]bool {
 
 func (r *Recoverer) stopping() bool {
 	select {
-	case <-r.stop:
+	case <-r.life.Stopping():
 		return true
 	default:
 		return false

@@ -46,6 +46,7 @@ func (h *hookStore) RecoverBatch(ctx context.Context, prefix, queue string, cuto
 // changes). Both are left alone; the rest of the batch moves; the changed
 // task is recovered by the next pass from its new message.
 func TestScanMoveRaces(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rc := testenv.StartRedis(t).Client(t)
 	const q = "races"
@@ -132,6 +133,7 @@ func TestScanMoveRaces(t *testing.T) {
 // cutoff with no heartbeat it is recovered like any other. A stray id (no
 // hash) and an id whose hash is not active are removed from the active list.
 func TestOrphanedActiveTask(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rc := testenv.StartRedis(t).Client(t)
 	const q = "orphans"
@@ -227,7 +229,7 @@ func TestOrphanWithLiveWorkerKeepsTask(t *testing.T) {
 	}
 	release := make(chan struct{})
 	finished := make(chan struct{})
-	startAsynqServer(t, rc, asynq.Config{Queues: map[string]int{q: 1}}, asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+	testenv.StartAsynqServer(t, rc, asynq.Config{Queues: map[string]int{q: 1}}, asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
 		<-release
 		close(finished)
 		return nil
@@ -292,7 +294,7 @@ func TestStaleAggregationSetReclaimed(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	kill := startChild(t, "aggregator", r.Addr, q)
+	kill := testenv.StartAsynqChild(t, testenv.AsynqAggregator, r.Addr, q)
 	testenv.Eventually(t, 20*time.Second, func() bool {
 		n, _ := rc.ZCard(ctx, k.AggregationSets()).Result()
 		return n == 1
@@ -351,7 +353,7 @@ func TestStaleAggregationSetReclaimed(t *testing.T) {
 
 	// A real asynq aggregator now finds the group and aggregates it.
 	done := make(chan int, 1)
-	startAsynqServer(t, rc, asynq.Config{
+	testenv.StartAsynqServer(t, rc, asynq.Config{
 		Queues: map[string]int{q: 1}, GroupGracePeriod: time.Second,
 		GroupAggregator: asynq.GroupAggregatorFunc(func(_ string, tasks []*asynq.Task) *asynq.Task {
 			return asynq.NewTask("aggregated", []byte{byte(len(tasks))})
@@ -378,6 +380,7 @@ func TestStaleAggregationSetReclaimed(t *testing.T) {
 // whose listing fails is counted and logged with its name and does not stop
 // the queues after it. Nothing is fatal, pass after pass.
 func TestBadTasksAndBrokenQueue(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rc := testenv.StartRedis(t).Client(t)
 	now := time.Now()
@@ -458,6 +461,7 @@ func TestBadTasksAndBrokenQueue(t *testing.T) {
 // one pass, each bad one is reported once, and the next pass finds nothing
 // new.
 func TestPassListsInRounds(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rc := testenv.StartRedis(t).Client(t)
 	now := time.Now()
@@ -501,6 +505,7 @@ func TestPassListsInRounds(t *testing.T) {
 // TestNewQueuePickedUp: with no queues configured, a queue that appears in
 // asynq:queues while the recoverer runs is recovered without a restart.
 func TestNewQueuePickedUp(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rc := testenv.StartRedis(t).Client(t)
 	seedActive(t, rc, "first", []string{"f1"}, time.Now().Add(-time.Minute), nil)
@@ -529,6 +534,7 @@ func TestNewQueuePickedUp(t *testing.T) {
 // Options: a custom delay, and an IsFailure that says no (retried and the
 // counters stay, as in asynq).
 func TestDecisions(t *testing.T) {
+	t.Parallel()
 	for n, lo := range map[int]int{0: 15, 1: 16, 2: 31, 5: 640} {
 		for range 200 {
 			d := recoverer.DefaultRetryDelay(n, recoverer.ErrLeaseExpired, nil)
@@ -632,6 +638,7 @@ func TestDecisions(t *testing.T) {
 // TestConfiguredQueuesNotModified: New keeps its own sorted copy of
 // Config.Queues; the caller's slice is neither sorted nor shared.
 func TestConfiguredQueuesNotModified(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rc := testenv.StartRedis(t).Client(t)
 	queues := []string{"b", "a"}
@@ -671,6 +678,7 @@ func counterValue(t testing.TB, c prometheus.Counter) float64 {
 // hashed event id (events readers take at most 256 bytes, and the id is the
 // Nats-Msg-Id header); every event still reaches the stream once.
 func TestEventIDsForAnyTaskID(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rc := testenv.StartRedis(t).Client(t)
 	store := taskstate.New(rc)
@@ -685,9 +693,14 @@ func TestEventIDsForAnyTaskID(t *testing.T) {
 	if res := rec.Pass(ctx); res.Err != nil || res.Moved != len(ids) {
 		t.Fatalf("pass %+v", res)
 	}
+	// Read the ids from the stream: the relay may already have drained the
+	// outbox.
+	testenv.Eventually(t, 10*time.Second, func() bool { return activityEventCount(t, js) == uint64(len(ids)) },
+		"every event published")
+	published := activityEvents(t, js)
 	byTask := map[string]string{}
-	for _, ev := range outboxEvents(t, rc, q) {
-		byTask[recovered(t, ev).TaskID] = ev.ID
+	for _, se := range published {
+		byTask[recovered(t, se.Event).TaskID] = se.Event.ID
 	}
 	hashed := func(id string) bool {
 		h, ok := strings.CutPrefix(id, "recover:")
@@ -701,10 +714,8 @@ func TestEventIDsForAnyTaskID(t *testing.T) {
 			t.Errorf("task %q: event id %q, want a hashed one", id, byTask[id])
 		}
 	}
-	testenv.Eventually(t, 10*time.Second, func() bool { return activityEventCount(t, js) == uint64(len(ids)) },
-		"every event published")
 	seen := map[string]bool{}
-	for _, se := range activityEvents(t, js) {
+	for _, se := range published {
 		if se.MsgID != se.Event.ID || seen[se.MsgID] {
 			t.Fatalf("message id %q for event %q", se.MsgID, se.Event.ID)
 		}
@@ -715,6 +726,7 @@ func TestEventIDsForAnyTaskID(t *testing.T) {
 // The error recovered tasks carry is written by taskstate's scripts; the
 // exported error must say the same.
 func TestErrLeaseExpiredText(t *testing.T) {
+	t.Parallel()
 	if recoverer.ErrLeaseExpired.Error() != taskstate.ErrLeaseExpiredText {
 		t.Fatalf("ErrLeaseExpired %q, taskstate writes %q", recoverer.ErrLeaseExpired, taskstate.ErrLeaseExpiredText)
 	}

@@ -50,8 +50,8 @@ func (e *env) writeFired(queue string, entries, n int) {
 // nats-server with the product's stream configuration): the records are
 // written first, outside the timer, then Flush publishes them all. It
 // reports events/s with one batch per pass (each batch's Redis round trips
-// after its acknowledgements, as the relay once published) and with the
-// default BatchesPerPass, in the same run. A CPU profile of it
+// after its acknowledgements) and with the default BatchesPerPass, in the
+// same run. A CPU profile of it
 // (-cpuprofile) shows the relay's cost per event beside the embedded
 // server's.
 //

@@ -12,8 +12,8 @@ import (
 	"github.com/cronstream/cronstream/internal/taskstate"
 )
 
-// Publishing only what Redis's replicas hold (docs/design.md "Why each
-// tick fires exactly once", step 8). A fire's event published before its
+// Publishing only what Redis's replicas hold (docs/exactly-once.md,
+// step 8). A fire's event published before its
 // write reached a replica describes a task that a failover to that replica
 // loses. So with WaitReplicas set, each batch is read with
 // taskstate.ReadOutboxConfirmed, which WAITs on the master of the outbox's

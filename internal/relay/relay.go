@@ -39,6 +39,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/lifecycle"
 	"github.com/cronstream/cronstream/internal/outbox"
 	"github.com/cronstream/cronstream/internal/taskstate"
 )
@@ -204,8 +205,11 @@ type Relay struct {
 
 	waits waits
 
-	cancel context.CancelFunc
-	done   chan struct{}
+	life lifecycle.Lifecycle
+	// passed: a pass has run (the loop's, or a direct Pass or Flush), so
+	// Stop has outboxes to flush and leases to release even for a relay
+	// never started; handedOver: Stop has done so.
+	passed, handedOver atomic.Bool
 }
 
 // New validates cfg and returns a relay; Start runs it.
@@ -284,26 +288,25 @@ func (r *Relay) drop(msg string, args ...any) {
 // the stream by a different message under the same id.
 func (r *Relay) Forgeries() uint64 { return r.forgeries.Load() }
 
-// Start runs the relay until Stop and returns at once. The loop runs on a
-// context of its own (ctx's values, not its end), which Stop cancels.
+// Start runs the relay until Stop and returns at once. Start and Stop
+// follow the rules of package lifecycle (a second Start returns
+// ErrAlreadyStarted, a Start after Stop ErrStopped).
 func (r *Relay) Start(ctx context.Context) error {
-	if r.cancel != nil {
-		return errors.New("relay already started")
+	if err := r.life.StartLoop(ctx, r.loop); err != nil {
+		return fmt.Errorf("relay: %w", err)
 	}
-	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	r.cancel = cancel
-	r.done = make(chan struct{})
-	go r.loop(runCtx)
 	return nil
 }
 
 // Stop stops the loop, then flushes what this replica owns until the
 // outboxes are empty or ctx ends, and releases its leases so another
-// replica takes over at once.
+// replica takes over at once. A relay never started hands over what its
+// direct passes (Pass, Flush) took, and one that never passed has nothing
+// to hand over; a second Stop returns nil at once.
 func (r *Relay) Stop(ctx context.Context) error {
-	if r.cancel != nil {
-		r.cancel()
-		<-r.done
+	ran := r.life.Stop()
+	if (!ran && !r.passed.Load()) || r.handedOver.Swap(true) {
+		return nil
 	}
 	r.stopping.Store(true)
 	err := r.Flush(ctx)
@@ -344,7 +347,6 @@ func (r *Relay) Flush(ctx context.Context) error {
 }
 
 func (r *Relay) loop(ctx context.Context) {
-	defer close(r.done)
 	t := time.NewTimer(0)
 	defer t.Stop()
 	var heldSince time.Time
@@ -407,6 +409,7 @@ func resetTimer(t *time.Timer, d time.Duration) {
 // Pass visits every outbox once: takes or renews its lease, publishes up to
 // one batch, and returns how many records it published.
 func (r *Relay) Pass(ctx context.Context) (int, error) {
+	r.passed.Store(true)
 	prefix := r.cfg.Names.Prefix()
 	queues, err := r.cfg.Outbox.OutboxQueues(ctx, prefix)
 	if err != nil {

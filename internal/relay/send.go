@@ -65,6 +65,8 @@ type sending struct {
 	sent *sentBatch
 	// mark is the events.HeaderRedisUnconfirmed value of its messages.
 	mark string
+	// seen looks up old records' messages in the stream (add).
+	seen *publishedSince
 }
 
 // send publishes recs in order without waiting for the stream's
@@ -72,110 +74,124 @@ type sending struct {
 // it may not publish yet, so order is kept.
 // Its messages carry mark (readBatch) as events.HeaderRedisUnconfirmed.
 func (r *Relay) send(ctx context.Context, queue string, recs []taskstate.OutboxRecord, mark string) *sending {
-	stream := r.cfg.Names.ActivityStream()
 	s := &sending{r: r, recs: recs, msgs: make([]pubMsg, 0, len(recs)), at: make([]int, 0, len(recs)), end: len(recs), mark: mark}
-	var seen *publishedSince
 	// The expanded events of the batch share one buffer (single).
 	var expanded []byte
 	for i, rec := range recs {
-		var msgs []pubMsg
-		switch outbox.FormOf(rec.Data) {
-		case outbox.RecordBatch:
-			// Published as it is, one message under the record's id; routed
-			// by its first event (a batch holds one queue's recoveries).
-			payload, _ := outbox.BatchEvents(rec.Data)
-			if max := r.cfg.JS.Conn().MaxPayload(); max > 0 && int64(len(payload))+batchHeaderBytes > max {
-				// More than this server takes in one message: each event
-				// goes on its own, under its own id.
-				split, err := r.splitBatch(payload)
-				if err != nil {
-					r.drop("dropping undecodable outbox batch", "stream_id", rec.StreamID, "event_id", rec.EventID, "err", err)
-					continue
-				}
-				msgs = split
-				break
-			}
-			h, err := batchHead(payload)
-			h.ID = rec.EventID
-			if err == nil {
-				var subj string
-				if subj, err = r.subjectOf(h); err == nil {
-					msgs = []pubMsg{{subject: subj, msgID: h.ID, data: payload}}
-				}
-			}
-			if err != nil {
-				r.drop("dropping undecodable outbox batch", "stream_id", rec.StreamID, "event_id", rec.EventID, "err", err)
-				continue
-			}
-		case outbox.RecordMulti:
-			// Each framed record is published as its own message, in order;
-			// one that does not decode is dropped alone.
-			frames, err := outbox.SplitMulti(rec.Data)
-			if err != nil {
-				r.drop("dropping undecodable outbox record", "stream_id", rec.StreamID, "event_id", rec.EventID, "err", err)
-				continue
-			}
-			msgs = make([]pubMsg, 0, len(frames))
-			for _, f := range frames {
-				m, err := r.single(queue, f.ID, f.Data, &expanded, len(recs)*len(frames))
-				if err != nil {
-					r.drop("dropping undecodable record of an outbox multi-record", "stream_id", rec.StreamID, "event_id", f.ID, "err", err)
-					continue
-				}
-				msgs = append(msgs, m)
-			}
-		case outbox.RecordNewer:
+		if outbox.FormOf(rec.Data) == outbox.RecordNewer {
 			// Written by a newer cronstream: history this relay cannot
 			// read, so it must not drop it either. Stop before it; the
 			// outbox is yielded and a newer replica publishes it.
 			s.stop, s.end = fmt.Errorf("outbox record %s (event %s) is in a newer format than this replica reads: %w", rec.StreamID, rec.EventID, ErrNewerRecord), i
-		default:
-			m, err := r.single(queue, rec.EventID, rec.Data, &expanded, len(recs))
-			if err != nil {
-				// Our own writers produced it, so this is a bug; keeping it
-				// would block the outbox forever. Log loudly, count, drop.
-				r.drop("dropping undecodable outbox record", "stream_id", rec.StreamID, "event_id", rec.EventID, "err", err)
-				continue
-			}
-			msgs = []pubMsg{m}
-		}
-		if s.stop != nil {
 			break
 		}
-		s.events += len(msgs)
-		t, old := recordTime(rec.StreamID)
-		old = old && r.cfg.Now().Sub(t) > r.cfg.DuplicateWindow/2
-		for _, m := range msgs {
-			if old {
-				// The stream may no longer remember an earlier publish of
-				// this record (the window counts from that publish, which
-				// came after the record was written): look.
-				if seen == nil {
-					seen = &publishedSince{}
-				}
-				found, err := seen.has(ctx, r.cfg.JS, stream, m.subject, t, m.msgID)
-				if err != nil {
-					s.stop, s.end = fmt.Errorf("check whether %s was published: %w", m.msgID, err), i
-					break
-				}
-				if found {
-					continue
-				}
-			}
-			// s.at maps every message of a split batch or a multi-record
-			// to its record: the record is done once all of them are
-			// stored.
-			m.unconfirmed = mark
-			s.msgs = append(s.msgs, m)
-			s.at = append(s.at, i)
+		msgs, ok := r.messagesOf(queue, rec, &expanded, len(recs))
+		if !ok {
+			continue // dropped
 		}
-		if s.stop != nil {
+		s.events += len(msgs)
+		if err := s.add(ctx, i, rec, msgs); err != nil {
+			s.stop, s.end = err, i
 			break
 		}
 	}
-	r.pubOnce.Do(func() { r.pub = newBatchPublisher(r.cfg.JS.Conn(), stream) })
+	r.pubOnce.Do(func() { r.pub = newBatchPublisher(r.cfg.JS.Conn(), r.cfg.Names.ActivityStream()) })
 	s.sent = r.pub.send(s.msgs, r.cfg.PublishTimeout)
 	return s
+}
+
+// messagesOf makes the messages of one record (of queue's outbox, in a
+// batch of records); false: the record does not decode, and is dropped.
+func (r *Relay) messagesOf(queue string, rec taskstate.OutboxRecord, expanded *[]byte, records int) ([]pubMsg, bool) {
+	switch outbox.FormOf(rec.Data) {
+	case outbox.RecordBatch:
+		return r.batchMessages(rec)
+	case outbox.RecordMulti:
+		// Each framed record is published as its own message, in order;
+		// one that does not decode is dropped alone.
+		frames, err := outbox.SplitMulti(rec.Data)
+		if err != nil {
+			r.drop("dropping undecodable outbox record", "stream_id", rec.StreamID, "event_id", rec.EventID, "err", err)
+			return nil, false
+		}
+		msgs := make([]pubMsg, 0, len(frames))
+		for _, f := range frames {
+			m, err := r.single(queue, f.ID, f.Data, expanded, records*len(frames))
+			if err != nil {
+				r.drop("dropping undecodable record of an outbox multi-record", "stream_id", rec.StreamID, "event_id", f.ID, "err", err)
+				continue
+			}
+			msgs = append(msgs, m)
+		}
+		return msgs, true
+	}
+	m, err := r.single(queue, rec.EventID, rec.Data, expanded, records)
+	if err != nil {
+		// Our own writers produced it, so this is a bug; keeping it
+		// would block the outbox forever. Log loudly, count, drop.
+		r.drop("dropping undecodable outbox record", "stream_id", rec.StreamID, "event_id", rec.EventID, "err", err)
+		return nil, false
+	}
+	return []pubMsg{m}, true
+}
+
+// batchMessages makes the message of a batch record: published as it is,
+// one message under the record's id, routed by its first event (a batch
+// holds one queue's recoveries). A batch over what the server takes in one
+// message goes as one message per event, each under its own id.
+func (r *Relay) batchMessages(rec taskstate.OutboxRecord) ([]pubMsg, bool) {
+	payload, _ := outbox.BatchEvents(rec.Data)
+	var msgs []pubMsg
+	var err error
+	if max := r.cfg.JS.Conn().MaxPayload(); max > 0 && int64(len(payload))+batchHeaderBytes > max {
+		msgs, err = r.splitBatch(payload)
+	} else {
+		var h envelopeHead
+		h, err = batchHead(payload)
+		h.ID = rec.EventID
+		if err == nil {
+			var subj string
+			if subj, err = r.subjectOf(h); err == nil {
+				msgs = []pubMsg{{subject: subj, msgID: h.ID, data: payload}}
+			}
+		}
+	}
+	if err != nil {
+		r.drop("dropping undecodable outbox batch", "stream_id", rec.StreamID, "event_id", rec.EventID, "err", err)
+		return nil, false
+	}
+	return msgs, true
+}
+
+// add queues msgs, the messages of recs[i], for publishing. A record older
+// than half the duplicate window is looked up first: the stream may no
+// longer remember an earlier publish of it (the window counts from that
+// publish, which came after the record was written), and a message it
+// holds is left out. An error of the lookup stops the batch at the record.
+func (s *sending) add(ctx context.Context, i int, rec taskstate.OutboxRecord, msgs []pubMsg) error {
+	r := s.r
+	t, old := recordTime(rec.StreamID)
+	old = old && r.cfg.Now().Sub(t) > r.cfg.DuplicateWindow/2
+	for _, m := range msgs {
+		if old {
+			if s.seen == nil {
+				s.seen = &publishedSince{}
+			}
+			found, err := s.seen.has(ctx, r.cfg.JS, r.cfg.Names.ActivityStream(), m.subject, t, m.msgID)
+			if err != nil {
+				return fmt.Errorf("check whether %s was published: %w", m.msgID, err)
+			}
+			if found {
+				continue
+			}
+		}
+		// s.at maps every message of a split batch or a multi-record to
+		// its record: the record is done once all of them are stored.
+		m.unconfirmed = s.mark
+		s.msgs = append(s.msgs, m)
+		s.at = append(s.at, i)
+	}
+	return nil
 }
 
 // single makes the message of one event's record (a JSON or a compact

@@ -10,11 +10,13 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/lifecycle"
 	"github.com/cronstream/cronstream/internal/relay"
 	"github.com/cronstream/cronstream/internal/shardview"
 	"github.com/cronstream/cronstream/internal/stall"
@@ -135,9 +137,10 @@ type Membership struct {
 	// refresh asks the beat loop for a beat now (Refresh).
 	refresh chan struct{}
 
-	ctx    context.Context // the loops' context, from Start to Stop
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	life lifecycle.Lifecycle
+	// wrote: a heartbeat of this replica is in the bucket, for Stop to
+	// remove (a Start that failed after its first beat leaves one).
+	wrote atomic.Bool
 }
 
 // MembershipConfig configures a Membership. Zero values mean the defaults.
@@ -188,29 +191,34 @@ func NewMembership(cfg MembershipConfig) (*Membership, error) {
 }
 
 // Start writes the first heartbeat (ctx bounds it) and starts beating and
-// watching, on a context of their own (ctx's values, not its end) that
-// Stop cancels.
+// watching until Stop. Start and Stop follow the rules of package
+// lifecycle (a second Start returns ErrAlreadyStarted, a Start after Stop
+// ErrStopped); a Start that fails may be called again.
 func (m *Membership) Start(ctx context.Context) error {
-	if err := m.beat(ctx); err != nil {
-		return err
+	err := m.life.Start(ctx, func(ctx context.Context) error {
+		if err := m.beat(ctx); err != nil {
+			return err
+		}
+		if err := m.watch(m.life.Context()); err != nil {
+			return err
+		}
+		m.life.Go(m.beatLoop)
+		return nil
+	})
+	if errors.Is(err, lifecycle.ErrAlreadyStarted) || errors.Is(err, lifecycle.ErrStopped) {
+		return fmt.Errorf("membership: %w", err)
 	}
-	m.ctx, m.cancel = context.WithCancel(context.WithoutCancel(ctx))
-	if err := m.watch(); err != nil {
-		m.cancel()
-		return err
-	}
-	m.wg.Add(1)
-	go m.beatLoop(m.ctx)
-	return nil
+	return err
 }
 
 // Stop stops beating and removes this replica's heartbeat (ctx bounds
 // that), so the others take over its entries at once rather than after
-// three heartbeats; the error says when it could not be removed.
+// three heartbeats; the error says when it could not be removed. Before
+// any heartbeat was written, and the second time, it returns nil at once.
 func (m *Membership) Stop(ctx context.Context) error {
-	if m.cancel != nil {
-		m.cancel()
-		m.wg.Wait()
+	ran := m.life.Stop()
+	if wrote := m.wrote.Swap(false); !ran && !wrote {
+		return nil
 	}
 	if err := m.kv.Delete(ctx, m.self.ID); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return fmt.Errorf("remove heartbeat of %s: %w", m.self.ID, err)
@@ -243,6 +251,7 @@ func (m *Membership) beat(ctx context.Context) error {
 		// one the user may write.
 		return fmt.Errorf("heartbeat under key %q (the replica id) of bucket %s: %w", m.self.ID, m.kv.Bucket(), err)
 	}
+	m.wrote.Store(true)
 	m.mu.Lock()
 	m.seen[m.self.ID] = time.Now()
 	m.live[m.self.ID] = m.self
@@ -252,7 +261,6 @@ func (m *Membership) beat(ctx context.Context) error {
 }
 
 func (m *Membership) beatLoop(ctx context.Context) {
-	defer m.wg.Done()
 	t := time.NewTicker(m.interval)
 	defer t.Stop()
 	for {
@@ -273,9 +281,9 @@ func (m *Membership) beatLoop(ctx context.Context) {
 			cancel()
 			switch {
 			case err == nil && m.lost:
-				m.found()
+				m.found(ctx)
 			case err == nil:
-				m.checkWatch()
+				m.checkWatch(ctx)
 			case ctx.Err() != nil:
 			case m.bucketLost(ctx):
 				m.markLost(err)
@@ -314,13 +322,13 @@ func (m *Membership) markLost(cause error) {
 }
 
 // found records that the bucket is back: the watch died with the old one.
-func (m *Membership) found() {
+func (m *Membership) found(ctx context.Context) {
 	m.lost = false
 	m.mu.Lock()
 	m.missing = ""
 	m.mu.Unlock()
 	m.log.Info("replicas bucket is back; heartbeats resumed", "replica", m.self.ID)
-	if err := m.watch(); err != nil {
+	if err := m.watch(ctx); err != nil {
 		m.log.Warn("watch replicas", "replica", m.self.ID, "err", err)
 	}
 }
@@ -328,7 +336,7 @@ func (m *Membership) found() {
 // checkWatch starts the watch again when it has not delivered this
 // replica's own beats for three intervals: it died with the bucket or
 // with its consumer.
-func (m *Membership) checkWatch() {
+func (m *Membership) checkWatch(ctx context.Context) {
 	m.mu.RLock()
 	echo := m.echo
 	m.mu.RUnlock()
@@ -342,28 +350,28 @@ func (m *Membership) checkWatch() {
 	if delivered {
 		level = slog.LevelWarn
 	}
-	m.log.Log(context.Background(), level, "the replicas watch stopped delivering heartbeats: starting it again", "replica", m.self.ID)
-	if err := m.watch(); err != nil {
+	m.log.Log(ctx, level, "the replicas watch stopped delivering heartbeats: starting it again", "replica", m.self.ID)
+	if err := m.watch(ctx); err != nil {
 		m.log.Warn("watch replicas", "replica", m.self.ID, "err", err)
 	}
 }
 
-// watch starts following the bucket, in place of the watch running, with
-// a consumer of its own that it never deletes (the server removes it once
-// it is no longer read: no role may delete consumers).
-func (m *Membership) watch() error {
+// watch starts following the bucket until ctx (the run context) ends, in
+// place of the watch running, with a consumer of its own that it never
+// deletes (the server removes it once it is no longer read: no role may
+// delete consumers).
+func (m *Membership) watch(ctx context.Context) error {
 	if m.stopWatch != nil {
 		m.stopWatch()
 	}
-	ctx, cancel := context.WithCancel(m.ctx)
+	ctx, cancel := context.WithCancel(ctx)
 	it, err := readBucket(ctx, m.js, m.kv.Bucket(), m.interval)
 	if err != nil {
 		cancel()
 		return fmt.Errorf("watch replicas: %w", err)
 	}
 	m.stopWatch, m.watchStarted = cancel, time.Now()
-	m.wg.Add(1)
-	go m.watchLoop(ctx, it)
+	m.life.Go(func(context.Context) { m.watchLoop(ctx, it) })
 	return nil
 }
 
@@ -406,7 +414,6 @@ func bucketValue(bucket string, msg jetstream.Msg) (string, []byte) {
 }
 
 func (m *Membership) watchLoop(ctx context.Context, it jetstream.MessagesContext) {
-	defer m.wg.Done()
 	defer it.Stop()
 	for {
 		msg, err := it.Next(jetstream.NextContext(ctx))

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/lifecycle"
 	"github.com/cronstream/cronstream/projector"
 	"github.com/cronstream/cronstream/schedule"
 )
@@ -101,8 +102,7 @@ type Detector struct {
 	nReasons atomic.Int64
 	lastOK   atomic.Int64 // since epoch, of this replica's last successful attempt
 
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	life lifecycle.Lifecycle
 }
 
 // streak is a run of failed or fenced fire attempts with no success.
@@ -145,64 +145,36 @@ func (d *Detector) SetShards(s Shards) { d.cfg.Shards = s }
 func (d *Detector) tracking(s events.Shard) bool { return d.cfg.Shards == nil || d.owned[s] }
 
 // Start runs the checks until Stop and returns at once. Call it once the
-// projection is caught up. The checks run on a context of their own
-// (ctx's values, not its end), which Stop cancels.
+// projection is caught up. Start and Stop follow the rules of package
+// lifecycle (a second Start returns ErrAlreadyStarted, a Start after Stop
+// ErrStopped).
 func (d *Detector) Start(ctx context.Context) error {
-	if d.cancel != nil {
-		return errors.New("stall detector already started")
-	}
-	sub := d.cfg.Projection.Subscribe()
-	d.sub = sub
-	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	d.cancel = cancel
-	d.since = d.cfg.Now()
-	var moved <-chan struct{}
-	if d.cfg.Shards != nil {
-		moved = d.cfg.Shards.Changed()
-	}
-	changes := make(chan markedBatch)
-	d.wg.Add(2)
-	go func() {
-		defer d.wg.Done()
-		defer close(changes)
-		defer sub.Close()
-		for {
-			batch, mark, err := sub.NextMarked(ctx)
-			if err != nil {
-				return
-			}
-			select {
-			case changes <- markedBatch{batch, mark}:
-			case <-ctx.Done():
-				return
-			}
+	err := d.life.Start(ctx, func(context.Context) error {
+		d.sub = d.cfg.Projection.Subscribe()
+		d.since = d.cfg.Now()
+		var moved <-chan struct{}
+		if d.cfg.Shards != nil {
+			moved = d.cfg.Shards.Changed()
 		}
-	}()
-	go func() {
-		defer d.wg.Done()
-		d.loop(ctx, changes, moved)
-	}()
+		changes := make(chan projector.Batch)
+		d.life.Go(func(ctx context.Context) { d.sub.Pump(ctx, changes) })
+		d.life.Go(func(ctx context.Context) { d.loop(ctx, changes, moved) })
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("stall: %w", err)
+	}
 	return nil
-}
-
-// markedBatch is a batch of the projection's changes with its number
-// (projector.Subscription.NextMarked).
-type markedBatch struct {
-	changes []projector.Change
-	mark    uint64
 }
 
 // Stop stops the checks and waits for them; a watermark read in flight is
-// cancelled, as there is nothing to drain.
+// cancelled, as there is nothing to drain. It never fails.
 func (d *Detector) Stop(context.Context) error {
-	if d.cancel != nil {
-		d.cancel()
-	}
-	d.wg.Wait()
+	d.life.Stop()
 	return nil
 }
 
-func (d *Detector) loop(ctx context.Context, changes <-chan markedBatch, moved <-chan struct{}) {
+func (d *Detector) loop(ctx context.Context, changes <-chan projector.Batch, moved <-chan struct{}) {
 	t := time.NewTicker(d.cfg.Interval)
 	defer t.Stop()
 	d.followShards()
@@ -214,8 +186,8 @@ func (d *Detector) loop(ctx context.Context, changes <-chan markedBatch, moved <
 			if !ok {
 				return
 			}
-			for _, c := range batch.changes {
-				d.apply(c, batch.mark)
+			for _, c := range batch.Changes {
+				d.apply(c, batch.Mark)
 			}
 		case <-moved:
 			d.followShards()
@@ -419,6 +391,18 @@ func (d *Detector) Late(max int) []Late {
 // looks late by what is known (watermarks only move on, so an entry that
 // does not look late is not), then the late set, metrics and warnings.
 func (d *Detector) check(ctx context.Context) {
+	d.takeSeen()
+	if !d.readWatermarks(ctx, d.stale(d.cfg.Now())) {
+		return // stopped
+	}
+	now := d.cfg.Now()
+	late, byQueue, oldest := d.lateSet(now)
+	d.setLate(late)
+	d.report(late, byQueue, oldest, now)
+}
+
+// takeSeen moves the ticks Observe recorded into the tracks.
+func (d *Detector) takeSeen() {
 	d.mu.Lock()
 	seen := d.seen
 	d.seen = make(map[string]time.Time, len(seen))
@@ -428,9 +412,11 @@ func (d *Detector) check(ctx context.Context) {
 			t.seen = tick
 		}
 	}
+}
 
-	now := d.cfg.Now()
-	bound := d.cfg.LateAfter
+// stale returns the tracks whose watermarks must be read: those never read
+// that are due, and those late by what is known.
+func (d *Detector) stale(now time.Time) []*track {
 	var stale []*track
 	for _, t := range d.tracks {
 		if !t.known {
@@ -439,13 +425,20 @@ func (d *Detector) check(ctx context.Context) {
 			}
 			continue
 		}
-		if _, over, ok := t.lateness(now, d.since); ok && over > bound {
+		if _, over, ok := t.lateness(now, d.since); ok && over > d.cfg.LateAfter {
 			stale = append(stale, t)
 		}
 	}
-	// A read from an earlier check still out (Redis slow or stalled) is
-	// taken if it is back; the check never waits for Redis longer than a
-	// moment, and goes on from the last known watermarks.
+	return stale
+}
+
+// readWatermarks reads the watermarks of stale in a goroutine and waits a
+// moment for them; it returns false once ctx has ended. A read from an
+// earlier check still out (Redis slow or stalled) is taken if it is back:
+// the check never waits for Redis longer than a moment, and goes on from
+// the last known watermarks.
+func (d *Detector) readWatermarks(ctx context.Context, stale []*track) bool {
+	bound := d.cfg.LateAfter
 	if d.reading != nil {
 		select {
 		case r := <-d.reading:
@@ -460,13 +453,11 @@ func (d *Detector) check(ctx context.Context) {
 		reqs := readRequests(stale)
 		done := make(chan readDone, 1)
 		d.reading, d.readStarted = done, time.Now()
-		d.wg.Add(1)
-		go func() {
-			defer d.wg.Done()
+		d.life.Go(func(context.Context) {
 			rctx, cancel := context.WithTimeout(ctx, max(bound, 2*time.Second))
 			defer cancel()
 			done <- readDone{reqs, fetch(rctx, d.cfg.Watermarks, d.cfg.Names, reqs)}
-		}()
+		})
 		// A healthy Redis answers well within the wait, and this check
 		// then uses what it read.
 		wait := time.NewTimer(min(d.cfg.Interval/2, time.Second))
@@ -478,7 +469,7 @@ func (d *Detector) check(ctx context.Context) {
 		}
 		wait.Stop()
 		if ctx.Err() != nil {
-			return
+			return false
 		}
 	}
 	if len(stale) == 0 && d.reading == nil {
@@ -487,14 +478,16 @@ func (d *Detector) check(ctx context.Context) {
 		d.readFail, d.readErr = 0, ""
 		d.mu.Unlock()
 	}
+	return true
+}
 
-	now = d.cfg.Now()
-	var late []Late
-	byQueue := map[string]int{}
-	var oldest time.Time
+// lateSet returns the entries late at now, how many per queue, and the
+// oldest late tick.
+func (d *Detector) lateSet(now time.Time) (late []Late, byQueue map[string]int, oldest time.Time) {
+	byQueue = map[string]int{}
 	for _, t := range d.tracks {
 		l, over, ok := t.lateness(now, d.since)
-		if !ok || over <= bound {
+		if !ok || over <= d.cfg.LateAfter {
 			continue
 		}
 		late = append(late, l)
@@ -504,8 +497,14 @@ func (d *Detector) check(ctx context.Context) {
 		}
 	}
 	sortLate(late)
+	return late, byQueue, oldest
+}
+
+// setLate gives the late entries their reasons, and what holds back all
+// of this replica's fires, and keeps them for Late.
+func (d *Detector) setLate(late []Late) {
 	hung := ""
-	if f := d.firing(); f > bound {
+	if f := d.firing(); f > d.cfg.LateAfter {
 		hung = fmt.Sprintf("fire attempts waiting for Redis for %s", f.Round(time.Second))
 	}
 	if d.cfg.Holding != nil {
@@ -514,6 +513,7 @@ func (d *Detector) check(ctx context.Context) {
 		}
 	}
 	d.mu.Lock()
+	defer d.mu.Unlock()
 	for i := range late {
 		if r, ok := d.reasons[late[i].Entry]; ok {
 			late[i].Reason = r
@@ -523,8 +523,10 @@ func (d *Detector) check(ctx context.Context) {
 		}
 	}
 	d.late = late
-	d.mu.Unlock()
+}
 
+// report sets the metrics of the late set and warns of late entries.
+func (d *Detector) report(late []Late, byQueue map[string]int, oldest, now time.Time) {
 	d.m.Late.Set(float64(len(late)))
 	d.m.Tracked.Set(float64(len(d.tracks)))
 	for q := range d.queues {

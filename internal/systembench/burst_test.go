@@ -25,7 +25,8 @@ import (
 // run. The floor's tasks carry the burst's own task ids; it is measured
 // again with the ids asynq's Enqueue gives a task by default (UUIDs), the
 // floor asynq itself pays, and reported with ratios to it ("-asynq-ids"),
-// and with the short ids of the floor before 2026-12-03 ("floor-<i>").
+// and with short ids ("floor-<i>"), which cost Redis less than any id that
+// names an entry and a tick.
 //
 // The entries tick at one second of two consecutive minutes, the first
 // lead seconds ahead, so the replica has loaded them (every entry known,

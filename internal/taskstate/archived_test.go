@@ -14,6 +14,7 @@ import (
 // busy for their id prefix; another prefix, a glob-looking prefix taken
 // literally, and an archived task do not.
 func TestHasBusyTask(t *testing.T) {
+	t.Parallel()
 	r := testenv.StartRedis(t)
 	rc := r.Client(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)

@@ -14,6 +14,7 @@ import (
 // TestEnqueueOptionStringsMatchAsynq compares our option strings with asynq's
 // own Option.String() output.
 func TestEnqueueOptionStringsMatchAsynq(t *testing.T) {
+	t.Parallel()
 	deadline := time.Date(2026, 5, 1, 12, 30, 0, 0, time.UTC)
 	got := EnqueueOptions{
 		Queue: `re"ports`, MaxRetry: 3, Timeout: 30 * time.Minute, Deadline: deadline,
@@ -41,6 +42,7 @@ func TestEnqueueOptionStringsMatchAsynq(t *testing.T) {
 // TestSchedulerEntriesVisibleToInspector writes our entries under the shared
 // scheduler id and reads them with asynq's Inspector.
 func TestSchedulerEntriesVisibleToInspector(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	s, rc := newTestStore(t)
 	insp := asynq.NewInspectorFromRedisClient(rc)
@@ -126,6 +128,7 @@ func TestSchedulerEntriesVisibleToInspector(t *testing.T) {
 // TestSchedulerHistory records enqueue events that asynq's Inspector lists
 // newest first, capped at 1000 like asynq.
 func TestSchedulerHistory(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	s, rc := newTestStore(t)
 	insp := asynq.NewInspectorFromRedisClient(rc)

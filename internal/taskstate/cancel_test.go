@@ -62,6 +62,7 @@ func outboxCancelled(t testing.TB, s *Store, queue string) []contract.TaskCancel
 // worker): the fire deletes it as asynq's DeleteTask would and creates the
 // new one in the same step, with a cancelled record naming it.
 func TestFireOverlapCancelPending(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	s, rc := newTestStore(t)
 	first := tickFire("can", "default", tickAt(0), time.Time{})
@@ -111,6 +112,8 @@ func TestFireOverlapCancelPending(t *testing.T) {
 // replicas releasing at once, exactly one deletes it from retry and fires
 // the held tick.
 func TestFireOverlapCancelActive(t *testing.T) {
+	// Not parallel: it checks that the asynq server leaves no goroutine
+	// behind, which other tests' goroutines would cloud.
 	ctx := context.Background()
 	s, rc := newTestStore(t)
 	started := make(chan string, 10)
@@ -182,6 +185,7 @@ func TestFireOverlapCancelActive(t *testing.T) {
 // gone and no cancellation reaches it): the held tick waits until the
 // task's timeout, counted from when the tick was held, has passed.
 func TestReleaseCancelGivesUp(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	s, rc := newTestStore(t)
 	first := tickFire("can", "default", tickAt(0), time.Time{})
@@ -253,6 +257,7 @@ func setTaskState(t testing.TB, rc *redis.Client, id, state string) {
 // sequence releases it; a later held tick it drops, counted and with the
 // dropped record appended in the same step.
 func TestReleaseCancelFences(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	s, rc := newTestStore(t)
 	k := Keys("default")

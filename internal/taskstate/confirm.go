@@ -11,8 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Confirmed outbox reads (docs/design.md "Why each tick fires exactly
-// once", step 8). A fire's event may be published only once its write is
+// Confirmed outbox reads (docs/exactly-once.md, step 8). A fire's event may be published only once its write is
 // on the Redis replicas a failover could promote, or a failover that loses
 // the write leaves an event describing a task that no longer exists.
 //

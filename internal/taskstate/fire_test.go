@@ -122,6 +122,7 @@ func assertWatermark(t testing.TB, s *Store, queue, entry string, want time.Time
 // resulting task hash and containers with what the real asynq v0.26.0 client
 // writes for the same task and options.
 func TestFireWritesWhatAsynqWrites(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	s, rc := newTestStore(t)
 	client := asynq.NewClientFromRedisClient(rc)
@@ -285,21 +286,7 @@ func startAsynqServer(t *testing.T, rc redis.UniversalClient, cfg asynq.Config, 
 	t.Helper()
 	leakOpt := goleak.IgnoreCurrent()
 	t.Cleanup(func() { goleak.VerifyNone(t, leakOpt) })
-	cfg.LogLevel = asynq.FatalLevel
-	if cfg.TaskCheckInterval == 0 {
-		cfg.TaskCheckInterval = 20 * time.Millisecond
-	}
-	if cfg.DelayedTaskCheckInterval == 0 {
-		cfg.DelayedTaskCheckInterval = 100 * time.Millisecond
-	}
-	if cfg.ShutdownTimeout == 0 {
-		cfg.ShutdownTimeout = time.Second
-	}
-	srv := asynq.NewServerFromRedisClient(rc, cfg)
-	if err := srv.Start(h); err != nil {
-		t.Fatalf("start asynq server: %v", err)
-	}
-	t.Cleanup(srv.Shutdown)
+	testenv.StartAsynqServer(t, rc, cfg, h)
 }
 
 // handled is what a handler saw of one task.
@@ -317,6 +304,8 @@ type handled struct {
 // process tasks created by FireOnce: payload, headers, queue, retry, timeout,
 // deadline, retention, unique, group (aggregated) and scheduled (jitter).
 func TestFiredTasksProcessedByAsynqServer(t *testing.T) {
+	// Not parallel: it checks that the asynq server leaves no goroutine
+	// behind, which other tests' goroutines would cloud.
 	ctx := context.Background()
 	s, rc := newTestStore(t)
 	insp := asynq.NewInspectorFromRedisClient(rc)
@@ -432,6 +421,7 @@ func TestFiredTasksProcessedByAsynqServer(t *testing.T) {
 
 // TestInspectorReadsFiredTasks checks that asynq's Inspector reads fired tasks.
 func TestInspectorReadsFiredTasks(t *testing.T) {
+	t.Parallel()
 	s, rc := newTestStore(t)
 	insp := asynq.NewInspectorFromRedisClient(rc)
 	var ids []string
@@ -490,6 +480,7 @@ func TestInspectorReadsFiredTasks(t *testing.T) {
 // same expected watermark: exactly one fires, the other learns the new
 // watermark.
 func TestFireCompareAndSetRace(t *testing.T) {
+	t.Parallel()
 	r := testenv.StartRedis(t)
 	rc := r.Client(t)
 	s, s2 := New(rc), New(r.Client(t)) // two replicas, two connections
@@ -539,6 +530,7 @@ func TestFireCompareAndSetRace(t *testing.T) {
 // TestFireCatchUpGap fires a tick after a gap: the caller's skipped records
 // land in the outbox in the same step, before the fired record.
 func TestFireCatchUpGap(t *testing.T) {
+	t.Parallel()
 	s, _ := newTestStore(t)
 	mustFire(t, s, tickFire("gap", "default", tickAt(0), time.Time{}), StatusFired)
 	f := tickFire("gap", "default", tickAt(5), tickAt(0))
@@ -573,6 +565,7 @@ func TestFireCatchUpGap(t *testing.T) {
 // TestFireRevisionFence refuses a fire from an older configuration than one
 // already seen in the slot.
 func TestFireRevisionFence(t *testing.T) {
+	t.Parallel()
 	s, _ := newTestStore(t)
 	seq := func(n uint64) Fences { return Fences{ConfigSeq: n} }
 	f := tickFire("rev", "default", tickAt(1), time.Time{})
@@ -616,6 +609,7 @@ func TestFireRevisionFence(t *testing.T) {
 // seen in the slot by more than max staleness is refused; replicas that are
 // all equally stale (nobody hears NATS) keep firing.
 func TestFireStalenessFence(t *testing.T) {
+	t.Parallel()
 	s, _ := newTestStore(t)
 	heard := time.Now().Add(-10 * time.Minute) // long ago: Redis TIME plays no part
 	fire := func(entry string, n int, freshAsOf time.Time, want FireStatus) FireResult {
@@ -664,6 +658,7 @@ func TestFireStalenessFence(t *testing.T) {
 // earlier build's) is refused with no id and gets one from the next fire at
 // its sequence; ClearFence and ClearHandover delete only the value compared.
 func TestFireFenceID(t *testing.T) {
+	t.Parallel()
 	s, rc := newTestStore(t)
 	ctx := context.Background()
 	own := Own(testPrefix, "default")
@@ -726,6 +721,7 @@ func TestFireFenceID(t *testing.T) {
 // keeps the format earlier builds read; a marker an earlier build wrote (or
 // raised past the stored id) has no known id; ClearHandover deletes both.
 func TestHandoverMarkerID(t *testing.T) {
+	t.Parallel()
 	s, rc := newTestStore(t)
 	ctx := context.Background()
 	a, b := Own(testPrefix, "A"), Own(testPrefix, "B")
@@ -790,6 +786,7 @@ func TestHandoverMarkerID(t *testing.T) {
 // presenting the true time is not stale. A stored freshness beyond TIME + 2 s
 // (left by an earlier build) is ignored and overwritten.
 func TestFireFreshnessCapped(t *testing.T) {
+	t.Parallel()
 	s, rc := newTestStore(t)
 	ctx := context.Background()
 	key := Own(testPrefix, "default").Freshness()
@@ -827,6 +824,8 @@ func TestFireFreshnessCapped(t *testing.T) {
 // TestFireOverlapSkip skips a tick while the previous task is pending or
 // active (held by a real asynq worker) and fires once it completed.
 func TestFireOverlapSkip(t *testing.T) {
+	// Not parallel: it checks that the asynq server leaves no goroutine
+	// behind, which other tests' goroutines would cloud.
 	s, rc := newTestStore(t)
 	overlapFire := func(n int) Fire {
 		f := tickFire("ov", "default", tickAt(n), tickAt(n-1))
@@ -881,6 +880,7 @@ func TestFireOverlapSkip(t *testing.T) {
 // TestFireTrigger: a trigger is idempotent per request id and never moves the
 // watermark.
 func TestFireTrigger(t *testing.T) {
+	t.Parallel()
 	s, rc := newTestStore(t)
 	mustFire(t, s, tickFire("tr", "default", tickAt(1), time.Time{}), StatusFired)
 	trig := func(req string) Fire {
@@ -917,6 +917,7 @@ func TestFireTrigger(t *testing.T) {
 // TestFireBackfill: backfill ticks are idempotent by task id and never move
 // the watermark.
 func TestFireBackfill(t *testing.T) {
+	t.Parallel()
 	s, _ := newTestStore(t)
 	mustFire(t, s, tickFire("bf", "default", tickAt(10), time.Time{}), StatusFired)
 	back := func(n int) Fire {
@@ -943,6 +944,7 @@ func TestFireBackfill(t *testing.T) {
 // TestFireAlreadyExists: when the watermark was lost but the tick's task
 // exists, the fire advances the watermark without a second fired record.
 func TestFireAlreadyExists(t *testing.T) {
+	t.Parallel()
 	s, rc := newTestStore(t)
 	mustFire(t, s, tickFire("ae", "default", tickAt(1), time.Time{}), StatusFired)
 	rc.Del(context.Background(), Own(testPrefix, "default").Watermark("ae"))
@@ -959,6 +961,7 @@ func TestFireAlreadyExists(t *testing.T) {
 // TestFireUniqueDuplicate: a held unique lock skips the tick with the
 // duplicate record and moves the watermark.
 func TestFireUniqueDuplicate(t *testing.T) {
+	t.Parallel()
 	s, rc := newTestStore(t)
 	uniq := func(n int, prev time.Time) Fire {
 		f := tickFire("uq", "default", tickAt(n), prev)
@@ -983,6 +986,7 @@ func TestFireUniqueDuplicate(t *testing.T) {
 // TestHandover moves an entry A→B (a late fire in A is refused, B continues
 // from A's watermark) and back B→A.
 func TestHandover(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	s, _ := newTestStore(t)
 	// fireAt fires from a projection at config sequence seq.
@@ -1078,6 +1082,7 @@ func TestHandover(t *testing.T) {
 // TestFireBatch fires several queues and consecutive ticks of one entry in
 // one batch, in both call shapes, and recovers from an empty script cache.
 func TestFireBatch(t *testing.T) {
+	t.Parallel()
 	for _, perCall := range []callSizes{{1, 1}, fireCallSizes} {
 		t.Run(fmt.Sprintf("per-call-%d-%d", perCall.each, perCall.bulk), func(t *testing.T) {
 			ctx := context.Background()
@@ -1129,6 +1134,7 @@ func TestFireBatch(t *testing.T) {
 
 // TestFireInvalid rejects fires that cannot be sent, before sending anything.
 func TestFireInvalid(t *testing.T) {
+	t.Parallel()
 	s, rc := newTestStore(t)
 	valid := func() Fire { return tickFire("inv", "default", tickAt(2), tickAt(1)) }
 	cases := map[string]func(*Fire){
@@ -1170,6 +1176,7 @@ func TestFireInvalid(t *testing.T) {
 // TestFireCluster runs the fire, batch, outbox and handover scripts on a
 // three-master Redis Cluster with queue names that need the hash tag.
 func TestFireCluster(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	cc := testenv.StartRedisCluster(t).Client(t)
 	s := New(cc)
@@ -1257,6 +1264,7 @@ func TestFireCluster(t *testing.T) {
 // order; a lone fired fire's record is a plain record, and a call that
 // fires nothing writes none. Calls hold up to fireCallSizes.bulk fires.
 func TestFireBulkMultiRecord(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	s, rc := newTestStore(t)
 	// raw reads queue's outbox records as written: id and data.
@@ -1358,6 +1366,7 @@ func TestFireBulkMultiRecord(t *testing.T) {
 // error and nothing of it is written (no task, watermark or record), so the
 // same fires succeed once there is room, each exactly once.
 func TestFireRefusedWholeWhenRedisFull(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	s, rc := newTestStore(t)
 	var fires []Fire

@@ -19,6 +19,7 @@ func limitedFire(entry, queue string, tick, prev time.Time, max int, since uint6
 // tasks; the third is refused as completed (the watermark stays at the
 // second, so the fourth finds it unexpected), on every path of the script.
 func TestFireLimitInOneBatch(t *testing.T) {
+	t.Parallel()
 	s, rc := newTestStore(t)
 	ctx := context.Background()
 	const queue = "limit"
@@ -71,6 +72,7 @@ func TestFireLimitInOneBatch(t *testing.T) {
 // unique lock another task holds, creates nothing and does not count; a
 // changed limit (another revision) counts afresh.
 func TestFireLimitCountsCreatedTasksOnly(t *testing.T) {
+	t.Parallel()
 	s, rc := newTestStore(t)
 	ctx := context.Background()
 	const queue = "limit2"
@@ -117,6 +119,7 @@ func TestFireLimitCountsCreatedTasksOnly(t *testing.T) {
 // TestSeedFireCount: seeding only ever raises the counter of a revision and
 // never replaces a later revision's.
 func TestSeedFireCount(t *testing.T) {
+	t.Parallel()
 	s, _ := newTestStore(t)
 	ctx := context.Background()
 	steps := []struct {
@@ -142,6 +145,7 @@ func TestSeedFireCount(t *testing.T) {
 // TestFireCounts: the pipelined read gives each counter as FireCount does,
 // nothing for an entry without one, and an error for a malformed one.
 func TestFireCounts(t *testing.T) {
+	t.Parallel()
 	s, rc := newTestStore(t)
 	ctx := context.Background()
 	mustFire(t, s, limitedFire("lim", "q-one", tickAt(1), time.Time{}, 3, 5), StatusFired)

@@ -22,6 +22,7 @@ import (
 // results and the same Redis state from all three: the short paths are
 // optimizations, never different rules.
 func TestFirePathsAgree(t *testing.T) {
+	t.Parallel()
 	s, rc := newTestStore(t)
 	ctx := context.Background()
 	seed := rand.Uint64()

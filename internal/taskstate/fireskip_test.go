@@ -9,6 +9,7 @@ import (
 // TestFireSkip records missed ticks without creating a task, under the same
 // compare-and-set as a tick, and keeps the last fired task for overlap.
 func TestFireSkip(t *testing.T) {
+	t.Parallel()
 	s, rc := newTestStore(t)
 	mustFire(t, s, tickFire("skip", "default", tickAt(0), time.Time{}), StatusFired)
 	skip := Fire{

@@ -11,7 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Queue change = handover (docs/design.md INV-handover). The watermark lives in the queue's
+// Queue change = handover (docs/invariants.md INV-handover). The watermark lives in the queue's
 // slot, so when an entry moves from queue A to queue B at config revision R:
 //
 //  1. CloseForHandover(A, R) writes the marker "R out" in A's slot: fires into
@@ -138,7 +138,7 @@ func (s *Store) seedWatermark(ctx context.Context, prefix, newQueue, entry strin
 	return recorded, nil
 }
 
-// Stream epochs (docs/design.md INV-revision-fence). The revision fence and
+// Stream epochs (docs/invariants.md INV-revision-fence). The revision fence and
 // the handover markers hold config stream sequences. When the config stream
 // is deleted and recreated, or restored from an older snapshot, they may name
 // sequences the stream no longer has, or that hold another message (the ids

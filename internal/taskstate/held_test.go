@@ -24,6 +24,8 @@ func bufferFire(n int) Fire {
 // pending task with its own fired record, once a real asynq worker finished
 // the previous task.
 func TestFireOverlapBuffer(t *testing.T) {
+	// Not parallel: it checks that the asynq server leaves no goroutine
+	// behind, which other tests' goroutines would cloud.
 	ctx := context.Background()
 	s, rc := newTestStore(t)
 	first := tickFire("buf", "default", tickAt(0), time.Time{})
@@ -105,6 +107,7 @@ func TestFireOverlapBuffer(t *testing.T) {
 
 // TestReleaseHeldDrop drops a held tick without creating its task.
 func TestReleaseHeldDrop(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	s, rc := newTestStore(t)
 	mustFire(t, s, tickFire("buf", "default", tickAt(0), time.Time{}), StatusFired)
@@ -133,6 +136,7 @@ func TestReleaseHeldDrop(t *testing.T) {
 // does neither either; the replica at the newer sequence drops it, with
 // the dropped record appended in the same step.
 func TestReleaseHeldFences(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	s, rc := newTestStore(t)
 	first := tickFire("buf", "default", tickAt(0), time.Time{})
@@ -187,6 +191,7 @@ func TestReleaseHeldFences(t *testing.T) {
 // limit in the same step (the fires counter moves with the task), and a
 // held tick beyond the limit is dropped with its record, not fired.
 func TestReleaseHeldCountsFires(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	s, rc := newTestStore(t)
 	limited := func(f Fire) Fire {

@@ -16,6 +16,7 @@ import (
 )
 
 func TestIsOwnSchedulerID(t *testing.T) {
+	t.Parallel()
 	for id, want := range map[string]bool{
 		SchedulerID("cronstream"):               true,
 		SchedulerID("team-a"):                   true,
@@ -69,6 +70,7 @@ func (e *enqueues) taskIDs() []string {
 // TestListSchedulers reads what real asynq schedulers publish, beside
 // cronstream's own list and a member whose list expired.
 func TestListSchedulers(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	s, rc := newTestStore(t)
 	// asynq writes its list with a TTL of two heartbeats in whole seconds
@@ -123,6 +125,8 @@ func TestListSchedulers(t *testing.T) {
 // enqueue; the capture has every enqueue all the same, the ones recorded
 // before it started included. Restore puts the history back.
 func TestHistoryCaptureAcrossShutdown(t *testing.T) {
+	// Not parallel: it checks that the asynq server leaves no goroutine
+	// behind, which other tests' goroutines would cloud.
 	ctx := context.Background()
 	s, rc := newTestStore(t)
 	leakOpt := goleak.IgnoreCurrent()

@@ -15,6 +15,7 @@ import (
 // TestParseEntryKey reads back the queue and entry of every per-entry key,
 // whatever the queue name holds, and refuses other keys and other tenants.
 func TestParseEntryKey(t *testing.T) {
+	t.Parallel()
 	for _, prefix := range []string{"", "acme"} {
 		for _, queue := range []string{"default", "a:b", "x{y", "}:cronstream:wm:z", ""} {
 			own := Own(prefix, queue)
@@ -37,6 +38,7 @@ func TestParseEntryKey(t *testing.T) {
 // Append forms into a reused buffer; they must name the same keys as the
 // string forms every other path uses.
 func TestAppendKeysMatchNames(t *testing.T) {
+	t.Parallel()
 	buf := []byte("left over")
 	for _, prefix := range []string{"", "acme"} {
 		for _, queue := range []string{"default", "a:b", "x{y"} {
@@ -58,6 +60,7 @@ func TestAppendKeysMatchNames(t *testing.T) {
 // deletes those of one entry: a key changed since the scan (a
 // re-registration fired) and history events after the removal are kept.
 func TestDeleteRemovedEntryKeys(t *testing.T) {
+	t.Parallel()
 	s, rc := newTestStore(t)
 	testDeleteRemovedEntryKeys(t, s, rc)
 }
@@ -65,6 +68,7 @@ func TestDeleteRemovedEntryKeys(t *testing.T) {
 // TestDeleteRemovedEntryKeysCluster does the same on a three-master Redis
 // Cluster: the scan visits every master.
 func TestDeleteRemovedEntryKeysCluster(t *testing.T) {
+	t.Parallel()
 	cc := testenv.StartRedisCluster(t).Client(t)
 	testDeleteRemovedEntryKeys(t, New(cc), cc)
 }

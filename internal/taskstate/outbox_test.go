@@ -14,6 +14,7 @@ import (
 // ids; only the lease owner acks; a second owner takes over after the lease
 // expired and resumes from the first unacknowledged record.
 func TestOutboxOrderAndOwnership(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	s, _ := newTestStore(t)
 	var want []string
@@ -121,6 +122,7 @@ func TestOutboxOrderAndOwnership(t *testing.T) {
 
 // TestOutboxAckMany acks more ids than one XDEL call takes.
 func TestOutboxAckMany(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	s, _ := newTestStore(t)
 	s.firePath = pathEach // a record per fire

@@ -230,273 +230,6 @@ func MsgHash(msg []byte) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// LeaseRef is one entry of a queue's lease set: a task id and the end of
-// its lease.
-type LeaseRef struct {
-	ID string
-	// LeaseExpiry is the entry's score (whole seconds).
-	LeaseExpiry time.Time
-}
-
-// ListLeaseExpired returns up to limit tasks of queue whose lease score is at
-// or before cutoff, lowest score first, with the ids that cannot be
-// recovered reported in the second slice. It is ListLeaseExpiredFrom with
-// offset 0.
-func (s *Store) ListLeaseExpired(ctx context.Context, queue string, cutoff time.Time, limit int) ([]LeaseExpired, []BadTask, error) {
-	return s.ListLeaseExpiredFrom(ctx, queue, cutoff, 0, limit)
-}
-
-// ListLeaseExpiredFrom is ListLeaseExpired starting at the offset-th entry of
-// the lease range: ListLeaseRefs, then LoadLeaseExpired. Bad tasks stay in
-// the lease set, so a caller that pages through a pass skips them with
-// offset += len(bad) (plus the decisions that RecoverBatch left in place).
-func (s *Store) ListLeaseExpiredFrom(ctx context.Context, queue string, cutoff time.Time, offset, limit int) ([]LeaseExpired, []BadTask, error) {
-	refs, err := s.ListLeaseRefs(ctx, queue, cutoff, offset, limit)
-	if err != nil {
-		return nil, nil, err
-	}
-	return s.LoadLeaseExpired(ctx, queue, refs)
-}
-
-// Listing tuning: a page of ids is one ZRANGE, and the pages of one
-// listing go leaseRefPipeline at a time in one pipeline; a page of
-// messages is one script call of listPage ids.
-const (
-	leaseRefPage      = 2000
-	leaseRefPipeline  = 25
-	leaseMsgsPipeline = 4
-)
-
-// ListLeaseRefs returns up to limit entries of queue's lease set with a
-// score at or before cutoff, lowest score first, starting at the offset-th
-// of them. ZCOUNT says how many there are, and the listing reads exactly
-// those ranks: the expired entries are the lowest ranks, and ZRANGE by rank
-// finds an offset in O(log n), where ZRANGEBYSCORE … LIMIT walks to it.
-// Pages may overlap or miss entries that others remove meanwhile;
-// RecoverBatch re-checks every task and the next pass lists what was
-// missed.
-func (s *Store) ListLeaseRefs(ctx context.Context, queue string, cutoff time.Time, offset, limit int) ([]LeaseRef, error) {
-	if err := s.CheckQueue(queue); err != nil {
-		return nil, err
-	}
-	k := Keys(queue)
-	expired, err := s.client.ZCount(ctx, k.Lease(), "-inf", strconv.FormatInt(cutoff.Unix(), 10)).Result()
-	if err != nil {
-		return nil, fmt.Errorf("count lease-expired tasks of queue %q: %w", queue, err)
-	}
-	return s.listLeaseRefs(ctx, k, cutoff, offset, min(int(expired)-offset, limit))
-}
-
-// listLeaseRefs reads n lease entries from rank offset on, keeping those at
-// or before cutoff.
-func (s *Store) listLeaseRefs(ctx context.Context, k QueueKeys, cutoff time.Time, offset, n int) ([]LeaseRef, error) {
-	if n <= 0 {
-		return nil, nil
-	}
-	last := float64(cutoff.Unix())
-	refs := make([]LeaseRef, 0, n)
-	seen := make(map[string]struct{}, n)
-	for end := offset + n; offset < end; {
-		pipe := s.client.Pipeline()
-		var cmds []*redis.ZSliceCmd
-		for p := 0; p < leaseRefPipeline && offset < end; p++ {
-			m := min(leaseRefPage, end-offset)
-			cmds = append(cmds, pipe.ZRangeWithScores(ctx, k.Lease(), int64(offset), int64(offset+m-1)))
-			offset += m
-		}
-		if _, err := pipe.Exec(ctx); err != nil {
-			return refs, fmt.Errorf("list lease-expired tasks of queue %q: %w", k.Queue(), err)
-		}
-		for _, c := range cmds {
-			page := c.Val()
-			for _, z := range page {
-				if z.Score > last {
-					return refs, nil
-				}
-				id, _ := z.Member.(string)
-				if _, dup := seen[id]; dup {
-					continue
-				}
-				seen[id] = struct{}{}
-				refs = append(refs, LeaseRef{ID: id, LeaseExpiry: time.Unix(int64(z.Score), 0)})
-			}
-			if len(page) < leaseRefPage && offset < end {
-				return refs, nil // the set is shorter than counted: others removed entries
-			}
-		}
-	}
-	return refs, nil
-}
-
-// ListTailFirst is ListLeaseRefs in the order SortTailFirst gives. In a
-// mass crash (expired entries at least half as many as the active list
-// holds, so their tasks are spread over all of it) it reads the whole list
-// while it lists, instead of after.
-func (s *Store) ListTailFirst(ctx context.Context, queue string, cutoff time.Time, offset, limit int) ([]LeaseRef, error) {
-	if err := s.CheckQueue(queue); err != nil {
-		return nil, err
-	}
-	k := Keys(queue)
-	pipe := s.client.Pipeline()
-	count := pipe.ZCount(ctx, k.Lease(), "-inf", strconv.FormatInt(cutoff.Unix(), 10))
-	llen := pipe.LLen(ctx, k.Active())
-	if _, err := pipe.Exec(ctx); err != nil {
-		return nil, fmt.Errorf("count lease-expired tasks of queue %q: %w", queue, err)
-	}
-	n, listed := min(int(count.Val())-offset, limit), int(llen.Val())
-	if listed < positionMinList || 2*n < listed {
-		refs, err := s.listLeaseRefs(ctx, k, cutoff, offset, n)
-		if err != nil {
-			return nil, err
-		}
-		return refs, s.SortTailFirst(ctx, queue, refs)
-	}
-	var (
-		depth    map[string]int
-		depthErr error
-		read     = make(chan struct{})
-	)
-	go func() {
-		defer close(read)
-		depth, depthErr = s.readDepths(ctx, k, listed, nil)
-	}()
-	refs, err := s.listLeaseRefs(ctx, k, cutoff, offset, n)
-	<-read
-	if err != nil {
-		return nil, err
-	}
-	if depthErr != nil {
-		return nil, fmt.Errorf("order lease-expired tasks of queue %q: %w", queue, depthErr)
-	}
-	sortByDepth(refs, depth)
-	return refs, nil
-}
-
-// LoadLeaseExpired reads the messages of refs (listed by ListLeaseRefs) and
-// returns the tasks in refs' order, with the ids that cannot be recovered
-// as they are in the second slice. An id that left the lease set since it
-// was listed (finished, or recovered by someone else) is in neither.
-func (s *Store) LoadLeaseExpired(ctx context.Context, queue string, refs []LeaseRef) ([]LeaseExpired, []BadTask, error) {
-	if err := s.CheckQueue(queue); err != nil {
-		return nil, nil, err
-	}
-	k := Keys(queue)
-	keys := []string{k.Lease(), k.TaskPrefix()}
-	tasks := make([]LeaseExpired, 0, len(refs))
-	var bad []BadTask
-	for len(refs) > 0 {
-		batch := redisscript.NewBatch(s.client)
-		var (
-			cmds  []*redis.Cmd
-			pages [][]LeaseRef
-		)
-		for len(cmds) < leaseMsgsPipeline && len(refs) > 0 {
-			page := refs[:min(s.listPage, len(refs))]
-			refs = refs[len(page):]
-			args := make([]any, len(page))
-			for i, r := range page {
-				args[i] = r.ID
-			}
-			cmds = append(cmds, batch.Run(ctx, leaseMessagesScript, keys, args...))
-			pages = append(pages, page)
-		}
-		batch.Exec(ctx)
-		for i, c := range cmds {
-			reply, err := c.Slice()
-			if err == nil && len(reply) != len(pages[i]) {
-				err = fmt.Errorf("reply has %d values for %d tasks", len(reply), len(pages[i]))
-			}
-			if err != nil {
-				return tasks, bad, fmt.Errorf("read lease-expired tasks of queue %q: %w", queue, err)
-			}
-			for j, ref := range pages[i] {
-				switch v := reply[j].(type) {
-				case string:
-					le, err := decodeLeaseExpired(queue, ref, v)
-					if err != nil {
-						bad = append(bad, BadTask{ID: ref.ID, Err: err})
-						continue
-					}
-					tasks = append(tasks, le)
-				case int64:
-					if v == 0 {
-						bad = append(bad, BadTask{ID: ref.ID, Err: fmt.Errorf("queue %q task %q: %w", queue, ref.ID, ErrNoMessage)})
-					}
-				}
-			}
-		}
-	}
-	return tasks, bad, nil
-}
-
-func decodeLeaseExpired(queue string, ref LeaseRef, raw string) (LeaseExpired, error) {
-	msg, err := DecodeTaskMessage([]byte(raw))
-	if err != nil {
-		return LeaseExpired{}, fmt.Errorf("queue %q task %q: %w", queue, ref.ID, err)
-	}
-	if msg.ID != ref.ID || msg.Queue != queue {
-		return LeaseExpired{}, fmt.Errorf("queue %q task %q: message says id %q queue %q: %w",
-			queue, ref.ID, msg.ID, msg.Queue, ErrMismatch)
-	}
-	return LeaseExpired{Msg: msg, LeaseExpiry: ref.LeaseExpiry, MsgHash: MsgHash([]byte(raw))}, nil
-}
-
-// SortTailFirst orders refs by where their tasks sit in queue's active
-// list, nearest the tail (the oldest) first, and those not found last, in
-// their order. RecoverBatch takes a chunk whose tasks fill one stretch of
-// the list's tail off the list through a window; batches cut from refs in
-// this order are such stretches. It reads the list (listDepths) only when
-// RecoverBatch would: on a short list, or for few refs, the order stays as
-// it is.
-func (s *Store) SortTailFirst(ctx context.Context, queue string, refs []LeaseRef) error {
-	if err := s.CheckQueue(queue); err != nil {
-		return err
-	}
-	ids := make([]string, len(refs))
-	for i, r := range refs {
-		ids[i] = r.ID
-	}
-	depth, err := s.listDepths(ctx, Keys(queue), ids)
-	if err != nil {
-		return fmt.Errorf("order lease-expired tasks of queue %q: %w", queue, err)
-	}
-	sortByDepth(refs, depth)
-	return nil
-}
-
-// sortByDepth orders refs by their tail depth in depth, unknown last. The
-// depths are looked up once, not in every comparison, and the listing's
-// order breaks ties (the refs not found).
-func sortByDepth(refs []LeaseRef, depth map[string]int) {
-	type placed struct {
-		ref          LeaseRef
-		depth, index int
-	}
-	all := make([]placed, len(refs))
-	for i, r := range refs {
-		all[i] = placed{r, depth[r.ID], i}
-	}
-	slices.SortFunc(all, func(a, b placed) int {
-		return cmp.Or(compareDepth(a.depth, b.depth), cmp.Compare(a.index, b.index))
-	})
-	for i := range all {
-		refs[i] = all[i].ref
-	}
-}
-
-// compareDepth orders tail depths ascending, unknown (0) last.
-func compareDepth(a, b int) int {
-	switch {
-	case a == b:
-		return 0
-	case a == 0:
-		return 1
-	case b == 0:
-		return -1
-	}
-	return cmp.Compare(a, b)
-}
-
 // Store-side tuning of RecoverBatch's list positioning.
 const (
 	// Positions are read when LPOS from the tail would cost more: below
@@ -575,35 +308,11 @@ func (s *Store) RecoverBatch(ctx context.Context, prefix, queue string, cutoff t
 // decisions' tail depths in the active list (missing = unknown); a wrong
 // depth only costs an LPOS, never correctness.
 func (s *Store) recoverInListOrder(ctx context.Context, prefix, queue string, cutoff time.Time, decisions []Decision, depth map[string]int, outcomes []Outcome) error {
-	k := Keys(queue)
-	// Tail order: known positions ascending, unknown ones last.
-	order := make([]int, len(decisions))
-	depths := make([]int, len(decisions))
-	for i := range order {
-		order[i] = i
-		depths[i] = depth[decisions[i].TaskID]
-	}
-	slices.SortStableFunc(order, func(a, b int) int { return compareDepth(depths[a], depths[b]) })
-
-	now := s.now()
-	tomb, err := tombstone()
+	run, err := s.newRecoveryRun(prefix, queue, cutoff, decisions, depth, outcomes)
 	if err != nil {
 		return err
 	}
-	keys := []string{
-		k.Lease(), k.Active(), k.Retry(), k.Archived(), k.Processed(now), k.Failed(now),
-		k.ProcessedTotal(), k.FailedTotal(), k.TaskPrefix(), Own(prefix, queue).Outbox(),
-	}
-	head := []any{
-		cutoff.Unix(), now.Unix(), now.Add(statsTTL).Unix(), now.AddDate(0, 0, -archiveMaxAgeDays).Unix(),
-		archiveMaxSize, s.trimBudget, tomb, int64(math.MaxInt64),
-	}
-	taken := 0 // list elements taken off the tail by earlier chunks
-	trimMore := false
-	type chunkCall struct {
-		chunk []int
-		cmd   *redis.Cmd
-	}
+	order := run.tailOrder()
 	for start := 0; start < len(order); {
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("recover queue %q: %w", queue, err)
@@ -614,100 +323,176 @@ func (s *Store) recoverInListOrder(ctx context.Context, prefix, queue string, cu
 		// not only costs the chunks after it an LPOS per task.
 		batch := redisscript.NewBatch(s.client)
 		var calls []chunkCall
-		assumed := taken
+		assumed := run.taken
 		for len(calls) < recoverPipeline && start < len(order) {
 			chunk := order[start:min(start+s.recoverChunk, len(order))]
 			start += len(chunk)
-			hints := make([]int, len(chunk))
-			deepest := 0
-			for j, i := range chunk {
-				if dp := depths[i]; dp > 0 && dp-assumed >= 1 {
-					hints[j] = dp - assumed
-					deepest = max(deepest, hints[j])
-				}
-			}
-			// A chunk whose tasks sit together at the tail goes through a
-			// window: every element down to its deepest task leaves the
-			// tail (recover.lua).
-			window := 0
-			if deepest > 0 && deepest <= windowMaxFactor*len(chunk) {
-				window = deepest
-			}
-			// Events are batched when each is a JSON object, as the
-			// recoverer's are.
-			batchBytes := RecoveredBatchBytes
-			for _, i := range chunk {
-				if data := decisions[i].Record.Data; len(data) == 0 || data[0] != '{' {
-					batchBytes = 0
-				}
-			}
-			args := append(make([]any, 0, len(head)+3+9*len(chunk)), head...)
-			args = append(args, window, batchBytes, outbox.BatchRecordTag)
-			for j, i := range chunk {
-				d := &decisions[i]
-				hint := hints[j]
-				action, fail := "r", "0"
-				if d.Action == ActionArchive {
-					action = "a"
-				}
-				if d.IsFailure {
-					fail = "1"
-				}
-				args = append(args, d.TaskID, d.MsgHash, action, d.RetryAt.Unix(), fail, d.NewMsg,
-					d.Record.ID, d.Record.Data, hint)
-			}
-			if window > 0 {
-				assumed += window
-			} else {
-				for _, i := range chunk {
-					if depths[i] > 0 {
-						assumed++
-					}
-				}
-			}
-			calls = append(calls, chunkCall{chunk: chunk, cmd: batch.Run(ctx, recoverScript, keys, args...)})
+			var args []any
+			args, assumed = run.chunkArgs(chunk, assumed)
+			calls = append(calls, chunkCall{chunk: chunk, cmd: batch.Run(ctx, recoverScript, run.keys, args...)})
 		}
 		batch.Exec(ctx)
-		var firstErr error
-		for _, c := range calls {
-			reply, err := c.cmd.Slice()
-			switch {
-			case err != nil:
-				err = fmt.Errorf("recover queue %q: %d tasks: %w", queue, len(c.chunk), err)
-			case len(reply) != 3*len(c.chunk)+2:
-				err = fmt.Errorf("recover queue %q: reply has %d values for %d tasks", queue, len(reply), len(c.chunk))
-			}
-			if err != nil {
-				// The chunks after it ran (or not) on their own; their
-				// outcomes are reported all the same.
-				firstErr = cmp.Or(firstErr, err)
-				continue
-			}
-			for j, i := range c.chunk {
-				st, _ := reply[3*j].(int64)
-				xid, _ := reply[3*j+1].(string)
-				rm, _ := reply[3*j+2].(int64)
-				if (rm == 1 || rm == 3) && depths[i] > 0 {
-					taken++
-				}
-				outcomes[i].Status, outcomes[i].StreamID, outcomes[i].Searched = RecoverStatus(st), xid, rm >= 3
-			}
-			w, _ := reply[len(reply)-2].(int64)
-			taken += int(w)
-			if more, _ := reply[len(reply)-1].(int64); more == 1 {
-				trimMore = true
-			}
-		}
-		if firstErr != nil {
-			return firstErr
+		if err := run.takeReplies(calls); err != nil {
+			return err
 		}
 	}
-	for n := 0; trimMore && n < maxTrimCalls; n++ {
-		more, err := trimArchiveScript.Run(ctx, s.client, keys, head...).Int64()
-		if err != nil {
-			return fmt.Errorf("trim archive of queue %q: %w", queue, err)
+	return run.trimArchive(ctx)
+}
+
+// recoveryRun is one RecoverBatch's state across its chunks.
+type recoveryRun struct {
+	s         *Store
+	queue     string
+	decisions []Decision
+	outcomes  []Outcome
+	// depths are the decisions' tail depths (0: unknown).
+	depths []int
+	// keys and head are the script's keys and its leading arguments,
+	// shared by every chunk and the archive trims.
+	keys []string
+	head []any
+	// taken counts the list elements earlier chunks took off the tail;
+	// trimMore says the archive is still over its bounds.
+	taken    int
+	trimMore bool
+}
+
+// chunkCall is one chunk's script call in a pipeline.
+type chunkCall struct {
+	chunk []int
+	cmd   *redis.Cmd
+}
+
+func (s *Store) newRecoveryRun(prefix, queue string, cutoff time.Time, decisions []Decision, depth map[string]int, outcomes []Outcome) (*recoveryRun, error) {
+	k := Keys(queue)
+	now := s.now()
+	tomb, err := tombstone()
+	if err != nil {
+		return nil, err
+	}
+	run := &recoveryRun{s: s, queue: queue, decisions: decisions, outcomes: outcomes, depths: make([]int, len(decisions))}
+	for i := range decisions {
+		run.depths[i] = depth[decisions[i].TaskID]
+	}
+	run.keys = []string{
+		k.Lease(), k.Active(), k.Retry(), k.Archived(), k.Processed(now), k.Failed(now),
+		k.ProcessedTotal(), k.FailedTotal(), k.TaskPrefix(), Own(prefix, queue).Outbox(),
+	}
+	run.head = []any{
+		cutoff.Unix(), now.Unix(), now.Add(statsTTL).Unix(), now.AddDate(0, 0, -archiveMaxAgeDays).Unix(),
+		archiveMaxSize, s.trimBudget, tomb, int64(math.MaxInt64),
+	}
+	return run, nil
+}
+
+// tailOrder returns the decisions' indexes in tail order: known positions
+// ascending, unknown ones last.
+func (run *recoveryRun) tailOrder() []int {
+	order := make([]int, len(run.decisions))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return compareDepth(run.depths[a], run.depths[b]) })
+	return order
+}
+
+// chunkArgs returns the script arguments of chunk, given that assumed
+// elements were taken off the tail before it, and how many will have been
+// taken after it.
+func (run *recoveryRun) chunkArgs(chunk []int, assumed int) ([]any, int) {
+	hints := make([]int, len(chunk))
+	deepest := 0
+	for j, i := range chunk {
+		if dp := run.depths[i]; dp > 0 && dp-assumed >= 1 {
+			hints[j] = dp - assumed
+			deepest = max(deepest, hints[j])
 		}
-		trimMore = more == 1
+	}
+	// A chunk whose tasks sit together at the tail goes through a
+	// window: every element down to its deepest task leaves the tail
+	// (recover.lua).
+	window := 0
+	if deepest > 0 && deepest <= windowMaxFactor*len(chunk) {
+		window = deepest
+	}
+	// Events are batched when each is a JSON object, as the recoverer's
+	// are.
+	batchBytes := RecoveredBatchBytes
+	for _, i := range chunk {
+		if data := run.decisions[i].Record.Data; len(data) == 0 || data[0] != '{' {
+			batchBytes = 0
+		}
+	}
+	args := append(make([]any, 0, len(run.head)+3+9*len(chunk)), run.head...)
+	args = append(args, window, batchBytes, outbox.BatchRecordTag)
+	for j, i := range chunk {
+		d := &run.decisions[i]
+		action, fail := "r", "0"
+		if d.Action == ActionArchive {
+			action = "a"
+		}
+		if d.IsFailure {
+			fail = "1"
+		}
+		args = append(args, d.TaskID, d.MsgHash, action, d.RetryAt.Unix(), fail, d.NewMsg,
+			d.Record.ID, d.Record.Data, hints[j])
+	}
+	if window > 0 {
+		return args, assumed + window
+	}
+	for _, i := range chunk {
+		if run.depths[i] > 0 {
+			assumed++
+		}
+	}
+	return args, assumed
+}
+
+// takeReplies records the outcomes of a pipeline's chunks and what they
+// took off the tail, and returns the first chunk's error.
+func (run *recoveryRun) takeReplies(calls []chunkCall) error {
+	var firstErr error
+	for _, c := range calls {
+		reply, err := c.cmd.Slice()
+		switch {
+		case err != nil:
+			err = fmt.Errorf("recover queue %q: %d tasks: %w", run.queue, len(c.chunk), err)
+		case len(reply) != 3*len(c.chunk)+2:
+			err = fmt.Errorf("recover queue %q: reply has %d values for %d tasks", run.queue, len(reply), len(c.chunk))
+		}
+		if err != nil {
+			// The chunks after it ran (or not) on their own; their
+			// outcomes are reported all the same.
+			firstErr = cmp.Or(firstErr, err)
+			continue
+		}
+		for j, i := range c.chunk {
+			st, _ := reply[3*j].(int64)
+			xid, _ := reply[3*j+1].(string)
+			rm, _ := reply[3*j+2].(int64)
+			if (rm == 1 || rm == 3) && run.depths[i] > 0 {
+				run.taken++
+			}
+			run.outcomes[i].Status, run.outcomes[i].StreamID, run.outcomes[i].Searched = RecoverStatus(st), xid, rm >= 3
+		}
+		w, _ := reply[len(reply)-2].(int64)
+		run.taken += int(w)
+		if more, _ := reply[len(reply)-1].(int64); more == 1 {
+			run.trimMore = true
+		}
+	}
+	return firstErr
+}
+
+// trimArchive trims the archive while the chunks said it is over its
+// bounds, in at most maxTrimCalls calls.
+func (run *recoveryRun) trimArchive(ctx context.Context) error {
+	for n := 0; run.trimMore && n < maxTrimCalls; n++ {
+		more, err := trimArchiveScript.Run(ctx, run.s.client, run.keys, run.head...).Int64()
+		if err != nil {
+			return fmt.Errorf("trim archive of queue %q: %w", run.queue, err)
+		}
+		run.trimMore = more == 1
 	}
 	return nil
 }
@@ -726,72 +511,6 @@ func checkDecision(d *Decision) error {
 		return fmt.Errorf("%w: task %q: outbox record needs an event id and data", ErrInvalidDecision, d.TaskID)
 	}
 	return nil
-}
-
-// listDepths finds the tail depth (1 = last element) of ids in the active
-// list by reading it from the tail in pages, stopping once
-// every id is found. Depths counted from the tail stay valid while workers
-// push at the head. It reads nothing when the list is short or the batch so
-// small that LPOS is cheaper.
-func (s *Store) listDepths(ctx context.Context, k QueueKeys, ids []string) (map[string]int, error) {
-	n, err := s.client.LLen(ctx, k.Active()).Result()
-	if err != nil {
-		return nil, fmt.Errorf("active list length: %w", err)
-	}
-	if n < positionMinList || int64(len(ids))*n < positionMinWork {
-		return map[string]int{}, nil
-	}
-	want := make(map[string]struct{}, len(ids))
-	for _, id := range ids {
-		want[id] = struct{}{}
-	}
-	return s.readDepths(ctx, k, int(n), want)
-}
-
-// readDepths reads the active list (n long when asked) from the tail and
-// returns the tail depth of each id in want, stopping once all are found,
-// or of every element when want is nil.
-func (s *Store) readDepths(ctx context.Context, k QueueKeys, n int, want map[string]struct{}) (map[string]int, error) {
-	size := len(want)
-	if want == nil {
-		size = n
-	}
-	depth := make(map[string]int, size)
-	// Pages are read positionPages at a time in one pipeline: Redis reads
-	// the next while this side scans the last (at most a few pages more
-	// than needed are read).
-	for off := 0; (want == nil || len(want) > 0) && off < n; {
-		pipe := s.client.Pipeline()
-		var cmds []*redis.StringSliceCmd
-		for p := 0; p < positionPages && off+p*positionPage < n; p++ {
-			o := off + p*positionPage
-			cmds = append(cmds, pipe.LRange(ctx, k.Active(), int64(-(o+positionPage)), int64(-(o+1))))
-		}
-		if _, err := pipe.Exec(ctx); err != nil {
-			return nil, fmt.Errorf("read active list: %w", err)
-		}
-		for _, c := range cmds {
-			page := c.Val()
-			for j := len(page) - 1; j >= 0; j-- {
-				id := page[j]
-				if want == nil {
-					if _, dup := depth[id]; !dup {
-						depth[id] = off + len(page) - j
-					}
-					continue
-				}
-				if _, ok := want[id]; ok {
-					depth[id] = off + len(page) - j
-					delete(want, id)
-				}
-			}
-			if len(page) < positionPage {
-				return depth, nil
-			}
-			off += positionPage
-		}
-	}
-	return depth, nil
 }
 
 // tombstone returns a value that stands for "removed" in the active list

@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
-	"os/exec"
 	"slices"
 	"sort"
 	"strconv"
@@ -130,67 +128,13 @@ func taskIDs(prefix string, n int) []string {
 	return ids
 }
 
-// --- a real asynq worker in a child process --------------------------------
-
-const (
-	childAddrEnv   = "TASKSTATE_CHILD_REDIS_ADDR"
-	childQueuesEnv = "TASKSTATE_CHILD_QUEUES"
-)
-
-// TestHelperAsynqWorker is not a test: run as a child process by
-// startChildWorker, it serves the queues with a real asynq server whose
-// handler blocks until the process is killed.
-func TestHelperAsynqWorker(t *testing.T) {
-	addr := os.Getenv(childAddrEnv)
-	if addr == "" {
-		t.Skip("not a test: the asynq worker child process of TestRecoverKilledWorker, run only when it sets " + childAddrEnv)
-	}
-	queues := map[string]int{}
-	for _, q := range strings.Split(os.Getenv(childQueuesEnv), ",") {
-		queues[q] = 1
-	}
-	srv := asynq.NewServer(asynq.RedisClientOpt{Addr: addr}, asynq.Config{
-		Queues: queues, Concurrency: 4 * len(queues), LogLevel: asynq.FatalLevel,
-		TaskCheckInterval: 20 * time.Millisecond,
-	})
-	block := make(chan struct{})
-	_ = srv.Start(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
-		<-block // until SIGKILL
-		return nil
-	}))
-	<-block
-}
-
-// startChildWorker starts TestHelperAsynqWorker in a child process and
-// returns a function that kills it with SIGKILL and waits for it.
-func startChildWorker(t *testing.T, addr string, queues ...string) (kill func()) {
-	t.Helper()
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(exe, "-test.run=^TestHelperAsynqWorker$", "-test.count=1")
-	cmd.Env = append(os.Environ(), childAddrEnv+"="+addr, childQueuesEnv+"="+strings.Join(queues, ","))
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	var once sync.Once
-	kill = func() {
-		once.Do(func() {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		})
-	}
-	t.Cleanup(kill)
-	return kill
-}
-
 // TestRecoverKilledWorker: a real asynq worker takes tasks and is killed
 // with SIGKILL. We recover one queue; asynq's own recoverer recovers an
 // identical twin queue. Both must end in the same state with the same
 // counters, and a second real asynq server then completes our task.
 func TestRecoverKilledWorker(t *testing.T) {
+	// Not parallel: it checks that the asynq server leaves no goroutine
+	// behind, which other tests' goroutines would cloud.
 	ctx := context.Background()
 	r := testenv.StartRedis(t, testenv.WithPrivateServer())
 	rc := r.Client(t)
@@ -209,7 +153,7 @@ func TestRecoverKilledWorker(t *testing.T) {
 			}
 		}
 	}
-	kill := startChildWorker(t, r.Addr, mine, twin)
+	kill := testenv.StartAsynqChild(t, testenv.AsynqWorker, r.Addr, mine, twin)
 	testenv.Eventually(t, 20*time.Second, func() bool {
 		a, _ := rc.LLen(ctx, Keys(mine).Active()).Result()
 		b, _ := rc.LLen(ctx, Keys(twin).Active()).Result()
@@ -354,6 +298,7 @@ func retriedID(t *testing.T, insp *asynq.Inspector, q string) string {
 // expired tasks with tied lease scores interleaved with live ones. Only the
 // expired ones leave the active list; every live one stays, once.
 func TestRecoverPreservesListAndOrder(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rc := testenv.StartRedis(t).Client(t)
 	s := New(rc, WithRecoverChunk(100))
@@ -439,6 +384,7 @@ func TestRecoverPreservesListAndOrder(t *testing.T) {
 // all wrong (stale, out of range, pointing at other tasks): every task must
 // still be found (LPOS fallback) and exactly the right ids removed.
 func TestRecoverWithWrongPositions(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rc := testenv.StartRedis(t).Client(t)
 	s := New(rc, WithRecoverChunk(7))
@@ -492,6 +438,7 @@ func TestRecoverWithWrongPositions(t *testing.T) {
 // one's message changes (asynq retried and re-ran it), one finishes, and one
 // is recovered by somebody else; those are left alone, the rest move.
 func TestRecoverRechecks(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rc := testenv.StartRedis(t).Client(t)
 	s := New(rc)
@@ -561,6 +508,7 @@ func TestRecoverRechecks(t *testing.T) {
 // TestRecoverBadMessages: undecodable, missing and mismatched messages in the
 // lease set are reported and skipped; the others in the same batch recover.
 func TestRecoverBadMessages(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rc := testenv.StartRedis(t).Client(t)
 	s := New(rc)
@@ -604,6 +552,7 @@ func TestRecoverBadMessages(t *testing.T) {
 // TestRecoverConcurrent: recoverers race on the same tasks; each task moves
 // once and has exactly one outbox record.
 func TestRecoverConcurrent(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rc := testenv.StartRedis(t).Client(t)
 	const q, n, racers = "race", 3000, 3
@@ -676,6 +625,7 @@ func TestRecoverConcurrent(t *testing.T) {
 // TestRecoverArchiveTrim: archiving trims the archive as asynq does (90
 // days, 9,999 newest) and deletes the trimmed hashes, in bounded calls.
 func TestRecoverArchiveTrim(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rc := testenv.StartRedis(t).Client(t)
 	now := time.Now()
@@ -740,6 +690,7 @@ func TestRecoverArchiveTrim(t *testing.T) {
 // TestRecoverCountersNearMaxInt: totals wrap to 1 at MaxInt64 as asynq's
 // do, instead of failing the script.
 func TestRecoverCountersNearMaxInt(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rc := testenv.StartRedis(t).Client(t)
 	s := New(rc)
@@ -763,6 +714,7 @@ func TestRecoverCountersNearMaxInt(t *testing.T) {
 // TestRecoverNotFailure: a retry with isFailure false moves no counter and
 // does not increment retried, as asynq.
 func TestRecoverNotFailure(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rc := testenv.StartRedis(t).Client(t)
 	s := New(rc)
@@ -793,6 +745,7 @@ func TestRecoverNotFailure(t *testing.T) {
 // TestRecoverOrphans: an active task without a lease gets one at now+30 s;
 // strays are dropped from the active list; leased tasks are untouched.
 func TestRecoverOrphans(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rc := testenv.StartRedis(t).Client(t)
 	s := New(rc)
@@ -857,6 +810,8 @@ func seedAggregationSet(t *testing.T, rc redis.UniversalClient, q, group string,
 // is listed again, one record is written even with racing reclaimers, and a
 // real asynq aggregator then aggregates the group.
 func TestReclaimStaleAggregationSets(t *testing.T) {
+	// Not parallel: it checks that the asynq server leaves no goroutine
+	// behind, which other tests' goroutines would cloud.
 	ctx := context.Background()
 	rc := testenv.StartRedis(t).Client(t)
 	const q, group = "aggq", "grp:with:colons"
@@ -930,6 +885,7 @@ func TestReclaimStaleAggregationSets(t *testing.T) {
 // TestReclaimDanglingAndForeign: a listed set whose key is gone is just
 // unlisted; a set key of another shape is reported and left alone.
 func TestReclaimDanglingAndForeign(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rc := testenv.StartRedis(t).Client(t)
 	s := New(rc)
@@ -953,6 +909,7 @@ func TestReclaimDanglingAndForeign(t *testing.T) {
 // TestRecoverCluster runs every recovery script on a three-master Redis
 // Cluster with queue names that need the hash tag.
 func TestRecoverCluster(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rc := testenv.StartRedisCluster(t).Client(t)
 	s := New(rc)
@@ -1014,6 +971,7 @@ func TestRecoverCluster(t *testing.T) {
 // anywhere in the list, which makes some positions stale. Every expired task
 // must move exactly once and every live task must stay.
 func TestRecoverWhileWorkersRun(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rc := testenv.StartRedis(t).Client(t)
 	s := New(rc, WithRecoverChunk(40))
@@ -1117,6 +1075,7 @@ func TestRecoverWhileWorkersRun(t *testing.T) {
 // every other element stays once, and the tasks leave through tail
 // windows (a handful of per-task LSETs for the stale hints, not one each).
 func TestRecoverTailWindows(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rc := testenv.StartRedis(t, testenv.WithPrivateServer()).Client(t)
 	s := New(rc, WithRecoverChunk(50))
@@ -1235,6 +1194,7 @@ func commandCalls(t *testing.T, rc redis.UniversalClient, cmd string) int {
 // finished (its hash and lease are gone) and one lost its message while
 // still leased. The first is in neither result, the second is bad.
 func TestLoadLeaseExpiredGoneAndBad(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rc := testenv.StartRedis(t).Client(t)
 	s := New(rc)
@@ -1267,6 +1227,7 @@ func TestLoadLeaseExpiredGoneAndBad(t *testing.T) {
 // TestListLeaseRefsPages: a listing longer than one pipeline of pages
 // stops at the cutoff and honours offset and limit.
 func TestListLeaseRefsPages(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rc := testenv.StartRedis(t).Client(t)
 	s := New(rc)
@@ -1299,6 +1260,7 @@ func TestListLeaseRefsPages(t *testing.T) {
 // otherwise (the list read after), ListTailFirst gives the order of
 // ListLeaseRefs then SortTailFirst.
 func TestListTailFirst(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rc := testenv.StartRedis(t).Client(t)
 	s := New(rc)
@@ -1341,6 +1303,7 @@ func TestListTailFirst(t *testing.T) {
 // JSON object, is a record of its own. Every moved task's outcome names
 // the record that holds its event.
 func TestRecoverBatchesEvents(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rc := testenv.StartRedis(t).Client(t)
 	s := New(rc)

@@ -11,7 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Restore proposals (docs/design.md INV-restore). When Redis loses an
+// Restore proposals (docs/invariants.md INV-restore). When Redis loses an
 // entry's watermark, the replica that notices first may know less than
 // another running replica: the other one fired a later tick whose record
 // went with Redis before the relay published it. Seeding the watermark

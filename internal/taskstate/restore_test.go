@@ -13,6 +13,7 @@ import (
 // its creation (Redis TIME), settles, is listed per queue, and is cleared
 // only while it still proposes the tick seeded.
 func TestRestoreProposal(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	s, _ := newTestStore(t)
 	propose := func(n int, want int) RestoreProposal {
@@ -103,6 +104,7 @@ func TestRestoreProposal(t *testing.T) {
 // another value; a loss found with no watermark is recorded while there
 // is none.
 func TestRestoreWatermarkRecordsLoss(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	s, _ := newTestStore(t)
 	mustFire(t, s, tickFire("w", "default", tickAt(1), time.Time{}), StatusFired)

@@ -10,6 +10,7 @@ import (
 // TestLuaFilesHeaded: every script file opens with a comment that gives
 // its KEYS and ARGV (or names the file whose layout it shares).
 func TestLuaFilesHeaded(t *testing.T) {
+	t.Parallel()
 	names, err := fs.Glob(luaFiles, "lua/*.lua")
 	if err != nil || len(names) == 0 {
 		t.Fatalf("no embedded scripts: %v", err)
@@ -35,6 +36,7 @@ func TestLuaFilesHeaded(t *testing.T) {
 // and fail only on the path that reads it), and the prelude defines each
 // name once.
 func TestFireLayoutNames(t *testing.T) {
+	t.Parallel()
 	defined := map[string]bool{}
 	for _, m := range regexp.MustCompile(`(?m)^local ([A-Z][A-Z0-9_]*) = `).FindAllStringSubmatch(fireLayoutLua, -1) {
 		if defined[m[1]] {

@@ -16,6 +16,7 @@ import (
 // another replica took; release deletes only the caller's; one read returns
 // every held lease of several queues with Redis TIME, holder and ages.
 func TestShardLeases(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	s, _ := newTestStore(t)
 	checkShardLeases(t, ctx, s, []string{"default", "other"})
@@ -25,6 +26,7 @@ func TestShardLeases(t *testing.T) {
 // with queue names that need the hash tag: a queue's leases share its slot,
 // so each script call and each MGET is one slot.
 func TestShardLeasesCluster(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	s := New(testenv.StartRedisCluster(t).Client(t))
 	checkShardLeases(t, ctx, s, []string{"critical", "a:b", "x{y", "default"})
@@ -114,6 +116,7 @@ func checkShardLeases(t *testing.T, ctx context.Context, s *Store, queues []stri
 // TestShardLeaseExpires: a lease not renewed lapses after its ttl and is
 // free for another replica; the earlier holder's renewal then fails.
 func TestShardLeaseExpires(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	s, _ := newTestStore(t)
 	sh := []contract.Shard{{Queue: "default", Index: 7}}
@@ -133,6 +136,7 @@ func TestShardLeaseExpires(t *testing.T) {
 // leases of two queues, many rounds; each lease has exactly one holder, and
 // the holder each acquirer was told is the one stored.
 func TestShardLeaseConcurrentAcquirers(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	s, _ := newTestStore(t)
 	var shards []contract.Shard
@@ -187,6 +191,7 @@ func TestShardLeaseConcurrentAcquirers(t *testing.T) {
 // TestNATSHeard: each replica's last NATS contact is kept and read back;
 // one not heard of for a day is forgotten.
 func TestNATSHeard(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	s, _ := newTestStore(t)
 	now := time.UnixMilli(time.Now().UnixMilli())
@@ -210,6 +215,7 @@ func TestNATSHeard(t *testing.T) {
 // TestParseShardLease reads lease values, replica ids with spaces
 // included, and refuses what is not one.
 func TestParseShardLease(t *testing.T) {
+	t.Parallel()
 	sh := contract.Shard{Queue: "q", Index: 1}
 	for _, c := range []struct {
 		v      string

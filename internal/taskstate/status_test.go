@@ -13,6 +13,7 @@ import (
 // TestQueueStatsMatchInspector: QueueStats reads what asynq's Inspector
 // shows for the same queue.
 func TestQueueStatsMatchInspector(t *testing.T) {
+	t.Parallel()
 	r := testenv.StartRedis(t)
 	rc := r.Client(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)

@@ -14,6 +14,7 @@ import (
 // TestDecodeWhatAsynqWrites enqueues with the real asynq v0.26.0 client and
 // decodes the stored msg with our codec.
 func TestDecodeWhatAsynqWrites(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rc := testenv.StartRedis(t).Client(t)
 	client := asynq.NewClientFromRedisClient(rc)
@@ -79,6 +80,7 @@ func TestDecodeWhatAsynqWrites(t *testing.T) {
 // TestInspectorReadsWhatWeWrite writes a task hash by hand with our codec and
 // reads it back with asynq's Inspector.
 func TestInspectorReadsWhatWeWrite(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rc := testenv.StartRedis(t).Client(t)
 	insp := asynq.NewInspectorFromRedisClient(rc)

@@ -40,6 +40,7 @@ func fullTaskMessage() *TaskMessage {
 }
 
 func TestTaskMessageRoundTrip(t *testing.T) {
+	t.Parallel()
 	cases := map[string]*TaskMessage{
 		"full":     fullTaskMessage(),
 		"empty":    {},
@@ -83,6 +84,7 @@ func assertTaskMessageEqual(t *testing.T, want, got *TaskMessage) {
 }
 
 func TestEncodeTaskMessageFieldOrderAndDefaults(t *testing.T) {
+	t.Parallel()
 	b, err := EncodeTaskMessage(&TaskMessage{Type: "t", ID: "i", Queue: "default", Retry: 25, Timeout: 1800,
 		Headers: map[string]string{"z": "1", "a": "2"}})
 	if err != nil {
@@ -113,6 +115,7 @@ func TestEncodeTaskMessageFieldOrderAndDefaults(t *testing.T) {
 }
 
 func TestTaskMessageInvalidUTF8(t *testing.T) {
+	t.Parallel()
 	bad := string([]byte{0xff, 0xfe})
 	for name, m := range map[string]*TaskMessage{
 		"type":         {Type: bad},
@@ -170,6 +173,7 @@ func rawTaskMessage(m *TaskMessage) []byte {
 }
 
 func TestDecodeTaskMessageMalformedAndUnknown(t *testing.T) {
+	t.Parallel()
 	good, _ := EncodeTaskMessage(&TaskMessage{Type: "t", ID: "i"})
 	// Unknown fields of every wire type are skipped.
 	var unk []byte
@@ -211,6 +215,7 @@ func TestDecodeTaskMessageMalformedAndUnknown(t *testing.T) {
 }
 
 func TestSchedulerEntryRoundTrip(t *testing.T) {
+	t.Parallel()
 	next := time.Date(2026, 3, 1, 9, 0, 0, 0, time.UTC)
 	cases := map[string]*SchedulerEntry{
 		"full": {ID: "e1", Spec: "0 9 * * *", TaskType: "report", TaskPayload: []byte("{}"),
@@ -245,6 +250,7 @@ func slicesEqual(a, b []string) bool {
 }
 
 func TestZeroTimestampEncoding(t *testing.T) {
+	t.Parallel()
 	// docs/asynq-compat.md "Timestamps": the zero time is written, as seconds -62135596800.
 	b, err := EncodeSchedulerEnqueueEvent(&SchedulerEnqueueEvent{TaskID: "t"})
 	if err != nil {
@@ -272,6 +278,7 @@ func TestZeroTimestampEncoding(t *testing.T) {
 }
 
 func TestSchedulerEnqueueEventRoundTrip(t *testing.T) {
+	t.Parallel()
 	at := time.Date(2026, 2, 3, 4, 5, 6, 789, time.FixedZone("X", 3600))
 	b, err := EncodeSchedulerEnqueueEvent(&SchedulerEnqueueEvent{TaskID: "id-1", EnqueueTime: at})
 	if err != nil {
@@ -387,6 +394,7 @@ func referenceTaskMessage(md protoreflect.MessageDescriptor, b []byte) (*TaskMes
 }
 
 func TestTaskMessageMatchesProtobufRuntime(t *testing.T) {
+	t.Parallel()
 	md, _, _ := asynqDescriptors(t)
 	ours, err := EncodeTaskMessage(fullTaskMessage())
 	if err != nil {
@@ -416,6 +424,7 @@ func TestTaskMessageMatchesProtobufRuntime(t *testing.T) {
 }
 
 func TestSchedulerMessagesMatchProtobufRuntime(t *testing.T) {
+	t.Parallel()
 	_, emd, vmd := asynqDescriptors(t)
 	se := &SchedulerEntry{ID: "e", Spec: "* * * * *", TaskType: "t", TaskPayload: []byte("p"),
 		EnqueueOptions: []string{"MaxRetry(1)", `Queue("q")`}, Next: time.Unix(1700000000, 5).UTC()}
@@ -445,6 +454,7 @@ func TestSchedulerMessagesMatchProtobufRuntime(t *testing.T) {
 // writes, for every field's size class (lengths and varints of one to ten
 // bytes, negative int32s, empty header values).
 func TestTaskMessageSizeExact(t *testing.T) {
+	t.Parallel()
 	rng := rand.New(rand.NewPCG(7, 7))
 	text := func(max int) string { return strings.Repeat("x", rng.IntN(max+1)) }
 	nums := []int64{0, 1, 127, 128, 16383, 16384, 1 << 35, -1, 1<<63 - 1}

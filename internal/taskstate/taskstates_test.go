@@ -13,6 +13,7 @@ import (
 // TestTaskStatesMatchInspector: TaskStates reads the state asynq's
 // Inspector shows for each task, and gone for a task that does not exist.
 func TestTaskStatesMatchInspector(t *testing.T) {
+	t.Parallel()
 	r := testenv.StartRedis(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()

@@ -13,7 +13,7 @@ import (
 
 // An entry's watermark is its last fired or skipped tick in one queue's
 // slot, "<tick unix ms> <task id>" (OwnKeys.Watermark): the fire script's
-// compare-and-set value (docs/design.md INV-watermark).
+// compare-and-set value (docs/invariants.md INV-watermark).
 
 // Watermark returns entry's watermark in queue's slot: its last fired or
 // skipped tick and the task id stored with it. ok is false when the entry

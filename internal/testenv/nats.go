@@ -3,10 +3,12 @@ package testenv
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -392,3 +394,26 @@ func (l *natsLog) Fatalf(format string, v ...any) {
 func (l *natsLog) Errorf(format string, v ...any) { l.write("ERR", format, v) }
 func (l *natsLog) Debugf(string, ...any)          {}
 func (l *natsLog) Tracef(string, ...any)          {}
+
+// NATSConfigWithVars writes a copy of the nats-server configuration file at
+// path into t's temporary directory, with vars defined at its top, and
+// returns the copy's path. The file's $NAME references find them there
+// before the environment: a test that passes the passwords so needs no
+// t.Setenv, and may run in parallel.
+func NATSConfigWithVars(t testing.TB, path string, vars map[string]string) string {
+	t.Helper()
+	conf, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	var b strings.Builder
+	for _, name := range slices.Sorted(maps.Keys(vars)) {
+		fmt.Fprintf(&b, "%s: %s\n", name, strconv.Quote(vars[name]))
+	}
+	b.Write(conf)
+	out := filepath.Join(t.TempDir(), filepath.Base(path))
+	if err := os.WriteFile(out, []byte(b.String()), 0o600); err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	return out
+}
