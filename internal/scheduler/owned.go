@@ -9,13 +9,6 @@ import (
 	"github.com/cronstream/cronstream/projector"
 )
 
-// markedBatch is a batch of the projection's changes with its number
-// (projector.Subscription.NextMarked).
-type markedBatch struct {
-	changes []projector.Change
-	mark    uint64
-}
-
 // shardOf is the shard of entry id in state st's queue.
 func shardOf(id string, st *projector.State) events.Shard {
 	return events.ShardOfEntry(st.Entry.Options.QueueName(), id)

@@ -21,7 +21,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -29,6 +28,7 @@ import (
 
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/clock"
+	"github.com/cronstream/cronstream/internal/lifecycle"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/projector"
 	"github.com/cronstream/cronstream/schedule"
@@ -260,9 +260,7 @@ type Scheduler struct {
 	// after epoch; 0: none in progress).
 	epoch       clock.Mono
 	firingSince atomic.Int64
-	cancel      context.CancelFunc
-	wg          sync.WaitGroup
-	started     atomic.Bool
+	life        lifecycle.Lifecycle
 }
 
 // New returns a scheduler; Start runs it.
@@ -329,61 +327,37 @@ func New(cfg Config) (*Scheduler, error) {
 
 // Start waits until the projection is caught up (so the first fires use a
 // configuration at least as new as the stream's at start) and runs the
-// loop until Stop.
+// loop until Stop. Start and Stop follow the rules of package lifecycle
+// (a second Start returns ErrAlreadyStarted, a Start after Stop
+// ErrStopped).
 func (s *Scheduler) Start(ctx context.Context) error {
-	if !s.started.CompareAndSwap(false, true) {
-		return errors.New("scheduler already started")
-	}
-	if err := s.cfg.Projection.WaitCaughtUp(ctx); err != nil {
-		return fmt.Errorf("scheduler: wait for the projection: %w", err)
-	}
-	sub := s.cfg.Projection.Subscribe()
-	s.sub = sub
-	var removed []projector.Change
-	if s.ownsAll() {
-		// With ownership, a shard's removals come with it (takeShards).
-		removed = sub.Removed()
-	}
-	lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	s.cancel = cancel
-	changes := make(chan markedBatch)
-	s.wg.Add(4)
-	go func() {
-		defer s.wg.Done()
-		defer close(changes)
-		defer sub.Close()
-		for {
-			batch, mark, err := sub.NextMarked(lctx)
-			if err != nil {
-				return
-			}
-			select {
-			case changes <- markedBatch{batch, mark}:
-			case <-lctx.Done():
-				return
-			}
+	err := s.life.Start(ctx, func(ctx context.Context) error {
+		if err := s.cfg.Projection.WaitCaughtUp(ctx); err != nil {
+			return fmt.Errorf("wait for the projection: %w", err)
 		}
-	}()
-	go func() {
-		defer s.wg.Done()
-		defer close(s.history) // the loop is its only sender
-		defer close(s.vis)     // likewise
-		defer close(s.loopDone)
-		s.loop(lctx, changes, removed)
-	}()
-	go func() {
-		defer s.wg.Done()
-		s.writeHistory()
-	}()
-	go func() {
-		defer s.wg.Done()
-		s.writeVisibilityLoop()
-	}()
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		s.raiseProposals(lctx)
-	}()
+		sub := s.cfg.Projection.Subscribe()
+		s.sub = sub
+		var removed []projector.Change
+		if s.ownsAll() {
+			// With ownership, a shard's removals come with it (takeShards).
+			removed = sub.Removed()
+		}
+		changes := make(chan projector.Batch)
+		s.life.Go(func(ctx context.Context) { sub.Pump(ctx, changes) })
+		s.life.Go(func(ctx context.Context) {
+			defer close(s.history) // the loop is its only sender
+			defer close(s.vis)     // likewise
+			defer close(s.loopDone)
+			s.loop(ctx, changes, removed)
+		})
+		s.life.Go(func(context.Context) { s.writeHistory() })
+		s.life.Go(func(context.Context) { s.writeVisibilityLoop() })
+		s.life.Go(s.raiseProposals)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("scheduler: %w", err)
+	}
 	return nil
 }
 
@@ -392,10 +366,7 @@ func (s *Scheduler) Start(ctx context.Context) error {
 // unknown, which is safe (every fire is one atomic, idempotent step;
 // whichever replica fires next sees the watermark).
 func (s *Scheduler) Stop(context.Context) error {
-	if s.cancel != nil {
-		s.cancel()
-	}
-	s.wg.Wait()
+	s.life.Stop()
 	return nil
 }
 
@@ -442,7 +413,7 @@ var errStopped = errors.New("scheduler: the firing loop has stopped")
 // Paused reports whether firing is paused by outbox backpressure.
 func (s *Scheduler) Paused() bool { return s.paused.Load() }
 
-func (s *Scheduler) loop(ctx context.Context, changes <-chan markedBatch, removed []projector.Change) {
+func (s *Scheduler) loop(ctx context.Context, changes <-chan projector.Batch, removed []projector.Change) {
 	for _, c := range removed {
 		s.foundRemoved(c)
 	}
@@ -479,8 +450,8 @@ func (s *Scheduler) loop(ctx context.Context, changes <-chan markedBatch, remove
 				}
 				return
 			}
-			for _, c := range b.changes {
-				s.follow(c, b.mark)
+			for _, c := range b.Changes {
+				s.follow(c, b.Mark)
 			}
 			continue // re-arm; loading and firing happen on the next turn
 		case <-shardsChanged:
