@@ -14,6 +14,7 @@ import (
 	"github.com/cronstream/cronstream/internal/ownership"
 	"github.com/cronstream/cronstream/internal/recoverer"
 	"github.com/cronstream/cronstream/internal/relay"
+	"github.com/cronstream/cronstream/internal/scheduler"
 	"github.com/cronstream/cronstream/internal/stall"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
@@ -92,6 +93,9 @@ func TestComponentLifecycles(t *testing.T) {
 		}},
 		{"failpause", func() (component, error) {
 			return failpause.New(failpause.Config{Store: store, Projection: proj, Entries: client, Names: names, Logger: log})
+		}},
+		{"scheduler", func() (component, error) {
+			return scheduler.New(scheduler.Config{Redis: rc, Projection: proj, Names: names, ReplicaID: "lc", Logger: log})
 		}},
 		{"ownership", func() (component, error) {
 			return ownership.New(ownership.Config{Store: store, Members: members, Names: names, ReplicaID: "members", Queues: proj.Queues, Logger: log})

@@ -268,10 +268,9 @@ func (c *cluster) runUntil(end time.Time) {
 
 // measure is the work r has done since the measures began.
 func (c *cluster) measure(r *replica) work {
-	st := r.sched.Stats()
 	b := c.base[r.id]
 	return work{attempts: float64(r.broker.attempts.Load()) - b.attempts, reads: float64(r.broker.reads.Load()) - b.reads,
-		heapOps: float64(st.HeapOps) - b.heapOps}
+		heapOps: float64(r.sched.HeapOps()) - b.heapOps}
 }
 
 // measureAll is every replica's work so far.

@@ -41,141 +41,133 @@ func (f *sentFire) result() taskstate.FireResult {
 	return taskstate.FiredPending(f.taskID, f.tick)
 }
 
-// reload sends r, found needing its watermark loaded again, to s.load. A
-// removed entry's run goes instead: a load would have to restore the
-// watermark of an entry the projection no longer holds.
-func (s *Scheduler) reload(r *entryRun) {
-	if r.removed {
-		s.forgetRemoved(r)
-		s.log.Info("ticks due before the entry was removed left unrecorded: its watermark needs loading again", "entry", r.id)
-		return
-	}
-	s.heap.remove(r)
-	s.load[r.id] = r
-}
-
 // apply acts on one fire's result and returns the asynq history record of
 // a created task.
 func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (taskstate.EnqueueEventRecord, bool) {
 	s.outcome(schedule.Outcome{Entry: r.id, Tick: f.tick, Status: fireStatus(res.Status), Err: res.Err})
-	if res.Err != nil {
+	switch {
+	case res.Err != nil:
 		s.countError()
 		r.tries++
 		s.log.Warn("fire failed; will retry", "entry", r.id, "tick", f.tick, "err", res.Err)
-		return taskstate.EnqueueEventRecord{}, false
+	case res.Status == taskstate.StatusCompleted:
+		s.reachedLimit(r, res)
+	case res.Status.Refused():
+		s.refused(r, f, res)
+	default:
+		return s.committed(r, f, res)
 	}
-	status := res.Status
-	if status == taskstate.StatusCompleted {
-		// Not a fault: the entry's limit is reached and it fires no more.
-		r.tries, r.completedSince = 0, r.st.MaxFiresSince
-		s.heap.remove(r)
-		s.count(func(st *Stats) { st.Completed++ })
-		s.m.Completed.Inc()
-		if res.Fires >= taskstate.FireCountUnknown {
-			s.log.Info("entry's max fires count is unknown (Redis lost it); firing nothing more until its max_fires changes", "entry", r.id, "max_fires", r.st.Entry.MaxFires)
+	return taskstate.EnqueueEventRecord{}, false
+}
+
+// reachedLimit follows a fire refused because r's limit is reached: not a
+// fault, the entry fires no more.
+func (s *Scheduler) reachedLimit(r *entryRun, res taskstate.FireResult) {
+	s.complete(r)
+	s.m.Completed.Inc()
+	if res.Fires >= taskstate.FireCountUnknown {
+		s.log.Info("entry's max fires count is unknown (Redis lost it); firing nothing more until its max_fires changes", "entry", r.id, "max_fires", r.st.Entry.MaxFires)
+	} else {
+		s.log.Info("entry completed its max fires; firing nothing more", "entry", r.id, "max_fires", r.st.Entry.MaxFires, "fired", res.Fires)
+	}
+}
+
+// refused follows a fire of r Redis refused (res.Status.Refused()).
+func (s *Scheduler) refused(r *entryRun, f sentFire, res taskstate.FireResult) {
+	s.countRefused(res.Status.String())
+	switch res.Status {
+	case taskstate.StatusWatermarkMismatch:
+		if r.hasHandled && (!res.HasWatermark || res.Watermark.Before(r.handled)) {
+			// The watermark vanished under us, or went back before a tick
+			// it held (Redis lost data, a lagging replica was promoted):
+			// load it again, which re-seeds it from the later of r.handled
+			// and the stream, instead of firing those ticks again.
+			r.tries++
+			s.reload(r)
+			return
+		}
+		r.cursor, r.hasCursor, r.lastTask = res.Watermark, res.HasWatermark, res.WatermarkTaskID
+		r.handled, r.hasHandled = res.Watermark, res.HasWatermark
+		s.clearFenced()
+		if res.HasWatermark && !res.Watermark.Before(f.tick) {
+			r.tries = 0 // someone else handled it: nothing wrong
 		} else {
-			s.log.Info("entry completed its max fires; firing nothing more", "entry", r.id, "max_fires", r.st.Entry.MaxFires, "fired", res.Fires)
+			r.tries++
 		}
-		return taskstate.EnqueueEventRecord{}, false
-	}
-	if status.Refused() {
-		s.countRefused(status.String())
-		switch status {
-		case taskstate.StatusWatermarkMismatch:
-			if r.hasHandled && (!res.HasWatermark || res.Watermark.Before(r.handled)) {
-				// The watermark vanished under us, or went back before a
-				// tick it held (Redis lost data, a lagging replica was
-				// promoted): load it again, which re-seeds it from the
-				// later of r.handled and the stream, instead of firing
-				// those ticks again.
-				r.phase = phaseLoading
-				r.tries++
-				s.reload(r)
-				break
-			}
-			r.cursor, r.hasCursor, r.lastTask = res.Watermark, res.HasWatermark, res.WatermarkTaskID
-			r.handled, r.hasHandled = res.Watermark, res.HasWatermark
-			r.phase = phaseReady
-			s.clearFenced()
-			if res.HasWatermark && !res.Watermark.Before(f.tick) {
-				r.tries = 0 // someone else handled it: nothing wrong
-			} else {
-				r.tries++
-			}
-		case taskstate.StatusMoved:
-			r.tries++
-			if r.st.Revision > res.MovedAt {
-				// Our configuration, newer than the move, says the entry
-				// lives here again (it moved away and back while this
-				// replica did not follow live): close the queues it used
-				// since and reopen this one.
-				r.phase, r.loading.reopen = phaseLoading, true
-				s.reload(r)
-			} else {
-				s.suspectEpoch(r.queue, r.id, res.MovedAt, "")
-			}
-		case taskstate.StatusRevisionFenced:
-			r.tries++
-			s.noteFenced(res.Fence)
-			s.suspectEpoch(r.queue, "", res.Fence, res.FenceID)
-		default: // stale: our view of the config is behind
-			r.tries++
-			s.noteFenced(0)
+	case taskstate.StatusMoved:
+		r.tries++
+		if r.st.Revision > res.MovedAt {
+			// Our configuration, newer than the move, says the entry lives
+			// here again (it moved away and back while this replica did
+			// not follow live): close the queues it used since and reopen
+			// this one.
+			r.loading.reopen = true
+			s.reload(r)
+		} else {
+			s.suspectEpoch(r.queue, r.id, res.MovedAt, "")
 		}
-		return taskstate.EnqueueEventRecord{}, false
+	case taskstate.StatusRevisionFenced:
+		r.tries++
+		s.noteFenced(res.Fence)
+		s.suspectEpoch(r.queue, "", res.Fence, res.FenceID)
+	default: // stale: our view of the config is behind
+		r.tries++
+		s.noteFenced(0)
 	}
+}
+
+// committed follows a fire of r that Redis committed: its watermark moved
+// (a tick or a skip), and the skipped ticks it carried are counted.
+func (s *Scheduler) committed(r *entryRun, f sentFire, res taskstate.FireResult) (taskstate.EnqueueEventRecord, bool) {
 	r.tries = 0
 	s.clearFenced()
 	if f.kind == taskstate.FireTick || f.kind == taskstate.FireSkip {
-		r.cursor, r.hasCursor, r.phase = f.tick, true, phaseReady
+		r.cursor, r.hasCursor = f.tick, true
 		r.handled, r.hasHandled = f.tick, true
 	}
-	if f.carried.missed {
-		r.skippedAt = s.clock.Now()
-		s.count(func(st *Stats) { st.SkippedMissed++ })
-		s.m.Skipped.WithLabelValues(events.SkipMissed).Inc()
-	}
-	if f.carried.excluded {
-		s.count(func(st *Stats) { st.SkippedExcluded++ })
-		s.m.Skipped.WithLabelValues(events.SkipExcluded).Inc()
-	}
-	if f.carried.paused {
-		s.count(func(st *Stats) { st.SkippedPaused++ })
-		s.m.Skipped.WithLabelValues(events.SkipPaused).Inc()
-		s.log.Info("ticks due before the entry was paused, which no replica had fired, recorded as skipped (reason paused)", "entry", r.id, "until", f.tick)
-	}
-	if f.carried.removed {
-		s.count(func(st *Stats) { st.SkippedRemoved++ })
-		s.m.Skipped.WithLabelValues(events.SkipRemoved).Inc()
-		s.log.Info("ticks due before the entry was removed, which no replica had fired, recorded as skipped (reason removed)", "entry", r.id, "until", f.tick)
-	}
-	switch status {
+	s.countCarried(r, f)
+	switch res.Status {
 	case taskstate.StatusFired:
 		if res.Replaced != "" {
 			s.replacedWaiting(r, f.tick, res)
 		}
 		r.lastTask = res.TaskID
-		s.count(func(st *Stats) { st.Fired++ })
 		s.m.Fired.WithLabelValues(r.queue).Inc()
 		s.m.FireLag.Observe(s.clock.Now().Sub(f.tick).Seconds())
 		trim := r.recorded%historyTrimEvery == 0
 		r.recorded++
 		return taskstate.EnqueueEventRecord{Entry: r.id, Event: taskstate.SchedulerEnqueueEvent{TaskID: res.TaskID, EnqueueTime: s.clock.Now()}, Trim: trim}, true
-	case taskstate.StatusAlreadyExists:
-		s.count(func(st *Stats) { st.AlreadyExisted++ })
 	case taskstate.StatusSkippedOverlap:
-		s.count(func(st *Stats) { st.SkippedOverlap++ })
 		s.m.Skipped.WithLabelValues(events.SkipOverlap).Inc()
 	case taskstate.StatusHeld:
-		s.count(func(st *Stats) { st.Held++ })
 		s.held.holding = true
 		s.log.Debug("tick held: the previous task is busy", "entry", r.id, "tick", f.tick, "task", res.TaskID)
 		if res.Replaced != "" {
 			s.held.cancels = append(s.held.cancels, heldCancel{queue: r.queue, entry: r.id, task: res.Replaced})
 		}
 	case taskstate.StatusDuplicate:
-		s.count(func(st *Stats) { st.SkippedUnique++ })
 		s.m.Skipped.WithLabelValues(events.SkipUnique).Inc()
 	}
+	// StatusAlreadyExists: created before, by this tick's earlier attempt
+	// or a backfill: nothing new.
 	return taskstate.EnqueueEventRecord{}, false
+}
+
+// countCarried counts the skipped records a committed fire of r carried.
+func (s *Scheduler) countCarried(r *entryRun, f sentFire) {
+	if f.carried.missed {
+		r.skippedAt = s.clock.Now()
+		s.m.Skipped.WithLabelValues(events.SkipMissed).Inc()
+	}
+	if f.carried.excluded {
+		s.m.Skipped.WithLabelValues(events.SkipExcluded).Inc()
+	}
+	if f.carried.paused {
+		s.m.Skipped.WithLabelValues(events.SkipPaused).Inc()
+		s.log.Info("ticks due before the entry was paused, which no replica had fired, recorded as skipped (reason paused)", "entry", r.id, "until", f.tick)
+	}
+	if f.carried.removed {
+		s.m.Skipped.WithLabelValues(events.SkipRemoved).Inc()
+		s.log.Info("ticks due before the entry was removed, which no replica had fired, recorded as skipped (reason removed)", "entry", r.id, "until", f.tick)
+	}
 }

@@ -65,9 +65,9 @@ func TestOverlapSkipWithRealWorker(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("the worker never got a task")
 	}
-	testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().SkippedOverlap >= 3 }, "ticks to be skipped while %s runs", first)
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().SkippedOverlap >= 3 }, "ticks to be skipped while %s runs", first)
 	close(release)
-	skipped := a.sched.Stats().SkippedOverlap
+	skipped := a.counts().SkippedOverlap
 	testenv.Eventually(t, 20*time.Second, func() bool {
 		n := 0
 		processed.Range(func(k, _ any) bool { n++; return true })
@@ -117,7 +117,7 @@ func TestPauseResume(t *testing.T) {
 	e := newEnv(t)
 	e.put(every("p", "@every 1s", withCatchup(events.CatchupAll, time.Hour)))
 	a := e.startNode("a", nodeOpts{})
-	testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Fired >= 2 }, "a to fire")
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired >= 2 }, "a to fire")
 	if _, err := e.client.Pause(ctx(t, 10*time.Second), "p", "maintenance"); err != nil {
 		t.Fatal(err)
 	}

@@ -87,23 +87,21 @@ func (s *Scheduler) writeVisibilityLoop() {
 // listed with its spec marked (taskstate.PausedSpec) and no next enqueue
 // time (docs/asynq-compat.md).
 func (s *Scheduler) visibilitySnapshot() ([]taskstate.SchedulerEntry, bool) {
-	out := make([]taskstate.SchedulerEntry, 0, len(s.entries)+len(s.pausedEntries))
+	out := make([]taskstate.SchedulerEntry, 0, len(s.entries))
 	for _, r := range s.entries {
-		if r.st.Entry.Paused || r.sched == nil {
+		if r.state.removed() {
 			continue
 		}
 		var prev time.Time
 		if r.hasCursor {
 			prev = r.cursor
 		}
-		out = append(out, schedulerEntry(r.id, r.st, r.next(), prev))
-	}
-	for id, st := range s.pausedEntries {
-		var prev time.Time
-		if r := s.entries[id]; r != nil && r.hasCursor {
-			prev = r.cursor
+		switch {
+		case r.st.Entry.Paused:
+			out = append(out, schedulerEntry(r.id, r.st, time.Time{}, prev))
+		case r.sched != nil:
+			out = append(out, schedulerEntry(r.id, r.st, r.next(), prev))
 		}
-		out = append(out, schedulerEntry(id, st, time.Time{}, prev))
 	}
 	return out, true
 }

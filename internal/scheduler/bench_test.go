@@ -214,6 +214,7 @@ type benchReplica struct {
 	proj    *projector.Projector
 	relay   *relay.Relay
 	sched   *scheduler.Scheduler
+	metrics *scheduler.Metrics
 	stopped bool
 }
 
@@ -235,8 +236,9 @@ func startBenchReplica(b *testing.B, url string, rc *redis.Client, clock *schedu
 		Hold: func() bool { return r.sched != nil && r.sched.Busy() }}); err != nil {
 		b.Fatal(err)
 	}
+	r.metrics = scheduler.NewMetrics(nil)
 	r.sched, err = scheduler.New(scheduler.Config{
-		Redis: rc, Projection: r.proj, Names: testNames, ReplicaID: "bench", Clock: clock,
+		Metrics: r.metrics, Redis: rc, Projection: r.proj, Names: testNames, ReplicaID: "bench", Clock: clock,
 		OutboxBytes: r.relay.BacklogBytes, MaxOutboxBytes: 1 << 30, OnFire: r.relay.Notify, Logger: discardLogger,
 		History: scheduler.NewStreamHistory(js, testNames),
 	})
@@ -383,14 +385,14 @@ func benchOurs(b *testing.B, n, secs int) steadyResult {
 	registerMany(b, js, n, func(i int) events.Entry { return every(fmt.Sprintf("s%05d", i), "@every 1s") })
 	r := startBenchReplica(b, srv.url, rc, nil)
 	// Warm up: every entry loaded and firing.
-	testenv.Eventually(b, 2*time.Minute, func() bool { return r.sched.Stats().Fired >= uint64(2*n) }, "warm-up fires")
+	testenv.Eventually(b, 2*time.Minute, func() bool { return readCounts(r.metrics).Fired >= uint64(2*n) }, "warm-up fires")
 	from := nextSecond(b, time.Now).Add(windowOffset)
 	waitUntil(b, time.Now, from)
-	firedBefore := r.sched.Stats().Fired
+	firedBefore := readCounts(r.metrics).Fired
 	before := sample(redisPID(b, rc), srv.pid)
 	waitUntil(b, time.Now, from.Add(time.Duration(secs)*time.Second))
 	used := sample(redisPID(b, rc), srv.pid).sub(before)
-	fires := int(r.sched.Stats().Fired - firedBefore)
+	fires := int(readCounts(r.metrics).Fired - firedBefore)
 	r.stop()
 	if os.Getenv("CRONSTREAM_BENCH_COMMANDSTATS") != "" {
 		_ = os.WriteFile(os.Getenv("CRONSTREAM_BENCH_COMMANDSTATS"), []byte(rc.Info(context.Background(), "commandstats").Val()), 0o644)
@@ -563,7 +565,7 @@ func BenchmarkSameInstant100k(b *testing.B) {
 		// written once: the burst must not meet the replica's own start.
 		visKey := taskstate.SchedulerEntriesKey(taskstate.ReplicaSchedulerID(testPrefix, "bench"))
 		testenv.Eventually(b, 5*time.Minute, func() bool {
-			st := r.sched.Stats()
+			st := readCounts(r.metrics)
 			return st.Entries == n && st.Loading == 0 && rc.Exists(context.Background(), visKey).Val() == 1
 		}, "scheduler to load %d entries", n)
 		pid := redisPID(b, rc)

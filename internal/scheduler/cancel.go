@@ -57,7 +57,6 @@ func (s *Scheduler) cancelPreviousFire(r *entryRun, f taskstate.Fire, now time.T
 
 // replacedWaiting accounts for a waiting previous task a fire deleted.
 func (s *Scheduler) replacedWaiting(r *entryRun, tick time.Time, res taskstate.FireResult) {
-	s.count(func(st *Stats) { st.CancelDeleted++ })
 	s.m.Cancels.WithLabelValues(cancelDeleted).Inc()
 	s.log.Info("overlap cancel-previous: deleted the waiting previous task and fired the tick", "entry", r.id, "tick", tick,
 		"deleted", res.Replaced, "state", res.ReplacedState, "task", res.TaskID)
@@ -96,7 +95,6 @@ func (s *Scheduler) sendCancel(ctx context.Context, c heldCancel, why string) {
 		s.held.sent = map[string]clock.Mono{}
 	}
 	s.held.sent[c.task] = s.clock.Mono()
-	s.count(func(st *Stats) { st.CancelsSent++ })
 	s.m.Cancels.WithLabelValues(cancelSent).Inc()
 	s.log.Info("overlap cancel-previous: cancelling the running previous task; "+why, "entry", c.entry, "queue", c.queue, "task", c.task)
 }
@@ -115,7 +113,6 @@ func (s *Scheduler) releaseCancel(ctx context.Context, fences taskstate.Fences, 
 	var rec taskstate.EnqueueEventRecord
 	recorded := false
 	if out.Deleted != "" {
-		s.count(func(st *Stats) { st.CancelDeleted++ })
 		s.m.Cancels.WithLabelValues(cancelDeleted).Inc()
 		s.log.Info("overlap cancel-previous: deleted the cancelled previous task", "entry", h.Entry, "task", h.PrevTaskID, "state", out.Deleted)
 	}

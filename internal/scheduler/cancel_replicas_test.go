@@ -38,7 +38,7 @@ func TestOverlapCancelPreviousAcrossReplicaKill(t *testing.T) {
 	testenv.Eventually(t, 10*time.Second, func() bool { return len(nodes["a"].members.Live()) == 3 }, "three live replicas")
 	deleted := func() (n uint64) {
 		for _, nd := range nodes {
-			n += nd.sched.Stats().CancelDeleted
+			n += nd.counts().CancelDeleted
 		}
 		return n
 	}

@@ -38,7 +38,7 @@ func TestOverlapCancelPreviousWithRealWorker(t *testing.T) {
 	a := e.startNode("a", nodeOpts{})
 	b := e.startNode("b", nodeOpts{})
 	stats := func() (sent, deleted, released uint64) {
-		sa, sb := a.sched.Stats(), b.sched.Stats()
+		sa, sb := a.counts(), b.counts()
 		return sa.CancelsSent + sb.CancelsSent, sa.CancelDeleted + sb.CancelDeleted, sa.Released + sb.Released
 	}
 	testenv.Eventually(t, 30*time.Second, func() bool {
@@ -118,7 +118,7 @@ func TestOverlapCancelPreviousPending(t *testing.T) {
 	a := e.startNode("a", nodeOpts{})
 	b := e.startNode("b", nodeOpts{})
 	testenv.Eventually(t, 30*time.Second, func() bool {
-		return a.sched.Stats().CancelDeleted+b.sched.Stats().CancelDeleted >= 3
+		return a.counts().CancelDeleted+b.counts().CancelDeleted >= 3
 	}, "three pending tasks replaced")
 	a.stop()
 	b.stop()
@@ -172,7 +172,7 @@ func TestOverlapCancelPreviousIgnoredCancel(t *testing.T) {
 	t.Cleanup(func() { close(done) }) // before the worker's shutdown (cleanups run last first)
 	a := e.startNode("a", nodeOpts{})
 	testenv.Eventually(t, 30*time.Second, func() bool {
-		st := a.sched.Stats()
+		st := a.counts()
 		return st.Released >= 1 && st.CancelDeleted >= 1
 	}, "a held tick released after its cancelled task went to retry")
 	testenv.Eventually(t, 10*time.Second, overlapped.Load, "the replacing task to start beside the abandoned handler")
@@ -211,9 +211,9 @@ func TestOverlapCancelPreviousStuckActive(t *testing.T) {
 		}
 		return true
 	}, "the first task")
-	testenv.Eventually(t, 10*time.Second, func() bool { return a.sched.Stats().CancelsSent >= 1 }, "the cancellation of the stuck task")
+	testenv.Eventually(t, 10*time.Second, func() bool { return a.counts().CancelsSent >= 1 }, "the cancellation of the stuck task")
 	held := time.Now()
-	testenv.Eventually(t, 30*time.Second, func() bool { return a.sched.Stats().Released >= 1 }, "the held tick to fire past the timeout")
+	testenv.Eventually(t, 30*time.Second, func() bool { return a.counts().Released >= 1 }, "the held tick to fire past the timeout")
 	if waited := time.Since(held); waited < time.Second+4*time.Second {
 		t.Errorf("the held tick fired %s after the hold, before the stuck task's timeout and grace", waited)
 	}
@@ -285,7 +285,7 @@ func TestReleaseCancelFencedAfterPause(t *testing.T) {
 	}
 
 	// The node's debug log tells its refused releases from its refused
-	// fires (both count in Stats.Refused).
+	// fires (both count in cronstream_fire_refused_total).
 	var logged warnLog
 	lag := e.startNode("lag", nodeOpts{noRelay: true,
 		sched: func(c *scheduler.Config) {
@@ -296,7 +296,7 @@ func TestReleaseCancelFencedAfterPause(t *testing.T) {
 		}})
 	testenv.Eventually(t, 10*time.Second, func() bool { return logged.count("held tick not released") >= 2 },
 		"lag's release to be fenced")
-	if st := lag.sched.Stats(); st.Released != 0 || st.DroppedHeld != 0 || st.CancelDeleted != 0 || st.Refused["revision-fenced"] < 2 {
+	if st := lag.counts(); st.Released != 0 || st.DroppedHeld != 0 || st.CancelDeleted != 0 || st.Refused["revision-fenced"] < 2 {
 		t.Errorf("a replica behind the fence released %d, dropped %d held ticks, deleted %d cancelled tasks, refused %v",
 			st.Released, st.DroppedHeld, st.CancelDeleted, st.Refused)
 	}

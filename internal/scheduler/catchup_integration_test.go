@@ -38,7 +38,7 @@ func TestCatchupAfterOutage(t *testing.T) {
 	)
 	ids := []string{"none", "latest", "latest-out", "all"}
 	a := e.startNode("a", nodeOpts{})
-	testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Fired >= 8 }, "a to fire every entry")
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired >= 8 }, "a to fire every entry")
 	a.stop()
 	wm := map[string]time.Time{}
 	for _, id := range ids {
@@ -101,7 +101,7 @@ func TestCatchupAfterOutage(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("b %+v; c %+v", b.sched.Stats(), c.sched.Stats())
+	t.Logf("b %+v; c %+v", b.counts(), c.counts())
 	_ = fmt.Sprint
 }
 
@@ -116,7 +116,7 @@ func TestMissedTicksRecordedAtOnce(t *testing.T) {
 	// ten ticks were missed and the next one is up to a minute away.
 	clock := newShiftClock(t, 10*time.Minute)
 	a := e.startNode("a", nodeOpts{clock: clock.clock})
-	testenv.Eventually(t, 10*time.Second, func() bool { return a.sched.Stats().SkippedMissed >= 1 }, "missed ticks recorded")
+	testenv.Eventually(t, 10*time.Second, func() bool { return a.counts().SkippedMissed >= 1 }, "missed ticks recorded")
 	a.stop()
 	e.waitOutboxEmpty(5*time.Second, "default")
 	l := ledgers(e.readActivity())["minutely"]
@@ -157,7 +157,7 @@ func TestEditDuringOutage(t *testing.T) {
 	spec := every("spec", "@every 1s")
 	e.put(note, spec)
 	a := e.startNode("a", nodeOpts{})
-	testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Fired >= 6 }, "a to fire both entries")
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired >= 6 }, "a to fire both entries")
 	a.stop()
 	wm := map[string]time.Time{}
 	for _, id := range []string{"note", "spec"} {

@@ -56,7 +56,7 @@ func TestCrashBetweenRedisWriteAndPublish(t *testing.T) {
 		ob.failures.Store(2)
 		c.Outbox = ob
 	}})
-	testenv.Eventually(t, 20*time.Second, func() bool { return ob.failures.Load() < 0 && r2.sched.Stats().Fired >= 6 }, "r2 to publish through the injected crashes and fire")
+	testenv.Eventually(t, 20*time.Second, func() bool { return ob.failures.Load() < 0 && r2.counts().Fired >= 6 }, "r2 to publish through the injected crashes and fire")
 	r2.stop()
 	e.waitOutboxEmpty(5*time.Second, "default")
 

@@ -132,7 +132,7 @@ func TestRedisLostWhileDown(t *testing.T) {
 			e.putHistory(lc)
 			hist := nodeOpts{sched: func(c *scheduler.Config) { c.History = scheduler.NewStreamHistory(e.js, testNames) }}
 			a := e.startNode("a", hist)
-			testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Fired >= 4 }, "a to fire")
+			testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired >= 4 }, "a to fire")
 			a.stop()
 			e.waitOutboxEmpty(5*time.Second, lossQueues...)
 			_, lastBefore := ledgers(e.readActivity())["w"].firedRange()
@@ -140,7 +140,7 @@ func TestRedisLostWhileDown(t *testing.T) {
 				t.Fatal("no task in Redis before the loss")
 			}
 			b := e.startNode("b", hist)
-			testenv.Eventually(t, 20*time.Second, func() bool { return b.sched.Stats().Fired >= 3 }, "b to fire after the loss")
+			testenv.Eventually(t, 20*time.Second, func() bool { return b.counts().Fired >= 3 }, "b to fire after the loss")
 			b.stop()
 			checkNotRefired(t, e.entryTicks("w"), lastBefore)
 			e.waitOutboxEmpty(5*time.Second, lossQueues...)
@@ -191,14 +191,14 @@ func TestRedisLostWhileRunning(t *testing.T) {
 				e.putHistory(lc)
 				o := nodeOpts{noRelay: !relayed, sched: func(c *scheduler.Config) { c.History = scheduler.NewStreamHistory(e.js, testNames) }}
 				a := e.startNode("a", o)
-				testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Fired >= 4 }, "a to fire")
+				testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired >= 4 }, "a to fire")
 				lost := e.flushAndList("w")
 				if len(lost) == 0 {
 					t.Fatal("no task in Redis before the loss")
 				}
 				lastBefore := slices.Max(lost)
-				firedAt := a.sched.Stats().Fired
-				testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Fired >= firedAt+3 }, "a to fire after the loss")
+				firedAt := a.counts().Fired
+				testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired >= firedAt+3 }, "a to fire after the loss")
 				a.stop()
 				checkNotRefired(t, e.entryTicks("w"), lastBefore)
 			})
@@ -240,7 +240,7 @@ func laggingReplicaPromoted(t *testing.T, restarted bool) {
 	e.putHistory(lossCases[0])
 	o := nodeOpts{rc: rc, sched: func(c *scheduler.Config) { c.History = scheduler.NewStreamHistory(e.js, testNames) }}
 	a := e.startNode("a", o)
-	testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Fired >= 3 }, "a to fire")
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired >= 3 }, "a to fire")
 	// The standby stops following: from now on it lags.
 	standby.Detach(t)
 	onStandby := map[int64]bool{}
@@ -250,8 +250,8 @@ func laggingReplicaPromoted(t *testing.T, restarted bool) {
 	if len(onStandby) == 0 {
 		t.Fatal("the standby holds no task")
 	}
-	firedAt := a.sched.Stats().Fired
-	testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Fired >= firedAt+3 }, "a to fire on the master alone")
+	firedAt := a.counts().Fired
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired >= firedAt+3 }, "a to fire on the master alone")
 	// Fail over: new connections go to the standby; the master takes no
 	// more writes, then dies.
 	if restarted {
@@ -270,8 +270,8 @@ func laggingReplicaPromoted(t *testing.T, restarted bool) {
 	if restarted {
 		a = e.startNode("b", o)
 	}
-	firedAt = a.sched.Stats().Fired
-	testenv.Eventually(t, 30*time.Second, func() bool { return a.sched.Stats().Fired >= firedAt+3 }, "firing on the promoted standby")
+	firedAt = a.counts().Fired
+	testenv.Eventually(t, 30*time.Second, func() bool { return a.counts().Fired >= firedAt+3 }, "firing on the promoted standby")
 	a.stop()
 	var fresh []int64
 	for _, s := range tasksTicks(t, "w", dst.LRange(c, taskstate.Keys("default").Pending(), 0, -1).Val()) {
@@ -297,9 +297,9 @@ func TestRedisLostUnderConfirmingReplica(t *testing.T) {
 	a := e.startNode("a", hist)
 	b := e.startNode("b", hist)
 	e.put(every("w", "@every 1s", withCatchup(events.CatchupAll, time.Hour)))
-	testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Fired+b.sched.Stats().Fired >= 5 }, "the primary to fire")
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired+b.counts().Fired >= 5 }, "the primary to fire")
 	primary, other := a, b
-	if b.sched.Stats().Fired > a.sched.Stats().Fired {
+	if b.counts().Fired > a.counts().Fired {
 		primary, other = b, a
 	}
 	_, lastStream := ledgers(e.readActivity())["w"].firedRange()
@@ -316,8 +316,8 @@ func TestRedisLostUnderConfirmingReplica(t *testing.T) {
 		t.Fatal(err)
 	}
 	primary.crash()
-	firedAt := other.sched.Stats().Fired
-	testenv.Eventually(t, 30*time.Second, func() bool { return other.sched.Stats().Fired >= firedAt+3 }, "the other replica to fire after the loss")
+	firedAt := other.counts().Fired
+	testenv.Eventually(t, 30*time.Second, func() bool { return other.counts().Fired >= firedAt+3 }, "the other replica to fire after the loss")
 	other.stop()
 	checkNotRefired(t, e.entryTicks("w"), lastStream)
 }

@@ -9,7 +9,7 @@ import (
 // dueHeap orders entries by the instant this replica should next act on
 // them. One timer is armed for the top; cost per tick grows with the number
 // of due entries, not the number registered. It counts its operations
-// (Stats.HeapOps): a replica's heap work is its share of the entries, which
+// (Scheduler.HeapOps): a replica's heap work is its share of the entries, which
 // the simulation of many replicas checks.
 type dueHeap struct {
 	h   entryHeap

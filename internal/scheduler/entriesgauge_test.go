@@ -18,8 +18,8 @@ func TestEntriesGaugeCountsPausedAtStart(t *testing.T) {
 	n := e.startNode("r1", nodeOpts{})
 	entries := func(want int) {
 		t.Helper()
-		testenv.Eventually(t, 10*time.Second, func() bool { return n.sched.Stats().Entries == want },
-			"entries gauge %d, want %d", n.sched.Stats().Entries, want)
+		testenv.Eventually(t, 10*time.Second, func() bool { return n.counts().Entries == want },
+			"entries gauge %d, want %d", n.counts().Entries, want)
 	}
 	entries(2)
 	c := ctx(t, 30*time.Second)

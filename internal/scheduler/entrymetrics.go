@@ -102,22 +102,19 @@ func (s *Scheduler) ownedEntryTimes() []entryTimes {
 // listEntryTimes runs on the loop: the entries of the shards this replica
 // owns, paused ones included.
 func (s *Scheduler) listEntryTimes() []entryTimes {
-	out := make([]entryTimes, 0, len(s.entries)+len(s.pausedEntries)/4+16)
+	out := make([]entryTimes, 0, len(s.entries))
 	for id, r := range s.entries {
+		if r.state.removed() {
+			continue
+		}
 		e := entryTimes{id: id, queue: r.queue}
-		if r.phase == phaseReady && r.hasCursor {
+		if r.state == stateReady && r.hasCursor {
 			e.last = r.cursor
 		}
-		if !r.st.Entry.Paused && r.sched != nil && r.phase == phaseReady {
+		if !r.st.Entry.Paused && r.sched != nil && r.state == stateReady {
 			e.next = r.next()
 		}
 		out = append(out, e)
-	}
-	for id := range s.pausedEntries { // by key: a State is large to copy
-		if _, ok := s.entries[id]; ok {
-			continue
-		}
-		out = append(out, entryTimes{id: id, queue: s.pausedEntries[id].Entry.Options.QueueName()})
 	}
 	return out
 }

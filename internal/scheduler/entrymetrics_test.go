@@ -21,7 +21,7 @@ func timesScheduler(tb testing.TB, id string, owned, n int) *Scheduler {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	s := &Scheduler{cfg: Config{ReplicaID: id}, entries: map[string]*entryRun{}, pausedEntries: map[string]projector.State{}}
+	s := &Scheduler{cfg: Config{ReplicaID: id}, entries: map[string]*entryRun{}}
 	cursor := time.Unix(1_800_000_000, 0)
 	for i := range n {
 		eid := fmt.Sprintf("e%06d", i)
@@ -29,7 +29,7 @@ func timesScheduler(tb testing.TB, id string, owned, n int) *Scheduler {
 			continue
 		}
 		s.entries[eid] = &entryRun{id: eid, st: projector.State{Entry: en}, sched: sched, queue: "default",
-			cursor: cursor, hasCursor: true, phase: phaseReady, index: -1}
+			cursor: cursor, hasCursor: true, state: stateReady, index: -1}
 	}
 	for i := range n / 10 {
 		eid := fmt.Sprintf("p%06d", i)
@@ -38,7 +38,7 @@ func timesScheduler(tb testing.TB, id string, owned, n int) *Scheduler {
 		}
 		p := en
 		p.Paused = true
-		s.pausedEntries[eid] = projector.State{Entry: p}
+		s.entries[eid] = &entryRun{id: eid, st: projector.State{Entry: p}, queue: "default", state: stateKnown, index: -1}
 	}
 	return s
 }

@@ -122,7 +122,6 @@ func (s *Scheduler) checkEpochs(ctx context.Context) {
 			continue // another replica cleared it, or raised it from this stream
 		}
 		cleared[k.queue] = true
-		s.count(func(st *Stats) { st.Epochs++ })
 		s.m.Epochs.Inc()
 		held := "revision fence"
 		if k.entry != "" {
@@ -134,7 +133,7 @@ func (s *Scheduler) checkEpochs(ctx context.Context) {
 	// Entries refused there fire again now instead of after their backoff.
 	now := s.clock.Now()
 	for _, r := range s.entries {
-		if cleared[r.queue] && r.tries > 0 && r.index >= 0 {
+		if r.state == stateReady && cleared[r.queue] && r.tries > 0 && r.index >= 0 {
 			r.tries = 0
 			s.schedule(r, now)
 		}

@@ -61,7 +61,7 @@ func (e *env) recreateConfigStream() {
 func epochsOf(nodes ...*node) uint64 {
 	var n uint64
 	for _, nd := range nodes {
-		n += nd.sched.Stats().Epochs
+		n += nd.counts().Epochs
 	}
 	return n
 }
@@ -69,7 +69,7 @@ func epochsOf(nodes ...*node) uint64 {
 func firedOf(nodes ...*node) uint64 {
 	var n uint64
 	for _, nd := range nodes {
-		n += nd.sched.Stats().Fired
+		n += nd.counts().Fired
 	}
 	return n
 }
@@ -114,7 +114,7 @@ func TestStreamRecreated(t *testing.T) {
 		e.put(every("r0", "@every 1s", func(en *events.Entry) { en.Note = fmt.Sprint("edit ", i) }))
 	}
 	a := e.epochNode("a", nil, nodeOpts{})
-	testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Fired >= 9 }, "a to fire")
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired >= 9 }, "a to fire")
 	a.stop()
 	e.waitOutboxEmpty(10*time.Second, "default")
 
@@ -126,7 +126,7 @@ func TestStreamRecreated(t *testing.T) {
 	b := e.epochNode("b", &w, nodeOpts{})
 	c := e.epochNode("c", &w, nodeOpts{})
 	testenv.Eventually(t, 20*time.Second, func() bool { return firedOf(b, c) >= 9 }, "b and c to fire again (epochs %d, refused %v %v)",
-		epochsOf(b, c), b.sched.Stats().Refused, c.sched.Stats().Refused)
+		epochsOf(b, c), b.counts().Refused, c.counts().Refused)
 	if n := epochsOf(b, c); n != 1 {
 		t.Errorf("%d new epochs started, want 1 (one fence cleared)", n)
 	}
@@ -152,15 +152,15 @@ func TestStreamRestoredFromOlderSnapshot(t *testing.T) {
 		e.put(every(id, "@every 1s"))
 	}
 	a := e.epochNode("a", nil, nodeOpts{})
-	testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Fired >= 6 }, "a to fire")
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired >= 6 }, "a to fire")
 	// After the snapshot: mover goes to another queue (its old slot is
 	// closed at this sequence), and more edits follow.
 	moved := e.put(every("mover", "@every 1s", func(en *events.Entry) { en.Options.Queue = "elsewhere" }))
 	for i := range 8 {
 		e.put(every("s0", "@every 1s", func(en *events.Entry) { en.Note = fmt.Sprint("edit ", i) }))
 	}
-	before := a.sched.Stats().Fired
-	testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Fired >= before+6 }, "a to fire after the move")
+	before := a.counts().Fired
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired >= before+6 }, "a to fire after the move")
 	a.stop()
 	e.waitOutboxEmpty(10*time.Second, "default", "elsewhere")
 
@@ -194,7 +194,7 @@ func TestStreamRestoredFromOlderSnapshot(t *testing.T) {
 			}
 		}
 		return true
-	}, "every entry to fire again (epochs %d, refused %v)", epochsOf(b), b.sched.Stats().Refused)
+	}, "every entry to fire again (epochs %d, refused %v)", epochsOf(b), b.counts().Refused)
 	if n := epochsOf(b); n != 2 {
 		t.Errorf("%d new epochs started, want 2 (mover's marker and the fence)", n)
 	}
@@ -222,7 +222,7 @@ func TestFenceOfAnotherMessage(t *testing.T) {
 		fence = e.put(every("m0", "@every 1s", func(en *events.Entry) { en.Note = fmt.Sprint("edit ", i) }))
 	}
 	a := e.epochNode("a", nil, nodeOpts{})
-	testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Fired >= 4 }, "a to fire")
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired >= 4 }, "a to fire")
 	a.stop()
 	e.waitOutboxEmpty(10*time.Second, "default")
 
@@ -238,7 +238,7 @@ func TestFenceOfAnotherMessage(t *testing.T) {
 	b := e.epochNode("b", &w, nodeOpts{projection: func(p *projector.Projector) scheduler.Projection {
 		return skewedProjection{Projector: p, seq: func() uint64 { return fence - 1 }}
 	}})
-	testenv.Eventually(t, 20*time.Second, func() bool { return b.sched.Stats().Fired >= 4 }, "b to fire")
+	testenv.Eventually(t, 20*time.Second, func() bool { return b.counts().Fired >= 4 }, "b to fire")
 	if n := epochsOf(b); n != 1 {
 		t.Errorf("%d new epochs started, want 1", n)
 	}
@@ -277,7 +277,7 @@ func TestHealthyDeploymentKeepsItsEpoch(t *testing.T) {
 		before := firedOf(a, b)
 		testenv.Eventually(t, 10*time.Second, func() bool { return firedOf(a, b) > before }, "a and b to keep firing")
 	}
-	testenv.Eventually(t, 20*time.Second, func() bool { return lag.sched.Stats().Refused["revision-fenced"] >= 3 }, "the lagging replica to be fenced")
+	testenv.Eventually(t, 20*time.Second, func() bool { return lag.counts().Refused["revision-fenced"] >= 3 }, "the lagging replica to be fenced")
 	if n := epochsOf(a, b, lag); n != 0 {
 		t.Errorf("%d new epochs started in a healthy deployment", n)
 	}
@@ -305,7 +305,7 @@ func TestStreamRecreatedUnderRunningReplica(t *testing.T) {
 	}
 	var w warnLog
 	a := e.epochNode("a", &w, nodeOpts{})
-	testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Fired >= 9 }, "a to fire")
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired >= 9 }, "a to fire")
 
 	e.recreateConfigStream()
 	ids := []string{"u0", "v0", "v1"}
@@ -324,7 +324,7 @@ func TestStreamRecreatedUnderRunningReplica(t *testing.T) {
 		}
 		return true
 	}, "a to drop u1, u2 and fire v0, v1 (reloads %d, epochs %d, refused %v)",
-		a.proj.Stats().Reloads, a.sched.Stats().Epochs, a.sched.Stats().Refused)
+		a.proj.Stats().Reloads, a.counts().Epochs, a.counts().Refused)
 	if n := a.proj.Stats().Reloads; n != 1 {
 		t.Errorf("projector reloaded %d times, want 1", n)
 	}
@@ -349,10 +349,10 @@ func TestHandoverMarkerOfAnotherMessage(t *testing.T) {
 		e.put(every(id, "@every 1s"))
 	}
 	a := e.epochNode("a", nil, nodeOpts{})
-	testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Fired >= 4 }, "a to fire")
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired >= 4 }, "a to fire")
 	moved := e.put(every("mover", "@every 1s", func(en *events.Entry) { en.Options.Queue = "elsewhere" }))
-	before := a.sched.Stats().Fired
-	testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Fired >= before+4 }, "a to fire after the move")
+	before := a.counts().Fired
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired >= before+4 }, "a to fire after the move")
 	a.stop()
 	e.waitOutboxEmpty(10*time.Second, "default", "elsewhere")
 

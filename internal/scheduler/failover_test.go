@@ -128,7 +128,7 @@ func failoverLossesRecorded(t *testing.T, wait int) {
 	oa, ob := o, o
 	oa.rc, ob.rc = sw.Client(t), sw.Client(t)
 	a, b := e.startNode("a", oa), e.startNode("b", ob)
-	fired := func() uint64 { return a.sched.Stats().Fired + b.sched.Stats().Fired }
+	fired := func() uint64 { return a.counts().Fired + b.counts().Fired }
 	testenv.Eventually(t, 30*time.Second, func() bool { return fired() >= 60 }, "the entries to fire on the primary")
 
 	// The replica stops following: from now on it lags. It stopped
@@ -235,8 +235,8 @@ func failoverLossesRecorded(t *testing.T, wait int) {
 		}
 		counted += l.Count
 	}
-	if got := a.sched.Stats().LostFires + b.sched.Stats().LostFires; got != uint64(counted) || a.sched.Stats().LostUnknown+b.sched.Stats().LostUnknown != 0 {
-		t.Errorf("the replicas counted %d lost fires (and %d unknown), the lost events name %d", got, a.sched.Stats().LostUnknown+b.sched.Stats().LostUnknown, counted)
+	if got := a.counts().LostFires + b.counts().LostFires; got != uint64(counted) || a.counts().LostUnknown+b.counts().LostUnknown != 0 {
+		t.Errorf("the replicas counted %d lost fires (and %d unknown), the lost events name %d", got, a.counts().LostUnknown+b.counts().LostUnknown, counted)
 	}
 	t.Logf("%d fired events lack their task in the promoted Redis: %d covered by %d lost events, %d marked unconfirmed; %d ticks went unpublished with the primary; %d tasks completed before the detach",
 		lacking, lostTicks, len(lost), marked, countTicks(unpublished), completed)

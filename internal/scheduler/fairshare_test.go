@@ -16,7 +16,7 @@ func TestFairShareLosesNothing(t *testing.T) {
 			var due []*entryRun
 			for q := range tc.queues {
 				for i := range tc.perQueue {
-					r := &entryRun{id: fmt.Sprintf("q%d-%d", q, i), queue: fmt.Sprintf("q%d", q), index: -1, phase: phaseReady}
+					r := &entryRun{id: fmt.Sprintf("q%d-%d", q, i), queue: fmt.Sprintf("q%d", q), index: -1, state: stateReady}
 					s.entries[r.id] = r
 					due = append(due, r)
 				}

@@ -58,12 +58,12 @@ func TestRevisionFence(t *testing.T) {
 	}
 	old := e.put(every("bump", "@every 1h")) - 1
 	a := e.startNode("a", nodeOpts{})
-	testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Fired >= 6 }, "a to fire")
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired >= 6 }, "a to fire")
 	b := e.startNode("b", nodeOpts{projection: func(p *projector.Projector) scheduler.Projection {
 		return skewedProjection{Projector: p, seq: func() uint64 { return old }}
 	}})
-	testenv.Eventually(t, 20*time.Second, func() bool { return b.sched.Stats().Refused["revision-fenced"] >= 3 }, "b's fires to be fenced (b %+v)", b.sched.Stats())
-	if n := b.sched.Stats().Fired; n != 0 {
+	testenv.Eventually(t, 20*time.Second, func() bool { return b.counts().Refused["revision-fenced"] >= 3 }, "b's fires to be fenced (b %+v)", b.counts())
+	if n := b.counts().Fired; n != 0 {
 		t.Errorf("b fired %d ticks from an older configuration", n)
 	}
 	b.stop()
@@ -95,13 +95,13 @@ func TestStalenessFence(t *testing.T) {
 	staleness := 2 * time.Second
 	fast := func(c *scheduler.Config) { c.MaxStaleness = staleness }
 	a := e.startNode("a", nodeOpts{sched: fast})
-	testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Fired >= 6 }, "a to fire")
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired >= 6 }, "a to fire")
 	lost := time.Now().Add(-3 * staleness)
 	b := e.startNode("b", nodeOpts{sched: fast, projection: func(p *projector.Projector) scheduler.Projection {
 		return skewedProjection{Projector: p, heard: func() time.Time { return lost }}
 	}})
-	testenv.Eventually(t, 20*time.Second, func() bool { return b.sched.Stats().Refused["stale"] >= 3 }, "b's fires to be refused as stale")
-	if n := b.sched.Stats().Fired; n != 0 {
+	testenv.Eventually(t, 20*time.Second, func() bool { return b.counts().Refused["stale"] >= 3 }, "b's fires to be refused as stale")
+	if n := b.counts().Fired; n != 0 {
 		t.Errorf("b fired %d ticks with a stale projection", n)
 	}
 	b.stop()
@@ -115,10 +115,10 @@ func TestStalenessFence(t *testing.T) {
 	c := e.startNode("c", nodeOpts{sched: fast, projection: freeze})
 	d := e.startNode("d", nodeOpts{sched: fast, projection: freeze})
 	waitUntil(t, time.Now, frozen.Add(3*staleness))
-	before := c.sched.Stats().Fired + d.sched.Stats().Fired
-	testenv.Eventually(t, 20*time.Second, func() bool { return c.sched.Stats().Fired+d.sched.Stats().Fired >= before+12 }, "c and d to keep firing without NATS")
+	before := c.counts().Fired + d.counts().Fired
+	testenv.Eventually(t, 20*time.Second, func() bool { return c.counts().Fired+d.counts().Fired >= before+12 }, "c and d to keep firing without NATS")
 	for _, n := range []*node{c, d} {
-		if r := n.sched.Stats().Refused["stale"]; r != 0 {
+		if r := n.counts().Refused["stale"]; r != 0 {
 			t.Errorf("%s: %d fires refused as stale while nobody hears NATS", n.id, r)
 		}
 	}
@@ -157,10 +157,10 @@ func TestOutboxBackpressure(t *testing.T) {
 		c.OutboxBytes = backlog
 	}})
 	testenv.Eventually(t, 20*time.Second, a.sched.Paused, "firing to pause (backlog %d)", backlog())
-	fired := a.sched.Stats().Fired
+	fired := a.counts().Fired
 	held := time.Now()
 	waitUntil(t, time.Now, held.Add(2500*time.Millisecond))
-	if got := a.sched.Stats().Fired; got != fired || !a.sched.Paused() {
+	if got := a.counts().Fired; got != fired || !a.sched.Paused() {
 		t.Fatalf("fired %d more ticks while paused (paused %v)", got-fired, a.sched.Paused())
 	}
 	r, err := relay.New(relay.Config{Outbox: e.store, JS: e.js, Names: testNames, Owner: "late-relay", Interval: 50 * time.Millisecond, Logger: testLogger(t)})
@@ -171,7 +171,7 @@ func TestOutboxBackpressure(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = r.Stop(context.Background()) })
-	testenv.Eventually(t, 20*time.Second, func() bool { return !a.sched.Paused() && a.sched.Stats().Fired >= fired+20 }, "firing to resume")
+	testenv.Eventually(t, 20*time.Second, func() bool { return !a.sched.Paused() && a.counts().Fired >= fired+20 }, "firing to resume")
 	a.stop()
 	if err := r.Stop(ctx(t, 10*time.Second)); err != nil && !errors.Is(err, context.Canceled) {
 		t.Fatal(err)

@@ -161,22 +161,7 @@ func (s *Scheduler) finishPass(calls []*passCall, plans []planned, now time.Time
 	}
 	s.capacity.add(s.clock.Mono(), answered, s.clock.Since(began))
 	for _, p := range plans {
-		if p.r.phase == phaseLoading {
-			continue // waiting in s.load for its watermark
-		}
-		if p.more && p.r.tries == 0 && !p.r.completed() {
-			// More missed ticks to fire: come back at once.
-			s.heap.set(p.r, now)
-			continue
-		}
-		s.schedule(p.r, s.clock.Now())
+		s.passed(p.r, p.more, now)
 	}
-	if len(history) > 0 {
-		select {
-		case s.history <- history:
-		default:
-			// asynq's own history is best effort too; ours is the stream.
-			s.log.Debug("asynq enqueue history writer busy: dropping", "events", len(history))
-		}
-	}
+	s.sendHistory(history)
 }

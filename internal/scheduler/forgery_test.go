@@ -58,12 +58,12 @@ func TestForgedFiresNeverStopAnEntry(t *testing.T) {
 	nodes[0].stop()
 	waitUntil(t, time.Now, current.Add(2*phase+time.Second))
 	nodes[1].stop()
-	fired := nodes[2].sched.Stats().Fired
+	fired := nodes[2].counts().Fired
 	waitUntil(t, time.Now, current.Add(3*phase+time.Second))
 	to := time.Now().Add(-2 * time.Second).Truncate(time.Second)
 	testenv.Eventually(t, 10*time.Second, func() bool { return e.taskExists("default", schedule.TaskID(testPrefix, entry, to)) },
 		"the tick of %s to fire", to.Format(time.TimeOnly))
-	if nodes[2].sched.Stats().Fired == fired {
+	if nodes[2].counts().Fired == fired {
 		t.Errorf("r3, the last replica left, fired nothing on its own")
 	}
 	for tick := from; !tick.After(to); tick = tick.Add(time.Second) {
@@ -96,7 +96,7 @@ func TestForgedFireNotRestored(t *testing.T) {
 	e.put(every(entry, "@every 1s"))
 	hist := nodeOpts{sched: func(c *scheduler.Config) { c.History = scheduler.NewStreamHistory(e.js, testNames) }}
 	a := e.startNode("a", hist)
-	testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Fired >= 2 }, "a to fire")
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired >= 2 }, "a to fire")
 	a.stop()
 	e.waitOutboxEmpty(5*time.Second, "default")
 
@@ -119,8 +119,8 @@ func TestForgedFireNotRestored(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := e.startNode("b", hist)
-	testenv.Eventually(t, 20*time.Second, func() bool { return b.sched.Stats().Fired >= 2 }, "b to fire after the data loss")
-	if b.sched.Stats().Implausible == 0 {
+	testenv.Eventually(t, 20*time.Second, func() bool { return b.counts().Fired >= 2 }, "b to fire after the data loss")
+	if b.counts().Implausible == 0 {
 		t.Errorf("b did not count the forged fire it refused to restore from")
 	}
 }

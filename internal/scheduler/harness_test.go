@@ -158,6 +158,7 @@ type node struct {
 	members *replica.Membership
 	relay   *relay.Relay
 	sched   *scheduler.Scheduler
+	metrics *scheduler.Metrics // the scheduler's (counts)
 	own     *ownership.Manager // nil with ownsAll
 	firing  atomic.Pointer[scheduler.Scheduler]
 	once    sync.Once
@@ -265,6 +266,10 @@ func (e *env) startNode(id string, o nodeOpts) *node {
 	if o.sched != nil {
 		o.sched(&scfg)
 	}
+	if scfg.Metrics == nil {
+		scfg.Metrics = scheduler.NewMetrics(nil)
+	}
+	n.metrics = scfg.Metrics
 	n.sched, err = scheduler.New(scfg)
 	if err != nil {
 		t.Fatalf("%s: new scheduler: %v", id, err)

@@ -118,29 +118,7 @@ func (s *Scheduler) releaseHeld(ctx context.Context) {
 		return
 	}
 	s.held.next = now.Add(heldCheckEvery)
-	queues := make([]string, 0, len(s.held.queues))
-	for q := range s.held.queues {
-		queues = append(queues, q)
-	}
-	for _, r := range s.entries {
-		if holdsTicks(r.st.Entry.Overlap) && !r.st.Entry.Paused && !slices.Contains(queues, r.queue) {
-			queues = append(queues, r.queue)
-		}
-	}
-	if !s.held.swept || !now.Before(s.held.sweepNext) {
-		all, err := s.broker.Queues(ctx)
-		if err != nil {
-			s.countError()
-			s.log.Warn("cannot list the queues to look for held ticks; will retry", "err", err)
-		} else {
-			s.held.swept, s.held.sweepNext = true, now.Add(heldSweepEvery)
-			for _, q := range all {
-				if !slices.Contains(queues, q) {
-					queues = append(queues, q)
-				}
-			}
-		}
-	}
+	queues := s.heldQueues(ctx, now)
 	s.held.holding = len(queues) > 0
 	if len(queues) == 0 {
 		return
@@ -160,67 +138,110 @@ func (s *Scheduler) releaseHeld(ctx context.Context) {
 	var history []taskstate.EnqueueEventRecord
 	for _, h := range held {
 		s.held.queues[h.Queue] = true
-		// The projection, not the loop's entries, says what became of the
-		// entry: it is caught up, and its sequence is the one presented.
-		// An entry it does not hold was removed: the fences make sure this
-		// replica has seen the fire that held the tick, so it has seen the
-		// entry's registration too. A quarantined one is left alone.
-		if !s.firesShard(events.ShardOfEntry(h.Queue, h.Entry)) {
-			continue // its shard's owner releases it
-		}
-		st, known := s.cfg.Projection.Get(h.Entry)
-		if !known && s.quarantined(h.Entry) {
-			continue
-		}
-		reason := heldDropReason(st, known, h.Queue)
-		dropped, err := s.heldDroppedRecord(h, st.Revision)
-		if err != nil {
-			s.countError()
-			s.log.Error("cannot build the skipped event of a held tick", "entry", h.Entry, "tick", h.Tick, "err", err)
-			continue
-		}
-		how := taskstate.HeldRelease{Drop: reason != "", DroppedRecord: dropped}
-		if h.Cancel {
-			if rec, ok := s.releaseCancel(ctx, fences, h, how, reason); ok {
-				history = append(history, rec)
-			}
-			continue
-		}
-		if st.Entry.Limited() {
-			how.MaxFires, how.MaxFiresSince = st.Entry.MaxFires, st.MaxFiresSince
-		}
-		out, err := s.broker.ReleaseHeld(ctx, fences, h, how)
-		if err != nil {
-			s.countError()
-			s.log.Warn("cannot release held tick; will retry", "entry", h.Entry, "tick", h.Tick, "err", err)
-			continue
-		}
-		switch out {
-		case taskstate.HeldReleased:
-			if rec, ok := s.released(h); ok {
-				history = append(history, rec)
-			}
-			s.log.Debug("held tick released", "entry", h.Entry, "tick", h.Tick, "task", h.TaskID)
-		case taskstate.HeldDropped:
-			// Without a reason of ours the script found the entry moved
-			// out of the queue (its handover marker).
-			s.droppedHeld(h, cmp.Or(reason, heldDropMoved))
-		case taskstate.HeldExisted:
-			s.droppedHeld(h, heldDropExisted)
-		case taskstate.HeldCompleted:
-			s.droppedHeld(h, heldDropCompleted)
-		case taskstate.HeldFenced, taskstate.HeldStale:
-			s.refusedHeld(h, out)
+		if rec, ok := s.releaseOne(ctx, fences, h); ok {
+			history = append(history, rec)
 		}
 	}
 	s.held.holding = s.held.holding || len(s.held.queues) > 0
-	if len(history) > 0 {
-		select {
-		case s.history <- history:
-		default:
-			// Best effort, as for fires: ours is the activity stream.
-			s.log.Debug("asynq enqueue history writer busy: dropping", "events", len(history))
+	s.sendHistory(history)
+}
+
+// heldQueues are the queues the release check reads at now: those of
+// buffer-one and cancel-previous entries, those that held ticks at the
+// last check, and, at the first check and every heldSweepEvery, every
+// queue asynq knows.
+func (s *Scheduler) heldQueues(ctx context.Context, now clock.Mono) []string {
+	queues := make([]string, 0, len(s.held.queues))
+	for q := range s.held.queues {
+		queues = append(queues, q)
+	}
+	for _, r := range s.entries {
+		if r.state.live() && holdsTicks(r.st.Entry.Overlap) && !r.st.Entry.Paused && !slices.Contains(queues, r.queue) {
+			queues = append(queues, r.queue)
 		}
+	}
+	if s.held.swept && now.Before(s.held.sweepNext) {
+		return queues
+	}
+	all, err := s.broker.Queues(ctx)
+	if err != nil {
+		s.countError()
+		s.log.Warn("cannot list the queues to look for held ticks; will retry", "err", err)
+		return queues
+	}
+	s.held.swept, s.held.sweepNext = true, now.Add(heldSweepEvery)
+	for _, q := range all {
+		if !slices.Contains(queues, q) {
+			queues = append(queues, q)
+		}
+	}
+	return queues
+}
+
+// releaseOne releases or drops held tick h, presenting fences, and
+// returns the asynq history record of a tick it fired.
+func (s *Scheduler) releaseOne(ctx context.Context, fences taskstate.Fences, h taskstate.HeldTick) (taskstate.EnqueueEventRecord, bool) {
+	// The projection, not the loop's entries, says what became of the
+	// entry: it is caught up, and its sequence is the one presented. An
+	// entry it does not hold was removed: the fences make sure this
+	// replica has seen the fire that held the tick, so it has seen the
+	// entry's registration too. A quarantined one is left alone.
+	if !s.firesShard(events.ShardOfEntry(h.Queue, h.Entry)) {
+		return taskstate.EnqueueEventRecord{}, false // its shard's owner releases it
+	}
+	st, known := s.cfg.Projection.Get(h.Entry)
+	if !known && s.quarantined(h.Entry) {
+		return taskstate.EnqueueEventRecord{}, false
+	}
+	reason := heldDropReason(st, known, h.Queue)
+	dropped, err := s.heldDroppedRecord(h, st.Revision)
+	if err != nil {
+		s.countError()
+		s.log.Error("cannot build the skipped event of a held tick", "entry", h.Entry, "tick", h.Tick, "err", err)
+		return taskstate.EnqueueEventRecord{}, false
+	}
+	how := taskstate.HeldRelease{Drop: reason != "", DroppedRecord: dropped}
+	if h.Cancel {
+		return s.releaseCancel(ctx, fences, h, how, reason)
+	}
+	if st.Entry.Limited() {
+		how.MaxFires, how.MaxFiresSince = st.Entry.MaxFires, st.MaxFiresSince
+	}
+	out, err := s.broker.ReleaseHeld(ctx, fences, h, how)
+	if err != nil {
+		s.countError()
+		s.log.Warn("cannot release held tick; will retry", "entry", h.Entry, "tick", h.Tick, "err", err)
+		return taskstate.EnqueueEventRecord{}, false
+	}
+	switch out {
+	case taskstate.HeldReleased:
+		s.log.Debug("held tick released", "entry", h.Entry, "tick", h.Tick, "task", h.TaskID)
+		return s.released(h)
+	case taskstate.HeldDropped:
+		// Without a reason of ours the script found the entry moved out
+		// of the queue (its handover marker).
+		s.droppedHeld(h, cmp.Or(reason, heldDropMoved))
+	case taskstate.HeldExisted:
+		s.droppedHeld(h, heldDropExisted)
+	case taskstate.HeldCompleted:
+		s.droppedHeld(h, heldDropCompleted)
+	case taskstate.HeldFenced, taskstate.HeldStale:
+		s.refusedHeld(h, out)
+	}
+	return taskstate.EnqueueEventRecord{}, false
+}
+
+// sendHistory hands records of created tasks to asynq's enqueue history
+// writer, best effort: asynq's own history is best effort too, and ours
+// is the activity stream.
+func (s *Scheduler) sendHistory(history []taskstate.EnqueueEventRecord) {
+	if len(history) == 0 {
+		return
+	}
+	select {
+	case s.history <- history:
+	default:
+		s.log.Debug("asynq enqueue history writer busy: dropping", "events", len(history))
 	}
 }
 
@@ -229,10 +250,10 @@ func (s *Scheduler) releaseHeld(ctx context.Context) {
 // (apply) for `asynq cron history` and asynqmon; ok is false when the entry
 // is not loaded here.
 func (s *Scheduler) released(h taskstate.HeldTick) (taskstate.EnqueueEventRecord, bool) {
-	s.count(func(st *Stats) { st.Released++; st.Fired++ })
+	s.m.HeldReleased.Inc()
 	s.m.Fired.WithLabelValues(h.Queue).Inc()
 	s.m.FireLag.Observe(s.clock.Now().Sub(h.Tick).Seconds())
-	r := s.entries[h.Entry]
+	r := s.liveRun(h.Entry)
 	if r == nil {
 		return taskstate.EnqueueEventRecord{}, false
 	}
@@ -256,7 +277,6 @@ func (s *Scheduler) refusedHeld(h taskstate.HeldTick, out taskstate.HeldOutcome)
 
 // droppedHeld counts and logs a held tick dropped for reason.
 func (s *Scheduler) droppedHeld(h taskstate.HeldTick, reason string) {
-	s.count(func(st *Stats) { st.DroppedHeld++ })
 	s.m.HeldDropped.WithLabelValues(reason).Inc()
 	if reason != heldDropExisted {
 		s.m.Skipped.WithLabelValues(events.SkipOverlapDropped).Inc()

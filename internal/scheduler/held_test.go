@@ -64,7 +64,7 @@ func TestOverlapBufferOneWithRealWorker(t *testing.T) {
 	a := e.startNode("a", nodeOpts{})
 	b := e.startNode("b", nodeOpts{})
 	testenv.Eventually(t, 30*time.Second, func() bool {
-		return a.sched.Stats().Released+b.sched.Stats().Released >= 3
+		return a.counts().Released+b.counts().Released >= 3
 	}, "three held ticks to be released")
 	a.stop()
 	b.stop()
@@ -140,7 +140,7 @@ func TestOverlapBufferOneWithRealWorker(t *testing.T) {
 	if held < 3 {
 		t.Errorf("%d held ticks fired, want at least 3 (ticks %v)", held, ticks)
 	}
-	if got := a.sched.Stats().Released + b.sched.Stats().Released; got < uint64(held) {
+	if got := a.counts().Released + b.counts().Released; got < uint64(held) {
 		t.Errorf("replicas released %d held ticks, %d fired late", got, held)
 	}
 	e.checkEnqueueHistory("buf", l)
@@ -245,7 +245,7 @@ func TestBufferOneHeldDroppedOnLoad(t *testing.T) {
 	if len(e.heldEntries("default")) != 1 {
 		t.Error("the held tick of the entry still on buffer-one was dropped")
 	}
-	if got := b.sched.Stats().DroppedHeld; got != 3 {
+	if got := b.counts().DroppedHeld; got != 3 {
 		t.Errorf("DroppedHeld %d, want 3", got)
 	}
 	for _, reason := range []string{"paused", "policy", "removed"} {
@@ -311,9 +311,9 @@ func TestBufferOneMaxFires(t *testing.T) {
 	a := e.startNode("a", nodeOpts{})
 	b := e.startNode("b", nodeOpts{})
 	testenv.Eventually(t, 20*time.Second, func() bool {
-		return a.sched.Stats().Completed+b.sched.Stats().Completed > 0
+		return a.counts().Completed+b.counts().Completed > 0
 	}, "the entry to complete")
-	if a.sched.Stats().Released+b.sched.Stats().Released == 0 {
+	if a.counts().Released+b.counts().Released == 0 {
 		t.Error("no held tick was released: the test did not exercise buffer-one")
 	}
 	// A few more periods: nothing more fires.
@@ -401,9 +401,9 @@ func TestReleaseHeldFencedAfterPause(t *testing.T) {
 	lag := e.startNode("lag", nodeOpts{noRelay: true, projection: func(p *projector.Projector) scheduler.Projection {
 		return frozenProjection{Projector: p, seq: old, states: map[string]projector.State{"buf": before}}
 	}})
-	testenv.Eventually(t, 10*time.Second, func() bool { return lag.sched.Stats().Refused["revision-fenced"] >= 2 },
-		"lag's release to be fenced (%+v)", lag.sched.Stats())
-	if st := lag.sched.Stats(); st.Released != 0 || st.DroppedHeld != 0 {
+	testenv.Eventually(t, 10*time.Second, func() bool { return lag.counts().Refused["revision-fenced"] >= 2 },
+		"lag's release to be fenced (%+v)", lag.counts())
+	if st := lag.counts(); st.Released != 0 || st.DroppedHeld != 0 {
 		t.Errorf("a replica behind the fence released %d and dropped %d held ticks", st.Released, st.DroppedHeld)
 	}
 	if _, ok := e.heldEntries("default")["buf"]; !ok {

@@ -525,7 +525,7 @@ type historyCache struct {
 }
 
 // errHistoryLater: the cached counts predate the entry's revision and may
-// not be read again yet; the entry waits in s.load.
+// not be read again yet; the entry stays loading.
 var errHistoryLater = errors.New("config event counts are older than the entry")
 
 // onlyRegistration reports whether r's config subject holds nothing but
@@ -671,7 +671,6 @@ func (s *Scheduler) lastHandled(ctx context.Context, r *entryRun) (time.Time, st
 	if ahead := tick.Sub(s.clock.Now()); ahead > implausibleAhead {
 		// Not a fire of any replica: a forged event. Seeding it would stop
 		// the entry until then.
-		s.count(func(st *Stats) { st.Implausible++ })
 		s.m.Implausible.Inc()
 		s.log.Warn("the entry's last fire in the activity stream is far ahead of the clock (forged?): not restoring its watermark from it", "entry", r.id, "tick", tick.UTC().Format(time.RFC3339), "ahead", ahead.Round(time.Second))
 		return time.Time{}, "", false, nil

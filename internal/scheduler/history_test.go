@@ -120,7 +120,7 @@ func TestNewEntriesNeedNoHistory(t *testing.T) {
 	e.put(every("old", "@every 1s", inQueue("beta")))
 	h := &countingHistory{History: scheduler.NewStreamHistory(e.js, testNames)}
 	a := e.startNode("a", nodeOpts{sched: func(c *scheduler.Config) { c.History = h }})
-	testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Fired >= 31 }, "entries to fire")
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired >= 31 }, "entries to fire")
 	a.stop()
 	if h.counts < 1 || h.previous != 1 {
 		t.Fatalf("history asked %d times for counts and %d times for queues; want counts at least once and queues once (for old)", h.counts, h.previous)
@@ -192,7 +192,7 @@ func TestLostWatermarkRestored(t *testing.T) {
 	e.put(every("w", "@every 1s", withCatchup(events.CatchupAll, time.Hour)))
 	hist := nodeOpts{sched: func(c *scheduler.Config) { c.History = scheduler.NewStreamHistory(e.js, testNames) }}
 	a := e.startNode("a", hist)
-	testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Fired >= 4 }, "a to fire")
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired >= 4 }, "a to fire")
 	a.stop()
 	e.waitOutboxEmpty(5*time.Second, "default")
 	_, lastBefore := ledgers(e.readActivity())["w"].firedRange()
@@ -200,7 +200,7 @@ func TestLostWatermarkRestored(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := e.startNode("b", hist)
-	testenv.Eventually(t, 20*time.Second, func() bool { return b.sched.Stats().Fired >= 3 }, "b to fire after the loss")
+	testenv.Eventually(t, 20*time.Second, func() bool { return b.counts().Fired >= 3 }, "b to fire after the loss")
 	b.stop()
 	for _, id := range e.pendingIDs("default") {
 		tick, err := time.Parse(time.RFC3339, id[len(testPrefix+":w:"):])

@@ -19,155 +19,219 @@ const loadBatch = 10_000
 
 // loadWatermarks reads the watermark of the entries that need one (at most
 // loadBatch), per queue in one round trip, doing queue handovers first.
-// Entries whose load failed stay in s.load and are retried after a
-// backoff; those left for the next turn follow at once.
+// Entries whose load failed stay loading and are retried after a backoff;
+// those left for the next turn follow at once.
 func (s *Scheduler) loadWatermarks(ctx context.Context) {
-	prefix := s.cfg.Names.Prefix()
+	var p loadPass
+	byQueue := s.takeLoadBatch(ctx, &p)
+	now := s.clock.Now()
+	for q, runs := range byQueue {
+		wms, ok := s.readWatermarks(ctx, q, runs, &p)
+		if !ok {
+			continue // stay loading; retried after a backoff
+		}
+		for i, r := range runs {
+			s.loadRun(ctx, r, wms[i], now, &p)
+		}
+	}
+	p.held.report(s)
+	if len(p.restored) > 0 {
+		s.log.Warn("watermarks missing in Redis or older than ticks known to be handled (did Redis lose data?): restored from the running replicas' positions and the activity stream",
+			"entries", len(p.restored), "first", p.restored[0])
+	}
+	s.nextLoad(&p)
+}
+
+// loadPass is what one loadWatermarks learns on the way: whether a step
+// failed (retried after a backoff) or waits for the history (later), the
+// entries whose watermark it restored, and those held by a restore.
+type loadPass struct {
+	failed, later bool
+	restored      []string
+	held          restoreHolds
+}
+
+// takeLoadBatch takes at most loadBatch loading entries, by queue. An
+// entry whose queue changed live is closed in its old queue first: firing
+// into the new queue before the old one is closed could fire a tick in
+// both, so one whose handover fails waits.
+func (s *Scheduler) takeLoadBatch(ctx context.Context, p *loadPass) map[string][]*entryRun {
 	byQueue := map[string][]*entryRun{}
-	failed, later := false, false
 	taken := 0
-	for _, r := range s.load {
+	for _, r := range s.loading {
 		if taken++; taken > loadBatch {
 			break
 		}
 		if r.loading.fromQueue != "" {
 			if _, err := s.handover(ctx, r, []string{r.loading.fromQueue}); err != nil {
-				// Firing into the new queue before the old one is closed
-				// could fire a tick in both: wait.
-				failed = true
+				p.failed = true
 				continue
 			}
 		}
 		byQueue[r.queue] = append(byQueue[r.queue], r)
 	}
-	now := s.clock.Now()
-	var restored []string
-	var held restoreHolds
-	for q, runs := range byQueue {
-		ids := make([]string, len(runs))
-		for i, r := range runs {
-			ids[i] = r.id
+	return byQueue
+}
+
+// readWatermarks reads the watermarks of runs, all in queue q; ok is false
+// when the read failed.
+func (s *Scheduler) readWatermarks(ctx context.Context, q string, runs []*entryRun, p *loadPass) ([]taskstate.WatermarkInfo, bool) {
+	ids := make([]string, len(runs))
+	for i, r := range runs {
+		ids[i] = r.id
+	}
+	wms, err := s.broker.Watermarks(ctx, s.cfg.Names.Prefix(), q, ids)
+	if err != nil {
+		s.countError()
+		s.log.Warn("read watermarks", "queue", q, "entries", len(ids), "err", err)
+		for _, r := range runs {
+			s.outcome(schedule.Outcome{Entry: r.id, Err: err})
 		}
-		wms, err := s.broker.Watermarks(ctx, prefix, q, ids)
-		if err != nil {
-			s.countError()
-			s.log.Warn("read watermarks", "queue", q, "entries", len(ids), "err", err)
-			for _, r := range runs {
-				s.outcome(schedule.Outcome{Entry: r.id, Err: err})
-			}
-			failed = true
-			continue // stay in s.load; retried after a backoff
+		p.failed = true
+		return nil, false
+	}
+	return wms, true
+}
+
+// loadRun goes on with r's load, its watermark read as wm: it ends the
+// load (loaded, or loadStopped for an entry paused or removed) or leaves r
+// loading, p saying why.
+func (s *Scheduler) loadRun(ctx context.Context, r *entryRun, wm taskstate.WatermarkInfo, now time.Time, p *loadPass) {
+	if r.st.Entry.Paused || r.state.removed() {
+		if !s.loadStopped(ctx, r, wm, now) {
+			p.later = true
+			return
 		}
-		for i, r := range runs {
-			wm := wms[i]
-			if r.st.Entry.Paused || r.removed {
-				if !s.loadStopped(ctx, r, wm, now) {
-					later = true
-					continue
-				}
-				s.applyWaiting(r)
-				continue
-			}
-			// A missing watermark, or one older than a tick known to be
-			// handled, is restored (once per load: the stream may hold
-			// nothing usable), after the handover that closes the entry's
-			// other queues: the restore opens this one.
-			restoreNow := !r.loading.restored && (!wm.OK || s.behind(ctx, r, wm.Tick, now))
-			if !restoreNow {
-				// Nothing (more) to restore: another replica seeded the
-				// watermark meanwhile.
-				r.loading.seed, r.loading.held = nil, false
-			}
-			reread := false
-			// A restore in progress (r.loading.seed) did the handover
-			// in an earlier turn of this load.
-			if (!wm.OK || r.loading.reopen || restoreNow) && r.loading.seed == nil {
-				prev, err := s.previousQueues(ctx, r)
-				if err != nil {
-					later = true
-					continue
-				}
-				if len(prev) > 0 || r.loading.reopen {
-					seeded, err := s.handover(ctx, r, prev)
-					if err != nil {
-						failed = true
-						continue
-					}
-					if r.loading.reopen || seeded {
-						r.loading.reopen = false
-						reread = true // the watermark changed: read it again next turn
-					}
-				}
-			}
-			if restoreNow && r.st.Entry.Limited() && r.loading.seed == nil {
-				// The fires counter went with the watermark: rebuilt
-				// before the watermark, or a fire in between would count
-				// from zero.
-				if err := s.restoreFireCount(ctx, r); err != nil {
-					failed = true
-					continue
-				}
-			}
-			if restoreNow {
-				step, wait := s.restore(ctx, r, wm)
-				switch step {
-				case restoreFailed:
-					failed = true
-					continue
-				case restoreHeld:
-					held.add(r, wait)
-					continue
-				case restoreSeeded:
-					restored = append(restored, r.id)
-					reread = true
-				case restoreReread:
-					reread = true
-				}
-				r.loading.restored, r.loading.seed, r.loading.held = true, nil, false
-			}
-			if reread {
-				continue
-			}
-			// Only when a tick of its schedule fell between the watermark
-			// and the last config change does the floor matter (and the
-			// history get read): a daily entry edited after its last fire
-			// needs nothing.
-			if r.loading.floorAtLoad && wm.OK && wm.Tick.Before(r.floor) && !r.sched.Next(wm.Tick).After(r.floor) {
-				since, err := s.scheduleSince(ctx, r)
-				if err != nil {
-					later = true
-					continue
-				}
-				r.floor = since
-			}
-			r.loading.floorAtLoad = false
-			delete(s.load, r.id)
-			r.phase, r.loading.restored, r.skippedAt = phaseReady, false, time.Time{}
-			r.cursor, r.hasCursor, r.lastTask = wm.Tick, wm.OK, wm.TaskID
-			r.handled, r.hasHandled = wm.Tick, wm.OK
-			s.schedule(r, now)
+		s.applyWaiting(r)
+		return
+	}
+	// A missing watermark, or one older than a tick known to be handled,
+	// is restored (once per load: the stream may hold nothing usable),
+	// after the handover that closes the entry's other queues: the restore
+	// opens this one.
+	restoreNow := !r.loading.restored && (!wm.OK || s.behind(ctx, r, wm.Tick, now))
+	if !restoreNow {
+		// Nothing (more) to restore: another replica seeded the watermark
+		// meanwhile.
+		r.loading.seed, r.loading.held = nil, false
+	}
+	reread, ok := s.closeOtherQueues(ctx, r, wm, restoreNow, p)
+	if !ok {
+		return
+	}
+	if restoreNow {
+		seeded, ok := s.restoreOnLoad(ctx, r, wm, p)
+		if !ok {
+			return
+		}
+		reread = reread || seeded
+	}
+	if reread {
+		return // the watermark changed: read it again next turn
+	}
+	if !s.floorOnLoad(ctx, r, wm, p) {
+		return
+	}
+	r.loading.floorAtLoad, r.loading.restored = false, false
+	s.loaded(r, wm, now)
+}
+
+// closeOtherQueues closes r in the queues it used before its current one
+// when its watermark is missing, its slot is to be reopened or restored.
+// It reports whether the watermark changed (reread), and ok false when r
+// stays loading.
+func (s *Scheduler) closeOtherQueues(ctx context.Context, r *entryRun, wm taskstate.WatermarkInfo, restoreNow bool, p *loadPass) (reread, ok bool) {
+	// A restore in progress (r.loading.seed) did the handover in an
+	// earlier turn of this load.
+	if (wm.OK && !r.loading.reopen && !restoreNow) || r.loading.seed != nil {
+		return false, true
+	}
+	prev, err := s.previousQueues(ctx, r)
+	if err != nil {
+		p.later = true
+		return false, false
+	}
+	if len(prev) == 0 && !r.loading.reopen {
+		return false, true
+	}
+	seeded, err := s.handover(ctx, r, prev)
+	if err != nil {
+		p.failed = true
+		return false, false
+	}
+	if r.loading.reopen || seeded {
+		r.loading.reopen = false
+		return true, true
+	}
+	return false, true
+}
+
+// restoreOnLoad restores r's lost watermark (and its fires counter, for a
+// limited entry). It reports whether the watermark changed (reread), and
+// ok false when r stays loading: the restore failed or is held.
+func (s *Scheduler) restoreOnLoad(ctx context.Context, r *entryRun, wm taskstate.WatermarkInfo, p *loadPass) (reread, ok bool) {
+	if r.st.Entry.Limited() && r.loading.seed == nil {
+		// The fires counter went with the watermark: rebuilt before the
+		// watermark, or a fire in between would count from zero.
+		if err := s.restoreFireCount(ctx, r); err != nil {
+			p.failed = true
+			return false, false
 		}
 	}
-	held.report(s)
-	if len(restored) > 0 {
-		s.log.Warn("watermarks missing in Redis or older than ticks known to be handled (did Redis lose data?): restored from the running replicas' positions and the activity stream",
-			"entries", len(restored), "first", restored[0])
+	step, wait := s.restore(ctx, r, wm)
+	switch step {
+	case restoreFailed:
+		p.failed = true
+		return false, false
+	case restoreHeld:
+		p.held.add(r, wait)
+		return false, false
+	case restoreSeeded:
+		p.restored = append(p.restored, r.id)
+		reread = true
+	case restoreReread:
+		reread = true
 	}
+	r.loading.restored, r.loading.seed, r.loading.held = true, nil, false
+	return reread, true
+}
+
+// floorOnLoad moves r's floor, as found at start, to when its schedule
+// began, when that matters: only when a tick of its schedule fell between
+// the watermark and the last config change is the history read (a daily
+// entry edited after its last fire needs nothing). It returns false when
+// the history is to be read later.
+func (s *Scheduler) floorOnLoad(ctx context.Context, r *entryRun, wm taskstate.WatermarkInfo, p *loadPass) bool {
+	if !r.loading.floorAtLoad || !wm.OK || !wm.Tick.Before(r.floor) || r.sched.Next(wm.Tick).After(r.floor) {
+		return true
+	}
+	since, err := s.scheduleSince(ctx, r)
+	if err != nil {
+		p.later = true
+		return false
+	}
+	r.floor = since
+	return true
+}
+
+// nextLoad sets when the loop loads next after pass p: after a backoff
+// when a step failed, once the history may be read again when a step
+// waits for it, and by the first restore proposal to settle when one
+// holds entries (or the backoff, when sooner).
+func (s *Scheduler) nextLoad(p *loadPass) {
 	switch {
-	case failed:
+	case p.failed:
 		s.loadFails++
 		s.loadAfter = s.clock.Mono().Add(min(time.Duration(s.loadFails)*200*time.Millisecond, 5*time.Second))
-	case later:
+	case p.later:
 		s.loadFails = 0
 		s.loadAfter = s.hist.countsAt.Add(historyRefresh)
 	default:
 		s.loadFails = 0
 	}
-	if held.n > 0 {
-		// Back when the first proposal settles, or after a failure's
-		// backoff when that is sooner.
-		at := s.clock.Mono().Add(held.wait)
-		if (failed || later) && s.loadAfter.Before(at) {
+	if p.held.n > 0 {
+		at := s.clock.Mono().Add(p.held.wait)
+		if (p.failed || p.later) && s.loadAfter.Before(at) {
 			at = s.loadAfter
 		}
 		s.loadAfter = at
@@ -177,16 +241,12 @@ func (s *Scheduler) loadWatermarks(ctx context.Context) {
 // loadStopped ends the load of a paused entry, or of one found removed at
 // start (foundRemoved). When its watermark shows ticks due before the
 // pause or removal that no replica handled, it becomes ready and settles
-// (stopSettle); otherwise a paused entry leaves s.load still loading and
-// loads in full if it resumes, and a removed one goes. It returns false
+// (stopSettle); otherwise a paused entry rests (idle) and loads in full
+// if it resumes, and a removed one goes. It returns false
 // when its history is to be read later (errHistoryLater).
 func (s *Scheduler) loadStopped(ctx context.Context, r *entryRun, wm taskstate.WatermarkInfo, now time.Time) bool {
 	rest := func() bool {
-		r.settle = nil
-		delete(s.load, r.id)
-		if r.removed {
-			s.forgetRemoved(r)
-		}
+		s.rested(r)
 		return true
 	}
 	if r.settle == nil || !wm.OK || r.loading.fromQueue != "" || r.loading.reopen || r.loading.seed != nil ||
@@ -207,10 +267,11 @@ func (s *Scheduler) loadStopped(ctx context.Context, r *entryRun, wm taskstate.W
 		if err != nil {
 			return false
 		}
-		if !ok || (span.Removed && !r.removed) {
+		removed := r.state.removed()
+		if !ok || (span.Removed && !removed) {
 			return rest()
 		}
-		if r.removed && !span.Removed {
+		if removed && !span.Removed {
 			// It was paused when removed: its ticks were due before the
 			// pause, which the skipped event names.
 			r.settle.reason, r.settle.revision = events.SkipPaused, cmp.Or(span.Revision, r.settle.revision)
@@ -220,12 +281,8 @@ func (s *Scheduler) loadStopped(ctx context.Context, r *entryRun, wm taskstate.W
 			r.settle.until = now
 		}
 	}
-	delete(s.load, r.id)
 	r.loading = loadSteps{}
-	r.phase, r.skippedAt = phaseReady, time.Time{}
-	r.cursor, r.hasCursor, r.lastTask = wm.Tick, true, wm.TaskID
-	r.handled, r.hasHandled = wm.Tick, true
-	s.schedule(r, now)
+	s.loaded(r, wm, now)
 	return true
 }
 
@@ -314,7 +371,6 @@ func (s *Scheduler) restoreFireCount(ctx context.Context, r *entryRun) error {
 		return err
 	}
 	if unknown {
-		s.count(func(st *Stats) { st.FireCountUnknown++ })
 		s.m.FireCountUnknown.Inc()
 		s.log.Warn("the entry's max_fires count is unknown: Redis lost it and the activity stream no longer holds every fire since the limit was set; firing it no more (completed) until its max_fires is set to another value",
 			"entry", r.id, "queue", r.queue, "since", r.st.MaxFiresSince, "counted", t.Count, "events_gone_from", t.GapFrom, "events_gone_until", t.GapTo)

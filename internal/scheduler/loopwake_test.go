@@ -21,7 +21,7 @@ func TestPassRunsWhileChangesFlow(t *testing.T) {
 	e := newEnv(t)
 	e.put(every("hourly-a", "@every 1h"), every("hourly-b", "@every 1h"), every("edited", "@every 1h"))
 	n := e.startNode("r1", nodeOpts{})
-	testenv.Eventually(t, 10*time.Second, func() bool { return n.sched.Stats().Entries == 3 }, "three entries known")
+	testenv.Eventually(t, 10*time.Second, func() bool { return n.counts().Entries == 3 }, "three entries known")
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -43,6 +43,6 @@ func TestPassRunsWhileChangesFlow(t *testing.T) {
 	if _, err := e.client.Remove(ctx, "hourly-b"); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 5*time.Second, func() bool { return n.sched.Stats().Entries == 2 },
-		"no pass counted the removal while changes flowed (entries %d)", n.sched.Stats().Entries)
+	testenv.Eventually(t, 5*time.Second, func() bool { return n.counts().Entries == 2 },
+		"no pass counted the removal while changes flowed (entries %d)", n.counts().Entries)
 }

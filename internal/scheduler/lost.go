@@ -172,12 +172,10 @@ func (s *Scheduler) noteLost(d *events.TasksLost) {
 		args = append(args, "watermark", *d.Watermark)
 	}
 	if d.Unknown {
-		s.count(func(st *Stats) { st.LostUnknown++ })
 		s.m.LostUnknown.Inc()
 		s.log.Warn("Redis lost the entry's watermark: whether it lost tasks of fires the activity stream records cannot be told (recorded as unknown, cronstream.task.lost)", args...)
 		return
 	}
-	s.count(func(st *Stats) { st.LostFires += uint64(d.Count) })
 	s.m.LostFires.Add(float64(d.Count))
 	if d.ScheduledAt != nil {
 		args = append(args, "first", *d.ScheduledAt)

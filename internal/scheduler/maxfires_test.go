@@ -85,7 +85,7 @@ func TestMaxFiresAcrossReplicas(t *testing.T) {
 	if n := fired("flush"); n != 8 {
 		t.Errorf("flush fired %d ticks across the data loss, want its limit of 8", n)
 	}
-	if c := r2.sched.Stats().Completed + r3.sched.Stats().Completed; c == 0 {
+	if c := r2.counts().Completed + r3.counts().Completed; c == 0 {
 		t.Error("no replica found an entry completed")
 	}
 	under := 0
@@ -114,7 +114,7 @@ func TestMaxFiresAcrossQueueMove(t *testing.T) {
 	ticks := func() int { return len(e.entryTicks("mv")) }
 	testenv.Eventually(t, 20*time.Second, func() bool { return ticks() >= 2 }, "mv to fire in alpha")
 	e.put(every("mv", "@every 1s", inQueue("beta"), func(en *events.Entry) { en.MaxFires = 4 }))
-	testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Completed > 0 }, "mv to complete in beta")
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Completed > 0 }, "mv to complete in beta")
 	waitUntil(t, time.Now, time.Now().Add(2*time.Second))
 	a.stop()
 	if n := ticks(); n != 4 {
@@ -173,7 +173,7 @@ func TestMaxFiresCountBeyondRetention(t *testing.T) {
 	}
 
 	r2 := e.startNode("r2", o)
-	testenv.Eventually(t, 20*time.Second, func() bool { return r2.sched.Stats().FireCountUnknown == 1 }, "r2 to find lim's count unknown")
+	testenv.Eventually(t, 20*time.Second, func() bool { return r2.counts().FireCountUnknown == 1 }, "r2 to find lim's count unknown")
 	fc, ok, err := e.store.FireCount(c, testPrefix, "default", "lim")
 	if err != nil || !ok || !fc.Unknown() || fc.Since != rev {
 		t.Fatalf("lim's counter %+v %t %v: want unknown at revision %d", fc, ok, err, rev)
@@ -187,13 +187,13 @@ func TestMaxFiresCountBeyondRetention(t *testing.T) {
 	}
 	// A new limit counts afresh.
 	e.put(every("lim", "@every 1s", limited(2)))
-	testenv.Eventually(t, 20*time.Second, func() bool { return r2.sched.Stats().Completed > 0 && len(e.entryTicks("lim")) == 2 }, "lim to fire its new limit")
+	testenv.Eventually(t, 20*time.Second, func() bool { return r2.counts().Completed > 0 && len(e.entryTicks("lim")) == 2 }, "lim to fire its new limit")
 	waitUntil(t, time.Now, time.Now().Add(2*time.Second))
 	r2.stop()
 	if n := len(e.entryTicks("lim")); n != 2 {
 		t.Errorf("lim created %d tasks under its new limit, want 2", n)
 	}
-	if n := r2.sched.Stats().FireCountUnknown; n != 1 {
+	if n := r2.counts().FireCountUnknown; n != 1 {
 		t.Errorf("%d counts found unknown, want lim's alone", n)
 	}
 }

@@ -18,14 +18,20 @@ type Metrics struct {
 	Backpressure prometheus.Gauge
 	Restored     *prometheus.CounterVec // by source of the seed
 	Restoring    prometheus.Gauge
-	Implausible  prometheus.Counter
-	Epochs       prometheus.Counter
-	Cancels      *prometheus.CounterVec // by action: cancelSent, cancelDeleted
-	Completed    prometheus.Counter
+	// Loading counts the entries whose watermark is still to be read
+	// before they fire (after a start, a shard taken, a queue change).
+	Loading     prometheus.Gauge
+	Implausible prometheus.Counter
+	Epochs      prometheus.Counter
+	Cancels     *prometheus.CounterVec // by action: cancelSent, cancelDeleted
+	Completed   prometheus.Counter
 	// FireCountUnknown counts limited entries made completed because
 	// their fires could not be counted after Redis lost data.
 	FireCountUnknown prometheus.Counter
 	HeldDropped      *prometheus.CounterVec // by reason
+	// HeldReleased counts the held ticks this replica fired once their
+	// previous task left the busy states (they count in Fired too).
+	HeldReleased prometheus.Counter
 	// LostFires counts the ticks this replica's restores recorded as
 	// lost (cronstream.task.lost); LostUnknown the restores that could not
 	// tell which were.
@@ -71,6 +77,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Restoring: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "cronstream_watermarks_restoring", Help: "Entries whose fires this replica holds while their watermark, lost in Redis, is restored (the restore proposal settling, or the activity stream unreadable with no replica's position to restore from).",
 		}),
+		Loading: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "cronstream_watermarks_loading", Help: "Entries of the shards this replica owns that do not fire yet because their watermark is still to be read (after a start, a shard taken over, a queue change).",
+		}),
 		Implausible: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "cronstream_scheduler_implausible_observations_total", Help: "Fires read back from the activity stream (to restore a watermark Redis lost) for a tick far ahead of the clock (forged, or a publisher's wrong clock); ignored.",
 		}),
@@ -89,6 +98,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		HeldDropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "cronstream_held_dropped_total", Help: "Ticks held by overlap buffer-one or cancel-previous that this replica dropped instead of firing, by reason (paused, removed, moved, policy: no longer holds ticks, existed: the task was there already, completed: max_fires reached).",
 		}, []string{"reason"}),
+		HeldReleased: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cronstream_held_released_total", Help: "Ticks held by overlap buffer-one or cancel-previous that this replica fired once their previous task left the busy states (counted in cronstream_fires_total too).",
+		}),
 		LostFires: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "cronstream_fires_lost_total", Help: "Fires the activity stream records whose tasks Redis lost (a failover to a lagging replica, a flush), found by this replica's restores of their watermarks and recorded as cronstream.task.lost.",
 		}),
@@ -111,7 +123,30 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.HeldDropped.WithLabelValues(reason)
 	}
 	if reg != nil {
-		reg.MustRegister(m.Fired, m.Skipped, m.Refused, m.Errors, m.FireLag, m.Entries, m.Backpressure, m.Restored, m.Restoring, m.Implausible, m.Epochs, m.Cancels, m.Completed, m.FireCountUnknown, m.HeldDropped, m.LostFires, m.LostUnknown)
+		reg.MustRegister(m.Fired, m.Skipped, m.Refused, m.Errors, m.FireLag, m.Entries, m.Backpressure, m.Restored, m.Restoring, m.Loading, m.Implausible, m.Epochs, m.Cancels, m.Completed, m.FireCountUnknown, m.HeldDropped, m.HeldReleased, m.LostFires, m.LostUnknown)
 	}
 	return m
+}
+
+// setEntriesGauge sets the gauges of the entries this replica schedules.
+func (s *Scheduler) setEntriesGauge() {
+	s.m.Entries.Set(float64(len(s.entries) - s.removedRuns))
+	s.m.Loading.Set(float64(len(s.loading)))
+	s.m.Restoring.Set(float64(s.restoringEntries()))
+}
+
+func (s *Scheduler) countError() { s.m.Errors.Inc() }
+
+func (s *Scheduler) countRefused(status string) { s.m.Refused.WithLabelValues(status).Inc() }
+
+// HeapOps counts the operations on the heap of due entries (pushes, moves,
+// removals, pops): work proportional to this replica's share of the
+// entries, which simulations compare across replicas.
+func (s *Scheduler) HeapOps() uint64 { return s.heap.ops.Load() }
+
+func boolGauge(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -9,13 +9,6 @@ import (
 	"github.com/cronstream/cronstream/projector"
 )
 
-// markedBatch is a batch of the projection's changes with its number
-// (projector.Subscription.NextMarked).
-type markedBatch struct {
-	changes []projector.Change
-	mark    uint64
-}
-
 // shardOf is the shard of entry id in state st's queue.
 func shardOf(id string, st *projector.State) events.Shard {
 	return events.ShardOfEntry(st.Entry.Options.QueueName(), id)
@@ -84,7 +77,7 @@ func (s *Scheduler) takeShards(taken map[events.Shard]bool) {
 		s.marks[sh] = mark
 	}
 	for _, c := range removed {
-		if s.entries[c.ID] == nil && s.removing[c.ID] == nil {
+		if s.liveRun(c.ID) == nil && s.removedRun(c.ID) == nil {
 			s.foundRemoved(c)
 		}
 	}
@@ -97,46 +90,18 @@ func (s *Scheduler) takeShards(taken map[events.Shard]bool) {
 // dropShards drops the runs of the entries of shards no longer owned.
 func (s *Scheduler) dropShards(gone map[events.Shard]bool) {
 	n := 0
-	for id, r := range s.entries {
+	for _, r := range s.entries {
 		if gone[runShard(r)] {
-			s.dropRun(id, r)
-			n++
-		}
-	}
-	for id, r := range s.removing {
-		if gone[runShard(r)] {
-			s.dropRun(id, r)
-			n++
-		}
-	}
-	for id, st := range s.pausedEntries {
-		if gone[shardOf(id, &st)] {
-			s.pausedOnly -= s.pausedOnlyOne(id)
-			delete(s.pausedEntries, id)
+			if r.state != stateKnown {
+				n++
+			}
+			s.dropRun(r)
 		}
 	}
 	for sh := range gone {
 		delete(s.marks, sh)
 	}
 	s.log.Debug("shards dropped", "shards", len(gone), "entries", n)
-}
-
-// dropRun takes entry id's run out of the loop: another replica owns it
-// now. Its position is kept a while (positions.keep).
-func (s *Scheduler) dropRun(id string, r *entryRun) {
-	s.pausedOnly -= s.pausedOnlyOne(id)
-	s.heap.remove(r)
-	if s.load[id] == r {
-		delete(s.load, id)
-	}
-	if s.entries[id] == r {
-		delete(s.entries, id)
-	}
-	if s.removing[id] == r {
-		delete(s.removing, id)
-	}
-	s.pausedOnly += s.pausedOnlyOne(id)
-	s.pos.keep(id)
 }
 
 // follow applies one change of the projection, batch number n: all of
@@ -166,7 +131,7 @@ func (s *Scheduler) follow(c projector.Change, n uint64) {
 			s.applyChange(c)
 		}
 	case newSeen:
-		if oldSeen || s.entries[c.ID] != nil || s.removing[c.ID] != nil {
+		if oldSeen || s.liveRun(c.ID) != nil || s.removedRun(c.ID) != nil {
 			s.applyChange(c)
 			return
 		}
@@ -176,12 +141,8 @@ func (s *Scheduler) follow(c projector.Change, n uint64) {
 		// The shard's snapshot is newer than the change and was applied.
 	case oldSeen:
 		// Moved to a shard of another replica: its run goes there.
-		if r := s.entries[c.ID]; r != nil {
-			s.dropRun(c.ID, r)
-		}
-		if _, ok := s.pausedEntries[c.ID]; ok {
-			s.pausedOnly -= s.pausedOnlyOne(c.ID)
-			delete(s.pausedEntries, c.ID)
+		if r := s.entries[c.ID]; r != nil && !r.state.removed() {
+			s.dropRun(r)
 		}
 	}
 }
@@ -283,7 +244,7 @@ func (s *Scheduler) nextBacklogged(q string) *entryRun {
 			continue
 		}
 		r.backlogged = false
-		if r.index >= 0 || r.phase != phaseReady || (s.entries[r.id] != r && s.removing[r.id] != r) {
+		if r.index >= 0 || !r.state.fires() || s.entries[r.id] != r {
 			continue
 		}
 		return r

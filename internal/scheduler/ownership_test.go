@@ -169,7 +169,7 @@ func TestOwnedShardsFireEveryTickOnce(t *testing.T) {
 func sumRefused(nodes []*node) uint64 {
 	var n uint64
 	for _, nd := range nodes {
-		n += nd.sched.Stats().Refused["watermark-mismatch"]
+		n += nd.counts().Refused["watermark-mismatch"]
 	}
 	return n
 }
@@ -492,7 +492,7 @@ func TestFairAcrossQueues(t *testing.T) {
 	rc := e.redis.Client(t)
 	rc.AddHook(slowRedis{50 * time.Millisecond})
 	n := e.startNode("a", nodeOpts{rc: rc, sched: func(c *scheduler.Config) { c.Batch, c.Parallel = 50, 1 }})
-	testenv.Eventually(t, 60*time.Second, func() bool { return n.sched.Stats().Loading == 0 && n.sched.Stats().Entries == 1505 }, "the entries to load")
+	testenv.Eventually(t, 60*time.Second, func() bool { return n.counts().Loading == 0 && n.counts().Entries == 1505 }, "the entries to load")
 	from := time.Now().Truncate(time.Second).Add(3 * time.Second)
 	waitUntil(t, time.Now, from.Add(8*time.Second))
 	n.stop()
@@ -510,7 +510,7 @@ func TestFairAcrossQueues(t *testing.T) {
 			}
 		}
 	}
-	if st := n.sched.Stats(); st.SkippedMissed == 0 {
+	if st := n.counts(); st.SkippedMissed == 0 {
 		t.Errorf("the flood never fell behind (no missed ticks recorded): the test did not overload the replica (%+v)", st)
 	}
 }
@@ -533,7 +533,7 @@ func TestFencedOwnerLetsGo(t *testing.T) {
 		return skewedProjection{Projector: p, seq: func() uint64 { return old }}
 	}})
 	from := time.Now().Truncate(time.Second)
-	testenv.Eventually(t, 20*time.Second, func() bool { return lag.sched.Stats().Refused["revision-fenced"] > 0 }, "lag to own shards and be fenced")
+	testenv.Eventually(t, 20*time.Second, func() bool { return lag.counts().Refused["revision-fenced"] > 0 }, "lag to own shards and be fenced")
 	testenv.Eventually(t, 20*time.Second, func() bool { return lag.sched.Fenced() >= ownership.FencedFor && len(lag.own.Owned().Until) == 0 }, "lag to let its shards go")
 	settledOwners(t, queues, 20*time.Second, a, b)
 	waitUntil(t, time.Now, time.Now().Add(4*time.Second))

@@ -83,10 +83,10 @@ func (e *env) cutOffPair(id string) (a, b *node, proxy *testenv.TCPProxy, steady
 }
 
 // sumStats adds up the counters the tests read over nodes.
-func sumStats(nodes ...*node) scheduler.Stats {
-	var sum scheduler.Stats
+func sumStats(nodes ...*node) counts {
+	var sum counts
 	for _, n := range nodes {
-		st := n.sched.Stats()
+		st := n.counts()
 		sum.Fired += st.Fired
 		sum.Errors += st.Errors
 		sum.SkippedPaused += st.SkippedPaused
@@ -157,7 +157,7 @@ func TestPauseWhileEveryReplicaDown(t *testing.T) {
 	}
 	hist := nodeOpts{sched: func(c *scheduler.Config) { c.History = scheduler.NewStreamHistory(e.js, testNames) }}
 	a := e.startNode("a", hist)
-	testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Fired >= 8 }, "a to fire every entry")
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired >= 8 }, "a to fire every entry")
 	e.pauseOf("idle", "")
 	e.pauseOf("edited", "first")
 	time.Sleep(1500 * time.Millisecond)
@@ -170,7 +170,7 @@ func TestPauseWhileEveryReplicaDown(t *testing.T) {
 	time.Sleep(2 * time.Second)
 
 	b := e.startNode("b", hist)
-	testenv.Eventually(t, 20*time.Second, func() bool { return b.sched.Stats().SkippedPaused >= 1 }, "b to record p's ticks due before its pause")
+	testenv.Eventually(t, 20*time.Second, func() bool { return b.counts().SkippedPaused >= 1 }, "b to record p's ticks due before its pause")
 	resumed := e.resume("p")
 	testenv.Eventually(t, 20*time.Second, func() bool {
 		return !e.watermarkOf("default", "p").Before(resumed.Add(2 * time.Second))
@@ -180,7 +180,7 @@ func TestPauseWhileEveryReplicaDown(t *testing.T) {
 
 	led := ledgers(e.readActivity())
 	checkStopSkip(t, "p", led["p"], events.SkipPaused, wm, paused, resumed, true)
-	if st := b.sched.Stats(); st.SkippedPaused != 1 {
+	if st := b.counts(); st.SkippedPaused != 1 {
 		t.Errorf("b recorded %d paused skips, want 1 (p's)", st.SkippedPaused)
 	}
 	for _, id := range []string{"idle", "edited"} {
@@ -223,7 +223,7 @@ func TestPauseWhileRedisUnreachable(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t)
 			a, b, proxy, steady := e.cutOffPair("p")
-			stats := func() scheduler.Stats { return sumStats(a, b) }
+			stats := func() counts { return sumStats(a, b) }
 			// A fire in flight at the cut may still have run: which ticks
 			// fired before the pause is read from the stream at the end.
 			time.Sleep(3 * time.Second)

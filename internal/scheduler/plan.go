@@ -20,7 +20,7 @@ func (s *Scheduler) plan(r *entryRun, now time.Time, into []taskstate.Fire) ([]t
 		fires, _ := s.planSkip(r, rng, r.settle.reason, now, into)
 		return fires, !rng.Exact
 	}
-	if r.removed || r.st.Entry.Paused {
+	if r.state.removed() || r.st.Entry.Paused {
 		return nil, false
 	}
 	start := r.start()
@@ -182,8 +182,8 @@ func (s *Scheduler) buildFire(r *entryRun, tick, expected time.Time, hasExpected
 }
 
 // tickText is tick as TaskID writes it, remembered for the last tick: the
-// fires of one instant share it, and formatting it for every fire of a
-// burst shows in the burst's CPU profile.
+// fires of one instant share it, and a burst would otherwise format the
+// same instant once per fire.
 func (s *Scheduler) tickText(tick time.Time) string {
 	if !tick.Equal(s.lastTick) || s.lastTickText == "" {
 		s.lastTick, s.lastTickText = tick, events.FormatTaskTick(tick)

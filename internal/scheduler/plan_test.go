@@ -27,7 +27,7 @@ func planEntry(t *testing.T, spec string, cursor time.Time) *entryRun {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &entryRun{id: en.ID, sched: sched, queue: "default", cursor: cursor, hasCursor: true, phase: phaseReady, index: -1}
+	r := &entryRun{id: en.ID, sched: sched, queue: "default", cursor: cursor, hasCursor: true, state: stateReady, index: -1}
 	r.st.Entry = en
 	return r
 }
@@ -147,8 +147,7 @@ func TestPlanBehindLongAgoFiresOldestInGrace(t *testing.T) {
 // data loss fires every tick still within the grace.
 func TestApplySetsSkippedAtOnCommit(t *testing.T) {
 	s := planScheduler()
-	s.load = map[string]*entryRun{}
-	s.stats.Refused = map[string]uint64{}
+	s.loading = map[string]*entryRun{}
 	now := s.clock.Now()
 	r := planEntry(t, "@every 1s", now.Add(-20*time.Second).Truncate(time.Second))
 	fires, _ := s.plan(r, now, nil)

@@ -52,7 +52,7 @@ func TestQueueChangeWhileReplicasFire(t *testing.T) {
 	r1 := e.startNode("r1", nodeOpts{})
 	r2 := e.startNode("r2", nodeOpts{})
 	r3 := e.startNode("r3", nodeOpts{})
-	fired := func() uint64 { return r1.sched.Stats().Fired + r2.sched.Stats().Fired + r3.sched.Stats().Fired }
+	fired := func() uint64 { return r1.counts().Fired + r2.counts().Fired + r3.counts().Fired }
 	testenv.Eventually(t, 20*time.Second, func() bool { return fired() >= 3*n }, "replicas to fire in alpha")
 	for _, id := range ids {
 		e.put(every(id, "@every 1s", inQueue("beta")))
@@ -62,8 +62,8 @@ func TestQueueChangeWhileReplicasFire(t *testing.T) {
 	// A replica that never saw alpha live.
 	r4 := e.startNode("r4", nodeOpts{})
 	r1.crash()
-	before := fired() + r4.sched.Stats().Fired
-	testenv.Eventually(t, 20*time.Second, func() bool { return fired()+r4.sched.Stats().Fired >= before+2*n }, "replicas to go on firing in beta")
+	before := fired() + r4.counts().Fired
+	testenv.Eventually(t, 20*time.Second, func() bool { return fired()+r4.counts().Fired >= before+2*n }, "replicas to go on firing in beta")
 	for _, r := range []*node{r2, r3, r4} {
 		r.stop()
 	}
@@ -108,14 +108,14 @@ func TestQueueMovedBackWhileDown(t *testing.T) {
 	e.put(every("x", "@every 1s", inQueue("alpha")))
 	hist := nodeOpts{sched: func(c *scheduler.Config) { c.History = scheduler.NewStreamHistory(e.js, testNames) }}
 	a := e.startNode("a", hist)
-	testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Fired >= 2 }, "a to fire in alpha")
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired >= 2 }, "a to fire in alpha")
 	e.put(every("x", "@every 1s", inQueue("beta")))
 	testenv.Eventually(t, 20*time.Second, func() bool { return e.taskCount("beta") >= 2 }, "a to fire in beta")
 	a.stop()
 	e.put(every("x", "@every 1s", inQueue("alpha")))
 	b := e.startNode("b", hist)
 	alphaBefore := e.taskCount("alpha")
-	testenv.Eventually(t, 20*time.Second, func() bool { return e.taskCount("alpha") >= alphaBefore+2 }, "b to fire in alpha again (stats %+v)", b.sched.Stats())
+	testenv.Eventually(t, 20*time.Second, func() bool { return e.taskCount("alpha") >= alphaBefore+2 }, "b to fire in alpha again (stats %+v)", b.counts())
 	// A replica still on the beta configuration must not fire there now.
 	b.stop()
 	e.waitOutboxEmpty(5*time.Second, "alpha", "beta")

@@ -40,7 +40,7 @@ func TestRemoveWhileRedisUnreachable(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t)
 			a, b, proxy, steady := e.cutOffPair("r")
-			stats := func() scheduler.Stats { return sumStats(a, b) }
+			stats := func() counts { return sumStats(a, b) }
 			// A fire in flight at the cut may still have run: which ticks
 			// fired before the removal is read from the stream at the end.
 			time.Sleep(3 * time.Second)
@@ -115,7 +115,7 @@ func TestRemoveWhileEveryReplicaDown(t *testing.T) {
 	}
 	hist := nodeOpts{sched: func(c *scheduler.Config) { c.History = scheduler.NewStreamHistory(e.js, testNames) }}
 	a := e.startNode("a", hist)
-	testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Fired >= 8 }, "a to fire every entry")
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired >= 8 }, "a to fire every entry")
 	e.pauseOf("pr", "")
 	time.Sleep(1500 * time.Millisecond)
 	a.stop()
@@ -136,7 +136,7 @@ func TestRemoveWhileEveryReplicaDown(t *testing.T) {
 
 	b := e.startNode("b", hist)
 	testenv.Eventually(t, 20*time.Second, func() bool {
-		st := b.sched.Stats()
+		st := b.counts()
 		return st.SkippedRemoved >= 1 && st.SkippedPaused >= 1
 	}, "b to record the ticks due before r's removal and rp's pause")
 	time.Sleep(2 * time.Second) // nothing more of them may fire
@@ -156,7 +156,7 @@ func TestRemoveWhileEveryReplicaDown(t *testing.T) {
 			t.Errorf("rp: skipped (paused) names revision %d, want the pause's %d", s.Revision, pauseRev)
 		}
 	}
-	if st := b.sched.Stats(); st.SkippedRemoved != 1 || st.SkippedPaused != 1 {
+	if st := b.counts(); st.SkippedRemoved != 1 || st.SkippedPaused != 1 {
 		t.Errorf("b recorded %d removed and %d paused skips, want 1 each (r's and rp's)", st.SkippedRemoved, st.SkippedPaused)
 	}
 	for _, s := range led["pr"].skipped {
@@ -183,15 +183,15 @@ func TestRemoveSteadyEntries(t *testing.T) {
 		e.put(every(id, "@every 1s"))
 	}
 	nodes := []*node{e.startNode("a", nodeOpts{}), e.startNode("b", nodeOpts{}), e.startNode("c", nodeOpts{})}
-	total := func(f func(scheduler.Stats) uint64) uint64 {
+	total := func(f func(counts) uint64) uint64 {
 		var n uint64
 		for _, nd := range nodes {
-			n += f(nd.sched.Stats())
+			n += f(nd.counts())
 		}
 		return n
 	}
-	fired := func(st scheduler.Stats) uint64 { return st.Fired }
-	refused := func(st scheduler.Stats) uint64 { return st.Refused["watermark-mismatch"] }
+	fired := func(st counts) uint64 { return st.Fired }
+	refused := func(st counts) uint64 { return st.Refused["watermark-mismatch"] }
 	testenv.Eventually(t, 20*time.Second, func() bool { return total(fired) >= 5*uint64(len(ids)) }, "the replicas to fire every entry")
 	before := total(refused)
 	removed := map[string]time.Time{}
@@ -205,7 +205,7 @@ func TestRemoveSteadyEntries(t *testing.T) {
 	}
 	e.waitOutboxEmpty(10*time.Second, "default")
 	t.Logf("refused while removing: %d", total(refused)-before)
-	if n := total(func(st scheduler.Stats) uint64 { return st.SkippedRemoved }); n != 0 {
+	if n := total(func(st counts) uint64 { return st.SkippedRemoved }); n != 0 {
 		t.Errorf("%d removed skips recorded for entries fired on time", n)
 	}
 	led := ledgers(e.readActivity())
@@ -233,7 +233,7 @@ func TestFoundStoppedChangedWhileLoading(t *testing.T) {
 	}
 	hist := func(c *scheduler.Config) { c.History = scheduler.NewStreamHistory(e.js, testNames) }
 	a := e.startNode("a", nodeOpts{sched: hist})
-	testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Fired >= 6 }, "a to fire every entry")
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired >= 6 }, "a to fire every entry")
 	a.stop()
 	wmR, wmP := e.watermarkOf("default", "r"), e.watermarkOf("default", "p")
 	time.Sleep(3 * time.Second)
@@ -260,7 +260,7 @@ func TestFoundStoppedChangedWhileLoading(t *testing.T) {
 	time.Sleep(time.Second)
 	proxy.Heal()
 	testenv.Eventually(t, 30*time.Second, func() bool {
-		st := b.sched.Stats()
+		st := b.counts()
 		return st.SkippedRemoved >= 1 && st.SkippedPaused >= 1 &&
 			!e.watermarkOf("default", "r").Before(registered.Add(2*time.Second)) &&
 			!e.watermarkOf("default", "p").Before(resumed.Add(2*time.Second))
@@ -278,7 +278,7 @@ func TestFoundStoppedChangedWhileLoading(t *testing.T) {
 	}
 	checkEverySecond(t, "r", led["r"], registered.Unix()+1, e.watermarkOf("default", "r").Unix())
 	checkEverySecond(t, "p", led["p"], resumed.Unix()+1, e.watermarkOf("default", "p").Unix())
-	if st := b.sched.Stats(); st.SkippedRemoved != 1 || st.SkippedPaused != 1 {
+	if st := b.counts(); st.SkippedRemoved != 1 || st.SkippedPaused != 1 {
 		t.Errorf("b recorded %d removed and %d paused skips, want 1 each", st.SkippedRemoved, st.SkippedPaused)
 	}
 }

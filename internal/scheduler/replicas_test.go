@@ -94,6 +94,6 @@ func TestReplicasFireEveryTickOnce(t *testing.T) {
 			t.Errorf("unexpected activity %s %s", a.Type, a.MsgID)
 		}
 	}
-	st2, st3 := r2.sched.Stats(), r3.sched.Stats()
+	st2, st3 := r2.counts(), r3.counts()
 	t.Logf("%d fires over %d entries; r2 %+v; r3 %+v", fired, entries, st2, st3)
 }

@@ -318,7 +318,7 @@ func (s *Scheduler) raiseProposals(ctx context.Context) {
 // restoringEntries counts the entries held by a restore.
 func (s *Scheduler) restoringEntries() int {
 	n := 0
-	for _, r := range s.load {
+	for _, r := range s.loading {
 		if r.loading.held {
 			n++
 		}

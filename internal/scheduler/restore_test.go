@@ -48,7 +48,7 @@ func TestRedisLostAheadOfAnotherReplica(t *testing.T) {
 	}
 	a, b := e.startNode("a", opts("a")), e.startNode("b", opts("b"))
 	testenv.Eventually(t, 20*time.Second, func() bool {
-		return len(a.members.Live()) == 2 && len(b.members.Live()) == 2 && a.sched.Stats().Fired+b.sched.Stats().Fired >= 3
+		return len(a.members.Live()) == 2 && len(b.members.Live()) == 2 && a.counts().Fired+b.counts().Fired >= 3
 	}, "both replicas live and the entry firing")
 	primary, other, id := a, b, "a"
 	c := context.Background()
@@ -70,12 +70,12 @@ func TestRedisLostAheadOfAnotherReplica(t *testing.T) {
 	}
 	lastBefore := slices.Max(lost)
 
-	firedAt := other.sched.Stats().Fired
-	testenv.Eventually(t, 30*time.Second, func() bool { return other.sched.Stats().Fired >= firedAt+3 }, "the other replica to fire after the loss")
+	firedAt := other.counts().Fired
+	testenv.Eventually(t, 30*time.Second, func() bool { return other.counts().Fired >= firedAt+3 }, "the other replica to fire after the loss")
 	clocks[id].set(t, 0)
-	firedAt = primary.sched.Stats().Fired + other.sched.Stats().Fired
+	firedAt = primary.counts().Fired + other.counts().Fired
 	testenv.Eventually(t, 20*time.Second, func() bool {
-		return primary.sched.Stats().Fired+other.sched.Stats().Fired >= firedAt+3
+		return primary.counts().Fired+other.counts().Fired >= firedAt+3
 	}, "both replicas to fire on")
 	primary.stop()
 	other.stop()
@@ -127,15 +127,15 @@ func TestRedisLostWhileNATSDown(t *testing.T) {
 	hist := func(c *scheduler.Config) { c.History = scheduler.NewStreamHistory(e.js, testNames) }
 	// A first replica leaves a watermark for every entry, and stops.
 	first := e.startNode("first", nodeOpts{sched: hist})
-	testenv.Eventually(t, 20*time.Second, func() bool { return first.sched.Stats().Fired >= 2*n }, "every entry to fire")
+	testenv.Eventually(t, 20*time.Second, func() bool { return first.counts().Fired >= 2*n }, "every entry to fire")
 	first.stop()
 	a := e.startNode("a", nodeOpts{sched: hist})
 	b := e.startNode("b", nodeOpts{sched: hist})
-	testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Fired+b.sched.Stats().Fired >= 3*n }, "a and b to fire every entry")
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired+b.counts().Fired >= 3*n }, "a and b to fire every entry")
 
 	e.nats.Shutdown()
-	firedAt := a.sched.Stats().Fired + b.sched.Stats().Fired
-	testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Fired+b.sched.Stats().Fired >= firedAt+2*n }, "firing on with NATS down")
+	firedAt := a.counts().Fired + b.counts().Fired
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired+b.counts().Fired >= firedAt+2*n }, "firing on with NATS down")
 
 	lost := e.flushAllAndList()
 	flushed := time.Now()
@@ -156,12 +156,12 @@ func TestRedisLostWhileNATSDown(t *testing.T) {
 	}, "every entry to fire twice after the loss, with NATS down")
 	t.Logf("every entry fired twice %s after the loss", time.Since(flushed).Round(time.Millisecond))
 	testenv.Eventually(t, 10*time.Second, func() bool {
-		return a.sched.Stats().Restoring+b.sched.Stats().Restoring == 0
+		return a.counts().Restoring+b.counts().Restoring == 0
 	}, "no entry held for a restore any more")
 
 	e.nats.Restart(t)
-	firedAt = a.sched.Stats().Fired + b.sched.Stats().Fired
-	testenv.Eventually(t, 30*time.Second, func() bool { return a.sched.Stats().Fired+b.sched.Stats().Fired >= firedAt+2*n }, "firing on with NATS back")
+	firedAt = a.counts().Fired + b.counts().Fired
+	testenv.Eventually(t, 30*time.Second, func() bool { return a.counts().Fired+b.counts().Fired >= firedAt+2*n }, "firing on with NATS back")
 	a.stop()
 	b.stop()
 	after := e.pendingTicksByEntry(e.pendingIDs("default"))
@@ -214,14 +214,14 @@ func TestInGraceTicksFireAfterLongRedisLoss(t *testing.T) {
 		e.put(every(id, "@every 1s"))
 	}
 	a := e.startNode("a", nodeOpts{sched: func(c *scheduler.Config) { c.History = scheduler.NewStreamHistory(e.js, testNames) }})
-	testenv.Eventually(t, 20*time.Second, func() bool { return a.sched.Stats().Fired >= uint64(3*len(ids)) }, "every entry to fire")
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired >= uint64(3*len(ids)) }, "every entry to fire")
 	e.redis.Stop(t)
 	lostAt := time.Now()
 	// The outage itself: it must outlast the grace for ticks to be missed.
 	time.Sleep(scheduler.DefaultGrace + 2*time.Second)
 	e.redis.Start(t)
-	firedAt := a.sched.Stats().Fired
-	testenv.Eventually(t, 30*time.Second, func() bool { return a.sched.Stats().Fired >= firedAt+uint64(8*len(ids)) }, "firing again after the loss")
+	firedAt := a.counts().Fired
+	testenv.Eventually(t, 30*time.Second, func() bool { return a.counts().Fired >= firedAt+uint64(8*len(ids)) }, "firing again after the loss")
 	a.stop()
 
 	acts := e.readActivity()

@@ -21,7 +21,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -29,6 +28,7 @@ import (
 
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/clock"
+	"github.com/cronstream/cronstream/internal/lifecycle"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/projector"
 	"github.com/cronstream/cronstream/schedule"
@@ -38,27 +38,34 @@ import (
 //
 //   - scheduler.go: Config, New, Start/Stop and the loop, one goroutine that
 //     owns every entry's state.
-//   - entry.go: an entry's state (entryRun), its phases (entryPhase), how it
-//     follows the projection (applyChange) and when it is due (schedule).
+//   - machine.go: the entry state machine, with its table: every change
+//     of an entry's state (entryState), how it follows the projection
+//     (applyChange) and when it is due (schedule); entry.go: what a run
+//     holds (entryRun).
 //   - load.go: reading watermarks, queue handovers, restoring a watermark
 //     Redis lost; history.go: what the streams say for that.
 //   - owned.go: which entries are this replica's (the shards it owns),
 //     runs built when a shard is taken and dropped when it goes;
 //     shards.go: the Shards interface ownership implements.
 //   - plan.go: what a due entry fires now (its tick, or catch-up by
-//     catchup.go) and the fires' records; taskmessage.go: their tasks.
+//     catchup.go, excluded ticks by exclude.go) and the fires' records;
+//     taskmessage.go: their tasks.
 //   - firepass.go: one pass of fires, batched per queue, in parallel.
 //   - apply.go: what each fire's result changes.
+//   - held.go, cancel.go: the overlap policies buffer-one and
+//     cancel-previous, whose held ticks are released or dropped.
+//   - restore.go, lost.go: a watermark Redis lost, restored by proposal,
+//     and the fires it lost recorded; streamreads.go: reads of the streams
+//     bounded in time.
 //   - asynqvisibility.go: asynq's scheduler entries and enqueue history, for
 //     asynq's CLI and asynqmon.
 //   - epoch.go: fences left by an earlier config stream, cleared.
 //   - manual.go: triggers and backfills, without a running scheduler.
-//   - firetime.go: an entry's ticks (Schedule) and task ids; dueheap.go:
-//     the entries by due instant; primary.go: the rendezvous hash other
-//     components share work by.
-//   - outcome.go, stats.go, metrics.go, entrymetrics.go: what the scheduler
-//     reports; pools.go: buffers reused across passes; activityid.go: the
-//     fired and skipped events' ids.
+//   - dueheap.go: the entries by due instant (their ticks are package
+//     schedule's); clock.go: the clock it runs on.
+//   - outcome.go, metrics.go, entrymetrics.go, capacity.go: what the
+//     scheduler reports; pools.go: buffers reused across passes;
+//     activityid.go: the fired and skipped events' ids.
 
 // Broker is the scheduler's seam to Redis; *taskstate.Store implements
 // it. Another implementation (Config.Broker) serves simulations and fault
@@ -183,20 +190,15 @@ type Scheduler struct {
 	m      *Metrics
 	src    string // events' source
 
-	// Owned by the loop goroutine.
-	entries map[string]*entryRun
-	heap    dueHeap
-	load    map[string]*entryRun // entries whose watermark must be read
-	// removing holds the runs of removed entries whose ticks due before
-	// the removal are still to be recorded (remove).
-	removing map[string]*entryRun
-	// pausedEntries holds the paused entries, so asynq's scheduler entries list
-	// them marked paused (visibilitySnapshot); they never fire.
-	pausedEntries map[string]projector.State
-	// pausedOnly counts the paused entries absent from entries (paused
-	// before this replica loaded them), so the entries gauge counts each
-	// known entry once without walking the paused map on every pass.
-	pausedOnly int
+	// Owned by the loop goroutine. entries holds the run of every entry
+	// this replica knows, in its state (machine.go); heap and loading
+	// index the runs that are due and those whose watermark is to be
+	// read, and removedRuns counts the removed ones, all kept by the
+	// state machine's enter.
+	entries     map[string]*entryRun
+	heap        dueHeap
+	loading     map[string]*entryRun
+	removedRuns int
 	// loadAfter delays the next watermark load after a failed one. It,
 	// visSince and the other clock.Mono fields measure durations
 	// (backoffs, rechecks); they are never compared with ticks, which use
@@ -249,9 +251,6 @@ type Scheduler struct {
 	// pos: the entries' positions, for raiseProposals.
 	pos positions
 
-	mu    sync.Mutex
-	stats Stats
-
 	capacity capacityMeter // what this replica has shown it can fire
 
 	paused atomic.Bool // outbox backpressure
@@ -261,9 +260,7 @@ type Scheduler struct {
 	// after epoch; 0: none in progress).
 	epoch       clock.Mono
 	firingSince atomic.Int64
-	cancel      context.CancelFunc
-	wg          sync.WaitGroup
-	started     atomic.Bool
+	life        lifecycle.Lifecycle
 }
 
 // New returns a scheduler; Start runs it.
@@ -316,14 +313,13 @@ func New(cfg Config) (*Scheduler, error) {
 	return &Scheduler{
 		cfg: cfg, broker: b, log: cfg.Logger, clock: clk, m: m, src: events.ReplicaSource(cfg.ReplicaID),
 		entries:  map[string]*entryRun{},
-		load:     map[string]*entryRun{},
+		loading:  map[string]*entryRun{},
 		timesReq: make(chan chan []entryTimes),
 		idle:     make(chan chan struct{}),
 		loopDone: make(chan struct{}),
 		history:  make(chan []taskstate.EnqueueEventRecord, 16),
 		vis:      make(chan []taskstate.SchedulerEntry, 1),
 		wake:     make(chan struct{}, 1),
-		stats:    Stats{Refused: map[string]uint64{}},
 		epoch:    clk.Mono(),
 		pos:      positions{now: clk.Now},
 	}, nil
@@ -331,61 +327,37 @@ func New(cfg Config) (*Scheduler, error) {
 
 // Start waits until the projection is caught up (so the first fires use a
 // configuration at least as new as the stream's at start) and runs the
-// loop until Stop.
+// loop until Stop. Start and Stop follow the rules of package lifecycle
+// (a second Start returns ErrAlreadyStarted, a Start after Stop
+// ErrStopped).
 func (s *Scheduler) Start(ctx context.Context) error {
-	if !s.started.CompareAndSwap(false, true) {
-		return errors.New("scheduler already started")
-	}
-	if err := s.cfg.Projection.WaitCaughtUp(ctx); err != nil {
-		return fmt.Errorf("scheduler: wait for the projection: %w", err)
-	}
-	sub := s.cfg.Projection.Subscribe()
-	s.sub = sub
-	var removed []projector.Change
-	if s.ownsAll() {
-		// With ownership, a shard's removals come with it (takeShards).
-		removed = sub.Removed()
-	}
-	lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	s.cancel = cancel
-	changes := make(chan markedBatch)
-	s.wg.Add(4)
-	go func() {
-		defer s.wg.Done()
-		defer close(changes)
-		defer sub.Close()
-		for {
-			batch, mark, err := sub.NextMarked(lctx)
-			if err != nil {
-				return
-			}
-			select {
-			case changes <- markedBatch{batch, mark}:
-			case <-lctx.Done():
-				return
-			}
+	err := s.life.Start(ctx, func(ctx context.Context) error {
+		if err := s.cfg.Projection.WaitCaughtUp(ctx); err != nil {
+			return fmt.Errorf("wait for the projection: %w", err)
 		}
-	}()
-	go func() {
-		defer s.wg.Done()
-		defer close(s.history) // the loop is its only sender
-		defer close(s.vis)     // likewise
-		defer close(s.loopDone)
-		s.loop(lctx, changes, removed)
-	}()
-	go func() {
-		defer s.wg.Done()
-		s.writeHistory()
-	}()
-	go func() {
-		defer s.wg.Done()
-		s.writeVisibilityLoop()
-	}()
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		s.raiseProposals(lctx)
-	}()
+		sub := s.cfg.Projection.Subscribe()
+		s.sub = sub
+		var removed []projector.Change
+		if s.ownsAll() {
+			// With ownership, a shard's removals come with it (takeShards).
+			removed = sub.Removed()
+		}
+		changes := make(chan projector.Batch)
+		s.life.Go(func(ctx context.Context) { sub.Pump(ctx, changes) })
+		s.life.Go(func(ctx context.Context) {
+			defer close(s.history) // the loop is its only sender
+			defer close(s.vis)     // likewise
+			defer close(s.loopDone)
+			s.loop(ctx, changes, removed)
+		})
+		s.life.Go(func(context.Context) { s.writeHistory() })
+		s.life.Go(func(context.Context) { s.writeVisibilityLoop() })
+		s.life.Go(s.raiseProposals)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("scheduler: %w", err)
+	}
 	return nil
 }
 
@@ -394,10 +366,7 @@ func (s *Scheduler) Start(ctx context.Context) error {
 // unknown, which is safe (every fire is one atomic, idempotent step;
 // whichever replica fires next sees the watermark).
 func (s *Scheduler) Stop(context.Context) error {
-	if s.cancel != nil {
-		s.cancel()
-	}
-	s.wg.Wait()
+	s.life.Stop()
 	return nil
 }
 
@@ -444,7 +413,7 @@ var errStopped = errors.New("scheduler: the firing loop has stopped")
 // Paused reports whether firing is paused by outbox backpressure.
 func (s *Scheduler) Paused() bool { return s.paused.Load() }
 
-func (s *Scheduler) loop(ctx context.Context, changes <-chan markedBatch, removed []projector.Change) {
+func (s *Scheduler) loop(ctx context.Context, changes <-chan projector.Batch, removed []projector.Change) {
 	for _, c := range removed {
 		s.foundRemoved(c)
 	}
@@ -463,20 +432,7 @@ func (s *Scheduler) loop(ctx context.Context, changes <-chan markedBatch, remove
 	// would starve the pass while messages come more often than that.
 	var armed clock.Mono
 	for {
-		// Arm the timer for the first due entry, at most a second ahead:
-		// the clock's offset to Redis may change at a heartbeat, and a timer
-		// armed on the old offset would fire late.
-		wait := time.Second
-		if at, ok := s.heap.peek(); ok {
-			wait = min(max(at.Sub(s.clock.Now()), 0), wait)
-		}
-		if len(s.load) > 0 {
-			wait = min(wait, max(s.clock.Until(s.loadAfter), 0))
-		}
-		wait = min(wait, max(s.clock.Until(s.held.wakeAt()), 0))
-		if len(s.backlog) > 0 {
-			wait = 0 // the next pass takes the backlog
-		}
+		wait := s.nextWait()
 		if at := s.clock.Mono().Add(wait); armed.IsZero() || at.Before(armed) {
 			timer.Reset(wait)
 			armed = at
@@ -494,12 +450,12 @@ func (s *Scheduler) loop(ctx context.Context, changes <-chan markedBatch, remove
 				}
 				return
 			}
-			for _, c := range b.changes {
-				s.follow(c, b.mark)
+			for _, c := range b.Changes {
+				s.follow(c, b.Mark)
 			}
 			continue // re-arm; loading and firing happen on the next turn
 		case <-shardsChanged:
-			// Taken and dropped at once, loaded and fired below.
+			// Taken and dropped at once, loaded and fired in the turn.
 		case reply := <-s.timesReq:
 			reply <- s.listEntryTimes()
 			continue
@@ -513,45 +469,73 @@ func (s *Scheduler) loop(ctx context.Context, changes <-chan markedBatch, remove
 		case <-timer.C:
 			armed = clock.Mono{}
 		}
-		// The runs of shards taken and dropped since the last turn; the
-		// turn is the loop's progress, and no fire of a shard dropped is
-		// in flight any more (its lease may go).
-		s.followShards()
-		if !s.ownsAll() {
-			s.cfg.Shards.Turned(s.owned.Version)
-		}
-		if len(s.load) > 0 && !s.clock.Mono().Before(s.loadAfter) {
-			s.loadWatermarks(ctx)
-			if len(s.load) == 0 && !s.visWritten {
-				// Make the entries visible to asynq's tools at once, not
-				// only after the first Visibility period.
-				s.visWritten = true
-				// As if pending for half a period: written now when
-				// quiet, else right after the next pass of fires.
-				s.visPending, s.visSince = true, s.clock.Mono().Add(-s.cfg.Visibility/2)
-				s.maybeWriteVisibility(false)
-			}
-		}
-		if s.backpressured() {
-			// Try again shortly; nothing is lost, ticks become late and
-			// then follow the catch-up policy like any outage.
-			if at, ok := s.heap.peek(); ok && !at.After(s.clock.Now()) {
-				for _, e := range s.heap.popDue(s.clock.Now(), due[:0]) {
-					s.heap.set(e, s.clock.Now().Add(500*time.Millisecond))
-				}
-			}
-			s.requeueBacklog(s.clock.Now().Add(500 * time.Millisecond))
-			continue
-		}
-		due = s.heap.popDue(s.clock.Now(), due[:0])
-		if due = s.fairShare(s.leased(due)); len(due) > 0 {
-			s.fireDue(ctx, due)
-			s.checkEpochs(ctx)
-			s.maybeWriteVisibility(true)
-		}
-		s.releaseHeld(ctx)
-		s.setEntriesGauge()
+		due = s.turn(ctx, due)
 	}
+}
+
+// nextWait is how long the loop may wait for its next turn: until the
+// first due entry, the next load, the next held-tick check, at most a
+// second (the clock's offset to Redis may change at a heartbeat, and a
+// timer armed on the old offset would fire late), and not at all while a
+// backlog waits.
+func (s *Scheduler) nextWait() time.Duration {
+	wait := time.Second
+	if at, ok := s.heap.peek(); ok {
+		wait = min(max(at.Sub(s.clock.Now()), 0), wait)
+	}
+	if len(s.loading) > 0 {
+		wait = min(wait, max(s.clock.Until(s.loadAfter), 0))
+	}
+	wait = min(wait, max(s.clock.Until(s.held.wakeAt()), 0))
+	if len(s.backlog) > 0 {
+		wait = 0 // the next pass takes the backlog
+	}
+	return wait
+}
+
+// turn is the loop's work after a wake: follow the shards, load
+// watermarks, fire what is due, release held ticks. due is scratch
+// storage for the due entries, returned for the next turn.
+func (s *Scheduler) turn(ctx context.Context, due []*entryRun) []*entryRun {
+	// The runs of shards taken and dropped since the last turn; the turn
+	// is the loop's progress, and no fire of a shard dropped is in flight
+	// any more (its lease may go).
+	s.followShards()
+	if !s.ownsAll() {
+		s.cfg.Shards.Turned(s.owned.Version)
+	}
+	if len(s.loading) > 0 && !s.clock.Mono().Before(s.loadAfter) {
+		s.loadWatermarks(ctx)
+		if len(s.loading) == 0 && !s.visWritten {
+			// Make the entries visible to asynq's tools at once, not only
+			// after the first Visibility period.
+			s.visWritten = true
+			// As if pending for half a period: written now when quiet,
+			// else right after the next pass of fires.
+			s.visPending, s.visSince = true, s.clock.Mono().Add(-s.cfg.Visibility/2)
+			s.maybeWriteVisibility(false)
+		}
+	}
+	if s.backpressured() {
+		// Try again shortly; nothing is lost, ticks become late and then
+		// follow the catch-up policy like any outage.
+		if at, ok := s.heap.peek(); ok && !at.After(s.clock.Now()) {
+			for _, e := range s.heap.popDue(s.clock.Now(), due[:0]) {
+				s.heap.set(e, s.clock.Now().Add(500*time.Millisecond))
+			}
+		}
+		s.requeueBacklog(s.clock.Now().Add(500 * time.Millisecond))
+		return due
+	}
+	due = s.heap.popDue(s.clock.Now(), due[:0])
+	if due = s.fairShare(s.leased(due)); len(due) > 0 {
+		s.fireDue(ctx, due)
+		s.checkEpochs(ctx)
+		s.maybeWriteVisibility(true)
+	}
+	s.releaseHeld(ctx)
+	s.setEntriesGauge()
+	return due
 }
 
 func (s *Scheduler) backpressured() bool {

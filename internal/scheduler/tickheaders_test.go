@@ -77,7 +77,7 @@ func TestTickHeadersReadByAsynqWorker(t *testing.T) {
 	}
 	a := e.startNode("a", nodeOpts{})
 	testenv.Eventually(t, 45*time.Second, func() bool {
-		st := a.sched.Stats()
+		st := a.counts()
 		return heldBuf() >= 2 && st.CancelDeleted >= 2 && st.Fired >= 30
 	}, "held ticks of buf and can released and plain ticks fired")
 

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/cronstream/cronstream/events"
-	"github.com/cronstream/cronstream/internal/scheduler"
 	"github.com/cronstream/cronstream/schedule"
 )
 
@@ -96,9 +95,9 @@ func TestWindowAndExclusionAcrossReplicas(t *testing.T) {
 			t.Errorf("task %s: %d in the pending list, want %d", task, pending[task], want)
 		}
 	}
-	var st scheduler.Stats
+	var st counts
 	for _, n := range []*node{r2, r3} {
-		s := n.sched.Stats()
+		s := n.counts()
 		st.SkippedExcluded += s.SkippedExcluded
 		st.SkippedMissed += s.SkippedMissed
 	}
