@@ -442,10 +442,24 @@ func (r *Replica) shutdown() {
 	if r.sched != nil {
 		_ = r.sched.Stop(ctx) // nothing to drain: never fails
 	}
-	// No fire in flight: the shards go to their next owners at once, and
-	// the heartbeat with them, so the others stop counting this replica
-	// in (and take the shards as their desired owners) without waiting
-	// for it to expire.
+	// No fire in flight. The recoverer finishes its batch and the relay
+	// publishes what the last fires and recoveries wrote while this
+	// replica still holds its queues' duties: released first, those
+	// outboxes would wait for another replica, and in a deployment of one
+	// for the next start. Then the shards go to their next owners at
+	// once, and the heartbeat with them, so the others stop counting this
+	// replica in (and take the shards as their desired owners) without
+	// waiting for it to expire.
+	if r.recov != nil {
+		if err := r.recov.Stop(ctx); err != nil {
+			r.log.Warn("recovery batch cut short; the next pass, here or on another replica, redoes it", "err", err)
+		}
+	}
+	if r.relay != nil {
+		if err := r.relay.Stop(ctx); err != nil {
+			r.log.Warn("outbox not fully flushed; another replica will publish the rest", "err", err)
+		}
+	}
 	if r.own != nil {
 		if err := r.own.Stop(ctx); err != nil {
 			r.log.Warn("release shard leases; they lapse on their own", "err", err)
@@ -457,23 +471,13 @@ func (r *Replica) shutdown() {
 		}
 	}
 	if r.stall != nil {
-		_ = r.stall.Stop(ctx) // likewise
-	}
-	if r.recov != nil {
-		if err := r.recov.Stop(ctx); err != nil {
-			r.log.Warn("recovery batch cut short; the next pass, here or on another replica, redoes it", "err", err)
-		}
+		_ = r.stall.Stop(ctx) // nothing to drain: never fails
 	}
 	if r.keygc != nil {
 		_ = r.keygc.Stop(ctx) // a sweep in flight is cancelled: never fails
 	}
 	if r.failPause != nil {
 		_ = r.failPause.Stop(ctx) // a scan in flight is cancelled: never fails
-	}
-	if r.relay != nil {
-		if err := r.relay.Stop(ctx); err != nil {
-			r.log.Warn("outbox not fully flushed; another replica will publish the rest", "err", err)
-		}
 	}
 	if r.proj != nil {
 		_ = r.proj.Stop(ctx) // nothing to drain: never fails
