@@ -209,6 +209,10 @@ func checkOnce(t *testing.T, name string, asynqTicks, cronTicks []time.Time, per
 		switch {
 		case na == 0 && nc == 1 && tick.After(lastAsynq):
 		case nc == 0 && na == perAsynq:
+		// asynq's last tick may come while its schedulers stop: those
+		// already stopped do not enqueue it, the others do. It is still
+		// asynq's alone.
+		case nc == 0 && na >= 1 && tick.Equal(lastAsynq):
 		default:
 			problems = append(problems, fmt.Sprintf("%s: asynq %d, cronstream %d", tick.Format(time.TimeOnly), na, nc))
 		}
