@@ -86,6 +86,10 @@ func NewStreamHistory(js jetstream.JetStream, names events.Names) *StreamHistory
 	return &StreamHistory{js: js, names: names, client: events.NewClient(js, names)}
 }
 
+// Connected reports whether the client's NATS connection is up; the firing
+// loop's reads fail at once while it is not (boundedHistory).
+func (h *StreamHistory) Connected() bool { return h.js.Conn().IsConnected() }
+
 // EventCounts reads the per-subject message counts of the config stream in
 // one stream-info request (paged by the client for very many subjects).
 func (h *StreamHistory) EventCounts(ctx context.Context) (map[string]uint64, uint64, error) {

@@ -20,7 +20,11 @@ import (
 // missed. So each read is bounded by streamReadTimeout, and after one fails
 // the streams count as unavailable for streamReadPause: reads fail at once
 // with errStreamsUnavailable, and their callers go on with what Redis and
-// this replica know, as they do on any failed read.
+// this replica know, as they do on any failed read. A read while the NATS
+// connection is known to be down fails at once, without waiting out the
+// bound: a loop that waited streamReadTimeout on each read after every pause
+// through a long outage held its ticks and, past the ownership's progress
+// bound, stopped renewing its shard leases.
 const (
 	streamReadTimeout = 2 * time.Second
 	streamReadPause   = 3 * time.Second
@@ -41,8 +45,21 @@ type boundedHistory struct {
 	paused      bool
 }
 
+// errNotConnected: the History's NATS connection is down.
+var errNotConnected = errors.New("not connected to NATS")
+
+// connectedHistory is a History that knows whether its NATS connection is
+// up (StreamHistory).
+type connectedHistory interface {
+	Connected() bool
+}
+
 func (b *boundedHistory) begin(ctx context.Context) (context.Context, context.CancelFunc, error) {
 	if b.paused && b.clock.Until(b.pausedUntil) > 0 {
+		return nil, nil, errStreamsUnavailable
+	}
+	if c, ok := b.h.(connectedHistory); ok && !c.Connected() {
+		b.failed(errNotConnected)
 		return nil, nil, errStreamsUnavailable
 	}
 	ctx, cancel := context.WithTimeout(ctx, streamReadTimeout)
@@ -57,12 +74,18 @@ func (b *boundedHistory) end(parent context.Context, cancel context.CancelFunc, 
 	case err == nil:
 		b.paused = false
 	case parent.Err() == nil:
-		if !b.paused {
-			b.log.Warn("a config or activity stream read failed: no stream reads for a while, firing on what Redis and this replica know", "pause", streamReadPause, "err", err)
-		}
-		b.paused, b.pausedUntil = true, b.clock.Mono().Add(streamReadPause)
+		b.failed(err)
 	}
 	return err
+}
+
+// failed pauses the reads after a failure, saying so when they were not
+// paused already.
+func (b *boundedHistory) failed(err error) {
+	if !b.paused {
+		b.log.Warn("a config or activity stream read failed: no stream reads for a while, firing on what Redis and this replica know", "pause", streamReadPause, "err", err)
+	}
+	b.paused, b.pausedUntil = true, b.clock.Mono().Add(streamReadPause)
 }
 
 func (b *boundedHistory) EventCounts(ctx context.Context) (map[string]uint64, uint64, error) {

@@ -13,9 +13,10 @@ import (
 )
 
 // TestStreamReadsBoundedWhileNATSDown: with NATS gone, a stream read of the
-// firing loop gives up within streamReadTimeout (not the client's 5 s), the
-// reads after it fail at once, and once NATS is back and the pause over
-// they succeed again.
+// firing loop fails at once once the client knows its connection is down
+// (not after the client's 5 s, nor after streamReadTimeout), the reads
+// after it fail at once, and once NATS is back and the pause over they
+// succeed again.
 func TestStreamReadsBoundedWhileNATSDown(t *testing.T) {
 	t.Parallel()
 	n := testenv.StartNATS(t)
@@ -31,8 +32,20 @@ func TestStreamReadsBoundedWhileNATSDown(t *testing.T) {
 	}
 
 	n.Shutdown()
+	testenv.Eventually(t, 10*time.Second, func() bool { return !js.Conn().IsConnected() }, "the client to notice NATS is gone")
 	began := time.Now()
-	if _, err := b.LastHandledAll(ctx); err == nil {
+	if _, err := b.LastHandledAll(ctx); !errors.Is(err, errStreamsUnavailable) {
+		t.Fatalf("read with NATS down: %v, want errStreamsUnavailable", err)
+	}
+	// Known to be down: no wait for the bound.
+	if took := time.Since(began); took > streamReadTimeout/4 {
+		t.Errorf("a read while the connection is down took %s, want at once", took)
+	}
+	// A History that cannot tell (NATS reachable, JetStream not answering,
+	// as in a cluster without a leader) waits out the bound, no longer.
+	blind := &boundedHistory{h: struct{ History }{NewStreamHistory(js, names)}, clock: clock.Local(), log: slog.New(slog.DiscardHandler)}
+	began = time.Now()
+	if _, err := blind.LastHandledAll(ctx); err == nil {
 		t.Fatal("read with NATS down succeeded")
 	}
 	if took := time.Since(began); took > streamReadTimeout+time.Second {
