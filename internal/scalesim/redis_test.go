@@ -312,6 +312,10 @@ func (b *broker) ProposeRestore(_ context.Context, _, _, entry string, tick time
 	return taskstate.RestoreProposal{}, b.alive()
 }
 
+func (b *broker) OpenRestore(_ context.Context, _, _, entry string, _ time.Duration) (taskstate.RestoreProposal, error) {
+	return taskstate.RestoreProposal{}, b.unexpected("OpenRestore of " + entry)
+}
+
 func (b *broker) ClearRestore(context.Context, string, string, string, time.Time) error {
 	return b.unexpected("ClearRestore")
 }

@@ -33,9 +33,11 @@ import (
 // raise the proposal too late; that is the bound.
 //
 // Without the activity stream (NATS down) the proposal is made of the
-// replicas' positions alone; an entry no running replica holds a position
-// for waits for the stream, as it cannot tell an entry that never fired
-// from one whose fires it cannot read.
+// replicas' positions alone: a replica with no position of its own (the
+// entry's shard moved to it just as Redis lost the data) opens the proposal
+// without one (taskstate OpenRestore) for the others to raise. An entry no
+// running replica holds a position for waits for the stream, as it cannot
+// tell an entry that never fired from one whose fires it cannot read.
 
 // DefaultRestoreSettle is Config.RestoreSettle's default: six of the
 // replicas' proposal reads (restoreCheck), and shorter than DefaultGrace,
@@ -104,7 +106,16 @@ func (s *Scheduler) restore(ctx context.Context, r *entryRun, wm taskstate.Water
 			r.loading.seed = seed // the stream is read once per restore
 		}
 	}
-	p, err := s.broker.ProposeRestore(ctx, prefix, r.queue, r.id, seed.tick, seed.task, s.cfg.RestoreSettle)
+	var p taskstate.RestoreProposal
+	var err error
+	if seed.from == "" && streamUnread {
+		// No position here and no stream: open the proposal, so the
+		// replicas that hold a position (one that fired the entry before
+		// its shard moved here) raise it.
+		p, err = s.broker.OpenRestore(ctx, prefix, r.queue, r.id, s.cfg.RestoreSettle)
+	} else {
+		p, err = s.broker.ProposeRestore(ctx, prefix, r.queue, r.id, seed.tick, seed.task, s.cfg.RestoreSettle)
+	}
 	if err != nil {
 		s.countError()
 		s.log.Warn("propose the seed of the entry's lost watermark", "entry", r.id, "queue", r.queue, "err", err)
@@ -114,15 +125,22 @@ func (s *Scheduler) restore(ctx context.Context, r *entryRun, wm taskstate.Water
 	switch {
 	case p.Restored:
 		return restoreReread, 0
-	case !p.Found && streamUnread:
-		// No position anywhere, and the stream may hold fires.
-		s.outcome(schedule.Outcome{Entry: r.id, Err: fmt.Errorf("%w: no running replica holds a position for it and the activity stream cannot be read", ErrRestoring)})
-		return restoreHeld, streamReadPause
 	case !p.Found:
 		return restoreNone, 0
 	case !p.Settled:
 		s.outcome(schedule.Outcome{Entry: r.id, Err: fmt.Errorf("%w: waiting %s for the other replicas' positions", ErrRestoring, p.Left.Round(time.Millisecond))})
 		return restoreHeld, p.Left
+	case p.Tick.IsZero() && streamUnread:
+		// No position anywhere, and the stream may hold fires.
+		s.outcome(schedule.Outcome{Entry: r.id, Err: fmt.Errorf("%w: no running replica holds a position for it and the activity stream cannot be read", ErrRestoring)})
+		return restoreHeld, streamReadPause
+	case p.Tick.IsZero():
+		// Opened while the stream could not be read; it says the entry
+		// never fired, and no replica raised the proposal.
+		if err := s.broker.ClearRestore(ctx, prefix, r.queue, r.id, time.Time{}); err != nil {
+			s.log.Warn("clear the restore proposal no replica raised", "entry", r.id, "queue", r.queue, "err", err)
+		}
+		return restoreNone, 0
 	}
 	from := seed.from
 	if from == "" || p.Tick.After(seed.tick) {

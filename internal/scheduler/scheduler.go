@@ -91,6 +91,7 @@ type Broker interface {
 	ReleaseCancel(ctx context.Context, fences taskstate.Fences, h taskstate.HeldTick, how taskstate.HeldRelease) (taskstate.CancelRelease, error)
 	PublishCancel(ctx context.Context, taskID string) error
 	ProposeRestore(ctx context.Context, prefix, queue, entry string, tick time.Time, taskID string, settle time.Duration) (taskstate.RestoreProposal, error)
+	OpenRestore(ctx context.Context, prefix, queue, entry string, settle time.Duration) (taskstate.RestoreProposal, error)
 	ClearRestore(ctx context.Context, prefix, queue, entry string, tick time.Time) error
 	RestoreProposals(ctx context.Context, prefix string, queues []string) (map[string]map[string]time.Time, error)
 }

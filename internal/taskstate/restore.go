@@ -45,12 +45,30 @@ type RestoreProposal struct {
 // no proposal and a watermark at or past tick, it proposes nothing and
 // reports Restored.
 func (s *Store) ProposeRestore(ctx context.Context, prefix, queue, entry string, tick time.Time, taskID string, settle time.Duration) (RestoreProposal, error) {
-	if entry == "" || queue == "" {
-		return RestoreProposal{}, fmt.Errorf("propose a restore of entry %q in queue %q: %w: empty entry or queue", entry, queue, ErrInvalidFire)
-	}
 	ms := ""
 	if !tick.IsZero() {
 		ms = strconv.FormatInt(tick.UnixMilli(), 10)
+	}
+	return s.proposeRestore(ctx, prefix, queue, entry, ms, taskID, settle)
+}
+
+// OpenRestore creates entry's restore proposal in queue's slot without a
+// position, to settle after settle, when there is none, and returns the
+// proposal: a replica that holds no position for the entry and cannot read
+// the activity stream opens it so the replicas that hold one raise it
+// (ProposeRestore does not create a proposal without a tick). A settled
+// proposal that no replica raised has a zero Tick.
+func (s *Store) OpenRestore(ctx context.Context, prefix, queue, entry string, settle time.Duration) (RestoreProposal, error) {
+	return s.proposeRestore(ctx, prefix, queue, entry, noPositionMs, "", settle)
+}
+
+// noPositionMs is the tick of a proposal opened without a position
+// (OpenRestore): below every real one, so any position raises it.
+const noPositionMs = "-1"
+
+func (s *Store) proposeRestore(ctx context.Context, prefix, queue, entry, ms, taskID string, settle time.Duration) (RestoreProposal, error) {
+	if entry == "" || queue == "" {
+		return RestoreProposal{}, fmt.Errorf("propose a restore of entry %q in queue %q: %w: empty entry or queue", entry, queue, ErrInvalidFire)
 	}
 	own := Own(prefix, queue)
 	reply, err := runScript(ctx, s.client, proposeRestoreScript, []string{own.Restore(), own.Watermark(entry)}, entry, ms, taskID, settle.Milliseconds())
@@ -70,11 +88,11 @@ func (s *Store) ProposeRestore(ctx context.Context, prefix, queue, entry string,
 	tickText, _ := reply[1].(string)
 	p := RestoreProposal{Found: true, Settled: code == 2}
 	p.TaskID, _ = reply[2].(string)
-	n, err := strconv.ParseInt(tickText, 10, 64)
-	if err != nil {
+	t, ok := proposalTick(tickText)
+	if !ok {
 		return RestoreProposal{}, fmt.Errorf("propose a restore of entry %q in queue %q: malformed proposal tick %q", entry, queue, tickText)
 	}
-	p.Tick = time.UnixMilli(n).UTC()
+	p.Tick = t
 	if !p.Settled && len(reply) > 3 {
 		left, _ := reply[3].(int64)
 		p.Left = time.Duration(left) * time.Millisecond
@@ -82,10 +100,29 @@ func (s *Store) ProposeRestore(ctx context.Context, prefix, queue, entry string,
 	return p, nil
 }
 
+// proposalTick reads a proposal's tick: zero for one opened without a
+// position.
+func proposalTick(text string) (time.Time, bool) {
+	n, err := strconv.ParseInt(text, 10, 64)
+	switch {
+	case err != nil:
+		return time.Time{}, false
+	case n < 0:
+		return time.Time{}, true
+	}
+	return time.UnixMilli(n).UTC(), true
+}
+
 // ClearRestore deletes entry's restore proposal in queue's slot if it still
-// proposes tick, once the watermark was seeded from it.
+// proposes tick (zero: one opened without a position that no replica
+// raised), once the watermark was seeded from it or the entry found never
+// fired.
 func (s *Store) ClearRestore(ctx context.Context, prefix, queue, entry string, tick time.Time) error {
-	err := clearRestoreScript.Run(ctx, s.client, []string{Own(prefix, queue).Restore()}, entry, strconv.FormatInt(tick.UnixMilli(), 10)).Err()
+	ms := noPositionMs
+	if !tick.IsZero() {
+		ms = strconv.FormatInt(tick.UnixMilli(), 10)
+	}
+	err := clearRestoreScript.Run(ctx, s.client, []string{Own(prefix, queue).Restore()}, entry, ms).Err()
 	if err != nil {
 		return fmt.Errorf("clear the restore proposal of entry %q in queue %q: %w", entry, queue, err)
 	}
@@ -93,7 +130,7 @@ func (s *Store) ClearRestore(ctx context.Context, prefix, queue, entry string, t
 }
 
 // RestoreProposals returns the tick each entry's restore proposal holds in
-// each of queues (one pipelined round trip; a queue with no proposal is
+// each of queues (zero for one opened without a position) (one pipelined round trip; a queue with no proposal is
 // absent from the result).
 func (s *Store) RestoreProposals(ctx context.Context, prefix string, queues []string) (map[string]map[string]time.Time, error) {
 	if len(queues) == 0 {
@@ -111,8 +148,8 @@ func (s *Store) RestoreProposals(ctx context.Context, prefix string, queues []st
 	for i, q := range queues {
 		for entry, v := range reads[i].Val() {
 			msText, _, _ := strings.Cut(v, " ")
-			ms, err := strconv.ParseInt(msText, 10, 64)
-			if err != nil {
+			tick, ok := proposalTick(msText)
+			if !ok {
 				continue // not one of ours: ProposeRestore replaces it
 			}
 			if out == nil {
@@ -121,7 +158,7 @@ func (s *Store) RestoreProposals(ctx context.Context, prefix string, queues []st
 			if out[q] == nil {
 				out[q] = map[string]time.Time{}
 			}
-			out[q][entry] = time.UnixMilli(ms).UTC()
+			out[q][entry] = tick
 		}
 	}
 	return out, nil

@@ -97,6 +97,53 @@ func TestRestoreProposal(t *testing.T) {
 	}
 }
 
+// TestOpenRestore: a proposal opened without a position (a replica that
+// holds none and cannot read the stream) settles with a zero tick when no
+// replica raises it, is raised by any position, is listed with a zero tick
+// meanwhile, is cleared as zero, and reports restored over a watermark.
+func TestOpenRestore(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, _ := newTestStore(t)
+	p, err := s.OpenRestore(ctx, testPrefix, "default", "lone", 300*time.Millisecond)
+	if err != nil || !p.Found || !p.Tick.IsZero() || p.TaskID != "" || p.Settled {
+		t.Fatalf("opened: %+v, %v; want found, settling, no tick", p, err)
+	}
+	if all, err := s.RestoreProposals(ctx, testPrefix, []string{"default"}); err != nil || len(all["default"]) != 1 || !all["default"]["lone"].IsZero() {
+		t.Fatalf("proposals listed: %v, %v; want lone with a zero tick", all, err)
+	}
+	testenv.Eventually(t, 5*time.Second, func() bool {
+		p, err := s.OpenRestore(ctx, testPrefix, "default", "lone", time.Hour)
+		return err == nil && p.Settled && p.Tick.IsZero()
+	}, "the unraised proposal to settle with no tick (opening again keeps its settle instant)")
+	if err := s.ClearRestore(ctx, testPrefix, "default", "lone", time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := s.ProposeRestore(ctx, testPrefix, "default", "lone", time.Time{}, "", time.Hour); err != nil || p.Found {
+		t.Fatalf("after the clear: %+v, %v; want none", p, err)
+	}
+
+	// Raised by a replica's position: the position seeds it.
+	if _, err := s.OpenRestore(ctx, testPrefix, "default", "w", time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.ProposeRestore(ctx, testPrefix, "default", "w", tickAt(4), taskIDFor("w", tickAt(4)), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	p, err = s.OpenRestore(ctx, testPrefix, "default", "w", time.Hour)
+	if err != nil || !p.Tick.Equal(tickAt(4)) || p.TaskID != taskIDFor("w", tickAt(4)) {
+		t.Fatalf("opened again after a raise: %+v, %v; want tick %s kept", p, err, tickAt(4))
+	}
+
+	// Over a watermark: restored already, nothing opened.
+	if err := s.SeedWatermark(ctx, testPrefix, "default", "seeded", tickAt(2), taskIDFor("seeded", tickAt(2)), 1, ""); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := s.OpenRestore(ctx, testPrefix, "default", "seeded", time.Hour); err != nil || !p.Restored || p.Found {
+		t.Fatalf("opening over a watermark: %+v, %v; want restored already", p, err)
+	}
+}
+
 // TestRestoreWatermarkRecordsLoss: the restore appends the lost record in
 // the step that raises the watermark from the value the loss was found
 // at; a second restore of the same loss (another replica) finds the

@@ -12,7 +12,8 @@
 -- KEYS  1 restore proposals (HASH entry -> "<tick ms> <settles at ms> <task id>")
 --       2 the entry's watermark
 -- ARGV  1 entry
---       2 tick proposed (unix ms, "" = none: read only)
+--       2 tick proposed (unix ms; "" = none: read only; -1 = open a
+--         proposal without a position, below any tick, for others to raise)
 --       3 its task id
 --       4 settle delay of a new proposal (ms)
 -- Reply {0} none | {1, tick, task id, ms left} settling | {2, tick, task id} settled
