@@ -185,8 +185,19 @@ func TestOwnerKilledTakenOverInGrace(t *testing.T) {
 	ids, _ := e.ownedEntries(queues, 10)
 	nodes := []*node{e.startNode("r1", nodeOpts{}), e.startNode("r2", nodeOpts{}), e.startNode("r3", nodeOpts{})}
 	settledOwners(t, queues, 20*time.Second, nodes...)
-	waitUntil(t, time.Now, time.Now().Add(3*time.Second))
+	// Each holds its share, so the killed one dies holding shards (before
+	// the handovers it would die holding all, after a release none).
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		for _, n := range nodes {
+			if r := n.own.Report(); r.Owned == 0 || r.Owned != r.Desired {
+				return false
+			}
+		}
+		return true
+	}, "every replica to hold its share")
+	waitUntil(t, time.Now, time.Now().Add(2*time.Second))
 	from := time.Now().Truncate(time.Second)
+	held := nodes[0].own.Report().Owned
 	killed := time.Now()
 	nodes[0].crash()
 	waitUntil(t, time.Now, killed.Add(12*time.Second))
@@ -204,7 +215,7 @@ func TestOwnerKilledTakenOverInGrace(t *testing.T) {
 		t.Errorf("a tick after the kill fired %s late, beyond the grace %s", late, scheduler.DefaultGrace)
 	}
 	if n := nodes[1].own.Report().Takeovers + nodes[2].own.Report().Takeovers; n == 0 {
-		t.Error("no takeover counted")
+		t.Errorf("no takeover counted (the killed replica held %d shards; handed in: %d, %d)", held, nodes[1].own.Report().HandoversIn, nodes[2].own.Report().HandoversIn)
 	}
 	t.Logf("latest fire after the kill: %s", late)
 }
