@@ -64,13 +64,12 @@ type ShardLeaseView struct {
 	Heard map[string]time.Time
 }
 
-// ShardLeases reads every shard lease of queues in one pipeline: Redis
-// TIME, one MGET per queue (its leases share the queue's slot) and, with
-// heard, the replicas' NATSHeardKey. A queue that cannot be read is listed
+// ShardLeases reads every shard lease of queues in one pipeline: one MGET
+// per queue (its leases share the queue's slot), with heard the replicas'
+// NATSHeardKey, then Redis TIME. A queue that cannot be read is listed
 // in Unreadable; the error is for a read that gave nothing at all.
 func (s *Store) ShardLeases(ctx context.Context, prefix string, queues []string, heard bool) (ShardLeaseView, error) {
 	pipe := s.client.Pipeline()
-	tm := pipe.Time(ctx)
 	gets := make([]*redis.SliceCmd, len(queues))
 	keys := make([]string, contract.ShardsPerQueue)
 	for i, q := range queues {
@@ -84,6 +83,11 @@ func (s *Store) ShardLeases(ctx context.Context, prefix string, queues []string,
 	if heard {
 		hz = pipe.ZRangeWithScores(ctx, NATSHeardKey(prefix), 0, -1)
 	}
+	// TIME after the reads: a lease missing from them expired before Now,
+	// so one seen last poll and gone with term left was released (read
+	// first, a lease that expired between TIME and the MGET looked
+	// released).
+	tm := pipe.Time(ctx)
 	_, _ = pipe.Exec(ctx)
 	now, err := tm.Result()
 	if err != nil {
