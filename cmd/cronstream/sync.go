@@ -187,6 +187,7 @@ func runSync(cmd *cobra.Command, g *globalFlags, f *syncFlags) error {
 			capRep, warnings = syncCapacity(ctx, s, all, plan, cmd.ErrOrStderr())
 		}
 	}
+	warnings = append(warnings, syncJitterWarnings(plan, time.Now(), cmd.ErrOrStderr())...)
 	w := cmd.OutOrStdout()
 	if f.dryRun {
 		if err := f.print(w, g.json, plan, nil, capRep, warnings); err != nil {
@@ -365,6 +366,36 @@ func (r syncReport) with(c *capacityReport, warnings []string) syncReport {
 // only those the file manages) with what the live replicas have shown
 // they can fire, and says on warn when it exceeds it, or when it could
 // not be checked.
+// syncJitterWarnings says, as entry put does, when entries the plan writes
+// have a jitter longer than the shortest gap between two of their fires;
+// many are said in one line.
+func syncJitterWarnings(plan configsync.Plan, now time.Time, warn io.Writer) []string {
+	var ids []string
+	var first string
+	for _, a := range plan.Actions {
+		if a.Kind == configsync.Remove {
+			continue
+		}
+		if ws := jitterWarnings(a.Entry, now); len(ws) > 0 {
+			if first == "" {
+				first = a.ID + ": " + ws[0]
+			}
+			ids = append(ids, a.ID)
+		}
+	}
+	var msg string
+	switch len(ids) {
+	case 0:
+		return nil
+	case 1:
+		msg = first
+	default:
+		msg = fmt.Sprintf("%d entries have a jitter longer than the shortest gap between two of their fires, so a tick may be delayed past the next tick's time: %s", len(ids), summarize(ids, 5))
+	}
+	fmt.Fprintln(warn, "cronstream: warning:", terminalSafe(msg))
+	return []string{msg}
+}
+
 func syncCapacity(ctx context.Context, s *session, all []events.Current, plan configsync.Plan, warn io.Writer) (*capacityReport, []string) {
 	var upserts []events.Entry
 	var removes []string

@@ -258,3 +258,34 @@ func TestSyncPruneGuardRails(t *testing.T) {
 		t.Errorf("after prune --yes:\n%s", out)
 	}
 }
+
+// TestSyncWarnsOfJitterOverGap: sync says, as entry put does, when entries
+// it writes have a jitter longer than the gap between two of their fires:
+// one entry by name with the gap, many in one summarised line, on stderr
+// and in --json; an entry within its gap is not named.
+func TestSyncWarnsOfJitterOverGap(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, false)
+	one := writeFile(t, "one.yaml", `
+entries:
+  - {id: five, cron: "*/5 * * * *", task: {type: t}, jitter: 1h}
+  - {id: calm, cron: "*/5 * * * *", task: {type: t}, jitter: 4m}
+`)
+	r := e.run("sync", "-f", one, "--dry-run")
+	if r.code != 0 || !strings.Contains(r.stderr, "warning: five: jitter 1h is longer than the 5m between two fires") || strings.Contains(r.stderr, "calm") {
+		t.Errorf("one entry's jitter over its gap:\n%s", r)
+	}
+	var b strings.Builder
+	b.WriteString("entries:\n")
+	for i := range 8 {
+		fmt.Fprintf(&b, "  - {id: j%d, cron: \"@every 1m\", task: {type: t}, jitter: 2m}\n", i)
+	}
+	many := writeFile(t, "many.yaml", b.String())
+	var rep struct {
+		Warnings []string `json:"warnings"`
+	}
+	e.okJSON(&rep, "sync", "-f", many, "--json")
+	if len(rep.Warnings) != 1 || !strings.Contains(rep.Warnings[0], "8 entries have a jitter longer than the shortest gap") || !strings.Contains(rep.Warnings[0], "and 3 more") {
+		t.Errorf("--json warnings of 8 entries over their gap: %q", rep.Warnings)
+	}
+}
