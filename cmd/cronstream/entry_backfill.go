@@ -96,8 +96,8 @@ TIME is RFC 3339 (2025-03-01T09:00:00Z), a date (UTC), or relative (-6h).`, sche
 			return runEntryBackfill(cmd, g, f, args[0])
 		},
 	}
-	cmd.Flags().StringVar(&f.from, "from", "", "first time of the range (inclusive)")
-	cmd.Flags().StringVar(&f.to, "to", "", "last time of the range (inclusive, not in the future)")
+	cmd.Flags().StringVar(&f.from, "from", "", "first time of the range, inclusive (RFC 3339, a date, now, or relative: -2h, -7d)")
+	cmd.Flags().StringVar(&f.to, "to", "", "last time of the range, inclusive, not in the future (as --from)")
 	addJSONResult(cmd, g)
 	cmd.Flags().BoolVar(&f.beforeRegistration, "before-registration", false, "fire the range's ticks before the entry was registered too")
 	f.guard.add(cmd)

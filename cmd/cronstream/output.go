@@ -56,9 +56,12 @@ func parseTime(flag, s string, now time.Time) (time.Time, error) {
 		return now, nil
 	}
 	if strings.HasPrefix(s, "-") || strings.HasPrefix(s, "+") {
-		d, err := time.ParseDuration(s)
-		if err != nil {
-			return time.Time{}, fmt.Errorf("--%s %q: not a relative time (use e.g. -2h, -30m, -1h30m)", flag, s)
+		d, ok := durationWithDays(s[1:])
+		if !ok {
+			return time.Time{}, fmt.Errorf("--%s %q: not a relative time (use e.g. -2h, -30m, -1h30m, -7d)", flag, s)
+		}
+		if s[0] == '-' {
+			d = -d
 		}
 		return now.Add(d), nil
 	}
@@ -67,10 +70,10 @@ func parseTime(flag, s string, now time.Time) (time.Time, error) {
 			return t, nil
 		}
 	}
-	if _, err := time.ParseDuration(s); err == nil {
+	if _, ok := durationWithDays(s); ok {
 		return time.Time{}, fmt.Errorf("--%s %q: a relative time needs a sign: -%s means %s ago", flag, s, s, s)
 	}
-	return time.Time{}, fmt.Errorf("--%s %q: use RFC 3339 (2025-03-01T09:00:00Z), a date (2025-03-01, UTC), now, or a relative time (-2h)", flag, s)
+	return time.Time{}, fmt.Errorf("--%s %q: use RFC 3339 (2025-03-01T09:00:00Z), a date (2025-03-01, UTC), now, or a relative time (-2h, -7d)", flag, s)
 }
 
 // entryView is an entry as `entry get`, `entry ls` and `status` show it in
