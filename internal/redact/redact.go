@@ -7,8 +7,10 @@ package redact
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/url"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -312,11 +314,28 @@ func (h *handler) attr(a slog.Attr) slog.Attr {
 		return slog.Group(a.Key, clean...)
 	case slog.KindAny:
 		if err, ok := v.Any().(error); ok {
-			return slog.String(a.Key, h.s.String(err.Error()))
+			return slog.String(a.Key, h.s.String(textOf(err, err.Error)))
 		}
 		if st, ok := v.Any().(interface{ String() string }); ok {
-			return slog.String(a.Key, h.s.String(st.String()))
+			return slog.String(a.Key, h.s.String(textOf(st, st.String)))
 		}
 	}
 	return slog.Attr{Key: a.Key, Value: v}
+}
+
+// textOf returns text(), as slog's own handlers print a value whose Error
+// or String method panics: "<nil>" for a nil pointer that does not guard
+// against nil, "!PANIC: ..." otherwise. A log line never takes the process
+// down.
+func textOf(v any, text func() string) (s string) {
+	defer func() {
+		if r := recover(); r != nil {
+			if rv := reflect.ValueOf(v); rv.Kind() == reflect.Pointer && rv.IsNil() {
+				s = "<nil>"
+				return
+			}
+			s = fmt.Sprintf("!PANIC: %v", r)
+		}
+	}()
+	return text()
 }

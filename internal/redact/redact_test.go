@@ -71,3 +71,25 @@ func TestScrubber(t *testing.T) {
 		t.Error("the zero Scrubber changes text")
 	}
 }
+
+type panicky struct{}
+
+func (panicky) String() string { panic("boom") }
+
+// TestHandlerSurvivesPanickyValues: a nil pointer whose Error or String
+// method does not guard against nil, or a String that panics, is printed
+// as slog prints it; the log line is written and nothing panics.
+func TestHandlerSurvivesPanickyValues(t *testing.T) {
+	var buf bytes.Buffer
+	var s Scrubber
+	log := slog.New(s.Handler(slog.NewTextHandler(&buf, nil)))
+	var u *url.URL
+	var perr *url.Error
+	log.Warn("values", "url", u, "err", perr, "odd", panicky{})
+	out := buf.String()
+	for _, want := range []string{"url=<nil>", "err=<nil>", `odd="!PANIC: boom"`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("log line lacks %s:\n%s", want, out)
+		}
+	}
+}
