@@ -65,13 +65,18 @@ func TestPauseOnFailureAcrossReplicaKill(t *testing.T) {
 	deadline := time.Now().Add(5 * time.Second)
 	testenv.Eventually(t, 10*time.Second, func() bool { return time.Now().After(deadline) }, "")
 	var hist []struct {
-		Type string `json:"type"`
+		Type   string `json:"type"`
+		Source string `json:"source"`
 	}
 	e.okJSON(&hist, "entry", "history", "pfk", "--json")
 	paused := 0
 	for _, h := range hist {
 		if strings.HasPrefix(h.Type, "cronstream.entry.paused") { // gated: .v2
 			paused++
+			// A replica's events name it as the fires and recoveries do.
+			if !strings.HasPrefix(h.Source, "cronstream/") || strings.HasPrefix(h.Source, "cronstream/cli") {
+				t.Errorf("the pause's source is %q, want cronstream/<replica id>", h.Source)
+			}
 		}
 	}
 	if paused != 1 {

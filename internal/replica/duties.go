@@ -38,7 +38,7 @@ func (r *Replica) startDuties(ctx context.Context) error {
 		return err
 	}
 	if r.failPause, err = failpause.New(failpause.Config{
-		Store: r.store, Projection: r.proj, Entries: events.NewClient(r.js, r.cfg.Names, events.WithSource(r.cfg.ReplicaID)),
+		Store: r.store, Projection: r.proj, Entries: events.NewClient(r.js, r.cfg.Names, events.WithSource(events.ReplicaSource(r.cfg.ReplicaID))),
 		Names: r.cfg.Names, Now: r.clock.Now, Logger: r.log, Metrics: failpause.NewMetrics(r.reg),
 		Holds: r.own.HoldsQueue,
 	}); err != nil {
