@@ -77,4 +77,8 @@ type Outcome struct {
 	Tick   time.Time
 	Status FireStatus // zero when Err is set
 	Err    error
+	// Missed: the fire also recorded ticks before Tick as skipped, missed
+	// (their time was past the catch-up grace when they came to fire): the
+	// entry fires behind its schedule, or no replica ran.
+	Missed bool
 }

@@ -44,7 +44,8 @@ func (f *sentFire) result() taskstate.FireResult {
 // apply acts on one fire's result and returns the asynq history record of
 // a created task.
 func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (taskstate.EnqueueEventRecord, bool) {
-	s.outcome(schedule.Outcome{Entry: r.id, Tick: f.tick, Status: fireStatus(res.Status), Err: res.Err})
+	s.outcome(schedule.Outcome{Entry: r.id, Tick: f.tick, Status: fireStatus(res.Status), Err: res.Err,
+		Missed: res.Err == nil && !res.Status.Refused() && f.carried.missed})
 	switch {
 	case res.Err != nil:
 		s.countError()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -99,7 +100,7 @@ func TestOverloadDegrades(t *testing.T) {
 	e := newEnv(t)
 	e.put(every("seed", "@every 1s", inQueue("qa")))
 	line := &throttled{Broker: taskstate.New(e.redis.Client(t)), perFire: time.Second / capacity, bySecond: map[int64]int{}}
-	var det atomic.Pointer[stall.Detector]
+	var det, behindDet atomic.Pointer[stall.Detector]
 	a := e.startNode("overloaded", nodeOpts{
 		sched: func(c *scheduler.Config) {
 			// Passes of 50 fires: the loop turns (and its leases are
@@ -107,6 +108,9 @@ func TestOverloadDegrades(t *testing.T) {
 			c.Batch, c.Parallel, c.Broker = 50, 1, line
 			c.OnOutcome = func(o schedule.Outcome) {
 				if d := det.Load(); d != nil {
+					d.Outcome(o)
+				}
+				if d := behindDet.Load(); d != nil {
 					d.Outcome(o)
 				}
 			}
@@ -133,6 +137,11 @@ func TestOverloadDegrades(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	d := startDetector(t, a, reg)
 	det.Store(d)
+	// A detector as a replica runs one, late after longer than the catch-up
+	// grace: no tick stays overdue that long (the fires skip the ticks
+	// past the grace), so only the missed ticks show the overload.
+	behind := startDetectorLateAfter(t, a, prometheus.NewRegistry(), 2*scheduler.DefaultGrace)
+	behindDet.Store(behind)
 
 	// Twice the capacity in the overloaded replica's shards, a little in
 	// the other's.
@@ -177,14 +186,45 @@ func TestOverloadDegrades(t *testing.T) {
 	}
 
 	lateShown(t, e, a, d, reg, offered, others, capacity/2)
+	behindShown(t, behind, offered, others, capacity/2)
+}
+
+// behindShown checks that at least want of the offered entries (and none
+// of others) show as late in d for the ticks their fires skipped as
+// missed.
+func behindShown(t *testing.T, d *stall.Detector, offered, others []string, want int) {
+	t.Helper()
+	reasons := map[string]string{}
+	for _, l := range d.Late(0) {
+		reasons[l.Entry] = l.Reason
+	}
+	n := 0
+	for _, id := range offered {
+		if strings.Contains(reasons[id], "ticks skipped as missed") {
+			n++
+		}
+	}
+	if n < want {
+		t.Errorf("the stall detector (late after %s) lists %d of the %d offered entries as behind, want most: %v", 2*scheduler.DefaultGrace, n, len(offered), reasons)
+	}
+	for _, id := range others {
+		if r, ok := reasons[id]; ok {
+			t.Errorf("entry %s of the replica that keeps up is listed late: %s", id, r)
+		}
+	}
 }
 
 // startDetector runs a stall detector for node a's shards, as a replica
 // does, with its metrics in reg.
 func startDetector(t *testing.T, a *node, reg *prometheus.Registry) *stall.Detector {
 	t.Helper()
+	return startDetectorLateAfter(t, a, reg, 3*time.Second)
+}
+
+func startDetectorLateAfter(t *testing.T, a *node, reg *prometheus.Registry, lateAfter time.Duration) *stall.Detector {
+	t.Helper()
 	d, err := stall.New(stall.Config{Watermarks: a.store, Projection: a.proj, Names: testNames, Now: time.Now,
-		LateAfter: 3 * time.Second, Shards: a.own, Firing: a.sched.Firing, Logger: testLogger(t), Metrics: stall.NewMetrics(reg)})
+		LateAfter: lateAfter, Shards: a.own, Firing: a.sched.Firing, Logger: testLogger(t), Metrics: stall.NewMetrics(reg)})
 	if err != nil {
 		t.Fatal(err)
 	}

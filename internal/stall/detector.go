@@ -92,8 +92,11 @@ type Detector struct {
 	mu      sync.Mutex
 	seen    map[string]time.Time // observed ticks not yet taken by the loop
 	reasons map[string]string    // last failure per entry, cleared by a success
-	late    []Late               // the last check's late entries, oldest first
-	streak  streak
+	// behind holds, per entry, this replica's last fire that recorded
+	// missed ticks (Outcome.Missed), until it is older than LateAfter.
+	behind map[string]behindMark
+	late   []Late // the last check's late entries, oldest first
+	streak streak
 	// readFail is when watermark reads began to fail (since epoch; 0
 	// while they work), readErr the last error.
 	readFail time.Duration
@@ -308,6 +311,9 @@ func (d *Detector) Outcome(o schedule.Outcome) {
 		d.failed(o, "refused: "+o.Status.String())
 	default:
 		d.lastOK.Store(int64(time.Since(d.epoch)))
+		if o.Missed {
+			d.missed(o)
+		}
 		if d.nReasons.Load() > 0 {
 			d.mu.Lock()
 			if _, ok := d.reasons[o.Entry]; ok {
@@ -317,6 +323,60 @@ func (d *Detector) Outcome(o schedule.Outcome) {
 			d.mu.Unlock()
 		}
 	}
+}
+
+// behindMark is a fire of this replica that recorded missed ticks: the
+// tick it fired, how late, and when (since epoch).
+type behindMark struct {
+	tick time.Time
+	lag  time.Duration
+	at   time.Duration
+}
+
+// missed records a fire that skipped missed ticks: an entry that keeps
+// missing its ticks (a replica offered more than it can fire) fires its
+// latest tick on time enough never to be overdue, yet shows as late while
+// its fires skip (lateSet).
+func (d *Detector) missed(o schedule.Outcome) {
+	m := behindMark{tick: o.Tick, lag: d.cfg.Now().Sub(o.Tick), at: time.Since(d.epoch)}
+	d.mu.Lock()
+	if d.behind == nil {
+		d.behind = map[string]behindMark{}
+	}
+	d.behind[o.Entry] = m
+	d.mu.Unlock()
+}
+
+// behindLate adds to late the tracked entries whose fires skipped missed
+// ticks within the last LateAfter and are not late already, and forgets
+// older marks. Ticks missed at the replica's start (the time it did not
+// run: catch-up) or of an entry it did not track then say nothing of
+// now: only a tick LateAfter after the start counts.
+func (d *Detector) behindLate(late []Late, byQueue map[string]int) []Late {
+	at := time.Since(d.epoch)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.behind) == 0 {
+		return late
+	}
+	already := make(map[string]bool, len(late))
+	for _, l := range late {
+		already[l.Entry] = true
+	}
+	for id, m := range d.behind {
+		if at-m.at > d.cfg.LateAfter {
+			delete(d.behind, id)
+			continue
+		}
+		t := d.tracks[id]
+		if t == nil || already[id] || !m.tick.After(d.since.Add(d.cfg.LateAfter)) {
+			continue
+		}
+		late = append(late, Late{Entry: id, Queue: t.queue, Tick: m.tick, Due: m.tick, OverdueSeconds: int64(m.lag / time.Second),
+			Reason: fmt.Sprintf("ticks skipped as missed: this replica fires behind the schedule (its last fire %s late)", m.lag.Round(100*time.Millisecond))})
+		byQueue[t.queue]++
+	}
+	return late
 }
 
 func (d *Detector) failed(o schedule.Outcome, text string) {
@@ -496,6 +556,7 @@ func (d *Detector) lateSet(now time.Time) (late []Late, byQueue map[string]int, 
 			oldest = l.Tick
 		}
 	}
+	late = d.behindLate(late, byQueue)
 	sortLate(late)
 	return late, byQueue, oldest
 }

@@ -10,7 +10,11 @@
 // failed (Detector.Outcome), so that a late entry is shown with its reason.
 //
 // An entry is late when the tick after its last handled one that fires is
-// due (tick plus jitter) for more than LateAfter. Paused entries and
+// due (tick plus jitter) for more than LateAfter, or when this replica's
+// fires of it skipped ticks as missed within the last LateAfter (an
+// overloaded replica fires each entry's latest tick and records the ticks
+// before it as skipped: none stays overdue, yet ticks are lost; the ticks
+// missed when the replica starts are catch-up, not lateness). Paused entries and
 // entries whose schedule never fires again (an entry past its end_at among
 // them) are never late, nor is a tick its exclusions skip; a tick at or before the
 // entry's last config change is never due (a registration, a resume or a
