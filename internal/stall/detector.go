@@ -325,33 +325,38 @@ func (d *Detector) Outcome(o schedule.Outcome) {
 	}
 }
 
-// behindMark is a fire of this replica that recorded missed ticks: the
-// tick it fired, how late, and when (since epoch).
+// behindMark is this replica's last fire of an entry that recorded
+// missed ticks: the tick it fired, how late, when (since epoch), and how
+// many such fires came each within LateAfter of the one before.
 type behindMark struct {
-	tick time.Time
-	lag  time.Duration
-	at   time.Duration
+	tick  time.Time
+	lag   time.Duration
+	at    time.Duration
+	count int
 }
 
-// missed records a fire that skipped missed ticks: an entry that keeps
+// missed records a fire that skipped missed ticks. An entry that keeps
 // missing its ticks (a replica offered more than it can fire) fires its
 // latest tick on time enough never to be overdue, yet shows as late while
-// its fires skip (lateSet).
+// its fires skip (behindLate); one such fire alone (the first after a
+// start, a takeover or an outage healed: catch-up) does not.
 func (d *Detector) missed(o schedule.Outcome) {
-	m := behindMark{tick: o.Tick, lag: d.cfg.Now().Sub(o.Tick), at: time.Since(d.epoch)}
+	at := time.Since(d.epoch)
 	d.mu.Lock()
 	if d.behind == nil {
 		d.behind = map[string]behindMark{}
 	}
-	d.behind[o.Entry] = m
+	m := d.behind[o.Entry]
+	if m.count == 0 || at-m.at > d.cfg.LateAfter {
+		m.count = 0
+	}
+	d.behind[o.Entry] = behindMark{tick: o.Tick, lag: d.cfg.Now().Sub(o.Tick), at: at, count: m.count + 1}
 	d.mu.Unlock()
 }
 
-// behindLate adds to late the tracked entries whose fires skipped missed
-// ticks within the last LateAfter and are not late already, and forgets
-// older marks. Ticks missed at the replica's start (the time it did not
-// run: catch-up) or of an entry it did not track then say nothing of
-// now: only a tick LateAfter after the start counts.
+// behindLate adds to late the tracked entries not late already whose fires
+// skipped missed ticks again and again, the last within LateAfter, and
+// forgets older marks.
 func (d *Detector) behindLate(late []Late, byQueue map[string]int) []Late {
 	at := time.Since(d.epoch)
 	d.mu.Lock()
@@ -369,7 +374,7 @@ func (d *Detector) behindLate(late []Late, byQueue map[string]int) []Late {
 			continue
 		}
 		t := d.tracks[id]
-		if t == nil || already[id] || !m.tick.After(d.since.Add(d.cfg.LateAfter)) {
+		if t == nil || already[id] || m.count < 2 {
 			continue
 		}
 		late = append(late, Late{Entry: id, Queue: t.queue, Tick: m.tick, Due: m.tick, OverdueSeconds: int64(m.lag / time.Second),

@@ -11,10 +11,10 @@
 //
 // An entry is late when the tick after its last handled one that fires is
 // due (tick plus jitter) for more than LateAfter, or when this replica's
-// fires of it skipped ticks as missed within the last LateAfter (an
-// overloaded replica fires each entry's latest tick and records the ticks
-// before it as skipped: none stays overdue, yet ticks are lost; the ticks
-// missed when the replica starts are catch-up, not lateness). Paused entries and
+// fires of it skipped ticks as missed again and again, the last within
+// LateAfter (an overloaded replica fires each entry's latest tick and
+// records the ticks before it as skipped: none stays overdue, yet ticks are
+// lost; one such fire alone, after a start or an outage, is catch-up). Paused entries and
 // entries whose schedule never fires again (an entry past its end_at among
 // them) are never late, nor is a tick its exclusions skip; a tick at or before the
 // entry's last config change is never due (a registration, a resume or a
