@@ -57,12 +57,15 @@ func TestRevisionFence(t *testing.T) {
 		e.put(every(id, "@every 1s"))
 	}
 	old := e.put(every("bump", "@every 1h")) - 1
-	a := e.startNode("a", nodeOpts{})
-	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired >= 6 }, "a to fire")
-	b := e.startNode("b", nodeOpts{projection: func(p *projector.Projector) scheduler.Projection {
+	// Both replicas try every tick (no shard ownership, on one manual
+	// clock): each of b's attempts meets the fence a raised.
+	mt := newManualTime(t)
+	a := mt.startNode(e, "a", nodeOpts{})
+	mt.until(20*time.Second, 250*time.Millisecond, func() bool { return a.counts().Fired >= 6 }, "a to fire")
+	b := mt.startNode(e, "b", nodeOpts{projection: func(p *projector.Projector) scheduler.Projection {
 		return skewedProjection{Projector: p, seq: func() uint64 { return old }}
 	}})
-	testenv.Eventually(t, 20*time.Second, func() bool { return b.counts().Refused["revision-fenced"] >= 3 }, "b's fires to be fenced (b %+v)", b.counts())
+	mt.until(20*time.Second, 250*time.Millisecond, func() bool { return b.counts().Refused["revision-fenced"] >= 3 }, "b's fires to be fenced (b %+v)", b.counts())
 	if n := b.counts().Fired; n != 0 {
 		t.Errorf("b fired %d ticks from an older configuration", n)
 	}
@@ -151,15 +154,15 @@ func TestOutboxBackpressure(t *testing.T) {
 		}
 		return n
 	}
-	a := e.startNode("a", nodeOpts{noRelay: true, sched: func(c *scheduler.Config) {
+	mt := newManualTime(t)
+	a := mt.startNode(e, "a", nodeOpts{noRelay: true, sched: func(c *scheduler.Config) {
 		// A few dozen records.
 		c.MaxOutboxBytes = 8 << 10
 		c.OutboxBytes = backlog
 	}})
-	testenv.Eventually(t, 20*time.Second, a.sched.Paused, "firing to pause (backlog %d)", backlog())
+	mt.until(20*time.Second, 250*time.Millisecond, a.sched.Paused, "firing to pause (backlog %d)", backlog())
 	fired := a.counts().Fired
-	held := time.Now()
-	waitUntil(t, time.Now, held.Add(2500*time.Millisecond))
+	mt.advance(2500 * time.Millisecond)
 	if got := a.counts().Fired; got != fired || !a.sched.Paused() {
 		t.Fatalf("fired %d more ticks while paused (paused %v)", got-fired, a.sched.Paused())
 	}
@@ -171,7 +174,7 @@ func TestOutboxBackpressure(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = r.Stop(context.Background()) })
-	testenv.Eventually(t, 20*time.Second, func() bool { return !a.sched.Paused() && a.counts().Fired >= fired+20 }, "firing to resume")
+	mt.until(20*time.Second, 250*time.Millisecond, func() bool { return !a.sched.Paused() && a.counts().Fired >= fired+20 }, "firing to resume")
 	a.stop()
 	if err := r.Stop(ctx(t, 10*time.Second)); err != nil && !errors.Is(err, context.Canceled) {
 		t.Fatal(err)
