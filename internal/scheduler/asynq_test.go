@@ -58,17 +58,14 @@ func TestOverlapSkipWithRealWorker(t *testing.T) {
 		processed.Store(id, true)
 		return nil
 	})
-	a := e.startNode("a", nodeOpts{})
-	var first string
-	select {
-	case first = <-started:
-	case <-time.After(20 * time.Second):
-		t.Fatal("the worker never got a task")
-	}
-	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().SkippedOverlap >= 3 }, "ticks to be skipped while %s runs", first)
+	mt := newManualTime(t)
+	a := mt.startNode(e, "a", nodeOpts{})
+	mt.until(20*time.Second, 250*time.Millisecond, blocked.Load, "the worker to get a task")
+	first := <-started
+	mt.until(20*time.Second, 250*time.Millisecond, func() bool { return a.counts().SkippedOverlap >= 3 }, "ticks to be skipped while %s runs", first)
 	close(release)
 	skipped := a.counts().SkippedOverlap
-	testenv.Eventually(t, 20*time.Second, func() bool {
+	mt.until(20*time.Second, 250*time.Millisecond, func() bool {
 		n := 0
 		processed.Range(func(k, _ any) bool { n++; return true })
 		return n >= 3

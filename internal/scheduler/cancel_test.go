@@ -115,9 +115,10 @@ func TestOverlapCancelPreviousPending(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	e.put(every("canp", "@every 1s", func(en *events.Entry) { en.Overlap = events.OverlapCancelPrevious }))
-	a := e.startNode("a", nodeOpts{})
-	b := e.startNode("b", nodeOpts{})
-	testenv.Eventually(t, 30*time.Second, func() bool {
+	mt := newManualTime(t)
+	a := mt.startNode(e, "a", nodeOpts{})
+	b := mt.startNode(e, "b", nodeOpts{})
+	mt.until(30*time.Second, 250*time.Millisecond, func() bool {
 		return a.counts().CancelDeleted+b.counts().CancelDeleted >= 3
 	}, "three pending tasks replaced")
 	a.stop()

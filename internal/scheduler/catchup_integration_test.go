@@ -16,8 +16,9 @@ func withCatchup(p events.CatchupPolicy, window time.Duration) func(*events.Entr
 }
 
 // TestCatchupAfterOutage: a replica set fires, goes down, and comes back
-// (its clock moved 12 s on, with a 1.5 s grace: at least 10 ticks were
-// missed). Two replicas come back at once and race on the same gaps:
+// 12 s later by its clock (a manual one), with a 1.5 s grace: at least 10
+// ticks were missed. Two replicas come back, without shard ownership, and
+// race on the same gaps:
 //
 //   - none: one skipped event (reason missed) covers the gap, then ticks fire.
 //   - latest: the most recent missed tick fires, one skipped event covers the
@@ -37,8 +38,9 @@ func TestCatchupAfterOutage(t *testing.T) {
 		every("all", "@every 1s", withCatchup(events.CatchupAll, time.Hour)),
 	)
 	ids := []string{"none", "latest", "latest-out", "all"}
-	a := e.startNode("a", nodeOpts{})
-	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired >= 8 }, "a to fire every entry")
+	mt := newManualTime(t)
+	a := mt.startNode(e, "a", nodeOpts{})
+	mt.until(20*time.Second, 250*time.Millisecond, func() bool { return a.counts().Fired >= 8 }, "a to fire every entry")
 	a.stop()
 	wm := map[string]time.Time{}
 	for _, id := range ids {
@@ -49,15 +51,14 @@ func TestCatchupAfterOutage(t *testing.T) {
 		wm[id] = tick
 	}
 
-	clock := newShiftClock(t, 12*time.Second)
-	opts := nodeOpts{clock: clock.clock, sched: func(c *scheduler.Config) {
+	mt.advance(12 * time.Second) // nobody runs
+	opts := nodeOpts{sched: func(c *scheduler.Config) {
 		c.Grace = 1500 * time.Millisecond
 		c.MaxCatchup = 3
 	}}
-	b := e.startNode("b", opts)
-	c := e.startNode("c", opts)
-	resumed := clock.now()
-	waitUntil(t, clock.now, resumed.Add(3*time.Second))
+	b := mt.startNode(e, "b", opts)
+	c := mt.startNode(e, "c", opts)
+	mt.advance(3 * time.Second)
 	b.stop()
 	c.stop()
 	e.waitOutboxEmpty(5*time.Second, "default")

@@ -10,7 +10,6 @@ import (
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/relay"
 	"github.com/cronstream/cronstream/internal/scheduler"
-	"github.com/cronstream/cronstream/internal/testenv"
 	"github.com/cronstream/cronstream/projector"
 )
 
@@ -57,12 +56,15 @@ func TestRevisionFence(t *testing.T) {
 		e.put(every(id, "@every 1s"))
 	}
 	old := e.put(every("bump", "@every 1h")) - 1
-	a := e.startNode("a", nodeOpts{})
-	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired >= 6 }, "a to fire")
-	b := e.startNode("b", nodeOpts{projection: func(p *projector.Projector) scheduler.Projection {
+	// Both replicas try every tick (no shard ownership, on one manual
+	// clock): each of b's attempts meets the fence a raised.
+	mt := newManualTime(t)
+	a := mt.startNode(e, "a", nodeOpts{})
+	mt.until(20*time.Second, 250*time.Millisecond, func() bool { return a.counts().Fired >= 6 }, "a to fire")
+	b := mt.startNode(e, "b", nodeOpts{projection: func(p *projector.Projector) scheduler.Projection {
 		return skewedProjection{Projector: p, seq: func() uint64 { return old }}
 	}})
-	testenv.Eventually(t, 20*time.Second, func() bool { return b.counts().Refused["revision-fenced"] >= 3 }, "b's fires to be fenced (b %+v)", b.counts())
+	mt.until(20*time.Second, 250*time.Millisecond, func() bool { return b.counts().Refused["revision-fenced"] >= 3 }, "b's fires to be fenced (b %+v)", b.counts())
 	if n := b.counts().Fired; n != 0 {
 		t.Errorf("b fired %d ticks from an older configuration", n)
 	}
@@ -94,13 +96,18 @@ func TestStalenessFence(t *testing.T) {
 	}
 	staleness := 2 * time.Second
 	fast := func(c *scheduler.Config) { c.MaxStaleness = staleness }
-	a := e.startNode("a", nodeOpts{sched: fast})
-	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired >= 6 }, "a to fire")
+	// The fence compares the freshness the replicas present with each
+	// other, never with a clock, so their ticks come from a manual clock
+	// (both replicas try every tick); the wall clock passes where the test
+	// is about Redis TIME moving on.
+	mt := newManualTime(t)
+	a := mt.startNode(e, "a", nodeOpts{sched: fast})
+	mt.until(20*time.Second, 250*time.Millisecond, func() bool { return a.counts().Fired >= 6 }, "a to fire")
 	lost := time.Now().Add(-3 * staleness)
-	b := e.startNode("b", nodeOpts{sched: fast, projection: func(p *projector.Projector) scheduler.Projection {
+	b := mt.startNode(e, "b", nodeOpts{sched: fast, projection: func(p *projector.Projector) scheduler.Projection {
 		return skewedProjection{Projector: p, heard: func() time.Time { return lost }}
 	}})
-	testenv.Eventually(t, 20*time.Second, func() bool { return b.counts().Refused["stale"] >= 3 }, "b's fires to be refused as stale")
+	mt.until(20*time.Second, 250*time.Millisecond, func() bool { return b.counts().Refused["stale"] >= 3 }, "b's fires to be refused as stale")
 	if n := b.counts().Fired; n != 0 {
 		t.Errorf("b fired %d ticks with a stale projection", n)
 	}
@@ -112,11 +119,11 @@ func TestStalenessFence(t *testing.T) {
 	freeze := func(p *projector.Projector) scheduler.Projection {
 		return skewedProjection{Projector: p, heard: func() time.Time { return frozen }}
 	}
-	c := e.startNode("c", nodeOpts{sched: fast, projection: freeze})
-	d := e.startNode("d", nodeOpts{sched: fast, projection: freeze})
+	c := mt.startNode(e, "c", nodeOpts{sched: fast, projection: freeze})
+	d := mt.startNode(e, "d", nodeOpts{sched: fast, projection: freeze})
 	waitUntil(t, time.Now, frozen.Add(3*staleness))
 	before := c.counts().Fired + d.counts().Fired
-	testenv.Eventually(t, 20*time.Second, func() bool { return c.counts().Fired+d.counts().Fired >= before+12 }, "c and d to keep firing without NATS")
+	mt.until(20*time.Second, 250*time.Millisecond, func() bool { return c.counts().Fired+d.counts().Fired >= before+12 }, "c and d to keep firing without NATS")
 	for _, n := range []*node{c, d} {
 		if r := n.counts().Refused["stale"]; r != 0 {
 			t.Errorf("%s: %d fires refused as stale while nobody hears NATS", n.id, r)
@@ -151,15 +158,15 @@ func TestOutboxBackpressure(t *testing.T) {
 		}
 		return n
 	}
-	a := e.startNode("a", nodeOpts{noRelay: true, sched: func(c *scheduler.Config) {
+	mt := newManualTime(t)
+	a := mt.startNode(e, "a", nodeOpts{noRelay: true, sched: func(c *scheduler.Config) {
 		// A few dozen records.
 		c.MaxOutboxBytes = 8 << 10
 		c.OutboxBytes = backlog
 	}})
-	testenv.Eventually(t, 20*time.Second, a.sched.Paused, "firing to pause (backlog %d)", backlog())
+	mt.until(20*time.Second, 250*time.Millisecond, a.sched.Paused, "firing to pause (backlog %d)", backlog())
 	fired := a.counts().Fired
-	held := time.Now()
-	waitUntil(t, time.Now, held.Add(2500*time.Millisecond))
+	mt.advance(2500 * time.Millisecond)
 	if got := a.counts().Fired; got != fired || !a.sched.Paused() {
 		t.Fatalf("fired %d more ticks while paused (paused %v)", got-fired, a.sched.Paused())
 	}
@@ -171,7 +178,7 @@ func TestOutboxBackpressure(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = r.Stop(context.Background()) })
-	testenv.Eventually(t, 20*time.Second, func() bool { return !a.sched.Paused() && a.counts().Fired >= fired+20 }, "firing to resume")
+	mt.until(20*time.Second, 250*time.Millisecond, func() bool { return !a.sched.Paused() && a.counts().Fired >= fired+20 }, "firing to resume")
 	a.stop()
 	if err := r.Stop(ctx(t, 10*time.Second)); err != nil && !errors.Is(err, context.Canceled) {
 		t.Fatal(err)

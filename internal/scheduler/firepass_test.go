@@ -36,7 +36,9 @@ func TestSmallBatchesKeepEachFireIntact(t *testing.T) {
 		entries[i] = every(id, "@every 1s", func(en *events.Entry) { en.Options.Queue = queueOf(i) })
 	}
 	e.put(entries...)
-	e.startNode("n1", nodeOpts{sched: func(c *scheduler.Config) { c.Batch, c.Parallel = 7, 3 }})
+	mt := newManualTime(t)
+	mt.startNode(e, "n1", nodeOpts{sched: func(c *scheduler.Config) { c.Batch, c.Parallel = 7, 3 }})
+	mt.advance(3 * time.Second) // three ticks of every entry
 	e.waitActivity(3*n, 45*time.Second)
 
 	fired := 0
