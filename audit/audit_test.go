@@ -23,11 +23,8 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-func testCtx(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
+// testCtx ends with the test, bounded so a hang fails instead of stalling.
+func testCtx(t testing.TB) context.Context { return testenv.Context(t, 45*time.Second) }
 
 // world is one embedded NATS with both streams, a config client and a
 // stand-in for the relay that publishes activity events.

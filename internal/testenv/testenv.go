@@ -19,7 +19,9 @@
 // a client and a server, to stall or break a connection.
 //
 // It also owns Eventually, the project's one way for a test to wait for a
-// condition (WaitFor is its form that reports instead of failing).
+// condition (WaitFor is its form that reports instead of failing), and
+// Context, a context bounded so that a hang fails the test instead of
+// stalling the package.
 //
 // It never mocks a server and never touches a server it did not start, except
 // the one named by REDIS_URL. It is for tests only; non-test code must not
@@ -27,6 +29,7 @@
 package testenv
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -52,6 +55,14 @@ func Eventually(t testing.TB, timeout time.Duration, cond func() bool, format st
 		return
 	}
 	t.Fatalf("condition not met within %s: %s", timeout, fmt.Sprintf(format, args...))
+}
+
+// Context returns a context that ends after d or when the test ends,
+// whichever comes first.
+func Context(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
 }
 
 // WaitFor polls cond like Eventually and reports whether it became true
