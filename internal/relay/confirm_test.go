@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/promtest"
 	"github.com/cronstream/cronstream/internal/relay"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
@@ -178,10 +179,10 @@ func TestRelayPublishesThroughReplicaOutage(t *testing.T) {
 	if !st.Behind || st.Reason != "timeout" || st.Unconfirmed != uint64(len(during)) || st.Since.IsZero() {
 		t.Errorf("WaitStatus = %+v; want behind since the timeout, %d unconfirmed", st, len(during))
 	}
-	if got := gatherValue(t, reg, "cronstream_relay_unconfirmed_total"); got != float64(len(during)) {
+	if got := promtest.MustValue(t, reg, "cronstream_relay_unconfirmed_total"); got != float64(len(during)) {
 		t.Errorf("cronstream_relay_unconfirmed_total = %v, want %d", got, len(during))
 	}
-	if got := gatherValue(t, reg, "cronstream_relay_redis_wait_behind"); got != 1 {
+	if got := promtest.MustValue(t, reg, "cronstream_relay_redis_wait_behind"); got != 1 {
 		t.Errorf("cronstream_relay_redis_wait_behind = %v, want 1", got)
 	}
 	checkExactlyOnce(t, e.stored(), append(before, during...))
@@ -263,27 +264,6 @@ func TestRelayWaitRefused(t *testing.T) {
 	if st := r.WaitStatus(); !st.Behind || st.Reason != "refused" {
 		t.Errorf("WaitStatus = %+v; want behind, refused", st)
 	}
-}
-
-// gatherValue reads a counter's or gauge's value from reg.
-func gatherValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		m := mf.GetMetric()[0]
-		if c := m.GetCounter(); c != nil {
-			return c.GetValue()
-		}
-		return m.GetGauge().GetValue()
-	}
-	t.Fatalf("metric %s not gathered", name)
-	return 0
 }
 
 // TestRelayWaitsOnClusterMaster: on a Redis Cluster each queue's batch

@@ -18,9 +18,11 @@ import (
 
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/outbox"
+	"github.com/cronstream/cronstream/internal/promtest"
 	"github.com/cronstream/cronstream/internal/relay"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
+	"github.com/cronstream/cronstream/internal/testlog"
 )
 
 const prefix = "rl"
@@ -68,22 +70,9 @@ func newEnvOn(t testing.TB, n *testenv.NATS, dup time.Duration) *env {
 	return e
 }
 
-func ctx(t testing.TB, d time.Duration) context.Context {
-	c, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return c
-}
+func ctx(t testing.TB, d time.Duration) context.Context { return testenv.Context(t, d) }
 
-func logger(t testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
-}
-
-type testWriter struct{ t testing.TB }
-
-func (w testWriter) Write(b []byte) (int, error) {
-	w.t.Log(strings.TrimSpace(string(b)))
-	return len(b), nil
-}
+func logger(t testing.TB) *slog.Logger { return testlog.Logger(t, slog.LevelWarn) }
 
 // write appends n records (fired events of entry, one task each) to queue's
 // outbox through the fire script, as the scheduler does, and returns their
@@ -622,16 +611,8 @@ func TestRelayReportsForgery(t *testing.T) {
 	if got := r.Forgeries(); got != 1 {
 		t.Errorf("Forgeries() = %d, want 1", got)
 	}
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == "cronstream_relay_forgeries_total" {
-			if got := mf.GetMetric()[0].GetCounter().GetValue(); got != 1 {
-				t.Errorf("cronstream_relay_forgeries_total = %v, want 1", got)
-			}
-		}
+	if got := promtest.MustValue(t, reg, "cronstream_relay_forgeries_total"); got != 1 {
+		t.Errorf("cronstream_relay_forgeries_total = %v, want 1", got)
 	}
 	checkExactlyOnce(t, e.stored(), ids)
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/clock"
 	"github.com/cronstream/cronstream/internal/scheduler"
+	"github.com/cronstream/cronstream/internal/testlog"
 	"github.com/cronstream/cronstream/projector"
 	"github.com/cronstream/cronstream/schedule"
 )
@@ -229,7 +230,7 @@ func newCluster(t *testing.T, cfg simConfig, start time.Time) *cluster {
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	if os.Getenv("CRONSTREAM_SIM_LOG") != "" {
-		log = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+		log = testlog.Logger(t, slog.LevelInfo)
 	}
 	c := &cluster{tb: t, clock: m, redis: redis, proj: proj, names: names, log: log, share: map[string]*work{}}
 	t.Cleanup(func() { _ = proj.Stop(t.Context()) })
@@ -258,13 +259,6 @@ func lastTick(s *schedule.Schedule, t time.Time) time.Time {
 		last = n
 	}
 	return last
-}
-
-type testWriter struct{ t testing.TB }
-
-func (w testWriter) Write(b []byte) (int, error) {
-	w.t.Log(strings.TrimSpace(string(b)))
-	return len(b), nil
 }
 
 // memPeak is the most heap in use seen.
