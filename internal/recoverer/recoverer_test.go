@@ -352,25 +352,8 @@ func TestStaleAggregationSetReclaimed(t *testing.T) {
 	}
 
 	// A real asynq aggregator now finds the group and aggregates it.
-	done := make(chan int, 1)
-	testenv.StartAsynqServer(t, rc, asynq.Config{
-		Queues: map[string]int{q: 1}, GroupGracePeriod: time.Second,
-		GroupAggregator: asynq.GroupAggregatorFunc(func(_ string, tasks []*asynq.Task) *asynq.Task {
-			return asynq.NewTask("aggregated", []byte{byte(len(tasks))})
-		}),
-	}, asynq.HandlerFunc(func(_ context.Context, task *asynq.Task) error {
-		if task.Type() == "aggregated" {
-			done <- int(task.Payload()[0])
-		}
-		return nil
-	}))
-	select {
-	case n := <-done:
-		if n != 3 {
-			t.Fatalf("aggregated %d tasks, want 3", n)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("the asynq aggregator did not aggregate the reclaimed group")
+	if n := testenv.AggregateWithAsynq(t, rc, q, 20*time.Second); n != 3 {
+		t.Fatalf("aggregated %d tasks, want 3", n)
 	}
 }
 

@@ -284,9 +284,15 @@ func withEmptyMaps(m *TaskMessage) TaskMessage {
 // checks at the very end that it left no goroutine behind.
 func startAsynqServer(t *testing.T, rc redis.UniversalClient, cfg asynq.Config, h asynq.Handler) {
 	t.Helper()
+	verifyNoLeaks(t)
+	testenv.StartAsynqServer(t, rc, cfg, h)
+}
+
+// verifyNoLeaks fails t if goroutines started after this call are still
+// running when the cleanups registered after it have run.
+func verifyNoLeaks(t *testing.T) {
 	leakOpt := goleak.IgnoreCurrent()
 	t.Cleanup(func() { goleak.VerifyNone(t, leakOpt) })
-	testenv.StartAsynqServer(t, rc, cfg, h)
 }
 
 // handled is what a handler saw of one task.

@@ -14,7 +14,6 @@ import (
 
 	"github.com/cronstream/cronstream/internal/massrecovery"
 	"github.com/cronstream/cronstream/internal/taskstate"
-	"github.com/cronstream/cronstream/internal/testenv"
 )
 
 // BenchmarkRecover measures recovering a mass crash: N lease-expired tasks
@@ -35,15 +34,7 @@ import (
 //
 //	go test -run '^$' -bench BenchmarkRecover -benchtime 1x ./internal/taskstate/
 func BenchmarkRecover(b *testing.B) {
-	r := testenv.StartRedis(b, testenv.WithPrivateServer())
-	rc := r.Client(b)
-	ctx := context.Background()
-	if err := rc.ConfigSet(ctx, "slowlog-log-slower-than", "200").Err(); err != nil {
-		b.Fatal(err)
-	}
-	if err := rc.ConfigSet(ctx, "slowlog-max-len", "100000").Err(); err != nil {
-		b.Fatal(err)
-	}
+	rc := massrecovery.StartRedis(b, 200*time.Microsecond)
 	for _, n := range []int{10_000, 100_000} {
 		b.Run(fmt.Sprintf("N=%d/cronstream", n), func(b *testing.B) {
 			benchRecover(b, rc, n, recoverOurs)
@@ -66,9 +57,6 @@ func benchRecover(b *testing.B, rc redis.UniversalClient, n int, path recoverPat
 		b.StopTimer()
 		now := time.Now()
 		live := massrecovery.Seed(b, rc, n, now)
-		if err := rc.SlowLogReset(ctx).Err(); err != nil {
-			b.Fatal(err)
-		}
 		cpu0 := redisCPUTime(b, rc)
 		b.StartTimer()
 		moved, err := path(ctx, rc, now)
