@@ -16,6 +16,7 @@ import (
 
 	"github.com/cronstream/cronstream/audit"
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/eventtest"
 	"github.com/cronstream/cronstream/internal/testenv"
 )
 
@@ -63,14 +64,7 @@ func (w *world) publish(subject string, data []byte) {
 func (w *world) event(subject, typ, eventSubject string, data any) {
 	w.t.Helper()
 	w.n++
-	ev, err := events.NewEventAt(fmt.Sprintf("test-%d", w.n), time.Now(), typ, "cronstream/test", eventSubject, data)
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	b, err := ev.Marshal()
-	if err != nil {
-		w.t.Fatal(err)
-	}
+	b := eventtest.MarshalAt(w.t, fmt.Sprintf("test-%d", w.n), time.Now(), typ, "cronstream/test", eventSubject, data)
 	w.publish(subject, b)
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/eventtest"
 	"github.com/cronstream/cronstream/internal/testenv"
 	"github.com/cronstream/cronstream/projector"
 )
@@ -68,14 +69,7 @@ func BenchmarkConsole(b *testing.B) {
 	for round, typ := range []string{events.TypeEntryRegistered, events.TypeEntryUpdated} {
 		for i := range entries {
 			e := benchEntry(i, round)
-			ev, err := events.NewEvent(typ, "bench", e.ID, e)
-			if err != nil {
-				b.Fatal(err)
-			}
-			data, err := ev.Marshal()
-			if err != nil {
-				b.Fatal(err)
-			}
+			data := eventtest.Marshal(b, typ, "bench", e.ID, e)
 			if _, err := pub.PublishAsync(names.ConfigSubject(e.ID), data); err != nil {
 				b.Fatal(err)
 			}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/console"
+	"github.com/cronstream/cronstream/internal/eventtest"
 	"github.com/cronstream/cronstream/internal/testenv"
 )
 
@@ -312,14 +313,7 @@ func TestConsoleLostFires(t *testing.T) {
 	before := tick.Add(-time.Hour)
 	publish := func(id, typ string, data any, unconfirmed string) {
 		t.Helper()
-		ev, err := events.NewEventAt(id, time.Now(), typ, "cronstream/test", "gone", data)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, err := ev.Marshal()
-		if err != nil {
-			t.Fatal(err)
-		}
+		b := eventtest.MarshalAt(t, id, time.Now(), typ, "cronstream/test", "gone", data)
 		m := &nats.Msg{Subject: s.names.FireSubject("gone"), Data: b, Header: nats.Header{}}
 		m.Header.Set(jetstream.MsgIDHeader, id)
 		if unconfirmed != "" {

@@ -61,24 +61,7 @@ func (e *env) writeBatch(queue string, n, size int) (string, []string, [][]byte)
 // data.
 func (e *env) storedMsgs() []jetstream.RawStreamMsg {
 	e.t.Helper()
-	c := ctx(e.t, 30*time.Second)
-	s, err := e.js.Stream(c, names.ActivityStream())
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	info, err := s.Info(c)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	var out []jetstream.RawStreamMsg
-	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
-		m, err := s.GetMsg(c, seq)
-		if err != nil {
-			e.t.Fatal(err)
-		}
-		out = append(out, *m)
-	}
-	return out
+	return testenv.StreamMsgs(e.t, e.js, names.ActivityStream())
 }
 
 // TestRelayPublishesBatchRecords: a batch record (a mass recovery's) goes to

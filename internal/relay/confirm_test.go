@@ -40,21 +40,8 @@ func newReplicatedEnv(t testing.TB) *replicatedEnv {
 // in the activity stream, by Nats-Msg-Id.
 func (e *env) marks() map[string]string {
 	e.t.Helper()
-	c := ctx(e.t, 30*time.Second)
-	s, err := e.js.Stream(c, names.ActivityStream())
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	info, err := s.Info(c)
-	if err != nil {
-		e.t.Fatal(err)
-	}
 	out := map[string]string{}
-	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
-		m, err := s.GetMsg(c, seq)
-		if err != nil {
-			e.t.Fatal(err)
-		}
+	for _, m := range testenv.StreamMsgs(e.t, e.js, names.ActivityStream()) {
 		out[m.Header.Get(jetstream.MsgIDHeader)] = m.Header.Get(events.HeaderRedisUnconfirmed)
 	}
 	return out

@@ -121,47 +121,14 @@ func (e *env) write(queue, entry string, n int) []string {
 // stored returns the Nats-Msg-Ids in the activity stream, in order.
 func (e *env) stored() []string {
 	e.t.Helper()
-	c := ctx(e.t, 30*time.Second)
-	s, err := e.js.Stream(c, names.ActivityStream())
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	info, err := s.Info(c)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	if info.State.Msgs == 0 {
-		return nil
-	}
-	cons, err := s.OrderedConsumer(c, jetstream.OrderedConsumerConfig{HeadersOnly: true})
-	if err != nil {
-		e.t.Fatal(err)
-	}
 	var out []string
-	for {
-		m, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
-		if err != nil {
-			e.t.Fatal(err)
-		}
-		out = append(out, m.Headers().Get(jetstream.MsgIDHeader))
-		md, _ := m.Metadata()
-		if md.Sequence.Stream >= info.State.LastSeq {
-			return out
-		}
+	for _, m := range testenv.StreamMsgs(e.t, e.js, names.ActivityStream()) {
+		out = append(out, m.Header.Get(jetstream.MsgIDHeader))
 	}
+	return out
 }
 
-func (e *env) storedCount() uint64 {
-	s, err := e.js.Stream(context.Background(), names.ActivityStream())
-	if err != nil {
-		return 0
-	}
-	info, err := s.Info(context.Background())
-	if err != nil {
-		return 0
-	}
-	return info.State.Msgs
-}
+func (e *env) storedCount() uint64 { return testenv.StreamMsgCount(e.js, names.ActivityStream()) }
 
 func (e *env) outboxLen(queue string) int64 {
 	n, err := e.store.OutboxLen(context.Background(), prefix, queue)

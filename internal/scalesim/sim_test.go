@@ -18,6 +18,7 @@ import (
 
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/clock"
+	"github.com/cronstream/cronstream/internal/eventtest"
 	"github.com/cronstream/cronstream/internal/scheduler"
 	"github.com/cronstream/cronstream/internal/testlog"
 	"github.com/cronstream/cronstream/projector"
@@ -204,19 +205,13 @@ func newCluster(t *testing.T, cfg simConfig, start time.Time) *cluster {
 	at := start.Add(-time.Hour)
 	for i := range cfg.entries {
 		e := simEntry(i, cfg)
-		ev, err := events.NewEventAt(events.NewEventID(), at, events.TypeEntryRegistered, "sim", e.ID, e)
-		if err != nil {
-			t.Fatal(err)
-		}
-		data, err := ev.Marshal()
-		if err != nil {
-			t.Fatal(err)
-		}
+		data := eventtest.MarshalAt(t, events.NewEventID(), at, events.TypeEntryRegistered, "sim", e.ID, e)
 		if _, _, err := fold.Apply(names.ConfigSubject(e.ID), uint64(i+1), at, data); err != nil {
 			t.Fatalf("entry %s: %v", e.ID, err)
 		}
 		s := specs[e.Cron]
 		if s == nil {
+			var err error
 			if s, err = schedule.NewSchedule(e); err != nil {
 				t.Fatal(err)
 			}

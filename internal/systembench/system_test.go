@@ -24,6 +24,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/eventtest"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
 )
@@ -483,14 +484,7 @@ func (s *system) register(entries []events.Entry) {
 	}
 	for _, e := range entries {
 		e = e.Normalize()
-		ev, err := events.NewEvent(events.TypeEntryRegistered, "systembench", e.ID, e)
-		if err != nil {
-			s.b.Fatal(err)
-		}
-		data, err := ev.Marshal()
-		if err != nil {
-			s.b.Fatal(err)
-		}
+		data := eventtest.Marshal(s.b, events.TypeEntryRegistered, "systembench", e.ID, e)
 		f, err := s.js.PublishAsync(s.names.ConfigSubject(e.ID), data)
 		if err != nil {
 			s.b.Fatal(err)
@@ -513,17 +507,7 @@ func entries(prefix, spec string, n int) []events.Entry {
 }
 
 // activityMsgs is the number of messages in the activity stream.
-func (s *system) activityMsgs() uint64 {
-	st, err := s.js.Stream(context.Background(), s.names.ActivityStream())
-	if err != nil {
-		return 0
-	}
-	info, err := st.Info(context.Background())
-	if err != nil {
-		return 0
-	}
-	return info.State.Msgs
-}
+func (s *system) activityMsgs() uint64 { return testenv.StreamMsgCount(s.js, s.names.ActivityStream()) }
 
 // recoveryEvents counts the events on the activity stream's recovery
 // subjects and the messages that hold them.

@@ -15,6 +15,9 @@
 // cgroup that limits the processes started in it to a share of a core
 // (root, or a delegated cgroup v2; ErrNoCPUGroup elsewhere).
 //
+// StreamMsgs reads every message of a JetStream stream, StreamMsgCount
+// counts them.
+//
 // StartProxy puts a TCP proxy the test can cut (blackhole or drop) between
 // a client and a server, to stall or break a connection.
 //
