@@ -15,8 +15,8 @@ import (
 
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/eventtest"
+	"github.com/cronstream/cronstream/internal/projectiontest"
 	"github.com/cronstream/cronstream/internal/testenv"
-	"github.com/cronstream/cronstream/projector"
 )
 
 var (
@@ -81,18 +81,8 @@ func BenchmarkConsole(b *testing.B) {
 		}
 	}
 	b.Logf("published %d config events in %s", 2*entries, time.Since(start).Round(time.Millisecond))
+	proj := projectiontest.CaughtUp(ctx, b, js, names)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	proj, err := projector.New(projector.Config{JS: js, Names: names, Logger: quiet})
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := proj.Start(ctx); err != nil {
-		b.Fatal(err)
-	}
-	defer func() { _ = proj.Stop(ctx) }()
-	if err := proj.WaitCaughtUp(ctx); err != nil {
-		b.Fatal(err)
-	}
 	if proj.Len() != entries {
 		b.Fatalf("projection holds %d entries, want %d", proj.Len(), entries)
 	}

@@ -14,12 +14,12 @@ import (
 
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/keygc"
+	"github.com/cronstream/cronstream/internal/projectiontest"
 	"github.com/cronstream/cronstream/internal/promtest"
 	"github.com/cronstream/cronstream/internal/replica"
 	"github.com/cronstream/cronstream/internal/replicatest"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
-	"github.com/cronstream/cronstream/projector"
 )
 
 func TestMain(m *testing.M) {
@@ -226,18 +226,8 @@ func TestSweepKeepsWhatItMustNot(t *testing.T) {
 	if _, err := js.Publish(ctx, names.ConfigSubject("bad"), []byte("not an event")); err != nil {
 		t.Fatal(err)
 	}
+	proj := projectiontest.CaughtUp(ctx, t, js, names)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	proj, err := projector.New(projector.Config{JS: js, Names: names, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := proj.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = proj.Stop(ctx) }()
-	if err := proj.WaitCaughtUp(ctx); err != nil {
-		t.Fatal(err)
-	}
 	if len(proj.Quarantined()) != 1 {
 		t.Fatalf("quarantined %v, want bad", proj.Quarantined())
 	}
