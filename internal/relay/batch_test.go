@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -155,13 +154,7 @@ func TestRelayReadsLargeRecordsInSmallReads(t *testing.T) {
 	if n := e.storedCount(); n != records {
 		t.Fatalf("%d messages, want %d", n, records)
 	}
-	reads := 0
-	info := private.Info(context.Background(), "commandstats").Val()
-	for _, line := range strings.Split(info, "\n") {
-		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_xrange:calls="); ok {
-			reads, _ = strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
-		}
-	}
+	reads := testenv.RedisCommandStats(t, private)["xrange"].Calls
 	// 4.8 MB in reads of at most about 1 MB.
 	if reads < 5 {
 		t.Fatalf("%d XRANGE calls for %d records of 200 KB, want reads of about 1 MB", reads, records)

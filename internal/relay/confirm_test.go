@@ -61,27 +61,6 @@ func blockedInWait(t testing.TB, rc *redis.Client) bool {
 	return false
 }
 
-// waitCalls is how many WAIT commands r has run.
-func waitCalls(t testing.TB, rc *redis.Client) int {
-	info, err := rc.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(info, "\n") {
-		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_wait:calls="); ok {
-			n := 0
-			for _, c := range rest {
-				if c < '0' || c > '9' {
-					break
-				}
-				n = n*10 + int(c-'0')
-			}
-			return n
-		}
-	}
-	return 0
-}
-
 // TestRelayWaitsForReplica: with the replica frozen the relay holds the
 // batch in WAIT and publishes nothing; once the replica runs, the events
 // are published unmarked, and every one's task was on the replica first.
@@ -132,7 +111,7 @@ func TestRelayPublishesThroughReplicaOutage(t *testing.T) {
 
 	e.replica.Stop(t)
 	var during []string
-	calls := waitCalls(t, e.rc)
+	calls := testenv.RedisCommandStats(t, e.rc)["wait"].Calls
 	outage := time.Now()
 	for range 20 {
 		during = append(during, e.write("default", "a", 2)...)
@@ -141,7 +120,7 @@ func TestRelayPublishesThroughReplicaOutage(t *testing.T) {
 	elapsed := time.Since(outage)
 	// One WAIT timed out; later probes find the replica gone (INFO) and
 	// do not wait.
-	if n := waitCalls(t, e.rc) - calls; n > 1 {
+	if n := testenv.RedisCommandStats(t, e.rc)["wait"].Calls - calls; n > 1 {
 		t.Errorf("%d WAITs in %s while the replica was down; want 1", n, elapsed.Round(time.Millisecond))
 	}
 	if elapsed > 20*time.Second {

@@ -316,7 +316,7 @@ func timedWrites(b *testing.B, name string, n int, prepare, write func(ctx conte
 	b.Helper()
 	rc := testenv.StartRedis(b, testenv.WithPrivateServer()).Client(b)
 	ctx := context.Background()
-	pid := redisPID(b, rc)
+	pid := testenv.RedisPID(b, rc)
 	if err := rc.SAdd(ctx, taskstate.AllQueuesKey, "default").Err(); err != nil {
 		b.Fatal(err)
 	}

@@ -134,7 +134,7 @@ func newSystemWith(b testing.TB, cfg systemConfig) *system {
 	if err := events.EnsureStreams(context.Background(), s.js, events.StreamConfig{Names: s.names}); err != nil {
 		b.Fatal(err)
 	}
-	s.redisPID = redisPID(b, s.rc)
+	s.redisPID = testenv.RedisPID(b, s.rc)
 	return s
 }
 
@@ -425,22 +425,6 @@ func selfCPU() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-func redisPID(b testing.TB, rc *redis.Client) int {
-	b.Helper()
-	info, err := rc.Info(context.Background(), "server").Result()
-	if err != nil {
-		b.Fatal(err)
-	}
-	for _, line := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "process_id:"); ok {
-			pid, _ := strconv.Atoi(v)
-			return pid
-		}
-	}
-	b.Fatal("INFO server has no process_id")
-	return 0
 }
 
 // cpuUse is CPU time spent by the replicas, redis-server and this process.
@@ -893,28 +877,9 @@ func resetCommandStats(b testing.TB, rc *redis.Client) {
 // names as well as in the script's time.
 func commandStats(b testing.TB, rc *redis.Client) []commandTime {
 	b.Helper()
-	info, err := rc.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		b.Fatal(err)
-	}
 	var out []commandTime
-	for _, line := range strings.Split(info, "\n") {
-		name, fields, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if !ok || !strings.HasPrefix(name, "cmdstat_") {
-			continue
-		}
-		c := commandTime{name: strings.TrimPrefix(name, "cmdstat_")}
-		for _, kv := range strings.Split(fields, ",") {
-			k, v, _ := strings.Cut(kv, "=")
-			n, _ := strconv.ParseInt(v, 10, 64)
-			switch k {
-			case "calls":
-				c.calls = n
-			case "usec":
-				c.usec = n
-			}
-		}
-		out = append(out, c)
+	for name, c := range testenv.RedisCommandStats(b, rc) {
+		out = append(out, commandTime{name: name, calls: c.Calls, usec: c.Usec})
 	}
 	slices.SortFunc(out, func(a, b commandTime) int { return cmp.Compare(b.usec, a.usec) })
 	return out

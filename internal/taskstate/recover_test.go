@@ -1119,7 +1119,7 @@ func TestRecoverTailWindows(t *testing.T) {
 	if n := len(outboxEventIDs(t, rc, q)); n != len(dead) {
 		t.Fatalf("outbox has %d records, want %d", n, len(dead))
 	}
-	if lset := commandCalls(t, rc, "lset"); lset > 10 {
+	if lset := testenv.RedisCommandStats(t, rc)["lset"].Calls; lset > 10 {
 		t.Fatalf("%d LSETs for %d tasks: the windows were not used", lset, len(dead))
 	}
 }
@@ -1132,23 +1132,6 @@ func requireRetried(t *testing.T, out []Outcome) {
 			t.Fatalf("outcome %+v", o)
 		}
 	}
-}
-
-// commandCalls is how many times Redis ran cmd since the last CONFIG
-// RESETSTAT (inside scripts too).
-func commandCalls(t *testing.T, rc redis.UniversalClient, cmd string) int {
-	t.Helper()
-	info, err := rc.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(info, "\r\n") {
-		if rest, ok := strings.CutPrefix(line, "cmdstat_"+cmd+":calls="); ok {
-			n, _ := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
-			return n
-		}
-	}
-	return 0
 }
 
 // TestLoadLeaseExpiredGoneAndBad: between listing and loading, one task
