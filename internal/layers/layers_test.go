@@ -98,7 +98,7 @@ var layers = []layer{
 	},
 	{
 		name: "test support: imported by tests only",
-		pkgs: []string{"internal/testenv", "internal/replicatest", "internal/massrecovery", "internal/testlog", "internal/errtree", "internal/promtest", "internal/eventtest", "internal/firetest", "internal/projectiontest"},
+		pkgs: []string{"internal/testenv", "internal/replicatest", "internal/massrecovery", "internal/testlog", "internal/errtree", "internal/promtest", "internal/eventtest", "internal/firetest", "internal/projectiontest", "internal/rawjson"},
 	},
 	{
 		name: "test-only packages",
