@@ -16,7 +16,10 @@
 // (root, or a delegated cgroup v2; ErrNoCPUGroup elsewhere).
 //
 // StreamMsgs reads every message of a JetStream stream, StreamMsgCount
-// counts them.
+// counts them; RedisInfo and its forms (RedisPID, RedisCPU,
+// RedisCommandStats) read a Redis server's INFO. RecoverWithAsynq and
+// AggregateWithAsynq run asynq's own recoverer and aggregator over a queue,
+// for tests that compare with asynq.
 //
 // StartProxy puts a TCP proxy the test can cut (blackhole or drop) between
 // a client and a server, to stall or break a connection.
