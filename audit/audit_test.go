@@ -355,15 +355,8 @@ func TestReaderBatch(t *testing.T) {
 	w.put("x", "q1")
 	var parts [][]byte
 	for i := range 3 {
-		ev, err := events.NewEventAt(fmt.Sprintf("recover-%d", i), time.Now(), events.TypeTaskRetried, "cronstream/test", "q1",
+		b := eventtest.MarshalAt(t, fmt.Sprintf("recover-%d", i), time.Now(), events.TypeTaskRetried, "cronstream/test", "q1",
 			events.TaskRecovered{TaskID: fmt.Sprintf("t%d", i), Queue: "q1", Type: "work", Retried: 1, MaxRetry: 25})
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, err := ev.Marshal()
-		if err != nil {
-			t.Fatal(err)
-		}
 		parts = append(parts, b)
 	}
 	w.publish(w.names.RecoverySubject("q1"), append(append([]byte("["), bytes.Join(parts, []byte(","))...), ']'))

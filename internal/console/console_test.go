@@ -275,15 +275,8 @@ func TestConsoleAuditBatch(t *testing.T) {
 	defer cancel()
 	var parts []string
 	for _, task := range []string{"task-one", "task-two"} {
-		ev, err := events.NewEventAt("recover:"+task, time.Now(), events.TypeTaskRetried, "cronstream/test", "mass",
+		b := eventtest.MarshalAt(t, "recover:"+task, time.Now(), events.TypeTaskRetried, "cronstream/test", "mass",
 			events.TaskRecovered{TaskID: task, Queue: "mass", Type: "work", Retried: 1, MaxRetry: 25, Error: "asynq: task lease expired"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, err := ev.Marshal()
-		if err != nil {
-			t.Fatal(err)
-		}
 		parts = append(parts, string(b))
 	}
 	if _, err := s.js.Publish(ctx, s.names.RecoverySubject("mass"), []byte("["+strings.Join(parts, ",")+"]")); err != nil {

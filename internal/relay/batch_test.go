@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/eventtest"
 	"github.com/cronstream/cronstream/internal/outbox"
 	"github.com/cronstream/cronstream/internal/relay"
 	"github.com/cronstream/cronstream/internal/taskstate"
@@ -33,16 +34,9 @@ func (e *env) writeBatch(queue string, n, size int) (string, []string, [][]byte)
 		e.n++
 		task := fmt.Sprintf("task-%d", e.n)
 		id := events.RecoveredEventID(queue, task, 0, time.Unix(1_700_000_000, 0))
-		ev, err := events.NewEventAt(id, time.Now(), events.TypeTaskRetried, "cronstream/test", queue, events.TaskRecovered{
+		b := eventtest.MarshalAt(e.t, id, time.Now(), events.TypeTaskRetried, "cronstream/test", queue, events.TaskRecovered{
 			TaskID: task, Queue: queue, Type: "t", MaxRetry: 3, Error: strings.Repeat("e", size), Replica: "test",
 		})
-		if err != nil {
-			e.t.Fatal(err)
-		}
-		b, err := ev.Marshal()
-		if err != nil {
-			e.t.Fatal(err)
-		}
 		ids, evs = append(ids, id), append(evs, b)
 	}
 	batchID := events.BatchID(n, ids[0])
