@@ -38,10 +38,8 @@ func TestKilledWorkerRecovered(t *testing.T) {
 	rc := r.Client(t)
 	store := taskstate.New(rc)
 	js := startActivity(t)
-	client := asynq.NewClientFromRedisClient(rc)
-	t.Cleanup(func() { _ = client.Close() })
+	client := testenv.AsynqClient(t, rc)
 	insp := asynq.NewInspectorFromRedisClient(rc)
-	t.Cleanup(func() { _ = insp.Close() })
 
 	const mine, twin = "mine", "twin"
 	const withRetries, atMax = 3, 2 // per queue: MaxRetry(3) tasks, MaxRetry(0) tasks

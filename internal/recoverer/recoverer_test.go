@@ -138,10 +138,8 @@ func TestOrphanedActiveTask(t *testing.T) {
 	rc := testenv.StartRedis(t).Client(t)
 	const q = "orphans"
 	k := taskstate.Keys(q)
-	client := asynq.NewClientFromRedisClient(rc)
-	t.Cleanup(func() { _ = client.Close() })
+	client := testenv.AsynqClient(t, rc)
 	insp := asynq.NewInspectorFromRedisClient(rc)
-	t.Cleanup(func() { _ = insp.Close() })
 	for _, id := range []string{"orphan", "healthy"} {
 		if _, err := client.Enqueue(asynq.NewTask("work", nil), asynq.Queue(q), asynq.TaskID(id)); err != nil {
 			t.Fatal(err)
@@ -222,8 +220,7 @@ func TestOrphanWithLiveWorkerKeepsTask(t *testing.T) {
 	rc := testenv.StartRedis(t).Client(t)
 	const q = "liveorphan"
 	k := taskstate.Keys(q)
-	client := asynq.NewClientFromRedisClient(rc)
-	t.Cleanup(func() { _ = client.Close() })
+	client := testenv.AsynqClient(t, rc)
 	if _, err := client.Enqueue(asynq.NewTask("work", nil), asynq.Queue(q), asynq.TaskID("held")); err != nil {
 		t.Fatal(err)
 	}
@@ -287,8 +284,7 @@ func TestStaleAggregationSetReclaimed(t *testing.T) {
 	js := startActivity(t)
 	const q, group = "aggq", "grp:with:colons"
 	k := taskstate.Keys(q)
-	client := asynq.NewClientFromRedisClient(rc)
-	t.Cleanup(func() { _ = client.Close() })
+	client := testenv.AsynqClient(t, rc)
 	for i := range 3 {
 		if _, err := client.Enqueue(asynq.NewTask("part", []byte{byte(i)}), asynq.Queue(q), asynq.Group(group)); err != nil {
 			t.Fatal(err)

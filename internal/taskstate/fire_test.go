@@ -125,8 +125,7 @@ func TestFireWritesWhatAsynqWrites(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	s, rc := newTestStore(t)
-	client := asynq.NewClientFromRedisClient(rc)
-	t.Cleanup(func() { _ = client.Close() })
+	client := testenv.AsynqClient(t, rc)
 
 	payload := []byte{0, 1, 2, 0xff}
 	headers := map[string]string{"source": "cron", "trace": "abc"}

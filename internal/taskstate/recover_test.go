@@ -129,10 +129,8 @@ func TestRecoverKilledWorker(t *testing.T) {
 	r := testenv.StartRedis(t, testenv.WithPrivateServer())
 	rc := r.Client(t)
 	s := New(rc)
-	client := asynq.NewClientFromRedisClient(rc)
-	t.Cleanup(func() { _ = client.Close() })
+	client := testenv.AsynqClient(t, rc)
 	insp := asynq.NewInspectorFromRedisClient(rc)
-	t.Cleanup(func() { _ = insp.Close() })
 
 	const mine, twin = "mine", "twin"
 	for _, q := range []string{mine, twin} {

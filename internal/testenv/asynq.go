@@ -36,6 +36,13 @@ func StartAsynqServer(t testing.TB, rc redis.UniversalClient, cfg asynq.Config, 
 	t.Cleanup(srv.Shutdown)
 }
 
+// AsynqClient returns an asynq client on rc, closed when the test ends.
+func AsynqClient(t testing.TB, rc redis.UniversalClient) *asynq.Client {
+	c := asynq.NewClientFromRedisClient(rc)
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
 // RecoverWithAsynq runs asynq's own recoverer over queue: an asynq server
 // on rc, whose recoverer runs once at its start, shut down once queue has
 // no active task (the test fails if that takes longer than d). Its retry
