@@ -17,9 +17,11 @@
 //
 // StreamMsgs reads every message of a JetStream stream, StreamMsgCount
 // counts them; RedisInfo and its forms (RedisPID, RedisCPU,
-// RedisCommandStats) read a Redis server's INFO. RecoverWithAsynq and
-// AggregateWithAsynq run asynq's own recoverer and aggregator over a queue,
-// for tests that compare with asynq.
+// RedisCommandStats) read a Redis server's INFO; ProcCPU, ProcFaults,
+// Preemptions and SelfCPU read a process's CPU time and faults for
+// benchmarks. AsynqClient is an asynq client closed with the test;
+// RecoverWithAsynq and AggregateWithAsynq run asynq's own recoverer and
+// aggregator over a queue, for tests that compare with asynq.
 //
 // StartProxy puts a TCP proxy the test can cut (blackhole or drop) between
 // a client and a server, to stall or break a connection.
