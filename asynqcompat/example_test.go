@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cronstream/cronstream/asynqcompat"
@@ -18,22 +17,11 @@ import (
 // exampleJetStream starts an embedded NATS server with JetStream so the
 // examples run on their own; in a program, connect to your NATS instead.
 func exampleJetStream() (js jetstream.JetStream, stop func()) {
-	n, stopServer, err := testenv.RunNATS()
+	js, stop, err := testenv.RunJetStream()
 	if err != nil {
 		log.Fatal(err)
 	}
-	nc, err := nats.Connect(n.URL())
-	if err != nil {
-		stopServer()
-		log.Fatal(err)
-	}
-	js, err = jetstream.New(nc)
-	if err != nil {
-		nc.Close()
-		stopServer()
-		log.Fatal(err)
-	}
-	return js, func() { nc.Close(); stopServer() }
+	return js, stop
 }
 
 // A program that registered its periodic tasks with asynq's Scheduler

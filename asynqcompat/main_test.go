@@ -24,11 +24,7 @@ func TestMain(m *testing.M) {
 }
 
 // testCtx ends with the test, bounded so a hang fails instead of stalling.
-func testCtx(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	t.Cleanup(cancel)
-	return ctx
-}
+func testCtx(t testing.TB) context.Context { return testenv.Context(t, 2*time.Minute) }
 
 // natsEnv is a NATS server for one test with the streams of prefix, and a
 // config client on them.

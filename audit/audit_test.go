@@ -16,6 +16,7 @@ import (
 
 	"github.com/cronstream/cronstream/audit"
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/eventtest"
 	"github.com/cronstream/cronstream/internal/testenv"
 )
 
@@ -23,11 +24,8 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-func testCtx(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
+// testCtx ends with the test, bounded so a hang fails instead of stalling.
+func testCtx(t testing.TB) context.Context { return testenv.Context(t, 45*time.Second) }
 
 // world is one embedded NATS with both streams, a config client and a
 // stand-in for the relay that publishes activity events.
@@ -66,14 +64,7 @@ func (w *world) publish(subject string, data []byte) {
 func (w *world) event(subject, typ, eventSubject string, data any) {
 	w.t.Helper()
 	w.n++
-	ev, err := events.NewEventAt(fmt.Sprintf("test-%d", w.n), time.Now(), typ, "cronstream/test", eventSubject, data)
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	b, err := ev.Marshal()
-	if err != nil {
-		w.t.Fatal(err)
-	}
+	b := eventtest.MarshalAt(w.t, fmt.Sprintf("test-%d", w.n), time.Now(), typ, "cronstream/test", eventSubject, data)
 	w.publish(subject, b)
 }
 
@@ -364,15 +355,8 @@ func TestReaderBatch(t *testing.T) {
 	w.put("x", "q1")
 	var parts [][]byte
 	for i := range 3 {
-		ev, err := events.NewEventAt(fmt.Sprintf("recover-%d", i), time.Now(), events.TypeTaskRetried, "cronstream/test", "q1",
+		b := eventtest.MarshalAt(t, fmt.Sprintf("recover-%d", i), time.Now(), events.TypeTaskRetried, "cronstream/test", "q1",
 			events.TaskRecovered{TaskID: fmt.Sprintf("t%d", i), Queue: "q1", Type: "work", Retried: 1, MaxRetry: 25})
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, err := ev.Marshal()
-		if err != nil {
-			t.Fatal(err)
-		}
 		parts = append(parts, b)
 	}
 	w.publish(w.names.RecoverySubject("q1"), append(append([]byte("["), bytes.Join(parts, []byte(","))...), ']'))

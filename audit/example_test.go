@@ -8,7 +8,6 @@ import (
 	"log"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cronstream/cronstream/audit"
@@ -21,21 +20,11 @@ import (
 // creates the streams, registers two entries and stores a fire of one of
 // them, as a replica would.
 func exampleStreams() (js jetstream.JetStream, c *events.Client, stop func()) {
-	n, stopServer, err := testenv.RunNATS()
+	js, stop, err := testenv.RunJetStream()
 	if err != nil {
 		log.Fatal(err)
 	}
-	nc, err := nats.Connect(n.URL())
-	if err != nil {
-		stopServer()
-		log.Fatal(err)
-	}
-	stop = func() { nc.Close(); stopServer() }
 	ctx := context.Background()
-	if js, err = jetstream.New(nc); err != nil {
-		stop()
-		log.Fatal(err)
-	}
 	names := events.MustNames("")
 	if err := events.EnsureStreams(ctx, js, events.StreamConfig{Names: names}); err != nil {
 		stop()

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cronstream/cronstream/internal/testenv"
 )
 
 // binaries are the cronstream and worker executables, built once per test
@@ -120,7 +122,7 @@ func (p *proc) start() error {
 	cmd := exec.Command(p.bin, p.args...)
 	cmd.Env = childEnv()
 	cmd.Stdout, cmd.Stderr = f, f
-	dieWithParent(cmd)
+	testenv.DieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		_ = f.Close()
 		return fmt.Errorf("start %s: %w", p.name, err)

@@ -8,9 +8,6 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/cronstream/cronstream/configsync"
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/testenv"
@@ -20,19 +17,8 @@ import (
 // examples run on their own (in a program, connect to your NATS instead)
 // and returns a config client on it.
 func exampleClient() (c *events.Client, stop func()) {
-	n, stopServer, err := testenv.RunNATS()
+	js, stop, err := testenv.RunJetStream()
 	if err != nil {
-		log.Fatal(err)
-	}
-	nc, err := nats.Connect(n.URL())
-	if err != nil {
-		stopServer()
-		log.Fatal(err)
-	}
-	stop = func() { nc.Close(); stopServer() }
-	js, err := jetstream.New(nc)
-	if err != nil {
-		stop()
 		log.Fatal(err)
 	}
 	names := events.MustNames("")

@@ -17,11 +17,8 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-func testCtx(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
+// testCtx ends with the test, bounded so a hang fails instead of stalling.
+func testCtx(t testing.TB) context.Context { return testenv.Context(t, 30*time.Second) }
 
 func newClient(t *testing.T) *events.Client {
 	t.Helper()

@@ -4,6 +4,8 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/cronstream/cronstream/internal/errtree"
 )
 
 func TestMain(m *testing.M) {
@@ -21,25 +23,5 @@ func validEntry(id string) Entry {
 
 // fieldsOf returns the Field of every *FieldError in err's tree.
 func fieldsOf(err error) []string {
-	var out []string
-	var walk func(error)
-	walk = func(e error) {
-		if e == nil {
-			return
-		}
-		if fe, ok := e.(*FieldError); ok {
-			out = append(out, fe.Field)
-			return
-		}
-		switch u := e.(type) {
-		case interface{ Unwrap() []error }:
-			for _, x := range u.Unwrap() {
-				walk(x)
-			}
-		case interface{ Unwrap() error }:
-			walk(u.Unwrap())
-		}
-	}
-	walk(err)
-	return out
+	return errtree.Collect(err, func(fe *FieldError) string { return fe.Field })
 }

@@ -9,45 +9,20 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/cronstream/cronstream/internal/rawjson"
 )
 
-// jsonRaw writes s as a JSON string literal byte for byte, as a publisher
-// that does not go through encoding/json may: only '"', '\' and control
-// bytes are escaped. With escapeSurrogates, the three-byte encodings of
-// UTF-16 surrogate halves (invalid UTF-8 in Go) are written as \uXXXX
-// escapes instead, the form a JSON library of another language writes.
-func jsonRaw(s string, escapeSurrogates bool) string {
-	var b strings.Builder
-	b.WriteByte('"')
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c == '"' || c == '\\':
-			b.WriteByte('\\')
-			b.WriteByte(c)
-		case c < 0x20:
-			fmt.Fprintf(&b, `\u%04x`, c)
-		case escapeSurrogates && c == 0xed && i+2 < len(s) && s[i+1] >= 0xa0 && s[i+1] <= 0xbf && s[i+2] >= 0x80 && s[i+2] <= 0xbf:
-			fmt.Fprintf(&b, `\u%04x`, 0xd000|rune(s[i+1]&0x3f)<<6|rune(s[i+2]&0x3f))
-			i += 2
-		default:
-			b.WriteByte(c)
-		}
-	}
-	b.WriteByte('"')
-	return b.String()
-}
-
 // placeholder stands for the value under test while the event is encoded;
-// encoding/json writes it as "\u0000value\u0000", which jsonRaw then
+// encoding/json writes it as "\u0000value\u0000", which rawjson.Literal then
 // replaces.
 const placeholder = "\x00value\x00"
 
 // rawConfigEvent encodes an updated event of e with the placeholder in it
-// replaced by v as written by jsonRaw.
+// replaced by v as written by rawjson.Literal.
 func rawConfigEvent(t testing.TB, e Entry, v string, escapeSurrogates bool) []byte {
 	t.Helper()
-	return withLiteral(t, e, []byte(jsonRaw(v, escapeSurrogates)))
+	return withLiteral(t, e, []byte(rawjson.Literal(v, escapeSurrogates)))
 }
 
 // withLiteral encodes an updated event of e with the placeholder in it

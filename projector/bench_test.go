@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/eventtest"
 	"github.com/cronstream/cronstream/internal/testenv"
 )
 
@@ -65,14 +66,7 @@ func benchEvent(b *testing.B, i, round int) []byte {
 	case 5:
 		typ = events.TypeEntryResumed
 	}
-	ev, err := events.NewEvent(typ, "bench", e.ID, e)
-	if err != nil {
-		b.Fatal(err)
-	}
-	data, err := ev.Marshal()
-	if err != nil {
-		b.Fatal(err)
-	}
+	data := eventtest.Marshal(b, typ, "bench", e.ID, e)
 	return data
 }
 

@@ -20,6 +20,7 @@ import (
 
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/testenv"
+	"github.com/cronstream/cronstream/internal/testlog"
 )
 
 func TestMain(m *testing.M) {
@@ -29,11 +30,7 @@ func TestMain(m *testing.M) {
 var testNames = events.MustNames("pt")
 
 // testCtx returns a context that ends with the test.
-func testCtx(t testing.TB, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
-}
+func testCtx(t testing.TB, d time.Duration) context.Context { return testenv.Context(t, d) }
 
 // setupStreams creates the config (and activity) stream with the events
 // package's own configuration.
@@ -80,16 +77,7 @@ func mustNew(t testing.TB, cfg Config) *Projector {
 	return p
 }
 
-func testLogger(t testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
-}
-
-type testWriter struct{ t testing.TB }
-
-func (w testWriter) Write(b []byte) (int, error) {
-	w.t.Log(strings.TrimSpace(string(b)))
-	return len(b), nil
-}
+func testLogger(t testing.TB) *slog.Logger { return testlog.Logger(t, slog.LevelWarn) }
 
 var crons = []string{"* * * * *", "*/5 * * * *", "0 9 * * 1-5", "@every 30s", "@daily", "30 */2 * * *"}
 var zones = []string{"", "UTC", "Europe/Berlin", "America/New_York"}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/eventtest"
 )
 
 // maxBytesPerEntry is the projection's memory budget per entry (issue 35:
@@ -61,14 +62,7 @@ func foldRealistic(tb testing.TB, n int) *Fold {
 	at := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 	for i := range n {
 		e := realisticEntry(i)
-		ev, err := events.NewEventAt(events.NewEventID(), at, events.TypeEntryRegistered, "sync", e.ID, e)
-		if err != nil {
-			tb.Fatal(err)
-		}
-		data, err := ev.Marshal()
-		if err != nil {
-			tb.Fatal(err)
-		}
+		data := eventtest.MarshalAt(tb, events.NewEventID(), at, events.TypeEntryRegistered, "sync", e.ID, e)
 		if _, _, err := f.Apply(testNames.ConfigSubject(e.ID), uint64(i+1), at, data); err != nil {
 			tb.Fatalf("entry %s: %v", e.ID, err)
 		}

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/cronstream/cronstream/contract"
+	"github.com/cronstream/cronstream/internal/eventtest"
 )
 
 // Run both together, e.g.:
@@ -75,14 +76,7 @@ func BenchmarkRawPublish(b *testing.B) {
 	_, js, _ := newSingle(b, "bench")
 	e := validEntry("bench-entry").Normalize()
 	e.Note = "123456"
-	ev, err := contract.NewEvent(contract.TypeEntryUpdated, DefaultSource, e.ID, e)
-	if err != nil {
-		b.Fatal(err)
-	}
-	data, err := ev.Marshal()
-	if err != nil {
-		b.Fatal(err)
-	}
+	data := eventtest.Marshal(b, contract.TypeEntryUpdated, DefaultSource, e.ID, e)
 	subject := contract.MustNames("bench").ConfigSubject(e.ID)
 	for b.Loop() {
 		if _, err := js.Publish(ctx, subject, data); err != nil {

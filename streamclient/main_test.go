@@ -10,6 +10,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/cronstream/cronstream/contract"
+	"github.com/cronstream/cronstream/internal/errtree"
 	"github.com/cronstream/cronstream/internal/testenv"
 )
 
@@ -19,11 +20,7 @@ func TestMain(m *testing.M) {
 
 // testCtx is a context that ends with the test, bounded so a hang fails
 // instead of stalling the package.
-func testCtx(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
+func testCtx(t testing.TB) context.Context { return testenv.Context(t, 45*time.Second) }
 
 // validEntry is a small valid entry.
 func validEntry(id string) contract.Entry {
@@ -49,27 +46,7 @@ func newSingle(t testing.TB, prefix string) (*testenv.NATS, jetstream.JetStream,
 
 // fieldsOf returns the Field of every *FieldError in err's tree.
 func fieldsOf(err error) []string {
-	var out []string
-	var walk func(error)
-	walk = func(e error) {
-		if e == nil {
-			return
-		}
-		if fe, ok := e.(*contract.FieldError); ok {
-			out = append(out, fe.Field)
-			return
-		}
-		switch u := e.(type) {
-		case interface{ Unwrap() []error }:
-			for _, x := range u.Unwrap() {
-				walk(x)
-			}
-		case interface{ Unwrap() error }:
-			walk(u.Unwrap())
-		}
-	}
-	walk(err)
-	return out
+	return errtree.Collect(err, func(fe *contract.FieldError) string { return fe.Field })
 }
 
 // conflictOf returns err's *ConflictError or fails the test.

@@ -14,8 +14,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/eventtest"
+	"github.com/cronstream/cronstream/internal/projectiontest"
 	"github.com/cronstream/cronstream/internal/testenv"
-	"github.com/cronstream/cronstream/projector"
 )
 
 var (
@@ -68,14 +69,7 @@ func BenchmarkConsole(b *testing.B) {
 	for round, typ := range []string{events.TypeEntryRegistered, events.TypeEntryUpdated} {
 		for i := range entries {
 			e := benchEntry(i, round)
-			ev, err := events.NewEvent(typ, "bench", e.ID, e)
-			if err != nil {
-				b.Fatal(err)
-			}
-			data, err := ev.Marshal()
-			if err != nil {
-				b.Fatal(err)
-			}
+			data := eventtest.Marshal(b, typ, "bench", e.ID, e)
 			if _, err := pub.PublishAsync(names.ConfigSubject(e.ID), data); err != nil {
 				b.Fatal(err)
 			}
@@ -87,18 +81,8 @@ func BenchmarkConsole(b *testing.B) {
 		}
 	}
 	b.Logf("published %d config events in %s", 2*entries, time.Since(start).Round(time.Millisecond))
+	proj := projectiontest.CaughtUp(ctx, b, js, names)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	proj, err := projector.New(projector.Config{JS: js, Names: names, Logger: quiet})
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := proj.Start(ctx); err != nil {
-		b.Fatal(err)
-	}
-	defer func() { _ = proj.Stop(ctx) }()
-	if err := proj.WaitCaughtUp(ctx); err != nil {
-		b.Fatal(err)
-	}
 	if proj.Len() != entries {
 		b.Fatalf("projection holds %d entries, want %d", proj.Len(), entries)
 	}

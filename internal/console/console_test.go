@@ -15,6 +15,7 @@ import (
 
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/console"
+	"github.com/cronstream/cronstream/internal/eventtest"
 	"github.com/cronstream/cronstream/internal/testenv"
 )
 
@@ -274,15 +275,8 @@ func TestConsoleAuditBatch(t *testing.T) {
 	defer cancel()
 	var parts []string
 	for _, task := range []string{"task-one", "task-two"} {
-		ev, err := events.NewEventAt("recover:"+task, time.Now(), events.TypeTaskRetried, "cronstream/test", "mass",
+		b := eventtest.MarshalAt(t, "recover:"+task, time.Now(), events.TypeTaskRetried, "cronstream/test", "mass",
 			events.TaskRecovered{TaskID: task, Queue: "mass", Type: "work", Retried: 1, MaxRetry: 25, Error: "asynq: task lease expired"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, err := ev.Marshal()
-		if err != nil {
-			t.Fatal(err)
-		}
 		parts = append(parts, string(b))
 	}
 	if _, err := s.js.Publish(ctx, s.names.RecoverySubject("mass"), []byte("["+strings.Join(parts, ",")+"]")); err != nil {
@@ -312,14 +306,7 @@ func TestConsoleLostFires(t *testing.T) {
 	before := tick.Add(-time.Hour)
 	publish := func(id, typ string, data any, unconfirmed string) {
 		t.Helper()
-		ev, err := events.NewEventAt(id, time.Now(), typ, "cronstream/test", "gone", data)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, err := ev.Marshal()
-		if err != nil {
-			t.Fatal(err)
-		}
+		b := eventtest.MarshalAt(t, id, time.Now(), typ, "cronstream/test", "gone", data)
 		m := &nats.Msg{Subject: s.names.FireSubject("gone"), Data: b, Header: nats.Header{}}
 		m.Header.Set(jetstream.MsgIDHeader, id)
 		if unconfirmed != "" {

@@ -3,8 +3,6 @@ package console_test
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"net/url"
 	"regexp"
 	"slices"
@@ -18,9 +16,9 @@ import (
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/console"
 	"github.com/cronstream/cronstream/internal/entrystate"
+	"github.com/cronstream/cronstream/internal/projectiontest"
 	"github.com/cronstream/cronstream/internal/replica"
 	"github.com/cronstream/cronstream/internal/testenv"
-	"github.com/cronstream/cronstream/projector"
 )
 
 // evalJS evaluates a script in the browser's page and returns its value.
@@ -147,16 +145,7 @@ func statusFigures(t *testing.T, s *site) (entrystate.Counts, []replica.Status, 
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	proj, err := projector.New(projector.Config{JS: s.js, Names: s.names, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := proj.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := proj.WaitCaughtUp(ctx); err != nil {
-		t.Fatal(err)
-	}
+	proj := projectiontest.CaughtUp(ctx, t, s.js, s.names)
 	states := proj.States()
 	_ = proj.Stop(ctx)
 	left, err := entrystate.FiresLeft(ctx, s.store, s.names.Prefix(), states)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -23,6 +22,7 @@ import (
 
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/failpause"
+	"github.com/cronstream/cronstream/internal/promtest"
 	"github.com/cronstream/cronstream/internal/replica"
 	"github.com/cronstream/cronstream/internal/replicatest"
 	"github.com/cronstream/cronstream/internal/taskstate"
@@ -60,23 +60,11 @@ func pausedEvents(t *testing.T, c *events.Client, id string) int {
 	return n
 }
 
+// metric is the value text of the unlabelled sample name the replica at
+// addr serves on /metrics ("" when it serves none).
 func metric(t *testing.T, addr, name string) string {
 	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, name+" "); ok {
-			return v
-		}
-	}
-	return ""
+	return promtest.Sample(promtest.Scrape(t, "http://"+addr+"/metrics"), name)
 }
 
 // TestPauseOnFailureWithAsynqWorker: two replicas and a real asynq worker

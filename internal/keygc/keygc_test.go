@@ -4,7 +4,6 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -15,11 +14,12 @@ import (
 
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/keygc"
+	"github.com/cronstream/cronstream/internal/projectiontest"
+	"github.com/cronstream/cronstream/internal/promtest"
 	"github.com/cronstream/cronstream/internal/replica"
 	"github.com/cronstream/cronstream/internal/replicatest"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
-	"github.com/cronstream/cronstream/projector"
 )
 
 func TestMain(m *testing.M) {
@@ -107,7 +107,7 @@ func TestRemovedEntryKeysDeletedAfterGrace(t *testing.T) {
 			t.Errorf("key %s of a registered entry deleted", k)
 		}
 	}
-	body := get(t, "http://"+r1.Addr+"/metrics")
+	body := promtest.Scrape(t, "http://"+r1.Addr+"/metrics")
 	if !strings.Contains(body, "cronstream_removed_entry_keys_deleted_total") {
 		t.Errorf("metric cronstream_removed_entry_keys_deleted_total not served")
 	}
@@ -142,20 +142,6 @@ func TestRemovedEntryKeysDeletedAfterGrace(t *testing.T) {
 			}
 		}
 	}
-}
-
-func get(t *testing.T, url string) string {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
 }
 
 // ticksHandled counts per unix second the scheduled fires and skips of
@@ -240,18 +226,8 @@ func TestSweepKeepsWhatItMustNot(t *testing.T) {
 	if _, err := js.Publish(ctx, names.ConfigSubject("bad"), []byte("not an event")); err != nil {
 		t.Fatal(err)
 	}
+	proj := projectiontest.CaughtUp(ctx, t, js, names)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	proj, err := projector.New(projector.Config{JS: js, Names: names, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := proj.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = proj.Stop(ctx) }()
-	if err := proj.WaitCaughtUp(ctx); err != nil {
-		t.Fatal(err)
-	}
 	if len(proj.Quarantined()) != 1 {
 		t.Fatalf("quarantined %v, want bad", proj.Quarantined())
 	}
@@ -305,17 +281,7 @@ func TestSweepKeepsWhatItMustNot(t *testing.T) {
 			t.Errorf("watermark of %s exists: %t, want %t", id, got, want)
 		}
 	}
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	deleted := -1.0
-	for _, mf := range mfs {
-		if mf.GetName() == "cronstream_removed_entry_keys_deleted_total" {
-			deleted = mf.GetMetric()[0].GetCounter().GetValue()
-		}
-	}
-	if deleted != 2 {
+	if deleted := promtest.MustValue(t, reg, "cronstream_removed_entry_keys_deleted_total"); deleted != 2 {
 		t.Errorf("cronstream_removed_entry_keys_deleted_total = %v, want 2", deleted)
 	}
 }

@@ -98,7 +98,12 @@ var layers = []layer{
 	},
 	{
 		name: "test support: imported by tests only",
-		pkgs: []string{"internal/testenv", "internal/replicatest", "internal/massrecovery"},
+		pkgs: []string{
+			"internal/testenv", "internal/replicatest", "internal/massrecovery", "internal/testlog", "internal/errtree",
+			"internal/promtest", "internal/eventtest", "internal/firetest", "internal/projectiontest", "internal/rawjson",
+		},
+		// The mass-recovery scene starts its Redis through testenv.
+		same: []string{"internal/massrecovery -> internal/testenv"},
 	},
 	{
 		name: "test-only packages",

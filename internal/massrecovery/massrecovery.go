@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/cronstream/cronstream/internal/redisscript"
 	"github.com/cronstream/cronstream/internal/taskstate"
+	"github.com/cronstream/cronstream/internal/testenv"
 )
 
 // Queue is the queue the scene lives in.
@@ -27,9 +29,27 @@ const Queue = "bench"
 // asynqStatsTTL is how long asynq keeps its daily counters (90 days).
 const asynqStatsTTL = 90 * 24 * time.Hour
 
+// StartRedis starts a private redis-server for the scene whose SLOWLOG
+// keeps every call that takes longer than slowerThan (up to 100,000 of
+// them), for ScriptDurations.
+func StartRedis(tb testing.TB, slowerThan time.Duration) *redis.Client {
+	rc := testenv.StartRedis(tb, testenv.WithPrivateServer()).Client(tb)
+	ctx := context.Background()
+	for _, kv := range [][2]string{
+		{"slowlog-log-slower-than", strconv.FormatInt(slowerThan.Microseconds(), 10)},
+		{"slowlog-max-len", "100000"},
+	} {
+		if err := rc.ConfigSet(ctx, kv[0], kv[1]).Err(); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	return rc
+}
+
 // Seed empties Redis and writes n dead tasks (lease expired a minute ago)
 // and n/10 live ones in one active list, in dequeue order, the same for the
-// same n. It returns the number of live tasks.
+// same n; then it empties the SLOWLOG, so ScriptDurations after a path
+// reports that path's calls. It returns the number of live tasks.
 func Seed(tb testing.TB, rc redis.UniversalClient, n int, now time.Time) int {
 	ctx := context.Background()
 	if err := rc.FlushDB(ctx).Err(); err != nil {
@@ -71,6 +91,9 @@ func Seed(tb testing.TB, rc redis.UniversalClient, n int, now time.Time) int {
 	if _, err := pipe.Exec(ctx); err != nil {
 		tb.Fatal(err)
 	}
+	if err := rc.SlowLogReset(ctx).Err(); err != nil {
+		tb.Fatal(err)
+	}
 	return live
 }
 
@@ -91,8 +114,8 @@ func Check(tb testing.TB, rc redis.UniversalClient, n, live int) {
 }
 
 // ScriptDurations returns the SLOWLOG durations of script calls (EVAL,
-// EVALSHA) since the last SLOWLOG RESET: Seed runs none, so after a path
-// they are that path's.
+// EVALSHA) since the last SLOWLOG RESET: Seed runs none and ends with a
+// reset, so after a path they are that path's.
 func ScriptDurations(tb testing.TB, rc redis.UniversalClient) []time.Duration {
 	logs, err := rc.SlowLogGet(context.Background(), -1).Result()
 	if err != nil {

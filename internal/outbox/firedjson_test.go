@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/cronstream/cronstream/contract"
+	"github.com/cronstream/cronstream/internal/eventtest"
 )
 
 // TestAppendFiredEventMatchesEncodingJSON: the hand-written encoder writes
@@ -34,14 +35,7 @@ func TestAppendFiredEventMatchesEncodingJSON(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			ev, err := contract.NewEventAt(c.id, c.at, contract.TypeEntryFired, c.source, c.f.Entry, c.f)
-			if err != nil {
-				t.Fatal(err)
-			}
-			want, err := ev.Marshal()
-			if err != nil {
-				t.Fatal(err)
-			}
+			want := eventtest.MarshalAt(t, c.id, c.at, contract.TypeEntryFired, c.source, c.f.Entry, c.f)
 			got := AppendFiredEvent(nil, c.id, c.at, c.source, &c.f)
 			if !bytes.Equal(got, want) {
 				t.Fatalf("got  %s\nwant %s", got, want)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/cronstream/cronstream/contract"
+	"github.com/cronstream/cronstream/internal/eventtest"
 )
 
 // TestAppendTaskRecoveredEventMatchesEncodingJSON: the hand-written encoder
@@ -36,14 +37,7 @@ func TestAppendTaskRecoveredEventMatchesEncodingJSON(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			ev, err := contract.NewEventAt(c.id, c.at, c.typ, c.src, c.subject, c.d)
-			if err != nil {
-				t.Fatal(err)
-			}
-			want, err := ev.Marshal()
-			if err != nil {
-				t.Fatal(err)
-			}
+			want := eventtest.MarshalAt(t, c.id, c.at, c.typ, c.src, c.subject, c.d)
 			got := AppendTaskRecoveredEvent(nil, c.id, c.at, c.typ, c.src, c.subject, &c.d)
 			if !bytes.Equal(got, want) {
 				t.Fatalf("got  %s\nwant %s", got, want)

@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"os"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -17,6 +16,7 @@ import (
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
+	"github.com/cronstream/cronstream/internal/testlog"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -183,14 +183,7 @@ func testLogger(t *testing.T, id string) *slog.Logger {
 	if os.Getenv("CRONSTREAM_TEST_LOG") != "" {
 		level = slog.LevelDebug
 	}
-	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: level})).With("replica", id)
-}
-
-type testWriter struct{ t *testing.T }
-
-func (w testWriter) Write(b []byte) (int, error) {
-	w.t.Log(strings.TrimSpace(string(b)))
-	return len(b), nil
+	return testlog.Logger(t, level).With("replica", id)
 }
 
 // TestOwnershipFollowsMembership: three replicas share two queues' shards

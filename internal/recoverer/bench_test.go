@@ -10,7 +10,6 @@ import (
 
 	"github.com/cronstream/cronstream/internal/massrecovery"
 	"github.com/cronstream/cronstream/internal/recoverer"
-	"github.com/cronstream/cronstream/internal/testenv"
 )
 
 // BenchmarkPass measures a full recoverer pass (Recoverer.Pass: orphan
@@ -35,14 +34,8 @@ import (
 //
 //	go test -run '^$' -bench BenchmarkPass -benchtime 1x -count 3 ./recoverer/
 func BenchmarkPass(b *testing.B) {
-	r := testenv.StartRedis(b, testenv.WithPrivateServer())
-	rc := r.Client(b)
+	rc := massrecovery.StartRedis(b, time.Millisecond)
 	ctx := context.Background()
-	for _, kv := range [][2]string{{"slowlog-log-slower-than", "1000"}, {"slowlog-max-len", "100000"}} {
-		if err := rc.ConfigSet(ctx, kv[0], kv[1]).Err(); err != nil {
-			b.Fatal(err)
-		}
-	}
 	for _, n := range []int{10_000, 100_000} {
 		b.Run(fmt.Sprintf("N=%d", n), func(b *testing.B) {
 			var ours, theirs time.Duration
@@ -51,9 +44,6 @@ func BenchmarkPass(b *testing.B) {
 				b.StopTimer()
 				now := time.Now()
 				live := massrecovery.Seed(b, rc, n, now)
-				if err := rc.SlowLogReset(ctx).Err(); err != nil {
-					b.Fatal(err)
-				}
 				rec, err := recoverer.New(recoverer.Config{
 					Redis: rc, Names: names, ReplicaID: "bench", Queues: []string{massrecovery.Queue},
 					Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),

@@ -141,17 +141,6 @@ func seedActive(t testing.TB, rc redis.UniversalClient, queue string, ids []stri
 	return msgs
 }
 
-// taskIDs returns n ids whose sorted order is not their list order: tied
-// lease scores come back in member order, the case that makes asynq's LREM
-// slow and our list positioning necessary.
-func taskIDs(prefix string, n int) []string {
-	ids := make([]string, n)
-	for i := range ids {
-		ids[i] = fmt.Sprintf("%s-%08x", prefix, uint32(i)*2654435761)
-	}
-	return ids
-}
-
 // storedMsg decodes the msg field of a task hash.
 func storedMsg(t testing.TB, rc redis.UniversalClient, queue, id string) *taskstate.TaskMessage {
 	t.Helper()

@@ -38,10 +38,8 @@ func TestKilledWorkerRecovered(t *testing.T) {
 	rc := r.Client(t)
 	store := taskstate.New(rc)
 	js := startActivity(t)
-	client := asynq.NewClientFromRedisClient(rc)
-	t.Cleanup(func() { _ = client.Close() })
+	client := testenv.AsynqClient(t, rc)
 	insp := asynq.NewInspectorFromRedisClient(rc)
-	t.Cleanup(func() { _ = insp.Close() })
 
 	const mine, twin = "mine", "twin"
 	const withRetries, atMax = 3, 2 // per queue: MaxRetry(3) tasks, MaxRetry(0) tasks
@@ -91,21 +89,7 @@ func TestKilledWorkerRecovered(t *testing.T) {
 	_ = rec.Stop(context.Background())
 
 	// asynq's own recoverer on the twin.
-	func() {
-		srv := asynq.NewServerFromRedisClient(rc, asynq.Config{
-			Queues: map[string]int{twin: 1}, LogLevel: asynq.FatalLevel,
-			// Keep the twin's retried tasks in the retry set for the comparison.
-			RetryDelayFunc: func(int, error, *asynq.Task) time.Duration { return time.Hour },
-		})
-		if err := srv.Start(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return nil })); err != nil {
-			t.Fatal(err)
-		}
-		defer srv.Shutdown()
-		testenv.Eventually(t, 20*time.Second, func() bool {
-			n, _ := rc.LLen(ctx, taskstate.Keys(twin).Active()).Result()
-			return n == 0
-		}, "asynq's recoverer recovers the twin queue")
-	}()
+	testenv.RecoverWithAsynq(t, rc, twin, 20*time.Second)
 
 	// Task by task: the same state, retried count, error text and headers.
 	taskView := func(q string) map[string]string {

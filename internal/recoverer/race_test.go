@@ -38,7 +38,7 @@ func TestThreeRecoverersTenThousandTasks(t *testing.T) {
 	atMax := map[string]bool{}
 	live := map[string][]string{}
 	for q, n := range queues {
-		ids := taskIDs(q, n)
+		ids := testenv.UnsortedTaskIDs(q, n)
 		seedActive(t, rc, q, ids, now.Add(-time.Minute), func(m *taskstate.TaskMessage) {
 			if strings.HasSuffix(m.ID, "0") {
 				m.Retry, m.Retried = 3, 3
@@ -48,7 +48,7 @@ func TestThreeRecoverersTenThousandTasks(t *testing.T) {
 			dead[id] = q
 			atMax[id] = strings.HasSuffix(id, "0")
 		}
-		live[q] = taskIDs(q+"-live", n/10)
+		live[q] = testenv.UnsortedTaskIDs(q+"-live", n/10)
 		seedActive(t, rc, q, live[q], now.Add(10*time.Minute), nil)
 	}
 	if len(dead) != total {

@@ -138,10 +138,8 @@ func TestOrphanedActiveTask(t *testing.T) {
 	rc := testenv.StartRedis(t).Client(t)
 	const q = "orphans"
 	k := taskstate.Keys(q)
-	client := asynq.NewClientFromRedisClient(rc)
-	t.Cleanup(func() { _ = client.Close() })
+	client := testenv.AsynqClient(t, rc)
 	insp := asynq.NewInspectorFromRedisClient(rc)
-	t.Cleanup(func() { _ = insp.Close() })
 	for _, id := range []string{"orphan", "healthy"} {
 		if _, err := client.Enqueue(asynq.NewTask("work", nil), asynq.Queue(q), asynq.TaskID(id)); err != nil {
 			t.Fatal(err)
@@ -222,8 +220,7 @@ func TestOrphanWithLiveWorkerKeepsTask(t *testing.T) {
 	rc := testenv.StartRedis(t).Client(t)
 	const q = "liveorphan"
 	k := taskstate.Keys(q)
-	client := asynq.NewClientFromRedisClient(rc)
-	t.Cleanup(func() { _ = client.Close() })
+	client := testenv.AsynqClient(t, rc)
 	if _, err := client.Enqueue(asynq.NewTask("work", nil), asynq.Queue(q), asynq.TaskID("held")); err != nil {
 		t.Fatal(err)
 	}
@@ -287,8 +284,7 @@ func TestStaleAggregationSetReclaimed(t *testing.T) {
 	js := startActivity(t)
 	const q, group = "aggq", "grp:with:colons"
 	k := taskstate.Keys(q)
-	client := asynq.NewClientFromRedisClient(rc)
-	t.Cleanup(func() { _ = client.Close() })
+	client := testenv.AsynqClient(t, rc)
 	for i := range 3 {
 		if _, err := client.Enqueue(asynq.NewTask("part", []byte{byte(i)}), asynq.Queue(q), asynq.Group(group)); err != nil {
 			t.Fatal(err)
@@ -352,25 +348,8 @@ func TestStaleAggregationSetReclaimed(t *testing.T) {
 	}
 
 	// A real asynq aggregator now finds the group and aggregates it.
-	done := make(chan int, 1)
-	testenv.StartAsynqServer(t, rc, asynq.Config{
-		Queues: map[string]int{q: 1}, GroupGracePeriod: time.Second,
-		GroupAggregator: asynq.GroupAggregatorFunc(func(_ string, tasks []*asynq.Task) *asynq.Task {
-			return asynq.NewTask("aggregated", []byte{byte(len(tasks))})
-		}),
-	}, asynq.HandlerFunc(func(_ context.Context, task *asynq.Task) error {
-		if task.Type() == "aggregated" {
-			done <- int(task.Payload()[0])
-		}
-		return nil
-	}))
-	select {
-	case n := <-done:
-		if n != 3 {
-			t.Fatalf("aggregated %d tasks, want 3", n)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("the asynq aggregator did not aggregate the reclaimed group")
+	if n := testenv.AggregateWithAsynq(t, rc, q, 20*time.Second); n != 3 {
+		t.Fatalf("aggregated %d tasks, want 3", n)
 	}
 }
 

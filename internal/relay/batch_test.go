@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/eventtest"
 	"github.com/cronstream/cronstream/internal/outbox"
 	"github.com/cronstream/cronstream/internal/relay"
 	"github.com/cronstream/cronstream/internal/taskstate"
@@ -34,16 +34,9 @@ func (e *env) writeBatch(queue string, n, size int) (string, []string, [][]byte)
 		e.n++
 		task := fmt.Sprintf("task-%d", e.n)
 		id := events.RecoveredEventID(queue, task, 0, time.Unix(1_700_000_000, 0))
-		ev, err := events.NewEventAt(id, time.Now(), events.TypeTaskRetried, "cronstream/test", queue, events.TaskRecovered{
+		b := eventtest.MarshalAt(e.t, id, time.Now(), events.TypeTaskRetried, "cronstream/test", queue, events.TaskRecovered{
 			TaskID: task, Queue: queue, Type: "t", MaxRetry: 3, Error: strings.Repeat("e", size), Replica: "test",
 		})
-		if err != nil {
-			e.t.Fatal(err)
-		}
-		b, err := ev.Marshal()
-		if err != nil {
-			e.t.Fatal(err)
-		}
 		ids, evs = append(ids, id), append(evs, b)
 	}
 	batchID := events.BatchID(n, ids[0])
@@ -61,24 +54,7 @@ func (e *env) writeBatch(queue string, n, size int) (string, []string, [][]byte)
 // data.
 func (e *env) storedMsgs() []jetstream.RawStreamMsg {
 	e.t.Helper()
-	c := ctx(e.t, 30*time.Second)
-	s, err := e.js.Stream(c, names.ActivityStream())
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	info, err := s.Info(c)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	var out []jetstream.RawStreamMsg
-	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
-		m, err := s.GetMsg(c, seq)
-		if err != nil {
-			e.t.Fatal(err)
-		}
-		out = append(out, *m)
-	}
-	return out
+	return testenv.StreamMsgs(e.t, e.js, names.ActivityStream())
 }
 
 // TestRelayPublishesBatchRecords: a batch record (a mass recovery's) goes to
@@ -172,13 +148,7 @@ func TestRelayReadsLargeRecordsInSmallReads(t *testing.T) {
 	if n := e.storedCount(); n != records {
 		t.Fatalf("%d messages, want %d", n, records)
 	}
-	reads := 0
-	info := private.Info(context.Background(), "commandstats").Val()
-	for _, line := range strings.Split(info, "\n") {
-		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_xrange:calls="); ok {
-			reads, _ = strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
-		}
-	}
+	reads := testenv.RedisCommandStats(t, private)["xrange"].Calls
 	// 4.8 MB in reads of at most about 1 MB.
 	if reads < 5 {
 		t.Fatalf("%d XRANGE calls for %d records of 200 KB, want reads of about 1 MB", reads, records)

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/promtest"
 	"github.com/cronstream/cronstream/internal/relay"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
@@ -39,21 +40,8 @@ func newReplicatedEnv(t testing.TB) *replicatedEnv {
 // in the activity stream, by Nats-Msg-Id.
 func (e *env) marks() map[string]string {
 	e.t.Helper()
-	c := ctx(e.t, 30*time.Second)
-	s, err := e.js.Stream(c, names.ActivityStream())
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	info, err := s.Info(c)
-	if err != nil {
-		e.t.Fatal(err)
-	}
 	out := map[string]string{}
-	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
-		m, err := s.GetMsg(c, seq)
-		if err != nil {
-			e.t.Fatal(err)
-		}
+	for _, m := range testenv.StreamMsgs(e.t, e.js, names.ActivityStream()) {
 		out[m.Header.Get(jetstream.MsgIDHeader)] = m.Header.Get(events.HeaderRedisUnconfirmed)
 	}
 	return out
@@ -71,27 +59,6 @@ func blockedInWait(t testing.TB, rc *redis.Client) bool {
 		}
 	}
 	return false
-}
-
-// waitCalls is how many WAIT commands r has run.
-func waitCalls(t testing.TB, rc *redis.Client) int {
-	info, err := rc.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(info, "\n") {
-		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_wait:calls="); ok {
-			n := 0
-			for _, c := range rest {
-				if c < '0' || c > '9' {
-					break
-				}
-				n = n*10 + int(c-'0')
-			}
-			return n
-		}
-	}
-	return 0
 }
 
 // TestRelayWaitsForReplica: with the replica frozen the relay holds the
@@ -144,7 +111,7 @@ func TestRelayPublishesThroughReplicaOutage(t *testing.T) {
 
 	e.replica.Stop(t)
 	var during []string
-	calls := waitCalls(t, e.rc)
+	calls := testenv.RedisCommandStats(t, e.rc)["wait"].Calls
 	outage := time.Now()
 	for range 20 {
 		during = append(during, e.write("default", "a", 2)...)
@@ -153,7 +120,7 @@ func TestRelayPublishesThroughReplicaOutage(t *testing.T) {
 	elapsed := time.Since(outage)
 	// One WAIT timed out; later probes find the replica gone (INFO) and
 	// do not wait.
-	if n := waitCalls(t, e.rc) - calls; n > 1 {
+	if n := testenv.RedisCommandStats(t, e.rc)["wait"].Calls - calls; n > 1 {
 		t.Errorf("%d WAITs in %s while the replica was down; want 1", n, elapsed.Round(time.Millisecond))
 	}
 	if elapsed > 20*time.Second {
@@ -178,10 +145,10 @@ func TestRelayPublishesThroughReplicaOutage(t *testing.T) {
 	if !st.Behind || st.Reason != "timeout" || st.Unconfirmed != uint64(len(during)) || st.Since.IsZero() {
 		t.Errorf("WaitStatus = %+v; want behind since the timeout, %d unconfirmed", st, len(during))
 	}
-	if got := gatherValue(t, reg, "cronstream_relay_unconfirmed_total"); got != float64(len(during)) {
+	if got := promtest.MustValue(t, reg, "cronstream_relay_unconfirmed_total"); got != float64(len(during)) {
 		t.Errorf("cronstream_relay_unconfirmed_total = %v, want %d", got, len(during))
 	}
-	if got := gatherValue(t, reg, "cronstream_relay_redis_wait_behind"); got != 1 {
+	if got := promtest.MustValue(t, reg, "cronstream_relay_redis_wait_behind"); got != 1 {
 		t.Errorf("cronstream_relay_redis_wait_behind = %v, want 1", got)
 	}
 	checkExactlyOnce(t, e.stored(), append(before, during...))
@@ -263,27 +230,6 @@ func TestRelayWaitRefused(t *testing.T) {
 	if st := r.WaitStatus(); !st.Behind || st.Reason != "refused" {
 		t.Errorf("WaitStatus = %+v; want behind, refused", st)
 	}
-}
-
-// gatherValue reads a counter's or gauge's value from reg.
-func gatherValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		m := mf.GetMetric()[0]
-		if c := m.GetCounter(); c != nil {
-			return c.GetValue()
-		}
-		return m.GetGauge().GetValue()
-	}
-	t.Fatalf("metric %s not gathered", name)
-	return 0
 }
 
 // TestRelayWaitsOnClusterMaster: on a Redis Cluster each queue's batch

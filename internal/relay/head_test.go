@@ -8,19 +8,13 @@ import (
 	"time"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/eventtest"
 )
 
 // FuzzReadHead: readHead agrees with encoding/json on every input that
 // encoding/json accepts.
 func FuzzReadHead(f *testing.F) {
-	ev, err := events.NewEventAt("fire:e:1", time.Unix(1, 0), events.TypeEntryFired, "cronstream/r", "e", events.Fired{Entry: "e", Queue: "q\"<>"})
-	if err != nil {
-		f.Fatal(err)
-	}
-	b, err := ev.Marshal()
-	if err != nil {
-		f.Fatal(err)
-	}
+	b := eventtest.MarshalAt(f, "fire:e:1", time.Unix(1, 0), events.TypeEntryFired, "cronstream/r", "e", events.Fired{Entry: "e", Queue: "q\"<>"})
 	for _, seed := range []string{
 		string(b),
 		`{"data":{"x":[1,2,{"y":"}"}]},"subject":"s","type":"t","id":"i"}`,

@@ -18,9 +18,11 @@ import (
 
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/outbox"
+	"github.com/cronstream/cronstream/internal/promtest"
 	"github.com/cronstream/cronstream/internal/relay"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
+	"github.com/cronstream/cronstream/internal/testlog"
 )
 
 const prefix = "rl"
@@ -68,22 +70,9 @@ func newEnvOn(t testing.TB, n *testenv.NATS, dup time.Duration) *env {
 	return e
 }
 
-func ctx(t testing.TB, d time.Duration) context.Context {
-	c, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return c
-}
+func ctx(t testing.TB, d time.Duration) context.Context { return testenv.Context(t, d) }
 
-func logger(t testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
-}
-
-type testWriter struct{ t testing.TB }
-
-func (w testWriter) Write(b []byte) (int, error) {
-	w.t.Log(strings.TrimSpace(string(b)))
-	return len(b), nil
-}
+func logger(t testing.TB) *slog.Logger { return testlog.Logger(t, slog.LevelWarn) }
 
 // write appends n records (fired events of entry, one task each) to queue's
 // outbox through the fire script, as the scheduler does, and returns their
@@ -132,47 +121,14 @@ func (e *env) write(queue, entry string, n int) []string {
 // stored returns the Nats-Msg-Ids in the activity stream, in order.
 func (e *env) stored() []string {
 	e.t.Helper()
-	c := ctx(e.t, 30*time.Second)
-	s, err := e.js.Stream(c, names.ActivityStream())
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	info, err := s.Info(c)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	if info.State.Msgs == 0 {
-		return nil
-	}
-	cons, err := s.OrderedConsumer(c, jetstream.OrderedConsumerConfig{HeadersOnly: true})
-	if err != nil {
-		e.t.Fatal(err)
-	}
 	var out []string
-	for {
-		m, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
-		if err != nil {
-			e.t.Fatal(err)
-		}
-		out = append(out, m.Headers().Get(jetstream.MsgIDHeader))
-		md, _ := m.Metadata()
-		if md.Sequence.Stream >= info.State.LastSeq {
-			return out
-		}
+	for _, m := range testenv.StreamMsgs(e.t, e.js, names.ActivityStream()) {
+		out = append(out, m.Header.Get(jetstream.MsgIDHeader))
 	}
+	return out
 }
 
-func (e *env) storedCount() uint64 {
-	s, err := e.js.Stream(context.Background(), names.ActivityStream())
-	if err != nil {
-		return 0
-	}
-	info, err := s.Info(context.Background())
-	if err != nil {
-		return 0
-	}
-	return info.State.Msgs
-}
+func (e *env) storedCount() uint64 { return testenv.StreamMsgCount(e.js, names.ActivityStream()) }
 
 func (e *env) outboxLen(queue string) int64 {
 	n, err := e.store.OutboxLen(context.Background(), prefix, queue)
@@ -622,16 +578,8 @@ func TestRelayReportsForgery(t *testing.T) {
 	if got := r.Forgeries(); got != 1 {
 		t.Errorf("Forgeries() = %d, want 1", got)
 	}
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == "cronstream_relay_forgeries_total" {
-			if got := mf.GetMetric()[0].GetCounter().GetValue(); got != 1 {
-				t.Errorf("cronstream_relay_forgeries_total = %v, want 1", got)
-			}
-		}
+	if got := promtest.MustValue(t, reg, "cronstream_relay_forgeries_total"); got != 1 {
+		t.Errorf("cronstream_relay_forgeries_total = %v, want 1", got)
 	}
 	checkExactlyOnce(t, e.stored(), ids)
 }

@@ -1,11 +1,9 @@
 package relay_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +12,7 @@ import (
 	"github.com/cronstream/cronstream/internal/relay"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
+	"github.com/cronstream/cronstream/internal/testlog"
 )
 
 // TestRelayBacklogBytes: while NATS is down the relay reports the memory its
@@ -38,7 +37,7 @@ func TestRelayBacklogBytes(t *testing.T) {
 	opts.Username, opts.Password = "outbox-nomemory", "pw"
 	limited := redis.NewClient(&opts)
 	t.Cleanup(func() { _ = limited.Close() })
-	var logs lockedBuffer
+	var logs testlog.Buffer
 
 	sampled := e.newRelay("sampled", func(c *relay.Config) { c.PublishTimeout = time.Second })
 	counted := e.newRelay("counted", func(c *relay.Config) {
@@ -71,22 +70,4 @@ func TestRelayBacklogBytes(t *testing.T) {
 	if n := strings.Count(logs.String(), "Redis refused MEMORY USAGE"); n != 1 {
 		t.Errorf("the refusal was logged %d times, want once:\n%s", n, logs.String())
 	}
-}
-
-// lockedBuffer is a bytes.Buffer safe for a logger and a reader.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

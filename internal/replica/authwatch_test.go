@@ -1,7 +1,6 @@
 package replica
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"log/slog"
@@ -11,7 +10,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,25 +19,8 @@ import (
 
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/testenv"
+	"github.com/cronstream/cronstream/internal/testlog"
 )
-
-// syncBuffer is a log destination the test reads while the replica writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // readyz returns /readyz's status and body.
 func readyz(addr string) (int, string) {
@@ -76,9 +57,9 @@ func authErrors(t *testing.T, addr, system string) float64 {
 
 // startWatched runs a replica until the test ends and returns its HTTP
 // address once it is ready, and its log.
-func startWatched(t *testing.T, cfg Config) (string, *syncBuffer, <-chan error) {
+func startWatched(t *testing.T, cfg Config) (string, *testlog.Buffer, <-chan error) {
 	t.Helper()
-	logs := &syncBuffer{}
+	logs := &testlog.Buffer{}
 	cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	cfg.HTTPAddr = "127.0.0.1:0"
 	cfg.Heartbeat = 200 * time.Millisecond

@@ -16,6 +16,7 @@ import (
 
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/testenv"
+	"github.com/cronstream/cronstream/internal/testlog"
 )
 
 // TestMembershipWaitsForLostBucket: the replicas bucket is on file, so
@@ -40,7 +41,7 @@ func TestMembershipWaitsForLostBucket(t *testing.T) {
 	start := func(id string) *Membership {
 		js := ns.JetStream(t)
 		m, err := NewMembership(MembershipConfig{KV: apply(js), JS: js, Self: Info{ID: id}, Interval: hb,
-			Logger: slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+			Logger: testlog.Logger(t, slog.LevelDebug)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -154,14 +155,6 @@ func TestMembershipUnresponsiveReplica(t *testing.T) {
 	}
 }
 
-// testLog writes log lines to the test's log (shown when it fails).
-type testLog struct{ t testing.TB }
-
-func (w testLog) Write(b []byte) (int, error) {
-	w.t.Log(strings.TrimSpace(string(b)))
-	return len(b), nil
-}
-
 // lazy is a message part computed when it is printed.
 type lazy func() string
 
@@ -260,7 +253,7 @@ func TestMembershipFrozenView(t *testing.T) {
 			t.Fatal(err)
 		}
 		m, err := NewMembership(MembershipConfig{KV: kv, JS: js, Self: Info{ID: id}, Interval: hb, Frozen: freeze,
-			Logger: slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+			Logger: testlog.Logger(t, slog.LevelDebug)})
 		if err != nil {
 			t.Fatal(err)
 		}

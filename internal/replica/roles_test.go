@@ -14,6 +14,7 @@ import (
 
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/testenv"
+	"github.com/cronstream/cronstream/internal/testlog"
 )
 
 // TestExpectedRefusalsStopNothing: the refusals a replica meets in its
@@ -24,7 +25,7 @@ import (
 func TestExpectedRefusalsStopNothing(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
-	logs := &syncBuffer{}
+	logs := &testlog.Buffer{}
 	w := newAuthWatch(reg, slog.New(slog.NewTextHandler(logs, nil)))
 	w.armed.Store(true)
 	violation := func(subject string) error {
@@ -93,7 +94,7 @@ func TestReplicasBucketMovedToFile(t *testing.T) {
 	// A running replica's check reports it (error line, heartbeat
 	// warning, readiness) while it lasts.
 	var w routeWatch
-	logs := &syncBuffer{}
+	logs := &testlog.Buffer{}
 	log := slog.New(slog.NewTextHandler(logs, nil))
 	w.check(ctx, js, names, log)
 	if err := w.ready(); err == nil || !strings.Contains(err.Error(), "republish") || len(w.warnings()) != 1 || !strings.Contains(logs.String(), "level=ERROR") {

@@ -18,7 +18,9 @@ import (
 
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/clock"
+	"github.com/cronstream/cronstream/internal/eventtest"
 	"github.com/cronstream/cronstream/internal/scheduler"
+	"github.com/cronstream/cronstream/internal/testlog"
 	"github.com/cronstream/cronstream/projector"
 	"github.com/cronstream/cronstream/schedule"
 )
@@ -203,19 +205,13 @@ func newCluster(t *testing.T, cfg simConfig, start time.Time) *cluster {
 	at := start.Add(-time.Hour)
 	for i := range cfg.entries {
 		e := simEntry(i, cfg)
-		ev, err := events.NewEventAt(events.NewEventID(), at, events.TypeEntryRegistered, "sim", e.ID, e)
-		if err != nil {
-			t.Fatal(err)
-		}
-		data, err := ev.Marshal()
-		if err != nil {
-			t.Fatal(err)
-		}
+		data := eventtest.MarshalAt(t, events.NewEventID(), at, events.TypeEntryRegistered, "sim", e.ID, e)
 		if _, _, err := fold.Apply(names.ConfigSubject(e.ID), uint64(i+1), at, data); err != nil {
 			t.Fatalf("entry %s: %v", e.ID, err)
 		}
 		s := specs[e.Cron]
 		if s == nil {
+			var err error
 			if s, err = schedule.NewSchedule(e); err != nil {
 				t.Fatal(err)
 			}
@@ -229,7 +225,7 @@ func newCluster(t *testing.T, cfg simConfig, start time.Time) *cluster {
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	if os.Getenv("CRONSTREAM_SIM_LOG") != "" {
-		log = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+		log = testlog.Logger(t, slog.LevelInfo)
 	}
 	c := &cluster{tb: t, clock: m, redis: redis, proj: proj, names: names, log: log, share: map[string]*work{}}
 	t.Cleanup(func() { _ = proj.Stop(t.Context()) })
@@ -258,13 +254,6 @@ func lastTick(s *schedule.Schedule, t time.Time) time.Time {
 		last = n
 	}
 	return last
-}
-
-type testWriter struct{ t testing.TB }
-
-func (w testWriter) Write(b []byte) (int, error) {
-	w.t.Log(strings.TrimSpace(string(b)))
-	return len(b), nil
 }
 
 // memPeak is the most heap in use seen.

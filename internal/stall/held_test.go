@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/firetest"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
 	"github.com/cronstream/cronstream/projector"
@@ -59,32 +60,9 @@ func TestCheckCancelHeldTickNeverLate(t *testing.T) {
 	ctx := context.Background()
 	now := time.Now().UTC().Truncate(time.Minute).Add(40 * time.Second)
 	st := state(t, events.Entry{ID: "can", Cron: "@every 1m", Overlap: events.OverlapCancelPrevious}, now.Add(-time.Hour))
-	fire := func(tick, prev time.Time, want taskstate.FireStatus) {
-		t.Helper()
-		id := schedule.TaskID(names.Prefix(), "can", tick)
-		f := taskstate.NewTickFire(names.Prefix(), "default", "can", tick, prev, !prev.IsZero(),
-			&taskstate.TaskMessage{Type: "t", ID: id, Queue: "default"},
-			taskstate.Record{ID: "fired-" + id, Data: []byte(`{}`)})
-		f.OverlapCancel, f.OverlapRecord = true, taskstate.Record{ID: "overlap-" + id, Data: []byte(`{}`)}
-		var err error
-		f.CancelRecord, err = taskstate.NewCancelRecord("cancel-"+id, []byte(`{"task_id":"\u0000task\u0000","state":"\u0000state\u0000","action":"\u0000action\u0000"}`))
-		if err != nil {
-			t.Fatal(err)
-		}
-		res, err := store.FireOnce(ctx, taskstate.Fences{ConfigSeq: 1}, f)
-		if err != nil || res.Status != want {
-			t.Fatalf("fire %s: %+v, %v; want %s", tick, res, err, want)
-		}
-	}
 	tick0 := now.Truncate(time.Minute).Add(-time.Minute)
 	tick1 := now.Truncate(time.Minute)
-	fire(tick0, time.Time{}, taskstate.StatusFired)
-	// A worker took it (what asynq's dequeue writes).
-	id0, k := schedule.TaskID(names.Prefix(), "can", tick0), taskstate.Keys("default")
-	rc.LRem(ctx, k.Pending(), 0, id0)
-	rc.LPush(ctx, k.Active(), id0)
-	rc.HSet(ctx, k.Task(id0), "state", "active")
-	fire(tick1, tick0, taskstate.StatusHeld)
+	firetest.HoldTick(t, rc, names.Prefix(), "can", tick0, tick1)
 
 	late, err := Check(ctx, store, names, []projector.State{st}, now, 10*time.Second)
 	if err != nil {

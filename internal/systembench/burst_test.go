@@ -151,13 +151,13 @@ func burst(b *testing.B, n int, lead time.Duration) []burstResult {
 		resetCommandStats(b, s.rc)
 		gcs, _ := p.metric("go_gc_duration_seconds_count")
 		before := s.cpu([]*replicaProc{p})
-		replicaFaults, redisFaults := procFaults(p.pid()), procFaults(s.redisPID)
+		replicaFaults, redisFaults := testenv.ProcFaults(p.pid()), testenv.ProcFaults(s.redisPID)
 		r := &out[i]
 		testenv.Eventually(b, instants[len(instants)-1].Add(10*time.Minute).Sub(instant), func() bool {
 			if r.inRedis == 0 && s.pending("default") >= want {
 				r.inRedis = time.Since(instant)
 				r.cpu = s.cpu([]*replicaProc{p}).sub(before)
-				r.replicaFaults, r.redisFaults = procFaults(p.pid())-replicaFaults, procFaults(s.redisPID)-redisFaults
+				r.replicaFaults, r.redisFaults = testenv.ProcFaults(p.pid())-replicaFaults, testenv.ProcFaults(s.redisPID)-redisFaults
 				after, _ := p.metric("go_gc_duration_seconds_count")
 				r.collections = int(after - gcs)
 				r.commands = commandStats(b, s.rc)
@@ -316,7 +316,7 @@ func timedWrites(b *testing.B, name string, n int, prepare, write func(ctx conte
 	b.Helper()
 	rc := testenv.StartRedis(b, testenv.WithPrivateServer()).Client(b)
 	ctx := context.Background()
-	pid := redisPID(b, rc)
+	pid := testenv.RedisPID(b, rc)
 	if err := rc.SAdd(ctx, taskstate.AllQueuesKey, "default").Err(); err != nil {
 		b.Fatal(err)
 	}
@@ -330,13 +330,13 @@ func timedWrites(b *testing.B, name string, n int, prepare, write func(ctx conte
 		prepare(ctx, pipe, flush)
 		flush()
 	}
-	cpu0, faults := procCPU(pid), procFaults(pid)
+	cpu0, faults := testenv.ProcCPU(pid), testenv.ProcFaults(pid)
 	start := time.Now()
 	write(ctx, pipe, flush)
 	flush()
 	took = time.Since(start)
-	redisCPU = procCPU(pid) - cpu0
-	b.Logf("%s: redis-server page faults %d", name, procFaults(pid)-faults)
+	redisCPU = testenv.ProcCPU(pid) - cpu0
+	b.Logf("%s: redis-server page faults %d", name, testenv.ProcFaults(pid)-faults)
 	if l := rc.LLen(ctx, taskstate.Keys("default").Pending()).Val(); l != int64(n) {
 		b.Fatalf("%s: %d tasks pending, want %d", name, l, n)
 	}

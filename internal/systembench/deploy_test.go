@@ -209,9 +209,9 @@ type usage struct {
 
 func (d *deployment) usage() usage {
 	// The clocks first, together; the slower reads (Redis, /metrics) after.
-	u := usage{at: time.Now(), redis: procCPU(d.s.redisPID), nats: procCPU(d.s.natsPID()), harness: selfCPU()}
+	u := usage{at: time.Now(), redis: testenv.ProcCPU(d.s.redisPID), nats: testenv.ProcCPU(d.s.natsPID()), harness: testenv.SelfCPU()}
 	for _, p := range d.ps {
-		u.replicas = append(u.replicas, procCPU(p.pid()))
+		u.replicas = append(u.replicas, testenv.ProcCPU(p.pid()))
 	}
 	for _, g := range d.groups {
 		st, _ := g.Stat()

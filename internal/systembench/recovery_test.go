@@ -132,7 +132,7 @@ func recoverThroughReplica(b *testing.B, n int) replicaRecovery {
 	outboxKey := taskstate.Own(s.names.Prefix(), massrecovery.Queue).Outbox()
 	stopLog := slowlog(b, s.rc)
 	resetCommandStats(b, s.rc)
-	before, preempted := s.cpu(nil), preemptions(s.redisPID)
+	before, preempted := s.cpu(nil), testenv.Preemptions(s.redisPID)
 	start := time.Now()
 	p := s.startReplica("recover", "--recover-interval", "1s")
 	var out replicaRecovery
@@ -155,7 +155,7 @@ func recoverThroughReplica(b *testing.B, n int) replicaRecovery {
 	out.commands = commandStats(b, s.rc)
 	out.longest = stopLog()
 	out.cpu = s.cpu([]*replicaProc{p}).sub(before)
-	out.redisPreempted = preemptions(s.redisPID) - preempted
+	out.redisPreempted = testenv.Preemptions(s.redisPID) - preempted
 	p.stop(b)
 	w.stop()
 	massrecovery.Check(b, s.rc, n, live)

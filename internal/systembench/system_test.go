@@ -24,6 +24,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/eventtest"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
 )
@@ -133,7 +134,7 @@ func newSystemWith(b testing.TB, cfg systemConfig) *system {
 	if err := events.EnsureStreams(context.Background(), s.js, events.StreamConfig{Names: s.names}); err != nil {
 		b.Fatal(err)
 	}
-	s.redisPID = redisPID(b, s.rc)
+	s.redisPID = testenv.RedisPID(b, s.rc)
 	return s
 }
 
@@ -363,92 +364,13 @@ func waitLoaded(b testing.TB, ps []*replicaProc, n int, timeout time.Duration) {
 	}
 }
 
-// procCPU is the user+system CPU time of process pid from /proc (0 once
-// it is gone).
-func procCPU(pid int) time.Duration {
-	f := procStat(pid)
-	if len(f) < 13 {
-		return 0
-	}
-	ut, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	const userHZ = 100
-	return time.Duration(ut+st) * time.Second / userHZ
-}
-
-// procFaults is the number of minor page faults of process pid (0 once it
-// is gone): each is a page of memory the process touched for the first
-// time, which a virtual machine makes costly.
-func procFaults(pid int) int64 {
-	f := procStat(pid)
-	if len(f) < 8 {
-		return 0
-	}
-	n, _ := strconv.ParseInt(f[7], 10, 64)
-	return n
-}
-
-// procStat is the fields of /proc/<pid>/stat after the command name (which
-// may hold spaces), nil once the process is gone.
-func procStat(pid int) []string {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return nil
-	}
-	return strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
-}
-
-// preemptions is how many times the kernel took the CPU from pid while it
-// could still run (nonvoluntary_ctxt_switches): for redis-server, each one
-// lengthens the call it was running by the time it waited.
-func preemptions(pid int) int {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "nonvoluntary_ctxt_switches:"); ok {
-			n, _ := strconv.Atoi(strings.TrimSpace(v))
-			return n
-		}
-	}
-	return 0
-}
-
-// selfCPU is this test process's CPU time: the embedded nats-server, the
-// benchmark's own readers and samplers, and (in the recovery benchmark) the
-// asynq workers.
-func selfCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-func redisPID(b testing.TB, rc *redis.Client) int {
-	b.Helper()
-	info, err := rc.Info(context.Background(), "server").Result()
-	if err != nil {
-		b.Fatal(err)
-	}
-	for _, line := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "process_id:"); ok {
-			pid, _ := strconv.Atoi(v)
-			return pid
-		}
-	}
-	b.Fatal("INFO server has no process_id")
-	return 0
-}
-
 // cpuUse is CPU time spent by the replicas, redis-server and this process.
 type cpuUse struct{ replicas, redis, self time.Duration }
 
 func (s *system) cpu(ps []*replicaProc) cpuUse {
-	u := cpuUse{redis: procCPU(s.redisPID), self: selfCPU()}
+	u := cpuUse{redis: testenv.ProcCPU(s.redisPID), self: testenv.SelfCPU()}
 	for _, p := range ps {
-		u.replicas += procCPU(p.pid())
+		u.replicas += testenv.ProcCPU(p.pid())
 	}
 	return u
 }
@@ -468,38 +390,7 @@ func usPer(d time.Duration, n int) float64 {
 // stream (what `entry put` publishes, without its read of the entry first).
 func (s *system) register(entries []events.Entry) {
 	s.b.Helper()
-	futures := make([]jetstream.PubAckFuture, 0, 4096)
-	wait := func() {
-		for _, f := range futures {
-			select {
-			case <-f.Ok():
-			case err := <-f.Err():
-				s.b.Fatal(err)
-			case <-time.After(time.Minute):
-				s.b.Fatal("config publish not acknowledged within 1m")
-			}
-		}
-		futures = futures[:0]
-	}
-	for _, e := range entries {
-		e = e.Normalize()
-		ev, err := events.NewEvent(events.TypeEntryRegistered, "systembench", e.ID, e)
-		if err != nil {
-			s.b.Fatal(err)
-		}
-		data, err := ev.Marshal()
-		if err != nil {
-			s.b.Fatal(err)
-		}
-		f, err := s.js.PublishAsync(s.names.ConfigSubject(e.ID), data)
-		if err != nil {
-			s.b.Fatal(err)
-		}
-		if futures = append(futures, f); len(futures) == cap(futures) {
-			wait()
-		}
-	}
-	wait()
+	eventtest.Register(s.b, s.js, s.names, "systembench", entries, time.Minute)
 }
 
 // entries returns n entries id<prefix><i> on spec, enqueuing into "default".
@@ -513,17 +404,7 @@ func entries(prefix, spec string, n int) []events.Entry {
 }
 
 // activityMsgs is the number of messages in the activity stream.
-func (s *system) activityMsgs() uint64 {
-	st, err := s.js.Stream(context.Background(), s.names.ActivityStream())
-	if err != nil {
-		return 0
-	}
-	info, err := st.Info(context.Background())
-	if err != nil {
-		return 0
-	}
-	return info.State.Msgs
-}
+func (s *system) activityMsgs() uint64 { return testenv.StreamMsgCount(s.js, s.names.ActivityStream()) }
 
 // recoveryEvents counts the events on the activity stream's recovery
 // subjects and the messages that hold them.
@@ -909,28 +790,9 @@ func resetCommandStats(b testing.TB, rc *redis.Client) {
 // names as well as in the script's time.
 func commandStats(b testing.TB, rc *redis.Client) []commandTime {
 	b.Helper()
-	info, err := rc.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		b.Fatal(err)
-	}
 	var out []commandTime
-	for _, line := range strings.Split(info, "\n") {
-		name, fields, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if !ok || !strings.HasPrefix(name, "cmdstat_") {
-			continue
-		}
-		c := commandTime{name: strings.TrimPrefix(name, "cmdstat_")}
-		for _, kv := range strings.Split(fields, ",") {
-			k, v, _ := strings.Cut(kv, "=")
-			n, _ := strconv.ParseInt(v, 10, 64)
-			switch k {
-			case "calls":
-				c.calls = n
-			case "usec":
-				c.usec = n
-			}
-		}
-		out = append(out, c)
+	for name, c := range testenv.RedisCommandStats(b, rc) {
+		out = append(out, commandTime{name: name, calls: c.Calls, usec: c.Usec})
 	}
 	slices.SortFunc(out, func(a, b commandTime) int { return cmp.Compare(b.usec, a.usec) })
 	return out

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cronstream/cronstream/contract"
+	"github.com/cronstream/cronstream/internal/eventtest"
 	"github.com/cronstream/cronstream/internal/testenv"
 )
 
@@ -20,17 +21,12 @@ func cancelFire(t testing.TB, n int) Fire {
 	t.Helper()
 	f := tickFire("can", "default", tickAt(n), tickAt(n-1))
 	f.OverlapCancel, f.OverlapRecord = true, record("overlap", "can", tickAt(n))
-	ev, err := contract.NewEventAt(contract.CancelledEventID("can", tickAt(n)), tickAt(n), contract.TypeTaskCancelled, "test", "can",
+	id := contract.CancelledEventID("can", tickAt(n))
+	data := eventtest.MarshalAt(t, id, tickAt(n), contract.TypeTaskCancelled, "test", "can",
 		contract.TaskCancelled{Entry: "can", Queue: "default", ScheduledAt: tickAt(n), ReplacedBy: f.Msg.ID,
 			TaskID: CancelPlaceholderTask, State: CancelPlaceholderState, Action: CancelPlaceholderAction})
-	if err != nil {
-		t.Fatal(err)
-	}
-	data, err := ev.Marshal()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if f.CancelRecord, err = NewCancelRecord(ev.ID, data); err != nil {
+	var err error
+	if f.CancelRecord, err = NewCancelRecord(id, data); err != nil {
 		t.Fatal(err)
 	}
 	return f

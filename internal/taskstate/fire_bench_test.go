@@ -3,8 +3,6 @@ package taskstate
 import (
 	"context"
 	"fmt"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -134,25 +132,6 @@ func taskBytes(b *testing.B, rc *redis.Client, queue, entry string, tick time.Ti
 // scriptMicros is the Redis CPU time spent in scripts since the last
 // CONFIG RESETSTAT, in microseconds (INFO commandstats).
 func scriptMicros(b *testing.B, rc *redis.Client) float64 {
-	info, err := rc.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		b.Fatal(err)
-	}
-	var total float64
-	for _, line := range strings.Split(info, "\n") {
-		line = strings.TrimSpace(line)
-		if !strings.HasPrefix(line, "cmdstat_evalsha:") && !strings.HasPrefix(line, "cmdstat_eval:") {
-			continue
-		}
-		for _, field := range strings.Split(line[strings.Index(line, ":")+1:], ",") {
-			if v, ok := strings.CutPrefix(field, "usec="); ok {
-				us, err := strconv.ParseFloat(v, 64)
-				if err != nil {
-					b.Fatal(err)
-				}
-				total += us
-			}
-		}
-	}
-	return total
+	stats := testenv.RedisCommandStats(b, rc)
+	return float64(stats["eval"].Usec + stats["evalsha"].Usec)
 }

@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/cronstream/cronstream/internal/testenv"
 )
 
@@ -92,33 +90,13 @@ func fireScale(b *testing.B, n, ticks int) {
 	for t := range 2 {
 		tick(t)
 	}
-	cpu0 := redisCPU(b, rc)
+	cpu0 := testenv.RedisCPU(b, rc)
 	b.StartTimer()
 	for t := 2; t < 2+ticks; t++ {
 		tick(t)
 	}
 	b.StopTimer()
 	fired := float64(n * ticks)
-	b.ReportMetric((redisCPU(b, rc)-cpu0).Seconds()*1e6/fired, "redis-cpu-µs/fire")
+	b.ReportMetric((testenv.RedisCPU(b, rc)-cpu0).Seconds()*1e6/fired, "redis-cpu-µs/fire")
 	b.ReportMetric(fired/b.Elapsed().Seconds(), "fires/s")
-}
-
-// redisCPU is the CPU time redis-server has used (INFO cpu, user + system).
-func redisCPU(b *testing.B, rc *redis.Client) time.Duration {
-	info, err := rc.Info(context.Background(), "cpu").Result()
-	if err != nil {
-		b.Fatal(err)
-	}
-	var total float64
-	for _, line := range strings.Split(info, "\n") {
-		name, v, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if ok && (name == "used_cpu_user" || name == "used_cpu_sys") {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				b.Fatal(err)
-			}
-			total += f
-		}
-	}
-	return time.Duration(total * float64(time.Second))
 }

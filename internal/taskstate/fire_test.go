@@ -125,8 +125,7 @@ func TestFireWritesWhatAsynqWrites(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	s, rc := newTestStore(t)
-	client := asynq.NewClientFromRedisClient(rc)
-	t.Cleanup(func() { _ = client.Close() })
+	client := testenv.AsynqClient(t, rc)
 
 	payload := []byte{0, 1, 2, 0xff}
 	headers := map[string]string{"source": "cron", "trace": "abc"}
@@ -284,9 +283,15 @@ func withEmptyMaps(m *TaskMessage) TaskMessage {
 // checks at the very end that it left no goroutine behind.
 func startAsynqServer(t *testing.T, rc redis.UniversalClient, cfg asynq.Config, h asynq.Handler) {
 	t.Helper()
+	verifyNoLeaks(t)
+	testenv.StartAsynqServer(t, rc, cfg, h)
+}
+
+// verifyNoLeaks fails t if goroutines started after this call are still
+// running when the cleanups registered after it have run.
+func verifyNoLeaks(t *testing.T) {
 	leakOpt := goleak.IgnoreCurrent()
 	t.Cleanup(func() { goleak.VerifyNone(t, leakOpt) })
-	testenv.StartAsynqServer(t, rc, cfg, h)
 }
 
 // handled is what a handler saw of one task.

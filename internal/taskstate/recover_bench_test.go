@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -35,15 +33,7 @@ import (
 //
 //	go test -run '^$' -bench BenchmarkRecover -benchtime 1x ./internal/taskstate/
 func BenchmarkRecover(b *testing.B) {
-	r := testenv.StartRedis(b, testenv.WithPrivateServer())
-	rc := r.Client(b)
-	ctx := context.Background()
-	if err := rc.ConfigSet(ctx, "slowlog-log-slower-than", "200").Err(); err != nil {
-		b.Fatal(err)
-	}
-	if err := rc.ConfigSet(ctx, "slowlog-max-len", "100000").Err(); err != nil {
-		b.Fatal(err)
-	}
+	rc := massrecovery.StartRedis(b, 200*time.Microsecond)
 	for _, n := range []int{10_000, 100_000} {
 		b.Run(fmt.Sprintf("N=%d/cronstream", n), func(b *testing.B) {
 			benchRecover(b, rc, n, recoverOurs)
@@ -66,17 +56,14 @@ func benchRecover(b *testing.B, rc redis.UniversalClient, n int, path recoverPat
 		b.StopTimer()
 		now := time.Now()
 		live := massrecovery.Seed(b, rc, n, now)
-		if err := rc.SlowLogReset(ctx).Err(); err != nil {
-			b.Fatal(err)
-		}
-		cpu0 := redisCPUTime(b, rc)
+		cpu0 := testenv.RedisCPU(b, rc)
 		b.StartTimer()
 		moved, err := path(ctx, rc, now)
 		b.StopTimer()
 		if err != nil {
 			b.Fatal(err)
 		}
-		redisCPU += redisCPUTime(b, rc) - cpu0
+		redisCPU += testenv.RedisCPU(b, rc) - cpu0
 		if moved != n {
 			b.Fatalf("moved %d tasks, want %d", moved, n)
 		}
@@ -104,24 +91,6 @@ func benchRecover(b *testing.B, rc redis.UniversalClient, n int, path recoverPat
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-
-// redisCPUTime is the Redis server's user+system CPU time so far: unlike
-// wall time it does not grow when other processes share the machine.
-func redisCPUTime(b *testing.B, rc redis.UniversalClient) time.Duration {
-	info, err := rc.Info(context.Background(), "cpu").Result()
-	if err != nil {
-		b.Fatal(err)
-	}
-	var secs float64
-	for _, line := range strings.Split(info, "\r\n") {
-		name, v, ok := strings.Cut(line, ":")
-		if ok && (name == "used_cpu_user" || name == "used_cpu_sys") {
-			f, _ := strconv.ParseFloat(v, 64)
-			secs += f
-		}
-	}
-	return time.Duration(secs * float64(time.Second))
-}
 
 // recoverOurs is a recoverer pass on our path: the expired ids listed and
 // ordered by their place in the active list, then per batch of 10,000 the

@@ -118,16 +118,6 @@ func outboxEventIDs(t testing.TB, rc redis.UniversalClient, queue string) []stri
 	return ids
 }
 
-func taskIDs(prefix string, n int) []string {
-	ids := make([]string, n)
-	for i := range ids {
-		// Not in list order when sorted: tied lease scores come back in
-		// member order, the case that makes asynq's LREM slow.
-		ids[i] = fmt.Sprintf("%s-%08x", prefix, uint32(i)*2654435761)
-	}
-	return ids
-}
-
 // TestRecoverKilledWorker: a real asynq worker takes tasks and is killed
 // with SIGKILL. We recover one queue; asynq's own recoverer recovers an
 // identical twin queue. Both must end in the same state with the same
@@ -139,10 +129,8 @@ func TestRecoverKilledWorker(t *testing.T) {
 	r := testenv.StartRedis(t, testenv.WithPrivateServer())
 	rc := r.Client(t)
 	s := New(rc)
-	client := asynq.NewClientFromRedisClient(rc)
-	t.Cleanup(func() { _ = client.Close() })
+	client := testenv.AsynqClient(t, rc)
 	insp := asynq.NewInspectorFromRedisClient(rc)
-	t.Cleanup(func() { _ = insp.Close() })
 
 	const mine, twin = "mine", "twin"
 	for _, q := range []string{mine, twin} {
@@ -191,20 +179,7 @@ func TestRecoverKilledWorker(t *testing.T) {
 	}
 
 	// asynq's own recoverer runs once at server start.
-	func() {
-		srv := asynq.NewServerFromRedisClient(rc, asynq.Config{
-			Queues: map[string]int{twin: 1}, LogLevel: asynq.FatalLevel,
-			RetryDelayFunc: func(int, error, *asynq.Task) time.Duration { return time.Hour },
-		})
-		if err := srv.Start(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return nil })); err != nil {
-			t.Fatal(err)
-		}
-		defer srv.Shutdown()
-		testenv.Eventually(t, 10*time.Second, func() bool {
-			n, _ := rc.LLen(ctx, Keys(twin).Active()).Result()
-			return n == 0
-		}, "asynq's recoverer recovers the twin queue")
-	}()
+	testenv.RecoverWithAsynq(t, rc, twin, 10*time.Second)
 
 	compare := func(q string) (map[string]string, *asynq.QueueInfo) {
 		qi, err := insp.GetQueueInfo(q)
@@ -304,8 +279,8 @@ func TestRecoverPreservesListAndOrder(t *testing.T) {
 	s := New(rc, WithRecoverChunk(100))
 	const q = "big"
 	now := time.Now()
-	expired := taskIDs("dead", 3000)
-	live := taskIDs("live", 1000)
+	expired := testenv.UnsortedTaskIDs("dead", 3000)
+	live := testenv.UnsortedTaskIDs("live", 1000)
 	// Dequeue order: live tasks scattered between the dead ones.
 	var order []string
 	for i, id := range expired {
@@ -390,7 +365,7 @@ func TestRecoverWithWrongPositions(t *testing.T) {
 	s := New(rc, WithRecoverChunk(7))
 	const q = "stale"
 	now := time.Now()
-	ids := taskIDs("t", 60)
+	ids := testenv.UnsortedTaskIDs("t", 60)
 	seedActive(t, rc, q, ids, now.Add(-time.Minute), nil)
 	// Keep every third task alive.
 	for i, id := range ids {
@@ -557,7 +532,7 @@ func TestRecoverConcurrent(t *testing.T) {
 	rc := testenv.StartRedis(t).Client(t)
 	const q, n, racers = "race", 3000, 3
 	now := time.Now()
-	seedActive(t, rc, q, taskIDs("r", n), now.Add(-time.Minute), nil)
+	seedActive(t, rc, q, testenv.UnsortedTaskIDs("r", n), now.Add(-time.Minute), nil)
 	cutoff := now.Add(-20 * time.Second)
 
 	var (
@@ -758,7 +733,7 @@ func TestRecoverOrphans(t *testing.T) {
 	rc.HSet(ctx, k.Task("pending"), "state", StatePending)
 	rc.HDel(ctx, k.Task("stub"), "msg")
 	// Many leased tasks so that the walk takes several pages.
-	filler := taskIDs("f", 250)
+	filler := testenv.UnsortedTaskIDs("f", 250)
 	seedActive(t, rc, q, filler, now.Add(time.Minute), nil)
 
 	rep, err := s.RecoverOrphans(ctx, q, now, 0, 64)
@@ -860,25 +835,9 @@ func TestReclaimStaleAggregationSets(t *testing.T) {
 	}
 
 	// A real asynq aggregator finds the group again and aggregates it.
-	done := make(chan int, 1)
-	startAsynqServer(t, rc, asynq.Config{
-		Queues: map[string]int{q: 1}, GroupGracePeriod: time.Second,
-		GroupAggregator: asynq.GroupAggregatorFunc(func(g string, tasks []*asynq.Task) *asynq.Task {
-			return asynq.NewTask("aggregated", []byte{byte(len(tasks))})
-		}),
-	}, asynq.HandlerFunc(func(_ context.Context, task *asynq.Task) error {
-		if task.Type() == "aggregated" {
-			done <- int(task.Payload()[0])
-		}
-		return nil
-	}))
-	select {
-	case n := <-done:
-		if n != 3 {
-			t.Fatalf("aggregated %d tasks", n)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("asynq aggregator did not aggregate the reclaimed group")
+	verifyNoLeaks(t)
+	if n := testenv.AggregateWithAsynq(t, rc, q, 20*time.Second); n != 3 {
+		t.Fatalf("aggregated %d tasks", n)
 	}
 }
 
@@ -916,7 +875,7 @@ func TestRecoverCluster(t *testing.T) {
 	now := time.Now()
 	for _, q := range []string{"critical", "a:b", "x{y", "x}y", "{q}"} {
 		t.Run(q, func(t *testing.T) {
-			ids := taskIDs("c", 3000)
+			ids := testenv.UnsortedTaskIDs("c", 3000)
 			seedActive(t, rc, q, ids, now.Add(-time.Minute), func(m *TaskMessage) {
 				if m.ID == ids[0] {
 					m.Retried = m.Retry
@@ -978,8 +937,8 @@ func TestRecoverWhileWorkersRun(t *testing.T) {
 	const q = "busy"
 	k := Keys(q)
 	now := time.Now()
-	expired := taskIDs("dead", 3000)
-	oldLive := taskIDs("old", 600)
+	expired := testenv.UnsortedTaskIDs("dead", 3000)
+	oldLive := testenv.UnsortedTaskIDs("old", 600)
 	var order []string
 	for i, id := range expired {
 		order = append(order, id)
@@ -1000,7 +959,7 @@ func TestRecoverWhileWorkersRun(t *testing.T) {
 
 	stop := make(chan struct{})
 	workerDone := make(chan error, 1)
-	newLive := taskIDs("new", 2000)
+	newLive := testenv.UnsortedTaskIDs("new", 2000)
 	go func() {
 		// A worker pool: dequeue new tasks at the head and finish (Done)
 		// old live tasks, which sit between the expired ones.
@@ -1082,7 +1041,7 @@ func TestRecoverTailWindows(t *testing.T) {
 	const q = "windows"
 	k := Keys(q)
 	now := time.Now()
-	ids := taskIDs("w", 3000)
+	ids := testenv.UnsortedTaskIDs("w", 3000)
 	seedActive(t, rc, q, ids, now.Add(-time.Minute), nil)
 	var live, dead []string
 	for i, id := range ids {
@@ -1095,7 +1054,7 @@ func TestRecoverTailWindows(t *testing.T) {
 	}
 	// Younger tasks, all live, keep the list long enough for RecoverBatch
 	// to read positions (a short one is searched with LPOS).
-	young := taskIDs("young", positionMinList)
+	young := testenv.UnsortedTaskIDs("young", positionMinList)
 	seedActive(t, rc, q, young, now.Add(time.Minute), nil)
 	live = append(live, young...)
 	// The oldest dead task's id also sits in the middle of the list.
@@ -1123,7 +1082,7 @@ func TestRecoverTailWindows(t *testing.T) {
 		t.Fatal(err)
 	}
 	rc.ZRem(ctx, k.Lease(), live[3])
-	fresh := taskIDs("fresh", 5)
+	fresh := testenv.UnsortedTaskIDs("fresh", 5)
 	for _, id := range fresh {
 		rc.LPush(ctx, k.Active(), id)
 	}
@@ -1158,7 +1117,7 @@ func TestRecoverTailWindows(t *testing.T) {
 	if n := len(outboxEventIDs(t, rc, q)); n != len(dead) {
 		t.Fatalf("outbox has %d records, want %d", n, len(dead))
 	}
-	if lset := commandCalls(t, rc, "lset"); lset > 10 {
+	if lset := testenv.RedisCommandStats(t, rc)["lset"].Calls; lset > 10 {
 		t.Fatalf("%d LSETs for %d tasks: the windows were not used", lset, len(dead))
 	}
 }
@@ -1171,23 +1130,6 @@ func requireRetried(t *testing.T, out []Outcome) {
 			t.Fatalf("outcome %+v", o)
 		}
 	}
-}
-
-// commandCalls is how many times Redis ran cmd since the last CONFIG
-// RESETSTAT (inside scripts too).
-func commandCalls(t *testing.T, rc redis.UniversalClient, cmd string) int {
-	t.Helper()
-	info, err := rc.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(info, "\r\n") {
-		if rest, ok := strings.CutPrefix(line, "cmdstat_"+cmd+":calls="); ok {
-			n, _ := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
-			return n
-		}
-	}
-	return 0
 }
 
 // TestLoadLeaseExpiredGoneAndBad: between listing and loading, one task
@@ -1234,8 +1176,8 @@ func TestListLeaseRefsPages(t *testing.T) {
 	const q = "refs"
 	now := time.Now()
 	n := leaseRefPage*leaseRefPipeline + 1234
-	seedActive(t, rc, q, taskIDs("old", n), now.Add(-time.Minute), nil)
-	seedActive(t, rc, q, taskIDs("new", 10), now.Add(time.Minute), nil)
+	seedActive(t, rc, q, testenv.UnsortedTaskIDs("old", n), now.Add(-time.Minute), nil)
+	seedActive(t, rc, q, testenv.UnsortedTaskIDs("new", 10), now.Add(time.Minute), nil)
 	all, err := s.ListLeaseRefs(ctx, q, now, 0, 1<<30)
 	if err != nil || len(all) != n {
 		t.Fatalf("listed %d, want %d: %v", len(all), n, err)
@@ -1273,9 +1215,9 @@ func TestListTailFirst(t *testing.T) {
 		{"some", 1000, 3000},
 	} {
 		t.Run(c.queue, func(t *testing.T) {
-			ids := taskIDs(c.queue, c.dead)
+			ids := testenv.UnsortedTaskIDs(c.queue, c.dead)
 			seedActive(t, rc, c.queue, ids, now.Add(-time.Minute), nil)
-			seedActive(t, rc, c.queue, taskIDs("young-"+c.queue, c.young), now.Add(time.Minute), nil)
+			seedActive(t, rc, c.queue, testenv.UnsortedTaskIDs("young-"+c.queue, c.young), now.Add(time.Minute), nil)
 			// One id twice: its depth is the one nearest the tail.
 			rc.LPush(ctx, Keys(c.queue).Active(), ids[0])
 			want, err := s.ListLeaseRefs(ctx, c.queue, now, 7, 2000)
@@ -1311,7 +1253,7 @@ func TestRecoverBatchesEvents(t *testing.T) {
 	cutoff := now.Add(-20 * time.Second)
 	recover := func(q string, n int, data func(id string) []byte) ([]Outcome, []redis.XMessage) {
 		t.Helper()
-		seedActive(t, rc, q, taskIDs(q, n), now.Add(-time.Minute), nil)
+		seedActive(t, rc, q, testenv.UnsortedTaskIDs(q, n), now.Add(-time.Minute), nil)
 		tasks, _, err := s.ListLeaseExpired(ctx, q, cutoff, n)
 		if err != nil || len(tasks) != n {
 			t.Fatalf("list %d %v", len(tasks), err)

@@ -17,8 +17,7 @@ func TestDecodeWhatAsynqWrites(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	rc := testenv.StartRedis(t).Client(t)
-	client := asynq.NewClientFromRedisClient(rc)
-	t.Cleanup(func() { _ = client.Close() })
+	client := testenv.AsynqClient(t, rc)
 
 	deadline := time.Now().Add(2 * time.Hour).Truncate(time.Second)
 	headers := map[string]string{"source": "cron", "trace": "abc", "empty": ""}
@@ -84,7 +83,6 @@ func TestInspectorReadsWhatWeWrite(t *testing.T) {
 	ctx := context.Background()
 	rc := testenv.StartRedis(t).Client(t)
 	insp := asynq.NewInspectorFromRedisClient(rc)
-	t.Cleanup(func() { _ = insp.Close() })
 
 	for _, queue := range []string{"default", "a:b", "x{y"} {
 		k := Keys(queue)

@@ -36,6 +36,77 @@ func StartAsynqServer(t testing.TB, rc redis.UniversalClient, cfg asynq.Config, 
 	t.Cleanup(srv.Shutdown)
 }
 
+// AsynqClient returns an asynq client on rc, closed when the test ends.
+func AsynqClient(t testing.TB, rc redis.UniversalClient) *asynq.Client {
+	c := asynq.NewClientFromRedisClient(rc)
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// RecoverWithAsynq runs asynq's own recoverer over queue: an asynq server
+// on rc, whose recoverer runs once at its start, shut down once queue has
+// no active task (the test fails if that takes longer than d). Its retry
+// delay is an hour, so the tasks it retries stay in the retry set for the
+// test to compare.
+func RecoverWithAsynq(t testing.TB, rc redis.UniversalClient, queue string, d time.Duration) {
+	t.Helper()
+	srv := asynq.NewServerFromRedisClient(rc, asynq.Config{
+		Queues: map[string]int{queue: 1}, LogLevel: asynq.FatalLevel,
+		RetryDelayFunc: func(int, error, *asynq.Task) time.Duration { return time.Hour },
+	})
+	if err := srv.Start(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return nil })); err != nil {
+		t.Fatalf("start asynq server: %v", err)
+	}
+	defer srv.Shutdown()
+	insp := asynq.NewInspectorFromRedisClient(rc)
+	Eventually(t, d, func() bool {
+		qi, err := insp.GetQueueInfo(queue)
+		return err == nil && qi.Active == 0
+	}, "asynq's recoverer recovers queue %s", queue)
+}
+
+// AggregateWithAsynq starts an asynq server on rc over queue until the test
+// ends, whose aggregator makes one task of each group, and returns how many
+// tasks the first aggregated task it handles was made of. The test fails if
+// none is handled within d.
+func AggregateWithAsynq(t testing.TB, rc redis.UniversalClient, queue string, d time.Duration) int {
+	t.Helper()
+	done := make(chan int, 1)
+	StartAsynqServer(t, rc, asynq.Config{
+		Queues: map[string]int{queue: 1}, GroupGracePeriod: time.Second,
+		GroupAggregator: asynq.GroupAggregatorFunc(func(_ string, tasks []*asynq.Task) *asynq.Task {
+			return asynq.NewTask("aggregated", []byte{byte(len(tasks))})
+		}),
+	}, asynq.HandlerFunc(func(_ context.Context, task *asynq.Task) error {
+		if task.Type() == "aggregated" {
+			select {
+			case done <- int(task.Payload()[0]):
+			default:
+			}
+		}
+		return nil
+	}))
+	select {
+	case n := <-done:
+		return n
+	case <-time.After(d):
+		t.Fatalf("asynq's aggregator did not aggregate a group of queue %s within %s", queue, d)
+		return 0
+	}
+}
+
+// UnsortedTaskIDs returns n task ids whose sorted order is not their order:
+// asynq's lease set returns tied scores in member order, so ids seeded in
+// this order make the case where a task's place in the active list is
+// unrelated to its place in the lease set (what makes asynq's LREM slow).
+func UnsortedTaskIDs(prefix string, n int) []string {
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("%s-%08x", prefix, uint32(i)*2654435761)
+	}
+	return ids
+}
+
 // AsynqChildMode is what a child asynq process started by StartAsynqChild
 // holds until it is killed.
 type AsynqChildMode string

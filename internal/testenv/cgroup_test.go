@@ -28,7 +28,7 @@ func TestCPUGroupLimitsCPU(t *testing.T) {
 		t.Fatal(err)
 	}
 	cmd := exec.Command("sh", "-c", "while :; do :; done")
-	dieWithParent(cmd)
+	DieWithParent(cmd)
 	start := time.Now()
 	if err := g.Start(cmd); err != nil {
 		t.Fatal(err)

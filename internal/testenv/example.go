@@ -4,6 +4,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // RunNATS is StartNATS for code without a testing.TB, such as an Example
@@ -39,4 +42,25 @@ func RunNATS() (n *NATS, stop func(), err error) {
 		return nil, nil, fmt.Errorf("testenv: nats-server not healthy within %s: %s", natsHealthyTimeout, problem)
 	}
 	return n, stop, nil
+}
+
+// RunJetStream is RunNATS with a JetStream handle on a connection to the
+// server, for an Example function that needs only the handle. stop closes
+// the connection, then stops the server.
+func RunJetStream() (js jetstream.JetStream, stop func(), err error) {
+	n, stopServer, err := RunNATS()
+	if err != nil {
+		return nil, nil, err
+	}
+	nc, err := nats.Connect(n.URL())
+	if err != nil {
+		stopServer()
+		return nil, nil, fmt.Errorf("testenv: connect: %w", err)
+	}
+	stop = func() { nc.Close(); stopServer() }
+	if js, err = jetstream.New(nc); err != nil {
+		stop()
+		return nil, nil, fmt.Errorf("testenv: jetstream: %w", err)
+	}
+	return js, stop, nil
 }

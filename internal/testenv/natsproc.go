@@ -92,7 +92,7 @@ func startNATSProcess(bin, dir string, port int) (*NATSProcess, error) {
 	}
 	p.cmd = exec.Command(bin, "--name", "testenv", "-a", "127.0.0.1", "-p", strconv.Itoa(port),
 		"-js", "-sd", filepath.Join(dir, "store"), "-l", p.logPath)
-	dieWithParent(p.cmd)
+	DieWithParent(p.cmd)
 	if err := p.cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", bin, err)
 	}

@@ -7,9 +7,10 @@ import (
 	"syscall"
 )
 
-// dieWithParent makes the kernel kill the child when the test binary dies, so
-// a test that panics or times out does not leave redis-server processes behind.
-func dieWithParent(cmd *exec.Cmd) {
+// DieWithParent makes the kernel kill the child cmd starts when the test
+// binary dies, so a test that panics or times out leaves no process behind
+// (redis-server, nats-server, or a test's own replicas and workers).
+func DieWithParent(cmd *exec.Cmd) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 }
 

@@ -7,9 +7,9 @@ import (
 	"os/exec"
 )
 
-// dieWithParent is a no-op where the kernel offers no parent-death signal;
+// DieWithParent is a no-op where the kernel offers no parent-death signal;
 // cleanup still stops every process a passing or failing test started.
-func dieWithParent(*exec.Cmd) {}
+func DieWithParent(*exec.Cmd) {}
 
 // processAlive assumes every process is alive where it cannot be checked, so
 // claims are only ever freed by their owner or by expiry.

@@ -101,7 +101,7 @@ func (p *redisProc) start() error {
 	cmd.Dir = p.dir
 	cmd.Stdout = logFile
 	cmd.Stderr = logFile
-	dieWithParent(cmd)
+	DieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		_ = logFile.Close()
 		return fmt.Errorf("start %s: %w", p.bin, err)

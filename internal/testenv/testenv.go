@@ -15,11 +15,21 @@
 // cgroup that limits the processes started in it to a share of a core
 // (root, or a delegated cgroup v2; ErrNoCPUGroup elsewhere).
 //
+// StreamMsgs reads every message of a JetStream stream, StreamMsgCount
+// counts them; RedisInfo and its forms (RedisPID, RedisCPU,
+// RedisCommandStats) read a Redis server's INFO; ProcCPU, ProcFaults,
+// Preemptions and SelfCPU read a process's CPU time and faults for
+// benchmarks. AsynqClient is an asynq client closed with the test;
+// RecoverWithAsynq and AggregateWithAsynq run asynq's own recoverer and
+// aggregator over a queue, for tests that compare with asynq.
+//
 // StartProxy puts a TCP proxy the test can cut (blackhole or drop) between
 // a client and a server, to stall or break a connection.
 //
 // It also owns Eventually, the project's one way for a test to wait for a
-// condition (WaitFor is its form that reports instead of failing).
+// condition (WaitFor is its form that reports instead of failing), and
+// Context, a context bounded so that a hang fails the test instead of
+// stalling the package.
 //
 // It never mocks a server and never touches a server it did not start, except
 // the one named by REDIS_URL. It is for tests only; non-test code must not
@@ -27,6 +37,7 @@
 package testenv
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -52,6 +63,14 @@ func Eventually(t testing.TB, timeout time.Duration, cond func() bool, format st
 		return
 	}
 	t.Fatalf("condition not met within %s: %s", timeout, fmt.Sprintf(format, args...))
+}
+
+// Context returns a context that ends after d or when the test ends,
+// whichever comes first.
+func Context(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
 }
 
 // WaitFor polls cond like Eventually and reports whether it became true
