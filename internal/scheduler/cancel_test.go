@@ -267,13 +267,13 @@ func TestReleaseCancelFencedAfterPause(t *testing.T) {
 	}
 	old := a.proj.LastSeq()
 
-	res, err := e.client.Pause(ctx(t, 10*time.Second), "can", "maintenance")
+	res, err := e.client.Pause(testenv.Context(t, 10*time.Second), "can", "maintenance")
 	if err != nil {
 		t.Fatal(err)
 	}
 	other := taskstate.NewTickFire(testPrefix, "default", "other", time.Now().UTC().Truncate(time.Second), time.Time{}, false,
 		&taskstate.TaskMessage{Type: "t", ID: "other-1", Queue: "default"}, taskstate.Record{ID: "fired-other-1", Data: []byte(`{}`)})
-	if r, err := e.store.FireOnce(ctx(t, 5*time.Second), taskstate.Fences{ConfigSeq: res.Revision}, other); err != nil || r.Status != taskstate.StatusFired {
+	if r, err := e.store.FireOnce(testenv.Context(t, 5*time.Second), taskstate.Fences{ConfigSeq: res.Revision}, other); err != nil || r.Status != taskstate.StatusFired {
 		t.Fatalf("fire from the newer configuration: %+v, %v", r, err)
 	}
 	// The cancelled task went to retry: only the fence stands in the way.

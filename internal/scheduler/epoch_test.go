@@ -50,10 +50,10 @@ func (e *env) epochNode(id string, w *warnLog, o nodeOpts) *node {
 // empty: its sequences start at 1 again.
 func (e *env) recreateConfigStream() {
 	e.t.Helper()
-	if err := e.js.DeleteStream(ctx(e.t, 10*time.Second), testNames.ConfigStream()); err != nil {
+	if err := e.js.DeleteStream(testenv.Context(e.t, 10*time.Second), testNames.ConfigStream()); err != nil {
 		e.t.Fatal(err)
 	}
-	if err := events.EnsureStreams(ctx(e.t, 30*time.Second), e.js, events.StreamConfig{Names: testNames}); err != nil {
+	if err := events.EnsureStreams(testenv.Context(e.t, 30*time.Second), e.js, events.StreamConfig{Names: testNames}); err != nil {
 		e.t.Fatal(err)
 	}
 }
@@ -176,7 +176,7 @@ func TestStreamRestoredFromOlderSnapshot(t *testing.T) {
 	}
 	// The fence as an earlier build wrote it, without the id of its
 	// message: checked by its sequence only.
-	if err := e.rc.Del(ctx(t, 5*time.Second), taskstate.Own(testPrefix, "default").FenceID()).Err(); err != nil {
+	if err := e.rc.Del(testenv.Context(t, 5*time.Second), taskstate.Own(testPrefix, "default").FenceID()).Err(); err != nil {
 		t.Fatal(err)
 	}
 	var w warnLog

@@ -36,7 +36,7 @@ func TestForgedFiresNeverStopAnEntry(t *testing.T) {
 		t.Helper()
 		m := &nats.Msg{Subject: testNames.FireSubject(entry), Data: []byte(`{"forged":true}`), Header: nats.Header{}}
 		m.Header.Set(jetstream.MsgIDHeader, id)
-		if _, err := forger.PublishMsg(ctx(t, 10*time.Second), m); err != nil {
+		if _, err := forger.PublishMsg(testenv.Context(t, 10*time.Second), m); err != nil {
 			t.Fatalf("forge %s: %v", id, err)
 		}
 	}
@@ -112,7 +112,7 @@ func TestForgedFireNotRestored(t *testing.T) {
 	}
 	m := &nats.Msg{Subject: testNames.FireSubject(entry), Data: data, Header: nats.Header{}}
 	m.Header.Set(jetstream.MsgIDHeader, ev.ID)
-	if _, err := e.js.PublishMsg(ctx(t, 10*time.Second), m); err != nil {
+	if _, err := e.js.PublishMsg(testenv.Context(t, 10*time.Second), m); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.rc.FlushAll(context.Background()).Err(); err != nil {

@@ -171,7 +171,7 @@ func (e *env) checkEnqueueHistory(entry string, l *ledger) {
 // heldEntries returns the entries holding a tick in queue, by entry.
 func (e *env) heldEntries(queue string) map[string]taskstate.HeldTick {
 	e.t.Helper()
-	held, err := e.store.HeldTicks(ctx(e.t, 5*time.Second), testPrefix, []string{queue})
+	held, err := e.store.HeldTicks(testenv.Context(e.t, 5*time.Second), testPrefix, []string{queue})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -230,7 +230,7 @@ func TestBufferOneHeldDroppedOnLoad(t *testing.T) {
 	a.stop()
 	held := e.heldEntries("q2")
 
-	c := ctx(t, 10*time.Second)
+	c := testenv.Context(t, 10*time.Second)
 	if _, err := e.client.Pause(c, "paused", "maintenance"); err != nil {
 		t.Fatal(err)
 	}
@@ -383,18 +383,18 @@ func TestReleaseHeldFencedAfterPause(t *testing.T) {
 	}
 	old := a.proj.LastSeq()
 
-	res, err := e.client.Pause(ctx(t, 10*time.Second), "buf", "maintenance")
+	res, err := e.client.Pause(testenv.Context(t, 10*time.Second), "buf", "maintenance")
 	if err != nil {
 		t.Fatal(err)
 	}
 	// A replica at the pause's sequence fires another entry into the slot.
 	other := taskstate.NewTickFire(testPrefix, "default", "other", time.Now().UTC().Truncate(time.Second), time.Time{}, false,
 		&taskstate.TaskMessage{Type: "t", ID: "other-1", Queue: "default"}, taskstate.Record{ID: "fired-other-1", Data: []byte(`{}`)})
-	if r, err := e.store.FireOnce(ctx(t, 5*time.Second), taskstate.Fences{ConfigSeq: res.Revision}, other); err != nil || r.Status != taskstate.StatusFired {
+	if r, err := e.store.FireOnce(testenv.Context(t, 5*time.Second), taskstate.Fences{ConfigSeq: res.Revision}, other); err != nil || r.Status != taskstate.StatusFired {
 		t.Fatalf("fire from the newer configuration: %+v, %v", r, err)
 	}
 	// The previous task is done: only the fence stands in the way.
-	if err := e.rc.Del(ctx(t, 5*time.Second), taskstate.Keys("default").Task(h.PrevTaskID)).Err(); err != nil {
+	if err := e.rc.Del(testenv.Context(t, 5*time.Second), taskstate.Keys("default").Task(h.PrevTaskID)).Err(); err != nil {
 		t.Fatal(err)
 	}
 

@@ -228,7 +228,7 @@ func startDetectorLateAfter(t *testing.T, a *node, reg *prometheus.Registry, lat
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := d.Start(ctx(t, 10*time.Second)); err != nil {
+	if err := d.Start(testenv.Context(t, 10*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = d.Stop(context.Background()) })
@@ -286,7 +286,7 @@ func lateShown(t *testing.T, e *env, a *node, d *stall.Detector, reg *prometheus
 		t.Errorf("cronstream_late_entries = %v, want most of the %d offered entries", v, len(offered))
 	}
 	testenv.Eventually(t, 10*time.Second, func() bool {
-		infos, err := replica.ListReplicas(ctx(t, 5*time.Second), e.js, testNames)
+		infos, err := replica.ListReplicas(testenv.Context(t, 5*time.Second), e.js, testNames)
 		if err != nil {
 			return false
 		}
