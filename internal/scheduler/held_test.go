@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/promtest"
 	"github.com/cronstream/cronstream/internal/scheduler"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
@@ -182,28 +183,6 @@ func (e *env) heldEntries(queue string) map[string]taskstate.HeldTick {
 	return out
 }
 
-// counterValue is the value of counter name with label reason in reg.
-func counterValue(t *testing.T, reg *prometheus.Registry, name, reason string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "reason" && l.GetValue() == reason {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
-}
-
 // TestBufferOneHeldDroppedOnLoad: ticks held for entries that are then
 // paused, moved off buffer-one or removed while no replica runs are
 // dropped by the next replica to start — found through asynq's queue list,
@@ -249,8 +228,8 @@ func TestBufferOneHeldDroppedOnLoad(t *testing.T) {
 		t.Errorf("DroppedHeld %d, want 3", got)
 	}
 	for _, reason := range []string{"paused", "policy", "removed"} {
-		if v := counterValue(t, reg, "cronstream_held_dropped_total", reason); v != 1 {
-			t.Errorf("cronstream_held_dropped_total{reason=%q} = %v, want 1", reason, v)
+		if v, ok := promtest.Value(t, reg, "cronstream_held_dropped_total", "reason", reason); !ok || v != 1 {
+			t.Errorf("cronstream_held_dropped_total{reason=%q} = %v (gathered: %t), want 1", reason, v, ok)
 		}
 	}
 	b.stop()

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/promtest"
 	"github.com/cronstream/cronstream/internal/replica"
 	"github.com/cronstream/cronstream/internal/scheduler"
 	"github.com/cronstream/cronstream/internal/stall"
@@ -282,8 +283,8 @@ func lateShown(t *testing.T, e *env, a *node, d *stall.Detector, reg *prometheus
 			t.Errorf("entry %s of the replica that keeps up is listed late", id)
 		}
 	}
-	if v := gaugeValue(t, reg, "cronstream_late_entries"); v < float64(want) {
-		t.Errorf("cronstream_late_entries = %v, want most of the %d offered entries", v, len(offered))
+	if v, ok := promtest.Value(t, reg, "cronstream_late_entries"); !ok || v < float64(want) {
+		t.Errorf("cronstream_late_entries = %v (gathered: %t), want most of the %d offered entries", v, ok, len(offered))
 	}
 	testenv.Eventually(t, 10*time.Second, func() bool {
 		infos, err := replica.ListReplicas(testenv.Context(t, 5*time.Second), e.js, testNames)
@@ -297,19 +298,4 @@ func lateShown(t *testing.T, e *env, a *node, d *stall.Detector, reg *prometheus
 		}
 		return false
 	}, "the overloaded replica's heartbeat (status) to list late entries")
-}
-
-// gaugeValue reads an unlabelled gauge from reg (-1: absent).
-func gaugeValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name && len(mf.GetMetric()) > 0 {
-			return mf.GetMetric()[0].GetGauge().GetValue()
-		}
-	}
-	return -1
 }
