@@ -90,6 +90,15 @@ func every(id, spec string, mod ...func(*events.Entry)) events.Entry {
 	return e
 }
 
+// entriesOf returns entry(i) for each i in [0, n).
+func entriesOf(n int, entry func(i int) events.Entry) []events.Entry {
+	out := make([]events.Entry, n)
+	for i := range out {
+		out[i] = entry(i)
+	}
+	return out
+}
+
 func (e *env) put(entries ...events.Entry) uint64 {
 	e.t.Helper()
 	var rev uint64

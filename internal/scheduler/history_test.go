@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/eventtest"
 	"github.com/cronstream/cronstream/internal/scheduler"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
@@ -160,7 +161,7 @@ func BenchmarkHistory(b *testing.B) {
 	if err := events.EnsureStreams(context.Background(), js, events.StreamConfig{Names: testNames}); err != nil {
 		b.Fatal(err)
 	}
-	registerMany(b, js, n, func(i int) events.Entry { return every(fmt.Sprintf("h%05d", i), "@every 1m") })
+	eventtest.Register(b, js, testNames, "bench", entriesOf(n, func(i int) events.Entry { return every(fmt.Sprintf("h%05d", i), "@every 1m") }), 30*time.Second)
 	h := scheduler.NewStreamHistory(js, testNames)
 	c := context.Background()
 	b.Run("PreviousQueues-per-entry", func(b *testing.B) {
