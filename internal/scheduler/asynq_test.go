@@ -115,14 +115,14 @@ func TestPauseResume(t *testing.T) {
 	e.put(every("p", "@every 1s", withCatchup(events.CatchupAll, time.Hour)))
 	a := e.startNode("a", nodeOpts{})
 	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired >= 2 }, "a to fire")
-	if _, err := e.client.Pause(ctx(t, 10*time.Second), "p", "maintenance"); err != nil {
+	if _, err := e.client.Pause(testenv.Context(t, 10*time.Second), "p", "maintenance"); err != nil {
 		t.Fatal(err)
 	}
 	paused := time.Now()
 	// The pause reaches the scheduler within the projection's delay; then
 	// no more fires for three ticks.
 	waitUntil(t, time.Now, paused.Add(4*time.Second))
-	if _, err := e.client.Resume(ctx(t, 10*time.Second), "p"); err != nil {
+	if _, err := e.client.Resume(testenv.Context(t, 10*time.Second), "p"); err != nil {
 		t.Fatal(err)
 	}
 	resumed := time.Now()
@@ -297,14 +297,14 @@ func TestEnqueueHistoryCapped(t *testing.T) {
 	}
 	key := taskstate.SchedulerHistoryKey("h")
 	last := len(recs) - 1
-	if err := e.store.RecordSchedulerEnqueueEvents(ctx(t, 10*time.Second), recs[:last]); err != nil {
+	if err := e.store.RecordSchedulerEnqueueEvents(testenv.Context(t, 10*time.Second), recs[:last]); err != nil {
 		t.Fatal(err)
 	}
 	if n := e.rc.ZCard(context.Background(), key).Val(); n != int64(last) {
 		t.Fatalf("history holds %d events before a trim, want %d", n, last)
 	}
 	recs[last].Trim = true
-	if err := e.store.RecordSchedulerEnqueueEvents(ctx(t, 10*time.Second), recs[last:]); err != nil {
+	if err := e.store.RecordSchedulerEnqueueEvents(testenv.Context(t, 10*time.Second), recs[last:]); err != nil {
 		t.Fatal(err)
 	}
 	if n := e.rc.ZCard(context.Background(), key).Val(); n != taskstate.MaxSchedulerHistory {

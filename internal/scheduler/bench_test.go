@@ -3,18 +3,13 @@ package scheduler_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"runtime"
 	"runtime/metrics"
 	"runtime/pprof"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -24,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/eventtest"
 	"github.com/cronstream/cronstream/internal/relay"
 	"github.com/cronstream/cronstream/internal/scheduler"
 	"github.com/cronstream/cronstream/internal/taskstate"
@@ -54,50 +50,6 @@ func envInt(name string, def int) int {
 	return def
 }
 
-// cpu returns the user+system CPU time of this process.
-func selfCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// procCPU returns the user+system CPU time of process pid from /proc.
-func procCPU(pid int) time.Duration {
-	if pid <= 0 {
-		return 0
-	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	// Fields after the command name (which may hold spaces) start at ')'.
-	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
-	if len(f) < 13 {
-		return 0
-	}
-	ut, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	const ticks = 100 // USER_HZ on Linux
-	return time.Duration(ut+st) * time.Second / ticks
-}
-
-// redisPID asks the server for its process id.
-func redisPID(tb testing.TB, rc *redis.Client) int {
-	info, err := rc.Info(context.Background(), "server").Result()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	for _, line := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "process_id:"); ok {
-			pid, _ := strconv.Atoi(v)
-			return pid
-		}
-	}
-	return 0
-}
-
 // natsServer is a nats-server for a benchmark: a separate process when one
 // can be built, else the embedded test server.
 type natsServer struct {
@@ -107,50 +59,13 @@ type natsServer struct {
 
 func startBenchNATS(b *testing.B) natsServer {
 	b.Helper()
-	dir := b.TempDir()
-	bin := filepath.Join(dir, "nats-server")
-	build := exec.Command("go", "build", "-o", bin, "github.com/nats-io/nats-server/v2")
-	if out, err := build.CombinedOutput(); err != nil {
-		b.Logf("cannot build nats-server (%v: %s); using the embedded server, whose CPU is then part of the process figure", err, out)
+	bin, err := testenv.BuildNATSServer(b.TempDir())
+	if err != nil {
+		b.Logf("cannot build nats-server (%v); using the embedded server, whose CPU is then part of the process figure", err)
 		return natsServer{url: testenv.StartNATS(b).URL()}
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	_ = l.Close()
-	cmd := exec.Command(bin, "-js", "-sd", filepath.Join(dir, "js"), "-a", "127.0.0.1", "-p", strconv.Itoa(port))
-	cmd.Stdout, cmd.Stderr = nil, nil
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	b.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-	})
-	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
-	testenv.Eventually(b, 20*time.Second, func() bool {
-		nc, err := nats.Connect(url)
-		if err != nil {
-			return false
-		}
-		defer nc.Close()
-		js, err := jetstream.New(nc)
-		if err != nil {
-			return false
-		}
-		_, err = js.AccountInfo(context.Background())
-		return err == nil
-	}, "nats-server at %s", url)
-	return natsServer{url: url, pid: cmd.Process.Pid}
+	p := testenv.StartNATSProcess(b, bin)
+	return natsServer{url: p.URL(), pid: p.PID()}
 }
 
 func benchConnect(b *testing.B, url string, opts ...nats.Option) (*nats.Conn, jetstream.JetStream) {
@@ -165,47 +80,6 @@ func benchConnect(b *testing.B, url string, opts ...nats.Option) (*nats.Conn, je
 		b.Fatal(err)
 	}
 	return nc, js
-}
-
-// registerMany publishes n registered events directly (what `entry put`
-// publishes, without the per-entry read), asynchronously.
-func registerMany(b testing.TB, js jetstream.JetStream, n int, entry func(i int) events.Entry) {
-	b.Helper()
-	c := context.Background()
-	futures := make([]jetstream.PubAckFuture, 0, 4096)
-	wait := func() {
-		for _, f := range futures {
-			select {
-			case <-f.Ok():
-			case err := <-f.Err():
-				b.Fatal(err)
-			case <-time.After(30 * time.Second):
-				b.Fatal("publish timed out")
-			}
-		}
-		futures = futures[:0]
-	}
-	for i := range n {
-		e := entry(i).Normalize()
-		ev, err := events.NewEvent(events.TypeEntryRegistered, "bench", e.ID, e)
-		if err != nil {
-			b.Fatal(err)
-		}
-		data, err := ev.Marshal()
-		if err != nil {
-			b.Fatal(err)
-		}
-		f, err := js.PublishAsync(testNames.ConfigSubject(e.ID), data)
-		if err != nil {
-			b.Fatal(err)
-		}
-		futures = append(futures, f)
-		if len(futures) == cap(futures) {
-			wait()
-		}
-	}
-	wait()
-	_ = c
 }
 
 // benchReplica is one replica wired as in replica.Run, without membership
@@ -323,7 +197,7 @@ type cpuSample struct {
 }
 
 func sample(redisPID, natsPID int) cpuSample {
-	return cpuSample{self: selfCPU(), redis: procCPU(redisPID), nats: procCPU(natsPID)}
+	return cpuSample{self: testenv.SelfCPU(), redis: testenv.ProcCPU(redisPID), nats: testenv.ProcCPU(natsPID)}
 }
 
 func (s cpuSample) sub(o cpuSample) cpuSample {
@@ -382,16 +256,16 @@ func benchOurs(b *testing.B, n, secs int) steadyResult {
 	if err := events.EnsureStreams(context.Background(), js, events.StreamConfig{Names: testNames}); err != nil {
 		b.Fatal(err)
 	}
-	registerMany(b, js, n, func(i int) events.Entry { return every(fmt.Sprintf("s%05d", i), "@every 1s") })
+	eventtest.Register(b, js, testNames, "bench", entriesOf(n, func(i int) events.Entry { return every(fmt.Sprintf("s%05d", i), "@every 1s") }), 30*time.Second)
 	r := startBenchReplica(b, srv.url, rc, nil)
 	// Warm up: every entry loaded and firing.
 	testenv.Eventually(b, 2*time.Minute, func() bool { return readCounts(r.metrics).Fired >= uint64(2*n) }, "warm-up fires")
 	from := nextSecond(b, time.Now).Add(windowOffset)
 	waitUntil(b, time.Now, from)
 	firedBefore := readCounts(r.metrics).Fired
-	before := sample(redisPID(b, rc), srv.pid)
+	before := sample(testenv.RedisPID(b, rc), srv.pid)
 	waitUntil(b, time.Now, from.Add(time.Duration(secs)*time.Second))
-	used := sample(redisPID(b, rc), srv.pid).sub(before)
+	used := sample(testenv.RedisPID(b, rc), srv.pid).sub(before)
 	fires := int(readCounts(r.metrics).Fired - firedBefore)
 	r.stop()
 	if os.Getenv("CRONSTREAM_BENCH_COMMANDSTATS") != "" {
@@ -456,10 +330,10 @@ func benchAsynq(b *testing.B, n, secs int) steadyResult {
 	testenv.Eventually(b, time.Minute, func() bool { return pending() >= int64(2*n) }, "asynq warm-up")
 	from := nextSecond(b, time.Now).Add(windowOffset)
 	waitUntil(b, time.Now, from)
-	before := sample(redisPID(b, rc), 0)
+	before := sample(testenv.RedisPID(b, rc), 0)
 	count0 := pending()
 	waitUntil(b, time.Now, from.Add(time.Duration(secs)*time.Second))
-	used := sample(redisPID(b, rc), 0).sub(before)
+	used := sample(testenv.RedisPID(b, rc), 0).sub(before)
 	fires := int(pending() - count0)
 	stop()
 
@@ -558,7 +432,7 @@ func BenchmarkSameInstant100k(b *testing.B) {
 		// loaded the scheduler's clock is moved to 3 s before the next
 		// midnight (nothing else is due before it, however long the setup
 		// took), and after that burst to 3 s before the one after.
-		registerMany(b, js, n, func(i int) events.Entry { return every(fmt.Sprintf("i%06d", i), "0 0 0 * * *") })
+		eventtest.Register(b, js, testNames, "bench", entriesOf(n, func(i int) events.Entry { return every(fmt.Sprintf("i%06d", i), "0 0 0 * * *") }), 30*time.Second)
 		clock := newShiftClock(b, 0)
 		r := startBenchReplica(b, srv.url, rc, clock.clock)
 		// Loaded means applied, watermarks read and asynq's entries
@@ -568,7 +442,7 @@ func BenchmarkSameInstant100k(b *testing.B) {
 			st := readCounts(r.metrics)
 			return st.Entries == n && st.Loading == 0 && rc.Exists(context.Background(), visKey).Val() == 1
 		}, "scheduler to load %d entries", n)
-		pid := redisPID(b, rc)
+		pid := testenv.RedisPID(b, rc)
 		first := time.Now().UTC().Truncate(24 * time.Hour).Add(24 * time.Hour)
 		for round, name := range []string{"first", "second"} {
 			instant := first.Add(time.Duration(round) * 24 * time.Hour)
@@ -596,12 +470,7 @@ func BenchmarkSameInstant100k(b *testing.B) {
 				if inRedis == 0 {
 					return false
 				}
-				s, err := js.Stream(context.Background(), testNames.ActivityStream())
-				if err != nil {
-					return false
-				}
-				info, err := s.Info(context.Background())
-				if err != nil || info.State.Msgs < uint64(want) {
+				if testenv.StreamMsgCount(js, testNames.ActivityStream()) < uint64(want) {
 					return false
 				}
 				inStream = clock.now().Sub(instant)

@@ -3,6 +3,7 @@ package scheduler_test
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"github.com/cronstream/cronstream/internal/scheduler"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
+	"github.com/cronstream/cronstream/internal/testlog"
 	"github.com/cronstream/cronstream/projector"
 	"github.com/cronstream/cronstream/schedule"
 )
@@ -267,13 +269,13 @@ func TestReleaseCancelFencedAfterPause(t *testing.T) {
 	}
 	old := a.proj.LastSeq()
 
-	res, err := e.client.Pause(ctx(t, 10*time.Second), "can", "maintenance")
+	res, err := e.client.Pause(testenv.Context(t, 10*time.Second), "can", "maintenance")
 	if err != nil {
 		t.Fatal(err)
 	}
 	other := taskstate.NewTickFire(testPrefix, "default", "other", time.Now().UTC().Truncate(time.Second), time.Time{}, false,
 		&taskstate.TaskMessage{Type: "t", ID: "other-1", Queue: "default"}, taskstate.Record{ID: "fired-other-1", Data: []byte(`{}`)})
-	if r, err := e.store.FireOnce(ctx(t, 5*time.Second), taskstate.Fences{ConfigSeq: res.Revision}, other); err != nil || r.Status != taskstate.StatusFired {
+	if r, err := e.store.FireOnce(testenv.Context(t, 5*time.Second), taskstate.Fences{ConfigSeq: res.Revision}, other); err != nil || r.Status != taskstate.StatusFired {
 		t.Fatalf("fire from the newer configuration: %+v, %v", r, err)
 	}
 	// The cancelled task went to retry: only the fence stands in the way.
@@ -287,7 +289,7 @@ func TestReleaseCancelFencedAfterPause(t *testing.T) {
 
 	// The node's debug log tells its refused releases from its refused
 	// fires (both count in cronstream_fire_refused_total).
-	var logged warnLog
+	var logged testlog.Buffer
 	lag := e.startNode("lag", nodeOpts{noRelay: true,
 		sched: func(c *scheduler.Config) {
 			c.Logger = slog.New(slog.NewTextHandler(&logged, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -295,7 +297,7 @@ func TestReleaseCancelFencedAfterPause(t *testing.T) {
 		projection: func(p *projector.Projector) scheduler.Projection {
 			return frozenProjection{Projector: p, seq: old, states: map[string]projector.State{"can": before}}
 		}})
-	testenv.Eventually(t, 10*time.Second, func() bool { return logged.count("held tick not released") >= 2 },
+	testenv.Eventually(t, 10*time.Second, func() bool { return strings.Count(logged.String(), "held tick not released") >= 2 },
 		"lag's release to be fenced")
 	if st := lag.counts(); st.Released != 0 || st.DroppedHeld != 0 || st.CancelDeleted != 0 || st.Refused["revision-fenced"] < 2 {
 		t.Errorf("a replica behind the fence released %d, dropped %d held ticks, deleted %d cancelled tasks, refused %v",

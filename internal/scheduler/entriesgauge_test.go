@@ -22,7 +22,7 @@ func TestEntriesGaugeCountsPausedAtStart(t *testing.T) {
 			"entries gauge %d, want %d", n.counts().Entries, want)
 	}
 	entries(2)
-	c := ctx(t, 30*time.Second)
+	c := testenv.Context(t, 30*time.Second)
 	if _, err := e.client.Resume(c, "held"); err != nil {
 		t.Fatal(err)
 	}

@@ -1,11 +1,9 @@
 package scheduler_test
 
 import (
-	"bytes"
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,30 +11,13 @@ import (
 	"github.com/cronstream/cronstream/internal/scheduler"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
+	"github.com/cronstream/cronstream/internal/testlog"
 	"github.com/cronstream/cronstream/projector"
 )
 
-// warnLog collects the warnings of the nodes that log into it.
-type warnLog struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (w *warnLog) Write(b []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.buf.Write(b)
-}
-
-func (w *warnLog) count(s string) int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return strings.Count(w.buf.String(), s)
-}
-
 // epochNode is a node that checks refusing sequences against the config
 // stream (as a replica does) and logs its warnings into w.
-func (e *env) epochNode(id string, w *warnLog, o nodeOpts) *node {
+func (e *env) epochNode(id string, w *testlog.Buffer, o nodeOpts) *node {
 	o.sched = func(c *scheduler.Config) {
 		c.History = scheduler.NewStreamHistory(e.js, testNames)
 		if w != nil {
@@ -50,10 +31,10 @@ func (e *env) epochNode(id string, w *warnLog, o nodeOpts) *node {
 // empty: its sequences start at 1 again.
 func (e *env) recreateConfigStream() {
 	e.t.Helper()
-	if err := e.js.DeleteStream(ctx(e.t, 10*time.Second), testNames.ConfigStream()); err != nil {
+	if err := e.js.DeleteStream(testenv.Context(e.t, 10*time.Second), testNames.ConfigStream()); err != nil {
 		e.t.Fatal(err)
 	}
-	if err := events.EnsureStreams(ctx(e.t, 30*time.Second), e.js, events.StreamConfig{Names: testNames}); err != nil {
+	if err := events.EnsureStreams(testenv.Context(e.t, 30*time.Second), e.js, events.StreamConfig{Names: testNames}); err != nil {
 		e.t.Fatal(err)
 	}
 }
@@ -122,7 +103,7 @@ func TestStreamRecreated(t *testing.T) {
 	for _, id := range ids {
 		e.put(every(id, "@every 1s"))
 	}
-	var w warnLog
+	var w testlog.Buffer
 	b := e.epochNode("b", &w, nodeOpts{})
 	c := e.epochNode("c", &w, nodeOpts{})
 	testenv.Eventually(t, 20*time.Second, func() bool { return firedOf(b, c) >= 9 }, "b and c to fire again (epochs %d, refused %v %v)",
@@ -130,8 +111,8 @@ func TestStreamRecreated(t *testing.T) {
 	if n := epochsOf(b, c); n != 1 {
 		t.Errorf("%d new epochs started, want 1 (one fence cleared)", n)
 	}
-	if n := w.count("new stream epoch"); n != 1 {
-		t.Errorf("%d warnings of a new stream epoch, want 1:\n%s", n, w.buf.String())
+	if n := strings.Count(w.String(), "new stream epoch"); n != 1 {
+		t.Errorf("%d warnings of a new stream epoch, want 1:\n%s", n, w.String())
 	}
 	b.stop()
 	c.stop()
@@ -176,10 +157,10 @@ func TestStreamRestoredFromOlderSnapshot(t *testing.T) {
 	}
 	// The fence as an earlier build wrote it, without the id of its
 	// message: checked by its sequence only.
-	if err := e.rc.Del(ctx(t, 5*time.Second), taskstate.Own(testPrefix, "default").FenceID()).Err(); err != nil {
+	if err := e.rc.Del(testenv.Context(t, 5*time.Second), taskstate.Own(testPrefix, "default").FenceID()).Err(); err != nil {
 		t.Fatal(err)
 	}
-	var w warnLog
+	var w testlog.Buffer
 	b := e.epochNode("b", &w, nodeOpts{})
 	testenv.Eventually(t, 30*time.Second, func() bool {
 		byB := map[string]int{}
@@ -198,8 +179,8 @@ func TestStreamRestoredFromOlderSnapshot(t *testing.T) {
 	if n := epochsOf(b); n != 2 {
 		t.Errorf("%d new epochs started, want 2 (mover's marker and the fence)", n)
 	}
-	if n := w.count("new stream epoch"); n != 2 {
-		t.Errorf("%d warnings of a new stream epoch, want 2:\n%s", n, w.buf.String())
+	if n := strings.Count(w.String(), "new stream epoch"); n != 2 {
+		t.Errorf("%d warnings of a new stream epoch, want 2:\n%s", n, w.String())
 	}
 	b.stop()
 	e.checkOnce(ids, "default", "elsewhere")
@@ -234,7 +215,7 @@ func TestFenceOfAnotherMessage(t *testing.T) {
 	// which would raise the fence in this stream).
 	for i := 0; e.put(every(fmt.Sprint("filler", i), "@every 1h")) <= fence+2; i++ {
 	}
-	var w warnLog
+	var w testlog.Buffer
 	b := e.epochNode("b", &w, nodeOpts{projection: func(p *projector.Projector) scheduler.Projection {
 		return skewedProjection{Projector: p, seq: func() uint64 { return fence - 1 }}
 	}})
@@ -242,8 +223,8 @@ func TestFenceOfAnotherMessage(t *testing.T) {
 	if n := epochsOf(b); n != 1 {
 		t.Errorf("%d new epochs started, want 1", n)
 	}
-	if n := w.count("holds another message"); n != 1 {
-		t.Errorf("%d warnings naming another message at the fence, want 1:\n%s", n, w.buf.String())
+	if n := strings.Count(w.String(), "holds another message"); n != 1 {
+		t.Errorf("%d warnings naming another message at the fence, want 1:\n%s", n, w.String())
 	}
 	b.stop()
 	e.checkOnce(ids, "default")
@@ -261,7 +242,7 @@ func TestHealthyDeploymentKeepsItsEpoch(t *testing.T) {
 		e.put(every(id, "@every 1s"))
 	}
 	old := e.put(every("bump", "@every 1h")) - 1
-	var w warnLog
+	var w testlog.Buffer
 	a := e.epochNode("a", &w, nodeOpts{})
 	b := e.epochNode("b", &w, nodeOpts{})
 	// The lagging replica tries every entry (with ownership it would give
@@ -281,8 +262,8 @@ func TestHealthyDeploymentKeepsItsEpoch(t *testing.T) {
 	if n := epochsOf(a, b, lag); n != 0 {
 		t.Errorf("%d new epochs started in a healthy deployment", n)
 	}
-	if n := w.count("new stream epoch"); n != 0 {
-		t.Errorf("%d warnings of a new stream epoch:\n%s", n, w.buf.String())
+	if n := strings.Count(w.String(), "new stream epoch"); n != 0 {
+		t.Errorf("%d warnings of a new stream epoch:\n%s", n, w.String())
 	}
 	a.stop()
 	b.stop()
@@ -303,7 +284,7 @@ func TestStreamRecreatedUnderRunningReplica(t *testing.T) {
 	for i := range 12 {
 		e.put(every("u0", "@every 1s", func(en *events.Entry) { en.Note = fmt.Sprint("edit ", i) }))
 	}
-	var w warnLog
+	var w testlog.Buffer
 	a := e.epochNode("a", &w, nodeOpts{})
 	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired >= 9 }, "a to fire")
 
@@ -328,8 +309,8 @@ func TestStreamRecreatedUnderRunningReplica(t *testing.T) {
 	if n := a.proj.Stats().Reloads; n != 1 {
 		t.Errorf("projector reloaded %d times, want 1", n)
 	}
-	if n := w.count("new stream epoch"); n != 1 {
-		t.Errorf("%d warnings of a new stream epoch, want 1:\n%s", n, w.buf.String())
+	if n := strings.Count(w.String(), "new stream epoch"); n != 1 {
+		t.Errorf("%d warnings of a new stream epoch, want 1:\n%s", n, w.String())
 	}
 	a.stop()
 	e.checkOnce(ids, "default")
@@ -367,7 +348,7 @@ func TestHandoverMarkerOfAnotherMessage(t *testing.T) {
 	if seq := e.put(every("mover", "@every 1s")); seq != moved {
 		t.Fatalf("mover registered at sequence %d, want %d", seq, moved)
 	}
-	var w warnLog
+	var w testlog.Buffer
 	b := e.epochNode("b", &w, nodeOpts{})
 	testenv.Eventually(t, 30*time.Second, func() bool {
 		for _, a := range e.readActivity() {
@@ -380,8 +361,8 @@ func TestHandoverMarkerOfAnotherMessage(t *testing.T) {
 	if n := epochsOf(b); n != 1 {
 		t.Errorf("%d new epochs started, want 1 (mover's marker)", n)
 	}
-	if n := w.count("holds another message"); n != 1 {
-		t.Errorf("%d warnings naming another message at the marker, want 1:\n%s", n, w.buf.String())
+	if n := strings.Count(w.String(), "holds another message"); n != 1 {
+		t.Errorf("%d warnings naming another message at the marker, want 1:\n%s", n, w.String())
 	}
 	b.stop()
 	e.checkOnce(ids, "default", "elsewhere")

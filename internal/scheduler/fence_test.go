@@ -10,6 +10,7 @@ import (
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/relay"
 	"github.com/cronstream/cronstream/internal/scheduler"
+	"github.com/cronstream/cronstream/internal/testenv"
 	"github.com/cronstream/cronstream/projector"
 )
 
@@ -174,13 +175,13 @@ func TestOutboxBackpressure(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Start(ctx(t, time.Second)); err != nil {
+	if err := r.Start(testenv.Context(t, time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = r.Stop(context.Background()) })
 	mt.until(20*time.Second, 250*time.Millisecond, func() bool { return !a.sched.Paused() && a.counts().Fired >= fired+20 }, "firing to resume")
 	a.stop()
-	if err := r.Stop(ctx(t, 10*time.Second)); err != nil && !errors.Is(err, context.Canceled) {
+	if err := r.Stop(testenv.Context(t, 10*time.Second)); err != nil && !errors.Is(err, context.Canceled) {
 		t.Fatal(err)
 	}
 	e.waitOutboxEmpty(5*time.Second, "default")

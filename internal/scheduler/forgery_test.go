@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/eventtest"
 	"github.com/cronstream/cronstream/internal/scheduler"
 	"github.com/cronstream/cronstream/internal/testenv"
 	"github.com/cronstream/cronstream/schedule"
@@ -36,7 +37,7 @@ func TestForgedFiresNeverStopAnEntry(t *testing.T) {
 		t.Helper()
 		m := &nats.Msg{Subject: testNames.FireSubject(entry), Data: []byte(`{"forged":true}`), Header: nats.Header{}}
 		m.Header.Set(jetstream.MsgIDHeader, id)
-		if _, err := forger.PublishMsg(ctx(t, 10*time.Second), m); err != nil {
+		if _, err := forger.PublishMsg(testenv.Context(t, 10*time.Second), m); err != nil {
 			t.Fatalf("forge %s: %v", id, err)
 		}
 	}
@@ -101,18 +102,12 @@ func TestForgedFireNotRestored(t *testing.T) {
 	e.waitOutboxEmpty(5*time.Second, "default")
 
 	far := time.Unix(4102444800, 0).UTC()
-	ev, err := events.NewEventAt("fire:"+entry+":4102444800", time.Now(), events.TypeEntryFired, "cronstream/forger", entry,
+	id := "fire:" + entry + ":4102444800"
+	data := eventtest.MarshalAt(t, id, time.Now(), events.TypeEntryFired, "cronstream/forger", entry,
 		events.Fired{Entry: entry, ScheduledAt: far, EnqueuedAt: far, TaskID: schedule.TaskID(testPrefix, entry, far), Queue: "default", Replica: "forger"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	data, err := ev.Marshal()
-	if err != nil {
-		t.Fatal(err)
-	}
 	m := &nats.Msg{Subject: testNames.FireSubject(entry), Data: data, Header: nats.Header{}}
-	m.Header.Set(jetstream.MsgIDHeader, ev.ID)
-	if _, err := e.js.PublishMsg(ctx(t, 10*time.Second), m); err != nil {
+	m.Header.Set(jetstream.MsgIDHeader, id)
+	if _, err := e.js.PublishMsg(testenv.Context(t, 10*time.Second), m); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.rc.FlushAll(context.Background()).Err(); err != nil {

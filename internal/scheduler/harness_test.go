@@ -26,6 +26,7 @@ import (
 	"github.com/cronstream/cronstream/internal/scheduler"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
+	"github.com/cronstream/cronstream/internal/testlog"
 	"github.com/cronstream/cronstream/projector"
 )
 
@@ -63,32 +64,20 @@ func newEnv(t *testing.T, streams ...events.StreamConfig) *env {
 		cfg = streams[0]
 		cfg.Names = testNames
 	}
-	if err := events.EnsureStreams(ctx(t, 30*time.Second), e.js, cfg); err != nil {
+	if err := events.EnsureStreams(testenv.Context(t, 30*time.Second), e.js, cfg); err != nil {
 		t.Fatalf("ensure streams: %v", err)
 	}
 	e.client = events.NewClient(e.js, testNames, events.WithSource("test"))
 	return e
 }
 
-// ctx returns a context that ends with the test or after d.
-func ctx(t testing.TB, d time.Duration) context.Context {
-	c, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return c
-}
-
+// testLogger logs into t's log: errors only, everything down to debug when
+// CRONSTREAM_TEST_LOG is set.
 func testLogger(t testing.TB) *slog.Logger {
 	if os.Getenv("CRONSTREAM_TEST_LOG") != "" {
-		return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		return testlog.Logger(t, slog.LevelDebug)
 	}
-	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelError}))
-}
-
-type testWriter struct{ t testing.TB }
-
-func (w testWriter) Write(b []byte) (int, error) {
-	w.t.Log(strings.TrimSpace(string(b)))
-	return len(b), nil
+	return testlog.Logger(t, slog.LevelError)
 }
 
 var discardLogger = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -101,11 +90,20 @@ func every(id, spec string, mod ...func(*events.Entry)) events.Entry {
 	return e
 }
 
+// entriesOf returns entry(i) for each i in [0, n).
+func entriesOf(n int, entry func(i int) events.Entry) []events.Entry {
+	out := make([]events.Entry, n)
+	for i := range out {
+		out[i] = entry(i)
+	}
+	return out
+}
+
 func (e *env) put(entries ...events.Entry) uint64 {
 	e.t.Helper()
 	var rev uint64
 	for _, en := range entries {
-		res, err := e.client.Put(ctx(e.t, 10*time.Second), en)
+		res, err := e.client.Put(testenv.Context(e.t, 10*time.Second), en)
 		if err != nil {
 			e.t.Fatalf("put %s: %v", en.ID, err)
 		}
@@ -199,10 +197,10 @@ func (e *env) startNode(id string, o nodeOpts) *node {
 	if n.proj, err = projector.New(projector.Config{JS: js, Names: testNames, Logger: log, Heartbeat: 500 * time.Millisecond}); err != nil {
 		t.Fatalf("%s: new projector: %v", id, err)
 	}
-	if err := n.proj.Start(ctx(t, 30*time.Second)); err != nil {
+	if err := n.proj.Start(testenv.Context(t, 30*time.Second)); err != nil {
 		t.Fatalf("%s: start projector: %v", id, err)
 	}
-	kv, err := replica.OpenReplicasBucket(ctx(t, 10*time.Second), js, testNames, 1, 3*heartbeat)
+	kv, err := replica.OpenReplicasBucket(testenv.Context(t, 10*time.Second), js, testNames, 1, 3*heartbeat)
 	if err != nil {
 		t.Fatalf("%s: replicas bucket: %v", id, err)
 	}
@@ -218,7 +216,7 @@ func (e *env) startNode(id string, o nodeOpts) *node {
 		}}); err != nil {
 		t.Fatalf("%s: new membership: %v", id, err)
 	}
-	if err := n.members.Start(ctx(t, 10*time.Second)); err != nil {
+	if err := n.members.Start(testenv.Context(t, 10*time.Second)); err != nil {
 		t.Fatalf("%s: membership: %v", id, err)
 	}
 	rcfg := relay.Config{
@@ -232,7 +230,7 @@ func (e *env) startNode(id string, o nodeOpts) *node {
 		t.Fatalf("%s: new relay: %v", id, err)
 	}
 	if !o.noRelay {
-		if err := n.relay.Start(ctx(t, time.Second)); err != nil {
+		if err := n.relay.Start(testenv.Context(t, time.Second)); err != nil {
 			t.Fatalf("%s: start relay: %v", id, err)
 		}
 	}
@@ -274,13 +272,13 @@ func (e *env) startNode(id string, o nodeOpts) *node {
 	if err != nil {
 		t.Fatalf("%s: new scheduler: %v", id, err)
 	}
-	if err := n.sched.Start(ctx(t, 30*time.Second)); err != nil {
+	if err := n.sched.Start(testenv.Context(t, 30*time.Second)); err != nil {
 		t.Fatalf("%s: start scheduler: %v", id, err)
 	}
 	n.firing.Store(n.sched)
 	if n.own != nil {
 		n.members.Refresh() // ready now: said at once
-		if err := n.own.Start(ctx(t, 10*time.Second)); err != nil {
+		if err := n.own.Start(testenv.Context(t, 10*time.Second)); err != nil {
 			t.Fatalf("%s: start ownership: %v", id, err)
 		}
 	}
@@ -374,38 +372,14 @@ type activity struct {
 // readActivity returns every event in the activity stream, in stream order.
 func (e *env) readActivity() []activity {
 	e.t.Helper()
-	c := ctx(e.t, 30*time.Second)
-	s, err := e.js.Stream(c, testNames.ActivityStream())
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	info, err := s.Info(c)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	if info.State.Msgs == 0 {
-		return nil
-	}
-	cons, err := s.OrderedConsumer(c, jetstream.OrderedConsumerConfig{})
-	if err != nil {
-		e.t.Fatal(err)
-	}
 	var out []activity
-	for {
-		m, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
+	for _, m := range testenv.StreamMsgs(e.t, e.js, testNames.ActivityStream()) {
+		ev, err := events.DecodeEvent(m.Data)
 		if err != nil {
-			e.t.Fatalf("read activity after %d events: %v", len(out), err)
+			e.t.Fatalf("activity seq %d: %v", m.Sequence, err)
 		}
-		md, err := m.Metadata()
-		if err != nil {
-			e.t.Fatal(err)
-		}
-		ev, err := events.DecodeEvent(m.Data())
-		if err != nil {
-			e.t.Fatalf("activity seq %d: %v", md.Sequence.Stream, err)
-		}
-		a := activity{Seq: md.Sequence.Stream, MsgID: m.Headers().Get(jetstream.MsgIDHeader), Subject: m.Subject(), Type: ev.Type,
-			Unconfirmed: m.Headers().Get(events.HeaderRedisUnconfirmed)}
+		a := activity{Seq: m.Sequence, MsgID: m.Header.Get(jetstream.MsgIDHeader), Subject: m.Subject, Type: ev.Type,
+			Unconfirmed: m.Header.Get(events.HeaderRedisUnconfirmed)}
 		if a.MsgID != ev.ID {
 			e.t.Fatalf("activity seq %d: Nats-Msg-Id %q is not the event id %q", a.Seq, a.MsgID, ev.ID)
 		}
@@ -428,28 +402,20 @@ func (e *env) readActivity() []activity {
 			}
 		}
 		out = append(out, a)
-		if md.Sequence.Stream >= info.State.LastSeq {
-			return out
-		}
 	}
+	return out
 }
 
 // waitActivity waits until the activity stream holds at least n events.
 func (e *env) waitActivity(n uint64, timeout time.Duration) {
 	e.t.Helper()
 	var have uint64
-	testenv.Eventually(e.t, timeout, func() bool {
-		s, err := e.js.Stream(context.Background(), testNames.ActivityStream())
-		if err != nil {
-			return false
-		}
-		info, err := s.Info(context.Background())
-		if err != nil {
-			return false
-		}
-		have = info.State.Msgs
+	if !testenv.WaitFor(timeout, func() bool {
+		have = testenv.StreamMsgCount(e.js, testNames.ActivityStream())
 		return have >= n
-	}, "activity stream to hold %d events (has %d)", n, have)
+	}) {
+		e.t.Fatalf("activity stream to hold %d events within %s: has %d", n, timeout, have)
+	}
 }
 
 // outboxLen is the number of records waiting in queue's outbox.

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/promtest"
 	"github.com/cronstream/cronstream/internal/scheduler"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
@@ -171,7 +172,7 @@ func (e *env) checkEnqueueHistory(entry string, l *ledger) {
 // heldEntries returns the entries holding a tick in queue, by entry.
 func (e *env) heldEntries(queue string) map[string]taskstate.HeldTick {
 	e.t.Helper()
-	held, err := e.store.HeldTicks(ctx(e.t, 5*time.Second), testPrefix, []string{queue})
+	held, err := e.store.HeldTicks(testenv.Context(e.t, 5*time.Second), testPrefix, []string{queue})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -180,28 +181,6 @@ func (e *env) heldEntries(queue string) map[string]taskstate.HeldTick {
 		out[h.Entry] = h
 	}
 	return out
-}
-
-// counterValue is the value of counter name with label reason in reg.
-func counterValue(t *testing.T, reg *prometheus.Registry, name, reason string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "reason" && l.GetValue() == reason {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
 }
 
 // TestBufferOneHeldDroppedOnLoad: ticks held for entries that are then
@@ -230,7 +209,7 @@ func TestBufferOneHeldDroppedOnLoad(t *testing.T) {
 	a.stop()
 	held := e.heldEntries("q2")
 
-	c := ctx(t, 10*time.Second)
+	c := testenv.Context(t, 10*time.Second)
 	if _, err := e.client.Pause(c, "paused", "maintenance"); err != nil {
 		t.Fatal(err)
 	}
@@ -249,8 +228,8 @@ func TestBufferOneHeldDroppedOnLoad(t *testing.T) {
 		t.Errorf("DroppedHeld %d, want 3", got)
 	}
 	for _, reason := range []string{"paused", "policy", "removed"} {
-		if v := counterValue(t, reg, "cronstream_held_dropped_total", reason); v != 1 {
-			t.Errorf("cronstream_held_dropped_total{reason=%q} = %v, want 1", reason, v)
+		if v, ok := promtest.Value(t, reg, "cronstream_held_dropped_total", "reason", reason); !ok || v != 1 {
+			t.Errorf("cronstream_held_dropped_total{reason=%q} = %v (gathered: %t), want 1", reason, v, ok)
 		}
 	}
 	b.stop()
@@ -383,18 +362,18 @@ func TestReleaseHeldFencedAfterPause(t *testing.T) {
 	}
 	old := a.proj.LastSeq()
 
-	res, err := e.client.Pause(ctx(t, 10*time.Second), "buf", "maintenance")
+	res, err := e.client.Pause(testenv.Context(t, 10*time.Second), "buf", "maintenance")
 	if err != nil {
 		t.Fatal(err)
 	}
 	// A replica at the pause's sequence fires another entry into the slot.
 	other := taskstate.NewTickFire(testPrefix, "default", "other", time.Now().UTC().Truncate(time.Second), time.Time{}, false,
 		&taskstate.TaskMessage{Type: "t", ID: "other-1", Queue: "default"}, taskstate.Record{ID: "fired-other-1", Data: []byte(`{}`)})
-	if r, err := e.store.FireOnce(ctx(t, 5*time.Second), taskstate.Fences{ConfigSeq: res.Revision}, other); err != nil || r.Status != taskstate.StatusFired {
+	if r, err := e.store.FireOnce(testenv.Context(t, 5*time.Second), taskstate.Fences{ConfigSeq: res.Revision}, other); err != nil || r.Status != taskstate.StatusFired {
 		t.Fatalf("fire from the newer configuration: %+v, %v", r, err)
 	}
 	// The previous task is done: only the fence stands in the way.
-	if err := e.rc.Del(ctx(t, 5*time.Second), taskstate.Keys("default").Task(h.PrevTaskID)).Err(); err != nil {
+	if err := e.rc.Del(testenv.Context(t, 5*time.Second), taskstate.Keys("default").Task(h.PrevTaskID)).Err(); err != nil {
 		t.Fatal(err)
 	}
 

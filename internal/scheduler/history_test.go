@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/eventtest"
 	"github.com/cronstream/cronstream/internal/scheduler"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
@@ -23,12 +24,12 @@ func TestStreamHistory(t *testing.T) {
 	e.put(every("moved", "@every 1m", inQueue("b")))
 	e.put(every("moved", "@every 2m", inQueue("b")))
 	e.put(every("reborn", "@every 1m", inQueue("a")))
-	if _, err := e.client.Remove(ctx(t, 5*time.Second), "reborn"); err != nil {
+	if _, err := e.client.Remove(testenv.Context(t, 5*time.Second), "reborn"); err != nil {
 		t.Fatal(err)
 	}
 	last := e.put(every("reborn", "@every 1m", inQueue("c")))
 	h := scheduler.NewStreamHistory(e.js, testNames)
-	c := ctx(t, 10*time.Second)
+	c := testenv.Context(t, 10*time.Second)
 	counts, asOf, err := h.EventCounts(c)
 	if err != nil {
 		t.Fatal(err)
@@ -53,7 +54,7 @@ func TestStreamHistory(t *testing.T) {
 func TestStopSince(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	c := ctx(t, 10*time.Second)
+	c := testenv.Context(t, 10*time.Second)
 	e.put(every("p", "@every 1m"))
 	e.put(every("p", "@every 2m"))
 	e.put(every("p", "@every 2m", withPayload("x")))
@@ -125,7 +126,7 @@ func TestNewEntriesNeedNoHistory(t *testing.T) {
 	if h.counts < 1 || h.previous != 1 {
 		t.Fatalf("history asked %d times for counts and %d times for queues; want counts at least once and queues once (for old)", h.counts, h.previous)
 	}
-	res, err := e.store.FireBatch(ctx(t, 5*time.Second), staleFences, []taskstate.Fire{staleFire(t, "old", "alpha", time.Now().Add(time.Hour).Truncate(time.Second))})
+	res, err := e.store.FireBatch(testenv.Context(t, 5*time.Second), staleFences, []taskstate.Fire{staleFire(t, "old", "alpha", time.Now().Add(time.Hour).Truncate(time.Second))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,7 +161,7 @@ func BenchmarkHistory(b *testing.B) {
 	if err := events.EnsureStreams(context.Background(), js, events.StreamConfig{Names: testNames}); err != nil {
 		b.Fatal(err)
 	}
-	registerMany(b, js, n, func(i int) events.Entry { return every(fmt.Sprintf("h%05d", i), "@every 1m") })
+	eventtest.Register(b, js, testNames, "bench", entriesOf(n, func(i int) events.Entry { return every(fmt.Sprintf("h%05d", i), "@every 1m") }), 30*time.Second)
 	h := scheduler.NewStreamHistory(js, testNames)
 	c := context.Background()
 	b.Run("PreviousQueues-per-entry", func(b *testing.B) {

@@ -11,6 +11,7 @@ import (
 	"github.com/cronstream/cronstream/internal/relay"
 	"github.com/cronstream/cronstream/internal/scheduler"
 	"github.com/cronstream/cronstream/internal/taskstate"
+	"github.com/cronstream/cronstream/internal/testenv"
 )
 
 // flush publishes every outbox record with a one-off relay.
@@ -20,10 +21,10 @@ func (e *env) flush() {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	if err := r.Flush(ctx(e.t, 20*time.Second)); err != nil {
+	if err := r.Flush(testenv.Context(e.t, 20*time.Second)); err != nil {
 		e.t.Fatal(err)
 	}
-	if err := r.Stop(ctx(e.t, 10*time.Second)); err != nil {
+	if err := r.Stop(testenv.Context(e.t, 10*time.Second)); err != nil {
 		e.t.Fatal(err)
 	}
 }
@@ -37,7 +38,7 @@ func TestTriggerAndBackfillIdempotent(t *testing.T) {
 	e.put(every("m", "*/2 * * * * *"))
 	now := time.Now()
 	m := scheduler.Manual{Redis: e.rc, JS: e.js, Names: testNames, Source: "cronstream/test", Now: func() time.Time { return now }}
-	c := ctx(t, 30*time.Second)
+	c := testenv.Context(t, 30*time.Second)
 	st, err := m.Load(c, "m")
 	if err != nil {
 		t.Fatal(err)
@@ -138,7 +139,7 @@ func TestManualFireAfterConfigChange(t *testing.T) {
 	e := newEnv(t)
 	e.put(every("m1", "@every 2s"), every("m2", "@every 2s"))
 	m := scheduler.Manual{Redis: e.rc, JS: e.js, Names: testNames, Source: "cronstream/test"}
-	c := ctx(t, 30*time.Second)
+	c := testenv.Context(t, 30*time.Second)
 	target, err := m.Load(c, "m1")
 	if err != nil {
 		t.Fatal(err)

@@ -136,7 +136,7 @@ func TestMaxFiresAcrossQueueMove(t *testing.T) {
 func TestMaxFiresCountBeyondRetention(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	c := ctx(t, 2*time.Minute)
+	c := testenv.Context(t, 2*time.Minute)
 	s, err := e.js.Stream(c, testNames.ActivityStream())
 	if err != nil {
 		t.Fatal(err)

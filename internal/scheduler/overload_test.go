@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/promtest"
 	"github.com/cronstream/cronstream/internal/replica"
 	"github.com/cronstream/cronstream/internal/scheduler"
 	"github.com/cronstream/cronstream/internal/stall"
@@ -228,7 +229,7 @@ func startDetectorLateAfter(t *testing.T, a *node, reg *prometheus.Registry, lat
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := d.Start(ctx(t, 10*time.Second)); err != nil {
+	if err := d.Start(testenv.Context(t, 10*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = d.Stop(context.Background()) })
@@ -282,11 +283,11 @@ func lateShown(t *testing.T, e *env, a *node, d *stall.Detector, reg *prometheus
 			t.Errorf("entry %s of the replica that keeps up is listed late", id)
 		}
 	}
-	if v := gaugeValue(t, reg, "cronstream_late_entries"); v < float64(want) {
-		t.Errorf("cronstream_late_entries = %v, want most of the %d offered entries", v, len(offered))
+	if v, ok := promtest.Value(t, reg, "cronstream_late_entries"); !ok || v < float64(want) {
+		t.Errorf("cronstream_late_entries = %v (gathered: %t), want most of the %d offered entries", v, ok, len(offered))
 	}
 	testenv.Eventually(t, 10*time.Second, func() bool {
-		infos, err := replica.ListReplicas(ctx(t, 5*time.Second), e.js, testNames)
+		infos, err := replica.ListReplicas(testenv.Context(t, 5*time.Second), e.js, testNames)
 		if err != nil {
 			return false
 		}
@@ -297,19 +298,4 @@ func lateShown(t *testing.T, e *env, a *node, d *stall.Detector, reg *prometheus
 		}
 		return false
 	}, "the overloaded replica's heartbeat (status) to list late entries")
-}
-
-// gaugeValue reads an unlabelled gauge from reg (-1: absent).
-func gaugeValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name && len(mf.GetMetric()) > 0 {
-			return mf.GetMetric()[0].GetGauge().GetValue()
-		}
-	}
-	return -1
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/eventtest"
 	"github.com/cronstream/cronstream/internal/ownership"
 	"github.com/cronstream/cronstream/internal/replica"
 	"github.com/cronstream/cronstream/internal/scheduler"
@@ -491,9 +492,9 @@ func (s slowRedis) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 func TestFairAcrossQueues(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	registerMany(t, e.js, 1500, func(i int) events.Entry {
+	eventtest.Register(t, e.js, testNames, "test", entriesOf(1500, func(i int) events.Entry {
 		return every(fmt.Sprintf("flood-%04d", i), "@every 1s", inQueue("flood"))
-	})
+	}), 30*time.Second)
 	var small []string
 	for i := range 5 {
 		id := fmt.Sprintf("small-%d", i)

@@ -15,7 +15,7 @@ import (
 // pauseOf pauses id and returns when the config stream stored the pause.
 func (e *env) pauseOf(id, note string) time.Time {
 	e.t.Helper()
-	if _, err := e.client.Pause(ctx(e.t, 10*time.Second), id, note); err != nil {
+	if _, err := e.client.Pause(testenv.Context(e.t, 10*time.Second), id, note); err != nil {
 		e.t.Fatalf("pause %s: %v", id, err)
 	}
 	times := e.configTimes(id)
@@ -25,7 +25,7 @@ func (e *env) pauseOf(id, note string) time.Time {
 // resume resumes id and returns when the config stream stored the resume.
 func (e *env) resume(id string) time.Time {
 	e.t.Helper()
-	if _, err := e.client.Resume(ctx(e.t, 10*time.Second), id); err != nil {
+	if _, err := e.client.Resume(testenv.Context(e.t, 10*time.Second), id); err != nil {
 		e.t.Fatalf("resume %s: %v", id, err)
 	}
 	times := e.configTimes(id)
@@ -36,7 +36,7 @@ func (e *env) resume(id string) time.Time {
 // oldest first.
 func (e *env) configTimes(id string) []time.Time {
 	e.t.Helper()
-	recs, err := e.client.History(ctx(e.t, 10*time.Second), id)
+	recs, err := e.client.History(testenv.Context(e.t, 10*time.Second), id)
 	if err != nil || len(recs) == 0 {
 		e.t.Fatalf("history of %s: %d records, %v", id, len(recs), err)
 	}

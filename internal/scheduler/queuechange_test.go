@@ -124,7 +124,7 @@ func TestQueueMovedBackWhileDown(t *testing.T) {
 	l := ledgers(acts)["x"]
 	first, last := l.firedRange()
 	checkEverySecond(t, "x", l, first, last)
-	res, err := e.store.FireBatch(ctx(t, 5*time.Second), staleFences, []taskstate.Fire{staleFire(t, "x", "beta", time.Unix(last+1, 0))})
+	res, err := e.store.FireBatch(testenv.Context(t, 5*time.Second), staleFences, []taskstate.Fire{staleFire(t, "x", "beta", time.Unix(last+1, 0))})
 	if err != nil {
 		t.Fatal(err)
 	}

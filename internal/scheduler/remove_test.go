@@ -16,7 +16,7 @@ import (
 // removal, and its revision.
 func (e *env) removeOf(id string) (time.Time, uint64) {
 	e.t.Helper()
-	res, err := e.client.Remove(ctx(e.t, 10*time.Second), id)
+	res, err := e.client.Remove(testenv.Context(e.t, 10*time.Second), id)
 	if err != nil {
 		e.t.Fatalf("remove %s: %v", id, err)
 	}
@@ -124,7 +124,7 @@ func TestRemoveWhileEveryReplicaDown(t *testing.T) {
 	time.Sleep(3 * time.Second)
 	removed, rev := e.removeOf("r")
 	paused := e.pauseOf("rp", "")
-	recs, err := e.client.History(ctx(t, 10*time.Second), "rp")
+	recs, err := e.client.History(testenv.Context(t, 10*time.Second), "rp")
 	if err != nil {
 		t.Fatal(err)
 	}

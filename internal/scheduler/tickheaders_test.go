@@ -82,7 +82,7 @@ func TestTickHeadersReadByAsynqWorker(t *testing.T) {
 	}, "held ticks of buf and can released and plain ticks fired")
 
 	m := scheduler.Manual{Redis: e.rc, JS: e.js, Names: testNames, Source: "cronstream/test"}
-	c := ctx(t, 30*time.Second)
+	c := testenv.Context(t, 30*time.Second)
 	target, err := m.Load(c, "man")
 	if err != nil {
 		t.Fatal(err)
