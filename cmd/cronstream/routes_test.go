@@ -57,21 +57,10 @@ func connectAs(t *testing.T, user, url string) *attacker {
 
 // refused reports whether the server refused something a did since the
 // last call (a permissions violation), or err is one.
-// Once one is seen the answer cannot change; until then it waits a little
-// for one the connection has not handed over yet.
 func (a *attacker) refused(err error) bool {
 	_ = a.nc.Flush()
 	got := isViolation(err)
 	for {
-		select {
-		case e := <-a.errs:
-			got = got || isViolation(e)
-			continue
-		default:
-		}
-		if got {
-			return true
-		}
 		select {
 		case e := <-a.errs:
 			got = got || isViolation(e)
