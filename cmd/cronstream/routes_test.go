@@ -24,12 +24,21 @@ type attacker struct {
 	nc   *nats.Conn
 	js   jetstream.JetStream
 	errs chan error
+	// violated is cancelled by the first permissions violation the server
+	// sends: a refused request gets no answer, so an attempt ends there
+	// instead of waiting for its timeout.
+	violated context.Context
 }
 
 func connectAs(t *testing.T, user, url string) *attacker {
 	t.Helper()
-	a := &attacker{user: user, errs: make(chan error, 100)}
+	violated, refused := context.WithCancel(context.Background())
+	t.Cleanup(refused)
+	a := &attacker{user: user, errs: make(chan error, 100), violated: violated}
 	nc, err := nats.Connect(url, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		if isViolation(err) {
+			refused()
+		}
 		select {
 		case a.errs <- err:
 		default:
@@ -61,9 +70,10 @@ func (a *attacker) refused(err error) bool {
 	}
 }
 
-// ctx bounds one attempt: a refused request gets no answer.
-func attemptCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+// attempt bounds one attempt of a: a refused request gets no answer, so
+// it ends at the server's permissions violation, or after 2 s.
+func (a *attacker) attempt(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(a.violated, 2*time.Second)
 	t.Cleanup(cancel)
 	return ctx
 }
@@ -112,17 +122,17 @@ var writeRoutes = []struct {
 	try    func(t *testing.T, a *attacker) error
 }{
 	{"publish a config event", but("cronstream-operator"), false, func(t *testing.T, a *attacker) error {
-		_, err := a.js.Publish(attemptCtx(t), "cronstream.config.e001", forgedEvent(t))
+		_, err := a.js.Publish(a.attempt(t), "cronstream.config.e001", forgedEvent(t))
 		return err
 	}},
 	{"a fail-pause request changing the task", but("cronstream-replica", "cronstream-1"), true, func(t *testing.T, a *attacker) error {
 		// Conditional on the entry's revision, as a real request is, so
 		// the server stores it; the readers refuse it.
-		s, err := a.js.Stream(attemptCtx(t), "CRONSTREAM_CONFIG")
+		s, err := a.js.Stream(a.attempt(t), "CRONSTREAM_CONFIG")
 		if err != nil {
 			return err
 		}
-		m, err := s.GetLastMsgForSubject(attemptCtx(t), "cronstream.*.e001")
+		m, err := s.GetLastMsgForSubject(a.attempt(t), "cronstream.*.e001")
 		if err != nil {
 			return err
 		}
@@ -131,11 +141,11 @@ var writeRoutes = []struct {
 		h.Set(jetstream.MsgIDHeader, ev.ID)
 		h.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(m.Sequence, 10))
 		h.Set(jetstream.ExpectedLastSubjSeqSubjHeader, "cronstream.*.e001")
-		_, err = a.js.PublishMsg(attemptCtx(t), &nats.Msg{Subject: "cronstream.failpause.e001", Header: h, Data: forgedEvent(t)})
+		_, err = a.js.PublishMsg(a.attempt(t), &nats.Msg{Subject: "cronstream.failpause.e001", Header: h, Data: forgedEvent(t)})
 		return err
 	}},
 	{"create a stream republishing onto a config subject", everyone, false, func(t *testing.T, a *attacker) error {
-		_, err := a.js.CreateStream(attemptCtx(t), jetstream.StreamConfig{Name: "EVIL", Subjects: []string{"evil.>"},
+		_, err := a.js.CreateStream(a.attempt(t), jetstream.StreamConfig{Name: "EVIL", Subjects: []string{"evil.>"},
 			RePublish: &jetstream.RePublish{Source: "evil.e001", Destination: "cronstream.config.e001"}})
 		return err
 	}},
@@ -145,7 +155,7 @@ var writeRoutes = []struct {
 			return err
 		}
 		cfg.RePublish = &jetstream.RePublish{Source: "cronstream.fire.e001", Destination: "cronstream.config.e001"}
-		_, err = a.js.UpdateStream(attemptCtx(t), cfg)
+		_, err = a.js.UpdateStream(a.attempt(t), cfg)
 		return err
 	}},
 	{"update the config stream to source the activity stream", but("cronstream-streams"), false, func(t *testing.T, a *attacker) error {
@@ -155,25 +165,25 @@ var writeRoutes = []struct {
 		}
 		cfg.Sources = []*jetstream.StreamSource{{Name: "CRONSTREAM_ACTIVITY",
 			SubjectTransforms: []jetstream.SubjectTransformConfig{{Source: "cronstream.fire.>", Destination: "cronstream.config.>"}}}}
-		_, err = a.js.UpdateStream(attemptCtx(t), cfg)
+		_, err = a.js.UpdateStream(a.attempt(t), cfg)
 		return err
 	}},
 	{"create the replicas bucket with a republish", but("cronstream-streams"), false, func(t *testing.T, a *attacker) error {
-		_, err := a.js.CreateStream(attemptCtx(t), jetstream.StreamConfig{Name: "KV_CRONSTREAM_REPLICAS", Subjects: []string{"$KV.CRONSTREAM_REPLICAS.>"},
+		_, err := a.js.CreateStream(a.attempt(t), jetstream.StreamConfig{Name: "KV_CRONSTREAM_REPLICAS", Subjects: []string{"$KV.CRONSTREAM_REPLICAS.>"},
 			RePublish: &jetstream.RePublish{Source: "$KV.CRONSTREAM_REPLICAS.evil", Destination: "cronstream.config.e001"}})
 		return err
 	}},
 	{"a push consumer delivering into a config subject", everyone, false, func(t *testing.T, a *attacker) error {
 		// The server delivers only where someone subscribes, and no role
 		// may subscribe there.
-		_, _ = a.js.CreateOrUpdateConsumer(attemptCtx(t), "CRONSTREAM_ACTIVITY", jetstream.ConsumerConfig{
+		_, _ = a.js.CreateOrUpdateConsumer(a.attempt(t), "CRONSTREAM_ACTIVITY", jetstream.ConsumerConfig{
 			Durable: "push-" + strings.ReplaceAll(a.user, "-", ""), DeliverSubject: "cronstream.config.e001", DeliverPolicy: jetstream.DeliverAllPolicy, AckPolicy: jetstream.AckNonePolicy})
 		_, err := a.nc.SubscribeSync("cronstream.config.e001")
 		return err
 	}},
 	{"a pull request delivered to a config subject", but("cronstream-replica", "cronstream-1", "cronstream-operator", "cronstream-auditor"), true, func(t *testing.T, a *attacker) error {
 		name := "pull-" + strings.ReplaceAll(a.user, "-", "")
-		if _, err := a.js.CreateOrUpdateConsumer(attemptCtx(t), "CRONSTREAM_ACTIVITY", jetstream.ConsumerConfig{Name: name, AckPolicy: jetstream.AckNonePolicy}); err != nil {
+		if _, err := a.js.CreateOrUpdateConsumer(a.attempt(t), "CRONSTREAM_ACTIVITY", jetstream.ConsumerConfig{Name: name, AckPolicy: jetstream.AckNonePolicy}); err != nil {
 			return err
 		}
 		return a.nc.PublishRequest("$JS.API.CONSUMER.MSG.NEXT.CRONSTREAM_ACTIVITY."+name, "cronstream.config.e001", []byte(`{"batch":5,"no_wait":true}`))
@@ -188,11 +198,11 @@ var writeRoutes = []struct {
 		return a.nc.PublishMsg(&nats.Msg{Subject: "cronstream.fire.e001", Reply: "cronstream.config.e001", Data: forgedEvent(t)})
 	}},
 	{"a KV put carrying a config event", but("cronstream-replica"), false, func(t *testing.T, a *attacker) error {
-		_, err := a.js.Publish(attemptCtx(t), "$KV.CRONSTREAM_REPLICAS.evil", forgedEvent(t))
+		_, err := a.js.Publish(a.attempt(t), "$KV.CRONSTREAM_REPLICAS.evil", forgedEvent(t))
 		return err
 	}},
 	{"a heartbeat under another replica's key", but("cronstream-replica"), false, func(t *testing.T, a *attacker) error {
-		_, err := a.js.Publish(attemptCtx(t), "$KV.CRONSTREAM_REPLICAS.cronstream-2", []byte(`{"id":"cronstream-2"}`))
+		_, err := a.js.Publish(a.attempt(t), "$KV.CRONSTREAM_REPLICAS.cronstream-2", []byte(`{"id":"cronstream-2"}`))
 		return err
 	}},
 	{"purge or delete the config stream, delete a message", everyone, false, func(t *testing.T, a *attacker) error {
@@ -266,12 +276,12 @@ func TestConfigWriteRoutes(t *testing.T) {
 	}
 	// Something in the activity stream for the deliveries to carry.
 	replica := connectAs(t, "cronstream-replica", url("cronstream-replica"))
-	if _, err := replica.js.Publish(attemptCtx(t), "cronstream.fire.e001", forgedEvent(t)); err != nil {
+	if _, err := replica.js.Publish(replica.attempt(t), "cronstream.fire.e001", forgedEvent(t)); err != nil {
 		t.Fatal(err)
 	}
 
 	configSeq := func() uint64 {
-		s, err := replica.js.Stream(attemptCtx(t), "CRONSTREAM_CONFIG")
+		s, err := replica.js.Stream(replica.attempt(t), "CRONSTREAM_CONFIG")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -314,12 +324,12 @@ func TestConfigWriteRoutes(t *testing.T) {
 		// A bucket lost anyway (an earlier build's, in memory): replicas
 		// cannot make it, let alone with a republish.
 		st := connectAs(t, "cronstream-streams", url("cronstream-streams"))
-		if err := st.js.DeleteStream(attemptCtx(t), "KV_CRONSTREAM_REPLICAS"); err != nil {
+		if err := st.js.DeleteStream(st.attempt(t), "KV_CRONSTREAM_REPLICAS"); err != nil {
 			t.Fatal(err)
 		}
 		for _, user := range []string{"cronstream-replica", "cronstream-1"} {
 			a := connectAs(t, user, url(user))
-			_, err := a.js.CreateStream(attemptCtx(t), jetstream.StreamConfig{Name: "KV_CRONSTREAM_REPLICAS", Subjects: []string{"$KV.CRONSTREAM_REPLICAS.>"},
+			_, err := a.js.CreateStream(a.attempt(t), jetstream.StreamConfig{Name: "KV_CRONSTREAM_REPLICAS", Subjects: []string{"$KV.CRONSTREAM_REPLICAS.>"},
 				RePublish: &jetstream.RePublish{Source: "$KV.CRONSTREAM_REPLICAS.evil", Destination: "cronstream.config.e001"}})
 			if !a.refused(err) {
 				t.Errorf("%s made the bucket: %v", user, err)
@@ -334,13 +344,13 @@ func TestConfigWriteRoutes(t *testing.T) {
 
 	t.Run("the streams role adds a republish", func(t *testing.T) {
 		st := connectAs(t, "cronstream-streams", url("cronstream-streams"))
-		s, err := st.js.Stream(attemptCtx(t), "CRONSTREAM_ACTIVITY")
+		s, err := st.js.Stream(st.attempt(t), "CRONSTREAM_ACTIVITY")
 		if err != nil {
 			t.Fatal(err)
 		}
 		cfg := s.CachedInfo().Config
 		cfg.RePublish = &jetstream.RePublish{Source: "cronstream.fire.e001", Destination: "cronstream.config.e001"}
-		if _, err := st.js.UpdateStream(attemptCtx(t), cfg); err != nil {
+		if _, err := st.js.UpdateStream(st.attempt(t), cfg); err != nil {
 			t.Fatal(err)
 		}
 		if msg := streams.fail("streams", "apply"); !strings.Contains(msg, "republish") {
@@ -351,7 +361,7 @@ func TestConfigWriteRoutes(t *testing.T) {
 			t.Errorf("a replica started on a republishing stream: exit %d\n%s", code, p.Stderr())
 		}
 		cfg.RePublish = nil
-		if _, err := st.js.UpdateStream(attemptCtx(t), cfg); err != nil {
+		if _, err := st.js.UpdateStream(st.attempt(t), cfg); err != nil {
 			t.Fatal(err)
 		}
 		streams.ok("streams", "apply")

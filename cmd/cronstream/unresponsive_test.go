@@ -89,7 +89,7 @@ func TestStatusShowsUnresponsiveReplica(t *testing.T) {
 	}
 
 	if err := frozen.cmd.Process.Signal(syscall.SIGCONT); err != nil {
-		t.Fatal(err)
+		t.Fatalf("SIGCONT: %v\nthe frozen replica's stderr:\n%s", err, frozen.Stderr())
 	}
 	testenv.Eventually(t, 20*time.Second, func() bool { return statusOf()["frozen"].State == "live" }, "never live again after SIGCONT: %v", lazy(func() string { return fmt.Sprint(statusOf()) }))
 }

@@ -183,7 +183,7 @@ func TestRollingUpgradeToOwnership(t *testing.T) {
 			n += rc.XLen(t.Context(), taskstate.Own(events.DefaultPrefix, q).Outbox()).Val()
 		}
 		return n == 0
-	}, "records left in the outbox")
+	}, "records left in the outbox\nn2:\n%v\nn3:\n%v", lazyStderr{n2}, lazyStderr{n3})
 
 	// Each dead task recovered once, with one event.
 	recovered := map[string]int{}

@@ -91,7 +91,10 @@ func buildReleaseOnce(root, commit, dir string) (string, error) {
 	steps := []*exec.Cmd{
 		exec.Command("git", "-C", root, "archive", "--format=tar", "--output="+tarball, commit),
 		exec.Command("tar", "-xf", tarball, "-C", src),
-		exec.Command("go", "build", "-o", out, "./cmd/cronstream"),
+		// -trimpath: the source is in a new directory each run, and
+		// without it the directory is part of every package's build
+		// cache key, so the whole module would compile again.
+		exec.Command("go", "build", "-trimpath", "-o", out, "./cmd/cronstream"),
 	}
 	steps[2].Dir = src
 	for _, c := range steps {
