@@ -17,21 +17,41 @@ import (
 // only while it does) and fires between them.
 const loadBatch = 10_000
 
+// loadBudget bounds the time one turn spends loading. Some steps of a load
+// take a round trip per entry (a restore's proposal, a queue handover, a
+// history read): with Redis or NATS far away, a shard's entries loaded in
+// one turn held the loop past the ownership's progress bound, so its
+// leases lapsed, the shards moved, and their next owner stalled the same
+// way. The entries left load in the next turns, which follow at once.
+const loadBudget = 500 * time.Millisecond
+
 // loadWatermarks reads the watermark of the entries that need one (at most
-// loadBatch), per queue in one round trip, doing queue handovers first.
-// Entries whose load failed stay loading and are retried after a backoff;
-// those left for the next turn follow at once.
+// loadBatch, for at most loadBudget after the first), per queue in one
+// round trip, doing queue handovers first. Entries whose load failed stay
+// loading and are retried after a backoff; those left for the next turn
+// follow at once.
 func (s *Scheduler) loadWatermarks(ctx context.Context) {
 	var p loadPass
-	byQueue := s.takeLoadBatch(ctx, &p)
+	began := s.clock.Mono()
+	spent := func() bool { return s.clock.Since(began) >= loadBudget }
+	byQueue := s.takeLoadBatch(ctx, &p, spent)
 	now := s.clock.Now()
+	loaded := false
+queues:
 	for q, runs := range byQueue {
+		if loaded && spent() {
+			break
+		}
 		wms, ok := s.readWatermarks(ctx, q, runs, &p)
 		if !ok {
 			continue // stay loading; retried after a backoff
 		}
 		for i, r := range runs {
+			if loaded && spent() {
+				break queues
+			}
 			s.loadRun(ctx, r, wms[i], now, &p)
+			loaded = true
 		}
 	}
 	p.held.report(s)
@@ -51,15 +71,15 @@ type loadPass struct {
 	held          restoreHolds
 }
 
-// takeLoadBatch takes at most loadBatch loading entries, by queue. An
-// entry whose queue changed live is closed in its old queue first: firing
-// into the new queue before the old one is closed could fire a tick in
-// both, so one whose handover fails waits.
-func (s *Scheduler) takeLoadBatch(ctx context.Context, p *loadPass) map[string][]*entryRun {
+// takeLoadBatch takes at most loadBatch loading entries, by queue, until
+// spent (after the first). An entry whose queue changed live is closed in
+// its old queue first: firing into the new queue before the old one is
+// closed could fire a tick in both, so one whose handover fails waits.
+func (s *Scheduler) takeLoadBatch(ctx context.Context, p *loadPass, spent func() bool) map[string][]*entryRun {
 	byQueue := map[string][]*entryRun{}
 	taken := 0
 	for _, r := range s.loading {
-		if taken++; taken > loadBatch {
+		if taken++; taken > loadBatch || (taken > 1 && spent()) {
 			break
 		}
 		if r.loading.fromQueue != "" {
