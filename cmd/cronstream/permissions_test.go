@@ -328,7 +328,7 @@ func TestPauseOnFailureWithPermissions(t *testing.T) {
 	if len(recs) != 2 || !recs[1].FailPause || recs[1].Entry == nil || !recs[1].Entry.Paused {
 		t.Errorf("entry history --json: %+v", recs)
 	}
-	if out := auditor.ok("audit", "--entry", "failing", "--type", "paused"); !strings.Contains(out, "on failure, by cronstream-1") {
+	if out := auditor.ok("audit", "--entry", "failing", "--type", "paused"); !strings.Contains(out, "on failure, by cronstream/cronstream-1") {
 		t.Errorf("audit does not show the pause on failure:\n%s", out)
 	}
 	// Paused: no tick fires after the pause settled.
