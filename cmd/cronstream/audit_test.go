@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/eventtest"
 	"github.com/cronstream/cronstream/internal/testenv"
 )
 
@@ -81,14 +82,7 @@ func (a *activity) publishMarked(subject, typ, eventSubject string, data any, un
 	a.t.Helper()
 	a.n++
 	id := fmt.Sprintf("test-%d", a.n)
-	ev, err := events.NewEventAt(id, time.Now(), typ, "cronstream/test", eventSubject, data)
-	if err != nil {
-		a.t.Fatal(err)
-	}
-	b, err := ev.Marshal()
-	if err != nil {
-		a.t.Fatal(err)
-	}
+	b := eventtest.MarshalAt(a.t, id, time.Now(), typ, "cronstream/test", eventSubject, data)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	m := &nats.Msg{Subject: subject, Data: b, Header: nats.Header{}}
@@ -108,15 +102,7 @@ func (a *activity) publishBatch(queue string, typ string, data ...events.TaskRec
 	var parts [][]byte
 	for _, d := range data {
 		a.n++
-		ev, err := events.NewEventAt(fmt.Sprintf("test-%d", a.n), time.Now(), typ, "cronstream/test", queue, d)
-		if err != nil {
-			a.t.Fatal(err)
-		}
-		b, err := ev.Marshal()
-		if err != nil {
-			a.t.Fatal(err)
-		}
-		parts = append(parts, b)
+		parts = append(parts, eventtest.MarshalAt(a.t, fmt.Sprintf("test-%d", a.n), time.Now(), typ, "cronstream/test", queue, d))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -14,6 +14,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/firetest"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
 	"github.com/cronstream/cronstream/schedule"
@@ -269,34 +270,11 @@ entries:
 	}
 
 	// Hold a tick as the fire script does while the previous task runs.
-	rc := e.redis.Client(t)
-	store := taskstate.New(rc)
 	prefix := events.DefaultPrefix
 	tick0 := time.Now().UTC().Truncate(time.Hour).Add(-time.Hour)
 	tick1 := tick0.Add(time.Hour)
-	fire := func(tick, prev time.Time, want taskstate.FireStatus) {
-		t.Helper()
-		id := schedule.TaskID(prefix, "can", tick)
-		f := taskstate.NewTickFire(prefix, "default", "can", tick, prev, !prev.IsZero(),
-			&taskstate.TaskMessage{Type: "t", ID: id, Queue: "default"},
-			taskstate.Record{ID: "fired-" + id, Data: []byte(`{}`)})
-		f.OverlapCancel, f.OverlapRecord = true, taskstate.Record{ID: "overlap-" + id, Data: []byte(`{}`)}
-		var err error
-		f.CancelRecord, err = taskstate.NewCancelRecord("cancel-"+id, []byte(`{"task_id":"\u0000task\u0000","state":"\u0000state\u0000","action":"\u0000action\u0000"}`))
-		if err != nil {
-			t.Fatal(err)
-		}
-		res, err := store.FireOnce(context.Background(), taskstate.Fences{ConfigSeq: 1}, f)
-		if err != nil || res.Status != want {
-			t.Fatalf("fire %s: %+v, %v; want %s", tick, res, err, want)
-		}
-	}
-	fire(tick0, time.Time{}, taskstate.StatusFired)
-	id0, k := schedule.TaskID(prefix, "can", tick0), taskstate.Keys("default")
-	rc.LRem(context.Background(), k.Pending(), 0, id0)
-	rc.LPush(context.Background(), k.Active(), id0)
-	rc.HSet(context.Background(), k.Task(id0), "state", "active")
-	fire(tick1, tick0, taskstate.StatusHeld)
+	firetest.HoldTick(t, e.redis.Client(t), prefix, "can", tick0, tick1)
+	id0 := schedule.TaskID(prefix, "can", tick0)
 
 	var v describeView
 	e.okJSON(&v, "entry", "describe", "can", "--json")

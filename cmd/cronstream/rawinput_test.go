@@ -11,38 +11,13 @@ import (
 	"time"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/rawjson"
 	"github.com/cronstream/cronstream/internal/testenv"
 )
 
 // rawValue stands for a case's value while its raw event is encoded; the
 // encoded placeholder is then replaced by the value's bytes.
 const rawValue = "\x00value\x00"
-
-// rawLiteral writes s as a JSON string literal byte by byte, as a publisher
-// that does not use encoding/json may (encoding/json would write U+FFFD for
-// every byte that is not UTF-8). escaped writes the bytes of a UTF-16
-// surrogate half as a \u escape instead, as other JSON libraries do.
-func rawLiteral(s string, escaped bool) []byte {
-	var b bytes.Buffer
-	b.WriteByte('"')
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c == '"' || c == '\\':
-			b.WriteByte('\\')
-			b.WriteByte(c)
-		case c < 0x20:
-			fmt.Fprintf(&b, `\u%04x`, c)
-		case escaped && c == 0xed && i+2 < len(s):
-			fmt.Fprintf(&b, `\u%04x`, 0xd000|rune(s[i+1]&0x3f)<<6|rune(s[i+2]&0x3f))
-			i += 2
-		default:
-			b.WriteByte(c)
-		}
-	}
-	b.WriteByte('"')
-	return b.Bytes()
-}
 
 // inputCase is one hostile value, given to the CLI as flags and published
 // raw as a config event.
@@ -109,7 +84,7 @@ func (c inputCase) rawEvent(t *testing.T) []byte {
 	if !bytes.Contains(b, ph) {
 		t.Fatalf("%s: placeholder not in %s", c.name, b)
 	}
-	return bytes.Replace(b, ph, rawLiteral(c.value, c.escaped), 1)
+	return bytes.Replace(b, ph, []byte(rawjson.Literal(c.value, c.escaped)), 1)
 }
 
 // TestHostileInputSameVerdict: every hostile value the CLI refuses (text
