@@ -45,6 +45,14 @@ func openPTY(t *testing.T) (ptm, tty *os.File) {
 // answer, and returns what the terminal showed, stdout and the exit code.
 func (e *cliEnv) runOnTerminal(answer string, args ...string) (shown, stdout string, code int) {
 	e.t.Helper()
+	return e.runOnTerminalAsked(nil, answer, args...)
+}
+
+// runOnTerminalAsked is runOnTerminal calling whenAsked (when not nil)
+// once the question is shown and before it is answered: what happens
+// while an operator reads the preview.
+func (e *cliEnv) runOnTerminalAsked(whenAsked func(), answer string, args ...string) (shown, stdout string, code int) {
+	e.t.Helper()
 	ptm, tty := openPTY(e.t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -78,6 +86,9 @@ func (e *cliEnv) runOnTerminal(answer string, args ...string) (shown, stdout str
 	}()
 	select {
 	case <-asked:
+		if whenAsked != nil {
+			whenAsked()
+		}
 		fmt.Fprintf(ptm, "%s\n", answer)
 	case <-ctx.Done():
 	}
@@ -93,7 +104,8 @@ func (e *cliEnv) runOnTerminal(answer string, args ...string) (shown, stdout str
 
 // TestBulkAsksOnATerminal: on a terminal every command that changes
 // several things (bulk pause, sync --prune, backfill) shows what it will do
-// and asks; "n" changes nothing, only "y" makes the changes.
+// and asks; "n" changes nothing, only "y" makes the changes, each
+// conditional on what was shown.
 func TestBulkAsksOnATerminal(t *testing.T) {
 	t.Parallel()
 	env := newEnv(t, true) // one deployment for every case; backfill needs Redis
@@ -113,6 +125,21 @@ func TestBulkAsksOnATerminal(t *testing.T) {
 		_, out, code := e.runOnTerminal("y", "entry", "pause", "--selector", "team=ops")
 		if code != 0 || !strings.Contains(out, "paused 3 entries") {
 			t.Errorf("confirmed: exit %d, stdout %s", code, out)
+		}
+	})
+	t.Run("entry changed while asked", func(t *testing.T) {
+		e := sub(t)
+		// t2 changes between the preview and the "y": the bulk write,
+		// conditional on the revision shown, leaves it alone (exit 4).
+		changed := func() { e.ok("entry", "put", "t2", "--cron", "@daily") }
+		_, out, code := e.runOnTerminalAsked(changed, "y", "entry", "resume", "--selector", "team=ops")
+		if code != exitConflict || !strings.Contains(out, "resumed 2 entries, 1 conflicted") {
+			t.Errorf("resume with t2 changed meanwhile: exit %d, want %d; stdout %s", code, exitConflict, out)
+		}
+		var got entryJSON
+		e.okJSON(&got, "entry", "get", "t2", "--json")
+		if !got.Paused || got.Cron != "@daily" {
+			t.Errorf("t2 after the conflicted resume: paused %v, cron %q (want the change kept and t2 still paused)", got.Paused, got.Cron)
 		}
 	})
 	t.Run("sync --prune", func(t *testing.T) {
