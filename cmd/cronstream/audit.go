@@ -329,7 +329,7 @@ func (p *auditPrinter) print(rec audit.Record) error {
 		if rec.Event == nil {
 			return nil
 		}
-		_, err := fmt.Fprintf(p.w, "event/%s\n", terminalSafe(rec.Event.ID))
+		_, err := fmt.Fprintf(p.w, "%s%s\n", eventNamePrefix, terminalSafe(rec.Event.ID))
 		return err
 	}
 	ev := rec.Event

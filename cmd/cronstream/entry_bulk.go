@@ -85,6 +85,10 @@ func bulkArgs(listed bool) cobra.PositionalArgs {
 // that take ids take them with it too.
 const namePrefix = "entry/"
 
+// eventNamePrefix is what -o name puts before each event id (audit, entry
+// history): events are named apart from entries, as kubectl names kinds.
+const eventNamePrefix = "event/"
+
 // bulkResult is what a bulk write prints with --json.
 type bulkResult struct {
 	Changed    []writeResult `json:"changed"`

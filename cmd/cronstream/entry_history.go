@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"strings"
 	"time"
 
@@ -46,7 +47,8 @@ config event. With --all, the messages of the entry's history that
 changed nothing are shown too, with why: fail-pause requests that do not
 hold, NATS server replies stored on its subjects. -o wide adds each
 event's id; -o json and -o yaml print the records with each revision's
-full state.`,
+full state; -o name prints event/<event id> for each row that is an event,
+as audit -o name does.`,
 		Example: `  cronstream entry history report
   cronstream entry history report --json | jq '.[] | select(.type=="cronstream.entry.updated")'`,
 		Args: entryIDArg,
@@ -94,36 +96,59 @@ full state.`,
 			if ok, err := printStructured(cmd.OutOrStdout(), format, out); ok {
 				return err
 			}
-			times := timesFor(cmd.OutOrStdout())
-			tw := newTable(cmd.OutOrStdout())
-			head := "REVISION\tTIME\tTYPE\tSOURCE\tCHANGE"
-			if format == outWide {
-				head += "\tEVENT ID"
+			if format == outName {
+				return printHistoryNames(cmd.OutOrStdout(), out)
 			}
-			fmt.Fprintln(tw, head)
-			for _, h := range out {
-				change := strings.Join(h.Changes, "; ")
-				switch {
-				case h.Refused != "":
-					change = "REFUSED, changed nothing: " + h.Refused
-				case h.Error != "":
-					change = "cannot be applied: " + h.Error
-				case h.FailPause:
-					change = "on failure (fail-pause request): " + change
-				}
-				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s", h.Revision, times.at(h.Time), terminalSafe(dash(events.DisplayType(h.Type))), terminalSafe(dash(h.Source)), terminalSafe(dash(change)))
-				if format == outWide {
-					fmt.Fprintf(tw, "\t%s", terminalSafe(dash(h.EventID)))
-				}
-				fmt.Fprintln(tw)
-			}
-			return tw.Flush()
+			return printHistoryTable(cmd.OutOrStdout(), out, format == outWide)
 		},
 	}
-	addOutput(cmd, &output, outTable, outWide, outJSON, outYAML)
+	addOutput(cmd, &output, outTable, outWide, outJSON, outYAML, outName)
 	cmd.Flags().BoolVar(&all, "all", false, "also show the messages that changed nothing (refused fail-pause requests, NATS server replies)")
 	addConn(cmd, &conn, false)
 	return cmd
+}
+
+// printHistoryTable prints one row a record; wide adds each event's id.
+func printHistoryTable(w io.Writer, out []historyRecord, wide bool) error {
+	times := timesFor(w)
+	tw := newTable(w)
+	head := "REVISION\tTIME\tTYPE\tSOURCE\tCHANGE"
+	if wide {
+		head += "\tEVENT ID"
+	}
+	fmt.Fprintln(tw, head)
+	for _, h := range out {
+		change := strings.Join(h.Changes, "; ")
+		switch {
+		case h.Refused != "":
+			change = "REFUSED, changed nothing: " + h.Refused
+		case h.Error != "":
+			change = "cannot be applied: " + h.Error
+		case h.FailPause:
+			change = "on failure (fail-pause request): " + change
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s", h.Revision, times.at(h.Time), terminalSafe(dash(events.DisplayType(h.Type))), terminalSafe(dash(h.Source)), terminalSafe(dash(change)))
+		if wide {
+			fmt.Fprintf(tw, "\t%s", terminalSafe(dash(h.EventID)))
+		}
+		fmt.Fprintln(tw)
+	}
+	return tw.Flush()
+}
+
+// printHistoryNames prints the name of each record's event, as audit -o
+// name does; a message that is no event (a NATS server's reply, one that
+// cannot be decoded) has none and is left out.
+func printHistoryNames(w io.Writer, recs []historyRecord) error {
+	for _, h := range recs {
+		if h.EventID == "" {
+			continue
+		}
+		if _, err := fmt.Fprintf(w, "%s%s\n", eventNamePrefix, terminalSafe(h.EventID)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // changeSummary says what one config event did, from the previous state.

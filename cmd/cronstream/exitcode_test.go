@@ -22,6 +22,9 @@ func TestExitCodes(t *testing.T) {
 	e.ok("sync", "-f", inSync)
 	drift := writeFile(t, "drift.yaml", "entries:\n  - {id: synced, cron: '@hourly', task: {type: t}}\n")
 	invalid := writeFile(t, "invalid.yaml", "entries:\n  - {id: synced, cron: nope, task: {type: t}}\n")
+	// The values entry put refuses from its flags, refused from a file.
+	badCron := writeFile(t, "bad-cron.yaml", "entries:\n  - {id: x, cron: '61 * * * *', task: {type: t}}\n")
+	badZone := writeFile(t, "bad-zone.yaml", "entries:\n  - {id: x, cron: '@daily', timezone: Mars/Olympus, task: {type: t}}\n")
 	cases := []struct {
 		name   string
 		args   []string
@@ -38,7 +41,9 @@ func TestExitCodes(t *testing.T) {
 		{"dry run with drift", []string{"sync", "-f", drift, "--dry-run", "--detailed-exitcode"}, 2, ""},
 		{"dry run with drift, json", []string{"sync", "-f", drift, "--dry-run", "--detailed-exitcode", "--json"}, 2, ""},
 		{"dry run without --detailed-exitcode", []string{"sync", "-f", drift, "--dry-run"}, 0, ""},
-		{"dry run of an invalid file", []string{"sync", "-f", invalid, "--dry-run", "--detailed-exitcode"}, 1, "cron"},
+		{"dry run of an invalid file", []string{"sync", "-f", invalid, "--dry-run", "--detailed-exitcode"}, 64, "cron"},
+		{"invalid cron in a file", []string{"sync", "-f", badCron}, 64, "cron"},
+		{"invalid timezone in a file", []string{"sync", "-f", badZone}, 64, "timezone"},
 		{"detailed-exitcode without dry run", []string{"sync", "-f", drift, "--detailed-exitcode"}, 64, "--dry-run"},
 		{"entry not found", []string{"entry", "get", "nope"}, 3, "not found"},
 		{"rm not found", []string{"entry", "rm", "nope"}, 3, "not found"},

@@ -62,7 +62,7 @@ const exitStatusHelp = `Exit status:
   3   not found (an entry that does not exist, or never did for audit --entry)
   4   revision conflict (--if-revision, a concurrent change, or a bulk write's entry changed since shown)
   5   NATS or Redis unavailable (also a follow told --exit-on-disconnect)
-  64  usage: bad flags, arguments or values (the field named), or more changes than --max-changes without --yes`
+  64  usage: bad flags, arguments or values, in flags or a schedules file (the field named), or more changes than --max-changes without --yes`
 
 // Sentinel errors that choose an exit status; exitStatus maps them, and
 // the errors of the packages below, in this one place.

@@ -38,13 +38,22 @@ func TestOutputFlagEverywhere(t *testing.T) {
 			t.Errorf("%v lacks %q:\n%s", c.args, c.want, out)
 		}
 	}
-	for _, args := range [][]string{
-		{"entry", "get", "out", "-o", "bogus"},
-		{"entry", "history", "out", "-o", "name"},
-		{"forecast", "-o", "json", "--json", "-o", "yaml"},
+	// History's rows are events, named as audit names them: its two
+	// config events, the same names audit gives them.
+	names := e.ok("entry", "history", "out", "-o", "name")
+	if strings.Count(names, "event/") != 2 || names != e.ok("audit", "--entry", "out", "-o", "name") {
+		t.Errorf("entry history -o name:\n%s\nwant the two lines audit --entry out -o name prints", names)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"entry", "get", "out", "-o", "bogus"}, "use table, wide, json, yaml, name"},
+		{[]string{"entry", "describe", "out", "-o", "name"}, "use table, wide, json, yaml"},
+		{[]string{"forecast", "-o", "json", "--json", "-o", "yaml"}, "-o"},
 	} {
-		if r := e.run(args...); r.code != exitUsage || !strings.Contains(r.stderr, "-o") {
-			t.Errorf("%v: exit %d, want %d naming -o\n%s", args, r.code, exitUsage, r)
+		if r := e.run(c.args...); r.code != exitUsage || !strings.Contains(r.stderr, c.want) {
+			t.Errorf("%v: exit %d, want %d saying %q\n%s", c.args, r.code, exitUsage, c.want, r)
 		}
 	}
 }

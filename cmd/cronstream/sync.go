@@ -106,7 +106,9 @@ File format (the entry state's field names; durations as 30s, 10m, 1h):
 
 --dry-run --detailed-exitcode exits 0 when the entries already match the
 file, 2 when the plan has changes, 1 on an error (as terraform plan does):
-a CI job can gate on drift.
+a CI job can gate on drift. With or without --dry-run, an invalid file
+(or one over --max-file-size) exits 64, as entry put does for the same
+value in a flag; a file that cannot be read exits 1, NATS unreachable 5.
 
 --watch re-reads the file and syncs on an interval until interrupted; a
 file that becomes invalid is reported and the current entries are kept,
@@ -127,7 +129,7 @@ its size for ordinary entries, at most 256 times (plus 8 MiB) for the
 costliest YAML, so the default bounds a hostile file at about 1 GiB.`,
 		Example: `  cronstream sync -f schedules.yaml --dry-run
   cronstream sync -f schedules.yaml --prune
-  cronstream sync -f schedules.yaml --dry-run --detailed-exitcode   # 0 in sync, 2 drift, 1 error
+  cronstream sync -f schedules.yaml --dry-run --detailed-exitcode   # 0 in sync, 2 drift, 64 invalid file, 1 error
   cronstream sync -f schedules.yaml --owner team-billing --prune --watch 1m
   cronstream sync -f schedules.yaml --selector team=payments --prune
   generate-schedules | cronstream sync -f -`,
@@ -142,7 +144,7 @@ costliest YAML, so the default bounds a hostile file at about 1 GiB.`,
 	fl.BoolVar(&f.dryRun, "dry-run", false, "print the plan (+ create, ~ update, - remove) and publish nothing")
 	fl.StringVar(&f.owner, "owner", configsync.DefaultOwner, "owner label of the entries this file manages")
 	addSelector(cmd, &f.selector, "manage only entries whose labels match", ": others in the file are left out, others live are never pruned")
-	fl.BoolVar(&f.detail, "detailed-exitcode", false, "with --dry-run: exit 0 when nothing would change, 2 when the plan has changes, 1 on error")
+	fl.BoolVar(&f.detail, "detailed-exitcode", false, "with --dry-run: exit 0 when nothing would change, 2 when the plan has changes (64 for an invalid file, 1 on another error)")
 	fl.DurationVar(&f.watch, "watch", 0, "re-sync on this interval until interrupted (e.g. 1m)")
 	fl.BoolVar(&g.json, "json", false, "print the plan and its outcome as JSON")
 	fl.Var(&f.maxSize, "max-file-size", "refuse a schedules file larger than this, before reading it (bytes, or with KiB, MiB)")
@@ -256,7 +258,9 @@ func (f *syncFlags) load(cmd *cobra.Command) ([]configsync.Config, error) {
 	case errors.Is(err, configsync.ErrFileTooLarge):
 		return nil, usagef("%v; nothing was published (--max-file-size raises the limit)", err)
 	case errors.Is(err, configsync.ErrInvalidConfig):
-		return nil, fmt.Errorf("%w\nnothing was published", err)
+		// A value refused in the file is the value entry put refuses from
+		// its flag: the same usage error (64), whichever way it came.
+		return nil, usageError{fmt.Errorf("%w\nnothing was published", err)}
 	}
 	return cfgs, err
 }

@@ -89,7 +89,7 @@ func TestSyncFileSizeLimit(t *testing.T) {
 	if r := e.run("sync", "-f", long, "--dry-run"); r.code != exitUsage {
 		t.Errorf("5 MB under the default limit: %s", r)
 	}
-	if r := e.run("sync", "-f", long, "--max-file-size", "8MiB", "--dry-run"); r.code != exitError || !strings.Contains(r.stderr, `"entries" must be a list`) {
+	if r := e.run("sync", "-f", long, "--max-file-size", "8MiB", "--dry-run"); r.code != exitUsage || !strings.Contains(r.stderr, `"entries" must be a list`) {
 		t.Errorf("malformed file within a raised limit: %s", r)
 	}
 }
