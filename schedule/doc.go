@@ -1,8 +1,7 @@
 // Package schedule is cronstream's schedule math: when an entry's ticks
 // fall (Schedule, from its cron spec or @every interval, time zone,
 // active window, exclusions and jitter), the asynq task id of a tick
-// (TaskID, TaskEntry), the replica that takes a piece of work among the
-// live ones (PrimaryOf), the entry and tick an activity event id names
+// (TaskID, TaskEntry), the entry and tick an activity event id names
 // (ParseActivityID), and what became of one attempt to fire a tick
 // (Outcome, FireStatus).
 //

@@ -300,7 +300,7 @@ func (m *Manager) publish(changed bool) {
 		m.version++
 	}
 	m.owned.Store(&schedule.OwnedShards{Version: m.version, Until: until})
-	m.m.Owned.Set(float64(len(until)))
+	m.m.Owned.Set(float64(m.validCount()))
 	m.publishDuties(until)
 	if !changed {
 		return
@@ -313,6 +313,20 @@ func (m *Manager) publish(changed bool) {
 		default:
 		}
 	}
+}
+
+// validCount counts the shards whose leases this replica holds and may
+// fire by its clock. A shard stays in held while its lease lapses unrenewed
+// (cut off, or the loop stuck) and nobody takes it, so it is taken again
+// without a change of the owned set; it is not owned meanwhile.
+func (m *Manager) validCount() int {
+	now, n := m.clock.Mono(), 0
+	for _, h := range m.held {
+		if h.releasing == 0 && now.Before(m.validUntil(h)) {
+			n++
+		}
+	}
+	return n
 }
 
 // validUntil is until when h's lease is surely still valid by the local

@@ -74,14 +74,9 @@ func (m *Manager) observe(now clock.Mono, v taskstate.ShardLeaseView, leases map
 	m.m.NotLive.Set(float64(sum(notLive)))
 	m.m.OldestRenewal.Set(oldest.Seconds())
 	m.watch.freshness(m, unowned, mineUnowned, notLive)
-	r := &Report{Shards: len(m.shards), Desired: m.assign.mine, UnownedCount: len(unowned), NotLive: sum(notLive),
+	r := &Report{Shards: len(m.shards), Owned: m.validCount(), Desired: m.assign.mine, UnownedCount: len(unowned), NotLive: sum(notLive),
 		OldestRenewal: oldest.Seconds(), Problem: m.watch.problem(),
 		HandoversIn: m.handedIn.Load(), HandoversOut: m.handedOut.Load(), Takeovers: m.tookOver.Load()}
-	for _, h := range m.held {
-		if h.releasing == 0 {
-			r.Owned++
-		}
-	}
 	for _, s := range firstOf(unowned, 8) {
 		r.Unowned = append(r.Unowned, s.String())
 	}

@@ -37,6 +37,13 @@ func readyz(addr string) (int, string) {
 // authErrors reads cronstream_auth_errors_total{system} from /metrics.
 func authErrors(t *testing.T, addr, system string) float64 {
 	t.Helper()
+	return metricValue(t, addr, `cronstream_auth_errors_total{system="`+system+`"}`)
+}
+
+// metricValue reads one series (its name and labels as /metrics prints
+// them) from /metrics.
+func metricValue(t *testing.T, addr, series string) float64 {
+	t.Helper()
 	c := http.Client{Timeout: 2 * time.Second}
 	resp, err := c.Get("http://" + addr + "/metrics")
 	if err != nil {
@@ -44,9 +51,9 @@ func authErrors(t *testing.T, addr, system string) float64 {
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	m := regexp.MustCompile(`(?m)^cronstream_auth_errors_total\{system="` + system + `"\} (\S+)$`).FindSubmatch(b)
+	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(series) + ` (\S+)$`).FindSubmatch(b)
 	if m == nil {
-		t.Fatalf("no cronstream_auth_errors_total{system=%q} in /metrics", system)
+		t.Fatalf("no %s in /metrics", series)
 	}
 	v, err := strconv.ParseFloat(string(m[1]), 64)
 	if err != nil {
@@ -58,6 +65,13 @@ func authErrors(t *testing.T, addr, system string) float64 {
 // startWatched runs a replica until the test ends and returns its HTTP
 // address once it is ready, and its log.
 func startWatched(t *testing.T, cfg Config) (string, *testlog.Buffer, <-chan error) {
+	t.Helper()
+	_, addr, logs, done := runWatched(t, cfg)
+	return addr, logs, done
+}
+
+// runWatched is startWatched that returns the replica too.
+func runWatched(t *testing.T, cfg Config) (*Replica, string, *testlog.Buffer, <-chan error) {
 	t.Helper()
 	logs := &testlog.Buffer{}
 	cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
@@ -81,13 +95,13 @@ func startWatched(t *testing.T, cfg Config) (string, *testlog.Buffer, <-chan err
 	select {
 	case addr := <-ready:
 		testenv.Eventually(t, 20*time.Second, func() bool { code, _ := readyz(addr); return code == http.StatusOK }, "never ready:\n%s", logs)
-		return addr, logs, done
+		return r, addr, logs, done
 	case err := <-done:
 		t.Fatalf("Run: %v\n%s", err, logs)
 	case <-time.After(30 * time.Second):
 		t.Fatalf("replica did not start:\n%s", logs)
 	}
-	return "", nil, nil
+	return nil, "", nil, nil
 }
 
 // TestRedisRefusalAfterStartup: when Redis starts refusing a running

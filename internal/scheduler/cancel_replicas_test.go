@@ -12,13 +12,13 @@ import (
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
-	"github.com/cronstream/cronstream/schedule"
 )
 
 // TestOverlapCancelPreviousAcrossReplicaKill: the cancel-previous run of
-// TestOverlapCancelPreviousWithRealWorker with three replicas, the entry's
-// primary killed after two replacements (no flush, no lease release, its
-// heartbeat left to expire). The others take the entry over: the held tick
+// TestOverlapCancelPreviousWithRealWorker with three replicas, the owner of
+// the entry's shard killed after two replacements (no flush, no lease
+// release, its heartbeat left to expire). The others take the entry over
+// once its lease lapses: the held tick
 // and the cancellations the killed replica left are finished by them, no
 // tick is handled twice, never two tasks of the entry run at once, and no
 // cancelled task stays in retry.
@@ -28,7 +28,8 @@ func TestOverlapCancelPreviousAcrossReplicaKill(t *testing.T) {
 		t.Skip("-short: a run of several seconds with three replicas and a real asynq worker")
 	}
 	e := newEnv(t)
-	e.put(every("cank", "@every 1s", func(en *events.Entry) { en.Overlap = events.OverlapCancelPrevious }))
+	entry := every("cank", "@every 1s", func(en *events.Entry) { en.Overlap = events.OverlapCancelPrevious })
+	e.put(entry)
 
 	w := startCancellableWorker(t, e)
 	nodes := map[string]*node{}
@@ -43,7 +44,22 @@ func TestOverlapCancelPreviousAcrossReplicaKill(t *testing.T) {
 		return n
 	}
 	testenv.Eventually(t, 30*time.Second, func() bool { return deleted() >= 2 }, "two running tasks replaced")
-	victim := schedule.PrimaryOf("cank", nodes["a"].members.Live())
+	// The shards are handed over to their desired owners after the
+	// start; once each replica holds its share, the lease of the entry's
+	// shard stays where it is until the kill.
+	settledOwners(t, []string{entry.Options.QueueName()}, 20*time.Second, nodes["a"], nodes["b"], nodes["c"])
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		for _, nd := range nodes {
+			if r := nd.own.Report(); r.Owned != r.Desired {
+				return false
+			}
+		}
+		return true
+	}, "each replica to hold its share")
+	victim := e.leaseHolder(events.ShardOfEntry(entry.Options.QueueName(), entry.ID))
+	if nodes[victim] == nil {
+		t.Fatalf("the lease of the entry's shard is held by %q, not one of the replicas", victim)
+	}
 	nodes[victim].crash()
 	delete(nodes, victim)
 	killedAt := deleted()

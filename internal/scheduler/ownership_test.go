@@ -60,6 +60,22 @@ func settledOwners(t *testing.T, queues []string, timeout time.Duration, nodes .
 	}, "every shard of %v owned by one of the replicas", queues)
 }
 
+// leaseHolder returns the replica whose lease on shard Redis holds ("" when
+// none does).
+func (e *env) leaseHolder(shard events.Shard) string {
+	e.t.Helper()
+	v, err := e.store.ShardLeases(testenv.Context(e.t, 5*time.Second), testNames.Prefix(), []string{shard.Queue}, false)
+	if err != nil {
+		e.t.Fatalf("read the shard leases: %v", err)
+	}
+	for _, l := range v.Leases {
+		if l.Shard == shard {
+			return l.Holder
+		}
+	}
+	return ""
+}
+
 // checkOnceFrom asserts that each of ids fired every tick from from to
 // the last one it fired, each once, and that no tick was recorded as
 // missed; it returns the ledgers.

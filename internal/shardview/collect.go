@@ -20,8 +20,9 @@ import (
 type Report struct {
 	// Shards is the number of shards (queues × events.ShardsPerQueue).
 	Shards int `json:"shards"`
-	// Owned is how many this replica holds; Desired how many it should
-	// hold by its view of the membership.
+	// Owned is how many this replica holds with a lease still valid by
+	// its clock (it fires them); Desired how many it should hold by its
+	// view of the membership.
 	Owned   int `json:"owned"`
 	Desired int `json:"desired"`
 	// Unowned are the shards without a lease for longer than a takeover
