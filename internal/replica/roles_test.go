@@ -54,8 +54,8 @@ func TestExpectedRefusalsStopNothing(t *testing.T) {
 // TestReplicasBucketMovedToFile: a bucket an earlier build kept in memory
 // is reported by a replica (CreateMissing: a difference, the bucket left
 // as it is) and moved to file by `streams apply` (Apply: deleted and made
-// again), keeping its name and settings; a bucket with a republish is
-// refused in every mode.
+// again), keeping its name and settings; a bucket with a republish, or
+// made as a mirror, is refused in every mode, naming the route.
 func TestReplicasBucketMovedToFile(t *testing.T) {
 	t.Parallel()
 	ns := testenv.StartNATS(t)
@@ -87,6 +87,16 @@ func TestReplicasBucketMovedToFile(t *testing.T) {
 		var sc *events.StreamConflictError
 		if _, _, err := SyncReplicasBucket(ctx, js, want, mode); !errors.As(err, &sc) || sc.Field != "republish" {
 			t.Errorf("mode %d: %v, want a conflict on republish", mode, err)
+		}
+	}
+	mirrored := events.MustNames("mirrorbucket")
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: mirrored.ReplicasStream(), Mirror: &jetstream.StreamSource{Name: names.ReplicasStream()}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, mode := range []events.StreamMode{events.CreateMissing, events.Apply, events.DryRun} {
+		var sc *events.StreamConflictError
+		if _, _, err := SyncReplicasBucket(ctx, js, ReplicasBucketConfig(mirrored, 1, DefaultUnresponsiveFor), mode); !errors.As(err, &sc) || sc.Field != "mirror" {
+			t.Errorf("mode %d: %v, want a conflict on mirror", mode, err)
 		}
 	}
 	// A running replica's check reports it (error line, heartbeat
