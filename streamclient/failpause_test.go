@@ -343,8 +343,9 @@ func TestFailPauseNeedsTheSubject(t *testing.T) {
 // TestStreamWriteRoutesRefused: a mirror, sources, a subject transform or
 // a republish on cronstream's streams makes the server write them other
 // than a client's publish: SyncStreams refuses such a stream in every mode
-// (a replica does not start on it, `streams apply` does not change it) and
-// StreamWriteRoutes names it; another stream republishing onto
+// (a replica does not start on it, `streams apply` does not change it),
+// naming the route (a mirror as a mirror, not by its lack of subjects),
+// and StreamWriteRoutes names it; another stream republishing onto
 // cronstream's subjects is named by RepublishInto.
 func TestStreamWriteRoutesRefused(t *testing.T) {
 	t.Parallel()
@@ -365,6 +366,8 @@ func TestStreamWriteRoutesRefused(t *testing.T) {
 		{"subject_transform", func(c *jetstream.StreamConfig) {
 			c.SubjectTransform = &jetstream.SubjectTransformConfig{Source: ">", Destination: ">"}
 		}},
+		// A mirror has no subjects: it is written only by the server.
+		{"mirror", func(c *jetstream.StreamConfig) { c.Mirror, c.Subjects = &jetstream.StreamSource{Name: "OTHER"}, nil }},
 	} {
 		t.Run(tc.field, func(t *testing.T) {
 			names := contract.MustNames("route-" + strings.ReplaceAll(tc.field, "_", "-"))

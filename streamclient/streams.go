@@ -254,13 +254,15 @@ func checkStreamConflicts(have, want jetstream.StreamConfig, auditLog bool) erro
 	conflict := func(field string, existing, wanted any) error {
 		return &StreamConflictError{Stream: want.Name, Field: field, Existing: fmt.Sprint(existing), Wanted: fmt.Sprint(wanted)}
 	}
-	haveSubjects, wantSubjects := slices.Sorted(slices.Values(have.Subjects)), slices.Sorted(slices.Values(want.Subjects))
-	if !slices.Equal(haveSubjects, wantSubjects) && !(auditLog && missingFailPause(have, want)) {
-		return conflict("subjects", haveSubjects, wantSubjects)
-	}
+	// A write route first: a mirror has no subjects of its own, and is
+	// named as what it is rather than as subjects that differ.
 	if route := WriteRoute(have); route != "" {
 		field, value, _ := strings.Cut(route, " ")
 		return conflict(field, value, "none")
+	}
+	haveSubjects, wantSubjects := slices.Sorted(slices.Values(have.Subjects)), slices.Sorted(slices.Values(want.Subjects))
+	if !slices.Equal(haveSubjects, wantSubjects) && !(auditLog && missingFailPause(have, want)) {
+		return conflict("subjects", haveSubjects, wantSubjects)
 	}
 	switch {
 	case have.Storage != want.Storage:

@@ -14,8 +14,10 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/replica"
 	"github.com/cronstream/cronstream/internal/testenv"
 )
 
@@ -236,7 +238,9 @@ func TestNATSPermissions(t *testing.T) {
 
 // TestPermissionsFileReplicaUsers: the per-replica users of the
 // permissions file have exactly the shared replica user's permissions
-// but the heartbeat, which is their own id's only.
+// but the heartbeat, which is their own id's only; in the bucket `streams
+// apply` makes, a write on its own key cannot remove another's heartbeat
+// (replicaRollupRefused).
 func TestPermissionsFileReplicaUsers(t *testing.T) {
 	t.Parallel()
 	opts, err := server.ProcessConfigFile(permissionsConfig(t))
@@ -272,6 +276,64 @@ func TestPermissionsFileReplicaUsers(t *testing.T) {
 				t.Errorf("user %s may publish on %s", user, s)
 			}
 		}
+	}
+	replicaRollupRefused(t)
+}
+
+// replicaRollupRefused: as cronstream-1, with cronstream-2's heartbeat in
+// the bucket `streams apply` made, a publish on its own key with a
+// rollup header (all: purge the whole bucket; sub: purge its own key) is
+// refused by the stream and cronstream-2's heartbeat stays, as `status`
+// reads it. Its own puts and the delete of a stopping replica still work.
+func replicaRollupRefused(t *testing.T) {
+	n, url := permissionsServer(t)
+	streams := &cliEnv{t: t, nats: n, vars: append(baseEnv(), "CRONSTREAM_NATS="+url("cronstream-streams"), "CRONSTREAM_REDIS=redis://127.0.0.1:1")}
+	streams.ok("streams", "apply")
+	names := events.MustNames("")
+	ctx := testenv.Context(t, 30*time.Second)
+	bucket := func(a *attacker) jetstream.KeyValue {
+		kv, err := a.js.KeyValue(ctx, names.ReplicasBucket())
+		if err != nil {
+			t.Fatalf("%s: open the bucket: %v", a.user, err)
+		}
+		return kv
+	}
+	one, two := connectAs(t, "cronstream-1", url("cronstream-1")), connectAs(t, "cronstream-2", url("cronstream-2"))
+	kv1, kv2 := bucket(one), bucket(two)
+	if _, err := kv2.Put(ctx, "cronstream-2", []byte(`{"id":"cronstream-2"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv1.Put(ctx, "cronstream-1", []byte(`{"id":"cronstream-1"}`)); err != nil {
+		t.Fatal(err)
+	}
+	auditor := connectAs(t, "cronstream-auditor", url("cronstream-auditor"))
+	heartbeats := func() []string {
+		infos, err := replica.ListReplicas(ctx, auditor.js, names)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for _, i := range infos {
+			ids = append(ids, i.ID)
+		}
+		return ids
+	}
+	for _, rollup := range []string{jetstream.MsgRollupAll, jetstream.MsgRollupSubject} {
+		h := nats.Header{}
+		h.Set(jetstream.MsgRollup, rollup)
+		_, err := one.js.PublishMsg(one.attempt(t), &nats.Msg{Subject: "$KV." + names.ReplicasBucket() + ".cronstream-1", Header: h, Data: []byte(`{"id":"cronstream-1"}`)})
+		if err == nil {
+			t.Errorf("a rollup %q on its own key was stored", rollup)
+		}
+		if got := heartbeats(); !slices.Contains(got, "cronstream-2") {
+			t.Fatalf("after a rollup %q of cronstream-1: heartbeats %v, cronstream-2's is gone", rollup, got)
+		}
+	}
+	if err := kv1.Delete(ctx, "cronstream-1"); err != nil {
+		t.Fatalf("a stopping replica's delete: %v", err)
+	}
+	if got := heartbeats(); !slices.Equal(got, []string{"cronstream-2"}) {
+		t.Fatalf("after cronstream-1's delete: heartbeats %v, want cronstream-2's alone", got)
 	}
 }
 

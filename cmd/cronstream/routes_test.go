@@ -173,6 +173,14 @@ var writeRoutes = []struct {
 			RePublish: &jetstream.RePublish{Source: "$KV.CRONSTREAM_REPLICAS.evil", Destination: "cronstream.config.e001"}})
 		return err
 	}},
+	{"create a stream mirroring the config stream", everyone, false, func(t *testing.T, a *attacker) error {
+		_, err := a.js.CreateStream(a.attempt(t), jetstream.StreamConfig{Name: "EVIL", Mirror: &jetstream.StreamSource{Name: "CRONSTREAM_CONFIG"}})
+		return err
+	}},
+	{"create the replicas bucket as a mirror of the activity stream", but("cronstream-streams"), false, func(t *testing.T, a *attacker) error {
+		_, err := a.js.CreateStream(a.attempt(t), jetstream.StreamConfig{Name: "KV_CRONSTREAM_REPLICAS", Mirror: &jetstream.StreamSource{Name: "CRONSTREAM_ACTIVITY"}})
+		return err
+	}},
 	{"a push consumer delivering into a config subject", everyone, false, func(t *testing.T, a *attacker) error {
 		// The server delivers only where someone subscribes, and no role
 		// may subscribe there.
@@ -230,8 +238,8 @@ var routeUsers = []string{"cronstream-replica", "cronstream-1", "cronstream-oper
 // server, or stores nothing any reader of the configuration applies:
 // `entry history` and `entry get` stay as they were, and no entry is
 // quarantined. The streams role, the one that administers streams, may add
-// a republish: `streams apply` and a starting replica then refuse the
-// stream, naming the route.
+// a republish or make the bucket a mirror: `streams apply` and a starting
+// replica then refuse the stream, naming the route.
 func TestConfigWriteRoutes(t *testing.T) {
 	t.Parallel()
 	n, url := permissionsServer(t)
@@ -365,5 +373,29 @@ func TestConfigWriteRoutes(t *testing.T) {
 			t.Fatal(err)
 		}
 		streams.ok("streams", "apply")
+	})
+
+	t.Run("the streams role makes the bucket a mirror", func(t *testing.T) {
+		// A mirror cannot be added to an existing stream: the streams
+		// role, which may delete the bucket, makes it again as one.
+		st := connectAs(t, "cronstream-streams", url("cronstream-streams"))
+		if err := st.js.DeleteStream(st.attempt(t), "KV_CRONSTREAM_REPLICAS"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.js.CreateStream(st.attempt(t), jetstream.StreamConfig{Name: "KV_CRONSTREAM_REPLICAS", Mirror: &jetstream.StreamSource{Name: "CRONSTREAM_ACTIVITY"}}); err != nil {
+			t.Fatal(err)
+		}
+		if msg := streams.fail("streams", "apply"); !strings.Contains(msg, "mirror") {
+			t.Errorf("streams apply on a mirrored bucket: %s", msg)
+		}
+		p := start(t, env("cronstream-1").vars, "run", "--http", "", "--replica-id", "cronstream-1")
+		if code := p.stop(syscall.Signal(0), 20*time.Second); code == 0 || !strings.Contains(p.Stderr(), "mirror") {
+			t.Errorf("a replica started on a mirrored bucket: exit %d\n%s", code, p.Stderr())
+		}
+		if err := st.js.DeleteStream(st.attempt(t), "KV_CRONSTREAM_REPLICAS"); err != nil {
+			t.Fatal(err)
+		}
+		streams.ok("streams", "apply")
+		unchanged(t, "after the mirrored bucket")
 	})
 }

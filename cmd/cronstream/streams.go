@@ -62,11 +62,14 @@ cannot work are refused before anything changes: an activity max age
 below the activity stream's duplicate window (1h), replicas outside 1-5.
 Stream subjects, storage and retention, and the config stream's audit
 guarantees (no delete, no purge) are never changed: a stream that
-differs in those is reported and left alone. Two changes of this kind are
-made: a config stream made before fail-pause requests gets their
-subjects, and a replicas bucket kept in memory (earlier builds) is
-deleted and made again on file (heartbeats are written again within a
-heartbeat).
+differs in those is reported and left alone. Three changes of this kind
+are made: a config stream made before fail-pause requests gets their
+subjects, a replicas bucket kept in memory (earlier builds) is deleted
+and made again on file (heartbeats are written again within a
+heartbeat), and a replicas bucket that allows rollups (earlier builds)
+is changed in place to refuse them and to write no marker when a
+heartbeat expires: with a rollup, a replica's write on its own key
+would remove every other replica's heartbeat.
 
 Nothing is changed, and the command fails, when a stream or the bucket
 can be written other than by a publish — a mirror, sources, a subject

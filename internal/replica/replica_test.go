@@ -76,6 +76,10 @@ func TestMembershipFollowsReplicas(t *testing.T) {
 	testenv.Eventually(t, 2*time.Second, func() bool { return slices.Equal(a.Live(), []string{"a"}) }, "a still sees b after its stop: %v", a.Live())
 }
 
+// TestMembershipExpiresSilentReplica: a replica that beats once and dies
+// without removing its heartbeat stops being live three of its heartbeat
+// intervals after its beat; the bucket writes nothing when it later drops
+// the heartbeat, so this is the membership's own doing.
 func TestMembershipExpiresSilentReplica(t *testing.T) {
 	ns := testenv.StartNATS(t)
 	js := ns.JetStream(t)
@@ -91,7 +95,7 @@ func TestMembershipExpiresSilentReplica(t *testing.T) {
 	}
 	defer func() { _ = a.Stop(ctx) }()
 	// A replica that beats once and dies without removing its key.
-	b, _ := json.Marshal(Info{ID: "ghost", Beat: time.Now()})
+	b, _ := json.Marshal(Info{ID: "ghost", Beat: time.Now(), Every: "1s"})
 	if _, err := kv.Put(ctx, "ghost", b); err != nil {
 		t.Fatal(err)
 	}

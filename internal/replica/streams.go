@@ -21,96 +21,159 @@ import (
 // (Membership).
 const DefaultUnresponsiveFor = 5 * time.Minute
 
-// ReplicasBucketConfig is the replicas KV bucket: one heartbeat per
-// replica, dropped dropAfter after its last write (DefaultUnresponsiveFor
-// in deployments), with a marker at expiry so watchers learn of it. It is
-// kept on file: after a restart of every NATS node it is still there, so
-// no replica ever needs to create it (`cronstream streams apply` does).
-func ReplicasBucketConfig(names events.Names, replicas int, dropAfter time.Duration) jetstream.KeyValueConfig {
+// ReplicasBucketConfig is the stream of the replicas KV bucket: one
+// heartbeat per replica, dropped dropAfter after its last write
+// (DefaultUnresponsiveFor in deployments). It is the stream the NATS
+// client makes for a bucket but for two settings, which is why it is
+// created as a stream rather than through the client's bucket calls:
+//
+//   - Rollups are not allowed. A publish with a rollup header purges the
+//     whole stream (Nats-Rollup: all), so a replica whose NATS user may
+//     write only its own heartbeat could remove every other one with a
+//     write on its own key. No reader needs them: a replica removes its
+//     heartbeat with a delete, which is a publish like any other.
+//   - No marker is written when a heartbeat expires: the server allows
+//     such markers only with rollups. Readers do not need one: a replica
+//     stops counting another as live three heartbeats after its last
+//     beat, long before the bucket drops it (Membership).
+//
+// It is kept on file: after a restart of every NATS node it is still
+// there, so no replica ever needs to create it (`cronstream streams
+// apply` does).
+func ReplicasBucketConfig(names events.Names, replicas int, dropAfter time.Duration) jetstream.StreamConfig {
 	if replicas <= 0 {
 		replicas = 1
 	}
-	// The server refuses expiry markers kept for less than a second.
+	// At least a second, so the duplicate window (at least 100 ms, and
+	// within the age) always fits.
 	dropAfter = max(dropAfter, time.Second)
-	return jetstream.KeyValueConfig{
-		Bucket:         names.ReplicasBucket(),
-		Description:    "cronstream replicas (heartbeats)",
-		History:        1,
-		TTL:            dropAfter,
-		LimitMarkerTTL: dropAfter,
-		Storage:        jetstream.FileStorage,
-		Replicas:       replicas,
+	return jetstream.StreamConfig{
+		Name:              names.ReplicasStream(),
+		Description:       "cronstream replicas (heartbeats)",
+		Subjects:          []string{"$KV." + names.ReplicasBucket() + ".>"},
+		MaxMsgsPerSubject: 1,
+		MaxAge:            dropAfter,
+		// The NATS client's values for a bucket: its duplicate window is
+		// at most two minutes and never longer than the keys are kept.
+		Duplicates:   min(2*time.Minute, dropAfter),
+		MaxMsgs:      -1,
+		MaxBytes:     -1,
+		MaxMsgSize:   -1,
+		MaxConsumers: -1,
+		Discard:      jetstream.DiscardNew,
+		Storage:      jetstream.FileStorage,
+		Replicas:     replicas,
+		DenyDelete:   true,
+		AllowRollup:  false,
+		AllowDirect:  true,
 	}
 }
 
-// SyncReplicasBucket brings the replicas bucket towards want as mode
-// allows, like events.SyncStreams, and returns the bucket (nil in DryRun
-// when it does not exist) and the differences found. A bucket on another
-// storage (one kept in memory by earlier builds) is deleted and created
-// again in Apply mode: the storage of a stream cannot change in place, and
-// heartbeats are written again within a heartbeat. A bucket with a way for
-// messages to reach it or leave it other than a put (events.WriteRoute)
-// is refused in every mode, as events.SyncStreams refuses such a stream.
-func SyncReplicasBucket(ctx context.Context, js jetstream.JetStream, want jetstream.KeyValueConfig, mode events.StreamMode) (jetstream.KeyValue, []events.StreamChange, error) {
-	stream := "KV_" + want.Bucket
+// SyncReplicasBucket brings the replicas bucket's stream towards want
+// (ReplicasBucketConfig) as mode allows, like events.SyncStreams, and
+// returns the bucket (nil in DryRun when it does not exist) and the
+// differences found. A bucket on another storage (one kept in memory by
+// earlier builds) is deleted and created again in Apply mode: the storage
+// of a stream cannot change in place, and heartbeats are written again
+// within a heartbeat. A bucket that allows rollups (every one made by
+// earlier builds, through the NATS client's bucket calls) is changed in
+// place to refuse them and write no expiry markers. A bucket with a way
+// for messages to reach it or leave it other than a put
+// (events.WriteRoute) is refused in every mode, as events.SyncStreams
+// refuses such a stream.
+func SyncReplicasBucket(ctx context.Context, js jetstream.JetStream, want jetstream.StreamConfig, mode events.StreamMode) (jetstream.KeyValue, []events.StreamChange, error) {
+	bucket := strings.TrimPrefix(want.Name, "KV_") // the NATS client's naming of a bucket's stream
 	for pass := 0; ; pass++ {
-		kv, err := js.KeyValue(ctx, want.Bucket)
-		if errors.Is(err, jetstream.ErrBucketNotFound) {
-			created := []events.StreamChange{{Stream: stream, Field: "stream", Old: "missing", New: "created"}}
+		s, err := js.Stream(ctx, want.Name)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			created := []events.StreamChange{{Stream: want.Name, Field: "stream", Old: "missing", New: "created"}}
 			if mode == events.DryRun {
 				return nil, created, nil
 			}
-			kv, err = js.CreateKeyValue(ctx, want)
-			if errors.Is(err, jetstream.ErrBucketExists) && pass == 0 {
+			_, err = js.CreateStream(ctx, want)
+			if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) && pass == 0 {
 				continue // another replica created it meanwhile
 			}
 			if err != nil {
-				return nil, nil, fmt.Errorf("create replicas bucket %s: %w", want.Bucket, err)
+				return nil, nil, fmt.Errorf("create replicas bucket %s: %w", bucket, err)
 			}
-			return kv, created, nil
+			kv, err := js.KeyValue(ctx, bucket)
+			return kv, created, err
 		}
 		if err != nil {
-			return nil, nil, fmt.Errorf("replicas bucket %s: %w", want.Bucket, err)
-		}
-		s, err := js.Stream(ctx, stream)
-		if err != nil {
-			return nil, nil, fmt.Errorf("replicas bucket %s: %w", want.Bucket, err)
+			return nil, nil, fmt.Errorf("replicas bucket %s: %w", bucket, err)
 		}
 		have := s.CachedInfo().Config
-		if route := events.WriteRoute(have); route != "" {
-			field, value, _ := strings.Cut(route, " ")
-			return nil, nil, &events.StreamConflictError{Stream: stream, Field: field, Existing: value, Wanted: "none"}
+		if err := replicasBucketConflict(have, want); err != nil {
+			return nil, nil, err
 		}
-		if subjects := strings.Join(have.Subjects, ","); subjects != "$KV."+want.Bucket+".>" {
-			return nil, nil, &events.StreamConflictError{Stream: stream, Field: "subjects", Existing: subjects, Wanted: "$KV." + want.Bucket + ".>"}
-		}
-		var changes []events.StreamChange
-		differ := func(field string, old, wanted any) {
-			if old != wanted {
-				changes = append(changes, events.StreamChange{Stream: stream, Field: field, Old: fmt.Sprint(old), New: fmt.Sprint(wanted)})
+		changes := replicasBucketChanges(have, want)
+		if len(changes) > 0 && mode == events.Apply {
+			if err := updateReplicasBucket(ctx, js, have, want); err != nil {
+				return nil, nil, err
 			}
 		}
-		differ("storage", have.Storage, want.Storage)
-		differ("replicas", have.Replicas, want.Replicas)
-		differ("ttl", have.MaxAge, want.TTL)
-		differ("limit_marker_ttl", have.SubjectDeleteMarkerTTL, want.LimitMarkerTTL)
-		if len(changes) == 0 || mode != events.Apply {
-			return kv, changes, nil
-		}
-		if have.Storage != jetstream.StorageType(want.Storage) {
-			if err := js.DeleteKeyValue(ctx, want.Bucket); err != nil && !errors.Is(err, jetstream.ErrBucketNotFound) {
-				return nil, nil, fmt.Errorf("move replicas bucket %s to %s storage: delete: %w", want.Bucket, want.Storage, err)
-			}
-			if kv, err = js.CreateKeyValue(ctx, want); err != nil {
-				return nil, nil, fmt.Errorf("move replicas bucket %s to %s storage: create: %w", want.Bucket, want.Storage, err)
-			}
-			return kv, changes, nil
-		}
-		if kv, err = js.UpdateKeyValue(ctx, want); err != nil {
-			return nil, nil, fmt.Errorf("update replicas bucket %s: %w", want.Bucket, err)
+		kv, err := js.KeyValue(ctx, bucket)
+		if err != nil {
+			return nil, nil, fmt.Errorf("replicas bucket %s: %w", bucket, err)
 		}
 		return kv, changes, nil
 	}
+}
+
+// replicasBucketConflict refuses an existing bucket stream that an update
+// cannot or must not make ours: a write route, other subjects.
+func replicasBucketConflict(have, want jetstream.StreamConfig) error {
+	if route := events.WriteRoute(have); route != "" {
+		field, value, _ := strings.Cut(route, " ")
+		return &events.StreamConflictError{Stream: want.Name, Field: field, Existing: value, Wanted: "none"}
+	}
+	if subjects, wanted := strings.Join(have.Subjects, ","), strings.Join(want.Subjects, ","); subjects != wanted {
+		return &events.StreamConflictError{Stream: want.Name, Field: "subjects", Existing: subjects, Wanted: wanted}
+	}
+	return nil
+}
+
+// replicasBucketChanges lists the settings of the bucket's stream that
+// SyncReplicasBucket owns and that differ from want.
+func replicasBucketChanges(have, want jetstream.StreamConfig) []events.StreamChange {
+	var changes []events.StreamChange
+	differ := func(field string, old, wanted any) {
+		if old != wanted {
+			changes = append(changes, events.StreamChange{Stream: want.Name, Field: field, Old: fmt.Sprint(old), New: fmt.Sprint(wanted)})
+		}
+	}
+	differ("storage", have.Storage, want.Storage)
+	differ("replicas", have.Replicas, want.Replicas)
+	differ("ttl", have.MaxAge, want.MaxAge)
+	differ("allow_rollup_hdrs", have.AllowRollup, want.AllowRollup)
+	differ("limit_marker_ttl", have.SubjectDeleteMarkerTTL, want.SubjectDeleteMarkerTTL)
+	return changes
+}
+
+// updateReplicasBucket makes the existing bucket stream have want: in
+// place, or, for another storage, by deleting and creating it again.
+func updateReplicasBucket(ctx context.Context, js jetstream.JetStream, have, want jetstream.StreamConfig) error {
+	if have.Storage != want.Storage {
+		if err := js.DeleteStream(ctx, want.Name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			return fmt.Errorf("move replicas bucket %s to %s storage: delete: %w", want.Name, want.Storage, err)
+		}
+		if _, err := js.CreateStream(ctx, want); err != nil {
+			return fmt.Errorf("move replicas bucket %s to %s storage: create: %w", want.Name, want.Storage, err)
+		}
+		return nil
+	}
+	next := want
+	// The server cannot switch these back once on. Message TTLs (on with
+	// the expiry markers of earlier builds) then only let a writer make
+	// its own heartbeat expire sooner.
+	next.AllowMsgTTL = have.AllowMsgTTL
+	next.DenyPurge = have.DenyPurge
+	next.Placement, next.Metadata = have.Placement, have.Metadata
+	if _, err := js.UpdateStream(ctx, next); err != nil {
+		return fmt.Errorf("update replicas bucket %s: %w", want.Name, err)
+	}
+	return nil
 }
 
 // openStreams creates the config and activity streams and the replicas
@@ -206,6 +269,10 @@ func streamWarning(names events.Names, c events.StreamChange) (w string, special
 		return fmt.Sprintf("stream %s does not capture %s: this replica cannot pause entries on failure (pause_on_failure) until `cronstream streams apply` adds it", c.Stream, names.FailPauseFilter()), true
 	case c.Field == "storage" && c.Stream == names.ReplicasStream():
 		return fmt.Sprintf("replicas bucket %s is kept in %s: a restart of every NATS node loses it, and replicas then wait until `cronstream streams apply` makes it again; run `cronstream streams apply` to move it to file storage", names.ReplicasBucket(), c.Old), true
+	case c.Field == "allow_rollup_hdrs" && c.Stream == names.ReplicasStream():
+		return fmt.Sprintf("replicas bucket %s allows rollups: a replica's NATS user, which may write only its own heartbeat, can remove every other replica's with one write; run `cronstream streams apply` to refuse them", names.ReplicasBucket()), true
+	case c.Field == "limit_marker_ttl" && c.Stream == names.ReplicasStream():
+		return fmt.Sprintf("replicas bucket %s writes a marker when a heartbeat expires, which the server allows only with rollups; run `cronstream streams apply` to stop it", names.ReplicasBucket()), true
 	}
 	return fmt.Sprintf("stream %s: %s is %s, this replica's flags say %s; left unchanged (`cronstream streams apply` changes it)", c.Stream, c.Field, c.Old, c.New), false
 }
