@@ -314,7 +314,7 @@ func (m *Membership) markLost(cause error) {
 		return
 	}
 	m.lost = true
-	msg := fmt.Sprintf("replicas bucket %s is gone: no replica can beat, so each fires every entry on time itself (the watermark keeps each tick once); this replica beats again once `cronstream streams apply` has made it", m.kv.Bucket())
+	msg := fmt.Sprintf("replicas bucket %s is gone: no replica can beat, so each sees itself alone: it keeps the shards it holds, takes any that go free and hands none over (a lease keeps one holder per shard); this replica beats again once `cronstream streams apply` has made it", m.kv.Bucket())
 	m.mu.Lock()
 	m.missing = msg
 	m.mu.Unlock()
