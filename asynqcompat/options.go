@@ -58,11 +58,16 @@ func (id entryIDOption) Value() any             { return string(id) }
 
 // Configure sets the entry's cronstream fields that asynq has no option for:
 // catch-up, overlap, jitter, labels, exclusions, the active window,
-// max_fires, pause_on_failure (docs/entries.md). f gets the entry as
-// converted from the registration; it may not change the id, cron spec,
-// timezone, task, asynq options, owner or pause state (Register refuses
-// that). These fields are not part of the derived id: changing them updates
-// the entry.
+// max_fires, pause_on_failure, tick_headers (docs/entries.md). f gets the
+// entry as converted from the registration; it may not change the id, cron
+// spec, timezone, task, asynq options, owner or pause state (Register
+// refuses that). These fields are not part of the derived id: changing them
+// updates the entry.
+//
+// A handler learns its task's entry and scheduled tick from the headers
+// cronstream-entry and cronstream-scheduled-at, which each task carries
+// when the entry has tick_headers (e.TickHeaders = true); the task's own
+// headers may then not start with "cronstream-".
 func Configure(f func(e *events.Entry)) asynq.Option { return configureOption{f} }
 
 type configureOption struct{ f func(*events.Entry) }

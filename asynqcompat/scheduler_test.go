@@ -91,6 +91,7 @@ func TestRegister(t *testing.T) {
 			asynqcompat.Configure(func(e *events.Entry) {
 				e.Catchup = events.Catchup{Policy: events.CatchupLatest, Window: events.Duration(time.Hour)}
 				e.Labels = map[string]string{"team": "ops"}
+				e.TickHeaders = true
 			}))
 		if err != nil || got != "nightly-cleanup" {
 			t.Fatalf("EntryID: %q, %v", got, err)
@@ -99,7 +100,7 @@ func TestRegister(t *testing.T) {
 	named("0 3 * * *")
 	named("0 4 * * *")
 	e, _, err = c.Get(ctx, "nightly-cleanup")
-	if err != nil || e.Cron != "0 4 * * *" || e.Catchup.Policy != events.CatchupLatest || e.Labels["team"] != "ops" {
+	if err != nil || e.Cron != "0 4 * * *" || e.Catchup.Policy != events.CatchupLatest || e.Labels["team"] != "ops" || !e.TickHeaders {
 		t.Fatalf("named entry: %+v, %v", e, err)
 	}
 	if n := len(listed(t, c)); n != 3 {
@@ -138,6 +139,8 @@ func TestRegisterRefuses(t *testing.T) {
 		{name: "nil task", spec: "@daily", names: "task is nil"},
 		{name: "Configure changes the task", spec: "@daily", task: task,
 			opts: []asynq.Option{asynqcompat.Configure(func(e *events.Entry) { e.Task.Type = "other" })}, names: "Configure changed"},
+		{name: "reserved header with tick_headers", spec: "@daily", task: asynq.NewTaskWithHeaders("t", nil, map[string]string{"Cronstream-Entry": "x"}),
+			opts: []asynq.Option{asynqcompat.Configure(func(e *events.Entry) { e.TickHeaders = true })}, is: events.ErrInvalidEntry, names: "reserved"},
 		{name: "bad entry id", spec: "@daily", task: task, opts: []asynq.Option{asynqcompat.EntryID("a.b")}, is: events.ErrInvalidEntry, names: "id"},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -62,6 +62,23 @@ func (n Names) ActivityStream() string { return n.streamPrefix() + "_ACTIVITY" }
 // their heartbeat, <P>_REPLICAS.
 func (n Names) ReplicasBucket() string { return n.streamPrefix() + "_REPLICAS" }
 
+// replicaIDPattern is NATS KV's rule for a key, which a replica id must
+// follow: the client refuses any other key.
+var replicaIDPattern = regexp.MustCompile(`^[-/_=.A-Za-z0-9]+$`)
+
+// ValidateReplicaID checks a replica id. It is the key of the replica's
+// heartbeat in the replicas bucket (ReplicasBucket), so it follows NATS
+// KV's rule for keys: one or more of A-Z a-z 0-9 - _ / = and '.', neither
+// starting nor ending with '.' and without "..". It holds no ':' and no
+// space, which the ids built of it rely on (the scheduler id a replica
+// lists its entries under for asynq's tools).
+func ValidateReplicaID(id string) error {
+	if !replicaIDPattern.MatchString(id) || strings.HasPrefix(id, ".") || strings.HasSuffix(id, ".") || strings.Contains(id, "..") {
+		return fmt.Errorf("replica id %q: must be letters, digits and - _ / = . (a key of the replicas bucket), not starting or ending with '.' nor holding \"..\"", id)
+	}
+	return nil
+}
+
 // ReplicasStream is the name of the stream behind the replicas bucket,
 // KV_<P>_REPLICAS.
 func (n Names) ReplicasStream() string { return "KV_" + n.ReplicasBucket() }

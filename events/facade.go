@@ -171,6 +171,7 @@ var (
 	ValidateLabelValue     = contract.ValidateLabelValue
 	ValidateLabels         = contract.ValidateLabels
 	ValidateListedID       = contract.ValidateListedID
+	ValidateReplicaID      = contract.ValidateReplicaID
 	ZonePeriodEnd          = contract.ZonePeriodEnd
 )
 

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"os"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -73,7 +74,8 @@ func waitListed(t *testing.T, rc redis.UniversalClient, n int) {
 // Redis into a schedules file: identical registrations merged, cronstream's
 // own list left out, an option it cannot carry refused (or left out), a
 // time zone that does not fit asynq's next run named. Synced with sync -f,
-// the entries fire into Redis.
+// the entries fire into Redis, and an import beside the replica that
+// fires them leaves out the entries it lists.
 func TestImportAsynq(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, true)
@@ -150,6 +152,21 @@ func TestImportAsynq(t *testing.T) {
 		}
 		return false
 	}, "the imported entry did not fire:\n%s", p.Stderr())
+	// The replica lists the entries it holds under its own scheduler id;
+	// importing again leaves them out.
+	store, own := taskstate.New(rc), taskstate.ReplicaSchedulerID("cronstream", "import-1")
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		ls, err := store.ListSchedulers(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return slices.ContainsFunc(ls, func(l taskstate.ListedScheduler) bool { return l.ID == own && l.Exists && len(l.Entries) == 2 })
+	}, "the replica did not list its entries under %s", own)
+	r = e.run("import", "asynq", "--skip-unsupported")
+	if r.code != 0 || strings.Count(r.stdout, "cron:") != 2 || strings.Contains(r.stdout, "import-1") || strings.Contains(r.stderr, "import-1") ||
+		!strings.Contains(r.stderr, "imported 2 entries from 2 asynq schedulers") {
+		t.Fatalf("import beside a replica that lists its entries:\n%s", r)
+	}
 	if code := p.stop(syscall.SIGTERM, 20*time.Second); code != 0 {
 		t.Fatalf("run exited %d", code)
 	}

@@ -200,6 +200,11 @@ func newReplica(cfg Config) (*Replica, error) {
 	if cfg.ReplicaID == "" {
 		cfg.ReplicaID = DefaultReplicaID() // random: only when unset
 	}
+	// Its heartbeat could never be written: refuse it now rather than
+	// retry the start.
+	if err := events.ValidateReplicaID(cfg.ReplicaID); err != nil {
+		return nil, fmt.Errorf("replica: %w", err)
+	}
 	// A negative value is taken as unset too, as it always was.
 	cfg.Heartbeat = cmp.Or(max(cfg.Heartbeat, 0), DefaultHeartbeat)
 	cfg.ShutdownTimeout = cmp.Or(max(cfg.ShutdownTimeout, 0), DefaultShutdownTimeout)

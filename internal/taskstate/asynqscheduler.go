@@ -6,17 +6,21 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/cronstream/cronstream/contract"
 )
 
 // asynq cron visibility: the records asynq's Scheduler writes so that
 // `asynq cron ls`, `asynq cron history`, asynqmon and the Inspector show
-// periodic entries (docs/asynq-compat.md "Scheduler entries and history"); cronstream writes them for
-// its own entries. All replicas of one tenant share one scheduler id, so each
-// entry is listed once however many replicas run; every replica rewrites the
-// same list on its heartbeat, and the last writer wins with the same content.
+// periodic entries (docs/asynq-compat.md "Scheduler entries and history");
+// cronstream writes them for its own entries. Each replica lists the entries
+// of the shards it owns under a scheduler id of its own
+// (ReplicaSchedulerID), as each asynq scheduler lists its own; replicas of
+// builds before shard ownership shared one id per tenant (SchedulerID).
 
 // PausedSpecPrefix marks a paused entry's spec in asynq's scheduler entries:
 // asynq's SchedulerEntry has no paused field, and the spec is the column
@@ -29,6 +33,9 @@ func PausedSpec(spec string) string { return PausedSpecPrefix + spec }
 // MaxSchedulerHistory is asynq's cap on enqueue events kept per entry.
 const MaxSchedulerHistory = 1000
 
+// schedulerIDHead leads every scheduler id cronstream lists entries under.
+const schedulerIDHead = "cronstream:"
+
 // SchedulerID is the scheduler id replicas of tenant prefix wrote their
 // entries under before shard ownership, all the same list (replicas of
 // earlier builds still do).
@@ -36,13 +43,70 @@ func SchedulerID(prefix string) string {
 	if prefix == "" {
 		prefix = DefaultPrefix
 	}
-	return "cronstream:" + prefix
+	return schedulerIDHead + prefix
 }
 
 // ReplicaSchedulerID is the scheduler id one replica of tenant prefix
 // writes the entries of the shards it owns under, as each asynq scheduler
 // writes its own.
 func ReplicaSchedulerID(prefix, replica string) string { return SchedulerID(prefix) + ":" + replica }
+
+// parseSchedulerID reads an id SchedulerID ("cronstream:<prefix>") or
+// ReplicaSchedulerID ("cronstream:<prefix>:<replica id>") makes: ok with
+// its prefix and, for the second form, its replica id; ok is false for
+// any other id. Neither a prefix nor a replica id holds ':'
+// (contract.NewNames, contract.ValidateReplicaID), so the parts are
+// unambiguous.
+//
+// An asynq scheduler's id is "<host>:<pid>:<uuid>". On a host named
+// "cronstream" it fits the second form too: a decimal pid is a valid
+// prefix and a UUID a valid replica id, so the grammar cannot tell them
+// apart. Such an id is taken for asynq's: read as ours, its entries would
+// silently be left out of an import and its cutover would not wait for
+// it, while the reverse (a tenant whose prefix is only digits and whose
+// replica ids are UUIDs) shows its lists among asynq's schedulers, where
+// the operator sees them.
+func parseSchedulerID(id string) (prefix, replica string, ok bool) {
+	rest, ok := strings.CutPrefix(id, schedulerIDHead)
+	if !ok {
+		return "", "", false
+	}
+	prefix, replica, perReplica := strings.Cut(rest, ":")
+	// NewNames takes "" for the default prefix, which SchedulerID spells.
+	if _, err := contract.NewNames(prefix); prefix == "" || err != nil {
+		return "", "", false
+	}
+	if !perReplica {
+		return prefix, "", true
+	}
+	if contract.ValidateReplicaID(replica) != nil || isDecimal(prefix) && isUUID(replica) {
+		return "", "", false
+	}
+	return prefix, replica, true
+}
+
+func isDecimal(s string) bool {
+	return s != "" && strings.Trim(s, "0123456789") == ""
+}
+
+// isUUID reports whether s is a UUID as asynq writes it in a scheduler id
+// (8-4-4-4-12 hex digits), in either case.
+func isUUID(s string) bool {
+	if len(s) != 36 {
+		return false
+	}
+	for i, c := range s {
+		switch {
+		case i == 8 || i == 13 || i == 18 || i == 23:
+			if c != '-' {
+				return false
+			}
+		case !strings.ContainsRune("0123456789abcdefABCDEF", c):
+			return false
+		}
+	}
+	return true
+}
 
 // WriteSchedulerEntries publishes entries under schedulerID for ttl, as
 // asynq's scheduler heartbeat does: a plain ZADD of the list key into

@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/cronstream/cronstream/contract"
 )
 
 // Reading what asynq's schedulers publish: the lists `cronstream import
@@ -26,17 +24,13 @@ func SchedulerIDOfKey(key string) (id string, ok bool) {
 	return rest[:len(rest)-1], true
 }
 
-// IsOwnSchedulerID reports whether a scheduler id is one cronstream writes
-// its entries under (SchedulerID: "cronstream:" and a tenant prefix). An
-// asynq scheduler's id is "<host>:<pid>:<uuid>", so one on a host named
-// "cronstream" has two more ':'-separated parts and is not taken for ours.
+// IsOwnSchedulerID reports whether a scheduler id is one cronstream lists
+// its entries under, of any tenant: the shared SchedulerID of earlier
+// builds or a replica's ReplicaSchedulerID. An asynq scheduler's id on a
+// host named "cronstream" is not (parseSchedulerID says why).
 func IsOwnSchedulerID(id string) bool {
-	prefix, ok := strings.CutPrefix(id, "cronstream:")
-	if !ok {
-		return false
-	}
-	_, err := contract.NewNames(prefix)
-	return err == nil
+	_, _, ok := parseSchedulerID(id)
+	return ok
 }
 
 // ListedScheduler is one scheduler in asynq:schedulers and the entries of

@@ -4,10 +4,12 @@ import (
 	"context"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
@@ -15,14 +17,37 @@ import (
 	"github.com/cronstream/cronstream/internal/testenv"
 )
 
+// TestIsOwnSchedulerID: both forms cronstream lists its entries under are
+// its own, whatever the tenant prefix and replica id; near misses are not,
+// and neither is a real asynq scheduler on a host named "cronstream".
 func TestIsOwnSchedulerID(t *testing.T) {
 	t.Parallel()
+	asynqOnCronstreamHost := "cronstream:1234:" + uuid.NewString() // asynq's <host>:<pid>:<uuid>
 	for id, want := range map[string]bool{
-		SchedulerID("cronstream"):               true,
-		SchedulerID("team-a"):                   true,
-		"cronstream:1234:9f0e1d2c-uuid":         false, // asynq on a host named cronstream
-		"web-1:4242:2b7d7b5e-2f6a-4fd1-9b7d-aa": false,
+		SchedulerID("cronstream"):                                            true,
+		SchedulerID("team-a"):                                                true,
+		SchedulerID(""):                                                      true,
+		ReplicaSchedulerID("cronstream", "cronstream-1"):                     true,
+		ReplicaSchedulerID("team-a", "web-1-4242-a1b2c3"):                    true, // the default replica id
+		ReplicaSchedulerID("t_1", "pod.ns/x=1_y"):                            true,
+		ReplicaSchedulerID("1234", "web-1"):                                  true, // a numeric prefix alone is no asynq id
+		ReplicaSchedulerID("team-a", "2b7d7b5e-2f6a-4fd1-9b7d-aa0011223344"): true,
+		asynqOnCronstreamHost:                                                false,
+		"cronstream:99:" + strings.ToUpper(uuid.NewString()):                 false,
+		"cronstream.example.com:1234:" + uuid.NewString():                    false,
+		"web-1:4242:2b7d7b5e-2f6a-4fd1-9b7d-aa0011223344":                    false,
+		"cronstream":                            false,
+		"cronstream:":                           false,
+		"cronstream::r1":                        false,
+		"cronstream:team-a:":                    false,
+		"cronstream:team-a:r1:x":                false,
+		"cronstream:team-a:r 1":                 false,
+		"cronstream:team-a:.r1":                 false,
+		"cronstream:team-a:r1.":                 false,
+		"cronstream:team-a:r..1":                false,
 		"cronstream:bad prefix":                 false,
+		"cronstream:bad.prefix:r1":              false,
+		"cronstream:" + strings.Repeat("p", 65): false,
 		"":                                      false,
 	} {
 		if got := IsOwnSchedulerID(id); got != want {
