@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/eventtest"
 	"github.com/cronstream/cronstream/internal/testenv"
 )
 
@@ -160,23 +161,12 @@ func TestCaughtUp(t *testing.T) {
 	const entries, perEntry = 1000, 3
 	ctx := testCtx(t, 60*time.Second)
 	for round := range perEntry {
-		for i := range entries {
-			e := validEntry(fmt.Sprintf("cu%04d", i))
-			e.Note = fmt.Sprint("round ", round)
-			ev, err := events.NewEvent(events.TypeEntryUpdated, "test", e.ID, e)
-			if err != nil {
-				t.Fatal(err)
-			}
-			b, _ := ev.Marshal()
-			if _, err := js.PublishAsync(testNames.ConfigSubject(e.ID), b); err != nil {
-				t.Fatal(err)
-			}
+		batch := make([]events.Entry, entries)
+		for i := range batch {
+			batch[i] = validEntry(fmt.Sprintf("cu%04d", i))
+			batch[i].Note = fmt.Sprint("round ", round)
 		}
-	}
-	select {
-	case <-js.PublishAsyncComplete():
-	case <-ctx.Done():
-		t.Fatal("async publishes not acknowledged")
+		eventtest.Publish(t, js, testNames, events.TypeEntryUpdated, "test", batch, 60*time.Second)
 	}
 	if err := empty.WaitFor(ctx, entries*perEntry); err != nil {
 		t.Fatal(err)

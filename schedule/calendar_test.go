@@ -1,10 +1,12 @@
-package schedule
+package schedule_test
 
 import (
 	"fmt"
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/cronstream/cronstream/internal/firetest"
 )
 
 // The calendar tests compute every expected tick here, by walking dates
@@ -152,7 +154,7 @@ func TestCalendarEnumerated(t *testing.T) {
 		{"15 30 9 ? JAN,JUL SUN#1", ruleMonths(ruleNth(time.Sunday, 1), time.January, time.July)},
 	}
 	for _, c := range cases {
-		s := mustSchedule(t, c.spec, "", 0)
+		s := firetest.Schedule(t, c.spec, "", 0)
 		for _, span := range calendarYears {
 			from := time.Date(span[0], 1, 1, 0, 0, 0, 0, time.UTC)
 			until := time.Date(span[1]+1, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -169,7 +171,7 @@ func TestCalendarEnumerated(t *testing.T) {
 		}
 	}
 	// The same rule written with five fields.
-	five, six := mustSchedule(t, "30 9 LW * *", "", 0), mustSchedule(t, "0 30 9 LW * *", "", 0)
+	five, six := firetest.Schedule(t, "30 9 LW * *", "", 0), firetest.Schedule(t, "0 30 9 LW * *", "", 0)
 	a, _ := five.Ticks(time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), 0)
 	b, _ := six.Ticks(time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), 0)
 	if d := tickDiff(a, b); d != "" || len(a) != 24 {
@@ -307,7 +309,7 @@ func TestCalendarDaylightSaving(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s := mustSchedule(t, c.spec, c.zone, 0)
+		s := firetest.Schedule(t, c.spec, c.zone, 0)
 		for _, span := range spans {
 			got, _ := s.Ticks(span[0], span[1], 0)
 			want := wallTicks(loc, c.rule, c.hours, c.minutes, span[0], span[1])
@@ -342,11 +344,11 @@ func TestCalendarDaylightSavingInstants(t *testing.T) {
 		// and repeats 01:30-02:00 on the first Sunday of April: the first, at +11.
 		{"Australia/Lord_Howe", "0 45 1 ? 4 0#1", "2026-01-01T00:00:00Z", []string{"2026-04-04T14:45:00Z", "2027-04-03T14:45:00Z"}},
 	} {
-		s := mustSchedule(t, c.spec, c.zone, 0)
-		at := utc(c.from)
+		s := firetest.Schedule(t, c.spec, c.zone, 0)
+		at := firetest.UTC(c.from)
 		for i, w := range c.want {
 			at = s.Next(at)
-			if !at.Equal(utc(w)) {
+			if !at.Equal(firetest.UTC(w)) {
 				t.Errorf("%s in %s: tick %d is %s, want %s", c.spec, c.zone, i, at.Format(time.RFC3339), w)
 				break
 			}

@@ -1,32 +1,13 @@
-package schedule
+package schedule_test
 
 import (
 	"testing"
 	"time"
 
 	"github.com/cronstream/cronstream/contract"
+	"github.com/cronstream/cronstream/internal/firetest"
+	"github.com/cronstream/cronstream/schedule"
 )
-
-func mustSchedule(t *testing.T, spec, tz string, jitter time.Duration) *Schedule {
-	t.Helper()
-	e := contract.Entry{ID: "e1", Cron: spec, Timezone: tz, Task: contract.Task{Type: "t"}, Jitter: contract.Duration(jitter)}
-	if err := e.Validate(); err != nil {
-		t.Fatalf("validate %q: %v", spec, err)
-	}
-	s, err := NewSchedule(e)
-	if err != nil {
-		t.Fatalf("NewSchedule(%q): %v", spec, err)
-	}
-	return s
-}
-
-func utc(s string) time.Time {
-	t, err := time.Parse(time.RFC3339, s)
-	if err != nil {
-		panic(err)
-	}
-	return t.UTC()
-}
 
 func TestScheduleNext(t *testing.T) {
 	cases := []struct {
@@ -72,11 +53,11 @@ func TestScheduleNext(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			s := mustSchedule(t, c.spec, c.tz, 0)
-			at := utc(c.from)
+			s := firetest.Schedule(t, c.spec, c.tz, 0)
+			at := firetest.UTC(c.from)
 			for i, w := range c.want {
 				at = s.Next(at)
-				if !at.Equal(utc(w)) {
+				if !at.Equal(firetest.UTC(w)) {
 					t.Fatalf("tick %d: got %s, want %s", i, at.Format(time.RFC3339), w)
 				}
 			}
@@ -85,8 +66,8 @@ func TestScheduleNext(t *testing.T) {
 }
 
 func TestEveryAgreesAcrossStarts(t *testing.T) {
-	s := mustSchedule(t, "@every 1m30s", "", 0)
-	base := utc("2026-05-05T10:00:00Z")
+	s := firetest.Schedule(t, "@every 1m30s", "", 0)
+	base := firetest.UTC("2026-05-05T10:00:00Z")
 	want := s.Next(base)
 	for off := time.Duration(0); off < 90*time.Second; off += 7 * time.Second {
 		// A replica that started later sees the same grid.
@@ -104,10 +85,10 @@ func TestEveryAgreesAcrossStarts(t *testing.T) {
 }
 
 func TestJitter(t *testing.T) {
-	s := mustSchedule(t, "@every 1s", "", 10*time.Second)
-	s2 := mustSchedule(t, "@every 1s", "", 10*time.Second)
+	s := firetest.Schedule(t, "@every 1s", "", 10*time.Second)
+	s2 := firetest.Schedule(t, "@every 1s", "", 10*time.Second)
 	seen := map[time.Duration]bool{}
-	tick := utc("2026-01-01T00:00:00Z")
+	tick := firetest.UTC("2026-01-01T00:00:00Z")
 	for i := 0; i < 500; i++ {
 		tick = s.Next(tick)
 		j := s.Jitter(tick)
@@ -122,13 +103,16 @@ func TestJitter(t *testing.T) {
 	if len(seen) < 8 {
 		t.Fatalf("jitter does not spread: only %d distinct offsets in 500 ticks", len(seen))
 	}
-	if d := mustSchedule(t, "@every 1s", "", 0).Jitter(tick); d != 0 {
+	if d := firetest.Schedule(t, "@every 1s", "", 0).Jitter(tick); d != 0 {
 		t.Fatalf("no jitter configured but got %s", d)
 	}
-	other := mustSchedule(t, "@every 1s", "", 10*time.Second)
-	other.entry = "e2"
+	// The same spec and jitter, another entry.
+	other, err := schedule.NewSchedule(contract.Entry{ID: "e2", Cron: "@every 1s", Task: contract.Task{Type: "t"}, Jitter: contract.Duration(10 * time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
 	same := 0
-	for i, tk := 0, utc("2026-01-01T00:00:00Z"); i < 100; i++ {
+	for i, tk := 0, firetest.UTC("2026-01-01T00:00:00Z"); i < 100; i++ {
 		tk = tk.Add(time.Second)
 		if other.Jitter(tk) == s.Jitter(tk) {
 			same++
@@ -140,8 +124,8 @@ func TestJitter(t *testing.T) {
 }
 
 func TestTicksAndPrev(t *testing.T) {
-	s := mustSchedule(t, "*/10 * * * * *", "", 0)
-	from, until := utc("2026-01-01T00:00:00Z"), utc("2026-01-01T00:01:00Z")
+	s := firetest.Schedule(t, "*/10 * * * * *", "", 0)
+	from, until := firetest.UTC("2026-01-01T00:00:00Z"), firetest.UTC("2026-01-01T00:01:00Z")
 	ticks, more := s.Ticks(from, until, 0)
 	if len(ticks) != 6 || more || !ticks[5].Equal(until) {
 		t.Fatalf("Ticks = %v more=%v, want 6 ending at %s", ticks, more, until)
@@ -150,20 +134,20 @@ func TestTicksAndPrev(t *testing.T) {
 	if len(ticks) != 4 || !more {
 		t.Fatalf("bounded Ticks = %d more=%v", len(ticks), more)
 	}
-	if p := s.Prev(utc("2026-01-01T00:00:35Z"), from); !p.Equal(utc("2026-01-01T00:00:30Z")) {
+	if p := s.Prev(firetest.UTC("2026-01-01T00:00:35Z"), from); !p.Equal(firetest.UTC("2026-01-01T00:00:30Z")) {
 		t.Fatalf("Prev = %s", p)
 	}
-	if p := s.Prev(utc("2026-01-01T00:00:05Z"), from); !p.IsZero() {
+	if p := s.Prev(firetest.UTC("2026-01-01T00:00:05Z"), from); !p.IsZero() {
 		t.Fatalf("Prev before the floor = %s, want zero", p)
 	}
-	e := mustSchedule(t, "@every 10s", "", 0)
-	if p := e.Prev(utc("2026-01-01T00:00:35Z"), from); !p.Equal(utc("2026-01-01T00:00:30Z")) {
+	e := firetest.Schedule(t, "@every 10s", "", 0)
+	if p := e.Prev(firetest.UTC("2026-01-01T00:00:35Z"), from); !p.Equal(firetest.UTC("2026-01-01T00:00:30Z")) {
 		t.Fatalf("@every Prev = %s", p)
 	}
 }
 
 func TestTaskID(t *testing.T) {
-	got := TaskID("cronstream", "daily-report", time.Date(2026, 11, 30, 9, 0, 0, 0, time.FixedZone("x", 3600)))
+	got := schedule.TaskID("cronstream", "daily-report", time.Date(2026, 11, 30, 9, 0, 0, 0, time.FixedZone("x", 3600)))
 	if want := "cronstream:daily-report:2026-11-30T08:00:00Z"; got != want {
 		t.Fatalf("TaskID = %q, want %q", got, want)
 	}
@@ -187,7 +171,7 @@ func TestShortestGap(t *testing.T) {
 		{"*/10 * * * *", "UTC", []string{"10-59/10 * * * *"}, time.Hour},
 	}
 	for _, c := range cases {
-		s, err := NewSchedule(contract.Entry{ID: "g", Cron: c.cron, Timezone: c.tz, Exclude: c.exclude})
+		s, err := schedule.NewSchedule(contract.Entry{ID: "g", Cron: c.cron, Timezone: c.tz, Exclude: c.exclude})
 		if err != nil {
 			t.Fatalf("%s: %v", c.cron, err)
 		}

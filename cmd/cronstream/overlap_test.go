@@ -3,10 +3,9 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"maps"
 	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -108,15 +107,7 @@ func TestOverlapBufferOneThreeReplicas(t *testing.T) {
 	e := newEnv(t, true)
 	e.ok("entry", "put", "buf", "--cron", "@every 1s", "--type", "buf", "--overlap", "buffer-one")
 
-	type run struct{ start, end time.Time }
-	var (
-		mu      sync.Mutex
-		runs    = map[string]*run{}
-		runsOf  = map[string]int{}
-		ended   int
-		running atomic.Int32
-		overlap atomic.Int32
-	)
+	var runs firetest.Runs
 	opt, err := asynq.ParseRedisURI(e.redis.URL)
 	if err != nil {
 		t.Fatal(err)
@@ -126,33 +117,13 @@ func TestOverlapBufferOneThreeReplicas(t *testing.T) {
 	mux := asynq.NewServeMux()
 	mux.HandleFunc("buf", func(ctx context.Context, _ *asynq.Task) error {
 		id, _ := asynq.GetTaskID(ctx)
-		if running.Add(1) > 1 {
-			overlap.Add(1)
-		}
-		defer running.Add(-1)
-		mu.Lock()
-		runs[id] = &run{start: time.Now()}
-		runsOf[id]++
-		mu.Unlock()
-		select { // the work itself, longer than the period
-		case <-time.After(2500 * time.Millisecond):
-		case <-ctx.Done():
-		}
-		mu.Lock()
-		runs[id].end = time.Now()
-		ended++
-		mu.Unlock()
+		runs.Work(ctx, id, 2500*time.Millisecond) // longer than the period
 		return nil
 	})
 	if err := srv.Start(mux); err != nil {
 		t.Fatal(err)
 	}
 	defer srv.Shutdown()
-	endedRuns := func() int {
-		mu.Lock()
-		defer mu.Unlock()
-		return ended
-	}
 
 	replicas := map[string]*proc{}
 	for _, id := range []string{"r1", "r2", "r3"} {
@@ -161,10 +132,10 @@ func TestOverlapBufferOneThreeReplicas(t *testing.T) {
 		testenv.Eventually(t, 30*time.Second, func() bool { return strings.Contains(p.Stderr(), "replica running") },
 			"replica %s did not start:\n%v", id, lazyStderr{p})
 	}
-	testenv.Eventually(t, 30*time.Second, func() bool { return endedRuns() >= 2 }, "two tasks of the entry to run")
+	testenv.Eventually(t, 30*time.Second, func() bool { return runs.Ended() >= 2 }, "two tasks of the entry to run")
 	replicas["r1"].stop(syscall.SIGKILL, 10*time.Second)
-	killedAfter := endedRuns()
-	testenv.Eventually(t, 60*time.Second, func() bool { return endedRuns() >= killedAfter+4 }, "four more tasks after the kill")
+	killedAfter := runs.Ended()
+	testenv.Eventually(t, 60*time.Second, func() bool { return runs.Ended() >= killedAfter+4 }, "four more tasks after the kill")
 	for _, id := range []string{"r2", "r3"} {
 		if code := replicas[id].stop(syscall.SIGTERM, 20*time.Second); code != 0 {
 			t.Errorf("replica %s exited %d:\n%s", id, code, replicas[id].Stderr())
@@ -189,29 +160,21 @@ func TestOverlapBufferOneThreeReplicas(t *testing.T) {
 				}
 			}
 		}
-		mu.Lock()
-		defer mu.Unlock()
-		for id := range fired {
-			if r := runs[id]; r == nil || r.end.IsZero() {
-				return false
-			}
-		}
-		return len(fired) > 0
+		return len(fired) > 0 && runs.Finished(maps.Keys(fired))
 	}, "every fired task to run to its end")
 
-	if n := overlap.Load(); n > 0 {
+	if n := runs.Overlaps(); n > 0 {
 		t.Errorf("%d times two tasks of the entry ran at once", n)
 	}
-	mu.Lock()
-	defer mu.Unlock()
 	for id, n := range fired {
 		if n != 1 {
 			t.Errorf("task %s: %d fired events", id, n)
 		}
 	}
-	for id, n := range runsOf {
-		if n != 1 {
-			t.Errorf("task %s ran %d times", id, n)
+	ran := runs.All()
+	for id, r := range ran {
+		if r.Times != 1 {
+			t.Errorf("task %s ran %d times", id, r.Times)
 		}
 		if fired[id] == 0 {
 			t.Errorf("task %s ran without a fired event", id)
@@ -220,13 +183,14 @@ func TestOverlapBufferOneThreeReplicas(t *testing.T) {
 	slices.SortFunc(ticks, func(x, y time.Time) int { return x.Compare(y) })
 	held := 0
 	for i := 1; i < len(ticks); i++ {
-		prev := runs[schedule.TaskID(events.DefaultPrefix, "buf", ticks[i-1])]
-		cur := runs[schedule.TaskID(events.DefaultPrefix, "buf", ticks[i])]
-		if !ticks[i].Before(prev.end) {
+		// Every fired task ran (Finished above).
+		prev := ran[schedule.TaskID(events.DefaultPrefix, "buf", ticks[i-1])]
+		cur := ran[schedule.TaskID(events.DefaultPrefix, "buf", ticks[i])]
+		if !ticks[i].Before(prev.End) {
 			continue // fired on time, nothing was busy
 		}
 		held++
-		if wait := cur.start.Sub(prev.end); wait > 1250*time.Millisecond {
+		if wait := cur.Start.Sub(prev.End); wait > 1250*time.Millisecond {
 			t.Errorf("held tick %s started %s after the previous task ended", ticks[i].Format(time.TimeOnly), wait)
 		}
 	}

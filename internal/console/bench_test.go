@@ -67,18 +67,11 @@ func BenchmarkConsole(b *testing.B) {
 	}
 	start := time.Now()
 	for round, typ := range []string{events.TypeEntryRegistered, events.TypeEntryUpdated} {
-		for i := range entries {
-			e := benchEntry(i, round)
-			data := eventtest.Marshal(b, typ, "bench", e.ID, e)
-			if _, err := pub.PublishAsync(names.ConfigSubject(e.ID), data); err != nil {
-				b.Fatal(err)
-			}
+		batch := make([]events.Entry, entries)
+		for i := range batch {
+			batch[i] = benchEntry(i, round)
 		}
-		select {
-		case <-pub.PublishAsyncComplete():
-		case <-ctx.Done():
-			b.Fatal("publishes not acknowledged")
-		}
+		eventtest.Publish(b, pub, names, typ, "bench", batch, time.Minute)
 	}
 	b.Logf("published %d config events in %s", 2*entries, time.Since(start).Round(time.Millisecond))
 	proj := projectiontest.CaughtUp(ctx, b, js, names)

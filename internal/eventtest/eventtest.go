@@ -1,7 +1,7 @@
 // Package eventtest writes events as their publishers do, for tests that
 // publish, store or decode them: the wire form of an event built from its
-// parts, the test failing if it cannot be built, and many entries
-// registered at once straight on the config stream. It is for tests only;
+// parts, the test failing if it cannot be built, and the config events of
+// many entries published at once straight on the config stream. It is for tests only;
 // non-test code must not import it. (contract's own tests cannot use it:
 // it imports contract.)
 package eventtest
@@ -38,11 +38,18 @@ func Marshal(tb testing.TB, typ, source, subject string, data any) []byte {
 }
 
 // Register publishes a registered event (source as its source) of each
-// entry, normalized, straight to names' config stream: what `entry put`
-// publishes, without its read of the entry first. It keeps at most 4096
-// publishes unacknowledged and fails the test when one is refused or not
-// acknowledged within ackWithin.
+// entry, as Publish.
 func Register(tb testing.TB, js jetstream.JetStream, names contract.Names, source string, entries []contract.Entry, ackWithin time.Duration) {
+	tb.Helper()
+	Publish(tb, js, names, contract.TypeEntryRegistered, source, entries, ackWithin)
+}
+
+// Publish publishes an event of type typ (a registration or an update;
+// source as its source) of each entry, normalized, straight to names'
+// config stream: what `entry put` publishes, without its read of the
+// entry first. It keeps at most 4096 publishes unacknowledged and fails
+// the test when one is refused or not acknowledged within ackWithin.
+func Publish(tb testing.TB, js jetstream.JetStream, names contract.Names, typ, source string, entries []contract.Entry, ackWithin time.Duration) {
 	tb.Helper()
 	futures := make([]jetstream.PubAckFuture, 0, 4096)
 	wait := func() {
@@ -59,7 +66,7 @@ func Register(tb testing.TB, js jetstream.JetStream, names contract.Names, sourc
 	}
 	for _, e := range entries {
 		e = e.Normalize()
-		f, err := js.PublishAsync(names.ConfigSubject(e.ID), Marshal(tb, contract.TypeEntryRegistered, source, e.ID, e))
+		f, err := js.PublishAsync(names.ConfigSubject(e.ID), Marshal(tb, typ, source, e.ID, e))
 		if err != nil {
 			tb.Fatal(err)
 		}

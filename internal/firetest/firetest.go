@@ -1,7 +1,10 @@
 // Package firetest makes, through taskstate's fire script, the Redis states
 // that tests of the views and the command line start from: a tick of a
-// cancel-previous entry held while its previous task runs. It is for tests
-// only; non-test code must not import it.
+// cancel-previous entry held while its previous task runs (HoldTick). It
+// also records what a real worker does with an entry's tasks (Runs), for
+// the overlap tests of the scheduler and the command line, and builds the
+// schedule of a spec (Schedule) for the tests of fire times. It is for
+// tests only; non-test code must not import it.
 package firetest
 
 import (

@@ -48,11 +48,7 @@ func TestBatchPublisher(t *testing.T) {
 	if stored, err := p.publish(ctx, batch, 5*time.Second); stored != 4 || err != nil {
 		t.Fatalf("republished batch: stored %d, err %v", stored, err)
 	}
-	s, err := js.Stream(ctx, "PUBTEST")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := s.CachedInfo().State.Msgs; got != 4 {
+	if got := testenv.StreamMsgCount(js, "PUBTEST"); got != 4 {
 		t.Fatalf("stream holds %d messages, want 4", got)
 	}
 

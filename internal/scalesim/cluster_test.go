@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -15,6 +14,7 @@ import (
 	"github.com/cronstream/cronstream/internal/clock"
 	"github.com/cronstream/cronstream/internal/ownership"
 	"github.com/cronstream/cronstream/internal/scheduler"
+	"github.com/cronstream/cronstream/internal/testenv"
 	"github.com/cronstream/cronstream/projector"
 )
 
@@ -210,28 +210,17 @@ func (c *cluster) upReplicas() []*replica {
 // loop waits for its next event.
 func (c *cluster) settle() {
 	c.tb.Helper()
-	deadline := time.Now().Add(5 * time.Minute)
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
-	defer cancel()
-	pause := time.Microsecond
-	for {
-		if time.Now().After(deadline) {
-			c.tb.Fatalf("simulation: the replicas did not settle at %s (timers not taken: %d)", c.clock.Now().Format(time.RFC3339Nano), c.clock.Outstanding())
-		}
-		if c.quiet() {
-			for _, r := range c.upReplicas() {
-				if err := r.sched.WaitIdle(ctx); err != nil {
-					c.tb.Fatalf("simulation: %s: %v", r.id, err)
-				}
-			}
-			if c.quiet() {
-				return
+	idle := func(ctx context.Context) error {
+		for _, r := range c.upReplicas() {
+			if err := r.sched.WaitIdle(ctx); err != nil {
+				return fmt.Errorf("%s: %w", r.id, err)
 			}
 		}
-		runtime.Gosched()
-		time.Sleep(pause)
-		pause = min(2*pause, 100*time.Microsecond)
+		return nil
 	}
+	testenv.Settle(c.tb, 5*time.Minute, c.quiet, idle, func() string {
+		return fmt.Sprintf("simulation at %s (timers not taken: %d)", c.clock.Now().Format(time.RFC3339Nano), c.clock.Outstanding())
+	})
 }
 
 // quiet reports whether no timer waits for its owner and every scheduler

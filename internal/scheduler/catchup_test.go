@@ -5,13 +5,14 @@ import (
 	"time"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/firetest"
 	"github.com/cronstream/cronstream/schedule"
 )
 
 func TestCountTicks(t *testing.T) {
-	every := mustSchedule(t, "@every 10s", "", 0)
-	cronSec := mustSchedule(t, "*/10 * * * * *", "", 0)
-	from := utc("2026-01-01T00:00:00Z")
+	every := firetest.Schedule(t, "@every 10s", "", 0)
+	cronSec := firetest.Schedule(t, "*/10 * * * * *", "", 0)
+	from := firetest.UTC("2026-01-01T00:00:00Z")
 	for _, s := range []*schedule.Schedule{every, cronSec} {
 		r := countTicks(s, from, from.Add(time.Minute))
 		// (00:00, 01:00) holds :10 :20 :30 :40 :50.
@@ -27,16 +28,16 @@ func TestCountTicks(t *testing.T) {
 		}
 	}
 	// A month of @every 1s is counted without walking it.
-	r := countTicks(mustSchedule(t, "@every 1s", "", 0), from, from.Add(30*24*time.Hour))
+	r := countTicks(firetest.Schedule(t, "@every 1s", "", 0), from, from.Add(30*24*time.Hour))
 	if r.Count != 30*24*3600-1 || !r.Exact {
 		t.Fatalf("month of seconds = %+v", r)
 	}
 }
 
 func TestPlanCatchup(t *testing.T) {
-	s := mustSchedule(t, "@every 1m", "", 0)
-	start := utc("2026-01-01T00:00:00Z") // last handled tick
-	now := utc("2026-01-01T00:10:03Z")   // ticks 00:01..00:10 are due; 00:10 is within the grace
+	s := firetest.Schedule(t, "@every 1m", "", 0)
+	start := firetest.UTC("2026-01-01T00:00:00Z") // last handled tick
+	now := firetest.UTC("2026-01-01T00:10:03Z")   // ticks 00:01..00:10 are due; 00:10 is within the grace
 	grace := 5 * time.Second
 	at := func(m int) time.Time { return start.Add(time.Duration(m) * time.Minute) }
 	cases := []struct {
@@ -80,25 +81,4 @@ func TestPlanCatchup(t *testing.T) {
 	if p := planCatchup(s, events.Catchup{Policy: events.CatchupAll, Window: events.Duration(time.Hour)}, at(9), now, grace, 10); len(p.Fire) != 0 || !p.Skipped.empty() {
 		t.Fatalf("nothing missed, got %+v", p)
 	}
-}
-
-func mustSchedule(t *testing.T, spec, tz string, jitter time.Duration) *schedule.Schedule {
-	t.Helper()
-	e := events.Entry{ID: "e1", Cron: spec, Timezone: tz, Task: events.Task{Type: "t"}, Jitter: events.Duration(jitter)}
-	if err := e.Validate(); err != nil {
-		t.Fatalf("validate %q: %v", spec, err)
-	}
-	s, err := schedule.NewSchedule(e)
-	if err != nil {
-		t.Fatalf("NewSchedule(%q): %v", spec, err)
-	}
-	return s
-}
-
-func utc(s string) time.Time {
-	t, err := time.Parse(time.RFC3339, s)
-	if err != nil {
-		panic(err)
-	}
-	return t.UTC()
 }

@@ -2,9 +2,9 @@ package scheduler_test
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/firetest"
 	"github.com/cronstream/cronstream/internal/promtest"
 	"github.com/cronstream/cronstream/internal/scheduler"
 	"github.com/cronstream/cronstream/internal/taskstate"
@@ -35,31 +36,10 @@ func TestOverlapBufferOneWithRealWorker(t *testing.T) {
 	e := newEnv(t)
 	e.put(every("buf", "@every 1s", func(en *events.Entry) { en.Overlap = events.OverlapBufferOne }))
 
-	type run struct{ start, end time.Time }
-	var (
-		mu      sync.Mutex
-		runs    = map[string]*run{}
-		runsOf  = map[string]int{}
-		running atomic.Int32
-		overlap atomic.Int32
-	)
+	var runs firetest.Runs
 	startWorker(t, e, 4, func(ctx context.Context, task *asynq.Task) error {
 		id, _ := asynq.GetTaskID(ctx)
-		if running.Add(1) > 1 {
-			overlap.Add(1)
-		}
-		defer running.Add(-1)
-		mu.Lock()
-		runs[id] = &run{start: time.Now()}
-		runsOf[id]++
-		mu.Unlock()
-		select { // the work: longer than the period
-		case <-time.After(2500 * time.Millisecond):
-		case <-ctx.Done():
-		}
-		mu.Lock()
-		runs[id].end = time.Now()
-		mu.Unlock()
+		runs.Work(ctx, id, 2500*time.Millisecond) // longer than the period
 		return nil
 	})
 	a := e.startNode("a", nodeOpts{})
@@ -72,18 +52,10 @@ func TestOverlapBufferOneWithRealWorker(t *testing.T) {
 	e.waitOutboxEmpty(10*time.Second, "default")
 	// Every task the stream says fired has run to its end.
 	l := ledgers(e.readActivity())["buf"]
-	testenv.Eventually(t, 10*time.Second, func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		for id := range l.taskIDs {
-			if r := runs[id]; r == nil || r.end.IsZero() {
-				return false
-			}
-		}
-		return true
-	}, "the fired tasks to finish")
+	testenv.Eventually(t, 10*time.Second, func() bool { return runs.Finished(maps.Keys(l.taskIDs)) },
+		"the fired tasks to finish")
 
-	if n := overlap.Load(); n > 0 {
+	if n := runs.Overlaps(); n > 0 {
 		t.Errorf("%d times two tasks of the entry ran at once", n)
 	}
 	first, last := l.firedRange()
@@ -102,11 +74,10 @@ func TestOverlapBufferOneWithRealWorker(t *testing.T) {
 		t.Error("no tick was skipped with reason overlap while one was held")
 	}
 
-	mu.Lock()
-	defer mu.Unlock()
-	for id, n := range runsOf {
-		if n != 1 {
-			t.Errorf("task %s ran %d times", id, n)
+	ran := runs.All()
+	for id, r := range ran {
+		if r.Times != 1 {
+			t.Errorf("task %s ran %d times", id, r.Times)
 		}
 	}
 	// The fired tasks in the order they ran; each one fired from a held
@@ -124,17 +95,17 @@ func TestOverlapBufferOneWithRealWorker(t *testing.T) {
 		if i == 0 {
 			continue
 		}
-		prev := runs[schedule.TaskID(testPrefix, "buf", ticks[i-1])]
-		cur := runs[id]
-		if prev == nil || cur == nil {
+		prev, prevRan := ran[schedule.TaskID(testPrefix, "buf", ticks[i-1])]
+		cur, curRan := ran[id]
+		if !prevRan || !curRan {
 			t.Errorf("tick %s or the one before never ran", tick.Format(time.TimeOnly))
 			continue
 		}
-		if !tick.Before(prev.end) {
+		if !tick.Before(prev.End) {
 			continue // fired on time, nothing was busy
 		}
 		held++
-		if wait := cur.start.Sub(prev.end); wait > 1250*time.Millisecond {
+		if wait := cur.Start.Sub(prev.End); wait > 1250*time.Millisecond {
 			t.Errorf("held tick %s started %s after the previous task ended", tick.Format(time.TimeOnly), wait)
 		}
 	}

@@ -15,7 +15,8 @@ import (
 // the loop works from (s.loading, the runs whose watermark is to be read;
 // the heap, the runs by due instant) and the count of removed runs
 // consistent with the state. docs/design.md "The entry state machine"
-// draws it.
+// draws it. TestEntryStateMachine (machine_test.go) reads this table and
+// takes each row: a row added here fails it until it has its case.
 //
 //	state          | event                                        | next           | action
 //	---------------+----------------------------------------------+----------------+--------------------------------------------------
@@ -26,7 +27,7 @@ import (
 //	known          | changed, still paused                        | known          | holds the new state
 //	known          | resumed                                      | loading        | a new run (register)
 //	loading        | changed; paused                              | loading        | new spec, floor or queue; a pause settles after the load
-//	loading        | any change, while found paused or removed    | loading        | the change waits for the load (foundStopped)
+//	loading        | any change, while found paused               | loading        | the change waits for the load (foundStopped)
 //	loading        | watermark read                               | ready          | cursor from the watermark, scheduled (loaded)
 //	loading        | watermark read, paused, ticks to settle      | ready          | settling: one skip step from the heap (loadStopped)
 //	loading        | watermark read, paused, nothing to settle    | idle           | (rested)
@@ -39,6 +40,7 @@ import (
 //	ready          | removed, ticks to settle                     | removing       | settling with reason removed (remove)
 //	idle           | resumed                                      | loading        | floor at the resume
 //	idle           | changed, still paused                        | idle           | -
+//	removedLoading | any change, while found removed              | removedLoading | the change waits for the load (foundStopped)
 //	removedLoading | watermark read, ticks to settle              | removing       | settling (loadStopped)
 //	removedLoading | watermark read, nothing to settle            | (none)         | (rested)
 //	removing       | settle recorded                              | (none)         | (schedule)

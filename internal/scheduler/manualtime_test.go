@@ -2,7 +2,7 @@ package scheduler_test
 
 import (
 	"context"
-	"runtime"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -67,31 +67,20 @@ func (mt *manualTime) now() time.Time { return mt.m.Now() }
 // relays publish follows on the wall clock.
 func (mt *manualTime) settle() {
 	mt.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
-	defer cancel()
-	pause := time.Microsecond
-	for {
-		if mt.m.Outstanding() == 0 {
-			for _, n := range mt.running() {
-				if err := n.sched.WaitIdle(ctx); err != nil {
-					if ctx.Err() != nil {
-						mt.t.Fatalf("manual clock: %s did not settle at %s: %v", n.id, mt.now().Format(time.TimeOnly), err)
-					}
-					mt.forget(n) // stopped: its loop has returned
+	idle := func(ctx context.Context) error {
+		for _, n := range mt.running() {
+			if err := n.sched.WaitIdle(ctx); err != nil {
+				if ctx.Err() != nil {
+					return fmt.Errorf("%s: %w", n.id, err)
 				}
-			}
-			if mt.m.Outstanding() == 0 {
-				return
+				mt.forget(n) // stopped: its loop has returned
 			}
 		}
-		if time.Now().After(deadline) {
-			mt.t.Fatalf("manual clock: the schedulers did not settle at %s (timers not taken: %d)", mt.now().Format(time.TimeOnly), mt.m.Outstanding())
-		}
-		runtime.Gosched()
-		time.Sleep(pause)
-		pause = min(2*pause, 100*time.Microsecond)
+		return nil
 	}
+	testenv.Settle(mt.t, 30*time.Second, func() bool { return mt.m.Outstanding() == 0 }, idle, func() string {
+		return fmt.Sprintf("manual clock at %s (timers not taken: %d)", mt.now().Format(time.TimeOnly), mt.m.Outstanding())
+	})
 }
 
 func (mt *manualTime) running() []*node {

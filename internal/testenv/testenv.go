@@ -27,9 +27,9 @@
 // a client and a server, to stall or break a connection.
 //
 // It also owns Eventually, the project's one way for a test to wait for a
-// condition (WaitFor is its form that reports instead of failing), and
-// Context, a context bounded so that a hang fails the test instead of
-// stalling the package.
+// condition (WaitFor is its form that reports instead of failing), Settle,
+// its form for loops on a manual clock, and Context, a context bounded so
+// that a hang fails the test instead of stalling the package.
 //
 // It never mocks a server and never touches a server it did not start, except
 // the one named by REDIS_URL. It is for tests only; non-test code must not
