@@ -31,7 +31,7 @@ type component interface {
 // rules of package lifecycle (tested there on the helper itself): Stop
 // before Start returns nil and a Start after it ErrStopped; a second Start
 // returns ErrAlreadyStarted; Stop twice returns nil, and Start after Stop
-// ErrStopped. The scheduler joins the table once it runs on the helper.
+// ErrStopped.
 func TestComponentLifecycles(t *testing.T) {
 	ns := testenv.StartNATS(t)
 	js := ns.JetStream(t)
