@@ -102,6 +102,13 @@ func TestRedisFlushedUnderRun(t *testing.T) {
 	if !strings.Contains(p.Stderr(), "did Redis lose data?") {
 		t.Errorf("the restore was not logged:\n%s", p.Stderr())
 	}
+	// The second loss's record reaches the stream while the replica runs:
+	// its relay publishes the queue's outbox once it holds the queue's
+	// duties again (the flush took their leases too). Stopped before
+	// that, the record would wait in Redis for the next replica.
+	testenv.Eventually(t, 15*time.Second, func() bool {
+		return len(parseAudit(t, e.ok("audit", "--type", "lost", "--json"))) >= 2
+	}, "the second loss's record did not reach the stream:\n%s", lazy(p.Stderr))
 	if code := p.stop(syscall.SIGTERM, 20*time.Second); code != 0 {
 		t.Fatalf("run exited %d", code)
 	}
