@@ -66,6 +66,8 @@ queues:
 // failed (retried after a backoff) or waits for the history (later), the
 // entries whose watermark it restored, and those held by a restore.
 type loadPass struct {
+	// batch is how many entries the pass took (takeLoadBatch).
+	batch         int
 	failed, later bool
 	restored      []string
 	held          restoreHolds
@@ -89,6 +91,7 @@ func (s *Scheduler) takeLoadBatch(ctx context.Context, p *loadPass, spent func()
 			}
 		}
 		byQueue[r.queue] = append(byQueue[r.queue], r)
+		p.batch++
 	}
 	return byQueue
 }
@@ -129,7 +132,7 @@ func (s *Scheduler) loadRun(ctx context.Context, r *entryRun, wm taskstate.Water
 	// is restored (once per load: the stream may hold nothing usable),
 	// after the handover that closes the entry's other queues: the restore
 	// opens this one.
-	restoreNow := !r.loading.restored && (!wm.OK || s.behind(ctx, r, wm.Tick, now))
+	restoreNow := !r.loading.restored && (!wm.OK || s.behind(ctx, r, wm.Tick, now, p.batch))
 	if !restoreNow {
 		// Nothing (more) to restore: another replica seeded the watermark
 		// meanwhile.
@@ -423,15 +426,27 @@ func (s *Scheduler) firesInGap(r *entryRun, t FireTally) bool {
 // whose next tick after wm is already due, the last tick the activity
 // stream recorded for it. A stream ahead of Redis means Redis lost the
 // fires after wm (a lagging replica was promoted while no replica ran):
-// their events were published only after their Redis writes. The stream's
-// last ticks of all entries are read in one pass, at most once per
-// historyRefresh.
-func (s *Scheduler) behind(ctx context.Context, r *entryRun, wm, now time.Time) bool {
+// their events were published only after their Redis writes.
+//
+// The stream is asked per entry or in one pass over every entry's last
+// fire (at most once per historyRefresh), whichever reads less for a load
+// pass of batch entries (scanHistory).
+func (s *Scheduler) behind(ctx context.Context, r *entryRun, wm, now time.Time, batch int) bool {
 	if r.hasHandled {
 		return wm.Before(r.handled)
 	}
 	if s.cfg.History == nil || r.sched.Next(wm).After(now) {
 		return false
+	}
+	if !scanHistory(batch, len(s.entries)) {
+		last, _, ok, err := s.cfg.History.LastHandled(ctx, r.id)
+		if err != nil {
+			if !errors.Is(err, errStreamsUnavailable) {
+				s.log.Warn("read the entry's last tick from the stream; not checking its watermark against it", "entry", r.id, "err", err)
+			}
+			return false
+		}
+		return ok && last.After(wm)
 	}
 	h := &s.hist
 	if s.clock.Since(h.lastAt) >= historyRefresh {
@@ -444,4 +459,21 @@ func (s *Scheduler) behind(ctx context.Context, r *entryRun, wm, now time.Time) 
 	}
 	last, ok := h.last[r.id]
 	return ok && last.After(wm)
+}
+
+// scanHistory reports whether behind reads the last fire of every entry in
+// one pass rather than one entry at a time, for a load pass of loading
+// entries out of known. The pass reads the whole stream's last fires, and with many
+// entries, a throttled replica or a busy server it can outlast the stream
+// read timeout; it is retried each historyRefresh and holds the loop while
+// it runs, so a replica that took a few shards over stalled past the
+// ownership's progress bound, lost its shards, and their next owner
+// stalled the same way. A read per entry costs a round trip but is bounded
+// per turn by loadBudget, so the loop keeps turning: it is the read for a
+// takeover or handover (a fraction of the entries) and for a small load;
+// the pass is the read when most entries load at once (a start).
+func scanHistory(loading, known int) bool {
+	const perEntryMost = 64 // a load this small reads per entry
+	const scanShare = 8     // the pass when loading is over 1/scanShare of known
+	return loading > perEntryMost && loading*scanShare > known
 }

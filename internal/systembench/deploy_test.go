@@ -98,6 +98,9 @@ const (
 	// tick of every entry in that time is far past its capacity, and the
 	// window is measured anyway (an overload run wants it).
 	firstTickTimeout = 2 * time.Minute
+	// settleTimeout bounds the wait for the event backlog to drain after
+	// the first tick (deployment.settle).
+	settleTimeout = 2 * time.Minute
 	// readGrace is how long after a window's end its ticks are read back
 	// from Redis: a tick fired later than that counts as missed. It is
 	// the catch-up grace (scheduler.DefaultGrace), after which a replica
@@ -167,8 +170,34 @@ func deploy(tb testing.TB, cfg deployConfig) *deployment {
 	}) {
 		d.warmErr = fmt.Sprintf("%d fires within %s of readiness, fewer than the %d of one tick of every entry", fired, firstTickTimeout, cfg.entries)
 	}
+	d.settle()
 	waitUntil(time.Now().Add(cfg.warmup))
 	return d
+}
+
+// settle waits, for at most settleTimeout, until the deployment is in its
+// steady state: over the last two seconds it wrote no more tasks than the
+// entries' ticks (it is not catching up on late ones), and the backlog of
+// fires without an event is below a second's fires. Replicas that start
+// one after another hand shards and queue duties over as each becomes
+// ready, and the ticks and events held meanwhile are caught up after: a
+// window that starts before they are would charge that start-up to the
+// steady state it measures. A deployment past its capacity never settles;
+// its window is measured anyway, and its lag and backlog say so.
+func (d *deployment) settle() {
+	const span = 2 * time.Second
+	deadline := time.Now().Add(settleTimeout)
+	prev := d.s.pendingAll(d.queues)
+	for time.Now().Before(deadline) {
+		time.Sleep(span)
+		d.checkAlive()
+		cur := d.s.pendingAll(d.queues)
+		written := float64(cur-prev) / span.Seconds()
+		prev = cur
+		if written <= 1.02*float64(d.cfg.entries) && written >= 0.98*float64(d.cfg.entries) && cur-int64(d.s.activityMsgs()) < int64(d.cfg.entries) {
+			return
+		}
+	}
 }
 
 func (d *deployment) close() { d.sc.close() }
@@ -255,6 +284,14 @@ type window struct {
 	// end: what they have shown they can fire (0: unknown, or a build
 	// without it).
 	shown float64
+	// shards and duties are each replica's cronstream_shards_owned and
+	// cronstream_queue_duties at the end: a replica busier than the
+	// others shows whether it owns more entries or relays more queues.
+	shards, duties []float64
+	// takeovers and lost are each replica's shard takeovers and leases
+	// lost since its start: shards that changed hands other than by a
+	// planned handover.
+	takeovers, lost []float64
 }
 
 // measure runs a window of secs whole seconds (its edges between two
@@ -285,6 +322,12 @@ func (d *deployment) measure(secs int) window {
 		w.late += v
 		c, _ := p.metric("cronstream_fire_capacity")
 		w.shown += c
+		o, _ := p.metric("cronstream_shards_owned")
+		q, _ := p.metric("cronstream_queue_duties")
+		w.shards, w.duties = append(w.shards, o), append(w.duties, q)
+		t, _ := p.metric("cronstream_shard_takeovers_total")
+		l, _ := p.metric("cronstream_shard_leases_lost_total")
+		w.takeovers, w.lost = append(w.takeovers, t), append(w.lost, l)
 	}
 	w.backlogMax, _ = backlogTrend(samples)
 	w.backlogSlope = backlogSlope(samples)
@@ -425,6 +468,9 @@ func (w window) String() string {
 		s := fmt.Sprintf("%.3f", w.cores(c))
 		if i < len(w.throttled) {
 			s += fmt.Sprintf(" (throttled %.2f s)", w.throttled[i].Seconds())
+		}
+		if i < len(w.shards) {
+			s += fmt.Sprintf(" [%.0f shards, %.0f queues' duties; %.0f taken over, %.0f leases lost]", w.shards[i], w.duties[i], w.takeovers[i], w.lost[i])
 		}
 		cores = append(cores, s)
 	}

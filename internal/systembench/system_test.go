@@ -346,11 +346,14 @@ func (p *replicaProc) metric(name string) (float64, bool) {
 	return sum, found
 }
 
-// waitLoaded waits until every replica answers /readyz and knows n entries.
+// waitLoaded waits until every replica answers /readyz and the replicas
+// together schedule n entries: each schedules only the entries of the
+// shards it owns, so the sum is n once every shard has its owner.
 func waitLoaded(b testing.TB, ps []*replicaProc, n int, timeout time.Duration) {
 	b.Helper()
-	for _, p := range ps {
-		testenv.Eventually(b, timeout, func() bool {
+	testenv.Eventually(b, timeout, func() bool {
+		sum := 0
+		for _, p := range ps {
 			if p.exited() {
 				b.Fatalf("replica %s exited: %v; log:\n%s", p.id, p.err, p.logTail())
 			}
@@ -359,9 +362,13 @@ func waitLoaded(b testing.TB, ps []*replicaProc, n int, timeout time.Duration) {
 				return false
 			}
 			v, ok := p.metric("cronstream_scheduler_entries")
-			return ok && int(v) == n
-		}, "replica %s ready with %d entries", p.id, n)
-	}
+			if !ok {
+				return false
+			}
+			sum += int(v)
+		}
+		return sum == n
+	}, "%d replica(s) ready, scheduling %d entries between them", len(ps), n)
 }
 
 // cpuUse is CPU time spent by the replicas, redis-server and this process.
