@@ -463,17 +463,17 @@ func (s *Scheduler) behind(ctx context.Context, r *entryRun, wm, now time.Time, 
 
 // scanHistory reports whether behind reads the last fire of every entry in
 // one pass rather than one entry at a time, for a load pass of loading
-// entries out of known. The pass reads the whole stream's last fires, and with many
-// entries, a throttled replica or a busy server it can outlast the stream
-// read timeout; it is retried each historyRefresh and holds the loop while
-// it runs, so a replica that took a few shards over stalled past the
-// ownership's progress bound, lost its shards, and their next owner
-// stalled the same way. A read per entry costs a round trip but is bounded
+// entries out of known. The pass reads the whole stream's last fires, and
+// with many entries, a throttled replica or a busy server it can outlast
+// the stream read timeout; it is retried each historyRefresh and holds the
+// loop while it runs, so a replica that took a few shards over stalled
+// past the ownership's progress bound, lost its shards, and their next
+// owner stalled the same way. A read per entry costs a round trip or more
+// (it looks back past a last message that is not a fire) but is bounded
 // per turn by loadBudget, so the loop keeps turning: it is the read for a
-// takeover or handover (a fraction of the entries) and for a small load;
-// the pass is the read when most entries load at once (a start).
+// load of a small part of the entries (a takeover or handover among many
+// replicas); the pass is the read for the rest.
 func scanHistory(loading, known int) bool {
-	const perEntryMost = 64 // a load this small reads per entry
-	const scanShare = 8     // the pass when loading is over 1/scanShare of known
-	return loading > perEntryMost && loading*scanShare > known
+	const scanShare = 8 // the pass when loading is over 1/scanShare of known
+	return loading*scanShare > known
 }

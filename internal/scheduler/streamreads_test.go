@@ -66,17 +66,16 @@ func TestStreamReadsBoundedWhileNATSDown(t *testing.T) {
 	}, "reads to succeed again once NATS is back")
 }
 
-// TestScanHistory: behind reads the stream per entry for a small load and
-// for a takeover or handover of a fraction of the entries, and in one pass
-// when most entries load at once.
+// TestScanHistory: behind reads the stream per entry for a takeover or
+// handover of a small part of the entries, and in one pass otherwise.
 func TestScanHistory(t *testing.T) {
 	for _, c := range []struct {
 		loading, known int
 		scan           bool
 	}{
-		{1, 1, false},
-		{64, 64, false},      // small: per entry
-		{65, 65, true},       // a start: every entry loads
+		{1, 1, true},
+		{33, 100, true}, // a third of the entries: the pass
+		{12, 100, false},
 		{470, 12_000, false}, // 20 of 512 shards taken over
 		{1_500, 12_000, false},
 		{1_501, 12_000, true},
