@@ -194,7 +194,7 @@ func (d *deployment) settle() {
 		cur := d.s.pendingAll(d.queues)
 		written := float64(cur-prev) / span.Seconds()
 		prev = cur
-		if written <= 1.02*float64(d.cfg.entries) && written >= 0.98*float64(d.cfg.entries) && cur-int64(d.s.activityMsgs()) < int64(d.cfg.entries) {
+		if written <= 1.02*float64(d.cfg.entries) && written >= 0.98*float64(d.cfg.entries) && d.s.eventBacklog(d.queues...) < int64(d.cfg.entries) {
 			return
 		}
 	}

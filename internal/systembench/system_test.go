@@ -592,6 +592,12 @@ type backlogSample struct {
 	events int64
 }
 
+// eventBacklog is the fires in queues without an event in the activity
+// stream: tasks written less the stream's messages.
+func (s *system) eventBacklog(queues ...string) int64 {
+	return s.pendingAll(queues) - int64(s.activityMsgs())
+}
+
 // sampleBacklog samples, every interval until the returned stop is called
 // (which returns the samples), how many of the queues' fires have no event
 // in the activity stream yet: tasks in their pending lists (the benchmarks
@@ -606,7 +612,7 @@ func (s *system) sampleBacklog(interval time.Duration, queues ...string) (stop f
 		t := time.NewTicker(interval)
 		defer t.Stop()
 		for {
-			samples = append(samples, backlogSample{at: time.Now(), events: s.pendingAll(queues) - int64(s.activityMsgs())})
+			samples = append(samples, backlogSample{at: time.Now(), events: s.eventBacklog(queues...)})
 			select {
 			case <-ctx.Done():
 				return
