@@ -38,7 +38,8 @@ import (
 //
 // The N values are interleaved: each round runs a search for every N, in
 // an order rotated from round to round; a search after the first for the
-// same N starts from the median so far and steps by 1.25 instead of 2. It
+// same N starts from the median so far and steps by 1+R instead of 2, so
+// that a cap that holds again closes its bracket in two probes. It
 // reports, per N, the median over the rounds of cap(N) (N1-cap, N2-cap...),
 // cap(N)/(N·cap(1)) of the medians (N2-scale...), and at the probe that
 // gave cap(N): redis-server's and nats-server's CPU in cores, the replicas'
@@ -51,7 +52,10 @@ import (
 // CRONSTREAM_BENCH_SCALE_SECONDS is D (default 10), CRONSTREAM_BENCH_SCALE_ROUNDS
 // the rounds (default 1), CRONSTREAM_BENCH_SCALE_START is S (default 500),
 // CRONSTREAM_BENCH_SCALE_RESOLUTION is R in percent (default 25),
-// CRONSTREAM_BENCH_SCALE_PROBES is P (default 8), CRONSTREAM_BENCH_CORES
+// CRONSTREAM_BENCH_SCALE_PROBES is P (default 8),
+// CRONSTREAM_BENCH_SCALE_PRIOR lists caps an earlier run found as N:entries
+// pairs (for example 1:4750,2:11000), which the first round starts from as
+// later rounds start from the median, CRONSTREAM_BENCH_CORES
 // the share of a core per replica (default 0.1; 0 runs without groups),
 // CRONSTREAM_BENCH_QUEUES the queues (default 8) and
 // CRONSTREAM_BENCH_WARMUP_SECONDS is W (default 5). The defaults prove the
@@ -65,7 +69,11 @@ func BenchmarkScaleOut(b *testing.B) {
 		searches := map[int][]capSearch{}
 		for round := range cfg.rounds {
 			for _, n := range rotate(cfg.replicas, round) {
-				s := searchCap(b, cfg, n, medianCap(searches[n]))
+				prior := medianCap(searches[n])
+				if prior == 0 {
+					prior = cfg.priors[n]
+				}
+				s := searchCap(b, cfg, n, prior)
 				b.Logf("round %d: %s", round+1, s)
 				searches[n] = append(searches[n], s)
 			}
@@ -85,6 +93,7 @@ type scaleConfig struct {
 	resolution float64 // stop bisecting once the bracket is within this share of its lower end
 	probes     int     // at most this many probes per search
 	warmup     time.Duration
+	priors     map[int]int // N → a cap found before, where the first round starts
 }
 
 func scaleConfigFromEnv(b testing.TB) scaleConfig {
@@ -98,7 +107,27 @@ func scaleConfigFromEnv(b testing.TB) scaleConfig {
 		resolution: float64(envInt("CRONSTREAM_BENCH_SCALE_RESOLUTION", 25)) / 100,
 		probes:     envInt("CRONSTREAM_BENCH_SCALE_PROBES", 8),
 		warmup:     time.Duration(envInt("CRONSTREAM_BENCH_WARMUP_SECONDS", 5)) * time.Second,
+		priors:     envPairs(b, "CRONSTREAM_BENCH_SCALE_PRIOR"),
 	}
+}
+
+// envPairs reads comma-separated N:value pairs of positive integers.
+func envPairs(b testing.TB, name string) map[int]int {
+	v := os.Getenv(name)
+	out := map[int]int{}
+	if v == "" {
+		return out
+	}
+	for _, f := range strings.Split(v, ",") {
+		k, val, ok := strings.Cut(strings.TrimSpace(f), ":")
+		n, err1 := strconv.Atoi(k)
+		x, err2 := strconv.Atoi(val)
+		if !ok || err1 != nil || err2 != nil || n < 1 || x < 1 {
+			b.Fatalf("%s=%q: want N:entries pairs of positive integers separated by commas", name, v)
+		}
+		out[n] = x
+	}
+	return out
 }
 
 // envInts reads a comma-separated list of positive integers.
@@ -172,14 +201,14 @@ type probe struct {
 // minProbeEntries is the fewest entries a search probes.
 const minProbeEntries = 10
 
-// searchCap searches cap(n), starting from prior when an earlier round
-// found one.
+// searchCap searches cap(n), starting from prior when an earlier round (or
+// run) found one.
 func searchCap(b *testing.B, cfg scaleConfig, n, prior int) capSearch {
 	b.Helper()
 	s := capSearch{replicas: n}
 	x, step := cfg.start*n, 2.0
 	if prior > 0 {
-		x, step = prior, 1.25
+		x, step = prior, 1+cfg.resolution
 	}
 	lo, hi := 0, 0 // the most entries held, the fewest not held (0: none yet)
 	for len(s.probes) < cfg.probes && x >= minProbeEntries {
