@@ -81,7 +81,31 @@ func ValidateReplicaID(id string) error {
 
 // ReplicasStream is the name of the stream behind the replicas bucket,
 // KV_<P>_REPLICAS.
-func (n Names) ReplicasStream() string { return "KV_" + n.ReplicasBucket() }
+func (n Names) ReplicasStream() string { return BucketStream(n.ReplicasBucket()) }
+
+// ReplicasFilter matches every key of the replicas bucket.
+func (n Names) ReplicasFilter() string { return BucketSubject(n.ReplicasBucket(), ">") }
+
+// NATS keeps a key-value bucket B in the stream KV_B, and its key K under
+// the subject $KV.B.K. BucketStream, BucketOfStream and BucketSubject are
+// the one place that spells this.
+const (
+	bucketStreamPrefix  = "KV_"
+	bucketSubjectPrefix = "$KV."
+)
+
+// BucketStream is the name of the stream that holds bucket.
+func BucketStream(bucket string) string { return bucketStreamPrefix + bucket }
+
+// BucketOfStream is the bucket that stream holds, false when stream is not
+// named as a bucket's.
+func BucketOfStream(stream string) (string, bool) {
+	return strings.CutPrefix(stream, bucketStreamPrefix)
+}
+
+// BucketSubject is the subject of key in bucket; key "" gives the prefix
+// every key's subject starts with.
+func BucketSubject(bucket, key string) string { return bucketSubjectPrefix + bucket + "." + key }
 
 // ConfigSubject is the subject of one entry's config events.
 func (n Names) ConfigSubject(entryID string) string { return n.Prefix() + ".config." + entryID }

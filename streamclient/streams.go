@@ -382,7 +382,7 @@ func StreamWriteRoutes(ctx context.Context, js jetstream.JetStream, names contra
 // streams needs $JS.API.STREAM.LIST.
 func RepublishInto(ctx context.Context, js jetstream.JetStream, names contract.Names) ([]string, error) {
 	ours := map[string]bool{names.ConfigStream(): true, names.ActivityStream(): true, names.ReplicasStream(): true}
-	targets := []string{names.Prefix() + ".>", "$KV." + names.ReplicasBucket() + ".>"}
+	targets := []string{names.Prefix() + ".>", names.ReplicasFilter()}
 	var out []string
 	lister := js.ListStreams(ctx)
 	for info := range lister.Info() {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/cronstream/cronstream/contract"
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/lifecycle"
 	"github.com/cronstream/cronstream/internal/relay"
@@ -386,8 +387,8 @@ const bucketInactive = 10 * time.Second
 // gone): the Next of the iterator returns an error instead, and the
 // membership's watch starts again (checkWatch).
 func readBucket(ctx context.Context, js jetstream.JetStream, bucket string, heartbeat time.Duration) (jetstream.MessagesContext, error) {
-	cons, err := js.CreateConsumer(ctx, "KV_"+bucket, jetstream.ConsumerConfig{
-		FilterSubject:     "$KV." + bucket + ".>",
+	cons, err := js.CreateConsumer(ctx, contract.BucketStream(bucket), jetstream.ConsumerConfig{
+		FilterSubject:     contract.BucketSubject(bucket, ">"),
 		DeliverPolicy:     jetstream.DeliverLastPerSubjectPolicy,
 		AckPolicy:         jetstream.AckNonePolicy,
 		InactiveThreshold: bucketInactive,
@@ -405,7 +406,7 @@ func readBucket(ctx context.Context, js jetstream.JetStream, bucket string, hear
 // when it deletes the key (a delete, a purge, or the marker the bucket
 // writes when a key expires).
 func bucketValue(bucket string, msg jetstream.Msg) (string, []byte) {
-	key := strings.TrimPrefix(msg.Subject(), "$KV."+bucket+".")
+	key := strings.TrimPrefix(msg.Subject(), contract.BucketSubject(bucket, ""))
 	h := msg.Headers()
 	if op := h.Get("KV-Operation"); op == "DEL" || op == "PURGE" || h.Get("Nats-Marker-Reason") != "" {
 		return key, nil

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/cronstream/cronstream/contract"
 	"github.com/cronstream/cronstream/events"
 )
 
@@ -50,7 +51,7 @@ func ReplicasBucketConfig(names events.Names, replicas int, dropAfter time.Durat
 	return jetstream.StreamConfig{
 		Name:              names.ReplicasStream(),
 		Description:       "cronstream replicas (heartbeats)",
-		Subjects:          []string{"$KV." + names.ReplicasBucket() + ".>"},
+		Subjects:          []string{names.ReplicasFilter()},
 		MaxMsgsPerSubject: 1,
 		MaxAge:            dropAfter,
 		// The NATS client's values for a bucket: its duplicate window is
@@ -82,7 +83,10 @@ func ReplicasBucketConfig(names events.Names, replicas int, dropAfter time.Durat
 // (events.WriteRoute) is refused in every mode, as events.SyncStreams
 // refuses such a stream.
 func SyncReplicasBucket(ctx context.Context, js jetstream.JetStream, want jetstream.StreamConfig, mode events.StreamMode) (jetstream.KeyValue, []events.StreamChange, error) {
-	bucket := strings.TrimPrefix(want.Name, "KV_") // the NATS client's naming of a bucket's stream
+	bucket, ok := contract.BucketOfStream(want.Name)
+	if !ok {
+		return nil, nil, fmt.Errorf("replicas bucket: stream %s is not named as a bucket's", want.Name)
+	}
 	for pass := 0; ; pass++ {
 		s, err := js.Stream(ctx, want.Name)
 		if errors.Is(err, jetstream.ErrStreamNotFound) {

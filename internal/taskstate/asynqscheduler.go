@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cronstream/cronstream/contract"
@@ -90,23 +91,9 @@ func isDecimal(s string) bool {
 }
 
 // isUUID reports whether s is a UUID as asynq writes it in a scheduler id
-// (8-4-4-4-12 hex digits), in either case.
-func isUUID(s string) bool {
-	if len(s) != 36 {
-		return false
-	}
-	for i, c := range s {
-		switch {
-		case i == 8 || i == 13 || i == 18 || i == 23:
-			if c != '-' {
-				return false
-			}
-		case !strings.ContainsRune("0123456789abcdefABCDEF", c):
-			return false
-		}
-	}
-	return true
-}
+// (8-4-4-4-12 hex digits), in either case; uuid.Validate alone also takes
+// the braced, URN and undashed forms.
+func isUUID(s string) bool { return len(s) == 36 && uuid.Validate(s) == nil }
 
 // WriteSchedulerEntries publishes entries under schedulerID for ttl, as
 // asynq's scheduler heartbeat does: a plain ZADD of the list key into

@@ -24,18 +24,19 @@ func TestIsOwnSchedulerID(t *testing.T) {
 	t.Parallel()
 	asynqOnCronstreamHost := "cronstream:1234:" + uuid.NewString() // asynq's <host>:<pid>:<uuid>
 	for id, want := range map[string]bool{
-		SchedulerID("cronstream"):                                            true,
-		SchedulerID("team-a"):                                                true,
-		SchedulerID(""):                                                      true,
-		ReplicaSchedulerID("cronstream", "cronstream-1"):                     true,
-		ReplicaSchedulerID("team-a", "web-1-4242-a1b2c3"):                    true, // the default replica id
-		ReplicaSchedulerID("t_1", "pod.ns/x=1_y"):                            true,
-		ReplicaSchedulerID("1234", "web-1"):                                  true, // a numeric prefix alone is no asynq id
-		ReplicaSchedulerID("team-a", "2b7d7b5e-2f6a-4fd1-9b7d-aa0011223344"): true,
-		asynqOnCronstreamHost:                                                false,
-		"cronstream:99:" + strings.ToUpper(uuid.NewString()):                 false,
-		"cronstream.example.com:1234:" + uuid.NewString():                    false,
-		"web-1:4242:2b7d7b5e-2f6a-4fd1-9b7d-aa0011223344":                    false,
+		SchedulerID("cronstream"):                                                 true,
+		SchedulerID("team-a"):                                                     true,
+		SchedulerID(""):                                                           true,
+		ReplicaSchedulerID("cronstream", "cronstream-1"):                          true,
+		ReplicaSchedulerID("team-a", "web-1-4242-a1b2c3"):                         true, // the default replica id
+		ReplicaSchedulerID("t_1", "pod.ns/x=1_y"):                                 true,
+		ReplicaSchedulerID("1234", "web-1"):                                       true, // a numeric prefix alone is no asynq id
+		ReplicaSchedulerID("team-a", "2b7d7b5e-2f6a-4fd1-9b7d-aa0011223344"):      true,
+		ReplicaSchedulerID("1234", strings.ReplaceAll(uuid.NewString(), "-", "")): true, // asynq writes a UUID dashed
+		asynqOnCronstreamHost:                                                     false,
+		"cronstream:99:" + strings.ToUpper(uuid.NewString()):                      false,
+		"cronstream.example.com:1234:" + uuid.NewString():                         false,
+		"web-1:4242:2b7d7b5e-2f6a-4fd1-9b7d-aa0011223344":                         false,
 		"cronstream":                            false,
 		"cronstream:":                           false,
 		"cronstream::r1":                        false,
