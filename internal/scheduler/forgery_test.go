@@ -2,7 +2,9 @@ package scheduler_test
 
 import (
 	"context"
+	"errors"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -101,15 +103,7 @@ func TestForgedFireNotRestored(t *testing.T) {
 	a.stop()
 	e.waitOutboxEmpty(5*time.Second, "default")
 
-	far := time.Unix(4102444800, 0).UTC()
-	id := "fire:" + entry + ":4102444800"
-	data := eventtest.MarshalAt(t, id, time.Now(), events.TypeEntryFired, "cronstream/forger", entry,
-		events.Fired{Entry: entry, ScheduledAt: far, EnqueuedAt: far, TaskID: schedule.TaskID(testPrefix, entry, far), Queue: "default", Replica: "forger"})
-	m := &nats.Msg{Subject: testNames.FireSubject(entry), Data: data, Header: nats.Header{}}
-	m.Header.Set(jetstream.MsgIDHeader, id)
-	if _, err := e.js.PublishMsg(testenv.Context(t, 10*time.Second), m); err != nil {
-		t.Fatal(err)
-	}
+	forgeFire(t, e, entry, time.Unix(4102444800, 0).UTC())
 	if err := e.rc.FlushAll(context.Background()).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -117,5 +111,61 @@ func TestForgedFireNotRestored(t *testing.T) {
 	testenv.Eventually(t, 20*time.Second, func() bool { return b.counts().Fired >= 2 }, "b to fire after the data loss")
 	if b.counts().Implausible == 0 {
 		t.Errorf("b did not count the forged fire it refused to restore from")
+	}
+}
+
+// TestForgedFireNoSignOfLoss: Redis kept the entry's watermark, but a
+// well-formed fired event for the year 2100 is the entry's last on its
+// activity subject, and the entry is overdue when the next replica loads
+// it. A fire far ahead of the clock is no sign that Redis lost fires: the
+// replica counts it and loads the entry as it is, never holding it for a
+// restore.
+func TestForgedFireNoSignOfLoss(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const entry = "w"
+	e.put(every(entry, "@every 1s"))
+	hist := func(c *scheduler.Config) { c.History = scheduler.NewStreamHistory(e.js, testNames) }
+	a := e.startNode("a", nodeOpts{sched: hist})
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired >= 2 }, "a to fire")
+	a.stop()
+	e.waitOutboxEmpty(5*time.Second, "default")
+	forgeFire(t, e, entry, time.Unix(4102444800, 0).UTC())
+	time.Sleep(2 * time.Second) // the watermark's next tick comes due
+
+	var mu sync.Mutex
+	var restoring []string
+	b := e.startNode("b", nodeOpts{sched: func(c *scheduler.Config) {
+		hist(c)
+		c.OnOutcome = func(o schedule.Outcome) {
+			if errors.Is(o.Err, scheduler.ErrRestoring) {
+				mu.Lock()
+				restoring = append(restoring, o.Err.Error())
+				mu.Unlock()
+			}
+		}
+	}})
+	testenv.Eventually(t, 20*time.Second, func() bool { return b.counts().Fired >= 2 }, "b to fire")
+	if b.counts().Implausible == 0 {
+		t.Errorf("b did not count the forged fire")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(restoring) > 0 {
+		t.Errorf("b held the entry for a restore: %q", restoring)
+	}
+}
+
+// forgeFire publishes a well-formed fired event of entry for tick, as a
+// client other than a replica could.
+func forgeFire(t *testing.T, e *env, entry string, tick time.Time) {
+	t.Helper()
+	id := "fire:" + entry + ":" + strconv.FormatInt(tick.Unix(), 10)
+	data := eventtest.MarshalAt(t, id, time.Now(), events.TypeEntryFired, "cronstream/forger", entry,
+		events.Fired{Entry: entry, ScheduledAt: tick, EnqueuedAt: tick, TaskID: schedule.TaskID(testPrefix, entry, tick), Queue: "default", Replica: "forger"})
+	m := &nats.Msg{Subject: testNames.FireSubject(entry), Data: data, Header: nats.Header{}}
+	m.Header.Set(jetstream.MsgIDHeader, id)
+	if _, err := e.js.PublishMsg(testenv.Context(t, 10*time.Second), m); err != nil {
+		t.Fatal(err)
 	}
 }

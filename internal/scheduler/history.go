@@ -672,14 +672,25 @@ func (s *Scheduler) lastHandled(ctx context.Context, r *entryRun) (time.Time, st
 	if !ok {
 		return time.Time{}, "", false, nil
 	}
-	if ahead := tick.Sub(s.clock.Now()); ahead > implausibleAhead {
-		// Not a fire of any replica: a forged event. Seeding it would stop
-		// the entry until then.
-		s.m.Implausible.Inc()
-		s.log.Warn("the entry's last fire in the activity stream is far ahead of the clock (forged?): not restoring its watermark from it", "entry", r.id, "tick", tick.UTC().Format(time.RFC3339), "ahead", ahead.Round(time.Second))
+	if !s.plausible(r.id, tick) {
+		// Seeding it would stop the entry until then.
 		return time.Time{}, "", false, nil
 	}
 	return tick, task, true, nil
+}
+
+// plausible reports whether tick, read back from the activity stream as
+// entry's last fire, can be a replica's fire: one far ahead of the clock is
+// a forged event (or a publisher's wrong clock), counted, logged and
+// ignored.
+func (s *Scheduler) plausible(entry string, tick time.Time) bool {
+	ahead := tick.Sub(s.clock.Now())
+	if ahead <= implausibleAhead {
+		return true
+	}
+	s.m.Implausible.Inc()
+	s.log.Warn("the entry's last fire in the activity stream is far ahead of the clock (forged?): ignored", "entry", entry, "tick", tick.UTC().Format(time.RFC3339), "ahead", ahead.Round(time.Second))
+	return false
 }
 
 // implausibleAhead is how far ahead of the scheduler's clock a tick read

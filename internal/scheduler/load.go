@@ -430,7 +430,9 @@ func (s *Scheduler) firesInGap(r *entryRun, t FireTally) bool {
 //
 // The stream is asked per entry or in one pass over every entry's last
 // fire (at most once per historyRefresh), whichever reads less for a load
-// pass of batch entries (scanHistory).
+// pass of batch entries (scanHistory). A last fire far ahead of the clock
+// (plausible) is no sign of loss: it would only hold the entry while a
+// restore found nothing to seed.
 func (s *Scheduler) behind(ctx context.Context, r *entryRun, wm, now time.Time, batch int) bool {
 	if r.hasHandled {
 		return wm.Before(r.handled)
@@ -446,7 +448,7 @@ func (s *Scheduler) behind(ctx context.Context, r *entryRun, wm, now time.Time, 
 			}
 			return false
 		}
-		return ok && last.After(wm)
+		return ok && last.After(wm) && s.plausible(r.id, last)
 	}
 	h := &s.hist
 	if s.clock.Since(h.lastAt) >= historyRefresh {
@@ -458,7 +460,7 @@ func (s *Scheduler) behind(ctx context.Context, r *entryRun, wm, now time.Time, 
 		h.last = last
 	}
 	last, ok := h.last[r.id]
-	return ok && last.After(wm)
+	return ok && last.After(wm) && s.plausible(r.id, last)
 }
 
 // scanHistory reports whether behind reads the last fire of every entry in

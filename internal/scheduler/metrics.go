@@ -81,7 +81,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "cronstream_watermarks_loading", Help: "Entries of the shards this replica owns that do not fire yet because their watermark is still to be read (after a start, a shard taken over, a queue change).",
 		}),
 		Implausible: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "cronstream_scheduler_implausible_observations_total", Help: "Fires read back from the activity stream (to restore a watermark Redis lost) for a tick far ahead of the clock (forged, or a publisher's wrong clock); ignored.",
+			Name: "cronstream_scheduler_implausible_observations_total", Help: "Fires read back from the activity stream (to check or restore a watermark) for a tick far ahead of the clock (forged, or a publisher's wrong clock); ignored.",
 		}),
 		Epochs: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "cronstream_stream_epochs_total", Help: "Revision fences and handover markers holding a sequence of an earlier config stream (recreated or restored) that this replica cleared.",
