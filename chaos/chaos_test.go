@@ -36,13 +36,19 @@ const (
 	clockSkew = 20 * time.Minute
 	// chaosEntries entries fire "@every 1s" across chaosQueues.
 	chaosEntries = 100
-	// bandBefore and bandAfter widen each outage into the band whose ticks
-	// may be missed. Before: a tick whose primary replica was already dead
-	// waits the late delay (2 s) for another replica, which may die in the
-	// meantime; plus a second for the tick in flight. After: the replicas
-	// reconnect (go-redis pool, backoff) before the catch-up grace decides.
-	bandBefore = 3 * time.Second
-	bandAfter  = 3 * time.Second
+	// bandBefore, takeoverBand and bandAfter widen each outage into the
+	// band whose ticks may be missed. Before Redis goes down: a tick in
+	// flight, and a replica's pool finding the connection gone. Before
+	// the last replica goes (takeoverBand): a tick whose owner was already
+	// dead waits for its shard's takeover (the lease lapses at most 3 s
+	// after its last renewal, then a poll and a rank's step: 4 s in
+	// docs/design.md's time budget), and the replica taking it over may
+	// die in the meantime; plus a second for the tick in flight. After:
+	// the replicas reconnect (go-redis pool, backoff) and load the shards
+	// before the catch-up grace decides.
+	bandBefore   = 3 * time.Second
+	takeoverBand = 5 * time.Second
+	bandAfter    = 3 * time.Second
 )
 
 var chaosQueues = []string{"q0", "q1", "q2"}
@@ -496,7 +502,11 @@ func TestChaos(t *testing.T) {
 	var noReplica, redisDown time.Duration
 	var outageText strings.Builder
 	for _, o := range outages {
-		bands = append(bands, band{from: o.from.Add(-bandBefore), to: o.to.Add(bandAfter), why: o.why})
+		before := bandBefore
+		if o.why == "no replica up" {
+			before = takeoverBand
+		}
+		bands = append(bands, band{from: o.from.Add(-before), to: o.to.Add(bandAfter), why: o.why})
 		if o.why == "no replica up" {
 			noReplica += o.to.Sub(o.from)
 		} else {
@@ -534,7 +544,7 @@ func TestChaos(t *testing.T) {
 	fmt.Fprintf(&sum, "  split views (one replica's view of the others frozen while another was killed and came back): %d\n", c["split view"])
 	fmt.Fprintf(&sum, "  restarts: replicas %d, workers %d, Redis %d, NATS nodes %d (stops %d)\n",
 		c["replica restart"], c["worker restart"], c["redis restart"], c["nats restart"], c["nats stop"])
-	fmt.Fprintf(&sum, "  outages: no replica up %s, Redis down %s; band around each: -%s/+%s\n", noReplica.Round(100*time.Millisecond), redisDown.Round(100*time.Millisecond), bandBefore, bandAfter)
+	fmt.Fprintf(&sum, "  outages: no replica up %s, Redis down %s; band around each: -%s (no replica) or -%s (Redis)/+%s\n", noReplica.Round(100*time.Millisecond), redisDown.Round(100*time.Millisecond), takeoverBand, bandBefore, bandAfter)
 	sum.WriteString(outageText.String())
 	for _, n := range tl.natsAll {
 		fmt.Fprintf(&sum, "    (no band) every NATS node down from +%s for %s\n", n.from.Sub(tl.start).Round(100*time.Millisecond), n.to.Sub(n.from).Round(100*time.Millisecond))

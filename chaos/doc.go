@@ -60,8 +60,12 @@
 // # Outage bands
 //
 // Ticks may be missed only inside an outage band, an outage widened by
-// 3 s either side: no replica up (ready and not killed), Redis down (killed,
-// or stopped for the data loss until it answers again). A full NATS restart
+// 3 s after it and before it by 5 s when no replica is up (ready and not
+// killed), 3 s when Redis is down (killed, or stopped for the data loss
+// until it answers again). The 5 s is ownership's takeover bound (a dead
+// owner's lease lapses, a poll, a rank's step: 4 s) and a second for the
+// tick in flight: a tick whose owner died before it may still be waiting
+// for its takeover when the last replica goes. A full NATS restart
 // opens no band: the replicas keep firing into Redis, and the events wait in
 // the outboxes. A tick missed inside a band must still be accounted for by a
 // skipped event.
