@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -232,6 +233,8 @@ type usage struct {
 	redis     time.Duration
 	nats      time.Duration
 	harness   time.Duration // this process: the benchmark's own sampling
+	machine   time.Duration // the whole machine's busy CPU
+	steal     time.Duration // CPU the hypervisor took from the machine
 	fires     int64         // tasks in the queues' pending lists
 	attempts  attempts
 }
@@ -239,6 +242,7 @@ type usage struct {
 func (d *deployment) usage() usage {
 	// The clocks first, together; the slower reads (Redis, /metrics) after.
 	u := usage{at: time.Now(), redis: testenv.ProcCPU(d.s.redisPID), nats: testenv.ProcCPU(d.s.natsPID()), harness: testenv.SelfCPU()}
+	u.machine, u.steal = testenv.MachineCPU()
 	for _, p := range d.ps {
 		u.replicas = append(u.replicas, testenv.ProcCPU(p.pid()))
 	}
@@ -278,8 +282,12 @@ type window struct {
 	throttled    []time.Duration // of each replica's CPU group (cpu.stat: summed over the CPUs)
 	redis, nats  time.Duration
 	harness      time.Duration
-	attempts     attempts
-	late         float64 // cronstream_late_entries summed over the replicas at the end
+	// machine and steal are the whole machine's busy CPU and the CPU the
+	// hypervisor stole from it (testenv.MachineCPU): what every process
+	// together, the benchmark's and any other, left of the cores.
+	machine, steal time.Duration
+	attempts       attempts
+	late           float64 // cronstream_late_entries summed over the replicas at the end
 	// shown is cronstream_fire_capacity summed over the replicas at the
 	// end: what they have shown they can fire (0: unknown, or a build
 	// without it).
@@ -310,6 +318,7 @@ func (d *deployment) measure(secs int) window {
 	d.checkAlive()
 	w := window{cfg: d.cfg, secs: secs, warmErr: d.warmErr, wall: u1.at.Sub(u0.at), fires: u1.fires - u0.fires,
 		redis: u1.redis - u0.redis, nats: u1.nats - u0.nats, harness: u1.harness - u0.harness,
+		machine: u1.machine - u0.machine, steal: u1.steal - u0.steal,
 		attempts: u1.attempts.sub(u0.attempts)}
 	for i := range u1.replicas {
 		w.replicas = append(w.replicas, u1.replicas[i]-u0.replicas[i])
@@ -475,10 +484,11 @@ func (w window) String() string {
 		cores = append(cores, s)
 	}
 	return fmt.Sprintf("%d entries over %d queues, %d replica(s), %d s: %.0f ticks fired a second (%.0f tasks written a second); lag p50 %s p99 %s max %s; %d of %d ticks missed; "+
-		"event backlog largest %d, slope %+.1f fires/s; cores: replicas %s, redis-server %.3f, nats-server %.3f, harness %.3f; "+
+		"event backlog largest %d, slope %+.1f fires/s; cores: replicas %s, redis-server %.3f, nats-server %.3f, harness %.3f, machine %.2f of %d busy, %.2f stolen; "+
 		"%.2f fire attempts per fire (%.0f refused, %.0f skipped records); %.0f late entries at the end",
 		w.cfg.entries, w.cfg.queues, w.cfg.replicas, w.secs, w.firesPerSec(), w.tasksPerSec(),
 		w.lagP50.Round(time.Millisecond), w.lagP99.Round(time.Millisecond), w.lagMax.Round(time.Millisecond), w.missed, w.ticks,
 		w.backlogMax, w.backlogSlope, strings.Join(cores, ", "), w.cores(w.redis), w.cores(w.nats), w.cores(w.harness),
+		w.cores(w.machine), runtime.NumCPU(), w.cores(w.steal),
 		(w.attempts.fired+w.attempts.refused)/max(w.attempts.fired, 1), w.attempts.refused, w.attempts.skipped, w.late)
 }

@@ -65,3 +65,27 @@ func procStat(pid int) []string {
 	}
 	return strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
 }
+
+// MachineCPU is the machine's CPU time summed over its CPUs, from the
+// first line of /proc/stat: busy (user, nice, system, irq, softirq; guest
+// time is inside user) and steal (time the hypervisor ran something else
+// while this machine had work). Zero where there is no /proc. A benchmark
+// reads it at both ends of a window: a machine whose cores were all busy,
+// or stolen, measured itself, not the processes it was running.
+func MachineCPU() (busy, steal time.Duration) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return 0, 0
+	}
+	ticks := func(i int) time.Duration {
+		n, _ := strconv.ParseInt(f[i], 10, 64)
+		return time.Duration(n) * time.Second / userHZ
+	}
+	// user nice system idle iowait irq softirq steal
+	return ticks(1) + ticks(2) + ticks(3) + ticks(6) + ticks(7), ticks(8)
+}
