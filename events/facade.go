@@ -111,6 +111,9 @@ var (
 // Functions of the event contract (package contract).
 var (
 	BatchID                = contract.BatchID
+	BucketOfStream         = contract.BucketOfStream
+	BucketStream           = contract.BucketStream
+	BucketSubject          = contract.BucketSubject
 	CancelledEventID       = contract.CancelledEventID
 	CatchupBeyondRetention = contract.CatchupBeyondRetention
 	CheckSource            = contract.CheckSource

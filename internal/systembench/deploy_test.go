@@ -1,11 +1,13 @@
 package systembench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -236,7 +238,10 @@ type usage struct {
 	machine   time.Duration // the whole machine's busy CPU
 	steal     time.Duration // CPU the hypervisor took from the machine
 	fires     int64         // tasks in the queues' pending lists
-	attempts  attempts
+	// redisCalls and jsAPI are the servers' requests (serverRequests).
+	redisCalls map[string]int64
+	jsAPI      uint64
+	attempts   attempts
 }
 
 func (d *deployment) usage() usage {
@@ -252,6 +257,7 @@ func (d *deployment) usage() usage {
 	}
 	u.fires = d.s.pendingAll(d.queues)
 	u.attempts = fireAttempts(d.ps)
+	u.redisCalls, u.jsAPI = d.s.serverRequests()
 	return u
 }
 
@@ -286,8 +292,12 @@ type window struct {
 	// hypervisor stole from it (testenv.MachineCPU): what every process
 	// together, the benchmark's and any other, left of the cores.
 	machine, steal time.Duration
-	attempts       attempts
-	late           float64 // cronstream_late_entries summed over the replicas at the end
+	// redisCalls is Redis's calls per command over the window, jsAPI the
+	// JetStream API calls (system.serverRequests).
+	redisCalls map[string]int64
+	jsAPI      uint64
+	attempts   attempts
+	late       float64 // cronstream_late_entries summed over the replicas at the end
 	// shown is cronstream_fire_capacity summed over the replicas at the
 	// end: what they have shown they can fire (0: unknown, or a build
 	// without it).
@@ -318,13 +328,17 @@ func (d *deployment) measure(secs int) window {
 	d.checkAlive()
 	w := window{cfg: d.cfg, secs: secs, warmErr: d.warmErr, wall: u1.at.Sub(u0.at), fires: u1.fires - u0.fires,
 		redis: u1.redis - u0.redis, nats: u1.nats - u0.nats, harness: u1.harness - u0.harness,
-		machine: u1.machine - u0.machine, steal: u1.steal - u0.steal,
-		attempts: u1.attempts.sub(u0.attempts)}
+		machine: u1.machine - u0.machine, steal: u1.steal - u0.steal, jsAPI: u1.jsAPI - u0.jsAPI,
+		redisCalls: map[string]int64{},
+		attempts:   u1.attempts.sub(u0.attempts)}
 	for i := range u1.replicas {
 		w.replicas = append(w.replicas, u1.replicas[i]-u0.replicas[i])
 	}
 	for i := range u1.throttled {
 		w.throttled = append(w.throttled, u1.throttled[i]-u0.throttled[i])
+	}
+	for cmd, n := range u1.redisCalls {
+		w.redisCalls[cmd] = n - u0.redisCalls[cmd]
 	}
 	for _, p := range d.ps {
 		v, _ := p.metric("cronstream_late_entries")
@@ -485,10 +499,33 @@ func (w window) String() string {
 	}
 	return fmt.Sprintf("%d entries over %d queues, %d replica(s), %d s: %.0f ticks fired a second (%.0f tasks written a second); lag p50 %s p99 %s max %s; %d of %d ticks missed; "+
 		"event backlog largest %d, slope %+.1f fires/s; cores: replicas %s, redis-server %.3f, nats-server %.3f, harness %.3f, machine %.2f of %d busy, %.2f stolen; "+
-		"%.2f fire attempts per fire (%.0f refused, %.0f skipped records); %.0f late entries at the end",
+		"%.2f fire attempts per fire (%.0f refused, %.0f skipped records); %.0f late entries at the end; per fire: %s",
 		w.cfg.entries, w.cfg.queues, w.cfg.replicas, w.secs, w.firesPerSec(), w.tasksPerSec(),
 		w.lagP50.Round(time.Millisecond), w.lagP99.Round(time.Millisecond), w.lagMax.Round(time.Millisecond), w.missed, w.ticks,
 		w.backlogMax, w.backlogSlope, strings.Join(cores, ", "), w.cores(w.redis), w.cores(w.nats), w.cores(w.harness),
 		w.cores(w.machine), runtime.NumCPU(), w.cores(w.steal),
-		(w.attempts.fired+w.attempts.refused)/max(w.attempts.fired, 1), w.attempts.refused, w.attempts.skipped, w.late)
+		(w.attempts.fired+w.attempts.refused)/max(w.attempts.fired, 1), w.attempts.refused, w.attempts.skipped, w.late, w.requestsPerFire())
+}
+
+// requestsPerFire is the servers' requests over the window per task
+// fired: Redis's calls in all and of its busiest commands, and the
+// JetStream API calls.
+func (w window) requestsPerFire() string {
+	fires := float64(max(w.fires, 1))
+	var total int64
+	type call struct {
+		cmd string
+		n   int64
+	}
+	var calls []call
+	for cmd, n := range w.redisCalls {
+		total += n
+		calls = append(calls, call{cmd, n})
+	}
+	slices.SortFunc(calls, func(a, b call) int { return cmp.Compare(b.n, a.n) })
+	var top []string
+	for _, c := range calls[:min(len(calls), 5)] {
+		top = append(top, fmt.Sprintf("%s %.3f", c.cmd, float64(c.n)/fires))
+	}
+	return fmt.Sprintf("Redis calls %.3f (%s), JetStream API calls %.4f", float64(total)/fires, strings.Join(top, ", "), float64(w.jsAPI)/fires)
 }

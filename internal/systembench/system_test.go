@@ -820,3 +820,31 @@ func commandsPer(cs []commandTime, units int, top int) string {
 	}
 	return strings.Join(parts, ", ")
 }
+
+// serverRequests is what the servers have answered so far: Redis's calls
+// per command (INFO commandstats; a script is one call of EVALSHA, and
+// the commands it runs are counted under their own names) and the
+// account's JetStream API calls (fetches, infos, consumer changes; a
+// publish is not one). The harness's own reads are among them, a few a
+// second.
+func (s *system) serverRequests() (redisCalls map[string]int64, jsAPI uint64) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	redisCalls = map[string]int64{}
+	info, _ := s.rc.Info(ctx, "commandstats").Result()
+	for _, line := range strings.Split(info, "\n") {
+		// cmdstat_<name>:calls=N,usec=...
+		name, rest, ok := strings.Cut(strings.TrimPrefix(strings.TrimSpace(line), "cmdstat_"), ":calls=")
+		if !ok {
+			continue
+		}
+		calls, _, _ := strings.Cut(rest, ",")
+		if n, err := strconv.ParseInt(calls, 10, 64); err == nil {
+			redisCalls[name] = n
+		}
+	}
+	if ai, err := s.js.AccountInfo(ctx); err == nil {
+		jsAPI = ai.API.Total
+	}
+	return redisCalls, jsAPI
+}
