@@ -53,6 +53,10 @@ const (
 
 var chaosQueues = []string{"q0", "q1", "q2"}
 
+// whyNoReplica is the why of an outage in which no replica was up (its band
+// starts takeoverBand before it).
+const whyNoReplica = "no replica up"
+
 // lossAfterFires (CRONSTREAM_CHAOS_LOSS_AFTER_FIRES=1) times each Redis
 // data loss just after a second's fires, so records not yet relayed go
 // with it. Off by default: a replica that takes an entry over while the
@@ -332,14 +336,14 @@ func (tl *timeline) noReplicaUp(from, to time.Time) []band {
 			continue // seen ready only after the end of the window
 		}
 		if iv.from.After(cursor) {
-			out = append(out, band{from: cursor, to: iv.from, why: "no replica up"})
+			out = append(out, band{from: cursor, to: iv.from, why: whyNoReplica})
 		}
 		if iv.to.After(cursor) {
 			cursor = iv.to
 		}
 	}
 	if cursor.Before(to) {
-		out = append(out, band{from: cursor, to: to, why: "no replica up"})
+		out = append(out, band{from: cursor, to: to, why: whyNoReplica})
 	}
 	return out
 }
@@ -503,15 +507,13 @@ func TestChaos(t *testing.T) {
 	var outageText strings.Builder
 	for _, o := range outages {
 		before := bandBefore
-		if o.why == "no replica up" {
+		if o.why == whyNoReplica {
 			before = takeoverBand
-		}
-		bands = append(bands, band{from: o.from.Add(-before), to: o.to.Add(bandAfter), why: o.why})
-		if o.why == "no replica up" {
 			noReplica += o.to.Sub(o.from)
 		} else {
 			redisDown += o.to.Sub(o.from)
 		}
+		bands = append(bands, band{from: o.from.Add(-before), to: o.to.Add(bandAfter), why: o.why})
 		fmt.Fprintf(&outageText, "    %s from +%s for %s\n", o.why, o.from.Sub(tl.start).Round(100*time.Millisecond), o.to.Sub(o.from).Round(100*time.Millisecond))
 	}
 	rep := check(ctx, s.rdb, checkInput{
