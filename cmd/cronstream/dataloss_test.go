@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strings"
 	"syscall"
@@ -87,7 +88,7 @@ func TestRedisFlushedUnderRun(t *testing.T) {
 	last := lost[len(lost)-1]
 
 	// Flushed while down.
-	p = start(t, e.vars, "run", "--http", "127.0.0.1:0", "--replica-id", "loss-2")
+	p = start(t, e.vars, "run", "--http", "127.0.0.1:0", "--replica-id", "loss-2", "--log-level", "debug")
 	testenv.Eventually(t, 30*time.Second, func() bool { return len(ticks()) >= 2 }, "no fires after the loss:\n%s", lazy(p.Stderr))
 	check("flushed while down", last)
 
@@ -108,7 +109,7 @@ func TestRedisFlushedUnderRun(t *testing.T) {
 	// that, the record would wait in Redis for the next replica.
 	testenv.Eventually(t, 15*time.Second, func() bool {
 		return len(parseAudit(t, e.ok("audit", "--type", "lost", "--json"))) >= 2
-	}, "the second loss's record did not reach the stream:\n%s", lazy(p.Stderr))
+	}, "the second loss's record did not reach the stream (%s):\n%s", lazy(func() string { return outboxState(rc, "cronstream", "default") }), lazy(p.Stderr))
 	if code := p.stop(syscall.SIGTERM, 20*time.Second); code != 0 {
 		t.Fatalf("run exited %d", code)
 	}
@@ -131,4 +132,23 @@ func TestRedisFlushedUnderRun(t *testing.T) {
 	if out := e.ok("entry", "describe", "w"); !strings.Contains(out, "fires Redis lost") || !strings.Contains(out, "lost their tasks is unknown") {
 		t.Errorf("entry describe does not show the losses:\n%s", out)
 	}
+}
+
+// outboxState describes queue's outbox in Redis, for a failure message: its
+// records, its lease, and whether the relays can find it.
+func outboxState(rc *redis.Client, prefix, queue string) string {
+	ctx := context.Background()
+	own := taskstate.Own(prefix, queue)
+	var b strings.Builder
+	recs, err := rc.XRange(ctx, own.Outbox(), "-", "+").Result()
+	fmt.Fprintf(&b, "outbox: %d records (err %v):", len(recs), err)
+	for _, r := range recs {
+		fmt.Fprintf(&b, " %s %v", r.ID, r.Values["id"])
+	}
+	lease, err := rc.Get(ctx, own.OutboxOwner()).Result()
+	ttl, _ := rc.PTTL(ctx, own.OutboxOwner()).Result()
+	fmt.Fprintf(&b, "; lease %q (ttl %s, err %v)", lease, ttl, err)
+	listed, err := rc.SIsMember(ctx, taskstate.OutboxesKey(prefix), queue).Result()
+	fmt.Fprintf(&b, "; listed for the relays %v (err %v)", listed, err)
+	return b.String()
 }
