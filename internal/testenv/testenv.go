@@ -50,13 +50,19 @@ import (
 	"time"
 )
 
-// pollInterval is how often Eventually and the internal waits re-check their
-// condition: short enough that tests do not idle, long enough not to spin.
+// pollInterval is how often Eventually and the internal waits re-check a
+// cheap condition: short enough that tests do not idle, long enough not to
+// spin. A condition that takes longer (one that runs a command, or reads a
+// stream) waits as long as it took before it is checked again, so a wait
+// keeps at most half of a core busy with its condition, whatever it does:
+// a suite of tests waiting on commands would otherwise spawn processes back
+// to back and starve the replicas under test of CPU.
 const pollInterval = 10 * time.Millisecond
 
-// Eventually polls cond every ~10ms until it returns true or timeout passes,
-// then fails the test with the formatted message. It is the project's one way
-// to wait for a condition; use it instead of time.Sleep.
+// Eventually polls cond every ~10ms (or, for a slow cond, as long as it
+// takes) until it returns true or timeout passes, then fails the test with
+// the formatted message. It is the project's one way to wait for a
+// condition; use it instead of time.Sleep.
 func Eventually(t testing.TB, timeout time.Duration, cond func() bool, format string, args ...any) {
 	t.Helper()
 	if waitFor(timeout, cond) {
@@ -79,21 +85,19 @@ func Context(t testing.TB, d time.Duration) context.Context {
 // up), not a failure.
 func WaitFor(timeout time.Duration, cond func() bool) bool { return waitFor(timeout, cond) }
 
-// waitFor reports whether cond became true before timeout. cond is always
-// evaluated at least once, and once more after the deadline has passed, so a
-// slow cond still gets its last chance.
 func waitFor(timeout time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(timeout)
-	ticker := time.NewTicker(pollInterval)
-	defer ticker.Stop()
 	for {
+		began := time.Now()
 		if cond() {
 			return true
 		}
-		if time.Now().After(deadline) {
+		now := time.Now()
+		if now.After(deadline) {
 			return false
 		}
-		<-ticker.C
+		// The last check is always made at or after the deadline.
+		time.Sleep(min(max(pollInterval, now.Sub(began)), deadline.Sub(now)+time.Millisecond))
 	}
 }
 
