@@ -38,7 +38,7 @@ type layer struct {
 var layers = []layer{
 	{
 		name:  "contract: the event vocabulary and leaf helpers",
-		pkgs:  []string{"contract", "internal/clock", "internal/redact", "internal/lifecycle"},
+		pkgs:  []string{"contract", "internal/clock", "internal/redact", "internal/lifecycle", "internal/proccpu"},
 		never: []string{natsMods, redisMods, asynqMods},
 	},
 	{

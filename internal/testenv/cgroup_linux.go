@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cronstream/cronstream/internal/proccpu"
 )
 
 // CPUGroup is a cgroup that limits the processes started in it to a share
@@ -169,7 +171,7 @@ func cpuHierarchy() (dir string, v2 bool, err error) {
 	if err != nil {
 		return "", false, fmt.Errorf("%w: %v", ErrNoCPUGroup, err)
 	}
-	return pickCPUHierarchy(parseMountinfo(string(mountinfo)), parseProcCgroup(string(own)), delegateCPU)
+	return pickCPUHierarchy(proccpu.ParseMountinfo(string(mountinfo)), proccpu.ParseProcCgroup(string(own)), delegateCPU)
 }
 
 // pickCPUHierarchy picks where to make CPU groups: this process's own group
@@ -178,18 +180,18 @@ func cpuHierarchy() (dir string, v2 bool, err error) {
 // can make the cpu controller available (the kernel lets a group with
 // processes of its own give controllers to groups below it only at the
 // top).
-func pickCPUHierarchy(mounts []cgroupMount, own map[string]string, delegate func(dir string) error) (dir string, v2 bool, err error) {
+func pickCPUHierarchy(mounts []proccpu.Mount, own map[string]string, delegate func(dir string) error) (dir string, v2 bool, err error) {
 	for _, m := range mounts {
-		if !m.v2 && slices.Contains(m.options, "cpu") {
-			return m.join(own["cpu"]), false, nil
+		if !m.V2 && slices.Contains(m.Options, "cpu") {
+			return m.Join(own["cpu"]), false, nil
 		}
 	}
 	var why []string
 	for _, m := range mounts {
-		if !m.v2 {
+		if !m.V2 {
 			continue
 		}
-		for _, dir := range slices.Compact([]string{m.join(own[""]), m.point}) {
+		for _, dir := range slices.Compact([]string{m.Join(own[""]), m.Point}) {
 			err := delegate(dir)
 			if err == nil {
 				return dir, true, nil
@@ -222,60 +224,4 @@ func delegateCPU(dir string) error {
 		return fmt.Errorf("cgroup v2: cannot give the cpu controller to the groups below %s: %w", dir, err)
 	}
 	return nil
-}
-
-// cgroupMount is one mounted cgroup hierarchy.
-type cgroupMount struct {
-	root, point string   // the hierarchy's path mounted, and where
-	options     []string // v1: the controllers (and mount options)
-	v2          bool
-}
-
-// join is the directory of the hierarchy's group path (as /proc/self/cgroup
-// names it).
-func (m cgroupMount) join(path string) string {
-	if m.root != "/" {
-		path = strings.TrimPrefix(path, m.root)
-	}
-	return filepath.Join(m.point, path)
-}
-
-// parseMountinfo reads the cgroup hierarchies of /proc/self/mountinfo.
-func parseMountinfo(mountinfo string) []cgroupMount {
-	var out []cgroupMount
-	for _, line := range strings.Split(mountinfo, "\n") {
-		// "<id> <parent> <dev> <root> <point> <options> [optional...] - <type> <source> <super options>"
-		left, right, ok := strings.Cut(line, " - ")
-		l, r := strings.Fields(left), strings.Fields(right)
-		if !ok || len(l) < 5 || len(r) < 3 {
-			continue
-		}
-		switch r[0] {
-		case "cgroup":
-			out = append(out, cgroupMount{root: l[3], point: l[4], options: strings.Split(r[2], ",")})
-		case "cgroup2":
-			out = append(out, cgroupMount{root: l[3], point: l[4], v2: true})
-		}
-	}
-	return out
-}
-
-// parseProcCgroup maps each v1 controller of /proc/self/cgroup to this
-// process's group path in its hierarchy; "" is the v2 group.
-func parseProcCgroup(procCgroup string) map[string]string {
-	out := map[string]string{}
-	for _, line := range strings.Split(strings.TrimSpace(procCgroup), "\n") {
-		parts := strings.SplitN(line, ":", 3)
-		if len(parts) != 3 {
-			continue
-		}
-		if parts[0] == "0" && parts[1] == "" {
-			out[""] = parts[2]
-			continue
-		}
-		for _, c := range strings.Split(parts[1], ",") {
-			out[c] = parts[2]
-		}
-	}
-	return out
 }

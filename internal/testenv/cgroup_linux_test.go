@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/cronstream/cronstream/internal/proccpu"
 )
 
 func TestPickCPUHierarchy(t *testing.T) {
@@ -57,7 +59,7 @@ func TestPickCPUHierarchy(t *testing.T) {
 			wantErr: []string{"no cgroup hierarchy with the cpu controller"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			dir, v2, err := pickCPUHierarchy(parseMountinfo(tc.mounts), parseProcCgroup(tc.own), tc.delegate)
+			dir, v2, err := pickCPUHierarchy(proccpu.ParseMountinfo(tc.mounts), proccpu.ParseProcCgroup(tc.own), tc.delegate)
 			if tc.wantErr != nil {
 				if !errors.Is(err, ErrNoCPUGroup) {
 					t.Fatalf("got %q, %v, %v; want an error wrapping ErrNoCPUGroup", dir, v2, err)
