@@ -29,7 +29,7 @@ var (
 		"Seconds since the projection last heard the config stream (a message or a heartbeat; lags by up to about four heartbeats on an idle stream). Absent until first heard.",
 		nil, nil)
 	capacityDesc = prometheus.NewDesc("cronstream_fire_capacity",
-		"Fires per second this replica has shown it can fire: the best, over 10 s windows of the last hour with at least 100 fires, of its fires per second of busy fire-pass time. Absent while it has shown nothing (unknown).",
+		"Fires per second this replica has shown it can fire: the best, over 10 s windows of the last hour with at least 100 fires, of the lesser of its fires per second of fire-pass time and its fires per second of the CPU it may use (all the process's CPU counted). Absent while it has shown nothing (unknown).",
 		nil, nil)
 )
 

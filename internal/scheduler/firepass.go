@@ -24,7 +24,7 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 		s.busy.Store(true)
 		defer s.busy.Store(false)
 	}
-	began := s.clock.Mono()
+	began := s.capacity.begin(s.clock)
 	s.firingSince.Store(int64(max(s.clock.Since(s.epoch), 1)))
 	defer s.firingSince.Store(0)
 	now := s.clock.Now()
