@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"log/slog"
 	"sync"
 	"time"
 
@@ -53,6 +54,7 @@ type capacityMeter struct {
 	// it may use (set on the first begin when nil).
 	processCPU func() (time.Duration, bool)
 	cores      float64
+	log        *slog.Logger // each window closed, at debug (nil: none)
 
 	passCPU  time.Duration // the process's CPU time when the last pass began
 	passOK   bool
@@ -123,6 +125,9 @@ func (m *capacityMeter) closeLocked(now clock.Mono) {
 				w.cpu = m.cpu
 			}
 			m.windows = append(m.windows, w)
+			if m.log != nil {
+				m.log.Debug("capacity window", "fires", w.fires, "pass_time", w.busy, "cpu", w.cpu, "cores", w.cores, "per_second", int(w.rate()))
+			}
 		}
 		m.start, m.fires, m.busy, m.cpu = clock.Mono{}, 0, 0, 0
 	}

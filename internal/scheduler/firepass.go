@@ -40,6 +40,7 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 	free := make(chan passRoom, s.cfg.Parallel+1)
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, s.cfg.Parallel)
+	turned := s.owned.Version
 	send := func(c *passCall) {
 		calls = append(calls, c)
 		sem <- struct{}{}
@@ -47,31 +48,7 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			results, err := s.broker.FireBatchInto(ctx, fences, c.fires, c.results)
-			if err != nil && len(results) != len(c.fires) {
-				results = make([]taskstate.FireResult, len(c.fires))
-				for i := range results {
-					results[i].Err = err
-				}
-			}
-			c.sent = make([]sentFire, len(c.fires))
-			for i := range c.fires {
-				c.sent[i] = sentOf(&c.fires[i], &results[i])
-				if m := c.fires[i].Msg; m != nil { // made by buildFire
-					*m = taskstate.TaskMessage{}
-					fireMessages.Put(m)
-				}
-			}
-			clear(c.fires)
-			clear(results)
-			select {
-			case free <- passRoom{fires: c.fires[:0], results: results[:0], fired: c.fired[:0]}:
-			default:
-			}
-			c.passRoom = passRoom{}
-			if s.cfg.OnFire != nil {
-				s.cfg.OnFire()
-			}
+			s.fireBatch(ctx, fences, c, free, turned)
 		}()
 	}
 	for _, r := range due {
@@ -118,6 +95,43 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 		s.putFireBuf(b.fires)
 	}
 	s.finishPass(calls, plans, now, began)
+}
+
+// fireBatch sends one batch of a pass (on a goroutine of its own) and
+// hands its buffers to the next batch through free. An answered batch is
+// the loop's progress as a turn is (for the shard set of version, the one
+// the pass fires for): a pass that lasts longer than a lease term, where a
+// replica is offered more than it can fire, keeps its shards, and only a
+// loop that Redis stops answering loses them.
+func (s *Scheduler) fireBatch(ctx context.Context, fences taskstate.Fences, c *passCall, free chan<- passRoom, version uint64) {
+	results, err := s.broker.FireBatchInto(ctx, fences, c.fires, c.results)
+	if err != nil && len(results) != len(c.fires) {
+		results = make([]taskstate.FireResult, len(c.fires))
+		for i := range results {
+			results[i].Err = err
+		}
+	}
+	c.sent = make([]sentFire, len(c.fires))
+	for i := range c.fires {
+		c.sent[i] = sentOf(&c.fires[i], &results[i])
+		if m := c.fires[i].Msg; m != nil { // made by buildFire
+			*m = taskstate.TaskMessage{}
+			fireMessages.Put(m)
+		}
+	}
+	clear(c.fires)
+	clear(results)
+	select {
+	case free <- passRoom{fires: c.fires[:0], results: results[:0], fired: c.fired[:0]}:
+	default:
+	}
+	c.passRoom = passRoom{}
+	if err == nil && !s.ownsAll() {
+		s.cfg.Shards.Turned(version)
+	}
+	if s.cfg.OnFire != nil {
+		s.cfg.OnFire()
+	}
 }
 
 // planned is one entry's plan in a pass: its fires, and whether more

@@ -315,6 +315,7 @@ func New(cfg Config) (*Scheduler, error) {
 		cfg: cfg, broker: b, log: cfg.Logger, clock: clk, m: m, src: events.ReplicaSource(cfg.ReplicaID),
 		entries:  map[string]*entryRun{},
 		loading:  map[string]*entryRun{},
+		capacity: capacityMeter{log: cfg.Logger},
 		timesReq: make(chan chan []entryTimes),
 		idle:     make(chan chan struct{}),
 		loopDone: make(chan struct{}),

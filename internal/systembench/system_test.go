@@ -216,12 +216,19 @@ func (s *system) startReplicaWith(id string, cfg replicaConfig) *replicaProc {
 	}
 	addr := l.Addr().String()
 	_ = l.Close()
-	p := &replicaProc{id: id, http: addr, logPath: filepath.Join(s.b.TempDir(), id+".log"), done: make(chan struct{})}
+	// CRONSTREAM_BENCH_LOG_DIR keeps each replica's log there, at debug.
+	level, dir := "warn", os.Getenv("CRONSTREAM_BENCH_LOG_DIR")
+	if dir != "" {
+		level = "debug"
+	} else {
+		dir = s.b.TempDir()
+	}
+	p := &replicaProc{id: id, http: addr, logPath: filepath.Join(dir, id+".log"), done: make(chan struct{})}
 	logFile, err := os.Create(p.logPath)
 	if err != nil {
 		s.b.Fatal(err)
 	}
-	args := append([]string{"run", "--replica-id", id, "--http", addr, "--log-level", "warn"}, cfg.args...)
+	args := append([]string{"run", "--replica-id", id, "--http", addr, "--log-level", level}, cfg.args...)
 	p.cmd = exec.Command(s.bin, args...)
 	p.cmd.Env = append(s.env(), cfg.env...)
 	p.cmd.Stdout, p.cmd.Stderr = logFile, logFile
