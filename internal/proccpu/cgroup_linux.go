@@ -90,24 +90,23 @@ func Limit(mounts []Mount, own map[string]string, read func(string) ([]byte, err
 		}
 	}
 	for _, m := range mounts {
+		path, ok := own["cpu"]
+		limitAt := v1Limit
 		switch {
-		case !m.V2 && slices.Contains(m.Options, "cpu"):
-			path, ok := own["cpu"]
-			if !ok {
-				continue
-			}
-			for _, dir := range upTo(m.Join(path), m.Point) {
-				note(v1Limit(dir, read))
-			}
-			return limit, found
 		case m.V2:
-			path, ok := own[""]
-			if !ok {
-				continue
-			}
-			for _, dir := range upTo(m.Join(path), m.Point) {
-				note(v2Limit(dir, read))
-			}
+			path, ok = own[""]
+			limitAt = v2Limit
+		case !slices.Contains(m.Options, "cpu"):
+			continue
+		}
+		if !ok {
+			continue
+		}
+		for _, dir := range upTo(m.Join(path), m.Point) {
+			note(limitAt(dir, read))
+		}
+		if !m.V2 {
+			return limit, found // the v1 hierarchy with the cpu controller rules
 		}
 	}
 	return limit, found

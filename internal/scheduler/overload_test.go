@@ -124,16 +124,7 @@ func TestOverloadDegrades(t *testing.T) {
 	})
 	other := &watching{Broker: taskstate.New(e.redis.Client(t))}
 	b := e.startNode("other", nodeOpts{sched: func(c *scheduler.Config) { c.Broker = other }})
-	settledOwners(t, []string{"qa"}, 30*time.Second, a, b)
-	testenv.Eventually(t, 20*time.Second, func() bool {
-		ra, rb := a.own.Report(), b.own.Report()
-		return ra.Owned == ra.Desired && rb.Owned == rb.Desired && ra.Owned > 0 && rb.Owned > 0
-	}, "each replica to own its share")
-	mine := map[events.Shard]bool{}
-	for s := range a.own.Owned().Until {
-		mine[s] = true
-	}
-	other.shards.Store(&mine)
+	mine := watchOwnShare(t, a, b, other)
 
 	reg := prometheus.NewRegistry()
 	d := startDetector(t, a, reg)
@@ -236,6 +227,24 @@ func startDetectorLateAfter(t *testing.T, a *node, reg *prometheus.Registry, lat
 	return d
 }
 
+// watchOwnShare waits until a and b (b firing through other) each own
+// their share of queue qa's shards, and returns a's, which other then
+// watches for b's attempts.
+func watchOwnShare(t *testing.T, a, b *node, other *watching) map[events.Shard]bool {
+	t.Helper()
+	settledOwners(t, []string{"qa"}, 30*time.Second, a, b)
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		ra, rb := a.own.Report(), b.own.Report()
+		return ra.Owned == ra.Desired && rb.Owned == rb.Desired && ra.Owned > 0 && rb.Owned > 0
+	}, "each replica to own its share")
+	mine := map[events.Shard]bool{}
+	for s := range a.own.Owned().Until {
+		mine[s] = true
+	}
+	other.shards.Store(&mine)
+	return mine
+}
+
 // keepsShards checks, until until, that a keeps the shards mine and b
 // never holds one of them.
 func keepsShards(t *testing.T, a, b *node, mine map[events.Shard]bool, until time.Time) {
@@ -313,16 +322,7 @@ func TestPassLongerThanALeaseTermKeepsShards(t *testing.T) {
 	a := e.startNode("slow", nodeOpts{sched: func(c *scheduler.Config) { c.Batch, c.Parallel, c.Broker = 50, 4, line }})
 	other := &watching{Broker: taskstate.New(e.redis.Client(t))}
 	b := e.startNode("other", nodeOpts{sched: func(c *scheduler.Config) { c.Broker = other }})
-	settledOwners(t, []string{"qa"}, 30*time.Second, a, b)
-	testenv.Eventually(t, 20*time.Second, func() bool {
-		ra, rb := a.own.Report(), b.own.Report()
-		return ra.Owned == ra.Desired && rb.Owned == rb.Desired && ra.Owned > 0 && rb.Owned > 0
-	}, "each replica to own its share")
-	mine := map[events.Shard]bool{}
-	for s := range a.own.Owned().Until {
-		mine[s] = true
-	}
-	other.shards.Store(&mine)
+	mine := watchOwnShare(t, a, b, other)
 	var offered int
 	for i := 0; offered < 200; i++ {
 		if id := fmt.Sprintf("long-%05d", i); mine[events.ShardOfEntry("qa", id)] {
