@@ -40,7 +40,6 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 	free := make(chan passRoom, s.cfg.Parallel+1)
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, s.cfg.Parallel)
-	turned := s.owned.Version
 	send := func(c *passCall) {
 		calls = append(calls, c)
 		sem <- struct{}{}
@@ -48,7 +47,7 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			s.fireBatch(ctx, fences, c, free, turned)
+			s.fireBatch(ctx, fences, c, free)
 		}()
 	}
 	for _, r := range due {
@@ -98,12 +97,8 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 }
 
 // fireBatch sends one batch of a pass (on a goroutine of its own) and
-// hands its buffers to the next batch through free. An answered batch is
-// the loop's progress as a turn is (for the shard set of version, the one
-// the pass fires for): a pass that lasts longer than a lease term, where a
-// replica is offered more than it can fire, keeps its shards, and only a
-// loop that Redis stops answering loses them.
-func (s *Scheduler) fireBatch(ctx context.Context, fences taskstate.Fences, c *passCall, free chan<- passRoom, version uint64) {
+// hands its buffers to the next batch through free.
+func (s *Scheduler) fireBatch(ctx context.Context, fences taskstate.Fences, c *passCall, free chan<- passRoom) {
 	results, err := s.broker.FireBatchInto(ctx, fences, c.fires, c.results)
 	if err != nil && len(results) != len(c.fires) {
 		results = make([]taskstate.FireResult, len(c.fires))
@@ -126,9 +121,6 @@ func (s *Scheduler) fireBatch(ctx context.Context, fences taskstate.Fences, c *p
 	default:
 	}
 	c.passRoom = passRoom{}
-	if err == nil && !s.ownsAll() {
-		s.cfg.Shards.Turned(version)
-	}
 	if s.cfg.OnFire != nil {
 		s.cfg.OnFire()
 	}

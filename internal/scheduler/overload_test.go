@@ -308,34 +308,3 @@ func lateShown(t *testing.T, e *env, a *node, d *stall.Detector, reg *prometheus
 		return false
 	}, "the overloaded replica's heartbeat (status) to list late entries")
 }
-
-// TestPassLongerThanALeaseTermKeepsShards: a replica whose every pass
-// outlasts its shard leases (a pass of 200 fires through a line of 40 a
-// second lasts 5 s; the leases last 3 s, and the loop must show progress
-// within 2 s) still makes progress with each batch Redis answers: it keeps
-// its shards, and the other replica makes no attempt on them.
-func TestPassLongerThanALeaseTermKeepsShards(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	e.put(every("seed", "@every 1s", inQueue("qa")))
-	line := &throttled{Broker: taskstate.New(e.redis.Client(t)), perFire: time.Second / 40, bySecond: map[int64]int{}}
-	a := e.startNode("slow", nodeOpts{sched: func(c *scheduler.Config) { c.Batch, c.Parallel, c.Broker = 50, 4, line }})
-	other := &watching{Broker: taskstate.New(e.redis.Client(t))}
-	b := e.startNode("other", nodeOpts{sched: func(c *scheduler.Config) { c.Broker = other }})
-	mine := watchOwnShare(t, a, b, other)
-	var offered int
-	for i := 0; offered < 200; i++ {
-		if id := fmt.Sprintf("long-%05d", i); mine[events.ShardOfEntry("qa", id)] {
-			e.put(every(id, "@every 1s", inQueue("qa")))
-			offered++
-		}
-	}
-	start := time.Now()
-	keepsShards(t, a, b, mine, start.Add(10*time.Second))
-	if hits := other.hits.Load(); hits != 0 {
-		t.Errorf("the other replica made %d fire attempts on the slow replica's shards", hits)
-	}
-	if fired := line.fires(start, time.Now()); slices.Max(fired) == 0 {
-		t.Errorf("the slow replica fired nothing: %v", fired)
-	}
-}

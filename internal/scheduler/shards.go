@@ -17,13 +17,11 @@ type Shards interface {
 	// Changed returns a channel that is signalled (never closed) after
 	// Owned's set of shards changed.
 	Changed() <-chan struct{}
-	// Turned is told after each turn of the firing loop, and after each
-	// batch of a pass that Redis answered, with the version of the set the
-	// loop holds runs for: the loop's progress (a lease is renewed only
-	// while the loop progresses, so a hung owner loses its shards, and an
-	// owner whose passes outlast a lease term keeps them) and when a shard
-	// taken out of the set has no fire in flight any more (its lease is
-	// released only then; a batch reports the version its turn began with).
+	// Turned is told after each turn of the firing loop, with the version
+	// of the set the loop holds runs for: the loop's progress (a lease is
+	// renewed only while the loop turns, so a hung owner loses its
+	// shards) and when a shard taken out of the set has no fire in flight
+	// any more (its lease is released only then).
 	Turned(version uint64)
 }
 
