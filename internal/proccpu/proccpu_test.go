@@ -16,20 +16,6 @@ import (
 	"github.com/cronstream/cronstream/internal/testenv"
 )
 
-// TestUsedGrows: the CPU this process spends shows in Used.
-func TestUsedGrows(t *testing.T) {
-	before, ok := proccpu.Used()
-	if !ok {
-		t.Skip("the process's CPU time cannot be read here")
-	}
-	for end := time.Now().Add(50 * time.Millisecond); time.Now().Before(end); {
-	}
-	after, _ := proccpu.Used()
-	if d := after - before; d < 20*time.Millisecond {
-		t.Errorf("50 ms of spinning added %s of CPU time", d)
-	}
-}
-
 // childEnv makes the test binary print Cores and exit (TestMain).
 const childEnv = "PROCCPU_TEST_PRINT_CORES"
 
@@ -53,7 +39,9 @@ func TestMain(m *testing.M) {
 func TestCoresInCPUGroup(t *testing.T) {
 	g, err := testenv.NewCPUGroup(t, "proccpu", 0.25)
 	if errors.Is(err, testenv.ErrNoCPUGroup) {
-		t.Skip(err)
+		// Making a group needs root and a writable cgroup cpu
+		// controller; CI machines have both, a laptop may not.
+		t.Skipf("no CPU group can be made on this machine (root and a writable cgroup cpu controller are needed): %v", err)
 	}
 	if err != nil {
 		t.Fatal(err)
