@@ -6,8 +6,10 @@ import (
 )
 
 // mayRelay says whether this relay publishes queue's outbox this pass:
-// mine when its replica holds the queue's duties (or it is stopping and
-// holds the outbox's lease), orphan when it does not but the outbox's
+// mine when its replica holds the queue's duties or it is stopping (then
+// the lease decides: it publishes what it holds and what no relay holds,
+// since that outbox's last holder may have just stopped too, and the last
+// replica out would otherwise leave its own final fires behind), orphan when it does not but the outbox's
 // oldest record has waited longer than OrphanAfter (the lease then
 // decides whether nobody else relays it). An outbox it holds and owns no
 // more is released for its owner.
@@ -24,7 +26,7 @@ func (r *Relay) mayRelay(ctx context.Context, queue string) (mine, orphan bool, 
 	}
 	r.mu.Unlock()
 	switch {
-	case held && r.stopping.Load():
+	case r.stopping.Load():
 		return true, false, nil
 	case held:
 		r.letGo(ctx, queue)

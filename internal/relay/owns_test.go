@@ -1,6 +1,7 @@
 package relay_test
 
 import (
+	"context"
 	"slices"
 	"strings"
 	"sync"
@@ -155,5 +156,40 @@ func TestRelayOwnerCutOffFromNATS(t *testing.T) {
 	checkExactlyOnce(t, e.stored(), want)
 	if r2.Published() != 20 {
 		t.Errorf("r2 published %d, want the 20 written after the cut", r2.Published())
+	}
+}
+
+// TestRelayStopTakesFreeOutboxes: a relay stopping publishes the outboxes
+// of queues it does not own when no relay holds them (their last holder
+// stopped before it, and the last replica out must not leave its final
+// fires behind), and leaves alone an outbox another relay holds.
+func TestRelayStopTakesFreeOutboxes(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 0)
+	own := &owners{by: map[string]string{"a": "gone", "b": "other"}}
+	r := e.newRelay("r1", func(c *relay.Config) {
+		c.Owns, c.OrphanAfter = own.of("r1"), time.Hour
+	})
+	want := e.write("a", "x", 30)
+	e.write("b", "y", 5)
+	if ok, err := e.store.AcquireOutbox(context.Background(), prefix, "b", "other", time.Minute); err != nil || !ok {
+		t.Fatalf("acquire: %v %v", ok, err)
+	}
+	start(t, r)
+	// Running, it publishes neither: it owns neither queue, and a's
+	// records have not waited an hour.
+	time.Sleep(300 * time.Millisecond)
+	if n := e.storedCount(); n != 0 {
+		t.Fatalf("published %d records of queues it does not own", n)
+	}
+	if err := r.Stop(ctx(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	checkSameOnce(t, e.stored(), want)
+	if n := e.outboxLen("b"); n != 5 {
+		t.Errorf("b's outbox holds %d records, want its 5 (another relay holds it)", n)
+	}
+	if ok, err := e.store.AcquireOutbox(context.Background(), prefix, "a", "next", time.Minute); err != nil || !ok {
+		t.Errorf("a's outbox lease not released on stop: %v %v", ok, err)
 	}
 }

@@ -175,8 +175,8 @@ type Relay struct {
 	// orphanChecked is when each outbox of a queue this replica does not
 	// own was last looked at for records nobody relays.
 	orphanChecked map[string]time.Time
-	// stopping: Stop's flush publishes the outboxes this relay holds,
-	// owned or not (its replica has just given up its shards).
+	// stopping: Stop's flush publishes the outboxes this relay holds or
+	// can take, owned or not (its replica has just given up its shards).
 	stopping atomic.Bool
 	// passBudget is the publishing time of one outbox in the pass under
 	// way (set by Pass).
@@ -298,8 +298,8 @@ func (r *Relay) Start(ctx context.Context) error {
 	return nil
 }
 
-// Stop stops the loop, then flushes what this replica owns until the
-// outboxes are empty or ctx ends, and releases its leases so another
+// Stop stops the loop, then flushes the outboxes it holds and those no
+// relay holds until they are empty or ctx ends, and releases its leases so another
 // replica takes over at once. A relay never started hands over what its
 // direct passes (Pass, Flush) took, and one that never passed has nothing
 // to hand over; a second Stop returns nil at once.
