@@ -93,7 +93,7 @@ type loadSteps struct {
 	// (the entry moved away and back); it is reopened from the history.
 	reopen bool
 	// floorAtLoad: floor is the entry's last config time as found at
-	// start, not a schedule change seen live (see scheduleSince).
+	// start, not a schedule change seen live (see scheduleStart).
 	floorAtLoad bool
 	// restored: a lost watermark was looked for in the activity stream
 	// during this load (once per load: the stream may hold nothing usable).

@@ -55,15 +55,16 @@ type History interface {
 	// the activity stream records as fired into queue after after and at
 	// or before until: what a restore found lost (lost.go).
 	FiredAfter(ctx context.Context, entry, queue string, after, until time.Time) (FiredSpan, error)
-	// ScheduleSince returns when entry's current schedule began, by the
+	// ScheduleStart returns when entry's current schedule began, by the
 	// stream's clock: the event that (re)registered it, last changed its
-	// cron spec or time zone, or followed a paused state. ok is false when
-	// its history holds no applicable event.
-	ScheduleSince(ctx context.Context, entry string) (since time.Time, ok bool, err error)
+	// cron spec or time zone, or followed a paused state; and, when that
+	// event restarted it after a pause or removal, that stop. ok is false
+	// when its history holds no applicable event.
+	ScheduleStart(ctx context.Context, entry string) (start ScheduleStart, ok bool, err error)
 	// StopSince returns, for an entry whose last state is paused or whose
 	// last event removed it, when it stopped firing (the first of its
 	// trailing paused states, or the removal of a running entry) and when
-	// the schedule it stopped had begun (by ScheduleSince's rules, as of
+	// the schedule it stopped had begun (by ScheduleStart's rules, as of
 	// the stop). ok is false when the entry is neither. upTo, when not 0,
 	// is the last config sequence read: the state the entry was found in,
 	// whatever came after it.
@@ -154,15 +155,33 @@ func (h *StreamHistory) PreviousQueues(ctx context.Context, entry string) ([]str
 	return out, nil
 }
 
-// ScheduleSince reads entry's config history. Its rules are the
+// ScheduleStart is when an entry's current schedule began (Since) and,
+// when it began by restarting after a stop (a resume, or a registration
+// after a removal), that stop and the entry as it ran before it: ticks of
+// that schedule due before the stop may be unhandled.
+type ScheduleStart struct {
+	Since     time.Time
+	Restarted bool
+	Stop      StopSpan
+	Before    events.Entry
+}
+
+// ScheduleStart reads entry's config history. Its rules are the
 // scheduler's for a live change (walkSchedule).
-func (h *StreamHistory) ScheduleSince(ctx context.Context, entry string) (time.Time, bool, error) {
+func (h *StreamHistory) ScheduleStart(ctx context.Context, entry string) (ScheduleStart, bool, error) {
 	recs, err := h.client.History(ctx, entry)
 	if err != nil {
-		return time.Time{}, false, err
+		return ScheduleStart{}, false, err
 	}
 	w := walkSchedule(recs)
-	return w.since, w.live, nil
+	return ScheduleStart{Since: w.since, Restarted: w.restartFrom != nil, Stop: w.restart, Before: deref(w.restartFrom)}, w.live, nil
+}
+
+func deref(e *events.Entry) events.Entry {
+	if e == nil {
+		return events.Entry{}
+	}
+	return *e
 }
 
 // StopSpan is when an entry stopped firing (Stopped) and when the
@@ -175,7 +194,7 @@ type StopSpan struct {
 	Revision       uint64
 }
 
-// StopSince reads entry's config history, with ScheduleSince's rules.
+// StopSince reads entry's config history, with ScheduleStart's rules.
 func (h *StreamHistory) StopSince(ctx context.Context, entry string, upTo uint64) (StopSpan, bool, error) {
 	recs, err := h.client.History(ctx, entry)
 	if err != nil {
@@ -203,6 +222,13 @@ type scheduleWalk struct {
 	// removed it (removed): the removal, or the pause it was in then.
 	removal StopSpan
 	removed bool
+	// pauseFrom and removalFrom are the entry as it ran before the pause
+	// and the removal (nil when no schedule ran: registered paused).
+	pauseFrom, removalFrom *events.Entry
+	// restart is the stop the current schedule began right after, and
+	// restartFrom the entry as it ran before it (nil: no such stop).
+	restart     StopSpan
+	restartFrom *events.Entry
 }
 
 // walkSchedule folds config records: an entry that was removed or
@@ -222,23 +248,32 @@ func walkSchedule(recs []events.Record) scheduleWalk {
 		if e.Removed {
 			if prev != nil {
 				w.removal, w.removed = StopSpan{Stopped: rec.Time, Since: w.since, Removed: true, Revision: rec.Seq}, true
+				w.removalFrom = prev
 				if prev.Paused {
-					w.removal = w.pause
+					w.removal, w.removalFrom = w.pause, w.pauseFrom
 				}
 			}
 			prev = nil
 			continue
 		}
+		afterRemoval := prev == nil && w.removed
 		w.removed = false
 		if e.Paused && (prev == nil || !prev.Paused) {
-			w.pause = StopSpan{Stopped: rec.Time, Since: w.since, Revision: rec.Seq}
+			w.pause, w.pauseFrom = StopSpan{Stopped: rec.Time, Since: w.since, Revision: rec.Seq}, prev
 			if prev == nil {
 				// Registered paused: no schedule ran before it.
 				w.pause.Since = rec.Time
 			}
 		}
 		if prev == nil || prev.Paused || prev.Cron != e.Cron || prev.Timezone != e.Timezone {
-			w.since = rec.Time
+			w.since, w.restart, w.restartFrom = rec.Time, StopSpan{}, nil
+			switch {
+			case e.Paused:
+			case afterRemoval:
+				w.restart, w.restartFrom = w.removal, w.removalFrom
+			case prev != nil && prev.Paused:
+				w.restart, w.restartFrom = w.pause, w.pauseFrom
+			}
 		}
 		prev = e
 	}
@@ -587,31 +622,32 @@ func (s *Scheduler) previousQueues(ctx context.Context, r *entryRun) ([]string, 
 	return prev, nil
 }
 
-// scheduleSince returns when r's current schedule began, for an entry
+// scheduleStart returns when r's current schedule began, for an entry
 // loaded at start whose watermark is older than its last config event: if
 // only a field other than the schedule changed while no replica ran, the
 // ticks between the watermark and that change were missed, not ticks of an
 // earlier schedule. It answers r.floor when r's subject holds only its
 // registration or the history cannot be read (INV-staleness-fence: keep firing).
 // errHistoryLater asks the caller to come back after historyRefresh.
-func (s *Scheduler) scheduleSince(ctx context.Context, r *entryRun) (time.Time, error) {
+func (s *Scheduler) scheduleStart(ctx context.Context, r *entryRun) (ScheduleStart, error) {
+	floor := ScheduleStart{Since: r.floor}
 	if s.cfg.History == nil {
-		return r.floor, nil
+		return floor, nil
 	}
 	if only, err := s.onlyRegistration(ctx, r); only || err != nil {
-		return r.floor, err
+		return floor, err
 	}
-	since, ok, err := s.cfg.History.ScheduleSince(ctx, r.id)
+	start, ok, err := s.cfg.History.ScheduleStart(ctx, r.id)
 	if err != nil {
 		if !errors.Is(err, errStreamsUnavailable) {
 			s.log.Warn("read the entry's config history; missed ticks before its last change are not caught up", "entry", r.id, "err", err)
 		}
-		return r.floor, nil
+		return floor, nil
 	}
-	if !ok || !since.Before(r.floor) {
-		return r.floor, nil
+	if !ok || start.Since.After(r.floor) {
+		return floor, nil
 	}
-	return since, nil
+	return start, nil
 }
 
 // stopSince returns when paused or removed r stopped firing and when the

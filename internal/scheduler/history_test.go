@@ -50,7 +50,8 @@ func TestStreamHistory(t *testing.T) {
 // stopped began (its last spec change before the pause; a registration
 // made paused has none); for a removed entry, its removal and the schedule
 // it stopped, or the pause it was in when removed; nothing for an entry
-// that runs, or that was removed and registered again.
+// that runs, or that was removed and registered again. And the start of
+// an entry's current schedule, with the stop it restarted after.
 func TestStopSince(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -104,6 +105,30 @@ func TestStopSince(t *testing.T) {
 	reborn := e.configTimes("reborn")
 	if got, ok, err := h.StopSince(c, "reborn", seq("reborn", 1)); err != nil || !ok || !got.Removed || !got.Stopped.Equal(reborn[1]) || !got.Since.Equal(reborn[0]) {
 		t.Errorf("StopSince(reborn, as of its removal) = %+v, %v, %v", got, ok, err)
+	}
+
+	// The schedule a resume or a registration after a removal starts
+	// names the stop before it and the entry as it ran then; a schedule
+	// begun by a spec change, and a paused entry's, name none.
+	resumed := e.configTimes("resumed")
+	e.put(every("respecced", "@every 1m"))
+	e.pauseOf("respecced", "")
+	e.resume("respecced")
+	e.put(every("respecced", "@every 5m"))
+	respecced := e.configTimes("respecced")
+	for id, want := range map[string]scheduler.ScheduleStart{
+		"resumed": {Since: resumed[2], Restarted: true, Before: events.Entry{Cron: "@every 1m"},
+			Stop: scheduler.StopSpan{Stopped: resumed[1], Since: resumed[0], Revision: seq("resumed", 1)}},
+		"reborn": {Since: reborn[2], Restarted: true, Before: events.Entry{Cron: "@every 1m"},
+			Stop: scheduler.StopSpan{Stopped: reborn[1], Since: reborn[0], Removed: true, Revision: seq("reborn", 1)}},
+		"respecced": {Since: respecced[3]},
+		"p":         {Since: p[4]},
+	} {
+		got, ok, err := h.ScheduleStart(c, id)
+		if err != nil || !ok || !got.Since.Equal(want.Since) || got.Restarted != want.Restarted || got.Before.Cron != want.Before.Cron ||
+			!got.Stop.Stopped.Equal(want.Stop.Stopped) || !got.Stop.Since.Equal(want.Stop.Since) || got.Stop.Removed != want.Stop.Removed || got.Stop.Revision != want.Stop.Revision {
+			t.Errorf("ScheduleStart(%s) = %+v, %v, %v; want %+v", id, got, ok, err, want)
+		}
 	}
 }
 

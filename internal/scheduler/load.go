@@ -228,13 +228,36 @@ func (s *Scheduler) floorOnLoad(ctx context.Context, r *entryRun, wm taskstate.W
 	if !r.loading.floorAtLoad || !wm.OK || !wm.Tick.Before(r.floor) || r.sched.Next(wm.Tick).After(r.floor) {
 		return true
 	}
-	since, err := s.scheduleSince(ctx, r)
+	start, err := s.scheduleStart(ctx, r)
 	if err != nil {
 		p.later = true
 		return false
 	}
-	r.floor = since
+	r.floor = start.Since
+	s.settleBeforeRestart(r, wm, start)
 	return true
+}
+
+// settleBeforeRestart gives r, found running on a schedule that restarted
+// after its watermark (resumed, or registered again after a removal), the
+// settle of the stop before it: the ticks of the schedule it stopped that
+// were due before the stop and that no replica handled are recorded as
+// skipped, as by a replica that saw the stop live. That replica may have
+// lost the entry's shard before it could record them (Redis cut off).
+func (s *Scheduler) settleBeforeRestart(r *entryRun, wm taskstate.WatermarkInfo, start ScheduleStart) {
+	if !start.Restarted || r.settle != nil || !wm.Tick.Before(start.Stop.Stopped) {
+		return
+	}
+	sched, err := schedule.NewSchedule(start.Before)
+	if err != nil {
+		return // a state that never had a usable schedule fired nothing
+	}
+	reason := events.SkipPaused
+	if start.Stop.Removed {
+		reason = events.SkipRemoved
+	}
+	r.settle = &stopSettle{reason: reason, revision: start.Stop.Revision, until: settleUntil(start.Stop.Stopped, s.clock.Now()),
+		sched: sched, after: start.Stop.Since}
 }
 
 // nextLoad sets when the loop loads next after pass p: after a backoff

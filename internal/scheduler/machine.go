@@ -28,7 +28,7 @@ import (
 //	known          | resumed                                      | loading        | a new run (register)
 //	loading        | changed; paused                              | loading        | new spec, floor or queue; a pause settles after the load
 //	loading        | any change, while found paused               | loading        | the change waits for the load (foundStopped)
-//	loading        | watermark read                               | ready          | cursor from the watermark, scheduled (loaded)
+//	loading        | watermark read                               | ready          | cursor from the watermark, scheduled (loaded; a stop before a restart settles first)
 //	loading        | watermark read, paused, ticks to settle      | ready          | settling: one skip step from the heap (loadStopped)
 //	loading        | watermark read, paused, nothing to settle    | idle           | (rested)
 //	ready          | due                                          | ready          | fire pass; the result moves the cursor or backs off (apply, passed)

@@ -133,13 +133,13 @@ func (b *boundedHistory) LastHandled(ctx context.Context, entry string) (time.Ti
 	return tick, task, ok, b.end(ctx, cancel, err)
 }
 
-func (b *boundedHistory) ScheduleSince(ctx context.Context, entry string) (time.Time, bool, error) {
+func (b *boundedHistory) ScheduleStart(ctx context.Context, entry string) (ScheduleStart, bool, error) {
 	rctx, cancel, err := b.begin(ctx)
 	if err != nil {
-		return time.Time{}, false, fmt.Errorf("schedule of %s: %w", entry, err)
+		return ScheduleStart{}, false, fmt.Errorf("schedule of %s: %w", entry, err)
 	}
-	since, ok, err := b.h.ScheduleSince(rctx, entry)
-	return since, ok, b.end(ctx, cancel, err)
+	start, ok, err := b.h.ScheduleStart(rctx, entry)
+	return start, ok, b.end(ctx, cancel, err)
 }
 
 func (b *boundedHistory) StopSince(ctx context.Context, entry string, upTo uint64) (StopSpan, bool, error) {
