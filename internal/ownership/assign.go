@@ -21,6 +21,10 @@ type assignment struct {
 	// candidates in the shard's rendezvous order; absent when it is no
 	// candidate.
 	rank map[events.Shard]int
+	// ahead is, for each shard this replica has a rank above 0 for, the
+	// candidates between the desired owner and it in the shard's
+	// rendezvous order (liveRank counts those that show life).
+	ahead map[events.Shard][]string
 	// mine counts the shards this replica is the desired owner of.
 	mine int
 }
@@ -36,7 +40,7 @@ type assignment struct {
 // leaving moves about its share of shards, a little more than plain
 // rendezvous as the caps move.
 func assign(candidates []string, shards []events.Shard, self string) assignment {
-	a := assignment{desired: make(map[events.Shard]string, len(shards)), rank: map[events.Shard]int{}}
+	a := assignment{desired: make(map[events.Shard]string, len(shards)), rank: map[events.Shard]int{}, ahead: map[events.Shard][]string{}}
 	if len(candidates) == 0 {
 		for _, s := range shards {
 			a.desired[s] = ""
@@ -102,15 +106,38 @@ func assign(candidates []string, shards []events.Shard, self string) assignment 
 		}
 		// self's place among the others, in the shard's rendezvous order.
 		mine := score(keys[s], self)
-		r := 1
+		var ahead []string
 		for i, c := range candidates {
 			if c != self && c != owner && (scores[i] > mine || (scores[i] == mine && c < self)) {
-				r++
+				ahead = append(ahead, c)
 			}
 		}
-		a.rank[s] = r
+		a.rank[s] = 1 + len(ahead)
+		if len(ahead) > 0 {
+			a.ahead[s] = ahead
+		}
 	}
 	return a
+}
+
+// liveRank is this replica's rank for free shard s counting only the
+// candidates ahead of it that hold a lease (holding): one that holds none
+// is dead, or has just joined and takes its own shards at once. So the
+// shards of several owners killed together are taken one step after their
+// leases lapse, as one owner's are, instead of waiting a step for each
+// dead candidate ranked before the survivor.
+func (a assignment) liveRank(s events.Shard, holding map[string]bool) int {
+	r, ok := a.rank[s]
+	if !ok || r == 0 {
+		return r
+	}
+	r = 1
+	for _, c := range a.ahead[s] {
+		if holding[c] {
+			r++
+		}
+	}
+	return r
 }
 
 // shardHash is the hash a shard's rendezvous scores start from.

@@ -2,6 +2,7 @@ package ownership
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/cronstream/cronstream/events"
@@ -114,5 +115,49 @@ func TestAssignMoves(t *testing.T) {
 	t.Logf("replica with %d of %d shards left; %d others moved", theirs, len(shards), moved)
 	if a := assign(nil, shards, "x"); a.desired[shards[0]] != "" || len(a.rank) != 0 {
 		t.Errorf("no candidates: %+v", a.desired[shards[0]])
+	}
+}
+
+// TestLiveRank: a replica's rank for a free shard counts only the
+// candidates ahead of it that hold a lease, so when the desired owner and
+// the candidates ranked before it all died, it takes the shard one step
+// after it lapsed, as rank 1 would; a candidate ahead that holds a lease
+// (alive) keeps its turn first.
+func TestLiveRank(t *testing.T) {
+	shards := shardsOf("a", "b", "c", "d")
+	cands := names(5)
+	checked := 0
+	for _, self := range cands {
+		a := assign(cands, shards, self)
+		for _, s := range shards {
+			r := a.rank[s]
+			if r < 2 {
+				if got := a.liveRank(s, nil); got != r {
+					t.Fatalf("%s, shard %s: live rank %d with nobody holding, want its rank %d", self, s, got, r)
+				}
+				continue
+			}
+			checked++
+			ahead := a.ahead[s]
+			if len(ahead) != r-1 || slices.Contains(ahead, self) || slices.Contains(ahead, a.desired[s]) {
+				t.Fatalf("%s, shard %s: rank %d, ahead %v (owner %s)", self, s, r, ahead, a.desired[s])
+			}
+			if got := a.liveRank(s, map[string]bool{a.desired[s]: true}); got != 1 {
+				t.Errorf("%s, shard %s: rank %d behind dead candidates: live rank %d, want 1", self, s, r, got)
+			}
+			all := map[string]bool{}
+			for _, c := range cands {
+				all[c] = true
+			}
+			if got := a.liveRank(s, all); got != r {
+				t.Errorf("%s, shard %s: every candidate holding: live rank %d, want %d", self, s, got, r)
+			}
+			if got := a.liveRank(s, map[string]bool{ahead[0]: true}); got != 2 {
+				t.Errorf("%s, shard %s: one candidate ahead holding: live rank %d, want 2", self, s, got)
+			}
+		}
+	}
+	if checked == 0 {
+		t.Fatal("no shard with a rank of 2 or more")
 	}
 }

@@ -5,7 +5,8 @@
 // desired owner of each shard from the membership (consistent hashing with
 // bounded loads over the ready replicas), and acquires, renews and
 // releases its own leases by the rank rule: the desired owner takes a free
-// shard at once, the others one TakeoverStep per rank later.
+// shard at once, the others one TakeoverStep per rank later, counting
+// only the candidates ahead that hold a lease (liveRank).
 //
 // One loop owns the manager's state; the scheduler reads the owned set
 // (Owned) between its passes and reports each turn (Turned). A lease is a
@@ -39,8 +40,8 @@ const (
 	DefaultLeaseTTL = 3 * time.Second
 	// DefaultLeasePoll: how often every replica reads every lease.
 	DefaultLeasePoll = 500 * time.Millisecond
-	// DefaultTakeoverStep: a replica of rank r takes a free shard once it
-	// was seen free for r steps.
+	// DefaultTakeoverStep: a replica of live rank r takes a free shard
+	// once it was seen free for r steps.
 	DefaultTakeoverStep = 500 * time.Millisecond
 	// DefaultHandoverSettle: a replica hands a shard over to its desired
 	// owner once its view of the membership held still this long.

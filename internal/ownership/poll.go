@@ -152,6 +152,10 @@ func (m *Manager) plan(now clock.Mono, v taskstate.ShardLeaseView, leases map[ev
 	if !may {
 		return a
 	}
+	holding := make(map[string]bool, len(m.cands))
+	for _, l := range leases {
+		holding[l.Holder] = true
+	}
 	for _, s := range m.shards {
 		if m.held[s] != nil {
 			continue
@@ -166,7 +170,8 @@ func (m *Manager) plan(now clock.Mono, v taskstate.ShardLeaseView, leases map[ev
 			}
 			continue
 		}
-		r, candidate := m.assign.rank[s]
+		_, candidate := m.assign.rank[s]
+		r := m.assign.liveRank(s, holding)
 		if candidate && (r == 0 || m.clock.Since(m.free[s]) >= time.Duration(r)*m.cfg.TakeoverStep) {
 			a.acquire = append(a.acquire, s)
 		}
