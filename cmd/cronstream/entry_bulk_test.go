@@ -15,6 +15,7 @@ import (
 func TestBulkPauseResumeRm(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, false)
+	e.raceCLI = true // bulk writes run concurrently
 	put := func(id string, args ...string) {
 		e.ok(append([]string{"entry", "put", id, "--cron", "@hourly", "--type", "job:" + id}, args...)...)
 	}

@@ -26,8 +26,16 @@ import (
 	"github.com/cronstream/cronstream/internal/testenv"
 )
 
-// bin is the cronstream binary under test, built once by TestMain.
-var bin string
+// bin is the cronstream binary under test, built once by TestMain with
+// the race detector when the tests run with it: the long-running commands
+// (run, dev, follows: start) run it. cliBin is the same build without the
+// race detector, for the commands a test runs to completion (run, ok,
+// fail): they are a thousand short, mostly sequential processes whose
+// race-instrumented start alone costs three times their work, while the
+// packages they call are race-tested in their own tests. A test whose
+// short commands run goroutines of their own (bulk writes) sets
+// cliEnv.raceCLI to run them with bin.
+var bin, cliBin string
 
 // defaultParallel is how many of this package's tests run at once unless
 // -parallel says otherwise. They spend their time waiting for ticks, for
@@ -51,18 +59,21 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	bin = filepath.Join(dir, "cronstream")
-	args := []string{"build", "-o", bin}
+	bin, cliBin = filepath.Join(dir, "cronstream"), filepath.Join(dir, "cronstream-cli")
+	builds := [][]string{{"build", "-o", bin, "."}}
 	if raceEnabled {
 		// The commands run as their own processes: build them with the
 		// race detector too, so run and dev are checked as well.
-		args = append(args, "-race")
+		builds = [][]string{{"build", "-race", "-o", bin, "."}, {"build", "-o", cliBin, "."}}
+	} else {
+		cliBin = bin
 	}
-	build := exec.Command("go", append(args, ".")...)
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "go build: %v\n%s", err, out)
-		os.RemoveAll(dir)
-		os.Exit(1)
+	for _, args := range builds {
+		if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "go %s: %v\n%s", strings.Join(args, " "), err, out)
+			os.RemoveAll(dir)
+			os.Exit(1)
+		}
 	}
 	code := m.Run()
 	if code == 0 {
@@ -81,6 +92,9 @@ type cliEnv struct {
 	nats  *testenv.NATS
 	redis *testenv.Redis
 	vars  []string
+	// raceCLI runs the commands run to completion with the race-enabled
+	// bin instead of cliBin.
+	raceCLI bool
 }
 
 // newEnv starts NATS (and Redis when withRedis) for one test and points
@@ -130,7 +144,11 @@ func (e *cliEnv) runIn(stdin string, args ...string) result {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, args...)
+	path := cliBin
+	if e.raceCLI {
+		path = bin
+	}
+	cmd := exec.CommandContext(ctx, path, args...)
 	cmd.Env = e.vars
 	cmd.Stdin = strings.NewReader(stdin)
 	var out, errb bytes.Buffer
