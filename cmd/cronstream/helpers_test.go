@@ -6,14 +6,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"reflect"
-	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -37,22 +34,12 @@ import (
 // cliEnv.raceCLI to run them with bin.
 var bin, cliBin string
 
-// defaultParallel is how many of this package's tests run at once unless
-// -parallel says otherwise. They spend their time waiting for ticks, for
-// servers and for the replicas they start as processes, little of it on
-// the CPU, so go test's default (GOMAXPROCS) would leave a small machine
-// mostly idle while they wait one or two at a time.
-const defaultParallel = 4
-
 func TestMain(m *testing.M) {
-	flag.Parse()
-	parallelSet := false
-	flag.Visit(func(f *flag.Flag) { parallelSet = parallelSet || f.Name == "test.parallel" })
-	if !parallelSet {
-		if err := flag.Set("test.parallel", strconv.Itoa(max(defaultParallel, runtime.GOMAXPROCS(0)))); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
+	// These tests wait for ticks, servers and the replicas they start as
+	// processes, little of it on the CPU.
+	if err := testenv.DefaultParallel(4); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
 	}
 	dir, err := os.MkdirTemp("", "cronstream-cli-test")
 	if err != nil {
