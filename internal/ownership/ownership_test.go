@@ -409,6 +409,20 @@ func TestCutOffFromNATS(t *testing.T) {
 		}
 		return len(f.holders()) == f.shards()
 	}, "r3's shards taken over during the outage")
+	// The views still hold r3, its shards' desired owner: the survivors
+	// keep them past the membership TTL instead of handing them to it and
+	// taking them back by rank.
+	out0 := r1.m.Report().HandoversOut + r2.m.Report().HandoversOut
+	until := time.Now().Add(DefaultMemberTTL + 2*time.Second)
+	for time.Now().Before(until) {
+		if n := len(f.holders()); n != f.shards() {
+			t.Fatalf("%d of %d shards held during the outage after the takeover", n, f.shards())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if n := r1.m.Report().HandoversOut + r2.m.Report().HandoversOut - out0; n != 0 {
+		t.Errorf("%d shards handed over during the outage", n)
+	}
 }
 
 // TestLeasesLostWithRedisData: Redis loses every lease (FLUSHALL); each

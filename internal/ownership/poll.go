@@ -112,6 +112,11 @@ func (m *Manager) plan(now clock.Mono, v taskstate.ShardLeaseView, leases map[ev
 	me := m.cfg.ReplicaID
 	ready := m.cfg.Ready()
 	may := ready && m.hearsEnough(v, heard)
+	// A view this replica has not heard NATS to refresh is no ground for a
+	// handover: in a full NATS outage the members age out of it one by
+	// one, and a shard handed to one of them would only be taken back by
+	// rank, unowned meanwhile. Handovers balance; they wait for NATS.
+	current := heard.IsZero() || v.Now.Sub(heard) <= m.cfg.NATSLostAfter
 	progress := m.progressed()
 	stable := m.clock.Since(m.viewAt) >= m.cfg.HandoverSettle
 	var a actions
@@ -137,7 +142,7 @@ func (m *Manager) plan(now clock.Mono, v taskstate.ShardLeaseView, leases map[ev
 			a.changed, a.lost = true, append(a.lost, s)
 		case !ready:
 			release(h, s, false)
-		case m.assign.desired[s] != me && stable && !(h.takeover && m.clock.Since(h.acquired) < m.cfg.MemberTTL):
+		case m.assign.desired[s] != me && stable && current && !(h.takeover && m.clock.Since(h.acquired) < m.cfg.MemberTTL):
 			release(h, s, true)
 		case !may || !progress:
 			// Not renewed: the lease lapses and the shard's next owner
