@@ -9,10 +9,10 @@ import (
 // mine when its replica holds the queue's duties or it is stopping (then
 // the lease decides: it publishes what it holds and what no relay holds,
 // since that outbox's last holder may have just stopped too, and the last
-// replica out would otherwise leave its own final fires behind), orphan when it does not but the outbox's
-// oldest record has waited longer than OrphanAfter (the lease then
-// decides whether nobody else relays it). An outbox it holds and owns no
-// more is released for its owner.
+// replica out would otherwise leave its own final fires behind); orphan
+// when it does not but the outbox's oldest record has waited longer than
+// OrphanAfter (the lease then decides whether nobody else relays it). An
+// outbox it holds and owns no more is released for its owner.
 func (r *Relay) mayRelay(ctx context.Context, queue string) (mine, orphan bool, err error) {
 	if r.cfg.Owns == nil || r.cfg.Owns(queue) {
 		return true, false, nil

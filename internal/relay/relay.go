@@ -299,8 +299,8 @@ func (r *Relay) Start(ctx context.Context) error {
 }
 
 // Stop stops the loop, then flushes the outboxes it holds and those no
-// relay holds until they are empty or ctx ends, and releases its leases so another
-// replica takes over at once. A relay never started hands over what its
+// relay holds until they are empty or ctx ends, and releases its leases
+// so another replica takes over at once. A relay never started hands over what its
 // direct passes (Pass, Flush) took, and one that never passed has nothing
 // to hand over; a second Stop returns nil at once.
 func (r *Relay) Stop(ctx context.Context) error {

@@ -157,13 +157,13 @@ func (h *StreamHistory) PreviousQueues(ctx context.Context, entry string) ([]str
 
 // ScheduleStart is when an entry's current schedule began (Since) and,
 // when it began by restarting after a stop (a resume, or a registration
-// after a removal), that stop and the entry as it ran before it: ticks of
-// that schedule due before the stop may be unhandled.
+// after a removal), that stop and the entry as it ran before it (Before,
+// nil otherwise): ticks of that schedule due before the stop may be
+// unhandled.
 type ScheduleStart struct {
-	Since     time.Time
-	Restarted bool
-	Stop      StopSpan
-	Before    events.Entry
+	Since  time.Time
+	Stop   StopSpan
+	Before *events.Entry
 }
 
 // ScheduleStart reads entry's config history. Its rules are the
@@ -174,14 +174,7 @@ func (h *StreamHistory) ScheduleStart(ctx context.Context, entry string) (Schedu
 		return ScheduleStart{}, false, err
 	}
 	w := walkSchedule(recs)
-	return ScheduleStart{Since: w.since, Restarted: w.restartFrom != nil, Stop: w.restart, Before: deref(w.restartFrom)}, w.live, nil
-}
-
-func deref(e *events.Entry) events.Entry {
-	if e == nil {
-		return events.Entry{}
-	}
-	return *e
+	return ScheduleStart{Since: w.since, Stop: w.restart, Before: w.restartFrom}, w.live, nil
 }
 
 // StopSpan is when an entry stopped firing (Stopped) and when the

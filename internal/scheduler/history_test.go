@@ -117,15 +117,15 @@ func TestStopSince(t *testing.T) {
 	e.put(every("respecced", "@every 5m"))
 	respecced := e.configTimes("respecced")
 	for id, want := range map[string]scheduler.ScheduleStart{
-		"resumed": {Since: resumed[2], Restarted: true, Before: events.Entry{Cron: "@every 1m"},
+		"resumed": {Since: resumed[2], Before: &events.Entry{Cron: "@every 1m"},
 			Stop: scheduler.StopSpan{Stopped: resumed[1], Since: resumed[0], Revision: seq("resumed", 1)}},
-		"reborn": {Since: reborn[2], Restarted: true, Before: events.Entry{Cron: "@every 1m"},
+		"reborn": {Since: reborn[2], Before: &events.Entry{Cron: "@every 1m"},
 			Stop: scheduler.StopSpan{Stopped: reborn[1], Since: reborn[0], Removed: true, Revision: seq("reborn", 1)}},
 		"respecced": {Since: respecced[3]},
 		"p":         {Since: p[4]},
 	} {
 		got, ok, err := h.ScheduleStart(c, id)
-		if err != nil || !ok || !got.Since.Equal(want.Since) || got.Restarted != want.Restarted || got.Before.Cron != want.Before.Cron ||
+		if err != nil || !ok || !got.Since.Equal(want.Since) || (got.Before == nil) != (want.Before == nil) || (got.Before != nil && got.Before.Cron != want.Before.Cron) ||
 			!got.Stop.Stopped.Equal(want.Stop.Stopped) || !got.Stop.Since.Equal(want.Stop.Since) || got.Stop.Removed != want.Stop.Removed || got.Stop.Revision != want.Stop.Revision {
 			t.Errorf("ScheduleStart(%s) = %+v, %v, %v; want %+v", id, got, ok, err, want)
 		}

@@ -245,10 +245,10 @@ func (s *Scheduler) floorOnLoad(ctx context.Context, r *entryRun, wm taskstate.W
 // skipped, as by a replica that saw the stop live. That replica may have
 // lost the entry's shard before it could record them (Redis cut off).
 func (s *Scheduler) settleBeforeRestart(r *entryRun, wm taskstate.WatermarkInfo, start ScheduleStart) {
-	if !start.Restarted || r.settle != nil || !wm.Tick.Before(start.Stop.Stopped) {
+	if start.Before == nil || r.settle != nil || !wm.Tick.Before(start.Stop.Stopped) {
 		return
 	}
-	sched, err := schedule.NewSchedule(start.Before)
+	sched, err := schedule.NewSchedule(*start.Before)
 	if err != nil {
 		return // a state that never had a usable schedule fired nothing
 	}
