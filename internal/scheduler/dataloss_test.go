@@ -2,6 +2,7 @@ package scheduler_test
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"slices"
 	"strings"
@@ -320,4 +321,53 @@ func TestRedisLostUnderConfirmingReplica(t *testing.T) {
 	testenv.Eventually(t, 30*time.Second, func() bool { return other.counts().Fired >= firedAt+3 }, "the other replica to fire after the loss")
 	other.stop()
 	checkNotRefired(t, e.entryTicks("w"), lastStream)
+}
+
+// slowPass is a History whose whole-stream read of last fires never answers
+// before it is given up: a stream server too slow, or a replica too starved
+// of CPU, to read it in time.
+type slowPass struct{ scheduler.History }
+
+func (slowPass) LastHandledAll(ctx context.Context) (map[string]time.Time, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// TestStreamCheckWithinGrace: a replica that takes entries over with a tick
+// due checks their watermarks against the stream before firing them. When
+// that read is slow it is given up in time for the due ticks to fire within
+// the grace: none is skipped as missed, and every tick is handled once.
+func TestStreamCheckWithinGrace(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ids := make([]string, 12)
+	e.put(entriesOf(len(ids), func(i int) events.Entry {
+		ids[i] = fmt.Sprintf("g%02d", i)
+		return every(ids[i], "@every 1s")
+	})...)
+	a := e.startNode("a", nodeOpts{})
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired >= uint64(2*len(ids)) }, "a to fire every entry")
+	a.stop()
+	// Long enough for a tick to fall due before the next replica loads.
+	time.Sleep(1500 * time.Millisecond)
+	b := e.startNode("b", nodeOpts{sched: func(c *scheduler.Config) {
+		c.Grace = 2 * time.Second
+		c.History = slowPass{scheduler.NewStreamHistory(e.js, testNames)}
+	}})
+	testenv.Eventually(t, 30*time.Second, func() bool { return b.counts().Fired >= uint64(3*len(ids)) }, "b to fire every entry")
+	b.stop()
+	e.waitOutboxEmpty(10*time.Second, "default")
+
+	all := ledgers(e.readActivity())
+	for _, id := range ids {
+		l := all[id]
+		if l == nil {
+			t.Fatalf("entry %s has no activity", id)
+		}
+		for _, sk := range l.skipped {
+			t.Errorf("entry %s: %d ticks from %s skipped (%s) across the takeover, want each fired", id, max(sk.Count, 1), sk.ScheduledAt.Format("15:04:05"), sk.Reason)
+		}
+		first, last := l.firedRange()
+		checkEverySecond(t, id, l, first, last)
+	}
 }

@@ -456,6 +456,10 @@ func (s *Scheduler) firesInGap(r *entryRun, t FireTally) bool {
 // pass of batch entries (scanHistory). A last fire far ahead of the clock
 // (plausible) is no sign of loss: it would only hold the entry while a
 // restore found nothing to seed.
+//
+// The read is bounded by what is left of the grace of r's oldest due tick
+// (historyCheckTimeout); past that bound, as after any failed read, r's
+// watermark is taken as Redis holds it.
 func (s *Scheduler) behind(ctx context.Context, r *entryRun, wm, now time.Time, batch int) bool {
 	if r.hasHandled {
 		return wm.Before(r.handled)
@@ -463,6 +467,8 @@ func (s *Scheduler) behind(ctx context.Context, r *entryRun, wm, now time.Time, 
 	if s.cfg.History == nil || r.sched.Next(wm).After(now) {
 		return false
 	}
+	ctx, cancel := context.WithTimeout(ctx, s.historyCheckTimeout(r, wm))
+	defer cancel()
 	if !scanHistory(batch, len(s.entries)) {
 		last, _, ok, err := s.cfg.History.LastHandled(ctx, r.id)
 		if err != nil {
@@ -484,6 +490,32 @@ func (s *Scheduler) behind(ctx context.Context, r *entryRun, wm, now time.Time, 
 	}
 	last, ok := h.last[r.id]
 	return ok && last.After(wm) && s.plausible(r.id, last)
+}
+
+// historyCheckLeft is the time a check of a watermark against the stream
+// leaves, before its entry's oldest due tick passes the grace, for the rest
+// of the load and the fire itself; historyCheckFloor is the least time the
+// check is given.
+const (
+	historyCheckLeft  = 500 * time.Millisecond
+	historyCheckFloor = 250 * time.Millisecond
+)
+
+// historyCheckTimeout bounds behind's stream read for r, whose watermark is
+// wm and whose next tick after it is due: its oldest tick not yet missed
+// must still fire within the grace once the read returns. A replica that
+// takes a dead owner's shards over does so a few seconds into their grace,
+// and a read that held its loop for the full streamReadTimeout on a
+// starved machine pushed those ticks past the grace.
+func (s *Scheduler) historyCheckTimeout(r *entryRun, wm time.Time) time.Duration {
+	now := s.clock.Now()
+	grace := s.cfg.Grace + r.sched.MaxJitter()
+	from := now.Add(-grace)
+	if wm.After(from) {
+		from = wm
+	}
+	d := r.sched.Next(from).Add(grace - historyCheckLeft).Sub(now)
+	return min(max(d, historyCheckFloor), streamReadTimeout)
 }
 
 // scanHistory reports whether behind reads the last fire of every entry in
