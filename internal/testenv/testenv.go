@@ -43,8 +43,10 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -144,9 +146,53 @@ func freePorts(n int) ([]int, error) {
 		if !ok {
 			return nil, fmt.Errorf("reserve loopback port: unexpected address %v", l.Addr())
 		}
+		if high > low && !claimPort(a.Port) {
+			continue
+		}
 		ports = append(ports, a.Port)
 	}
 	return ports, nil
+}
+
+// portClaims holds a lock, for the life of this process, on every port
+// freePorts picked from the fixed range. Test processes run side by side and
+// pick from the same range, and a server stopped to be restarted on its
+// port leaves it free meanwhile: without the claim another test process
+// could pick it then, and the restart would find it taken. A port another
+// process holds, or this one handed out already, is not picked again. The
+// locks go with the process, so a killed test run leaves no claim behind
+// (the empty lock files stay, one per port ever picked).
+var portClaims struct {
+	sync.Mutex
+	held map[int]*os.File
+}
+
+// claimPort claims port for this process; false when it is claimed already,
+// here or by another process. Where no lock file can be made, the claim is
+// granted: the port was free to listen on, as before claims existed.
+func claimPort(port int) bool {
+	portClaims.Lock()
+	defer portClaims.Unlock()
+	if _, ok := portClaims.held[port]; ok {
+		return false
+	}
+	dir := filepath.Join(os.TempDir(), "cronstream-test-ports")
+	if err := os.MkdirAll(dir, 0o777); err != nil {
+		return true
+	}
+	f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(port)), os.O_CREATE|os.O_RDWR, 0o666)
+	if err != nil {
+		return true
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		_ = f.Close()
+		return false
+	}
+	if portClaims.held == nil {
+		portClaims.held = map[int]*os.File{}
+	}
+	portClaims.held[port] = f
+	return true
 }
 
 // fixedPortRange is where freePorts picks: [low, high), from 10000 up to

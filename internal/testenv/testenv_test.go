@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -579,5 +580,49 @@ func TestBindConflictDetected(t *testing.T) {
 	t.Logf("nats conflict noticed after %s", time.Since(start))
 	if elapsed := time.Since(start); elapsed > natsReadyTimeout/2 {
 		t.Errorf("conflict noticed after %s", elapsed)
+	}
+}
+
+// TestFreePortsClaimed: a port freePorts handed out is not handed out again,
+// by this process or another, while the process that picked it lives, even
+// when nothing listens on it (a server stopped to be restarted).
+func TestFreePortsClaimed(t *testing.T) {
+	low, high := fixedPortRange()
+	if high <= low {
+		t.Skip("no fixed port range below the kernel's ephemeral range here")
+	}
+	ports, err := freePorts(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if claimPort(ports[0]) {
+		t.Errorf("port %d claimed twice by one process", ports[0])
+	}
+
+	// Another process's claim: a lock held on a port's file through an
+	// open file of its own, as a second test binary holds it.
+	var other int
+	for p := low; p < high; p++ {
+		if _, err := os.Stat(filepath.Join(os.TempDir(), "cronstream-test-ports", strconv.Itoa(p))); err != nil {
+			other = p
+			break
+		}
+	}
+	f, err := os.OpenFile(filepath.Join(os.TempDir(), "cronstream-test-ports", strconv.Itoa(other)), os.O_CREATE|os.O_RDWR, 0o666)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		t.Fatal(err)
+	}
+	if claimPort(other) {
+		t.Errorf("port %d claimed while another open file holds its lock", other)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_UN); err != nil {
+		t.Fatal(err)
+	}
+	if !claimPort(other) {
+		t.Errorf("port %d not claimed once its lock was let go", other)
 	}
 }
