@@ -371,3 +371,55 @@ func TestStreamCheckWithinGrace(t *testing.T) {
 		checkEverySecond(t, id, l, first, last)
 	}
 }
+
+// TestStreamCheckOffTheLoop: while a replica that took shards over waits
+// for the stream's last fires to check their watermarks, its loop goes on
+// firing the entries it already owned, on time.
+func TestStreamCheckOffTheLoop(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ids := make([]string, 24)
+	e.put(entriesOf(len(ids), func(i int) events.Entry {
+		ids[i] = fmt.Sprintf("o%02d", i)
+		return every(ids[i], "@every 1s")
+	})...)
+	a := e.startNode("a", nodeOpts{})
+	b := e.startNode("b", nodeOpts{sched: func(c *scheduler.Config) {
+		c.History = slowPass{scheduler.NewStreamHistory(e.js, testNames)}
+	}})
+	testenv.Eventually(t, 30*time.Second, func() bool { return a.counts().Fired >= 24 && b.counts().Fired >= 24 }, "both replicas to fire")
+	// Settled: neither moved a shard for a couple of seconds.
+	time.Sleep(3 * time.Second)
+	handover := time.Now()
+	a.stop()
+	firedBefore := b.counts().Fired
+	testenv.Eventually(t, 20*time.Second, func() bool { return b.counts().Fired >= firedBefore+uint64(3*len(ids)) }, "b to fire every entry")
+	b.stop()
+	e.waitOutboxEmpty(10*time.Second, "default")
+
+	// b's own entries: those it fired in the second before the handover.
+	own := map[string]bool{}
+	acts := e.readActivity()
+	for _, act := range acts {
+		f := act.Fired
+		if act.Type == events.TypeEntryFired && f.Replica == "b" && f.ScheduledAt.After(handover.Add(-time.Second)) && f.ScheduledAt.Before(handover) {
+			own[f.Entry] = true
+		}
+	}
+	if len(own) == 0 || len(own) == len(ids) {
+		t.Fatalf("b owned %d of %d entries before the handover, want some", len(own), len(ids))
+	}
+	for _, act := range acts {
+		f := act.Fired
+		if act.Type != events.TypeEntryFired || !own[f.Entry] || f.ScheduledAt.Before(handover) {
+			continue
+		}
+		if lag := f.EnqueuedAt.Sub(f.ScheduledAt); lag > 1200*time.Millisecond {
+			t.Errorf("entry %s, owned by b before a left: tick %s fired %s late while b checked a's entries", f.Entry, f.ScheduledAt.Format("15:04:05"), lag)
+		}
+	}
+	for id, l := range ledgers(acts) {
+		first, last := l.firedRange()
+		checkEverySecond(t, id, l, first, last)
+	}
+}

@@ -40,6 +40,7 @@ func (s *Scheduler) loadWatermarks(ctx context.Context) {
 queues:
 	for q, runs := range byQueue {
 		if loaded && spent() {
+			p.cut = true
 			break
 		}
 		wms, ok := s.readWatermarks(ctx, q, runs, &p)
@@ -48,6 +49,7 @@ queues:
 		}
 		for i, r := range runs {
 			if loaded && spent() {
+				p.cut = true
 				break queues
 			}
 			s.loadRun(ctx, r, wms[i], now, &p)
@@ -71,6 +73,18 @@ type loadPass struct {
 	failed, later bool
 	restored      []string
 	held          restoreHolds
+	// firesBy: some entries wait for the stream's last fires (lastFires),
+	// the first of them until firesBy.
+	firesBy time.Time
+	// cut: loadBatch or loadBudget left loading entries for the next turn.
+	cut bool
+}
+
+// waitFires notes an entry waiting for the stream's last fires until by.
+func (p *loadPass) waitFires(by time.Time) {
+	if p.firesBy.IsZero() || by.Before(p.firesBy) {
+		p.firesBy = by
+	}
 }
 
 // takeLoadBatch takes at most loadBatch loading entries, by queue, until
@@ -82,6 +96,7 @@ func (s *Scheduler) takeLoadBatch(ctx context.Context, p *loadPass, spent func()
 	taken := 0
 	for _, r := range s.loading {
 		if taken++; taken > loadBatch || (taken > 1 && spent()) {
+			p.cut = true
 			break
 		}
 		if r.loading.fromQueue != "" {
@@ -132,7 +147,15 @@ func (s *Scheduler) loadRun(ctx context.Context, r *entryRun, wm taskstate.Water
 	// is restored (once per load: the stream may hold nothing usable),
 	// after the handover that closes the entry's other queues: the restore
 	// opens this one.
-	restoreNow := !r.loading.restored && (!wm.OK || s.behind(ctx, r, wm.Tick, now, p.batch))
+	restoreNow := !r.loading.restored && !wm.OK
+	if !r.loading.restored && wm.OK {
+		behind, wait := s.behind(ctx, r, wm.Tick, now, p.batch)
+		if wait {
+			p.waitFires(s.historyCheckBy(r, wm.Tick))
+			return
+		}
+		restoreNow = behind
+	}
 	if !restoreNow {
 		// Nothing (more) to restore: another replica seeded the watermark
 		// meanwhile.
@@ -274,6 +297,15 @@ func (s *Scheduler) nextLoad(p *loadPass) {
 		s.loadAfter = s.hist.countsAt.Add(historyRefresh)
 	default:
 		s.loadFails = 0
+	}
+	if !p.firesBy.IsZero() && !p.cut {
+		// The read wakes the loop when it ends; the entries load by
+		// firesBy at the latest. (Entries the pass left for the next turn
+		// follow at once.)
+		at := s.clock.Mono().Add(max(p.firesBy.Sub(s.clock.Now()), 0))
+		if !p.failed && !p.later || at.Before(s.loadAfter) {
+			s.loadAfter = at
+		}
 	}
 	if p.held.n > 0 {
 		at := s.clock.Mono().Add(p.held.wait)
@@ -453,69 +485,70 @@ func (s *Scheduler) firesInGap(r *entryRun, t FireTally) bool {
 //
 // The stream is asked per entry or in one pass over every entry's last
 // fire (at most once per historyRefresh), whichever reads less for a load
-// pass of batch entries (scanHistory). A last fire far ahead of the clock
-// (plausible) is no sign of loss: it would only hold the entry while a
-// restore found nothing to seed.
-//
-// The read is bounded by what is left of the grace of r's oldest due tick
-// (historyCheckTimeout); past that bound, as after any failed read, r's
-// watermark is taken as Redis holds it.
-func (s *Scheduler) behind(ctx context.Context, r *entryRun, wm, now time.Time, batch int) bool {
+// pass of batch entries (scanHistory). The pass runs off the loop
+// (lastFires): wait is true while it runs, and r stays loading. Either read
+// is given until r's oldest due tick would pass the grace
+// (historyCheckBy); past that, as after a failed read, wm is taken as Redis
+// holds it. A last fire far ahead of the clock (plausible) is no sign of
+// loss: it would only hold the entry while a restore found nothing to seed.
+func (s *Scheduler) behind(ctx context.Context, r *entryRun, wm, now time.Time, batch int) (behind, wait bool) {
 	if r.hasHandled {
-		return wm.Before(r.handled)
+		return wm.Before(r.handled), false
 	}
 	if s.cfg.History == nil || r.sched.Next(wm).After(now) {
-		return false
+		return false, false
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.historyCheckTimeout(r, wm))
-	defer cancel()
+	by := s.historyCheckBy(r, wm)
 	if !scanHistory(batch, len(s.entries)) {
+		ctx, cancel := context.WithTimeout(ctx, min(max(by.Sub(s.clock.Now()), historyCheckFloor), streamReadTimeout))
+		defer cancel()
 		last, _, ok, err := s.cfg.History.LastHandled(ctx, r.id)
 		if err != nil {
 			if !errors.Is(err, errStreamsUnavailable) {
 				s.log.Warn("read the entry's last tick from the stream; not checking its watermark against it", "entry", r.id, "err", err)
 			}
-			return false
+			return false, false
 		}
-		return ok && last.After(wm) && s.plausible(r.id, last)
+		return ok && last.After(wm) && s.plausible(r.id, last), false
 	}
-	h := &s.hist
-	if s.clock.Since(h.lastAt) >= historyRefresh {
-		h.lastAt = s.clock.Mono()
-		last, err := s.cfg.History.LastHandledAll(ctx)
-		if err != nil {
-			s.log.Warn("read the entries' last ticks from the stream; not checking watermarks against it", "err", err)
+	all, read := s.lastFires(ctx)
+	if !read {
+		if s.clock.Now().Before(by) {
+			return false, true
 		}
-		h.last = last
+		s.gaveUpLastFires(r)
+		return false, false
 	}
-	last, ok := h.last[r.id]
-	return ok && last.After(wm) && s.plausible(r.id, last)
+	last, ok := all[r.id]
+	return ok && last.After(wm) && s.plausible(r.id, last), false
 }
 
 // historyCheckLeft is the time a check of a watermark against the stream
 // leaves, before its entry's oldest due tick passes the grace, for the rest
-// of the load and the fire itself; historyCheckFloor is the least time the
-// check is given.
+// of the load and the fire itself; historyCheckFloor is the least time a
+// read per entry is given.
 const (
 	historyCheckLeft  = 500 * time.Millisecond
 	historyCheckFloor = 250 * time.Millisecond
 )
 
-// historyCheckTimeout bounds behind's stream read for r, whose watermark is
-// wm and whose next tick after it is due: its oldest tick not yet missed
-// must still fire within the grace once the read returns. A replica that
+// historyCheckBy is when behind stops waiting for the stream to check r,
+// whose watermark is wm and whose next tick after it is due: its oldest
+// tick not yet missed must still fire within the grace. A replica that
 // takes a dead owner's shards over does so a few seconds into their grace,
-// and a read that held its loop for the full streamReadTimeout on a
+// and a check that held its loop for the full streamReadTimeout on a
 // starved machine pushed those ticks past the grace.
-func (s *Scheduler) historyCheckTimeout(r *entryRun, wm time.Time) time.Duration {
-	now := s.clock.Now()
+func (s *Scheduler) historyCheckBy(r *entryRun, wm time.Time) time.Time {
 	grace := s.cfg.Grace + r.sched.MaxJitter()
-	from := now.Add(-grace)
+	from := s.clock.Now().Add(-grace)
 	if wm.After(from) {
 		from = wm
 	}
-	d := r.sched.Next(from).Add(grace - historyCheckLeft).Sub(now)
-	return min(max(d, historyCheckFloor), streamReadTimeout)
+	next := r.sched.Next(from)
+	if next.IsZero() {
+		return s.clock.Now()
+	}
+	return next.Add(grace - historyCheckLeft)
 }
 
 // scanHistory reports whether behind reads the last fire of every entry in
