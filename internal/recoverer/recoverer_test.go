@@ -319,18 +319,8 @@ func TestStaleAggregationSetReclaimed(t *testing.T) {
 	if s := rec.Stats()[q]; s.Reclaimed != 1 {
 		t.Fatalf("stats %+v", s)
 	}
-	if n, _ := rc.ZCard(ctx, k.Group(group)).Result(); n != 3 {
-		t.Fatalf("group has %d tasks after the reclaim", n)
-	}
-	if ok, _ := rc.SIsMember(ctx, k.Groups(), group).Result(); !ok {
-		t.Fatal("group not listed again")
-	}
-	if n, _ := rc.Exists(ctx, setKey).Result(); n != 0 {
-		t.Fatal("aggregation set still exists")
-	}
-	if n, _ := rc.ZCard(ctx, k.AggregationSets()).Result(); n != 0 {
-		t.Fatal("aggregation set still listed")
-	}
+	testenv.CheckReclaimed(t, rc, testenv.ReclaimedSet{GroupKey: k.Group(group), GroupsKey: k.Groups(), Group: group,
+		SetKey: setKey, SetsKey: k.AggregationSets(), Tasks: 3})
 	// A second pass finds nothing more.
 	if res := rec.Pass(ctx); res.Err != nil || rec.Stats()[q].Reclaimed != 1 {
 		t.Fatalf("second pass: %+v %+v", res, rec.Stats()[q])

@@ -821,18 +821,8 @@ func TestReclaimStaleAggregationSets(t *testing.T) {
 	if ev := outboxEventIDs(t, rc, q); !slices.Equal(ev, []string{"reclaimed:8d5f3b8e-0000-4000-8000-000000000001"}) {
 		t.Fatalf("outbox %v", ev)
 	}
-	if n, _ := rc.ZCard(ctx, k.Group(group)).Result(); n != 3 {
-		t.Fatalf("group has %d", n)
-	}
-	if ok, _ := rc.SIsMember(ctx, k.Groups(), group).Result(); !ok {
-		t.Fatal("group not re-registered")
-	}
-	if n, _ := rc.Exists(ctx, set).Result(); n != 0 {
-		t.Fatal("set still exists")
-	}
-	if n, _ := rc.ZCard(ctx, k.AggregationSets()).Result(); n != 0 {
-		t.Fatal("set still listed")
-	}
+	testenv.CheckReclaimed(t, rc, testenv.ReclaimedSet{GroupKey: k.Group(group), GroupsKey: k.Groups(), Group: group,
+		SetKey: set, SetsKey: k.AggregationSets(), Tasks: 3})
 
 	// A real asynq aggregator finds the group again and aggregates it.
 	verifyNoLeaks(t)

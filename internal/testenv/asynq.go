@@ -191,3 +191,33 @@ func StartAsynqChild(t testing.TB, mode AsynqChildMode, addr string, queues ...s
 	t.Cleanup(kill)
 	return kill
 }
+
+// ReclaimedSet names where a reclaimed aggregation set's tasks belong: the
+// group's sorted set (GroupKey) listed under Group in the queue's groups
+// (GroupsKey), and the set (SetKey) gone from the queue's aggregation sets
+// (SetsKey). The keys come from the caller: taskstate owns their names.
+type ReclaimedSet struct {
+	GroupKey, GroupsKey, Group string
+	SetKey, SetsKey            string
+	// Tasks is how many tasks the group holds once the set is back.
+	Tasks int64
+}
+
+// CheckReclaimed fails t unless the aggregation set s names was given back
+// to its group, as asynq's aggregator needs to find it again.
+func CheckReclaimed(t testing.TB, rc redis.UniversalClient, s ReclaimedSet) {
+	t.Helper()
+	ctx := Context(t, 10*time.Second)
+	if n, err := rc.ZCard(ctx, s.GroupKey).Result(); err != nil || n != s.Tasks {
+		t.Fatalf("group %s has %d tasks after the reclaim, want %d (err %v)", s.Group, n, s.Tasks, err)
+	}
+	if ok, err := rc.SIsMember(ctx, s.GroupsKey, s.Group).Result(); err != nil || !ok {
+		t.Fatalf("group %s not listed again (err %v)", s.Group, err)
+	}
+	if n, err := rc.Exists(ctx, s.SetKey).Result(); err != nil || n != 0 {
+		t.Fatalf("aggregation set %s still exists (err %v)", s.SetKey, err)
+	}
+	if n, err := rc.ZCard(ctx, s.SetsKey).Result(); err != nil || n != 0 {
+		t.Fatalf("%d aggregation sets still listed (err %v)", n, err)
+	}
+}
