@@ -2,79 +2,180 @@ package scheduler
 
 import (
 	"context"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/cronstream/cronstream/internal/clock"
 )
 
-// lastFiresCache holds the activity stream's last fire of every entry
-// (History.LastHandledAll), read off the firing loop. The read goes over
-// every entry's fire subject; on a replica short of CPU, or with many
-// entries, it takes seconds, and a loop that waited for it stopped firing
-// what it owned and stopped renewing its shard leases (the progress bound)
-// right after taking shards over. Loop goroutine only, except the read's
-// own fields, which its goroutine sets before it closes done.
+// lastFiresCache holds the activity stream's last fires of entries, read
+// off the firing loop to check loaded watermarks against (behind): in one
+// pass over every entry's fire subject, or one entry at a time, whichever
+// reads less for the load (scanHistory). Either read can take seconds on a
+// replica short of CPU or with NATS busy, and a loop that waited for it
+// stopped firing what it owned and stopped renewing its shard leases (the
+// progress bound) right after taking shards over. Loop goroutine only,
+// except a read's own fields, which its goroutine sets before it closes
+// done.
 type lastFiresCache struct {
-	last map[string]time.Time // nil: not read, or the read failed
-	at   clock.Mono           // when the read in last was taken in
-	read bool                 // last holds a read's outcome
+	// all is every entry's last fire from the last pass, taken in at
+	// allAt (allRead: a pass ended; all is nil when it failed).
+	all     map[string]time.Time
+	allAt   clock.Mono
+	allRead bool
+	// one holds the entries read one at a time; wantOne those waiting
+	// for such a read, wantAll that a load waits for a pass.
+	one     map[string]lastFire
+	wantOne map[string]bool
+	wantAll bool
 	// reading is the read in flight (nil: none).
 	reading *lastFiresRead
 }
 
-// lastFiresRead is one LastHandledAll run in a goroutine of its own.
+// lastFire is one entry's last fire as read (ok false: none, or the read
+// failed), taken in at at.
+type lastFire struct {
+	tick time.Time
+	ok   bool
+	at   clock.Mono
+}
+
+// lastFiresRead is one read run in a goroutine of its own: a pass (ids
+// nil) or ids one at a time.
 type lastFiresRead struct {
 	began  clock.Mono
+	ids    []string
 	done   chan struct{}
 	last   map[string]time.Time
+	got    map[string]bool // ids read (one at a time)
 	err    error
 	cancel context.CancelFunc
 	// gaveUp: an entry stopped waiting for it (logged once).
 	gaveUp bool
 }
 
-// lastFires returns every entry's last fire in the activity stream, as read
-// within historyRefresh (nil when that read failed: nothing to check
-// against). read is false while a read runs: it is started here when none
-// does, and it wakes the loop when it ends.
-func (s *Scheduler) lastFires(ctx context.Context) (last map[string]time.Time, read bool) {
+// lastFireOf returns entry id's last fire in the activity stream (ok false:
+// none, or it could not be read), from a read taken in within
+// historyRefresh. read is false while the read it needs runs: it is started
+// here when none runs, and it wakes the loop when it ends. scan asks for a
+// pass over every entry rather than a read of id alone.
+func (s *Scheduler) lastFireOf(ctx context.Context, id string, scan bool) (tick time.Time, ok, read bool) {
+	s.takeInLastFires(ctx)
 	c := &s.hist.fires
-	if r := c.reading; r != nil {
-		select {
-		case <-r.done:
-			c.reading = nil
-			c.last, c.at, c.read = r.last, s.clock.Mono(), true
-			if err := s.bounded.end(ctx, r.cancel, r.err); err != nil {
-				s.log.Warn("read the entries' last ticks from the stream; not checking watermarks against it", "err", err)
-			}
-		default:
-			return nil, false
+	if c.allRead && s.clock.Since(c.allAt) < historyRefresh {
+		tick, ok = c.all[id]
+		return tick, ok, true
+	}
+	if f, found := c.one[id]; found && !scan && s.clock.Since(f.at) < historyRefresh {
+		return f.tick, f.ok, true
+	}
+	if scan {
+		c.wantAll = true
+	} else {
+		if c.wantOne == nil {
+			c.wantOne = map[string]bool{}
 		}
+		c.wantOne[id] = true
 	}
-	if c.read && s.clock.Since(c.at) < historyRefresh {
-		return c.last, true
+	s.startLastFires(ctx)
+	return time.Time{}, false, false
+}
+
+// startLastFires starts the read the loads wait for, unless one runs: a
+// pass when one waits for it, else the entries waiting one at a time.
+func (s *Scheduler) startLastFires(ctx context.Context) {
+	c := &s.hist.fires
+	if c.reading != nil || (!c.wantAll && len(c.wantOne) == 0) {
+		return
 	}
+	var ids []string
+	if !c.wantAll {
+		ids = slices.Sorted(maps.Keys(c.wantOne))
+	}
+	c.wantAll, c.wantOne = false, nil
 	rctx, cancel, err := s.bounded.begin(ctx)
 	if err != nil {
 		// Stream reads paused after a failure: nothing to wait for.
-		c.last, c.at, c.read = nil, s.clock.Mono(), true
-		return nil, true
+		s.keepLastFires(&lastFiresRead{ids: ids, err: err})
+		return
 	}
-	r := &lastFiresRead{began: s.clock.Mono(), done: make(chan struct{}), cancel: cancel}
-	c.reading, c.read = r, false
+	r := &lastFiresRead{began: s.clock.Mono(), ids: ids, done: make(chan struct{}), cancel: cancel}
+	c.reading = r
+	h := s.bounded.h
 	s.life.Go(func(context.Context) {
 		defer close(r.done)
-		r.last, r.err = s.bounded.h.LastHandledAll(rctx)
+		if ids == nil {
+			r.last, r.err = h.LastHandledAll(rctx)
+		} else {
+			r.last, r.got = map[string]time.Time{}, map[string]bool{}
+			for _, id := range ids {
+				tick, _, ok, err := h.LastHandled(rctx, id)
+				if err != nil {
+					r.err = err
+					break
+				}
+				if r.got[id] = true; ok {
+					r.last[id] = tick
+				}
+			}
+		}
 		select {
 		case s.wake <- struct{}{}:
 		default:
 		}
 	})
-	return nil, false
 }
 
-// ended reports whether a read is in and not yet taken in: the entries
-// waiting for it load at once.
+// takeInLastFires takes the read in flight in once it has ended.
+func (s *Scheduler) takeInLastFires(ctx context.Context) {
+	c := &s.hist.fires
+	if !c.ended() {
+		return
+	}
+	r := c.reading
+	c.reading = nil
+	err := s.bounded.end(ctx, r.cancel, r.err)
+	if err != nil {
+		what := "read the entries' last ticks from the stream; not checking watermarks against it"
+		if r.ids != nil {
+			what = "read entries' last ticks from the stream; not checking the watermarks of those not read"
+		}
+		s.log.Warn(what, "entries", len(r.ids), "read", len(r.got), "err", err)
+	}
+	s.keepLastFires(r)
+	s.startLastFires(ctx) // the loads that asked meanwhile
+}
+
+// keepLastFires caches what read r found. An entry it did not read (the
+// read failed) counts as read without a last fire: its watermark is taken
+// as Redis holds it, as when the stream cannot be read.
+func (s *Scheduler) keepLastFires(r *lastFiresRead) {
+	c := &s.hist.fires
+	now := s.clock.Mono()
+	if r.ids == nil {
+		c.all, c.allAt, c.allRead = r.last, now, true
+		if r.err != nil {
+			c.all = nil
+		}
+		return
+	}
+	if c.one == nil {
+		c.one = map[string]lastFire{}
+	}
+	for id, f := range c.one {
+		if s.clock.Since(f.at) >= historyRefresh {
+			delete(c.one, id)
+		}
+	}
+	for _, id := range r.ids {
+		tick, ok := r.last[id]
+		c.one[id] = lastFire{tick: tick, ok: ok && r.got[id], at: now}
+	}
+}
+
+// ended reports whether a read has ended and is not taken in yet: the
+// entries waiting for it load at once.
 func (c *lastFiresCache) ended() bool {
 	if c.reading == nil {
 		return false
@@ -87,9 +188,9 @@ func (c *lastFiresCache) ended() bool {
 	}
 }
 
-// gaveUpLastFires notes that r stopped waiting for the last fires in
-// flight: its oldest due tick would otherwise pass the grace. Its watermark
-// is taken as Redis holds it, as when the read fails.
+// gaveUpLastFires notes that r stopped waiting for the read in flight: its
+// oldest due tick would otherwise pass the grace. Its watermark is taken as
+// Redis holds it, as when the read fails.
 func (s *Scheduler) gaveUpLastFires(r *entryRun) {
 	read := s.hist.fires.reading
 	if read == nil || read.gaveUp {

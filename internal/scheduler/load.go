@@ -483,14 +483,14 @@ func (s *Scheduler) firesInGap(r *entryRun, t FireTally) bool {
 // fires after wm (a lagging replica was promoted while no replica ran):
 // their events were published only after their Redis writes.
 //
-// The stream is asked per entry or in one pass over every entry's last
-// fire (at most once per historyRefresh), whichever reads less for a load
-// pass of batch entries (scanHistory). The pass runs off the loop
-// (lastFires): wait is true while it runs, and r stays loading. Either read
-// is given until r's oldest due tick would pass the grace
-// (historyCheckBy); past that, as after a failed read, wm is taken as Redis
-// holds it. A last fire far ahead of the clock (plausible) is no sign of
-// loss: it would only hold the entry while a restore found nothing to seed.
+// The stream is read off the loop (lastFireOf), per entry or in one pass
+// over every entry's last fire, whichever reads less for a load pass of
+// batch entries (scanHistory): wait is true while the read runs, and r
+// stays loading. r waits until its oldest due tick would pass the grace
+// (historyCheckBy); past that, as after a failed read, wm is taken as
+// Redis holds it. A last fire far ahead of the clock (plausible) is no sign
+// of loss: it would only hold the entry while a restore found nothing to
+// seed.
 func (s *Scheduler) behind(ctx context.Context, r *entryRun, wm, now time.Time, batch int) (behind, wait bool) {
 	if r.hasHandled {
 		return wm.Before(r.handled), false
@@ -498,39 +498,21 @@ func (s *Scheduler) behind(ctx context.Context, r *entryRun, wm, now time.Time, 
 	if s.cfg.History == nil || r.sched.Next(wm).After(now) {
 		return false, false
 	}
-	by := s.historyCheckBy(r, wm)
-	if !scanHistory(batch, len(s.entries)) {
-		ctx, cancel := context.WithTimeout(ctx, min(max(by.Sub(s.clock.Now()), historyCheckFloor), streamReadTimeout))
-		defer cancel()
-		last, _, ok, err := s.cfg.History.LastHandled(ctx, r.id)
-		if err != nil {
-			if !errors.Is(err, errStreamsUnavailable) {
-				s.log.Warn("read the entry's last tick from the stream; not checking its watermark against it", "entry", r.id, "err", err)
-			}
-			return false, false
-		}
-		return ok && last.After(wm) && s.plausible(r.id, last), false
-	}
-	all, read := s.lastFires(ctx)
+	last, ok, read := s.lastFireOf(ctx, r.id, scanHistory(batch, len(s.entries)))
 	if !read {
-		if s.clock.Now().Before(by) {
+		if s.clock.Now().Before(s.historyCheckBy(r, wm)) {
 			return false, true
 		}
 		s.gaveUpLastFires(r)
 		return false, false
 	}
-	last, ok := all[r.id]
 	return ok && last.After(wm) && s.plausible(r.id, last), false
 }
 
 // historyCheckLeft is the time a check of a watermark against the stream
 // leaves, before its entry's oldest due tick passes the grace, for the rest
-// of the load and the fire itself; historyCheckFloor is the least time a
-// read per entry is given.
-const (
-	historyCheckLeft  = 500 * time.Millisecond
-	historyCheckFloor = 250 * time.Millisecond
-)
+// of the load and the fire itself.
+const historyCheckLeft = 500 * time.Millisecond
 
 // historyCheckBy is when behind stops waiting for the stream to check r,
 // whose watermark is wm and whose next tick after it is due: its oldest
@@ -553,16 +535,12 @@ func (s *Scheduler) historyCheckBy(r *entryRun, wm time.Time) time.Time {
 
 // scanHistory reports whether behind reads the last fire of every entry in
 // one pass rather than one entry at a time, for a load pass of loading
-// entries out of known. The pass reads the whole stream's last fires, and
-// with many entries, a throttled replica or a busy server it can outlast
-// the stream read timeout; it is retried each historyRefresh and holds the
-// loop while it runs, so a replica that took a few shards over stalled
-// past the ownership's progress bound, lost its shards, and their next
-// owner stalled the same way. A read per entry costs a round trip or more
-// (it looks back past a last message that is not a fire) but is bounded
-// per turn by loadBudget, so the loop keeps turning: it is the read for a
-// load of a small part of the entries (a takeover or handover among many
-// replicas); the pass is the read for the rest.
+// entries out of known. The pass reads the whole stream's last fires: with
+// many entries, a throttled replica or a busy server it takes seconds, and
+// the entries it checks wait for it. A read per entry costs a round trip or
+// more (it looks back past a last message that is not a fire): it is the
+// read for a load of a small part of the entries (a takeover or handover
+// among many replicas); the pass is the read for the rest.
 func scanHistory(loading, known int) bool {
 	const scanShare = 8 // the pass when loading is over 1/scanShare of known
 	return loading*scanShare > known
