@@ -340,11 +340,7 @@ func (slowPass) LastHandledAll(ctx context.Context) (map[string]time.Time, error
 func TestStreamCheckWithinGrace(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	ids := make([]string, 12)
-	e.put(entriesOf(len(ids), func(i int) events.Entry {
-		ids[i] = fmt.Sprintf("g%02d", i)
-		return every(ids[i], "@every 1s")
-	})...)
+	ids := e.putEverySecond("g", 12)
 	a := e.startNode("a", nodeOpts{})
 	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired >= uint64(2*len(ids)) }, "a to fire every entry")
 	a.stop()
@@ -378,11 +374,7 @@ func TestStreamCheckWithinGrace(t *testing.T) {
 func TestStreamCheckOffTheLoop(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	ids := make([]string, 24)
-	e.put(entriesOf(len(ids), func(i int) events.Entry {
-		ids[i] = fmt.Sprintf("o%02d", i)
-		return every(ids[i], "@every 1s")
-	})...)
+	ids := e.putEverySecond("o", 24)
 	a := e.startNode("a", nodeOpts{})
 	b := e.startNode("b", nodeOpts{sched: func(c *scheduler.Config) {
 		c.History = slowPass{scheduler.NewStreamHistory(e.js, testNames)}
@@ -422,4 +414,16 @@ func TestStreamCheckOffTheLoop(t *testing.T) {
 		first, last := l.firedRange()
 		checkEverySecond(t, id, l, first, last)
 	}
+}
+
+// putEverySecond registers n entries "@every 1s" named prefix00, prefix01…
+// and returns their ids.
+func (e *env) putEverySecond(prefix string, n int) []string {
+	e.t.Helper()
+	ids := make([]string, n)
+	e.put(entriesOf(n, func(i int) events.Entry {
+		ids[i] = fmt.Sprintf("%s%02d", prefix, i)
+		return every(ids[i], "@every 1s")
+	})...)
+	return ids
 }

@@ -118,6 +118,20 @@ func (g gatedHistory) LastHandledAll(ctx context.Context) (map[string]time.Time,
 	return g.History.LastHandledAll(ctx)
 }
 
+// gatedScheduler is a scheduler built without running whose stream reads
+// of last fires go through a gate on h, stopped with the test.
+func gatedScheduler(t *testing.T, h History) (*Scheduler, gatedHistory) {
+	gate := gatedHistory{History: h, open: make(chan struct{})}
+	s := planScheduler()
+	s.log = slog.New(slog.DiscardHandler)
+	s.bounded = &boundedHistory{h: gate, clock: s.clock, log: s.log}
+	s.cfg.History = s.bounded
+	s.wake = make(chan struct{}, 1)
+	s.entries = map[string]*entryRun{}
+	t.Cleanup(func() { s.life.Stop() })
+	return s, gate
+}
+
 // TestLastFiresOffTheLoop: the check of a loaded watermark against the
 // activity stream, per entry and in one pass, does not wait on the loop:
 // behind answers "wait" at once while the read runs, the read wakes the
@@ -149,14 +163,7 @@ func TestLastFiresOffTheLoop(t *testing.T) {
 
 	for _, scan := range []bool{false, true} {
 		t.Run(fmt.Sprintf("scan=%v", scan), func(t *testing.T) {
-			gate := gatedHistory{History: NewStreamHistory(js, names), open: make(chan struct{})}
-			s := planScheduler()
-			s.log = slog.New(slog.DiscardHandler)
-			s.bounded = &boundedHistory{h: gate, clock: s.clock, log: slog.New(slog.DiscardHandler)}
-			s.cfg.History = s.bounded
-			s.wake = make(chan struct{}, 1)
-			s.entries = map[string]*entryRun{}
-			defer s.life.Stop()
+			s, gate := gatedScheduler(t, NewStreamHistory(js, names))
 			r := planEntry(t, "@every 1s", time.Time{})
 			others := 20 // a pass for a load of 1 of 1; a read per entry for 1 of 21
 			if !scan {
@@ -189,15 +196,8 @@ func TestLastFiresOffTheLoop(t *testing.T) {
 	}
 
 	t.Run("gives up near the end of the grace", func(t *testing.T) {
-		gate := gatedHistory{History: NewStreamHistory(js, names), open: make(chan struct{})}
+		s, gate := gatedScheduler(t, NewStreamHistory(js, names))
 		defer close(gate.open)
-		s := planScheduler()
-		s.log = slog.New(slog.DiscardHandler)
-		s.bounded = &boundedHistory{h: gate, clock: s.clock, log: slog.New(slog.DiscardHandler)}
-		s.cfg.History = s.bounded
-		s.wake = make(chan struct{}, 1)
-		s.entries = map[string]*entryRun{}
-		defer s.life.Stop()
 		r := planEntry(t, "@every 1s", time.Time{})
 		s.entries[r.id] = r
 		// Due ticks since long before a grace of nothing: the oldest tick
