@@ -190,8 +190,10 @@ func (c *lastFiresCache) ended() bool {
 
 // gaveUpLastFires notes that r stopped waiting for the read in flight: its
 // oldest due tick would otherwise pass the grace. Its watermark is taken as
-// Redis holds it, as when the read fails.
+// Redis holds it, as when the read fails. Counted per entry, logged once
+// per read.
 func (s *Scheduler) gaveUpLastFires(r *entryRun) {
+	s.m.Unchecked.Inc()
 	read := s.hist.fires.reading
 	if read == nil || read.gaveUp {
 		return

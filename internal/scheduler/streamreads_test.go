@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/clock"
 	"github.com/cronstream/cronstream/internal/testenv"
@@ -218,6 +220,12 @@ func TestLastFiresOffTheLoop(t *testing.T) {
 				t.Fatal("still waiting for the held read 3 s on, past the end of the grace")
 			}
 			time.Sleep(10 * time.Millisecond)
+		}
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(s.m.Unchecked)
+		families, err := reg.Gather()
+		if err != nil || len(families) != 1 || families[0].GetMetric()[0].GetCounter().GetValue() != 1 {
+			t.Errorf("cronstream_watermark_checks_given_up_total: %v (err %v), want 1", families, err)
 		}
 	})
 }
