@@ -3,6 +3,7 @@
 package testenv
 
 import (
+	"os"
 	"os/exec"
 	"syscall"
 )
@@ -22,9 +23,13 @@ func processAlive(pid int) bool {
 
 // freeze stops (true) or continues (false) a process, as SIGSTOP and
 // SIGCONT do: a frozen server holds its connections and answers nothing.
-func freeze(pid int, stop bool) error {
+// It signals through p, never by a bare pid: once p has exited and been
+// waited for, its pid may belong to another test's process (pids wrap
+// quickly when test suites spawn thousands), and a SIGCONT sent to it
+// woke a replica another test had frozen.
+func freeze(p *os.Process, stop bool) error {
 	if stop {
-		return syscall.Kill(pid, syscall.SIGSTOP)
+		return p.Signal(syscall.SIGSTOP)
 	}
-	return syscall.Kill(pid, syscall.SIGCONT)
+	return p.Signal(syscall.SIGCONT)
 }

@@ -4,6 +4,7 @@ package testenv
 
 import (
 	"errors"
+	"os"
 	"os/exec"
 )
 
@@ -16,4 +17,4 @@ func DieWithParent(*exec.Cmd) {}
 func processAlive(int) bool { return true }
 
 // freeze is unsupported where processes cannot be stopped and continued.
-func freeze(int, bool) error { return errors.New("freezing a process needs Linux") }
+func freeze(*os.Process, bool) error { return errors.New("freezing a process needs Linux") }

@@ -177,7 +177,7 @@ func (p *redisProc) freeze(stop bool) error {
 	if p.cur == nil {
 		return fmt.Errorf("redis-server on %s is not running", p.addr())
 	}
-	return freeze(p.cur.cmd.Process.Pid, stop)
+	return freeze(p.cur.cmd.Process, stop)
 }
 
 // shutdown asks the server to exit with SHUTDOWN (NOSAVE unless save) and waits
@@ -217,7 +217,7 @@ func (p *redisProc) terminate() {
 	}
 	child := p.cur
 	p.cur = nil
-	_ = freeze(child.cmd.Process.Pid, false) // a frozen server could not obey
+	_ = freeze(child.cmd.Process, false) // a frozen server could not obey
 	_ = child.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-child.exited:
