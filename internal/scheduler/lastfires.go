@@ -20,10 +20,11 @@ import (
 // done.
 type lastFiresCache struct {
 	// all is every entry's last fire from the last pass, taken in at
-	// allAt (allRead: a pass ended; all is nil when it failed).
-	all     map[string]time.Time
-	allAt   clock.Mono
-	allRead bool
+	// allAt (allRead: a pass ended; allFailed: it failed).
+	all       map[string]time.Time
+	allAt     clock.Mono
+	allRead   bool
+	allFailed bool
 	// one holds the entries read one at a time; wantOne those waiting
 	// for such a read, wantAll that a load waits for a pass.
 	one     map[string]lastFire
@@ -33,12 +34,13 @@ type lastFiresCache struct {
 	reading *lastFiresRead
 }
 
-// lastFire is one entry's last fire as read (ok false: none, or the read
-// failed), taken in at at.
+// lastFire is one entry's last fire as read (ok false: none), taken in at
+// at; unchecked: the read failed, nothing is known.
 type lastFire struct {
-	tick time.Time
-	ok   bool
-	at   clock.Mono
+	tick      time.Time
+	ok        bool
+	unchecked bool
+	at        clock.Mono
 }
 
 // lastFiresRead is one read run in a goroutine of its own: a pass (ids
@@ -51,24 +53,22 @@ type lastFiresRead struct {
 	got    map[string]bool // ids read (one at a time)
 	err    error
 	cancel context.CancelFunc
-	// gaveUp: an entry stopped waiting for it (logged once).
-	gaveUp bool
 }
 
-// lastFireOf returns entry id's last fire in the activity stream (ok false:
-// none, or it could not be read), from a read taken in within
-// historyRefresh. read is false while the read it needs runs: it is started
-// here when none runs, and it wakes the loop when it ends. scan asks for a
-// pass over every entry rather than a read of id alone.
-func (s *Scheduler) lastFireOf(ctx context.Context, id string, scan bool) (tick time.Time, ok, read bool) {
+// lastFireOf returns entry id's last fire in the activity stream, from a
+// read taken in within historyRefresh. read is false while the read it
+// needs runs: it is started here when none runs, and it wakes the loop when
+// it ends. scan asks for a pass over every entry rather than a read of id
+// alone.
+func (s *Scheduler) lastFireOf(ctx context.Context, id string, scan bool) (last lastFire, read bool) {
 	s.takeInLastFires(ctx)
 	c := &s.hist.fires
 	if c.allRead && s.clock.Since(c.allAt) < historyRefresh {
-		tick, ok = c.all[id]
-		return tick, ok, true
+		tick, ok := c.all[id]
+		return lastFire{tick: tick, ok: ok, unchecked: c.allFailed, at: c.allAt}, true
 	}
 	if f, found := c.one[id]; found && !scan && s.clock.Since(f.at) < historyRefresh {
-		return f.tick, f.ok, true
+		return f, true
 	}
 	if scan {
 		c.wantAll = true
@@ -79,7 +79,7 @@ func (s *Scheduler) lastFireOf(ctx context.Context, id string, scan bool) (tick 
 		c.wantOne[id] = true
 	}
 	s.startLastFires(ctx)
-	return time.Time{}, false, false
+	return lastFire{}, false
 }
 
 // startLastFires starts the read the loads wait for, unless one runs: a
@@ -136,7 +136,7 @@ func (s *Scheduler) takeInLastFires(ctx context.Context) {
 	r := c.reading
 	c.reading = nil
 	err := s.bounded.end(ctx, r.cancel, r.err)
-	if err != nil {
+	if err != nil && ctx.Err() == nil {
 		what := "read the entries' last ticks from the stream; not checking watermarks against it"
 		if r.ids != nil {
 			what = "read entries' last ticks from the stream; not checking the watermarks of those not read"
@@ -148,16 +148,13 @@ func (s *Scheduler) takeInLastFires(ctx context.Context) {
 }
 
 // keepLastFires caches what read r found. An entry it did not read (the
-// read failed) counts as read without a last fire: its watermark is taken
-// as Redis holds it, as when the stream cannot be read.
+// read failed) is cached unchecked: its watermark is taken as Redis holds
+// it, as whenever the stream cannot be read.
 func (s *Scheduler) keepLastFires(r *lastFiresRead) {
 	c := &s.hist.fires
 	now := s.clock.Mono()
 	if r.ids == nil {
-		c.all, c.allAt, c.allRead = r.last, now, true
-		if r.err != nil {
-			c.all = nil
-		}
+		c.all, c.allAt, c.allRead, c.allFailed = r.last, now, true, r.err != nil
 		return
 	}
 	if c.one == nil {
@@ -170,7 +167,7 @@ func (s *Scheduler) keepLastFires(r *lastFiresRead) {
 	}
 	for _, id := range r.ids {
 		tick, ok := r.last[id]
-		c.one[id] = lastFire{tick: tick, ok: ok && r.got[id], at: now}
+		c.one[id] = lastFire{tick: tick, ok: ok, unchecked: !r.got[id], at: now}
 	}
 }
 
@@ -186,19 +183,4 @@ func (c *lastFiresCache) ended() bool {
 	default:
 		return false
 	}
-}
-
-// gaveUpLastFires notes that r stopped waiting for the read in flight: its
-// oldest due tick would otherwise pass the grace. Its watermark is taken as
-// Redis holds it, as when the read fails. Counted per entry, logged once
-// per read.
-func (s *Scheduler) gaveUpLastFires(r *entryRun) {
-	s.m.Unchecked.Inc()
-	read := s.hist.fires.reading
-	if read == nil || read.gaveUp {
-		return
-	}
-	read.gaveUp = true
-	s.log.Warn("the stream's last fires are not read yet and due ticks are near the end of the grace: loading watermarks as Redis holds them, unchecked",
-		"entry", r.id, "reading_for", s.clock.Since(read.began).Round(time.Millisecond))
 }

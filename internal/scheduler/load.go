@@ -73,18 +73,11 @@ type loadPass struct {
 	failed, later bool
 	restored      []string
 	held          restoreHolds
-	// firesBy: some entries wait for the stream's last fires (lastFires),
-	// the first of them until firesBy.
-	firesBy time.Time
+	// waitFires: some entries wait for the stream's last fires
+	// (lastFireOf), whose read wakes the loop when it ends.
+	waitFires bool
 	// cut: loadBatch or loadBudget left loading entries for the next turn.
 	cut bool
-}
-
-// waitFires notes an entry waiting for the stream's last fires until by.
-func (p *loadPass) waitFires(by time.Time) {
-	if p.firesBy.IsZero() || by.Before(p.firesBy) {
-		p.firesBy = by
-	}
 }
 
 // takeLoadBatch takes at most loadBatch loading entries, by queue, until
@@ -151,7 +144,7 @@ func (s *Scheduler) loadRun(ctx context.Context, r *entryRun, wm taskstate.Water
 	if !r.loading.restored && wm.OK {
 		behind, wait := s.behind(ctx, r, wm.Tick, now, p.batch)
 		if wait {
-			p.waitFires(s.historyCheckBy(r, wm.Tick))
+			p.waitFires = true
 			return
 		}
 		restoreNow = behind
@@ -298,11 +291,10 @@ func (s *Scheduler) nextLoad(p *loadPass) {
 	default:
 		s.loadFails = 0
 	}
-	if !p.firesBy.IsZero() && !p.cut {
-		// The read wakes the loop when it ends; the entries load by
-		// firesBy at the latest. (Entries the pass left for the next turn
-		// follow at once.)
-		at := s.clock.Mono().Add(max(p.firesBy.Sub(s.clock.Now()), 0))
+	if p.waitFires && !p.cut {
+		// The read wakes the loop when it ends, within its bound. (Entries
+		// the pass left for the next turn follow at once.)
+		at := s.clock.Mono().Add(streamReadTimeout)
 		if !p.failed && !p.later || at.Before(s.loadAfter) {
 			s.loadAfter = at
 		}
@@ -486,11 +478,13 @@ func (s *Scheduler) firesInGap(r *entryRun, t FireTally) bool {
 // The stream is read off the loop (lastFireOf), per entry or in one pass
 // over every entry's last fire, whichever reads less for a load pass of
 // batch entries (scanHistory): wait is true while the read runs, and r
-// stays loading. r waits until its oldest due tick would pass the grace
-// (historyCheckBy); past that, as after a failed read, wm is taken as
-// Redis holds it. A last fire far ahead of the clock (plausible) is no sign
-// of loss: it would only hold the entry while a restore found nothing to
-// seed.
+// stays loading. r waits for the read however late that makes its ticks:
+// firing on a watermark Redis rolled back would fire its ticks twice,
+// while a tick made late past the grace is recorded as skipped. Only when
+// the read fails (NATS unreachable, or no answer within streamReadTimeout)
+// is wm taken as Redis holds it, unchecked (counted). A last fire far ahead
+// of the clock (plausible) is no sign of loss: it would only hold the entry
+// while a restore found nothing to seed.
 func (s *Scheduler) behind(ctx context.Context, r *entryRun, wm, now time.Time, batch int) (behind, wait bool) {
 	if r.hasHandled {
 		return wm.Before(r.handled), false
@@ -498,39 +492,15 @@ func (s *Scheduler) behind(ctx context.Context, r *entryRun, wm, now time.Time, 
 	if s.cfg.History == nil || r.sched.Next(wm).After(now) {
 		return false, false
 	}
-	last, ok, read := s.lastFireOf(ctx, r.id, scanHistory(batch, len(s.entries)))
-	if !read {
-		if s.clock.Now().Before(s.historyCheckBy(r, wm)) {
-			return false, true
-		}
-		s.gaveUpLastFires(r)
+	last, read := s.lastFireOf(ctx, r.id, scanHistory(batch, len(s.entries)))
+	switch {
+	case !read:
+		return false, true
+	case last.unchecked:
+		s.m.Unchecked.Inc()
 		return false, false
 	}
-	return ok && last.After(wm) && s.plausible(r.id, last), false
-}
-
-// historyCheckLeft is the time a check of a watermark against the stream
-// leaves, before its entry's oldest due tick passes the grace, for the rest
-// of the load and the fire itself.
-const historyCheckLeft = 500 * time.Millisecond
-
-// historyCheckBy is when behind stops waiting for the stream to check r,
-// whose watermark is wm and whose next tick after it is due: its oldest
-// tick not yet missed must still fire within the grace. A replica that
-// takes a dead owner's shards over does so a few seconds into their grace,
-// and a check that held its loop for the full streamReadTimeout on a
-// starved machine pushed those ticks past the grace.
-func (s *Scheduler) historyCheckBy(r *entryRun, wm time.Time) time.Time {
-	grace := s.cfg.Grace + r.sched.MaxJitter()
-	from := s.clock.Now().Add(-grace)
-	if wm.After(from) {
-		from = wm
-	}
-	next := r.sched.Next(from)
-	if next.IsZero() {
-		return s.clock.Now()
-	}
-	return next.Add(grace - historyCheckLeft)
+	return last.ok && last.tick.After(wm) && s.plausible(r.id, last.tick), false
 }
 
 // scanHistory reports whether behind reads the last fire of every entry in

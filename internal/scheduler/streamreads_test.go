@@ -138,8 +138,8 @@ func gatedScheduler(t *testing.T, h History) (*Scheduler, gatedHistory) {
 // activity stream, per entry and in one pass, does not wait on the loop:
 // behind answers "wait" at once while the read runs, the read wakes the
 // loop when it ends, and its answer then says whether the watermark is
-// behind the stream's last fire. An entry whose due tick nears the end of
-// the grace stops waiting and loads on its watermark unchecked.
+// behind the stream's last fire. A read that fails (held past its bound)
+// leaves the entry to load on its watermark unchecked, counted.
 func TestLastFiresOffTheLoop(t *testing.T) {
 	t.Parallel()
 	n := testenv.StartNATS(t)
@@ -197,35 +197,29 @@ func TestLastFiresOffTheLoop(t *testing.T) {
 		})
 	}
 
-	t.Run("gives up near the end of the grace", func(t *testing.T) {
+	t.Run("a read that fails loads unchecked", func(t *testing.T) {
 		s, gate := gatedScheduler(t, NewStreamHistory(js, names))
 		defer close(gate.open)
 		r := planEntry(t, "@every 1s", time.Time{})
 		s.entries[r.id] = r
-		// Due ticks since long before a grace of nothing: the oldest tick
-		// not yet missed is the next one, within historyCheckLeft of the
-		// end of its grace within a second.
-		s.cfg.Grace = 0
-		wm := time.Now().Add(-time.Hour)
-		began := time.Now()
-		for {
-			behind, wait := s.behind(ctx, r, wm, time.Now(), 1)
-			if behind {
-				t.Fatal("behind with the read held")
-			}
-			if !wait {
-				break
-			}
-			if time.Since(began) > 3*time.Second {
-				t.Fatal("still waiting for the held read 3 s on, past the end of the grace")
-			}
-			time.Sleep(10 * time.Millisecond)
+		wm := fired.Add(-time.Second)
+		if behind, wait := s.behind(ctx, r, wm, time.Now(), 1); behind || !wait {
+			t.Fatalf("behind = %v, wait = %v while the read is held, want wait", behind, wait)
+		}
+		// Held past its bound: it fails, and wakes the loop.
+		select {
+		case <-s.wake:
+		case <-time.After(streamReadTimeout + 10*time.Second):
+			t.Fatal("the failed read did not wake the loop")
+		}
+		if behind, wait := s.behind(ctx, r, wm, time.Now(), 1); behind || wait {
+			t.Fatalf("behind = %v, wait = %v after the read failed, want neither (unchecked)", behind, wait)
 		}
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(s.m.Unchecked)
 		families, err := reg.Gather()
 		if err != nil || len(families) != 1 || families[0].GetMetric()[0].GetCounter().GetValue() != 1 {
-			t.Errorf("cronstream_watermark_checks_given_up_total: %v (err %v), want 1", families, err)
+			t.Errorf("cronstream_watermarks_unchecked_total: %v (err %v), want 1", families, err)
 		}
 	})
 }
