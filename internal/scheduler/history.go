@@ -547,7 +547,8 @@ type historyCache struct {
 	countsAt clock.Mono
 	fired    map[string]bool
 	firedAt  clock.Mono
-	fires    lastFiresCache
+	last     map[string]time.Time // LastHandledAll
+	lastAt   clock.Mono
 
 	// countsFailed and firedErr: the last EventCounts and FiredEntries
 	// reads failed.
