@@ -157,13 +157,12 @@ func (h *StreamHistory) PreviousQueues(ctx context.Context, entry string) ([]str
 
 // ScheduleStart is when an entry's current schedule began (Since) and,
 // when it began by restarting after a stop (a resume, or a registration
-// after a removal), that stop and the entry as it ran before it (Before,
-// nil otherwise): ticks of that schedule due before the stop may be
+// after a removal), that stop (zero otherwise): ticks of the schedule it
+// stopped (Stop.From, nil when none ran) due before the stop may be
 // unhandled.
 type ScheduleStart struct {
-	Since  time.Time
-	Stop   StopSpan
-	Before *events.Entry
+	Since time.Time
+	Stop  StopSpan
 }
 
 // ScheduleStart reads entry's config history. Its rules are the
@@ -174,17 +173,19 @@ func (h *StreamHistory) ScheduleStart(ctx context.Context, entry string) (Schedu
 		return ScheduleStart{}, false, err
 	}
 	w := walkSchedule(recs)
-	return ScheduleStart{Since: w.since, Stop: w.restart, Before: w.restartFrom}, w.live, nil
+	return ScheduleStart{Since: w.since, Stop: w.restart}, w.live, nil
 }
 
 // StopSpan is when an entry stopped firing (Stopped) and when the
 // schedule it stopped had begun (Since), by the stream's clock; Removed
-// says the stop was its removal rather than a pause, and Revision is the
-// config sequence of the event that stopped it.
+// says the stop was its removal rather than a pause, Revision is the
+// config sequence of the event that stopped it, and From the entry as it
+// ran before it (nil when no schedule ran: registered paused).
 type StopSpan struct {
 	Stopped, Since time.Time
 	Removed        bool
 	Revision       uint64
+	From           *events.Entry
 }
 
 // StopSince reads entry's config history, with ScheduleStart's rules.
@@ -209,26 +210,24 @@ func (h *StreamHistory) StopSince(ctx context.Context, entry string, upTo uint64
 // scheduleWalk is what an entry's config history says of its schedule.
 type scheduleWalk struct {
 	since        time.Time // when the current schedule began
-	pause        StopSpan  // the pause the entry is in, when paused
+	pause        StopSpan  // the stop the entry is paused after, when paused
 	live, paused bool      // the entry exists; its last state is paused
 	// removal is when the entry stopped firing if its last valid event
 	// removed it (removed): the removal, or the pause it was in then.
 	removal StopSpan
 	removed bool
-	// pauseFrom and removalFrom are the entry as it ran before the pause
-	// and the removal (nil when no schedule ran: registered paused).
-	pauseFrom, removalFrom *events.Entry
-	// restart is the stop the current schedule began right after, and
-	// restartFrom the entry as it ran before it (nil: no such stop).
-	restart     StopSpan
-	restartFrom *events.Entry
+	// restart is the stop the current schedule began right after (zero:
+	// no such stop).
+	restart StopSpan
 }
 
 // walkSchedule folds config records: an entry that was removed or
 // quarantined (a bad event) starts afresh at its next valid event, and an
 // event after a paused state or with another cron spec or time zone starts
 // a new schedule; other changes (payload, queue, note...) do not. A run of
-// paused states began at its first.
+// paused states began at its first; one that began with a registration
+// right after a removal stopped the entry at that removal, since nothing
+// ran in between.
 func walkSchedule(recs []events.Record) scheduleWalk {
 	var w scheduleWalk
 	var prev *events.Entry
@@ -240,10 +239,9 @@ func walkSchedule(recs []events.Record) scheduleWalk {
 		}
 		if e.Removed {
 			if prev != nil {
-				w.removal, w.removed = StopSpan{Stopped: rec.Time, Since: w.since, Removed: true, Revision: rec.Seq}, true
-				w.removalFrom = prev
+				w.removal, w.removed = StopSpan{Stopped: rec.Time, Since: w.since, Removed: true, Revision: rec.Seq, From: prev}, true
 				if prev.Paused {
-					w.removal, w.removalFrom = w.pause, w.pauseFrom
+					w.removal = w.pause
 				}
 			}
 			prev = nil
@@ -252,20 +250,24 @@ func walkSchedule(recs []events.Record) scheduleWalk {
 		afterRemoval := prev == nil && w.removed
 		w.removed = false
 		if e.Paused && (prev == nil || !prev.Paused) {
-			w.pause, w.pauseFrom = StopSpan{Stopped: rec.Time, Since: w.since, Revision: rec.Seq}, prev
-			if prev == nil {
+			switch {
+			case afterRemoval:
+				w.pause = w.removal
+			case prev == nil:
 				// Registered paused: no schedule ran before it.
-				w.pause.Since = rec.Time
+				w.pause = StopSpan{Stopped: rec.Time, Since: rec.Time, Revision: rec.Seq}
+			default:
+				w.pause = StopSpan{Stopped: rec.Time, Since: w.since, Revision: rec.Seq, From: prev}
 			}
 		}
 		if prev == nil || prev.Paused || prev.Cron != e.Cron || prev.Timezone != e.Timezone {
-			w.since, w.restart, w.restartFrom = rec.Time, StopSpan{}, nil
+			w.since, w.restart = rec.Time, StopSpan{}
 			switch {
 			case e.Paused:
 			case afterRemoval:
-				w.restart, w.restartFrom = w.removal, w.removalFrom
+				w.restart = w.removal
 			case prev != nil && prev.Paused:
-				w.restart, w.restartFrom = w.pause, w.pauseFrom
+				w.restart = w.pause
 			}
 		}
 		prev = e

@@ -74,8 +74,12 @@ func TestStopSince(t *testing.T) {
 	e.put(every("reborn", "@every 1m"))
 	e.removeOf("reborn")
 	e.put(every("reborn", "@every 1m"))
+	e.put(every("reborn-paused", "@every 1m"))
+	e.removeOf("reborn-paused")
+	e.put(every("reborn-paused", "@every 5m", func(en *events.Entry) { en.Paused = true }))
 	h := scheduler.NewStreamHistory(e.js, testNames)
 	p, born, gone, pg := e.configTimes("p"), e.configTimes("born-paused"), e.configTimes("gone"), e.configTimes("paused-gone")
+	rp := e.configTimes("reborn-paused")
 	seq := func(id string, i int) uint64 {
 		t.Helper()
 		recs, err := e.client.History(c, id)
@@ -85,14 +89,17 @@ func TestStopSince(t *testing.T) {
 		return recs[i].Seq
 	}
 	for id, want := range map[string]scheduler.StopSpan{
-		"p":           {Stopped: p[3], Since: p[1], Revision: seq("p", 3)},
+		"p":           {Stopped: p[3], Since: p[1], Revision: seq("p", 3), From: &events.Entry{Cron: "@every 2m"}},
 		"born-paused": {Stopped: born[0], Since: born[0], Revision: seq("born-paused", 0)},
-		"gone":        {Stopped: gone[2], Since: gone[1], Removed: true, Revision: seq("gone", 2)},
+		"gone":        {Stopped: gone[2], Since: gone[1], Removed: true, Revision: seq("gone", 2), From: &events.Entry{Cron: "@every 2m"}},
 		// Removed while paused: the pause is what stopped it.
-		"paused-gone": {Stopped: pg[1], Since: pg[0], Revision: seq("paused-gone", 1)},
+		"paused-gone": {Stopped: pg[1], Since: pg[0], Revision: seq("paused-gone", 1), From: &events.Entry{Cron: "@every 1m"}},
+		// Registered paused right after its removal: nothing ran since
+		// the removal, which is what stopped it.
+		"reborn-paused": {Stopped: rp[1], Since: rp[0], Removed: true, Revision: seq("reborn-paused", 1), From: &events.Entry{Cron: "@every 1m"}},
 	} {
 		got, ok, err := h.StopSince(c, id, 0)
-		if err != nil || !ok || !got.Stopped.Equal(want.Stopped) || !got.Since.Equal(want.Since) || got.Removed != want.Removed || got.Revision != want.Revision {
+		if err != nil || !ok || !sameSpan(got, want) {
 			t.Errorf("StopSince(%s) = %+v, %v, %v; want %+v", id, got, ok, err, want)
 		}
 	}
@@ -103,7 +110,7 @@ func TestStopSince(t *testing.T) {
 	}
 	// As of its removal, reborn was removed: what came after is not read.
 	reborn := e.configTimes("reborn")
-	if got, ok, err := h.StopSince(c, "reborn", seq("reborn", 1)); err != nil || !ok || !got.Removed || !got.Stopped.Equal(reborn[1]) || !got.Since.Equal(reborn[0]) {
+	if got, ok, err := h.StopSince(c, "reborn", seq("reborn", 1)); err != nil || !ok || !sameSpan(got, scheduler.StopSpan{Stopped: reborn[1], Since: reborn[0], Removed: true, Revision: seq("reborn", 1), From: &events.Entry{Cron: "@every 1m"}}) {
 		t.Errorf("StopSince(reborn, as of its removal) = %+v, %v, %v", got, ok, err)
 	}
 
@@ -116,20 +123,33 @@ func TestStopSince(t *testing.T) {
 	e.resume("respecced")
 	e.put(every("respecced", "@every 5m"))
 	respecced := e.configTimes("respecced")
+	e.resume("reborn-paused")
+	rp = e.configTimes("reborn-paused")
 	for id, want := range map[string]scheduler.ScheduleStart{
-		"resumed": {Since: resumed[2], Before: &events.Entry{Cron: "@every 1m"},
-			Stop: scheduler.StopSpan{Stopped: resumed[1], Since: resumed[0], Revision: seq("resumed", 1)}},
-		"reborn": {Since: reborn[2], Before: &events.Entry{Cron: "@every 1m"},
-			Stop: scheduler.StopSpan{Stopped: reborn[1], Since: reborn[0], Removed: true, Revision: seq("reborn", 1)}},
+		"resumed": {Since: resumed[2],
+			Stop: scheduler.StopSpan{Stopped: resumed[1], Since: resumed[0], Revision: seq("resumed", 1), From: &events.Entry{Cron: "@every 1m"}}},
+		"reborn": {Since: reborn[2],
+			Stop: scheduler.StopSpan{Stopped: reborn[1], Since: reborn[0], Removed: true, Revision: seq("reborn", 1), From: &events.Entry{Cron: "@every 1m"}}},
+		// Resumed after a registration made paused right after its
+		// removal: it restarted after that removal.
+		"reborn-paused": {Since: rp[3],
+			Stop: scheduler.StopSpan{Stopped: rp[1], Since: rp[0], Removed: true, Revision: seq("reborn-paused", 1), From: &events.Entry{Cron: "@every 1m"}}},
 		"respecced": {Since: respecced[3]},
 		"p":         {Since: p[4]},
 	} {
 		got, ok, err := h.ScheduleStart(c, id)
-		if err != nil || !ok || !got.Since.Equal(want.Since) || (got.Before == nil) != (want.Before == nil) || (got.Before != nil && got.Before.Cron != want.Before.Cron) ||
-			!got.Stop.Stopped.Equal(want.Stop.Stopped) || !got.Stop.Since.Equal(want.Stop.Since) || got.Stop.Removed != want.Stop.Removed || got.Stop.Revision != want.Stop.Revision {
+		if err != nil || !ok || !got.Since.Equal(want.Since) || !sameSpan(got.Stop, want.Stop) {
 			t.Errorf("ScheduleStart(%s) = %+v, %v, %v; want %+v", id, got, ok, err, want)
 		}
 	}
+}
+
+// sameSpan compares stop spans, their From by cron spec.
+func sameSpan(got, want scheduler.StopSpan) bool {
+	if (got.From == nil) != (want.From == nil) || (got.From != nil && got.From.Cron != want.From.Cron) {
+		return false
+	}
+	return got.Stopped.Equal(want.Stopped) && got.Since.Equal(want.Since) && got.Removed == want.Removed && got.Revision == want.Revision
 }
 
 // TestNewEntriesNeedNoHistory: entries that never fired and whose subject

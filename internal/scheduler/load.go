@@ -245,10 +245,10 @@ func (s *Scheduler) floorOnLoad(ctx context.Context, r *entryRun, wm taskstate.W
 // skipped, as by a replica that saw the stop live. That replica may have
 // lost the entry's shard before it could record them (Redis cut off).
 func (s *Scheduler) settleBeforeRestart(r *entryRun, wm taskstate.WatermarkInfo, start ScheduleStart) {
-	if start.Before == nil || r.settle != nil || !wm.Tick.Before(start.Stop.Stopped) {
+	if start.Stop.From == nil || r.settle != nil || !wm.Tick.Before(start.Stop.Stopped) {
 		return
 	}
-	sched, err := schedule.NewSchedule(*start.Before)
+	sched, err := schedule.NewSchedule(*start.Stop.From)
 	if err != nil {
 		return // a state that never had a usable schedule fired nothing
 	}
@@ -313,23 +313,36 @@ func (s *Scheduler) loadStopped(ctx context.Context, r *entryRun, wm taskstate.W
 		if err != nil {
 			return false
 		}
-		removed := r.state.removed()
-		if !ok || (span.Removed && !removed) {
+		if !ok {
 			return rest()
 		}
-		if removed && !span.Removed {
-			// It was paused when removed: its ticks were due before the
-			// pause, which the skipped event names.
-			r.settle.reason, r.settle.revision = events.SkipPaused, cmp.Or(span.Revision, r.settle.revision)
-		}
-		r.settle.until, r.floor = span.Stopped, span.Since
-		if r.settle.until.After(now) {
-			r.settle.until = now
-		}
+		s.settleStop(r, span, now)
 	}
 	r.loading = loadSteps{}
 	s.loaded(r, wm, now)
 	return true
+}
+
+// settleStop gives r, found paused or removed, the settle of the stop its
+// history names: the skipped event names that stop, which may not be the
+// state r was found in. An entry removed while paused stopped at the
+// pause; one registered paused right after a removal stopped at the
+// removal, and its ticks are of the schedule it ran before it.
+func (s *Scheduler) settleStop(r *entryRun, span StopSpan, now time.Time) {
+	r.settle.reason, r.settle.revision = events.SkipPaused, cmp.Or(span.Revision, r.settle.revision)
+	if span.Removed {
+		r.settle.reason = events.SkipRemoved
+	}
+	r.settle.until, r.floor = span.Stopped, span.Since
+	if r.settle.until.After(now) {
+		r.settle.until = now
+	}
+	if span.From == nil {
+		return
+	}
+	if sched, err := schedule.NewSchedule(*span.From); err == nil {
+		r.settle.sched, r.settle.after = sched, span.Since
+	}
 }
 
 // handover closes the entry in each old queue and opens its queue, seeded

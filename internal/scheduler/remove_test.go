@@ -168,26 +168,29 @@ func TestRemoveWhileEveryReplicaDown(t *testing.T) {
 	checkEverySecond(t, "steady", led["steady"], first, last)
 }
 
-// TestRestartWhileEveryReplicaDown: an entry paused and resumed, and one
-// removed and registered again, while no replica ran have their ticks due
-// before the pause or removal recorded as skipped (naming its revision) by
-// the next replica to start, which never saw the stop; they fire from the
-// resume or registration on, and nothing of the time they were stopped.
+// TestRestartWhileEveryReplicaDown: an entry paused and resumed, one
+// removed and registered again, and one removed and registered again
+// paused, while no replica ran have their ticks due before the pause or
+// removal recorded as skipped (naming its revision) by the next replica to
+// start, which never saw the stop; the first two fire from the resume or
+// registration on, and nothing of the time they were stopped; the paused
+// one fires nothing after its removal.
 func TestRestartWhileEveryReplicaDown(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	for _, id := range []string{"p", "r", "steady"} {
+	for _, id := range []string{"p", "r", "rp", "steady"} {
 		e.put(every(id, "@every 1s"))
 	}
 	hist := nodeOpts{sched: func(c *scheduler.Config) { c.History = scheduler.NewStreamHistory(e.js, testNames) }}
 	a := e.startNode("a", hist)
-	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired >= 6 }, "a to fire every entry")
+	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired >= 8 }, "a to fire every entry")
 	a.stop()
-	wmP, wmR := e.watermarkOf("default", "p"), e.watermarkOf("default", "r")
+	wmP, wmR, wmRP := e.watermarkOf("default", "p"), e.watermarkOf("default", "r"), e.watermarkOf("default", "rp")
 
 	time.Sleep(3 * time.Second)
 	paused := e.pauseOf("p", "")
 	removed, rev := e.removeOf("r")
+	removedRP, revRP := e.removeOf("rp")
 	recs, err := e.client.History(testenv.Context(t, 10*time.Second), "p")
 	if err != nil {
 		t.Fatal(err)
@@ -198,6 +201,7 @@ func TestRestartWhileEveryReplicaDown(t *testing.T) {
 	e.put(every("r", "@every 1s"))
 	times := e.configTimes("r")
 	registered := times[len(times)-1]
+	e.put(every("rp", "@every 1s", func(en *events.Entry) { en.Paused = true }))
 	time.Sleep(time.Second)
 
 	b := e.startNode("b", hist)
@@ -205,26 +209,31 @@ func TestRestartWhileEveryReplicaDown(t *testing.T) {
 	var wmP2, wmR2 time.Time
 	if !testenv.WaitFor(20*time.Second, func() bool {
 		st, wmP2, wmR2 = b.counts(), e.watermarkOf("default", "p"), e.watermarkOf("default", "r")
-		return st.SkippedRemoved >= 1 && st.SkippedPaused >= 1 && !wmP2.Before(resumed.Add(2*time.Second)) && !wmR2.Before(registered.Add(2*time.Second))
+		return st.SkippedRemoved >= 2 && st.SkippedPaused >= 1 && !wmP2.Before(resumed.Add(2*time.Second)) && !wmR2.Before(registered.Add(2*time.Second))
 	}) {
-		t.Fatalf("b did not record the ticks due before p's pause and r's removal and fire both again: skipped %d paused, %d removed; watermarks p %s, r %s",
+		t.Fatalf("b did not record the ticks due before p's pause and r's and rp's removals and fire p and r again: skipped %d paused, %d removed; watermarks p %s, r %s",
 			st.SkippedPaused, st.SkippedRemoved, wmP2.Format(time.TimeOnly), wmR2.Format(time.TimeOnly))
 	}
+	time.Sleep(2 * time.Second) // nothing more of rp may fire
 	b.stop()
 	e.waitOutboxEmpty(10*time.Second, "default")
 
 	led := ledgers(e.readActivity())
 	checkStopSkip(t, "p", led["p"], events.SkipPaused, wmP, paused, resumed, true)
 	checkStopSkip(t, "r", led["r"], events.SkipRemoved, wmR, removed, registered, true)
-	for id, want := range map[string]uint64{"p": pauseRev, "r": rev} {
+	checkStopSkip(t, "rp", led["rp"], events.SkipRemoved, wmRP, removedRP, time.Time{}, true)
+	if got := e.watermarkOf("default", "rp"); got.Unix() != removedRP.Unix() {
+		t.Errorf("rp's watermark at %s, want its removal's %s", got.Format(time.TimeOnly), removedRP.Format(time.TimeOnly))
+	}
+	for id, want := range map[string]uint64{"p": pauseRev, "r": rev, "rp": revRP} {
 		for _, s := range led[id].skipped {
 			if (s.Reason == events.SkipPaused || s.Reason == events.SkipRemoved) && s.Revision != want {
 				t.Errorf("%s: skipped (%s) names revision %d, want the stop's %d", id, s.Reason, s.Revision, want)
 			}
 		}
 	}
-	if st := b.counts(); st.SkippedRemoved != 1 || st.SkippedPaused != 1 {
-		t.Errorf("b recorded %d removed and %d paused skips, want 1 each", st.SkippedRemoved, st.SkippedPaused)
+	if st := b.counts(); st.SkippedRemoved != 2 || st.SkippedPaused != 1 {
+		t.Errorf("b recorded %d removed and %d paused skips, want 2 (r's and rp's) and 1 (p's)", st.SkippedRemoved, st.SkippedPaused)
 	}
 	checkEverySecond(t, "p", led["p"], resumed.Unix()+1, e.watermarkOf("default", "p").Unix())
 	checkEverySecond(t, "r", led["r"], registered.Unix()+1, e.watermarkOf("default", "r").Unix())
