@@ -17,7 +17,7 @@ type counts struct {
 	Errors, Implausible, Epochs                           uint64
 	Released, DroppedHeld                                 uint64
 	CancelsSent, CancelDeleted                            uint64
-	LostFires, LostUnknown                                uint64
+	LostFires, LostUnknown, Unchecked                     uint64
 	Entries, Loading, Restoring                           int
 }
 
@@ -44,6 +44,7 @@ func readCounts(m *scheduler.Metrics) counts {
 		CancelDeleted:    n(m.Cancels.WithLabelValues("deleted")),
 		LostFires:        n(m.LostFires),
 		LostUnknown:      n(m.LostUnknown),
+		Unchecked:        n(m.Unchecked),
 		Entries:          gauge(m.Entries),
 		Loading:          gauge(m.Loading),
 		Restoring:        gauge(m.Restoring),

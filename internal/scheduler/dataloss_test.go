@@ -2,6 +2,7 @@ package scheduler_test
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"slices"
 	"strings"
@@ -320,4 +321,75 @@ func TestRedisLostUnderConfirmingReplica(t *testing.T) {
 	testenv.Eventually(t, 30*time.Second, func() bool { return other.counts().Fired >= firedAt+3 }, "the other replica to fire after the loss")
 	other.stop()
 	checkNotRefired(t, e.entryTicks("w"), lastStream)
+}
+
+// slowPass is a History whose whole-stream read of last fires never answers
+// before it is given up: a stream server too slow, or a replica too starved
+// of CPU, to read it in time.
+type slowPass struct{ scheduler.History }
+
+func (slowPass) LastHandledAll(ctx context.Context) (map[string]time.Time, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// TestStreamCheckOffTheLoop: while a replica that took shards over waits
+// for the stream's last fires to check their watermarks, its loop goes on
+// firing the entries it already owned, on time. (b may have fired some of
+// a's entries itself before, and then needs no read for them.)
+func TestStreamCheckOffTheLoop(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ids := e.putEverySecond("o", 24)
+	a := e.startNode("a", nodeOpts{})
+	b := e.startNode("b", nodeOpts{sched: func(c *scheduler.Config) {
+		c.History = slowPass{scheduler.NewStreamHistory(e.js, testNames)}
+	}})
+	testenv.Eventually(t, 30*time.Second, func() bool { return a.counts().Fired >= 24 && b.counts().Fired >= 24 }, "both replicas to fire")
+	// Settled: neither moved a shard for a couple of seconds.
+	time.Sleep(3 * time.Second)
+	handover := time.Now()
+	a.stop()
+	firedBefore := b.counts().Fired
+	testenv.Eventually(t, 20*time.Second, func() bool { return b.counts().Fired >= firedBefore+uint64(3*len(ids)) }, "b to fire every entry")
+	b.stop()
+	e.waitOutboxEmpty(10*time.Second, "default")
+
+	// b's own entries: those it fired in the second before the handover.
+	own := map[string]bool{}
+	acts := e.readActivity()
+	for _, act := range acts {
+		f := act.Fired
+		if act.Type == events.TypeEntryFired && f.Replica == "b" && f.ScheduledAt.After(handover.Add(-time.Second)) && f.ScheduledAt.Before(handover) {
+			own[f.Entry] = true
+		}
+	}
+	if len(own) == 0 || len(own) == len(ids) {
+		t.Fatalf("b owned %d of %d entries before the handover, want some", len(own), len(ids))
+	}
+	for _, act := range acts {
+		f := act.Fired
+		if act.Type != events.TypeEntryFired || !own[f.Entry] || f.ScheduledAt.Before(handover) {
+			continue
+		}
+		if lag := f.EnqueuedAt.Sub(f.ScheduledAt); lag > 1200*time.Millisecond {
+			t.Errorf("entry %s, owned by b before a left: tick %s fired %s late while b checked a's entries", f.Entry, f.ScheduledAt.Format("15:04:05"), lag)
+		}
+	}
+	for id, l := range ledgers(acts) {
+		first, last := l.firedRange()
+		checkEverySecond(t, id, l, first, last)
+	}
+}
+
+// putEverySecond registers n entries "@every 1s" named prefix00, prefix01…
+// and returns their ids.
+func (e *env) putEverySecond(prefix string, n int) []string {
+	e.t.Helper()
+	ids := make([]string, n)
+	e.put(entriesOf(n, func(i int) events.Entry {
+		ids[i] = fmt.Sprintf("%s%02d", prefix, i)
+		return every(ids[i], "@every 1s")
+	})...)
+	return ids
 }

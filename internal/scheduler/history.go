@@ -549,8 +549,7 @@ type historyCache struct {
 	countsAt clock.Mono
 	fired    map[string]bool
 	firedAt  clock.Mono
-	last     map[string]time.Time // LastHandledAll
-	lastAt   clock.Mono
+	fires    lastFiresCache
 
 	// countsFailed and firedErr: the last EventCounts and FiredEntries
 	// reads failed.

@@ -40,6 +40,7 @@ func (s *Scheduler) loadWatermarks(ctx context.Context) {
 queues:
 	for q, runs := range byQueue {
 		if loaded && spent() {
+			p.cut = true
 			break
 		}
 		wms, ok := s.readWatermarks(ctx, q, runs, &p)
@@ -48,6 +49,7 @@ queues:
 		}
 		for i, r := range runs {
 			if loaded && spent() {
+				p.cut = true
 				break queues
 			}
 			s.loadRun(ctx, r, wms[i], now, &p)
@@ -71,6 +73,11 @@ type loadPass struct {
 	failed, later bool
 	restored      []string
 	held          restoreHolds
+	// waitFires: some entries wait for the stream's last fires
+	// (lastFireOf), whose read wakes the loop when it ends.
+	waitFires bool
+	// cut: loadBatch or loadBudget left loading entries for the next turn.
+	cut bool
 }
 
 // takeLoadBatch takes at most loadBatch loading entries, by queue, until
@@ -82,6 +89,7 @@ func (s *Scheduler) takeLoadBatch(ctx context.Context, p *loadPass, spent func()
 	taken := 0
 	for _, r := range s.loading {
 		if taken++; taken > loadBatch || (taken > 1 && spent()) {
+			p.cut = true
 			break
 		}
 		if r.loading.fromQueue != "" {
@@ -132,7 +140,15 @@ func (s *Scheduler) loadRun(ctx context.Context, r *entryRun, wm taskstate.Water
 	// is restored (once per load: the stream may hold nothing usable),
 	// after the handover that closes the entry's other queues: the restore
 	// opens this one.
-	restoreNow := !r.loading.restored && (!wm.OK || s.behind(ctx, r, wm.Tick, now, p.batch))
+	restoreNow := !r.loading.restored && !wm.OK
+	if !r.loading.restored && wm.OK {
+		behind, wait := s.behind(ctx, r, wm.Tick, now, p.batch)
+		if wait {
+			p.waitFires = true
+			return
+		}
+		restoreNow = behind
+	}
 	if !restoreNow {
 		// Nothing (more) to restore: another replica seeded the watermark
 		// meanwhile.
@@ -274,6 +290,14 @@ func (s *Scheduler) nextLoad(p *loadPass) {
 		s.loadAfter = s.hist.countsAt.Add(historyRefresh)
 	default:
 		s.loadFails = 0
+	}
+	if p.waitFires && !p.cut {
+		// The read wakes the loop when it ends, within its bound. (Entries
+		// the pass left for the next turn follow at once.)
+		at := s.clock.Mono().Add(streamReadTimeout)
+		if !p.failed && !p.later || at.Before(s.loadAfter) {
+			s.loadAfter = at
+		}
 	}
 	if p.held.n > 0 {
 		at := s.clock.Mono().Add(p.held.wait)
@@ -464,53 +488,42 @@ func (s *Scheduler) firesInGap(r *entryRun, t FireTally) bool {
 // fires after wm (a lagging replica was promoted while no replica ran):
 // their events were published only after their Redis writes.
 //
-// The stream is asked per entry or in one pass over every entry's last
-// fire (at most once per historyRefresh), whichever reads less for a load
-// pass of batch entries (scanHistory). A last fire far ahead of the clock
-// (plausible) is no sign of loss: it would only hold the entry while a
-// restore found nothing to seed.
-func (s *Scheduler) behind(ctx context.Context, r *entryRun, wm, now time.Time, batch int) bool {
+// The stream is read off the loop (lastFireOf), per entry or in one pass
+// over every entry's last fire, whichever reads less for a load pass of
+// batch entries (scanHistory): wait is true while the read runs, and r
+// stays loading. r waits for the read however late that makes its ticks:
+// firing on a watermark Redis rolled back would fire its ticks twice,
+// while a tick made late past the grace is recorded as skipped. Only when
+// the read fails (NATS unreachable, or no answer within streamReadTimeout)
+// is wm taken as Redis holds it, unchecked (counted). A last fire far ahead
+// of the clock (plausible) is no sign of loss: it would only hold the entry
+// while a restore found nothing to seed.
+func (s *Scheduler) behind(ctx context.Context, r *entryRun, wm, now time.Time, batch int) (behind, wait bool) {
 	if r.hasHandled {
-		return wm.Before(r.handled)
+		return wm.Before(r.handled), false
 	}
 	if s.cfg.History == nil || r.sched.Next(wm).After(now) {
-		return false
+		return false, false
 	}
-	if !scanHistory(batch, len(s.entries)) {
-		last, _, ok, err := s.cfg.History.LastHandled(ctx, r.id)
-		if err != nil {
-			if !errors.Is(err, errStreamsUnavailable) {
-				s.log.Warn("read the entry's last tick from the stream; not checking its watermark against it", "entry", r.id, "err", err)
-			}
-			return false
-		}
-		return ok && last.After(wm) && s.plausible(r.id, last)
+	last, read := s.lastFireOf(ctx, r.id, scanHistory(batch, len(s.entries)))
+	switch {
+	case !read:
+		return false, true
+	case last.unchecked:
+		s.m.Unchecked.Inc()
+		return false, false
 	}
-	h := &s.hist
-	if s.clock.Since(h.lastAt) >= historyRefresh {
-		h.lastAt = s.clock.Mono()
-		last, err := s.cfg.History.LastHandledAll(ctx)
-		if err != nil {
-			s.log.Warn("read the entries' last ticks from the stream; not checking watermarks against it", "err", err)
-		}
-		h.last = last
-	}
-	last, ok := h.last[r.id]
-	return ok && last.After(wm) && s.plausible(r.id, last)
+	return last.ok && last.tick.After(wm) && s.plausible(r.id, last.tick), false
 }
 
 // scanHistory reports whether behind reads the last fire of every entry in
 // one pass rather than one entry at a time, for a load pass of loading
-// entries out of known. The pass reads the whole stream's last fires, and
-// with many entries, a throttled replica or a busy server it can outlast
-// the stream read timeout; it is retried each historyRefresh and holds the
-// loop while it runs, so a replica that took a few shards over stalled
-// past the ownership's progress bound, lost its shards, and their next
-// owner stalled the same way. A read per entry costs a round trip or more
-// (it looks back past a last message that is not a fire) but is bounded
-// per turn by loadBudget, so the loop keeps turning: it is the read for a
-// load of a small part of the entries (a takeover or handover among many
-// replicas); the pass is the read for the rest.
+// entries out of known. The pass reads the whole stream's last fires: with
+// many entries, a throttled replica or a busy server it takes seconds, and
+// the entries it checks wait for it. A read per entry costs a round trip or
+// more (it looks back past a last message that is not a fire): it is the
+// read for a load of a small part of the entries (a takeover or handover
+// among many replicas); the pass is the read for the rest.
 func scanHistory(loading, known int) bool {
 	const scanShare = 8 // the pass when loading is over 1/scanShare of known
 	return loading*scanShare > known

@@ -37,6 +37,10 @@ type Metrics struct {
 	// tell which were.
 	LostFires   prometheus.Counter
 	LostUnknown prometheus.Counter
+	// Unchecked counts the entries loaded on the watermark Redis holds
+	// without the check against the activity stream, which could not be
+	// read.
+	Unchecked prometheus.Counter
 }
 
 // Actions of overlap cancel-previous (Metrics.Cancels).
@@ -92,6 +96,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Completed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "cronstream_max_fires_reached_total", Help: "Ticks refused because their entry already fired its max_fires (the entry is completed and fires nothing more until its limit changes).",
 		}),
+		Unchecked: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cronstream_watermarks_unchecked_total", Help: "Entries loaded (after a takeover, a handover or a start, with a tick due) on the watermark Redis holds without checking it against the activity stream's last fire, because the stream could not be read (NATS unreachable, or no answer within the read's bound): a Redis rollback while no replica ran would go unseen for them.",
+		}),
 		FireCountUnknown: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "cronstream_max_fires_unknown_total", Help: "Limited entries whose max_fires count Redis lost and the activity stream could no longer rebuild (events past its retention): made completed, firing nothing until max_fires is set to another value.",
 		}),
@@ -123,7 +130,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.HeldDropped.WithLabelValues(reason)
 	}
 	if reg != nil {
-		reg.MustRegister(m.Fired, m.Skipped, m.Refused, m.Errors, m.FireLag, m.Entries, m.Backpressure, m.Restored, m.Restoring, m.Loading, m.Implausible, m.Epochs, m.Cancels, m.Completed, m.FireCountUnknown, m.HeldDropped, m.HeldReleased, m.LostFires, m.LostUnknown)
+		reg.MustRegister(m.Fired, m.Skipped, m.Refused, m.Errors, m.FireLag, m.Entries, m.Backpressure, m.Restored, m.Restoring, m.Loading, m.Implausible, m.Epochs, m.Cancels, m.Completed, m.FireCountUnknown, m.HeldDropped, m.HeldReleased, m.LostFires, m.LostUnknown, m.Unchecked)
 	}
 	return m
 }

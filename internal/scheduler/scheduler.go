@@ -210,6 +210,9 @@ type Scheduler struct {
 	visWritten bool
 	// hist caches History's answers about all entries.
 	hist historyCache
+	// bounded is cfg.History (nil without one), for the reads run off the
+	// loop (lastFires).
+	bounded *boundedHistory
 	// Config sequences that refused fires, to check against the stream,
 	// and those found in it (epoch.go).
 	epochSuspects map[epochSuspect]bool
@@ -300,8 +303,10 @@ func New(cfg Config) (*Scheduler, error) {
 	if clk == nil {
 		clk = clock.Local()
 	}
+	var bounded *boundedHistory
 	if cfg.History != nil {
-		cfg.History = &boundedHistory{h: cfg.History, clock: clk, log: cfg.Logger}
+		bounded = &boundedHistory{h: cfg.History, clock: clk, log: cfg.Logger}
+		cfg.History = bounded
 	}
 	m := cfg.Metrics
 	if m == nil {
@@ -312,7 +317,7 @@ func New(cfg Config) (*Scheduler, error) {
 		b = taskstate.New(cfg.Redis)
 	}
 	return &Scheduler{
-		cfg: cfg, broker: b, log: cfg.Logger, clock: clk, m: m, src: events.ReplicaSource(cfg.ReplicaID),
+		cfg: cfg, broker: b, log: cfg.Logger, clock: clk, m: m, src: events.ReplicaSource(cfg.ReplicaID), bounded: bounded,
 		entries:  map[string]*entryRun{},
 		loading:  map[string]*entryRun{},
 		capacity: capacityMeter{log: cfg.Logger},
@@ -506,7 +511,7 @@ func (s *Scheduler) turn(ctx context.Context, due []*entryRun) []*entryRun {
 	if !s.ownsAll() {
 		s.cfg.Shards.Turned(s.owned.Version)
 	}
-	if len(s.loading) > 0 && !s.clock.Mono().Before(s.loadAfter) {
+	if len(s.loading) > 0 && (!s.clock.Mono().Before(s.loadAfter) || s.hist.fires.ended()) {
 		s.loadWatermarks(ctx)
 		if len(s.loading) == 0 && !s.visWritten {
 			// Make the entries visible to asynq's tools at once, not only

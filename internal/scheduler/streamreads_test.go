@@ -3,9 +3,12 @@ package scheduler
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/clock"
@@ -85,4 +88,152 @@ func TestScanHistory(t *testing.T) {
 			t.Errorf("scanHistory(%d, %d) = %v, want %v", c.loading, c.known, got, c.scan)
 		}
 	}
+}
+
+// gatedHistory holds its reads of last fires until open is closed: a
+// stream read that takes as long as the test says.
+type gatedHistory struct {
+	History
+	open chan struct{}
+}
+
+func (g gatedHistory) wait(ctx context.Context) error {
+	select {
+	case <-g.open:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (g gatedHistory) LastHandled(ctx context.Context, entry string) (time.Time, string, bool, error) {
+	if err := g.wait(ctx); err != nil {
+		return time.Time{}, "", false, err
+	}
+	return g.History.LastHandled(ctx, entry)
+}
+
+func (g gatedHistory) LastHandledAll(ctx context.Context) (map[string]time.Time, error) {
+	if err := g.wait(ctx); err != nil {
+		return nil, err
+	}
+	return g.History.LastHandledAll(ctx)
+}
+
+// gatedScheduler is a scheduler built without running whose stream reads
+// of last fires go through a gate on h, stopped with the test.
+func gatedScheduler(t *testing.T, h History) (*Scheduler, gatedHistory) {
+	gate := gatedHistory{History: h, open: make(chan struct{})}
+	s := planScheduler()
+	s.log = slog.New(slog.DiscardHandler)
+	s.bounded = &boundedHistory{h: gate, clock: s.clock, log: s.log}
+	s.cfg.History = s.bounded
+	s.wake = make(chan struct{}, 1)
+	s.entries = map[string]*entryRun{}
+	t.Cleanup(func() { s.life.Stop() })
+	return s, gate
+}
+
+// TestLastFiresOffTheLoop: the check of a loaded watermark against the
+// activity stream, per entry and in one pass, does not wait on the loop:
+// behind answers "wait" at once while the read runs, the read wakes the
+// loop when it ends, and its answer then says whether the watermark is
+// behind the stream's last fire. A read that fails (held past its bound)
+// leaves the entry to load on its watermark unchecked, counted.
+func TestLastFiresOffTheLoop(t *testing.T) {
+	t.Parallel()
+	n := testenv.StartNATS(t)
+	js := n.JetStream(t)
+	names := events.MustNames("lastfires")
+	ctx := testenv.Context(t, time.Minute)
+	if err := events.EnsureStreams(ctx, js, events.StreamConfig{Names: names}); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	fired := now.Add(-2 * time.Second).Truncate(time.Second)
+	ev, err := events.NewEventAt("fire:e1:1", fired, events.TypeEntryFired, "test", "e1", events.Fired{Entry: "e1", ScheduledAt: fired, EnqueuedAt: fired, TaskID: "t1", Queue: "default"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := ev.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, names.FireSubject("e1"), data); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, scan := range []bool{false, true} {
+		t.Run(fmt.Sprintf("scan=%v", scan), func(t *testing.T) {
+			s, gate := gatedScheduler(t, NewStreamHistory(js, names))
+			r := planEntry(t, "@every 1s", time.Time{})
+			others := 20 // a pass for a load of 1 of 1; a read per entry for 1 of 21
+			if !scan {
+				for i := range others {
+					s.entries[fmt.Sprint("x", i)] = &entryRun{}
+				}
+			}
+			s.entries[r.id] = r
+			if scanHistory(1, len(s.entries)) != scan {
+				t.Fatalf("scanHistory(1, %d) != %v", len(s.entries), scan)
+			}
+			wm := fired.Add(-time.Second)
+			behind, wait := s.behind(ctx, r, wm, time.Now(), 1)
+			if behind || !wait {
+				t.Fatalf("behind = %v, wait = %v while the read is held, want wait", behind, wait)
+			}
+			close(gate.open)
+			select {
+			case <-s.wake:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the read did not wake the loop")
+			}
+			if behind, wait := s.behind(ctx, r, wm, time.Now(), 1); !behind || wait {
+				t.Fatalf("behind = %v, wait = %v once read, want behind (the stream's last fire %s is after the watermark %s)", behind, wait, fired.Format(time.TimeOnly), wm.Format(time.TimeOnly))
+			}
+			if behind, _ := s.behind(ctx, r, fired, time.Now(), 1); behind {
+				t.Fatal("a watermark at the stream's last fire counted as behind")
+			}
+		})
+	}
+
+	t.Run("a read that fails loads unchecked", func(t *testing.T) {
+		s, gate := gatedScheduler(t, NewStreamHistory(js, names))
+		defer close(gate.open)
+		r := planEntry(t, "@every 1s", time.Time{})
+		s.entries[r.id] = r
+		wm := fired.Add(-time.Second)
+		if behind, wait := s.behind(ctx, r, wm, time.Now(), 1); behind || !wait {
+			t.Fatalf("behind = %v, wait = %v while the read is held, want wait", behind, wait)
+		}
+		// Held past its bound: it fails, and wakes the loop.
+		select {
+		case <-s.wake:
+		case <-time.After(streamReadTimeout + 10*time.Second):
+			t.Fatal("the failed read did not wake the loop")
+		}
+		if behind, wait := s.behind(ctx, r, wm, time.Now(), 1); behind || wait {
+			t.Fatalf("behind = %v, wait = %v after the read failed, want neither (unchecked)", behind, wait)
+		}
+		// The failure pauses the stream reads: the entries that ask next,
+		// alone or in a pass, are refused at once and load unchecked in the
+		// same turn, waiting for nothing.
+		for i := range 20 {
+			s.entries[fmt.Sprint("x", i)] = &entryRun{}
+		}
+		for _, batch := range []int{1, len(s.entries) + 1} {
+			next := planEntry(t, "@every 1s", time.Time{})
+			next.id = fmt.Sprint("next-", batch)
+			s.entries[next.id] = next
+			if behind, wait := s.behind(ctx, next, wm, time.Now(), batch); behind || wait {
+				t.Fatalf("batch %d, reads paused: behind = %v, wait = %v, want neither (unchecked at once)", batch, behind, wait)
+			}
+		}
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(s.m.Unchecked)
+		families, err := reg.Gather()
+		if err != nil || len(families) != 1 || families[0].GetMetric()[0].GetCounter().GetValue() != 3 {
+			t.Errorf("cronstream_watermarks_unchecked_total: %v (err %v), want 3", families, err)
+		}
+	})
 }
