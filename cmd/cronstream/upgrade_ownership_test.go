@@ -229,6 +229,7 @@ func TestRollingUpgradeToOwnership(t *testing.T) {
 	if inRedis != len(byTask) {
 		t.Errorf("%d tasks in Redis, %d fired events", inRedis, len(byTask))
 	}
+	gaps := false
 	for _, id := range entries {
 		ts := ticks[id]
 		slices.SortFunc(ts, time.Time.Compare)
@@ -237,12 +238,32 @@ func TestRollingUpgradeToOwnership(t *testing.T) {
 			case d == 0:
 				t.Errorf("%s: tick %s fired twice", id, ts[i].Format(time.TimeOnly))
 			case d > time.Second:
+				gaps = true
 				t.Errorf("%s: no tick fired between %s and %s", id, ts[i-1].Format(time.TimeOnly), ts[i].Format(time.TimeOnly))
 			}
+		}
+	}
+	if gaps {
+		for name, p := range map[string]*proc{"n1": n1, "n2": n2, "n3": n3} {
+			t.Logf("%s's warnings and shard moves:\n%s", name, linesWith(p.Stderr(), `"WARN"`, "shards", "skipped"))
 		}
 	}
 	if by["n1"]+by["n2"]+by["n3"] == 0 || by["o1"]+by["o2"] == 0 {
 		t.Errorf("fires by replica %v: both builds should have fired", by)
 	}
 	t.Logf("fires by replica: %v", by)
+}
+
+// linesWith returns the lines of text that contain any of subs.
+func linesWith(text string, subs ...string) string {
+	var out []string
+	for _, l := range strings.Split(text, "\n") {
+		for _, sub := range subs {
+			if strings.Contains(l, sub) {
+				out = append(out, l)
+				break
+			}
+		}
+	}
+	return strings.Join(out, "\n")
 }
