@@ -3,6 +3,7 @@ package scheduler
 import (
 	"time"
 
+	"github.com/cronstream/cronstream/internal/clock"
 	"github.com/cronstream/cronstream/projector"
 	"github.com/cronstream/cronstream/schedule"
 )
@@ -103,6 +104,10 @@ type loadSteps struct {
 	// held for it (restore.go).
 	seed *restoreSeed
 	held bool
+	// checkAsked: the load waits for the activity stream's last fire of
+	// the entry, which it asked for at checkSince (lastFireOf).
+	checkAsked bool
+	checkSince clock.Mono
 }
 
 // stopSettle is a pause or removal whose due ticks are still to be

@@ -15,14 +15,18 @@ import (
 // reads less for the load (scanHistory). Either read can take seconds on a
 // replica short of CPU or with NATS busy, and a loop that waited for it
 // stopped firing what it owned and stopped renewing its shard leases (the
-// progress bound) right after taking shards over. Loop goroutine only,
-// except a read's own fields, which its goroutine sets before it closes
-// done.
+// progress bound) right after taking shards over.
+//
+// An entry's check is answered only by a read that began after the entry
+// asked for it: a read from before would miss the fires a Redis rolled
+// back at a failover had just published, and the entry would fire those
+// ticks again. Loop goroutine only, except a read's own fields, which its
+// goroutine sets before it closes done.
 type lastFiresCache struct {
-	// all is every entry's last fire from the last pass, taken in at
-	// allAt (allRead: a pass ended; allFailed: it failed).
+	// all is every entry's last fire from the last pass, which began at
+	// allBegan (allRead: a pass ended; allFailed: it failed).
 	all       map[string]time.Time
-	allAt     clock.Mono
+	allBegan  clock.Mono
 	allRead   bool
 	allFailed bool
 	// one holds the entries read one at a time; wantOne those waiting
@@ -34,13 +38,14 @@ type lastFiresCache struct {
 	reading *lastFiresRead
 }
 
-// lastFire is one entry's last fire as read (ok false: none), taken in at
-// at; unchecked: the read failed, nothing is known.
+// lastFire is one entry's last fire as read (ok false: none) by a read
+// that began at began and was taken in at at; unchecked: the read failed,
+// nothing is known.
 type lastFire struct {
 	tick      time.Time
 	ok        bool
 	unchecked bool
-	at        clock.Mono
+	began, at clock.Mono
 }
 
 // lastFiresRead is one read run in a goroutine of its own: a pass (ids
@@ -56,14 +61,15 @@ type lastFiresRead struct {
 }
 
 // lastFireOf returns entry id's last fire in the activity stream, from a
-// read taken in within historyRefresh. read is false while the read it
-// needs runs: it is started here when none runs, and it wakes the loop when
-// it ends. scan asks for a pass over every entry rather than a read of id
-// alone.
-func (s *Scheduler) lastFireOf(ctx context.Context, id string, scan bool) (last lastFire, read bool) {
+// read that began at or after asked, when the entry first asked. read is
+// false while the read it needs runs: it is started here when none runs
+// (after the one in flight, when that began too early), and it wakes the
+// loop when it ends. scan asks for a pass over every entry rather than a
+// read of id alone.
+func (s *Scheduler) lastFireOf(ctx context.Context, id string, scan bool, asked clock.Mono) (last lastFire, read bool) {
 	s.takeInLastFires(ctx)
 	c := &s.hist.fires
-	if last, ok := c.cached(s.clock, id, scan); ok {
+	if last, ok := c.cached(id, asked); ok {
 		return last, true
 	}
 	if scan {
@@ -78,19 +84,19 @@ func (s *Scheduler) lastFireOf(ctx context.Context, id string, scan bool) (last 
 	if c.reading == nil {
 		// Refused at once (stream reads paused after a failure, or NATS
 		// down): the entry is cached unchecked, and waits for nothing.
-		return c.cached(s.clock, id, scan)
+		return c.cached(id, asked)
 	}
 	return lastFire{}, false
 }
 
-// cached returns entry id's last fire from a read taken in within
-// historyRefresh: a pass, or (unless scan asks for a pass) a read of id.
-func (c *lastFiresCache) cached(clk *clock.Clock, id string, scan bool) (lastFire, bool) {
-	if c.allRead && clk.Since(c.allAt) < historyRefresh {
+// cached returns entry id's last fire from a read that began at or after
+// asked: a pass, or a read of id.
+func (c *lastFiresCache) cached(id string, asked clock.Mono) (lastFire, bool) {
+	if c.allRead && !c.allBegan.Before(asked) {
 		tick, ok := c.all[id]
-		return lastFire{tick: tick, ok: ok, unchecked: c.allFailed, at: c.allAt}, true
+		return lastFire{tick: tick, ok: ok, unchecked: c.allFailed, began: c.allBegan}, true
 	}
-	if f, found := c.one[id]; found && !scan && clk.Since(f.at) < historyRefresh {
+	if f, found := c.one[id]; found && !f.began.Before(asked) {
 		return f, true
 	}
 	return lastFire{}, false
@@ -108,13 +114,14 @@ func (s *Scheduler) startLastFires(ctx context.Context) {
 		ids = slices.Sorted(maps.Keys(c.wantOne))
 	}
 	c.wantAll, c.wantOne = false, nil
+	began := s.clock.Mono()
 	rctx, cancel, err := s.bounded.begin(ctx)
 	if err != nil {
 		// Stream reads paused after a failure: nothing to wait for.
-		s.keepLastFires(&lastFiresRead{ids: ids, err: err})
+		s.keepLastFires(&lastFiresRead{began: began, ids: ids, err: err})
 		return
 	}
-	r := &lastFiresRead{began: s.clock.Mono(), ids: ids, done: make(chan struct{}), cancel: cancel}
+	r := &lastFiresRead{began: began, ids: ids, done: make(chan struct{}), cancel: cancel}
 	c.reading = r
 	h := s.bounded.h
 	s.life.Go(func(context.Context) {
@@ -169,7 +176,7 @@ func (s *Scheduler) keepLastFires(r *lastFiresRead) {
 	c := &s.hist.fires
 	now := s.clock.Mono()
 	if r.ids == nil {
-		c.all, c.allAt, c.allRead, c.allFailed = r.last, now, true, r.err != nil
+		c.all, c.allBegan, c.allRead, c.allFailed = r.last, r.began, true, r.err != nil
 		return
 	}
 	if c.one == nil {
@@ -182,7 +189,7 @@ func (s *Scheduler) keepLastFires(r *lastFiresRead) {
 	}
 	for _, id := range r.ids {
 		tick, ok := r.last[id]
-		c.one[id] = lastFire{tick: tick, ok: ok, unchecked: !r.got[id], at: now}
+		c.one[id] = lastFire{tick: tick, ok: ok, unchecked: !r.got[id], began: r.began, at: now}
 	}
 }
 

@@ -505,10 +505,15 @@ func (s *Scheduler) behind(ctx context.Context, r *entryRun, wm, now time.Time, 
 	if s.cfg.History == nil || r.sched.Next(wm).After(now) {
 		return false, false
 	}
-	last, read := s.lastFireOf(ctx, r.id, scanHistory(batch, len(s.entries)))
-	switch {
-	case !read:
+	if !r.loading.checkAsked {
+		r.loading.checkAsked, r.loading.checkSince = true, s.clock.Mono()
+	}
+	last, read := s.lastFireOf(ctx, r.id, scanHistory(batch, len(s.entries)), r.loading.checkSince)
+	if !read {
 		return false, true
+	}
+	r.loading.checkAsked = false // a later load asks afresh
+	switch {
 	case last.unchecked:
 		s.m.Unchecked.Inc()
 		return false, false

@@ -149,19 +149,23 @@ func TestLastFiresOffTheLoop(t *testing.T) {
 	if err := events.EnsureStreams(ctx, js, events.StreamConfig{Names: names}); err != nil {
 		t.Fatal(err)
 	}
-	now := time.Now()
-	fired := now.Add(-2 * time.Second).Truncate(time.Second)
-	ev, err := events.NewEventAt("fire:e1:1", fired, events.TypeEntryFired, "test", "e1", events.Fired{Entry: "e1", ScheduledAt: fired, EnqueuedAt: fired, TaskID: "t1", Queue: "default"})
-	if err != nil {
-		t.Fatal(err)
+	publishFire := func(tick time.Time) {
+		t.Helper()
+		task := fmt.Sprint("t", tick.Unix())
+		ev, err := events.NewEventAt("fire:e1:"+task, tick, events.TypeEntryFired, "test", "e1", events.Fired{Entry: "e1", ScheduledAt: tick, EnqueuedAt: tick, TaskID: task, Queue: "default"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, err := ev.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := js.Publish(ctx, names.FireSubject("e1"), data); err != nil {
+			t.Fatal(err)
+		}
 	}
-	data, err := ev.Marshal()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := js.Publish(ctx, names.FireSubject("e1"), data); err != nil {
-		t.Fatal(err)
-	}
+	fired := time.Now().Add(-3 * time.Second).Truncate(time.Second)
+	publishFire(fired)
 
 	for _, scan := range []bool{false, true} {
 		t.Run(fmt.Sprintf("scan=%v", scan), func(t *testing.T) {
@@ -196,6 +200,33 @@ func TestLastFiresOffTheLoop(t *testing.T) {
 			}
 		})
 	}
+
+	// A Redis rolled back at a failover: the stream holds a fire the
+	// watermark lost, published after the last read. The next load must
+	// not be answered by that read, or it fires the tick again.
+	t.Run("a read from before the load does not answer it", func(t *testing.T) {
+		s, gate := gatedScheduler(t, NewStreamHistory(js, names))
+		close(gate.open)
+		first := planEntry(t, "@every 1s", time.Time{})
+		s.entries[first.id] = first
+		if _, wait := s.behind(ctx, first, fired, time.Now(), 1); !wait {
+			t.Fatal("the first load did not wait for a read")
+		}
+		<-s.wake
+		if behind, wait := s.behind(ctx, first, fired, time.Now(), 1); behind || wait {
+			t.Fatalf("first load: behind = %v, wait = %v, want neither (the watermark is the stream's last fire)", behind, wait)
+		}
+		publishFire(fired.Add(time.Second))
+		again := planEntry(t, "@every 1s", time.Time{})
+		s.entries[again.id] = again
+		if behind, wait := s.behind(ctx, again, fired, time.Now(), 1); behind || !wait {
+			t.Fatalf("the next load: behind = %v, wait = %v, want it to wait for a read of its own", behind, wait)
+		}
+		<-s.wake
+		if behind, wait := s.behind(ctx, again, fired, time.Now(), 1); !behind || wait {
+			t.Fatalf("the next load: behind = %v, wait = %v once read, want behind (the stream fired %s after the watermark)", behind, wait, fired.Add(time.Second).Format(time.TimeOnly))
+		}
+	})
 
 	t.Run("a read that fails loads unchecked", func(t *testing.T) {
 		s, gate := gatedScheduler(t, NewStreamHistory(js, names))
