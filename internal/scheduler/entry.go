@@ -101,9 +101,11 @@ type loadSteps struct {
 	restored bool
 	// seed is what this replica proposes for a lost watermark while the
 	// restore proposal settles, and held whether the entry's fires are
-	// held for it (restore.go).
-	seed *restoreSeed
-	held bool
+	// held for it (restore.go); heldUntil is when the proposal is to be
+	// read again.
+	seed      *restoreSeed
+	held      bool
+	heldUntil clock.Mono
 	// checkAsked: the load waits for the activity stream's last fire of
 	// the entry, which it asked for at checkSince (lastFireOf).
 	checkAsked bool

@@ -22,7 +22,8 @@ const loadBatch = 10_000
 // history read): with Redis or NATS far away, a shard's entries loaded in
 // one turn held the loop past the ownership's progress bound, so its
 // leases lapsed, the shards moved, and their next owner stalled the same
-// way. The entries left load in the next turns, which follow at once.
+// way. The entries left load in the next turns, which follow at once, even
+// when the pass held entries for a restore (nextLoad).
 const loadBudget = 500 * time.Millisecond
 
 // loadWatermarks reads the watermark of the entries that need one (at most
@@ -76,7 +77,8 @@ type loadPass struct {
 	// waitFires: some entries wait for the stream's last fires
 	// (lastFireOf), whose read wakes the loop when it ends.
 	waitFires bool
-	// cut: loadBatch or loadBudget left loading entries for the next turn.
+	// cut: the pass stopped at loadBatch or loadBudget, leaving entries
+	// it did not reach.
 	cut bool
 }
 
@@ -84,10 +86,18 @@ type loadPass struct {
 // spent (after the first). An entry whose queue changed live is closed in
 // its old queue first: firing into the new queue before the old one is
 // closed could fire a tick in both, so one whose handover fails waits.
+// An entry held by a restore proposal is not taken again before the
+// proposal may have settled: proposing it again would only say so, and
+// the passes that follow a cut one at once would spend their budget on
+// it instead of on the entries left.
 func (s *Scheduler) takeLoadBatch(ctx context.Context, p *loadPass, spent func() bool) map[string][]*entryRun {
 	byQueue := map[string][]*entryRun{}
 	taken := 0
 	for _, r := range s.loading {
+		if left := s.clock.Until(r.loading.heldUntil); r.loading.held && left > 0 {
+			p.held.waiting(left)
+			continue
+		}
 		if taken++; taken > loadBatch || (taken > 1 && spent()) {
 			p.cut = true
 			break
@@ -223,6 +233,7 @@ func (s *Scheduler) restoreOnLoad(ctx context.Context, r *entryRun, wm taskstate
 		p.failed = true
 		return false, false
 	case restoreHeld:
+		r.loading.heldUntil = s.clock.Mono().Add(wait)
 		p.held.add(r, wait)
 		return false, false
 	case restoreSeeded:
@@ -278,8 +289,12 @@ func (s *Scheduler) settleBeforeRestart(r *entryRun, wm taskstate.WatermarkInfo,
 
 // nextLoad sets when the loop loads next after pass p: after a backoff
 // when a step failed, once the history may be read again when a step
-// waits for it, and by the first restore proposal to settle when one
-// holds entries (or the backoff, when sooner).
+// waits for it, by the first restore proposal to settle when one holds
+// entries (or the backoff, when sooner), and at once when the pass was
+// cut with entries left: those are not held, and one whose watermark
+// Redis lost has not proposed its restore yet. Waiting for the settle of
+// the entries held before them would put its own settle after that one,
+// and what Redis lost of its fires would be recorded a settle late.
 func (s *Scheduler) nextLoad(p *loadPass) {
 	switch {
 	case p.failed:
@@ -288,10 +303,16 @@ func (s *Scheduler) nextLoad(p *loadPass) {
 	case p.later:
 		s.loadFails = 0
 		s.loadAfter = s.hist.countsAt.Add(historyRefresh)
+	case p.cut:
+		// At once, also when the pass ran early for a stream read that
+		// ended (turn): the entries left have not been asked yet.
+		s.loadFails = 0
+		s.loadAfter = s.clock.Mono()
+		return
 	default:
 		s.loadFails = 0
 	}
-	if p.waitFires && !p.cut {
+	if p.waitFires {
 		// The read wakes the loop when it ends, within its bound. (Entries
 		// the pass left for the next turn follow at once.)
 		at := s.clock.Mono().Add(streamReadTimeout)

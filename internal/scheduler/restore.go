@@ -187,14 +187,20 @@ type restoreHolds struct {
 }
 
 func (h *restoreHolds) add(r *entryRun, wait time.Duration) {
-	if h.n == 0 || wait < h.wait {
-		h.wait = wait
-	}
-	h.n++
+	h.waiting(wait)
 	if !r.loading.held {
 		r.loading.held = true
 		h.fresh = append(h.fresh, r.id)
 	}
+}
+
+// waiting counts an entry held in an earlier pass whose proposal is to
+// be read again in wait (takeLoadBatch).
+func (h *restoreHolds) waiting(wait time.Duration) {
+	if h.n == 0 || wait < h.wait {
+		h.wait = wait
+	}
+	h.n++
 }
 
 // report logs the entries held for the first time, once per pass.
