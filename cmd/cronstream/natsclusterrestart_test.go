@@ -94,19 +94,6 @@ func TestFiringThroughNATSClusterRestart(t *testing.T) {
 	}
 	if len(missing) > 0 {
 		t.Errorf("ticks without a task (missed), relative to the NATS stop:\n  %s\nmetrics:\n%s\nreplica log:\n%s",
-			strings.Join(missing, "\n  "), grepLines(metrics, "cronstream_fire", "cronstream_skipped", "cronstream_config_staleness"), p.Stderr()+"\n--- r0\n"+p0.Stderr()+"\n--- r1\n"+p1.Stderr())
+			strings.Join(missing, "\n  "), linesWith(metrics, "cronstream_fire", "cronstream_skipped", "cronstream_config_staleness"), p.Stderr()+"\n--- r0\n"+p0.Stderr()+"\n--- r1\n"+p1.Stderr())
 	}
-}
-
-func grepLines(text string, prefixes ...string) string {
-	var out []string
-	for _, l := range strings.Split(text, "\n") {
-		for _, p := range prefixes {
-			if strings.HasPrefix(l, p) {
-				out = append(out, l)
-				break
-			}
-		}
-	}
-	return strings.Join(out, "\n")
 }
