@@ -306,12 +306,14 @@ func (r *Recoverer) pass(ctx context.Context, only func(string) bool) PassResult
 		if only != nil && !only(q) {
 			continue
 		}
+		// The queue's series exist before its pass is seen to end: a
+		// scrape that finds the pass finds them too.
+		r.m.initQueue(q)
 		// Durations use the monotonic clock: Config.Now may be a test's
 		// fake clock.
 		began := time.Now()
 		n, err := r.recoverQueue(ctx, q)
 		r.m.PassDuration.WithLabelValues(q).Observe(time.Since(began).Seconds())
-		r.m.initQueue(q)
 		res.Moved += n
 		if err != nil {
 			r.queueStats(q, func(s *QueueStats) { s.Errors++ })
