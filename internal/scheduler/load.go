@@ -275,16 +275,25 @@ func (s *Scheduler) settleBeforeRestart(r *entryRun, wm taskstate.WatermarkInfo,
 	if start.Stop.From == nil || r.settle != nil || !wm.Tick.Before(start.Stop.Stopped) {
 		return
 	}
-	sched, err := schedule.NewSchedule(*start.Stop.From)
-	if err != nil {
-		return // a state that never had a usable schedule fired nothing
+	if settle := settleOfStop(start.Stop, s.clock.Now()); settle.sched != nil {
+		r.settle = settle // else a state that never had a usable schedule fired nothing
 	}
-	reason := events.SkipPaused
-	if start.Stop.Removed {
-		reason = events.SkipRemoved
+}
+
+// settleOfStop is the settle of the stop span names, applied at now: its
+// reason and revision, the ticks due up to it, by the schedule that ran
+// before it (sched nil when none ran, or it had no usable schedule).
+func settleOfStop(span StopSpan, now time.Time) *stopSettle {
+	p := &stopSettle{reason: events.SkipPaused, revision: span.Revision, until: settleUntil(span.Stopped, now), after: span.Since}
+	if span.Removed {
+		p.reason = events.SkipRemoved
 	}
-	r.settle = &stopSettle{reason: reason, revision: start.Stop.Revision, until: settleUntil(start.Stop.Stopped, s.clock.Now()),
-		sched: sched, after: start.Stop.Since}
+	if span.From != nil {
+		if sched, err := schedule.NewSchedule(*span.From); err == nil {
+			p.sched = sched
+		}
+	}
+	return p
 }
 
 // nextLoad sets when the loop loads next after pass p: after a backoff
@@ -374,20 +383,9 @@ func (s *Scheduler) loadStopped(ctx context.Context, r *entryRun, wm taskstate.W
 // pause; one registered paused right after a removal stopped at the
 // removal, and its ticks are of the schedule it ran before it.
 func (s *Scheduler) settleStop(r *entryRun, span StopSpan, now time.Time) {
-	r.settle.reason, r.settle.revision = events.SkipPaused, cmp.Or(span.Revision, r.settle.revision)
-	if span.Removed {
-		r.settle.reason = events.SkipRemoved
-	}
-	r.settle.until, r.floor = span.Stopped, span.Since
-	if r.settle.until.After(now) {
-		r.settle.until = now
-	}
-	if span.From == nil {
-		return
-	}
-	if sched, err := schedule.NewSchedule(*span.From); err == nil {
-		r.settle.sched, r.settle.after = sched, span.Since
-	}
+	settle := settleOfStop(span, now)
+	settle.revision = cmp.Or(settle.revision, r.settle.revision)
+	r.settle, r.floor = settle, span.Since
 }
 
 // handover closes the entry in each old queue and opens its queue, seeded
