@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/clock"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/schedule"
 )
@@ -159,6 +160,7 @@ func (s *Scheduler) countCarried(r *entryRun, f sentFire) {
 	if f.carried.missed {
 		r.skippedAt = s.clock.Now()
 		s.m.Skipped.WithLabelValues(events.SkipMissed).Inc()
+		s.missed.add(r.id, f.tick)
 	}
 	if f.carried.excluded {
 		s.m.Skipped.WithLabelValues(events.SkipExcluded).Inc()
@@ -171,4 +173,38 @@ func (s *Scheduler) countCarried(r *entryRun, f sentFire) {
 		s.m.Skipped.WithLabelValues(events.SkipRemoved).Inc()
 		s.log.Info("ticks due before the entry was removed, which no replica had fired, recorded as skipped (reason removed)", "entry", r.id, "until", f.tick)
 	}
+}
+
+// missedTally gathers the entries whose missed ticks (older than the
+// catch-up grace) the fire passes recorded as skipped, so the log says so
+// in one line, at most every missedReportEvery: the skipped events tell
+// which ticks; the line tells an operator reading the log that this
+// replica came to them too late (an overload would otherwise log a line
+// per pass).
+type missedTally struct {
+	entries int
+	first   string
+	// until is the earliest tick fired after the missed ones.
+	until time.Time
+	// said is when the last line was logged.
+	said clock.Mono
+}
+
+const missedReportEvery = 10 * time.Second
+
+func (m *missedTally) add(entry string, tick time.Time) {
+	if m.entries == 0 || tick.Before(m.until) {
+		m.first, m.until = entry, tick
+	}
+	m.entries++
+}
+
+// report logs what the passes recorded as missed since the last line.
+func (m *missedTally) report(s *Scheduler) {
+	if m.entries == 0 || (!m.said.IsZero() && s.clock.Since(m.said) < missedReportEvery) {
+		return
+	}
+	s.log.Warn("ticks older than the catch-up grace recorded as skipped (missed): this replica came to them too late",
+		"entries", m.entries, "first", m.first, "until", m.until.UTC(), "grace", s.cfg.Grace)
+	*m = missedTally{said: s.clock.Mono()}
 }

@@ -107,9 +107,11 @@ type loadSteps struct {
 	held      bool
 	heldUntil clock.Mono
 	// checkAsked: the load waits for the activity stream's last fire of
-	// the entry, which it asked for at checkSince (lastFireOf).
+	// the entry, which it asked for at checkSince (lastFireOf), until
+	// checkBy at most (zero: until the read ends; checkDeadline).
 	checkAsked bool
 	checkSince clock.Mono
+	checkBy    clock.Mono
 }
 
 // stopSettle is a pause or removal whose due ticks are still to be

@@ -169,5 +169,6 @@ func (s *Scheduler) finishPass(calls []*passCall, plans []planned, now time.Time
 	for _, p := range plans {
 		s.passed(p.r, p.more, now)
 	}
+	s.missed.report(s)
 	s.sendHistory(history)
 }

@@ -36,6 +36,9 @@ type lastFiresCache struct {
 	wantAll bool
 	// reading is the read in flight (nil: none).
 	reading *lastFiresRead
+	// gaveUp counts the entries that stopped waiting for a read at their
+	// deadline (checkDeadline) since the last load pass said so.
+	gaveUp int
 }
 
 // lastFire is one entry's last fire as read (ok false: none) by a read

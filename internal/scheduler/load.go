@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/cronstream/cronstream/events"
+	"github.com/cronstream/cronstream/internal/clock"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/schedule"
 )
@@ -58,6 +59,11 @@ queues:
 		}
 	}
 	p.held.report(s)
+	if n := s.hist.fires.gaveUp; n > 0 {
+		s.hist.fires.gaveUp = 0
+		s.log.Warn("entries loaded without checking their watermarks against the activity stream: its read did not answer before their next tick would have aged past the catch-up grace",
+			"entries", n)
+	}
 	if len(p.restored) > 0 {
 		s.log.Warn("watermarks missing in Redis or older than ticks known to be handled (did Redis lose data?): restored from the running replicas' positions and the activity stream",
 			"entries", len(p.restored), "first", p.restored[0])
@@ -75,8 +81,10 @@ type loadPass struct {
 	restored      []string
 	held          restoreHolds
 	// waitFires: some entries wait for the stream's last fires
-	// (lastFireOf), whose read wakes the loop when it ends.
+	// (lastFireOf), whose read wakes the loop when it ends, or until
+	// checkBy, the first of their deadlines (zero: none).
 	waitFires bool
+	checkBy   clock.Mono
 	// cut: the pass stopped at loadBatch or loadBudget, leaving entries
 	// it did not reach.
 	cut bool
@@ -155,6 +163,9 @@ func (s *Scheduler) loadRun(ctx context.Context, r *entryRun, wm taskstate.Water
 		behind, wait := s.behind(ctx, r, wm.Tick, now, p.batch)
 		if wait {
 			p.waitFires = true
+			if by := r.loading.checkBy; !by.IsZero() && (p.checkBy.IsZero() || by.Before(p.checkBy)) {
+				p.checkBy = by
+			}
 			return
 		}
 		restoreNow = behind
@@ -325,6 +336,9 @@ func (s *Scheduler) nextLoad(p *loadPass) {
 		// The read wakes the loop when it ends, within its bound. (Entries
 		// the pass left for the next turn follow at once.)
 		at := s.clock.Mono().Add(streamReadTimeout)
+		if !p.checkBy.IsZero() && p.checkBy.Before(at) {
+			at = p.checkBy
+		}
 		if !p.failed && !p.later || at.Before(s.loadAfter) {
 			s.loadAfter = at
 		}
@@ -510,11 +524,10 @@ func (s *Scheduler) firesInGap(r *entryRun, t FireTally) bool {
 // The stream is read off the loop (lastFireOf), per entry or in one pass
 // over every entry's last fire, whichever reads less for a load pass of
 // batch entries (scanHistory): wait is true while the read runs, and r
-// stays loading. r waits for the read however late that makes its ticks:
-// firing on a watermark Redis rolled back would fire its ticks twice,
-// while a tick made late past the grace is recorded as skipped. Only when
-// the read fails (NATS unreachable, or no answer within streamReadTimeout)
-// is wm taken as Redis holds it, unchecked (counted). A last fire far ahead
+// stays loading, until its deadline (checkDeadline). When the read fails
+// (NATS unreachable, or no answer within streamReadTimeout) or the
+// deadline passes first, wm is taken as Redis holds it, unchecked
+// (counted). A last fire far ahead
 // of the clock (plausible) is no sign of loss: it would only hold the entry
 // while a restore found nothing to seed.
 func (s *Scheduler) behind(ctx context.Context, r *entryRun, wm, now time.Time, batch int) (behind, wait bool) {
@@ -526,18 +539,47 @@ func (s *Scheduler) behind(ctx context.Context, r *entryRun, wm, now time.Time, 
 	}
 	if !r.loading.checkAsked {
 		r.loading.checkAsked, r.loading.checkSince = true, s.clock.Mono()
+		r.loading.checkBy = s.checkDeadline(r, wm, now)
 	}
 	last, read := s.lastFireOf(ctx, r.id, scanHistory(batch, len(s.entries)), r.loading.checkSince)
-	if !read {
+	if !read && (r.loading.checkBy.IsZero() || s.clock.Until(r.loading.checkBy) > 0) {
 		return false, true
 	}
 	r.loading.checkAsked = false // a later load asks afresh
 	switch {
+	case !read:
+		s.m.Unchecked.Inc()
+		s.hist.fires.gaveUp++
+		return false, false
 	case last.unchecked:
 		s.m.Unchecked.Inc()
 		return false, false
 	}
 	return last.ok && last.tick.After(wm) && s.plausible(r.id, last.tick), false
+}
+
+// checkFireMargin is what the rest of a load and the fire pass after it
+// are given once an entry stops waiting for the check (checkDeadline).
+const checkFireMargin = 500 * time.Millisecond
+
+// checkDeadline is how long the load of r, on watermark wm, waits for
+// the check against the activity stream (zero: until the read ends). An
+// entry whose first tick after wm can still fire within the grace waits
+// no longer than keeps it so, and then loads unchecked, as when the read
+// fails: a takeover comes up to a lease term and a takeover step after
+// the owner's last fire, and a read that waited out its bound on top of
+// that (JetStream back without a leader after a restart) made that tick
+// missed, a tick lost for certain, where firing it unchecked risks a
+// second fire only if Redis also rolled back. An entry whose first tick
+// is too old for that anyway (a start after downtime) waits as long as
+// the read runs: only its missed ticks' record depends on the wait.
+func (s *Scheduler) checkDeadline(r *entryRun, wm, now time.Time) clock.Mono {
+	first := r.sched.Next(wm)
+	left := first.Add(s.cfg.Grace - checkFireMargin).Sub(now)
+	if first.IsZero() || left <= 0 {
+		return clock.Mono{}
+	}
+	return s.clock.Mono().Add(left)
 }
 
 // scanHistory reports whether behind reads the last fire of every entry in

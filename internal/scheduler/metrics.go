@@ -39,7 +39,7 @@ type Metrics struct {
 	LostUnknown prometheus.Counter
 	// Unchecked counts the entries loaded on the watermark Redis holds
 	// without the check against the activity stream, which could not be
-	// read.
+	// read, or not in time (checkDeadline).
 	Unchecked prometheus.Counter
 }
 
@@ -97,7 +97,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "cronstream_max_fires_reached_total", Help: "Ticks refused because their entry already fired its max_fires (the entry is completed and fires nothing more until its limit changes).",
 		}),
 		Unchecked: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "cronstream_watermarks_unchecked_total", Help: "Entries loaded (after a takeover, a handover or a start, with a tick due) on the watermark Redis holds without checking it against the activity stream's last fire, because the stream could not be read (NATS unreachable, or no answer within the read's bound): a Redis rollback while no replica ran would go unseen for them.",
+			Name: "cronstream_watermarks_unchecked_total", Help: "Entries loaded (after a takeover, a handover or a start, with a tick due) on the watermark Redis holds without checking it against the activity stream's last fire, because the stream could not be read (NATS unreachable, or no answer within the read's bound, or none before the entry's first due tick would have aged past the grace): a Redis rollback while no replica ran would go unseen for them.",
 		}),
 		FireCountUnknown: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "cronstream_max_fires_unknown_total", Help: "Limited entries whose max_fires count Redis lost and the activity stream could no longer rebuild (events past its retention): made completed, firing nothing until max_fires is set to another value.",

@@ -1,12 +1,15 @@
 package scheduler
 
 import (
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/clock"
 	"github.com/cronstream/cronstream/internal/taskstate"
+	"github.com/cronstream/cronstream/internal/testlog"
 	"github.com/cronstream/cronstream/schedule"
 )
 
@@ -162,5 +165,49 @@ func TestApplySetsSkippedAtOnCommit(t *testing.T) {
 	s.apply(r, sent, taskstate.FireResult{Status: taskstate.StatusFired, TaskID: "t1"})
 	if r.skippedAt.IsZero() {
 		t.Fatal("a committed step that recorded missed ticks left skippedAt unset")
+	}
+}
+
+// TestMissedTicksLogged: fires that recorded missed ticks are logged in
+// one warning naming how many entries and the earliest, and an overloaded
+// replica, which records missed ticks at every pass, logs at most one
+// line per missedReportEvery.
+func TestMissedTicksLogged(t *testing.T) {
+	m := clock.NewManual(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	s := planScheduler()
+	s.clock = clock.New(nil, clock.Options{Manual: m})
+	var logged testlog.Buffer
+	s.log = slog.New(slog.NewTextHandler(&logged, nil))
+	s.loading = map[string]*entryRun{}
+	fireLate := func(id string, behind time.Duration) {
+		t.Helper()
+		now := s.clock.Now()
+		r := planEntry(t, "@every 1s", now.Add(-behind).Truncate(time.Second))
+		r.id = id
+		fires, _ := s.plan(r, now, nil)
+		if len(fires) != 1 || !skipReasons(fires[0].SkippedRecords).missed {
+			t.Fatalf("%s: plan = %+v, want one fire carrying missed ticks", id, fires)
+		}
+		s.apply(r, sentOf(&fires[0], &taskstate.FireResult{}), taskstate.FireResult{Status: taskstate.StatusFired, TaskID: id})
+	}
+	lines := func() int { return strings.Count(logged.String(), "recorded as skipped (missed)") }
+
+	fireLate("a", 20*time.Second)
+	fireLate("b", 30*time.Second)
+	s.missed.report(s)
+	if lines() != 1 || !strings.Contains(logged.String(), "entries=2 first=a") {
+		t.Fatalf("after a pass with two entries' missed ticks, the log holds:\n%s", logged.String())
+	}
+	fireLate("c", 20*time.Second)
+	s.missed.report(s)
+	m.Advance(missedReportEvery - time.Second)
+	s.missed.report(s)
+	if lines() != 1 {
+		t.Fatalf("a second line within %s:\n%s", missedReportEvery, logged.String())
+	}
+	m.Advance(time.Second)
+	s.missed.report(s)
+	if lines() != 2 || !strings.Contains(logged.String(), "entries=1 first=c") {
+		t.Fatalf("the missed ticks since the last line were not logged after %s:\n%s", missedReportEvery, logged.String())
 	}
 }

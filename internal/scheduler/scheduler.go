@@ -256,6 +256,7 @@ type Scheduler struct {
 	pos positions
 
 	capacity capacityMeter // what this replica has shown it can fire
+	missed   missedTally   // the entries whose ticks a pass recorded missed
 
 	paused atomic.Bool // outbox backpressure
 	fenced fenced      // a run of fence refusals (Fenced)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/clock"
@@ -225,6 +226,43 @@ func TestLastFiresOffTheLoop(t *testing.T) {
 		<-s.wake
 		if behind, wait := s.behind(ctx, again, fired, time.Now(), 1); !behind || wait {
 			t.Fatalf("the next load: behind = %v, wait = %v once read, want behind (the stream fired %s after the watermark)", behind, wait, fired.Add(time.Second).Format(time.TimeOnly))
+		}
+	})
+
+	// A takeover: the first tick after the watermark can still fire within
+	// the grace. The load waits for the read only while it can; a start
+	// after downtime, whose first tick is past saving, waits for the read.
+	t.Run("a load stops waiting before its next tick ages past the grace", func(t *testing.T) {
+		s, gate := gatedScheduler(t, NewStreamHistory(js, names))
+		defer close(gate.open)
+		const left = 300 * time.Millisecond
+		taken := planEntry(t, "@every 1s", time.Time{})
+		taken.id = "taken"
+		started := planEntry(t, "@every 1s", time.Time{})
+		started.id = "started"
+		s.entries[taken.id], s.entries[started.id] = taken, started
+		wm := fired.Add(-time.Second)
+		now := taken.sched.Next(wm).Add(s.cfg.Grace - checkFireMargin - left)
+		oldWM := now.Add(-10 * time.Minute)
+		for _, r := range []*entryRun{taken, started} {
+			w := wm
+			if r == started {
+				w = oldWM
+			}
+			if behind, wait := s.behind(ctx, r, w, now, 2); behind || !wait {
+				t.Fatalf("%s: behind = %v, wait = %v while the read is held, want wait", r.id, behind, wait)
+			}
+		}
+		time.Sleep(left + 100*time.Millisecond)
+		if behind, wait := s.behind(ctx, taken, wm, now, 2); behind || wait {
+			t.Fatalf("taken over, past its deadline: behind = %v, wait = %v, want neither (unchecked)", behind, wait)
+		}
+		if behind, wait := s.behind(ctx, started, oldWM, now, 2); behind || !wait {
+			t.Fatalf("started after downtime: behind = %v, wait = %v, want it still waiting for the read", behind, wait)
+		}
+		var m dto.Metric
+		if err := s.m.Unchecked.Write(&m); err != nil || m.GetCounter().GetValue() != 1 {
+			t.Errorf("cronstream_watermarks_unchecked_total = %v (err %v), want 1", m.GetCounter().GetValue(), err)
 		}
 	})
 
