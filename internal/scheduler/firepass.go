@@ -5,21 +5,21 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cronstream/cronstream/internal/clock"
 	"github.com/cronstream/cronstream/internal/taskstate"
 )
 
-// fireDue builds the fires of every due entry and sends them per queue in
-// batches. Up to Parallel batches are in flight at once while the next ones
-// are built, so building (CPU here) and firing (CPU in Redis) overlap; the
-// results are applied on the loop goroutine once all are back (applying
-// them in between would take CPU from the fires still to go). A batch that
-// is back keeps only what apply needs of its fires and their results (of a
-// fire that created its task and nothing else, the task id) and hands its
-// buffers to the next batch, so a burst of any size holds about Parallel+1
-// batches of fires and results. A plan's fires (one entry's ticks) always
-// share a batch, so their order holds.
-func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
+// passesBudget bounds the time one turn spends firing passes back to
+// back (firePasses): the turn is the loop's progress, which its shard
+// leases are renewed by, and loads and held ticks wait for the next one.
+const passesBudget = 500 * time.Millisecond
+
+// firePasses fires due and, while a backlog is left (fairShare) and the
+// turn has time, the passes after it, each planned and sent while the one
+// before is still in Redis and applied while the next one is: a burst
+// larger than one pass keeps Redis busy from one pass to the next instead
+// of idle while each pass is applied. No pass is in flight when it
+// returns (followShards relies on it).
+func (s *Scheduler) firePasses(ctx context.Context, due []*entryRun) {
 	if len(due) > s.cfg.Batch {
 		s.busy.Store(true)
 		defer s.busy.Store(false)
@@ -27,38 +27,74 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 	began := s.capacity.begin(s.clock)
 	s.firingSince.Store(int64(max(s.clock.Since(s.epoch), 1)))
 	defer s.firingSince.Store(0)
-	now := s.clock.Now()
+	// One limit on the batches in flight for every pass in the turn.
+	sem := make(chan struct{}, s.cfg.Parallel)
+	p := s.sendPass(ctx, due, sem)
+	answered := 0
+	for len(s.backlog) > 0 && s.clock.Since(began) < passesBudget {
+		// due's storage is free again: sendPass planned from it.
+		due = s.fairShare(s.leased(s.heap.popDue(s.clock.Now(), due[:0])))
+		if len(due) == 0 {
+			break
+		}
+		next := s.sendPass(ctx, due, sem)
+		answered += s.applyPass(p)
+		p = next
+	}
+	answered += s.applyPass(p)
+	s.capacity.add(s.clock.Mono(), answered, s.clock.Since(began))
+}
+
+// sentPass is a pass whose batches are sent (some may still be in
+// flight) and whose results are not applied yet.
+type sentPass struct {
+	plans []planned
+	calls []*passCall
+	now   time.Time
+	wg    sync.WaitGroup
+	// free holds the buffers of batches that are back, for the next
+	// batches.
+	free chan passRoom
+}
+
+// sendPass builds the fires of every entry of due and sends them per queue
+// in batches, up to cap(sem) batches in flight at once (with those of the
+// pass before) while the next ones are built, so building (CPU here) and
+// firing (CPU in Redis) overlap; applyPass applies the results on the loop
+// goroutine once all are back (applying them in between would take CPU
+// from the fires still to go). A batch that is back keeps only what apply
+// needs of its fires and their results (of a fire that created its task
+// and nothing else, the task id) and hands its buffers to the next batch,
+// so a burst of any size holds about Parallel+1 batches of fires and
+// results per pass. A plan's fires (one entry's ticks) always share a
+// batch, so their order holds.
+func (s *Scheduler) sendPass(ctx context.Context, due []*entryRun, sem chan struct{}) *sentPass {
+	p := &sentPass{now: s.clock.Now(), plans: make([]planned, 0, len(due)), free: make(chan passRoom, s.cfg.Parallel+1)}
 	seq := s.cfg.Projection.FenceSeq()
 	s.configID = s.cfg.Projection.ConfigMessageID(seq)
 	fences := taskstate.Fences{ConfigSeq: seq, ConfigID: s.configID, FreshAsOf: s.cfg.Projection.LastHeard(), MaxStaleness: s.cfg.MaxStaleness}
 	size := min(s.cfg.Batch, len(due))
-	plans := make([]planned, 0, len(due))
 	var scratch []taskstate.Fire
 	open := map[string]*passCall{}
-	var calls []*passCall
-	// Buffers of batches that are back, for the next batches.
-	free := make(chan passRoom, s.cfg.Parallel+1)
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, s.cfg.Parallel)
 	send := func(c *passCall) {
-		calls = append(calls, c)
+		p.calls = append(p.calls, c)
 		sem <- struct{}{}
-		wg.Add(1)
+		p.wg.Add(1)
 		go func() {
-			defer wg.Done()
+			defer p.wg.Done()
 			defer func() { <-sem }()
-			s.fireBatch(ctx, fences, c, free)
+			s.fireBatch(ctx, fences, c, p.free)
 		}()
 	}
 	for _, r := range due {
-		fires, more := s.plan(r, now, scratch[:0])
+		fires, more := s.plan(r, p.now, scratch[:0])
 		scratch = fires
 		if len(fires) == 0 {
-			s.schedule(r, now)
+			s.schedule(r, p.now)
 			continue
 		}
-		pi := len(plans)
-		plans = append(plans, planned{r, more})
+		pi := len(p.plans)
+		p.plans = append(p.plans, planned{r, more})
 		c := open[r.queue]
 		if c != nil && len(c.fires)+len(fires) > s.cfg.Batch {
 			send(c)
@@ -67,7 +103,7 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 		if c == nil {
 			c = &passCall{owners: make([]int, 0, size)}
 			select {
-			case c.passRoom = <-free:
+			case c.passRoom = <-p.free:
 			default:
 				c.fires = s.fireBuf(size)
 			}
@@ -88,12 +124,18 @@ func (s *Scheduler) fireDue(ctx context.Context, due []*entryRun) {
 	for _, c := range open {
 		send(c)
 	}
-	wg.Wait()
-	close(free)
-	for b := range free {
+	return p
+}
+
+// applyPass waits for pass p's batches and applies their results
+// (finishPass); it returns how many fires got an answer.
+func (s *Scheduler) applyPass(p *sentPass) int {
+	p.wg.Wait()
+	close(p.free)
+	for b := range p.free {
 		s.putFireBuf(b.fires)
 	}
-	s.finishPass(calls, plans, now, began)
+	return s.finishPass(p.calls, p.plans, p.now)
 }
 
 // fireBatch sends one batch of a pass (on a goroutine of its own) and
@@ -147,11 +189,11 @@ type passCall struct {
 	sent   []sentFire // each fire with its result, once back
 }
 
-// finishPass applies the results of a pass begun at began (now on the
+// finishPass applies the results of a pass planned at now (on the
 // corrected clock), on the loop goroutine: each fire's result, each
-// entry's next due instant, asynq's enqueue history, and the pass's
-// fires and time for Capacity.
-func (s *Scheduler) finishPass(calls []*passCall, plans []planned, now time.Time, began clock.Mono) {
+// entry's next due instant and asynq's enqueue history. It returns how
+// many fires got an answer, for Capacity.
+func (s *Scheduler) finishPass(calls []*passCall, plans []planned, now time.Time) int {
 	history := make([]taskstate.EnqueueEventRecord, 0, len(plans))
 	answered := 0
 	for _, c := range calls {
@@ -165,10 +207,10 @@ func (s *Scheduler) finishPass(calls []*passCall, plans []planned, now time.Time
 			}
 		}
 	}
-	s.capacity.add(s.clock.Mono(), answered, s.clock.Since(began))
 	for _, p := range plans {
 		s.passed(p.r, p.more, now)
 	}
 	s.missed.report(s)
 	s.sendHistory(history)
+	return answered
 }

@@ -12,7 +12,7 @@ import (
 // appended to into (a scratch slice the caller reuses).
 //
 // The fired records' data of the fires it returns is only valid until the
-// next plan (firedRecord): fireDue copies it into the batch the fires go in.
+// next plan (firedRecord): sendPass copies it into the batch the fires go in.
 func (s *Scheduler) plan(r *entryRun, now time.Time, into []taskstate.Fire) ([]taskstate.Fire, bool) {
 	s.firedData = s.firedData[:0]
 	if r.settling() {

@@ -218,7 +218,7 @@ type Scheduler struct {
 	epochSuspects map[epochSuspect]bool
 	epochChecked  map[epochSuspect]clock.Mono
 	// configID is the id of the config message at the sequence the fires
-	// of the current pass present (fireDue).
+	// of the current pass present (sendPass).
 	configID string
 
 	// sub is the projection's subscription (its Snapshot builds the runs
@@ -537,7 +537,7 @@ func (s *Scheduler) turn(ctx context.Context, due []*entryRun) []*entryRun {
 	}
 	due = s.heap.popDue(s.clock.Now(), due[:0])
 	if due = s.fairShare(s.leased(due)); len(due) > 0 {
-		s.fireDue(ctx, due)
+		s.firePasses(ctx, due)
 		s.checkEpochs(ctx)
 		s.maybeWriteVisibility(true)
 	}
