@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/robfig/cron/v3"
@@ -123,10 +124,55 @@ func (s *Schedule) nextTick(t time.Time) time.Time {
 		}
 		return time.Unix((q+1)*step, 0).UTC()
 	}
-	if !s.fixedHour() {
-		return s.utc(s.sched.Next(t))
+	if next, ok := lastSpecTick.get(s, t); ok {
+		return next
 	}
-	return s.nextFixedHour(t)
+	var next time.Time
+	if !s.fixedHour() {
+		next = s.utc(s.sched.Next(t))
+	} else {
+		next = s.nextFixedHour(t)
+	}
+	lastSpecTick.put(s, t, next)
+	return next
+}
+
+// lastSpecTick is the last tick computed for a cron or calendar spec. The
+// entries with one spec and zone share its parsed form (contract.ParseCron
+// caches it), and those due at one instant ask for the tick after the
+// same instant one after another: thousands of times in a burst, or every
+// minute for entries "* * * * *". A spec's next tick costs microseconds
+// (robfig's search field by field, then the daylight-saving checks), the
+// lookup a lock.
+var lastSpecTick specTickMemo
+
+type specTickMemo struct {
+	mu   sync.Mutex
+	spec *cron.SpecSchedule
+	cal  *contract.CalendarSchedule
+	// next is the tick after t.
+	t, next time.Time
+}
+
+func (m *specTickMemo) get(s *Schedule, t time.Time) (time.Time, bool) {
+	if s.spec == nil && s.cal == nil {
+		return time.Time{}, false
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.spec != s.spec || m.cal != s.cal || !m.t.Equal(t) {
+		return time.Time{}, false
+	}
+	return m.next, true
+}
+
+func (m *specTickMemo) put(s *Schedule, t, next time.Time) {
+	if s.spec == nil && s.cal == nil {
+		return
+	}
+	m.mu.Lock()
+	m.spec, m.cal, m.t, m.next = s.spec, s.cal, t, next
+	m.mu.Unlock()
 }
 
 // fixedHour reports whether the spec's hour field is not "*": the

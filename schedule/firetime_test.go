@@ -1,6 +1,7 @@
 package schedule_test
 
 import (
+	"sync"
 	"testing"
 	"time"
 
@@ -179,4 +180,55 @@ func TestShortestGap(t *testing.T) {
 			t.Errorf("%s in %s (exclude %v): shortest gap %s, want %s", c.cron, c.tz, c.exclude, got, c.want)
 		}
 	}
+}
+
+// TestNextWithSharedSpecs: entries with one spec and zone share its parsed
+// form and the last tick computed for it; entries with another spec, or
+// asking after another instant, in any order and from several goroutines,
+// still get their own ticks.
+func TestNextWithSharedSpecs(t *testing.T) {
+	mk := func(id, spec, tz string) *schedule.Schedule {
+		t.Helper()
+		s, err := schedule.NewSchedule(contract.Entry{ID: id, Cron: spec, Timezone: tz, Task: contract.Task{Type: "t"}}.Normalize())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	daily1, daily2 := mk("a", "0 0 0 * * *", ""), mk("b", "0 0 0 * * *", "")
+	berlin := mk("c", "30 2 * * *", "Europe/Berlin") // 02:30 falls in the spring gap
+	from := time.Date(2026, 3, 28, 12, 0, 0, 0, time.UTC)
+	type ask struct {
+		s    *schedule.Schedule
+		from time.Time
+		want time.Time
+	}
+	asks := []ask{
+		{daily1, from, time.Date(2026, 3, 29, 0, 0, 0, 0, time.UTC)},
+		{berlin, from, time.Date(2026, 3, 29, 1, 0, 0, 0, time.UTC)}, // the gap's end, 03:00 CEST
+		{daily2, from, time.Date(2026, 3, 29, 0, 0, 0, 0, time.UTC)},
+		{daily2, from.Add(24 * time.Hour), time.Date(2026, 3, 30, 0, 0, 0, 0, time.UTC)},
+		{daily1, from, time.Date(2026, 3, 29, 0, 0, 0, 0, time.UTC)},
+		{berlin, from.Add(24 * time.Hour), time.Date(2026, 3, 30, 0, 30, 0, 0, time.UTC)},
+	}
+	for i, a := range asks {
+		if got := a.s.Next(a.from); !got.Equal(a.want) {
+			t.Fatalf("ask %d: Next(%s) = %s, want %s", i, a.from, got, a.want)
+		}
+	}
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 2000 {
+				a := asks[(g+i)%len(asks)]
+				if got := a.s.Next(a.from); !got.Equal(a.want) {
+					t.Errorf("goroutine %d: Next(%s) = %s, want %s", g, a.from, got, a.want)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
 }
