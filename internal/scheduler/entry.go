@@ -75,6 +75,10 @@ type entryRun struct {
 	// history is trimmed on every historyTrimEvery-th.
 	recorded uint32
 
+	// pos is the position this run noted for restores (positions.note;
+	// nil: none yet).
+	pos *position
+
 	// The last Next computed: schedule computes the tick after start,
 	// and plan needs the same one when it comes due.
 	memoSched    *schedule.Schedule

@@ -215,11 +215,13 @@ func (h *restoreHolds) report(s *Scheduler) {
 // positions holds the tick each entry's watermark was last known at by
 // the loop (entryRun.handled), for raiseProposals, which must not depend on
 // the loop: a loop waiting on a stream read (up to streamReadTimeout with
-// NATS down) could miss the settle delay.
+// NATS down) could miss the settle delay. A run keeps a pointer to its
+// position (entryRun.pos), so the note of every fire updates it in place
+// rather than hashing the id into a map of every entry.
 type positions struct {
 	now func() time.Time // the scheduler's clock (kept positions' times)
 	mu  sync.Mutex
-	m   map[string]position
+	m   map[string]*position
 }
 
 type position struct {
@@ -230,6 +232,9 @@ type position struct {
 	// around a handover is restored no lower than the ticks this replica
 	// fired before it let the entry go.
 	kept time.Time
+	// dropped: no longer in the map (forgotten, kept past its time, or
+	// replaced by another run's); a run holding it notes afresh.
+	dropped bool
 }
 
 // keptPosition is how long a position outlives its entry's run here
@@ -242,16 +247,30 @@ func (p *positions) note(r *entryRun) {
 		return
 	}
 	p.mu.Lock()
-	if p.m == nil {
-		p.m = map[string]position{}
+	defer p.mu.Unlock()
+	if pos := r.pos; pos != nil && !pos.dropped {
+		pos.queue, pos.tick, pos.kept = r.queue, r.handled, time.Time{}
+		return
 	}
-	p.m[r.id] = position{queue: r.queue, tick: r.handled}
-	p.mu.Unlock()
+	if p.m == nil {
+		p.m = map[string]*position{}
+	}
+	p.dropLocked(r.id)
+	r.pos = &position{queue: r.queue, tick: r.handled}
+	p.m[r.id] = r.pos
+}
+
+// dropLocked removes id's position from the map.
+func (p *positions) dropLocked(id string) {
+	if pos := p.m[id]; pos != nil {
+		pos.dropped = true
+		delete(p.m, id)
+	}
 }
 
 func (p *positions) forget(id string) {
 	p.mu.Lock()
-	delete(p.m, id)
+	p.dropLocked(id)
 	p.mu.Unlock()
 }
 
@@ -259,9 +278,8 @@ func (p *positions) forget(id string) {
 // replica (its shard went to another owner).
 func (p *positions) keep(id string) {
 	p.mu.Lock()
-	if pos, ok := p.m[id]; ok {
+	if pos := p.m[id]; pos != nil {
 		pos.kept = p.now().Add(keptPosition)
-		p.m[id] = pos
 	}
 	p.mu.Unlock()
 }
@@ -271,7 +289,7 @@ func (p *positions) pruneLocked() {
 	now := p.now()
 	for id, pos := range p.m {
 		if !pos.kept.IsZero() && now.After(pos.kept) {
-			delete(p.m, id)
+			p.dropLocked(id)
 		}
 	}
 }
@@ -295,8 +313,11 @@ func (p *positions) queues() []string {
 func (p *positions) get(id string) (position, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	pos, ok := p.m[id]
-	return pos, ok
+	pos := p.m[id]
+	if pos == nil {
+		return position{}, false
+	}
+	return *pos, true
 }
 
 // raiseProposals reads the restore proposals of the queues this replica
