@@ -84,6 +84,15 @@ func TestNATSOutageKeepsFiring(t *testing.T) {
 	}
 	pending := taskstate.Keys("default").Pending()
 	testenv.Eventually(t, 60*time.Second, func() bool { return rc.LLen(ctx, pending).Val() >= 3*entries }, "the entries to fire")
+	// Each holds its share before NATS goes: the membership the shares
+	// follow is in NATS, so shards still being handed over stay where
+	// they are through the outage.
+	for _, rp := range reps {
+		testenv.Eventually(t, 30*time.Second, func() bool {
+			owned := metricValue(rp.base, "cronstream_shards_owned")
+			return owned > 0 && owned == metricValue(rp.base, "cronstream_shards_desired")
+		}, "%s to hold its share of the shards", rp.id)
+	}
 
 	down := time.Now()
 	n.Shutdown()
