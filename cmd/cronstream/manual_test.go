@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -123,20 +124,17 @@ func TestManualFiresWhileEntriesChange(t *testing.T) {
 	// until the manual fires are done.
 	stop := make(chan struct{})
 	changed := make(chan error, 1)
+	var rounds atomic.Int64
 	go func() {
 		var err error
-		n := 0
 		defer func() { changed <- err }()
 		for {
 			select {
 			case <-stop:
-				if n < 3 {
-					err = fmt.Errorf("only %d rounds of changes", n)
-				}
 				return
 			case <-time.After(150 * time.Millisecond):
 			}
-			n++
+			n := int(rounds.Add(1))
 			dq := "q2"
 			if n%2 == 1 {
 				dq = "q3"
@@ -148,6 +146,9 @@ func TestManualFiresWhileEntriesChange(t *testing.T) {
 			}
 		}
 	}()
+	// The manual fires start once the changes have, and the changes go on
+	// until three rounds were made, however fast the fires are done.
+	testenv.Eventually(t, 10*time.Second, func() bool { return rounds.Load() >= 1 }, "the first round of changes")
 	for i := range 4 {
 		for _, id := range []string{"a", "b", "d"} {
 			var tr triggerJSON
@@ -160,6 +161,8 @@ func TestManualFiresWhileEntriesChange(t *testing.T) {
 	var bfA, bfB manualBackfillJSON
 	e.okJSON(&bfA, "entry", "backfill", "a", "--from", "-40s", "--to", "now", "--before-registration", "--json")
 	e.okJSON(&bfB, "entry", "backfill", "b", "--from", "-40s", "--to", "now", "--before-registration", "--json")
+	// (A change that failed ended the rounds: its error is read below.)
+	testenv.Eventually(t, 10*time.Second, func() bool { return rounds.Load() >= 3 || len(changed) > 0 }, "three rounds of changes")
 	close(stop)
 	if err := <-changed; err != nil {
 		t.Fatal(err)
