@@ -110,10 +110,9 @@ type loadSteps struct {
 	seed      *restoreSeed
 	held      bool
 	heldUntil clock.Mono
-	// checkAsked: the load waits for the activity stream's last fire of
-	// the entry, which it asked for at checkSince (lastFireOf), until
-	// checkBy at most (zero: until the read ends; checkDeadline).
-	checkAsked bool
+	// checkSince: the load waits for the activity stream's last fire of
+	// the entry, which it asked for then (zero: not asking; lastFireOf),
+	// until checkBy at most (zero: until the read ends; checkDeadline).
 	checkSince clock.Mono
 	checkBy    clock.Mono
 }

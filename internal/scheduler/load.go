@@ -537,15 +537,15 @@ func (s *Scheduler) behind(ctx context.Context, r *entryRun, wm, now time.Time, 
 	if s.cfg.History == nil || r.sched.Next(wm).After(now) {
 		return false, false
 	}
-	if !r.loading.checkAsked {
-		r.loading.checkAsked, r.loading.checkSince = true, s.clock.Mono()
+	if r.loading.checkSince.IsZero() {
+		r.loading.checkSince = s.clock.Mono()
 		r.loading.checkBy = s.checkDeadline(r, wm, now)
 	}
 	last, read := s.lastFireOf(ctx, r.id, scanHistory(batch, len(s.entries)), r.loading.checkSince)
 	if !read && (r.loading.checkBy.IsZero() || s.clock.Until(r.loading.checkBy) > 0) {
 		return false, true
 	}
-	r.loading.checkAsked = false // a later load asks afresh
+	r.loading.checkSince = clock.Mono{} // a later load asks afresh
 	switch {
 	case !read:
 		s.m.Unchecked.Inc()
@@ -575,7 +575,7 @@ const checkFireMargin = 500 * time.Millisecond
 // the read runs: only its missed ticks' record depends on the wait.
 func (s *Scheduler) checkDeadline(r *entryRun, wm, now time.Time) clock.Mono {
 	first := r.sched.Next(wm)
-	left := first.Add(s.cfg.Grace - checkFireMargin).Sub(now)
+	left := first.Add(s.grace(r) - checkFireMargin).Sub(now)
 	if first.IsZero() || left <= 0 {
 		return clock.Mono{}
 	}

@@ -31,9 +31,9 @@ func (s *Scheduler) plan(r *entryRun, now time.Time, into []taskstate.Fire) ([]t
 	if r.sched.Excluded(next) {
 		return s.planExcluded(r, next, now, into)
 	}
-	// Only ticks older than grace and the largest jitter are missed; a
-	// younger tick is fired normally.
-	grace := s.cfg.Grace + r.sched.MaxJitter()
+	// Only ticks older than grace are missed; a younger tick is fired
+	// normally.
+	grace := s.grace(r)
 	var one [1]time.Time
 	var ticks []time.Time
 	var skipped tickRange
@@ -226,4 +226,10 @@ func (s *Scheduler) skippedRecord(r *entryRun, rng tickRange, reason string, now
 	}
 	b, err := ev.Marshal()
 	return taskstate.Record{ID: id, Data: b}, err
+}
+
+// grace is how old a tick of r may be and still fire: the catch-up grace
+// and the largest jitter (a tick fires up to its jitter after it).
+func (s *Scheduler) grace(r *entryRun) time.Duration {
+	return s.cfg.Grace + r.sched.MaxJitter()
 }
