@@ -65,7 +65,12 @@
 // until it answers again). The 5 s is ownership's takeover bound (a dead
 // owner's lease lapses, a poll, a rank's step: 4 s) and a second for the
 // tick in flight: a tick whose owner died before it may still be waiting
-// for its takeover when the last replica goes. A full NATS restart
+// for its takeover when the last replica goes. A replica killed within
+// those 5 s of another replica's kill opens a band from a second before
+// the first kill to a second after its own: it may have taken the first
+// one's shards and died before firing their owed ticks, and its fresh
+// leases hold them another term (two failures in one catch-up grace,
+// which the time budget does not cover). A full NATS restart
 // opens no band: the replicas keep firing into Redis, and the events wait in
 // the outboxes. A tick missed inside a band must still be accounted for by a
 // skipped event.

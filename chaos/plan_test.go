@@ -63,3 +63,31 @@ func TestPlanHasEveryFault(t *testing.T) {
 		t.Errorf("50 seeds gave clock offsets %v, want both signs", signs)
 	}
 }
+
+// TestChainedKillBands: a replica killed within the takeover bound of
+// another's kill opens a band from the first kill to the second; kills
+// further apart, and a replica killed again after its restart, open none.
+func TestChainedKillBands(t *testing.T) {
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(s float64) time.Time { return start.Add(time.Duration(s * float64(time.Second))) }
+	tl := newTimeline(3)
+	tl.replicaDown(0, 1, at(10))
+	tl.replicaDown(2, 1, at(13.4)) // took r0's shards, then died
+	tl.replicaDown(1, 1, at(30))   // alone
+	tl.replicaDown(0, 2, at(33))   // r0 again, 3 s after r1: chained
+	tl.replicaDown(0, 3, at(35))   // r0 once more: its own kills chain nothing
+	got := tl.chainedKills()
+	want := []band{
+		{from: at(9), to: at(14.4), why: whyChainedKill},
+		{from: at(29), to: at(34), why: whyChainedKill},
+		{from: at(29), to: at(36), why: whyChainedKill},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("bands %v, want %v", got, want)
+	}
+	for i := range want {
+		if !got[i].from.Equal(want[i].from) || !got[i].to.Equal(want[i].to) {
+			t.Errorf("band %d: %v, want %v", i, got[i], want[i])
+		}
+	}
+}
