@@ -68,6 +68,9 @@ type entryRun struct {
 	index int
 	// backlogged: the entry waits in s.backlog for a pass (fairShare).
 	backlogged bool
+	// holdsIn is the queue whose held ticks the release check reads for
+	// this run (heldCheck.entries counts it there), "" when none.
+	holdsIn string
 	// tries counts consecutive refusals and errors, whatever the state:
 	// schedule backs off by it.
 	tries int

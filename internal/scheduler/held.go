@@ -80,6 +80,10 @@ type heldCheck struct {
 	// queues that held ticks at the last check, checked again even when no
 	// entry of theirs is buffer-one any more.
 	queues map[string]bool
+	// entries counts, per queue, the live unpaused runs whose overlap
+	// policy holds ticks (indexHeld keeps it): the queues the check reads
+	// without walking every run.
+	entries map[string]int
 	// cancels are the running tasks overlap cancel-previous replaced in
 	// the last fire pass, to cancel (cancel.go); sent is when this replica
 	// last published each held tick's cancellation.
@@ -155,9 +159,9 @@ func (s *Scheduler) heldQueues(ctx context.Context, now clock.Mono) []string {
 	for q := range s.held.queues {
 		queues = append(queues, q)
 	}
-	for _, r := range s.entries {
-		if r.state.live() && holdsTicks(r.st.Entry.Overlap) && !r.st.Entry.Paused && !slices.Contains(queues, r.queue) {
-			queues = append(queues, r.queue)
+	for q := range s.held.entries {
+		if !s.held.queues[q] {
+			queues = append(queues, q)
 		}
 	}
 	if s.held.swept && now.Before(s.held.sweepNext) {
@@ -176,6 +180,32 @@ func (s *Scheduler) heldQueues(ctx context.Context, now clock.Mono) []string {
 		}
 	}
 	return queues
+}
+
+// indexHeld counts r in heldCheck.entries under the queue whose held
+// ticks the check reads for it: its own while it is live, not paused and
+// its overlap policy holds ticks, none otherwise. The state machine calls
+// it after every change of r's state or registered state.
+func (s *Scheduler) indexHeld(r *entryRun) {
+	want := ""
+	if r.state.live() && holdsTicks(r.st.Entry.Overlap) && !r.st.Entry.Paused {
+		want = r.queue
+	}
+	if want == r.holdsIn {
+		return
+	}
+	if r.holdsIn != "" {
+		if s.held.entries[r.holdsIn]--; s.held.entries[r.holdsIn] == 0 {
+			delete(s.held.entries, r.holdsIn)
+		}
+	}
+	if want != "" {
+		if s.held.entries == nil {
+			s.held.entries = map[string]int{}
+		}
+		s.held.entries[want]++
+	}
+	r.holdsIn = want
 }
 
 // releaseOne releases or drops held tick h, presenting fences, and

@@ -13,8 +13,9 @@ import (
 // s.entries, and the run's state says where it stands. Every change of
 // state is made in this file, through enter, which also keeps the indexes
 // the loop works from (s.loading, the runs whose watermark is to be read;
-// the heap, the runs by due instant) and the count of removed runs
-// consistent with the state. docs/design.md "The entry state machine"
+// the heap, the runs by due instant; the queues the held-tick check
+// reads, indexHeld) and the count of removed runs consistent with the
+// state. docs/design.md "The entry state machine"
 // draws it. TestEntryStateMachine (machine_test.go) reads this table and
 // takes each row: a row added here fails it until it has its case.
 //
@@ -126,6 +127,7 @@ func (s *Scheduler) enter(r *entryRun, to entryState) {
 		s.removedRuns--
 	}
 	r.state = to
+	s.indexHeld(r)
 	if to == stateNone {
 		if s.entries[r.id] == r {
 			delete(s.entries, r.id)
@@ -253,6 +255,7 @@ func (s *Scheduler) register(id string, r *entryRun, st projector.State, revived
 		}
 	}
 	r.st, r.sched, r.queue = st, sched, st.Entry.Options.QueueName()
+	s.indexHeld(r)
 	r.tries = 0
 	if load {
 		s.enter(r, stateLoading)
@@ -287,6 +290,7 @@ func (s *Scheduler) pause(r *entryRun, c projector.Change) {
 	}
 	wasPaused := r.st.Entry.Paused
 	r.st = st
+	s.indexHeld(r)
 	if wasPaused {
 		return // still paused: a note or another field changed
 	}
@@ -351,6 +355,7 @@ func (s *Scheduler) revivedPaused(r *entryRun, st projector.State) {
 		r.settle.sched, r.settle.after = r.sched, r.floor
 	}
 	r.st, r.sched, r.floor, r.loading.floorAtLoad = st, sched, st.Time, false
+	s.indexHeld(r)
 	if r.state == stateReady {
 		s.schedule(r, s.clock.Now())
 	}

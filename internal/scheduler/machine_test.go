@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
 	"os"
 	"strings"
 	"testing"
@@ -26,6 +27,8 @@ type machineT struct {
 	s   *Scheduler
 	clk *clock.Manual
 	seq uint64 // the config stream's last sequence
+	// overlap is the entry's overlap policy unless an edit changes it.
+	overlap events.OverlapPolicy
 }
 
 // machineID is the one entry a machine test drives.
@@ -53,7 +56,7 @@ func (mt *machineT) now() time.Time { return mt.clk.Now() }
 func (mt *machineT) state(edit func(*events.Entry)) *projector.State {
 	mt.t.Helper()
 	mt.seq++
-	en := events.Entry{ID: machineID, Cron: "@every 1m", Task: events.Task{Type: "t"}}
+	en := events.Entry{ID: machineID, Cron: "@every 1m", Task: events.Task{Type: "t"}, Overlap: mt.overlap}
 	if edit != nil {
 		edit(&en)
 	}
@@ -256,6 +259,15 @@ func (mt *machineT) consistent() {
 	}
 	if removed != s.removedRuns {
 		mt.t.Errorf("removedRuns = %d, want %d", s.removedRuns, removed)
+	}
+	holding := map[string]int{}
+	for _, r := range s.entries {
+		if r.state.live() && holdsTicks(r.st.Entry.Overlap) && !r.st.Entry.Paused {
+			holding[r.queue]++
+		}
+	}
+	if !maps.Equal(holding, s.held.entries) {
+		mt.t.Errorf("the held-tick check's queues %v, want %v", s.held.entries, holding)
 	}
 }
 
@@ -678,31 +690,36 @@ func TestEntryStateMachine(t *testing.T) {
 			t.Errorf("row %q: the table says next %q, the test %q", key, next, row.next)
 		}
 		taken[key] = true
+		// Each case once with the default overlap policy and once with one
+		// that holds ticks, which the held-tick check's index follows.
 		for _, c := range row.cases {
-			t.Run(strings.TrimSpace(row.state+" "+row.event+" "+c.name), func(t *testing.T) {
-				mt := newMachineT(t)
-				var r *entryRun
-				if c.put != nil {
-					r = c.put(mt)
-				}
-				c.event(mt, r)
-				var want entryState
-				for st := stateNone; st <= stateRemoving; st++ {
-					if stateName(st) == row.next {
-						want = st
+			for _, overlap := range []events.OverlapPolicy{"", events.OverlapBufferOne} {
+				t.Run(strings.TrimSpace(row.state+" "+row.event+" "+c.name+" "+string(overlap)), func(t *testing.T) {
+					mt := newMachineT(t)
+					mt.overlap = overlap
+					var r *entryRun
+					if c.put != nil {
+						r = c.put(mt)
 					}
-				}
-				next := mt.in(want)
-				if r != nil && next != r && r.state != stateNone {
-					t.Errorf("the run left behind is in state %s", stateName(r.state))
-				}
-				if r != nil && r.state == stateNone && (r.index >= 0 || mt.s.loading[r.id] == r) {
-					t.Error("a run out of the machine is still indexed")
-				}
-				if c.check != nil && next != nil {
-					c.check(mt, next)
-				}
-			})
+					c.event(mt, r)
+					var want entryState
+					for st := stateNone; st <= stateRemoving; st++ {
+						if stateName(st) == row.next {
+							want = st
+						}
+					}
+					next := mt.in(want)
+					if r != nil && next != r && r.state != stateNone {
+						t.Errorf("the run left behind is in state %s", stateName(r.state))
+					}
+					if r != nil && r.state == stateNone && (r.index >= 0 || mt.s.loading[r.id] == r) {
+						t.Error("a run out of the machine is still indexed")
+					}
+					if c.check != nil && next != nil {
+						c.check(mt, next)
+					}
+				})
+			}
 		}
 	}
 	for key := range table {
