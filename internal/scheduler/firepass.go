@@ -17,8 +17,11 @@ const passesBudget = 500 * time.Millisecond
 // short, and the turns are the progress the shard leases are renewed by:
 // an owner short of CPU, or whose Redis is saturated, that sent Batch ×
 // Parallel fires in one pass held its loop past the progress bound under
-// overload and lost its shards to replicas no less loaded.
-const passTarget = 250 * time.Millisecond
+// overload and lost its shards to replicas no less loaded. Smaller passes
+// cost throughput (more passes, smaller batches), so the target is the
+// most that keeps a turn (its loads, passes started within passesBudget,
+// the last one's answers) inside the progress bound.
+const passTarget = 500 * time.Millisecond
 
 // minPass is the fewest due entries a pass takes, and the fewest a turn
 // must have fired to size the passes by: a turn of fewer is timed by its

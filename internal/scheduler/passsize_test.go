@@ -11,23 +11,24 @@ import (
 func TestPassSize(t *testing.T) {
 	const most = 4000
 	var p passSize
+	T := passTarget
 	steps := []struct {
 		entries int
 		took    time.Duration
 		want    int
 	}{
-		{0, 0, 4000},                         // nothing seen: full passes
-		{4000, 2 * time.Second, 500},         // 8 times too slow: shrinks at once
-		{10, 5 * time.Second, 500},           // too few to time: unchanged
-		{500, 50 * time.Millisecond, 1000},   // fast again: twofold
-		{1000, 50 * time.Millisecond, 2000},  // and again
-		{2000, 100 * time.Millisecond, 4000}, // capped at Batch × Parallel
-		{4000, 100 * time.Millisecond, 4000}, // stays there
-		{100, 10 * time.Second, minPass},     // a saturated Redis: the floor
-		{minPass, 5 * time.Millisecond, 64},  // back up from the floor
-		{64, 250 * time.Millisecond, 64},     // at the target: kept
-		{64, 0, 64},                          // no time measured: unchanged
-		{5000, 250 * time.Millisecond, 128},  // twofold at most, whatever fits
+		{0, 0, 4000},            // nothing seen: full passes
+		{4000, 8 * T, 500},      // 8 times too slow: shrinks at once
+		{10, 20 * T, 500},       // too few to time: unchanged
+		{500, T / 5, 1000},      // fast again: twofold
+		{1000, T / 5, 2000},     // and again
+		{2000, 2 * T / 5, 4000}, // capped at Batch × Parallel
+		{4000, 2 * T / 5, 4000}, // stays there
+		{100, 40 * T, minPass},  // a saturated Redis: the floor
+		{minPass, T / 50, 64},   // back up from the floor
+		{64, T, 64},             // at the target: kept
+		{64, 0, 64},             // no time measured: unchanged
+		{5000, T, 128},          // twofold at most, whatever fits
 	}
 	for i, st := range steps {
 		p.observe(st.entries, st.took, most)
