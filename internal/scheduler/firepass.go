@@ -13,15 +13,19 @@ import (
 // leases are renewed by, and loads and held ticks wait for the next one.
 const passesBudget = 500 * time.Millisecond
 
-// passTarget is how long one pass may take. A turn cannot cut a pass
-// short, and the turns are the progress the shard leases are renewed by:
-// an owner short of CPU, or whose Redis is saturated, that sent Batch ×
-// Parallel fires in one pass held its loop past the progress bound under
-// overload and lost its shards to replicas no less loaded. Smaller passes
-// cost throughput (more passes, smaller batches), so the target is the
-// most that keeps a turn (its loads, passes started within passesBudget,
-// the last one's answers) inside the progress bound.
-const passTarget = 500 * time.Millisecond
+// A turn cannot cut a pass short, and the turns are the progress the
+// shard leases are renewed by: an owner short of CPU, or whose Redis is
+// saturated, that sent Batch × Parallel fires in one pass held its loop
+// past the progress bound (2 s) under overload and lost its shards to
+// replicas no less loaded. A turn that took longer than passSlow makes
+// the passes shrink to what fits passTarget. Smaller passes cost
+// throughput (more passes, smaller batches), so a turn of an owner merely
+// overloaded (about a second: passesBudget and the last pass's answers)
+// leaves them whole.
+const (
+	passSlow   = 1500 * time.Millisecond
+	passTarget = 500 * time.Millisecond
+)
 
 // minPass is the fewest due entries a pass takes, and the fewest a turn
 // must have fired to size the passes by: a turn of fewer is timed by its
@@ -29,11 +33,12 @@ const passTarget = 500 * time.Millisecond
 const minPass = 32
 
 // passSize is how many due entries a pass takes (fairShare): at most
-// most (Batch × Parallel), fewer while the last turn that fired enough
-// showed that many take longer than passTarget. It shrinks at once and
-// grows at most twofold a turn, so a pass that proved slow is smaller from
-// the next turn on, and an owner that speeds up is back to full passes in
-// a few turns. The zero value takes the most. Only the loop uses it.
+// most (Batch × Parallel), fewer after a turn that fired enough took
+// longer than passSlow. It shrinks at once to what fits passTarget and
+// grows twofold a turn that took less than passTarget, so a pass that
+// proved slow is smaller from the next turn on, and an owner that speeds
+// up is back to full passes in a few turns. The zero value takes the
+// most. Only the loop uses it.
 type passSize struct {
 	entries int // 0: the most
 }
@@ -47,11 +52,14 @@ func (p passSize) get(most int) int {
 
 // observe sizes the passes by a turn that planned entries in took.
 func (p *passSize) observe(entries int, took time.Duration, most int) {
-	if entries < minPass || took <= 0 {
-		return
+	switch {
+	case entries < minPass || took <= 0:
+	case took > passSlow:
+		fit := int(float64(entries) * float64(passTarget) / float64(took))
+		p.entries = max(min(minPass, most), min(fit, most))
+	case took < passTarget:
+		p.entries = min(2*p.get(most), most)
 	}
-	fit := int(float64(entries) * float64(passTarget) / float64(took))
-	p.entries = max(min(minPass, most), min(fit, 2*p.get(most), most))
 }
 
 // firePasses fires due and, while a backlog is left (fairShare) and the
