@@ -13,55 +13,6 @@ import (
 // leases are renewed by, and loads and held ticks wait for the next one.
 const passesBudget = 500 * time.Millisecond
 
-// A turn cannot cut a pass short, and the turns are the progress the
-// shard leases are renewed by: an owner short of CPU, or whose Redis is
-// saturated, that sent Batch × Parallel fires in one pass held its loop
-// past the progress bound (2 s) under overload and lost its shards to
-// replicas no less loaded. A turn that took longer than passSlow makes
-// the passes shrink to what fits passTarget. Smaller passes cost
-// throughput (more passes, smaller batches), so a turn of an owner merely
-// overloaded (about a second: passesBudget and the last pass's answers)
-// leaves them whole.
-const (
-	passSlow   = 1500 * time.Millisecond
-	passTarget = 500 * time.Millisecond
-)
-
-// minPass is the fewest due entries a pass takes, and the fewest a turn
-// must have fired to size the passes by: a turn of fewer is timed by its
-// round trips, not by its fires.
-const minPass = 32
-
-// passSize is how many due entries a pass takes (fairShare): at most
-// most (Batch × Parallel), fewer after a turn that fired enough took
-// longer than passSlow. It shrinks at once to what fits passTarget and
-// grows twofold a turn that took less than passTarget, so a pass that
-// proved slow is smaller from the next turn on, and an owner that speeds
-// up is back to full passes in a few turns. The zero value takes the
-// most. Only the loop uses it.
-type passSize struct {
-	entries int // 0: the most
-}
-
-func (p passSize) get(most int) int {
-	if p.entries == 0 || p.entries > most {
-		return most
-	}
-	return p.entries
-}
-
-// observe sizes the passes by a turn that planned entries in took.
-func (p *passSize) observe(entries int, took time.Duration, most int) {
-	switch {
-	case entries < minPass || took <= 0:
-	case took > passSlow:
-		fit := int(float64(entries) * float64(passTarget) / float64(took))
-		p.entries = max(min(minPass, most), min(fit, most))
-	case took < passTarget:
-		p.entries = min(2*p.get(most), most)
-	}
-}
-
 // firePasses fires due and, while a backlog is left (fairShare) and the
 // turn has time, the passes after it, each planned and sent while the one
 // before is still in Redis and applied while the next one is: a burst
@@ -79,22 +30,19 @@ func (s *Scheduler) firePasses(ctx context.Context, due []*entryRun) {
 	// One limit on the batches in flight for every pass in the turn.
 	sem := make(chan struct{}, s.cfg.Parallel)
 	p := s.sendPass(ctx, due, sem)
-	answered, planned := 0, len(due)
+	answered := 0
 	for len(s.backlog) > 0 && s.clock.Since(began) < passesBudget {
 		// due's storage is free again: sendPass planned from it.
 		due = s.fairShare(s.leased(s.heap.popDue(s.clock.Now(), due[:0])))
 		if len(due) == 0 {
 			break
 		}
-		planned += len(due)
 		next := s.sendPass(ctx, due, sem)
 		answered += s.applyPass(p)
 		p = next
 	}
 	answered += s.applyPass(p)
-	took := s.clock.Since(began)
-	s.capacity.add(s.clock.Mono(), answered, took)
-	s.passSize.observe(planned, took, s.cfg.Batch*s.cfg.Parallel)
+	s.capacity.add(s.clock.Mono(), answered, s.clock.Since(began))
 }
 
 // sentPass is a pass whose batches are sent (some may still be in

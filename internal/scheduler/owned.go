@@ -187,8 +187,7 @@ func (s *Scheduler) firesShard(sh events.Shard) bool {
 }
 
 // fairShare returns, in due's storage, the entries this pass fires: at
-// most passSize (Batch × Parallel, what one pass sends at once, while
-// passes take no longer than passTarget), taken round-robin
+// most Batch × Parallel (what one pass sends at once), taken round-robin
 // across queues, oldest due first within a queue, each pass starting at
 // the next queue. Entries due beyond that wait in a backlog per queue and
 // go first in the next passes, which follow at once, so one queue's flood
@@ -196,7 +195,7 @@ func (s *Scheduler) firesShard(sh events.Shard) bool {
 // it in every pass; the flood's own entries come late, where the stall
 // detector sees them.
 func (s *Scheduler) fairShare(due []*entryRun) []*entryRun {
-	budget := s.passSize.get(s.cfg.Batch * s.cfg.Parallel)
+	budget := s.cfg.Batch * s.cfg.Parallel
 	if len(s.backlog) == 0 && len(due) <= budget {
 		return due
 	}

@@ -233,7 +233,6 @@ type Scheduler struct {
 	// pass starts at.
 	backlog  map[string][]*entryRun
 	fairNext int
-	passSize passSize // how many due entries a pass takes
 
 	timesReq chan chan []entryTimes // a scrape's request for listEntryTimes
 	idle     chan chan struct{}     // WaitIdle's requests
