@@ -182,15 +182,20 @@ func (s *Scheduler) heldQueues(ctx context.Context, now clock.Mono) []string {
 	return queues
 }
 
-// indexHeld counts r in heldCheck.entries under the queue whose held
-// ticks the check reads for it: its own while it is live, not paused and
-// its overlap policy holds ticks, none otherwise. The state machine calls
-// it after every change of r's state or registered state.
-func (s *Scheduler) indexHeld(r *entryRun) {
-	want := ""
+// heldQueue is the queue whose held ticks the release check reads for r:
+// its own while it is live, not paused and its overlap policy holds
+// ticks, "" otherwise.
+func (r *entryRun) heldQueue() string {
 	if r.state.live() && holdsTicks(r.st.Entry.Overlap) && !r.st.Entry.Paused {
-		want = r.queue
+		return r.queue
 	}
+	return ""
+}
+
+// indexHeld counts r in heldCheck.entries under its heldQueue. The state
+// machine calls it after every change of r's state or registered state.
+func (s *Scheduler) indexHeld(r *entryRun) {
+	want := r.heldQueue()
 	if want == r.holdsIn {
 		return
 	}

@@ -262,8 +262,8 @@ func (mt *machineT) consistent() {
 	}
 	holding := map[string]int{}
 	for _, r := range s.entries {
-		if r.state.live() && holdsTicks(r.st.Entry.Overlap) && !r.st.Entry.Paused {
-			holding[r.queue]++
+		if q := r.heldQueue(); q != "" {
+			holding[q]++
 		}
 	}
 	if !maps.Equal(holding, s.held.entries) {
