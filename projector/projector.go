@@ -387,13 +387,15 @@ func (p *Projector) apply(b batch) {
 			}
 		}
 	}
+	// Logged before the waiters wake: whoever waited for this batch's
+	// sequence (an operator's sync, a test) finds its bad events in the log.
+	logBad(p.log, bad)
+	p.logRefused(refused)
 	if !p.caughtUp && (p.fold.LastSeq() >= p.target || b.pending == 0) {
 		p.markCaughtUpLocked()
 	}
 	p.wakeLocked()
 	p.mu.Unlock()
-	logBad(p.log, bad)
-	p.logRefused(refused)
 }
 
 // commitResolved commits d to fold, rebuilding d's entry from its history
