@@ -10,7 +10,9 @@ COUNT ?= 1
 # time, so the longest ones start first instead of last.
 SLOW_PKGS ?= ./cmd/cronstream ./internal/scheduler
 
-## test: vet and run every test with the race detector (what CI runs).
+## test: vet and run every test with the race detector (what CI runs),
+## eight tests of a package at a time: most of them wait for ticks,
+## leases, servers and processes, not for the CPU.
 ## The chaos suite runs beside the other packages, whose tests run at
 ## nice 10: it kills and restarts whole deployments and holds them to the
 ## catch-up grace, which a machine busy with -race tests at the same
@@ -21,13 +23,13 @@ ifeq ($(PKGS),./...)
 	$(GO) test -race -count=1 -timeout 20m ./chaos >$$chaos_log 2>&1 & chaos=$$!; \
 	trap 'pkill -P $$chaos 2>/dev/null; kill $$chaos 2>/dev/null; rm -f $$chaos_log; exit 130' INT TERM; \
 	echo "go test -race ./chaos (in the background, at normal priority)"; \
-	echo "nice -n 10 go test -race $(SLOW_PKGS) <every other package>"; \
-	nice -n 10 $(GO) test -race -count=1 -timeout 20m $(SLOW_PKGS) $$($(GO) list ./... | grep -v '/chaos$$'); rest=$$?; \
+	echo "nice -n 10 go test -race -parallel 8 $(SLOW_PKGS) <every other package>"; \
+	nice -n 10 $(GO) test -race -count=1 -timeout 20m -parallel 8 $(SLOW_PKGS) $$($(GO) list ./... | grep -v '/chaos$$'); rest=$$?; \
 	wait $$chaos; chaos_rc=$$?; \
 	echo "go test -race ./chaos:"; cat $$chaos_log; rm -f $$chaos_log; \
 	test $$rest -eq 0 && test $$chaos_rc -eq 0
 else
-	$(GO) test -race -count=1 -timeout 20m $(PKGS)
+	$(GO) test -race -count=1 -timeout 20m -parallel 8 $(PKGS)
 endif
 
 ## lint: formatting and vet
