@@ -553,7 +553,8 @@ func (s slowRedis) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 // shares its capacity round-robin between the queues, so the small
 // queue's entries fire every tick, once, while the flood falls behind.
 func TestFairAcrossQueues(t *testing.T) {
-	t.Parallel()
+	// Not parallel: it measures what a replica fires against a fixed
+	// capacity, which the package's other tests would take CPU from.
 	e := newEnv(t)
 	eventtest.Register(t, e.js, testNames, "test", entriesOf(1500, func(i int) events.Entry {
 		return every(fmt.Sprintf("flood-%04d", i), "@every 1s", inQueue("flood"))
