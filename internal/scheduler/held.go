@@ -266,24 +266,6 @@ func (s *Scheduler) releaseOne(ctx context.Context, fences taskstate.Fences, h t
 	return taskstate.EnqueueEventRecord{}, false
 }
 
-// historyHoldMax bounds the records a backlog's passes keep
-// (historyHeld) before flushHistory hands them over anyway.
-const historyHoldMax = 64 * 1024
-
-// flushHistory hands the records of created tasks that the turn's passes
-// kept (historyHeld) to sendHistory, once no backlog of due entries is
-// left to fire, or once historyHoldMax of them wait (a backlog that
-// lasts: overload). Written between the passes of a burst, they would take
-// Redis and this process from the fires still to go; asynq's history is
-// best effort, and a burst takes seconds.
-func (s *Scheduler) flushHistory() {
-	if len(s.historyHeld) == 0 || len(s.backlog) > 0 && len(s.historyHeld) < historyHoldMax {
-		return
-	}
-	s.sendHistory(s.historyHeld)
-	s.historyHeld = nil
-}
-
 // sendHistory hands records of created tasks to asynq's enqueue history
 // writer, best effort: asynq's own history is best effort too, and ours
 // is the activity stream.

@@ -239,17 +239,14 @@ type Scheduler struct {
 	loopDone chan struct{}          // closed when the loop has returned
 	wake     chan struct{}
 	history  chan []taskstate.EnqueueEventRecord // to writeHistory
-	// historyHeld: asynq enqueue history records of the passes, for
-	// flushHistory (loop goroutine only).
-	historyHeld []taskstate.EnqueueEventRecord
-	vis         chan []taskstate.SchedulerEntry // to writeVisibilityLoop
+	vis      chan []taskstate.SchedulerEntry     // to writeVisibilityLoop
 	// tickText's memo (loop goroutine only).
 	lastTick     time.Time
 	lastTickText string
 	// visPending: a visibility write is due since visSince (loop-owned).
 	visPending bool
 	visSince   clock.Mono
-	rooms      []passRoom // batches' buffers for the next passes (takeRoom)
+	fireBufs   [][]taskstate.Fire // see fireBuf
 	// firedData holds the fired records' data of the last plan (see
 	// firedRecord; loop goroutine only).
 	firedData []byte
@@ -544,7 +541,6 @@ func (s *Scheduler) turn(ctx context.Context, due []*entryRun) []*entryRun {
 		s.checkEpochs(ctx)
 		s.maybeWriteVisibility(true)
 	}
-	s.flushHistory()
 	s.releaseHeld(ctx)
 	s.setEntriesGauge()
 	return due
