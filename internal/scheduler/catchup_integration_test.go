@@ -179,7 +179,6 @@ func TestEditDuringOutage(t *testing.T) {
 	clock := newShiftClock(t, 12*time.Second)
 	b := e.startNode("b", nodeOpts{clock: clock.clock, sched: func(c *scheduler.Config) {
 		c.Grace = 1500 * time.Millisecond
-		c.History = scheduler.NewStreamHistory(e.js, testNames) // as replica.Run wires it
 	}})
 	resumed := clock.now()
 	waitUntil(t, clock.now, resumed.Add(3*time.Second))

@@ -131,8 +131,7 @@ func TestRedisLostWhileDown(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t)
 			e.putHistory(lc)
-			hist := nodeOpts{sched: func(c *scheduler.Config) { c.History = scheduler.NewStreamHistory(e.js, testNames) }}
-			a := e.startNode("a", hist)
+			a := e.startNode("a", nodeOpts{})
 			testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired >= 4 }, "a to fire")
 			a.stop()
 			e.waitOutboxEmpty(5*time.Second, lossQueues...)
@@ -140,7 +139,7 @@ func TestRedisLostWhileDown(t *testing.T) {
 			if lost := e.flushAndList("w"); len(lost) == 0 {
 				t.Fatal("no task in Redis before the loss")
 			}
-			b := e.startNode("b", hist)
+			b := e.startNode("b", nodeOpts{})
 			testenv.Eventually(t, 20*time.Second, func() bool { return b.counts().Fired >= 3 }, "b to fire after the loss")
 			b.stop()
 			checkNotRefired(t, e.entryTicks("w"), lastBefore)
@@ -190,7 +189,7 @@ func TestRedisLostWhileRunning(t *testing.T) {
 				t.Parallel()
 				e := newEnv(t)
 				e.putHistory(lc)
-				o := nodeOpts{noRelay: !relayed, sched: func(c *scheduler.Config) { c.History = scheduler.NewStreamHistory(e.js, testNames) }}
+				o := nodeOpts{noRelay: !relayed}
 				a := e.startNode("a", o)
 				testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired >= 4 }, "a to fire")
 				lost := e.flushAndList("w")
@@ -239,7 +238,7 @@ func laggingReplicaPromoted(t *testing.T, restarted bool) {
 	rc := sw.Client(t)
 
 	e.putHistory(lossCases[0])
-	o := nodeOpts{rc: rc, sched: func(c *scheduler.Config) { c.History = scheduler.NewStreamHistory(e.js, testNames) }}
+	o := nodeOpts{rc: rc}
 	a := e.startNode("a", o)
 	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired >= 3 }, "a to fire")
 	// The standby stops following: from now on it lags.
@@ -294,9 +293,8 @@ func laggingReplicaPromoted(t *testing.T, restarted bool) {
 func TestRedisLostUnderConfirmingReplica(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	hist := nodeOpts{sched: func(c *scheduler.Config) { c.History = scheduler.NewStreamHistory(e.js, testNames) }}
-	a := e.startNode("a", hist)
-	b := e.startNode("b", hist)
+	a := e.startNode("a", nodeOpts{})
+	b := e.startNode("b", nodeOpts{})
 	e.put(every("w", "@every 1s", withCatchup(events.CatchupAll, time.Hour)))
 	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired+b.counts().Fired >= 5 }, "the primary to fire")
 	primary, other := a, b

@@ -19,7 +19,6 @@ import (
 // stream (as a replica does) and logs its warnings into w.
 func (e *env) epochNode(id string, w *testlog.Buffer, o nodeOpts) *node {
 	o.sched = func(c *scheduler.Config) {
-		c.History = scheduler.NewStreamHistory(e.js, testNames)
 		if w != nil {
 			c.Logger = slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelWarn}))
 		}

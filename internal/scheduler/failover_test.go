@@ -14,7 +14,6 @@ import (
 	"github.com/cronstream/cronstream/events"
 	"github.com/cronstream/cronstream/internal/outbox"
 	"github.com/cronstream/cronstream/internal/relay"
-	"github.com/cronstream/cronstream/internal/scheduler"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
 )
@@ -121,10 +120,7 @@ func failoverLossesRecorded(t *testing.T, wait int) {
 	}
 	t.Cleanup(srv.Shutdown)
 
-	o := nodeOpts{
-		sched: func(cfg *scheduler.Config) { cfg.History = scheduler.NewStreamHistory(e.js, testNames) },
-		relay: func(cfg *relay.Config) { cfg.WaitReplicas, cfg.WaitTimeout = wait, 300*time.Millisecond },
-	}
+	o := nodeOpts{relay: func(cfg *relay.Config) { cfg.WaitReplicas, cfg.WaitTimeout = wait, 300*time.Millisecond }}
 	oa, ob := o, o
 	oa.rc, ob.rc = sw.Client(t), sw.Client(t)
 	a, b := e.startNode("a", oa), e.startNode("b", ob)

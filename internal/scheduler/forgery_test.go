@@ -97,8 +97,7 @@ func TestForgedFireNotRestored(t *testing.T) {
 	e := newEnv(t)
 	const entry = "w"
 	e.put(every(entry, "@every 1s"))
-	hist := nodeOpts{sched: func(c *scheduler.Config) { c.History = scheduler.NewStreamHistory(e.js, testNames) }}
-	a := e.startNode("a", hist)
+	a := e.startNode("a", nodeOpts{})
 	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired >= 2 }, "a to fire")
 	a.stop()
 	e.waitOutboxEmpty(5*time.Second, "default")
@@ -107,7 +106,7 @@ func TestForgedFireNotRestored(t *testing.T) {
 	if err := e.rc.FlushAll(context.Background()).Err(); err != nil {
 		t.Fatal(err)
 	}
-	b := e.startNode("b", hist)
+	b := e.startNode("b", nodeOpts{})
 	testenv.Eventually(t, 20*time.Second, func() bool { return b.counts().Fired >= 2 }, "b to fire after the data loss")
 	if b.counts().Implausible == 0 {
 		t.Errorf("b did not count the forged fire it refused to restore from")
@@ -125,8 +124,7 @@ func TestForgedFireNoSignOfLoss(t *testing.T) {
 	e := newEnv(t)
 	const entry = "w"
 	e.put(every(entry, "@every 1s"))
-	hist := func(c *scheduler.Config) { c.History = scheduler.NewStreamHistory(e.js, testNames) }
-	a := e.startNode("a", nodeOpts{sched: hist})
+	a := e.startNode("a", nodeOpts{})
 	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired >= 2 }, "a to fire")
 	a.stop()
 	e.waitOutboxEmpty(5*time.Second, "default")
@@ -136,7 +134,6 @@ func TestForgedFireNoSignOfLoss(t *testing.T) {
 	var mu sync.Mutex
 	var restoring []string
 	b := e.startNode("b", nodeOpts{sched: func(c *scheduler.Config) {
-		hist(c)
 		c.OnOutcome = func(o schedule.Outcome) {
 			if errors.Is(o.Err, scheduler.ErrRestoring) {
 				mu.Lock()

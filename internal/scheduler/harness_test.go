@@ -125,6 +125,11 @@ type nodeOpts struct {
 	projection func(*projector.Projector) scheduler.Projection
 	// rc is the node's Redis client (default: one on the test's server).
 	rc *redis.Client
+	// noHistory runs the node without the stream History a replica always
+	// has (replica.Run wires NewStreamHistory): with ownership, an entry
+	// that changes queue changes shard, and its new owner closes the old
+	// queue only through the history.
+	noHistory bool
 	// ownsAll runs the node without shard ownership: it fires every
 	// entry, as a lone replica (tests where several replicas must each
 	// try every tick).
@@ -260,6 +265,9 @@ func (e *env) startNode(id string, o nodeOpts) *node {
 	}
 	if n.own != nil {
 		scfg.Shards = n.own
+	}
+	if !o.noHistory {
+		scfg.History = scheduler.NewStreamHistory(n.js, testNames)
 	}
 	if o.sched != nil {
 		o.sched(&scfg)

@@ -236,8 +236,7 @@ func TestLostWatermarkRestored(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	e.put(every("w", "@every 1s", withCatchup(events.CatchupAll, time.Hour)))
-	hist := nodeOpts{sched: func(c *scheduler.Config) { c.History = scheduler.NewStreamHistory(e.js, testNames) }}
-	a := e.startNode("a", hist)
+	a := e.startNode("a", nodeOpts{})
 	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired >= 4 }, "a to fire")
 	a.stop()
 	e.waitOutboxEmpty(5*time.Second, "default")
@@ -245,7 +244,7 @@ func TestLostWatermarkRestored(t *testing.T) {
 	if err := e.rc.FlushAll(context.Background()).Err(); err != nil {
 		t.Fatal(err)
 	}
-	b := e.startNode("b", hist)
+	b := e.startNode("b", nodeOpts{})
 	testenv.Eventually(t, 20*time.Second, func() bool { return b.counts().Fired >= 3 }, "b to fire after the loss")
 	b.stop()
 	for _, id := range e.pendingIDs("default") {

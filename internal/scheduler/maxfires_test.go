@@ -9,7 +9,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cronstream/cronstream/events"
-	"github.com/cronstream/cronstream/internal/scheduler"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
 )
@@ -28,7 +27,7 @@ func TestMaxFiresAcrossReplicas(t *testing.T) {
 	e := newEnv(t)
 	limited := func(n int) func(*events.Entry) { return func(en *events.Entry) { en.MaxFires = n } }
 	e.put(every("lim", "@every 1s", limited(5)), every("flush", "@every 1s", limited(8)))
-	o := nodeOpts{sched: func(c *scheduler.Config) { c.History = scheduler.NewStreamHistory(e.js, testNames) }}
+	o := nodeOpts{}
 	r1 := e.startNode("r1", o)
 	r2 := e.startNode("r2", o)
 	r3 := e.startNode("r3", o)
@@ -110,7 +109,7 @@ func TestMaxFiresAcrossQueueMove(t *testing.T) {
 	// With the history, as a replica runs: the entry's shard in the new
 	// queue is taken over (by this replica, here) after the move, not
 	// followed live, and the old queue is closed from the history.
-	a := e.startNode("a", nodeOpts{sched: func(c *scheduler.Config) { c.History = scheduler.NewStreamHistory(e.js, testNames) }})
+	a := e.startNode("a", nodeOpts{})
 	ticks := func() int { return len(e.entryTicks("mv")) }
 	testenv.Eventually(t, 20*time.Second, func() bool { return ticks() >= 2 }, "mv to fire in alpha")
 	e.put(every("mv", "@every 1s", inQueue("beta"), func(en *events.Entry) { en.MaxFires = 4 }))
@@ -149,7 +148,7 @@ func TestMaxFiresCountBeyondRetention(t *testing.T) {
 	limited := func(n int) func(*events.Entry) { return func(en *events.Entry) { en.MaxFires = n } }
 	rev := e.put(every("lim", "@every 1s", limited(100)))
 	e.put(every("noise", "@every 1s"), every("later", "@every 1s", limited(3), func(en *events.Entry) { en.StartAt = time.Now().Add(time.Hour) }))
-	o := nodeOpts{sched: func(c *scheduler.Config) { c.History = scheduler.NewStreamHistory(e.js, testNames) }}
+	o := nodeOpts{}
 	r1 := e.startNode("r1", o)
 	revTime := func() time.Time {
 		m, err := e.js.Stream(c, testNames.ConfigStream())

@@ -239,7 +239,7 @@ func ownerKilledTakenOverInGrace(t *testing.T, reads *hangingReads) {
 	e := newEnv(t)
 	queues := []string{"qa", "qb"}
 	ids, _ := e.ownedEntries(queues, 10)
-	var o nodeOpts
+	o := nodeOpts{noHistory: reads == nil}
 	if reads != nil {
 		reads.History = scheduler.NewStreamHistory(e.js, testNames)
 		o.sched = func(cfg *scheduler.Config) { cfg.History = reads }

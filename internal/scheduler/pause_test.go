@@ -8,7 +8,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cronstream/cronstream/events"
-	"github.com/cronstream/cronstream/internal/scheduler"
 	"github.com/cronstream/cronstream/internal/testenv"
 )
 
@@ -74,7 +73,7 @@ func (e *env) cutOffPair(id string) (a, b *node, proxy *testenv.TCPProxy, steady
 		// With the history, as a replica runs: the replica that owns the
 		// entry's shard after the outage may not be the one that saw the
 		// pause live (both lost their leases while Redis was cut off).
-		return e.startNode(name, nodeOpts{rc: rc, sched: func(c *scheduler.Config) { c.History = scheduler.NewStreamHistory(e.js, testNames) }})
+		return e.startNode(name, nodeOpts{rc: rc})
 	}
 	a, b = node("a"), node("b")
 	testenv.Eventually(e.t, 20*time.Second, func() bool { return sumStats(a, b).Fired >= 6 }, "the replicas to fire every entry")
@@ -155,8 +154,7 @@ func TestPauseWhileEveryReplicaDown(t *testing.T) {
 	for _, id := range ids {
 		e.put(every(id, "@every 1s"))
 	}
-	hist := nodeOpts{sched: func(c *scheduler.Config) { c.History = scheduler.NewStreamHistory(e.js, testNames) }}
-	a := e.startNode("a", hist)
+	a := e.startNode("a", nodeOpts{})
 	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired >= 8 }, "a to fire every entry")
 	e.pauseOf("idle", "")
 	e.pauseOf("edited", "first")
@@ -169,7 +167,7 @@ func TestPauseWhileEveryReplicaDown(t *testing.T) {
 	e.pauseOf("edited", "second") // an edit while paused moves its last config time
 	time.Sleep(2 * time.Second)
 
-	b := e.startNode("b", hist)
+	b := e.startNode("b", nodeOpts{})
 	testenv.Eventually(t, 20*time.Second, func() bool { return b.counts().SkippedPaused >= 1 }, "b to record p's ticks due before its pause")
 	resumed := e.resume("p")
 	testenv.Eventually(t, 20*time.Second, func() bool {

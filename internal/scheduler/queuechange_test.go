@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/cronstream/cronstream/events"
-	"github.com/cronstream/cronstream/internal/scheduler"
 	"github.com/cronstream/cronstream/internal/taskstate"
 	"github.com/cronstream/cronstream/internal/testenv"
 	"github.com/cronstream/cronstream/schedule"
@@ -106,14 +105,13 @@ func TestQueueMovedBackWhileDown(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	e.put(every("x", "@every 1s", inQueue("alpha")))
-	hist := nodeOpts{sched: func(c *scheduler.Config) { c.History = scheduler.NewStreamHistory(e.js, testNames) }}
-	a := e.startNode("a", hist)
+	a := e.startNode("a", nodeOpts{})
 	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired >= 2 }, "a to fire in alpha")
 	e.put(every("x", "@every 1s", inQueue("beta")))
 	testenv.Eventually(t, 20*time.Second, func() bool { return e.taskCount("beta") >= 2 }, "a to fire in beta")
 	a.stop()
 	e.put(every("x", "@every 1s", inQueue("alpha")))
-	b := e.startNode("b", hist)
+	b := e.startNode("b", nodeOpts{})
 	alphaBefore := e.taskCount("alpha")
 	testenv.Eventually(t, 20*time.Second, func() bool { return e.taskCount("alpha") >= alphaBefore+2 }, "b to fire in alpha again (stats %+v)", b.counts())
 	// A replica still on the beta configuration must not fire there now.

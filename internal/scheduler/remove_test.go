@@ -8,7 +8,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cronstream/cronstream/events"
-	"github.com/cronstream/cronstream/internal/scheduler"
 	"github.com/cronstream/cronstream/internal/testenv"
 )
 
@@ -113,8 +112,7 @@ func TestRemoveWhileEveryReplicaDown(t *testing.T) {
 	for _, id := range []string{"r", "rp", "pr", "steady"} {
 		e.put(every(id, "@every 1s"))
 	}
-	hist := nodeOpts{sched: func(c *scheduler.Config) { c.History = scheduler.NewStreamHistory(e.js, testNames) }}
-	a := e.startNode("a", hist)
+	a := e.startNode("a", nodeOpts{})
 	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired >= 8 }, "a to fire every entry")
 	e.pauseOf("pr", "")
 	time.Sleep(1500 * time.Millisecond)
@@ -134,7 +132,7 @@ func TestRemoveWhileEveryReplicaDown(t *testing.T) {
 	e.removeOf("pr")
 	time.Sleep(time.Second)
 
-	b := e.startNode("b", hist)
+	b := e.startNode("b", nodeOpts{})
 	testenv.Eventually(t, 20*time.Second, func() bool {
 		st := b.counts()
 		return st.SkippedRemoved >= 1 && st.SkippedPaused >= 1
@@ -181,8 +179,7 @@ func TestRestartWhileEveryReplicaDown(t *testing.T) {
 	for _, id := range []string{"p", "r", "rp", "steady"} {
 		e.put(every(id, "@every 1s"))
 	}
-	hist := nodeOpts{sched: func(c *scheduler.Config) { c.History = scheduler.NewStreamHistory(e.js, testNames) }}
-	a := e.startNode("a", hist)
+	a := e.startNode("a", nodeOpts{})
 	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired >= 8 }, "a to fire every entry")
 	a.stop()
 	wmP, wmR, wmRP := e.watermarkOf("default", "p"), e.watermarkOf("default", "r"), e.watermarkOf("default", "rp")
@@ -204,7 +201,7 @@ func TestRestartWhileEveryReplicaDown(t *testing.T) {
 	e.put(every("rp", "@every 1s", func(en *events.Entry) { en.Paused = true }))
 	time.Sleep(time.Second)
 
-	b := e.startNode("b", hist)
+	b := e.startNode("b", nodeOpts{})
 	var st counts
 	var wmP2, wmR2 time.Time
 	if !testenv.WaitFor(20*time.Second, func() bool {
@@ -314,8 +311,7 @@ func TestFoundStoppedChangedWhileLoading(t *testing.T) {
 	for _, id := range []string{"r", "p", "steady"} {
 		e.put(every(id, "@every 1s"))
 	}
-	hist := func(c *scheduler.Config) { c.History = scheduler.NewStreamHistory(e.js, testNames) }
-	a := e.startNode("a", nodeOpts{sched: hist})
+	a := e.startNode("a", nodeOpts{})
 	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired >= 6 }, "a to fire every entry")
 	a.stop()
 	wmR, wmP := e.watermarkOf("default", "r"), e.watermarkOf("default", "p")
@@ -334,7 +330,7 @@ func TestFoundStoppedChangedWhileLoading(t *testing.T) {
 	// whose Redis is cut off takes no shard (the leases are in Redis), so
 	// it would load nothing before Redis is back; here its loads must
 	// fail while the changes come.
-	b := e.startNode("b", nodeOpts{sched: hist, rc: rc, ownsAll: true})
+	b := e.startNode("b", nodeOpts{rc: rc, ownsAll: true})
 	time.Sleep(2 * time.Second) // b has found both; its loads fail
 	e.put(every("r", "@every 1s"))
 	times := e.configTimes("r")

@@ -38,7 +38,6 @@ func TestRedisLostAheadOfAnotherReplica(t *testing.T) {
 		// No relay: nothing reaches the stream, and no replica hears
 		// another's fires; each knows only what its own attempts read.
 		return nodeOpts{noRelay: true, ownsAll: true, clock: clocks[id].clock, sched: func(c *scheduler.Config) {
-			c.History = scheduler.NewStreamHistory(e.js, testNames)
 			c.OnOutcome = func(o schedule.Outcome) {
 				if errors.Is(o.Err, scheduler.ErrRestoring) {
 					held.Add(1)
@@ -124,13 +123,12 @@ func TestRedisLostWhileNATSDown(t *testing.T) {
 		ids[i] = "e" + string(rune('a'+i))
 		e.put(every(ids[i], "@every 1s", withCatchup(events.CatchupAll, time.Hour)))
 	}
-	hist := func(c *scheduler.Config) { c.History = scheduler.NewStreamHistory(e.js, testNames) }
 	// A first replica leaves a watermark for every entry, and stops.
-	first := e.startNode("first", nodeOpts{sched: hist})
+	first := e.startNode("first", nodeOpts{})
 	testenv.Eventually(t, 20*time.Second, func() bool { return first.counts().Fired >= 2*n }, "every entry to fire")
 	first.stop()
-	a := e.startNode("a", nodeOpts{sched: hist})
-	b := e.startNode("b", nodeOpts{sched: hist})
+	a := e.startNode("a", nodeOpts{})
+	b := e.startNode("b", nodeOpts{})
 	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired+b.counts().Fired >= 3*n }, "a and b to fire every entry")
 
 	e.nats.Shutdown()
@@ -213,7 +211,7 @@ func TestInGraceTicksFireAfterLongRedisLoss(t *testing.T) {
 	for _, id := range ids {
 		e.put(every(id, "@every 1s"))
 	}
-	a := e.startNode("a", nodeOpts{sched: func(c *scheduler.Config) { c.History = scheduler.NewStreamHistory(e.js, testNames) }})
+	a := e.startNode("a", nodeOpts{})
 	testenv.Eventually(t, 20*time.Second, func() bool { return a.counts().Fired >= uint64(3*len(ids)) }, "every entry to fire")
 	e.redis.Stop(t)
 	lostAt := time.Now()

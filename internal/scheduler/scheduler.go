@@ -165,9 +165,13 @@ type Config struct {
 	Visibility time.Duration
 	// History, when set, tells which queues an entry used before its
 	// current one, so a replica that did not see a queue change live still
-	// closes the old queue before firing (NewStreamHistory). It reads the
-	// history only of entries whose subject holds more than their
-	// registration.
+	// closes the old queue before firing (NewStreamHistory). With Shards it
+	// is needed for exactly-once: an entry that changes queue changes
+	// shard, its new owner is usually another replica, and without the
+	// history that owner neither closes the old queue (whose owner may
+	// still fire the tick there) nor finds the ticks due since the
+	// change's floor. It reads the history only of entries whose subject
+	// holds more than their registration.
 	History History
 	Logger  *slog.Logger
 	Metrics *Metrics

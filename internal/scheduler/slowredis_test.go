@@ -7,7 +7,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/cronstream/cronstream/internal/scheduler"
 	"github.com/cronstream/cronstream/internal/testenv"
 )
 
@@ -30,7 +29,7 @@ func TestSlowRedisOwnersKeepShards(t *testing.T) {
 		opts.Addr = proxy.Addr()
 		rc := redis.NewClient(opts)
 		t.Cleanup(func() { _ = rc.Close() })
-		return e.startNode(id, nodeOpts{rc: rc, sched: func(c *scheduler.Config) { c.History = scheduler.NewStreamHistory(e.js, testNames) }})
+		return e.startNode(id, nodeOpts{rc: rc})
 	}
 	a, b := slowNode("a"), slowNode("b")
 	settledOwners(t, []string{"default"}, 30*time.Second, a, b)
