@@ -32,19 +32,22 @@ const visibilityGap = time.Second
 
 // maybeWriteVisibility starts the pending rewrite of asynq's scheduler
 // entries when nothing is due within visibilityGap; when entries are due
-// all the time (every second), right after a pass of fires once it waited
-// half a period; and after a whole period in any case (the entries expire
-// after two).
+// all the time (every second), right after a tick's fires once it waited
+// half a period (after the last pass of a burst larger than one pass, not
+// between its passes: the snapshot holds the loop, and the rewrite Redis);
+// and after a whole period in any case (the entries expire after two).
 func (s *Scheduler) maybeWriteVisibility(afterFire bool) {
 	if !s.visPending {
 		return
 	}
 	waited := s.clock.Since(s.visSince)
-	quiet := true
+	bursting := len(s.backlog) > 0
+	quiet := !bursting
 	if at, ok := s.heap.peek(); ok && at.Sub(s.clock.Now()) < visibilityGap {
 		quiet = false
 	}
-	if !quiet && !(afterFire && waited >= s.cfg.Visibility/2) && waited < s.cfg.Visibility {
+	afterTick := afterFire && !bursting
+	if !quiet && !(afterTick && waited >= s.cfg.Visibility/2) && waited < s.cfg.Visibility {
 		return
 	}
 	if len(s.vis) > 0 {

@@ -105,7 +105,7 @@ func (s *Scheduler) sendPass(ctx context.Context, due []*entryRun, sem chan stru
 			select {
 			case c.passRoom = <-p.free:
 			default:
-				c.fires = s.fireBuf(size)
+				c.passRoom = s.takeRoom(size)
 			}
 			open[r.queue] = c
 		}
@@ -133,7 +133,7 @@ func (s *Scheduler) applyPass(p *sentPass) int {
 	p.wg.Wait()
 	close(p.free)
 	for b := range p.free {
-		s.putFireBuf(b.fires)
+		s.putRoom(b)
 	}
 	return s.finishPass(p.calls, p.plans, p.now)
 }
@@ -190,11 +190,12 @@ type passCall struct {
 }
 
 // finishPass applies the results of a pass planned at now (on the
-// corrected clock), on the loop goroutine: each fire's result, each
-// entry's next due instant and asynq's enqueue history. It returns how
-// many fires got an answer, for Capacity.
+// corrected clock), on the loop goroutine: each fire's result and each
+// entry's next due instant; it keeps the records for asynq's enqueue
+// history (flushHistory). It returns how many fires got an answer, for
+// Capacity.
 func (s *Scheduler) finishPass(calls []*passCall, plans []planned, now time.Time) int {
-	history := make([]taskstate.EnqueueEventRecord, 0, len(plans))
+	s.reserveHistory(len(plans))
 	answered := 0
 	for _, c := range calls {
 		for i := range c.sent {
@@ -203,7 +204,10 @@ func (s *Scheduler) finishPass(calls []*passCall, plans []planned, now time.Time
 				answered++
 			}
 			if h, ok := s.apply(plans[c.owners[i]].r, c.sent[i], res); ok {
-				history = append(history, h)
+				if len(s.historyHeld) == 0 {
+					s.historyHeldSince = s.clock.Mono()
+				}
+				s.historyHeld = append(s.historyHeld, h)
 			}
 		}
 	}
@@ -211,6 +215,20 @@ func (s *Scheduler) finishPass(calls []*passCall, plans []planned, now time.Time
 		s.passed(p.r, p.more, now)
 	}
 	s.missed.report(s)
-	s.sendHistory(history)
 	return answered
+}
+
+// reserveHistory makes room in historyHeld for a pass of n fires and, when
+// it must grow, for the backlog's too: a burst's records are then copied
+// once, not at every doubling of a slice of a hundred thousand.
+func (s *Scheduler) reserveHistory(n int) {
+	if len(s.historyHeld)+n <= cap(s.historyHeld) {
+		return
+	}
+	for _, rs := range s.backlog {
+		n += len(rs)
+	}
+	grown := make([]taskstate.EnqueueEventRecord, len(s.historyHeld), len(s.historyHeld)+n)
+	copy(grown, s.historyHeld)
+	s.historyHeld = grown
 }

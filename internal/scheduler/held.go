@@ -266,6 +266,31 @@ func (s *Scheduler) releaseOne(ctx context.Context, fences taskstate.Fences, h t
 	return taskstate.EnqueueEventRecord{}, false
 }
 
+// historyHoldMax and historyHoldFor bound what a backlog's passes keep
+// (historyHeld) before flushHistory hands it over anyway: a backlog that
+// lasts (overload) still shows in asynq's history within seconds.
+const (
+	historyHoldMax = 64 * 1024
+	historyHoldFor = 5 * time.Second
+)
+
+// flushHistory hands the records of created tasks that the turn's passes
+// kept (historyHeld) to sendHistory, once no backlog of due entries is
+// left to fire, or once historyHoldMax of them wait or the oldest waited
+// historyHoldFor. Written between the passes of a burst, they would take
+// Redis and this process from the fires still to go; asynq's history is
+// best effort.
+func (s *Scheduler) flushHistory() {
+	if len(s.historyHeld) == 0 {
+		return
+	}
+	if len(s.backlog) > 0 && len(s.historyHeld) < historyHoldMax && s.clock.Since(s.historyHeldSince) < historyHoldFor {
+		return
+	}
+	s.sendHistory(s.historyHeld)
+	s.historyHeld = nil
+}
+
 // sendHistory hands records of created tasks to asynq's enqueue history
 // writer, best effort: asynq's own history is best effort too, and ours
 // is the activity stream.

@@ -6,31 +6,32 @@ import (
 	"github.com/cronstream/cronstream/internal/taskstate"
 )
 
-// fireBuf returns an empty slice of fires with room for n, reused from
-// earlier passes when one is big enough: a fire is large, and every pass
-// would otherwise allocate all of its fires anew. Only the loop goroutine
-// uses the pool.
-func (s *Scheduler) fireBuf(n int) []taskstate.Fire {
-	for i := len(s.fireBufs) - 1; i >= 0; i-- {
-		if b := s.fireBufs[i]; cap(b) >= n {
-			s.fireBufs = append(s.fireBufs[:i], s.fireBufs[i+1:]...)
-			return b
+// takeRoom returns a batch's buffers with room for n fires, reused from
+// earlier passes when one is big enough: a fire is large, and its fired
+// record's data is copied into the batch (passCall.fired), so every pass
+// would otherwise allocate all of its fires and their data anew. Only the
+// loop goroutine uses the pool.
+func (s *Scheduler) takeRoom(n int) passRoom {
+	for i := len(s.rooms) - 1; i >= 0; i-- {
+		if r := s.rooms[i]; cap(r.fires) >= n {
+			s.rooms = append(s.rooms[:i], s.rooms[i+1:]...)
+			return r
 		}
 	}
-	return make([]taskstate.Fire, 0, n)
+	return passRoom{fires: make([]taskstate.Fire, 0, n)}
 }
 
-// putFireBuf returns a slice to the pool, cleared so it holds no message
-// or record alive; the pool keeps what one pass used, up to maxFireBufs.
-func (s *Scheduler) putFireBuf(b []taskstate.Fire) {
-	if len(s.fireBufs) >= maxFireBufs {
+// putRoom returns a batch's buffers to the pool, emptied (fireBatch
+// cleared them, so they hold no message or record alive); the pool keeps
+// what one pass used, up to maxRooms.
+func (s *Scheduler) putRoom(r passRoom) {
+	if len(s.rooms) >= maxRooms {
 		return
 	}
-	clear(b)
-	s.fireBufs = append(s.fireBufs, b[:0])
+	s.rooms = append(s.rooms, passRoom{fires: r.fires[:0], results: r.results[:0], fired: r.fired[:0]})
 }
 
-const maxFireBufs = 64
+const maxRooms = 64
 
 // fireMessages recycles the task messages of scheduled fires: a message is
 // only read while its fire is sent (taskstate encodes it), and a burst

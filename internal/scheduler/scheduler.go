@@ -243,14 +243,18 @@ type Scheduler struct {
 	loopDone chan struct{}          // closed when the loop has returned
 	wake     chan struct{}
 	history  chan []taskstate.EnqueueEventRecord // to writeHistory
-	vis      chan []taskstate.SchedulerEntry     // to writeVisibilityLoop
+	// historyHeld: asynq enqueue history records of the passes, kept
+	// since historyHeldSince, for flushHistory (loop goroutine only).
+	historyHeld      []taskstate.EnqueueEventRecord
+	historyHeldSince clock.Mono
+	vis              chan []taskstate.SchedulerEntry // to writeVisibilityLoop
 	// tickText's memo (loop goroutine only).
 	lastTick     time.Time
 	lastTickText string
 	// visPending: a visibility write is due since visSince (loop-owned).
 	visPending bool
 	visSince   clock.Mono
-	fireBufs   [][]taskstate.Fire // see fireBuf
+	rooms      []passRoom // batches' buffers for the next passes (takeRoom)
 	// firedData holds the fired records' data of the last plan (see
 	// firedRecord; loop goroutine only).
 	firedData []byte
@@ -361,6 +365,7 @@ func (s *Scheduler) Start(ctx context.Context) error {
 			defer close(s.vis)     // likewise
 			defer close(s.loopDone)
 			s.loop(ctx, changes, removed)
+			s.sendHistory(s.historyHeld)
 		})
 		s.life.Go(func(context.Context) { s.writeHistory() })
 		s.life.Go(func(context.Context) { s.writeVisibilityLoop() })
@@ -545,6 +550,7 @@ func (s *Scheduler) turn(ctx context.Context, due []*entryRun) []*entryRun {
 		s.checkEpochs(ctx)
 		s.maybeWriteVisibility(true)
 	}
+	s.flushHistory()
 	s.releaseHeld(ctx)
 	s.setEntriesGauge()
 	return due
