@@ -47,6 +47,7 @@ var zones = []string{"", "UTC", "Asia/Kolkata", "Europe/Berlin"}
 // TestComputeMatchesBruteForce: for entries without jitter, and jittered
 // entries with at most one tick a minute, every minute's count is exact.
 func TestComputeMatchesBruteForce(t *testing.T) {
+	t.Parallel()
 	r := rand.New(rand.NewPCG(1, 2))
 	for round := range 40 {
 		from := time.Date(2026, time.Month(1+r.IntN(12)), 1+r.IntN(28), r.IntN(24), r.IntN(60), 0, 0, time.UTC)
@@ -93,6 +94,7 @@ func oneTickPerMinute(spec string) bool {
 // shifted by its mean offset, so its total over a window differs from the
 // exact one only at the window's edges.
 func TestComputeSubMinuteJitterKeepsTotal(t *testing.T) {
+	t.Parallel()
 	from := time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC)
 	for _, spec := range []string{"@every 1s", "@every 7s", "*/10 * * * * *"} {
 		e := contract.Entry{ID: "j", Cron: spec, Jitter: contract.Duration(40 * time.Second)}
@@ -109,6 +111,7 @@ func TestComputeSubMinuteJitterKeepsTotal(t *testing.T) {
 }
 
 func TestComputeEverySecondIsArithmetic(t *testing.T) {
+	t.Parallel()
 	var entries []contract.Entry
 	for i := range 1000 {
 		entries = append(entries, contract.Entry{ID: fmt.Sprint("s", i), Cron: "@every 1s", Jitter: contract.Duration(time.Duration(i%5) * time.Second)})
@@ -124,6 +127,7 @@ func TestComputeEverySecondIsArithmetic(t *testing.T) {
 }
 
 func TestPeakAndHint(t *testing.T) {
+	t.Parallel()
 	from := time.Date(2026, 3, 1, 23, 0, 0, 0, time.UTC)
 	var entries []contract.Entry
 	for i := range 500 {
@@ -171,6 +175,7 @@ func TestPeakAndHint(t *testing.T) {
 }
 
 func TestThousands(t *testing.T) {
+	t.Parallel()
 	for n, want := range map[int64]string{0: "0", 999: "999", 1000: "1,000", 12400: "12,400", 1234567: "1,234,567", -1000: "-1,000"} {
 		if got := Thousands(n); got != want {
 			t.Errorf("Thousands(%d) = %q", n, got)
@@ -179,6 +184,7 @@ func TestThousands(t *testing.T) {
 }
 
 func TestJittererMatchesScheduler(t *testing.T) {
+	t.Parallel()
 	r := rand.New(rand.NewPCG(3, 4))
 	for i := range 2000 {
 		id := fmt.Sprintf("entry-%d-%x", i, r.Uint64())
@@ -199,6 +205,7 @@ func TestJittererMatchesScheduler(t *testing.T) {
 // as the scheduler applies them: no fire before the start, after the end or
 // on an excluded tick.
 func TestComputeWindowAndExclusions(t *testing.T) {
+	t.Parallel()
 	from := time.Date(2027, 3, 1, 0, 0, 0, 0, time.UTC)
 	entries := []contract.Entry{
 		{ID: "sub", Cron: "@every 10s", StartAt: from.Add(10 * time.Minute), EndAt: from.Add(20 * time.Minute)},
@@ -238,6 +245,7 @@ func bruteForceFires(t *testing.T, e contract.Entry, from time.Time, minutes int
 // left (its whole max_fires when the count is unknown), in time order; a
 // completed one counts none and is left out of the entries.
 func TestComputeMaxFires(t *testing.T) {
+	t.Parallel()
 	from := time.Date(2027, 3, 1, 0, 0, 0, 0, time.UTC)
 	entries := []contract.Entry{
 		{ID: "left3", Cron: "@every 10s", MaxFires: 100},
@@ -279,6 +287,7 @@ func TestComputeMaxFires(t *testing.T) {
 // scheduler fires them, across month ends and a daylight-saving change,
 // and add up to the ticks their dates give.
 func TestComputeCalendarSpecs(t *testing.T) {
+	t.Parallel()
 	// Thursday 2026-03-26 to Thursday 2026-04-02: March 31st is the last
 	// day and the last weekday, Friday the 27th the last Friday, Sunday
 	// the 29th the last Sunday, when Berlin skips 02:00-03:00.
@@ -308,6 +317,7 @@ func TestComputeCalendarSpecs(t *testing.T) {
 // TestComputeLeavesOutEnded: an entry past its end_at fires nothing and is
 // not counted among the entries; one that ends inside the window is.
 func TestComputeLeavesOutEnded(t *testing.T) {
+	t.Parallel()
 	from := time.Date(2027, 3, 1, 0, 0, 0, 0, time.UTC)
 	entries := []contract.Entry{
 		{ID: "over", Cron: "* * * * *", EndAt: from.Add(-time.Hour)},

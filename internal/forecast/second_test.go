@@ -36,6 +36,7 @@ func bruteSeconds(t *testing.T, entries []events.Entry, from time.Time, secs int
 // entries without jitter, and jittered ones that fire at most once a
 // minute or are alone with their spec.
 func TestPeakSecondMatchesBruteForce(t *testing.T) {
+	t.Parallel()
 	r := rand.New(rand.NewPCG(3, 4))
 	for round := range 30 {
 		from := time.Date(2026, time.Month(1+r.IntN(12)), 1+r.IntN(28), r.IntN(24), r.IntN(60), r.IntN(60), 0, time.UTC)
@@ -78,6 +79,7 @@ func ptrs(entries []events.Entry) []*events.Entry {
 // minute over a steady rate, a sub-minute rate spread by its jitter, and
 // what is left out.
 func TestPeakSecond(t *testing.T) {
+	t.Parallel()
 	from := time.Date(2030, 1, 1, 10, 0, 30, 0, time.UTC)
 	many := func(n int, cron string, mod func(*events.Entry)) []events.Entry {
 		var out []events.Entry
