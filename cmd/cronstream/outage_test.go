@@ -211,6 +211,11 @@ func TestNATSOutageKeepsFiring(t *testing.T) {
 	defer msgs.Stop()
 	fired := map[string][]time.Time{} // entry → ticks in stream order
 	byReplica := map[string]int{}
+	// Ticks skipped before the outage's checked window are the replicas'
+	// start under load: registered before they ran, a tick they came to
+	// later than the grace is recorded as missed, as designed.
+	from, to := down.Truncate(time.Second).Add(-time.Second), up.Truncate(time.Second).Add(3*time.Second)
+	startSkips := 0
 	for left := info.NumPending; left > 0; left-- {
 		m, err := msgs.Next(jetstream.NextMaxWait(10 * time.Second))
 		if err != nil {
@@ -221,6 +226,11 @@ func TestNATSOutageKeepsFiring(t *testing.T) {
 			t.Fatal(err)
 		}
 		if ev.Type != events.TypeEntryFired {
+			var sk events.Skipped
+			if ev.Type == events.TypeEntrySkipped && ev.DecodeData(&sk) == nil && lastSkipped(sk).Before(from) {
+				startSkips++
+				continue
+			}
 			t.Errorf("%s event %s during an outage with room in Redis", ev.Type, ev.ID)
 			continue
 		}
@@ -264,7 +274,7 @@ func TestNATSOutageKeepsFiring(t *testing.T) {
 	}
 
 	// No tick missed from a second before the outage to a few after it.
-	from, to := down.Truncate(time.Second).Add(-time.Second), up.Truncate(time.Second).Add(3*time.Second)
+	t.Logf("skipped events of ticks before %s (the replicas' start): %d", from.UTC().Format(time.TimeOnly), startSkips)
 	missed := 0
 	for i := range entries {
 		entry := fmt.Sprintf("outage-entry-%03d", i)
@@ -303,4 +313,12 @@ func seriesValue(exposition, series string) int {
 	}
 	v, _ := strconv.ParseFloat(m[1], 64)
 	return int(v)
+}
+
+// lastSkipped is the last tick a skipped event covers.
+func lastSkipped(sk events.Skipped) time.Time {
+	if sk.Until != nil {
+		return *sk.Until
+	}
+	return sk.ScheduledAt
 }
