@@ -268,9 +268,12 @@ func (s *Scheduler) releaseOne(ctx context.Context, fences taskstate.Fences, h t
 
 // historyHoldMax and historyHoldFor bound what a backlog's passes keep
 // (historyHeld) before flushHistory hands it over anyway: a backlog that
-// lasts (overload) still shows in asynq's history within seconds.
+// lasts (overload) still shows in asynq's history within seconds. The
+// count only bounds memory (about 64 bytes a record): it is well above
+// what one instant's burst of a large deployment fires, whose history
+// would otherwise be written between its passes.
 const (
-	historyHoldMax = 64 * 1024
+	historyHoldMax = 256 * 1024
 	historyHoldFor = 5 * time.Second
 )
 
