@@ -45,3 +45,44 @@ func TestFairShareLosesNothing(t *testing.T) {
 		})
 	}
 }
+
+// An overloaded replica's backlog never drains: every pass adds as many
+// entries as it takes. Each is still taken once, in the order it came due,
+// and the backlog's storage stays bounded by what waits, not by what ever
+// passed through it.
+func TestFairShareBacklogThatNeverDrains(t *testing.T) {
+	const budget, perPass, passes = 10, 10, 1000
+	s := &Scheduler{cfg: Config{Batch: budget, Parallel: 1}, entries: map[string]*entryRun{}}
+	next := 0
+	add := func(n int) []*entryRun {
+		var due []*entryRun
+		for range n {
+			r := &entryRun{id: fmt.Sprintf("e%06d", next), queue: "flood", index: -1, state: stateReady}
+			next++
+			s.entries[r.id] = r
+			due = append(due, r)
+		}
+		return due
+	}
+	want := 0
+	got := s.fairShare(add(3 * budget)) // a backlog of two passes' worth
+	for pass := range passes {
+		for _, r := range got {
+			if r.id != fmt.Sprintf("e%06d", want) {
+				t.Fatalf("pass %d took %s, want e%06d (oldest due first)", pass, r.id, want)
+			}
+			want++
+		}
+		got = s.fairShare(add(perPass))
+	}
+	b := s.backlog["flood"]
+	if b == nil {
+		t.Fatal("the backlog drained")
+	}
+	if waiting := len(b.runs) - b.head; waiting != 2*budget {
+		t.Errorf("%d entries wait, want %d", waiting, 2*budget)
+	}
+	if cap(b.runs) > 8*budget {
+		t.Errorf("the backlog's storage grew to %d for %d waiting entries", cap(b.runs), len(b.runs)-b.head)
+	}
+}

@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -200,46 +201,72 @@ func (s *Scheduler) fairShare(due []*entryRun) []*entryRun {
 		return due
 	}
 	if s.backlog == nil {
-		s.backlog = map[string][]*entryRun{}
+		s.backlog = map[string]*queueBacklog{}
 	}
+	for _, b := range s.backlog {
+		b.compact()
+	}
+	var last *queueBacklog // due entries mostly come in runs of one queue
 	for _, r := range due {
-		if !r.backlogged { // else it waits at an earlier place already
-			r.backlogged = true
-			s.backlog[r.queue] = append(s.backlog[r.queue], r)
+		if r.backlogged {
+			continue // it waits at an earlier place already
 		}
+		r.backlogged = true
+		if last == nil || last.queue != r.queue {
+			last = s.backlog[r.queue]
+			if last == nil {
+				last = &queueBacklog{queue: r.queue}
+				s.backlog[r.queue] = last
+			}
+		}
+		last.runs = append(last.runs, r)
 	}
-	queues := make([]string, 0, len(s.backlog))
-	for q := range s.backlog {
-		queues = append(queues, q)
+	queues := make([]*queueBacklog, 0, len(s.backlog))
+	for _, b := range s.backlog {
+		queues = append(queues, b)
 	}
-	slices.Sort(queues)
+	slices.SortFunc(queues, func(a, b *queueBacklog) int { return strings.Compare(a.queue, b.queue) })
 	start := s.fairNext % len(queues)
 	s.fairNext++
 	keep := due[:0]
-	for len(keep) < budget && len(s.backlog) > 0 {
+	for left := len(queues); len(keep) < budget && left > 0; {
+		left = 0
 		for i := 0; i < len(queues) && len(keep) < budget; i++ {
 			// Taken from its queue's backlog only when the pass has room:
 			// one taken and not kept would be in neither the backlog nor
 			// the heap, and never fire again.
-			if r := s.nextBacklogged(queues[(start+i)%len(queues)]); r != nil {
+			b := queues[(start+i)%len(queues)]
+			if b.head == len(b.runs) {
+				continue
+			}
+			if r := s.nextBacklogged(b); r != nil {
 				keep = append(keep, r)
+			}
+			if b.head < len(b.runs) {
+				left++
 			}
 		}
 	}
 	return keep
 }
 
-// nextBacklogged takes the first entry of queue q's backlog that is still
-// due here: still this replica's, ready, and not scheduled again since
-// (a change applied meanwhile placed it in the heap, or sent it loading).
-func (s *Scheduler) nextBacklogged(q string) *entryRun {
-	for rs := s.backlog[q]; len(rs) > 0; rs = s.backlog[q] {
-		r := rs[0]
-		if len(rs) == 1 {
-			delete(s.backlog, q)
-		} else {
-			s.backlog[q] = rs[1:]
-		}
+// queueBacklog is one queue's due entries that wait for a pass, oldest
+// first from head.
+type queueBacklog struct {
+	queue string
+	runs  []*entryRun
+	head  int
+}
+
+// nextBacklogged takes the first entry of b that is still due here: still
+// this replica's, ready, and not scheduled again since (a change applied
+// meanwhile placed it in the heap, or sent it loading). An emptied backlog
+// leaves s.backlog.
+func (s *Scheduler) nextBacklogged(b *queueBacklog) *entryRun {
+	for b.head < len(b.runs) {
+		r := b.runs[b.head]
+		b.runs[b.head] = nil
+		b.head++
 		if !r.backlogged {
 			continue
 		}
@@ -247,16 +274,32 @@ func (s *Scheduler) nextBacklogged(q string) *entryRun {
 		if r.index >= 0 || !r.state.fires() || s.entries[r.id] != r {
 			continue
 		}
+		if b.head == len(b.runs) {
+			delete(s.backlog, b.queue)
+		}
 		return r
 	}
+	delete(s.backlog, b.queue)
 	return nil
+}
+
+// compact moves b's waiting entries to the front of its storage, once
+// those taken are half of it: a backlog that never drains (an overloaded
+// replica) would otherwise grow its slice forever.
+func (b *queueBacklog) compact() {
+	if b.head == 0 || b.head < len(b.runs)/2 {
+		return
+	}
+	n := copy(b.runs, b.runs[b.head:])
+	clear(b.runs[n:])
+	b.runs, b.head = b.runs[:n], 0
 }
 
 // requeueBacklog puts the backlog's entries back in the heap at at
 // (firing paused by backpressure).
 func (s *Scheduler) requeueBacklog(at time.Time) {
-	for q := range s.backlog {
-		for r := s.nextBacklogged(q); r != nil; r = s.nextBacklogged(q) {
+	for _, b := range s.backlog {
+		for r := s.nextBacklogged(b); r != nil; r = s.nextBacklogged(b) {
 			s.heap.set(r, at)
 		}
 	}

@@ -235,7 +235,7 @@ type Scheduler struct {
 	// backlog holds, per queue, entries due that a pass over its budget
 	// left for the next (fairShare); fairNext is the queue the next such
 	// pass starts at.
-	backlog  map[string][]*entryRun
+	backlog  map[string]*queueBacklog
 	fairNext int
 
 	timesReq chan chan []entryTimes // a scrape's request for listEntryTimes
@@ -254,7 +254,8 @@ type Scheduler struct {
 	// visPending: a visibility write is due since visSince (loop-owned).
 	visPending bool
 	visSince   clock.Mono
-	rooms      []passRoom // batches' buffers for the next passes (takeRoom)
+	rooms      []passRoom   // batches' buffers for the next passes (takeRoom)
+	sents      [][]sentFire // applied batches' fires, for the next (takeSent)
 	// firedData holds the fired records' data of the last plan (see
 	// firedRecord; loop goroutine only).
 	firedData []byte
