@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -101,7 +102,7 @@ func (s *Scheduler) sendPass(ctx context.Context, due []*entryRun, sem chan stru
 			c = nil
 		}
 		if c == nil {
-			c = &passCall{owners: make([]int, 0, size)}
+			c = &passCall{owners: make([]int, 0, size), sent: s.takeSent()}
 			select {
 			case c.passRoom = <-p.free:
 			default:
@@ -148,7 +149,7 @@ func (s *Scheduler) fireBatch(ctx context.Context, fences taskstate.Fences, c *p
 			results[i].Err = err
 		}
 	}
-	c.sent = make([]sentFire, len(c.fires))
+	c.sent = slices.Grow(c.sent[:0], len(c.fires))[:len(c.fires)]
 	for i := range c.fires {
 		c.sent[i] = sentOf(&c.fires[i], &results[i])
 		if m := c.fires[i].Msg; m != nil { // made by buildFire
@@ -210,9 +211,12 @@ func (s *Scheduler) finishPass(calls []*passCall, plans []planned, now time.Time
 				s.historyHeld = append(s.historyHeld, h)
 			}
 		}
+		s.putSent(c.sent)
+		c.sent = nil
 	}
+	applied := s.clock.Now()
 	for _, p := range plans {
-		s.passed(p.r, p.more, now)
+		s.passed(p.r, p.more, now, applied)
 	}
 	s.missed.report(s)
 	return answered
@@ -225,8 +229,8 @@ func (s *Scheduler) reserveHistory(n int) {
 	if len(s.historyHeld)+n <= cap(s.historyHeld) {
 		return
 	}
-	for _, rs := range s.backlog {
-		n += len(rs)
+	for _, b := range s.backlog {
+		n += len(b.runs) - b.head
 	}
 	grown := make([]taskstate.EnqueueEventRecord, len(s.historyHeld), len(s.historyHeld)+n)
 	copy(grown, s.historyHeld)

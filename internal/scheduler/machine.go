@@ -489,10 +489,11 @@ func (r *entryRun) settling() bool {
 	return true
 }
 
-// passed places r after a fire pass planned at now: at once when more
-// missed ticks are to follow, else by schedule. A run sent loading or
-// dropped by its fires' results stays where they put it.
-func (s *Scheduler) passed(r *entryRun, more bool, now time.Time) {
+// passed places r after a fire pass planned at now and applied at
+// applied: at once when more missed ticks are to follow, else by schedule.
+// A run sent loading or dropped by its fires' results stays where they
+// put it.
+func (s *Scheduler) passed(r *entryRun, more bool, now, applied time.Time) {
 	if !r.state.fires() {
 		return
 	}
@@ -501,7 +502,7 @@ func (s *Scheduler) passed(r *entryRun, more bool, now time.Time) {
 		s.heap.set(r, now)
 		return
 	}
-	s.schedule(r, s.clock.Now())
+	s.schedule(r, applied)
 }
 
 // schedule computes when this replica should next act on r, a ready or
@@ -510,7 +511,7 @@ func (s *Scheduler) passed(r *entryRun, more bool, now time.Time) {
 func (s *Scheduler) schedule(r *entryRun, now time.Time) {
 	removed := r.state.removed()
 	if !removed {
-		s.pos.note(r)
+		s.pos.note(r, len(s.entries))
 	}
 	var due time.Time
 	switch {

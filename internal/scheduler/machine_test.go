@@ -126,7 +126,7 @@ func (mt *machineT) fire(r *entryRun, answer func(taskstate.Fire) taskstate.Fire
 		res := answer(fires[i])
 		mt.s.apply(r, sentOf(&fires[i], &res), res)
 	}
-	mt.s.passed(r, more, now)
+	mt.s.passed(r, more, now, now)
 }
 
 // Redis's answers to a fire.

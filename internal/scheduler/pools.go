@@ -33,6 +33,28 @@ func (s *Scheduler) putRoom(r passRoom) {
 
 const maxRooms = 64
 
+// takeSent returns storage for a batch's fires with their results
+// (passCall.sent), from what the passes before used, to be filled by
+// fireBatch.
+func (s *Scheduler) takeSent() []sentFire {
+	if n := len(s.sents); n > 0 {
+		sent := s.sents[n-1]
+		s.sents = s.sents[:n-1]
+		return sent
+	}
+	return nil
+}
+
+// putSent keeps a batch's applied fires' storage for takeSent, emptied,
+// up to maxRooms of them.
+func (s *Scheduler) putSent(sent []sentFire) {
+	if len(s.sents) >= maxRooms || cap(sent) == 0 {
+		return
+	}
+	clear(sent)
+	s.sents = append(s.sents, sent[:0])
+}
+
 // fireMessages recycles the task messages of scheduled fires: a message is
 // only read while its fire is sent (taskstate encodes it), and a burst
 // would otherwise allocate one per fire.

@@ -22,11 +22,11 @@ func TestPositions(t *testing.T) {
 			t.Fatalf("%s: position %+v (found %v), want found %v at %s", what, pos, found, ok, at)
 		}
 	}
-	p.note(r)
+	p.note(r, 0)
 	want("first note", true, tick)
 	first := r.pos
 	r.handled = tick.Add(time.Second)
-	p.note(r)
+	p.note(r, 0)
 	want("second note", true, tick.Add(time.Second))
 	if r.pos != first {
 		t.Fatal("the second note replaced the position instead of updating it")
@@ -46,14 +46,14 @@ func TestPositions(t *testing.T) {
 
 	// The shard comes back: the run notes afresh.
 	r.handled = tick.Add(5 * time.Second)
-	p.note(r)
+	p.note(r, 0)
 	want("noted after the drop", true, tick.Add(5*time.Second))
 
 	p.forget("e1")
 	want("forgotten", false, time.Time{})
 	again := &entryRun{id: "e1", queue: "q1", handled: tick.Add(9 * time.Second), hasHandled: true}
-	p.note(again)
-	p.note(r) // the old run's pointer is dropped: it notes afresh and wins
+	p.note(again, 0)
+	p.note(r, 0) // the old run's pointer is dropped: it notes afresh and wins
 	want("old run after the new one", true, tick.Add(5*time.Second))
 	if !again.pos.dropped {
 		t.Fatal("the new run's position was not dropped when the old run noted over it")

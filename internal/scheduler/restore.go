@@ -222,7 +222,13 @@ type positions struct {
 	now func() time.Time // the scheduler's clock (kept positions' times)
 	mu  sync.Mutex
 	m   map[string]*position
+	// slab is where new positions are taken from, a block at a time: the
+	// first fire of a burst of many entries notes them all at once.
+	slab []position
 }
+
+// positionSlab is how many positions one allocation makes room for.
+const positionSlab = 256
 
 type position struct {
 	queue string
@@ -241,8 +247,9 @@ type position struct {
 // (positions.keep): many times the restore settle.
 const keptPosition = time.Minute
 
-// note records r's position (loop goroutine).
-func (p *positions) note(r *entryRun) {
+// note records r's position (loop goroutine); entries is how many
+// entries the scheduler runs, what the map is first sized for.
+func (p *positions) note(r *entryRun, entries int) {
 	if !r.hasHandled {
 		return
 	}
@@ -253,10 +260,14 @@ func (p *positions) note(r *entryRun) {
 		return
 	}
 	if p.m == nil {
-		p.m = map[string]*position{}
+		p.m = make(map[string]*position, entries)
 	}
 	p.dropLocked(r.id)
-	r.pos = &position{queue: r.queue, tick: r.handled}
+	if len(p.slab) == cap(p.slab) {
+		p.slab = make([]position, 0, positionSlab)
+	}
+	p.slab = append(p.slab, position{queue: r.queue, tick: r.handled})
+	r.pos = &p.slab[len(p.slab)-1]
 	p.m[r.id] = r.pos
 }
 
