@@ -44,7 +44,13 @@ func TestSlowRedisOwnersKeepShards(t *testing.T) {
 		ra, rb := a.own.Report(), b.own.Report()
 		return ra.Owned == ra.Desired && rb.Owned == rb.Desired && ra.Owned > 0 && rb.Owned > 0
 	}, "each replica to hold its share")
-	waitUntil(t, time.Now, time.Now().Add(3*time.Second))
+	// Loading takes a round trip per entry, and longer on a loaded
+	// machine: every entry is checked from when both have loaded theirs.
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		ca, cb := a.counts(), b.counts()
+		return ca.Entries+cb.Entries == len(ids)+1 && ca.Loading == 0 && cb.Loading == 0
+	}, "both replicas to load their entries")
+	waitUntil(t, time.Now, time.Now().Add(time.Second))
 	from := time.Now().Truncate(time.Second)
 	waitUntil(t, time.Now, from.Add(6*time.Second))
 	a.stop()
