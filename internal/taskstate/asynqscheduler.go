@@ -111,14 +111,21 @@ func (s *Store) WriteSchedulerEntries(ctx context.Context, schedulerID string, e
 	}
 	args := make([]any, 0, len(entries)+1)
 	args = append(args, secs)
+	// Every entry is encoded into one buffer, each passed as a slice of it.
+	size := 0
+	for i := range entries {
+		size += schedulerEntrySize(&entries[i])
+	}
+	encoded := make([]byte, 0, size)
 	var bad []error
 	for i := range entries {
-		b, err := EncodeSchedulerEntry(&entries[i])
-		if err != nil {
+		from := len(encoded)
+		var err error
+		if encoded, err = AppendSchedulerEntry(encoded, &entries[i]); err != nil {
 			bad = append(bad, fmt.Errorf("entry %q: %w", entries[i].ID, err))
 			continue
 		}
-		args = append(args, b)
+		args = append(args, encoded[from:len(encoded):len(encoded)])
 	}
 	key := SchedulerEntriesKey(schedulerID)
 	expiry := time.Now().Add(time.Duration(secs) * time.Second).Unix()

@@ -108,13 +108,20 @@ func TestSchedulerEntriesVisibleToInspector(t *testing.T) {
 		t.Fatalf("%d schedulers registered, want the one shared id", n)
 	}
 
-	// A bad entry is skipped and reported; the others are still written.
-	bad := append(slices.Clone(entries), SchedulerEntry{ID: "bad", Spec: "\xff"})
+	// A bad entry is skipped and reported; the others, before and after
+	// it, are still written whole.
+	bad := []SchedulerEntry{entries[0], {ID: "bad", Spec: "\xff", TaskType: "x"}, entries[1]}
 	if err := s.WriteSchedulerEntries(ctx, id, bad, 20*time.Second); err == nil {
 		t.Fatal("bad entry not reported")
 	}
-	if got, _ := insp.SchedulerEntries(); len(got) != 2 {
-		t.Fatalf("after a bad entry the Inspector lists %d entries, want 2", len(got))
+	after, _ := insp.SchedulerEntries()
+	if len(after) != 2 {
+		t.Fatalf("after a bad entry the Inspector lists %d entries, want 2", len(after))
+	}
+	for _, e := range after {
+		if e.ID == "never-fired" && (e.Spec != "@every 5m" || e.Task.Type() != "ping" || !e.Next.Equal(next)) {
+			t.Fatalf("the entry written after the bad one reads back as %+v", e)
+		}
 	}
 
 	if err := s.ClearSchedulerEntries(ctx, id); err != nil {

@@ -207,7 +207,13 @@ func EncodeSchedulerEntry(se *SchedulerEntry) ([]byte, error) {
 	if se == nil {
 		return nil, fmt.Errorf("encode scheduler entry: nil entry")
 	}
-	var e encoder
+	return AppendSchedulerEntry(make([]byte, 0, schedulerEntrySize(se)), se)
+}
+
+// AppendSchedulerEntry appends se encoded as asynq's SchedulerEntry to b;
+// on error b is returned as it was.
+func AppendSchedulerEntry(b []byte, se *SchedulerEntry) ([]byte, error) {
+	e := encoder{b: b}
 	e.str(1, "id", se.ID)
 	e.str(2, "spec", se.Spec)
 	e.str(3, "task_type", se.TaskType)
@@ -221,12 +227,24 @@ func EncodeSchedulerEntry(se *SchedulerEntry) ([]byte, error) {
 		e.b = protowire.AppendTag(e.b, 5, protowire.BytesType)
 		e.b = protowire.AppendString(e.b, opt)
 	}
-	e.message(6, encodeTimestamp(se.Next))
-	e.message(7, encodeTimestamp(se.Prev))
+	e.timestamp(6, se.Next)
+	e.timestamp(7, se.Prev)
 	if e.err != nil {
-		return nil, fmt.Errorf("encode scheduler entry: %w", e.err)
+		return b, fmt.Errorf("encode scheduler entry: %w", e.err)
 	}
 	return e.b, nil
+}
+
+// schedulerEntrySize is about the size of se encoded (a little more):
+// what to reserve for it.
+func schedulerEntrySize(se *SchedulerEntry) int {
+	// Each field's tag and length take at most 6 bytes; each timestamp
+	// at most 2 + 2 + 10 + 1 + 5.
+	n := 4*6 + len(se.ID) + len(se.Spec) + len(se.TaskType) + len(se.TaskPayload) + 2*20
+	for _, opt := range se.EnqueueOptions {
+		n += 6 + len(opt)
+	}
+	return n
 }
 
 // DecodeSchedulerEntry decodes asynq's SchedulerEntry. An absent timestamp
@@ -274,7 +292,7 @@ func EncodeSchedulerEnqueueEvent(ev *SchedulerEnqueueEvent) ([]byte, error) {
 	}
 	var e encoder
 	e.str(1, "task_id", ev.TaskID)
-	e.message(2, encodeTimestamp(ev.EnqueueTime))
+	e.timestamp(2, ev.EnqueueTime)
 	if e.err != nil {
 		return nil, fmt.Errorf("encode scheduler enqueue event: %w", e.err)
 	}
@@ -372,21 +390,23 @@ func (e *encoder) varint(num protowire.Number, v uint64) {
 	e.b = protowire.AppendVarint(e.b, v)
 }
 
-// message writes an embedded message; unlike scalars it is present even when
-// empty, as a set message field is in proto3.
-func (e *encoder) message(num protowire.Number, body []byte) {
+// timestamp writes t as an embedded google.protobuf.Timestamp the way
+// timestamppb.New does: seconds = t.Unix(), nanos = t.Nanosecond(). The Go
+// zero time therefore becomes seconds -62135596800. Like any embedded
+// message it is present even when both fields are zero.
+func (e *encoder) timestamp(num protowire.Number, t time.Time) {
+	secs, nanos := uint64(t.Unix()), uint64(int64(int32(t.Nanosecond())))
+	size := 0
+	if secs != 0 {
+		size += protowire.SizeTag(1) + protowire.SizeVarint(secs)
+	}
+	if nanos != 0 {
+		size += protowire.SizeTag(2) + protowire.SizeVarint(nanos)
+	}
 	e.b = protowire.AppendTag(e.b, num, protowire.BytesType)
-	e.b = protowire.AppendBytes(e.b, body)
-}
-
-// encodeTimestamp encodes google.protobuf.Timestamp the way timestamppb.New
-// does: seconds = t.Unix(), nanos = t.Nanosecond(). The Go zero time therefore
-// becomes seconds -62135596800.
-func encodeTimestamp(t time.Time) []byte {
-	var e encoder
-	e.varint(1, uint64(t.Unix()))
-	e.varint(2, uint64(int64(int32(t.Nanosecond()))))
-	return e.b
+	e.b = protowire.AppendVarint(e.b, uint64(size))
+	e.varint(1, secs)
+	e.varint(2, nanos)
 }
 
 type timestamp struct {
