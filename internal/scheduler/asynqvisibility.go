@@ -91,6 +91,9 @@ func (s *Scheduler) writeVisibilityLoop() {
 // time (docs/asynq-compat.md).
 func (s *Scheduler) visibilitySnapshot() ([]taskstate.SchedulerEntry, bool) {
 	out := make([]taskstate.SchedulerEntry, 0, len(s.entries))
+	// Most entries share their options: each distinct set is written out
+	// once per snapshot, and its strings shared (the encoder only reads).
+	optionStrings := map[taskstate.EnqueueOptions][]string{}
 	for _, r := range s.entries {
 		if r.state.removed() {
 			continue
@@ -101,20 +104,26 @@ func (s *Scheduler) visibilitySnapshot() ([]taskstate.SchedulerEntry, bool) {
 		}
 		switch {
 		case r.st.Entry.Paused:
-			out = append(out, schedulerEntry(r.id, r.st, time.Time{}, prev))
+			out = append(out, schedulerEntry(r.id, r.st, time.Time{}, prev, optionStrings))
 		case r.sched != nil:
-			out = append(out, schedulerEntry(r.id, r.st, r.next(), prev))
+			out = append(out, schedulerEntry(r.id, r.st, r.next(), prev, optionStrings))
 		}
 	}
 	return out, true
 }
 
-// schedulerEntry is asynq's view of entry id in state st.
-func schedulerEntry(id string, st projector.State, next, prev time.Time) taskstate.SchedulerEntry {
+// schedulerEntry is asynq's view of entry id in state st; optionStrings
+// memoizes the options' strings.
+func schedulerEntry(id string, st projector.State, next, prev time.Time, optionStrings map[taskstate.EnqueueOptions][]string) taskstate.SchedulerEntry {
 	e := st.Entry
 	opts := taskstate.EnqueueOptions{
 		Queue: e.Options.QueueName(), MaxRetry: e.Options.Retries(), Timeout: e.Options.Timeout.D(),
 		Unique: e.Options.Unique.D(), Retention: e.Options.Retention.D(), Group: e.Options.Group,
+	}
+	strs, ok := optionStrings[opts]
+	if !ok {
+		strs = opts.Strings()
+		optionStrings[opts] = strs
 	}
 	spec := e.Cron
 	if e.Paused {
@@ -122,6 +131,6 @@ func schedulerEntry(id string, st projector.State, next, prev time.Time) tasksta
 	}
 	return taskstate.SchedulerEntry{
 		ID: id, Spec: spec, TaskType: e.Task.Type, TaskPayload: e.Task.Payload,
-		EnqueueOptions: opts.Strings(), Next: next, Prev: prev,
+		EnqueueOptions: strs, Next: next, Prev: prev,
 	}
 }
