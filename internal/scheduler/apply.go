@@ -42,9 +42,9 @@ func (f *sentFire) result() taskstate.FireResult {
 	return taskstate.FiredPending(f.taskID, f.tick)
 }
 
-// apply acts on one fire's result and returns the asynq history record of
-// a created task.
-func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (taskstate.EnqueueEventRecord, bool) {
+// apply acts on one fire's result, applied at now (read once for a whole
+// pass), and returns the asynq history record of a created task.
+func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult, now time.Time) (taskstate.EnqueueEventRecord, bool) {
 	s.outcome(schedule.Outcome{Entry: r.id, Tick: f.tick, Status: fireStatus(res.Status), Err: res.Err,
 		Missed: res.Err == nil && !res.Status.Refused() && f.carried.missed})
 	switch {
@@ -57,7 +57,7 @@ func (s *Scheduler) apply(r *entryRun, f sentFire, res taskstate.FireResult) (ta
 	case res.Status.Refused():
 		s.refused(r, f, res)
 	default:
-		return s.committed(r, f, res)
+		return s.committed(r, f, res, now)
 	}
 	return taskstate.EnqueueEventRecord{}, false
 }
@@ -120,14 +120,14 @@ func (s *Scheduler) refused(r *entryRun, f sentFire, res taskstate.FireResult) {
 
 // committed follows a fire of r that Redis committed: its watermark moved
 // (a tick or a skip), and the skipped ticks it carried are counted.
-func (s *Scheduler) committed(r *entryRun, f sentFire, res taskstate.FireResult) (taskstate.EnqueueEventRecord, bool) {
+func (s *Scheduler) committed(r *entryRun, f sentFire, res taskstate.FireResult, now time.Time) (taskstate.EnqueueEventRecord, bool) {
 	r.tries = 0
 	s.clearFenced()
 	if f.kind == taskstate.FireTick || f.kind == taskstate.FireSkip {
 		r.cursor, r.hasCursor = f.tick, true
 		r.handled, r.hasHandled = f.tick, true
 	}
-	s.countCarried(r, f)
+	s.countCarried(r, f, now)
 	switch res.Status {
 	case taskstate.StatusFired:
 		if res.Replaced != "" {
@@ -135,10 +135,10 @@ func (s *Scheduler) committed(r *entryRun, f sentFire, res taskstate.FireResult)
 		}
 		r.lastTask = res.TaskID
 		s.m.Fired.WithLabelValues(r.queue).Inc()
-		s.m.FireLag.Observe(s.clock.Now().Sub(f.tick).Seconds())
+		s.m.FireLag.Observe(now.Sub(f.tick).Seconds())
 		trim := r.recorded%historyTrimEvery == 0
 		r.recorded++
-		return taskstate.EnqueueEventRecord{Entry: r.id, Event: taskstate.SchedulerEnqueueEvent{TaskID: res.TaskID, EnqueueTime: s.clock.Now()}, Trim: trim}, true
+		return taskstate.EnqueueEventRecord{Entry: r.id, Event: taskstate.SchedulerEnqueueEvent{TaskID: res.TaskID, EnqueueTime: now}, Trim: trim}, true
 	case taskstate.StatusSkippedOverlap:
 		s.m.Skipped.WithLabelValues(events.SkipOverlap).Inc()
 	case taskstate.StatusHeld:
@@ -156,9 +156,9 @@ func (s *Scheduler) committed(r *entryRun, f sentFire, res taskstate.FireResult)
 }
 
 // countCarried counts the skipped records a committed fire of r carried.
-func (s *Scheduler) countCarried(r *entryRun, f sentFire) {
+func (s *Scheduler) countCarried(r *entryRun, f sentFire, now time.Time) {
 	if f.carried.missed {
-		r.skippedAt = s.clock.Now()
+		r.skippedAt = now
 		s.m.Skipped.WithLabelValues(events.SkipMissed).Inc()
 		s.missed.add(r.id, f.tick)
 	}

@@ -197,6 +197,7 @@ type passCall struct {
 // Capacity.
 func (s *Scheduler) finishPass(calls []*passCall, plans []planned, now time.Time) int {
 	s.reserveHistory(len(plans))
+	applied := s.clock.Now()
 	answered := 0
 	for _, c := range calls {
 		for i := range c.sent {
@@ -204,7 +205,7 @@ func (s *Scheduler) finishPass(calls []*passCall, plans []planned, now time.Time
 			if res.Err == nil {
 				answered++
 			}
-			if h, ok := s.apply(plans[c.owners[i]].r, c.sent[i], res); ok {
+			if h, ok := s.apply(plans[c.owners[i]].r, c.sent[i], res, applied); ok {
 				if len(s.historyHeld) == 0 {
 					s.historyHeldSince = s.clock.Mono()
 				}
@@ -214,7 +215,6 @@ func (s *Scheduler) finishPass(calls []*passCall, plans []planned, now time.Time
 		s.putSent(c.sent)
 		c.sent = nil
 	}
-	applied := s.clock.Now()
 	for _, p := range plans {
 		s.passed(p.r, p.more, now, applied)
 	}

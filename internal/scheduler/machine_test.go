@@ -124,7 +124,7 @@ func (mt *machineT) fire(r *entryRun, answer func(taskstate.Fire) taskstate.Fire
 	}
 	for i := range fires {
 		res := answer(fires[i])
-		mt.s.apply(r, sentOf(&fires[i], &res), res)
+		mt.s.apply(r, sentOf(&fires[i], &res), res, now)
 	}
 	mt.s.passed(r, more, now, now)
 }

@@ -158,11 +158,11 @@ func TestApplySetsSkippedAtOnCommit(t *testing.T) {
 		t.Fatalf("plan = %d fires, want 1", len(fires))
 	}
 	sent := sentOf(&fires[0], &taskstate.FireResult{})
-	s.apply(r, sent, taskstate.FireResult{Status: taskstate.StatusWatermarkMismatch, Watermark: r.cursor, HasWatermark: true})
+	s.apply(r, sent, taskstate.FireResult{Status: taskstate.StatusWatermarkMismatch, Watermark: r.cursor, HasWatermark: true}, now)
 	if !r.skippedAt.IsZero() {
 		t.Fatalf("a refused step set skippedAt %s", r.skippedAt)
 	}
-	s.apply(r, sent, taskstate.FireResult{Status: taskstate.StatusFired, TaskID: "t1"})
+	s.apply(r, sent, taskstate.FireResult{Status: taskstate.StatusFired, TaskID: "t1"}, now)
 	if r.skippedAt.IsZero() {
 		t.Fatal("a committed step that recorded missed ticks left skippedAt unset")
 	}
@@ -188,7 +188,7 @@ func TestMissedTicksLogged(t *testing.T) {
 		if len(fires) != 1 || !skipReasons(fires[0].SkippedRecords).missed {
 			t.Fatalf("%s: plan = %+v, want one fire carrying missed ticks", id, fires)
 		}
-		s.apply(r, sentOf(&fires[0], &taskstate.FireResult{}), taskstate.FireResult{Status: taskstate.StatusFired, TaskID: id})
+		s.apply(r, sentOf(&fires[0], &taskstate.FireResult{}), taskstate.FireResult{Status: taskstate.StatusFired, TaskID: id}, now)
 	}
 	lines := func() int { return strings.Count(logged.String(), "recorded as skipped (missed)") }
 

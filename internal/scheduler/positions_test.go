@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -57,5 +58,46 @@ func TestPositions(t *testing.T) {
 	want("old run after the new one", true, tick.Add(5*time.Second))
 	if !again.pos.dropped {
 		t.Fatal("the new run's position was not dropped when the old run noted over it")
+	}
+}
+
+// TestPositionsQueues: queues follows the positions as they are noted,
+// move queue, are kept, taken back, forgotten and pruned.
+func TestPositionsQueues(t *testing.T) {
+	m := clock.NewManual(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	p := positions{now: clock.New(nil, clock.Options{Manual: m}).Now}
+	tick := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	run := func(id, q string) *entryRun {
+		return &entryRun{id: id, queue: q, handled: tick, hasHandled: true}
+	}
+	want := func(what string, queues ...string) {
+		t.Helper()
+		got := p.queues()
+		slices.Sort(got)
+		if !slices.Equal(got, queues) {
+			t.Fatalf("%s: queues = %v, want %v", what, got, queues)
+		}
+	}
+	a, b, c := run("a", "q1"), run("b", "q1"), run("c", "q2")
+	for _, r := range []*entryRun{a, b, c} {
+		p.note(r, 3)
+	}
+	want("three noted", "q1", "q2")
+	c.queue = "q3"
+	p.note(c, 3)
+	want("c moved to q3", "q1", "q3")
+	p.forget("a")
+	want("a forgotten", "q1", "q3")
+	p.keep("b")
+	p.note(b, 3) // its shard came back before the kept time was over
+	m.Advance(2 * keptPosition)
+	want("b taken back", "q1", "q3")
+	p.keep("c")
+	m.Advance(keptPosition + time.Second)
+	want("c kept past its time", "q1")
+	p.forget("b")
+	want("all gone")
+	if p.kept != 0 || len(p.m) != 0 {
+		t.Fatalf("%d kept and %d positions left, want none", p.kept, len(p.m))
 	}
 }

@@ -225,6 +225,11 @@ type positions struct {
 	// slab is where new positions are taken from, a block at a time: the
 	// first fire of a burst of many entries notes them all at once.
 	slab []position
+	// inQueue counts the positions of each queue and kept those with kept
+	// set, so that queues and pruneLocked, every restoreCheck, do not walk
+	// every entry's position under the lock the loop's notes take.
+	inQueue map[string]int
+	kept    int
 }
 
 // positionSlab is how many positions one allocation makes room for.
@@ -256,11 +261,19 @@ func (p *positions) note(r *entryRun, entries int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if pos := r.pos; pos != nil && !pos.dropped {
+		if pos.queue != r.queue {
+			p.count(pos.queue, -1)
+			p.count(r.queue, 1)
+		}
+		if !pos.kept.IsZero() {
+			p.kept--
+		}
 		pos.queue, pos.tick, pos.kept = r.queue, r.handled, time.Time{}
 		return
 	}
 	if p.m == nil {
 		p.m = make(map[string]*position, entries)
+		p.inQueue = map[string]int{}
 	}
 	p.dropLocked(r.id)
 	if len(p.slab) == cap(p.slab) {
@@ -269,6 +282,16 @@ func (p *positions) note(r *entryRun, entries int) {
 	p.slab = append(p.slab, position{queue: r.queue, tick: r.handled})
 	r.pos = &p.slab[len(p.slab)-1]
 	p.m[r.id] = r.pos
+	p.count(r.queue, 1)
+}
+
+// count adds d to queue q's count of positions.
+func (p *positions) count(q string, d int) {
+	if n := p.inQueue[q] + d; n > 0 {
+		p.inQueue[q] = n
+	} else {
+		delete(p.inQueue, q)
+	}
 }
 
 // dropLocked removes id's position from the map.
@@ -276,6 +299,10 @@ func (p *positions) dropLocked(id string) {
 	if pos := p.m[id]; pos != nil {
 		pos.dropped = true
 		delete(p.m, id)
+		p.count(pos.queue, -1)
+		if !pos.kept.IsZero() {
+			p.kept--
+		}
 	}
 }
 
@@ -290,6 +317,9 @@ func (p *positions) forget(id string) {
 func (p *positions) keep(id string) {
 	p.mu.Lock()
 	if pos := p.m[id]; pos != nil {
+		if pos.kept.IsZero() {
+			p.kept++
+		}
 		pos.kept = p.now().Add(keptPosition)
 	}
 	p.mu.Unlock()
@@ -297,6 +327,9 @@ func (p *positions) keep(id string) {
 
 // pruneLocked drops the kept positions whose time is over.
 func (p *positions) pruneLocked() {
+	if p.kept == 0 {
+		return
+	}
 	now := p.now()
 	for id, pos := range p.m {
 		if !pos.kept.IsZero() && now.After(pos.kept) {
@@ -310,13 +343,9 @@ func (p *positions) queues() []string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.pruneLocked()
-	seen := map[string]bool{}
-	var out []string
-	for _, pos := range p.m {
-		if !seen[pos.queue] {
-			seen[pos.queue] = true
-			out = append(out, pos.queue)
-		}
+	out := make([]string, 0, len(p.inQueue))
+	for q := range p.inQueue {
+		out = append(out, q)
 	}
 	return out
 }
