@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs every package's tests with the race detector, as `make test` does
-# after vetting (what CI runs). Most tests wait for ticks, leases, servers
-# and processes rather than for the CPU, so the packages run in four
-# groups at once, each group's output printed whole after the last ends:
+# after vetting (what CI runs), once every package is compiled. Most tests
+# wait for ticks, leases, servers and processes rather than for the CPU,
+# so the packages run in four groups at once, each group's output printed
+# whole after the last ends:
 #
 #   chaos       the chaos suite, built at nice 10, run at normal priority:
 #               it kills and restarts whole deployments and holds them to
@@ -33,6 +34,17 @@ declare -A jobs
 # Interrupted, the whole process group goes: the groups' go commands, test
 # binaries and the servers and replicas they started.
 trap 'trap - INT TERM; rm -rf "$dir"; kill 0' INT TERM
+
+# Every package is compiled for its test first, none run (-exec true):
+# compiling beside the tests, as a cold build cache (CI's) otherwise does
+# for the first minutes, takes the CPU that their ticks and leases wait
+# for.
+echo "compiling the test binaries"
+if ! "$go" test -race -count=1 -exec true ./... >"$dir/compile" 2>&1; then
+	cat "$dir/compile"
+	rm -rf "$dir"
+	exit 1
+fi
 
 # binary NICE PKG RUN...: builds PKG's test binary at nice 10, then runs
 # it from PKG's directory at nice NICE with the test flags RUN.
