@@ -3,9 +3,6 @@ package scheduler
 import (
 	"fmt"
 	"testing"
-	"time"
-
-	"github.com/cronstream/cronstream/events"
 )
 
 // A pass over its budget leaves the rest in the backlog: every due entry
@@ -88,83 +85,4 @@ func TestFairShareBacklogThatNeverDrains(t *testing.T) {
 	if cap(b.runs) > 8*budget {
 		t.Errorf("the backlog's storage grew to %d for %d waiting entries", cap(b.runs), len(b.runs)-b.head)
 	}
-}
-
-// firedInBurst fires the ready run r as a pass of a burst does, up to
-// applying its result: popped from the heap, planned and committed, not
-// yet placed again.
-func firedInBurst(mt *machineT, r *entryRun) []planned {
-	mt.t.Helper()
-	mt.clk.AdvanceTo(r.due)
-	now := mt.now()
-	if due := mt.s.heap.popDue(now, nil); len(due) != 1 || due[0] != r {
-		mt.t.Fatalf("due at %s: %d runs, want the entry's", now.Format(time.TimeOnly), len(due))
-	}
-	fires, more := mt.s.plan(r, now, nil)
-	for i := range fires {
-		res := committed(fires[i])
-		mt.s.apply(r, sentOf(&fires[i], &res), res, now)
-	}
-	return []planned{{r, more}}
-}
-
-// While a burst's backlog lasts, the entries its passes fired wait to be
-// placed in the heap again: placed once the backlog is done, after
-// unplacedFor when it never is, and never twice nor a run no longer this
-// replica's.
-func TestPlaceWaitsForTheBacklog(t *testing.T) {
-	backlog := func(s *Scheduler) {
-		other := &entryRun{id: "other", queue: "flood", index: -1, state: stateReady, backlogged: true}
-		s.backlog = map[string]*queueBacklog{"flood": {queue: "flood", runs: []*entryRun{other}}}
-	}
-	next := machineStart.Truncate(time.Minute).Add(2 * time.Minute)
-
-	t.Run("placed once the backlog is done", func(t *testing.T) {
-		mt := newMachineT(t)
-		r := mt.inReady(nil)
-		plans := firedInBurst(mt, r)
-		backlog(mt.s)
-		mt.s.place(plans, mt.now(), mt.now())
-		mt.notInHeap(r)
-		mt.s.backlog = nil
-		mt.s.place(nil, mt.now(), mt.now())
-		mt.inHeapAt(r, next)
-		if len(mt.s.unplaced) != 0 {
-			t.Fatalf("%d runs still wait", len(mt.s.unplaced))
-		}
-	})
-	t.Run("placed after unplacedFor while the backlog lasts", func(t *testing.T) {
-		mt := newMachineT(t)
-		r := mt.inReady(nil)
-		backlog(mt.s)
-		mt.s.place(firedInBurst(mt, r), mt.now(), mt.now())
-		mt.clk.Advance(unplacedFor / 2)
-		mt.s.place(nil, mt.now(), mt.now())
-		mt.notInHeap(r)
-		mt.clk.Advance(unplacedFor / 2)
-		mt.s.place(nil, mt.now(), mt.now())
-		mt.inHeapAt(r, next)
-	})
-	t.Run("a change placed it meanwhile", func(t *testing.T) {
-		mt := newMachineT(t)
-		r := mt.inReady(nil)
-		backlog(mt.s)
-		mt.s.place(firedInBurst(mt, r), mt.now(), mt.now())
-		mt.edit(r, func(e *events.Entry) { e.Cron = "@every 2m" })
-		mt.consistent()
-		due := r.due
-		mt.s.placeUnplaced(mt.now())
-		mt.inHeapAt(r, due)
-		mt.consistent()
-	})
-	t.Run("its shard moved away meanwhile", func(t *testing.T) {
-		mt := newMachineT(t)
-		r := mt.inReady(nil)
-		backlog(mt.s)
-		mt.s.place(firedInBurst(mt, r), mt.now(), mt.now())
-		mt.s.dropRun(r)
-		mt.s.placeUnplaced(mt.now())
-		mt.notInHeap(r)
-		mt.consistent()
-	})
 }

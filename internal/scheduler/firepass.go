@@ -215,58 +215,11 @@ func (s *Scheduler) finishPass(calls []*passCall, plans []planned, now time.Time
 		s.putSent(c.sent)
 		c.sent = nil
 	}
-	s.place(plans, now, applied)
+	for _, p := range plans {
+		s.passed(p.r, p.more, now, applied)
+	}
 	s.missed.report(s)
 	return answered
-}
-
-// unplacedFor bounds how long an entry a burst's pass fired waits to be
-// placed in the heap again (place): an overload's backlog never drains,
-// and an entry due every second must be back before its next tick is
-// older than a pass or two.
-const unplacedFor = time.Second
-
-// place puts the entries of a pass planned at now and applied at applied
-// back in the heap (passed). While a backlog of due entries is left, the
-// entries whose fires were committed wait in s.unplaced instead, up to
-// unplacedFor: computing their next ticks and noting their positions
-// between the passes of a burst would take this process's CPU from the
-// fires still to go, and none of them is due again before the burst ends.
-// An entry that is to come back at once (more missed ticks) or after a
-// backoff is placed at once.
-func (s *Scheduler) place(plans []planned, now, applied time.Time) {
-	if len(s.backlog) == 0 || (len(s.unplaced) > 0 && s.clock.Since(s.unplacedSince) >= unplacedFor) {
-		s.placeUnplaced(applied)
-		for _, p := range plans {
-			s.passed(p.r, p.more, now, applied)
-		}
-		return
-	}
-	if len(s.unplaced) == 0 {
-		s.unplacedSince = s.clock.Mono()
-	}
-	for _, p := range plans {
-		if p.more || p.r.tries > 0 {
-			s.passed(p.r, p.more, now, applied)
-			continue
-		}
-		s.unplaced = append(s.unplaced, p.r)
-	}
-}
-
-// placeUnplaced puts the entries that wait in s.unplaced back in the heap,
-// each as passed would have after its pass, unless it was placed since (a
-// change applied between turns), is no longer this replica's run, or waits
-// in the backlog again.
-func (s *Scheduler) placeUnplaced(now time.Time) {
-	for _, r := range s.unplaced {
-		if r.index >= 0 || r.backlogged || s.entries[r.id] != r {
-			continue
-		}
-		s.passed(r, false, now, now)
-	}
-	clear(s.unplaced)
-	s.unplaced = s.unplaced[:0]
 }
 
 // reserveHistory makes room in historyHeld for a pass of n fires and, when

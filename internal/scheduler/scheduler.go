@@ -247,11 +247,7 @@ type Scheduler struct {
 	// since historyHeldSince, for flushHistory (loop goroutine only).
 	historyHeld      []taskstate.EnqueueEventRecord
 	historyHeldSince clock.Mono
-	// unplaced: entries a burst's passes fired, to be placed in the heap
-	// again once its backlog is done, since unplacedSince (place).
-	unplaced      []*entryRun
-	unplacedSince clock.Mono
-	vis           chan []taskstate.SchedulerEntry // to writeVisibilityLoop
+	vis              chan []taskstate.SchedulerEntry // to writeVisibilityLoop
 	// tickText's memo (loop goroutine only).
 	lastTick     time.Time
 	lastTickText string
@@ -547,7 +543,6 @@ func (s *Scheduler) turn(ctx context.Context, due []*entryRun) []*entryRun {
 			}
 		}
 		s.requeueBacklog(s.clock.Now().Add(500 * time.Millisecond))
-		s.placeUnplaced(s.clock.Now())
 		return due
 	}
 	due = s.heap.popDue(s.clock.Now(), due[:0])
@@ -555,9 +550,6 @@ func (s *Scheduler) turn(ctx context.Context, due []*entryRun) []*entryRun {
 		s.firePasses(ctx, due)
 		s.checkEpochs(ctx)
 		s.maybeWriteVisibility(true)
-	}
-	if len(s.backlog) == 0 {
-		s.placeUnplaced(s.clock.Now()) // a backlog left with no entry due here
 	}
 	s.flushHistory()
 	s.releaseHeld(ctx)
