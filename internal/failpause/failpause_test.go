@@ -563,7 +563,16 @@ func TestOnlyTheQueueOwnerScans(t *testing.T) {
 		b, _ := strconv.Atoi(metric(t, addr2, "cronstream_failure_pause_queues"))
 		return a, b
 	}
-	testenv.Eventually(t, 20*time.Second, func() bool { a, b := scanned(); return a+b == len(queues) }, "each queue scanned once")
+	// A queue's scan follows its shard 0, which moves once as the second
+	// replica joins: steadiness is checked once each owns its share.
+	settled := func(addr string) bool {
+		owned := metric(t, addr, "cronstream_shards_owned")
+		return owned != "" && owned != "0" && owned == metric(t, addr, "cronstream_shards_desired")
+	}
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		a, b := scanned()
+		return settled(addr1) && settled(addr2) && a+b == len(queues)
+	}, "each replica to own its share and each queue scanned once")
 	for range 5 {
 		deadline := time.Now().Add(failpause.DefaultInterval)
 		testenv.Eventually(t, 10*time.Second, func() bool { return time.Now().After(deadline) }, "")
