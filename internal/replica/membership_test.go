@@ -280,3 +280,21 @@ func TestMembershipFrozenView(t *testing.T) {
 	frozen.Store(false)
 	testenv.Eventually(t, 10*time.Second, func() bool { return slices.Equal(a.Live(), []string{"a", "c"}) }, "thawed, a sees c and not b (%v)", lazy(func() string { return fmt.Sprint(a.Live()) }))
 }
+
+// TestBeatAgeNeverNegative: a beat stamped a little after the reader's
+// now (each clock corrected to Redis TIME within a round trip) is shown
+// as fresh, not as a negative age; an old one keeps its age.
+func TestBeatAgeNeverNegative(t *testing.T) {
+	now := time.Date(2030, 1, 1, 12, 0, 0, 0, time.UTC)
+	infos := []Info{
+		{ID: "ahead", Beat: now.Add(100 * time.Millisecond), Every: "2s"},
+		{ID: "behind", Beat: now.Add(-1500 * time.Millisecond), Every: "2s"},
+	}
+	got := readiness(context.Background(), infos, now)
+	if got[0].BeatAge != "0s" || got[0].State != StateLive {
+		t.Errorf("a beat 100 ms ahead: age %s, state %s; want 0s, live", got[0].BeatAge, got[0].State)
+	}
+	if got[1].BeatAge != "1.5s" {
+		t.Errorf("a beat 1.5 s old: age %s", got[1].BeatAge)
+	}
+}

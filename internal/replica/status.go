@@ -71,7 +71,10 @@ func readiness(ctx context.Context, infos []Info, now time.Time) []Status {
 	out := make([]Status, len(infos))
 	var wg sync.WaitGroup
 	for i, info := range infos {
-		age := now.Sub(info.Beat)
+		// The beat's clock and now's are each corrected to Redis TIME to
+		// within a round trip: a beat slightly after now is fresh, not
+		// from the future.
+		age := max(now.Sub(info.Beat), 0)
 		out[i] = Status{Info: info, BeatAge: age.Round(100 * time.Millisecond).String(), State: StateLive, Ready: "unknown"}
 		if age > info.StaleAfter() {
 			// Its HTTP would not answer either (a frozen process holds the
