@@ -344,7 +344,12 @@ func TestStreamCheckOffTheLoop(t *testing.T) {
 		c.History = slowPass{scheduler.NewStreamHistory(e.js, testNames)}
 	}})
 	testenv.Eventually(t, 30*time.Second, func() bool { return a.counts().Fired >= 24 && b.counts().Fired >= 24 }, "both replicas to fire")
-	// Settled: neither moved a shard for a couple of seconds.
+	// Settled: each owns its share (a loaded machine can take longer
+	// than the handovers' usual couple of seconds), then fires for a while.
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		ra, rb := a.own.Report(), b.own.Report()
+		return ra.Owned == ra.Desired && rb.Owned == rb.Desired && ra.Owned > 0 && rb.Owned > 0
+	}, "each replica to own its share")
 	time.Sleep(3 * time.Second)
 	handover := time.Now()
 	a.stop()
