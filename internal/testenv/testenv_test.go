@@ -25,7 +25,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, LeakOptions()...)
 }
 
 // fatalRecorder stands in for a testing.TB to observe a Fatalf: it records
