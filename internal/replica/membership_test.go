@@ -281,14 +281,16 @@ func TestMembershipFrozenView(t *testing.T) {
 	testenv.Eventually(t, 10*time.Second, func() bool { return slices.Equal(a.Live(), []string{"a", "c"}) }, "thawed, a sees c and not b (%v)", lazy(func() string { return fmt.Sprint(a.Live()) }))
 }
 
-// TestBeatAgeNeverNegative: a beat stamped a little after the reader's
+// TestBeatAgeAheadOfNow: a beat stamped a little after the reader's
 // now (each clock corrected to Redis TIME within a round trip) is shown
-// as fresh, not as a negative age; an old one keeps its age.
-func TestBeatAgeNeverNegative(t *testing.T) {
+// as fresh, not as a negative age; an old one keeps its age, and one far
+// ahead shows as it is, so that a clock gone wrong is seen.
+func TestBeatAgeAheadOfNow(t *testing.T) {
 	now := time.Date(2030, 1, 1, 12, 0, 0, 0, time.UTC)
 	infos := []Info{
 		{ID: "ahead", Beat: now.Add(100 * time.Millisecond), Every: "2s"},
 		{ID: "behind", Beat: now.Add(-1500 * time.Millisecond), Every: "2s"},
+		{ID: "far-ahead", Beat: now.Add(time.Minute), Every: "2s"},
 	}
 	got := readiness(context.Background(), infos, now)
 	if got[0].BeatAge != "0s" || got[0].State != StateLive {
@@ -296,5 +298,8 @@ func TestBeatAgeNeverNegative(t *testing.T) {
 	}
 	if got[1].BeatAge != "1.5s" {
 		t.Errorf("a beat 1.5 s old: age %s", got[1].BeatAge)
+	}
+	if got[2].BeatAge != "-1m0s" {
+		t.Errorf("a beat a minute ahead: age %s, want -1m0s", got[2].BeatAge)
 	}
 }

@@ -65,16 +65,24 @@ func Members(statuses []Status) []shardview.Member {
 	return out
 }
 
+// beatClockSlack is how far after a reader's now a heartbeat may be
+// stamped and still be shown as 0s old: more than two corrections to Redis
+// TIME can disagree by.
+const beatClockSlack = time.Second
+
 // readiness asks each replica's /readyz, concurrently, with a short
 // timeout: a replica behind a firewall is "unknown", not an error.
 func readiness(ctx context.Context, infos []Info, now time.Time) []Status {
 	out := make([]Status, len(infos))
 	var wg sync.WaitGroup
 	for i, info := range infos {
-		// The beat's clock and now's are each corrected to Redis TIME to
-		// within a round trip: a beat slightly after now is fresh, not
-		// from the future.
-		age := max(now.Sub(info.Beat), 0)
+		age := now.Sub(info.Beat)
+		if age < 0 && age > -beatClockSlack {
+			// The beat's clock and now's are each corrected to Redis TIME
+			// to within a round trip: a beat slightly after now is fresh.
+			// One further ahead is shown as it is: a clock gone wrong.
+			age = 0
+		}
 		out[i] = Status{Info: info, BeatAge: age.Round(100 * time.Millisecond).String(), State: StateLive, Ready: "unknown"}
 		if age > info.StaleAfter() {
 			// Its HTTP would not answer either (a frozen process holds the

@@ -121,7 +121,7 @@ func (s *Store) WriteSchedulerEntries(ctx context.Context, schedulerID string, e
 	for i := range entries {
 		from := len(encoded)
 		var err error
-		if encoded, err = AppendSchedulerEntry(encoded, &entries[i]); err != nil {
+		if encoded, err = appendSchedulerEntry(encoded, &entries[i]); err != nil {
 			bad = append(bad, fmt.Errorf("entry %q: %w", entries[i].ID, err))
 			continue
 		}

@@ -207,12 +207,12 @@ func EncodeSchedulerEntry(se *SchedulerEntry) ([]byte, error) {
 	if se == nil {
 		return nil, fmt.Errorf("encode scheduler entry: nil entry")
 	}
-	return AppendSchedulerEntry(make([]byte, 0, schedulerEntrySize(se)), se)
+	return appendSchedulerEntry(make([]byte, 0, schedulerEntrySize(se)), se)
 }
 
-// AppendSchedulerEntry appends se encoded as asynq's SchedulerEntry to b;
+// appendSchedulerEntry appends se encoded as asynq's SchedulerEntry to b;
 // on error b is returned as it was.
-func AppendSchedulerEntry(b []byte, se *SchedulerEntry) ([]byte, error) {
+func appendSchedulerEntry(b []byte, se *SchedulerEntry) ([]byte, error) {
 	e := encoder{b: b}
 	e.str(1, "id", se.ID)
 	e.str(2, "spec", se.Spec)
