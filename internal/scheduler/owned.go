@@ -260,8 +260,9 @@ type queueBacklog struct {
 
 // nextBacklogged takes the first entry of b that is still due here: still
 // this replica's, ready, and not scheduled again since (a change applied
-// meanwhile placed it in the heap, or sent it loading). An emptied backlog
-// leaves s.backlog.
+// meanwhile placed it in the heap, or sent it loading). A run that fires
+// is the one s.entries holds for its entry (enter drops any other to
+// stateNone), so its state says all. An emptied backlog leaves s.backlog.
 func (s *Scheduler) nextBacklogged(b *queueBacklog) *entryRun {
 	for b.head < len(b.runs) {
 		r := b.runs[b.head]
@@ -271,7 +272,7 @@ func (s *Scheduler) nextBacklogged(b *queueBacklog) *entryRun {
 			continue
 		}
 		r.backlogged = false
-		if r.index >= 0 || !r.state.fires() || s.entries[r.id] != r {
+		if r.index >= 0 || !r.state.fires() {
 			continue
 		}
 		if b.head == len(b.runs) {
