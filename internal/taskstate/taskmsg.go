@@ -325,23 +325,16 @@ func DecodeSchedulerEnqueueEvent(b []byte) (*SchedulerEnqueueEvent, error) {
 
 var errInvalidUTF8 = fmt.Errorf("%w: string field contains invalid UTF-8", ErrMalformed)
 
-// encoder appends proto3 fields, omitting defaults, and remembers the first
-// error so call sites stay linear.
 // taskMessageSize is the length of EncodeTaskMessage's output for m.
 func taskMessageSize(m *TaskMessage) int {
-	str := func(s string) int {
-		if s == "" {
-			return 0
-		}
-		return 1 + protowire.SizeBytes(len(s))
-	}
+	str := func(s string) int { return field(len(s)) }
 	num := func(v uint64) int {
 		if v == 0 {
 			return 0
 		}
 		return 1 + protowire.SizeVarint(v)
 	}
-	n := str(m.Type) + str(string(m.Payload)) + str(m.ID) + str(m.Queue) +
+	n := str(m.Type) + field(len(m.Payload)) + str(m.ID) + str(m.Queue) +
 		num(uint64(int64(m.Retry))) + num(uint64(int64(m.Retried))) + str(m.ErrorMsg) +
 		num(uint64(m.Timeout)) + num(uint64(m.Deadline)) + str(m.UniqueKey) +
 		num(uint64(m.LastFailedAt)) + num(uint64(m.Retention)) + num(uint64(m.CompletedAt)) + str(m.GroupKey)
@@ -351,6 +344,17 @@ func taskMessageSize(m *TaskMessage) int {
 	return n
 }
 
+// field is the encoded size of a length-delimited field of n bytes, 0 for
+// an empty one (left out).
+func field(n int) int {
+	if n == 0 {
+		return 0
+	}
+	return 1 + protowire.SizeBytes(n)
+}
+
+// encoder appends proto3 fields, omitting defaults, and remembers the first
+// error so call sites stay linear.
 type encoder struct {
 	b   []byte
 	err error
