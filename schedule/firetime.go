@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/fnv"
+	"math/bits"
 	"strings"
 	"sync"
 	"time"
@@ -297,6 +298,26 @@ func (s *Schedule) Every() time.Duration { return s.every }
 
 // EndAt is the end of the entry's active window (zero: none).
 func (s *Schedule) EndAt() time.Time { return s.end }
+
+// MinGap is a lower bound on the time between two consecutive ticks, read
+// from the spec alone (ShortestGap walks the ticks instead): the @every
+// interval; a minute when the seconds field holds one value (two ticks
+// then lie in different minutes); else a second.
+func (s *Schedule) MinGap() time.Duration {
+	switch {
+	case s.every > 0:
+		return s.every
+	case s.spec != nil && oneValue(s.spec.Second), s.cal != nil && oneValue(s.cal.Second):
+		return time.Minute
+	}
+	return time.Second
+}
+
+// oneValue reports whether a robfig field mask allows a single value.
+func oneValue(mask uint64) bool {
+	const star = 1 << 63
+	return mask&star == 0 && bits.OnesCount64(mask) == 1
+}
 
 // MaxJitter is the entry's jitter: every tick's delay (Jitter) is shorter.
 func (s *Schedule) MaxJitter() time.Duration { return s.jitter }

@@ -182,6 +182,40 @@ func TestShortestGap(t *testing.T) {
 	}
 }
 
+// TestMinGap: the bound read from the spec, and never above the gaps the
+// ticks really have (the fall-back night of New York included, where one
+// wall-clock hour comes twice).
+func TestMinGap(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		cron, tz string
+		want     time.Duration
+	}{
+		{"@every 90s", "UTC", 90 * time.Second},
+		{"* * * * *", "UTC", time.Minute},
+		{"30 1 * * *", "America/New_York", time.Minute},
+		{"0 0 L * *", "UTC", time.Minute},
+		{"0 0 0 * * *", "UTC", time.Minute},
+		{"*/5 * * * * *", "UTC", time.Second},
+		{"0,30 * * * * *", "UTC", time.Second},
+		{"* * * * * *", "UTC", time.Second},
+	}
+	for _, c := range cases {
+		s, err := schedule.NewSchedule(contract.Entry{ID: "g", Cron: c.cron, Timezone: c.tz})
+		if err != nil {
+			t.Fatalf("%s: %v", c.cron, err)
+		}
+		if got := s.MinGap(); got != c.want {
+			t.Errorf("%s: MinGap %s, want %s", c.cron, got, c.want)
+		}
+		for _, from := range []time.Time{time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(2026, 11, 1, 4, 0, 0, 0, time.UTC)} {
+			if gap := s.ShortestGap(from); gap != 0 && gap < s.MinGap() {
+				t.Errorf("%s in %s from %s: a gap of %s is under MinGap %s", c.cron, c.tz, from, gap, s.MinGap())
+			}
+		}
+	}
+}
+
 // TestNextWithSharedSpecs: entries with one spec and zone share its parsed
 // form and the last tick computed for it; entries with another spec, or
 // asking after another instant, in any order and from several goroutines,
