@@ -53,6 +53,7 @@ func (s *Scheduler) maybeWriteVisibility(afterFire bool) {
 	if len(s.vis) > 0 {
 		return // the last snapshot is not even taken up yet: stay pending
 	}
+	s.placeFarOff() // the snapshot reads every run as applied
 	if entries, ok := s.visibilitySnapshot(); ok {
 		s.vis <- entries // the loop is the only sender: there is room
 	}

@@ -95,7 +95,7 @@ func (s *Scheduler) sendPass(ctx context.Context, due []*entryRun, sem chan stru
 			continue
 		}
 		pi := len(p.plans)
-		p.plans = append(p.plans, planned{r, more})
+		p.plans = append(p.plans, planned{r: r, more: more, farOff: !more && farOff(r, fires[len(fires)-1].Tick, p.now)})
 		c := open[r.queue]
 		if c != nil && len(c.fires)+len(fires) > s.cfg.Batch {
 			send(c)
@@ -169,11 +169,77 @@ func (s *Scheduler) fireBatch(ctx context.Context, fences taskstate.Fences, c *p
 	}
 }
 
-// planned is one entry's plan in a pass: its fires, and whether more
-// missed ticks are to follow.
+// planned is one entry's plan in a pass: its fires, whether more missed
+// ticks are to follow, and whether its next tick is far off (farOff).
 type planned struct {
-	r    *entryRun
-	more bool
+	r      *entryRun
+	more   bool
+	farOff bool
+}
+
+// farOffAhead is how far after a pass's now an entry's next tick must lie
+// for its placement in the heap to wait for the end of the burst: far
+// more than a burst's turns last.
+const farOffAhead = 10 * time.Second
+
+// farOff reports whether r's next tick after tick, the last one a pass
+// planned at now fires, is at least farOffAhead away. It reads the
+// schedule's bound alone (schedule.MinGap), while the plan has the
+// schedule at hand: computing the tick itself is most of what placing
+// costs.
+func farOff(r *entryRun, tick, now time.Time) bool {
+	return !r.settling() && !tick.Add(r.sched.MinGap()).Before(now.Add(farOffAhead))
+}
+
+// placeFarOff applies the results of the fires of a burst's far-off plans
+// (planned.farOff), which its passes left in s.farOff, and places their
+// entries in the heap. A burst of daily entries then goes to Redis as
+// fast as Redis takes it: between its passes the loop only plans and
+// sends, as applying a result, computing the next tick and noting the
+// position would take the CPU that the passes still to go are built
+// with. Until then nothing can find those entries due, and they wait no
+// longer than the burst. Whatever else reads or changes runs before the
+// burst ends (a change, a shard move, a held tick's release, a status
+// read, a snapshot of asynq's entries, the loop's end) places them
+// first, so nothing meets a run whose fire is not applied yet.
+func (s *Scheduler) placeFarOff() {
+	if len(s.farOff) == 0 {
+		return
+	}
+	n := 0
+	for _, p := range s.farOff {
+		n += len(p.plans)
+	}
+	s.reserveHistory(n)
+	for _, p := range s.farOff {
+		for _, c := range p.calls {
+			for i := range c.sent {
+				if pl := p.plans[c.owners[i]]; pl.farOff {
+					s.applySent(pl.r, &c.sent[i], p.applied)
+				}
+			}
+			s.putSent(c.sent)
+			c.sent = nil
+		}
+	}
+	now := s.clock.Now()
+	for _, p := range s.farOff {
+		for _, pl := range p.plans {
+			if pl.farOff {
+				s.passed(pl.r, false, now, now)
+			}
+		}
+	}
+	clear(s.farOff)
+	s.farOff = s.farOff[:0]
+	s.missed.report(s)
+}
+
+// farOffPass is a pass whose far-off plans wait for placeFarOff.
+type farOffPass struct {
+	calls   []*passCall
+	plans   []planned
+	applied time.Time // when the rest of the pass was applied
 }
 
 // passRoom is a batch's buffers, handed to a later batch once it is back.
@@ -192,34 +258,68 @@ type passCall struct {
 
 // finishPass applies the results of a pass planned at now (on the
 // corrected clock), on the loop goroutine: each fire's result and each
-// entry's next due instant; it keeps the records for asynq's enqueue
-// history (flushHistory). It returns how many fires got an answer, for
-// Capacity.
+// entry's next due instant, but those of far-off plans, which it leaves
+// to placeFarOff; it keeps the records for asynq's enqueue history
+// (flushHistory). It returns how many fires got an answer, for Capacity.
 func (s *Scheduler) finishPass(calls []*passCall, plans []planned, now time.Time) int {
-	s.reserveHistory(len(plans))
+	if n := nearNow(plans); n > 0 {
+		s.reserveHistory(n)
+	}
 	applied := s.clock.Now()
-	answered := 0
+	answered, left := 0, false
 	for _, c := range calls {
+		keep := false
 		for i := range c.sent {
-			res := c.sent[i].result()
-			if res.Err == nil {
+			if f := &c.sent[i]; f.res == nil || f.res.Err == nil {
 				answered++
 			}
-			if h, ok := s.apply(plans[c.owners[i]].r, c.sent[i], res, applied); ok {
-				if len(s.historyHeld) == 0 {
-					s.historyHeldSince = s.clock.Mono()
-				}
-				s.historyHeld = append(s.historyHeld, h)
+			if pl := plans[c.owners[i]]; pl.farOff {
+				keep = true
+			} else {
+				s.applySent(pl.r, &c.sent[i], applied)
 			}
 		}
-		s.putSent(c.sent)
-		c.sent = nil
+		if keep {
+			left = true
+		} else {
+			s.putSent(c.sent)
+			c.sent = nil
+		}
 	}
 	for _, p := range plans {
-		s.passed(p.r, p.more, now, applied)
+		if !p.farOff {
+			s.passed(p.r, p.more, now, applied)
+		}
+	}
+	if left {
+		s.farOff = append(s.farOff, farOffPass{calls: calls, plans: plans, applied: applied})
 	}
 	s.missed.report(s)
 	return answered
+}
+
+// nearNow counts the plans finishPass applies (those not far off).
+func nearNow(plans []planned) int {
+	n := 0
+	for _, p := range plans {
+		if !p.farOff {
+			n++
+		}
+	}
+	return n
+}
+
+// applySent applies fire f of r (apply), answered before applied, and
+// keeps the asynq history record of a created task.
+func (s *Scheduler) applySent(r *entryRun, f *sentFire, applied time.Time) {
+	h, ok := s.apply(r, *f, f.result(), applied)
+	if !ok {
+		return
+	}
+	if len(s.historyHeld) == 0 {
+		s.historyHeldSince = s.clock.Mono()
+	}
+	s.historyHeld = append(s.historyHeld, h)
 }
 
 // reserveHistory makes room in historyHeld for a pass of n fires and, when

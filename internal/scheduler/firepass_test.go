@@ -75,3 +75,72 @@ func TestSmallBatchesKeepEachFireIntact(t *testing.T) {
 		t.Fatalf("%d fired events, want at least %d", fired, 3*n)
 	}
 }
+
+// TestFarOffBurstPlacedAfterItsPasses: a burst of entries whose next tick
+// is far off (every minute, at second 0) fires in passes of ten, beside
+// entries of another queue due every second. The far-off ones are applied
+// and placed in the heap only once the burst's backlog is fired; each
+// must still fire every minute once, the every-second ones every second
+// once, and nothing be skipped.
+func TestFarOffBurstPlacedAfterItsPasses(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const minutely, secondly = 40, 5
+	var entries []events.Entry
+	for i := range minutely {
+		entries = append(entries, every(fmt.Sprintf("m%02d", i), "0 * * * * *"))
+	}
+	for i := range secondly {
+		entries = append(entries, every(fmt.Sprintf("s%02d", i), "@every 1s", func(en *events.Entry) { en.Options.Queue = "other" }))
+	}
+	e.put(entries...)
+	mt := newManualTime(t)
+	// No rewrite of asynq's entries in the test's minutes: it too places
+	// them (it reads every run), and the test is about the burst's own.
+	mt.startNode(e, "n1", nodeOpts{sched: func(c *scheduler.Config) { c.Batch, c.Parallel, c.Visibility = 5, 2, time.Hour }})
+	start := mt.now()
+	mt.advance(3*time.Minute + 500*time.Millisecond)
+	end := mt.now()
+	var minutes []time.Time
+	for m := start.Truncate(time.Minute).Add(time.Minute); !m.After(end); m = m.Add(time.Minute) {
+		minutes = append(minutes, m)
+	}
+	seconds := int(end.Sub(start) / time.Second)
+	e.waitActivity(uint64(minutely*len(minutes)+secondly*(seconds-1)), 60*time.Second)
+
+	fired := map[string]map[time.Time]int{}
+	for _, a := range e.readActivity() {
+		switch a.Type {
+		case events.TypeEntryFired:
+			f := a.Fired
+			if fired[f.Entry] == nil {
+				fired[f.Entry] = map[time.Time]int{}
+			}
+			fired[f.Entry][f.ScheduledAt.UTC()]++
+		case events.TypeEntrySkipped:
+			t.Errorf("skipped: %+v", a.Skipped)
+		}
+	}
+	for i := range minutely {
+		id := fmt.Sprintf("m%02d", i)
+		for _, m := range minutes {
+			if n := fired[id][m.UTC()]; n != 1 {
+				t.Errorf("%s: tick %s fired %d times, want once", id, m.Format(time.TimeOnly), n)
+			}
+		}
+		if len(fired[id]) != len(minutes) {
+			t.Errorf("%s fired %d ticks, want %d", id, len(fired[id]), len(minutes))
+		}
+	}
+	for i := range secondly {
+		id := fmt.Sprintf("s%02d", i)
+		for tick, n := range fired[id] {
+			if n != 1 {
+				t.Errorf("%s: tick %s fired %d times", id, tick.Format(time.TimeOnly), n)
+			}
+		}
+		if len(fired[id]) < seconds-1 {
+			t.Errorf("%s fired %d ticks in %d seconds", id, len(fired[id]), seconds)
+		}
+	}
+}

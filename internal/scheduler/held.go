@@ -139,6 +139,9 @@ func (s *Scheduler) releaseHeld(ctx context.Context) {
 	fences := taskstate.Fences{ConfigSeq: seq, ConfigID: s.cfg.Projection.ConfigMessageID(seq),
 		FreshAsOf: s.cfg.Projection.LastHeard(), MaxStaleness: s.cfg.MaxStaleness}
 	s.held.queues = map[string]bool{}
+	if len(held) > 0 {
+		s.placeFarOff() // a release follows the fires before it
+	}
 	var history []taskstate.EnqueueEventRecord
 	for _, h := range held {
 		s.held.queues[h.Queue] = true

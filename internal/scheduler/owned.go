@@ -31,6 +31,7 @@ func (s *Scheduler) followShards() {
 		s.owned.Until = next.Until // renewed terms
 		return
 	}
+	s.placeFarOff() // a run that leaves notes its last fire's position
 	var gone map[events.Shard]bool
 	for sh := range s.owned.Until {
 		if _, kept := next.Until[sh]; !kept {

@@ -247,7 +247,10 @@ type Scheduler struct {
 	// since historyHeldSince, for flushHistory (loop goroutine only).
 	historyHeld      []taskstate.EnqueueEventRecord
 	historyHeldSince clock.Mono
-	vis              chan []taskstate.SchedulerEntry // to writeVisibilityLoop
+	// farOff: passes of a burst whose far-off plans are still to apply
+	// (placeFarOff; loop goroutine only).
+	farOff []farOffPass
+	vis    chan []taskstate.SchedulerEntry // to writeVisibilityLoop
 	// tickText's memo (loop goroutine only).
 	lastTick     time.Time
 	lastTickText string
@@ -366,6 +369,7 @@ func (s *Scheduler) Start(ctx context.Context) error {
 			defer close(s.vis)     // likewise
 			defer close(s.loopDone)
 			s.loop(ctx, changes, removed)
+			s.placeFarOff()
 			s.sendHistory(s.historyHeld)
 		})
 		s.life.Go(func(context.Context) { s.writeHistory() })
@@ -455,6 +459,9 @@ func (s *Scheduler) loop(ctx context.Context, changes <-chan projector.Batch, re
 			timer.Reset(wait)
 			armed = at
 		}
+		// A message that reads or changes runs first places a burst's
+		// far-off entries (placeFarOff): it then meets every run as
+		// applied.
 		select {
 		case <-ctx.Done():
 			return
@@ -468,6 +475,7 @@ func (s *Scheduler) loop(ctx context.Context, changes <-chan projector.Batch, re
 				}
 				return
 			}
+			s.placeFarOff()
 			for _, c := range b.Changes {
 				s.follow(c, b.Mark)
 			}
@@ -475,6 +483,7 @@ func (s *Scheduler) loop(ctx context.Context, changes <-chan projector.Batch, re
 		case <-shardsChanged:
 			// Taken and dropped at once, loaded and fired in the turn.
 		case reply := <-s.timesReq:
+			s.placeFarOff()
 			reply <- s.listEntryTimes()
 			continue
 		case <-vis.C:
@@ -543,6 +552,7 @@ func (s *Scheduler) turn(ctx context.Context, due []*entryRun) []*entryRun {
 			}
 		}
 		s.requeueBacklog(s.clock.Now().Add(500 * time.Millisecond))
+		s.placeFarOff()
 		return due
 	}
 	due = s.heap.popDue(s.clock.Now(), due[:0])
@@ -550,6 +560,9 @@ func (s *Scheduler) turn(ctx context.Context, due []*entryRun) []*entryRun {
 		s.firePasses(ctx, due)
 		s.checkEpochs(ctx)
 		s.maybeWriteVisibility(true)
+	}
+	if len(s.backlog) == 0 {
+		s.placeFarOff()
 	}
 	s.flushHistory()
 	s.releaseHeld(ctx)
