@@ -569,7 +569,10 @@ func TestFairAcrossQueues(t *testing.T) {
 	}
 	rc := e.redis.Client(t)
 	rc.AddHook(slowRedis{50 * time.Millisecond})
-	n := e.startNode("a", nodeOpts{rc: rc, sched: func(c *scheduler.Config) { c.Batch, c.Parallel = 50, 1 }})
+	// The flood falls about half a second further behind every second: a
+	// grace of 2 s (not the default 5) makes its ticks missed well within
+	// the test's seconds, however fast the replica got its entries loaded.
+	n := e.startNode("a", nodeOpts{rc: rc, sched: func(c *scheduler.Config) { c.Batch, c.Parallel, c.Grace = 50, 1, 2*time.Second }})
 	testenv.Eventually(t, 60*time.Second, func() bool { return n.counts().Loading == 0 && n.counts().Entries == 1505 }, "the entries to load")
 	from := time.Now().Truncate(time.Second).Add(3 * time.Second)
 	waitUntil(t, time.Now, from.Add(8*time.Second))
