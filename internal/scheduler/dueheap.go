@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"container/heap"
+	"slices"
 	"sync/atomic"
 	"time"
 )
@@ -64,6 +65,7 @@ func (d *dueHeap) remove(e *entryRun) {
 func (d *dueHeap) popDue(now time.Time, into []*entryRun) []*entryRun {
 	n := len(into)
 	for d.h.Len() > 0 && !d.h[0].due.After(now) {
+		into = growDoubling(into)
 		into = append(into, heap.Pop(&d.h).(*entryRun))
 	}
 	d.ops.Add(uint64(len(into) - n))
@@ -76,4 +78,14 @@ func (d *dueHeap) peek() (time.Time, bool) {
 		return time.Time{}, false
 	}
 	return d.h[0].due, true
+}
+
+// growDoubling makes room for one more run, doubling a full slice: append
+// grows a large slice by a quarter, so a burst of a hundred thousand due
+// entries would be copied about twenty times, each time into new memory.
+func growDoubling(runs []*entryRun) []*entryRun {
+	if len(runs) < cap(runs) {
+		return runs
+	}
+	return slices.Grow(runs, max(len(runs), 64))
 }

@@ -220,7 +220,7 @@ func (s *Scheduler) fairShare(due []*entryRun) []*entryRun {
 				s.backlog[r.queue] = last
 			}
 		}
-		last.runs = append(last.runs, r)
+		last.runs = append(growDoubling(last.runs), r)
 	}
 	queues := make([]*queueBacklog, 0, len(s.backlog))
 	for _, b := range s.backlog {
