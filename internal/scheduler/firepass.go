@@ -22,8 +22,7 @@ const passesBudget = 500 * time.Millisecond
 // returns (followShards relies on it).
 func (s *Scheduler) firePasses(ctx context.Context, due []*entryRun) {
 	if len(due) > s.cfg.Batch {
-		s.busy.Store(true)
-		defer s.busy.Store(false)
+		s.busy.Store(true) // until the turn ends with no backlog (turn)
 	}
 	began := s.capacity.begin(s.clock)
 	s.firingSince.Store(int64(max(s.clock.Since(s.epoch), 1)))

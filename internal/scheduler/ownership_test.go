@@ -575,8 +575,22 @@ func TestFairAcrossQueues(t *testing.T) {
 	n := e.startNode("a", nodeOpts{rc: rc, sched: func(c *scheduler.Config) { c.Batch, c.Parallel, c.Grace = 50, 1, 2*time.Second }})
 	testenv.Eventually(t, 60*time.Second, func() bool { return n.counts().Loading == 0 && n.counts().Entries == 1505 }, "the entries to load")
 	from := time.Now().Truncate(time.Second).Add(3 * time.Second)
+	// The flood's backlog never drains from then on, so the scheduler is
+	// busy all along (Busy, which a relay waits for), also between turns.
+	waitUntil(t, time.Now, from)
+	samples, idle := 0, 0
+	for time.Now().Before(from.Add(6 * time.Second)) {
+		samples++
+		if !n.sched.Busy() {
+			idle++
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
 	waitUntil(t, time.Now, from.Add(8*time.Second))
 	n.stop()
+	if idle > 0 {
+		t.Errorf("Busy was false in %d of %d samples while the flood was behind", idle, samples)
+	}
 	e.waitOutboxEmpty(60*time.Second, "small")
 	led := ledgers(e.readActivity())
 	for _, id := range small {

@@ -272,7 +272,7 @@ type Scheduler struct {
 
 	paused atomic.Bool // outbox backpressure
 	fenced fenced      // a run of fence refusals (Fenced)
-	busy   atomic.Bool // firing more than one batch
+	busy   atomic.Bool // firing more than one batch, or a backlog left
 	// firingSince is when the fire pass in progress began (monotonic,
 	// after epoch; 0: none in progress).
 	epoch       clock.Mono
@@ -369,6 +369,7 @@ func (s *Scheduler) Start(ctx context.Context) error {
 			defer close(s.vis)     // likewise
 			defer close(s.loopDone)
 			s.loop(ctx, changes, removed)
+			s.busy.Store(false)
 			s.placeFarOff()
 			s.sendHistory(s.historyHeld)
 		})
@@ -393,8 +394,9 @@ func (s *Scheduler) Stop(context.Context) error {
 }
 
 // Busy reports whether the scheduler is firing a burst (more due fires
-// than one batch). The relay's Hold takes it, so a burst gets the cores and
-// Redis first and its events follow right after.
+// than one batch, until no backlog of them is left). The relay's Hold
+// takes it, so a burst gets the cores and Redis first and its events
+// follow right after.
 func (s *Scheduler) Busy() bool { return s.busy.Load() }
 
 // Firing returns how long the fire pass in progress has been waiting for
@@ -553,6 +555,7 @@ func (s *Scheduler) turn(ctx context.Context, due []*entryRun) []*entryRun {
 		}
 		s.requeueBacklog(s.clock.Now().Add(500 * time.Millisecond))
 		s.placeFarOff()
+		s.busy.Store(false) // the relay is what firing waits for
 		return due
 	}
 	due = s.heap.popDue(s.clock.Now(), due[:0])
@@ -561,6 +564,10 @@ func (s *Scheduler) turn(ctx context.Context, due []*entryRun) []*entryRun {
 		s.checkEpochs(ctx)
 		s.maybeWriteVisibility(true)
 	}
+	// A burst's backlog is fired in the turns that follow at once: the
+	// scheduler is busy (Busy, which the relay waits for) until the last of
+	// them, not free for a moment at every turn's end.
+	s.busy.Store(len(s.backlog) > 0)
 	if len(s.backlog) == 0 {
 		s.placeFarOff()
 	}
