@@ -119,7 +119,7 @@ type Config struct {
 	// late event is published later, a late tick past the scheduler's
 	// grace is skipped. A relay held for MaxHold in all since it last
 	// caught up (a long burst, or a replica with more due than it can fire,
-	// busy with short gaps) publishes whole passes beside the fires until
+	// busy all along) publishes whole passes beside the fires until
 	// its backlog is down to a batch: held at every pass, it published one
 	// batch per MaxHold, and the outbox grew until firing paused on its
 	// bound.
