@@ -584,7 +584,7 @@ func TestFairAcrossQueues(t *testing.T) {
 		if !n.sched.Busy() {
 			idle++
 		}
-		time.Sleep(100 * time.Microsecond)
+		time.Sleep(time.Millisecond)
 	}
 	waitUntil(t, time.Now, from.Add(8*time.Second))
 	n.stop()
