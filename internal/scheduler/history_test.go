@@ -55,7 +55,9 @@ func TestStreamHistory(t *testing.T) {
 func TestStopSince(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	c := testenv.Context(t, 10*time.Second)
+	// One deadline for the whole test, which makes some thirty config
+	// changes and reads: beside the rest of the suite they take seconds.
+	c := testenv.Context(t, 30*time.Second)
 	e.put(every("p", "@every 1m"))
 	e.put(every("p", "@every 2m"))
 	e.put(every("p", "@every 2m", withPayload("x")))
