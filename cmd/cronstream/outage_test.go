@@ -171,13 +171,17 @@ func TestNATSOutageKeepsFiring(t *testing.T) {
 			t.Errorf("%s paused firing:\n%s", rp.id, logs)
 		}
 	}
+	left := rc.XLen(ctx, outboxKey).Val()
+	if left != 0 {
+		t.Errorf("%d records left in the outbox", left)
+	}
 	if t.Failed() {
 		for _, rp := range reps {
 			t.Logf("%s stderr:\n%s", rp.id, rp.p.Stderr())
 		}
 	}
-	if n := rc.XLen(ctx, outboxKey).Val(); n != 0 {
-		t.Fatalf("%d records left in the outbox", n)
+	if left != 0 {
+		t.FailNow()
 	}
 
 	phase("replicas stopped")

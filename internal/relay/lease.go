@@ -63,7 +63,10 @@ func (r *Relay) takeOutbox(ctx context.Context, queue string) (after string, ok,
 		yielding = false
 	}
 	r.mu.Unlock()
-	if yielding {
+	// A stopping relay is past keeping off for another replica's sake:
+	// the lease says whether one took the outbox, and if none did, this
+	// is the outbox's last chance before a replica starts again.
+	if yielding && !r.stopping.Load() {
 		return "", false, false, nil
 	}
 	mine, orphan, err := r.mayRelay(ctx, queue)

@@ -310,6 +310,10 @@ func (r *Relay) Stop(ctx context.Context) error {
 	}
 	r.stopping.Store(true)
 	err := r.Flush(ctx)
+	if left := r.backlog.Load(); left > 0 {
+		r.log.Warn("relay stopped with records left in the outboxes: another replica's relay publishes them, or the next to start",
+			"records", left, "err", err)
+	}
 	r.mu.Lock()
 	queues := make([]string, 0, len(r.owned))
 	for q := range r.owned {
@@ -330,12 +334,23 @@ func (r *Relay) Stop(ctx context.Context) error {
 }
 
 // Flush runs passes until no outbox holds records, or the records left are
-// in outboxes another relay owns (it publishes them), or ctx ends.
+// in outboxes another relay owns (it publishes them), or ctx ends. A failed
+// pass is tried once more: one acknowledgement missed under load is common,
+// and the records would wait for a replica to start again; two failures in
+// a row, or NATS out of reach, end the flush with the error.
 func (r *Relay) Flush(ctx context.Context) error {
+	failed := false
 	for {
 		n, err := r.Pass(ctx)
-		if err != nil {
+		switch {
+		case err == nil:
+			failed = false
+		case failed || ctx.Err() != nil || errors.Is(err, errDisconnected):
 			return err
+		default:
+			failed = true
+			r.log.Debug("relay flush: pass failed, trying once more", "err", err)
+			continue
 		}
 		if r.backlog.Load() == 0 || (n == 0 && r.ownedBacklog.Load() == 0) {
 			return nil

@@ -614,3 +614,31 @@ func TestRelayBackSoonAfterFailedPass(t *testing.T) {
 	t.Logf("back %s after the failed pass", time.Since(failed).Round(10*time.Millisecond))
 	checkExactlyOnce(t, e.stored(), want)
 }
+
+// TestRelayStopAfterFailedPass: a relay that gave its outbox up after a
+// failed pass still publishes it when it stops and no other relay took
+// it: the last replica out must not leave its final fires behind for
+// having missed one acknowledgement just before.
+func TestRelayStopAfterFailedPass(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 0)
+	r := e.newRelay("r1", func(c *relay.Config) { c.LeaseTTL, c.PublishTimeout = 20*time.Second, 500*time.Millisecond })
+	want := e.write("default", "a", 10)
+	c := ctx(t, 60*time.Second)
+	if err := e.js.DeleteStream(c, names.ActivityStream()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Pass(c); err == nil {
+		t.Fatal("a pass without the activity stream published")
+	}
+	if err := events.EnsureStreams(c, e.js, events.StreamConfig{Names: names}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Stop(c); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.outboxLen("default"); n != 0 {
+		t.Fatalf("stopped with %d records in the outbox, which no other relay holds", n)
+	}
+	checkExactlyOnce(t, e.stored(), want)
+}

@@ -449,17 +449,25 @@ func (e *env) outboxEvents(queue string) int {
 	return n
 }
 
-// waitOutboxEmpty waits until every listed queue's outbox is empty.
+// waitOutboxEmpty waits until every listed queue's outbox is empty; if one
+// is not, it says how many records wait and which relay holds its lease.
 func (e *env) waitOutboxEmpty(timeout time.Duration, queues ...string) {
 	e.t.Helper()
-	testenv.Eventually(e.t, timeout, func() bool {
+	var left []string
+	if !testenv.WaitFor(timeout, func() bool {
+		left = left[:0]
 		for _, q := range queues {
-			if e.outboxLen(q) != 0 {
-				return false
+			if n := e.outboxLen(q); n != 0 {
+				key := taskstate.Own(testPrefix, q).OutboxOwner()
+				holder, _ := e.rc.Get(context.Background(), key).Result()
+				ttl, _ := e.rc.PTTL(context.Background(), key).Result()
+				left = append(left, fmt.Sprintf("%s: %d records, lease held by %q for %s", q, n, holder, ttl))
 			}
 		}
-		return true
-	}, "outboxes %v to drain", queues)
+		return len(left) == 0
+	}) {
+		e.t.Fatalf("outboxes %v to drain within %s: %s", queues, timeout, strings.Join(left, "; "))
+	}
 }
 
 // pendingIDs returns the task ids in queue's asynq pending list.
