@@ -90,9 +90,12 @@ func TestOverlapCancelPreviousAcrossReplicaKill(t *testing.T) {
 			t.Errorf("cancelled task %s still exists", ac.Cancelled.TaskID)
 		}
 	}
+	// A cancellation the stop cut short is left to the next replica: its
+	// task in retry, the tick that replaces it still held.
+	held := e.heldEntries("default")["cank"]
 	for _, id := range e.rc.ZRange(context.Background(), taskstate.Keys("default").Retry(), 0, -1).Val() {
-		if l.taskIDs[id] > 0 {
-			t.Errorf("task %s of the entry stays in retry", id)
+		if l.taskIDs[id] > 0 && !(held.Cancel && held.PrevTaskID == id) {
+			t.Errorf("task %s of the entry stays in retry (held: %+v)", id, held)
 		}
 	}
 	w.mu.Lock()
