@@ -14,7 +14,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, testenv.LeakOptions()...)
 }
 
 func TestStartAt(t *testing.T) {

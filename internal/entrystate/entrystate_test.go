@@ -14,7 +14,7 @@ import (
 	"github.com/cronstream/cronstream/projector"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, testenv.LeakOptions()...) }
 
 // TestCount: each entry is in one state: ended before paused, completed
 // only for an active limited entry whose counter, of its limit's revision,

@@ -32,7 +32,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, testenv.LeakOptions()...)
 }
 
 // startReplica runs a replica until the test ends and returns its HTTP

@@ -23,7 +23,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, testenv.LeakOptions()...)
 }
 
 // TestRemovedEntryKeysDeletedAfterGrace runs a replica with a short grace:

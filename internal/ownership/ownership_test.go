@@ -19,7 +19,7 @@ import (
 	"github.com/cronstream/cronstream/internal/testlog"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, testenv.LeakOptions()...) }
 
 var testNames = events.MustNames("own")
 

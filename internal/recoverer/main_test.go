@@ -10,5 +10,5 @@ import (
 
 func TestMain(m *testing.M) {
 	testenv.RunAsynqChild()
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, testenv.LeakOptions()...)
 }

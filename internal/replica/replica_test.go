@@ -18,7 +18,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, testenv.LeakOptions()...)
 }
 
 func quietLogger() *slog.Logger {

@@ -17,5 +17,5 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, testenv.LeakOptions()...)
 }
