@@ -77,7 +77,8 @@ func testLogger(t testing.TB) *slog.Logger {
 	if os.Getenv("CRONSTREAM_TEST_LOG") != "" {
 		return testlog.Logger(t, slog.LevelDebug)
 	}
-	return testlog.Logger(t, slog.LevelError)
+	// Shown only when the test fails: what went wrong on the way.
+	return testlog.Logger(t, slog.LevelWarn)
 }
 
 var discardLogger = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -466,6 +467,12 @@ func (e *env) waitOutboxEmpty(timeout time.Duration, queues ...string) {
 		}
 		return len(left) == 0
 	}) {
+		for _, q := range queues {
+			recs, _ := e.store.ReadOutbox(context.Background(), testPrefix, q, "", 5)
+			for _, r := range recs {
+				left = append(left, fmt.Sprintf("%s holds record %s: %s", q, r.StreamID, strings.Join(outbox.EventIDs(r.EventID, r.Data), " ")))
+			}
+		}
 		e.t.Fatalf("outboxes %v to drain within %s: %s", queues, timeout, strings.Join(left, "; "))
 	}
 }
