@@ -50,7 +50,7 @@ type Outbox interface {
 	AcquireOutbox(ctx context.Context, prefix, queue, owner string, ttl time.Duration) (bool, error)
 	ReleaseOutbox(ctx context.Context, prefix, queue, owner string) error
 	ReadOutbox(ctx context.Context, prefix, queue, after string, count int) ([]taskstate.OutboxRecord, error)
-	AckOutbox(ctx context.Context, prefix, queue, owner string, streamIDs ...string) error
+	AckOutbox(ctx context.Context, prefix, queue, owner string, ttl time.Duration, streamIDs ...string) error
 	OutboxLen(ctx context.Context, prefix, queue string) (int64, error)
 	OutboxBytes(ctx context.Context, prefix, queue string) (int64, error)
 	OutboxFirstRecordBytes(ctx context.Context, prefix, queue string) (int64, error)
@@ -685,7 +685,7 @@ func (r *Relay) ack(ctx context.Context, queue string, recs []taskstate.OutboxRe
 	for i := range recs {
 		ids[i] = recs[i].StreamID
 	}
-	if err := r.cfg.Outbox.AckOutbox(ctx, r.cfg.Names.Prefix(), queue, r.cfg.Owner, ids...); err != nil {
+	if err := r.cfg.Outbox.AckOutbox(ctx, r.cfg.Names.Prefix(), queue, r.cfg.Owner, r.cfg.LeaseTTL, ids...); err != nil {
 		r.mu.Lock()
 		delete(r.owned, queue)
 		r.mu.Unlock()

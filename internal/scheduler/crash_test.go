@@ -21,11 +21,11 @@ type failingAck struct {
 	failures atomic.Int32
 }
 
-func (f *failingAck) AckOutbox(ctx context.Context, prefix, queue, owner string, ids ...string) error {
+func (f *failingAck) AckOutbox(ctx context.Context, prefix, queue, owner string, ttl time.Duration, ids ...string) error {
 	if f.failures.Add(-1) >= 0 {
 		return errors.New("injected crash before the outbox delete")
 	}
-	return f.Outbox.AckOutbox(ctx, prefix, queue, owner, ids...)
+	return f.Outbox.AckOutbox(ctx, prefix, queue, owner, ttl, ids...)
 }
 
 // TestCrashBetweenRedisWriteAndPublish is INV-outbox: a replica that dies

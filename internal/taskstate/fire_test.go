@@ -1232,7 +1232,7 @@ func TestFireCluster(t *testing.T) {
 		if err != nil || len(recs) != 9 {
 			t.Fatalf("read %q: %d records, %v", q, len(recs), err)
 		}
-		if err := s.AckOutbox(ctx, testPrefix, q, "relay-1", recs[0].StreamID, recs[1].StreamID); err != nil {
+		if err := s.AckOutbox(ctx, testPrefix, q, "relay-1", time.Minute, recs[0].StreamID, recs[1].StreamID); err != nil {
 			t.Fatal(err)
 		}
 		if n, _ := s.OutboxLen(ctx, testPrefix, q); n != 7 {

@@ -187,16 +187,20 @@ func outboxRecords(queue string, reply []any) ([]OutboxRecord, error) {
 	return out, nil
 }
 
-// AckOutbox deletes published records from queue's outbox, but only while
-// owner still holds the outbox's lease; otherwise it returns ErrNotOwner and
-// deletes nothing.
-func (s *Store) AckOutbox(ctx context.Context, prefix, queue, owner string, streamIDs ...string) error {
+// AckOutbox deletes published records from queue's outbox and extends
+// owner's lease for ttl, unless another relay holds the lease: then it
+// returns ErrNotOwner and deletes nothing. A lease that lapsed and that
+// nobody took is owner's again.
+func (s *Store) AckOutbox(ctx context.Context, prefix, queue, owner string, ttl time.Duration, streamIDs ...string) error {
 	if len(streamIDs) == 0 {
 		return nil
 	}
+	if owner == "" || ttl < time.Millisecond {
+		return fmt.Errorf("ack outbox records of queue %q: empty owner or ttl below 1ms", queue)
+	}
 	own := Own(prefix, queue)
-	args := make([]any, 0, len(streamIDs)+1)
-	args = append(args, owner)
+	args := make([]any, 0, len(streamIDs)+2)
+	args = append(args, owner, ttl.Milliseconds())
 	for _, id := range streamIDs {
 		args = append(args, id)
 	}

@@ -63,13 +63,13 @@ func TestOutboxOrderAndOwnership(t *testing.T) {
 	if ok, err := s.AcquireOutbox(ctx, testPrefix, "default", "relay-2", ttl); err != nil || ok {
 		t.Fatalf("relay-2 acquired a held outbox: %v, %v", ok, err)
 	}
-	if err := s.AckOutbox(ctx, testPrefix, "default", "relay-2", got[0].StreamID); !errors.Is(err, ErrNotOwner) {
+	if err := s.AckOutbox(ctx, testPrefix, "default", "relay-2", time.Minute, got[0].StreamID); !errors.Is(err, ErrNotOwner) {
 		t.Fatalf("ack by non-owner: %v, want ErrNotOwner", err)
 	}
 	if n, _ := s.OutboxLen(ctx, testPrefix, "default"); n != 5 {
 		t.Fatalf("non-owner ack deleted records: %d left", n)
 	}
-	if err := s.AckOutbox(ctx, testPrefix, "default", "relay-1", got[0].StreamID, got[1].StreamID); err != nil {
+	if err := s.AckOutbox(ctx, testPrefix, "default", "relay-1", ttl, got[0].StreamID, got[1].StreamID); err != nil {
 		t.Fatal(err)
 	}
 	if ok, err := s.AcquireOutbox(ctx, testPrefix, "default", "relay-1", ttl); err != nil || !ok {
@@ -92,10 +92,10 @@ func TestOutboxOrderAndOwnership(t *testing.T) {
 		t.Fatalf("relay-2 resumes at %+v, want %q first of 3", resumed, want[2])
 	}
 	// The old owner, back from a pause, can no longer ack.
-	if err := s.AckOutbox(ctx, testPrefix, "default", "relay-1", resumed[0].StreamID); !errors.Is(err, ErrNotOwner) {
+	if err := s.AckOutbox(ctx, testPrefix, "default", "relay-1", ttl, resumed[0].StreamID); !errors.Is(err, ErrNotOwner) {
 		t.Fatalf("ack by former owner: %v, want ErrNotOwner", err)
 	}
-	if err := s.AckOutbox(ctx, testPrefix, "default", "relay-2", resumed[0].StreamID); err != nil {
+	if err := s.AckOutbox(ctx, testPrefix, "default", "relay-2", time.Minute, resumed[0].StreamID); err != nil {
 		t.Fatal(err)
 	}
 	// Release hands over at once.
@@ -144,10 +144,56 @@ func TestOutboxAckMany(t *testing.T) {
 	if ok, err := s.AcquireOutbox(ctx, testPrefix, "default", "r", time.Minute); err != nil || !ok {
 		t.Fatalf("acquire: %v %v", ok, err)
 	}
-	if err := s.AckOutbox(ctx, testPrefix, "default", "r", ids...); err != nil {
+	if err := s.AckOutbox(ctx, testPrefix, "default", "r", time.Minute, ids...); err != nil {
 		t.Fatal(err)
 	}
 	if n, _ := s.OutboxLen(ctx, testPrefix, "default"); n != 0 {
 		t.Fatalf("%d records left", n)
+	}
+}
+
+// TestOutboxAckAfterLapse: a relay whose pass outlasted its lease still
+// deletes what it published when nobody took the outbox meanwhile, and
+// holds the lease again; once another relay took it, its ack deletes
+// nothing.
+func TestOutboxAckAfterLapse(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, _ := newTestStore(t)
+	for i := 1; i <= 3; i++ {
+		var prev time.Time
+		if i > 1 {
+			prev = tickAt(i - 1)
+		}
+		mustFire(t, s, tickFire("lapse", "default", tickAt(i), prev), StatusFired)
+	}
+	recs, err := s.ReadOutbox(ctx, testPrefix, "default", "", 3)
+	if err != nil || len(recs) != 3 {
+		t.Fatalf("read %d records: %v", len(recs), err)
+	}
+	if ok, err := s.AcquireOutbox(ctx, testPrefix, "default", "slow", 20*time.Millisecond); err != nil || !ok {
+		t.Fatalf("acquire: %v, %v", ok, err)
+	}
+	time.Sleep(50 * time.Millisecond) // the pass outlasts the lease
+	if err := s.AckOutbox(ctx, testPrefix, "default", "slow", time.Minute, recs[0].StreamID); err != nil {
+		t.Fatalf("ack after a lapse nobody took: %v", err)
+	}
+	if n, _ := s.OutboxLen(ctx, testPrefix, "default"); n != 2 {
+		t.Fatalf("%d records left, want 2", n)
+	}
+	if ok, _ := s.AcquireOutbox(ctx, testPrefix, "default", "other", time.Minute); ok {
+		t.Fatal("the ack did not take the lapsed lease again: another relay took it")
+	}
+	if err := s.ReleaseOutbox(ctx, testPrefix, "default", "slow"); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := s.AcquireOutbox(ctx, testPrefix, "default", "other", time.Minute); err != nil || !ok {
+		t.Fatalf("other acquire: %v, %v", ok, err)
+	}
+	if err := s.AckOutbox(ctx, testPrefix, "default", "slow", time.Minute, recs[1].StreamID); !errors.Is(err, ErrNotOwner) {
+		t.Fatalf("ack while another relay holds the lease: %v, want ErrNotOwner", err)
+	}
+	if n, _ := s.OutboxLen(ctx, testPrefix, "default"); n != 2 {
+		t.Fatalf("%d records left after a refused ack, want 2", n)
 	}
 }
