@@ -79,6 +79,13 @@ func TestNATSOutageKeepsFiring(t *testing.T) {
 		}, "%s did not log its HTTP address", id)
 		reps = append(reps, rp)
 	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, rp := range reps {
+				t.Logf("%s stderr:\n%s", rp.id, rp.p.Stderr())
+			}
+		}
+	})
 	for _, rp := range reps {
 		testenv.Eventually(t, 60*time.Second, func() bool { return httpStatus(rp.base+"/readyz") == http.StatusOK }, "%s not ready:\n%s", rp.id, rp.p.Stderr())
 	}
@@ -171,17 +178,8 @@ func TestNATSOutageKeepsFiring(t *testing.T) {
 			t.Errorf("%s paused firing:\n%s", rp.id, logs)
 		}
 	}
-	left := rc.XLen(ctx, outboxKey).Val()
-	if left != 0 {
-		t.Errorf("%d records left in the outbox", left)
-	}
-	if t.Failed() {
-		for _, rp := range reps {
-			t.Logf("%s stderr:\n%s", rp.id, rp.p.Stderr())
-		}
-	}
-	if left != 0 {
-		t.FailNow()
+	if left := rc.XLen(ctx, outboxKey).Val(); left != 0 {
+		t.Fatalf("%d records left in the outbox", left)
 	}
 
 	phase("replicas stopped")
@@ -214,6 +212,7 @@ func TestNATSOutageKeepsFiring(t *testing.T) {
 	}
 	defer msgs.Stop()
 	fired := map[string][]time.Time{} // entry → ticks in stream order
+	seqOf := map[string]uint64{}      // event id → stream sequence, to name both ends of a disorder
 	byReplica := map[string]int{}
 	// Ticks skipped before the outage's checked window are the replicas'
 	// start under load: registered before they ran, a tick they came to
@@ -246,8 +245,18 @@ func TestNATSOutageKeepsFiring(t *testing.T) {
 		if !ok || entry != f.Entry || !tick.Equal(f.ScheduledAt) {
 			t.Fatalf("event %s: Nats-Msg-Id %q does not name entry %s tick %s", ev.ID, m.Headers().Get(jetstream.MsgIDHeader), f.Entry, f.ScheduledAt)
 		}
+		md, err := m.Metadata()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if first, dup := seqOf[ev.ID]; dup {
+			t.Errorf("%s: event %s stored twice, at sequences %d and %d", entry, ev.ID, first, md.Sequence.Stream)
+		}
+		seqOf[ev.ID] = md.Sequence.Stream
 		if ticks := fired[entry]; len(ticks) > 0 && !tick.After(ticks[len(ticks)-1]) {
-			t.Errorf("%s: tick %s stored after tick %s", entry, tick.Format(time.TimeOnly), ticks[len(ticks)-1].Format(time.TimeOnly))
+			prev := ticks[len(ticks)-1]
+			t.Errorf("%s: tick %s (sequence %d, %s) stored after tick %s (sequence %d)", entry, tick.Format(time.TimeOnly), md.Sequence.Stream,
+				md.Timestamp.UTC().Format("15:04:05.000"), prev.Format(time.TimeOnly), seqOf[events.FiredEventID(entry, prev)])
 		}
 		fired[entry] = append(fired[entry], tick)
 		// Past the staleness bound (and the heartbeats' lag) into the
