@@ -155,3 +155,43 @@ func (r *Relay) yield(ctx context.Context, queue string) {
 		}
 	}
 }
+
+// keepLease renews queue's outbox lease every third of LeaseTTL until the
+// returned stop is called, for a pass that holds it: a batch whose
+// acknowledgements take longer than the lease (a loaded host, a stream
+// slow to answer) would otherwise lose the outbox mid-pass to another
+// relay, which publishes the same records again while this one's ack is
+// refused, and under lasting load the two go on trading it without
+// deleting anything. A relay that dies stops renewing, so its outbox is
+// free a lease period later, as before. stop returns once the renewals
+// have.
+func (r *Relay) keepLease(ctx context.Context, queue string) (stop func()) {
+	done := make(chan struct{})
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		t := time.NewTicker(r.cfg.LeaseTTL / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			// Renew only: a lease this relay gave up during the pass (a
+			// yield) stays given up.
+			ok, err := r.cfg.Outbox.RenewOutbox(ctx, r.cfg.Names.Prefix(), queue, r.cfg.Owner, r.cfg.LeaseTTL)
+			if err != nil || !ok {
+				// Another relay holds it (or Redis failed): the pass's ack
+				// finds out and ends it.
+				return
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-exited
+	}
+}

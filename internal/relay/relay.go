@@ -48,6 +48,7 @@ import (
 type Outbox interface {
 	OutboxQueues(ctx context.Context, prefix string) ([]string, error)
 	AcquireOutbox(ctx context.Context, prefix, queue, owner string, ttl time.Duration) (bool, error)
+	RenewOutbox(ctx context.Context, prefix, queue, owner string, ttl time.Duration) (bool, error)
 	ReleaseOutbox(ctx context.Context, prefix, queue, owner string) error
 	ReadOutbox(ctx context.Context, prefix, queue, after string, count int) ([]taskstate.OutboxRecord, error)
 	AckOutbox(ctx context.Context, prefix, queue, owner string, ttl time.Duration, streamIDs ...string) error
@@ -549,6 +550,7 @@ func (r *Relay) drainOne(ctx context.Context, queue string) (int, int64, bool, e
 		// One pass: the queue's owner takes it back at its next.
 		defer r.letGo(ctx, queue)
 	}
+	defer r.keepLease(ctx, queue)()
 	count := r.readCount(ctx, queue, left)
 	recs, mark, err := r.readBatch(ctx, queue, after, count)
 	if errors.Is(err, taskstate.ErrNotOwner) {

@@ -642,3 +642,62 @@ func TestRelayStopAfterFailedPass(t *testing.T) {
 	}
 	checkExactlyOnce(t, e.stored(), want)
 }
+
+// slowReads is an Outbox whose reads take readDelay: a pass that outlasts
+// the outbox lease (a loaded host, a Redis far away).
+type slowReads struct {
+	*taskstate.Store
+	readDelay time.Duration
+}
+
+func (s slowReads) ReadOutbox(ctx context.Context, prefix, queue, after string, count int) ([]taskstate.OutboxRecord, error) {
+	time.Sleep(s.readDelay)
+	return s.Store.ReadOutbox(ctx, prefix, queue, after, count)
+}
+
+// TestRelayKeepsLeaseThroughLongPass: a pass that takes several lease
+// periods keeps its outbox: another relay asking for the lease all along
+// never gets it while the pass runs, and the pass deletes every record it
+// published. Once the relay stops passing, the lease lapses as before.
+func TestRelayKeepsLeaseThroughLongPass(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 0)
+	const ttl = 300 * time.Millisecond
+	r := e.newRelay("slow", func(c *relay.Config) {
+		c.Outbox, c.LeaseTTL, c.Batch = slowReads{Store: e.store, readDelay: 4 * ttl}, ttl, 8
+	})
+	want := e.write("default", "a", 20)
+	var stolen atomic.Bool
+	stop := make(chan struct{})
+	thief := make(chan struct{})
+	go func() {
+		defer close(thief)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			if ok, err := e.store.AcquireOutbox(context.Background(), prefix, "default", "thief", time.Minute); err == nil && ok {
+				stolen.Store(true)
+				return
+			}
+		}
+	}()
+	c := ctx(t, 60*time.Second)
+	for e.outboxLen("default") > 0 && !stolen.Load() {
+		if _, err := r.Pass(c); err != nil {
+			t.Fatalf("a pass of a relay that kept its lease failed: %v", err)
+		}
+	}
+	close(stop)
+	<-thief
+	if stolen.Load() {
+		t.Fatalf("another relay took the outbox while a pass of %s (lease %s) held it", 4*ttl, ttl)
+	}
+	checkExactlyOnce(t, e.stored(), want)
+	testenv.Eventually(t, 5*time.Second, func() bool {
+		ok, err := e.store.AcquireOutbox(context.Background(), prefix, "default", "next", time.Minute)
+		return err == nil && ok
+	}, "the lease to lapse once the relay stopped passing")
+}

@@ -131,6 +131,21 @@ func (s *Store) AcquireOutbox(ctx context.Context, prefix, queue, owner string, 
 	return n == 1, nil
 }
 
+// RenewOutbox extends owner's lease on queue's outbox for ttl while owner
+// holds it, and reports whether it does; unlike AcquireOutbox it never
+// takes a lease that is free (released, or lapsed).
+func (s *Store) RenewOutbox(ctx context.Context, prefix, queue, owner string, ttl time.Duration) (bool, error) {
+	if owner == "" || ttl < time.Millisecond {
+		return false, fmt.Errorf("renew outbox of queue %q: empty owner or ttl below 1ms", queue)
+	}
+	own := Own(prefix, queue)
+	n, err := renewOutboxScript.Run(ctx, s.client, []string{own.OutboxOwner()}, owner, ttl.Milliseconds()).Int64()
+	if err != nil {
+		return false, fmt.Errorf("renew outbox of queue %q for %q: %w", queue, owner, err)
+	}
+	return n == 1, nil
+}
+
 // ReleaseOutbox gives up owner's lease on queue's outbox (a no-op when owner
 // does not hold it), so another relay can take over at once.
 func (s *Store) ReleaseOutbox(ctx context.Context, prefix, queue, owner string) error {

@@ -155,7 +155,7 @@ func TestOutboxAckMany(t *testing.T) {
 // TestOutboxAckAfterLapse: a relay whose pass outlasted its lease still
 // deletes what it published when nobody took the outbox meanwhile, and
 // holds the lease again; once another relay took it, its ack deletes
-// nothing.
+// nothing. A renewal extends the holder's lease only.
 func TestOutboxAckAfterLapse(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -195,5 +195,18 @@ func TestOutboxAckAfterLapse(t *testing.T) {
 	}
 	if n, _ := s.OutboxLen(ctx, testPrefix, "default"); n != 2 {
 		t.Fatalf("%d records left after a refused ack, want 2", n)
+	}
+	// Renewing extends the holder's lease only, and never takes a free one.
+	if ok, err := s.RenewOutbox(ctx, testPrefix, "default", "slow", time.Minute); err != nil || ok {
+		t.Fatalf("renew by a relay that does not hold the lease: %v, %v", ok, err)
+	}
+	if ok, err := s.RenewOutbox(ctx, testPrefix, "default", "other", time.Minute); err != nil || !ok {
+		t.Fatalf("renew by the holder: %v, %v", ok, err)
+	}
+	if err := s.ReleaseOutbox(ctx, testPrefix, "default", "other"); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := s.RenewOutbox(ctx, testPrefix, "default", "other", time.Minute); err != nil || ok {
+		t.Fatalf("renew of a released lease took it: %v, %v", ok, err)
 	}
 }

@@ -33,6 +33,7 @@ var (
 
 	acquireOutboxScript = luaScript("", "outbox_acquire.lua")
 	releaseOutboxScript = luaScript("", "outbox_release.lua")
+	renewOutboxScript   = luaScript("", "outbox_renew.lua")
 	ackOutboxScript     = luaScript("", "outbox_ack.lua")
 
 	deleteUnchangedScript = luaScript("", "delete_unchanged.lua")
