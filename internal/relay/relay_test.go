@@ -662,9 +662,9 @@ func (s slowReads) ReadOutbox(ctx context.Context, prefix, queue, after string, 
 func TestRelayKeepsLeaseThroughLongPass(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 0)
-	const ttl = 300 * time.Millisecond
+	const ttl = time.Second
 	r := e.newRelay("slow", func(c *relay.Config) {
-		c.Outbox, c.LeaseTTL, c.Batch = slowReads{Store: e.store, readDelay: 4 * ttl}, ttl, 8
+		c.Outbox, c.LeaseTTL, c.Batch = slowReads{Store: e.store, readDelay: 3 * ttl}, ttl, 32
 	})
 	want := e.write("default", "a", 20)
 	var stolen atomic.Bool
@@ -672,11 +672,17 @@ func TestRelayKeepsLeaseThroughLongPass(t *testing.T) {
 	thief := make(chan struct{})
 	go func() {
 		defer close(thief)
+		held := false // the thief asks once the pass holds the outbox
 		for {
 			select {
 			case <-stop:
 				return
 			case <-time.After(20 * time.Millisecond):
+			}
+			if !held {
+				holder, _ := e.rc.Get(context.Background(), taskstate.Own(prefix, "default").OutboxOwner()).Result()
+				held = holder == "slow"
+				continue
 			}
 			if ok, err := e.store.AcquireOutbox(context.Background(), prefix, "default", "thief", time.Minute); err == nil && ok {
 				stolen.Store(true)
@@ -693,7 +699,7 @@ func TestRelayKeepsLeaseThroughLongPass(t *testing.T) {
 	close(stop)
 	<-thief
 	if stolen.Load() {
-		t.Fatalf("another relay took the outbox while a pass of %s (lease %s) held it", 4*ttl, ttl)
+		t.Fatalf("another relay took the outbox while a pass of %s (lease %s) held it", 3*ttl, ttl)
 	}
 	checkExactlyOnce(t, e.stored(), want)
 	testenv.Eventually(t, 5*time.Second, func() bool {
