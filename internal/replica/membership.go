@@ -554,8 +554,20 @@ func ListReplicas(ctx context.Context, js jetstream.JetStream, names events.Name
 	if err != nil {
 		return nil, err
 	}
-	if s.CachedInfo().State.Msgs == 0 {
+	// The keys to read: a consumer's count of what it has left to deliver
+	// can reach 0 before a key whose last beat was replaced while it read
+	// (a newer beat, later in the stream) comes, so the read also waits
+	// for every key the bucket held before it began.
+	si, err := s.Info(ctx, jetstream.WithSubjectFilter(contract.BucketSubject(bucket, ">")))
+	if err != nil {
+		return nil, err
+	}
+	if si.State.Msgs == 0 {
 		return nil, nil
+	}
+	unseen := make(map[string]bool, len(si.State.Subjects))
+	for subject := range si.State.Subjects {
+		unseen[strings.TrimPrefix(subject, contract.BucketSubject(bucket, ""))] = true
 	}
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -565,8 +577,21 @@ func ListReplicas(ctx context.Context, js jetstream.JetStream, names events.Name
 	}
 	defer it.Stop()
 	byID := map[string]Info{}
+	caughtUp := false // the consumer said it had nothing left
 	for {
-		msg, err := it.Next(jetstream.NextContext(ctx))
+		wait := ctx
+		cancelWait := context.CancelFunc(func() {})
+		if caughtUp {
+			// A key listed before the read and not delivered since was
+			// dropped meanwhile (its replica gone past the bucket's age),
+			// or its newer beat is on the way: a beat interval settles it.
+			wait, cancelWait = context.WithTimeout(ctx, DefaultHeartbeat)
+		}
+		msg, err := it.Next(jetstream.NextContext(wait))
+		cancelWait()
+		if caughtUp && errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+			break
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -575,6 +600,7 @@ func ListReplicas(ctx context.Context, js jetstream.JetStream, names events.Name
 			return nil, err
 		}
 		key, value := bucketValue(bucket, msg)
+		delete(unseen, key)
 		var info Info
 		switch {
 		case value == nil:
@@ -582,7 +608,8 @@ func ListReplicas(ctx context.Context, js jetstream.JetStream, names events.Name
 		case json.Unmarshal(value, &info) == nil && info.ID == key:
 			byID[key] = info
 		}
-		if md.NumPending == 0 {
+		caughtUp = caughtUp || md.NumPending == 0
+		if caughtUp && len(unseen) == 0 {
 			break
 		}
 	}

@@ -303,3 +303,60 @@ func TestBeatAgeAheadOfNow(t *testing.T) {
 		t.Errorf("a beat a minute ahead: age %s, want -1m0s", got[2].BeatAge)
 	}
 }
+
+// TestListReplicasWhileTheyBeat: status lists every replica while their
+// heartbeats keep replacing each other in the bucket (a reader's consumer
+// may report nothing left before the key whose beat was replaced under
+// it comes again).
+func TestListReplicasWhileTheyBeat(t *testing.T) {
+	t.Parallel()
+	ns := testenv.StartNATS(t)
+	ctx := context.Background()
+	names := events.MustNames("mbeat")
+	js := ns.JetStream(t)
+	kv, err := OpenReplicasBucket(ctx, js, names, 1, DefaultUnresponsiveFor)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := []string{"r1", "r2", "r3"}
+	beat := func(id string) error {
+		b, err := json.Marshal(Info{ID: id, Beat: time.Now()})
+		if err == nil {
+			_, err = kv.Put(ctx, id, b)
+		}
+		return err
+	}
+	stop := make(chan struct{})
+	beating := make(chan error, 1)
+	go func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				beating <- nil
+				return
+			default:
+			}
+			if err := beat(ids[i%len(ids)]); err != nil {
+				beating <- err
+				return
+			}
+		}
+	}()
+	for i := range 150 {
+		infos, err := ListReplicas(ctx, js, names)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var listed []string
+		for _, info := range infos {
+			listed = append(listed, info.ID)
+		}
+		if !slices.Equal(listed, ids) {
+			t.Errorf("list %d: %v, want %v", i, listed, ids)
+		}
+	}
+	close(stop)
+	if err := <-beating; err != nil {
+		t.Fatal(err)
+	}
+}
