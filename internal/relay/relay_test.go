@@ -584,6 +584,25 @@ func TestRelayReportsForgery(t *testing.T) {
 	checkExactlyOnce(t, e.stored(), ids)
 }
 
+// failedRelay returns a relay (lease 20 s) whose last pass published none
+// of the 10 records of queue default it returns (the activity stream was
+// missing for it, and is back): it has given the outbox up for a while.
+func (e *env) failedRelay(c context.Context) (*relay.Relay, []string) {
+	e.t.Helper()
+	r := e.newRelay("r1", func(c *relay.Config) { c.LeaseTTL, c.PublishTimeout = 20*time.Second, 500*time.Millisecond })
+	want := e.write("default", "a", 10)
+	if err := e.js.DeleteStream(c, names.ActivityStream()); err != nil {
+		e.t.Fatal(err)
+	}
+	if _, err := r.Pass(c); err == nil {
+		e.t.Fatal("a pass without the activity stream published")
+	}
+	if err := events.EnsureStreams(c, e.js, events.StreamConfig{Names: names}); err != nil {
+		e.t.Fatal(err)
+	}
+	return r, want
+}
+
 // TestRelayBackSoonAfterFailedPass: a pass that publishes nothing gives
 // the outbox up so another replica may take it, but a lone relay must not
 // then leave its backlog for a whole lease period: it is back after about
@@ -591,18 +610,8 @@ func TestRelayReportsForgery(t *testing.T) {
 func TestRelayBackSoonAfterFailedPass(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 0)
-	r := e.newRelay("r1", func(c *relay.Config) { c.LeaseTTL, c.PublishTimeout = 20*time.Second, 500*time.Millisecond })
-	want := e.write("default", "a", 10)
 	c := ctx(t, 60*time.Second)
-	if err := e.js.DeleteStream(c, names.ActivityStream()); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := r.Pass(c); err == nil {
-		t.Fatal("a pass without the activity stream published")
-	}
-	if err := events.EnsureStreams(c, e.js, events.StreamConfig{Names: names}); err != nil {
-		t.Fatal(err)
-	}
+	r, want := e.failedRelay(c)
 	failed := time.Now()
 	if n, _ := r.Pass(c); n != 0 {
 		t.Fatalf("the relay took the outbox back at once (%d published): other replicas get no chance", n)
@@ -622,18 +631,8 @@ func TestRelayBackSoonAfterFailedPass(t *testing.T) {
 func TestRelayStopAfterFailedPass(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 0)
-	r := e.newRelay("r1", func(c *relay.Config) { c.LeaseTTL, c.PublishTimeout = 20*time.Second, 500*time.Millisecond })
-	want := e.write("default", "a", 10)
 	c := ctx(t, 60*time.Second)
-	if err := e.js.DeleteStream(c, names.ActivityStream()); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := r.Pass(c); err == nil {
-		t.Fatal("a pass without the activity stream published")
-	}
-	if err := events.EnsureStreams(c, e.js, events.StreamConfig{Names: names}); err != nil {
-		t.Fatal(err)
-	}
+	r, want := e.failedRelay(c)
 	if err := r.Stop(c); err != nil {
 		t.Fatal(err)
 	}

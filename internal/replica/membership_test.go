@@ -113,6 +113,19 @@ func TestMembershipWaitsForLostBucket(t *testing.T) {
 	testenv.Eventually(t, 2*time.Second, func() bool { return slices.Equal(a.Live(), []string{"a"}) }, "a still sees b after its stop")
 }
 
+// newBucket starts a NATS server and opens the replicas bucket of prefix
+// on it, dropping a key dropAfter after its last beat.
+func newBucket(t *testing.T, prefix string, dropAfter time.Duration) (jetstream.JetStream, events.Names, jetstream.KeyValue) {
+	t.Helper()
+	js := testenv.StartNATS(t).JetStream(t)
+	names := events.MustNames(prefix)
+	kv, err := OpenReplicasBucket(context.Background(), js, names, 1, dropAfter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js, names, kv
+}
+
 // TestMembershipUnresponsiveReplica: a replica that stops beating without
 // removing its heartbeat is live for three of its heartbeats after its
 // last beat, then not (Live, which the scheduler hashes entries over), but
@@ -120,15 +133,9 @@ func TestMembershipWaitsForLostBucket(t *testing.T) {
 // already older than that when it is first read is never live.
 func TestMembershipUnresponsiveReplica(t *testing.T) {
 	t.Parallel()
-	ns := testenv.StartNATS(t)
-	js := ns.JetStream(t)
 	ctx := context.Background()
-	names := events.MustNames("unresp")
+	js, names, kv := newBucket(t, "unresp", DefaultUnresponsiveFor)
 	const hb = 200 * time.Millisecond
-	kv, err := OpenReplicasBucket(ctx, js, names, 1, DefaultUnresponsiveFor)
-	if err != nil {
-		t.Fatal(err)
-	}
 	a := mustMembership(t, MembershipConfig{KV: kv, JS: js, Self: Info{ID: "a"}, Interval: hb, Logger: quietLogger()})
 	old, _ := json.Marshal(Info{ID: "old", Beat: time.Now().Add(-time.Minute), Every: hb.String()})
 	if _, err := kv.Put(ctx, "old", old); err != nil {
@@ -165,14 +172,8 @@ func (l lazy) String() string { return l() }
 // whose clock is an hour off still shows a fresh beat to other readers.
 func TestMembershipBeatUsesGivenClock(t *testing.T) {
 	t.Parallel()
-	ns := testenv.StartNATS(t)
 	ctx := context.Background()
-	names := events.MustNames("mclock")
-	js := ns.JetStream(t)
-	kv, err := OpenReplicasBucket(ctx, js, names, 1, time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, names, kv := newBucket(t, "mclock", time.Second)
 	corrected := func() time.Time { return time.Now().Add(-time.Hour) }
 	m, err := NewMembership(MembershipConfig{KV: kv, JS: js, Self: Info{ID: "skewed"}, Interval: 100 * time.Millisecond, Now: corrected})
 	if err != nil {
@@ -310,14 +311,8 @@ func TestBeatAgeAheadOfNow(t *testing.T) {
 // it comes again).
 func TestListReplicasWhileTheyBeat(t *testing.T) {
 	t.Parallel()
-	ns := testenv.StartNATS(t)
 	ctx := context.Background()
-	names := events.MustNames("mbeat")
-	js := ns.JetStream(t)
-	kv, err := OpenReplicasBucket(ctx, js, names, 1, DefaultUnresponsiveFor)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, names, kv := newBucket(t, "mbeat", DefaultUnresponsiveFor)
 	ids := []string{"r1", "r2", "r3"}
 	beat := func(id string) error {
 		b, err := json.Marshal(Info{ID: id, Beat: time.Now()})
