@@ -706,3 +706,51 @@ func TestRelayKeepsLeaseThroughLongPass(t *testing.T) {
 		return err == nil && ok
 	}, "the lease to lapse once the relay stopped passing")
 }
+
+// failingReads is an Outbox whose next fail reads return an error, as a
+// Redis that times out once does.
+type failingReads struct {
+	*taskstate.Store
+	fail *atomic.Int32
+}
+
+func (f failingReads) ReadOutbox(ctx context.Context, prefix, queue, after string, count int) ([]taskstate.OutboxRecord, error) {
+	if f.fail.Add(-1) >= 0 {
+		return nil, errors.New("read timed out")
+	}
+	return f.Store.ReadOutbox(ctx, prefix, queue, after, count)
+}
+
+// TestRelayStopRetriesFailedPass: a stop whose first flush pass fails
+// tries once more and leaves nothing behind; two failures in a row end
+// the flush with the error, the records left for the next relay.
+func TestRelayStopRetriesFailedPass(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		fails int32
+		left  int64
+	}{{1, 0}, {2, 10}} {
+		t.Run(fmt.Sprintf("fails=%d", tc.fails), func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, 0)
+			fail := &atomic.Int32{}
+			r := e.newRelay("r1", func(c *relay.Config) { c.Outbox = failingReads{Store: e.store, fail: fail} })
+			want := e.write("default", "a", 10)
+			if _, err := r.Pass(ctx(t, 10*time.Second)); err != nil { // the relay has passed: its stop flushes
+				t.Fatal(err)
+			}
+			want = append(want, e.write("default", "a", 10)...)
+			fail.Store(tc.fails)
+			err := r.Stop(ctx(t, 30*time.Second))
+			if n := e.outboxLen("default"); n != tc.left {
+				t.Fatalf("stopped with %d records in the outbox (err %v), want %d", n, err, tc.left)
+			}
+			if (err != nil) != (tc.left > 0) {
+				t.Errorf("Stop = %v with %d records left", err, tc.left)
+			}
+			if tc.left == 0 {
+				checkExactlyOnce(t, e.stored(), want)
+			}
+		})
+	}
+}
