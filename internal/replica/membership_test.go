@@ -321,6 +321,11 @@ func TestListReplicasWhileTheyBeat(t *testing.T) {
 		}
 		return err
 	}
+	for _, id := range ids { // every replica has beaten once before the first list
+		if err := beat(id); err != nil {
+			t.Fatal(err)
+		}
+	}
 	stop := make(chan struct{})
 	beating := make(chan error, 1)
 	go func() {
