@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/cronstream/cronstream/internal/redisscript"
 )
 
 // Each queue slot has one outbox: a Redis Stream (OwnKeys.Outbox) of records
@@ -120,28 +122,25 @@ func (s *Store) OutboxFirstRecordBytes(ctx context.Context, prefix, queue string
 // AcquireOutbox takes queue's outbox lease for owner for ttl, or renews it
 // when owner already holds it. It reports whether owner holds it now.
 func (s *Store) AcquireOutbox(ctx context.Context, prefix, queue, owner string, ttl time.Duration) (bool, error) {
-	if owner == "" || ttl < time.Millisecond {
-		return false, fmt.Errorf("acquire outbox of queue %q: empty owner or ttl below 1ms", queue)
-	}
-	own := Own(prefix, queue)
-	n, err := acquireOutboxScript.Run(ctx, s.client, []string{own.OutboxOwner()}, owner, ttl.Milliseconds()).Int64()
-	if err != nil {
-		return false, fmt.Errorf("acquire outbox of queue %q for %q: %w", queue, owner, err)
-	}
-	return n == 1, nil
+	return s.outboxLease(ctx, acquireOutboxScript, "acquire", prefix, queue, owner, ttl)
 }
 
 // RenewOutbox extends owner's lease on queue's outbox for ttl while owner
 // holds it, and reports whether it does; unlike AcquireOutbox it never
 // takes a lease that is free (released, or lapsed).
 func (s *Store) RenewOutbox(ctx context.Context, prefix, queue, owner string, ttl time.Duration) (bool, error) {
+	return s.outboxLease(ctx, renewOutboxScript, "renew", prefix, queue, owner, ttl)
+}
+
+// outboxLease runs script, which takes or extends queue's outbox lease for
+// owner for ttl and answers 1 when owner holds it.
+func (s *Store) outboxLease(ctx context.Context, script *redisscript.Script, verb, prefix, queue, owner string, ttl time.Duration) (bool, error) {
 	if owner == "" || ttl < time.Millisecond {
-		return false, fmt.Errorf("renew outbox of queue %q: empty owner or ttl below 1ms", queue)
+		return false, fmt.Errorf("%s outbox of queue %q: empty owner or ttl below 1ms", verb, queue)
 	}
-	own := Own(prefix, queue)
-	n, err := renewOutboxScript.Run(ctx, s.client, []string{own.OutboxOwner()}, owner, ttl.Milliseconds()).Int64()
+	n, err := script.Run(ctx, s.client, []string{Own(prefix, queue).OutboxOwner()}, owner, ttl.Milliseconds()).Int64()
 	if err != nil {
-		return false, fmt.Errorf("renew outbox of queue %q for %q: %w", queue, owner, err)
+		return false, fmt.Errorf("%s outbox of queue %q for %q: %w", verb, queue, owner, err)
 	}
 	return n == 1, nil
 }
